@@ -1,0 +1,59 @@
+// The seam between the backend-neutral engine and a compute backend (CPU reference, CUDA).
+// The scheduler plans a ForwardBatch on the host; a backend runs the model over it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace cascade::engine {
+
+// One forward step over several sequences, laid out back to back. Built by the scheduler;
+// a backend reads it and never keeps pointers into it past Forward().
+//
+// Positions are global: a sequence whose first `start_pos` tokens are already in its KV cache
+// (prefix-cache hit, earlier chunk of a chunked prefill, or earlier decode steps) sends its new
+// tokens with positions start_pos, start_pos + 1, ... Query row r attends to the keys at logical
+// positions [0, positions[r]] of its own sequence (the causal mask with offset), which live at
+// block_ids[block_table_start[s] + p / block_size] * block_size + p % block_size.
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;          // [num_tokens] input ids
+  std::vector<int32_t> positions;          // [num_tokens] global position of each input token
+  std::vector<int32_t> slot_mapping;       // [num_tokens] KV slot (block * block_size + offset)
+                                           //   where the token's K/V are written
+  std::vector<int32_t> query_start;        // [num_seqs + 1] offsets into token_ids
+  std::vector<int32_t> context_lens;       // [num_seqs] KV length after this step
+                                           //   (= last position + 1)
+  std::vector<int32_t> block_table_start;  // [num_seqs + 1] offsets into block_ids
+  std::vector<int32_t> block_ids;          // concatenated per-sequence block tables
+  std::vector<int32_t> logits_rows;        // rows of token_ids whose logits are wanted, ascending
+
+  int num_seqs() const { return static_cast<int>(context_lens.size()); }
+  int num_tokens() const { return static_cast<int>(token_ids.size()); }
+};
+
+// A compute backend: owns the model weights and the paged KV cache.
+// Thread safety: Forward() is called from one engine thread at a time.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu" or "cuda".
+  virtual std::string Name() const = 0;
+  // KV cache capacity in blocks and tokens per block; fixed at construction.
+  virtual int64_t NumBlocks() const = 0;
+  virtual int BlockSize() const = 0;
+  // Vocabulary size (columns of the logits).
+  virtual int VocabSize() const = 0;
+
+  // Runs the model over `batch`: writes each input token's K/V into its slot, then computes
+  // attention over the cached and new keys. logits: resized to
+  // [batch.logits_rows.size(), VocabSize()] float32, row-major.
+  // Must be batch-invariant: a row's result depends only on its sequence's tokens and KV, never
+  // on what else is in the batch (this makes cached and cold runs bitwise equal).
+  virtual absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) = 0;
+};
+
+}  // namespace cascade::engine

@@ -1,0 +1,99 @@
+// The hash definition: chaining, salts, positions, hex round trip, and a pinned known answer so
+// that any change to the byte layout (which would split caches across versions) is caught.
+#include "cache_service/hash/chunk_hash.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace cascade::hash {
+namespace {
+
+TEST(ChunkHashTest, SameChunksAfterSamePrefixGiveSameHashes) {
+  std::vector<int32_t> a = {1, 2, 3}, b = {4, 5};
+  std::vector<ChunkSpec> chunks = {{1, a, ""}, {3, b, ""}};
+  auto p1 = PlaceChunks("m", "", chunks);
+  auto p2 = PlaceChunks("m", "", chunks);
+  ASSERT_EQ(p1.size(), 2u);
+  EXPECT_EQ(p1[0].hash, p2[0].hash);
+  EXPECT_EQ(p1[1].hash, p2[1].hash);
+  EXPECT_NE(p1[0].hash, p1[1].hash);
+}
+
+TEST(ChunkHashTest, SameChunkAfterDifferentPrefixGetsDifferentHash) {
+  std::vector<int32_t> a = {1, 2, 3}, a2 = {1, 2, 4}, b = {4, 5};
+  auto p1 = PlaceChunks("m", "", std::vector<ChunkSpec>{{1, a, ""}, {3, b, ""}});
+  auto p2 = PlaceChunks("m", "", std::vector<ChunkSpec>{{1, a2, ""}, {3, b, ""}});
+  EXPECT_NE(p1[1].hash, p2[1].hash);
+}
+
+TEST(ChunkHashTest, ModelSaltAndKindChangeTheHash) {
+  std::vector<int32_t> a = {1, 2, 3};
+  std::vector<ChunkSpec> c = {{1, a, ""}};
+  Hash128 base = PlaceChunks("m", "", c)[0].hash;
+  EXPECT_NE(base, PlaceChunks("other", "", c)[0].hash);
+  EXPECT_NE(base, PlaceChunks("m", "tenant", c)[0].hash);
+  EXPECT_NE(base, PlaceChunks("m", "", std::vector<ChunkSpec>{{2, a, ""}})[0].hash);
+  EXPECT_NE(base, PlaceChunks("m", "", std::vector<ChunkSpec>{{1, a, "x"}})[0].hash);
+}
+
+TEST(ChunkHashTest, PerChunkSaltIsolatesThatChunkAndLaterOnesOnly) {
+  std::vector<int32_t> sys = {7, 8, 9}, ctx = {10, 11};
+  auto t1 = PlaceChunks("m", "", std::vector<ChunkSpec>{{1, sys, ""}, {2, ctx, "tenant-a"}});
+  auto t2 = PlaceChunks("m", "", std::vector<ChunkSpec>{{1, sys, ""}, {2, ctx, "tenant-b"}});
+  EXPECT_EQ(t1[0].hash, t2[0].hash);  // shared system chunk
+  EXPECT_NE(t1[1].hash, t2[1].hash);  // private context
+}
+
+TEST(ChunkHashTest, PositionsAreContinuousFromZero) {
+  std::vector<int32_t> a(5, 1), b(0), c(7, 2);
+  auto p = PlaceChunks("m", "", std::vector<ChunkSpec>{{1, a, ""}, {2, b, ""}, {3, c, ""}});
+  EXPECT_EQ(p[0].start, 0);
+  EXPECT_EQ(p[0].end, 5);
+  EXPECT_EQ(p[1].start, 5);
+  EXPECT_EQ(p[1].end, 5);
+  EXPECT_EQ(p[2].start, 5);
+  EXPECT_EQ(p[2].end, 12);
+}
+
+TEST(ChunkHashTest, BlockKeysChainAcrossChunkBoundariesAndIgnorePartialBlock) {
+  std::vector<int32_t> a = {1, 2, 3}, b = {4, 5, 6, 7, 8};
+  auto keys = BlockKeys("m", "", std::vector<ChunkSpec>{{1, a, ""}, {3, b, ""}}, 3);
+  ASSERT_EQ(keys.size(), 2u);  // 8 tokens: two full blocks of 3
+  std::vector<int32_t> blk0 = {1, 2, 3}, blk1 = {4, 5, 6};
+  Hash128 k0 = BlockHash({}, "m", {}, blk0);
+  EXPECT_EQ(keys[0], k0);
+  EXPECT_EQ(keys[1], BlockHash(k0, "m", {}, blk1));
+  // Same tokens, split differently into chunks: same block keys (KV depends on tokens only).
+  std::vector<int32_t> whole = {1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(keys, BlockKeys("m", "", std::vector<ChunkSpec>{{4, whole, ""}}, 3));
+}
+
+TEST(ChunkHashTest, SaltedChunkSaltsTheBlockItEndsIn) {
+  std::vector<int32_t> a = {1, 2, 3, 4}, b = {5, 6};
+  auto plain = BlockKeys("m", "", std::vector<ChunkSpec>{{1, a, ""}, {3, b, ""}}, 3);
+  auto salted = BlockKeys("m", "", std::vector<ChunkSpec>{{1, a, ""}, {3, b, "s"}}, 3);
+  ASSERT_EQ(plain.size(), 2u);
+  EXPECT_EQ(plain[0], salted[0]);  // block [1,2,3]: before the salted chunk
+  EXPECT_NE(plain[1], salted[1]);  // block [4,5,6] ends inside the salted chunk
+}
+
+TEST(ChunkHashTest, HexRoundTripAndRejectsGarbage) {
+  Hash128 h{0x0123456789abcdefULL, 0xfedcba9876543210ULL};
+  EXPECT_EQ(h.ToHex(), "0123456789abcdeffedcba9876543210");
+  EXPECT_EQ(Hash128::FromHex(h.ToHex()), h);
+  EXPECT_EQ(Hash128::FromHex("0123456789ABCDEFFEDCBA9876543210"), h);
+  EXPECT_FALSE(Hash128::FromHex("xyz").has_value());
+  EXPECT_FALSE(Hash128::FromHex("0123456789abcdeffedcba987654321g").has_value());
+}
+
+// Pinned answer: SHA-256 of the documented layout. If this changes, caches written by an older
+// build no longer match; bump the domain tag instead of changing the layout silently.
+TEST(ChunkHashTest, KnownAnswerPinsTheByteLayout) {
+  std::vector<int32_t> t = {1, 2, 3};
+  Hash128 h = ChunkHash({}, "qwen3", {}, 1, t);
+  EXPECT_EQ(h.ToHex(), "7f14dbf1f9cbcd9e48372455205fa2ca");
+}
+
+}  // namespace
+}  // namespace cascade::hash
