@@ -1,0 +1,115 @@
+// The registry's chunk table: chunk hash -> positions, holders, pin and last use. Sharded by hash
+// so that resolves from many gateway threads and event batches from many workers rarely meet on
+// one mutex; each shard forgets its least recently used chunks past its share of the cap.
+// Internal to cascade_registry_core.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/synchronization/mutex.h"
+#include "cache_service/hash/chunk_hash.h"
+
+namespace cascade::registry {
+
+// One worker incarnation holding a chunk. Incarnations (not ids) are stored, so a worker that
+// re-registers under the same id never inherits entries of its previous life.
+struct Holder {
+  uint64_t worker = 0;
+  int64_t held_tokens = 0;
+};
+using HolderList = absl::InlinedVector<Holder, 4>;
+
+// Immutable facts of a chunk (all determined by its chained hash).
+struct ChunkMeta {
+  hash::Hash128 parent;
+  int64_t start = 0;
+  int64_t end = 0;
+  int32_t kind = 0;
+};
+
+struct ChunkSnapshot {
+  hash::Hash128 hash;
+  ChunkMeta meta;
+  HolderList holders;
+  int64_t pinned_until_ms = 0;
+  int64_t last_used_ms = 0;
+};
+
+class ChunkTable {
+ public:
+  // `max_chunks` is split evenly over `num_shards` (>= 1); since hashes are uniform this is an
+  // approximation of one global LRU that needs no global lock.
+  ChunkTable(int64_t max_chunks, int num_shards);
+  ChunkTable(const ChunkTable&) = delete;
+  ChunkTable& operator=(const ChunkTable&) = delete;
+
+  // Marks `hash` used at `now_ms` (inserting it with `meta` if unknown) and appends its holders
+  // to `*holders`. The resolve path.
+  void Touch(const hash::Hash128& hash, const ChunkMeta& meta, int64_t now_ms, HolderList* holders);
+
+  // Records that `holder.worker` holds `holder.held_tokens` of the chunk (inserting it if
+  // unknown). Does not refresh the chunk's LRU position: only resolves say a chunk is wanted.
+  void UpsertHolder(const hash::Hash128& hash, const ChunkMeta& meta, Holder holder,
+                    int64_t now_ms);
+  // Removes `worker` from the chunk's holders; no-op if either is unknown.
+  void RemoveHolder(const hash::Hash128& hash, uint64_t worker);
+  bool HasHolder(const hash::Hash128& hash, uint64_t worker) const;
+
+  std::optional<ChunkSnapshot> Get(const hash::Hash128& hash) const;
+
+  // Sets the pin deadline (0 clears it). Inserts the chunk from `meta_if_unknown` when given;
+  // returns false when the chunk is unknown and no metadata was given.
+  bool SetPin(const hash::Hash128& hash, int64_t until_ms, const ChunkMeta* meta_if_unknown,
+              int64_t now_ms);
+
+  // Forgets a chunk; returns its holders, or nullopt when it was unknown.
+  std::optional<HolderList> Erase(const hash::Hash128& hash);
+
+  // Calls `fn` for every chunk, one shard at a time (shard lock held: `fn` must not call back).
+  void ForEach(const std::function<void(const ChunkSnapshot&)>& fn) const;
+
+  int64_t size() const { return size_.load(std::memory_order_relaxed); }
+  int64_t forgotten() const { return forgotten_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Entry {
+    ChunkMeta meta;
+    HolderList holders;
+    int64_t pinned_until_ms = 0;
+    int64_t last_used_ms = 0;
+    std::list<hash::Hash128>::iterator lru;  // position in Shard::lru
+  };
+  struct Shard {
+    mutable absl::Mutex mu;
+    absl::flat_hash_map<hash::Hash128, Entry, hash::Hash128Hasher> map ABSL_GUARDED_BY(mu);
+    std::list<hash::Hash128> lru ABSL_GUARDED_BY(mu);  // front = most recently used
+  };
+
+  Shard& ShardFor(const hash::Hash128& h) const { return shards_[h.hi % shards_.size()]; }
+  // Finds or inserts; a new entry goes to the LRU front and may push the shard over its cap.
+  Entry& FindOrInsert(Shard& s, const hash::Hash128& h, const ChunkMeta& meta, int64_t now_ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void EnforceCap(Shard& s, const hash::Hash128& keep, int64_t now_ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  static ChunkSnapshot Snapshot(const hash::Hash128& h, const Entry& e);
+
+  // Set at construction.
+  const int64_t per_shard_cap_;
+  std::unique_ptr<Shard[]> shard_storage_;
+  std::span<Shard> shards_;
+
+  std::atomic<int64_t> size_{0};
+  std::atomic<int64_t> forgotten_{0};
+};
+
+}  // namespace cascade::registry

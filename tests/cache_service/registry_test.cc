@@ -1,0 +1,338 @@
+// Registry core on a fake clock: hashes and positions, residency matching, membership, leases,
+// event sequence numbers, restart + resync, caps and errors.
+#include "cache_service/registry/registry.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/cache_service/registry_test_util.h"
+
+namespace cascade::registry {
+namespace {
+
+using testing::HeldFor;
+using testing::Info;
+using testing::Prompt;
+using testing::Stored;
+using testing::Tokens;
+
+class RegistryTest : public ::testing::Test {
+ protected:
+  RegistryOptions Opts() {
+    RegistryOptions o;
+    o.clock = &clock_;
+    o.lease_ms = 1000;
+    return o;
+  }
+  ResolveResult Resolve(Registry& r, const Prompt& p) {
+    std::vector<hash::ChunkSpec> specs = p.Specs();
+    absl::StatusOr<ResolveResult> res = r.Resolve({p.model, p.salt, specs});
+    EXPECT_TRUE(res.ok()) << res.status();
+    return res.ok() ? *res : ResolveResult{};
+  }
+  const WorkerMatch* Find(const ResolveResult& r, const std::string& id) {
+    for (const WorkerMatch& m : r.workers) {
+      if (m.worker_id == id) return &m;
+    }
+    return nullptr;
+  }
+
+  FakeClock clock_;
+  Prompt two_{.tokens = {Tokens(100, 1), Tokens(100, 1000)}};
+};
+
+TEST_F(RegistryTest, ResolveHashesAndPositionsEqualPlaceChunks) {
+  Registry r(Opts());
+  Prompt p{.salt = "t", .tokens = {Tokens(5, 1), {}, Tokens(7, 50)}, .kinds = {1, 2, 3},
+           .chunk_salts = {"", "x", ""}};
+  ResolveResult res = Resolve(r, p);
+  std::vector<hash::ChunkSpec> specs = p.Specs();
+  std::vector<hash::PlacedChunk> want = hash::PlaceChunks("m", "t", specs);
+  ASSERT_EQ(res.chunks.size(), 3u);
+  int64_t pos = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(res.chunks[i].hash, want[i].hash);
+    EXPECT_EQ(res.chunks[i].start, pos);
+    pos += static_cast<int64_t>(p.tokens[i].size());
+    EXPECT_EQ(res.chunks[i].end, pos);
+  }
+}
+
+TEST_F(RegistryTest, SamePrefixSameHashesDifferentPrefixSaltOrModelDiffer) {
+  Registry r(Opts());
+  ResolveResult a = Resolve(r, two_);
+  ResolveResult b = Resolve(r, two_);
+  EXPECT_EQ(a.chunks[1].hash, b.chunks[1].hash);
+  Prompt other_prefix = two_;
+  other_prefix.tokens[0][3] = 99999;
+  Prompt salted = two_;
+  salted.salt = "tenant";
+  Prompt other_model = two_;
+  other_model.model = "m2";
+  for (const Prompt& p : {other_prefix, salted, other_model}) {
+    EXPECT_NE(Resolve(r, p).chunks[1].hash, a.chunks[1].hash);
+  }
+}
+
+TEST_F(RegistryTest, MatchFollowsEngineBlockView) {
+  Registry r(Opts());
+  ASSERT_TRUE(r.RegisterWorker(Info("full")).ok());
+  ASSERT_TRUE(r.RegisterWorker(Info("half")).ok());
+  ASSERT_TRUE(r.RegisterWorker(Info("none")).ok());
+  ASSERT_TRUE(r.RegisterWorker(Info("other-model", "m2")).ok());
+  // Block size 16: "full" holds all 200 tokens' full blocks (192), "half" the first 100 (96).
+  ASSERT_TRUE(r.ReportEvents("full", 1, Stored(HeldFor(two_, 16, 200))).ok());
+  ASSERT_TRUE(r.ReportEvents("half", 1, Stored(HeldFor(two_, 16, 100))).ok());
+  ResolveResult res = Resolve(r, two_);
+  ASSERT_EQ(res.workers.size(), 3u);  // other-model is not listed
+  EXPECT_EQ(res.workers[0].worker_id, "full");
+  EXPECT_EQ(res.workers[0].matched_tokens, 192);
+  EXPECT_EQ(res.workers[0].matched_chunks, 1);  // chunk 0 covered by a full block of chunk 1
+  EXPECT_EQ(res.workers[1].worker_id, "half");
+  EXPECT_EQ(res.workers[1].matched_tokens, 96);
+  EXPECT_EQ(res.workers[1].matched_chunks, 0);  // chunk 0 ends mid-block
+  EXPECT_EQ(res.workers[2].worker_id, "none");
+  EXPECT_EQ(res.workers[2].matched_tokens, 0);
+  // The registry's tokens agree with the hashing library's block keys: 192 = 12 full blocks.
+  std::vector<hash::ChunkSpec> specs = two_.Specs();
+  EXPECT_EQ(hash::BlockKeys("m", "", specs, 16).size() * 16, 192u);
+}
+
+TEST_F(RegistryTest, BlockAlignedChunksAreFullyHeldAndWalkStopsAtFirstMissingChunk) {
+  Registry r(Opts());
+  Prompt p{.tokens = {Tokens(32, 1), Tokens(16, 100), Tokens(16, 200)}};
+  ASSERT_TRUE(r.RegisterWorker(Info("w")).ok());
+  std::vector<HeldChunk> held = HeldFor(p, 16, 64);
+  ASSERT_EQ(held.size(), 3u);
+  // Without chunk 1 the worker cannot reuse chunk 2 (it is chained after chunk 1).
+  std::vector<ChunkEvent> events = Stored({held[0], held[2]});
+  ASSERT_TRUE(r.ReportEvents("w", 1, events).ok());
+  EXPECT_EQ(Find(Resolve(r, p), "w")->matched_chunks, 1);
+  EXPECT_EQ(Find(Resolve(r, p), "w")->matched_tokens, 32);
+  ASSERT_TRUE(r.ReportEvents("w", 2, Stored({held[1]})).ok());
+  EXPECT_EQ(Find(Resolve(r, p), "w")->matched_chunks, 3);
+  EXPECT_EQ(Find(Resolve(r, p), "w")->matched_tokens, 64);
+  // Same chunks after another first chunk: different hashes, nothing held.
+  Prompt q = p;
+  q.tokens[0][0] = 7777;
+  EXPECT_EQ(Find(Resolve(r, q), "w")->matched_tokens, 0);
+}
+
+TEST_F(RegistryTest, LeaseExpiryDropsWorkerAndItsResidency) {
+  Registry r(Opts());
+  ASSERT_TRUE(r.RegisterWorker(Info("w")).ok());
+  ASSERT_TRUE(r.ReportEvents("w", 1, Stored(HeldFor(two_, 16, 200))).ok());
+  clock_.AdvanceMs(900);
+  ASSERT_TRUE(r.Heartbeat("w", {}).ok());
+  clock_.AdvanceMs(900);  // renewed: still alive
+  EXPECT_EQ(Resolve(r, two_).workers.size(), 1u);
+  clock_.AdvanceMs(200);
+  EXPECT_TRUE(Resolve(r, two_).workers.empty());  // expired even before a sweep
+  r.Sweep();
+  EXPECT_EQ(r.GetStats().leases_expired, 1);
+  EXPECT_EQ(r.GetStats().workers, 0);
+  absl::StatusOr<ChunkRecord> rec = r.GetChunk(Resolve(r, two_).chunks[0].hash);
+  ASSERT_TRUE(rec.ok());
+  EXPECT_TRUE(rec->holders.empty());
+  EXPECT_EQ(r.Heartbeat("w", {}).status().code(), absl::StatusCode::kNotFound);
+  // Re-registering starts empty.
+  ASSERT_TRUE(r.RegisterWorker(Info("w")).ok());
+  EXPECT_EQ(Find(Resolve(r, two_), "w")->matched_tokens, 0);
+}
+
+TEST_F(RegistryTest, RestartThenResyncRestoresResidencyAnswers) {
+  auto first = std::make_unique<Registry>(Opts());
+  ASSERT_TRUE(first->RegisterWorker(Info("w")).ok());
+  ASSERT_TRUE(first->ReportEvents("w", 1, Stored(HeldFor(two_, 16, 200))).ok());
+  ResolveResult before = Resolve(*first, two_);
+  std::string epoch = first->epoch();
+  first.reset();  // registry restart: all soft state gone
+
+  Registry second(Opts());
+  EXPECT_NE(second.epoch(), epoch);
+  EXPECT_EQ(second.Heartbeat("w", {}).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(second.RegisterWorker(Info("w")).ok());
+  absl::StatusOr<int> n = second.Resync("w", HeldFor(two_, 16, 200), 1);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 2);
+  ResolveResult after = Resolve(second, two_);
+  ASSERT_EQ(after.workers.size(), 1u);
+  EXPECT_EQ(after.workers[0].matched_tokens, before.workers[0].matched_tokens);
+  EXPECT_EQ(after.workers[0].matched_chunks, before.workers[0].matched_chunks);
+  // Next batch continues after the resync's sequence number.
+  absl::StatusOr<ReportResult> rep = second.ReportEvents("w", 2, {});
+  ASSERT_TRUE(rep.ok());
+  EXPECT_FALSE(rep->resync_required);
+}
+
+TEST_F(RegistryTest, EventGapRequiresResyncAndDuplicatesAreIdempotent) {
+  Registry r(Opts());
+  ASSERT_TRUE(r.RegisterWorker(Info("w")).ok());
+  std::vector<HeldChunk> held = HeldFor(two_, 16, 200);
+  ASSERT_FALSE(r.ReportEvents("w", 1, Stored({held[0]}))->resync_required);
+  // Duplicate of batch 1 carrying an eviction: ignored, so chunk 0 stays held.
+  std::vector<ChunkEvent> evict = {{ChunkEvent::Type::kEvicted, held[0]}};
+  absl::StatusOr<ReportResult> dup = r.ReportEvents("w", 1, evict);
+  ASSERT_TRUE(dup.ok());
+  EXPECT_FALSE(dup->resync_required);
+  EXPECT_EQ(dup->applied_seq, 1u);
+  EXPECT_EQ(Find(Resolve(r, two_), "w")->matched_tokens, 96);
+  // Gap: batch 3 after 1 is not applied, and later batches wait for the resync.
+  absl::StatusOr<ReportResult> gap = r.ReportEvents("w", 3, Stored({held[1]}));
+  ASSERT_TRUE(gap.ok());
+  EXPECT_TRUE(gap->resync_required);
+  EXPECT_EQ(gap->applied_seq, 1u);
+  EXPECT_TRUE(r.ReportEvents("w", 2, Stored({held[1]}))->resync_required);
+  EXPECT_EQ(Find(Resolve(r, two_), "w")->matched_tokens, 96);
+  EXPECT_EQ(r.GetStats().resyncs_requested, 1);
+  ASSERT_TRUE(r.Resync("w", held, 10).ok());
+  EXPECT_EQ(Find(Resolve(r, two_), "w")->matched_tokens, 192);
+  EXPECT_FALSE(r.ReportEvents("w", 11, evict)->resync_required);
+  EXPECT_EQ(Find(Resolve(r, two_), "w")->matched_tokens, 0);
+}
+
+TEST_F(RegistryTest, BadWorkerRequestsFailClearlyWithoutTouchingOthers) {
+  Registry r(Opts());
+  ASSERT_TRUE(r.RegisterWorker(Info("good")).ok());
+  ASSERT_TRUE(r.ReportEvents("good", 1, Stored(HeldFor(two_, 16, 200))).ok());
+  EXPECT_EQ(r.Heartbeat("ghost", {}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.ReportEvents("ghost", 1, {}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.Resync("ghost", {}, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.DeregisterWorker("ghost").code(), absl::StatusCode::kNotFound);
+  absl::Status bad_id = r.Heartbeat("bad id\n", {}).status();
+  EXPECT_EQ(bad_id.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_id.message().find("worker_id"), std::string::npos);
+  EXPECT_EQ(r.RegisterWorker(Info("")).status().code(), absl::StatusCode::kInvalidArgument);
+  WorkerInfo no_block = Info("x");
+  no_block.block_size = 0;
+  EXPECT_NE(r.RegisterWorker(no_block).status().message().find("block_size"), std::string::npos);
+  EXPECT_EQ(r.ReportEvents("good", 0, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  // A malformed event rejects the whole batch and does not advance the sequence number.
+  std::vector<HeldChunk> held = HeldFor(two_, 16, 200);
+  HeldChunk broken = held[1];
+  broken.held_tokens = broken.end + 1;
+  absl::Status s = r.ReportEvents("good", 2, Stored({held[0], broken})).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("events[1].chunk.held_tokens"), std::string::npos) << s;
+  EXPECT_FALSE(r.ReportEvents("good", 2, {})->resync_required);
+  EXPECT_EQ(Find(Resolve(r, two_), "good")->matched_tokens, 192);
+}
+
+TEST_F(RegistryTest, OversizeAndMalformedResolvesNameTheField) {
+  RegistryOptions o = Opts();
+  o.max_chunks_per_request = 2;
+  o.max_tokens_per_request = 150;
+  Registry r(o);
+  Prompt three{.tokens = {{1}, {2}, {3}}};
+  std::vector<hash::ChunkSpec> specs = three.Specs();
+  absl::Status s = r.Resolve({"m", "", specs}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("max_chunks_per_request"), std::string::npos) << s;
+  specs = two_.Specs();
+  s = r.Resolve({"m", "", specs}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("chunks[1].token_ids"), std::string::npos) << s;
+  Prompt unkind{.tokens = {{1}}, .kinds = {0}};
+  specs = unkind.Specs();
+  s = r.Resolve({"m", "", specs}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("chunks[0].kind"), std::string::npos) << s;
+  EXPECT_EQ(r.Resolve({"", "", specs}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Resolve({"m", "", {}}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(RegistryTest, LruCapForgetsLeastRecentlyUsedButKeepsPinned) {
+  RegistryOptions o = Opts();
+  o.max_chunks = 3;
+  o.num_shards = 1;
+  Registry r(o);
+  std::vector<Hash128> hashes;
+  for (int i = 0; i < 3; ++i) {
+    hashes.push_back(Resolve(r, Prompt{.tokens = {{i}}}).chunks[0].hash);
+    clock_.AdvanceMs(1);
+  }
+  ASSERT_TRUE(r.PinChunk(hashes[0], 60, std::nullopt).ok());
+  Resolve(r, Prompt{.tokens = {{1}}});  // touch hashes[1]
+  Resolve(r, Prompt{.tokens = {{100}}});  // over the cap: hashes[2] is the LRU unpinned one
+  EXPECT_EQ(r.GetStats().chunks, 3);
+  EXPECT_EQ(r.GetStats().chunks_forgotten, 1);
+  EXPECT_TRUE(r.GetChunk(hashes[0]).ok());
+  EXPECT_TRUE(r.GetChunk(hashes[1]).ok());
+  EXPECT_EQ(r.GetChunk(hashes[2]).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RegistryTest, PinsReachHoldersAndExpire) {
+  RegistryOptions o = Opts();
+  o.lease_ms = 60'000;
+  Registry r(o);
+  ASSERT_TRUE(r.RegisterWorker(Info("holder")).ok());
+  ASSERT_TRUE(r.RegisterWorker(Info("bystander")).ok());
+  std::vector<HeldChunk> held = HeldFor(two_, 16, 200);
+  // Pinning before any worker reports it needs the chunk's metadata.
+  EXPECT_EQ(r.PinChunk(held[0].hash, 5, std::nullopt).status().code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<int64_t> until = r.PinChunk(held[0].hash, 5, held[0]);
+  ASSERT_TRUE(until.ok()) << until.status();
+  EXPECT_EQ(*until, clock_.NowMs() + 5000);
+  EXPECT_EQ(r.PinChunk(held[0].hash, 0, std::nullopt).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(r.ReportEvents("holder", 1, Stored(held)).ok());
+  EXPECT_EQ(r.Heartbeat("holder", {})->pinned_hashes, std::vector<Hash128>{held[0].hash});
+  EXPECT_TRUE(r.Heartbeat("bystander", {})->pinned_hashes.empty());
+  EXPECT_EQ(r.GetChunk(held[0].hash)->pinned_until_ms, *until);
+  clock_.AdvanceMs(5000);
+  EXPECT_TRUE(r.Heartbeat("holder", {})->pinned_hashes.empty());
+  EXPECT_EQ(r.GetChunk(held[0].hash)->pinned_until_ms, 0);
+  ASSERT_TRUE(r.PinChunk(held[1].hash, 5, std::nullopt).ok());
+  ASSERT_TRUE(r.UnpinChunk(held[1].hash).ok());
+  EXPECT_TRUE(r.Heartbeat("holder", {})->pinned_hashes.empty());
+}
+
+TEST_F(RegistryTest, EvictEverywhereTellsHoldersOnceAndForgetsTheChunk) {
+  Registry r(Opts());
+  std::vector<HeldChunk> held = HeldFor(two_, 16, 200);
+  for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(r.RegisterWorker(Info(id)).ok());
+  ASSERT_TRUE(r.ReportEvents("a", 1, Stored(held)).ok());
+  ASSERT_TRUE(r.ReportEvents("b", 1, Stored({held[1]})).ok());
+  EXPECT_EQ(*r.EvictChunk(held[1].hash), 2);
+  EXPECT_EQ(r.GetChunk(held[1].hash).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.Heartbeat("a", {})->evict_hashes, std::vector<Hash128>{held[1].hash});
+  EXPECT_TRUE(r.Heartbeat("a", {})->evict_hashes.empty());
+  EXPECT_EQ(r.Heartbeat("b", {})->evict_hashes.size(), 1u);
+  EXPECT_TRUE(r.Heartbeat("c", {})->evict_hashes.empty());
+  EXPECT_EQ(r.EvictChunk(held[1].hash).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RegistryTest, AdminViewsAndStats) {
+  Registry r(Opts());
+  ASSERT_TRUE(r.RegisterWorker(Info("a")).ok());
+  ASSERT_TRUE(r.RegisterWorker(Info("b")).ok());
+  ASSERT_TRUE(r.ReportEvents("a", 1, Stored(HeldFor(two_, 16, 200))).ok());
+  ASSERT_TRUE(r.Heartbeat("b", WorkerLoad{3, 4, 10, 20}).ok());
+  Resolve(r, two_);                                        // hit
+  clock_.AdvanceMs(10);
+  Resolve(r, Prompt{.tokens = {Tokens(3, 500)}});          // miss, most recent
+  int64_t total = 0;
+  absl::StatusOr<std::vector<ChunkRecord>> all = r.ListChunks(0, "", &total);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(total, 3);
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[0].end, 3);  // most recently used first
+  absl::StatusOr<std::vector<ChunkRecord>> of_a = r.ListChunks(10, "a", nullptr);
+  ASSERT_EQ(of_a->size(), 2u);
+  EXPECT_EQ((*of_a)[0].holders.size(), 1u);
+  EXPECT_EQ((*of_a)[0].holders[0].worker_id, "a");
+  EXPECT_EQ(r.ListChunks(10001, "", nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<WorkerRecord> workers = r.ListWorkers();
+  ASSERT_EQ(workers.size(), 2u);
+  EXPECT_EQ(workers[0].chunks, 2);
+  EXPECT_EQ(workers[0].applied_seq, 1u);
+  EXPECT_EQ(workers[1].load.waiting, 4);
+  RegistryStats s = r.GetStats();
+  EXPECT_EQ(s.resolves, 2);
+  EXPECT_EQ(s.resolve_hits, 1);
+  EXPECT_EQ(s.workers, 2);
+  EXPECT_EQ(s.chunks, 3);
+}
+
+}  // namespace
+}  // namespace cascade::registry
