@@ -1,0 +1,428 @@
+// Engine implementation: a request inbox guarded by a mutex, and step state owned by the step
+// thread (sequences, block manager, scheduler). Step = schedule, run (backend), postprocess.
+#include "gpu_worker/engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <random>
+#include <unordered_map>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gpu_worker/engine/block_manager.h"
+#include "gpu_worker/engine/residency.h"
+#include "gpu_worker/engine/sampler.h"
+#include "gpu_worker/engine/scheduler.h"
+
+namespace cascade::engine {
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStopString: return "stop_string";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "unknown";
+}
+
+namespace {
+
+int64_t SteadyNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(const EngineOptions& options, std::unique_ptr<Backend> backend)
+      : options_(options),
+        backend_(std::move(backend)),
+        blocks_(backend_->NumBlocks(), backend_->BlockSize()),
+        scheduler_(SchedulerOptions{options.max_num_seqs, options.max_num_batched_tokens,
+                                    options.enable_prefix_cache},
+                   &blocks_),
+        residency_(backend_->BlockSize()),
+        rng_(std::random_device{}()) {
+    if (!options_.now_ms) options_.now_ms = SteadyNowMs;
+    stats_.total_blocks = blocks_.num_blocks();
+    stats_.free_blocks = blocks_.num_blocks();
+  }
+
+  absl::StatusOr<uint64_t> AddRequest(Request req) override;
+  void Cancel(uint64_t seq_id) override {
+    absl::MutexLock lock(&mu_);
+    cancels_.push_back(seq_id);
+  }
+  int EvictChunks(const std::vector<hash::Hash128>& chunk_hashes) override {
+    absl::MutexLock lock(&mu_);
+    int found = 0;
+    for (const auto& h : chunk_hashes) found += residency_.Contains(h) ? 1 : 0;
+    evicts_.insert(evicts_.end(), chunk_hashes.begin(), chunk_hashes.end());
+    return found;
+  }
+  absl::StatusOr<std::vector<SequenceOutput>> Step() override;
+  bool HasWork() const override {
+    absl::MutexLock lock(&mu_);
+    return !inbox_.empty() || !cancels_.empty() || !evicts_.empty() || live_ > 0;
+  }
+  EngineStats Stats() const override {
+    absl::MutexLock lock(&mu_);
+    return stats_;
+  }
+  std::vector<ChunkEvent> HeldChunks() const override {
+    absl::MutexLock lock(&mu_);
+    return residency_.Held();
+  }
+  std::vector<ChunkEvent> TakeChunkEvents() override {
+    absl::MutexLock lock(&mu_);
+    return residency_.TakeEvents();
+  }
+  const EngineOptions& options() const override { return options_; }
+  Backend& backend() override { return *backend_; }
+
+ private:
+  hash::Hash128 KeyFor(Sequence& seq, int64_t j);
+  void CommitBlocks(Sequence& seq);
+  void Finish(Sequence& seq, FinishReason reason, SequenceOutput& out);
+  void Postprocess(const ScheduledSeq& s, const float* logits_row, SequenceOutput& out);
+  void TakePins(Sequence& seq);
+  void ReleasePin(const hash::Hash128& chunk);
+  void PublishStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Set at construction.
+  EngineOptions options_;
+  std::unique_ptr<Backend> backend_;
+
+  // Owned by the step thread.
+  BlockManager blocks_;
+  Scheduler scheduler_;
+  std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
+  struct Pin {
+    std::vector<int32_t> blocks;
+    int64_t expires_ms = 0;
+  };
+  std::unordered_map<hash::Hash128, Pin, hash::Hash128Hasher> pins_;
+  int64_t prompt_tokens_computed_ = 0;
+  int64_t generation_tokens_ = 0;
+  int64_t steps_ = 0;
+
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<Sequence>> inbox_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
+  std::vector<hash::Hash128> evicts_ ABSL_GUARDED_BY(mu_);
+  Residency residency_ ABSL_GUARDED_BY(mu_);
+  EngineStats stats_ ABSL_GUARDED_BY(mu_);
+  int64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // admitted, not yet finished
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t next_arrival_ ABSL_GUARDED_BY(mu_) = 0;
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
+  const int vocab = backend_->VocabSize();
+  auto seq = std::make_unique<Sequence>();
+  std::vector<hash::ChunkSpec> specs;
+  for (size_t i = 0; i < req.chunks.size(); ++i) {
+    const ChunkInput& c = req.chunks[i];
+    for (size_t j = 0; j < c.tokens.size(); ++j) {
+      if (c.tokens[j] < 0 || c.tokens[j] >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "].token_ids[", j, "] = ",
+                                                       c.tokens[j], " is outside the vocabulary [0, ",
+                                                       vocab, ")"));
+      }
+    }
+    seq->tokens.insert(seq->tokens.end(), c.tokens.begin(), c.tokens.end());
+    specs.push_back(hash::ChunkSpec{c.kind, c.tokens, c.cache_salt});
+    seq->chunk_kinds.push_back(c.kind);
+  }
+  if (seq->tokens.empty()) return absl::InvalidArgumentError("chunks: the prompt has no tokens");
+  if (absl::Status s = ValidateSampling(req.sampling, vocab, options_.max_tokens_limit); !s.ok()) {
+    return s;
+  }
+  const int64_t prompt_len = static_cast<int64_t>(seq->tokens.size());
+  if (prompt_len + req.sampling.max_tokens > options_.max_context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt (", prompt_len, " tokens) plus sampling.max_tokens (", req.sampling.max_tokens,
+        ") exceeds the model's context length (", options_.max_context, " tokens)"));
+  }
+  const int bs = backend_->BlockSize();
+  if ((prompt_len + req.sampling.max_tokens + bs - 1) / bs > blocks_.num_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the prompt plus sampling.max_tokens needs ", prompt_len + req.sampling.max_tokens,
+        " tokens of KV cache but this worker holds ", blocks_.num_blocks() * bs));
+  }
+
+  seq->request_id = std::move(req.request_id);
+  seq->sampling = req.sampling;
+  seq->pin_ttl_ms = std::max<int64_t>(0, req.pin_ttl_ms);
+  seq->prompt_len = prompt_len;
+  seq->chunks = hash::PlaceChunks(options_.model_name, req.cache_salt, specs);
+  seq->tail_salt = seq->chunks.back().salt_state;
+  if (options_.debug_unchained_block_keys) {
+    for (int64_t j = 0; j + 1 <= prompt_len / bs; ++j) {
+      size_t c = 0;
+      while (seq->chunks[c].end <= (j + 1) * bs - 1) ++c;
+      seq->block_keys.push_back(hash::BlockHash(
+          {}, options_.model_name, seq->chunks[c].salt_state,
+          std::span(seq->tokens.data() + j * bs, bs)));
+    }
+  } else {
+    seq->block_keys = hash::BlockKeys(options_.model_name, req.cache_salt, specs, bs);
+  }
+
+  absl::MutexLock lock(&mu_);
+  if (stats_.waiting + static_cast<int64_t>(inbox_.size()) >= options_.max_waiting) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the worker's queue is full (", options_.max_waiting, " waiting requests); retry later"));
+  }
+  seq->seed = req.sampling.seed.has_value() ? *req.sampling.seed : rng_();
+  seq->id = next_id_++;
+  seq->arrival = next_arrival_++;
+  const uint64_t id = seq->id;
+  inbox_.push_back(std::move(seq));
+  ++live_;
+  return id;
+}
+
+hash::Hash128 EngineImpl::KeyFor(Sequence& seq, int64_t j) {
+  const int bs = backend_->BlockSize();
+  while (static_cast<int64_t>(seq.block_keys.size()) <= j) {
+    const int64_t k = static_cast<int64_t>(seq.block_keys.size());
+    // Blocks past the prompt's full blocks end in generated tokens: the tail salt applies.
+    hash::Hash128 prev = (k == 0 || options_.debug_unchained_block_keys) ? hash::Hash128{}
+                                                                         : seq.block_keys[k - 1];
+    seq.block_keys.push_back(hash::BlockHash(prev, options_.model_name, seq.tail_salt,
+                                             std::span(seq.tokens.data() + k * bs, bs)));
+  }
+  return seq.block_keys[j];
+}
+
+void EngineImpl::CommitBlocks(Sequence& seq) {
+  const int bs = backend_->BlockSize();
+  while ((seq.num_committed + 1) * bs <= seq.num_computed) {
+    const int64_t j = seq.num_committed;
+    const hash::Hash128 parent = j == 0 ? hash::Hash128{} : KeyFor(seq, j - 1);
+    blocks_.Commit(seq.block_table[j], KeyFor(seq, j), parent);
+    ++seq.num_committed;
+  }
+}
+
+void EngineImpl::TakePins(Sequence& seq) {
+  // Each chunk is pinned through the last full block inside it, so later requests with the same
+  // leading chunks find them whatever the LRU does.
+  const int bs = backend_->BlockSize();
+  for (const hash::PlacedChunk& c : seq.chunks) {
+    const int64_t nblocks = std::min<int64_t>(c.end / bs, seq.num_committed);
+    if (nblocks <= 0 || pins_.count(c.hash)) continue;
+    Pin pin;
+    for (int64_t j = 0; j < nblocks; ++j) {
+      blocks_.AddRef(seq.block_table[j]);
+      pin.blocks.push_back(seq.block_table[j]);
+    }
+    pin.expires_ms = options_.now_ms() + seq.pin_ttl_ms;
+    pins_.emplace(c.hash, std::move(pin));
+  }
+  seq.pinned = true;
+}
+
+void EngineImpl::ReleasePin(const hash::Hash128& chunk) {
+  auto it = pins_.find(chunk);
+  if (it == pins_.end()) return;
+  for (auto b = it->second.blocks.rbegin(); b != it->second.blocks.rend(); ++b) blocks_.Release(*b);
+  pins_.erase(it);
+}
+
+void EngineImpl::Finish(Sequence& seq, FinishReason reason, SequenceOutput& out) {
+  if (seq.pin_ttl_ms > 0 && !seq.pinned && seq.num_computed >= seq.prompt_len) TakePins(seq);
+  out.finished = true;
+  out.finish_reason = reason;
+  out.prompt_tokens = seq.prompt_len;
+  out.cached_tokens = seq.cached_tokens;
+  out.completion_tokens = seq.num_generated;
+  scheduler_.Remove(&seq);
+}
+
+void EngineImpl::Postprocess(const ScheduledSeq& s, const float* logits_row, SequenceOutput& out) {
+  Sequence& seq = *s.seq;
+  const bool was_prefill = seq.num_computed < seq.prompt_len;
+  seq.num_computed += s.num_tokens;
+  if (was_prefill) prompt_tokens_computed_ += std::min(seq.num_computed, seq.prompt_len) -
+                                              (seq.num_computed - s.num_tokens);
+  CommitBlocks(seq);
+  {
+    absl::MutexLock lock(&mu_);
+    residency_.Update(seq);  // before Finish() frees the blocks
+  }
+  if (!s.wants_logits) return;
+
+  const int vocab = backend_->VocabSize();
+  std::vector<float> row(logits_row, logits_row + vocab);
+  if (options_.debug_capture_logits) out.logits.push_back(row);
+  const int64_t position = static_cast<int64_t>(seq.tokens.size());
+  SampleResult r = Sample(row, seq.sampling, seq.seed, position, seq.tokens);
+  ++seq.num_generated;
+  ++generation_tokens_;
+  const int32_t t = r.token_id;
+  const auto& eos = options_.eos_token_ids;
+  const bool is_eos = !seq.sampling.ignore_eos && std::find(eos.begin(), eos.end(), t) != eos.end();
+  const auto& stops = seq.sampling.stop_token_ids;
+  if (is_eos || std::find(stops.begin(), stops.end(), t) != stops.end()) {
+    out.stop_token_id = t;
+    Finish(seq, FinishReason::kStop, out);
+    return;
+  }
+  seq.tokens.push_back(t);
+  out.new_tokens.push_back(t);
+  if (seq.sampling.logprobs > 0) out.logprobs.push_back(std::move(r.logprobs));
+  if (seq.num_generated >= seq.sampling.max_tokens ||
+      static_cast<int64_t>(seq.tokens.size()) >= options_.max_context) {
+    Finish(seq, FinishReason::kLength, out);
+  } else if (seq.pin_ttl_ms > 0 && !seq.pinned && seq.num_computed >= seq.prompt_len) {
+    TakePins(seq);
+  }
+}
+
+void EngineImpl::PublishStats() {
+  stats_.running = scheduler_.num_running();
+  stats_.waiting = scheduler_.num_waiting();
+  stats_.total_blocks = blocks_.num_blocks();
+  stats_.free_blocks = blocks_.NumAvailable();
+  stats_.used_blocks = blocks_.NumInUse();
+  stats_.cached_blocks = blocks_.NumCached();
+  stats_.prefix_cache_queries = scheduler_.prefix_queries();
+  stats_.prefix_cache_hits = scheduler_.prefix_hits();
+  stats_.preemptions = scheduler_.preemptions();
+  stats_.prompt_tokens_computed = prompt_tokens_computed_;
+  stats_.generation_tokens = generation_tokens_;
+  stats_.steps = steps_;
+}
+
+absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
+  std::vector<SequenceOutput> outputs;
+  std::vector<std::unique_ptr<Sequence>> arrived;
+  std::vector<uint64_t> cancels;
+  std::vector<hash::Hash128> evicts;
+  {
+    absl::MutexLock lock(&mu_);
+    arrived.swap(inbox_);
+    cancels.swap(cancels_);
+    evicts.swap(evicts_);
+    for (const hash::Hash128& h : evicts) {
+      ReleasePin(h);
+      blocks_.EvictKeys(residency_.BlockKeysOf(h));
+    }
+  }
+  for (auto& seq : arrived) {
+    scheduler_.AddWaiting(seq.get());
+    seqs_.emplace(seq->id, std::move(seq));
+  }
+  auto retire = [&](uint64_t id) {
+    seqs_.erase(id);
+    absl::MutexLock lock(&mu_);
+    --live_;
+  };
+  for (uint64_t id : cancels) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) continue;
+    SequenceOutput out;
+    out.seq_id = id;
+    Finish(*it->second, FinishReason::kCancelled, out);
+    outputs.push_back(std::move(out));
+    retire(id);
+  }
+
+  // Pins past their time go back to the LRU.
+  {
+    const int64_t now = options_.now_ms();
+    std::vector<hash::Hash128> expired;
+    for (const auto& [h, pin] : pins_) {
+      if (pin.expires_ms <= now) expired.push_back(h);
+    }
+    absl::MutexLock lock(&mu_);
+    for (const auto& h : expired) ReleasePin(h);
+  }
+
+  // Schedule.
+  SchedulerOutput plan = scheduler_.Schedule();
+  if (plan.scheduled.empty() && scheduler_.num_running() == 0 && scheduler_.num_waiting() > 0) {
+    // Nothing runs and the head of the queue cannot be admitted: pinned blocks hold the KV it
+    // needs. Failing it beats waiting forever.
+    Sequence* head = scheduler_.waiting_front();
+    const uint64_t id = head->id;
+    SequenceOutput out;
+    out.seq_id = id;
+    out.error = absl::StrCat("RESOURCE_EXHAUSTED: the KV cache is held by pinned chunks; ",
+                             blocks_.NumAvailable(), " of ", blocks_.num_blocks(),
+                             " blocks are free");
+    Finish(*head, FinishReason::kError, out);
+    outputs.push_back(std::move(out));
+    retire(id);
+  }
+
+  // Run.
+  if (!plan.scheduled.empty()) {
+    ForwardBatch batch;
+    scheduler_.BuildBatch(plan, backend_->BlockSize(), &batch);
+    std::vector<float> logits;
+    absl::Status st = backend_->Forward(batch, &logits);
+    if (!st.ok()) {
+      for (const ScheduledSeq& s : plan.scheduled) {
+        const uint64_t id = s.seq->id;
+        SequenceOutput out;
+        out.seq_id = id;
+        out.error = st.ToString();
+        Finish(*s.seq, FinishReason::kError, out);
+        outputs.push_back(std::move(out));
+        retire(id);
+      }
+      absl::MutexLock lock(&mu_);
+      PublishStats();
+      return st;
+    }
+    // Postprocess.
+    size_t row = 0;
+    std::vector<uint64_t> done;
+    for (const ScheduledSeq& s : plan.scheduled) {
+      SequenceOutput out;
+      out.seq_id = s.seq->id;
+      if (s.newly_admitted) {
+        s.seq->started = true;
+        out.started = true;
+        out.cached_tokens = s.seq->cached_tokens;
+        out.prompt_tokens = s.seq->prompt_len;
+        for (size_t i = 0; i < s.seq->chunks.size(); ++i) {
+          const hash::PlacedChunk& c = s.seq->chunks[i];
+          const int64_t cached = std::clamp<int64_t>(s.seq->cached_tokens - c.start, 0, c.end - c.start);
+          out.chunks.push_back({c.hash, c.start, c.end, cached, s.seq->chunk_kinds[i]});
+        }
+      }
+      const float* lrow = nullptr;
+      if (s.wants_logits) lrow = logits.data() + (row++) * backend_->VocabSize();
+      Postprocess(s, lrow, out);
+      if (out.started || out.finished || !out.new_tokens.empty()) {
+        if (out.finished) done.push_back(out.seq_id);
+        outputs.push_back(std::move(out));
+      }
+    }
+    for (uint64_t id : done) retire(id);
+    ++steps_;
+  }
+  absl::MutexLock lock(&mu_);
+  residency_.OnEvicted(blocks_.TakeEvictedKeys());
+  PublishStats();
+  return outputs;
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> NewEngine(const EngineOptions& options, std::unique_ptr<Backend> backend) {
+  return std::make_unique<EngineImpl>(options, std::move(backend));
+}
+
+}  // namespace cascade::engine

@@ -1,0 +1,72 @@
+// The backend-neutral engine: admits requests given as chunks of token ids, reuses the longest
+// cached prefix, prefills the rest at global positions, decodes in a continuous batch, samples,
+// and reports which chunks it holds. Each Step() reads as schedule, run, postprocess.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gpu_worker/engine/backend.h"
+#include "gpu_worker/engine/types.h"
+
+namespace cascade::engine {
+
+struct EngineOptions {
+  std::string model_name;               // part of every hash
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 2048;
+  int64_t max_context = 4096;           // prompt + generated tokens at most
+  int32_t max_tokens_limit = 4096;      // cap on sampling.max_tokens
+  int max_waiting = 1024;               // queued requests beyond this: RESOURCE_EXHAUSTED
+  bool enable_prefix_cache = true;
+  std::vector<int32_t> eos_token_ids;   // from the model's config
+  // Test-only fault: block keys that ignore the previous block (the design's root cause 2).
+  bool debug_unchained_block_keys = false;
+  // Test-only: return each sampled position's raw logits in SequenceOutput::logits.
+  bool debug_capture_logits = false;
+  // Milliseconds on a steady clock; injectable for pin expiry tests.
+  std::function<int64_t()> now_ms;
+};
+
+// Thread safety: AddRequest, Cancel, EvictChunks, Stats, HeldChunks and TakeChunkEvents may be
+// called from any thread; Step() from one thread at a time (the worker's engine loop).
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // Validates and queues a request. INVALID_ARGUMENT names the bad field; RESOURCE_EXHAUSTED
+  // when the queue is full or the request can never fit in the KV cache. Returns its sequence id.
+  virtual absl::StatusOr<uint64_t> AddRequest(Request request) = 0;
+
+  // Cancels a sequence: its blocks are freed at the start of the next step, and that step's
+  // outputs carry its final output with kCancelled. Unknown or finished ids are ignored.
+  virtual void Cancel(uint64_t seq_id) = 0;
+
+  // Drops the cached, unreferenced blocks of these chunks (and of their descendants) at the
+  // next step; unpins them. Returns the number of chunks found.
+  virtual int EvictChunks(const std::vector<hash::Hash128>& chunk_hashes) = 0;
+
+  // Runs one step. Returns the outputs of every sequence that produced something.
+  virtual absl::StatusOr<std::vector<SequenceOutput>> Step() = 0;
+
+  // True if a Step() would do something (queued work, cancels or admin operations).
+  virtual bool HasWork() const = 0;
+
+  virtual EngineStats Stats() const = 0;
+  // Every chunk the engine holds now (for a registry resync).
+  virtual std::vector<ChunkEvent> HeldChunks() const = 0;
+  // Chunk stored/evicted events since the last call, in order.
+  virtual std::vector<ChunkEvent> TakeChunkEvents() = 0;
+
+  virtual const EngineOptions& options() const = 0;
+  virtual Backend& backend() = 0;
+};
+
+// The engine takes ownership of the backend.
+std::unique_ptr<Engine> NewEngine(const EngineOptions& options, std::unique_ptr<Backend> backend);
+
+}  // namespace cascade::engine

@@ -1,0 +1,149 @@
+// Scheduling policy: running sequences first (oldest first), then waiting ones in FIFO order.
+// When a running sequence needs a block and none is left, the newest running sequence is
+// preempted (its blocks freed, its tokens kept for recompute); its output does not change,
+// because the backend is batch-invariant and recompute produces the same K/V.
+#include "gpu_worker/engine/scheduler.h"
+
+#include <algorithm>
+
+namespace cascade::engine {
+
+Scheduler::Scheduler(const SchedulerOptions& options, BlockManager* blocks)
+    : options_(options), blocks_(blocks) {}
+
+void Scheduler::AddWaiting(Sequence* seq) {
+  seq->state = SeqState::kWaiting;
+  waiting_.push_back(seq);
+}
+
+void Scheduler::FreeBlocks(Sequence* seq) {
+  // Last-first, so descendants are evicted before their ancestors (BlockManager invariant).
+  for (auto it = seq->block_table.rbegin(); it != seq->block_table.rend(); ++it) {
+    blocks_->Release(*it);
+  }
+  seq->block_table.clear();
+  seq->num_computed = 0;
+  seq->num_committed = 0;
+}
+
+void Scheduler::Remove(Sequence* seq) {
+  FreeBlocks(seq);
+  std::erase(running_, seq);
+  std::erase(waiting_, seq);
+  seq->state = SeqState::kFinished;
+}
+
+void Scheduler::Preempt(Sequence* seq) {
+  FreeBlocks(seq);
+  std::erase(running_, seq);
+  seq->state = SeqState::kWaiting;
+  waiting_.push_front(seq);
+  ++preemptions_;
+}
+
+bool Scheduler::EnsureBlocks(Sequence* seq, int64_t num_tokens) {
+  const int bs = blocks_->block_size();
+  const int64_t need = (num_tokens + bs - 1) / bs;
+  while (static_cast<int64_t>(seq->block_table.size()) < need) {
+    int32_t b = blocks_->AllocateFresh();
+    if (b < 0) return false;
+    seq->block_table.push_back(b);
+  }
+  return true;
+}
+
+bool Scheduler::Admit(Sequence* seq, int64_t budget, ScheduledSeq* out) {
+  const int bs = blocks_->block_size();
+  const int64_t len = static_cast<int64_t>(seq->tokens.size());
+  // At least the last token is computed: its logits pick the next token. So a prompt that is
+  // entirely cached still recomputes its last block's tail.
+  const int64_t max_hit_blocks = (len - 1) / bs;
+  int64_t hit = 0;
+  if (options_.enable_prefix_cache) {
+    const int64_t known = std::min<int64_t>(max_hit_blocks, seq->block_keys.size());
+    hit = blocks_->CountCachedPrefix(std::span(seq->block_keys.data(), known));
+  }
+  const int64_t n = std::min(len - hit * bs, budget);
+  const int64_t need_total = (hit * bs + n + bs - 1) / bs;
+  // Hits sitting in the evictable LRU stop being available once acquired.
+  int64_t hits_in_lru = 0;
+  for (int64_t j = 0; j < hit; ++j) {
+    if (blocks_->RefCount(*blocks_->Lookup(seq->block_keys[j])) == 0) ++hits_in_lru;
+  }
+  if (blocks_->NumAvailable() - hits_in_lru < need_total - hit) return false;
+
+  for (int64_t j = 0; j < hit; ++j) seq->block_table.push_back(blocks_->AcquireCached(seq->block_keys[j]));
+  seq->num_computed = hit * bs;
+  seq->num_committed = hit;
+  if (!seq->started) {
+    prefix_queries_ += len;
+    prefix_hits_ += hit * bs;
+    seq->cached_tokens = hit * bs;
+  }
+  EnsureBlocks(seq, hit * bs + n);  // cannot fail: checked above
+  seq->state = SeqState::kRunning;
+  running_.push_back(seq);
+  *out = ScheduledSeq{seq, n, hit * bs + n == len, !seq->started};
+  return true;
+}
+
+SchedulerOutput Scheduler::Schedule() {
+  SchedulerOutput out;
+  int64_t budget = options_.max_num_batched_tokens;
+
+  std::vector<Sequence*> order = running_;
+  for (Sequence* seq : order) {
+    if (budget <= 0) break;
+    if (seq->state != SeqState::kRunning) continue;  // preempted earlier in this loop
+    const int64_t n = std::min(seq->pending(), budget);
+    if (n <= 0) continue;
+    bool ok = EnsureBlocks(seq, seq->num_computed + n);
+    while (!ok) {
+      Sequence* victim = running_.back();
+      Preempt(victim);
+      out.preempted.push_back(victim);
+      if (victim == seq) break;
+      ok = EnsureBlocks(seq, seq->num_computed + n);
+    }
+    if (!ok) continue;
+    out.scheduled.push_back(ScheduledSeq{seq, n, seq->num_computed + n == (int64_t)seq->tokens.size(), false});
+    budget -= n;
+  }
+  // A step that had to preempt admits nothing new: memory is the bottleneck.
+  if (!out.preempted.empty()) {
+    std::erase_if(out.scheduled, [](const ScheduledSeq& s) { return s.seq->state != SeqState::kRunning; });
+    return out;
+  }
+  while (!waiting_.empty() && budget > 0 &&
+         static_cast<int>(running_.size()) < options_.max_num_seqs) {
+    Sequence* seq = waiting_.front();
+    ScheduledSeq s;
+    if (!Admit(seq, budget, &s)) break;
+    waiting_.pop_front();
+    out.scheduled.push_back(s);
+    budget -= s.num_tokens;
+  }
+  return out;
+}
+
+void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBatch* batch) const {
+  *batch = ForwardBatch{};
+  batch->query_start.push_back(0);
+  batch->block_table_start.push_back(0);
+  for (const ScheduledSeq& s : out.scheduled) {
+    const Sequence& seq = *s.seq;
+    for (int64_t p = seq.num_computed; p < seq.num_computed + s.num_tokens; ++p) {
+      batch->token_ids.push_back(seq.tokens[p]);
+      batch->positions.push_back(static_cast<int32_t>(p));
+      batch->slot_mapping.push_back(seq.block_table[p / block_size] * block_size +
+                                    static_cast<int32_t>(p % block_size));
+    }
+    if (s.wants_logits) batch->logits_rows.push_back(batch->num_tokens() - 1);
+    batch->query_start.push_back(batch->num_tokens());
+    batch->context_lens.push_back(static_cast<int32_t>(seq.num_computed + s.num_tokens));
+    batch->block_ids.insert(batch->block_ids.end(), seq.block_table.begin(), seq.block_table.end());
+    batch->block_table_start.push_back(static_cast<int32_t>(batch->block_ids.size()));
+  }
+}
+
+}  // namespace cascade::engine

@@ -1,0 +1,75 @@
+// Continuous-batching scheduler: decides, each step, which sequences run how many tokens, under
+// a token budget and a sequence cap, with chunked prefill, prefix-cache admission and
+// preemption (free and recompute) when KV blocks run out.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "gpu_worker/engine/backend.h"
+#include "gpu_worker/engine/block_manager.h"
+#include "gpu_worker/engine/sequence.h"
+
+namespace cascade::engine {
+
+struct SchedulerOptions {
+  int max_num_seqs = 64;               // running sequences at most
+  int max_num_batched_tokens = 2048;   // tokens per step at most (prefill chunks + decodes)
+  bool enable_prefix_cache = true;
+};
+
+struct ScheduledSeq {
+  Sequence* seq = nullptr;
+  int64_t num_tokens = 0;     // tokens computed this step, from seq->num_computed
+  bool wants_logits = false;  // the step reaches the end of the known tokens
+  bool newly_admitted = false;
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledSeq> scheduled;
+  std::vector<Sequence*> preempted;  // sent back to waiting this step
+};
+
+// Not thread-safe: the engine's step thread owns it.
+class Scheduler {
+ public:
+  Scheduler(const SchedulerOptions& options, BlockManager* blocks);
+
+  void AddWaiting(Sequence* seq);
+  // Removes a sequence from the queues and frees its blocks (finish, cancel, error).
+  void Remove(Sequence* seq);
+
+  SchedulerOutput Schedule();
+
+  // Fills `batch` for the scheduled work; slots and block tables come from the sequences.
+  void BuildBatch(const SchedulerOutput& out, int block_size, ForwardBatch* batch) const;
+
+  // REQUIRES: num_waiting() > 0.
+  Sequence* waiting_front() const { return waiting_.front(); }
+  int num_running() const { return static_cast<int>(running_.size()); }
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  int64_t preemptions() const { return preemptions_; }
+  int64_t prefix_queries() const { return prefix_queries_; }
+  int64_t prefix_hits() const { return prefix_hits_; }
+
+ private:
+  // Makes the block table cover `num_tokens` tokens; false if blocks ran out.
+  bool EnsureBlocks(Sequence* seq, int64_t num_tokens);
+  void FreeBlocks(Sequence* seq);
+  void Preempt(Sequence* seq);
+  // Admits the head of the waiting queue with at most `budget` tokens; false if it does not fit.
+  bool Admit(Sequence* seq, int64_t budget, ScheduledSeq* out);
+
+  const SchedulerOptions options_;
+  BlockManager* const blocks_;
+  std::deque<Sequence*> waiting_;
+  std::vector<Sequence*> running_;  // in admission order
+  int64_t preemptions_ = 0;
+  int64_t prefix_queries_ = 0;
+  int64_t prefix_hits_ = 0;
+};
+
+}  // namespace cascade::engine

@@ -1,0 +1,45 @@
+// One request's state inside the engine: its tokens, KV block table and progress.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cache_service/hash/chunk_hash.h"
+#include "gpu_worker/engine/types.h"
+
+namespace cascade::engine {
+
+enum class SeqState { kWaiting, kRunning, kFinished };
+
+struct Sequence {
+  uint64_t id = 0;
+  std::string request_id;
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  int64_t pin_ttl_ms = 0;
+
+  std::vector<int32_t> tokens;  // prompt then generated; the last one may not be in the KV yet
+  int64_t prompt_len = 0;
+  std::vector<hash::PlacedChunk> chunks;  // chained hashes and positions of the prompt's chunks
+  std::vector<int32_t> chunk_kinds;       // parallel to chunks
+  hash::Hash128 tail_salt;                // salt state for tokens after the prompt
+
+  // Keys of full blocks: the prompt's precomputed, generated ones appended as blocks fill.
+  std::vector<hash::Hash128> block_keys;
+  std::vector<int32_t> block_table;  // physical block per logical block
+  int64_t num_computed = 0;          // fill length: tokens whose K/V are in the cache
+  int64_t num_committed = 0;         // leading blocks whose key is registered in the cache
+
+  SeqState state = SeqState::kWaiting;
+  bool started = false;              // the start output (cached tokens) was emitted
+  int64_t cached_tokens = 0;         // prefix-cache hit at first admission
+  int32_t num_generated = 0;
+  int64_t arrival = 0;               // admission order, for FIFO and preemption choice
+  bool pinned = false;               // pins taken (once, after the prompt's prefill)
+  int64_t reported_committed = -1;   // num_committed when residency last looked
+
+  int64_t pending() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
+};
+
+}  // namespace cascade::engine

@@ -1,0 +1,111 @@
+// Plain request and result types of the engine: what a caller hands in and gets back.
+// No gRPC types here; the worker service translates cascade.v1 messages to and from these.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache_service/hash/chunk_hash.h"
+
+namespace cascade::engine {
+
+// Mirrors cascade.v1.FinishReason.
+enum class FinishReason { kNone = 0, kStop = 1, kLength = 2, kStopString = 3, kCancelled = 4, kError = 5 };
+
+const char* FinishReasonName(FinishReason r);
+
+// Sampling parameters, validated by ValidateSampling() (sampler.h).
+struct SamplingParams {
+  float temperature = 0.0f;         // 0 = greedy
+  float top_p = 1.0f;               // (0, 1]
+  int32_t top_k = 0;                // 0 or -1 = disabled
+  float min_p = 0.0f;               // [0, 1]
+  float repetition_penalty = 1.0f;  // > 0; 1 = off
+  int32_t max_tokens = 16;          // >= 1
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int32_t logprobs = 0;             // top logprobs per token, 0..20
+  std::optional<uint64_t> seed;     // unset: the engine draws one
+};
+
+// One chunk of a prompt, as token ids.
+struct ChunkInput {
+  int32_t kind = 0;        // cascade.v1.ChunkKind value (part of the chunk hash)
+  std::vector<int32_t> tokens;
+  std::string cache_salt;  // per-chunk salt; empty = inherit
+};
+
+struct Request {
+  std::string request_id;
+  std::string cache_salt;          // request-level salt
+  std::vector<ChunkInput> chunks;  // the prompt is their concatenation
+  SamplingParams sampling;
+  int64_t pin_ttl_ms = 0;          // > 0: keep the prompt's chunks cached this long
+};
+
+// Per chunk of an admitted request: where it sits and how much came from cache.
+struct ChunkPlacement {
+  hash::Hash128 hash;
+  int64_t start = 0;
+  int64_t end = 0;
+  int64_t cached_tokens = 0;
+  int32_t kind = 0;
+};
+
+struct TokenLogprob {
+  int32_t token_id = 0;
+  float logprob = 0.0f;
+};
+
+struct LogprobEntry {
+  TokenLogprob sampled;
+  std::vector<TokenLogprob> top;
+};
+
+// What one step produced for one sequence. `started` is set on the first output of a sequence
+// (after its prefix-cache lookup), with `chunks` and the cached token count.
+struct SequenceOutput {
+  uint64_t seq_id = 0;
+  bool started = false;
+  std::vector<ChunkPlacement> chunks;  // set when started
+  std::vector<int32_t> new_tokens;
+  std::vector<LogprobEntry> logprobs;  // parallel to new_tokens when requested
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  int32_t stop_token_id = -1;          // with kStop
+  std::string error;                   // with kError
+  std::vector<std::vector<float>> logits;  // per sampled token, only with debug_capture_logits
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+// A chunk the worker now holds (or no longer holds), for the registry.
+struct ChunkEvent {
+  bool stored = true;  // false = evicted
+  hash::Hash128 hash;
+  hash::Hash128 parent;  // zero for the first chunk
+  int64_t start = 0;
+  int64_t end = 0;
+  int64_t held_tokens = 0;  // leading prompt tokens up to `end` held in full blocks
+  int32_t kind = 0;
+};
+
+struct EngineStats {
+  int32_t running = 0;
+  int32_t waiting = 0;
+  int64_t total_blocks = 0;
+  int64_t free_blocks = 0;    // never used or cached-and-unreferenced
+  int64_t used_blocks = 0;    // referenced by live sequences or pins
+  int64_t cached_blocks = 0;  // hashed, referenced or not
+  int64_t prefix_cache_queries = 0;  // prompt tokens looked up
+  int64_t prefix_cache_hits = 0;     // of those, found
+  int64_t preemptions = 0;
+  int64_t prompt_tokens_computed = 0;
+  int64_t generation_tokens = 0;
+  int64_t steps = 0;
+};
+
+}  // namespace cascade::engine

@@ -1,0 +1,100 @@
+// Block pool and prefix cache: refcounts, exact lookup, LRU order (descendants first), admin
+// eviction with descendants, and never handing out a referenced block.
+#include "gpu_worker/engine/block_manager.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace cascade::engine {
+namespace {
+
+hash::Hash128 K(uint64_t v) { return hash::Hash128{0, v}; }
+
+TEST(BlockManagerTest, AllocatesEveryBlockOnceThenRunsOut) {
+  BlockManager bm(4, 16);
+  std::set<int32_t> got;
+  for (int i = 0; i < 4; ++i) got.insert(bm.AllocateFresh());
+  EXPECT_EQ(got.size(), 4u);
+  EXPECT_EQ(bm.AllocateFresh(), -1);
+  EXPECT_EQ(bm.NumAvailable(), 0);
+}
+
+TEST(BlockManagerTest, UnkeyedReleasedBlockIsFreeAndKeyedOneIsCachedUntilEvicted) {
+  BlockManager bm(2, 4);
+  int32_t a = bm.AllocateFresh(), b = bm.AllocateFresh();
+  ASSERT_TRUE(bm.Commit(a, K(1), {}));
+  bm.Release(a);
+  bm.Release(b);
+  EXPECT_EQ(bm.NumAvailable(), 2);
+  EXPECT_EQ(bm.Lookup(K(1)), a);
+  // The free block goes first; the cached one survives.
+  EXPECT_EQ(bm.AllocateFresh(), b);
+  EXPECT_EQ(bm.Lookup(K(1)), a);
+  // Now the cached one is evicted to make room.
+  EXPECT_EQ(bm.AllocateFresh(), a);
+  EXPECT_FALSE(bm.Lookup(K(1)).has_value());
+  EXPECT_EQ(bm.TakeEvictedKeys(), std::vector<hash::Hash128>{K(1)});
+}
+
+TEST(BlockManagerTest, AcquiringACachedBlockProtectsItFromEviction) {
+  BlockManager bm(2, 4);
+  int32_t a = bm.AllocateFresh();
+  bm.Commit(a, K(1), {});
+  bm.Release(a);
+  EXPECT_EQ(bm.AcquireCached(K(1)), a);
+  EXPECT_EQ(bm.RefCount(a), 1);
+  int32_t b = bm.AllocateFresh();
+  EXPECT_NE(b, a);
+  EXPECT_EQ(bm.AllocateFresh(), -1);  // a is referenced: never handed out
+}
+
+TEST(BlockManagerTest, ReleasingLastFirstEvictsDescendantsBeforeAncestors) {
+  BlockManager bm(3, 4);
+  int32_t b0 = bm.AllocateFresh(), b1 = bm.AllocateFresh(), b2 = bm.AllocateFresh();
+  bm.Commit(b0, K(10), {});
+  bm.Commit(b1, K(11), K(10));
+  bm.Commit(b2, K(12), K(11));
+  bm.Release(b2);
+  bm.Release(b1);
+  bm.Release(b0);
+  EXPECT_EQ(bm.AllocateFresh(), b2);
+  EXPECT_EQ(bm.CountCachedPrefix(std::vector<hash::Hash128>{K(10), K(11), K(12)}), 2);
+}
+
+TEST(BlockManagerTest, DuplicateKeyStaysWithTheFirstBlock) {
+  BlockManager bm(2, 4);
+  int32_t a = bm.AllocateFresh(), b = bm.AllocateFresh();
+  EXPECT_TRUE(bm.Commit(a, K(5), {}));
+  EXPECT_FALSE(bm.Commit(b, K(5), {}));
+  bm.Release(b);  // private block goes straight to the free list
+  EXPECT_EQ(bm.NumCached(), 1);
+  EXPECT_EQ(bm.Lookup(K(5)), a);
+}
+
+TEST(BlockManagerTest, EvictKeysDropsUnreferencedDescendantsToo) {
+  BlockManager bm(4, 4);
+  int32_t b0 = bm.AllocateFresh(), b1 = bm.AllocateFresh(), b2 = bm.AllocateFresh();
+  int32_t other = bm.AllocateFresh();
+  bm.Commit(b0, K(1), {});
+  bm.Commit(b1, K(2), K(1));
+  bm.Commit(b2, K(3), K(2));
+  bm.Commit(other, K(9), {});
+  for (int32_t b : {b2, b1, b0, other}) bm.Release(b);
+  EXPECT_EQ(bm.EvictKeys(std::vector<hash::Hash128>{K(2)}), 2);  // K(2) and its child K(3)
+  EXPECT_TRUE(bm.Lookup(K(1)).has_value());
+  EXPECT_FALSE(bm.Lookup(K(2)).has_value());
+  EXPECT_FALSE(bm.Lookup(K(3)).has_value());
+  EXPECT_TRUE(bm.Lookup(K(9)).has_value());
+}
+
+TEST(BlockManagerTest, EvictKeysLeavesReferencedBlocks) {
+  BlockManager bm(2, 4);
+  int32_t a = bm.AllocateFresh();
+  bm.Commit(a, K(1), {});
+  EXPECT_EQ(bm.EvictKeys(std::vector<hash::Hash128>{K(1)}), 0);
+  EXPECT_TRUE(bm.Lookup(K(1)).has_value());
+}
+
+}  // namespace
+}  // namespace cascade::engine

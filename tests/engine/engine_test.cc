@@ -1,0 +1,366 @@
+// The engine over the trace backend: cached == cold for chunked prompts (all, some or no chunks
+// cached, chunks ending mid-block, mixed batches), eviction and preemption never change output,
+// cancellation frees blocks, residency events, pins, stop conditions, and input validation.
+#include "gpu_worker/engine/engine.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/engine/engine_test_util.h"
+#include "tests/engine/trace_backend.h"
+
+namespace cascade::engine::testing {
+namespace {
+
+constexpr int kVocab = 97;
+constexpr int kBlock = 8;
+
+std::unique_ptr<Engine> MakeEngine(int64_t blocks, EngineOptions opts = {}) {
+  opts.model_name = "trace";
+  opts.debug_capture_logits = true;
+  if (opts.max_context == 4096) opts.max_context = 100000;
+  return NewEngine(opts, std::make_unique<TraceBackend>(blocks, kBlock, kVocab));
+}
+
+Request Prefix(const Request& r, size_t chunks) {
+  Request p = r;
+  p.chunks.resize(chunks);
+  p.sampling.max_tokens = 1;
+  return p;
+}
+
+void ExpectSame(const Result& a, const Result& b, const std::string& what) {
+  EXPECT_EQ(a.tokens, b.tokens) << what;
+  ASSERT_EQ(a.logits.size(), b.logits.size()) << what;
+  for (size_t i = 0; i < a.logits.size(); ++i) {
+    EXPECT_EQ(a.logits[i], b.logits[i]) << what << ": logits of token " << i << " differ";
+  }
+  EXPECT_EQ(a.finish, b.finish) << what;
+}
+
+TEST(EngineTest, CachedEqualsColdForRandomChunkedPrompts) {
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 30; ++trial) {
+    Request req = RandomRequest(rng, kVocab, 1 + trial % 4, 21, 6);
+    if (trial % 2) {
+      req.sampling.temperature = 0.9f;
+      req.sampling.seed = 1000 + trial;
+    }
+    auto cold_engine = MakeEngine(256);
+    Result cold = RunOne(*cold_engine, req);
+    EXPECT_EQ(cold.cached_tokens, 0);
+    for (size_t k = 1; k <= req.chunks.size(); ++k) {
+      auto warm = MakeEngine(256);
+      RunOne(*warm, Prefix(req, k));  // caches the first k chunks (full blocks only)
+      Result hot = RunOne(*warm, req);
+      ExpectSame(cold, hot, "trial " + std::to_string(trial) + " cached chunks " + std::to_string(k));
+      int64_t prefix_len = 0;
+      for (size_t c = 0; c < k; ++c) prefix_len += req.chunks[c].tokens.size();
+      const int64_t total = cold.prompt_tokens;
+      const int64_t expect_cached = std::min((prefix_len / kBlock), (total - 1) / kBlock) * kBlock;
+      EXPECT_EQ(hot.cached_tokens, expect_cached) << "trial " << trial << " k " << k;
+    }
+  }
+}
+
+TEST(EngineTest, BatchMixingCachedAndColdSequencesMatchesEachAlone) {
+  std::mt19937 rng(2);
+  std::vector<Request> reqs;
+  Request shared = RandomRequest(rng, kVocab, 1, 30, 1);
+  for (int i = 0; i < 8; ++i) {
+    Request r = RandomRequest(rng, kVocab, 2, 19, 5);
+    if (i % 2 == 0) r.chunks.insert(r.chunks.begin(), shared.chunks[0]);
+    reqs.push_back(r);
+  }
+  std::vector<Result> alone;
+  for (const Request& r : reqs) {
+    auto e = MakeEngine(256);
+    alone.push_back(RunOne(*e, r));
+  }
+  auto e = MakeEngine(256);
+  RunOne(*e, Prefix(reqs[0], 1));  // warm the shared chunk
+  std::vector<Result> batched = RunAll(*e, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) ExpectSame(alone[i], batched[i], "request " + std::to_string(i));
+  EXPECT_GT(batched[0].cached_tokens, 0);
+  EXPECT_EQ(batched[1].cached_tokens, 0);
+}
+
+TEST(EngineTest, SecondIdenticalRequestHitsCacheAndReportsChunks) {
+  std::mt19937 rng(3);
+  Request r = RandomRequest(rng, kVocab, 3, 20, 4);
+  auto e = MakeEngine(128);
+  Result first = RunOne(*e, r);
+  Result second = RunOne(*e, r);
+  ExpectSame(first, second, "repeat");
+  const int64_t len = first.prompt_tokens;
+  EXPECT_EQ(second.cached_tokens, (len - 1) / kBlock * kBlock);
+  ASSERT_EQ(second.chunks.size(), 3u);
+  int64_t pos = 0, cached_sum = 0;
+  for (const ChunkPlacement& c : second.chunks) {
+    EXPECT_EQ(c.start, pos);
+    pos = c.end;
+    cached_sum += c.cached_tokens;
+  }
+  EXPECT_EQ(pos, len);
+  EXPECT_EQ(cached_sum, second.cached_tokens);
+  EXPECT_EQ(first.chunks[2].hash, second.chunks[2].hash);
+}
+
+TEST(EngineTest, ChunkedPrefillUnderSmallTokenBudgetGivesSameOutput) {
+  std::mt19937 rng(4);
+  Request r = RandomRequest(rng, kVocab, 3, 40, 8);
+  auto big = MakeEngine(256);
+  Result a = RunOne(*big, r);
+  EngineOptions small;
+  small.max_num_batched_tokens = 5;
+  auto e = MakeEngine(256, small);
+  Result b = RunOne(*e, r);
+  ExpectSame(a, b, "chunked prefill");
+}
+
+TEST(EngineTest, EvictionUnderPressureNeverChangesOutput) {
+  std::mt19937 rng(5);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 12; ++i) reqs.push_back(RandomRequest(rng, kVocab, 2, 30, 5));
+  auto tiny = MakeEngine(12);  // 96 tokens of KV: every request evicts earlier ones
+  for (const Request& r : reqs) {
+    auto fresh = MakeEngine(256);
+    Result want = RunOne(*fresh, r);
+    ExpectSame(want, RunOne(*tiny, r), "after eviction");
+    ExpectSame(want, RunOne(*tiny, r), "cache hit on a full cache");
+  }
+  EXPECT_GT(tiny->Stats().prefix_cache_hits, 0);
+}
+
+TEST(EngineTest, PreemptionNeverChangesOutput) {
+  std::mt19937 rng(6);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 10; ++i) {
+    Request r = RandomRequest(rng, kVocab, 2, 20, 30);
+    if (i % 3 == 0) {
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = i;
+    }
+    reqs.push_back(r);
+  }
+  std::vector<Result> alone;
+  for (const Request& r : reqs) {
+    auto e = MakeEngine(256);
+    alone.push_back(RunOne(*e, r));
+  }
+  auto e = MakeEngine(20);  // 160 tokens for 10 sequences of up to 70: must preempt
+  std::vector<Result> together = RunAll(*e, reqs);
+  EXPECT_GT(e->Stats().preemptions, 0);
+  for (size_t i = 0; i < reqs.size(); ++i) ExpectSame(alone[i], together[i], "preempted " + std::to_string(i));
+}
+
+TEST(EngineTest, CancelFreesBlocksWithinOneStep) {
+  std::mt19937 rng(7);
+  Request r = RandomRequest(rng, kVocab, 1, 20, 1000);
+  auto e = MakeEngine(256);
+  auto id = e->AddRequest(r);
+  ASSERT_TRUE(id.ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(e->Step().ok());
+  EXPECT_GT(e->Stats().used_blocks, 0);
+  e->Cancel(*id);
+  auto outs = e->Step();
+  ASSERT_TRUE(outs.ok());
+  ASSERT_EQ(outs->size(), 1u);
+  EXPECT_TRUE((*outs)[0].finished);
+  EXPECT_EQ((*outs)[0].finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(e->Stats().used_blocks, 0);
+  EXPECT_EQ(e->Stats().running, 0);
+  EXPECT_FALSE(e->HasWork());
+}
+
+TEST(EngineTest, CancelWhileWaitingFreesTheSlot) {
+  std::mt19937 rng(8);
+  auto e = MakeEngine(256);
+  auto id = e->AddRequest(RandomRequest(rng, kVocab, 1, 5, 5));
+  ASSERT_TRUE(id.ok());
+  e->Cancel(*id);
+  auto outs = e->Step();
+  ASSERT_TRUE(outs.ok());
+  ASSERT_EQ(outs->size(), 1u);
+  EXPECT_EQ((*outs)[0].finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(e->Stats().waiting, 0);
+}
+
+// Root cause 2 at the block level: identical block contents at different positions must not be
+// confused. With unchained keys (the injected fault) both blocks get one key, the second is
+// served from the first, and the output differs from cold (or the step fails on the position).
+TEST(EngineTest, RepeatedBlockContentNeedsChainedKeys) {
+  Request r;
+  std::vector<int32_t> block(kBlock);
+  for (int i = 0; i < kBlock; ++i) block[i] = 10 + i;
+  ChunkInput c;
+  c.kind = 1;
+  c.tokens = block;
+  c.tokens.insert(c.tokens.end(), block.begin(), block.end());
+  c.tokens.insert(c.tokens.end(), block.begin(), block.end());
+  c.tokens.push_back(5);
+  r.chunks = {c};
+  r.sampling.max_tokens = 4;
+  r.sampling.ignore_eos = true;
+
+  auto cold = MakeEngine(64);
+  Result want = RunOne(*cold, r);
+  auto warm = MakeEngine(64);
+  RunOne(*warm, r);
+  ExpectSame(want, RunOne(*warm, r), "chained keys");
+
+  EngineOptions bad;
+  bad.debug_unchained_block_keys = true;
+  auto faulty = MakeEngine(64, bad);
+  RunOne(*faulty, r);
+  auto id = faulty->AddRequest(r);
+  ASSERT_TRUE(id.ok());
+  auto outs = faulty->Step();
+  bool diverged = !outs.ok();
+  if (outs.ok()) {
+    for (auto& o : *outs) diverged |= !o.logits.empty() && o.logits[0] != want.logits[0];
+  }
+  EXPECT_TRUE(diverged) << "unchained keys went unnoticed: the test would not catch the bug";
+}
+
+TEST(EngineTest, StopTokenEndsGenerationWithoutEmittingIt) {
+  std::mt19937 rng(9);
+  Request r = RandomRequest(rng, kVocab, 2, 10, 10);
+  auto e = MakeEngine(128);
+  Result full = RunOne(*e, r);
+  ASSERT_EQ(full.tokens.size(), 10u);
+  EXPECT_EQ(full.finish, FinishReason::kLength);
+  // Stop on the first occurrence of the 4th token.
+  const int32_t stop = full.tokens[3];
+  size_t first = std::find(full.tokens.begin(), full.tokens.end(), stop) - full.tokens.begin();
+  r.sampling.stop_token_ids = {stop};
+  Result stopped = RunOne(*e, r);
+  EXPECT_EQ(stopped.finish, FinishReason::kStop);
+  EXPECT_EQ(stopped.stop_token_id, stop);
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + first));
+  // The same token as EOS stops too, unless ignore_eos.
+  EngineOptions o;
+  o.eos_token_ids = {stop};
+  auto e2 = MakeEngine(128, o);
+  r.sampling.stop_token_ids.clear();
+  r.sampling.ignore_eos = false;
+  EXPECT_EQ(RunOne(*e2, r).finish, FinishReason::kStop);
+  r.sampling.ignore_eos = true;
+  EXPECT_EQ(RunOne(*e2, r).tokens, full.tokens);
+}
+
+TEST(EngineTest, SeededSamplingIsTheSameAloneAndInABatch) {
+  std::mt19937 rng(10);
+  Request r = RandomRequest(rng, kVocab, 2, 15, 12);
+  r.sampling.temperature = 1.2f;
+  r.sampling.top_p = 0.9f;
+  r.sampling.seed = 77;
+  auto e1 = MakeEngine(256);
+  Result alone = RunOne(*e1, r);
+  std::vector<Request> batch = {RandomRequest(rng, kVocab, 1, 9, 7), r, RandomRequest(rng, kVocab, 3, 9, 3)};
+  auto e2 = MakeEngine(256);
+  ExpectSame(alone, RunAll(*e2, batch)[1], "seeded in batch");
+}
+
+TEST(EngineTest, RejectsBadRequestsWithFieldNames) {
+  auto e = MakeEngine(16);
+  Request empty;
+  EXPECT_THAT(e->AddRequest(empty).status().message(), ::testing::HasSubstr("no tokens"));
+  Request oov;
+  oov.chunks = {ChunkInput{1, {1, 2, kVocab}, ""}};
+  auto s = e->AddRequest(oov).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("chunks[0].token_ids[2]"));
+  Request zero = oov;
+  zero.chunks[0].tokens = {1};
+  zero.sampling.max_tokens = 0;
+  EXPECT_THAT(e->AddRequest(zero).status().message(), ::testing::HasSubstr("sampling.max_tokens"));
+  EngineOptions o;
+  o.max_context = 10;
+  auto small = MakeEngine(16, o);
+  Request longreq = zero;
+  longreq.sampling.max_tokens = 8;
+  longreq.chunks[0].tokens = {1, 2, 3};
+  EXPECT_THAT(small->AddRequest(longreq).status().message(), ::testing::HasSubstr("context length"));
+  Request huge = zero;
+  huge.sampling.max_tokens = 200;  // 16 blocks x 8 = 128 tokens of KV
+  EXPECT_EQ(e->AddRequest(huge).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(EngineTest, FullQueueIsResourceExhausted) {
+  EngineOptions o;
+  o.max_waiting = 2;
+  auto e = MakeEngine(64, o);
+  Request r;
+  r.chunks = {ChunkInput{1, {1, 2}, ""}};
+  EXPECT_TRUE(e->AddRequest(r).ok());
+  EXPECT_TRUE(e->AddRequest(r).ok());
+  auto s = e->AddRequest(r).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("queue is full"));
+}
+
+TEST(EngineTest, ResidencyEventsTrackStoredAndEvictedChunks) {
+  Request r;
+  r.chunks = {ChunkInput{1, std::vector<int32_t>(20, 3), ""}, ChunkInput{3, std::vector<int32_t>(9, 4), ""}};
+  r.sampling.max_tokens = 1;
+  auto e = MakeEngine(8);
+  Result res = RunOne(*e, r);
+  auto events = e->TakeChunkEvents();
+  ASSERT_FALSE(events.empty());
+  // Chunk 0 ends at 20: held through block 1 (16 tokens). Chunk 1 ends at 29: through 24.
+  std::map<hash::Hash128, int64_t> held;
+  for (auto& ev : events) if (ev.stored) held[ev.hash] = ev.held_tokens;
+  EXPECT_EQ(held[res.chunks[0].hash], 16);
+  EXPECT_EQ(held[res.chunks[1].hash], 24);
+  EXPECT_EQ(e->HeldChunks().size(), 2u);
+  // Fill the cache with something else: both chunks get evicted.
+  Request other;
+  other.chunks = {ChunkInput{1, std::vector<int32_t>(60, 7), ""}};
+  other.sampling.max_tokens = 1;
+  RunOne(*e, other);
+  int evicted = 0;
+  for (auto& ev : e->TakeChunkEvents()) evicted += !ev.stored && (ev.hash == res.chunks[0].hash || ev.hash == res.chunks[1].hash);
+  EXPECT_EQ(evicted, 2);
+}
+
+TEST(EngineTest, PinnedChunksSurviveEvictionUntilTheirTtl) {
+  int64_t now = 0;
+  EngineOptions o;
+  o.now_ms = [&now] { return now; };
+  auto e = MakeEngine(8, o);
+  Request pinned;
+  pinned.chunks = {ChunkInput{1, std::vector<int32_t>(17, 3), ""}};
+  pinned.sampling.max_tokens = 1;
+  pinned.pin_ttl_ms = 1000;
+  RunOne(*e, pinned);
+  Request other;
+  other.chunks = {ChunkInput{1, std::vector<int32_t>(40, 7), ""}};
+  other.sampling.max_tokens = 1;
+  RunOne(*e, other);
+  pinned.pin_ttl_ms = 0;
+  EXPECT_EQ(RunOne(*e, pinned).cached_tokens, 16);
+  now = 2000;  // pin expired: the next pressure evicts it
+  for (int32_t fill : {8, 9}) {
+    Request big;
+    big.chunks = {ChunkInput{1, std::vector<int32_t>(47, fill), ""}};
+    big.sampling.max_tokens = 1;
+    RunOne(*e, big);
+  }
+  EXPECT_EQ(RunOne(*e, pinned).cached_tokens, 0);
+}
+
+TEST(EngineTest, CacheSaltIsolatesTenants) {
+  Request a;
+  a.chunks = {ChunkInput{1, std::vector<int32_t>(20, 3), ""}};
+  a.sampling.max_tokens = 1;
+  Request b = a;
+  b.cache_salt = "tenant-b";
+  auto e = MakeEngine(64);
+  RunOne(*e, a);
+  EXPECT_EQ(RunOne(*e, b).cached_tokens, 0);
+  EXPECT_EQ(RunOne(*e, a).cached_tokens, 16);
+}
+
+}  // namespace
+}  // namespace cascade::engine::testing

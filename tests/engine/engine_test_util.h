@@ -1,0 +1,81 @@
+// Helpers for engine tests: build an engine over a backend and run requests to completion.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gpu_worker/engine/engine.h"
+
+namespace cascade::engine::testing {
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+  FinishReason finish = FinishReason::kNone;
+  int32_t stop_token_id = -1;
+  int64_t cached_tokens = -1;
+  int64_t prompt_tokens = -1;
+  std::vector<ChunkPlacement> chunks;
+  std::string error;
+};
+
+// Adds every request, steps until all finish (bounded), returns results in request order.
+inline std::vector<Result> RunAll(Engine& engine, const std::vector<Request>& requests,
+                                  int max_steps = 100000) {
+  std::map<uint64_t, size_t> index;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto id = engine.AddRequest(requests[i]);
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (id.ok()) index[*id] = i;
+  }
+  std::vector<Result> results(requests.size());
+  size_t done = 0;
+  for (int step = 0; step < max_steps && done < index.size(); ++step) {
+    auto outs = engine.Step();
+    EXPECT_TRUE(outs.ok()) << outs.status();
+    if (!outs.ok()) break;
+    for (SequenceOutput& o : *outs) {
+      Result& r = results[index.at(o.seq_id)];
+      if (o.started) {
+        r.cached_tokens = o.cached_tokens;
+        r.prompt_tokens = o.prompt_tokens;
+        r.chunks = o.chunks;
+      }
+      r.tokens.insert(r.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+      for (auto& l : o.logits) r.logits.push_back(std::move(l));
+      if (o.finished) {
+        r.finish = o.finish_reason;
+        r.stop_token_id = o.stop_token_id;
+        r.error = o.error;
+        ++done;
+      }
+    }
+  }
+  EXPECT_EQ(done, index.size()) << "requests did not finish within the step bound";
+  return results;
+}
+
+inline Result RunOne(Engine& engine, const Request& r) { return RunAll(engine, {r})[0]; }
+
+// A prompt of random chunks; lengths in [1, max_len]; kinds cycle SYSTEM, CONTEXT, QUERY.
+inline Request RandomRequest(std::mt19937& rng, int vocab, int num_chunks, int max_len,
+                             int max_tokens) {
+  Request r;
+  std::uniform_int_distribution<int> tok(0, vocab - 1), len(1, max_len);
+  for (int c = 0; c < num_chunks; ++c) {
+    ChunkInput ci;
+    ci.kind = 1 + c % 3;
+    int n = len(rng);
+    for (int i = 0; i < n; ++i) ci.tokens.push_back(tok(rng));
+    r.chunks.push_back(std::move(ci));
+  }
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+}  // namespace cascade::engine::testing

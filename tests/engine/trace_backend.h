@@ -1,0 +1,98 @@
+// A model-free backend for engine tests. Each KV slot records the (token, position) written to
+// it; a query row's logits are a hash of every (token, position) it reads through its block
+// table, over keys [0, position]. So, like a real model, a row's output is a function of its
+// whole visible prefix, and any bookkeeping slip (wrong block, stale or overwritten slot, wrong
+// position) changes the output or fails the step with a message saying which slot was wrong.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gpu_worker/engine/backend.h"
+
+namespace cascade::engine::testing {
+
+class TraceBackend final : public Backend {
+ public:
+  TraceBackend(int64_t num_blocks, int block_size, int vocab)
+      : num_blocks_(num_blocks), block_size_(block_size), vocab_(vocab),
+        kv_(num_blocks * block_size, Slot{-1, -1}) {}
+
+  std::string Name() const override { return "trace"; }
+  int64_t NumBlocks() const override { return num_blocks_; }
+  int BlockSize() const override { return block_size_; }
+  int VocabSize() const override { return vocab_; }
+
+  absl::Status Forward(const ForwardBatch& b, std::vector<float>* logits) override {
+    ++forward_calls_;
+    max_batch_tokens_ = std::max<int64_t>(max_batch_tokens_, b.num_tokens());
+    if (b.positions.size() != b.token_ids.size() || b.slot_mapping.size() != b.token_ids.size() ||
+        b.query_start.size() != static_cast<size_t>(b.num_seqs() + 1) ||
+        b.block_table_start.size() != static_cast<size_t>(b.num_seqs() + 1)) {
+      return absl::InternalError("inconsistent batch sizes");
+    }
+    for (int r = 0; r < b.num_tokens(); ++r) {
+      const int32_t slot = b.slot_mapping[r];
+      if (slot < 0 || slot >= static_cast<int32_t>(kv_.size())) {
+        return absl::InternalError(absl::StrCat("row ", r, " writes slot ", slot, " out of range"));
+      }
+      kv_[slot] = Slot{b.token_ids[r], b.positions[r]};
+    }
+    logits->assign(b.logits_rows.size() * vocab_, 0.0f);
+    size_t out_row = 0;
+    for (int s = 0; s < b.num_seqs(); ++s) {
+      for (int r = b.query_start[s]; r < b.query_start[s + 1]; ++r) {
+        const int32_t pos = b.positions[r];
+        if (pos >= b.context_lens[s]) return absl::InternalError("position beyond context_len");
+        uint64_t h = 0x12345678;
+        for (int32_t p = 0; p <= pos; ++p) {
+          const int32_t idx = b.block_table_start[s] + p / block_size_;
+          if (idx >= b.block_table_start[s + 1]) {
+            return absl::InternalError(absl::StrCat("seq ", s, " position ", p, " has no block"));
+          }
+          const Slot& e = kv_[b.block_ids[idx] * block_size_ + p % block_size_];
+          if (e.position != p) {
+            return absl::InternalError(absl::StrCat("seq ", s, " reads position ", p,
+                                                    " from a slot holding position ", e.position));
+          }
+          h = Mix(h, static_cast<uint64_t>(e.token) * 1000003ULL + static_cast<uint64_t>(p));
+        }
+        if (out_row < b.logits_rows.size() && b.logits_rows[out_row] == r) {
+          for (int v = 0; v < vocab_; ++v) {
+            uint64_t x = Mix(h, static_cast<uint64_t>(v));
+            (*logits)[out_row * vocab_ + v] = static_cast<float>((x >> 40) & 0xffffff) / 16777216.0f * 8.0f - 4.0f;
+          }
+          ++out_row;
+        }
+      }
+    }
+    if (out_row != b.logits_rows.size()) return absl::InternalError("logits_rows not ascending");
+    return absl::OkStatus();
+  }
+
+  int64_t forward_calls() const { return forward_calls_; }
+  int64_t max_batch_tokens() const { return max_batch_tokens_; }
+
+ private:
+  struct Slot {
+    int32_t token;
+    int32_t position;
+  };
+  static uint64_t Mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdULL;
+    return h ^ (h >> 33);
+  }
+
+  const int64_t num_blocks_;
+  const int block_size_;
+  const int vocab_;
+  std::vector<Slot> kv_;
+  int64_t forward_calls_ = 0;
+  int64_t max_batch_tokens_ = 0;
+};
+
+}  // namespace cascade::engine::testing
