@@ -1,0 +1,213 @@
+// Kernel benchmark: decode and cascade attention against the bytes floor (K/V bytes that must be
+// read / measured device copy bandwidth), shared-prefix decode with cascade on vs off, and
+// prefill attention in TFLOP/s. Prints one table; see bench/kernels/RESULTS.md.
+//   cuda_attention_bench [--quick]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_worker/backend/cuda/attention.h"
+#include "gpu_worker/backend/cuda/device.h"
+
+namespace cascade::cuda {
+namespace {
+
+#define CHECK_OK(expr)                                                             \
+  do {                                                                             \
+    absl::Status _s = (expr);                                                      \
+    if (!_s.ok()) {                                                                \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str()); \
+      std::exit(1);                                                                \
+    }                                                                              \
+  } while (0)
+
+template <typename T>
+DeviceBuffer Up(const std::vector<T>& v) {
+  auto b = DeviceBuffer::Allocate(std::max<size_t>(1, v.size()) * sizeof(T));
+  CHECK_OK(b.status());
+  CHECK_OK(CopyToDevice(b->data(), v.data(), v.size() * sizeof(T)));
+  return std::move(*b);
+}
+
+// Median of `reps` timed runs of fn(rep) (after 3 warm-ups), in milliseconds.
+template <typename F>
+double TimeMs(F fn, int reps = 20) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 3; ++i) fn(i);
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a);
+    fn(i);
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+constexpr int kHq = 16, kHkv = 8, kD = 128, kBs = 16;  // Qwen3-0.6B attention shape
+
+struct Setup {
+  AttentionPlan plan;
+  DeviceBuffer q, pos, blocks, fi, si, rows, base, merge, out, po, pl;
+  AttentionArgs args;
+  AttentionPlanView view;
+};
+
+// Sequences: q_len[i] new tokens at the end of ctx[i] keys; the first `shared_blocks` blocks of
+// every sequence are the same blocks (a shared prefix); `block_offset` rotates the block ids so
+// that repeated runs touch different memory.
+void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx, int shared_blocks,
+           int64_t block_offset, int64_t num_blocks, const KvCacheView& cache, bool cascade) {
+  std::vector<int32_t> positions, qs{0}, cl, ts{0}, ids;
+  int64_t next = block_offset + shared_blocks;
+  for (size_t i = 0; i < ctx.size(); ++i) {
+    for (int p = ctx[i] - q_len[i]; p < ctx[i]; ++p) positions.push_back(p);
+    qs.push_back(static_cast<int32_t>(positions.size()));
+    cl.push_back(ctx[i]);
+    const int nb = (ctx[i] + kBs - 1) / kBs;
+    for (int b = 0; b < nb; ++b) {
+      ids.push_back(static_cast<int32_t>((b < shared_blocks ? block_offset + b : next++) % num_blocks));
+    }
+    ts.push_back(static_cast<int32_t>(ids.size()));
+  }
+  AttentionBatch ab{positions.data(), static_cast<int>(positions.size()), qs.data(), cl.data(),
+                    ts.data(), ids.data(), static_cast<int>(cl.size())};
+  CHECK_OK(PlanAttention({kHq, kHkv, kD, kBs, cascade}, ab, &s->plan));
+  const size_t n = positions.size();
+  std::vector<uint16_t> q(n * kHq * kD, 0x3f00);  // bf16 0.5
+  s->q = Up(q);
+  s->pos = Up(positions);
+  s->blocks = Up(ids);
+  s->fi = Up(s->plan.final_items);
+  s->si = Up(s->plan.split_items);
+  s->rows = Up(s->plan.item_rows);
+  s->base = Up(s->plan.partial_base);
+  s->merge = Up(s->plan.merge_list);
+  auto out = DeviceBuffer::Allocate(n * kHq * kD * 2);
+  auto po = DeviceBuffer::Allocate(std::max(1, s->plan.num_partials) * size_t{kHq} * kD * 4);
+  auto pl = DeviceBuffer::Allocate(std::max(1, s->plan.num_partials) * size_t{kHq} * 4);
+  CHECK_OK(out.status());
+  CHECK_OK(po.status());
+  CHECK_OK(pl.status());
+  s->out = std::move(*out);
+  s->po = std::move(*po);
+  s->pl = std::move(*pl);
+  s->args = AttentionArgs{s->q.as<Bf16>(), kHq * kD, cache, s->pos.as<int32_t>(),
+                          s->blocks.as<int32_t>(), s->out.as<Bf16>(), s->po.as<float>(),
+                          s->pl.as<float>(), 1.f / std::sqrt(float{kD}), kHq};
+  s->view = AttentionPlanView{s->fi.as<int32_t>(),   s->plan.num_final(),  s->si.as<int32_t>(),
+                              s->plan.num_split(),   s->rows.as<int32_t>(), s->base.as<int32_t>(),
+                              s->merge.as<int32_t>(), s->plan.num_merge(), s->plan.max_final_rows,
+                              s->plan.max_split_rows};
+}
+
+// Times the attention of the given batch, rotating over `rot` disjoint block sets.
+double TimeAttention(const std::vector<int>& q_len, const std::vector<int>& ctx, int shared_blocks,
+                     int64_t blocks_per_set, int rot, int64_t num_blocks, const KvCacheView& cache,
+                     bool cascade, AttentionPlan* plan) {
+  std::vector<Setup> sets(rot);
+  for (int r = 0; r < rot; ++r) {
+    Build(&sets[r], q_len, ctx, shared_blocks, r * blocks_per_set, num_blocks, cache, cascade);
+  }
+  *plan = sets[0].plan;
+  return TimeMs([&](int i) { CHECK_OK(Attention(sets[i % rot].args, sets[i % rot].view, nullptr)); });
+}
+
+int Main(bool quick) {
+  auto name = DeviceName(0);
+  CHECK_OK(name.status());
+  // Copy bandwidth: 1 GiB device-to-device, bytes read + written.
+  const size_t copy_bytes = size_t{1} << 30;
+  auto src = DeviceBuffer::Allocate(copy_bytes), dst = DeviceBuffer::Allocate(copy_bytes);
+  CHECK_OK(src.status());
+  CHECK_OK(dst.status());
+  CHECK_OK(FillBytes(src->data(), 1, copy_bytes));
+  const double copy_ms = TimeMs([&](int) {
+    cudaMemcpyAsync(dst->data(), src->data(), copy_bytes, cudaMemcpyDeviceToDevice, nullptr);
+  });
+  const double bw = 2.0 * copy_bytes / (copy_ms * 1e-3);  // bytes/s
+  // KV cache: 4 GiB each for K and V (full run); constant non-zero bf16 (attention time does
+  // not depend on the values).
+  const int64_t num_blocks = quick ? 16384 : 131072;
+  const size_t cache_elems = static_cast<size_t>(num_blocks) * kHkv * kBs * kD;
+  auto k = DeviceBuffer::Allocate(cache_elems * 2), v = DeviceBuffer::Allocate(cache_elems * 2);
+  CHECK_OK(k.status());
+  CHECK_OK(v.status());
+  CHECK_OK(FillBytes(k->data(), 0x3c, cache_elems * 2));  // bf16 0x3c3c ~ 0.0115
+  CHECK_OK(FillBytes(v->data(), 0x3d, cache_elems * 2));
+  KvCacheView cache{k->as<Bf16>(), v->as<Bf16>(), num_blocks, kBs, kHkv, kD};
+  const double token_bytes = 2.0 * kHkv * kD * 2;  // K + V bytes per token
+
+  std::printf("device: %s\ncopy bandwidth (read+write): %.0f GB/s\n", name->c_str(), bw / 1e9);
+  std::printf("shape: %d q heads, %d kv heads, head_dim %d, block %d, tile %d\n\n", kHq, kHkv, kD,
+              kBs, kTileTokens);
+  std::printf("%-34s %9s %10s %9s %8s\n", "case", "time_us", "KV_MB", "GB/s", "%floor");
+  auto row = [&](const std::string& c, double ms, double bytes) {
+    std::printf("%-34s %9.1f %10.1f %9.0f %7.0f%%\n", c.c_str(), ms * 1e3, bytes / 1e6,
+                bytes / (ms * 1e-3) / 1e9, 100.0 * (bytes / bw) / (ms * 1e-3));
+  };
+  AttentionPlan plan;
+  // Decode, distinct sequences.
+  for (int ctx : {1024, 4096}) {
+    for (int batch : {1, 16, 64, 256}) {
+      if (quick && batch > 64) continue;
+      const int64_t blocks = static_cast<int64_t>(batch) * ctx / kBs;
+      if (blocks * 2 > num_blocks) continue;
+      const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
+      const double ms = TimeAttention(std::vector<int>(batch, 1), std::vector<int>(batch, ctx), 0,
+                                      blocks, rot, num_blocks, cache, true, &plan);
+      row("decode B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx), ms,
+          token_bytes * batch * ctx);
+    }
+  }
+  // Shared prefix: B requests, prefix P shared, own suffix S. Floor counts the prefix once.
+  std::printf("\n");
+  for (int batch : {16, 64}) {
+    const int P = 4096, S = 128;
+    const int ctx = P + S;
+    const int64_t blocks = P / kBs + static_cast<int64_t>(batch) * (S / kBs + 1);
+    const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
+    for (bool cascade : {false, true}) {
+      const double ms = TimeAttention(std::vector<int>(batch, 1), std::vector<int>(batch, ctx),
+                                      P / kBs, blocks, rot, num_blocks, cache, cascade, &plan);
+      row("shared P=4096 S=128 B=" + std::to_string(batch) + (cascade ? " cascade" : " flat"), ms,
+          token_bytes * (P + static_cast<double>(batch) * S));
+    }
+  }
+  // Prefill: one sequence of N tokens from position 0 (causal), TFLOP/s.
+  std::printf("\n%-34s %9s %10s\n", "prefill (causal, 1 seq)", "time_us", "TFLOP/s");
+  for (int n : {512, 2048, 4096}) {
+    const int64_t blocks = n / kBs;
+    const double ms = TimeAttention({n}, {n}, 0, blocks, 1, num_blocks, cache, true, &plan);
+    const double flops = 4.0 * kD * kHq * (static_cast<double>(n) * (n + 1) / 2);
+    std::printf("%-34s %9.1f %10.2f\n", ("prefill N=" + std::to_string(n)).c_str(), ms * 1e3,
+                flops / (ms * 1e-3) / 1e12);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace cascade::cuda
+
+int main(int argc, char** argv) {
+  if (cascade::cuda::DeviceCount() == 0) {
+    std::printf("no CUDA device; nothing to benchmark\n");
+    return 0;
+  }
+  return cascade::cuda::Main(argc > 1 && std::strcmp(argv[1], "--quick") == 0);
+}

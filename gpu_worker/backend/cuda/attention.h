@@ -1,0 +1,82 @@
+// Paged attention for prefill, decode and cascade (shared-prefix) decode, with a host-side plan.
+//
+// One function for every query: query row r (global position p) of a sequence attends to the
+// keys at positions [0, p] of that sequence (causal mask with offset). Keys are cut into TILES
+// of kTileTokens tokens aligned at position 0; a tile's partial state (o, lse) is a fixed function
+// of the query and the tile's keys, and the final state is the left fold, in tile order, of
+// MergeStates over the tiles that hold at least one visible key. Whether one CTA folds all tiles
+// (prefill items), or tiles are computed by separate CTAs and merged by a merge kernel (split
+// decode), or a shared-prefix tile is computed once for a whole group of requests (cascade), the
+// same partials are folded in the same order with the same arithmetic, so all three give
+// bitwise equal results. This is what makes cascade == non-cascade and cached == cold bitwise.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gpu_worker/backend/cuda/kernel_types.h"
+#include "gpu_worker/backend/cuda/ops.h"
+
+namespace cascade::cuda {
+
+
+struct AttentionConfig {
+  int num_q_heads = 0;
+  int num_kv_heads = 0;  // divides num_q_heads; query head h reads kv head h / group
+  int head_dim = 0;      // 32, 64, 128 or 256
+  int block_size = 0;    // divides kTileTokens
+  bool cascade = true;   // group decode rows that share leading KV tiles
+};
+
+// Host views of the batch's attention metadata (see engine::ForwardBatch for the meaning).
+struct AttentionBatch {
+  const int32_t* positions = nullptr;          // [num_tokens]
+  int num_tokens = 0;
+  const int32_t* query_start = nullptr;        // [num_seqs + 1]
+  const int32_t* context_lens = nullptr;       // [num_seqs]
+  const int32_t* block_table_start = nullptr;  // [num_seqs + 1]
+  const int32_t* block_ids = nullptr;          // [block_table_start[num_seqs]]
+  int num_seqs = 0;
+};
+
+// Work partition of one batch, made on the host once per step and shared by all layers.
+// A work item is one CTA per kv head: {table_offset (into block_ids, of the sequence whose block
+// table is read), tile_begin, tile_end, row_begin (into item_rows), row_count, kv_len (keys
+// [0, kv_len) may be read)}.
+struct AttentionPlan {
+  // Items whose rows fold all their tiles inside the CTA and write the output (prefill chunks).
+  std::vector<int32_t> final_items;  // [num_final * kItemFields]
+  // Items that write one partial state per (row, tile) for the merge kernel (decode rows).
+  std::vector<int32_t> split_items;  // [num_split * kItemFields]
+  std::vector<int32_t> item_rows;    // token rows of the items, concatenated
+  // [num_tokens] first partial slot of a split row (slot of tile t = base + t); -1 for others.
+  std::vector<int32_t> partial_base;
+  // [num_merge * 3] {row, base slot, num_tiles} for each split row.
+  std::vector<int32_t> merge_list;
+  int num_partials = 0;      // partial slots; each holds [num_q_heads, head_dim] f32 + lse
+  int max_final_rows = 0;    // most rows in one final item (sizes shared memory)
+  int max_split_rows = 0;    // most rows in one split item
+  // Statistics.
+  int cascade_groups = 0;        // groups of >= 2 decode rows sharing leading tiles
+  int cascade_shared_tiles = 0;  // sum over groups of shared tiles (read once per group)
+
+  int num_final() const { return static_cast<int>(final_items.size()) / kItemFields; }
+  int num_split() const { return static_cast<int>(split_items.size()) / kItemFields; }
+  int num_merge() const { return static_cast<int>(merge_list.size()) / 3; }
+};
+
+// Plans `batch`. Rows of a sequence with one new token are decode rows (split + merge, cascade
+// candidates); rows of longer sequences are prefill rows (final items of up to
+// kMaxQueriesPerCta / group rows). Errors: InvalidArgument for inconsistent metadata (positions
+// outside [0, context_len), block tables too short for context_len, bad config).
+absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& batch,
+                           AttentionPlan* plan);
+
+
+
+// Runs the plan: final items, split items, then the merge (three launches, no host sync, no
+// allocation: graph-capturable). Rows not covered by the plan are left untouched.
+absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan, Stream stream);
+
+}  // namespace cascade::cuda

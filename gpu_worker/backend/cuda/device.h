@@ -1,0 +1,57 @@
+// Small CUDA-free helpers over the CUDA runtime: an owning device buffer, host<->device copies
+// and the device count, all reporting errors as absl::Status.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gpu_worker/backend/cuda/ops.h"
+
+namespace cascade::cuda {
+
+// Number of visible CUDA devices; 0 when there is no driver or no device (never an error).
+int DeviceCount();
+// "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)", or an error.
+absl::StatusOr<std::string> DeviceName(int device);
+
+// Owns one cudaMalloc allocation. Movable, not copyable.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // Errors: ResourceExhausted when the device is out of memory.
+  static absl::StatusOr<DeviceBuffer> Allocate(size_t bytes);
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Synchronous copies (on the legacy default stream).
+absl::Status CopyToDevice(void* dst, const void* src, size_t bytes);
+absl::Status CopyToHost(void* dst, const void* src, size_t bytes);
+// Asynchronous copy on `stream`; `src`/`dst` host memory should be pinned for true overlap.
+absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream stream);
+// Fills `bytes` bytes with `value` (synchronous).
+absl::Status FillBytes(void* dst, int value, size_t bytes);
+absl::Status Synchronize(Stream stream);
+
+// Maps a cudaError_t (as int) to a Status naming `what`; OK for cudaSuccess.
+absl::Status CudaStatus(int cuda_error, const char* what);
+
+}  // namespace cascade::cuda

@@ -1,0 +1,68 @@
+// Plain structs and constants shared by the op wrappers and the kernels. CUDA-free and
+// absl-free, so that both g++ and nvcc translation units include it cheaply.
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;
+
+namespace cascade::cuda {
+
+using Stream = CUstream_st*;  // == cudaStream_t
+using Bf16 = uint16_t;        // raw bfloat16 bits
+
+// Split-KV tile size in tokens. Tile boundaries are multiples of this from position 0, for every
+// plan; block_size must divide it.
+inline constexpr int kTileTokens = 64;
+// At most this many (row, query head) pairs share one CTA (one K/V tile load).
+inline constexpr int kMaxQueriesPerCta = 32;
+// Fields of one work item in AttentionPlan::*_items.
+inline constexpr int kItemFields = 6;
+
+struct HeadShape {
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+// Paged KV cache of one layer: k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim]
+// bf16. Slot s is block s / block_size, offset s % block_size.
+struct KvCacheView {
+  Bf16* k = nullptr;
+  Bf16* v = nullptr;
+  int64_t num_blocks = 0;
+  int block_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+// Device views of a plan (same layout as AttentionPlan, uploaded by the caller).
+struct AttentionPlanView {
+  const int32_t* final_items = nullptr;
+  int num_final = 0;
+  const int32_t* split_items = nullptr;
+  int num_split = 0;
+  const int32_t* item_rows = nullptr;
+  const int32_t* partial_base = nullptr;
+  const int32_t* merge_list = nullptr;
+  int num_merge = 0;
+  int max_final_rows = 0;
+  int max_split_rows = 0;
+};
+
+struct AttentionArgs {
+  const Bf16* q = nullptr;  // [num_tokens, q_row_stride] bf16, query head h at column h*head_dim
+  int q_row_stride = 0;
+  KvCacheView cache;                  // this layer's paged cache (already holds the new K/V)
+  const int32_t* positions = nullptr;  // [num_tokens] device
+  const int32_t* block_ids = nullptr;  // device copy of AttentionBatch::block_ids
+  Bf16* out = nullptr;                 // [num_tokens, num_q_heads * head_dim] bf16
+  // Workspace for split rows: partial_o [num_partials, num_q_heads, head_dim] f32 and
+  // partial_lse [num_partials, num_q_heads] f32 (log2 units: log2 sum_j 2^(s_j * log2 e)).
+  float* partial_o = nullptr;
+  float* partial_lse = nullptr;
+  float scale = 0;  // softmax scale, usually 1/sqrt(head_dim)
+  int num_q_heads = 0;
+};
+
+}  // namespace cascade::cuda

@@ -1,0 +1,254 @@
+// Row-wise and element-wise kernels: embedding, RMSNorm (+ residual), q/k norm + RoPE, paged KV
+// append, SwiGLU, row gather, argmax. Each row is handled by a fixed-shape block or warp with a
+// fixed reduction order, so a row's result never depends on the other rows (batch invariance).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "gpu_worker/backend/cuda/launchers.h"
+
+namespace cascade::cuda::internal {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float Bf(const Bf16* p, int64_t i) {
+  return __bfloat162float(reinterpret_cast<const bf16*>(p)[i]);
+}
+__device__ __forceinline__ void StoreBf(Bf16* p, int64_t i, float v) {
+  reinterpret_cast<bf16*>(p)[i] = __float2bfloat16(v);
+}
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+int Blocks(int64_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
+
+__global__ void EmbeddingKernel(const Bf16* table, const int32_t* ids, int hidden, float* out) {
+  const int64_t row = blockIdx.x;
+  const int64_t src = static_cast<int64_t>(ids[row]) * hidden;
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) out[row * hidden + c] = Bf(table, src + c);
+}
+
+constexpr int kNormThreads = 256;
+
+// One block per row; thread sums are combined by warp butterflies, then warp sums in warp order.
+__global__ void __launch_bounds__(kNormThreads) AddRmsNormKernel(float* residual, const Bf16* delta,
+                                                                  const Bf16* weight, float eps,
+                                                                  int d, Bf16* out) {
+  __shared__ float warp_sums[kNormThreads / 32];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * d;
+  float ss = 0.f;
+  for (int c = threadIdx.x; c < d; c += kNormThreads) {
+    float x = residual[base + c];
+    if (delta != nullptr) {
+      x += Bf(delta, base + c);
+      residual[base + c] = x;
+    }
+    ss = fmaf(x, x, ss);
+  }
+  ss = WarpSum(ss);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kNormThreads / 32; ++w) total += warp_sums[w];
+  const float inv = rsqrtf(total / d + eps);
+  for (int c = threadIdx.x; c < d; c += kNormThreads) {
+    StoreBf(out, base + c, residual[base + c] * inv * Bf(weight, c));
+  }
+}
+
+// One warp per (token, head) over the q and k heads. Lane holds elements lane + 32 * k, so the
+// rotate_half partner (i +- D/2) is in the same lane for D >= 64 and one xor-16 shuffle away
+// for D == 32.
+template <int E>
+__global__ void QkNormRopeKernel(Bf16* qkv, int n, int row_stride, int hq, int hkv,
+                                 const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
+                                 float eps, const float* inv_freq) {
+  constexpr int D = E * 32;
+  const int64_t gw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  const int heads = hq + hkv;
+  if (gw >= static_cast<int64_t>(n) * heads) return;
+  const int row = static_cast<int>(gw / heads), head = static_cast<int>(gw % heads);
+  const Bf16* w = head < hq ? q_norm : k_norm;
+  const int64_t base = static_cast<int64_t>(row) * row_stride + head * D;
+  float x[E];
+#pragma unroll
+  for (int k = 0; k < E; ++k) x[k] = Bf(qkv, base + lane + 32 * k);
+  if (w != nullptr) {
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < E; ++k) ss = fmaf(x[k], x[k], ss);
+    const float inv = rsqrtf(WarpSum(ss) / D + eps);
+#pragma unroll
+    for (int k = 0; k < E; ++k) x[k] = x[k] * inv * Bf(w, lane + 32 * k);
+  }
+  const float pos = static_cast<float>(positions[row]);
+  float y[E];
+#pragma unroll
+  for (int k = 0; k < E; ++k) {
+    const int i = lane + 32 * k;
+    const bool low = i < D / 2;
+    float partner;
+    if constexpr (E == 1) {
+      partner = __shfl_xor_sync(0xffffffffu, x[0], 16);
+    } else {
+      partner = low ? x[k + E / 2] : x[k - E / 2];
+    }
+    float s, c;
+    sincosf(pos * inv_freq[low ? i : i - D / 2], &s, &c);
+    y[k] = low ? x[k] * c - partner * s : x[k] * c + partner * s;
+  }
+#pragma unroll
+  for (int k = 0; k < E; ++k) StoreBf(qkv, base + lane + 32 * k, y[k]);
+}
+
+// One thread per 16 bytes of a k or v head.
+__global__ void KvAppendKernel(const Bf16* qkv, int n, int row_stride, int k_offset, int v_offset,
+                               const int32_t* slots, KvCacheView cache) {
+  const int chunks = cache.head_dim / 8;
+  const int64_t per_token = static_cast<int64_t>(cache.num_kv_heads) * chunks;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= per_token * n) return;
+  const int row = static_cast<int>(i / per_token);
+  const int slot = slots[row];
+  if (slot < 0) return;
+  const int h = static_cast<int>((i % per_token) / chunks), c = static_cast<int>(i % chunks);
+  const int64_t blk = slot / cache.block_size, off = slot % cache.block_size;
+  const int64_t dst =
+      ((blk * cache.num_kv_heads + h) * cache.block_size + off) * cache.head_dim + c * 8;
+  const int64_t src = static_cast<int64_t>(row) * row_stride + h * cache.head_dim + c * 8;
+  *reinterpret_cast<uint4*>(cache.k + dst) = *reinterpret_cast<const uint4*>(qkv + k_offset + src);
+  *reinterpret_cast<uint4*>(cache.v + dst) = *reinterpret_cast<const uint4*>(qkv + v_offset + src);
+}
+
+__global__ void SiluMulKernel(const Bf16* gu, int n, int inter, Bf16* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(n) * inter) return;
+  const int64_t r = i / inter, c = i % inter;
+  const float g = Bf(gu, r * 2 * inter + c), u = Bf(gu, r * 2 * inter + inter + c);
+  StoreBf(out, i, g / (1.f + expf(-g)) * u);
+}
+
+__global__ void GatherRowsKernel(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(n) * d) return;
+  const int64_t r = i / d, c = i % d;
+  reinterpret_cast<bf16*>(out)[i] =
+      reinterpret_cast<const bf16*>(in)[static_cast<int64_t>(rows[r]) * d + c];
+}
+
+constexpr int kArgmaxThreads = 512;
+
+__device__ __forceinline__ bool Better(float v, int i, float bv, int bi) {
+  return v > bv || (v == bv && i < bi);
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads) ArgmaxKernel(const float* logits, int vocab,
+                                                                int32_t* out) {
+  __shared__ float sv[kArgmaxThreads];
+  __shared__ int si[kArgmaxThreads];
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  float bv = -INFINITY;
+  int bi = vocab;
+  for (int c = threadIdx.x; c < vocab; c += kArgmaxThreads) {
+    const float v = row[c];
+    if (!isnan(v) && Better(v, c, bv, bi)) bv = v, bi = c;
+  }
+  sv[threadIdx.x] = bv;
+  si[threadIdx.x] = bi;
+  __syncthreads();
+  for (int s = kArgmaxThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s && Better(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x],
+                                  si[threadIdx.x])) {
+      sv[threadIdx.x] = sv[threadIdx.x + s];
+      si[threadIdx.x] = si[threadIdx.x + s];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = si[0] < vocab ? si[0] : 0;
+}
+
+}  // namespace
+
+cudaError_t LaunchEmbeddingGather(const Bf16* table, const int32_t* ids, int n, int hidden,
+                                  float* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  EmbeddingKernel<<<n, 256, 0, stream>>>(table, ids, hidden, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddRmsNorm(float* residual, const Bf16* delta, const Bf16* weight, float eps,
+                             int n, int d, Bf16* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  AddRmsNormKernel<<<n, kNormThreads, 0, stream>>>(residual, delta, weight, eps, d, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchQkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
+                             const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
+                             float eps, const float* inv_freq, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const int64_t threads = static_cast<int64_t>(n) * (shape.num_q_heads + shape.num_kv_heads) * 32;
+  const int blocks = Blocks(threads, 256);
+  const int hq = shape.num_q_heads, hkv = shape.num_kv_heads;
+  switch (shape.head_dim) {
+    case 32:
+      QkNormRopeKernel<1><<<blocks, 256, 0, stream>>>(qkv, n, row_stride, hq, hkv, positions,
+                                                      q_norm, k_norm, eps, inv_freq);
+      break;
+    case 64:
+      QkNormRopeKernel<2><<<blocks, 256, 0, stream>>>(qkv, n, row_stride, hq, hkv, positions,
+                                                      q_norm, k_norm, eps, inv_freq);
+      break;
+    case 128:
+      QkNormRopeKernel<4><<<blocks, 256, 0, stream>>>(qkv, n, row_stride, hq, hkv, positions,
+                                                      q_norm, k_norm, eps, inv_freq);
+      break;
+    case 256:
+      QkNormRopeKernel<8><<<blocks, 256, 0, stream>>>(qkv, n, row_stride, hq, hkv, positions,
+                                                      q_norm, k_norm, eps, inv_freq);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchKvAppend(const Bf16* qkv, int n, int row_stride, int k_offset, int v_offset,
+                           const int32_t* slot_mapping, const KvCacheView& cache,
+                           cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const int64_t threads = static_cast<int64_t>(n) * cache.num_kv_heads * (cache.head_dim / 8);
+  KvAppendKernel<<<Blocks(threads, 256), 256, 0, stream>>>(qkv, n, row_stride, k_offset, v_offset,
+                                                           slot_mapping, cache);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSiluMul(const Bf16* gu, int n, int inter, Bf16* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  SiluMulKernel<<<Blocks(static_cast<int64_t>(n) * inter, 256), 256, 0, stream>>>(gu, n, inter,
+                                                                                  out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out,
+                             cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  GatherRowsKernel<<<Blocks(static_cast<int64_t>(n) * d, 256), 256, 0, stream>>>(in, rows, n, d,
+                                                                                out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchArgmaxRows(const float* logits, int n, int vocab, int32_t* out,
+                             cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  ArgmaxKernel<<<n, kArgmaxThreads, 0, stream>>>(logits, vocab, out);
+  return cudaGetLastError();
+}
+
+}  // namespace cascade::cuda::internal

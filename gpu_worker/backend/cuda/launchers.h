@@ -1,0 +1,32 @@
+// Host launchers of the kernels in *.cu (internal to the library). Each enqueues its kernel on
+// `stream`, checks cudaGetLastError() and returns it; none synchronizes, allocates, throws or
+// exits. Shapes are checked by the op wrappers in ops.cc, which call these.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "gpu_worker/backend/cuda/kernel_types.h"
+
+namespace cascade::cuda::internal {
+
+cudaError_t LaunchEmbeddingGather(const Bf16* table, const int32_t* ids, int n, int hidden,
+                                  float* out, cudaStream_t stream);
+cudaError_t LaunchAddRmsNorm(float* residual, const Bf16* delta, const Bf16* weight, float eps,
+                             int n, int d, Bf16* out, cudaStream_t stream);
+cudaError_t LaunchQkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
+                             const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
+                             float eps, const float* inv_freq, cudaStream_t stream);
+cudaError_t LaunchKvAppend(const Bf16* qkv, int n, int row_stride, int k_offset, int v_offset,
+                           const int32_t* slot_mapping, const KvCacheView& cache,
+                           cudaStream_t stream);
+cudaError_t LaunchSiluMul(const Bf16* gu, int n, int inter, Bf16* out, cudaStream_t stream);
+cudaError_t LaunchGatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out,
+                             cudaStream_t stream);
+cudaError_t LaunchArgmaxRows(const float* logits, int n, int vocab, int32_t* out,
+                             cudaStream_t stream);
+cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionPlanView& plan,
+                            cudaStream_t stream);
+
+}  // namespace cascade::cuda::internal

@@ -1,0 +1,123 @@
+// Op wrappers: check shapes, strides and alignment, then call the launchers and map errors.
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "gpu_worker/backend/cuda/attention.h"
+#include "gpu_worker/backend/cuda/device.h"
+#include "gpu_worker/backend/cuda/launchers.h"
+#include "gpu_worker/backend/cuda/ops.h"
+
+namespace cascade::cuda {
+namespace {
+
+bool SupportedHeadDim(int d) { return d == 32 || d == 64 || d == 128 || d == 256; }
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+absl::Status Bad(const char* op, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", why));
+}
+
+}  // namespace
+
+absl::Status EmbeddingGather(const Bf16* table, const int32_t* ids, int n, int hidden, float* out,
+                             Stream stream) {
+  if (n < 0 || hidden <= 0) return Bad("EmbeddingGather", "bad shape");
+  if (n > 0 && (!table || !ids || !out)) return Bad("EmbeddingGather", "null pointer");
+  return CudaStatus(internal::LaunchEmbeddingGather(table, ids, n, hidden, out, stream),
+                    "EmbeddingGather");
+}
+
+absl::Status AddRmsNorm(float* residual, const Bf16* delta, const Bf16* weight, float eps, int n,
+                        int d, Bf16* out, Stream stream) {
+  if (n < 0 || d <= 0 || !(eps >= 0)) return Bad("AddRmsNorm", "bad shape or eps");
+  if (n > 0 && (!residual || !weight || !out)) return Bad("AddRmsNorm", "null pointer");
+  return CudaStatus(internal::LaunchAddRmsNorm(residual, delta, weight, eps, n, d, out, stream),
+                    "AddRmsNorm");
+}
+
+absl::Status QkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
+                        const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
+                        float eps, const float* inv_freq, Stream stream) {
+  if (!SupportedHeadDim(shape.head_dim)) {
+    return Bad("QkNormRope", absl::StrCat("head_dim ", shape.head_dim, " not in {32,64,128,256}"));
+  }
+  if (n < 0 || shape.num_q_heads <= 0 || shape.num_kv_heads <= 0 ||
+      row_stride < (shape.num_q_heads + shape.num_kv_heads) * shape.head_dim) {
+    return Bad("QkNormRope", "bad shape or row stride");
+  }
+  if ((q_norm == nullptr) != (k_norm == nullptr)) {
+    return Bad("QkNormRope", "q_norm and k_norm must both be given or both be null");
+  }
+  if (n > 0 && (!qkv || !positions || !inv_freq)) return Bad("QkNormRope", "null pointer");
+  return CudaStatus(internal::LaunchQkNormRope(qkv, n, row_stride, shape, positions, q_norm,
+                                               k_norm, eps, inv_freq, stream),
+                    "QkNormRope");
+}
+
+absl::Status KvAppend(const Bf16* qkv, int n, int row_stride, int k_offset, int v_offset,
+                      const int32_t* slot_mapping, const KvCacheView& cache, Stream stream) {
+  if (!SupportedHeadDim(cache.head_dim) || cache.block_size <= 0 || cache.num_kv_heads <= 0 ||
+      cache.num_blocks <= 0) {
+    return Bad("KvAppend", "bad cache shape");
+  }
+  const int kv = cache.num_kv_heads * cache.head_dim;
+  if (n < 0 || row_stride % 8 || k_offset % 8 || v_offset % 8 || k_offset < 0 || v_offset < 0 ||
+      k_offset + kv > row_stride || v_offset + kv > row_stride) {
+    return Bad("KvAppend", "row stride and offsets must be multiples of 8 inside the row");
+  }
+  if (n > 0 && (!Aligned16(qkv) || !Aligned16(cache.k) || !Aligned16(cache.v) || !slot_mapping)) {
+    return Bad("KvAppend", "buffers must be 16-byte aligned and non-null");
+  }
+  return CudaStatus(
+      internal::LaunchKvAppend(qkv, n, row_stride, k_offset, v_offset, slot_mapping, cache, stream),
+      "KvAppend");
+}
+
+absl::Status SiluMul(const Bf16* gu, int n, int inter, Bf16* out, Stream stream) {
+  if (n < 0 || inter <= 0) return Bad("SiluMul", "bad shape");
+  if (n > 0 && (!gu || !out)) return Bad("SiluMul", "null pointer");
+  return CudaStatus(internal::LaunchSiluMul(gu, n, inter, out, stream), "SiluMul");
+}
+
+absl::Status GatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out,
+                        Stream stream) {
+  if (n < 0 || d <= 0) return Bad("GatherRows", "bad shape");
+  if (n > 0 && (!in || !rows || !out)) return Bad("GatherRows", "null pointer");
+  return CudaStatus(internal::LaunchGatherRows(in, rows, n, d, out, stream), "GatherRows");
+}
+
+absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Stream stream) {
+  if (n < 0 || vocab <= 0) return Bad("ArgmaxRows", "bad shape");
+  if (n > 0 && (!logits || !out)) return Bad("ArgmaxRows", "null pointer");
+  return CudaStatus(internal::LaunchArgmaxRows(logits, n, vocab, out, stream), "ArgmaxRows");
+}
+
+absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan, Stream stream) {
+  const KvCacheView& c = args.cache;
+  if (!SupportedHeadDim(c.head_dim)) {
+    return Bad("Attention", absl::StrCat("head_dim ", c.head_dim, " not in {32,64,128,256}"));
+  }
+  if (c.num_kv_heads <= 0 || args.num_q_heads <= 0 || args.num_q_heads % c.num_kv_heads != 0) {
+    return Bad("Attention", "num_q_heads must be a positive multiple of num_kv_heads");
+  }
+  if (c.block_size <= 0 || kTileTokens % c.block_size != 0) {
+    return Bad("Attention", absl::StrCat("block_size must divide ", kTileTokens));
+  }
+  if (args.q_row_stride < args.num_q_heads * c.head_dim || args.q_row_stride % 8 != 0 ||
+      !Aligned16(args.q) || !Aligned16(c.k) || !Aligned16(c.v)) {
+    return Bad("Attention", "q row stride must cover the heads, be a multiple of 8, and buffers "
+                            "16-byte aligned");
+  }
+  const int group = args.num_q_heads / c.num_kv_heads;
+  if (plan.max_final_rows * group > kMaxQueriesPerCta * (group > kMaxQueriesPerCta ? group : 1) ||
+      plan.max_split_rows * group > kMaxQueriesPerCta * (group > kMaxQueriesPerCta ? group : 1)) {
+    return Bad("Attention", "plan has more queries per CTA than the kernel supports");
+  }
+  if (plan.num_split > 0 && (!args.partial_o || !args.partial_lse || !plan.partial_base)) {
+    return Bad("Attention", "split items need the partial workspace");
+  }
+  if (!args.out || !args.positions || !args.block_ids) return Bad("Attention", "null pointer");
+  return CudaStatus(internal::LaunchAttention(args, plan, stream), "Attention");
+}
+
+}  // namespace cascade::cuda

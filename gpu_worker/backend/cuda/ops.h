@@ -1,0 +1,54 @@
+// CUDA ops of the Cascade backend: shape-checking wrappers over the kernels in *.cu.
+// CUDA-free on purpose (host code and tests include it without nvcc). All pointers are device
+// pointers, tensors are row-major and dense unless a stride is given; bf16 is stored as its
+// 16 raw bits (`Bf16`); arithmetic inside every kernel is float32.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "gpu_worker/backend/cuda/kernel_types.h"
+
+namespace cascade::cuda {
+
+// out[i, :] = float(table[ids[i], :]).  table: [vocab, hidden] bf16, ids: [n], out: [n, hidden]
+// f32. REQUIRES: every id in [0, vocab) (the backend checks ids on the host).
+absl::Status EmbeddingGather(const Bf16* table, const int32_t* ids, int n, int hidden, float* out,
+                             Stream stream);
+
+// residual[i, :] += delta[i, :] (if delta != nullptr), then
+// out[i, :] = bf16(residual[i, :] * rsqrt(mean(residual[i, :]^2) + eps) * weight[:]).
+// residual: [n, d] f32 (in/out), delta: [n, d] bf16 or nullptr, weight: [d] bf16, out: [n, d] bf16.
+absl::Status AddRmsNorm(float* residual, const Bf16* delta, const Bf16* weight, float eps, int n,
+                        int d, Bf16* out, Stream stream);
+
+// Per-head RMSNorm (optional) and rotary embedding, in place, on the q and k heads of a fused
+// QKV buffer. qkv: [n, row_stride] bf16 whose row holds num_q_heads q heads then num_kv_heads
+// k heads (then v heads, untouched), each head_dim wide. positions: [n] global positions.
+// q_norm / k_norm: [head_dim] bf16 weights, or nullptr to skip the norm.
+// inv_freq: [head_dim / 2] f32 (scaling already applied). HF rotate_half convention:
+//   x'[i] = x[i] cos - x[i + D/2] sin,  x'[i + D/2] = x[i + D/2] cos + x[i] sin,
+//   angle = float(position) * inv_freq[i].
+absl::Status QkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
+                        const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
+                        float eps, const float* inv_freq, Stream stream);
+
+// Writes the k and v heads of each token of a fused QKV buffer ([n, row_stride], k heads at
+// column k_offset, v heads at v_offset) into its slot. slot_mapping: [n]; a negative slot skips
+// the token (padding). REQUIRES: slots < num_blocks * block_size (checked on the host).
+absl::Status KvAppend(const Bf16* qkv, int n, int row_stride, int k_offset, int v_offset,
+                      const int32_t* slot_mapping, const KvCacheView& cache, Stream stream);
+
+// out[i, :] = bf16(silu(gu[i, 0:inter]) * gu[i, inter:2*inter]).  gu: [n, 2*inter] bf16 (gate
+// then up, as the fused gate_up GEMM writes them), out: [n, inter] bf16.
+absl::Status SiluMul(const Bf16* gu, int n, int inter, Bf16* out, Stream stream);
+
+// Copies rows: out[i, :] = in[rows[i], :]. in: [*, d] bf16, rows: [n], out: [n, d] bf16.
+absl::Status GatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out,
+                        Stream stream);
+
+// out[i] = argmax_j logits[i, j] (lowest index among ties; NaN never wins).
+// logits: [n, vocab] f32, out: [n] int32.
+absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Stream stream);
+
+}  // namespace cascade::cuda

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Downloads (here, where apt works) the Debian packages the GPU machine lacks, into .devdeps/.
+# The GPU machine can reach no registry; scripts/device_build.sh unpacks these there with
+# `dpkg -x` (no install, no root needed). Pass `carry: [".devdeps"]` to the device `run` call.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PACKAGES=(
+  libabsl-dev libabsl20220623
+  nlohmann-json3-dev
+  libssl-dev libssl3
+  libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
+  libutf8proc-dev libutf8proc2
+  libgtest-dev libgmock-dev googletest
+  libbenchmark-dev libbenchmark1debian
+  pkgconf-bin libpkgconf3
+)
+mkdir -p .devdeps
+cd .devdeps
+missing=()
+for p in "${PACKAGES[@]}"; do
+  ls "${p}"_*.deb >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "device_deps: downloading ${missing[*]}"
+  apt-get download "${missing[@]}"
+fi
+du -sh .
+ls -1 *.deb

@@ -1,0 +1,277 @@
+// Paged attention (prefill with causal offset, split decode, cascade) against a float64 CPU
+// reference, and the bitwise equalities the design relies on: cascade == non-cascade, cached
+// prefill == cold prefill == decode for the same row, a row alone == the row in a batch.
+// Tolerance vs the reference: outputs are bf16 (one rounding) of an fp32 computation over bf16
+// inputs: |err| <= 2e-2 elementwise and relative L2 < 1e-2.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "gpu_worker/backend/cuda/attention.h"
+#include "gpu_worker/backend/cuda/device.h"
+#include "gtest/gtest.h"
+#include "tests/gpu/test_util.h"
+
+namespace cascade::cuda {
+namespace {
+
+using testing::Download;
+using testing::FromBf16;
+using testing::Poisoned;
+using testing::RandomNormal;
+using testing::RelL2;
+using testing::RoundToBf16;
+using testing::Upload;
+
+struct Seq {
+  int q_len = 1;  // new tokens (rows), at positions ctx - q_len .. ctx - 1
+  int ctx = 1;
+  std::vector<int32_t> blocks;  // block table (filled by the harness if empty)
+};
+
+// A paged cache with random bf16 contents and the batch's host metadata.
+struct Harness {
+  int hq, hkv, D, bs, num_blocks;
+  std::vector<float> k, v;  // [num_blocks, hkv, bs, D] (bf16-rounded)
+  std::vector<uint16_t> k_bits, v_bits;
+  DeviceBuffer d_k, d_v;
+  int next_block = 0;
+  std::vector<int32_t> free_blocks;
+
+  Harness(int hq_, int hkv_, int D_, int bs_, int nb, std::mt19937* rng)
+      : hq(hq_), hkv(hkv_), D(D_), bs(bs_), num_blocks(nb) {
+    k = RandomNormal(static_cast<size_t>(nb) * hkv * bs * D, rng);
+    v = RandomNormal(static_cast<size_t>(nb) * hkv * bs * D, rng);
+    k_bits = RoundToBf16(&k);
+    v_bits = RoundToBf16(&v);
+    d_k = Upload(k_bits);
+    d_v = Upload(v_bits);
+    free_blocks.resize(nb);
+    std::iota(free_blocks.begin(), free_blocks.end(), 0);
+    std::shuffle(free_blocks.begin(), free_blocks.end(), *rng);
+  }
+  // Appends fresh blocks to `s` until it covers s->ctx tokens.
+  void Fill(Seq* s) {
+    while (static_cast<int>(s->blocks.size()) * bs < s->ctx) {
+      s->blocks.push_back(free_blocks.at(next_block++));
+    }
+  }
+  KvCacheView View() { return {d_k.as<Bf16>(), d_v.as<Bf16>(), num_blocks, bs, hkv, D}; }
+};
+
+struct Batch {
+  std::vector<int32_t> positions, query_start{0}, context_lens, table_start{0}, block_ids;
+  int num_tokens() const { return static_cast<int>(positions.size()); }
+};
+
+Batch MakeBatch(const std::vector<Seq>& seqs) {
+  Batch b;
+  for (const Seq& s : seqs) {
+    for (int p = s.ctx - s.q_len; p < s.ctx; ++p) b.positions.push_back(p);
+    b.query_start.push_back(b.num_tokens());
+    b.context_lens.push_back(s.ctx);
+    b.block_ids.insert(b.block_ids.end(), s.blocks.begin(), s.blocks.end());
+    b.table_start.push_back(static_cast<int32_t>(b.block_ids.size()));
+  }
+  return b;
+}
+
+// Runs attention over `q` ([tokens, hq * D] bf16 bits) and returns [tokens, hq * D] bf16 bits.
+std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector<uint16_t>& q, bool cascade,
+                          AttentionPlan* plan_out = nullptr) {
+  AttentionConfig cfg{h.hq, h.hkv, h.D, h.bs, cascade};
+  AttentionBatch ab{b.positions.data(),    b.num_tokens(),
+                    b.query_start.data(),  b.context_lens.data(),
+                    b.table_start.data(),  b.block_ids.data(),
+                    static_cast<int>(b.context_lens.size())};
+  AttentionPlan plan;
+  absl::Status st = PlanAttention(cfg, ab, &plan);
+  EXPECT_TRUE(st.ok()) << st;
+  DeviceBuffer d_q = Upload(q), d_pos = Upload(b.positions), d_blocks = Upload(b.block_ids);
+  DeviceBuffer d_fi = Upload(plan.final_items), d_si = Upload(plan.split_items);
+  DeviceBuffer d_rows = Upload(plan.item_rows), d_base = Upload(plan.partial_base);
+  DeviceBuffer d_merge = Upload(plan.merge_list);
+  const size_t out_elems = static_cast<size_t>(b.num_tokens()) * h.hq * h.D;
+  DeviceBuffer d_out = Poisoned<Bf16>(out_elems);
+  DeviceBuffer d_po = Poisoned<float>(static_cast<size_t>(plan.num_partials) * h.hq * h.D);
+  DeviceBuffer d_pl = Poisoned<float>(static_cast<size_t>(plan.num_partials) * h.hq);
+  AttentionArgs args;
+  args.q = d_q.as<Bf16>();
+  args.q_row_stride = h.hq * h.D;
+  args.cache = h.View();
+  args.positions = d_pos.as<int32_t>();
+  args.block_ids = d_blocks.as<int32_t>();
+  args.out = d_out.as<Bf16>();
+  args.partial_o = d_po.as<float>();
+  args.partial_lse = d_pl.as<float>();
+  args.scale = 1.f / std::sqrt(static_cast<float>(h.D));
+  args.num_q_heads = h.hq;
+  AttentionPlanView view{d_fi.as<int32_t>(),   plan.num_final(),     d_si.as<int32_t>(),
+                         plan.num_split(),     d_rows.as<int32_t>(), d_base.as<int32_t>(),
+                         d_merge.as<int32_t>(), plan.num_merge(),    plan.max_final_rows,
+                         plan.max_split_rows};
+  st = Attention(args, view, nullptr);
+  EXPECT_TRUE(st.ok()) << st;
+  if (plan_out) *plan_out = plan;
+  return Download<Bf16>(d_out, out_elems);
+}
+
+std::vector<double> Reference(const Harness& h, const std::vector<Seq>& seqs, const Batch& b,
+                              const std::vector<float>& q) {
+  const int G = h.hq / h.hkv, D = h.D;
+  std::vector<double> out(static_cast<size_t>(b.num_tokens()) * h.hq * D);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    for (int r = b.query_start[s]; r < b.query_start[s + 1]; ++r) {
+      const int p = b.positions[r];
+      for (int qh = 0; qh < h.hq; ++qh) {
+        const int kvh = qh / G;
+        std::vector<double> sc(p + 1);
+        double m = -INFINITY;
+        for (int j = 0; j <= p; ++j) {
+          const size_t base =
+              ((static_cast<size_t>(seqs[s].blocks[j / h.bs]) * h.hkv + kvh) * h.bs + j % h.bs) * D;
+          double dot = 0;
+          for (int d = 0; d < D; ++d) dot += static_cast<double>(q[(r * h.hq + qh) * D + d]) * h.k[base + d];
+          sc[j] = dot / std::sqrt(static_cast<double>(D));
+          m = std::max(m, sc[j]);
+        }
+        double l = 0;
+        std::vector<double> o(D, 0.0);
+        for (int j = 0; j <= p; ++j) {
+          const double w = std::exp(sc[j] - m);
+          l += w;
+          const size_t base =
+              ((static_cast<size_t>(seqs[s].blocks[j / h.bs]) * h.hkv + kvh) * h.bs + j % h.bs) * D;
+          for (int d = 0; d < D; ++d) o[d] += w * h.v[base + d];
+        }
+        for (int d = 0; d < D; ++d) out[(r * h.hq + qh) * D + d] = o[d] / l;
+      }
+    }
+  }
+  return out;
+}
+
+void ExpectClose(const std::vector<uint16_t>& got, const std::vector<double>& ref) {
+  std::vector<double> g(got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    g[i] = FromBf16(got[i]);
+    ASSERT_FALSE(std::isnan(g[i])) << "output element " << i << " not written";
+    ASSERT_LE(std::fabs(g[i] - ref[i]), 2e-2) << "element " << i;
+  }
+  EXPECT_LT(RelL2(g, ref), 1e-2);
+}
+
+struct Shape {
+  int hq, hkv, D, bs;
+};
+
+class AttentionShapes : public ::testing::TestWithParam<Shape> {};
+
+// Prefill from position 0, prefill with an offset (a cached prefix), and decode rows at tile
+// boundaries and far past them, all in one batch.
+TEST_P(AttentionShapes, MixedBatchMatchesFloat64Reference) {
+  CASCADE_REQUIRE_GPU();
+  const Shape sh = GetParam();
+  std::mt19937 rng(100 + sh.D + sh.hq);
+  Harness h(sh.hq, sh.hkv, sh.D, sh.bs, 400, &rng);
+  std::vector<Seq> seqs = {{70, 70, {}}, {37, 200, {}}, {1, 1, {}},  {1, 130, {}},
+                           {1, 64, {}},  {1, 1000, {}}, {2, 65, {}}, {3, 3, {}}};
+  for (Seq& s : seqs) h.Fill(&s);
+  Batch b = MakeBatch(seqs);
+  std::vector<float> q = RandomNormal(static_cast<size_t>(b.num_tokens()) * sh.hq * sh.D, &rng);
+  auto q_bits = RoundToBf16(&q);
+  auto out = RunAttention(h, b, q_bits, /*cascade=*/true);
+  ExpectClose(out, Reference(h, seqs, b, q));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionShapes,
+                         ::testing::Values(Shape{4, 2, 32, 16}, Shape{8, 8, 64, 16},
+                                           Shape{16, 8, 128, 16}, Shape{8, 2, 128, 32},
+                                           Shape{32, 1, 64, 64}));
+
+// Decode rows sharing a prefix (the same leading block ids) computed with cascade on and off:
+// the outputs are bitwise equal, and the cascade plan really shared tiles.
+TEST(Attention, CascadeEqualsNonCascadeBitwise) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  Harness h(16, 8, 128, 16, 800, &rng);
+  Seq prefix{1, 300, {}};
+  h.Fill(&prefix);  // 19 blocks; the first 18 are full
+  std::vector<int32_t> shared(prefix.blocks.begin(), prefix.blocks.begin() + 18);
+  std::vector<Seq> seqs;
+  for (int i = 0; i < 40; ++i) {
+    Seq s{1, 290 + 17 * i, shared};
+    h.Fill(&s);
+    seqs.push_back(s);
+  }
+  Seq short_share{1, 150, std::vector<int32_t>(shared.begin(), shared.begin() + 5)};
+  h.Fill(&short_share);  // shares one full tile (4 blocks) only
+  seqs.push_back(short_share);
+  Seq alone{1, 500, {}};
+  h.Fill(&alone);
+  seqs.push_back(alone);
+  Batch b = MakeBatch(seqs);
+  std::vector<float> q = RandomNormal(static_cast<size_t>(b.num_tokens()) * 16 * 128, &rng);
+  auto q_bits = RoundToBf16(&q);
+  AttentionPlan plan_on, plan_off;
+  auto on = RunAttention(h, b, q_bits, true, &plan_on);
+  auto off = RunAttention(h, b, q_bits, false, &plan_off);
+  EXPECT_EQ(plan_on.cascade_groups, 1);
+  EXPECT_GE(plan_on.cascade_shared_tiles, 1);
+  EXPECT_EQ(plan_off.cascade_groups, 0);
+  EXPECT_LT(plan_on.num_split(), plan_off.num_split());
+  ASSERT_EQ(on.size(), off.size());
+  EXPECT_EQ(0, std::memcmp(on.data(), off.data(), on.size() * sizeof(uint16_t)))
+      << "cascade changed a result";
+  ExpectClose(on, Reference(h, seqs, b, q));
+}
+
+// The same query row computed by a cold prefill, by a prefill of the uncached tail (causal offset),
+// by a one-token step (split decode), and next to unrelated sequences: bitwise equal.
+TEST(Attention, CachedPrefillEqualsColdPrefillBitwise) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(8);
+  const int hq = 16, hkv = 8, D = 128, N = 300;
+  Harness h(hq, hkv, D, 16, 200, &rng);
+  Seq cold{N, N, {}};
+  h.Fill(&cold);
+  std::vector<float> q = RandomNormal(static_cast<size_t>(N) * hq * D, &rng);
+  auto q_bits = RoundToBf16(&q);
+  auto cold_out = RunAttention(h, MakeBatch({cold}), q_bits, true);
+  const size_t row = static_cast<size_t>(hq) * D;
+  for (int tail : {45, 1, 64}) {
+    Seq cached{tail, N, cold.blocks};
+    Seq other{3, 77, {}};
+    h.Fill(&other);
+    std::vector<Seq> seqs = {other, cached};
+    Batch b = MakeBatch(seqs);
+    std::vector<uint16_t> qb(other.q_len * row);
+    for (auto& x : qb) x = testing::ToBf16(0.5f);
+    qb.insert(qb.end(), q_bits.begin() + (N - tail) * row, q_bits.end());
+    auto out = RunAttention(h, b, qb, true);
+    EXPECT_EQ(0, std::memcmp(out.data() + other.q_len * row, cold_out.data() + (N - tail) * row,
+                             tail * row * sizeof(uint16_t)))
+        << "tail " << tail << " differs from the cold prefill";
+  }
+}
+
+TEST(AttentionPlanTest, RejectsPositionsOutsideContext) {
+  std::vector<int32_t> pos = {5}, qs = {0, 1}, ctx = {5}, ts = {0, 1}, blocks = {0};
+  AttentionBatch b{pos.data(), 1, qs.data(), ctx.data(), ts.data(), blocks.data(), 1};
+  AttentionPlan plan;
+  EXPECT_EQ(PlanAttention({4, 2, 64, 16, true}, b, &plan).code(),
+            absl::StatusCode::kInvalidArgument);
+  pos[0] = 4;
+  EXPECT_TRUE(PlanAttention({4, 2, 64, 16, true}, b, &plan).ok());
+  ctx[0] = 17;  // one block cannot hold 17 keys
+  pos[0] = 16;
+  EXPECT_EQ(PlanAttention({4, 2, 64, 16, true}, b, &plan).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanAttention({4, 2, 64, 48, true}, b, &plan).code(),
+            absl::StatusCode::kInvalidArgument);  // block size must divide the tile
+}
+
+}  // namespace
+}  // namespace cascade::cuda

@@ -1,0 +1,237 @@
+// Row-wise CUDA kernels against float64 CPU references, on fresh random inputs with poisoned
+// outputs. Tolerances: outputs stored as bf16 carry one rounding (relative 2^-9), so elementwise
+// checks allow |err| <= 1e-2 * (1 + |ref|) and the relative L2 error must stay under 5e-3.
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "gpu_worker/backend/cuda/device.h"
+#include "gpu_worker/backend/cuda/ops.h"
+#include "gtest/gtest.h"
+#include "tests/gpu/test_util.h"
+
+namespace cascade::cuda {
+namespace {
+
+using testing::Download;
+using testing::FromBf16;
+using testing::Poisoned;
+using testing::RandomNormal;
+using testing::RelL2;
+using testing::RoundToBf16;
+using testing::Upload;
+
+void ExpectCloseBf16(const std::vector<uint16_t>& got, const std::vector<double>& ref) {
+  ASSERT_EQ(got.size(), ref.size());
+  std::vector<double> g(got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    g[i] = FromBf16(got[i]);
+    ASSERT_FALSE(std::isnan(g[i])) << "element " << i << " not written";
+    ASSERT_LE(std::fabs(g[i] - ref[i]), 1e-2 * (1 + std::fabs(ref[i]))) << "element " << i;
+  }
+  EXPECT_LT(RelL2(g, ref), 5e-3);
+}
+
+TEST(CudaKernels, EmbeddingGatherCopiesRowsExactly) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(1);
+  const int vocab = 1000, hidden = 136, n = 37;
+  std::vector<float> table = RandomNormal(vocab * hidden, &rng);
+  auto table_bits = RoundToBf16(&table);
+  std::vector<int32_t> ids(n);
+  for (int& id : ids) id = rng() % vocab;
+  DeviceBuffer d_table = Upload(table_bits), d_ids = Upload(ids);
+  DeviceBuffer d_out = Poisoned<float>(n * hidden);
+  ASSERT_TRUE(
+      EmbeddingGather(d_table.as<Bf16>(), d_ids.as<int32_t>(), n, hidden, d_out.as<float>(), nullptr)
+          .ok());
+  auto out = Download<float>(d_out, n * hidden);
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < hidden; ++c) ASSERT_EQ(out[i * hidden + c], table[ids[i] * hidden + c]);
+}
+
+TEST(CudaKernels, AddRmsNormMatchesFloat64Reference) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(2);
+  for (int d : {128, 1000, 4096}) {
+    for (bool with_delta : {false, true}) {
+      const int n = 19;
+      const float eps = 1e-6f;
+      std::vector<float> res = RandomNormal(n * d, &rng, 3.f);
+      std::vector<float> delta = RandomNormal(n * d, &rng);
+      std::vector<float> w = RandomNormal(d, &rng, 0.1f);
+      for (float& x : w) x += 1.f;
+      auto delta_bits = RoundToBf16(&delta);
+      auto w_bits = RoundToBf16(&w);
+      DeviceBuffer d_res = Upload(res), d_delta = Upload(delta_bits), d_w = Upload(w_bits);
+      DeviceBuffer d_out = Poisoned<Bf16>(n * d);
+      ASSERT_TRUE(AddRmsNorm(d_res.as<float>(), with_delta ? d_delta.as<Bf16>() : nullptr,
+                             d_w.as<Bf16>(), eps, n, d, d_out.as<Bf16>(), nullptr)
+                      .ok());
+      auto out = Download<Bf16>(d_out, n * d);
+      auto new_res = Download<float>(d_res, n * d);
+      std::vector<double> ref(n * d);
+      for (int i = 0; i < n; ++i) {
+        double ss = 0;
+        std::vector<double> x(d);
+        for (int c = 0; c < d; ++c) {
+          x[c] = static_cast<double>(res[i * d + c]) + (with_delta ? delta[i * d + c] : 0.0);
+          ASSERT_NEAR(new_res[i * d + c], x[c], 1e-6 * (1 + std::fabs(x[c])));
+          ss += x[c] * x[c];
+        }
+        const double inv = 1.0 / std::sqrt(ss / d + eps);
+        for (int c = 0; c < d; ++c) ref[i * d + c] = x[c] * inv * w[c];
+      }
+      ExpectCloseBf16(out, ref);
+    }
+  }
+}
+
+// HF rotate_half RoPE at large global positions, after a per-head RMSNorm (Qwen3 q/k norm).
+TEST(CudaKernels, QkNormRopeMatchesReferenceAtGlobalPositions) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(3);
+  for (int D : {32, 64, 128}) {
+    for (bool norm : {true, false}) {
+      const int n = 23, hq = 4, hkv = 2, row = (hq + 2 * hkv) * D;
+      const float eps = 1e-6f;
+      std::vector<float> qkv = RandomNormal(n * row, &rng);
+      auto qkv_bits = RoundToBf16(&qkv);
+      std::vector<float> qn = RandomNormal(D, &rng, 0.1f), kn = RandomNormal(D, &rng, 0.1f);
+      for (float& x : qn) x += 1.f;
+      for (float& x : kn) x += 1.f;
+      auto qn_bits = RoundToBf16(&qn), kn_bits = RoundToBf16(&kn);
+      std::vector<int32_t> pos(n);
+      for (int& p : pos) p = rng() % 40000;
+      std::vector<float> inv_freq(D / 2);
+      for (int i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(1e6, -2.0 * i / D);
+      DeviceBuffer d_qkv = Upload(qkv_bits), d_pos = Upload(pos), d_f = Upload(inv_freq);
+      DeviceBuffer d_qn = Upload(qn_bits), d_kn = Upload(kn_bits);
+      ASSERT_TRUE(QkNormRope(d_qkv.as<Bf16>(), n, row, HeadShape{hq, hkv, D}, d_pos.as<int32_t>(),
+                             norm ? d_qn.as<Bf16>() : nullptr, norm ? d_kn.as<Bf16>() : nullptr,
+                             eps, d_f.as<float>(), nullptr)
+                      .ok());
+      auto out = Download<Bf16>(d_qkv, n * row);
+      std::vector<double> ref(n * row);
+      for (int r = 0; r < n; ++r) {
+        for (int h = 0; h < hq + 2 * hkv; ++h) {
+          const float* x = &qkv[r * row + h * D];
+          double* y = &ref[r * row + h * D];
+          if (h >= hq + hkv) {  // v heads untouched
+            for (int i = 0; i < D; ++i) y[i] = x[i];
+            continue;
+          }
+          std::vector<double> xn(x, x + D);
+          if (norm) {
+            double ss = 0;
+            for (double v : xn) ss += v * v;
+            const double inv = 1.0 / std::sqrt(ss / D + eps);
+            for (int i = 0; i < D; ++i) xn[i] *= inv * (h < hq ? qn[i] : kn[i]);
+          }
+          for (int i = 0; i < D / 2; ++i) {
+            // The angle as HF forms it: float32 position times float32 inv_freq.
+            const double a = static_cast<float>(pos[r]) * inv_freq[i];
+            y[i] = xn[i] * std::cos(a) - xn[i + D / 2] * std::sin(a);
+            y[i + D / 2] = xn[i + D / 2] * std::cos(a) + xn[i] * std::sin(a);
+          }
+        }
+      }
+      ExpectCloseBf16(out, ref);
+      for (int r = 0; r < n; ++r)  // v heads bitwise untouched
+        for (int i = (hq + hkv) * D; i < row; ++i) ASSERT_EQ(out[r * row + i], qkv_bits[r * row + i]);
+    }
+  }
+}
+
+TEST(CudaKernels, KvAppendWritesExactlyTheMappedSlots) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(4);
+  const int D = 64, hq = 4, hkv = 2, bs = 16, nb = 9, n = 20, row = (hq + 2 * hkv) * D;
+  std::vector<float> qkv = RandomNormal(n * row, &rng);
+  auto qkv_bits = RoundToBf16(&qkv);
+  std::vector<int32_t> perm(nb * bs);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> slots(perm.begin(), perm.begin() + n);
+  slots[5] = -1;  // padding token: skipped
+  DeviceBuffer d_qkv = Upload(qkv_bits), d_slots = Upload(slots);
+  const size_t cache_elems = static_cast<size_t>(nb) * hkv * bs * D;
+  DeviceBuffer d_k = Poisoned<Bf16>(cache_elems), d_v = Poisoned<Bf16>(cache_elems);
+  KvCacheView cache{d_k.as<Bf16>(), d_v.as<Bf16>(), nb, bs, hkv, D};
+  ASSERT_TRUE(KvAppend(d_qkv.as<Bf16>(), n, row, hq * D, (hq + hkv) * D, d_slots.as<int32_t>(),
+                       cache, nullptr)
+                  .ok());
+  auto k = Download<Bf16>(d_k, cache_elems), v = Download<Bf16>(d_v, cache_elems);
+  std::vector<bool> written(cache_elems, false);
+  for (int r = 0; r < n; ++r) {
+    if (slots[r] < 0) continue;
+    const int blk = slots[r] / bs, off = slots[r] % bs;
+    for (int h = 0; h < hkv; ++h)
+      for (int d = 0; d < D; ++d) {
+        const size_t i = ((static_cast<size_t>(blk) * hkv + h) * bs + off) * D + d;
+        ASSERT_EQ(k[i], qkv_bits[r * row + hq * D + h * D + d]);
+        ASSERT_EQ(v[i], qkv_bits[r * row + (hq + hkv) * D + h * D + d]);
+        written[i] = true;
+      }
+  }
+  for (size_t i = 0; i < cache_elems; ++i) {
+    if (!written[i]) {
+      ASSERT_EQ(k[i], 0xFFFF) << "slot element " << i << " was overwritten";
+    }
+  }
+}
+
+TEST(CudaKernels, SiluMulMatchesReference) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  const int n = 13, inter = 384;
+  std::vector<float> gu = RandomNormal(n * 2 * inter, &rng, 2.f);
+  auto gu_bits = RoundToBf16(&gu);
+  DeviceBuffer d_gu = Upload(gu_bits), d_out = Poisoned<Bf16>(n * inter);
+  ASSERT_TRUE(SiluMul(d_gu.as<Bf16>(), n, inter, d_out.as<Bf16>(), nullptr).ok());
+  std::vector<double> ref(n * inter);
+  for (int r = 0; r < n; ++r)
+    for (int c = 0; c < inter; ++c) {
+      const double g = gu[r * 2 * inter + c], u = gu[r * 2 * inter + inter + c];
+      ref[r * inter + c] = g / (1 + std::exp(-g)) * u;
+    }
+  ExpectCloseBf16(Download<Bf16>(d_out, n * inter), ref);
+}
+
+TEST(CudaKernels, ArgmaxPicksLowestIndexAmongTiesAndIgnoresNaN) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(6);
+  const int n = 5, vocab = 151936;
+  std::vector<float> logits = RandomNormal(n * vocab, &rng);
+  logits[0 * vocab + 7] = 50.f;
+  logits[0 * vocab + 9000] = 50.f;  // tie: index 7 wins
+  logits[1 * vocab + 3] = NAN;      // NaN never wins
+  logits[1 * vocab + 151935] = 40.f;
+  DeviceBuffer d_l = Upload(logits), d_out = Poisoned<int32_t>(n);
+  ASSERT_TRUE(ArgmaxRows(d_l.as<float>(), n, vocab, d_out.as<int32_t>(), nullptr).ok());
+  auto out = Download<int32_t>(d_out, n);
+  for (int r = 0; r < n; ++r) {
+    int best = 0;
+    for (int c = 1; c < vocab; ++c)
+      if (logits[r * vocab + c] > logits[r * vocab + best] || std::isnan(logits[r * vocab + best]))
+        best = c;
+    EXPECT_EQ(out[r], best) << "row " << r;
+  }
+  EXPECT_EQ(out[0], 7);
+  EXPECT_EQ(out[1], 151935);
+}
+
+TEST(CudaKernels, OpsRejectBadShapes) {
+  EXPECT_EQ(AddRmsNorm(nullptr, nullptr, nullptr, 1e-6f, 1, 0, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(QkNormRope(nullptr, 1, 8, HeadShape{1, 1, 48}, nullptr, nullptr, nullptr, 1e-6f,
+                       nullptr, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  KvCacheView cache{nullptr, nullptr, 1, 16, 1, 64};
+  EXPECT_EQ(KvAppend(nullptr, 1, 100, 0, 0, nullptr, cache, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cascade::cuda
