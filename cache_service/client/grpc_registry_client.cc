@@ -1,0 +1,135 @@
+// RegistryClient over the cascade.v1.ChunkRegistry stub (synchronous calls with deadlines).
+#include "cache_service/client/grpc_registry_client.h"
+
+#include <chrono>
+
+#include <grpcpp/create_channel.h>
+
+#include "cache_service/wire/registry_wire.h"
+#include "cascade/v1/registry.grpc.pb.h"
+
+namespace cascade::registry {
+namespace {
+
+namespace v1 = ::cascade::v1;
+
+class GrpcRegistryClient final : public RegistryClient {
+ public:
+  GrpcRegistryClient(std::shared_ptr<grpc::Channel> channel, GrpcRegistryClientOptions options)
+      : options_(std::move(options)), stub_(v1::ChunkRegistry::NewStub(std::move(channel))) {}
+
+  absl::StatusOr<ResolveResult> Resolve(const ResolveInput& in) override {
+    v1::ResolveRequest req;
+    wire::ToProto(in, &req);
+    v1::ResolveResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, options_.resolve_timeout_ms);
+    absl::Status s = wire::FromGrpc(stub_->Resolve(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    return wire::FromProto(resp);
+  }
+
+  absl::StatusOr<int64_t> PinChunk(const Hash128& hash, int64_t ttl_s,
+                                   const std::optional<HeldChunk>& chunk_if_unknown) override {
+    v1::PinChunkRequest req;
+    req.set_hash(hash.ToHex());
+    req.set_ttl_seconds(ttl_s);
+    if (chunk_if_unknown.has_value()) wire::ToProto(*chunk_if_unknown, req.mutable_chunk());
+    v1::PinChunkResponse resp;
+    absl::Status s = Call(&v1::ChunkRegistry::Stub::PinChunk, req, &resp);
+    if (!s.ok()) return s;
+    return resp.pinned_until_ms();
+  }
+
+  absl::StatusOr<RegisterResult> RegisterWorker(const WorkerInfo& info) override {
+    v1::RegisterWorkerRequest req;
+    wire::ToProto(info, &req);
+    v1::RegisterWorkerResponse resp;
+    absl::Status s = Call(&v1::ChunkRegistry::Stub::RegisterWorker, req, &resp);
+    if (!s.ok()) return s;
+    return RegisterResult{resp.lease_ms(), resp.registry_epoch()};
+  }
+
+  absl::StatusOr<HeartbeatResult> Heartbeat(std::string_view worker_id,
+                                            const WorkerLoad& load) override {
+    v1::HeartbeatRequest req;
+    req.set_worker_id(std::string(worker_id));
+    wire::ToProto(load, req.mutable_load());
+    v1::HeartbeatResponse resp;
+    absl::Status s = Call(&v1::ChunkRegistry::Stub::Heartbeat, req, &resp);
+    if (!s.ok()) return s;
+    return wire::FromProto(resp);
+  }
+
+  absl::StatusOr<ReportResult> ReportEvents(std::string_view worker_id, uint64_t seq,
+                                            std::span<const ChunkEvent> events) override {
+    v1::ReportEventsRequest req;
+    req.set_worker_id(std::string(worker_id));
+    req.set_seq(seq);
+    for (const ChunkEvent& e : events) wire::ToProto(e, req.add_events());
+    v1::ReportEventsResponse resp;
+    absl::Status s = Call(&v1::ChunkRegistry::Stub::ReportEvents, req, &resp);
+    if (!s.ok()) return s;
+    return ReportResult{resp.resync_required(), resp.applied_seq()};
+  }
+
+  absl::StatusOr<int> Resync(std::string_view worker_id, std::span<const HeldChunk> chunks,
+                             uint64_t seq) override {
+    v1::ResyncRequest req;
+    req.set_worker_id(std::string(worker_id));
+    req.set_seq(seq);
+    for (const HeldChunk& c : chunks) wire::ToProto(c, req.add_chunks());
+    v1::ResyncResponse resp;
+    absl::Status s = Call(&v1::ChunkRegistry::Stub::Resync, req, &resp);
+    if (!s.ok()) return s;
+    return resp.chunks();
+  }
+
+  absl::Status Deregister(std::string_view worker_id) override {
+    v1::DeregisterWorkerRequest req;
+    req.set_worker_id(std::string(worker_id));
+    v1::DeregisterWorkerResponse resp;
+    return Call(&v1::ChunkRegistry::Stub::DeregisterWorker, req, &resp);
+  }
+
+ private:
+  static void SetDeadline(grpc::ClientContext* ctx, int64_t timeout_ms) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+  }
+
+  template <typename Req, typename Resp>
+  absl::Status Call(grpc::Status (v1::ChunkRegistry::Stub::*method)(grpc::ClientContext*,
+                                                                     const Req&, Resp*),
+                    const Req& req, Resp* resp) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, options_.timeout_ms);
+    return wire::FromGrpc((stub_.get()->*method)(&ctx, req, resp));
+  }
+
+  const GrpcRegistryClientOptions options_;
+  const std::unique_ptr<v1::ChunkRegistry::Stub> stub_;
+};
+
+}  // namespace
+
+std::unique_ptr<RegistryClient> NewGrpcRegistryClient(const std::string& address,
+                                                      const GrpcRegistryClientOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  // Reconnect quickly after a registry restart: gRPC's default backoff grows to 2 minutes, and
+  // until it reconnects every call fails at once with UNAVAILABLE.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  std::shared_ptr<grpc::ChannelCredentials> creds =
+      options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
+  return NewGrpcRegistryClient(grpc::CreateCustomChannel(address, creds, args), options);
+}
+
+std::unique_ptr<RegistryClient> NewGrpcRegistryClient(std::shared_ptr<grpc::Channel> channel,
+                                                      const GrpcRegistryClientOptions& options) {
+  return std::make_unique<GrpcRegistryClient>(std::move(channel), options);
+}
+
+}  // namespace cascade::registry

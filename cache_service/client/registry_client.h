@@ -1,0 +1,52 @@
+// What workers and the gateway use to talk to the chunk registry. An interface, so their tests
+// can use the in-process client (or their own fake) and inject faults; the gRPC client is in
+// grpc_registry_client.h. Types are the registry's plain structs (cache_service/registry/types.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cache_service/registry/types.h"
+
+namespace cascade::registry {
+
+class Registry;
+
+// Errors are the registry's (INVALID_ARGUMENT, NOT_FOUND for an unknown worker: re-register and
+// Resync, RESOURCE_EXHAUSTED past a cap) plus, over the network, UNAVAILABLE and
+// DEADLINE_EXCEEDED when the registry is away (the gateway then routes on load alone).
+// Implementations are thread-safe.
+class RegistryClient {
+ public:
+  virtual ~RegistryClient() = default;
+
+  // Gateway.
+  virtual absl::StatusOr<ResolveResult> Resolve(const ResolveInput& in) = 0;
+  // Pins a chunk for `ttl_s` seconds (RegisterChunk); `chunk_if_unknown` lets it be pinned
+  // before any worker has reported it. Returns the pin deadline in unix ms.
+  virtual absl::StatusOr<int64_t> PinChunk(const Hash128& hash, int64_t ttl_s,
+                                           const std::optional<HeldChunk>& chunk_if_unknown) = 0;
+
+  // Workers. A new registry_epoch in a response means the registry restarted: RegisterWorker
+  // and Resync.
+  virtual absl::StatusOr<RegisterResult> RegisterWorker(const WorkerInfo& info) = 0;
+  virtual absl::StatusOr<HeartbeatResult> Heartbeat(std::string_view worker_id,
+                                                    const WorkerLoad& load) = 0;
+  // Batches are numbered 1, 2, ... after each registration (or seq+1 after Resync(seq)).
+  virtual absl::StatusOr<ReportResult> ReportEvents(std::string_view worker_id, uint64_t seq,
+                                                    std::span<const ChunkEvent> events) = 0;
+  virtual absl::StatusOr<int> Resync(std::string_view worker_id,
+                                     std::span<const HeldChunk> chunks, uint64_t seq) = 0;
+  virtual absl::Status Deregister(std::string_view worker_id) = 0;
+};
+
+// Calls `registry` directly (no network): for tests and single-process setups. `registry` is
+// not owned and must outlive the client.
+std::unique_ptr<RegistryClient> NewInProcessRegistryClient(Registry* registry);
+
+}  // namespace cascade::registry

@@ -1,0 +1,48 @@
+// Background upkeep of a registry server: sweeps expired leases and pins a few times per lease,
+// and publishes the registry's counters and per-worker load as Prometheus metrics.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "cache_service/registry/registry.h"
+#include "services/common/metrics.h"
+
+namespace cascade::registry {
+
+class RegistryMaintenance {
+ public:
+  // `registry` and `metrics` are not owned and must outlive this; `metrics` may be null
+  // (MetricsRegistry::Default()). `interval_ms` <= 0 means a quarter of the lease.
+  RegistryMaintenance(Registry* registry, common::MetricsRegistry* metrics, int64_t interval_ms);
+  // Stops the thread.
+  ~RegistryMaintenance();
+  RegistryMaintenance(const RegistryMaintenance&) = delete;
+  RegistryMaintenance& operator=(const RegistryMaintenance&) = delete;
+
+  // Starts the thread; REQUIRES: called at most once.
+  void Start();
+  // One sweep + publish now (the thread calls this; tests may too). Thread-safe.
+  void RunOnce();
+  void Stop();
+
+ private:
+  void Loop();
+
+  // Set at construction.
+  Registry* const registry_;
+  common::MetricsRegistry& metrics_;
+  const int64_t interval_ms_;
+  std::thread thread_;
+
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  RegistryStats published_ ABSL_GUARDED_BY(mu_);  // counters as last published, for deltas
+  absl::flat_hash_set<std::string> seen_workers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace cascade::registry
