@@ -381,9 +381,10 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
         outputs.push_back(std::move(out));
         retire(id);
       }
+      // The step's sequences end with kError and the message; the engine stays usable.
       absl::MutexLock lock(&mu_);
       PublishStats();
-      return st;
+      return outputs;
     }
     // Postprocess.
     size_t row = 0;

@@ -50,7 +50,8 @@ class Engine {
   // next step; unpins them. Returns the number of chunks found.
   virtual int EvictChunks(const std::vector<hash::Hash128>& chunk_hashes) = 0;
 
-  // Runs one step. Returns the outputs of every sequence that produced something.
+  // Runs one step. Returns the outputs of every sequence that produced something. A backend
+  // failure ends that step's sequences with kError (message in `error`), not the engine.
   virtual absl::StatusOr<std::vector<SequenceOutput>> Step() = 0;
 
   // True if a Step() would do something (queued work, cancels or admin operations).

@@ -1,0 +1,154 @@
+// Worker process assembly; see worker_server.h.
+#include "gpu_worker/service/worker_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "gpu_worker/backend/cpu/cpu_backend.h"
+#include "gpu_worker/service/registry_agent.h"
+#include "gpu_worker/service/worker_service.h"
+#include "services/common/log.h"
+#ifdef CASCADE_HAVE_CUDA
+#include "gpu_worker/backend/cuda/cuda_backend.h"
+#endif
+
+namespace cascade::worker {
+
+void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
+  f->AddString("model_dir", &c->model_dir, "model directory in Hugging Face layout (required)");
+  f->AddString("model_name", &c->model_name, "model name clients use; default: the directory's name");
+  f->AddString("backend", &c->backend, "cpu, cuda, or auto (cuda when built and a GPU is present)");
+  f->AddInt64("kv_cache_bytes", &c->kv_cache_bytes, "KV cache memory budget in bytes");
+  f->AddInt64("kv_blocks", &c->kv_blocks, "KV cache size in blocks; overrides --kv_cache_bytes");
+  f->AddInt("block_size", &c->block_size, "tokens per KV block (prefix sharing granularity)");
+  f->AddInt("max_batch", &c->max_num_seqs, "sequences running at once at most");
+  f->AddInt("max_batched_tokens", &c->max_batched_tokens, "tokens per engine step at most");
+  f->AddInt("max_waiting", &c->max_waiting, "queued requests beyond which RESOURCE_EXHAUSTED");
+  f->AddInt64("max_context", &c->max_context, "prompt + output tokens at most; 0: the model's");
+  f->AddInt("threads", &c->threads, "CPU backend threads; 0: all cores");
+  f->AddString("worker_id", &c->worker_id, "stable worker id; default worker-<port>");
+  f->AddString("registry", &c->registry_address, "chunk registry host:port; empty: none");
+  f->AddString("advertise_address", &c->advertise_address,
+               "host:port the gateway dials; default 127.0.0.1:<port>");
+  f->AddInt64("heartbeat_ms", &c->heartbeat_ms, "registry heartbeat interval");
+}
+
+absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& kind,
+                                                             const model::Model& model,
+                                                             const WorkerConfig& config) {
+  const model::ModelConfig& mc = model.config();
+  if (kind != "cpu" && kind != "cuda" && kind != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend must be cpu, cuda or auto, not '", kind, "'"));
+  }
+  int64_t blocks = config.kv_blocks;
+  if (blocks <= 0) {
+    // CPU keeps float32 K and V; CUDA keeps bf16, so the same budget holds twice the tokens.
+    const int64_t bytes_per_elem = kind == "cpu" ? 4 : 2;
+    const int64_t per_token = 2 * mc.num_hidden_layers * mc.kv_size() * bytes_per_elem;
+    blocks = std::max<int64_t>(1, config.kv_cache_bytes / (per_token * config.block_size));
+  }
+#ifdef CASCADE_HAVE_CUDA
+  if (kind == "cuda" || (kind == "auto" && cuda::CudaDeviceCount() > 0)) {
+    cuda::CudaBackendOptions o;
+    o.num_blocks = blocks;
+    o.block_size = config.block_size;
+    auto b = cuda::NewCudaBackend(model, o);
+    if (!b.ok()) return b.status();
+    return std::move(*b);
+  }
+#else
+  if (kind == "cuda") {
+    return absl::FailedPreconditionError(
+        "--backend=cuda: this build has no CUDA backend (configure where nvcc is installed)");
+  }
+#endif
+  cpu::CpuBackendOptions o;
+  o.num_blocks = blocks;
+  o.block_size = config.block_size;
+  o.num_threads = config.threads;
+  if (absl::Status s = cpu::ValidateCpuBackendOptions(o); !s.ok()) return s;
+  return cpu::NewCpuBackend(model, o);
+}
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerConfig& config) {
+  if (config.model_dir.empty()) {
+    return absl::InvalidArgumentError("--model_dir is required (create one with `cascade mkmodel`)");
+  }
+  std::unique_ptr<WorkerServer> w(new WorkerServer());
+  w->config_ = config;
+  auto model = model::LoadModel(config.model_dir);
+  if (!model.ok()) return model.status();
+  w->model_ = std::move(*model);
+  auto backend = MakeBackend(config.backend, *w->model_, config);
+  if (!backend.ok()) return backend.status();
+
+  const model::ModelConfig& mc = w->model_->config();
+  engine::EngineOptions eo;
+  eo.model_name = config.model_name.empty() ? w->model_->name() : config.model_name;
+  eo.max_num_seqs = config.max_num_seqs;
+  eo.max_num_batched_tokens = config.max_batched_tokens;
+  eo.max_context = config.max_context > 0 ? config.max_context : mc.max_position_embeddings;
+  eo.max_tokens_limit = static_cast<int32_t>(eo.max_context);
+  eo.max_waiting = config.max_waiting;
+  eo.eos_token_ids = mc.eos_token_ids;
+  auto engine = engine::NewEngine(eo, std::move(*backend));
+
+  w->runner_ = std::make_unique<common::ServerRunner>(config.server);
+  auto* runner = w->runner_.get();
+  WorkerServer* self = w.get();
+  w->loop_ = std::make_unique<engine::EngineLoop>(std::move(engine), [self] {
+    if (self->agent_) self->agent_->OnStep();
+  });
+  // The worker id needs the bound port when not given, so the service is created after Start;
+  // gRPC needs services before Start, so bind the id to the configured port when it is fixed.
+  std::string id = config.worker_id;
+  if (id.empty()) id = absl::StrCat("worker-", config.server.port == 0 ? getpid() : config.server.port);
+  w->worker_id_ = id;
+  w->service_ = std::make_unique<WorkerService>(id, w->loop_.get());
+  runner->AddService({w->service_.get(), cascade::v1::Worker::service_full_name()});
+  runner->AddDrainCallback([self] {
+    if (self->agent_) self->agent_->Deregister();
+  });
+  w->loop_->Start();
+  if (absl::Status s = runner->Start(); !s.ok()) return s;
+
+  if (!config.registry_address.empty()) {
+    AgentOptions ao;
+    ao.worker_id = id;
+    ao.address = config.advertise_address.empty() ? runner->local_address()
+                                                   : config.advertise_address;
+    ao.model = eo.model_name;
+    ao.block_size = config.block_size;
+    ao.max_context = eo.max_context;
+    ao.vocab_size = static_cast<int32_t>(mc.vocab_size);
+    ao.heartbeat_ms = config.heartbeat_ms;
+    ao.registry_address = config.registry_address;
+    ao.tls = config.registry_tls;
+    auto agent = RegistryAgent::Start(ao, &w->loop_->engine());
+    if (!agent.ok()) return agent.status();
+    w->agent_ = std::move(*agent);
+  }
+  common::LogInfo("worker_started", {{"worker_id", id},
+                                     {"model", eo.model_name},
+                                     {"backend", w->loop_->engine().backend().Name()},
+                                     {"kv_blocks", w->loop_->engine().backend().NumBlocks()},
+                                     {"block_size", config.block_size}});
+  return w;
+}
+
+WorkerServer::~WorkerServer() { Shutdown(absl::Seconds(5)); }
+
+std::string WorkerServer::address() const { return runner_->local_address(); }
+
+void WorkerServer::Wait() {
+  runner_->Wait();
+  Shutdown(config_.server.drain_timeout);
+}
+
+void WorkerServer::Shutdown(absl::Duration drain) {
+  if (!runner_) return;
+  runner_->Shutdown(drain);
+  if (agent_) agent_->Stop();
+  if (loop_) loop_->Stop();
+}
+
+}  // namespace cascade::worker

@@ -1,0 +1,75 @@
+// A whole worker process in one object: loads the model, builds the backend and engine, serves
+// cascade.v1.Worker through the common server plumbing, and keeps the registry informed.
+// `cascade-worker` is a thin main over this; integration tests start several in one process.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "gpu_worker/engine/engine_loop.h"
+#include "gpu_worker/model/model.h"
+#include "services/common/flags.h"
+#include "services/common/server_runner.h"
+
+namespace cascade::worker {
+
+struct WorkerConfig {
+  common::ServerOptions server;
+  std::string model_dir;
+  std::string model_name;          // empty: the model directory's name
+  std::string backend = "auto";    // cpu | cuda | auto (cuda when built and a GPU is present)
+  int64_t kv_cache_bytes = 256ll << 20;  // KV memory budget (per-token size from the model)
+  int64_t kv_blocks = 0;           // > 0 overrides kv_cache_bytes
+  int block_size = 16;
+  int max_num_seqs = 64;
+  int max_batched_tokens = 2048;
+  int max_waiting = 256;
+  int64_t max_context = 0;         // 0: the model's max_position_embeddings
+  int threads = 0;                 // CPU backend threads; 0 = all cores
+  std::string worker_id;           // empty: "worker-<port>"
+  std::string registry_address;    // empty: run without a registry
+  std::string advertise_address;   // what the gateway dials; empty: 127.0.0.1:<port>
+  common::ClientTlsOptions registry_tls;
+  int64_t heartbeat_ms = 1000;
+};
+
+void RegisterWorkerFlags(common::FlagSet* flags, WorkerConfig* config);
+
+class RegistryAgent;
+
+class WorkerServer {
+ public:
+  // Loads, builds and starts serving. Errors name what failed (model directory, backend, port).
+  static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(const WorkerConfig& config);
+  ~WorkerServer();
+
+  const std::string& worker_id() const { return worker_id_; }
+  int port() const { return runner_->port(); }
+  std::string address() const;
+  engine::EngineLoop& loop() { return *loop_; }
+  common::ServerRunner& runner() { return *runner_; }
+
+  // Blocks until SIGTERM/SIGINT or RequestShutdown(), then drains.
+  void Wait();
+  // Graceful: NOT_SERVING, deregister, drain streams within `drain`, stop the engine.
+  void Shutdown(absl::Duration drain);
+
+ private:
+  WorkerServer() = default;
+
+  WorkerConfig config_;
+  std::string worker_id_;
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<engine::EngineLoop> loop_;
+  std::unique_ptr<grpc::Service> service_;
+  std::unique_ptr<RegistryAgent> agent_;
+  std::unique_ptr<common::ServerRunner> runner_;
+};
+
+// Builds the backend `kind` names for `model`: "cpu", "cuda", or "auto".
+absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& kind,
+                                                             const model::Model& model,
+                                                             const WorkerConfig& config);
+
+}  // namespace cascade::worker

@@ -1,0 +1,284 @@
+// Worker service: one write reactor per Generate stream. Engine outputs arrive on the engine
+// thread and are queued; the reactor writes one message at a time and merges queued token
+// messages while a write is in flight, so a slow reader costs fewer, larger messages rather than
+// an unbounded queue of small ones. Cancellation (client cancel, deadline, disconnect) cancels
+// the sequence, which frees its KV blocks within one engine step.
+#include "gpu_worker/service/worker_service.h"
+
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "cache_service/hash/chunk_hash.h"
+
+namespace cascade::worker {
+namespace {
+
+using cascade::v1::WorkerGenerateResponse;
+
+void ToProto(const engine::LogprobEntry& e, cascade::v1::LogprobEntry* p) {
+  p->mutable_sampled()->set_token_id(e.sampled.token_id);
+  p->mutable_sampled()->set_logprob(e.sampled.logprob);
+  for (const auto& t : e.top) {
+    auto* x = p->add_top();
+    x->set_token_id(t.token_id);
+    x->set_logprob(t.logprob);
+  }
+}
+
+cascade::v1::FinishReason ToProto(engine::FinishReason r) {
+  return static_cast<cascade::v1::FinishReason>(static_cast<int>(r));
+}
+
+class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> {
+ public:
+  GenerateReactor(std::string worker_id, engine::EngineLoop* loop)
+      : worker_id_(std::move(worker_id)), loop_(loop) {}
+
+  // Starts the sequence; on error finishes the RPC with that status.
+  void Begin(absl::StatusOr<engine::Request> req) {
+    if (!req.ok()) {
+      Finish(ToGrpc(req.status()));
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    // The sink keeps the reactor alive through `self_` until the final output is queued.
+    auto id = loop_->Submit(std::move(*req), [this](const engine::SequenceOutput& o) { OnOutput(o); });
+    if (!id.ok()) {
+      finished_ = true;
+      pending_status_ = ToGrpc(id.status());
+      MaybeWriteLocked();
+      return;
+    }
+    seq_id_ = *id;
+    submitted_ = true;
+  }
+
+  void OnCancel() override {
+    uint64_t id = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
+      if (!submitted_ || finished_) return;
+      id = seq_id_;
+    }
+    loop_->Cancel(id);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok) {
+      // The client is gone; the sequence is cancelled through OnCancel. Finish once the engine
+      // has sent its final output.
+      broken_ = true;
+      queue_.clear();
+    }
+    MaybeWriteLocked();
+  }
+
+  void OnDone() override {
+    bool release;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      release = !submitted_ || finished_;
+    }
+    // The engine may still hold the sink; the last of OnDone and the final output deletes.
+    if (release) delete this;
+  }
+
+ private:
+  void OnOutput(const engine::SequenceOutput& o) {
+    bool del = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (o.started) {
+        WorkerGenerateResponse m;
+        auto* s = m.mutable_start();
+        s->set_worker_id(worker_id_);
+        s->set_prompt_tokens(o.prompt_tokens);
+        s->set_cached_tokens(o.cached_tokens);
+        for (const auto& c : o.chunks) {
+          auto* ci = s->add_chunks();
+          ci->set_hash(c.hash.ToHex());
+          ci->set_start(c.start);
+          ci->set_end(c.end);
+          ci->set_cached_tokens(c.cached_tokens);
+          ci->set_kind(static_cast<cascade::v1::ChunkKind>(c.kind));
+        }
+        queue_.push_back(std::move(m));
+      }
+      if (!o.new_tokens.empty()) {
+        // Merge into a queued token message when one is waiting: the reader is behind.
+        if (queue_.empty() || !queue_.back().has_tokens()) queue_.emplace_back().mutable_tokens();
+        auto* t = queue_.back().mutable_tokens();
+        for (int32_t id : o.new_tokens) t->add_token_ids(id);
+        for (const auto& lp : o.logprobs) ToProto(lp, t->add_logprobs());
+      }
+      if (o.finished) {
+        finished_ = true;
+        if (o.finish_reason == engine::FinishReason::kError) {
+          pending_status_ = grpc::Status(grpc::StatusCode::INTERNAL, o.error);
+          if (o.error.rfind("RESOURCE_EXHAUSTED", 0) == 0) {
+            pending_status_ = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, o.error);
+          }
+        } else if (o.finish_reason == engine::FinishReason::kCancelled && !o.error.empty()) {
+          pending_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, o.error);
+        } else {
+          WorkerGenerateResponse m;
+          auto* f = m.mutable_finish();
+          f->set_finish_reason(ToProto(o.finish_reason));
+          f->set_stop_token_id(o.stop_token_id);
+          f->mutable_usage()->set_prompt_tokens(o.prompt_tokens);
+          f->mutable_usage()->set_cached_tokens(o.cached_tokens);
+          f->mutable_usage()->set_completion_tokens(o.completion_tokens);
+          queue_.push_back(std::move(m));
+        }
+        del = done_;
+      }
+      if (!del) MaybeWriteLocked();
+    }
+    if (del) delete this;
+  }
+
+  void MaybeWriteLocked() {
+    if (writing_ || done_ || finish_called_) return;
+    if (!queue_.empty() && !broken_ && !cancelled_) {
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      writing_ = true;
+      StartWrite(&current_);
+      return;
+    }
+    if (finished_ || (cancelled_ && !submitted_)) {
+      finish_called_ = true;
+      Finish(cancelled_ ? grpc::Status::CANCELLED : pending_status_);
+    }
+  }
+
+  const std::string worker_id_;
+  engine::EngineLoop* const loop_;
+  std::mutex mu_;
+  std::deque<WorkerGenerateResponse> queue_;
+  WorkerGenerateResponse current_;
+  grpc::Status pending_status_ = grpc::Status::OK;
+  uint64_t seq_id_ = 0;
+  bool submitted_ = false;
+  bool writing_ = false;
+  bool finished_ = false;       // the engine sent its final output
+  bool finish_called_ = false;  // Finish() called on the RPC
+  bool cancelled_ = false;
+  bool broken_ = false;
+  bool done_ = false;           // OnDone ran
+};
+
+}  // namespace
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())),
+                      std::string(s.message()));
+}
+
+WorkerService::WorkerService(std::string worker_id, engine::EngineLoop* loop)
+    : worker_id_(std::move(worker_id)), loop_(loop) {}
+
+absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
+    const cascade::v1::WorkerGenerateRequest& r) const {
+  engine::Request req;
+  req.request_id = r.request_id();
+  req.cache_salt = r.cache_salt();
+  if (r.chunks_size() == 0) return absl::InvalidArgumentError("chunks: at least one chunk is required");
+  std::vector<hash::ChunkSpec> specs;
+  for (int i = 0; i < r.chunks_size(); ++i) {
+    const auto& c = r.chunks(i);
+    if (c.kind() == cascade::v1::CHUNK_KIND_UNSPECIFIED) {
+      return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "].kind must be set"));
+    }
+    req.chunks.push_back(engine::ChunkInput{static_cast<int32_t>(c.kind()),
+                                            {c.token_ids().begin(), c.token_ids().end()},
+                                            c.cache_salt()});
+  }
+  for (const auto& c : req.chunks) specs.push_back({c.kind, c.tokens, c.cache_salt});
+  const std::string& model = loop_->engine().options().model_name;
+  if (!r.model().empty() && r.model() != model) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model: this worker serves '", model, "', not '", r.model(), "'"));
+  }
+  auto placed = hash::PlaceChunks(model, r.cache_salt(), specs);
+  for (int i = 0; i < r.chunks_size(); ++i) {
+    const std::string& given = r.chunks(i).hash();
+    if (!given.empty() && given != placed[i].hash.ToHex()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunks[", i, "].hash ", given, " does not match the worker's hash ",
+          placed[i].hash.ToHex(), " (gateway and worker disagree on model, salt or tokens)"));
+    }
+  }
+  const auto& s = r.sampling();
+  req.sampling.temperature = s.temperature();
+  req.sampling.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();
+  req.sampling.top_k = s.top_k();
+  req.sampling.min_p = s.min_p();
+  req.sampling.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
+  req.sampling.max_tokens = s.max_tokens() == 0 ? 16 : s.max_tokens();
+  req.sampling.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
+  req.sampling.ignore_eos = s.ignore_eos();
+  req.sampling.logprobs = s.logprobs();
+  if (s.has_seed()) req.sampling.seed = s.seed();
+  req.pin_ttl_ms = std::max<int64_t>(0, r.pin_ttl_seconds()) * 1000;
+  return req;
+}
+
+grpc::ServerWriteReactor<cascade::v1::WorkerGenerateResponse>* WorkerService::Generate(
+    grpc::CallbackServerContext* context, const cascade::v1::WorkerGenerateRequest* request) {
+  auto* reactor = new GenerateReactor(worker_id_, loop_);
+  reactor->Begin(ToEngineRequest(*request));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* context,
+                                                  const cascade::v1::WorkerStatsRequest*,
+                                                  cascade::v1::WorkerStats* r) {
+  engine::EngineStats s = loop_->engine().Stats();
+  r->set_worker_id(worker_id_);
+  r->set_running(s.running);
+  r->set_waiting(s.waiting);
+  r->set_total_kv_blocks(s.total_blocks);
+  r->set_free_kv_blocks(s.free_blocks);
+  r->set_used_kv_blocks(s.used_blocks);
+  r->set_cached_kv_blocks(s.cached_blocks);
+  r->set_prefix_cache_queries(s.prefix_cache_queries);
+  r->set_prefix_cache_hits(s.prefix_cache_hits);
+  r->set_preemptions(s.preemptions);
+  r->set_prompt_tokens_computed(s.prompt_tokens_computed);
+  r->set_generation_tokens(s.generation_tokens);
+  r->set_backend(loop_->engine().backend().Name());
+  r->set_block_size(loop_->engine().backend().BlockSize());
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerService::EvictChunks(grpc::CallbackServerContext* context,
+                                                     const cascade::v1::EvictChunksRequest* request,
+                                                     cascade::v1::EvictChunksResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  std::vector<hash::Hash128> hashes;
+  for (int i = 0; i < request->hashes_size(); ++i) {
+    auto h = hash::Hash128::FromHex(request->hashes(i));
+    if (!h) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                   absl::StrCat("hashes[", i, "] is not 32 hex characters")));
+      return reactor;
+    }
+    hashes.push_back(*h);
+  }
+  response->set_chunks(loop_->engine().EvictChunks(hashes));
+  loop_->Wake();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace cascade::worker

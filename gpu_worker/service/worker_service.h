@@ -1,0 +1,39 @@
+// The gRPC cascade.v1.Worker service: generation on token ids over an EngineLoop, engine stats,
+// and chunk eviction. Translates proto <-> engine types and absl::Status -> grpc::Status.
+#pragma once
+
+#include <string>
+
+#include "cascade/v1/worker.grpc.pb.h"
+#include "gpu_worker/engine/engine_loop.h"
+
+namespace cascade::worker {
+
+// Converts an engine status to the gRPC status with the same code and message.
+grpc::Status ToGrpc(const absl::Status& s);
+
+// Thread-safe; the loop must outlive the service and any RPC in flight.
+class WorkerService final : public cascade::v1::Worker::CallbackService {
+ public:
+  WorkerService(std::string worker_id, engine::EngineLoop* loop);
+
+  grpc::ServerWriteReactor<cascade::v1::WorkerGenerateResponse>* Generate(
+      grpc::CallbackServerContext* context,
+      const cascade::v1::WorkerGenerateRequest* request) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const cascade::v1::WorkerStatsRequest* request,
+                                     cascade::v1::WorkerStats* response) override;
+  grpc::ServerUnaryReactor* EvictChunks(grpc::CallbackServerContext* context,
+                                        const cascade::v1::EvictChunksRequest* request,
+                                        cascade::v1::EvictChunksResponse* response) override;
+
+  // Converts the request; INVALID_ARGUMENT names the field (e.g. a chunk hash that does not
+  // match the worker's own hashing).
+  absl::StatusOr<engine::Request> ToEngineRequest(const cascade::v1::WorkerGenerateRequest& r) const;
+
+ private:
+  const std::string worker_id_;
+  engine::EngineLoop* const loop_;
+};
+
+}  // namespace cascade::worker
