@@ -1,0 +1,115 @@
+// Prometheus metrics: counters, gauges and histograms with labels in a registry that renders the
+// text exposition format (version 0.0.4), served at GET /metrics by MetricsHttpServer.
+//   Counter* c = MetricsRegistry::Default().GetCounter("cascade:requests_total", "Requests.",
+//                                                       {{"model", "qwen3"}});
+//   c->Increment();
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace cascade::common {
+
+// Label name -> value. Order does not matter: {{"a","1"},{"b","2"}} and {{"b","2"},{"a","1"}}
+// name the same series.
+using Labels = std::map<std::string, std::string>;
+
+// A monotonically increasing value. Thread-safe and lock-free.
+class Counter {
+ public:
+  // REQUIRES: delta >= 0 (a negative delta is ignored: counters never go down).
+  void Increment(double delta = 1.0);
+  double Value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<double> value_{0.0};
+};
+
+// A value that goes up and down. Thread-safe and lock-free.
+class Gauge {
+ public:
+  void Set(double value) { value_.store(value, std::memory_order_relaxed); }
+  void Increment(double delta = 1.0);
+  void Decrement(double delta = 1.0) { Increment(-delta); }
+  double Value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<double> value_{0.0};
+};
+
+// Counts observations into buckets with fixed upper bounds (plus +Inf). Thread-safe, lock-free.
+class Histogram {
+ public:
+  // REQUIRES: `bounds` strictly increasing and finite (the registry checks).
+  explicit Histogram(std::vector<double> bounds);
+  void Observe(double value);
+
+  struct Snapshot {
+    std::vector<double> bounds;
+    std::vector<uint64_t> cumulative;  // [bounds.size() + 1], the last is +Inf == count
+    double sum = 0;
+  };
+  Snapshot Read() const;
+
+ private:
+  const std::vector<double> bounds_;
+  std::unique_ptr<std::atomic<uint64_t>[]> counts_;  // [bounds_.size() + 1], not cumulative
+  std::atomic<double> sum_{0.0};
+};
+
+// Bucket helpers: `count` bounds start, start*factor, ... and start, start+width, ....
+std::vector<double> ExponentialBuckets(double start, double factor, int count);
+std::vector<double> LinearBuckets(double start, double width, int count);
+// Latency buckets in seconds from 1 ms to 60 s, for TTFT, inter-token and RPC latencies.
+std::vector<double> DefaultLatencyBuckets();
+
+// Owns every metric; returned pointers stay valid for the registry's life. Getting the same name
+// and labels again returns the same object, so modules need not coordinate. Thread-safe.
+// Names must match [a-zA-Z_:][a-zA-Z0-9_:]* and label names [a-zA-Z_][a-zA-Z0-9_]*; reusing a
+// name with another type (or a histogram with other buckets) is a programming error and aborts
+// with a message, as a wrong metric would otherwise go unnoticed.
+class MetricsRegistry {
+ public:
+  MetricsRegistry() = default;
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  // The process-wide registry that servers expose by default.
+  static MetricsRegistry& Default();
+
+  Counter* GetCounter(std::string_view name, std::string_view help, const Labels& labels = {});
+  Gauge* GetGauge(std::string_view name, std::string_view help, const Labels& labels = {});
+  Histogram* GetHistogram(std::string_view name, std::string_view help,
+                          const std::vector<double>& bounds, const Labels& labels = {});
+
+  // All metrics in the Prometheus text format, families sorted by name.
+  std::string RenderText() const;
+
+ private:
+  enum class Type { kCounter, kGauge, kHistogram };
+  struct Family {
+    Type type;
+    std::string help;
+    std::vector<double> bounds;  // histograms only
+    std::map<Labels, std::unique_ptr<Counter>> counters;
+    std::map<Labels, std::unique_ptr<Gauge>> gauges;
+    std::map<Labels, std::unique_ptr<Histogram>> histograms;
+  };
+  Family& GetFamily(std::string_view name, std::string_view help, Type type,
+                    const std::vector<double>& bounds, const Labels& labels)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Family, std::less<>> families_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace cascade::common
