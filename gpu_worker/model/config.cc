@@ -81,6 +81,7 @@ absl::Status ParseRopeScaling(const json& j, absl::string_view file, RopeScaling
     auto t = r.find(key);
     if (t != r.end() && t->is_string()) type = t->get<std::string>();
   }
+  if (type == "default") return absl::OkStatus();  // some configs spell "no scaling" this way
   if (type != "llama3") {
     return Bad(file, absl::StrCat("rope_scaling type \"", type,
                                   "\" is not supported (only \"llama3\" is)"));

@@ -53,6 +53,15 @@ TEST(ModelConfigTest, LlamaDefaultsHeadDimAndKvHeadsAndReadsLlama3Scaling) {
   EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
 }
 
+TEST(ModelConfigTest, DefaultRopeTypeMeansNoScaling) {
+  std::string text = kQwen3Json;
+  text.pop_back();
+  text += R"(, "rope_scaling": {"rope_type": "default"}})";
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(text, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->rope_scaling.enabled);
+}
+
 TEST(ModelConfigTest, RejectsUnsupportedFeaturesNamingFileAndKey) {
   struct Case {
     std::string patch;  // replaces the closing brace of kQwen3Json
