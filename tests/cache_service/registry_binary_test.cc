@@ -1,0 +1,120 @@
+// The cascade-registry binary end to end: starts it on loopback ports, reads its ready line,
+// serves a worker and a resolve over gRPC, shows them on /metrics, and drains on SIGTERM.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include "cache_service/client/grpc_registry_client.h"
+#include "tests/cache_service/registry_test_util.h"
+
+namespace cascade::registry {
+namespace {
+
+// Runs `argv` with stdout and stderr on pipes; returns its pid.
+pid_t Spawn(const std::vector<std::string>& args, int* out_fd, int* err_fd) {
+  int out[2], err[2];
+  if (pipe(out) != 0 || pipe(err) != 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    close(out[0]);
+    close(err[0]);
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  *out_fd = out[0];
+  *err_fd = err[0];
+  return pid;
+}
+
+// Reads from `fd` until `re` matches the text so far (or EOF / 10 s).
+std::smatch ReadUntil(int fd, const std::regex& re, std::string* text) {
+  std::smatch m;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  char buf[512];
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (std::regex_search(*text, m, re)) return m;
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    text->append(buf, n);
+  }
+  std::regex_search(*text, m, re);
+  return m;
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  std::string cmd = "curl -s http://127.0.0.1:" + std::to_string(port) + path;
+  std::string out;
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  pclose(f);
+  return out;
+}
+
+TEST(RegistryBinaryTest, ServesPrintsReadyLineExportsMetricsAndDrainsOnSigterm) {
+  const char* bin_dir = std::getenv("CASCADE_BINARY_DIR");
+  ASSERT_NE(bin_dir, nullptr) << "run through ctest (CASCADE_BINARY_DIR)";
+  std::string bin = std::string(bin_dir) + "/bin/cascade-registry";
+  int out_fd = -1, err_fd = -1;
+  pid_t pid = Spawn({bin, "--host=127.0.0.1", "--port=0", "--metrics_port=0",
+                     "--sweep_interval_ms=50", "--lease_ms=5000", "--max_chunks_per_request=8"},
+                    &out_fd, &err_fd);
+  ASSERT_GT(pid, 0);
+  std::string out, err;
+  std::smatch ready = ReadUntil(out_fd, std::regex("cascade-registry serving on ([0-9.]+):([0-9]+)"), &out);
+  ASSERT_FALSE(ready.empty()) << out;
+  std::string address = ready[1].str() + ":" + ready[2].str();
+  std::smatch mport = ReadUntil(err_fd, std::regex("metrics_port=([0-9]+)"), &err);
+  ASSERT_FALSE(mport.empty()) << err;
+  int metrics_port = std::stoi(mport[1].str());
+
+  auto client = NewGrpcRegistryClient(address);
+  ASSERT_TRUE(client->RegisterWorker(testing::Info("w0")).ok());
+  testing::Prompt p{.tokens = {testing::Tokens(32, 1), testing::Tokens(16, 500)}};
+  ASSERT_TRUE(client->ReportEvents("w0", 1, testing::Stored(testing::HeldFor(p, 16, 48))).ok());
+  std::vector<hash::ChunkSpec> specs = p.Specs();
+  absl::StatusOr<ResolveResult> r = client->Resolve({p.model, p.salt, specs});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->workers.at(0).matched_tokens, 48);
+  std::vector<hash::ChunkSpec> many(9, specs[0]);
+  absl::Status too_many = client->Resolve({p.model, p.salt, many}).status();
+  EXPECT_EQ(too_many.code(), absl::StatusCode::kResourceExhausted);
+
+  std::string metrics;
+  for (int i = 0; i < 100; ++i) {
+    metrics = HttpGet(metrics_port, "/metrics");
+    if (metrics.find("cascade_registry_resolves_total 1") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(metrics.find("cascade_registry_resolves_total 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("cascade_registry_chunks 2"), std::string::npos);
+  EXPECT_NE(metrics.find("cascade_registry_worker_up{model=\"m\",worker=\"w0\"} 1"),
+            std::string::npos);
+
+  kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  close(out_fd);
+  close(err_fd);
+}
+
+}  // namespace
+}  // namespace cascade::registry
