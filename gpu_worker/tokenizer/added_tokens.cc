@@ -13,8 +13,7 @@ bool IsWhitespace(utf8proc_int32_t cp) {
   if ((cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85) return true;
   if (cp < 0x80) return false;
   const utf8proc_category_t cat = utf8proc_category(cp);
-  return cat == UTF8PROC_CATEGORY_ZS || cat == UTF8PROC_CATEGORY_ZL ||
-         cat == UTF8PROC_CATEGORY_ZP;
+  return cat == UTF8PROC_CATEGORY_ZS || cat == UTF8PROC_CATEGORY_ZL || cat == UTF8PROC_CATEGORY_ZP;
 }
 
 // Length of the whitespace run that starts at text[pos].

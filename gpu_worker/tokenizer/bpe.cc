@@ -93,9 +93,9 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
     auto r = vocab.find(right);
     auto merged = vocab.find(left + right);
     if (l == vocab.end() || r == vocab.end() || merged == vocab.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "merge ", rank, " (", BytesToByteLevel(left), " ", BytesToByteLevel(right),
-          ") refers to a token that is not in the vocab"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("merge ", rank, " (", BytesToByteLevel(left), " ", BytesToByteLevel(right),
+                       ") refers to a token that is not in the vocab"));
     }
     // A duplicate merge keeps its first (best) rank, as HF does.
     m->merges_.try_emplace(PairKey(l->second, r->second),
@@ -132,7 +132,8 @@ void BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>* out) cons
   if (cacheable) {
     absl::MutexLock lock(&mu_);
     if (cache_.size() >= kMaxCacheEntries) cache_.clear();
-    cache_.try_emplace(std::string(word), out->begin() + static_cast<std::ptrdiff_t>(first), out->end());
+    cache_.try_emplace(std::string(word), out->begin() + static_cast<std::ptrdiff_t>(first),
+                       out->end());
   }
 }
 

@@ -1,10 +1,9 @@
 // The line-oriented `cascade tokenize` / `cascade detokenize` commands, as library functions so
 // that the CLI binary stays thin and tests drive them with string streams.
 #include <istream>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"

@@ -45,49 +45,6 @@ absl::StatusOr<std::string> Nfc(std::string_view text) {
   return result;
 }
 
-std::string RewriteWhitespaceClasses(std::string_view p) {
-  std::string out;
-  out.reserve(p.size() + 32);
-  bool in_class = false;
-  for (size_t i = 0; i < p.size(); ++i) {
-    const char c = p[i];
-    if (c == '\\' && i + 1 < p.size()) {
-      const char e = p[i + 1];
-      ++i;
-      if (e == 's') {
-        out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
-      } else if (e == 'S' && !in_class) {
-        out += "[^\\s\\x{85}]";
-      } else {
-        // Inside a class \S cannot be narrowed without class subtraction; no tokenizer.json
-        // we know of writes it, and leaving it as is only matters for U+0085.
-        out += '\\';
-        out += e;
-      }
-      continue;
-    }
-    if (in_class && c == '[' && i + 1 < p.size() && p[i + 1] == ':') {
-      const size_t end = p.find(":]", i + 2);  // POSIX class like [:alpha:] inside a class
-      if (end != std::string_view::npos) {
-        out.append(p.substr(i, end + 2 - i));
-        i = end + 1;
-        continue;
-      }
-    }
-    if (!in_class && c == '[') {
-      in_class = true;
-      out += c;
-      // A ']' right after '[' or '[^' is a literal, not the end of the class.
-      if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
-      if (i + 1 < p.size() && p[i + 1] == ']') out += p[++i];
-      continue;
-    }
-    if (in_class && c == ']') in_class = false;
-    out += c;
-  }
-  return out;
-}
-
 struct SplitRegex::Impl {
   pcre2_code* code = nullptr;
   ~Impl() { pcre2_code_free(code); }
@@ -97,11 +54,10 @@ SplitRegex::SplitRegex(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 SplitRegex::~SplitRegex() = default;
 
 absl::StatusOr<std::unique_ptr<SplitRegex>> SplitRegex::Compile(std::string_view pattern) {
-  const std::string rewritten = RewriteWhitespaceClasses(pattern);
   int error = 0;
   PCRE2_SIZE offset = 0;
   auto impl = std::make_unique<Impl>();
-  impl->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten.data()), rewritten.size(),
+  impl->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                              PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
   if (impl->code == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("pre-tokenizer regex does not compile at ",

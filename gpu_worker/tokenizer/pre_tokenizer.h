@@ -15,9 +15,9 @@ absl::StatusOr<std::string> Nfc(std::string_view text);
 
 // HF `Split { pattern: Regex, behavior: Isolated, invert: false }`: every match is a piece and
 // so is every gap between matches, in order. HF compiles the pattern with Oniguruma; PCRE2 in
-// UTF + UCP mode agrees on the constructs tokenizer.json files use, except that Oniguruma's \s
-// is the Unicode White_Space property (it includes U+0085 NEL) while PCRE2's is not, so the
-// pattern is rewritten to add NEL wherever \s or \S occurs. Thread-safe.
+// UTF + UCP mode agrees on the constructs tokenizer.json files use: \p{L}, \p{N}, (?i:...),
+// lookahead, and \s as Unicode White_Space (U+0085 NEL included, unlike JavaScript's \s; the
+// tests pin HF's ids for it). Thread-safe.
 class SplitRegex {
  public:
   static absl::StatusOr<std::unique_ptr<SplitRegex>> Compile(std::string_view pattern);
@@ -31,8 +31,5 @@ class SplitRegex {
   explicit SplitRegex(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// Exposed for tests: the \s/\S rewrite described above.
-std::string RewriteWhitespaceClasses(std::string_view pattern);
 
 }  // namespace cascade::tokenizer::internal

@@ -3,9 +3,8 @@
 #include "gpu_worker/tokenizer/tokenizer.h"
 
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -50,8 +49,8 @@ struct Tokenizer::Impl {
   std::vector<AddedToken> added;
   std::unique_ptr<AddedTokenSplitter> raw_splitter;         // non-normalized added tokens
   std::unique_ptr<AddedTokenSplitter> normalized_splitter;  // normalized ones
-  std::vector<std::string> id_bytes;  // [vocab_size] raw bytes of each id
-  std::vector<uint8_t> id_kind;       // [vocab_size] kNone, kVocab, kAdded, kSpecial
+  std::vector<std::string> id_bytes;                        // [vocab_size] raw bytes of each id
+  std::vector<uint8_t> id_kind;  // [vocab_size] kNone, kVocab, kAdded, kSpecial
   int32_t eos_id = -1;
 
   static constexpr uint8_t kNone = 0, kVocab = 1, kAdded = 2, kSpecial = 3;
@@ -89,7 +88,8 @@ absl::Status Tokenizer::Impl::ParsePreTokenizer(const json& p) {
   std::string pattern;
   if (type == "Split") {
     const json& pat = p.at("pattern");
-    if (!pat.contains("Regex") || p.value("behavior", "") != "Isolated" || p.value("invert", false)) {
+    if (!pat.contains("Regex") || p.value("behavior", "") != "Isolated" ||
+        p.value("invert", false)) {
       return Unsupported("Split pre-tokenizer", p);
     }
     pattern = pat["Regex"].get<std::string>();
@@ -175,7 +175,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
     if (absl::Status s = impl->ParseNormalizer(root.value("normalizer", json())); !s.ok()) return s;
     if (absl::Status s = impl->ParsePreTokenizer(root.value("pre_tokenizer", json())); !s.ok())
       return s;
-    if (const json d = root.value("decoder", json()); !d.is_null() && d.value("type", "") != "ByteLevel")
+    if (const json d = root.value("decoder", json());
+        !d.is_null() && d.value("type", "") != "ByteLevel")
       return Unsupported("decoder", d);
 
     for (const json& a : root.value("added_tokens", json::array())) {
@@ -187,7 +188,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
       t.rstrip = a.value("rstrip", false);
       t.normalized = a.value("normalized", false);
       t.special = a.value("special", false);
-      if (t.id < 0 || t.content.empty() || !IsValidUtf8(t.content)) return Unsupported("added token", a);
+      if (t.id < 0 || t.content.empty() || !IsValidUtf8(t.content))
+        return Unsupported("added token", a);
       if (t.normalized && impl->nfc) {
         // Normalized tokens are looked for in normalized text, so compare normalized spellings.
         absl::StatusOr<std::string> n = internal::Nfc(t.content);

@@ -36,8 +36,7 @@ class Tokenizer {
   // The bytes the ids stand for, concatenated; may end inside a UTF-8 code point (use
   // IncrementalDecoder for streams, ToValidUtf8 for display). Special tokens decode to their
   // content unless `skip_special` is set. kInvalidArgument for an unknown id. Thread-safe.
-  absl::StatusOr<std::string> Decode(std::span<const int32_t> ids,
-                                     bool skip_special = false) const;
+  absl::StatusOr<std::string> Decode(std::span<const int32_t> ids, bool skip_special = false) const;
   // The bytes of one token; kInvalidArgument for an unknown id.
   absl::StatusOr<std::string_view> TokenBytes(int32_t id) const;
 

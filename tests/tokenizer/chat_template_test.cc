@@ -19,8 +19,7 @@ TEST(ChatTemplateTest, EachKindRendersQwen3ChatMl) {
   EXPECT_EQ(*ApplyChatTemplate(ChunkKind::kSystem, "S"), "<|im_start|>system\nS<|im_end|>\n");
   EXPECT_EQ(*ApplyChatTemplate(ChunkKind::kContext, "C"), "<|im_start|>user\nC<|im_end|>\n");
   EXPECT_EQ(*ApplyChatTemplate(ChunkKind::kQuery, "Q"), "<|im_start|>user\nQ<|im_end|>\n");
-  EXPECT_EQ(*ApplyChatTemplate(ChunkKind::kAssistant, "A"),
-            "<|im_start|>assistant\nA<|im_end|>\n");
+  EXPECT_EQ(*ApplyChatTemplate(ChunkKind::kAssistant, "A"), "<|im_start|>assistant\nA<|im_end|>\n");
   EXPECT_EQ(*ApplyChatTemplate(ChunkKind::kRaw, "raw <x>\n"), "raw <x>\n");
   EXPECT_EQ(*ApplyChatTemplate(ChunkKind::kGenerationPrompt, ""), "<|im_start|>assistant\n");
 }
@@ -68,13 +67,34 @@ TEST(ChatTemplateTest, NewlineAfterImEndIsItsOwnToken) {
 // Texts that end in what could merge with a following "\n" or "<": spaces, newlines,
 // punctuation, CJK, combining marks, digits, partial special tokens.
 const std::vector<std::string>& EdgeTexts() {
-  static const std::vector<std::string> texts = {
-      "", "plain", "ends with space ", "ends with spaces   ", "ends with newline\n",
-      "ends with newlines\n\n\n", "ends with tab\t", "ends with CRLF\r\n", " \n \t ",
-      "ends with punctuation.", "ends with !?", "中文结尾。", "日本語", "한국어", "مرحبا",
-      "combining at end e\u0301", "\u0301 combining at start", "digits 1234567", "emoji 👨‍👩‍👧",
-      "\nstarts with newline", "  starts with spaces", "<|im_", "|>", "ends with <",
-      "has <|im_end|> inside", "<|im_start|>user\nnested turn", "'s", "x\r"};
+  static const std::vector<std::string> texts = {"",
+                                                 "plain",
+                                                 "ends with space ",
+                                                 "ends with spaces   ",
+                                                 "ends with newline\n",
+                                                 "ends with newlines\n\n\n",
+                                                 "ends with tab\t",
+                                                 "ends with CRLF\r\n",
+                                                 " \n \t ",
+                                                 "ends with punctuation.",
+                                                 "ends with !?",
+                                                 "中文结尾。",
+                                                 "日本語",
+                                                 "한국어",
+                                                 "مرحبا",
+                                                 "combining at end e\u0301",
+                                                 "\u0301 combining at start",
+                                                 "digits 1234567",
+                                                 "emoji 👨‍👩‍👧",
+                                                 "\nstarts with newline",
+                                                 "  starts with spaces",
+                                                 "<|im_",
+                                                 "|>",
+                                                 "ends with <",
+                                                 "has <|im_end|> inside",
+                                                 "<|im_start|>user\nnested turn",
+                                                 "'s",
+                                                 "x\r"};
   return texts;
 }
 
@@ -103,9 +123,11 @@ TEST(ChatTemplateTest, TemplatedChunksTokenizeAloneAsInTheWholePrompt) {
   for (size_t a = 0; a < texts.size(); ++a) {
     for (size_t b = 0; b < texts.size(); ++b) {
       const ChunkKind ka = kinds[a % 4], kb = kinds[(a + b) % 4];
-      ExpectChunksEncodeLikeTheWholePrompt(
-          *t, {{ka, texts[a]}, {kb, texts[b]}, {ChunkKind::kQuery, texts[(a * 7 + b) % texts.size()]},
-               {ChunkKind::kGenerationPrompt, ""}});
+      ExpectChunksEncodeLikeTheWholePrompt(*t,
+                                           {{ka, texts[a]},
+                                            {kb, texts[b]},
+                                            {ChunkKind::kQuery, texts[(a * 7 + b) % texts.size()]},
+                                            {ChunkKind::kGenerationPrompt, ""}});
       ++prompts;
     }
   }

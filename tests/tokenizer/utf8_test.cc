@@ -35,20 +35,22 @@ TEST(Utf8Test, IsValidUtf8RejectsOverlongSurrogatesOutOfRangeAndTruncated) {
   EXPECT_FALSE(IsValidUtf8("\xED\xA0\x80"));      // surrogate U+D800
   EXPECT_FALSE(IsValidUtf8("\xF4\x90\x80\x80"));  // U+110000
   EXPECT_FALSE(IsValidUtf8("\xF5\x80\x80\x80"));
-  EXPECT_FALSE(IsValidUtf8("\x80"));              // lone continuation
-  EXPECT_FALSE(IsValidUtf8("ab\xE6\x97"));        // truncated at the end
-  EXPECT_FALSE(IsValidUtf8("\xE6\x97x"));         // truncated in the middle
+  EXPECT_FALSE(IsValidUtf8("\x80"));        // lone continuation
+  EXPECT_FALSE(IsValidUtf8("ab\xE6\x97"));  // truncated at the end
+  EXPECT_FALSE(IsValidUtf8("\xE6\x97x"));   // truncated in the middle
   EXPECT_FALSE(IsValidUtf8(std::string("\xFF", 1)));
 }
 
 TEST(Utf8Test, ToValidUtf8ReplacesEachMaximalSubpartOnce) {
   const std::string f = kFffd;
   EXPECT_EQ(ToValidUtf8("ok 日本"), "ok 日本");
-  EXPECT_EQ(ToValidUtf8("a\x80" "b"), "a" + f + "b");
-  EXPECT_EQ(ToValidUtf8("\xF0\x9F\x98"), f);                // truncated emoji: one U+FFFD
+  EXPECT_EQ(ToValidUtf8("a\x80"
+                        "b"),
+            "a" + f + "b");
+  EXPECT_EQ(ToValidUtf8("\xF0\x9F\x98"), f);  // truncated emoji: one U+FFFD
   EXPECT_EQ(ToValidUtf8("\xF0\x9F\x98x"), f + "x");
-  EXPECT_EQ(ToValidUtf8("\xC0\xAF"), f + f);                // C0 is never a lead byte
-  EXPECT_EQ(ToValidUtf8("\xED\xA0\x80"), f + f + f);        // surrogate: ED then 2 strays
+  EXPECT_EQ(ToValidUtf8("\xC0\xAF"), f + f);          // C0 is never a lead byte
+  EXPECT_EQ(ToValidUtf8("\xED\xA0\x80"), f + f + f);  // surrogate: ED then 2 strays
   EXPECT_EQ(ToValidUtf8("\xE6\x97\xA5\xE6"), "日" + f);
   EXPECT_TRUE(IsValidUtf8(ToValidUtf8("\xFF\xFE\xF8\x88\x80\x80\x80")));
 }
@@ -57,7 +59,8 @@ TEST(IncrementalDecoderTest, MultiByteCharactersSplitOverTokensAreHeldUntilCompl
   const Tokenizer* t = Qwen3();
   ASSERT_NE(t, nullptr);
   const std::string text =
-      "Emoji 👨‍👩‍👧‍👦🇯🇵🤗 and rare CJK 𠀀𪚥龘 and ꙮ, Hindi नमस्ते, Arabic مرحبا.";
+      "Emoji 👨‍👩‍👧‍👦🇯🇵🤗 and rare CJK 𠀀𪚥龘 and ꙮ, Hindi नमस्ते, Arabic "
+      "مرحبا.";
   absl::StatusOr<std::vector<int32_t>> ids = t->Encode(text);
   ASSERT_TRUE(ids.ok());
   // The test is only meaningful if some token ends inside a code point.
