@@ -196,7 +196,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionShapes,
 TEST(Attention, CascadeEqualsNonCascadeBitwise) {
   CASCADE_REQUIRE_GPU();
   std::mt19937 rng(7);
-  Harness h(16, 8, 128, 16, 800, &rng);
+  Harness h(16, 8, 128, 16, 2500, &rng);
   Seq prefix{1, 300, {}};
   h.Fill(&prefix);  // 19 blocks; the first 18 are full
   std::vector<int32_t> shared(prefix.blocks.begin(), prefix.blocks.begin() + 18);

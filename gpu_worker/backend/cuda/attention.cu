@@ -12,7 +12,7 @@
 namespace cascade::cuda::internal {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kT = kTileTokens;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -104,6 +104,7 @@ __device__ __forceinline__ void TilePartial(const float* q, const __nv_bfloat16*
   __syncwarp();
 #pragma unroll
   for (int e = 0; e < E; ++e) o[e] = 0.f;
+#pragma unroll 8
   for (int j = 0; j < nv; ++j) {
     const float p = pscr[j];
     float v[E];

@@ -1,0 +1,42 @@
+// The CUDA backend: bf16 weights and paged KV cache on one GPU, cuBLASLt GEMMs, the kernels of
+// ops.h and attention.h. CUDA-free header.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "gpu_worker/engine/backend.h"
+#include "gpu_worker/model/model.h"
+
+namespace cascade::cuda {
+
+struct CudaBackendOptions {
+  int device = 0;
+  int block_size = 16;  // must divide kTileTokens (64)
+  // KV cache capacity in blocks; 0: use kv_cache_fraction of the memory free after the weights
+  // and activation buffers are allocated.
+  int64_t num_blocks = 0;
+  double kv_cache_fraction = 0.8;
+  int max_num_tokens = 8192;    // most tokens in one Forward (sizes activation buffers)
+  int max_logits_rows = 256;    // LM head rows computed per pass (more are done in passes)
+  bool cascade = true;          // shared-prefix (cascade) decode attention
+  // Deterministic mode: GEMM algorithms pinned per shape with split-K off (see gemm.h), so a
+  // row's logits are bitwise the same whatever else is in the batch (cached == cold).
+  bool batch_invariant = true;
+};
+
+// InvalidArgument for bad options.
+absl::Status ValidateCudaBackendOptions(const CudaBackendOptions& options);
+
+// Uploads the model's weights as bf16 (the backend owns its copies; `model` may be destroyed
+// afterwards), allocates the KV cache, per layer [num_blocks, kv_heads, block_size, head_dim] for
+// K and for V, and the activation buffers. Errors: InvalidArgument (options, unsupported shapes
+// such as head_dim not in {32, 64, 128, 256}), ResourceExhausted (GPU memory), Internal/
+// Unavailable (no device, CUDA or cuBLAS failures).
+// Forward() rejects malformed batches with InvalidArgument; logits rows are float32.
+// Thread safety: as engine::Backend (one Forward at a time).
+absl::StatusOr<std::unique_ptr<engine::Backend>> NewCudaBackend(const model::Model& model,
+                                                                const CudaBackendOptions& options);
+
+}  // namespace cascade::cuda
