@@ -1,8 +1,9 @@
 // Byte-level alphabet and BPE merging.
 #include "gpu_worker/tokenizer/bpe.h"
 
+#include <algorithm>
 #include <array>
-#include <queue>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -145,46 +146,50 @@ void BpeModel::MergeWord(std::string_view word, std::vector<int32_t>* out) const
     int32_t prev;
     int32_t next;
   };
-  struct Candidate {
-    int32_t rank;
-    int32_t pos;  // index of the left symbol
-    int32_t left_id;
-    int32_t right_id;
-    int32_t new_id;
-    // Lowest rank first; equal ranks (the same pair twice) leftmost first, as HF does.
-    bool operator>(const Candidate& o) const {
-      return rank != o.rank ? rank > o.rank : pos > o.pos;
-    }
-  };
   const auto n = static_cast<int32_t>(word.size());
   std::vector<Symbol> syms(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) {
     syms[i] = {byte_ids_[static_cast<uint8_t>(word[i])], i - 1, i + 1 < n ? i + 1 : -1};
   }
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
-  auto push = [&](int32_t pos) {
-    if (pos < 0 || syms[pos].next < 0) return;
-    const int32_t l = syms[pos].id;
-    const int32_t r = syms[syms[pos].next].id;
-    auto it = merges_.find(PairKey(l, r));
-    if (it != merges_.end()) heap.push({it->second.rank, pos, l, r, it->second.new_id});
+  // A candidate merge is (rank << 32 | left position) in a min-heap: lowest rank first, equal
+  // ranks (the same pair twice) leftmost first, as HF does. 8-byte entries keep the heap
+  // cache-friendly on long pieces (a 1 MB run of spaces is a single piece).
+  auto candidate = [&](int32_t pos) -> std::optional<uint64_t> {
+    if (pos < 0 || syms[pos].next < 0) return std::nullopt;
+    auto it = merges_.find(PairKey(syms[pos].id, syms[syms[pos].next].id));
+    if (it == merges_.end()) return std::nullopt;
+    return (static_cast<uint64_t>(it->second.rank) << 32) | static_cast<uint32_t>(pos);
   };
-  for (int32_t i = 0; i + 1 < n; ++i) push(i);
+  std::vector<uint64_t> heap;
+  for (int32_t i = 0; i + 1 < n; ++i) {
+    if (std::optional<uint64_t> c = candidate(i)) heap.push_back(*c);
+  }
+  std::make_heap(heap.begin(), heap.end(), std::greater<>());
+  auto push = [&](int32_t pos) {
+    if (std::optional<uint64_t> c = candidate(pos)) {
+      heap.push_back(*c);
+      std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    }
+  };
   while (!heap.empty()) {
-    const Candidate c = heap.top();
-    heap.pop();
-    // Stale if either side has merged since: a symbol's token only ever gets longer, so an
-    // unchanged id means an unchanged symbol.
-    Symbol& left = syms[c.pos];
-    if (left.id != c.left_id || left.next < 0) continue;
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    const uint64_t top = heap.back();
+    heap.pop_back();
+    const auto rank = static_cast<int32_t>(top >> 32);
+    const auto pos = static_cast<int32_t>(top & 0xFFFFFFFFu);
+    // Stale if either side has merged since it was queued: then the pair at `pos` is gone or
+    // is a different pair, with a different rank (ranks are unique per pair).
+    Symbol& left = syms[pos];
+    if (left.id < 0 || left.next < 0) continue;
     Symbol& right = syms[left.next];
-    if (right.id != c.right_id) continue;
-    left.id = c.new_id;
+    auto it = merges_.find(PairKey(left.id, right.id));
+    if (it == merges_.end() || it->second.rank != rank) continue;
+    left.id = it->second.new_id;
     left.next = right.next;
-    if (right.next >= 0) syms[right.next].prev = c.pos;
+    if (right.next >= 0) syms[right.next].prev = pos;
     right.id = -1;
     push(left.prev);
-    push(c.pos);
+    push(pos);
   }
   for (int32_t i = 0; i >= 0; i = syms[i].next) out->push_back(syms[i].id);
 }
