@@ -48,7 +48,7 @@ void ChunkTable::EnforceCap(Shard& s, const hash::Hash128& keep, int64_t now_ms)
 void ChunkTable::Touch(const hash::Hash128& hash, const ChunkMeta& meta, int64_t now_ms,
                        HolderList* holders) {
   Shard& s = ShardFor(hash);
-  absl::MutexLock lock(&s.mu);
+  MutexLock<Mutex> lock(&s.mu);
   Entry& e = FindOrInsert(s, hash, meta, now_ms);
   e.last_used_ms = now_ms;
   if (e.lru != s.lru.begin()) s.lru.splice(s.lru.begin(), s.lru, e.lru);
@@ -58,7 +58,7 @@ void ChunkTable::Touch(const hash::Hash128& hash, const ChunkMeta& meta, int64_t
 void ChunkTable::UpsertHolder(const hash::Hash128& hash, const ChunkMeta& meta, Holder holder,
                               int64_t now_ms) {
   Shard& s = ShardFor(hash);
-  absl::MutexLock lock(&s.mu);
+  MutexLock<Mutex> lock(&s.mu);
   Entry& e = FindOrInsert(s, hash, meta, now_ms);
   for (Holder& h : e.holders) {
     if (h.worker == holder.worker) {
@@ -71,7 +71,7 @@ void ChunkTable::UpsertHolder(const hash::Hash128& hash, const ChunkMeta& meta, 
 
 void ChunkTable::RemoveHolder(const hash::Hash128& hash, uint64_t worker) {
   Shard& s = ShardFor(hash);
-  absl::MutexLock lock(&s.mu);
+  MutexLock<Mutex> lock(&s.mu);
   auto it = s.map.find(hash);
   if (it == s.map.end()) return;
   HolderList& hl = it->second.holders;
@@ -81,7 +81,7 @@ void ChunkTable::RemoveHolder(const hash::Hash128& hash, uint64_t worker) {
 
 bool ChunkTable::HasHolder(const hash::Hash128& hash, uint64_t worker) const {
   Shard& s = ShardFor(hash);
-  absl::MutexLock lock(&s.mu);
+  MutexLock<Mutex> lock(&s.mu);
   auto it = s.map.find(hash);
   if (it == s.map.end()) return false;
   for (const Holder& h : it->second.holders) {
@@ -96,7 +96,7 @@ ChunkSnapshot ChunkTable::Snapshot(const hash::Hash128& h, const Entry& e) {
 
 std::optional<ChunkSnapshot> ChunkTable::Get(const hash::Hash128& hash) const {
   Shard& s = ShardFor(hash);
-  absl::MutexLock lock(&s.mu);
+  MutexLock<Mutex> lock(&s.mu);
   auto it = s.map.find(hash);
   if (it == s.map.end()) return std::nullopt;
   return Snapshot(hash, it->second);
@@ -105,7 +105,7 @@ std::optional<ChunkSnapshot> ChunkTable::Get(const hash::Hash128& hash) const {
 bool ChunkTable::SetPin(const hash::Hash128& hash, int64_t until_ms,
                         const ChunkMeta* meta_if_unknown, int64_t now_ms) {
   Shard& s = ShardFor(hash);
-  absl::MutexLock lock(&s.mu);
+  MutexLock<Mutex> lock(&s.mu);
   auto it = s.map.find(hash);
   if (it == s.map.end()) {
     if (meta_if_unknown == nullptr) return false;
@@ -118,7 +118,7 @@ bool ChunkTable::SetPin(const hash::Hash128& hash, int64_t until_ms,
 
 std::optional<HolderList> ChunkTable::Erase(const hash::Hash128& hash) {
   Shard& s = ShardFor(hash);
-  absl::MutexLock lock(&s.mu);
+  MutexLock<Mutex> lock(&s.mu);
   auto it = s.map.find(hash);
   if (it == s.map.end()) return std::nullopt;
   HolderList holders = std::move(it->second.holders);
@@ -130,7 +130,7 @@ std::optional<HolderList> ChunkTable::Erase(const hash::Hash128& hash) {
 
 void ChunkTable::ForEach(const std::function<void(const ChunkSnapshot&)>& fn) const {
   for (Shard& s : shards_) {
-    absl::MutexLock lock(&s.mu);
+    MutexLock<Mutex> lock(&s.mu);
     for (const auto& [h, e] : s.map) fn(Snapshot(h, e));
   }
 }

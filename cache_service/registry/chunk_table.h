@@ -16,7 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
-#include "absl/synchronization/mutex.h"
+#include "cache_service/registry/mutex.h"
 #include "cache_service/hash/chunk_hash.h"
 
 namespace cascade::registry {
@@ -90,7 +90,7 @@ class ChunkTable {
     std::list<hash::Hash128>::iterator lru;  // position in Shard::lru
   };
   struct Shard {
-    mutable absl::Mutex mu;
+    mutable Mutex mu;
     absl::flat_hash_map<hash::Hash128, Entry, hash::Hash128Hasher> map ABSL_GUARDED_BY(mu);
     std::list<hash::Hash128> lru ABSL_GUARDED_BY(mu);  // front = most recently used
   };

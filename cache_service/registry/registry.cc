@@ -109,7 +109,7 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
   }
 
   {
-    absl::ReaderMutexLock lock(&workers_mu_);
+    MutexLock<Mutex> lock(&workers_mu_);
     for (const auto& [id, w] : workers_) {
       if (w->info.model != in.model || w->lease_expires_ms <= now) continue;
       WorkerMatch m{w->info.worker_id, w->info.address, 0, 0, w->load};
@@ -148,7 +148,7 @@ absl::StatusOr<RegisterResult> Registry::RegisterWorker(const WorkerInfo& info) 
   w->info = info;
   std::shared_ptr<Worker> previous;
   {
-    absl::MutexLock lock(&workers_mu_);
+    MutexLock<Mutex> lock(&workers_mu_);
     w->incarnation = next_incarnation_++;
     w->lease_expires_ms = clock_->NowMs() + options_.lease_ms;
     auto it = workers_.find(info.worker_id);
@@ -171,14 +171,14 @@ absl::StatusOr<std::shared_ptr<Registry::Worker>> Registry::FindLiveWorker(
   if (absl::Status s = internal::ValidateWorkerId(worker_id); !s.ok()) return s;
   const int64_t now = clock_->NowMs();
   {
-    absl::ReaderMutexLock lock(&workers_mu_);
+    MutexLock<Mutex> lock(&workers_mu_);
     auto it = workers_.find(internal::AV(worker_id));
     if (it == workers_.end()) return UnknownWorker(worker_id, "is not registered");
     if (it->second->lease_expires_ms > now) return it->second;
   }
   std::shared_ptr<Worker> expired;
   {
-    absl::MutexLock lock(&workers_mu_);
+    MutexLock<Mutex> lock(&workers_mu_);
     auto it = workers_.find(internal::AV(worker_id));
     if (it == workers_.end()) return UnknownWorker(worker_id, "is not registered");
     if (it->second->lease_expires_ms > now) return it->second;  // renewed meanwhile
@@ -192,7 +192,7 @@ absl::StatusOr<std::shared_ptr<Registry::Worker>> Registry::FindLiveWorker(
 }
 
 void Registry::DropResidency(Worker& w) {
-  absl::MutexLock lock(&w.mu);
+  MutexLock<Mutex> lock(&w.mu);
   w.dropped = true;
   for (const Hash128& h : w.held) chunks_.RemoveHolder(h, w.incarnation);
   w.held.clear();
@@ -208,14 +208,14 @@ absl::StatusOr<HeartbeatResult> Registry::Heartbeat(std::string_view worker_id,
   HeartbeatResult out;
   out.registry_epoch = epoch_;
   {
-    absl::MutexLock lock(&workers_mu_);
+    MutexLock<Mutex> lock(&workers_mu_);
     w.lease_expires_ms = now + options_.lease_ms;
     w.load = load;
     out.evict_hashes.swap(w.pending_evict);
   }
   std::vector<Hash128> pinned;
   {
-    absl::MutexLock lock(&pins_mu_);
+    MutexLock<Mutex> lock(&pins_mu_);
     for (const auto& [h, until] : pins_) {
       if (until > now) pinned.push_back(h);
     }
@@ -255,7 +255,7 @@ absl::StatusOr<ReportResult> Registry::ReportEvents(std::string_view worker_id, 
   absl::StatusOr<std::shared_ptr<Worker>> found = FindLiveWorker(worker_id);
   if (!found.ok()) return found.status();
   Worker& w = **found;
-  absl::MutexLock lock(&w.mu);
+  MutexLock<Mutex> lock(&w.mu);
   if (w.dropped) return UnknownWorker(worker_id, "was dropped");
   if (w.resync_pending) return ReportResult{true, w.applied_seq};
   if (seq <= w.applied_seq) return ReportResult{false, w.applied_seq};  // a repeat: no effect
@@ -290,7 +290,7 @@ absl::StatusOr<int> Registry::Resync(std::string_view worker_id,
   absl::StatusOr<std::shared_ptr<Worker>> found = FindLiveWorker(worker_id);
   if (!found.ok()) return found.status();
   Worker& w = **found;
-  absl::MutexLock lock(&w.mu);
+  MutexLock<Mutex> lock(&w.mu);
   if (w.dropped) return UnknownWorker(worker_id, "was dropped");
   for (const Hash128& h : w.held) chunks_.RemoveHolder(h, w.incarnation);
   w.held.clear();
@@ -304,7 +304,7 @@ absl::Status Registry::DeregisterWorker(std::string_view worker_id) {
   if (absl::Status s = internal::ValidateWorkerId(worker_id); !s.ok()) return s;
   std::shared_ptr<Worker> w;
   {
-    absl::MutexLock lock(&workers_mu_);
+    MutexLock<Mutex> lock(&workers_mu_);
     auto it = workers_.find(internal::AV(worker_id));
     if (it == workers_.end()) return UnknownWorker(worker_id, "is not registered");
     w = std::move(it->second);
@@ -319,7 +319,7 @@ void Registry::Sweep() {
   const int64_t now = clock_->NowMs();
   std::vector<std::shared_ptr<Worker>> expired;
   {
-    absl::MutexLock lock(&workers_mu_);
+    MutexLock<Mutex> lock(&workers_mu_);
     for (auto it = workers_.begin(); it != workers_.end();) {
       if (it->second->lease_expires_ms <= now) {
         by_incarnation_.erase(it->second->incarnation);
@@ -332,7 +332,7 @@ void Registry::Sweep() {
   }
   leases_expired_.fetch_add(static_cast<int64_t>(expired.size()), std::memory_order_relaxed);
   for (const auto& w : expired) DropResidency(*w);
-  absl::MutexLock lock(&pins_mu_);
+  MutexLock<Mutex> lock(&pins_mu_);
   absl::erase_if(pins_, [&](const auto& kv) { return kv.second <= now; });
 }
 

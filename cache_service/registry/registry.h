@@ -23,7 +23,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "cache_service/registry/mutex.h"
 #include "cache_service/registry/chunk_table.h"
 #include "cache_service/registry/clock.h"
 #include "cache_service/registry/types.h"
@@ -116,15 +116,17 @@ class Registry {
   ChunkTable chunks_;
 
   // Membership; a leaf lock (nothing else is acquired while it is held). Lock order otherwise:
-  // Worker::mu, then a chunk table shard.
-  absl::Mutex workers_mu_;
+  // Worker::mu, then a chunk table shard. Exclusive, not reader-writer: resolves hold it only
+  // to copy a few workers, and glibc's reader-preferring rwlock could starve heartbeats (and
+  // so expire leases) under a steady stream of resolves.
+  Mutex workers_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Worker>> workers_ ABSL_GUARDED_BY(workers_mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Worker>> by_incarnation_
       ABSL_GUARDED_BY(workers_mu_);
   uint64_t next_incarnation_ ABSL_GUARDED_BY(workers_mu_) = 1;
 
   // Pinned hashes (the table entry holds the deadline too; this index keeps heartbeats O(pins)).
-  absl::Mutex pins_mu_;
+  Mutex pins_mu_;
   absl::flat_hash_map<Hash128, int64_t, hash::Hash128Hasher> pins_ ABSL_GUARDED_BY(pins_mu_);
 
   std::atomic<int64_t> resolves_{0};

@@ -24,7 +24,7 @@ absl::Status UnknownChunk(const Hash128& h) {
 
 std::vector<ChunkHolder> Registry::HolderIds(const HolderList& holders) {
   std::vector<ChunkHolder> out;
-  absl::ReaderMutexLock lock(&workers_mu_);
+  MutexLock<Mutex> lock(&workers_mu_);
   for (const Holder& h : holders) {
     auto it = by_incarnation_.find(h.worker);
     if (it != by_incarnation_.end()) out.push_back({it->second->info.worker_id, h.held_tokens});
@@ -107,7 +107,7 @@ absl::StatusOr<int64_t> Registry::PinChunk(const Hash128& hash, int64_t ttl_s,
   }
   const int64_t now = clock_->NowMs();
   const int64_t until = now + ttl_s * 1000;
-  absl::MutexLock lock(&pins_mu_);
+  MutexLock<Mutex> lock(&pins_mu_);
   if (!pins_.contains(hash) && static_cast<int64_t>(pins_.size()) >= options_.max_pinned_chunks) {
     absl::erase_if(pins_, [&](const auto& kv) { return kv.second <= now; });
     if (static_cast<int64_t>(pins_.size()) >= options_.max_pinned_chunks) {
@@ -126,7 +126,7 @@ absl::StatusOr<int64_t> Registry::PinChunk(const Hash128& hash, int64_t ttl_s,
 }
 
 absl::Status Registry::UnpinChunk(const Hash128& hash) {
-  absl::MutexLock lock(&pins_mu_);
+  MutexLock<Mutex> lock(&pins_mu_);
   bool was_pinned = pins_.erase(hash) > 0;
   if (!chunks_.SetPin(hash, 0, nullptr, clock_->NowMs()) && !was_pinned) {
     return UnknownChunk(hash);
@@ -137,13 +137,13 @@ absl::Status Registry::UnpinChunk(const Hash128& hash) {
 absl::StatusOr<int> Registry::EvictChunk(const Hash128& hash) {
   std::optional<HolderList> holders = chunks_.Erase(hash);
   {
-    absl::MutexLock lock(&pins_mu_);
+    MutexLock<Mutex> lock(&pins_mu_);
     pins_.erase(hash);
   }
   if (!holders.has_value()) return UnknownChunk(hash);
   std::vector<std::shared_ptr<Worker>> told;
   {
-    absl::MutexLock lock(&workers_mu_);
+    MutexLock<Mutex> lock(&workers_mu_);
     for (const Holder& h : *holders) {
       auto it = by_incarnation_.find(h.worker);
       if (it == by_incarnation_.end()) continue;
@@ -155,7 +155,7 @@ absl::StatusOr<int> Registry::EvictChunk(const Hash128& hash) {
     }
   }
   for (const auto& w : told) {
-    absl::MutexLock lock(&w->mu);
+    MutexLock<Mutex> lock(&w->mu);
     w->held.erase(hash);
   }
   return static_cast<int>(told.size());
@@ -166,7 +166,7 @@ std::vector<WorkerRecord> Registry::ListWorkers() {
   std::vector<std::shared_ptr<Worker>> live;
   std::vector<WorkerRecord> out;
   {
-    absl::ReaderMutexLock lock(&workers_mu_);
+    MutexLock<Mutex> lock(&workers_mu_);
     for (const auto& [id, w] : workers_) {
       if (w->lease_expires_ms <= now) continue;
       live.push_back(w);
@@ -174,7 +174,7 @@ std::vector<WorkerRecord> Registry::ListWorkers() {
     }
   }
   for (size_t i = 0; i < live.size(); ++i) {
-    absl::MutexLock lock(&live[i]->mu);
+    MutexLock<Mutex> lock(&live[i]->mu);
     out[i].chunks = static_cast<int64_t>(live[i]->held.size());
     out[i].applied_seq = live[i]->applied_seq;
   }
@@ -189,7 +189,7 @@ RegistryStats Registry::GetStats() {
   RegistryStats s;
   s.chunks = chunks_.size();
   {
-    absl::ReaderMutexLock lock(&workers_mu_);
+    MutexLock<Mutex> lock(&workers_mu_);
     for (const auto& [id, w] : workers_) s.workers += w->lease_expires_ms > now ? 1 : 0;
   }
   s.resolves = resolves_.load(std::memory_order_relaxed);
@@ -198,7 +198,7 @@ RegistryStats Registry::GetStats() {
   s.resyncs_requested = resyncs_requested_.load(std::memory_order_relaxed);
   s.leases_expired = leases_expired_.load(std::memory_order_relaxed);
   {
-    absl::MutexLock lock(&pins_mu_);
+    MutexLock<Mutex> lock(&pins_mu_);
     for (const auto& [h, until] : pins_) s.pinned_chunks += until > now ? 1 : 0;
   }
   return s;

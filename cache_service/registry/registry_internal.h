@@ -10,7 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "cache_service/registry/mutex.h"
 #include "cache_service/registry/registry.h"
 
 namespace cascade::registry {
@@ -26,7 +26,7 @@ struct Registry::Worker {
   std::vector<Hash128> pending_evict;  // admin evictions not yet sent in a heartbeat
 
   // Serializes this worker's batches, so sequence numbers apply in order.
-  absl::Mutex mu;
+  Mutex mu;
   uint64_t applied_seq ABSL_GUARDED_BY(mu) = 0;
   bool resync_pending ABSL_GUARDED_BY(mu) = false;
   bool dropped ABSL_GUARDED_BY(mu) = false;  // no more residency may be added
