@@ -69,11 +69,13 @@ if [ -n "${CASCADE_SUBDIRS:-}" ]; then
           rm "$SRC/$path"
           inert "$ROOT/$path" "$SRC/$path"
         fi
-        ln -sfn "$ROOT/$path/CMakeLists.txt" "$SRC/$path/CMakeLists.txt"
-        for c in "$ROOT/$path"/*/; do  # siblings not listed must not be added
-          c=$(basename "$c")
-          [ -L "$SRC/$path/$c" ] && { rm "$SRC/$path/$c"; inert "$ROOT/$path/$c" "$SRC/$path/$c"; }
-        done
+        if [ ! -L "$SRC/$path/CMakeLists.txt" ]; then  # first visit: make it live
+          ln -sfn "$ROOT/$path/CMakeLists.txt" "$SRC/$path/CMakeLists.txt"
+          for c in "$ROOT/$path"/*/; do  # children not listed must not be added
+            c=$(basename "$c")
+            if [ -L "$SRC/$path/$c" ]; then rm "$SRC/$path/$c"; inert "$ROOT/$path/$c" "$SRC/$path/$c"; fi
+          done
+        fi
       fi
     done
   done

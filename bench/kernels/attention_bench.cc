@@ -1,7 +1,7 @@
 // Kernel benchmark: decode and cascade attention against the bytes floor (K/V bytes that must be
 // read / measured device copy bandwidth), shared-prefix decode with cascade on vs off, and
 // prefill attention in TFLOP/s. Prints one table; see bench/kernels/RESULTS.md.
-//   cuda_attention_bench [--quick]
+//   cuda_attention_bench [--quick | --cascade-only]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -128,7 +128,7 @@ double TimeAttention(const std::vector<int>& q_len, const std::vector<int>& ctx,
   return TimeMs([&](int i) { CHECK_OK(Attention(sets[i % rot].args, sets[i % rot].view, nullptr)); });
 }
 
-int Main(bool quick) {
+int Main(bool quick, bool cascade_only) {
   auto name = DeviceName(0);
   CHECK_OK(name.status());
   // Copy bandwidth: 1 GiB device-to-device, bytes read + written.
@@ -164,6 +164,7 @@ int Main(bool quick) {
   AttentionPlan plan;
   // Decode, distinct sequences.
   for (int ctx : {1024, 4096}) {
+    if (cascade_only) break;
     for (int batch : {1, 16, 64, 256}) {
       if (quick && batch > 64) continue;
       const int64_t blocks = static_cast<int64_t>(batch) * ctx / kBs;
@@ -178,6 +179,7 @@ int Main(bool quick) {
   // Shared prefix: B requests, prefix P shared, own suffix S. Floor counts the prefix once.
   std::printf("\n");
   for (int batch : {16, 64}) {
+    if (cascade_only && batch != 64) continue;
     const int P = 4096, S = 128;
     const int ctx = P + S;
     const int64_t blocks = P / kBs + static_cast<int64_t>(batch) * (S / kBs + 1);
@@ -190,6 +192,7 @@ int Main(bool quick) {
     }
   }
   // Prefill: one sequence of N tokens from position 0 (causal), TFLOP/s.
+  if (cascade_only) return 0;
   std::printf("\n%-34s %9s %10s\n", "prefill (causal, 1 seq)", "time_us", "TFLOP/s");
   for (int n : {512, 2048, 4096}) {
     const int64_t blocks = n / kBs;
@@ -209,5 +212,6 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device; nothing to benchmark\n");
     return 0;
   }
-  return cascade::cuda::Main(argc > 1 && std::strcmp(argv[1], "--quick") == 0);
+  const std::string flag = argc > 1 ? argv[1] : "";
+  return cascade::cuda::Main(flag == "--quick", flag == "--cascade-only");
 }

@@ -239,12 +239,19 @@ __global__ void __launch_bounds__(kThreads) MergeKernel(AttentionArgs a, const i
   float o[E], lse = -INFINITY;
 #pragma unroll
   for (int e = 0; e < E; ++e) o[e] = 0.f;
-  for (int t = 0; t < tiles; ++t) {
-    const int64_t slot = static_cast<int64_t>(base + t) * hq + qh;
-    float ob[E];
+  // Loads run kBatch tiles ahead of the (strictly sequential) merges.
+  constexpr int kBatch = 8;
+  for (int t0 = 0; t0 < tiles; t0 += kBatch) {
+    float ob[kBatch][E], lb[kBatch];
 #pragma unroll
-    for (int e = 0; e < E; ++e) ob[e] = a.partial_o[slot * D + lane * E + e];
-    MergeState<E>(lse, o, a.partial_lse[slot], ob);
+    for (int i = 0; i < kBatch; ++i) {
+      const int64_t slot = static_cast<int64_t>(base + t0 + i) * hq + qh;
+      lb[i] = t0 + i < tiles ? a.partial_lse[slot] : -INFINITY;
+#pragma unroll
+      for (int e = 0; e < E; ++e) ob[i][e] = t0 + i < tiles ? a.partial_o[slot * D + lane * E + e] : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) MergeState<E>(lse, o, lb[i], ob[i]);
   }
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out) + static_cast<int64_t>(row) * hq * D;
 #pragma unroll
