@@ -209,6 +209,11 @@ absl::StatusOr<HeartbeatResult> Registry::Heartbeat(std::string_view worker_id,
   out.registry_epoch = epoch_;
   {
     MutexLock<Mutex> lock(&workers_mu_);
+    auto it = workers_.find(internal::AV(worker_id));
+    if (it == workers_.end() || it->second.get() != &w) {
+      // Expired (swept) or replaced by a re-registration since the lookup above.
+      return UnknownWorker(worker_id, "lease expired");
+    }
     w.lease_expires_ms = now + options_.lease_ms;
     w.load = load;
     out.evict_hashes.swap(w.pending_evict);
