@@ -1,0 +1,91 @@
+// A whole Cascade deployment on this machine, as child processes of the caller: one
+// cascade-registry, N cascade-worker, one cascade-gateway, started in that order (each waits
+// for the previous one's ready line, whose real port it needs) and stopped in reverse.
+// What `cascade up`, `cascade demo` and the CLI's integration test run.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "services/cli/child_process.h"
+
+namespace cascade::cli {
+
+struct StackOptions {
+  std::string bin_dir;    // where the server binaries are; empty: this executable's directory
+  std::string model_dir;  // REQUIRED: an existing model directory (see EnsureModel)
+  std::string host = "127.0.0.1";  // the gateway's listen host (the others use 127.0.0.1)
+  int port = 0;                    // gateway port; 0: a free one
+  int workers = 1;
+  std::string backend = "auto";  // cpu | cuda | auto
+  int64_t kv_cache_bytes = 0;    // per worker; 0: the worker's default
+  int worker_threads = 0;        // CPU backend threads per worker; 0: cores / workers
+  int registry_port = 0;         // 0: a free one
+  int worker_base_port = 0;      // > 0: worker i listens on base + i; 0: free ports
+  std::string log_dir;           // children's logs; empty: a new /tmp/cascade-XXXXXX
+  absl::Duration ready_timeout = absl::Seconds(120);
+  absl::Duration stop_grace = absl::Seconds(15);  // per child, before SIGKILL
+};
+
+struct StackMember {
+  std::string name;     // "cascade-registry", "worker-0", "cascade-gateway"
+  std::string address;  // what a local client dials: 127.0.0.1:PORT
+};
+
+// Not thread-safe. REQUIRES: Start() and Stop() on the main thread (see ChildProcess).
+class LocalStack {
+ public:
+  // Starts every child or none: on an error the ones already started are stopped. Progress
+  // lines go to `progress` (may be null).
+  static absl::StatusOr<std::unique_ptr<LocalStack>> Start(const StackOptions& options,
+                                                           std::ostream* progress);
+  // Stops what still runs.
+  ~LocalStack();
+
+  // Gateway, then workers, then registry: SIGTERM, wait up to stop_grace, SIGKILL.
+  void Stop(std::ostream* progress);
+  // The first child that is no longer running, described with its log's tail; nullopt if all run.
+  std::optional<std::string> FindDeadChild();
+
+  const StackMember& registry() const { return registry_; }
+  const std::vector<StackMember>& workers() const { return workers_; }
+  const StackMember& gateway() const { return gateway_; }
+  int gateway_port() const { return PortOf(gateway_.address); }
+  const std::string& log_dir() const { return log_dir_; }
+
+ private:
+  LocalStack() = default;
+  absl::StatusOr<std::string> StartChild(const std::string& binary, const std::string& log_name,
+                                         std::vector<std::string> args, std::ostream* progress);
+
+  StackOptions options_;
+  std::string log_dir_;
+  StackMember registry_;
+  std::vector<StackMember> workers_;
+  StackMember gateway_;
+  std::vector<std::unique_ptr<ChildProcess>> children_;  // in start order
+};
+
+// The directory of the running executable (/proc/self/exe).
+absl::StatusOr<std::string> SelfBinaryDir();
+// Where `up`/`demo` keep a generated model: <bin_dir>/../models/<preset> (build/models/tiny).
+std::string DefaultModelDir(const std::string& bin_dir, const std::string& preset);
+// True when `dir` holds a config.json.
+bool ModelExists(const std::string& dir);
+// Generates the preset into `dir` (random weights, seed 0) unless a model is there already.
+// Progress (what and where, and how long it took) goes to `progress` (may be null).
+absl::Status EnsureModel(const std::string& dir, const std::string& preset,
+                         std::ostream* progress);
+// The model directory `up`/`demo` serve: `model_dir`, or DefaultModelDir() of this executable
+// when empty; generated from `preset` when it has no model yet. Returns the absolute path.
+absl::StatusOr<std::string> PrepareModel(const std::string& model_dir, const std::string& preset,
+                                         std::ostream* progress);
+
+}  // namespace cascade::cli

@@ -1,0 +1,130 @@
+// `cascade up`: runs registry, workers and gateway as child processes until SIGINT/SIGTERM, and
+// prints what to paste to talk to them.
+#include <signal.h>
+
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "services/cli/cli.h"
+#include "services/cli/command_util.h"
+#include "services/cli/local_stack.h"
+
+namespace cascade::cli {
+namespace {
+
+// Blocks SIGINT and SIGTERM in this thread, and so in every thread it starts later, so they can
+// be taken with sigtimedwait(); restores the previous mask when destroyed.
+class BlockStopSignals {
+ public:
+  BlockStopSignals() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, &old_);
+  }
+  ~BlockStopSignals() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  // The signal that arrived within `timeout_ms`, or 0.
+  int Wait(int timeout_ms) {
+    timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+    int sig = sigtimedwait(&set_, nullptr, &ts);
+    return sig > 0 ? sig : 0;
+  }
+
+ private:
+  sigset_t set_;
+  sigset_t old_;
+};
+
+void PrintExamples(const LocalStack& stack, std::ostream& out) {
+  const int port = stack.gateway_port();
+  out << "\nCascade is up.\n"
+      << "  gateway   " << stack.gateway().address << "  (cascade.v1.Gateway)\n"
+      << "  registry  " << stack.registry().address << "\n";
+  for (const StackMember& w : stack.workers()) {
+    out << "  " << w.name << "  " << w.address << "\n";
+  }
+  out << "  logs      " << stack.log_dir() << "/\n\n"
+      << "Try:\n"
+      << "  grpcurl -plaintext localhost:" << port << " list\n"
+      << "  grpcurl -plaintext localhost:" << port << " grpc.health.v1.Health/Check\n"
+      << "  grpcurl -plaintext -d '{\"chunks\": ["
+      << "{\"kind\": \"CHUNK_KIND_SYSTEM\", \"text\": \"You are a concise assistant.\"}, "
+      << "{\"kind\": \"CHUNK_KIND_QUERY\", \"text\": \"What does a prefix cache save?\"}], "
+      << "\"sampling\": {\"max_tokens\": 32, \"temperature\": 0}}' localhost:" << port
+      << " cascade.v1.Gateway/Generate\n"
+      << "  cascade generate --gateway localhost:" << port
+      << " --system 'You are a concise assistant.' --query 'What does a prefix cache save?'"
+         " --max_tokens 32 --temperature 0\n"
+      << "  cascade demo   (its own stack on free ports)\n\n"
+      << "Ctrl-C stops everything." << std::endl;
+}
+
+}  // namespace
+
+int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  StackOptions options;
+  options.port = 50051;
+  std::string model_dir, preset = "tiny";
+  common::FlagSet flags(
+      "cascade up",
+      "Starts a local Cascade stack as child processes (cascade-registry, cascade-worker x N, "
+      "cascade-gateway, from this binary's directory), prints the addresses and grpcurl "
+      "examples, and runs until Ctrl-C or SIGTERM, then stops the children gracefully.");
+  flags.AddInt("port", &options.port, "gateway port; 0: a free one");
+  flags.AddString("host", &options.host, "gateway listen address (0.0.0.0 to accept remote "
+                  "clients)");
+  flags.AddInt("workers", &options.workers, "number of cascade-worker processes");
+  flags.AddString("model_dir", &model_dir,
+                  "model to serve; empty: <build>/models/<preset>, generated when absent");
+  flags.AddString("preset", &preset, "preset to generate when the model directory is empty "
+                  "(tiny | qwen3-0.6b | llama-tiny)");
+  flags.AddString("backend", &options.backend, "worker backend: cpu | cuda | auto");
+  flags.AddInt64("kv_cache_bytes", &options.kv_cache_bytes,
+                 "KV cache budget per worker; 0: the worker's default");
+  flags.AddInt("worker_threads", &options.worker_threads,
+               "CPU backend threads per worker; 0: cores / workers");
+  flags.AddInt("registry_port", &options.registry_port, "registry port; 0: a free one");
+  flags.AddInt("worker_base_port", &options.worker_base_port,
+               "worker i listens on this + i; 0: free ports");
+  flags.AddString("log_dir", &options.log_dir, "children's logs; empty: a new /tmp/cascade-*");
+  flags.AddDuration("ready_timeout", &options.ready_timeout,
+                    "how long each child may take to print its ready line");
+  if (std::optional<int> code = ParseCommandFlags(flags, args, out, err)) return *code;
+  if (options.workers < 1 || options.workers > 64) {
+    err << "cascade up: --workers must be in [1, 64]\n";
+    return kExitUsage;
+  }
+
+  // Before any thread exists (child readers, gRPC), so that all of them inherit the mask.
+  BlockStopSignals signals;
+  absl::StatusOr<std::string> model = PrepareModel(model_dir, preset, &err);
+  if (!model.ok()) {
+    err << "cascade up: " << model.status().message() << "\n";
+    return kExitFailed;
+  }
+  options.model_dir = *model;
+  absl::StatusOr<std::unique_ptr<LocalStack>> stack = LocalStack::Start(options, &err);
+  if (!stack.ok()) {
+    err << "cascade up: " << stack.status().message() << "\n";
+    return kExitFailed;
+  }
+  PrintExamples(**stack, out);
+
+  int code = kExitOk;
+  while (true) {
+    if (int sig = signals.Wait(500); sig != 0) {
+      err << "\ncascade up: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping"
+          << std::endl;
+      break;
+    }
+    if (std::optional<std::string> dead = (*stack)->FindDeadChild()) {
+      err << "cascade up: " << *dead << "cascade up: stopping the rest" << std::endl;
+      code = kExitFailed;
+      break;
+    }
+  }
+  (*stack)->Stop(&err);
+  return code;
+}
+
+}  // namespace cascade::cli

@@ -1,0 +1,132 @@
+// `cascade up`'s process handling against the real binaries: registry, a worker and the gateway
+// start as child processes on free ports, one Generate through the gateway streams a start,
+// deltas and a finish; and a child that dies before its ready line is reported with its log.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <string>
+
+#include "gpu_worker/model/generator.h"
+#include "services/cli/child_process.h"
+#include "services/cli/gateway_client.h"
+#include "services/cli/local_stack.h"
+
+namespace cascade::cli {
+namespace {
+namespace fs = std::filesystem;
+
+std::string BinDir() {
+  const char* dir = std::getenv("CASCADE_BINARY_DIR");
+  return dir == nullptr ? "" : std::string(dir) + "/bin";
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "cascade_stack_test-XXXXXX").string();
+    path_ = mkdtemp(tmpl.data()) ? tmpl : "";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TEST(LocalStackTest, ChildThatExitsBeforeItsReadyLineIsReportedWithItsLog) {
+  ASSERT_FALSE(BinDir().empty()) << "run through ctest (it sets CASCADE_BINARY_DIR)";
+  TempDir dir;
+  ChildSpec spec{"cascade-registry", BinDir() + "/cascade-registry", {"--no_such_flag=1"},
+                 dir.path() + "/registry.log"};
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Spawn(spec);
+  ASSERT_TRUE(child.ok()) << child.status();
+  absl::StatusOr<std::string> ready = (*child)->WaitReady(absl::Seconds(10));
+  ASSERT_FALSE(ready.ok());
+  EXPECT_EQ(ready.status().code(), absl::StatusCode::kUnavailable) << ready.status();
+  EXPECT_NE(ready.status().message().find("exited with code 2"), std::string::npos)
+      << ready.status();
+  EXPECT_NE(ready.status().message().find("no_such_flag"), std::string::npos) << ready.status();
+
+  spec.path = BinDir() + "/no-such-binary";
+  EXPECT_EQ(ChildProcess::Spawn(spec).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(LocalStackTest, StackOfRealBinariesServesAGenerateStreamAndStops) {
+  ASSERT_FALSE(BinDir().empty()) << "run through ctest (it sets CASCADE_BINARY_DIR)";
+  for (const char* binary : {"cascade-registry", "cascade-worker"}) {
+    ASSERT_TRUE(fs::exists(BinDir() + "/" + binary)) << binary << " not built in " << BinDir();
+  }
+  if (!fs::exists(BinDir() + "/cascade-gateway")) {
+    GTEST_SKIP() << "cascade-gateway is not built in " << BinDir()
+                 << " (services/gateway/ not there yet): nothing to send Generate through";
+  }
+  const std::string tokenizer_dir = model::DefaultTokenizerDir();
+  ASSERT_TRUE(fs::exists(tokenizer_dir + "/tokenizer.json"))
+      << "no tokenizer at " << tokenizer_dir << ": run scripts/setup.sh";
+  TempDir dir;
+  std::ostringstream progress;
+  StackOptions options;
+  options.bin_dir = BinDir();
+  options.model_dir = dir.path() + "/tiny";
+  ASSERT_TRUE(EnsureModel(options.model_dir, "tiny", &progress).ok()) << progress.str();
+  options.log_dir = dir.path() + "/logs";
+  options.backend = "cpu";
+  options.workers = 1;
+  options.worker_threads = 1;
+  options.ready_timeout = absl::Seconds(30);
+  options.stop_grace = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<LocalStack>> stack = LocalStack::Start(options, &progress);
+  ASSERT_TRUE(stack.ok()) << stack.status() << "\n" << progress.str();
+  EXPECT_GT((*stack)->gateway_port(), 0);
+  EXPECT_GT(PortOf((*stack)->registry().address), 0);
+  ASSERT_EQ((*stack)->workers().size(), 1u);
+
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = Dial((*stack)->gateway().address);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  std::unique_ptr<v1::Gateway::Stub> stub = v1::Gateway::NewStub(*channel);
+  v1::GenerateRequest request;
+  v1::Chunk* system = request.add_chunks();
+  system->set_kind(v1::CHUNK_KIND_SYSTEM);
+  system->set_text("You are a test.");
+  v1::Chunk* query = request.add_chunks();
+  query->set_kind(v1::CHUNK_KIND_QUERY);
+  query->set_text("Say something.");
+  request.mutable_sampling()->set_temperature(0);
+  request.mutable_sampling()->set_max_tokens(6);
+  request.mutable_sampling()->set_ignore_eos(true);
+  std::vector<v1::GenerateResponse::EventCase> order;
+  absl::StatusOr<GenerateResult> result =
+      RunGenerate(*stub, request, CallOptions{absl::Seconds(30), ""},
+                  [&](const v1::GenerateResponse& msg) { order.push_back(msg.event_case()); });
+  ASSERT_TRUE(result.ok()) << result.status() << "\nlogs in " << (*stack)->log_dir();
+  ASSERT_GE(order.size(), 3u);
+  EXPECT_EQ(order.front(), v1::GenerateResponse::kStart);
+  EXPECT_EQ(order.back(), v1::GenerateResponse::kFinish);
+  EXPECT_GT(result->deltas, 0);
+  EXPECT_EQ(result->start.worker_id(), "worker-0");
+  EXPECT_GT(result->start.prompt_tokens(), 0);
+  EXPECT_EQ(result->token_ids.size(), 6u);
+  EXPECT_EQ(result->finish.usage().completion_tokens(), 6);
+  EXPECT_EQ(result->finish.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_GE(result->ttft_ms, 0);
+
+  absl::StatusOr<v1::WorkerStats> stats =
+      GetWorkerStats((*stack)->workers()[0].address, absl::Seconds(5));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->generation_tokens(), 6);
+
+  EXPECT_EQ((*stack)->FindDeadChild(), std::nullopt);
+  (*stack)->Stop(&progress);
+  EXPECT_NE(progress.str().find("gateway exited with code 0"), std::string::npos)
+      << progress.str();
+}
+
+}  // namespace
+}  // namespace cascade::cli
