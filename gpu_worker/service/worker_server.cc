@@ -1,6 +1,10 @@
 // Worker process assembly; see worker_server.h.
 #include "gpu_worker/service/worker_server.h"
 
+#include <unistd.h>
+
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/backend/cpu/cpu_backend.h"
 #include "gpu_worker/service/registry_agent.h"
@@ -8,6 +12,7 @@
 #include "services/common/log.h"
 #ifdef CASCADE_HAVE_CUDA
 #include "gpu_worker/backend/cuda/cuda_backend.h"
+#include "gpu_worker/backend/cuda/device.h"
 #endif
 
 namespace cascade::worker {
@@ -47,10 +52,11 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     blocks = std::max<int64_t>(1, config.kv_cache_bytes / (per_token * config.block_size));
   }
 #ifdef CASCADE_HAVE_CUDA
-  if (kind == "cuda" || (kind == "auto" && cuda::CudaDeviceCount() > 0)) {
+  if (kind == "cuda" || (kind == "auto" && cuda::DeviceCount() > 0)) {
     cuda::CudaBackendOptions o;
-    o.num_blocks = blocks;
+    o.num_blocks = config.kv_blocks;  // 0: the CUDA backend sizes the cache from free memory
     o.block_size = config.block_size;
+    o.max_num_tokens = std::max(config.max_batched_tokens, 256);
     auto b = cuda::NewCudaBackend(model, o);
     if (!b.ok()) return b.status();
     return std::move(*b);
@@ -101,7 +107,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   // The worker id needs the bound port when not given, so the service is created after Start;
   // gRPC needs services before Start, so bind the id to the configured port when it is fixed.
   std::string id = config.worker_id;
-  if (id.empty()) id = absl::StrCat("worker-", config.server.port == 0 ? getpid() : config.server.port);
+  if (id.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    static std::atomic<int> counter{0};
+    id = config.server.port != 0 ? absl::StrCat(host, ":", config.server.port)
+                                 : absl::StrCat(host, "-", getpid(), "-", counter++);
+  }
   w->worker_id_ = id;
   w->service_ = std::make_unique<WorkerService>(id, w->loop_.get());
   runner->AddService({w->service_.get(), cascade::v1::Worker::service_full_name()});

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache_service/hash/chunk_hash.h"
+#include "gpu_worker/service/sampling_wire.h"
 
 namespace cascade::worker {
 namespace {
@@ -216,17 +217,7 @@ absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
           placed[i].hash.ToHex(), " (gateway and worker disagree on model, salt or tokens)"));
     }
   }
-  const auto& s = r.sampling();
-  req.sampling.temperature = s.temperature();
-  req.sampling.top_p = s.top_p() == 0.0f ? 1.0f : s.top_p();
-  req.sampling.top_k = s.top_k();
-  req.sampling.min_p = s.min_p();
-  req.sampling.repetition_penalty = s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty();
-  req.sampling.max_tokens = s.max_tokens() == 0 ? 16 : s.max_tokens();
-  req.sampling.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
-  req.sampling.ignore_eos = s.ignore_eos();
-  req.sampling.logprobs = s.logprobs();
-  if (s.has_seed()) req.sampling.seed = s.seed();
+  req.sampling = SamplingFromProto(r.sampling(), 16);
   req.pin_ttl_ms = std::max<int64_t>(0, r.pin_ttl_seconds()) * 1000;
   return req;
 }

@@ -1,0 +1,52 @@
+// The gateway's Prometheus metrics, named as a vLLM user expects (cascade: prefix).
+#pragma once
+
+#include "services/common/metrics.h"
+
+namespace cascade::gateway {
+
+struct TurnMetrics {
+  explicit TurnMetrics(common::MetricsRegistry& r)
+      : running(r.GetGauge("cascade:num_requests_running", "Generate streams and chat turns in flight.")),
+        ttft(r.GetHistogram("cascade:time_to_first_token_seconds", "Time to first token.",
+                            common::DefaultLatencyBuckets())),
+        itl(r.GetHistogram("cascade:inter_token_latency_seconds", "Time between token messages.",
+                           common::DefaultLatencyBuckets())),
+        e2e(r.GetHistogram("cascade:e2e_request_latency_seconds", "Request latency.",
+                           common::DefaultLatencyBuckets())),
+        prompt_tokens(r.GetCounter("cascade:prompt_tokens_total", "Prompt tokens processed.")),
+        generation_tokens(r.GetCounter("cascade:generation_tokens_total", "Tokens generated.")),
+        prefix_queries(r.GetCounter("cascade:prefix_cache_queries_total",
+                                    "Prompt tokens looked up in workers' prefix caches.")),
+        prefix_hits(r.GetCounter("cascade:prefix_cache_hits_total",
+                                 "Prompt tokens served from workers' prefix caches.")),
+        failovers(r.GetCounter("cascade:worker_failovers_total",
+                               "Requests retried on another worker before their first token.")),
+        rejected(r.GetCounter("cascade:requests_rejected_total",
+                              "Requests refused by admission control.")),
+        registry_errors(r.GetCounter("cascade:registry_errors_total",
+                                     "Resolve calls that failed (load-only routing used).")),
+        registry_(r) {}
+
+  common::Counter* Finished(const std::string& reason) {
+    return registry_.GetCounter("cascade:request_success_total", "Finished requests by reason.",
+                                {{"finished_reason", reason}});
+  }
+
+  common::Gauge* running;
+  common::Histogram* ttft;
+  common::Histogram* itl;
+  common::Histogram* e2e;
+  common::Counter* prompt_tokens;
+  common::Counter* generation_tokens;
+  common::Counter* prefix_queries;
+  common::Counter* prefix_hits;
+  common::Counter* failovers;
+  common::Counter* rejected;
+  common::Counter* registry_errors;
+
+ private:
+  common::MetricsRegistry& registry_;
+};
+
+}  // namespace cascade::gateway

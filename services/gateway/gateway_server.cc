@@ -1,0 +1,104 @@
+// Gateway process assembly; see gateway_server.h.
+#include "services/gateway/gateway_server.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "cache_service/client/grpc_registry_client.h"
+#include "gpu_worker/model/config.h"
+#include "services/common/log.h"
+#include "services/common/transport.h"
+
+namespace cascade::gateway {
+
+void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
+  GatewayOptions& g = c->gateway;
+  f->AddString("model_dir", &c->model_dir, "model directory (tokenizer and config; required)");
+  f->AddString("model_name", &g.limits.model_name, "model name clients use; default: the directory's name");
+  f->AddString("registry", &c->registry_address, "chunk registry host:port; empty: none");
+  f->AddString("workers", &c->workers, "comma-separated worker addresses, used when the registry is away");
+  f->AddInt("max_concurrent", &g.max_concurrent, "open streams at most; beyond: RESOURCE_EXHAUSTED");
+  f->AddInt64("max_prompt_bytes", &g.limits.max_prompt_bytes, "prompt text bytes per request at most");
+  f->AddInt64("max_context", &g.limits.max_context, "prompt + max_tokens at most; 0: the model's");
+  f->AddInt("default_max_tokens", &g.limits.default_max_tokens, "max_tokens when a request sets none");
+  f->AddInt("max_attempts", &g.max_attempts, "workers tried before the first token");
+  f->AddDuration("request_timeout", &g.request_timeout, "deadline for requests that set none");
+  f->AddDouble("route_prefill_weight", &g.weights.prefill, "routing cost per uncached prompt token");
+  f->AddDouble("route_load_weight", &g.weights.load, "routing cost per running or queued sequence");
+  f->AddDouble("route_kv_weight", &g.weights.kv, "routing cost times used-KV fraction squared");
+  f->AddInt("route_max_waiting", &g.weights.max_waiting, "queued requests that mark a worker overloaded");
+  f->AddString("auth_token", &g.auth_token, "require 'authorization: Bearer <token>' on public RPCs");
+  f->AddString("auth_token_file", &c->auth_token_file, "read the bearer token from this file");
+}
+
+absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const GatewayConfig& config) {
+  if (config.model_dir.empty()) {
+    return absl::InvalidArgumentError("--model_dir is required (the model's tokenizer and config)");
+  }
+  std::unique_ptr<GatewayServer> g(new GatewayServer());
+  GatewayOptions opts = config.gateway;
+  auto tok = tokenizer::Tokenizer::Load(config.model_dir);
+  if (!tok.ok()) return tok.status();
+  g->tokenizer_ = std::move(*tok);
+  auto mc = model::LoadModelConfig(config.model_dir);
+  if (!mc.ok()) return mc.status();
+  if (opts.limits.model_name.empty()) {
+    opts.limits.model_name = std::filesystem::path(config.model_dir).lexically_normal().filename().string();
+    if (opts.limits.model_name.empty()) {
+      opts.limits.model_name = std::filesystem::path(config.model_dir).parent_path().filename().string();
+    }
+  }
+  if (opts.limits.max_context <= 0 || opts.limits.max_context == 4096) {
+    opts.limits.max_context = mc->max_position_embeddings;
+  }
+  if (!config.auth_token_file.empty()) {
+    auto t = common::ReadFileToString(config.auth_token_file);
+    if (!t.ok()) return t.status();
+    opts.auth_token = std::string(absl::StripAsciiWhitespace(*t));
+  }
+  if (!config.registry_address.empty()) {
+    common::ClientChannelOptions co;
+    co.tls = config.registry_tls;
+    auto ch = common::MakeChannel(config.registry_address, co);
+    if (!ch.ok()) return ch.status();
+    g->registry_ = registry::NewGrpcRegistryClient(*ch);
+  }
+  std::vector<std::string> statics;
+  for (absl::string_view w : absl::StrSplit(config.workers, ',', absl::SkipWhitespace())) {
+    statics.emplace_back(w);
+  }
+  if (!g->registry_ && statics.empty()) {
+    return absl::InvalidArgumentError("give --registry, --workers, or both");
+  }
+  common::ClientChannelOptions wo;
+  wo.tls = config.worker_tls;
+  g->pool_ = std::make_unique<WorkerPool>(wo, statics);
+  g->metrics_ = std::make_unique<TurnMetrics>(config.server.metrics ? *config.server.metrics
+                                                                    : common::MetricsRegistry::Default());
+  g->service_ = std::make_unique<GatewayService>(opts, g->tokenizer_.get(), g->registry_.get(),
+                                                 g->pool_.get(), g->metrics_.get());
+  g->runner_ = std::make_unique<common::ServerRunner>(config.server);
+  g->runner_->AddService({g->service_.get(), cascade::v1::Gateway::service_full_name()});
+  g->drain_ = config.server.drain_timeout;
+  if (absl::Status s = g->runner_->Start(); !s.ok()) return s;
+  common::LogInfo("gateway_started", {{"model", opts.limits.model_name},
+                                      {"max_context", opts.limits.max_context},
+                                      {"registry", config.registry_address},
+                                      {"static_workers", static_cast<long>(statics.size())}});
+  return g;
+}
+
+GatewayServer::~GatewayServer() { Shutdown(absl::Seconds(5)); }
+
+void GatewayServer::Wait() {
+  runner_->Wait();
+  Shutdown(drain_);
+}
+
+void GatewayServer::Shutdown(absl::Duration drain) {
+  if (runner_) runner_->Shutdown(drain);
+}
+
+}  // namespace cascade::gateway

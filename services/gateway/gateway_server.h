@@ -1,0 +1,53 @@
+// A whole gateway process in one object: tokenizer and model limits from the model directory,
+// registry client, worker pool, the Gateway service on the common server plumbing.
+// `cascade-gateway` is a thin main over this; integration tests start it in-process.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cache_service/client/registry_client.h"
+#include "services/common/flags.h"
+#include "services/common/server_runner.h"
+#include "services/gateway/gateway_service.h"
+
+namespace cascade::gateway {
+
+struct GatewayConfig {
+  common::ServerOptions server;
+  GatewayOptions gateway;
+  std::string model_dir;         // tokenizer.json, tokenizer_config.json, config.json
+  std::string registry_address;  // empty: no registry (load-only routing over --workers)
+  std::string workers;           // comma-separated static worker addresses (fallback)
+  std::string auth_token_file;
+  common::ClientTlsOptions registry_tls;
+  common::ClientTlsOptions worker_tls;
+};
+
+void RegisterGatewayFlags(common::FlagSet* flags, GatewayConfig* config);
+
+class GatewayServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<GatewayServer>> Start(const GatewayConfig& config);
+  ~GatewayServer();
+
+  int port() const { return runner_->port(); }
+  std::string address() const { return runner_->local_address(); }
+  common::ServerRunner& runner() { return *runner_; }
+  void Wait();
+  void Shutdown(absl::Duration drain);
+
+ private:
+  GatewayServer() = default;
+
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  std::unique_ptr<registry::RegistryClient> registry_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<TurnMetrics> metrics_;
+  std::unique_ptr<GatewayService> service_;
+  std::unique_ptr<common::ServerRunner> runner_;
+  absl::Duration drain_;
+};
+
+}  // namespace cascade::gateway

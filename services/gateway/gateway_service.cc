@@ -1,0 +1,165 @@
+// Gateway service: unary RPCs, routing and admission; the streaming reactors are in reactors.cc.
+#include "services/gateway/gateway_service.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "cache_service/hash/chunk_hash.h"
+#include "services/common/log.h"
+#include "services/gateway/turn.h"
+
+namespace cascade::gateway {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())),
+                      std::string(s.message()));
+}
+
+GatewayService::GatewayService(GatewayOptions options, const tokenizer::Tokenizer* tokenizer,
+                               registry::RegistryClient* registry, WorkerPool* pool,
+                               TurnMetrics* metrics)
+    : options_(std::move(options)), tokenizer_(tokenizer), registry_(registry), pool_(pool),
+      metrics_(metrics) {}
+
+grpc::Status GatewayService::CheckAuth(const grpc::CallbackServerContext* context) const {
+  if (options_.auth_token.empty()) return grpc::Status::OK;
+  const auto& md = context->client_metadata();
+  auto it = md.find("authorization");
+  const std::string want = "Bearer " + options_.auth_token;
+  if (it == md.end() || std::string_view(it->second.data(), it->second.size()) != want) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "missing or wrong bearer token: send metadata 'authorization: Bearer <token>'");
+  }
+  return grpc::Status::OK;
+}
+
+bool GatewayService::TryAdmit() {
+  if (inflight_.fetch_add(1) >= options_.max_concurrent) {
+    inflight_.fetch_sub(1);
+    metrics_->rejected->Increment();
+    return false;
+  }
+  return true;
+}
+
+void GatewayService::Release() { inflight_.fetch_sub(1); }
+
+std::string GatewayService::NewRequestId() {
+  static const uint64_t salt = std::random_device{}();
+  return absl::StrCat("req-", absl::Hex(salt & 0xffffff), "-", next_id_.fetch_add(1));
+}
+
+std::chrono::system_clock::time_point GatewayService::DeadlineFor(
+    const grpc::CallbackServerContext* c) const {
+  auto fallback = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.request_timeout);
+  auto d = c->deadline();
+  return d < fallback ? d : fallback;
+}
+
+std::vector<Scored> GatewayService::Route(const Prompt& prompt, const std::string& sticky) {
+  std::vector<Candidate> cands;
+  bool resolved = false;
+  if (registry_ != nullptr) {
+    std::vector<hash::ChunkSpec> specs;
+    for (const PromptChunk& c : prompt.chunks) specs.push_back({c.kind, c.tokens, c.cache_salt});
+    registry::ResolveInput in{options_.limits.model_name, prompt.cache_salt, specs};
+    auto r = registry_->Resolve(in);
+    if (r.ok()) {
+      resolved = true;
+      for (const registry::WorkerMatch& m : r->workers) {
+        Candidate c{m.worker_id, m.address, m.matched_tokens, m.load.running, m.load.waiting,
+                    m.load.free_kv_blocks, m.load.total_kv_blocks, pool_->Inflight(m.address)};
+        cands.push_back(c);
+      }
+      pool_->Remember(cands);
+    } else {
+      metrics_->registry_errors->Increment();
+      common::LogWarn("registry_resolve_failed", {{"error", r.status().ToString()},
+                                                  {"routing", "load-only"}});
+    }
+  }
+  if (!resolved || cands.empty()) cands = pool_->KnownWorkers();
+  std::vector<Scored> ranked = RankWorkers(cands, prompt.num_tokens, options_.weights);
+  if (!sticky.empty()) {
+    auto it = std::find_if(ranked.begin(), ranked.end(),
+                           [&](const Scored& s) { return s.candidate.address == sticky; });
+    // Stay with the session's worker (its prefix cache has the conversation) unless overloaded.
+    if (it != ranked.end() && it->candidate.waiting < options_.weights.max_waiting) {
+      std::rotate(ranked.begin(), it, it + 1);
+    }
+  }
+  return ranked;
+}
+
+grpc::ServerUnaryReactor* GatewayService::Tokenize(grpc::CallbackServerContext* context,
+                                                   const cascade::v1::TokenizeRequest* request,
+                                                   cascade::v1::TokenizeResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  grpc::Status auth = CheckAuth(context);
+  if (!auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
+  if (absl::Status s = CheckModel(request->model(), options_.limits); !s.ok()) {
+    reactor->Finish(ToGrpc(s));
+    return reactor;
+  }
+  if (request->chunks_size() == 0) {
+    if (static_cast<int64_t>(request->text().size()) > options_.limits.max_prompt_bytes) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "text is too large"));
+      return reactor;
+    }
+    auto ids = tokenizer_->Encode(request->text());
+    if (!ids.ok()) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                   absl::StrCat("text: ", ids.status().message())));
+      return reactor;
+    }
+    response->mutable_token_ids()->Assign(ids->begin(), ids->end());
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  cascade::v1::SamplingParams none;
+  none.set_max_tokens(1);
+  auto p = BuildPrompt(request->chunks(), none, "", !request->has_add_generation_prompt() ||
+                                                        request->add_generation_prompt(),
+                       *tokenizer_, options_.limits);
+  if (!p.ok()) {
+    reactor->Finish(ToGrpc(p.status()));
+    return reactor;
+  }
+  std::vector<hash::ChunkSpec> specs;
+  for (const PromptChunk& c : p->chunks) specs.push_back({c.kind, c.tokens, c.cache_salt});
+  auto placed = hash::PlaceChunks(options_.limits.model_name, "", specs);
+  for (size_t i = 0; i < p->chunks.size(); ++i) {
+    response->mutable_token_ids()->Add(p->chunks[i].tokens.begin(), p->chunks[i].tokens.end());
+    auto* ci = response->add_chunks();
+    ci->set_hash(placed[i].hash.ToHex());
+    ci->set_start(placed[i].start);
+    ci->set_end(placed[i].end);
+    ci->set_kind(static_cast<cascade::v1::ChunkKind>(p->chunks[i].kind));
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GatewayService::ListModels(grpc::CallbackServerContext* context,
+                                                     const cascade::v1::ListModelsRequest*,
+                                                     cascade::v1::ListModelsResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  grpc::Status auth = CheckAuth(context);
+  if (!auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
+  auto* m = response->add_models();
+  m->set_name(options_.limits.model_name);
+  m->set_max_context(options_.limits.max_context);
+  m->set_vocab_size(tokenizer_->vocab_size());
+  m->set_workers(static_cast<int32_t>(pool_->KnownWorkers().size()));
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace cascade::gateway

@@ -1,0 +1,88 @@
+// The public cascade.v1.Gateway service: validate, template, tokenize, resolve with the
+// registry, route, relay. Generate and each Chat turn run as a Turn (turn.h).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache_service/client/registry_client.h"
+#include "cascade/v1/gateway.grpc.pb.h"
+#include "gpu_worker/tokenizer/tokenizer.h"
+#include "services/gateway/gateway_metrics.h"
+#include "services/gateway/prompt.h"
+#include "services/gateway/router.h"
+#include "services/gateway/worker_pool.h"
+
+namespace cascade::gateway {
+
+struct GatewayOptions {
+  PromptLimits limits;
+  RouteWeights weights;
+  int max_concurrent = 256;               // open Generate streams + chat turns
+  int max_attempts = 3;                   // workers tried before the first token
+  absl::Duration request_timeout = absl::Minutes(10);  // deadline when the client sets none
+  std::string auth_token;                 // non-empty: "authorization: Bearer <token>" required
+  int64_t max_pin_ttl_s = 7 * 24 * 3600;
+};
+
+// Generate is registered raw (ByteBuffer in and out) so that a request with invalid UTF-8 gets
+// INVALID_ARGUMENT naming the field instead of protobuf's opaque parse failure.
+using GatewayBase =
+    cascade::v1::Gateway::WithRawCallbackMethod_Generate<cascade::v1::Gateway::CallbackService>;
+
+class GatewayService final : public GatewayBase {
+ public:
+  // `registry` may be null (load-only routing over the pool's static workers). Not owned;
+  // everything must outlive the service.
+  GatewayService(GatewayOptions options, const tokenizer::Tokenizer* tokenizer,
+                 registry::RegistryClient* registry, WorkerPool* pool, TurnMetrics* metrics);
+
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
+  grpc::ServerBidiReactor<cascade::v1::ChatRequest, cascade::v1::ChatResponse>* Chat(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const cascade::v1::TokenizeRequest* request,
+                                     cascade::v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const cascade::v1::ListModelsRequest* request,
+                                       cascade::v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* RegisterChunk(grpc::CallbackServerContext* context,
+                                          const cascade::v1::RegisterChunkRequest* request,
+                                          cascade::v1::RegisterChunkResponse* response) override;
+
+  // Shared by the reactors.
+  grpc::Status CheckAuth(const grpc::CallbackServerContext* context) const;
+  // Admission: takes a slot or answers RESOURCE_EXHAUSTED at once.
+  bool TryAdmit();
+  void Release();
+  // Candidates for a prompt, best first: registry matches when it answers, else every known
+  // worker by load alone. `sticky` (chat) is tried first when it is among them.
+  std::vector<Scored> Route(const Prompt& prompt, const std::string& sticky = "");
+  std::chrono::system_clock::time_point DeadlineFor(const grpc::CallbackServerContext* c) const;
+  std::string NewRequestId();
+
+  const GatewayOptions& options() const { return options_; }
+  const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
+  WorkerPool* pool() { return pool_; }
+  TurnMetrics* metrics() { return metrics_; }
+
+ private:
+  const GatewayOptions options_;
+  const tokenizer::Tokenizer* const tokenizer_;
+  registry::RegistryClient* const registry_;
+  WorkerPool* const pool_;
+  TurnMetrics* const metrics_;
+  std::atomic<int> inflight_{0};
+  std::atomic<uint64_t> next_id_{1};
+};
+
+grpc::Status ToGrpc(const absl::Status& s);
+
+// Parses a raw GenerateRequest; INVALID_ARGUMENT names a field whose text is not UTF-8.
+absl::StatusOr<cascade::v1::GenerateRequest> ParseGenerateRequest(const grpc::ByteBuffer& raw);
+
+}  // namespace cascade::gateway

@@ -1,0 +1,121 @@
+// Request validation and templating; see prompt.h.
+#include "services/gateway/prompt.h"
+
+#include "absl/strings/str_cat.h"
+#include "gpu_worker/engine/sampler.h"
+#include "gpu_worker/service/sampling_wire.h"
+
+namespace cascade::gateway {
+
+absl::Status CheckModel(const std::string& model, const PromptLimits& limits) {
+  if (model.empty() || model == limits.model_name) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("model: '", model, "' is not served here; this "
+                                                 "gateway serves '", limits.model_name, "'"));
+}
+
+absl::StatusOr<Prompt> BuildPrompt(
+    const google::protobuf::RepeatedPtrField<cascade::v1::Chunk>& chunks,
+    const cascade::v1::SamplingParams& sampling, const std::string& cache_salt,
+    bool add_generation_prompt, const tokenizer::Tokenizer& tok, const PromptLimits& limits) {
+  if (chunks.empty()) return absl::InvalidArgumentError("chunks: at least one chunk is required");
+  if (chunks.size() > limits.max_chunks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunks: ", chunks.size(), " chunks, at most ", limits.max_chunks));
+  }
+  int64_t bytes = 0;
+  for (const auto& c : chunks) bytes += static_cast<int64_t>(c.text().size());
+  if (bytes > limits.max_prompt_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("chunks: ", bytes, " bytes of text, at most ",
+                                                     limits.max_prompt_bytes, " per request"));
+  }
+  Prompt p;
+  p.cache_salt = cache_salt;
+  for (int i = 0; i < chunks.size(); ++i) {
+    const cascade::v1::Chunk& c = chunks[i];
+    const std::string field = absl::StrCat("chunks[", i, "]");
+    if (c.kind() == cascade::v1::CHUNK_KIND_UNSPECIFIED || !cascade::v1::ChunkKind_IsValid(c.kind())) {
+      return absl::InvalidArgumentError(field + ".kind must be SYSTEM, CONTEXT, QUERY, RAW or ASSISTANT");
+    }
+    if (c.kind() == cascade::v1::CHUNK_KIND_GENERATION_PROMPT) {
+      return absl::InvalidArgumentError(
+          field + ".kind: GENERATION_PROMPT is added by the gateway (add_generation_prompt)");
+    }
+    PromptChunk pc;
+    pc.kind = c.kind();
+    pc.cache_salt = c.cache_salt();
+    if (c.has_token_ids()) {
+      if (c.token_ids().ids().empty()) return absl::InvalidArgumentError(field + ".token_ids is empty");
+      const int vocab = tok.vocab_size();
+      for (int j = 0; j < c.token_ids().ids_size(); ++j) {
+        const int32_t id = c.token_ids().ids(j);
+        if (id < 0 || id >= vocab) {
+          return absl::InvalidArgumentError(absl::StrCat(field, ".token_ids[", j, "] = ", id,
+                                                         " is outside the vocabulary [0, ", vocab, ")"));
+        }
+      }
+      pc.tokens.assign(c.token_ids().ids().begin(), c.token_ids().ids().end());
+    } else {
+      if (c.text().empty()) return absl::InvalidArgumentError(field + ".text is empty");
+      if (!tokenizer::IsValidUtf8(c.text())) {
+        return absl::InvalidArgumentError(field + ".text is not valid UTF-8");
+      }
+      tokenizer::Chunk tc{static_cast<tokenizer::ChunkKind>(c.kind()), c.text()};
+      auto ids = tokenizer::EncodeChunks(tok, std::span(&tc, 1));
+      if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", ids.status().message()));
+      pc.tokens = std::move((*ids)[0]);
+    }
+    p.num_tokens += static_cast<int64_t>(pc.tokens.size());
+    p.chunks.push_back(std::move(pc));
+  }
+  if (add_generation_prompt) {
+    tokenizer::Chunk gp{tokenizer::ChunkKind::kGenerationPrompt, ""};
+    auto ids = tokenizer::EncodeChunks(tok, std::span(&gp, 1));
+    if (!ids.ok()) return ids.status();
+    p.chunks.push_back(PromptChunk{cascade::v1::CHUNK_KIND_GENERATION_PROMPT, std::move((*ids)[0]), ""});
+    p.num_tokens += static_cast<int64_t>(p.chunks.back().tokens.size());
+  }
+
+  p.sampling = worker::SamplingFromProto(sampling, limits.default_max_tokens);
+  if (absl::Status s = engine::ValidateSampling(p.sampling, tok.vocab_size(),
+                                                static_cast<int32_t>(limits.max_context));
+      !s.ok()) {
+    return s;
+  }
+  if (p.num_tokens + p.sampling.max_tokens > limits.max_context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt (", p.num_tokens, " tokens) plus sampling.max_tokens (", p.sampling.max_tokens,
+        ") exceeds the model's context length (", limits.max_context, " tokens)"));
+  }
+  if (sampling.stop_size() > limits.max_stop_strings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.stop: at most ", limits.max_stop_strings, " stop strings"));
+  }
+  for (int i = 0; i < sampling.stop_size(); ++i) {
+    const std::string& s = sampling.stop(i);
+    if (s.empty()) return absl::InvalidArgumentError(absl::StrCat("sampling.stop[", i, "] is empty"));
+    if (static_cast<int>(s.size()) > limits.max_stop_string_bytes || !tokenizer::IsValidUtf8(s)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sampling.stop[", i, "] must be valid UTF-8 of at most ", limits.max_stop_string_bytes, " bytes"));
+    }
+    p.stop.push_back(s);
+  }
+  return p;
+}
+
+cascade::v1::WorkerGenerateRequest ToWorkerRequest(const Prompt& p, const std::string& request_id,
+                                                   const std::string& model) {
+  cascade::v1::WorkerGenerateRequest r;
+  r.set_request_id(request_id);
+  r.set_model(model);
+  r.set_cache_salt(p.cache_salt);
+  for (const PromptChunk& c : p.chunks) {
+    auto* wc = r.add_chunks();
+    wc->set_kind(static_cast<cascade::v1::ChunkKind>(c.kind));
+    wc->mutable_token_ids()->Assign(c.tokens.begin(), c.tokens.end());
+    wc->set_cache_salt(c.cache_salt);
+  }
+  worker::SamplingToProto(p.sampling, r.mutable_sampling());
+  return r;
+}
+
+}  // namespace cascade::gateway

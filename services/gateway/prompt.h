@@ -1,0 +1,55 @@
+// Validates a public request and turns it into the worker's form: chat template per chunk,
+// tokenization, sampling defaults, limits. Every error is INVALID_ARGUMENT (or
+// RESOURCE_EXHAUSTED for sizes) with a message naming the field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cascade/v1/gateway.pb.h"
+#include "cascade/v1/worker.pb.h"
+#include "gpu_worker/engine/types.h"
+#include "gpu_worker/tokenizer/tokenizer.h"
+
+namespace cascade::gateway {
+
+struct PromptLimits {
+  std::string model_name;
+  int64_t max_context = 4096;          // prompt + max_tokens at most
+  int64_t max_prompt_bytes = 4 << 20;  // text over all chunks
+  int max_chunks = 1024;
+  int max_stop_strings = 16;
+  int max_stop_string_bytes = 256;
+  int32_t default_max_tokens = 256;
+};
+
+struct PromptChunk {
+  int32_t kind = 0;
+  std::vector<int32_t> tokens;
+  std::string cache_salt;
+};
+
+struct Prompt {
+  std::vector<PromptChunk> chunks;  // templated and tokenized, generation prompt last if added
+  int64_t num_tokens = 0;
+  engine::SamplingParams sampling;  // defaults filled, validated
+  std::vector<std::string> stop;
+  std::string cache_salt;
+};
+
+// `chunks` as sent by a client; `add_generation_prompt` appends the assistant prompt piece.
+absl::StatusOr<Prompt> BuildPrompt(const google::protobuf::RepeatedPtrField<cascade::v1::Chunk>& chunks,
+                                   const cascade::v1::SamplingParams& sampling,
+                                   const std::string& cache_salt, bool add_generation_prompt,
+                                   const tokenizer::Tokenizer& tok, const PromptLimits& limits);
+
+// The model named in a request must be ours (empty means ours).
+absl::Status CheckModel(const std::string& model, const PromptLimits& limits);
+
+// The worker request for a prompt.
+cascade::v1::WorkerGenerateRequest ToWorkerRequest(const Prompt& p, const std::string& request_id,
+                                                   const std::string& model);
+
+}  // namespace cascade::gateway

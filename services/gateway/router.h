@@ -1,0 +1,49 @@
+// Chooses the worker for a request. Each candidate gets a cost in "tokens of work":
+//
+//   cost = prefill_weight * (prompt_tokens - matched_tokens)        prefill it would have to do
+//        + load_weight    * (running + waiting + gateway_inflight)   queue it would wait behind
+//        + kv_weight      * used_kv_fraction^2                       memory pressure (evictions
+//                                                                    and preemptions ahead)
+//
+// and the cheapest wins (ties: fewer in flight, then id). With the defaults a worker holding a
+// 1000-token prefix stays preferred until it has about 4 more sequences queued than an idle
+// peer, so a hot prefix spreads once its holder is busy, and a miss goes to the least-loaded
+// worker. `gateway_inflight` is this gateway's own count of open streams per worker: it reacts
+// at once, while registry load is one heartbeat old. Workers at `max_waiting` or more queued
+// requests are skipped while any other is below it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cascade::gateway {
+
+struct RouteWeights {
+  double prefill = 1.0;   // per uncached prompt token
+  double load = 256.0;    // per sequence running or queued
+  double kv = 512.0;      // scales used_kv_fraction^2
+  int max_waiting = 64;   // a worker with this many queued is overloaded
+};
+
+struct Candidate {
+  std::string worker_id;
+  std::string address;
+  int64_t matched_tokens = 0;  // prompt tokens it holds (registry), 0 if unknown
+  int32_t running = 0;
+  int32_t waiting = 0;
+  int64_t free_kv_blocks = 0;
+  int64_t total_kv_blocks = 0;  // 0: unknown
+  int32_t inflight = 0;         // this gateway's open streams to it
+};
+
+struct Scored {
+  Candidate candidate;
+  double cost = 0.0;
+};
+
+// Candidates ordered best first (the caller tries them in order on failure).
+std::vector<Scored> RankWorkers(const std::vector<Candidate>& candidates, int64_t prompt_tokens,
+                                const RouteWeights& weights);
+
+}  // namespace cascade::gateway

@@ -1,0 +1,41 @@
+// Turns a stream of generated token ids into text deltas: incremental UTF-8-safe decoding, and
+// stop strings that may span tokens. Text that could still be the start of a stop string is held
+// back, so a stop string is never emitted, even in part.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpu_worker/tokenizer/tokenizer.h"
+
+namespace cascade::gateway {
+
+// Not thread-safe; one per request. `tokenizer` must outlive it.
+class TextStream {
+ public:
+  TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop_strings);
+
+  struct Delta {
+    std::string text;       // valid UTF-8, ready to send
+    bool stopped = false;   // a stop string was found; generation should end
+    std::string stop;       // which one
+  };
+
+  // Adds one token. After `stopped`, further tokens are ignored.
+  absl::StatusOr<Delta> Add(int32_t token_id);
+  // End of generation: releases held-back text (it did not become a stop string).
+  std::string Finish();
+
+  bool stopped() const { return stopped_; }
+
+ private:
+  Delta Scan();
+
+  tokenizer::IncrementalDecoder decoder_;
+  const std::vector<std::string> stops_;
+  std::string held_;  // decoded text not yet emitted
+  bool stopped_ = false;
+};
+
+}  // namespace cascade::gateway

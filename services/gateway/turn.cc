@@ -1,0 +1,243 @@
+// Turn relay; see turn.h. Locking: Turn::mu_ guards the turn's state and is held while calling
+// the sink (the sink only takes its own lock). gRPC calls back into Upstream, which forwards
+// to the Turn; an Upstream deletes itself in OnDone after telling the Turn.
+#include "services/gateway/turn.h"
+
+#include "absl/strings/str_cat.h"
+#include "services/common/log.h"
+#include "services/gateway/gateway_metrics.h"
+#include "services/gateway/text_stream.h"
+
+namespace cascade::gateway {
+
+using cascade::v1::GenerateResponse;
+using cascade::v1::WorkerGenerateResponse;
+
+class Turn::Upstream final : public grpc::ClientReadReactor<WorkerGenerateResponse> {
+ public:
+  Upstream(std::shared_ptr<Turn> turn, std::shared_ptr<WorkerHandle> handle)
+      : turn_(std::move(turn)), handle_(std::move(handle)) {
+    ctx_.set_deadline(turn_->params_.deadline);
+    ctx_.AddMetadata("x-request-id", turn_->params_.request_id);
+    handle_->stub->async()->Generate(&ctx_, &turn_->params_.request, this);
+  }
+  // REQUIRES: the Turn's mu_ is not held (callbacks may run inline).
+  void Go(std::shared_ptr<Upstream> self) {
+    self_ = std::move(self);
+    ++handle_->inflight;
+    StartRead(&msg_);
+    StartCall();
+  }
+  void Cancel() { ctx_.TryCancel(); }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows with the status
+    if (turn_->OnMessage(msg_)) {
+      ctx_.TryCancel();  // the worker frees the sequence
+      return;
+    }
+    StartRead(&msg_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    --handle_->inflight;
+    turn_->OnUpstreamDone(status);
+    self_.reset();  // may delete this
+  }
+
+ private:
+  std::shared_ptr<Turn> turn_;  // keeps the turn alive while gRPC can still call back
+  std::shared_ptr<WorkerHandle> handle_;
+  std::shared_ptr<Upstream> self_;
+  grpc::ClientContext ctx_;
+  WorkerGenerateResponse msg_;
+};
+
+std::shared_ptr<Turn> Turn::Start(TurnParams params, WorkerPool* pool,
+                                  const tokenizer::Tokenizer& tokenizer, TurnSink* sink,
+                                  TurnMetrics* metrics) {
+  auto t = std::make_shared<Turn>(std::move(params), pool, tokenizer, sink, metrics);
+  std::shared_ptr<Upstream> u;
+  {
+    std::lock_guard<std::mutex> lock(t->mu_);
+    t->started_at_ = std::chrono::steady_clock::now();
+    t->metrics_->running->Increment();
+    u = t->PrepareAttemptLocked();
+  }
+  if (u) u->Go(u);
+  return t;
+}
+
+Turn::Turn(TurnParams params, WorkerPool* pool, const tokenizer::Tokenizer& tokenizer,
+           TurnSink* sink, TurnMetrics* metrics)
+    : params_(std::move(params)), pool_(pool), tokenizer_(tokenizer), sink_(sink),
+      metrics_(metrics) {}
+
+Turn::~Turn() = default;
+
+std::shared_ptr<Turn::Upstream> Turn::PrepareAttemptLocked() {
+  while (attempt_ < params_.workers.size() && attempt_ < static_cast<size_t>(params_.max_attempts)) {
+    const Candidate& c = params_.workers[attempt_++].candidate;
+    handle_ = pool_->Get(c.address);
+    if (!handle_) continue;
+    result_.worker_id = c.worker_id;
+    result_.worker_address = c.address;
+    text_ = std::make_unique<TextStream>(tokenizer_, params_.stop);
+    upstream_ = std::make_shared<Upstream>(shared_from_this(), handle_);
+    return upstream_;
+  }
+  done_ = true;
+  metrics_->running->Decrement();
+  sink_->TurnDone(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               params_.workers.empty()
+                                   ? "no worker serves this model right now; start a worker or "
+                                     "check the registry"
+                                   : "every candidate worker failed before answering"),
+                  result_);
+  return nullptr;
+}
+
+void Turn::Cancel() {
+  std::shared_ptr<Upstream> u;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    u = upstream_;
+  }
+  if (u) u->Cancel();
+}
+
+void Turn::EmitDeltaLocked(cascade::v1::TokenDelta delta) {
+  if (delta.token_ids().empty() && delta.text().empty()) return;
+  GenerateResponse ev;
+  *ev.mutable_delta() = std::move(delta);
+  sink_->Emit(std::move(ev));
+}
+
+GenerateResponse Turn::FinishEvent(cascade::v1::FinishReason reason,
+                                   const std::string& stop_reason) const {
+  GenerateResponse ev;
+  auto* f = ev.mutable_finish();
+  f->set_finish_reason(reason);
+  f->set_stop_reason(stop_reason);
+  f->mutable_usage()->set_prompt_tokens(result_.prompt_tokens);
+  f->mutable_usage()->set_cached_tokens(result_.cached_tokens);
+  f->mutable_usage()->set_completion_tokens(static_cast<int64_t>(result_.tokens.size()) +
+                                            (result_.stop_token_id >= 0 ? 1 : 0));
+  return ev;
+}
+
+bool Turn::OnMessage(const WorkerGenerateResponse& msg) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (finished_) return false;
+  if (msg.has_start()) {
+    got_start_ = true;
+    const auto& s = msg.start();
+    if (!s.worker_id().empty()) result_.worker_id = s.worker_id();
+    result_.prompt_tokens = s.prompt_tokens();
+    result_.cached_tokens = s.cached_tokens();
+    metrics_->prompt_tokens->Increment(static_cast<double>(s.prompt_tokens()));
+    metrics_->prefix_queries->Increment(static_cast<double>(s.prompt_tokens()));
+    metrics_->prefix_hits->Increment(static_cast<double>(s.cached_tokens()));
+    GenerateResponse ev;
+    auto* st = ev.mutable_start();
+    st->set_request_id(params_.request_id);
+    st->set_worker_id(result_.worker_id);
+    st->set_prompt_tokens(s.prompt_tokens());
+    st->set_cached_tokens(s.cached_tokens());
+    *st->mutable_chunks() = s.chunks();
+    sink_->Emit(std::move(ev));
+  }
+  if (msg.has_tokens()) {
+    const auto now = std::chrono::steady_clock::now();
+    const double since = std::chrono::duration<double>(
+        now - (first_token_seen_ ? last_token_at_ : started_at_)).count();
+    (first_token_seen_ ? metrics_->itl : metrics_->ttft)->Observe(since);
+    first_token_seen_ = true;
+    last_token_at_ = now;
+    cascade::v1::TokenDelta delta;
+    const auto& t = msg.tokens();
+    for (int i = 0; i < t.token_ids_size(); ++i) {
+      const int32_t id = t.token_ids(i);
+      auto d = text_->Add(id);
+      if (!d.ok()) continue;  // an id the tokenizer cannot decode: keep the id, no text
+      result_.tokens.push_back(id);
+      delta.add_token_ids(id);
+      if (i < t.logprobs_size()) *delta.add_logprobs() = t.logprobs(i);
+      delta.mutable_text()->append(d->text);
+      metrics_->generation_tokens->Increment();
+      if (d->stopped) {
+        EmitDeltaLocked(std::move(delta));
+        finished_ = true;
+        sink_->Emit(FinishEvent(cascade::v1::FINISH_REASON_STOP_STRING, d->stop));
+        result_.finish_reason = cascade::v1::FINISH_REASON_STOP_STRING;
+        return true;
+      }
+    }
+    EmitDeltaLocked(std::move(delta));
+  }
+  if (msg.has_finish()) {
+    const auto& f = msg.finish();
+    cascade::v1::TokenDelta tail;
+    tail.set_text(text_->Finish());
+    EmitDeltaLocked(std::move(tail));
+    finished_ = true;
+    result_.finish_reason = f.finish_reason();
+    std::string stop_reason;
+    if (f.finish_reason() == cascade::v1::FINISH_REASON_STOP) {
+      result_.stop_token_id = f.stop_token_id();
+      auto bytes = tokenizer_.TokenBytes(f.stop_token_id());
+      if (bytes.ok()) stop_reason = std::string(*bytes);
+    }
+    sink_->Emit(FinishEvent(f.finish_reason(), stop_reason));
+  }
+  return false;
+}
+
+void Turn::OnUpstreamDone(const grpc::Status& status) {
+  std::shared_ptr<Upstream> next;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    next = FinishAttemptLocked(status);
+  }
+  if (next) next->Go(next);
+}
+
+std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& status) {
+  upstream_ = nullptr;
+  const bool retryable = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                         status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+  if (!finished_ && !got_start_ && !cancelled_ && retryable &&
+      attempt_ < params_.workers.size() && attempt_ < static_cast<size_t>(params_.max_attempts)) {
+    common::LogWarn("worker_failover", {{"request_id", params_.request_id},
+                                        {"worker", result_.worker_address},
+                                        {"error", status.error_message()}});
+    metrics_->failovers->Increment();
+    return PrepareAttemptLocked();
+  }
+  done_ = true;
+  metrics_->running->Decrement();
+  metrics_->e2e->Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at_).count());
+  grpc::Status out = grpc::Status::OK;
+  if (finished_) {
+    // A stop string ended it (the upstream was cancelled on purpose) or the worker finished.
+  } else if (cancelled_) {
+    out = grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request");
+  } else if (got_start_) {
+    // The worker died mid-stream: say how far it got, then fail the stream.
+    sink_->Emit(FinishEvent(cascade::v1::FINISH_REASON_ERROR, ""));
+    result_.finish_reason = cascade::v1::FINISH_REASON_ERROR;
+    out = grpc::Status(
+        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? status.error_code()
+                                                                     : grpc::StatusCode::UNAVAILABLE,
+        absl::StrCat("worker ", result_.worker_id, " failed after ", result_.tokens.size(),
+                     " tokens: ", status.error_message()));
+  } else {
+    out = status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "the worker ended without a result")
+                      : status;
+  }
+  metrics_->Finished(cascade::v1::FinishReason_Name(result_.finish_reason))->Increment();
+  sink_->TurnDone(out, result_);
+  return nullptr;
+}
+
+}  // namespace cascade::gateway

@@ -1,0 +1,104 @@
+// One generation on a worker, relayed: opens the worker's Generate stream, turns token ids into
+// text deltas (incremental detokenization, stop strings), fails over to the next candidate if
+// the worker fails before its first message, and reports the outcome. Used by Generate (one
+// turn) and Chat (one turn per client message).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "cascade/v1/gateway.pb.h"
+#include "cascade/v1/worker.grpc.pb.h"
+#include "gpu_worker/tokenizer/tokenizer.h"
+#include "services/gateway/router.h"
+#include "services/gateway/worker_pool.h"
+
+namespace cascade::gateway {
+
+struct TurnResult {
+  std::string worker_id;
+  std::string worker_address;
+  std::vector<int32_t> tokens;  // generated, stop token excluded
+  int32_t stop_token_id = -1;
+  cascade::v1::FinishReason finish_reason = cascade::v1::FINISH_REASON_UNSPECIFIED;
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+};
+
+// Receives a turn's events. Called from gRPC threads, one call at a time per turn; must not
+// block or call back into the Turn.
+class TurnSink {
+ public:
+  virtual ~TurnSink() = default;
+  virtual void Emit(cascade::v1::GenerateResponse event) = 0;
+  // Last call: OK with the finish already emitted, or the status to end the RPC with (a finish
+  // event with FINISH_REASON_ERROR and the usage so far is emitted before a mid-stream failure).
+  virtual void TurnDone(const grpc::Status& status, const TurnResult& result) = 0;
+};
+
+struct TurnMetrics;  // defined in gateway_metrics.h
+
+struct TurnParams {
+  cascade::v1::WorkerGenerateRequest request;
+  std::string request_id;
+  std::vector<Scored> workers;  // candidates, best first
+  std::vector<std::string> stop;
+  std::chrono::system_clock::time_point deadline;
+  int max_attempts = 3;
+};
+
+class Turn : public std::enable_shared_from_this<Turn> {
+ public:
+  // Starts the first attempt. `pool`, `tokenizer`, `sink` and `metrics` must outlive the turn's
+  // TurnDone call.
+  static std::shared_ptr<Turn> Start(TurnParams params, WorkerPool* pool,
+                                     const tokenizer::Tokenizer& tokenizer, TurnSink* sink,
+                                     TurnMetrics* metrics);
+  // Cancels the worker stream (client cancel or disconnect); TurnDone follows with CANCELLED.
+  void Cancel();
+
+  Turn(TurnParams params, WorkerPool* pool, const tokenizer::Tokenizer& tokenizer, TurnSink* sink,
+       TurnMetrics* metrics);
+  ~Turn();
+
+ private:
+  class Upstream;
+  friend class Upstream;
+
+  // Sets up the next attempt (not yet started: gRPC may run callbacks inline in StartCall, so
+  // the caller starts it after releasing mu_), or reports failure when none is left.
+  std::shared_ptr<Upstream> PrepareAttemptLocked();
+  // Returns true when the worker stream should be cancelled (a stop string ended the turn).
+  bool OnMessage(const cascade::v1::WorkerGenerateResponse& msg);
+  void OnUpstreamDone(const grpc::Status& status);
+  std::shared_ptr<Upstream> FinishAttemptLocked(const grpc::Status& status);
+  void EmitDeltaLocked(cascade::v1::TokenDelta delta);
+  cascade::v1::GenerateResponse FinishEvent(cascade::v1::FinishReason reason,
+                                            const std::string& stop_reason) const;
+
+  const TurnParams params_;
+  WorkerPool* const pool_;
+  const tokenizer::Tokenizer& tokenizer_;
+  TurnSink* const sink_;
+  TurnMetrics* const metrics_;
+
+  std::mutex mu_;
+  size_t attempt_ = 0;
+  std::shared_ptr<Upstream> upstream_;  // the live attempt; it also owns itself until OnDone
+  std::shared_ptr<WorkerHandle> handle_;
+  bool cancelled_ = false;
+  bool got_start_ = false;
+  bool finished_ = false;  // finish event emitted
+  bool done_ = false;      // TurnDone called
+  std::unique_ptr<class TextStream> text_;
+  TurnResult result_;
+  std::chrono::steady_clock::time_point started_at_;
+  std::chrono::steady_clock::time_point last_token_at_;
+  bool first_token_seen_ = false;
+};
+
+}  // namespace cascade::gateway

@@ -1,0 +1,143 @@
+// Bad input through the gateway: each case gets INVALID_ARGUMENT (or RESOURCE_EXHAUSTED for
+// size) with a message naming the field, and a good request right after still succeeds.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <grpcpp/generic/generic_stub.h>
+
+#include "tests/integration/stack.h"
+
+namespace cascade::testing {
+namespace {
+
+struct BadCase {
+  std::string name;
+  std::function<void(cascade::v1::GenerateRequest&)> mutate;
+  grpc::StatusCode code;
+  std::string message_part;
+};
+
+TEST(BadInputTest, EachBadRequestGetsAClearStatusAndNothingElseIsDisturbed) {
+  Stack stack({.workers = 1});
+  // A long stream runs through all the bad requests; it must finish normally.
+  grpc::ClientContext bg_ctx;
+  auto bg = stack.gateway().Generate(&bg_ctx, Req("sys", "background", 60));
+
+  const std::vector<BadCase> cases = {
+      {"no chunks", [](auto& r) { r.clear_chunks(); }, grpc::StatusCode::INVALID_ARGUMENT, "chunks"},
+      {"empty text", [](auto& r) { r.mutable_chunks(0)->set_text(""); },
+       grpc::StatusCode::INVALID_ARGUMENT, "chunks[0].text"},
+      {"kind unset", [](auto& r) { r.mutable_chunks(0)->set_kind(cascade::v1::CHUNK_KIND_UNSPECIFIED); },
+       grpc::StatusCode::INVALID_ARGUMENT, "chunks[0].kind"},
+      {"unknown model", [](auto& r) { r.set_model("no-such-model"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "model"},
+      {"max_tokens 0", [](auto& r) { r.mutable_sampling()->set_max_tokens(0); },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.max_tokens"},
+      {"max_tokens huge", [](auto& r) { r.mutable_sampling()->set_max_tokens(1 << 30); },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.max_tokens"},
+      {"over the context", [](auto& r) { r.mutable_sampling()->set_max_tokens(4090); },
+       grpc::StatusCode::INVALID_ARGUMENT, "context length"},
+      {"temperature high", [](auto& r) { r.mutable_sampling()->set_temperature(2.5f); },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.temperature"},
+      {"temperature negative", [](auto& r) { r.mutable_sampling()->set_temperature(-0.1f); },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.temperature"},
+      {"top_p zero", [](auto& r) { r.mutable_sampling()->set_top_p(0.0f); },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.top_p"},
+      {"top_p above one", [](auto& r) { r.mutable_sampling()->set_top_p(1.5f); },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.top_p"},
+      {"top_k negative", [](auto& r) { r.mutable_sampling()->set_top_k(-5); },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.top_k"},
+      {"repetition penalty zero", [](auto& r) { r.mutable_sampling()->set_repetition_penalty(0.0f); },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.repetition_penalty"},
+      {"empty stop string", [](auto& r) { r.mutable_sampling()->add_stop(""); },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.stop[0]"},
+      {"token id out of vocabulary",
+       [](auto& r) {
+         auto* c = r.add_chunks();
+         c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+         c->mutable_token_ids()->add_ids(5);
+         c->mutable_token_ids()->add_ids(99999999);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "token_ids[1]"},
+      {"negative token id",
+       [](auto& r) {
+         auto* c = r.add_chunks();
+         c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+         c->mutable_token_ids()->add_ids(-1);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "token_ids[0]"},
+      {"10 MB of text", [](auto& r) { r.mutable_chunks(0)->set_text(std::string(10 << 20, 'a')); },
+       grpc::StatusCode::RESOURCE_EXHAUSTED, "bytes"},
+      {"generation prompt from the client",
+       [](auto& r) { r.mutable_chunks(0)->set_kind(cascade::v1::CHUNK_KIND_GENERATION_PROMPT); },
+       grpc::StatusCode::INVALID_ARGUMENT, "GENERATION_PROMPT"},
+      {"logprobs too many", [](auto& r) { r.mutable_sampling()->set_logprobs(50); },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.logprobs"},
+  };
+  for (const BadCase& c : cases) {
+    auto req = Req("system text", "a question");
+    c.mutate(req);
+    Reply r = Generate(stack.gateway(), req);
+    EXPECT_EQ(r.status.error_code(), c.code) << c.name << ": " << r.status.error_message();
+    EXPECT_THAT(r.status.error_message(), ::testing::HasSubstr(c.message_part)) << c.name;
+  }
+  // Invalid UTF-8 in a text field: protobuf refuses to parse a proto3 string that is not UTF-8,
+  // so the request is sent as raw bytes (a serialized request with the text's bytes patched).
+  {
+    auto req = Req("system text", "QQQQ");
+    std::string wire = req.SerializeAsString();
+    const size_t at = wire.find("QQQQ");
+    ASSERT_NE(at, std::string::npos);
+    wire.replace(at, 4, "\xff\xfe\xc3\x28");
+    grpc::GenericStub generic(grpc::CreateChannel(stack.gateway_server().address(),
+                                                  grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::Slice slice(wire);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    grpc::Status st;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    generic.UnaryCall(&ctx, "/cascade.v1.Gateway/Generate", grpc::StubOptions(), &request,
+                      &response, [&](grpc::Status s) {
+                        std::lock_guard<std::mutex> lock(mu);
+                        st = s;
+                        done = true;
+                        cv.notify_all();
+                      });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+    EXPECT_FALSE(st.ok());
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_THAT(st.error_message(), ::testing::HasSubstr("chunks[1].text is not valid UTF-8"));
+  }
+  Reply ok = Generate(stack.gateway(), Req("system text", "a question"));
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+
+  cascade::v1::GenerateResponse m;
+  cascade::v1::GenerateFinish finish;
+  while (bg->Read(&m)) {
+    if (m.has_finish()) finish = m.finish();
+  }
+  EXPECT_TRUE(bg->Finish().ok());
+  EXPECT_EQ(finish.usage().completion_tokens(), 60);
+}
+
+TEST(BadInputTest, TokenIdsChunksAreUsedAsGiven) {
+  Stack stack({.workers = 1});
+  cascade::v1::GenerateRequest r;
+  auto* c = r.add_chunks();
+  c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+  for (int id : {9707, 11, 1879, 0}) c->mutable_token_ids()->add_ids(id);
+  r.set_add_generation_prompt(false);
+  r.mutable_sampling()->set_max_tokens(3);
+  r.mutable_sampling()->set_temperature(0);
+  Reply rep = Generate(stack.gateway(), r);
+  ASSERT_TRUE(rep.status.ok()) << rep.status.error_message();
+  EXPECT_EQ(rep.start.prompt_tokens(), 4);
+}
+
+}  // namespace
+}  // namespace cascade::testing

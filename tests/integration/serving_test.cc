@@ -1,0 +1,254 @@
+// The serving path end to end over real gRPC on loopback: registry, two CPU workers and the
+// gateway on the tiny model. Cache hits with identical output and routing to the holder,
+// registry outage, cancellation and deadlines freeing KV, admission control, worker death,
+// failover, stop strings, UTF-8-safe streaming, auth, and chat sessions reusing their KV.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "gpu_worker/tokenizer/tokenizer.h"
+#include "tests/integration/stack.h"
+
+namespace cascade::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ServingTest, SecondRequestWithSameSystemChunkHitsCacheOnTheHolderWithSameTokens) {
+  Stack stack;
+  auto req = Req(LongSystemPrompt(), "What is rule 3?", 12);
+  Reply cold = Generate(stack.gateway(), req);
+  ASSERT_TRUE(cold.status.ok()) << cold.status.error_message();
+  EXPECT_EQ(cold.start.cached_tokens(), 0);
+  ASSERT_EQ(cold.tokens.size(), 12u);
+  const int holder = stack.WorkerIndex(cold.start.worker_id());
+  ASSERT_GE(holder, 0);
+  // The registry learns what the holder stored (events flow after each engine step).
+  ASSERT_TRUE(WaitFor([&] {
+    std::vector<int32_t> dummy;
+    return stack.registry()->ListChunks(100, cold.start.worker_id(), nullptr)->size() > 0;
+  })) << "the registry never heard about the stored chunks";
+
+  auto req2 = Req(LongSystemPrompt(), "What is rule 3?", 12);
+  Reply hot = Generate(stack.gateway(), req2);
+  ASSERT_TRUE(hot.status.ok());
+  EXPECT_GT(hot.start.cached_tokens(), 0);
+  EXPECT_EQ(hot.start.worker_id(), cold.start.worker_id()) << "routing ignored the cached prefix";
+  EXPECT_EQ(hot.tokens, cold.tokens) << "cached and cold outputs differ";
+  EXPECT_EQ(hot.text, cold.text);
+  EXPECT_EQ(hot.finish.usage().cached_tokens(), hot.start.cached_tokens());
+  // Per-chunk report: the system chunk was served (mostly) from cache.
+  ASSERT_GE(hot.start.chunks_size(), 2);
+  EXPECT_GT(hot.start.chunks(0).cached_tokens(), 0);
+
+  // Same prompt forced cold with another salt on the other worker: still identical tokens.
+  auto salted = req;
+  salted.set_cache_salt("another-tenant");
+  Reply other = Generate(stack.gateway(), salted);
+  ASSERT_TRUE(other.status.ok());
+  EXPECT_EQ(other.start.cached_tokens(), 0);
+  EXPECT_EQ(other.tokens, cold.tokens);
+}
+
+TEST(ServingTest, RequestsStillSucceedWithTheRegistryDown) {
+  Stack stack;
+  Reply first = Generate(stack.gateway(), Req("sys", "hello"));
+  ASSERT_TRUE(first.status.ok());
+  stack.StopRegistry();
+  for (int i = 0; i < 3; ++i) {
+    Reply r = Generate(stack.gateway(), Req("sys", "hello again " + std::to_string(i)));
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_TRUE(r.has_finish);
+  }
+}
+
+TEST(ServingTest, CancelMidStreamFreesTheWorkersKv) {
+  Stack stack({.workers = 1});
+  auto req = Req("sys", "talk forever", 3000);
+  grpc::ClientContext ctx;
+  auto reader = stack.gateway().Generate(&ctx, req);
+  cascade::v1::GenerateResponse m;
+  int deltas = 0;
+  while (deltas < 3 && reader->Read(&m)) deltas += m.has_delta();
+  ASSERT_EQ(deltas, 3);
+  EXPECT_GT(stack.WorkerStats(0).used_kv_blocks(), 0);
+  ctx.TryCancel();
+  while (reader->Read(&m)) {}
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(WaitFor([&] { return stack.WorkerStats(0).used_kv_blocks() == 0; }))
+      << "the cancelled sequence still holds KV blocks";
+  EXPECT_EQ(stack.WorkerStats(0).running(), 0);
+}
+
+TEST(ServingTest, DeadlineExpiryFreesTheWorkersKv) {
+  Stack stack({.workers = 1});
+  Reply r = Generate(stack.gateway(), Req("sys", "talk forever", 3000), /*timeout_ms=*/400);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(WaitFor([&] { return stack.WorkerStats(0).used_kv_blocks() == 0; }));
+}
+
+TEST(ServingTest, AdmissionControlRejectsBeyondTheBoundAtOnce) {
+  Stack stack({.workers = 1, .max_concurrent = 1});
+  grpc::ClientContext ctx;
+  auto reader = stack.gateway().Generate(&ctx, Req("sys", "long", 3000));
+  cascade::v1::GenerateResponse m;
+  ASSERT_TRUE(reader->Read(&m));  // the first stream is open
+  auto t0 = std::chrono::steady_clock::now();
+  Reply second = Generate(stack.gateway(), Req("sys", "short"));
+  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(second.status.error_message(), HasSubstr("max_concurrent"));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  ctx.TryCancel();
+  while (reader->Read(&m)) {}
+  reader->Finish();
+  // The slot comes back.
+  EXPECT_TRUE(WaitFor([&] { return Generate(stack.gateway(), Req("sys", "again")).status.ok(); }));
+}
+
+TEST(ServingTest, KillingAWorkerMidStreamEndsThatStreamUnavailableAndOthersFlow) {
+  Stack stack({.workers = 2});
+  grpc::ClientContext ctx;
+  auto reader = stack.gateway().Generate(&ctx, Req("doomed", "long answer", 3000));
+  cascade::v1::GenerateResponse m;
+  std::string victim;
+  int deltas = 0;
+  while (reader->Read(&m)) {
+    if (m.has_start()) victim = m.start().worker_id();
+    if (m.has_delta() && ++deltas == 2) break;
+  }
+  const int vi = stack.WorkerIndex(victim);
+  ASSERT_GE(vi, 0);
+  // Another stream on the surviving worker, started before the kill.
+  auto survivor_req = Req("other", "short answer", 40);
+  std::thread killer([&] { stack.worker(vi).Shutdown(absl::ZeroDuration()); });
+  int64_t tokens_seen = deltas;
+  cascade::v1::GenerateFinish finish;
+  while (reader->Read(&m)) {
+    if (m.has_delta()) tokens_seen += m.delta().token_ids_size();
+    if (m.has_finish()) finish = m.finish();
+  }
+  grpc::Status st = reader->Finish();
+  killer.join();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  EXPECT_EQ(finish.finish_reason(), cascade::v1::FINISH_REASON_ERROR);
+  EXPECT_GT(finish.usage().completion_tokens(), 0) << "tokens so far are counted";
+  for (int i = 0; i < 3; ++i) {
+    Reply r = Generate(stack.gateway(), survivor_req);
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_NE(r.start.worker_id(), victim);
+  }
+}
+
+TEST(ServingTest, FailsOverToAnotherWorkerBeforeTheFirstToken) {
+  Stack stack({.workers = 2});
+  stack.worker(0).Shutdown(absl::ZeroDuration());  // the registry still lists it for a lease
+  for (int i = 0; i < 4; ++i) {
+    Reply r = Generate(stack.gateway(), Req("sys", "q" + std::to_string(i)));
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.start.worker_id(), "w1");
+  }
+}
+
+TEST(ServingTest, StopStringSpanningTokensIsFoundAndNeverEmitted) {
+  Stack stack({.workers = 1});
+  Reply full = Generate(stack.gateway(), Req("sys", "write", 30));
+  ASSERT_TRUE(full.status.ok());
+  // Pick a stop string that straddles the boundary between two deltas' texts.
+  std::string stop;
+  size_t pos = 0;
+  for (size_t i = 0; i + 1 < full.texts.size(); ++i) {
+    pos += full.texts[i].size();
+    const std::string& a = full.texts[i];
+    const std::string& b = full.texts[i + 1];
+    if (a.size() >= 1 && b.size() >= 1 && tokenizer::IsValidUtf8(a.substr(a.size() - 1)) &&
+        tokenizer::IsValidUtf8(b.substr(0, 1))) {
+      stop = a.substr(a.size() - 1) + b.substr(0, 1);
+      pos -= 1;
+      break;
+    }
+  }
+  ASSERT_FALSE(stop.empty()) << "no ASCII token boundary in: " << full.text;
+  const size_t first = full.text.find(stop);
+  auto req = Req("sys", "write", 30);
+  req.mutable_sampling()->add_stop(stop);
+  Reply r = Generate(stack.gateway(), req);
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_EQ(r.finish.finish_reason(), cascade::v1::FINISH_REASON_STOP_STRING);
+  EXPECT_EQ(r.finish.stop_reason(), stop);
+  EXPECT_EQ(r.text, full.text.substr(0, first));
+  EXPECT_EQ(r.text.find(stop), std::string::npos);
+}
+
+TEST(ServingTest, StreamedTextNeverSplitsACodePoint) {
+  Stack stack({.workers = 1});
+  for (int i = 0; i < 4; ++i) {
+    auto req = Req("系统提示：请用中文回答。🙂", "你好，世界！" + std::to_string(i), 24);
+    req.mutable_sampling()->set_temperature(1.0f);
+    req.mutable_sampling()->set_seed(100 + i);
+    Reply r = Generate(stack.gateway(), req);
+    ASSERT_TRUE(r.status.ok());
+    for (const std::string& t : r.texts) EXPECT_TRUE(tokenizer::IsValidUtf8(t)) << "split code point";
+  }
+}
+
+TEST(ServingTest, BearerTokenIsRequiredWhenConfigured) {
+  Stack stack({.workers = 1, .auth_token = "s3cret"});
+  EXPECT_EQ(Generate(stack.gateway(), Req("s", "q")).status.error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Generate(stack.gateway(), Req("s", "q"), 60000, {{"authorization", "Bearer nope"}})
+                .status.error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(Generate(stack.gateway(), Req("s", "q"), 60000, {{"authorization", "Bearer s3cret"}})
+                  .status.ok());
+}
+
+TEST(ServingTest, ChatTurnsPrefillOnlyTheirNewTokens) {
+  Stack stack({.workers = 2});
+  grpc::ClientContext ctx;
+  auto stream = stack.gateway().Chat(&ctx);
+  const char* queries[] = {"Hello there, who are you?", "Tell me more.", "And finally?"};
+  int64_t prev_total = 0;
+  std::string worker;
+  for (int turn = 0; turn < 3; ++turn) {
+    cascade::v1::ChatRequest req;
+    if (turn == 0) {
+      auto* s = req.add_chunks();
+      s->set_kind(cascade::v1::CHUNK_KIND_SYSTEM);
+      s->set_text(LongSystemPrompt());
+    }
+    auto* q = req.add_chunks();
+    q->set_kind(cascade::v1::CHUNK_KIND_QUERY);
+    q->set_text(queries[turn]);
+    req.mutable_sampling()->set_temperature(0);
+    req.mutable_sampling()->set_max_tokens(10);
+    req.mutable_sampling()->set_ignore_eos(true);
+    ASSERT_TRUE(stream->Write(req));
+    cascade::v1::ChatResponse resp;
+    cascade::v1::GenerateStart start;
+    int64_t completion = 0;
+    while (stream->Read(&resp)) {
+      EXPECT_EQ(resp.turn(), turn);
+      if (resp.event().has_start()) start = resp.event().start();
+      if (resp.event().has_finish()) {
+        completion = resp.event().finish().usage().completion_tokens();
+        break;
+      }
+    }
+    const int64_t prefilled = start.prompt_tokens() - start.cached_tokens();
+    if (turn > 0) {
+      // Everything up to the previous turn's answer came from the cache, but the blocks that
+      // end in the new tokens (at most one block of old tokens, 16 here).
+      const int64_t new_tokens = start.prompt_tokens() - prev_total;
+      EXPECT_LE(prefilled, new_tokens + 16) << "turn " << turn << " re-prefilled old tokens";
+      EXPECT_EQ(start.worker_id(), worker) << "the session moved off its KV";
+    }
+    worker = start.worker_id();
+    prev_total = start.prompt_tokens() + completion;
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+}  // namespace
+}  // namespace cascade::testing

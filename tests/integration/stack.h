@@ -1,0 +1,224 @@
+// An in-process Cascade stack for integration tests: registry, workers and gateway, each a real
+// gRPC server on a loopback port, on the tiny random model. Servers can be stopped one by one
+// (registry outage, worker death).
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cache_service/registry/registry.h"
+#include "cache_service/server/registry_service.h"
+#include "cascade/v1/gateway.grpc.pb.h"
+#include "cascade/v1/worker.grpc.pb.h"
+#include "gpu_worker/model/config.h"
+#include "gpu_worker/model/generator.h"
+#include "gpu_worker/service/worker_server.h"
+#include "services/common/server_runner.h"
+#include "services/gateway/gateway_server.h"
+
+namespace cascade::testing {
+
+// Generates the tiny model once per test binary.
+inline const std::string& TinyModelDir() {
+  static const std::string dir = [] {
+    std::string d = (std::filesystem::temp_directory_path() /
+                     ("cascade-it-" + std::to_string(getpid())) / "tiny").string();
+    auto cfg = model::PresetConfig("tiny");
+    absl::Status s = model::WriteRandomModel(d, cfg, 7, model::DefaultTokenizerDir());
+    if (!s.ok()) {
+      ADD_FAILURE() << "cannot write the tiny model: " << s << " (run scripts/setup.sh)";
+    }
+    return d;
+  }();
+  return dir;
+}
+
+inline common::ServerOptions TestServerOptions(const std::string& name) {
+  common::ServerOptions o;
+  o.name = name;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.handle_signals = false;
+  o.print_ready_line = false;
+  o.drain_timeout = absl::Seconds(2);
+  return o;
+}
+
+struct StackOptions {
+  int workers = 2;
+  int64_t kv_blocks = 512;
+  int block_size = 16;
+  int max_concurrent = 64;
+  std::string auth_token;
+  bool registry = true;
+};
+
+class Stack {
+ public:
+  explicit Stack(const StackOptions& o = {}) : options_(o) {
+    if (o.registry) StartRegistry();
+    for (int i = 0; i < o.workers; ++i) StartWorker(i);
+    gateway::GatewayConfig g;
+    g.server = TestServerOptions("cascade-gateway");
+    g.model_dir = TinyModelDir();
+    if (o.registry) g.registry_address = registry_address_;
+    for (auto& w : workers_) g.workers += (g.workers.empty() ? "" : ",") + w->address();
+    g.gateway.max_concurrent = o.max_concurrent;
+    g.gateway.auth_token = o.auth_token;
+    g.gateway.limits.default_max_tokens = 16;
+    auto gw = gateway::GatewayServer::Start(g);
+    EXPECT_TRUE(gw.ok()) << gw.status();
+    gateway_ = std::move(*gw);
+    auto ch = grpc::CreateChannel(gateway_->address(), grpc::InsecureChannelCredentials());
+    stub_ = cascade::v1::Gateway::NewStub(ch);
+  }
+  ~Stack() {
+    gateway_.reset();
+    workers_.clear();
+    StopRegistry();
+  }
+
+  void StartRegistry() {
+    registry::RegistryOptions ro;
+    ro.lease_ms = 3000;
+    registry_ = std::make_unique<registry::Registry>(ro);
+    registry_service_ = std::make_unique<registry::RegistryService>(registry_.get());
+    registry_runner_ = std::make_unique<common::ServerRunner>(TestServerOptions("cascade-registry"));
+    registry_runner_->AddService({registry_service_.get(), cascade::v1::ChunkRegistry::service_full_name()});
+    ASSERT_TRUE(registry_runner_->Start().ok());
+    registry_address_ = registry_runner_->local_address();
+  }
+  void StopRegistry() {
+    if (registry_runner_) registry_runner_->Shutdown(absl::Milliseconds(100));
+    registry_runner_.reset();
+    registry_service_.reset();
+    registry_.reset();
+  }
+
+  void StartWorker(int i) {
+    worker::WorkerConfig w;
+    w.server = TestServerOptions("cascade-worker");
+    w.model_dir = TinyModelDir();
+    w.backend = "cpu";
+    w.kv_blocks = options_.kv_blocks;
+    w.block_size = options_.block_size;
+    w.threads = 1;
+    w.worker_id = "w" + std::to_string(i);
+    w.heartbeat_ms = 100;
+    if (options_.registry) w.registry_address = registry_address_;
+    auto s = worker::WorkerServer::Start(w);
+    ASSERT_TRUE(s.ok()) << s.status();
+    workers_.push_back(std::move(*s));
+  }
+
+  cascade::v1::Gateway::Stub& gateway() { return *stub_; }
+  gateway::GatewayServer& gateway_server() { return *gateway_; }
+  worker::WorkerServer& worker(int i) { return *workers_[i]; }
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  registry::Registry* registry() { return registry_.get(); }
+
+  // The worker's engine counters over its gRPC GetStats.
+  cascade::v1::WorkerStats WorkerStats(int i) {
+    auto ch = grpc::CreateChannel(workers_[i]->address(), grpc::InsecureChannelCredentials());
+    auto stub = cascade::v1::Worker::NewStub(ch);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    cascade::v1::WorkerStats st;
+    cascade::v1::WorkerStatsRequest req;
+    EXPECT_TRUE(stub->GetStats(&ctx, req, &st).ok());
+    return st;
+  }
+  int WorkerIndex(const std::string& worker_id) {
+    for (int i = 0; i < num_workers(); ++i) {
+      if (workers_[i]->worker_id() == worker_id) return i;
+    }
+    return -1;
+  }
+
+ private:
+  StackOptions options_;
+  std::unique_ptr<registry::Registry> registry_;
+  std::unique_ptr<registry::RegistryService> registry_service_;
+  std::unique_ptr<common::ServerRunner> registry_runner_;
+  std::string registry_address_;
+  std::vector<std::unique_ptr<worker::WorkerServer>> workers_;
+  std::unique_ptr<gateway::GatewayServer> gateway_;
+  std::unique_ptr<cascade::v1::Gateway::Stub> stub_;
+};
+
+// A finished Generate stream, gathered.
+struct Reply {
+  grpc::Status status;
+  cascade::v1::GenerateStart start;
+  std::vector<int32_t> tokens;
+  std::vector<std::string> texts;  // each delta's text
+  std::string text;
+  cascade::v1::GenerateFinish finish;
+  bool has_finish = false;
+};
+
+inline Reply Generate(cascade::v1::Gateway::Stub& stub, const cascade::v1::GenerateRequest& req,
+                      int timeout_ms = 60000,
+                      const std::vector<std::pair<std::string, std::string>>& md = {}) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
+  for (auto& [k, v] : md) ctx.AddMetadata(k, v);
+  auto reader = stub.Generate(&ctx, req);
+  Reply r;
+  cascade::v1::GenerateResponse m;
+  while (reader->Read(&m)) {
+    if (m.has_start()) r.start = m.start();
+    if (m.has_delta()) {
+      r.tokens.insert(r.tokens.end(), m.delta().token_ids().begin(), m.delta().token_ids().end());
+      r.texts.push_back(m.delta().text());
+      r.text += m.delta().text();
+    }
+    if (m.has_finish()) {
+      r.finish = m.finish();
+      r.has_finish = true;
+    }
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+inline cascade::v1::GenerateRequest Req(const std::string& system, const std::string& query,
+                                        int max_tokens = 8) {
+  cascade::v1::GenerateRequest r;
+  if (!system.empty()) {
+    auto* c = r.add_chunks();
+    c->set_kind(cascade::v1::CHUNK_KIND_SYSTEM);
+    c->set_text(system);
+  }
+  auto* q = r.add_chunks();
+  q->set_kind(cascade::v1::CHUNK_KIND_QUERY);
+  q->set_text(query);
+  r.mutable_sampling()->set_temperature(0);
+  r.mutable_sampling()->set_max_tokens(max_tokens);
+  r.mutable_sampling()->set_ignore_eos(true);
+  return r;
+}
+
+inline std::string LongSystemPrompt() {
+  std::string s = "You are Cascade's test assistant. ";
+  for (int i = 0; i < 12; ++i) {
+    s += "Rule " + std::to_string(i) + ": answer briefly, cite the context, and never invent facts. ";
+  }
+  return s;
+}
+
+// Polls `pred` every 20 ms for up to `ms`.
+template <typename Pred>
+bool WaitFor(Pred pred, int ms = 5000) {
+  for (int waited = 0; waited < ms; waited += 20) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
+}  // namespace cascade::testing
