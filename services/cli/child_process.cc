@@ -188,10 +188,10 @@ absl::StatusOr<std::string> ChildProcess::WaitReady(absl::Duration timeout) {
                                                  ") ends with:\n", LogTail()));
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          spec_.name, " printed no ready line (\"", spec_.name, " serving on HOST:PORT\") within ",
-          absl::FormatDuration(timeout), ". Its log (", spec_.log_path, ") ends with:\n",
-          LogTail()));
+      return absl::DeadlineExceededError(
+          absl::StrCat(spec_.name, " printed no ready line (\"", spec_.name,
+                       " serving on HOST:PORT\") within ", absl::FormatDuration(timeout),
+                       ". Its log (", spec_.log_path, ") ends with:\n", LogTail()));
     }
   }
 }

@@ -74,8 +74,8 @@ void AddRepeatedString(common::FlagSet* flags, std::string_view name,
   });
 }
 
-void AddOptionalDouble(common::FlagSet* flags, std::string_view name,
-                       std::optional<double>* value, std::string_view help) {
+void AddOptionalDouble(common::FlagSet* flags, std::string_view name, std::optional<double>* value,
+                       std::string_view help) {
   flags->AddCustom(name, "double", "unset", help, [value](std::string_view v) {
     double d;
     if (!absl::SimpleAtod(ToAbsl(v), &d)) return absl::InvalidArgumentError("expected a number");

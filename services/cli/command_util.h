@@ -23,8 +23,8 @@ std::optional<int> ParseCommandFlags(common::FlagSet& flags, const std::vector<s
 void AddRepeatedString(common::FlagSet* flags, std::string_view name,
                        std::vector<std::string>* values, std::string_view help);
 // Unset unless given.
-void AddOptionalDouble(common::FlagSet* flags, std::string_view name,
-                       std::optional<double>* value, std::string_view help);
+void AddOptionalDouble(common::FlagSet* flags, std::string_view name, std::optional<double>* value,
+                       std::string_view help);
 void AddOptionalInt(common::FlagSet* flags, std::string_view name, std::optional<int>* value,
                     std::string_view help);
 void AddOptionalUint64(common::FlagSet* flags, std::string_view name,

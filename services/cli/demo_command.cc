@@ -4,6 +4,7 @@
 // cold answers are the same tokens. Every number printed comes from the running servers.
 #include <algorithm>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -19,42 +20,58 @@
 namespace cascade::cli {
 namespace {
 
-// Streams several requests' text onto one terminal, each line prefixed with "[n] ". When another
-// request writes while a line is open, that line is ended first. Thread-safe.
+// Prints several requests' text onto one terminal, each line prefixed with "[n] ". Live mode
+// writes every delta as it comes (one request at a time); otherwise lines are written whole when
+// complete, so concurrent streams never interleave within a line. Thread-safe.
 class LinePrinter {
  public:
   explicit LinePrinter(std::ostream& out) : out_(out) {}
+  void SetLive(bool live) {
+    absl::MutexLock lock(&mu_);
+    live_ = live;
+  }
   void Write(int request, std::string_view text) {
     absl::MutexLock lock(&mu_);
+    std::string& line = pending_[request];
     for (char c : text) {
-      if (open_ != request) {
-        if (open_ != 0) out_ << "\n";
-        out_ << "[" << request << "] ";
-        open_ = request;
-      }
       if (c == '\n') {
-        out_ << "\n";
-        open_ = 0;
+        EmitLocked(request, &line, /*end_line=*/true);
       } else if (static_cast<unsigned char>(c) < 0x20 && c != '\t') {
-        out_ << "\xEF\xBF\xBD";  // U+FFFD for control characters the model may emit
+        line += "\xEF\xBF\xBD";  // U+FFFD for control characters the model may emit
       } else {
-        out_ << c;
+        line += c;
       }
     }
-    out_ << std::flush;
+    if (live_) EmitLocked(request, &line, /*end_line=*/false);
   }
-  // Ends request's open line, if any, and writes `line` as its own prefixed line.
-  void Finish(int request, std::string_view line) {
+  // Ends the request's text and writes `summary` as its own prefixed line.
+  void Finish(int request, std::string_view summary) {
     absl::MutexLock lock(&mu_);
-    if (open_ != 0) out_ << "\n";
-    open_ = 0;
-    out_ << "[" << request << "] " << line << std::endl;
+    std::string& line = pending_[request];
+    if (!line.empty() || open_ == request) EmitLocked(request, &line, /*end_line=*/true);
+    out_ << "[" << request << "] " << summary << std::endl;
+    pending_.erase(request);
   }
 
  private:
+  void EmitLocked(int request, std::string* text, bool end_line)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (open_ != request) {
+      if (open_ != 0) out_ << "\n";
+      out_ << "[" << request << "] ";
+    }
+    out_ << *text;
+    text->clear();
+    if (end_line) out_ << "\n";
+    open_ = end_line ? 0 : request;
+    out_ << std::flush;
+  }
+
   absl::Mutex mu_;
   std::ostream& out_ ABSL_GUARDED_BY(mu_);
-  int open_ ABSL_GUARDED_BY(mu_) = 0;  // request whose line is open; 0: at a line start
+  bool live_ ABSL_GUARDED_BY(mu_) = true;
+  int open_ ABSL_GUARDED_BY(mu_) = 0;  // request whose line is open on the terminal; 0: none
+  std::map<int, std::string> pending_ ABSL_GUARDED_BY(mu_);  // text not yet written, per request
 };
 
 struct DemoRequest {
@@ -91,9 +108,10 @@ void Run(v1::Gateway::Stub& stub, DemoRequest* r, const DemoSettings& s, LinePri
                           [&](const v1::GenerateResponse& msg) {
                             if (msg.has_delta()) printer->Write(r->number, msg.delta().text());
                           });
-  printer->Finish(r->number, r->result.ok() ? absl::StrCat("(", r->step, ") ", FormatSummary(*r->result))
-                                            : absl::StrCat("(", r->step, ") FAILED: ",
-                                                           r->result.status().message()));
+  printer->Finish(r->number,
+                  r->result.ok()
+                      ? absl::StrCat("(", r->step, ") ", FormatSummary(*r->result))
+                      : absl::StrCat("(", r->step, ") FAILED: ", r->result.status().message()));
 }
 
 // The gateway learns workers from the registry; wait until it lists all of them (bounded).
@@ -122,19 +140,19 @@ std::string Ids(const std::vector<int32_t>& ids) { return "[" + absl::StrJoin(id
 
 void PrintTable(const std::vector<DemoRequest>& requests, std::ostream& out) {
   out << "\n"
-      << absl::StrFormat("%3s  %-10s  %-10s  %7s  %7s  %10s  %8s  %8s  %s\n", "#", "step",
-                         "worker", "prompt", "cached", "completion", "TTFT ms", "tok/s",
-                         "finish");
+      << absl::StrFormat("%3s  %-10s  %-10s  %7s  %7s  %10s  %8s  %8s  %s\n", "#", "step", "worker",
+                         "prompt", "cached", "completion", "TTFT ms", "tok/s", "finish");
   for (const DemoRequest& r : requests) {
     if (!r.result.ok()) {
-      out << absl::StrFormat("%3d  %-10s  FAILED: %s\n", r.number, r.step, r.result.status().message());
+      out << absl::StrFormat("%3d  %-10s  FAILED: %s\n", r.number, r.step,
+                             r.result.status().message());
       continue;
     }
     const GenerateResult& g = *r.result;
     const v1::Usage& u = g.finish.usage();
     out << absl::StrFormat(
-        "%3d  %-10s  %-10s  %7d  %7d  %10d  %8s  %8s  %s\n", r.number, r.step,
-        g.start.worker_id(), u.prompt_tokens(), u.cached_tokens(), u.completion_tokens(),
+        "%3d  %-10s  %-10s  %7d  %7d  %10d  %8s  %8s  %s\n", r.number, r.step, g.start.worker_id(),
+        u.prompt_tokens(), u.cached_tokens(), u.completion_tokens(),
         g.ttft_ms >= 0 ? absl::StrFormat("%.1f", g.ttft_ms) : "-",
         g.decode_tokens_per_s >= 0 ? absl::StrFormat("%.1f", g.decode_tokens_per_s) : "-",
         FinishReasonName(g.finish.finish_reason()));
@@ -170,8 +188,8 @@ bool CheckCachedEqualsCold(const DemoRequest& cold, const DemoRequest& warm,
   std::vector<std::string> problems;
   for (const DemoRequest* r : {&cold, &warm, &salted}) {
     if (!r->result.ok()) {
-      problems.push_back(absl::StrCat("request ", r->number, " (", r->step, ") failed: ",
-                                      r->result.status().message()));
+      problems.push_back(absl::StrCat("request ", r->number, " (", r->step,
+                                      ") failed: ", r->result.status().message()));
     }
   }
   if (problems.empty()) {
@@ -184,28 +202,26 @@ bool CheckCachedEqualsCold(const DemoRequest& cold, const DemoRequest& warm,
                                       "prefix cache was not used"));
     }
     if (s.finish.usage().cached_tokens() != 0) {
-      problems.push_back(absl::StrCat("request ", salted.number, " used cache_salt \"",
-                                      salted.cache_salt, "\" yet reported ",
-                                      s.finish.usage().cached_tokens(),
-                                      " cached tokens: salts must not share cache"));
+      problems.push_back(absl::StrCat(
+          "request ", salted.number, " used cache_salt \"", salted.cache_salt, "\" yet reported ",
+          s.finish.usage().cached_tokens(), " cached tokens: salts must not share cache"));
     }
     for (const DemoRequest* r : {&warm, &salted}) {
       if (r->result->token_ids != c.token_ids) {
-        problems.push_back(absl::StrCat("request ", r->number, " (", r->step, ", ",
-                                        r->result->finish.usage().cached_tokens(),
-                                        " cached) differs from cold request ", cold.number,
-                                        ":\n    cold:  ", Ids(c.token_ids), "\n    ", r->step,
-                                        ": ", Ids(r->result->token_ids)));
+        problems.push_back(absl::StrCat(
+            "request ", r->number, " (", r->step, ", ", r->result->finish.usage().cached_tokens(),
+            " cached) differs from cold request ", cold.number, ":\n    cold:  ", Ids(c.token_ids),
+            "\n    ", r->step, ": ", Ids(r->result->token_ids)));
       }
     }
     if (problems.empty()) {
       out << absl::StrFormat(
                  "\ncached == cold: OK (request %d reused %d of %d prompt tokens on %s; request "
-                 "%d, under another cache_salt, reused %d; both produced exactly the %d tokens "
-                 "of cold request %d)",
+                 "%d, under another cache_salt, reused %d on %s; both produced exactly the %d "
+                 "tokens of cold request %d on %s)",
                  warm.number, w.finish.usage().cached_tokens(), w.finish.usage().prompt_tokens(),
                  w.start.worker_id(), salted.number, s.finish.usage().cached_tokens(),
-                 c.token_ids.size(), cold.number)
+                 s.start.worker_id(), c.token_ids.size(), cold.number, c.start.worker_id())
           << std::endl;
       return true;
     }
@@ -296,19 +312,22 @@ int RunDemoCommand(const std::vector<std::string>& args, std::ostream& out, std:
 
   out << "\n(2) concurrent: "
       << (requests == 4 ? "request 2" : absl::StrCat("requests 2-", requests - 2, " at once"))
-      << ", same system prompt, different questions\n" << std::flush;
+      << ", same system prompt, different questions\n"
+      << std::flush;
+  printer.SetLive(false);  // whole lines only while streams run at once
   std::vector<std::thread> threads;
   for (int i = 1; i < requests - 2; ++i) {
     threads.emplace_back([&, i] { Run(*stub, &reqs[i], settings, &printer); });
   }
   for (std::thread& t : threads) t.join();
+  printer.SetLive(true);
 
   out << "\n(3) warm: request " << warm.number << " repeats request 1 (should hit the cache)\n"
       << std::flush;
   Run(*stub, &warm, settings, &printer);
-  out << "\n(4) salted: request " << salted.number
-      << " repeats request 1 under cache_salt \"" << salted.cache_salt
-      << "\" (shares no cache: a cold prefill)\n" << std::flush;
+  out << "\n(4) salted: request " << salted.number << " repeats request 1 under cache_salt \""
+      << salted.cache_salt << "\" (shares no cache: a cold prefill)\n"
+      << std::flush;
   Run(*stub, &salted, settings, &printer);
 
   PrintTable(reqs, out);
@@ -324,6 +343,10 @@ int RunDemoCommand(const std::vector<std::string>& args, std::ostream& out, std:
     err << "cascade demo: " << *dead;
     ok = false;
   }
+  // Close our connection first: an idle client channel slows the gateway's drain (gRPC 1.51's
+  // client backup poller keeps the connection for about 5 s).
+  stub.reset();
+  channel->reset();
   (*stack)->Stop(&err);
   return ok ? kExitOk : kExitFailed;
 }

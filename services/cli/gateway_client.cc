@@ -126,7 +126,7 @@ std::string FormatSummary(const GenerateResult& r) {
   std::string rate =
       r.decode_tokens_per_s >= 0 ? absl::StrFormat("%.1f", r.decode_tokens_per_s) : "-";
   return absl::StrFormat(
-      "[worker %s] prompt %d tokens (%d cached), completion %d tokens, finish %s, TTFT %s ms, "
+      "%s: prompt %d tokens (%d cached), completion %d tokens, finish %s, TTFT %s ms, "
       "%s tokens/s",
       r.start.worker_id(), u.prompt_tokens(), u.cached_tokens(), u.completion_tokens(),
       FinishReasonName(r.finish.finish_reason()), ttft, rate);

@@ -2,13 +2,13 @@
 // ListModels, and cascade.v1.Worker/GetStats. Every call has a deadline.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -32,7 +32,7 @@ struct GenerateResult {
   int deltas = 0;
   bool got_finish = false;
   v1::GenerateFinish finish;
-  double ttft_ms = -1;             // call start -> first delta with a token; -1: none came
+  double ttft_ms = -1;              // call start -> first delta with a token; -1: none came
   double decode_tokens_per_s = -1;  // (tokens - 1) / (last token - first token); -1: n/a
   double total_ms = 0;
 };

@@ -32,7 +32,8 @@ int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out, 
   AddRepeatedString(&flags, "context", &contexts, "a CONTEXT chunk; repeat for several");
   flags.AddString("query", &query, "the user's question (a QUERY chunk; required)");
   flags.AddString("model", &model, "model name; empty: the only one served");
-  AddOptionalInt(&flags, "max_tokens", &max_tokens, "most tokens to generate; unset: the "
+  AddOptionalInt(&flags, "max_tokens", &max_tokens,
+                 "most tokens to generate; unset: the "
                  "gateway's --default_max_tokens");
   AddOptionalDouble(&flags, "temperature", &temperature, "0 = greedy; unset: 1");
   AddOptionalDouble(&flags, "top_p", &top_p, "nucleus mass in (0, 1]; unset: 1");

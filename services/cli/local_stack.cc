@@ -51,7 +51,8 @@ absl::Status EnsureModel(const std::string& dir, const std::string& preset,
     return absl::Status(s.code(), absl::StrCat("generating the model in ", dir, ": ", s.message()));
   }
   if (progress) {
-    *progress << absl::StrFormat("model: done in %.1f s", absl::ToDoubleSeconds(absl::Now() - start))
+    *progress << absl::StrFormat("model: done in %.1f s",
+                                 absl::ToDoubleSeconds(absl::Now() - start))
               << std::endl;
   }
   return absl::OkStatus();
@@ -74,7 +75,8 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
                                                               std::ostream* progress) {
   if (options.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
   if (!ModelExists(options.model_dir)) {
-    return absl::NotFoundError(absl::StrCat(options.model_dir, " has no config.json: make a model "
+    return absl::NotFoundError(absl::StrCat(options.model_dir,
+                                            " has no config.json: make a model "
                                             "with `cascade mkmodel --preset tiny --out DIR`"));
   }
   std::unique_ptr<LocalStack> stack(new LocalStack());
@@ -96,8 +98,8 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
   } else {
     std::error_code ec;
     fs::create_directories(o.log_dir, ec);
-    if (ec) return absl::InternalError(absl::StrCat("cannot create ", o.log_dir, ": ",
-                                                    ec.message()));
+    if (ec)
+      return absl::InternalError(absl::StrCat("cannot create ", o.log_dir, ": ", ec.message()));
   }
   stack->log_dir_ = o.log_dir;
   if (progress) *progress << "logs: " << o.log_dir << "/*.log" << std::endl;

@@ -81,8 +81,7 @@ std::string DefaultModelDir(const std::string& bin_dir, const std::string& prese
 bool ModelExists(const std::string& dir);
 // Generates the preset into `dir` (random weights, seed 0) unless a model is there already.
 // Progress (what and where, and how long it took) goes to `progress` (may be null).
-absl::Status EnsureModel(const std::string& dir, const std::string& preset,
-                         std::ostream* progress);
+absl::Status EnsureModel(const std::string& dir, const std::string& preset, std::ostream* progress);
 // The model directory `up`/`demo` serve: `model_dir`, or DefaultModelDir() of this executable
 // when empty; generated from `preset` when it has no model yet. Returns the absolute path.
 absl::StatusOr<std::string> PrepareModel(const std::string& model_dir, const std::string& preset,

@@ -71,12 +71,14 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
       "cascade-gateway, from this binary's directory), prints the addresses and grpcurl "
       "examples, and runs until Ctrl-C or SIGTERM, then stops the children gracefully.");
   flags.AddInt("port", &options.port, "gateway port; 0: a free one");
-  flags.AddString("host", &options.host, "gateway listen address (0.0.0.0 to accept remote "
+  flags.AddString("host", &options.host,
+                  "gateway listen address (0.0.0.0 to accept remote "
                   "clients)");
   flags.AddInt("workers", &options.workers, "number of cascade-worker processes");
   flags.AddString("model_dir", &model_dir,
                   "model to serve; empty: <build>/models/<preset>, generated when absent");
-  flags.AddString("preset", &preset, "preset to generate when the model directory is empty "
+  flags.AddString("preset", &preset,
+                  "preset to generate when the model directory is empty "
                   "(tiny | qwen3-0.6b | llama-tiny)");
   flags.AddString("backend", &options.backend, "worker backend: cpu | cuda | auto");
   flags.AddInt64("kv_cache_bytes", &options.kv_cache_bytes,

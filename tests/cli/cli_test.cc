@@ -1,7 +1,8 @@
 // The `cascade` tool's offline behaviour: help and exit codes, flag errors, mkmodel output that
 // loads, and tokenize/detokenize round trips through the same entry point main() uses.
-#include <gtest/gtest.h>
+#include "services/cli/cli.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -12,7 +13,6 @@
 #include "gpu_worker/model/generator.h"
 #include "gpu_worker/model/model.h"
 #include "services/cli/child_process.h"
-#include "services/cli/cli.h"
 
 namespace cascade::cli {
 namespace {
@@ -88,8 +88,8 @@ TEST(CliTest, BadFlagsExitTwoWithTheFlagNamed) {
   EXPECT_EQ(unknown.code, kExitUsage);
   EXPECT_NE(unknown.err.find("--bogus"), std::string::npos) << unknown.err;
 
-  CliRun bad_value = Cli({"generate", "--gateway", "localhost:1", "--query", "q", "--max_tokens",
-                       "many"});
+  CliRun bad_value =
+      Cli({"generate", "--gateway", "localhost:1", "--query", "q", "--max_tokens", "many"});
   EXPECT_EQ(bad_value.code, kExitUsage);
   EXPECT_NE(bad_value.err.find("max_tokens"), std::string::npos) << bad_value.err;
 

@@ -1,8 +1,9 @@
 // `cascade up`'s process handling against the real binaries: registry, a worker and the gateway
 // start as child processes on free ports, one Generate through the gateway streams a start,
 // deltas and a finish; and a child that dies before its ready line is reported with its log.
-#include <gtest/gtest.h>
+#include "services/cli/local_stack.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -13,7 +14,6 @@
 #include "gpu_worker/model/generator.h"
 #include "services/cli/child_process.h"
 #include "services/cli/gateway_client.h"
-#include "services/cli/local_stack.h"
 
 namespace cascade::cli {
 namespace {
@@ -43,7 +43,9 @@ class TempDir {
 TEST(LocalStackTest, ChildThatExitsBeforeItsReadyLineIsReportedWithItsLog) {
   ASSERT_FALSE(BinDir().empty()) << "run through ctest (it sets CASCADE_BINARY_DIR)";
   TempDir dir;
-  ChildSpec spec{"cascade-registry", BinDir() + "/cascade-registry", {"--no_such_flag=1"},
+  ChildSpec spec{"cascade-registry",
+                 BinDir() + "/cascade-registry",
+                 {"--no_such_flag=1"},
                  dir.path() + "/registry.log"};
   absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Spawn(spec);
   ASSERT_TRUE(child.ok()) << child.status();
@@ -123,9 +125,13 @@ TEST(LocalStackTest, StackOfRealBinariesServesAGenerateStreamAndStops) {
   EXPECT_EQ(stats->generation_tokens(), 6);
 
   EXPECT_EQ((*stack)->FindDeadChild(), std::nullopt);
+  stub.reset();  // an idle client channel would stretch the gateway's drain
+  channel->reset();
+  const absl::Time stop_start = absl::Now();
   (*stack)->Stop(&progress);
-  EXPECT_NE(progress.str().find("gateway exited with code 0"), std::string::npos)
-      << progress.str();
+  EXPECT_LT(absl::Now() - stop_start, absl::Seconds(8))
+      << "children stopped on SIGTERM, no SIGKILL";
+  EXPECT_NE(progress.str().find("gateway exited with code 0"), std::string::npos) << progress.str();
 }
 
 }  // namespace
