@@ -13,6 +13,7 @@
 
 #include "gpu_worker/model/generator.h"
 #include "services/cli/child_process.h"
+#include "services/cli/cli.h"
 #include "services/cli/gateway_client.h"
 
 namespace cascade::cli {
@@ -123,6 +124,17 @@ TEST(LocalStackTest, StackOfRealBinariesServesAGenerateStreamAndStops) {
       GetWorkerStats((*stack)->workers()[0].address, absl::Seconds(5));
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->generation_tokens(), 6);
+
+  // The `generate` command against the same gateway: text on stdout, the summary on stderr.
+  std::istringstream no_input;
+  std::ostringstream out, err;
+  int code = RunCli({"generate", "--gateway", (*stack)->gateway().address, "--system", "Be brief.",
+                     "--query", "Hello?", "--max_tokens=3", "--temperature=0", "--timeout=30s"},
+                    no_input, out, err);
+  EXPECT_EQ(code, 0) << err.str();
+  EXPECT_FALSE(out.str().empty());
+  EXPECT_NE(err.str().find("worker-0: prompt"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("completion 3 tokens"), std::string::npos) << err.str();
 
   EXPECT_EQ((*stack)->FindDeadChild(), std::nullopt);
   stub.reset();  // an idle client channel would stretch the gateway's drain
