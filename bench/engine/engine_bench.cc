@@ -1,0 +1,398 @@
+// Engine-level throughput, no gRPC: decode tokens/s by batch size, prefill tokens/s for long
+// prompts, and the shared-prefix workload (one long cached system chunk, N concurrent queries)
+// with cascade attention on and off in the same run. Prints markdown tables; numbers go to
+// bench/engine/RESULTS.md.
+//
+//   engine_bench [--backend=cuda|cpu] [--preset=tiny|qwen3-0.6b|...] [--model_dir=DIR]
+//                [--batches=1,8,32,64,128,256] [--prompt_len=128] [--decode_len=64]
+//                [--prefill_lens=512,2048,8192] [--prefill_tokens=8192]
+//                [--shared_len=2048] [--queries=16,64,256] [--query_len=32] [--shared_gen=64]
+//                [--sections=decode,prefill,shared] [--num_blocks=N] [--seed=0]
+//
+// Timing: host steady clock around Engine::Step() calls (a step returns after the backend has
+// copied the logits to the host, so it includes all device work). "fwd %" is the share of the
+// step time spent inside Backend::Forward (device work + logits copy); the rest is the engine's
+// host work (scheduling, sampling, output).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "gpu_worker/backend/cpu/cpu_backend.h"
+#include "gpu_worker/engine/engine.h"
+#include "gpu_worker/model/generator.h"
+#include "gpu_worker/model/model.h"
+#ifdef CASCADE_HAVE_CUDA
+#include "gpu_worker/backend/cuda/cuda_backend.h"
+#include "gpu_worker/backend/cuda/device.h"
+#endif
+
+namespace cascade::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+struct Flags {
+  std::string backend = "cuda";
+  std::string preset = "tiny";
+  std::string model_dir;
+  std::vector<int> batches = {1, 8, 32, 64, 128, 256};
+  int prompt_len = 128;
+  int decode_len = 64;
+  std::vector<int> prefill_lens = {512, 2048, 8192};
+  int prefill_tokens = 8192;
+  int shared_len = 2048;
+  std::vector<int> queries = {16, 64, 256};
+  int query_len = 32;
+  int shared_gen = 64;
+  std::vector<std::string> sections = {"decode", "prefill", "shared"};
+  int64_t num_blocks = 0;
+  uint64_t seed = 0;
+};
+
+bool ParseInts(const std::string& v, std::vector<int>* out) {
+  out->clear();
+  for (absl::string_view p : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+    int x;
+    if (!absl::SimpleAtoi(p, &x) || x <= 0) return false;
+    out->push_back(x);
+  }
+  return !out->empty();
+}
+
+bool ParseFlags(int argc, char** argv, Flags* f) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    const size_t eq = a.find('=');
+    if (a.rfind("--", 0) != 0 || eq == std::string::npos) {
+      std::fprintf(stderr, "bad argument %s (want --name=value)\n", a.c_str());
+      return false;
+    }
+    const std::string k = a.substr(2, eq - 2), v = a.substr(eq + 1);
+    bool ok = true;
+    auto int_flag = [&](int* x) { ok = absl::SimpleAtoi(v, x) && *x > 0; };
+    if (k == "backend") f->backend = v;
+    else if (k == "preset") f->preset = v;
+    else if (k == "model_dir") f->model_dir = v;
+    else if (k == "batches") ok = ParseInts(v, &f->batches);
+    else if (k == "prompt_len") int_flag(&f->prompt_len);
+    else if (k == "decode_len") int_flag(&f->decode_len);
+    else if (k == "prefill_lens") ok = ParseInts(v, &f->prefill_lens);
+    else if (k == "prefill_tokens") int_flag(&f->prefill_tokens);
+    else if (k == "shared_len") int_flag(&f->shared_len);
+    else if (k == "queries") ok = ParseInts(v, &f->queries);
+    else if (k == "query_len") int_flag(&f->query_len);
+    else if (k == "shared_gen") int_flag(&f->shared_gen);
+    else if (k == "sections") f->sections = absl::StrSplit(v, ',', absl::SkipEmpty());
+    else if (k == "num_blocks") ok = absl::SimpleAtoi(v, &f->num_blocks) && f->num_blocks >= 0;
+    else if (k == "seed") ok = absl::SimpleAtoi(v, &f->seed);
+    else {
+      std::fprintf(stderr, "unknown flag --%s\n", k.c_str());
+      return false;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "bad value for --%s: %s\n", k.c_str(), v.c_str());
+      return false;
+    }
+  }
+  if (f->backend != "cuda" && f->backend != "cpu") {
+    std::fprintf(stderr, "--backend must be cuda or cpu\n");
+    return false;
+  }
+  return true;
+}
+
+// Times Backend::Forward (host clock; Forward returns with the logits on the host).
+class TimedBackend : public engine::Backend {
+ public:
+  TimedBackend(std::unique_ptr<engine::Backend> inner, double* forward_s)
+      : inner_(std::move(inner)), forward_s_(forward_s) {}
+  std::string Name() const override { return inner_->Name(); }
+  int64_t NumBlocks() const override { return inner_->NumBlocks(); }
+  int BlockSize() const override { return inner_->BlockSize(); }
+  int VocabSize() const override { return inner_->VocabSize(); }
+  absl::Status Forward(const engine::ForwardBatch& b, std::vector<float>* logits) override {
+    const auto t0 = Clock::now();
+    absl::Status st = inner_->Forward(b, logits);
+    *forward_s_ += Seconds(t0, Clock::now());
+    return st;
+  }
+
+ private:
+  std::unique_ptr<engine::Backend> inner_;
+  double* forward_s_;
+};
+
+struct Bench {
+  const Flags& flags;
+  const model::Model& model;
+  int max_seqs = 256;
+  int max_batched_tokens = 8192;
+  int64_t max_context = 16384;
+  double forward_s = 0;  // accumulated by the current engine's TimedBackend
+
+  std::unique_ptr<engine::Engine> MakeEngine(bool cascade) {
+    std::unique_ptr<engine::Backend> backend;
+    const int64_t blocks = flags.num_blocks;
+    if (flags.backend == "cpu") {
+      cpu::CpuBackendOptions o;
+      o.num_blocks = blocks > 0 ? blocks : 4096;
+      backend = cpu::NewCpuBackend(model, o);
+    } else {
+#ifdef CASCADE_HAVE_CUDA
+      cuda::CudaBackendOptions o;
+      o.num_blocks = blocks;  // 0: a fraction of free memory
+      o.kv_cache_fraction = 0.6;
+      o.max_num_tokens = max_batched_tokens;
+      o.max_logits_rows = max_seqs;
+      o.cascade = cascade;
+      auto b = cuda::NewCudaBackend(model, o);
+      if (!b.ok()) {
+        std::fprintf(stderr, "cuda backend: %s\n", b.status().ToString().c_str());
+        std::exit(1);
+      }
+      backend = std::move(*b);
+#else
+      std::fprintf(stderr, "built without CUDA; use --backend=cpu\n");
+      std::exit(1);
+#endif
+    }
+    if (!backend) {
+      std::fprintf(stderr, "could not create the backend\n");
+      std::exit(1);
+    }
+    forward_s = 0;
+    engine::EngineOptions eo;
+    eo.model_name = model.name();
+    eo.max_num_seqs = max_seqs;
+    eo.max_num_batched_tokens = max_batched_tokens;
+    eo.max_context = max_context;
+    eo.max_tokens_limit = 4096;
+    eo.max_waiting = 100000;
+    return engine::NewEngine(eo, std::make_unique<TimedBackend>(std::move(backend), &forward_s));
+  }
+
+  std::vector<int32_t> RandomTokens(std::mt19937& rng, int n) {
+    std::vector<int32_t> t(n);
+    const int vocab = static_cast<int>(model.config().vocab_size);
+    for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
+    return t;
+  }
+};
+
+engine::Request MakeRequest(std::vector<engine::ChunkInput> chunks, int max_tokens) {
+  engine::Request r;
+  r.chunks = std::move(chunks);
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;  // fixed lengths
+  return r;
+}
+
+// What one batch of requests cost, split at the step after which every request had its first
+// token (from then on every step is a pure decode step over the whole batch).
+struct PhaseResult {
+  double first_tokens_s = 0;  // add -> every request has its first token (prefill phase)
+  double decode_s = 0;        // the remaining steps
+  int64_t decode_tokens = 0;  // tokens produced in those steps
+  int decode_steps = 0;
+  double decode_forward_s = 0;
+  double total_s = 0;
+  int64_t prompt_tokens_computed = 0;
+};
+
+PhaseResult RunBatch(Bench& b, engine::Engine& e, const std::vector<engine::Request>& reqs) {
+  PhaseResult r;
+  const int64_t computed0 = e.Stats().prompt_tokens_computed;
+  const auto t0 = Clock::now();
+  for (const engine::Request& q : reqs) {
+    auto id = e.AddRequest(q);
+    if (!id.ok()) {
+      std::fprintf(stderr, "AddRequest: %s\n", id.status().ToString().c_str());
+      std::exit(1);
+    }
+  }
+  std::map<uint64_t, bool> got_first;
+  size_t firsts = 0, finished = 0;
+  bool decoding = false;
+  Clock::time_point t_decode;
+  double fwd_at_decode = 0;
+  while (finished < reqs.size()) {
+    auto outs = e.Step();
+    if (!outs.ok()) {
+      std::fprintf(stderr, "Step: %s\n", outs.status().ToString().c_str());
+      std::exit(1);
+    }
+    for (const engine::SequenceOutput& o : *outs) {
+      if (!o.error.empty()) {
+        std::fprintf(stderr, "sequence error: %s\n", o.error.c_str());
+        std::exit(1);
+      }
+      if (decoding) r.decode_tokens += static_cast<int64_t>(o.new_tokens.size());
+      if (!o.new_tokens.empty() && !got_first[o.seq_id]) {
+        got_first[o.seq_id] = true;
+        ++firsts;
+      }
+      finished += o.finished;
+    }
+    if (decoding) ++r.decode_steps;
+    if (!decoding && firsts == reqs.size()) {
+      decoding = true;
+      t_decode = Clock::now();
+      fwd_at_decode = b.forward_s;
+      r.first_tokens_s = Seconds(t0, t_decode);
+    }
+  }
+  const auto t1 = Clock::now();
+  r.total_s = Seconds(t0, t1);
+  r.decode_s = Seconds(t_decode, t1);
+  r.decode_forward_s = b.forward_s - fwd_at_decode;
+  r.prompt_tokens_computed = e.Stats().prompt_tokens_computed - computed0;
+  return r;
+}
+
+void DecodeSection(Bench& b) {
+  std::printf("\n## Decode (prompt %d tokens, %d generated, ignore_eos, greedy)\n\n", b.flags.prompt_len,
+              b.flags.decode_len);
+  std::printf("| batch | decode tok/s | ms/step | fwd %% | prefill s |\n|---:|---:|---:|---:|---:|\n");
+  auto e = b.MakeEngine(true);
+  std::mt19937 rng(b.flags.seed + 1);
+  {  // warm-up: first-use costs (GEMM algorithm choice, allocations) stay out of the numbers
+    std::vector<engine::Request> w;
+    for (int i = 0; i < 2; ++i) w.push_back(MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, 4));
+    RunBatch(b, *e, w);
+  }
+  for (int batch : b.flags.batches) {
+    std::vector<engine::Request> reqs;
+    for (int i = 0; i < batch; ++i) {
+      reqs.push_back(MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, b.flags.decode_len));
+    }
+    PhaseResult r = RunBatch(b, *e, reqs);
+    std::printf("| %d | %.0f | %.2f | %.0f | %.3f |\n", batch, r.decode_tokens / r.decode_s,
+                1e3 * r.decode_s / std::max(1, r.decode_steps),
+                100.0 * r.decode_forward_s / r.decode_s, r.first_tokens_s);
+    std::fflush(stdout);
+  }
+}
+
+void PrefillSection(Bench& b) {
+  std::printf("\n## Prefill (cold prompts, 1 generated token, %d tokens per measurement)\n\n",
+              b.flags.prefill_tokens);
+  std::printf("| prompt len | seqs | prefill tok/s | s |\n|---:|---:|---:|---:|\n");
+  auto e = b.MakeEngine(true);
+  std::mt19937 rng(b.flags.seed + 2);
+  RunBatch(b, *e, {MakeRequest({{1, b.RandomTokens(rng, 256), ""}}, 1)});  // warm-up
+  for (int len : b.flags.prefill_lens) {
+    if (len + 1 > b.max_context) continue;
+    const int seqs = std::max(1, b.flags.prefill_tokens / len);
+    std::vector<engine::Request> reqs;
+    for (int i = 0; i < seqs; ++i) reqs.push_back(MakeRequest({{1, b.RandomTokens(rng, len), ""}}, 1));
+    PhaseResult r = RunBatch(b, *e, reqs);
+    std::printf("| %d | %d | %.0f | %.3f |\n", len, seqs, r.prompt_tokens_computed / r.total_s,
+                r.total_s);
+    std::fflush(stdout);
+  }
+}
+
+void SharedSection(Bench& b) {
+  const bool cuda = b.flags.backend == "cuda";
+  std::printf("\n## Shared prefix (system chunk %d tokens cached, N queries of %d tokens, %d "
+              "generated each)%s\n\n",
+              b.flags.shared_len, b.flags.query_len, b.flags.shared_gen,
+              cuda ? "" : " [cpu backend: no cascade option, both columns are the same backend]");
+  std::mt19937 rng(b.flags.seed + 3);
+  const std::vector<int32_t> system = b.RandomTokens(rng, b.flags.shared_len);
+  std::map<int, std::vector<engine::Request>> workloads;
+  for (int n : b.flags.queries) {
+    for (int i = 0; i < n; ++i) {
+      workloads[n].push_back(MakeRequest(
+          {{1, system, ""}, {3, b.RandomTokens(rng, b.flags.query_len), ""}}, b.flags.shared_gen));
+    }
+  }
+  std::map<int, PhaseResult> res[2];
+  for (int c = 0; c < 2; ++c) {  // c = 0: cascade off, 1: on; one engine each, same requests
+    auto e = b.MakeEngine(c == 1);
+    RunBatch(b, *e, {MakeRequest({{1, system, ""}}, 1)});  // the system chunk is cached
+    for (int n : b.flags.queries) {
+      res[c][n] = RunBatch(b, *e, workloads[n]);
+      // Drop the queries' own blocks from the cache? Not needed: every workload's queries differ.
+    }
+  }
+  std::printf("| N | decode tok/s off | decode tok/s on | decode on/off | total s off | total s on "
+              "| total off/on |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (int n : b.flags.queries) {
+    const PhaseResult& off = res[0][n];
+    const PhaseResult& on = res[1][n];
+    const double d_off = off.decode_tokens / off.decode_s, d_on = on.decode_tokens / on.decode_s;
+    std::printf("| %d | %.0f | %.0f | %.2fx | %.3f | %.3f | %.2fx |\n", n, d_off, d_on, d_on / d_off,
+                off.total_s, on.total_s, off.total_s / on.total_s);
+  }
+  std::fflush(stdout);
+}
+
+int Main(int argc, char** argv) {
+  Flags flags;
+  if (!ParseFlags(argc, argv, &flags)) return 2;
+  std::string dir = flags.model_dir;
+  if (dir.empty()) {
+    auto config = model::FindPresetConfig(flags.preset);
+    if (!config.ok()) {
+      std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
+      return 2;
+    }
+    dir = (std::filesystem::temp_directory_path() / ("cascade_bench_" + flags.preset)).string();
+    if (!std::filesystem::exists(dir + "/config.json")) {
+      const auto t0 = Clock::now();
+      absl::Status st = model::WriteRandomModel(dir, *config, flags.seed, "");
+      if (!st.ok()) {
+        std::fprintf(stderr, "mkmodel: %s\n", st.ToString().c_str());
+        return 1;
+      }
+      std::fprintf(stderr, "generated %s in %.1f s\n", dir.c_str(), Seconds(t0, Clock::now()));
+    }
+  }
+  auto model = model::LoadModel(dir);
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  std::string device = "cpu";
+#ifdef CASCADE_HAVE_CUDA
+  if (flags.backend == "cuda") {
+    auto name = cuda::DeviceName(0);
+    device = name.ok() ? *name : name.status().ToString();
+  }
+#endif
+  const model::ModelConfig& c = (*model)->config();
+  std::printf("# engine_bench: backend %s (%s), model %s (%lld layers, hidden %lld, vocab %lld)\n",
+              flags.backend.c_str(), device.c_str(), dir.c_str(),
+              static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
+              static_cast<long long>(c.vocab_size));
+  Bench b{flags, **model};
+  b.max_seqs = 256;
+  for (int x : flags.batches) b.max_seqs = std::max(b.max_seqs, x);
+  for (int x : flags.queries) b.max_seqs = std::max(b.max_seqs, x);
+  for (const std::string& s : flags.sections) {
+    if (s == "decode") DecodeSection(b);
+    else if (s == "prefill") PrefillSection(b);
+    else if (s == "shared") SharedSection(b);
+    else std::fprintf(stderr, "unknown section %s\n", s.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace cascade::bench
+
+int main(int argc, char** argv) { return cascade::bench::Main(argc, argv); }
