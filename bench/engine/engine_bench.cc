@@ -153,8 +153,9 @@ struct Bench {
     } else {
 #ifdef CASCADE_HAVE_CUDA
       cuda::CudaBackendOptions o;
-      o.num_blocks = blocks;  // 0: a fraction of free memory
-      o.kv_cache_fraction = 0.6;
+      // 131k tokens: room for every workload here (the largest, 256 x 192, is 49k), without
+      // sizing a huge block table for small models.
+      o.num_blocks = blocks > 0 ? blocks : 8192;
       o.max_num_tokens = max_batched_tokens;
       o.max_logits_rows = max_seqs;
       o.cascade = cascade;
