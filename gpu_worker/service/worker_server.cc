@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/backend/cpu/cpu_backend.h"
 #include "gpu_worker/service/registry_agent.h"
+#include "gpu_worker/service/worker_metrics.h"
 #include "gpu_worker/service/worker_service.h"
 #include "services/common/log.h"
 #ifdef CASCADE_HAVE_CUDA
@@ -102,6 +103,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   auto* runner = w->runner_.get();
   WorkerServer* self = w.get();
   w->loop_ = std::make_unique<engine::EngineLoop>(std::move(engine), [self] {
+    if (self->metrics_) self->metrics_->Update(self->loop_->engine().Stats());
     if (self->agent_) self->agent_->OnStep();
   });
   // The worker id needs the bound port when not given, so the service is created after Start;
@@ -115,6 +117,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                                  : absl::StrCat(host, "-", getpid(), "-", counter++);
   }
   w->worker_id_ = id;
+  w->metrics_ = std::make_unique<WorkerMetrics>(
+      config.server.metrics ? *config.server.metrics : common::MetricsRegistry::Default(), id);
   w->service_ = std::make_unique<WorkerService>(id, w->loop_.get());
   runner->AddService({w->service_.get(), cascade::v1::Worker::service_full_name()});
   runner->AddDrainCallback([self] {

@@ -37,6 +37,7 @@ struct WorkerConfig {
 void RegisterWorkerFlags(common::FlagSet* flags, WorkerConfig* config);
 
 class RegistryAgent;
+class WorkerMetrics;
 
 class WorkerServer {
  public:
@@ -64,6 +65,7 @@ class WorkerServer {
   std::unique_ptr<engine::EngineLoop> loop_;
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<RegistryAgent> agent_;
+  std::unique_ptr<WorkerMetrics> metrics_;
   std::unique_ptr<common::ServerRunner> runner_;
 };
 

