@@ -1,0 +1,37 @@
+// Runs one bounded load phase against a gateway over real gRPC: `concurrency` closed-loop clients
+// (each sends its next request when the previous one ends) until the time bound or the request
+// bound is reached, whichever comes first, with a progress line every few seconds.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "bench/service/loadgen_stats.h"
+#include "bench/service/workload.h"
+#include "cascade/v1/gateway.grpc.pb.h"
+
+namespace cascade::bench {
+
+struct PhaseOptions {
+  Workload workload = Workload::kMiss;
+  int concurrency = 1;
+  absl::Duration duration = absl::Seconds(10);  // no new request starts after this
+  int64_t max_requests = 1000;                  // requests started at most
+  absl::Duration request_timeout = absl::Seconds(60);
+  absl::Duration progress_interval = absl::Seconds(2);
+  std::string bearer_token;
+};
+
+// Runs the phase and summarises it. Requests in flight at the time bound run to their end (each
+// has a deadline of `request_timeout`), so the phase ends within duration + request_timeout.
+// Progress lines go to `progress` (may be null). Thread-safe with respect to `stub` and `prompts`.
+PhaseSummary RunPhase(v1::Gateway::StubInterface& stub, PromptSource& prompts,
+                      const PhaseOptions& options, std::ostream* progress);
+
+// OK when `address` (HOST:PORT) names a loopback host: localhost, 127.0.0.0/8, or [::1].
+absl::Status CheckLoopback(const std::string& address);
+
+}  // namespace cascade::bench
