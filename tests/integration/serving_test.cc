@@ -9,6 +9,7 @@
 
 #include "gpu_worker/tokenizer/tokenizer.h"
 #include "tests/integration/stack.h"
+#include "tests/services_common/test_util.h"
 
 namespace cascade::testing {
 namespace {
@@ -248,6 +249,87 @@ TEST(ServingTest, ChatTurnsPrefillOnlyTheirNewTokens) {
   }
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST(ServingTest, RegistryRestartRestoresRoutingToTheHolder) {
+  Stack stack;
+  auto req = Req(LongSystemPrompt(), "Which rule is last?", 6);
+  Reply cold = Generate(stack.gateway(), req);
+  ASSERT_TRUE(cold.status.ok());
+  const std::string holder = cold.start.worker_id();
+  auto knows = [&] {
+    auto l = stack.registry()->ListChunks(100, holder, nullptr);
+    return l.ok() && !l->empty();
+  };
+  ASSERT_TRUE(WaitFor(knows));
+  stack.RestartRegistry();  // soft state gone: it knows nothing now
+  EXPECT_FALSE(knows());
+  // Workers see NOT_FOUND or a new epoch, re-register and resync what they hold.
+  ASSERT_TRUE(WaitFor(knows, 10000)) << "the holder never resynced its chunks";
+  for (int i = 0; i < 3; ++i) {
+    Reply hot = Generate(stack.gateway(), req);
+    ASSERT_TRUE(hot.status.ok()) << hot.status.error_message();
+    EXPECT_EQ(hot.start.worker_id(), holder);
+    EXPECT_GT(hot.start.cached_tokens(), 0);
+    EXPECT_EQ(hot.tokens, cold.tokens);
+  }
+}
+
+TEST(ServingTest, SlowReaderGetsCoalescedMessagesAndAFastOneGetsEveryToken) {
+  Stack stack({.workers = 1});
+  // A small HTTP/2 receive window, so the client's slowness reaches the gateway as
+  // backpressure after about a kilobyte instead of after the default 64 KB.
+  grpc::ChannelArguments args;
+  args.SetInt("grpc.http2.lookahead_bytes", 1024);
+  args.SetInt("grpc.http2.bdp_probe", 0);
+  auto small_window = cascade::v1::Gateway::NewStub(grpc::CreateCustomChannel(
+      stack.gateway_server().address(), grpc::InsecureChannelCredentials(), args));
+  auto count = [&](bool slow, int64_t* tokens) {
+    grpc::ClientContext ctx;
+    auto reader = small_window->Generate(&ctx, Req("sys", "stream please", 120));
+    cascade::v1::GenerateResponse m;
+    int messages = 0;
+    *tokens = 0;
+    bool first = true;
+    while (reader->Read(&m)) {
+      if (!m.has_delta()) continue;
+      ++messages;
+      *tokens += m.delta().token_ids_size();
+      if (slow && first) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      first = false;
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    std::cerr << (slow ? "slow" : "fast") << " reader: " << messages << " delta messages for "
+              << *tokens << " tokens\n";
+    return messages;
+  };
+  int64_t slow_tokens = 0, fast_tokens = 0;
+  const int slow_msgs = count(true, &slow_tokens);
+  const int fast_msgs = count(false, &fast_tokens);
+  EXPECT_EQ(slow_tokens, 120);
+  EXPECT_EQ(fast_tokens, 120);
+  EXPECT_LT(slow_msgs, 60) << "a reader that fell behind still got one message per token";
+  EXPECT_GT(fast_msgs, slow_msgs);
+}
+
+TEST(ServingTest, MetricsUseVllmStyleNames) {
+  Stack stack({.workers = 1, .metrics = true});
+  ASSERT_TRUE(Generate(stack.gateway(), Req(LongSystemPrompt(), "q", 4)).status.ok());
+  ASSERT_TRUE(Generate(stack.gateway(), Req(LongSystemPrompt(), "q", 4)).status.ok());
+  const std::string worker = common::testing::HttpGet(stack.worker(0).runner().metrics_port(), "/metrics");
+  for (const char* name : {"cascade:num_requests_running{worker=\"w0\"}", "cascade:num_requests_waiting",
+                           "cascade:kv_cache_usage_perc", "cascade:prefix_cache_queries_total",
+                           "cascade:prefix_cache_hits_total", "cascade:num_preemptions_total",
+                           "cascade:generation_tokens_total"}) {
+    EXPECT_NE(worker.find(name), std::string::npos) << name << " missing from the worker's /metrics";
+  }
+  const std::string gw = common::testing::HttpGet(stack.gateway_server().runner().metrics_port(), "/metrics");
+  for (const char* name : {"cascade:time_to_first_token_seconds_bucket",
+                           "cascade:inter_token_latency_seconds_bucket",
+                           "cascade:request_success_total{finished_reason=\"FINISH_REASON_LENGTH\"}",
+                           "cascade:gateway_prefix_cache_hits_total"}) {
+    EXPECT_NE(gw.find(name), std::string::npos) << name << " missing from the gateway's /metrics";
+  }
 }
 
 }  // namespace

@@ -55,6 +55,7 @@ struct StackOptions {
   int max_concurrent = 64;
   std::string auth_token;
   bool registry = true;
+  bool metrics = false;  // serve /metrics on worker 0 and the gateway (free ports)
 };
 
 class Stack {
@@ -70,6 +71,7 @@ class Stack {
     g.gateway.max_concurrent = o.max_concurrent;
     g.gateway.auth_token = o.auth_token;
     g.gateway.limits.default_max_tokens = 16;
+    if (o.metrics) g.server.metrics_port = 0;
     auto gw = gateway::GatewayServer::Start(g);
     EXPECT_TRUE(gw.ok()) << gw.status();
     gateway_ = std::move(*gw);
@@ -82,15 +84,23 @@ class Stack {
     StopRegistry();
   }
 
-  void StartRegistry() {
+  // `port` 0 picks a free one; a restart passes the old port so clients find it again.
+  void StartRegistry(int port = 0) {
     registry::RegistryOptions ro;
     ro.lease_ms = 3000;
     registry_ = std::make_unique<registry::Registry>(ro);
     registry_service_ = std::make_unique<registry::RegistryService>(registry_.get());
-    registry_runner_ = std::make_unique<common::ServerRunner>(TestServerOptions("cascade-registry"));
+    common::ServerOptions so = TestServerOptions("cascade-registry");
+    so.port = port;
+    registry_runner_ = std::make_unique<common::ServerRunner>(so);
     registry_runner_->AddService({registry_service_.get(), cascade::v1::ChunkRegistry::service_full_name()});
     ASSERT_TRUE(registry_runner_->Start().ok());
     registry_address_ = registry_runner_->local_address();
+    registry_port_ = registry_runner_->port();
+  }
+  void RestartRegistry() {
+    StopRegistry();
+    StartRegistry(registry_port_);
   }
   void StopRegistry() {
     if (registry_runner_) registry_runner_->Shutdown(absl::Milliseconds(100));
@@ -108,6 +118,7 @@ class Stack {
     w.block_size = options_.block_size;
     w.threads = 1;
     w.worker_id = "w" + std::to_string(i);
+    if (options_.metrics && i == 0) w.server.metrics_port = 0;
     w.heartbeat_ms = 100;
     if (options_.registry) w.registry_address = registry_address_;
     auto s = worker::WorkerServer::Start(w);
@@ -145,6 +156,7 @@ class Stack {
   std::unique_ptr<registry::RegistryService> registry_service_;
   std::unique_ptr<common::ServerRunner> registry_runner_;
   std::string registry_address_;
+  int registry_port_ = 0;
   std::vector<std::unique_ptr<worker::WorkerServer>> workers_;
   std::unique_ptr<gateway::GatewayServer> gateway_;
   std::unique_ptr<cascade::v1::Gateway::Stub> stub_;
