@@ -58,65 +58,50 @@ __device__ __forceinline__ void MergeState(float& lse, float (&o)[E], float lse_
   lse = __fadd_rn(m, log2f(sum));
 }
 
-// One warp: partial state of query `q` (D floats in shared memory) over the first `nv` keys of
-// the tile in Ks/Vs ([kT, D + 8] bf16). Lane owns output dims [lane * E, lane * E + E).
-// REQUIRES: 1 <= nv <= kT.
-template <int E>
-__device__ __forceinline__ void TilePartial(const float* q, const __nv_bfloat16* Ks,
-                                            const __nv_bfloat16* Vs, int nv, float scale_log2,
-                                            float* pscr, int lane, float (&o)[E], float& lse) {
-  constexpr int D = E * 32, LD = D + 8, KPL = kT / 32;
-  float acc[KPL];
-#pragma unroll
-  for (int i = 0; i < KPL; ++i) acc[i] = 0.f;
-#pragma unroll 4
-  for (int c = 0; c < D / 8; ++c) {
-    const float4 qa = *reinterpret_cast<const float4*>(q + c * 8);
-    const float4 qb = *reinterpret_cast<const float4*>(q + c * 8 + 4);
-    const float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-#pragma unroll
-    for (int i = 0; i < KPL; ++i) {
-      const int j = lane + 32 * i;
-      if (j < nv) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(Ks + j * LD + c * 8);
-        const __nv_bfloat16* kv = reinterpret_cast<const __nv_bfloat16*>(&raw);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[i] = __fmaf_rn(qv[e], __bfloat162float(kv[e]), acc[i]);
-      }
-    }
-  }
-  float s[KPL];
-  float m = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < KPL; ++i) {
-    s[i] = (lane + 32 * i < nv) ? __fmul_rn(acc[i], scale_log2) : -INFINITY;
-    m = fmaxf(m, s[i]);
-  }
-  m = WarpMax(m);
-  float l = 0.f;
-#pragma unroll
-  for (int i = 0; i < KPL; ++i) {
-    const float p = (lane + 32 * i < nv) ? exp2f(__fsub_rn(s[i], m)) : 0.f;
-    l = __fadd_rn(l, p);
-    pscr[lane + 32 * i] = p;
-  }
-  l = WarpSum(l);
-  __syncwarp();
-#pragma unroll
-  for (int e = 0; e < E; ++e) o[e] = 0.f;
-#pragma unroll 8
-  for (int j = 0; j < nv; ++j) {
-    const float p = pscr[j];
-    float v[E];
-    LoadBf16<E>(Vs + j * LD + lane * E, v);
-#pragma unroll
-    for (int e = 0; e < E; ++e) o[e] = __fmaf_rn(p, v[e], o[e]);
-  }
-#pragma unroll
-  for (int e = 0; e < E; ++e) o[e] = __fdiv_rn(o[e], l);
-  lse = __fadd_rn(m, log2f(l));
-  __syncwarp();  // pscr is reused by this warp's next query
+// Elementwise MergeState: the same operations in the same order on the same values as
+// MergeState<E> (used by the merge kernel), so an in-CTA fold and the merge kernel agree bitwise.
+// Returns the merged o; MergedLse gives the merged lse. REQUIRES: lse_b != -inf.
+__device__ __forceinline__ float MergeElem(float lse, float o, float lse_b, float ob) {
+  if (lse == -INFINITY) return ob;
+  const float m = fmaxf(lse, lse_b);
+  const float wa = exp2f(__fsub_rn(lse, m));
+  const float wb = exp2f(__fsub_rn(lse_b, m));
+  const float inv = __frcp_rn(__fadd_rn(wa, wb));
+  return __fmul_rn(__fmaf_rn(o, wa, __fmul_rn(ob, wb)), inv);
 }
+__device__ __forceinline__ float MergedLse(float lse, float lse_b) {
+  if (lse == -INFINITY) return lse_b;
+  const float m = fmaxf(lse, lse_b);
+  const float wa = exp2f(__fsub_rn(lse, m));
+  const float wb = exp2f(__fsub_rn(lse_b, m));
+  return __fadd_rn(m, log2f(__fadd_rn(wa, wb)));
+}
+
+// Tensor cores: D = A * B + C with A 16x16 bf16 (row-major fragments), B 16x8 bf16 (column
+// fragments), C/D 16x8 f32. Each output element's accumulation is fixed by the instruction and
+// depends only on its row of A and column of B, never on the other rows: a query's result does
+// not depend on which other queries share the CTA (cascade == flat, cached == cold).
+__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// A fragment of the 16x16 block at (r0, k0) of a row-major bf16 matrix with row stride ld.
+__device__ __forceinline__ void LoadA(const __nv_bfloat16* m, int ld, int r0, int k0, int lane,
+                                      uint32_t (&a)[4]) {
+  const int g = lane >> 2, t = lane & 3;
+  const __nv_bfloat16* p = m + (r0 + g) * ld + k0 + 2 * t;
+  a[0] = *reinterpret_cast<const uint32_t*>(p);
+  a[1] = *reinterpret_cast<const uint32_t*>(p + 8 * ld);
+  a[2] = *reinterpret_cast<const uint32_t*>(p + 8);
+  a[3] = *reinterpret_cast<const uint32_t*>(p + 8 * ld + 8);
+}
+
+constexpr int kMaxQ = kMaxQueriesPerCta;  // query rows of the MMA tiles (two m16 tiles)
+constexpr int LDP = kT + 8;               // bf16 P row stride: 36 words, fragment loads hit 32 banks
+constexpr int LDS = kT + 4;               // f32 score row stride
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -133,7 +118,10 @@ struct TileKernelArgs {
 };
 
 // grid: (num_items, num_kv_heads), kThreads threads. kFinal: fold all tiles of the item into the
-// rows' outputs; else write one partial per (row, tile).
+// rows' outputs; else write one partial per (row, tile). Per tile: S = Q K^T on tensor cores,
+// a per-query softmax (warp per query; P rounded to bf16, l summed from the rounded P), then
+// O = P V on tensor cores, divided by l. Keys past a query's position get p = 0; K/V rows past
+// the loaded keys are zeroed (0 * garbage could be NaN).
 template <int E, bool kFinal>
 __global__ void __launch_bounds__(kThreads) AttentionTileKernel(TileKernelArgs k) {
   constexpr int D = E * 32, LD = D + 8;
@@ -141,31 +129,38 @@ __global__ void __launch_bounds__(kThreads) AttentionTileKernel(TileKernelArgs k
   const AttentionArgs& a = k.a;
   const KvCacheView& cache = a.cache;
   const int hq = a.num_q_heads, hkv = cache.num_kv_heads, G = hq / hkv, bs = cache.block_size;
-  __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* Vs = Ks + kT * LD;
-  float* qs = reinterpret_cast<float*>(Vs + kT * LD);
-  float* pscr = qs + k.max_rows * G * D;
-  float* st_o = pscr + kWarps * kT;
-  float* st_lse = st_o + k.max_rows * G * D;
+  __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);  // [kT, LD]
+  __nv_bfloat16* Vs = Ks + kT * LD;                              // [kT, LD]
+  __nv_bfloat16* Qs = Vs + kT * LD;                              // [kMaxQ, LD]
+  __nv_bfloat16* Ps = Qs + kMaxQ * LD;                           // [kMaxQ, LDP]
+  float* Ss = reinterpret_cast<float*>(Ps + kMaxQ * LDP);        // [kMaxQ, LDS]
+  float* row_l = Ss + kMaxQ * LDS;                               // [kMaxQ]
+  float* row_lse = row_l + kMaxQ;                                // [kMaxQ], -inf: no visible key
+  float* st_lse = row_lse + kMaxQ;                               // [kMaxQ] (final)
+  float* st_o = st_lse + kMaxQ;                                  // [kMaxQ, D] (final)
 
   const int32_t* it = k.items + blockIdx.x * kItemFields;
   const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
   const int row_count = it[4], kv_len = it[5];
   const int kvh = blockIdx.y;
-  const int nq = row_count * G;
+  const int nq = row_count * G;             // <= kMaxQ (the planner's rows_per_cta)
+  const int mq = (nq + 15) / 16 * 16;       // MMA rows; rows [nq, mq) are zero
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
 
-  for (int i = tid; i < nq * (D / 8); i += kThreads) {
+  for (int i = tid; i < mq * (D / 8); i += kThreads) {
     const int qi = i / (D / 8), c = i % (D / 8);
-    const int row = k.item_rows[row_begin + qi / G];
-    const int qh = kvh * G + qi % G;
-    const uint4 raw = *reinterpret_cast<const uint4*>(
-        reinterpret_cast<const __nv_bfloat16*>(a.q) + static_cast<int64_t>(row) * a.q_row_stride +
-        qh * D + c * 8);
-    const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(&raw);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) qs[qi * D + c * 8 + e] = __bfloat162float(v[e]);
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (qi < nq) {
+      const int row = k.item_rows[row_begin + qi / G];
+      const int qh = kvh * G + qi % G;
+      raw = *reinterpret_cast<const uint4*>(reinterpret_cast<const __nv_bfloat16*>(a.q) +
+                                            static_cast<int64_t>(row) * a.q_row_stride + qh * D +
+                                            c * 8);
+    }
+    *reinterpret_cast<uint4*>(Qs + qi * LD + c * 8) = raw;
   }
+  for (int i = tid; i < mq * LDP; i += kThreads) Ps[i] = __float2bfloat16(0.f);
   if (kFinal) {
     for (int i = tid; i < nq * D; i += kThreads) st_o[i] = 0.f;
     for (int i = tid; i < nq; i += kThreads) st_lse[i] = -INFINITY;
@@ -173,6 +168,7 @@ __global__ void __launch_bounds__(kThreads) AttentionTileKernel(TileKernelArgs k
 
   const __nv_bfloat16* kc = reinterpret_cast<const __nv_bfloat16*>(cache.k);
   const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v);
+  const uint16_t* Vu = reinterpret_cast<const uint16_t*>(Vs);
   for (int t = tile_begin; t < tile_end; ++t) {
     const int ts = t * kT;
     const int n_load = min(kT, kv_len - ts);
@@ -185,31 +181,110 @@ __global__ void __launch_bounds__(kThreads) AttentionTileKernel(TileKernelArgs k
       CpAsync16(Ks + j * LD + c * 8, kc + src);
       CpAsync16(Vs + j * LD + c * 8, vc + src);
     }
+    for (int i = n_load * (D / 8) + tid; i < kT * (D / 8); i += kThreads) {
+      const int j = i / (D / 8), c = i % (D / 8);
+      *reinterpret_cast<uint4*>(Ks + j * LD + c * 8) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(Vs + j * LD + c * 8) = make_uint4(0, 0, 0, 0);
+    }
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
     __syncthreads();
+
+    // S = Q K^T: fragment f = (m tile f / (kT/8), n tile f % (kT/8)), k over D in order.
+    for (int f = warp; f < (mq / 16) * (kT / 8); f += kWarps) {
+      const int m0 = (f / (kT / 8)) * 16, n0 = (f % (kT / 8)) * 8;
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int k0 = 0; k0 < D; k0 += 16) {
+        uint32_t af[4];
+        LoadA(Qs, LD, m0, k0, lane, af);
+        const __nv_bfloat16* kp = Ks + (n0 + g) * LD + k0 + 2 * t4;
+        Mma16816(c, af, *reinterpret_cast<const uint32_t*>(kp),
+                 *reinterpret_cast<const uint32_t*>(kp + 8));
+      }
+      *reinterpret_cast<float2*>(Ss + (m0 + g) * LDS + n0 + 2 * t4) = make_float2(c[0], c[1]);
+      *reinterpret_cast<float2*>(Ss + (m0 + g + 8) * LDS + n0 + 2 * t4) = make_float2(c[2], c[3]);
+    }
+    __syncthreads();
+
+    // Softmax per query (one warp per query; lane owns keys lane and lane + 32).
     for (int qi = warp; qi < nq; qi += kWarps) {
       const int row = k.item_rows[row_begin + qi / G];
       const int nv = min(n_load, a.positions[row] + 1 - ts);
-      if (nv <= 0) continue;
-      float o[E], lse;
-      TilePartial<E>(qs + qi * D, Ks, Vs, nv, k.scale_log2, pscr + warp * kT, lane, o, lse);
-      const int qh = kvh * G + qi % G;
-      if (kFinal) {
-        float so[E];
+      if (nv <= 0) {
+        Ps[qi * LDP + lane] = Ps[qi * LDP + lane + 32] = __float2bfloat16(0.f);
+        if (lane == 0) row_lse[qi] = -INFINITY;
+        continue;
+      }
+      float s[kT / 32];
+      float m = -INFINITY;
 #pragma unroll
-        for (int e = 0; e < E; ++e) so[e] = st_o[qi * D + lane * E + e];
-        float slse = st_lse[qi];
-        MergeState<E>(slse, so, lse, o);
+      for (int i = 0; i < kT / 32; ++i) {
+        const int j = lane + 32 * i;
+        s[i] = j < nv ? __fmul_rn(Ss[qi * LDS + j], k.scale_log2) : -INFINITY;
+        m = fmaxf(m, s[i]);
+      }
+      m = WarpMax(m);
+      float l = 0.f;
 #pragma unroll
-        for (int e = 0; e < E; ++e) st_o[qi * D + lane * E + e] = so[e];
-        __syncwarp();
-        if (lane == 0) st_lse[qi] = slse;
-        __syncwarp();
-      } else {
-        const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + qh;
+      for (int i = 0; i < kT / 32; ++i) {
+        const int j = lane + 32 * i;
+        const __nv_bfloat16 p = __float2bfloat16_rn(j < nv ? exp2f(__fsub_rn(s[i], m)) : 0.f);
+        l = __fadd_rn(l, __bfloat162float(p));
+        Ps[qi * LDP + j] = p;
+      }
+      l = WarpSum(l);
+      if (lane == 0) {
+        row_l[qi] = l;
+        row_lse[qi] = __fadd_rn(m, log2f(l));
+      }
+    }
+    __syncthreads();
+
+    // O = P V: fragment f = (m tile f / (D/8), n tile f % (D/8)), k over the tile's keys in order.
+    for (int f = warp; f < (mq / 16) * (D / 8); f += kWarps) {
+      const int m0 = (f / (D / 8)) * 16, n0 = (f % (D / 8)) * 8;
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int e = 0; e < E; ++e) a.partial_o[slot * D + lane * E + e] = o[e];
-        if (lane == 0) a.partial_lse[slot] = lse;
+      for (int k0 = 0; k0 < kT; k0 += 16) {
+        uint32_t af[4];
+        LoadA(Ps, LDP, m0, k0, lane, af);
+        const uint16_t* vp = Vu + (k0 + 2 * t4) * LD + n0 + g;
+        const uint32_t b0 = vp[0] | (static_cast<uint32_t>(vp[LD]) << 16);
+        const uint32_t b1 = vp[8 * LD] | (static_cast<uint32_t>(vp[9 * LD]) << 16);
+        Mma16816(c, af, b0, b1);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int qi = m0 + g + 8 * h;
+        if (qi >= nq) continue;
+        const float lse = row_lse[qi];
+        if (lse == -INFINITY) continue;
+        const float l = row_l[qi];
+        const int d = n0 + 2 * t4;
+        const float o0 = __fdiv_rn(c[2 * h], l), o1 = __fdiv_rn(c[2 * h + 1], l);
+        if (kFinal) {
+          const float old = st_lse[qi];
+          st_o[qi * D + d] = MergeElem(old, st_o[qi * D + d], lse, o0);
+          st_o[qi * D + d + 1] = MergeElem(old, st_o[qi * D + d + 1], lse, o1);
+        } else {
+          const int row = k.item_rows[row_begin + qi / G];
+          const int qh = kvh * G + qi % G;
+          const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + qh;
+          *reinterpret_cast<float2*>(a.partial_o + slot * D + d) = make_float2(o0, o1);
+        }
+      }
+    }
+    if (kFinal) {
+      __syncthreads();  // every element merged with the old lse
+      for (int qi = tid; qi < nq; qi += kThreads) {
+        if (row_lse[qi] != -INFINITY) st_lse[qi] = MergedLse(st_lse[qi], row_lse[qi]);
+      }
+    } else {
+      for (int qi = tid; qi < nq; qi += kThreads) {
+        if (row_lse[qi] == -INFINITY) continue;
+        const int row = k.item_rows[row_begin + qi / G];
+        const int qh = kvh * G + qi % G;
+        a.partial_lse[static_cast<int64_t>(k.partial_base[row] + t) * hq + qh] = row_lse[qi];
       }
     }
   }
@@ -262,12 +337,16 @@ template <int E>
 cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& plan,
                          cudaStream_t stream) {
   constexpr int D = E * 32;
-  const int G = args.num_q_heads / args.cache.num_kv_heads;
+  // A CTA's queries fill at most two m16 MMA tiles: the planner puts <= kMaxQ (row, head) pairs
+  // in one item when the GQA group is <= kMaxQ.
+  if (args.num_q_heads / args.cache.num_kv_heads > kMaxQ) return cudaErrorInvalidValue;
   TileKernelArgs k{args, nullptr, plan.item_rows, plan.partial_base, 0, args.scale * kLog2e};
-  auto smem_bytes = [&](int max_rows, bool final_mode) {
-    size_t b = 2 * kT * (D + 8) * sizeof(__nv_bfloat16) + max_rows * G * D * sizeof(float) +
-               kWarps * kT * sizeof(float);
-    if (final_mode) b += max_rows * G * (D + 1) * sizeof(float);
+  // The layout of AttentionTileKernel's shared memory (rows padded to kMaxQ, whatever max_rows).
+  auto smem_bytes = [&](int /*max_rows*/, bool final_mode) {
+    size_t b = (2 * kT + kMaxQ) * (D + 8) * sizeof(__nv_bfloat16) +
+               kMaxQ * LDP * sizeof(__nv_bfloat16) + kMaxQ * LDS * sizeof(float) +
+               3 * kMaxQ * sizeof(float);
+    if (final_mode) b += kMaxQ * D * sizeof(float);
     return b;
   };
   if (plan.num_final > 0) {
