@@ -109,7 +109,8 @@ absl::StatusOr<std::vector<Workload>> ParseWorkloads(const std::string& text) {
 }
 
 // The gateway learns workers from the registry; wait (bounded) until it lists `want` of them.
-void WaitForWorkers(v1::Gateway::Stub& stub, int want, const std::string& token) {
+// Fails only when the address does not serve cascade.v1.Gateway at all.
+absl::Status WaitForWorkers(v1::Gateway::Stub& stub, int want, const std::string& token) {
   std::cerr << "waiting for the gateway to list " << want << " worker(s) ..." << std::flush;
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   std::string last = "no answer";
@@ -119,14 +120,21 @@ void WaitForWorkers(v1::Gateway::Stub& stub, int want, const std::string& token)
       last = absl::StrCat(models->models(0).workers(), " worker(s)");
       if (models->models(0).workers() >= want) {
         std::cerr << " model " << models->models(0).name() << " on " << last << std::endl;
-        return;
+        return absl::OkStatus();
       }
     } else if (!models.ok()) {
+      if (models.status().code() == absl::StatusCode::kUnimplemented) {
+        std::cerr << std::endl;
+        return absl::FailedPreconditionError(
+            absl::StrCat("the address does not serve cascade.v1.Gateway (",
+                         models.status().message(), "); is it the gateway's port?"));
+      }
       last = std::string(models.status().message());
     }
     absl::SleepFor(absl::Milliseconds(200));
   }
   std::cerr << " going on anyway (" << last << ")" << std::endl;
+  return absl::OkStatus();
 }
 
 absl::Status Prewarm(v1::Gateway::Stub& stub, const PromptSource& prompts,
@@ -213,7 +221,11 @@ int Run(int argc, char** argv) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = cli::Dial(address);
   if (!channel.ok()) return fail(channel.status());
   std::unique_ptr<v1::Gateway::Stub> stub = v1::Gateway::NewStub(*channel);
-  WaitForWorkers(*stub, flags.local ? flags.workers : 1, flags.auth_token);
+  if (absl::Status s = WaitForWorkers(*stub, flags.local ? flags.workers : 1, flags.auth_token);
+      !s.ok()) {
+    std::cerr << "cascade-loadgen: " << s.message() << "\n";
+    return 1;
+  }
 
   WorkloadOptions wo;
   wo.system_words = flags.system_words;
@@ -226,8 +238,12 @@ int Run(int argc, char** argv) {
   const cli::CallOptions call{flags.request_timeout, flags.auth_token};
   for (int i = 0; i < flags.warmup_requests; ++i) {
     auto r = cli::RunGenerate(*stub, prompts.Make(Workload::kMiss, prompts.NextIndex()), call);
-    std::cerr << "warm-up request " << i + 1 << ": "
-              << (r.ok() ? cli::FormatSummary(*r) : std::string(r.status().message())) << "\n";
+    if (!r.ok()) {
+      // The warm-up is also the check that the path works: loading a broken one measures nothing.
+      std::cerr << "cascade-loadgen: warm-up request failed: " << r.status().message() << "\n";
+      return 1;
+    }
+    std::cerr << "warm-up request " << i + 1 << ": " << cli::FormatSummary(*r) << "\n";
   }
   bool wants_hit = false;
   for (Workload w : *workloads) wants_hit |= w == Workload::kHit;
