@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The grpcurl commands users are shown, in one place: the README quotes them verbatim, and
+# tests/e2e/grpcurl_e2e_test.sh runs every one of them against a real stack (with grpcurl played
+# by tests/e2e/grpcurl.js, which learns the API only through server reflection).
+#
+# Start a local stack on these ports first:
+#   build/bin/cascade up --port 50051 --registry_port 50052
+# then run the lines below one by one, or this whole file: bash tests/e2e/README_EXAMPLES.sh
+#
+# Format (the test parses it): each example is a `## name: what it shows` line followed by one
+# command line starting with `grpcurl`. The gateway is localhost:50051 and the registry
+# localhost:50052; the test substitutes the ports it got and nothing else.
+
+## list: the services the gateway serves
+grpcurl -plaintext localhost:50051 list
+
+## describe: the public API, from reflection
+grpcurl -plaintext localhost:50051 describe cascade.v1.Gateway
+
+## health: SERVING once a worker is up
+grpcurl -plaintext localhost:50051 grpc.health.v1.Health/Check
+
+## list-models: the served model, its context length and worker count
+grpcurl -plaintext localhost:50051 cascade.v1.Gateway/ListModels
+
+## tokenize: token ids of plain text
+grpcurl -plaintext -d '{"text":"Hello, Cascade!"}' localhost:50051 cascade.v1.Gateway/Tokenize
+
+## generate: a start (routing, prompt and cached tokens per chunk), token deltas, a finish
+grpcurl -plaintext -d '{"chunks":[{"kind":"CHUNK_KIND_SYSTEM","text":"You are terse."},{"kind":"CHUNK_KIND_QUERY","text":"Hi"}],"sampling":{"maxTokens":8,"temperature":0}}' localhost:50051 cascade.v1.Gateway/Generate
+
+## generate-again: the same request again; its start reports cachedTokens > 0 and the tokens are the same
+grpcurl -plaintext -d '{"chunks":[{"kind":"CHUNK_KIND_SYSTEM","text":"You are terse."},{"kind":"CHUNK_KIND_QUERY","text":"Hi"}],"sampling":{"maxTokens":8,"temperature":0}}' localhost:50051 cascade.v1.Gateway/Generate
+
+## invalid: bad input is answered INVALID_ARGUMENT naming the field (grpcurl exits 64 + 3 = 67)
+grpcurl -plaintext -d '{"chunks":[{"kind":"CHUNK_KIND_QUERY","text":"Hi"}],"sampling":{"maxTokens":0}}' localhost:50051 cascade.v1.Gateway/Generate
+
+## list-chunks: the registry's admin view of the chunks and which worker holds them
+grpcurl -plaintext localhost:50052 cascade.v1.ChunkRegistry/ListChunks
+
+## list-workers: the registry's live workers with their load
+grpcurl -plaintext localhost:50052 cascade.v1.ChunkRegistry/ListWorkers
