@@ -29,6 +29,8 @@ struct ForwardBatch {
   std::vector<int32_t> block_table_start;  // [num_seqs + 1] offsets into block_ids
   std::vector<int32_t> block_ids;          // concatenated per-sequence block tables
   std::vector<int32_t> logits_rows;        // rows of token_ids whose logits are wanted, ascending
+  std::vector<uint8_t> argmax_only;        // [logits_rows.size()] or empty: 1 = the caller needs
+                                           //   only that row's argmax (greedy, no logprobs)
 
   int num_seqs() const { return static_cast<int>(context_lens.size()); }
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
@@ -54,6 +56,14 @@ class Backend {
   // Must be batch-invariant: a row's result depends only on its sequence's tokens and KV, never
   // on what else is in the batch (this makes cached and cold runs bitwise equal).
   virtual absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) = 0;
+
+  // Forward for sampling: for each logits row either its whole logits or, where
+  // batch.argmax_only says so, only its argmax (the lowest index among equal maxima, as the
+  // host sampler picks). logits: [number of full rows, VocabSize()] in row order; argmax:
+  // [logits_rows.size()], -1 for full rows. The default runs Forward and reduces on the host;
+  // a GPU backend overrides it so greedy rows never copy a vocabulary-sized row to the host.
+  virtual absl::Status ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
+                                      std::vector<int32_t>* argmax);
 };
 
 }  // namespace cascade::engine

@@ -45,7 +45,7 @@ class EngineImpl final : public Engine {
         backend_(std::move(backend)),
         blocks_(backend_->NumBlocks(), backend_->BlockSize()),
         scheduler_(SchedulerOptions{options.max_num_seqs, options.max_num_batched_tokens,
-                                    options.enable_prefix_cache},
+                                    options.enable_prefix_cache, options.debug_capture_logits},
                    &blocks_),
         residency_(backend_->BlockSize()),
         rng_(std::random_device{}()) {
@@ -90,7 +90,10 @@ class EngineImpl final : public Engine {
   hash::Hash128 KeyFor(Sequence& seq, int64_t j);
   void CommitBlocks(Sequence& seq);
   void Finish(Sequence& seq, FinishReason reason, SequenceOutput& out);
-  void Postprocess(const ScheduledSeq& s, const float* logits_row, SequenceOutput& out);
+  // `logits_row` is the row's logits, or null when the backend already reduced it to its
+  // argmax `greedy` (greedy sampling with nothing else asked of the logits).
+  void Postprocess(const ScheduledSeq& s, const float* logits_row, int32_t greedy,
+                   SequenceOutput& out);
   void TakePins(Sequence& seq);
   void ReleasePin(const hash::Hash128& chunk);
   void PublishStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -248,7 +251,8 @@ void EngineImpl::Finish(Sequence& seq, FinishReason reason, SequenceOutput& out)
   scheduler_.Remove(&seq);
 }
 
-void EngineImpl::Postprocess(const ScheduledSeq& s, const float* logits_row, SequenceOutput& out) {
+void EngineImpl::Postprocess(const ScheduledSeq& s, const float* logits_row, int32_t greedy,
+                             SequenceOutput& out) {
   Sequence& seq = *s.seq;
   const bool was_prefill = seq.num_computed < seq.prompt_len;
   seq.num_computed += s.num_tokens;
@@ -262,10 +266,15 @@ void EngineImpl::Postprocess(const ScheduledSeq& s, const float* logits_row, Seq
   if (!s.wants_logits) return;
 
   const int vocab = backend_->VocabSize();
-  std::vector<float> row(logits_row, logits_row + vocab);
-  if (options_.debug_capture_logits) out.logits.push_back(row);
   const int64_t position = static_cast<int64_t>(seq.tokens.size());
-  SampleResult r = Sample(row, seq.sampling, seq.seed, position, seq.tokens);
+  SampleResult r;
+  if (logits_row == nullptr) {
+    r.token_id = greedy;
+  } else {
+    std::vector<float> row(logits_row, logits_row + vocab);
+    if (options_.debug_capture_logits) out.logits.push_back(row);
+    r = Sample(row, seq.sampling, seq.seed, position, seq.tokens);
+  }
   ++seq.num_generated;
   ++generation_tokens_;
   const int32_t t = r.token_id;
@@ -370,7 +379,8 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
     ForwardBatch batch;
     scheduler_.BuildBatch(plan, backend_->BlockSize(), &batch);
     std::vector<float> logits;
-    absl::Status st = backend_->Forward(batch, &logits);
+    std::vector<int32_t> argmax;
+    absl::Status st = backend_->ForwardSampled(batch, &logits, &argmax);
     if (!st.ok()) {
       for (const ScheduledSeq& s : plan.scheduled) {
         const uint64_t id = s.seq->id;
@@ -387,7 +397,7 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
       return outputs;
     }
     // Postprocess.
-    size_t row = 0;
+    size_t row = 0, full_row = 0;
     std::vector<uint64_t> done;
     for (const ScheduledSeq& s : plan.scheduled) {
       SequenceOutput out;
@@ -404,8 +414,12 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
         }
       }
       const float* lrow = nullptr;
-      if (s.wants_logits) lrow = logits.data() + (row++) * backend_->VocabSize();
-      Postprocess(s, lrow, out);
+      int32_t greedy = -1;
+      if (s.wants_logits) {
+        greedy = argmax[row++];
+        if (greedy < 0) lrow = logits.data() + (full_row++) * backend_->VocabSize();
+      }
+      Postprocess(s, lrow, greedy, out);
       if (out.started || out.finished || !out.new_tokens.empty()) {
         if (out.finished) done.push_back(out.seq_id);
         outputs.push_back(std::move(out));

@@ -9,7 +9,7 @@
 namespace cascade::engine {
 
 Scheduler::Scheduler(const SchedulerOptions& options, BlockManager* blocks)
-    : options_(options), blocks_(blocks) {}
+    : options_(options), blocks_(blocks), capture_logits_(options.capture_logits) {}
 
 void Scheduler::AddWaiting(Sequence* seq) {
   seq->state = SeqState::kWaiting;
@@ -138,7 +138,12 @@ void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBa
       batch->slot_mapping.push_back(seq.block_table[p / block_size] * block_size +
                                     static_cast<int32_t>(p % block_size));
     }
-    if (s.wants_logits) batch->logits_rows.push_back(batch->num_tokens() - 1);
+    if (s.wants_logits) {
+      batch->logits_rows.push_back(batch->num_tokens() - 1);
+      const SamplingParams& p = seq.sampling;
+      batch->argmax_only.push_back(p.temperature == 0.0f && p.repetition_penalty == 1.0f &&
+                                   p.logprobs == 0 && !capture_logits_);
+    }
     batch->query_start.push_back(batch->num_tokens());
     batch->context_lens.push_back(static_cast<int32_t>(seq.num_computed + s.num_tokens));
     batch->block_ids.insert(batch->block_ids.end(), seq.block_table.begin(), seq.block_table.end());

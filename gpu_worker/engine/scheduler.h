@@ -19,6 +19,7 @@ struct SchedulerOptions {
   int max_num_seqs = 64;               // running sequences at most
   int max_num_batched_tokens = 2048;   // tokens per step at most (prefill chunks + decodes)
   bool enable_prefix_cache = true;
+  bool capture_logits = false;         // tests: every row needs its whole logits
 };
 
 struct ScheduledSeq {
@@ -65,6 +66,7 @@ class Scheduler {
 
   const SchedulerOptions options_;
   BlockManager* const blocks_;
+  const bool capture_logits_;
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // in admission order
   int64_t preemptions_ = 0;

@@ -104,7 +104,7 @@ class EngineCudaTest : public ::testing::Test {
       backend = std::make_unique<PlanCountingBackend>(std::move(backend), ac, counts);
     }
     opts.model_name = "tiny";
-    opts.debug_capture_logits = true;
+    opts.debug_capture_logits = capture_logits_;
     opts.max_num_batched_tokens = kMaxBatchedTokens;
     opts.max_num_seqs = 64;
     return engine::NewEngine(opts, std::move(backend));
@@ -120,6 +120,7 @@ class EngineCudaTest : public ::testing::Test {
 
   static model::Model* model_;
   static std::unique_ptr<engine::Engine> shared_;
+  static inline bool capture_logits_ = true;
 };
 model::Model* EngineCudaTest::model_ = nullptr;
 std::unique_ptr<engine::Engine> EngineCudaTest::shared_;
@@ -187,6 +188,28 @@ TEST_F(EngineCudaTest, CachedEqualsColdForRandomChunkedPromptsBitwise) {
     }
   }
   EXPECT_GT(cached_runs, 10);
+}
+
+// Greedy rows without logits capture take the device argmax path (ForwardSampled copies 4 bytes
+// per row instead of the whole vocabulary): the same tokens as sampling on the host from the
+// full logits, cached or cold, alone or batched.
+TEST_F(EngineCudaTest, DeviceArgmaxPathGivesTheHostSamplersTokens) {
+  REQUIRE_GPU_AND_MODEL();
+  std::mt19937 rng(7);
+  std::vector<engine::Request> reqs;
+  for (int i = 0; i < 12; ++i) reqs.push_back(engine::testing::RandomRequest(rng, Vocab(), 2, 80, 16));
+  auto host = MakeEngine(2048);
+  capture_logits_ = false;
+  auto device = MakeEngine(2048);
+  capture_logits_ = true;
+  std::vector<Result> want = RunAll(*host, reqs);
+  std::vector<Result> got = RunAll(*device, reqs);
+  std::vector<Result> again = RunAll(*device, reqs);  // now with cached prefixes
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(want[i].tokens, got[i].tokens) << "request " << i;
+    EXPECT_EQ(want[i].tokens, again[i].tokens) << "request " << i << " cached";
+    EXPECT_TRUE(got[i].logits.empty()) << "the greedy rows should not have come back whole";
+  }
 }
 
 // One step batch holds cached and cold sequences of different lengths: each gets exactly what it

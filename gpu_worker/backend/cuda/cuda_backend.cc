@@ -99,10 +99,20 @@ class CudaBackend final : public engine::Backend {
   int64_t NumBlocks() const override { return num_blocks_; }
   int BlockSize() const override { return o_.block_size; }
   int VocabSize() const override { return static_cast<int>(c_.vocab_size); }
-  absl::Status Forward(const engine::ForwardBatch& batch, std::vector<float>* logits) override;
+  absl::Status Forward(const engine::ForwardBatch& batch, std::vector<float>* logits) override {
+    return Run(batch, /*sampled=*/false, logits, nullptr);
+  }
+  // Greedy rows are reduced to their argmax on the device: 4 bytes back instead of a
+  // vocabulary-sized float32 row (608 KB for Qwen3), which made decode host-bound.
+  absl::Status ForwardSampled(const engine::ForwardBatch& batch, std::vector<float>* logits,
+                              std::vector<int32_t>* argmax) override {
+    return Run(batch, /*sampled=*/true, logits, argmax);
+  }
 
  private:
   absl::Status Check(const engine::ForwardBatch& b) const;
+  absl::Status Run(const engine::ForwardBatch& b, bool sampled, std::vector<float>* logits,
+                   std::vector<int32_t>* argmax);
   absl::Status EnsureCapacity(DeviceBuffer* buf, size_t bytes);
 
   // Set at construction.
@@ -119,7 +129,8 @@ class CudaBackend final : public engine::Backend {
   // Activations, [max_num_tokens, ...].
   DeviceBuffer residual_, x_, qkv_, attn_, delta_, gu_, act_, xl_, logits_;
   // Grown on demand.
-  DeviceBuffer meta_, partial_o_, partial_lse_;
+  DeviceBuffer meta_, partial_o_, partial_lse_, argmax_;
+  std::vector<int32_t> argmax_host_;
   std::vector<int32_t> meta_host_;
 };
 
@@ -263,11 +274,16 @@ absl::Status CudaBackend::EnsureCapacity(DeviceBuffer* buf, size_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Forward(const engine::ForwardBatch& b, std::vector<float>* logits) {
+absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
+                              std::vector<float>* logits, std::vector<int32_t>* argmax) {
   RETURN_IF_ERROR(Check(b));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o_.device), "cudaSetDevice"));
   const int n = b.num_tokens();
-  logits->assign(b.logits_rows.size() * c_.vocab_size, 0.f);
+  auto greedy = [&](size_t r) { return sampled && !b.argmax_only.empty() && b.argmax_only[r]; };
+  size_t full_rows = 0;
+  for (size_t r = 0; r < b.logits_rows.size(); ++r) full_rows += greedy(r) ? 0 : 1;
+  logits->resize(full_rows * c_.vocab_size);
+  if (sampled) argmax->assign(b.logits_rows.size(), -1);
   if (n == 0) return absl::OkStatus();
 
   AttentionConfig acfg{hq_, hkv_, d_, o_.block_size, o_.cascade};
@@ -338,13 +354,40 @@ absl::Status CudaBackend::Forward(const engine::ForwardBatch& b, std::vector<flo
 
   const int rows = static_cast<int>(b.logits_rows.size());
   const int64_t vocab = c_.vocab_size;
+  if (sampled) RETURN_IF_ERROR(EnsureCapacity(&argmax_, std::max(rows, 1) * sizeof(int32_t)));
+  size_t full_done = 0;
   for (int r0 = 0; r0 < rows; r0 += o_.max_logits_rows) {
     const int m = std::min(o_.max_logits_rows, rows - r0);
     RETURN_IF_ERROR(GatherRows(x, meta + o_lrows + r0, m, hidden_, xl_.as<Bf16>(), stream_));
     RETURN_IF_ERROR(gemm_->Run(xl_.as<Bf16>(), lm_head_, m, static_cast<int>(vocab), hidden_,
                                logits_.data(), GemmOut::kF32, stream_));
-    RETURN_IF_ERROR(CopyAsync(logits->data() + r0 * vocab, logits_.data(), m * vocab * 4, stream_));
+    if (sampled) {
+      RETURN_IF_ERROR(ArgmaxRows(logits_.as<float>(), m, static_cast<int>(vocab),
+                                 argmax_.as<int32_t>() + r0, stream_));
+    }
+    // Whole rows only where the caller samples on the host; runs of them copy in one go.
+    for (int i = 0; i < m;) {
+      if (greedy(r0 + i)) {
+        ++i;
+        continue;
+      }
+      int j = i;
+      while (j < m && !greedy(r0 + j)) ++j;
+      RETURN_IF_ERROR(CopyAsync(logits->data() + full_done * vocab,
+                                logits_.as<float>() + static_cast<int64_t>(i) * vocab,
+                                (j - i) * vocab * 4, stream_));
+      full_done += j - i;
+      i = j;
+    }
+    RETURN_IF_ERROR(Synchronize(stream_));  // logits_ is reused by the next chunk of rows
+  }
+  if (sampled && rows > 0) {
+    argmax_host_.resize(rows);
+    RETURN_IF_ERROR(CopyAsync(argmax_host_.data(), argmax_.data(), rows * sizeof(int32_t), stream_));
     RETURN_IF_ERROR(Synchronize(stream_));
+    for (int r = 0; r < rows; ++r) {
+      if (greedy(r)) (*argmax)[r] = argmax_host_[r];
+    }
   }
   return Synchronize(stream_);
 }
