@@ -11,16 +11,6 @@ absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.
 
 }  // namespace
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
 absl::StatusOr<Hash128> ParseHash(const std::string& hex, std::string_view field) {
   std::optional<Hash128> h = Hash128::FromHex(hex);
   if (!h.has_value()) {

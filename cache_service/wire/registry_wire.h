@@ -12,13 +12,14 @@
 #include "absl/status/statusor.h"
 #include "cache_service/registry/types.h"
 #include "cascade/v1/registry.pb.h"
+#include "services/common/grpc_status.h"
 
 namespace cascade::registry::wire {
 
 namespace v1 = ::cascade::v1;
 
-grpc::Status ToGrpc(const absl::Status& s);
-absl::Status FromGrpc(const grpc::Status& s);
+using common::FromGrpc;
+using common::ToGrpc;
 
 // Parses 32 hex characters; `field` names it in the error.
 absl::StatusOr<Hash128> ParseHash(const std::string& hex, std::string_view field);

@@ -132,6 +132,8 @@ bool RegistryAgent::Resync() {
 
 void RegistryAgent::Heartbeat() {
   engine::EngineStats st = engine_->Stats();
+  sent_running_ = st.running;
+  sent_waiting_ = st.waiting;
   cascade::v1::HeartbeatRequest req;
   req.set_worker_id(options_.worker_id);
   auto* load = req.mutable_load();
@@ -197,7 +199,13 @@ void RegistryAgent::Run() {
     }
     if (needs_resync_ && !Resync()) continue;
     Report();
-    if (NowMs() - last_heartbeat_ms_ >= options_.heartbeat_ms) {
+    // Heartbeat on the interval, and also soon after the load changes: routing weighs running
+    // and waiting sequences, and a count one interval stale sends requests away from the worker
+    // that holds their prefix.
+    const engine::EngineStats st = engine_->Stats();
+    const bool load_changed = st.running != sent_running_ || st.waiting != sent_waiting_;
+    const int64_t since = NowMs() - last_heartbeat_ms_;
+    if (since >= options_.heartbeat_ms || (load_changed && since >= kMinHeartbeatGapMs)) {
       last_heartbeat_ms_ = NowMs();
       Heartbeat();
     }

@@ -71,6 +71,9 @@ class RegistryAgent {
   uint64_t next_seq_ = 1;
   bool needs_resync_ = true;
   int64_t last_heartbeat_ms_ = 0;
+  int32_t sent_running_ = -1;  // load in the last heartbeat
+  int32_t sent_waiting_ = -1;
+  static constexpr int64_t kMinHeartbeatGapMs = 50;
   int failures_ = 0;
   std::thread thread_;
 };

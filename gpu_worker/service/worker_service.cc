@@ -12,9 +12,12 @@
 #include "absl/strings/str_cat.h"
 #include "cache_service/hash/chunk_hash.h"
 #include "gpu_worker/service/sampling_wire.h"
+#include "services/common/grpc_status.h"
 
 namespace cascade::worker {
 namespace {
+
+using common::ToGrpc;
 
 using cascade::v1::WorkerGenerateResponse;
 
@@ -176,12 +179,6 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
 };
 
 }  // namespace
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())),
-                      std::string(s.message()));
-}
 
 WorkerService::WorkerService(std::string worker_id, engine::EngineLoop* loop)
     : worker_id_(std::move(worker_id)), loop_(loop) {}

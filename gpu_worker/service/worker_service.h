@@ -9,9 +9,6 @@
 
 namespace cascade::worker {
 
-// Converts an engine status to the gRPC status with the same code and message.
-grpc::Status ToGrpc(const absl::Status& s);
-
 // Thread-safe; the loop must outlive the service and any RPC in flight.
 class WorkerService final : public cascade::v1::Worker::CallbackService {
  public:

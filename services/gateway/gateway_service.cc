@@ -10,12 +10,6 @@
 
 namespace cascade::gateway {
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())),
-                      std::string(s.message()));
-}
-
 GatewayService::GatewayService(GatewayOptions options, const tokenizer::Tokenizer* tokenizer,
                                registry::RegistryClient* registry, WorkerPool* pool,
                                TurnMetrics* metrics)
@@ -81,6 +75,17 @@ std::vector<Scored> GatewayService::Route(const Prompt& prompt, const std::strin
   }
   if (!resolved || cands.empty()) cands = pool_->KnownWorkers();
   std::vector<Scored> ranked = RankWorkers(cands, prompt.num_tokens, options_.weights);
+  if (common::LogEnabled(common::LogLevel::kDebug)) {
+    for (const Scored& s : ranked) {
+      common::LogDebug("route_candidate", {{"worker", s.candidate.worker_id},
+                                           {"matched_tokens", s.candidate.matched_tokens},
+                                           {"running", s.candidate.running},
+                                           {"waiting", s.candidate.waiting},
+                                           {"inflight", s.candidate.inflight},
+                                           {"cost", s.cost},
+                                           {"registry", resolved}});
+    }
+  }
   if (!sticky.empty()) {
     auto it = std::find_if(ranked.begin(), ranked.end(),
                            [&](const Scored& s) { return s.candidate.address == sticky; });

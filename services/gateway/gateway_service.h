@@ -11,6 +11,7 @@
 #include "cache_service/client/registry_client.h"
 #include "cascade/v1/gateway.grpc.pb.h"
 #include "gpu_worker/tokenizer/tokenizer.h"
+#include "services/common/grpc_status.h"
 #include "services/gateway/gateway_metrics.h"
 #include "services/gateway/prompt.h"
 #include "services/gateway/router.h"
@@ -80,7 +81,7 @@ class GatewayService final : public GatewayBase {
   std::atomic<uint64_t> next_id_{1};
 };
 
-grpc::Status ToGrpc(const absl::Status& s);
+using common::ToGrpc;
 
 // Parses a raw GenerateRequest; INVALID_ARGUMENT names a field whose text is not UTF-8.
 absl::StatusOr<cascade::v1::GenerateRequest> ParseGenerateRequest(const grpc::ByteBuffer& raw);

@@ -30,6 +30,8 @@ TEST(ServingTest, SecondRequestWithSameSystemChunkHitsCacheOnTheHolderWithSameTo
     std::vector<int32_t> dummy;
     return stack.registry()->ListChunks(100, cold.start.worker_id(), nullptr)->size() > 0;
   })) << "the registry never heard about the stored chunks";
+  // Equal loads (the cold request is over and the holder said so), so the prefix decides.
+  ASSERT_TRUE(stack.WaitForIdleLoad()) << "a heartbeat still reports load after the request ended";
 
   auto req2 = Req(LongSystemPrompt(), "What is rule 3?", 12);
   Reply hot = Generate(stack.gateway(), req2);
@@ -267,6 +269,7 @@ TEST(ServingTest, RegistryRestartRestoresRoutingToTheHolder) {
   // Workers see NOT_FOUND or a new epoch, re-register and resync what they hold.
   ASSERT_TRUE(WaitFor(knows, 10000)) << "the holder never resynced its chunks";
   for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(stack.WaitForIdleLoad());
     Reply hot = Generate(stack.gateway(), req);
     ASSERT_TRUE(hot.status.ok()) << hot.status.error_message();
     EXPECT_EQ(hot.start.worker_id(), holder);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -143,6 +144,10 @@ class Stack {
     EXPECT_TRUE(stub->GetStats(&ctx, req, &st).ok());
     return st;
   }
+  // Waits until the registry sees every worker idle, so routing is decided by the prefix alone
+  // (a busy holder is passed over on purpose: see router.h).
+  bool WaitForIdleLoad(int ms = 5000);
+
   int WorkerIndex(const std::string& worker_id) {
     for (int i = 0; i < num_workers(); ++i) {
       if (workers_[i]->worker_id() == worker_id) return i;
@@ -161,6 +166,27 @@ class Stack {
   std::unique_ptr<gateway::GatewayServer> gateway_;
   std::unique_ptr<cascade::v1::Gateway::Stub> stub_;
 };
+
+// Polls `pred` every 20 ms for up to `ms`.
+template <typename Pred>
+bool WaitFor(Pred pred, int ms = 5000) {
+  for (int waited = 0; waited < ms; waited += 20) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
+inline bool Stack::WaitForIdleLoad(int ms) {
+  return WaitFor(
+      [&] {
+        for (const auto& w : registry_->ListWorkers()) {
+          if (w.load.running + w.load.waiting != 0) return false;
+        }
+        return true;
+      },
+      ms);
+}
 
 // A finished Generate stream, gathered.
 struct Reply {
@@ -221,16 +247,6 @@ inline std::string LongSystemPrompt() {
     s += "Rule " + std::to_string(i) + ": answer briefly, cite the context, and never invent facts. ";
   }
   return s;
-}
-
-// Polls `pred` every 20 ms for up to `ms`.
-template <typename Pred>
-bool WaitFor(Pred pred, int ms = 5000) {
-  for (int waited = 0; waited < ms; waited += 20) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return pred();
 }
 
 }  // namespace cascade::testing
