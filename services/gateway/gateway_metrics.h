@@ -22,6 +22,8 @@ struct TurnMetrics {
                                  "Prompt tokens served from workers' prefix caches.")),
         failovers(r.GetCounter("cascade:worker_failovers_total",
                                "Requests retried on another worker before their first token.")),
+        resumes(r.GetCounter("cascade:worker_resumes_total",
+                             "Streams continued on another worker after theirs failed mid-stream.")),
         rejected(r.GetCounter("cascade:requests_rejected_total",
                               "Requests refused by admission control.")),
         registry_errors(r.GetCounter("cascade:registry_errors_total",
@@ -42,6 +44,7 @@ struct TurnMetrics {
   common::Counter* prefix_queries;
   common::Counter* prefix_hits;
   common::Counter* failovers;
+  common::Counter* resumes;
   common::Counter* rejected;
   common::Counter* registry_errors;
 

@@ -23,7 +23,9 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
   f->AddInt64("max_prompt_bytes", &g.limits.max_prompt_bytes, "prompt text bytes per request at most");
   f->AddInt64("max_context", &g.limits.max_context, "prompt + max_tokens at most; 0: the model's");
   f->AddInt("default_max_tokens", &g.limits.default_max_tokens, "max_tokens when a request sets none");
-  f->AddInt("max_attempts", &g.max_attempts, "workers tried before the first token");
+  f->AddInt("max_attempts", &g.max_attempts, "workers tried per request (failover and resume)");
+  f->AddBool("resume_mid_stream", &g.resume_mid_stream,
+             "continue a stream on another worker when its worker dies mid-stream");
   f->AddDuration("request_timeout", &g.request_timeout, "deadline for requests that set none");
   f->AddDouble("route_prefill_weight", &g.weights.prefill, "routing cost per uncached prompt token");
   f->AddDouble("route_load_weight", &g.weights.load, "routing cost per running or queued sequence");

@@ -23,7 +23,8 @@ struct GatewayOptions {
   PromptLimits limits;
   RouteWeights weights;
   int max_concurrent = 256;               // open Generate streams + chat turns
-  int max_attempts = 3;                   // workers tried before the first token
+  int max_attempts = 3;                   // workers tried (before or after the first token)
+  bool resume_mid_stream = true;          // continue on another worker if one dies mid-stream
   absl::Duration request_timeout = absl::Minutes(10);  // deadline when the client sets none
   std::string auth_token;                 // non-empty: "authorization: Bearer <token>" required
   int64_t max_pin_ttl_s = 7 * 24 * 3600;

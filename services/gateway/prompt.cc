@@ -1,6 +1,8 @@
 // Request validation and templating; see prompt.h.
 #include "services/gateway/prompt.h"
 
+#include <random>
+
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/engine/sampler.h"
 #include "gpu_worker/service/sampling_wire.h"
@@ -76,6 +78,12 @@ absl::StatusOr<Prompt> BuildPrompt(
   }
 
   p.sampling = worker::SamplingFromProto(sampling, limits.default_max_tokens);
+  if (!p.sampling.seed.has_value()) {
+    // The gateway picks the seed, so a stream resumed on another worker after a failure
+    // continues with the same random stream (the sampler draws per position).
+    static thread_local std::mt19937_64 rng(std::random_device{}());
+    p.sampling.seed = rng();
+  }
   if (absl::Status s = engine::ValidateSampling(p.sampling, tok.vocab_size(),
                                                 static_cast<int32_t>(limits.max_context));
       !s.ok()) {

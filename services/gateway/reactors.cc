@@ -70,6 +70,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     p.stop = prompt->stop;
     p.deadline = svc_->DeadlineFor(ctx_);
     p.max_attempts = svc_->options().max_attempts;
+    p.resume_mid_stream = svc_->options().resume_mid_stream;
     // Not under mu_: the turn may report back (TurnDone) before Start returns.
     std::shared_ptr<Turn> t =
         Turn::Start(std::move(p), svc_->pool(), svc_->tokenizer(), this, svc_->metrics());
@@ -295,6 +296,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<cascade::v1::ChatReques
     p.stop = full.stop;
     p.deadline = svc_->DeadlineFor(ctx_);
     p.max_attempts = svc_->options().max_attempts;
+    p.resume_mid_stream = svc_->options().resume_mid_stream;
     turn_active_ = true;
     return p;
   }

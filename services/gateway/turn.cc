@@ -19,7 +19,7 @@ class Turn::Upstream final : public grpc::ClientReadReactor<WorkerGenerateRespon
       : turn_(std::move(turn)), handle_(std::move(handle)) {
     ctx_.set_deadline(turn_->params_.deadline);
     ctx_.AddMetadata("x-request-id", turn_->params_.request_id);
-    handle_->stub->async()->Generate(&ctx_, &turn_->params_.request, this);
+    handle_->stub->async()->Generate(&ctx_, &turn_->request_, this);
   }
   // REQUIRES: the Turn's mu_ is not held (callbacks may run inline).
   void Go(std::shared_ptr<Upstream> self) {
@@ -68,8 +68,8 @@ std::shared_ptr<Turn> Turn::Start(TurnParams params, WorkerPool* pool,
 
 Turn::Turn(TurnParams params, WorkerPool* pool, const tokenizer::Tokenizer& tokenizer,
            TurnSink* sink, TurnMetrics* metrics)
-    : params_(std::move(params)), pool_(pool), tokenizer_(tokenizer), sink_(sink),
-      metrics_(metrics) {}
+    : params_(std::move(params)), request_(params_.request), pool_(pool), tokenizer_(tokenizer),
+      sink_(sink), metrics_(metrics) {}
 
 Turn::~Turn() = default;
 
@@ -80,7 +80,7 @@ std::shared_ptr<Turn::Upstream> Turn::PrepareAttemptLocked() {
     if (!handle_) continue;
     result_.worker_id = c.worker_id;
     result_.worker_address = c.address;
-    text_ = std::make_unique<TextStream>(tokenizer_, params_.stop);
+    if (!resumed_) text_ = std::make_unique<TextStream>(tokenizer_, params_.stop);
     upstream_ = std::make_shared<Upstream>(shared_from_this(), handle_);
     return upstream_;
   }
@@ -128,7 +128,9 @@ GenerateResponse Turn::FinishEvent(cascade::v1::FinishReason reason,
 bool Turn::OnMessage(const WorkerGenerateResponse& msg) {
   std::lock_guard<std::mutex> lock(mu_);
   if (finished_) return false;
-  if (msg.has_start()) {
+  if (msg.has_start() && resumed_) {
+    // The client already has its start; the replacement's counts cover the re-prefill.
+  } else if (msg.has_start()) {
     got_start_ = true;
     const auto& s = msg.start();
     if (!s.worker_id().empty()) result_.worker_id = s.worker_id();
@@ -212,6 +214,30 @@ std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& st
                                         {"error", status.error_message()}});
     metrics_->failovers->Increment();
     return PrepareAttemptLocked();
+  }
+  const bool worker_failed = status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
+                             status.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
+                             status.error_code() != grpc::StatusCode::OK;
+  if (!finished_ && got_start_ && !cancelled_ && worker_failed && params_.resume_mid_stream &&
+      attempt_ < params_.workers.size() && attempt_ < static_cast<size_t>(params_.max_attempts)) {
+    // Continue elsewhere: the emitted tokens become part of the prompt (an ASSISTANT chunk of
+    // their ids, the way chat history is kept), and only the remaining tokens are asked for.
+    const int32_t remaining = request_.sampling().max_tokens() -
+                              static_cast<int32_t>(result_.tokens.size());
+    if (remaining > 0) {
+      common::LogWarn("worker_resume", {{"request_id", params_.request_id},
+                                        {"worker", result_.worker_address},
+                                        {"tokens_so_far", static_cast<long>(result_.tokens.size())},
+                                        {"error", status.error_message()}});
+      metrics_->resumes->Increment();
+      request_ = params_.request;
+      auto* chunk = request_.add_chunks();
+      chunk->set_kind(cascade::v1::CHUNK_KIND_ASSISTANT);
+      chunk->mutable_token_ids()->Assign(result_.tokens.begin(), result_.tokens.end());
+      request_.mutable_sampling()->set_max_tokens(remaining);
+      resumed_ = true;
+      return PrepareAttemptLocked();
+    }
   }
   done_ = true;
   metrics_->running->Decrement();

@@ -49,6 +49,10 @@ struct TurnParams {
   std::vector<std::string> stop;
   std::chrono::system_clock::time_point deadline;
   int max_attempts = 3;
+  // A worker that dies mid-stream is replaced by the next candidate, which re-prefills the
+  // prompt plus the tokens emitted so far and continues. Greedy and seeded sampling continue
+  // exactly (the sampler's random stream is per position), so the client sees one stream.
+  bool resume_mid_stream = true;
 };
 
 class Turn : public std::enable_shared_from_this<Turn> {
@@ -81,6 +85,7 @@ class Turn : public std::enable_shared_from_this<Turn> {
                                             const std::string& stop_reason) const;
 
   const TurnParams params_;
+  cascade::v1::WorkerGenerateRequest request_;  // what the next attempt sends (grows on resume)
   WorkerPool* const pool_;
   const tokenizer::Tokenizer& tokenizer_;
   TurnSink* const sink_;
@@ -92,6 +97,7 @@ class Turn : public std::enable_shared_from_this<Turn> {
   std::shared_ptr<WorkerHandle> handle_;
   bool cancelled_ = false;
   bool got_start_ = false;
+  bool resumed_ = false;     // a later attempt continues an earlier one's stream
   bool finished_ = false;  // finish event emitted
   bool done_ = false;      // TurnDone called
   std::unique_ptr<class TextStream> text_;

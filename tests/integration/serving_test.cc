@@ -110,7 +110,7 @@ TEST(ServingTest, AdmissionControlRejectsBeyondTheBoundAtOnce) {
 }
 
 TEST(ServingTest, KillingAWorkerMidStreamEndsThatStreamUnavailableAndOthersFlow) {
-  Stack stack({.workers = 2});
+  Stack stack({.workers = 2, .resume = false});
   grpc::ClientContext ctx;
   auto reader = stack.gateway().Generate(&ctx, Req("doomed", "long answer", 3000));
   cascade::v1::GenerateResponse m;
@@ -140,6 +140,56 @@ TEST(ServingTest, KillingAWorkerMidStreamEndsThatStreamUnavailableAndOthersFlow)
     Reply r = Generate(stack.gateway(), survivor_req);
     EXPECT_TRUE(r.status.ok()) << r.status.error_message();
     EXPECT_NE(r.start.worker_id(), victim);
+  }
+}
+
+// The stretch goal of failover: the stream continues on the other worker, which re-prefills the
+// prompt plus the tokens emitted so far; greedy and seeded sampling continue exactly, so the
+// client receives the tokens of an uninterrupted run.
+TEST(ServingTest, StreamResumesOnAnotherWorkerWithIdenticalTokens) {
+  for (bool seeded : {false, true}) {
+    Stack stack({.workers = 2});
+    auto req = Req(LongSystemPrompt(), "tell a long story", 150);
+    if (seeded) {
+      req.mutable_sampling()->set_temperature(0.9f);
+      req.mutable_sampling()->set_seed(4242);
+    }
+    Reply want = Generate(stack.gateway(), req);
+    ASSERT_TRUE(want.status.ok());
+    ASSERT_TRUE(stack.WaitForIdleLoad());
+
+    grpc::ClientContext ctx;
+    auto reader = stack.gateway().Generate(&ctx, req);
+    cascade::v1::GenerateResponse m;
+    std::string victim;
+    std::vector<int32_t> tokens;
+    std::string text;
+    int starts = 0;
+    cascade::v1::GenerateFinish finish;
+    std::thread killer;
+    while (reader->Read(&m)) {
+      if (m.has_start()) {
+        ++starts;
+        victim = m.start().worker_id();
+      }
+      if (m.has_delta()) {
+        tokens.insert(tokens.end(), m.delta().token_ids().begin(), m.delta().token_ids().end());
+        text += m.delta().text();
+        if (tokens.size() >= 10 && !killer.joinable()) {
+          const int vi = stack.WorkerIndex(victim);
+          killer = std::thread([&stack, vi] { stack.worker(vi).Shutdown(absl::ZeroDuration()); });
+        }
+      }
+      if (m.has_finish()) finish = m.finish();
+    }
+    grpc::Status st = reader->Finish();
+    if (killer.joinable()) killer.join();
+    ASSERT_TRUE(st.ok()) << (seeded ? "seeded: " : "greedy: ") << st.error_message();
+    EXPECT_EQ(starts, 1);
+    EXPECT_EQ(tokens, want.tokens) << (seeded ? "seeded" : "greedy") << " continuation differs";
+    EXPECT_EQ(text, want.text);
+    EXPECT_EQ(finish.finish_reason(), cascade::v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(finish.usage().completion_tokens(), 150);
   }
 }
 

@@ -57,6 +57,7 @@ struct StackOptions {
   std::string auth_token;
   bool registry = true;
   bool metrics = false;  // serve /metrics on worker 0 and the gateway (free ports)
+  bool resume = true;    // gateway --resume_mid_stream
 };
 
 class Stack {
@@ -71,6 +72,7 @@ class Stack {
     for (auto& w : workers_) g.workers += (g.workers.empty() ? "" : ",") + w->address();
     g.gateway.max_concurrent = o.max_concurrent;
     g.gateway.auth_token = o.auth_token;
+    g.gateway.resume_mid_stream = o.resume;
     g.gateway.limits.default_max_tokens = 16;
     if (o.metrics) g.server.metrics_port = 0;
     auto gw = gateway::GatewayServer::Start(g);
