@@ -56,7 +56,12 @@ int32_t BlockManager::AllocateFresh() {
 }
 
 void BlockManager::AddRef(int32_t block) {
-  assert(ref_[block] > 0);
+  if (ref_[block] == 0) {
+    // A cached block nobody references: take it out of the evictable LRU.
+    assert(in_lru_[block]);
+    lru_.erase(lru_pos_[block]);
+    in_lru_[block] = false;
+  }
   ++ref_[block];
 }
 
@@ -83,6 +88,18 @@ std::optional<int32_t> BlockManager::Lookup(const hash::Hash128& key) const {
   auto it = by_key_.find(key);
   if (it == by_key_.end()) return std::nullopt;
   return it->second.block;
+}
+
+std::vector<int32_t> BlockManager::ChainBlocks(const hash::Hash128& key) const {
+  std::vector<int32_t> chain;
+  hash::Hash128 k = key;
+  while (!k.IsZero()) {
+    auto it = by_key_.find(k);
+    if (it == by_key_.end()) return {};
+    chain.push_back(it->second.block);
+    k = it->second.parent;
+  }
+  return {chain.rbegin(), chain.rend()};
 }
 
 void BlockManager::DropKey(int32_t block) {

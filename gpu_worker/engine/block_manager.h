@@ -43,7 +43,8 @@ class BlockManager {
   // empty. Returns -1 when every block is in use.
   int32_t AllocateFresh();
 
-  // Adds a reference to a block already in use.
+  // Adds a reference to a block in use, or to a cached unreferenced one (leaving the LRU).
+  // REQUIRES: the block is in use or cached (not on the free list).
   void AddRef(int32_t block);
 
   // Drops one reference; at zero a keyed block becomes evictable (most recent), an unkeyed one
@@ -57,6 +58,9 @@ class BlockManager {
   bool Commit(int32_t block, const hash::Hash128& key, const hash::Hash128& parent);
 
   std::optional<int32_t> Lookup(const hash::Hash128& key) const;
+  // The cached blocks of `key`'s chain, root first (following parent keys); empty if the chain
+  // is broken (an ancestor is no longer cached).
+  std::vector<int32_t> ChainBlocks(const hash::Hash128& key) const;
   bool IsCachedKey(const hash::Hash128& key) const { return by_key_.count(key) > 0; }
 
   // Drops the given keys and all their cached descendants from the cache where unreferenced.

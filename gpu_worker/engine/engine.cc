@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <unordered_map>
 
@@ -66,10 +67,21 @@ class EngineImpl final : public Engine {
     evicts_.insert(evicts_.end(), chunk_hashes.begin(), chunk_hashes.end());
     return found;
   }
+  int PinChunks(const std::vector<hash::Hash128>& chunk_hashes, int64_t ttl_ms) override {
+    absl::MutexLock lock(&mu_);
+    int found = 0;
+    for (const auto& h : chunk_hashes) {
+      if (!residency_.Contains(h)) continue;
+      ++found;
+      pin_requests_.push_back({h, ttl_ms});
+    }
+    return found;
+  }
   absl::StatusOr<std::vector<SequenceOutput>> Step() override;
   bool HasWork() const override {
     absl::MutexLock lock(&mu_);
-    return !inbox_.empty() || !cancels_.empty() || !evicts_.empty() || live_ > 0;
+    return !inbox_.empty() || !cancels_.empty() || !evicts_.empty() || !pin_requests_.empty() ||
+           live_ > 0;
   }
   EngineStats Stats() const override {
     absl::MutexLock lock(&mu_);
@@ -119,6 +131,7 @@ class EngineImpl final : public Engine {
   std::vector<std::unique_ptr<Sequence>> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
   std::vector<hash::Hash128> evicts_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<hash::Hash128, int64_t>> pin_requests_ ABSL_GUARDED_BY(mu_);
   Residency residency_ ABSL_GUARDED_BY(mu_);
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
   int64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // admitted, not yet finished
@@ -222,7 +235,11 @@ void EngineImpl::TakePins(Sequence& seq) {
   const int bs = backend_->BlockSize();
   for (const hash::PlacedChunk& c : seq.chunks) {
     const int64_t nblocks = std::min<int64_t>(c.end / bs, seq.num_committed);
-    if (nblocks <= 0 || pins_.count(c.hash)) continue;
+    if (nblocks <= 0) continue;
+    if (auto it = pins_.find(c.hash); it != pins_.end()) {
+      it->second.expires_ms = std::max(it->second.expires_ms, options_.now_ms() + seq.pin_ttl_ms);
+      continue;
+    }
     Pin pin;
     for (int64_t j = 0; j < nblocks; ++j) {
       blocks_.AddRef(seq.block_table[j]);
@@ -326,6 +343,23 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
       ReleasePin(h);
       blocks_.EvictKeys(residency_.BlockKeysOf(h));
     }
+    const int64_t now = options_.now_ms();
+    for (const auto& [h, ttl] : pin_requests_) {
+      auto it = pins_.find(h);
+      if (it != pins_.end()) {
+        it->second.expires_ms = std::max(it->second.expires_ms, now + ttl);
+        continue;
+      }
+      std::optional<hash::Hash128> last = residency_.LastKeyOf(h);
+      if (!last) continue;
+      Pin pin;
+      pin.blocks = blocks_.ChainBlocks(*last);
+      if (pin.blocks.empty()) continue;
+      for (int32_t b : pin.blocks) blocks_.AddRef(b);
+      pin.expires_ms = now + ttl;
+      pins_.emplace(h, std::move(pin));
+    }
+    pin_requests_.clear();
   }
   for (auto& seq : arrived) {
     scheduler_.AddWaiting(seq.get());

@@ -50,6 +50,11 @@ class Engine {
   // next step; unpins them. Returns the number of chunks found.
   virtual int EvictChunks(const std::vector<hash::Hash128>& chunk_hashes) = 0;
 
+  // Pins chunks this engine holds for `ttl_ms` (extending pins already there), so eviction skips
+  // their blocks: the registry's pinned chunks, renewed with every heartbeat. Applied at the next
+  // step; chunks not held are ignored. Returns the number found.
+  virtual int PinChunks(const std::vector<hash::Hash128>& chunk_hashes, int64_t ttl_ms) = 0;
+
   // Runs one step. Returns the outputs of every sequence that produced something. A backend
   // failure ends that step's sequences with kError (message in `error`), not the engine.
   virtual absl::StatusOr<std::vector<SequenceOutput>> Step() = 0;

@@ -65,6 +65,12 @@ std::vector<hash::Hash128> Residency::BlockKeysOf(const hash::Hash128& chunk) co
   return it == chunks_.end() ? std::vector<hash::Hash128>{} : it->second.keys;
 }
 
+std::optional<hash::Hash128> Residency::LastKeyOf(const hash::Hash128& chunk) const {
+  auto it = chunks_.find(chunk);
+  if (it == chunks_.end()) return std::nullopt;
+  return it->second.keys.back();
+}
+
 std::vector<ChunkEvent> Residency::Held() const {
   std::vector<ChunkEvent> out;
   out.reserve(chunks_.size());

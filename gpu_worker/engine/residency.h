@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -27,6 +28,9 @@ class Residency {
   // Keys of the blocks the chunk occupies (from the block holding its first token); empty if
   // unknown.
   std::vector<hash::Hash128> BlockKeysOf(const hash::Hash128& chunk) const;
+
+  // Key of the last full block the chunk is held through; nullopt if unknown.
+  std::optional<hash::Hash128> LastKeyOf(const hash::Hash128& chunk) const;
 
   std::vector<ChunkEvent> Held() const;
   std::vector<ChunkEvent> TakeEvents();

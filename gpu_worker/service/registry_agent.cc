@@ -156,6 +156,13 @@ void RegistryAgent::Heartbeat() {
     if (auto x = hash::Hash128::FromHex(h)) evict.push_back(*x);
   }
   if (!evict.empty()) engine_->EvictChunks(evict);
+  // Pinned chunks are renewed every heartbeat for a few intervals: they stay cached while the
+  // registry lists them and lapse soon after it stops (unpin, pin expiry, or registry gone).
+  std::vector<hash::Hash128> pinned;
+  for (const std::string& h : resp.pinned_hashes()) {
+    if (auto x = hash::Hash128::FromHex(h)) pinned.push_back(*x);
+  }
+  if (!pinned.empty()) engine_->PinChunks(pinned, 3 * options_.heartbeat_ms + 1000);
 }
 
 void RegistryAgent::Report() {

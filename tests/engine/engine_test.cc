@@ -353,6 +353,32 @@ TEST(EngineTest, PinnedChunksSurviveEvictionUntilTheirTtl) {
   EXPECT_EQ(RunOne(*e, pinned).cached_tokens, 0);
 }
 
+TEST(EngineTest, RegistryPinsKeepAHeldChunkUntilTheyLapse) {
+  int64_t now = 0;
+  EngineOptions o;
+  o.now_ms = [&now] { return now; };
+  auto e = MakeEngine(8, o);
+  Request held;
+  held.chunks = {ChunkInput{1, std::vector<int32_t>(17, 3), ""}, ChunkInput{3, {1, 2}, ""}};
+  held.sampling.max_tokens = 1;
+  Result first = RunOne(*e, held);
+  EXPECT_EQ(e->PinChunks({first.chunks[0].hash}, 1000), 1);
+  EXPECT_EQ(e->PinChunks({hash::Hash128{1, 2}}, 1000), 0) << "a chunk not held is not pinned";
+  auto flood = [&](int32_t fill) {
+    Request big;
+    big.chunks = {ChunkInput{1, std::vector<int32_t>(47, fill), ""}};
+    big.sampling.max_tokens = 1;
+    RunOne(*e, big);
+  };
+  flood(8);
+  flood(9);
+  EXPECT_EQ(RunOne(*e, held).cached_tokens, 16) << "the pinned chunk was evicted";
+  now = 5000;  // not renewed: the pin lapses and pressure evicts the chunk
+  flood(10);
+  flood(11);
+  EXPECT_EQ(RunOne(*e, held).cached_tokens, 0);
+}
+
 TEST(EngineTest, CacheSaltIsolatesTenants) {
   Request a;
   a.chunks = {ChunkInput{1, std::vector<int32_t>(20, 3), ""}};

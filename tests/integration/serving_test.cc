@@ -193,6 +193,42 @@ TEST(ServingTest, StreamResumesOnAnotherWorkerWithIdenticalTokens) {
   }
 }
 
+// An admin pin in the registry reaches the holder with its heartbeats and keeps the chunk
+// cached under pressure that evicts it otherwise.
+TEST(ServingTest, RegistryPinKeepsAChunkOnItsHolderUnderPressure) {
+  for (bool pin : {false, true}) {
+    Stack stack({.workers = 1, .kv_blocks = 24});
+    auto req = Req(LongSystemPrompt(), "q", 2);
+    Reply first = Generate(stack.gateway(), req);
+    ASSERT_TRUE(first.status.ok());
+    auto sys_hash = hash::Hash128::FromHex(first.start.chunks(0).hash());
+    ASSERT_TRUE(sys_hash.has_value());
+    ASSERT_TRUE(WaitFor([&] {
+      auto c = stack.registry()->GetChunk(*sys_hash);
+      return c.ok() && !c->holders.empty();
+    }));
+    if (pin) {
+      ASSERT_TRUE(stack.registry()->PinChunk(*sys_hash, 60, std::nullopt).ok());
+      ASSERT_TRUE(WaitFor([&] { return stack.WorkerStats(0).used_kv_blocks() > 0; }))
+          << "the worker never pinned the chunk the registry listed";
+    }
+    for (int i = 0; i < 4; ++i) {  // each needs about 8 of the 24 blocks
+      std::string filler;
+      for (int w = 0; w < 20; ++w) filler += "word" + std::to_string(i * 1000 + w) + " ";
+      Reply f = Generate(stack.gateway(), Req(filler, "x", 2));
+      ASSERT_TRUE(f.status.ok()) << f.status.error_message() << " (prompt " << f.start.prompt_tokens() << ")";
+    }
+    Reply again = Generate(stack.gateway(), req);
+    ASSERT_TRUE(again.status.ok());
+    if (pin) {
+      EXPECT_GT(again.start.cached_tokens(), 0) << "the pinned chunk was evicted";
+    } else {
+      EXPECT_EQ(again.start.cached_tokens(), 0) << "the pressure does not evict: the test proves nothing";
+    }
+    EXPECT_EQ(again.tokens, first.tokens);
+  }
+}
+
 TEST(ServingTest, FailsOverToAnotherWorkerBeforeTheFirstToken) {
   Stack stack({.workers = 2});
   stack.worker(0).Shutdown(absl::ZeroDuration());  // the registry still lists it for a lease
