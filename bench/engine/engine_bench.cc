@@ -60,6 +60,7 @@ struct Flags {
   std::vector<std::string> sections = {"decode", "prefill", "shared"};
   int64_t num_blocks = 0;
   uint64_t seed = 0;
+  double temperature = 0.0;  // 0: greedy; > 0: seeded temperature sampling
 };
 
 bool ParseInts(const std::string& v, std::vector<int>* out) {
@@ -98,6 +99,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (k == "sections") f->sections = absl::StrSplit(v, ',', absl::SkipEmpty());
     else if (k == "num_blocks") ok = absl::SimpleAtoi(v, &f->num_blocks) && f->num_blocks >= 0;
     else if (k == "seed") ok = absl::SimpleAtoi(v, &f->seed);
+    else if (k == "temperature") ok = absl::SimpleAtod(v, &f->temperature) && f->temperature >= 0;
     else {
       std::fprintf(stderr, "unknown flag --%s\n", k.c_str());
       return false;
@@ -201,11 +203,16 @@ struct Bench {
   }
 };
 
+double g_temperature = 0.0;  // --temperature, applied to every request
+
 engine::Request MakeRequest(std::vector<engine::ChunkInput> chunks, int max_tokens) {
+  static uint64_t next_seed = 1;
   engine::Request r;
   r.chunks = std::move(chunks);
   r.sampling.max_tokens = max_tokens;
   r.sampling.ignore_eos = true;  // fixed lengths
+  r.sampling.temperature = static_cast<float>(g_temperature);
+  r.sampling.seed = next_seed++;
   return r;
 }
 
@@ -272,8 +279,9 @@ PhaseResult RunBatch(Bench& b, engine::Engine& e, const std::vector<engine::Requ
 }
 
 void DecodeSection(Bench& b) {
-  std::printf("\n## Decode (prompt %d tokens, %d generated, ignore_eos, greedy)\n\n", b.flags.prompt_len,
-              b.flags.decode_len);
+  std::printf("\n## Decode (prompt %d tokens, %d generated, ignore_eos, %s)\n\n", b.flags.prompt_len,
+              b.flags.decode_len,
+              b.flags.temperature == 0 ? "greedy" : "seeded temperature sampling");
   std::printf("| batch | decode tok/s | ms/step | fwd %% | prefill s |\n|---:|---:|---:|---:|---:|\n");
   auto e = b.MakeEngine(true);
   std::mt19937 rng(b.flags.seed + 1);
@@ -353,6 +361,7 @@ void SharedSection(Bench& b) {
 int Main(int argc, char** argv) {
   Flags flags;
   if (!ParseFlags(argc, argv, &flags)) return 2;
+  g_temperature = flags.temperature;
   std::string dir = flags.model_dir;
   if (dir.empty()) {
     auto config = model::FindPresetConfig(flags.preset);

@@ -10,6 +10,17 @@
 
 namespace cascade::engine {
 
+// How a logits row may be sampled inside the backend. `on_device` rows need no logits on the
+// host: temperature 0 is the argmax (lowest index among equal maxima); temperature > 0 is the
+// Gumbel-max draw argmax_v(logit_v / T + Gumbel(TokenUniform(seed, position, v))), an exact
+// sample of softmax(logits / T) (sample_noise.h). Other rows come back whole.
+struct RowSample {
+  bool on_device = false;
+  float temperature = 0.0f;
+  uint64_t seed = 0;
+  int64_t position = 0;  // global position of the token being sampled
+};
+
 // One forward step over several sequences, laid out back to back. Built by the scheduler;
 // a backend reads it and never keeps pointers into it past Forward().
 //
@@ -29,12 +40,15 @@ struct ForwardBatch {
   std::vector<int32_t> block_table_start;  // [num_seqs + 1] offsets into block_ids
   std::vector<int32_t> block_ids;          // concatenated per-sequence block tables
   std::vector<int32_t> logits_rows;        // rows of token_ids whose logits are wanted, ascending
-  std::vector<uint8_t> argmax_only;        // [logits_rows.size()] or empty: 1 = the caller needs
-                                           //   only that row's argmax (greedy, no logprobs)
+  std::vector<RowSample> row_samples;      // [logits_rows.size()] or empty: how each row may be
+                                           //   sampled by the backend (see RowSample)
 
   int num_seqs() const { return static_cast<int>(context_lens.size()); }
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
 };
+
+// Samples one row as RowSample describes (on_device rows' rule), on the host. [vocab] logits.
+int32_t SampleRow(const float* row, int vocab, const RowSample& s);
 
 // A compute backend: owns the model weights and the paged KV cache.
 // Thread safety: Forward() is called from one engine thread at a time.
@@ -58,12 +72,12 @@ class Backend {
   virtual absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) = 0;
 
   // Forward for sampling: for each logits row either its whole logits or, where
-  // batch.argmax_only says so, only its argmax (the lowest index among equal maxima, as the
-  // host sampler picks). logits: [number of full rows, VocabSize()] in row order; argmax:
-  // [logits_rows.size()], -1 for full rows. The default runs Forward and reduces on the host;
-  // a GPU backend overrides it so greedy rows never copy a vocabulary-sized row to the host.
+  // batch.row_samples says on_device, the sampled token id (see RowSample). logits: [number of
+  // whole rows, VocabSize()] in row order; tokens: [logits_rows.size()], -1 for whole rows.
+  // The default runs Forward and samples on the host; a GPU backend overrides it so those rows
+  // never copy a vocabulary-sized row to the host.
   virtual absl::Status ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
-                                      std::vector<int32_t>* argmax);
+                                      std::vector<int32_t>* tokens);
 };
 
 }  // namespace cascade::engine

@@ -9,16 +9,11 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "gpu_worker/engine/backend.h"
+#include "gpu_worker/engine/sample_noise.h"
 
 namespace cascade::engine {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // log-softmax of the raw logits for the n best tokens and the sampled one.
 LogprobEntry Logprobs(std::span<const float> logits, int32_t sampled, int n) {
@@ -111,6 +106,11 @@ SampleResult Sample(std::span<float> logits, const SamplingParams& p, uint64_t s
 
   if (p.temperature == 0.0f) {
     r.token_id = Argmax(logits);
+  } else if (p.top_k <= 0 && p.top_p >= 1.0f && p.min_p == 0.0f) {
+    // Plain temperature sampling: the Gumbel-max draw, the same rule a GPU backend applies on
+    // the device (backend.h, RowSample), so the path a row takes does not change its token.
+    r.token_id = SampleRow(logits.data(), static_cast<int>(logits.size()),
+                           RowSample{true, p.temperature, seed, position});
   } else {
     const int vocab = static_cast<int>(logits.size());
     std::vector<int32_t> idx(vocab);

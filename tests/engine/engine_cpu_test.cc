@@ -33,7 +33,7 @@ const model::Model& Tiny() {
 }
 
 std::unique_ptr<Engine> MakeEngine(int64_t blocks, cpu::DebugFault fault = cpu::DebugFault::kNone,
-                                   int max_batched_tokens = 2048) {
+                                   int max_batched_tokens = 2048, bool capture_logits = true) {
   cpu::CpuBackendOptions o;
   o.num_blocks = blocks;
   o.block_size = kBlock;
@@ -41,7 +41,7 @@ std::unique_ptr<Engine> MakeEngine(int64_t blocks, cpu::DebugFault fault = cpu::
   o.debug_fault = fault;
   EngineOptions eo;
   eo.model_name = "tiny";
-  eo.debug_capture_logits = true;
+  eo.debug_capture_logits = capture_logits;
   eo.max_num_batched_tokens = max_batched_tokens;
   eo.eos_token_ids = Tiny().config().eos_token_ids;
   return NewEngine(eo, cpu::NewCpuBackend(Tiny(), o));
@@ -143,6 +143,30 @@ TEST_P(RootCauseTest, CachedRunDivergesFromColdWhenTheFixIsRemoved) {
 INSTANTIATE_TEST_SUITE_P(Faults, RootCauseTest,
                          ::testing::Values(cpu::DebugFault::kLocalPositions,
                                            cpu::DebugFault::kNoCausalOffset));
+
+// Rows the backend samples (greedy and plain temperature, ForwardSampled) get the tokens the
+// host sampler draws from the whole logits: one rule, whichever side applies it.
+TEST(EngineCpuTest, BackendSampledRowsGiveTheHostSamplersTokens) {
+  std::mt19937 rng(26);
+  const int vocab = static_cast<int>(Tiny().config().vocab_size);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; ++i) {
+    Request r = RandomRequest(rng, vocab, 2, 20, 6);
+    if (i % 2) {
+      r.sampling.temperature = 0.9f;
+      r.sampling.seed = 70 + i;
+    }
+    reqs.push_back(r);
+  }
+  auto host = MakeEngine(64);
+  auto backend = MakeEngine(64, cpu::DebugFault::kNone, 2048, /*capture_logits=*/false);
+  std::vector<Result> want = RunAll(*host, reqs);
+  std::vector<Result> got = RunAll(*backend, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(want[i].tokens, got[i].tokens) << "request " << i;
+    EXPECT_TRUE(got[i].logits.empty());
+  }
+}
 
 TEST(EngineCpuTest, ChunkedPrefillGivesTheSameLogitsAsOneShot) {
   std::mt19937 rng(25);

@@ -129,8 +129,9 @@ class CudaBackend final : public engine::Backend {
   // Activations, [max_num_tokens, ...].
   DeviceBuffer residual_, x_, qkv_, attn_, delta_, gu_, act_, xl_, logits_;
   // Grown on demand.
-  DeviceBuffer meta_, partial_o_, partial_lse_, argmax_;
+  DeviceBuffer meta_, partial_o_, partial_lse_, argmax_, sample_params_;
   std::vector<int32_t> argmax_host_;
+  std::vector<RowSampleParams> sample_host_;
   std::vector<int32_t> meta_host_;
 };
 
@@ -279,7 +280,9 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
   RETURN_IF_ERROR(Check(b));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o_.device), "cudaSetDevice"));
   const int n = b.num_tokens();
-  auto greedy = [&](size_t r) { return sampled && !b.argmax_only.empty() && b.argmax_only[r]; };
+  auto greedy = [&](size_t r) {
+    return sampled && !b.row_samples.empty() && b.row_samples[r].on_device;
+  };
   size_t full_rows = 0;
   for (size_t r = 0; r < b.logits_rows.size(); ++r) full_rows += greedy(r) ? 0 : 1;
   logits->resize(full_rows * c_.vocab_size);
@@ -354,7 +357,17 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
 
   const int rows = static_cast<int>(b.logits_rows.size());
   const int64_t vocab = c_.vocab_size;
-  if (sampled) RETURN_IF_ERROR(EnsureCapacity(&argmax_, std::max(rows, 1) * sizeof(int32_t)));
+  if (sampled) {
+    RETURN_IF_ERROR(EnsureCapacity(&argmax_, std::max(rows, 1) * sizeof(int32_t)));
+    sample_host_.assign(rows, RowSampleParams{});
+    for (int r = 0; r < rows && !b.row_samples.empty(); ++r) {
+      const engine::RowSample& s = b.row_samples[r];
+      sample_host_[r] = RowSampleParams{s.temperature, s.seed, s.position};
+    }
+    RETURN_IF_ERROR(EnsureCapacity(&sample_params_, std::max(rows, 1) * sizeof(RowSampleParams)));
+    RETURN_IF_ERROR(CopyAsync(sample_params_.data(), sample_host_.data(),
+                              rows * sizeof(RowSampleParams), stream_));
+  }
   size_t full_done = 0;
   for (int r0 = 0; r0 < rows; r0 += o_.max_logits_rows) {
     const int m = std::min(o_.max_logits_rows, rows - r0);
@@ -362,7 +375,10 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
     RETURN_IF_ERROR(gemm_->Run(xl_.as<Bf16>(), lm_head_, m, static_cast<int>(vocab), hidden_,
                                logits_.data(), GemmOut::kF32, stream_));
     if (sampled) {
-      RETURN_IF_ERROR(ArgmaxRows(logits_.as<float>(), m, static_cast<int>(vocab),
+      // Greedy and temperature rows are drawn on the device (RowSample); the per-row
+      // parameters ride in the same upload as the rest of the step's metadata.
+      RETURN_IF_ERROR(SampleRows(logits_.as<float>(), m, static_cast<int>(vocab),
+                                 sample_params_.as<RowSampleParams>() + r0,
                                  argmax_.as<int32_t>() + r0, stream_));
     }
     // Whole rows only where the caller samples on the host; runs of them copy in one go.

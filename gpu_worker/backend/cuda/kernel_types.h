@@ -65,4 +65,11 @@ struct AttentionArgs {
   int num_q_heads = 0;
 };
 
+// Per-row sampling parameters on the device (engine::RowSample without the flag).
+struct RowSampleParams {
+  float temperature = 0.0f;  // 0: argmax
+  uint64_t seed = 0;
+  int64_t position = 0;
+};
+
 }  // namespace cascade::cuda

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "gpu_worker/backend/cuda/launchers.h"
+#include "gpu_worker/engine/sample_noise.h"
 
 namespace cascade::cuda::internal {
 namespace {
@@ -173,7 +174,47 @@ __global__ void __launch_bounds__(kArgmaxThreads) ArgmaxKernel(const float* logi
   if (threadIdx.x == 0) out[blockIdx.x] = si[0] < vocab ? si[0] : 0;
 }
 
+// One CTA per row: the row's score is the logit (temperature 0) or its Gumbel-max term; the
+// winner is the highest score, lowest index on ties, as engine::SampleRow picks on the host.
+__global__ void __launch_bounds__(kArgmaxThreads) SampleKernel(const float* logits, int vocab,
+                                                               const RowSampleParams* params,
+                                                               int32_t* out) {
+  __shared__ float sv[kArgmaxThreads];
+  __shared__ int si[kArgmaxThreads];
+  const RowSampleParams p = params[blockIdx.x];
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  const bool greedy = p.temperature == 0.0f;
+  const float inv_t = greedy ? 1.0f : 1.0f / p.temperature;
+  float bv = -INFINITY;
+  int bi = vocab;
+  for (int c = threadIdx.x; c < vocab; c += kArgmaxThreads) {
+    const float v = greedy ? row[c]
+                           : engine::GumbelScore(row[c], inv_t,
+                                                 engine::TokenUniform(p.seed, p.position, c));
+    if (!isnan(v) && Better(v, c, bv, bi)) bv = v, bi = c;
+  }
+  sv[threadIdx.x] = bv;
+  si[threadIdx.x] = bi;
+  __syncthreads();
+  for (int s = kArgmaxThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s && Better(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x],
+                                  si[threadIdx.x])) {
+      sv[threadIdx.x] = sv[threadIdx.x + s];
+      si[threadIdx.x] = si[threadIdx.x + s];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = si[0] < vocab ? si[0] : 0;
+}
+
 }  // namespace
+
+cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
+                             int32_t* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  SampleKernel<<<n, kArgmaxThreads, 0, stream>>>(logits, vocab, params, out);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchEmbeddingGather(const Bf16* table, const int32_t* ids, int n, int hidden,
                                   float* out, cudaStream_t stream) {

@@ -26,6 +26,8 @@ cudaError_t LaunchGatherRows(const Bf16* in, const int32_t* rows, int n, int d, 
                              cudaStream_t stream);
 cudaError_t LaunchArgmaxRows(const float* logits, int n, int vocab, int32_t* out,
                              cudaStream_t stream);
+cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
+                             int32_t* out, cudaStream_t stream);
 cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionPlanView& plan,
                             cudaStream_t stream);
 

@@ -86,6 +86,14 @@ absl::Status GatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16*
   return CudaStatus(internal::LaunchGatherRows(in, rows, n, d, out, stream), "GatherRows");
 }
 
+absl::Status SampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
+                        int32_t* out, Stream stream) {
+  if (n < 0 || vocab <= 0) return Bad("SampleRows", "bad shape");
+  if (n > 0 && (!logits || !params || !out)) return Bad("SampleRows", "null pointer");
+  return CudaStatus(internal::LaunchSampleRows(logits, n, vocab, params, out, stream),
+                    "SampleRows");
+}
+
 absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Stream stream) {
   if (n < 0 || vocab <= 0) return Bad("ArgmaxRows", "bad shape");
   if (n > 0 && (!logits || !out)) return Bad("ArgmaxRows", "null pointer");

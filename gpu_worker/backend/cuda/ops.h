@@ -51,4 +51,9 @@ absl::Status GatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16*
 // logits: [n, vocab] f32, out: [n] int32.
 absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Stream stream);
 
+// out[r] = the token engine::SampleRow picks for row r of logits [n, vocab] (float32): the
+// argmax at temperature 0, else the Gumbel-max draw of engine/sample_noise.h.
+absl::Status SampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
+                        int32_t* out, Stream stream);
+
 }  // namespace cascade::cuda
