@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache_service/hash/chunk_hash.h"
 #include "services/common/log.h"
+#include "services/gateway/raw_request.h"
 #include "services/gateway/turn.h"
 
 namespace cascade::gateway {
@@ -98,42 +99,42 @@ std::vector<Scored> GatewayService::Route(const Prompt& prompt, const std::strin
 }
 
 grpc::ServerUnaryReactor* GatewayService::Tokenize(grpc::CallbackServerContext* context,
-                                                   const cascade::v1::TokenizeRequest* request,
-                                                   cascade::v1::TokenizeResponse* response) {
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
-  grpc::Status auth = CheckAuth(context);
-  if (!auth.ok()) {
-    reactor->Finish(auth);
-    return reactor;
-  }
-  if (absl::Status s = CheckModel(request->model(), options_.limits); !s.ok()) {
-    reactor->Finish(ToGrpc(s));
-    return reactor;
-  }
+  grpc::Status st = CheckAuth(context);
+  absl::StatusOr<cascade::v1::TokenizeRequest> req =
+      ParseRawRequest<cascade::v1::TokenizeRequest>(*request);
+  if (st.ok()) st = ToGrpc(req.status());
+  cascade::v1::TokenizeResponse out;
+  if (st.ok()) st = DoTokenize(*req, &out);
+  if (st.ok()) SerializeToByteBuffer(out, response);
+  reactor->Finish(st);
+  return reactor;
+}
+
+grpc::Status GatewayService::DoTokenize(const cascade::v1::TokenizeRequest& r,
+                                        cascade::v1::TokenizeResponse* response) {
+  const cascade::v1::TokenizeRequest* request = &r;
+  if (absl::Status s = CheckModel(request->model(), options_.limits); !s.ok()) return ToGrpc(s);
   if (request->chunks_size() == 0) {
     if (static_cast<int64_t>(request->text().size()) > options_.limits.max_prompt_bytes) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "text is too large"));
-      return reactor;
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "text is too large");
     }
     auto ids = tokenizer_->Encode(request->text());
     if (!ids.ok()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                   absl::StrCat("text: ", ids.status().message())));
-      return reactor;
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("text: ", ids.status().message()));
     }
     response->mutable_token_ids()->Assign(ids->begin(), ids->end());
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return grpc::Status::OK;
   }
   cascade::v1::SamplingParams none;
   none.set_max_tokens(1);
   auto p = BuildPrompt(request->chunks(), none, "", !request->has_add_generation_prompt() ||
                                                         request->add_generation_prompt(),
                        *tokenizer_, options_.limits);
-  if (!p.ok()) {
-    reactor->Finish(ToGrpc(p.status()));
-    return reactor;
-  }
+  if (!p.ok()) return ToGrpc(p.status());
   std::vector<hash::ChunkSpec> specs;
   for (const PromptChunk& c : p->chunks) specs.push_back({c.kind, c.tokens, c.cache_salt});
   auto placed = hash::PlaceChunks(options_.limits.model_name, "", specs);
@@ -145,8 +146,7 @@ grpc::ServerUnaryReactor* GatewayService::Tokenize(grpc::CallbackServerContext* 
     ci->set_end(placed[i].end);
     ci->set_kind(static_cast<cascade::v1::ChunkKind>(p->chunks[i].kind));
   }
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return grpc::Status::OK;
 }
 
 grpc::ServerUnaryReactor* GatewayService::ListModels(grpc::CallbackServerContext* context,

@@ -30,10 +30,15 @@ struct GatewayOptions {
   int64_t max_pin_ttl_s = 7 * 24 * 3600;
 };
 
-// Generate is registered raw (ByteBuffer in and out) so that a request with invalid UTF-8 gets
-// INVALID_ARGUMENT naming the field instead of protobuf's opaque parse failure.
-using GatewayBase =
-    cascade::v1::Gateway::WithRawCallbackMethod_Generate<cascade::v1::Gateway::CallbackService>;
+// Every public RPC is registered raw (ByteBuffer in and out) so that a request with invalid UTF-8
+// gets INVALID_ARGUMENT naming the field instead of protobuf's opaque parse failure
+// (raw_request.h). ListModels has no strings to check; health and reflection stay typed.
+using GatewayBase = cascade::v1::Gateway::WithCallbackMethod_ListModels<
+    cascade::v1::Gateway::WithRawCallbackMethod_Generate<
+        cascade::v1::Gateway::WithRawCallbackMethod_Chat<
+            cascade::v1::Gateway::WithRawCallbackMethod_Tokenize<
+                cascade::v1::Gateway::WithRawCallbackMethod_RegisterChunk<
+                    cascade::v1::Gateway::Service>>>>>;
 
 class GatewayService final : public GatewayBase {
  public:
@@ -44,17 +49,17 @@ class GatewayService final : public GatewayBase {
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;
-  grpc::ServerBidiReactor<cascade::v1::ChatRequest, cascade::v1::ChatResponse>* Chat(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Chat(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
-                                     const cascade::v1::TokenizeRequest* request,
-                                     cascade::v1::TokenizeResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const cascade::v1::ListModelsRequest* request,
                                        cascade::v1::ListModelsResponse* response) override;
   grpc::ServerUnaryReactor* RegisterChunk(grpc::CallbackServerContext* context,
-                                          const cascade::v1::RegisterChunkRequest* request,
-                                          cascade::v1::RegisterChunkResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
 
   // Shared by the reactors.
   grpc::Status CheckAuth(const grpc::CallbackServerContext* context) const;
@@ -66,6 +71,12 @@ class GatewayService final : public GatewayBase {
   std::vector<Scored> Route(const Prompt& prompt, const std::string& sticky = "");
   std::chrono::system_clock::time_point DeadlineFor(const grpc::CallbackServerContext* c) const;
   std::string NewRequestId();
+
+ private:
+  grpc::Status DoTokenize(const cascade::v1::TokenizeRequest& request,
+                          cascade::v1::TokenizeResponse* response);
+
+ public:
 
   const GatewayOptions& options() const { return options_; }
   const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -84,7 +95,5 @@ class GatewayService final : public GatewayBase {
 
 using common::ToGrpc;
 
-// Parses a raw GenerateRequest; INVALID_ARGUMENT names a field whose text is not UTF-8.
-absl::StatusOr<cascade::v1::GenerateRequest> ParseGenerateRequest(const grpc::ByteBuffer& raw);
 
 }  // namespace cascade::gateway

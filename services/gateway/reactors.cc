@@ -5,11 +5,9 @@
 #include <deque>
 #include <mutex>
 
-#include <grpcpp/impl/codegen/proto_utils.h>
-
 #include "absl/strings/str_cat.h"
-#include "cascade/v1/gateway_wire.pb.h"
 #include "services/gateway/gateway_service.h"
+#include "services/gateway/raw_request.h"
 #include "services/gateway/turn.h"
 
 namespace cascade::gateway {
@@ -38,7 +36,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   GenerateReactor(GatewayService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), ctx_(ctx) {}
 
   void Begin(const grpc::ByteBuffer& raw) {
-    absl::StatusOr<cascade::v1::GenerateRequest> parsed = ParseGenerateRequest(raw);
+    absl::StatusOr<cascade::v1::GenerateRequest> parsed =
+        ParseRawRequest<cascade::v1::GenerateRequest>(raw);
     grpc::Status st = svc_->CheckAuth(ctx_);
     if (st.ok()) st = ToGrpc(parsed.status());
     const cascade::v1::GenerateRequest& req = parsed.ok() ? *parsed : cascade::v1::GenerateRequest::default_instance();
@@ -129,9 +128,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   void MaybeWriteLocked() {
     if (writing_ || finish_called_) return;
     if (!queue_.empty() && !broken_) {
-      bool own = false;
-      current_.Clear();  // the writer needs an empty buffer; the last write is done with it
-      grpc::GenericSerialize<grpc::ProtoBufferWriter, GenerateResponse>(queue_.front(), &current_, &own);
+      SerializeToByteBuffer(queue_.front(), &current_);  // the last write is done with it
       queue_.pop_front();
       writing_ = true;
       StartWrite(&current_);
@@ -154,7 +151,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   bool writing_ = false, broken_ = false, turn_done_ = false, finish_called_ = false;
 };
 
-class ChatReactor final : public grpc::ServerBidiReactor<cascade::v1::ChatRequest, cascade::v1::ChatResponse>,
+class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                           public TurnSink {
  public:
   ChatReactor(GatewayService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), ctx_(ctx) {
@@ -164,7 +161,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<cascade::v1::ChatReques
       EndLocked(st);
       return;
     }
-    StartRead(&req_);
+    StartRead(&raw_req_);
   }
 
   void OnReadDone(bool ok) override {
@@ -175,6 +172,13 @@ class ChatReactor final : public grpc::ServerBidiReactor<cascade::v1::ChatReques
         EndLocked(grpc::Status::OK);
         return;
       }
+      absl::StatusOr<cascade::v1::ChatRequest> parsed =
+          ParseRawRequest<cascade::v1::ChatRequest>(raw_req_);
+      if (!parsed.ok()) {
+        EndLocked(ToGrpc(parsed.status()));
+        return;
+      }
+      req_ = std::move(*parsed);
       params = PrepareTurnLocked();
       if (!params.ok()) {
         EndLocked(ToGrpc(params.status()));
@@ -226,7 +230,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<cascade::v1::ChatReques
     history_.push_back(std::move(answer));
     sticky_ = result.worker_address;
     ++turn_index_;
-    if (!ended_) StartRead(&req_);
+    if (!ended_) StartRead(&raw_req_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -311,7 +315,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<cascade::v1::ChatReques
   void MaybeWriteLocked() {
     if (writing_ || finish_called_) return;
     if (!queue_.empty() && !broken_) {
-      current_ = std::move(queue_.front());
+      SerializeToByteBuffer(queue_.front(), &current_);  // the last write is done with it
       queue_.pop_front();
       writing_ = true;
       StartWrite(&current_);
@@ -326,6 +330,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<cascade::v1::ChatReques
   GatewayService* const svc_;
   grpc::CallbackServerContext* const ctx_;
   std::mutex mu_;
+  grpc::ByteBuffer raw_req_;
   cascade::v1::ChatRequest req_;
   std::string session_id_, salt_, sticky_;
   std::vector<PromptChunk> history_, pending_;
@@ -334,7 +339,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<cascade::v1::ChatReques
   bool admitted_ = false, turn_active_ = false, ended_ = false;
   std::shared_ptr<Turn> turn_;
   std::deque<cascade::v1::ChatResponse> queue_;
-  cascade::v1::ChatResponse current_;
+  grpc::ByteBuffer current_;
   grpc::Status final_;
   bool writing_ = false, broken_ = false, finish_called_ = false;
 };
@@ -342,20 +347,20 @@ class ChatReactor final : public grpc::ServerBidiReactor<cascade::v1::ChatReques
 // RegisterChunk: prefill the chunks with a one-token turn on the chosen worker, pinned there.
 class RegisterSink final : public TurnSink {
  public:
-  RegisterSink(grpc::ServerUnaryReactor* reactor, cascade::v1::RegisterChunkResponse* response,
+  RegisterSink(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* out,
                registry::RegistryClient* registry, int64_t ttl_s, GatewayService* svc)
-      : reactor_(reactor), response_(response), registry_(registry), ttl_s_(ttl_s), svc_(svc) {}
+      : reactor_(reactor), out_(out), registry_(registry), ttl_s_(ttl_s), svc_(svc) {}
 
   void Emit(GenerateResponse ev) override {
     if (!ev.has_start()) return;
-    *response_->mutable_chunks() = ev.start().chunks();
-    response_->set_worker_id(ev.start().worker_id());
+    *response_.mutable_chunks() = ev.start().chunks();
+    response_.set_worker_id(ev.start().worker_id());
   }
 
   void TurnDone(const grpc::Status& status, const TurnResult&) override {
     if (status.ok() && registry_ != nullptr && ttl_s_ > 0) {
       std::string parent;
-      for (const auto& c : response_->chunks()) {
+      for (const auto& c : response_.chunks()) {
         auto h = hash::Hash128::FromHex(c.hash());
         if (!h) continue;
         registry::HeldChunk held;
@@ -369,47 +374,21 @@ class RegisterSink final : public TurnSink {
       }
     }
     svc_->Release();
+    if (status.ok()) SerializeToByteBuffer(response_, out_);
     reactor_->Finish(status);
     delete this;
   }
 
  private:
   grpc::ServerUnaryReactor* const reactor_;
-  cascade::v1::RegisterChunkResponse* const response_;
+  grpc::ByteBuffer* const out_;
+  cascade::v1::RegisterChunkResponse response_;
   registry::RegistryClient* const registry_;
   const int64_t ttl_s_;
   GatewayService* const svc_;
 };
 
 }  // namespace
-
-absl::StatusOr<cascade::v1::GenerateRequest> ParseGenerateRequest(const grpc::ByteBuffer& raw) {
-  grpc::Slice slice;
-  std::string bytes;
-  std::vector<grpc::Slice> slices;
-  if (!raw.Dump(&slices).ok()) return absl::InvalidArgumentError("unreadable request");
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  cascade::v1::wire::GenerateRequestBytes twin;
-  if (!twin.ParseFromString(bytes)) return absl::InvalidArgumentError("the request is not a GenerateRequest");
-  auto check = [](const std::string& s, const std::string& field) {
-    return tokenizer::IsValidUtf8(s) ? absl::OkStatus()
-                                     : absl::InvalidArgumentError(field + " is not valid UTF-8");
-  };
-  if (auto s = check(twin.model(), "model"); !s.ok()) return s;
-  if (auto s = check(twin.cache_salt(), "cache_salt"); !s.ok()) return s;
-  if (auto s = check(twin.request_id(), "request_id"); !s.ok()) return s;
-  for (int i = 0; i < twin.chunks_size(); ++i) {
-    const std::string f = absl::StrCat("chunks[", i, "]");
-    if (auto s = check(twin.chunks(i).text(), f + ".text"); !s.ok()) return s;
-    if (auto s = check(twin.chunks(i).cache_salt(), f + ".cache_salt"); !s.ok()) return s;
-  }
-  for (int i = 0; i < twin.sampling().stop_size(); ++i) {
-    if (auto s = check(twin.sampling().stop(i), absl::StrCat("sampling.stop[", i, "]")); !s.ok()) return s;
-  }
-  cascade::v1::GenerateRequest req;
-  if (!req.ParseFromString(bytes)) return absl::InvalidArgumentError("the request is not a GenerateRequest");
-  return req;
-}
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GatewayService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
@@ -418,16 +397,21 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GatewayService::Generate(
   return r;
 }
 
-grpc::ServerBidiReactor<cascade::v1::ChatRequest, cascade::v1::ChatResponse>* GatewayService::Chat(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* GatewayService::Chat(
     grpc::CallbackServerContext* context) {
   return new ChatReactor(this, context);
 }
 
-grpc::ServerUnaryReactor* GatewayService::RegisterChunk(
-    grpc::CallbackServerContext* context, const cascade::v1::RegisterChunkRequest* request,
-    cascade::v1::RegisterChunkResponse* response) {
+grpc::ServerUnaryReactor* GatewayService::RegisterChunk(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* raw,
+                                                        grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
+  absl::StatusOr<cascade::v1::RegisterChunkRequest> parsed =
+      ParseRawRequest<cascade::v1::RegisterChunkRequest>(*raw);
   grpc::Status st = CheckAuth(context);
+  if (st.ok()) st = ToGrpc(parsed.status());
+  const cascade::v1::RegisterChunkRequest* request =
+      parsed.ok() ? &*parsed : &cascade::v1::RegisterChunkRequest::default_instance();
   if (st.ok()) st = ToGrpc(CheckModel(request->model(), options_.limits));
   if (st.ok() && (request->pin_ttl_seconds() < 0 || request->pin_ttl_seconds() > options_.max_pin_ttl_s)) {
     st = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

@@ -125,6 +125,67 @@ TEST(BadInputTest, EachBadRequestGetsAClearStatusAndNothingElseIsDisturbed) {
   EXPECT_EQ(finish.usage().completion_tokens(), 60);
 }
 
+// Every public RPC that carries text checks UTF-8 itself (the typed C++ client serializes
+// invalid UTF-8 with a logged warning, so it can send it).
+TEST(BadInputTest, InvalidUtf8IsNamedOnEveryRpc) {
+  Stack stack({.workers = 1});
+  const std::string bad = "ok \xff\xfe bytes";
+  auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(10); };
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    cascade::v1::TokenizeRequest req;
+    req.set_text(bad);
+    cascade::v1::TokenizeResponse resp;
+    grpc::Status st = stack.gateway().Tokenize(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(st.error_message(), ::testing::HasSubstr("text is not valid UTF-8"));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    cascade::v1::RegisterChunkRequest req;
+    auto* c = req.add_chunks();
+    c->set_kind(cascade::v1::CHUNK_KIND_SYSTEM);
+    c->set_text(bad);
+    cascade::v1::RegisterChunkResponse resp;
+    grpc::Status st = stack.gateway().RegisterChunk(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(st.error_message(), ::testing::HasSubstr("chunks[0].text is not valid UTF-8"));
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    auto stream = stack.gateway().Chat(&ctx);
+    cascade::v1::ChatRequest req;
+    auto* c = req.add_chunks();
+    c->set_kind(cascade::v1::CHUNK_KIND_QUERY);
+    c->set_text("fine");
+    req.mutable_sampling()->add_stop(bad);
+    ASSERT_TRUE(stream->Write(req));
+    stream->WritesDone();
+    cascade::v1::ChatResponse resp;
+    while (stream->Read(&resp)) {}
+    grpc::Status st = stream->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(st.error_message(), ::testing::HasSubstr("sampling.stop[0] is not valid UTF-8"));
+  }
+  {
+    auto req = Req("system", "q");
+    req.mutable_chunks(0)->set_cache_salt(bad);
+    Reply r = Generate(stack.gateway(), req);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(r.status.error_message(), ::testing::HasSubstr("chunks[0].cache_salt is not valid UTF-8"));
+  }
+  // The good paths still work after all that.
+  grpc::ClientContext ctx;
+  cascade::v1::TokenizeRequest ok;
+  ok.set_text("Hello");
+  cascade::v1::TokenizeResponse resp;
+  EXPECT_TRUE(stack.gateway().Tokenize(&ctx, ok, &resp).ok());
+  EXPECT_FALSE(resp.token_ids().empty());
+}
+
 TEST(BadInputTest, TokenIdsChunksAreUsedAsGiven) {
   Stack stack({.workers = 1});
   cascade::v1::GenerateRequest r;
