@@ -149,17 +149,11 @@ __device__ __forceinline__ bool Better(float v, int i, float bv, int bi) {
   return v > bv || (v == bv && i < bi);
 }
 
-__global__ void __launch_bounds__(kArgmaxThreads) ArgmaxKernel(const float* logits, int vocab,
-                                                                int32_t* out) {
+// Block-wide best of the threads' (value, index) candidates: highest value, lowest index on
+// ties; an index of `vocab` (no candidate) becomes 0. Every thread of the block must call it.
+__device__ int BlockBest(float bv, int bi, int vocab) {
   __shared__ float sv[kArgmaxThreads];
   __shared__ int si[kArgmaxThreads];
-  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  float bv = -INFINITY;
-  int bi = vocab;
-  for (int c = threadIdx.x; c < vocab; c += kArgmaxThreads) {
-    const float v = row[c];
-    if (!isnan(v) && Better(v, c, bv, bi)) bv = v, bi = c;
-  }
   sv[threadIdx.x] = bv;
   si[threadIdx.x] = bi;
   __syncthreads();
@@ -171,7 +165,20 @@ __global__ void __launch_bounds__(kArgmaxThreads) ArgmaxKernel(const float* logi
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[blockIdx.x] = si[0] < vocab ? si[0] : 0;
+  return si[0] < vocab ? si[0] : 0;
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads) ArgmaxKernel(const float* logits, int vocab,
+                                                                int32_t* out) {
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  float bv = -INFINITY;
+  int bi = vocab;
+  for (int c = threadIdx.x; c < vocab; c += kArgmaxThreads) {
+    const float v = row[c];
+    if (!isnan(v) && Better(v, c, bv, bi)) bv = v, bi = c;
+  }
+  const int best = BlockBest(bv, bi, vocab);
+  if (threadIdx.x == 0) out[blockIdx.x] = best;
 }
 
 // One CTA per row: the row's score is the logit (temperature 0) or its Gumbel-max term; the
@@ -179,8 +186,6 @@ __global__ void __launch_bounds__(kArgmaxThreads) ArgmaxKernel(const float* logi
 __global__ void __launch_bounds__(kArgmaxThreads) SampleKernel(const float* logits, int vocab,
                                                                const RowSampleParams* params,
                                                                int32_t* out) {
-  __shared__ float sv[kArgmaxThreads];
-  __shared__ int si[kArgmaxThreads];
   const RowSampleParams p = params[blockIdx.x];
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   const bool greedy = p.temperature == 0.0f;
@@ -193,18 +198,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) SampleKernel(const float* logi
                                                  engine::TokenUniform(p.seed, p.position, c));
     if (!isnan(v) && Better(v, c, bv, bi)) bv = v, bi = c;
   }
-  sv[threadIdx.x] = bv;
-  si[threadIdx.x] = bi;
-  __syncthreads();
-  for (int s = kArgmaxThreads / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s && Better(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x],
-                                  si[threadIdx.x])) {
-      sv[threadIdx.x] = sv[threadIdx.x + s];
-      si[threadIdx.x] = si[threadIdx.x + s];
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[blockIdx.x] = si[0] < vocab ? si[0] : 0;
+  const int best = BlockBest(bv, bi, vocab);
+  if (threadIdx.x == 0) out[blockIdx.x] = best;
 }
 
 }  // namespace
