@@ -276,7 +276,9 @@ int Run(int argc, char** argv) {
 
   std::cout << "machine: " << DescribeMachine() << "\n"
             << "target: "
-            << (flags.local ? absl::StrCat("local stack, ", flags.workers, " ", flags.backend, " worker(s), ") : "")
+            << (flags.local ? absl::StrCat("local stack, ", flags.workers, " ", flags.backend,
+                                           " worker(s), ")
+                            : "")
             << "gateway " << address << "; max_tokens " << flags.max_tokens << ", system "
             << flags.system_words << " words, query " << flags.query_words << " words, prewarm "
             << (flags.prewarm ? "on" : "off") << "\n";
