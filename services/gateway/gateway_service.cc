@@ -162,6 +162,21 @@ grpc::ServerUnaryReactor* GatewayService::ListModels(grpc::CallbackServerContext
   m->set_name(options_.limits.model_name);
   m->set_max_context(options_.limits.max_context);
   m->set_vocab_size(tokenizer_->vocab_size());
+  // Live workers: ask the registry (a one-token resolve lists every live worker of the model)
+  // so the count is right before the first request; without it, the workers last seen.
+  if (registry_ != nullptr) {
+    const std::vector<int32_t> probe = {0};
+    const std::vector<hash::ChunkSpec> specs = {{cascade::v1::CHUNK_KIND_RAW, probe, ""}};
+    auto r = registry_->Resolve({options_.limits.model_name, "", specs});
+    if (r.ok()) {
+      std::vector<Candidate> live;
+      for (const registry::WorkerMatch& w : r->workers) {
+        live.push_back(Candidate{w.worker_id, w.address, 0, w.load.running, w.load.waiting,
+                                 w.load.free_kv_blocks, w.load.total_kv_blocks, 0});
+      }
+      pool_->Remember(live);
+    }
+  }
   m->set_workers(static_cast<int32_t>(pool_->KnownWorkers().size()));
   reactor->Finish(grpc::Status::OK);
   return reactor;

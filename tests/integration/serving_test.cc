@@ -54,6 +54,20 @@ TEST(ServingTest, SecondRequestWithSameSystemChunkHitsCacheOnTheHolderWithSameTo
   EXPECT_EQ(other.tokens, cold.tokens);
 }
 
+TEST(ServingTest, ListModelsCountsRegisteredWorkersBeforeAnyRequest) {
+  Stack stack({.workers = 2, .static_workers = false});  // only the registry knows them
+  ASSERT_TRUE(WaitFor([&] {
+    return stack.registry()->ListWorkers().size() == 2;
+  }));
+  grpc::ClientContext ctx;
+  cascade::v1::ListModelsRequest req;
+  cascade::v1::ListModelsResponse resp;
+  ASSERT_TRUE(stack.gateway().ListModels(&ctx, req, &resp).ok());
+  ASSERT_EQ(resp.models_size(), 1);
+  EXPECT_EQ(resp.models(0).workers(), 2);
+  EXPECT_EQ(resp.models(0).vocab_size(), 151669);
+}
+
 TEST(ServingTest, RequestsStillSucceedWithTheRegistryDown) {
   Stack stack;
   Reply first = Generate(stack.gateway(), Req("sys", "hello"));

@@ -58,6 +58,7 @@ struct StackOptions {
   bool registry = true;
   bool metrics = false;  // serve /metrics on worker 0 and the gateway (free ports)
   bool resume = true;    // gateway --resume_mid_stream
+  bool static_workers = true;  // also pass the workers as the gateway's --workers fallback
 };
 
 class Stack {
@@ -69,7 +70,9 @@ class Stack {
     g.server = TestServerOptions("cascade-gateway");
     g.model_dir = TinyModelDir();
     if (o.registry) g.registry_address = registry_address_;
-    for (auto& w : workers_) g.workers += (g.workers.empty() ? "" : ",") + w->address();
+    if (o.static_workers || !o.registry) {
+      for (auto& w : workers_) g.workers += (g.workers.empty() ? "" : ",") + w->address();
+    }
     g.gateway.max_concurrent = o.max_concurrent;
     g.gateway.auth_token = o.auth_token;
     g.gateway.resume_mid_stream = o.resume;
