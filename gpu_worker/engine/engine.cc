@@ -102,9 +102,9 @@ class EngineImpl final : public Engine {
   hash::Hash128 KeyFor(Sequence& seq, int64_t j);
   void CommitBlocks(Sequence& seq);
   void Finish(Sequence& seq, FinishReason reason, SequenceOutput& out);
-  // `logits_row` is the row's logits, or null when the backend already reduced it to its
-  // argmax `greedy` (greedy sampling with nothing else asked of the logits).
-  void Postprocess(const ScheduledSeq& s, const float* logits_row, int32_t greedy,
+  // `logits_row` is the row's logits, or null when the backend already drew the row's token
+  // `sampled_token` (greedy or plain temperature sampling, see RowSample).
+  void Postprocess(const ScheduledSeq& s, const float* logits_row, int32_t sampled_token,
                    SequenceOutput& out);
   void TakePins(Sequence& seq);
   void ReleasePin(const hash::Hash128& chunk);
@@ -268,8 +268,8 @@ void EngineImpl::Finish(Sequence& seq, FinishReason reason, SequenceOutput& out)
   scheduler_.Remove(&seq);
 }
 
-void EngineImpl::Postprocess(const ScheduledSeq& s, const float* logits_row, int32_t greedy,
-                             SequenceOutput& out) {
+void EngineImpl::Postprocess(const ScheduledSeq& s, const float* logits_row,
+                             int32_t sampled_token, SequenceOutput& out) {
   Sequence& seq = *s.seq;
   const bool was_prefill = seq.num_computed < seq.prompt_len;
   seq.num_computed += s.num_tokens;
@@ -286,7 +286,7 @@ void EngineImpl::Postprocess(const ScheduledSeq& s, const float* logits_row, int
   const int64_t position = static_cast<int64_t>(seq.tokens.size());
   SampleResult r;
   if (logits_row == nullptr) {
-    r.token_id = greedy;
+    r.token_id = sampled_token;
   } else {
     std::vector<float> row(logits_row, logits_row + vocab);
     if (options_.debug_capture_logits) out.logits.push_back(row);
@@ -413,8 +413,8 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
     ForwardBatch batch;
     scheduler_.BuildBatch(plan, backend_->BlockSize(), &batch);
     std::vector<float> logits;
-    std::vector<int32_t> argmax;
-    absl::Status st = backend_->ForwardSampled(batch, &logits, &argmax);
+    std::vector<int32_t> sampled;  // tokens the backend drew itself, -1 where logits came back
+    absl::Status st = backend_->ForwardSampled(batch, &logits, &sampled);
     if (!st.ok()) {
       for (const ScheduledSeq& s : plan.scheduled) {
         const uint64_t id = s.seq->id;
@@ -448,12 +448,12 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
         }
       }
       const float* lrow = nullptr;
-      int32_t greedy = -1;
+      int32_t token = -1;
       if (s.wants_logits) {
-        greedy = argmax[row++];
-        if (greedy < 0) lrow = logits.data() + (full_row++) * backend_->VocabSize();
+        token = sampled[row++];
+        if (token < 0) lrow = logits.data() + (full_row++) * backend_->VocabSize();
       }
-      Postprocess(s, lrow, greedy, out);
+      Postprocess(s, lrow, token, out);
       if (out.started || out.finished || !out.new_tokens.empty()) {
         if (out.finished) done.push_back(out.seq_id);
         outputs.push_back(std::move(out));

@@ -280,11 +280,11 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
   RETURN_IF_ERROR(Check(b));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o_.device), "cudaSetDevice"));
   const int n = b.num_tokens();
-  auto greedy = [&](size_t r) {
+  auto on_device = [&](size_t r) {
     return sampled && !b.row_samples.empty() && b.row_samples[r].on_device;
   };
   size_t full_rows = 0;
-  for (size_t r = 0; r < b.logits_rows.size(); ++r) full_rows += greedy(r) ? 0 : 1;
+  for (size_t r = 0; r < b.logits_rows.size(); ++r) full_rows += on_device(r) ? 0 : 1;
   logits->resize(full_rows * c_.vocab_size);
   if (sampled) argmax->assign(b.logits_rows.size(), -1);
   if (n == 0) return absl::OkStatus();
@@ -383,12 +383,12 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
     }
     // Whole rows only where the caller samples on the host; runs of them copy in one go.
     for (int i = 0; i < m;) {
-      if (greedy(r0 + i)) {
+      if (on_device(r0 + i)) {
         ++i;
         continue;
       }
       int j = i;
-      while (j < m && !greedy(r0 + j)) ++j;
+      while (j < m && !on_device(r0 + j)) ++j;
       RETURN_IF_ERROR(CopyAsync(logits->data() + full_done * vocab,
                                 logits_.as<float>() + static_cast<int64_t>(i) * vocab,
                                 (j - i) * vocab * 4, stream_));
@@ -402,7 +402,7 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
     RETURN_IF_ERROR(CopyAsync(argmax_host_.data(), argmax_.data(), rows * sizeof(int32_t), stream_));
     RETURN_IF_ERROR(Synchronize(stream_));
     for (int r = 0; r < rows; ++r) {
-      if (greedy(r)) (*argmax)[r] = argmax_host_[r];
+      if (on_device(r)) (*argmax)[r] = argmax_host_[r];
     }
   }
   return Synchronize(stream_);
