@@ -21,15 +21,47 @@ void MergeDelta(cascade::v1::TokenDelta* into, const cascade::v1::TokenDelta& fr
   into->mutable_logprobs()->MergeFrom(from.logprobs());
 }
 
-// Appends `ev` to `queue`, merging consecutive deltas.
-template <typename Queue, typename GetEvent>
-void Enqueue(Queue& queue, GenerateResponse ev, GetEvent get, typename Queue::value_type wrapped) {
-  if (ev.has_delta() && !queue.empty() && get(queue.back()).has_delta()) {
-    MergeDelta(get(queue.back()).mutable_delta(), ev.delta());
-    return;
+GenerateResponse& EventOf(GenerateResponse& r) { return r; }
+GenerateResponse& EventOf(cascade::v1::ChatResponse& r) { return *r.mutable_event(); }
+
+// The write side both streaming reactors share: items queue while a write is in flight and go
+// out one at a time, and a delta queued behind another merges into it. Not thread-safe: the
+// owning reactor holds its mutex around every call.
+template <typename Item>
+class WriteQueue {
+ public:
+  void Push(Item item) {
+    if (EventOf(item).has_delta() && !queue_.empty() && EventOf(queue_.back()).has_delta()) {
+      MergeDelta(EventOf(queue_.back()).mutable_delta(), EventOf(item).delta());
+      return;
+    }
+    queue_.push_back(std::move(item));
   }
-  queue.push_back(std::move(wrapped));
-}
+  // The next item serialized into `buf`, marking a write in flight; false when a write is in
+  // flight already, nothing is queued, or the client is gone.
+  bool Next(grpc::ByteBuffer* buf) {
+    if (writing_ || queue_.empty() || broken_) return false;
+    SerializeToByteBuffer(queue_.front(), buf);  // the last write is done with `buf`
+    queue_.pop_front();
+    writing_ = true;
+    return true;
+  }
+  // A write completed; a failed one means the client is gone: the rest is dropped. Returns
+  // true on failure (the caller cancels its turn).
+  bool Done(bool ok) {
+    writing_ = false;
+    if (ok) return false;
+    broken_ = true;
+    queue_.clear();
+    return true;
+  }
+  bool writing() const { return writing_; }
+
+ private:
+  std::deque<Item> queue_;
+  bool writing_ = false;
+  bool broken_ = false;
+};
 
 class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public TurnSink {
  public:
@@ -82,9 +114,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   void Emit(GenerateResponse ev) override {
     std::lock_guard<std::mutex> lock(mu_);
-    GenerateResponse copy = ev;
-    Enqueue(queue_, std::move(ev), [](GenerateResponse& r) -> GenerateResponse& { return r; },
-            std::move(copy));
+    writes_.Push(std::move(ev));
     MaybeWriteLocked();
   }
 
@@ -99,12 +129,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     std::shared_ptr<Turn> cancel;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      writing_ = false;
-      if (!ok) {
-        broken_ = true;
-        queue_.clear();
-        cancel = turn_;
-      }
+      if (writes_.Done(ok)) cancel = turn_;
       MaybeWriteLocked();
     }
     if (cancel) cancel->Cancel();
@@ -126,14 +151,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
  private:
   void MaybeWriteLocked() {
-    if (writing_ || finish_called_) return;
-    if (!queue_.empty() && !broken_) {
-      SerializeToByteBuffer(queue_.front(), &current_);  // the last write is done with it
-      queue_.pop_front();
-      writing_ = true;
+    if (finish_called_) return;
+    if (writes_.Next(&current_)) {
       StartWrite(&current_);
       return;
     }
+    if (writes_.writing()) return;
     if (turn_done_) {
       finish_called_ = true;
       Finish(final_);
@@ -145,10 +168,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   bool admitted_ = false;
   std::mutex mu_;
   std::shared_ptr<Turn> turn_;
-  std::deque<GenerateResponse> queue_;
+  WriteQueue<GenerateResponse> writes_;
   grpc::ByteBuffer current_;
   grpc::Status final_;
-  bool writing_ = false, broken_ = false, turn_done_ = false, finish_called_ = false;
+  bool turn_done_ = false, finish_called_ = false;
 };
 
 class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
@@ -202,10 +225,8 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     cascade::v1::ChatResponse wrapped;
     wrapped.set_turn(turn_index_);
     wrapped.set_session_id(session_id_);
-    *wrapped.mutable_event() = ev;
-    Enqueue(queue_, std::move(ev),
-            [](cascade::v1::ChatResponse& r) -> GenerateResponse& { return *r.mutable_event(); },
-            std::move(wrapped));
+    *wrapped.mutable_event() = std::move(ev);
+    writes_.Push(std::move(wrapped));
     MaybeWriteLocked();
   }
 
@@ -237,12 +258,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     std::shared_ptr<Turn> cancel;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      writing_ = false;
-      if (!ok) {
-        broken_ = true;
-        queue_.clear();
-        cancel = turn_;
-      }
+      if (writes_.Done(ok)) cancel = turn_;
       MaybeWriteLocked();
     }
     if (cancel) cancel->Cancel();
@@ -313,14 +329,12 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   }
 
   void MaybeWriteLocked() {
-    if (writing_ || finish_called_) return;
-    if (!queue_.empty() && !broken_) {
-      SerializeToByteBuffer(queue_.front(), &current_);  // the last write is done with it
-      queue_.pop_front();
-      writing_ = true;
+    if (finish_called_) return;
+    if (writes_.Next(&current_)) {
       StartWrite(&current_);
       return;
     }
+    if (writes_.writing()) return;
     if (ended_ && !turn_active_) {
       finish_called_ = true;
       Finish(final_);
@@ -338,10 +352,10 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   int32_t turn_index_ = 0;
   bool admitted_ = false, turn_active_ = false, ended_ = false;
   std::shared_ptr<Turn> turn_;
-  std::deque<cascade::v1::ChatResponse> queue_;
+  WriteQueue<cascade::v1::ChatResponse> writes_;
   grpc::ByteBuffer current_;
   grpc::Status final_;
-  bool writing_ = false, broken_ = false, finish_called_ = false;
+  bool finish_called_ = false;
 };
 
 // RegisterChunk: prefill the chunks with a one-token turn on the chosen worker, pinned there.
