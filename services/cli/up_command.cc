@@ -61,7 +61,8 @@ void PrintExamples(const LocalStack& stack, std::ostream& out) {
       << " --system 'You are a concise assistant.' --query 'What does a prefix cache save?'"
          " --max_tokens 32 --temperature 0\n"
       << "  cascade demo   (its own stack on free ports)\n\n"
-      << "A child that dies is restarted on its port; Ctrl-C stops everything." << std::endl;
+      << "A child that dies is restarted on its port (--max_restarts, --restart_backoff).\n"
+      << "Ctrl-C stops everything." << std::endl;
 }
 
 }  // namespace
