@@ -35,7 +35,7 @@ class BlockStopSignals {
   sigset_t old_;
 };
 
-void PrintExamples(const LocalStack& stack, std::ostream& out) {
+void PrintExamples(const LocalStack& stack, int http_port, std::ostream& out) {
   const int port = stack.gateway_port();
   // States() is in start order: registry, workers, gateway.
   const std::vector<ChildState> states = stack.States();
@@ -60,7 +60,14 @@ void PrintExamples(const LocalStack& stack, std::ostream& out) {
       << "  cascade generate --gateway localhost:" << port
       << " --system 'You are a concise assistant.' --query 'What does a prefix cache save?'"
          " --max_tokens 32 --temperature 0\n"
-      << "  cascade demo   (its own stack on free ports)\n\n"
+      << "  cascade demo   (its own stack on free ports)\n";
+  if (http_port > 0) {
+    out << "  curl http://localhost:" << http_port << "/v1/chat/completions -H 'Content-Type: "
+        << "application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": "
+        << "\"Hi\"}], \"max_tokens\": 16}'   (OpenAI API at http://localhost:" << http_port
+        << "/v1)\n";
+  }
+  out << "\n"
       << "A child that dies is restarted on its port (--max_restarts, --restart_backoff).\n"
       << "Ctrl-C stops everything." << std::endl;
 }
@@ -71,6 +78,7 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
   StackOptions options;
   options.port = 50051;
   std::string model_dir, preset = "tiny";
+  int http_port = -1;
   common::FlagSet flags(
       "cascade up",
       "Starts a local Cascade stack as child processes (cascade-registry, cascade-worker x N, "
@@ -109,6 +117,8 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
   flags.AddInt("max_restarts", &restart.max_restarts,
                "restarts in a row, each dying before --restart_stable_after, before giving up on "
                "a child (0: never restart)");
+  flags.AddInt("http_port", &http_port,
+               "the gateway's OpenAI-compatible HTTP API on this port (/v1/...); -1: off");
   AddRepeatedString(&flags, "registry_flag", &options.registry_flags,
                     "extra flag for cascade-registry, e.g. --registry_flag=--lease_ms=5000");
   AddRepeatedString(&flags, "worker_flag", &options.worker_flags,
@@ -116,6 +126,11 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
   AddRepeatedString(&flags, "gateway_flag", &options.gateway_flags,
                     "extra flag for cascade-gateway, e.g. --gateway_flag=--max_concurrent=32");
   if (std::optional<int> code = ParseCommandFlags(flags, args, out, err)) return *code;
+  if (http_port == 0 || http_port > 65535) {
+    err << "cascade up: --http_port must be a port number (1-65535), or -1 for off\n";
+    return kExitUsage;
+  }
+  if (http_port > 0) options.gateway_flags.push_back(absl::StrCat("--http_port=", http_port));
   if (options.workers < 1 || options.workers > 64) {
     err << "cascade up: --workers must be in [1, 64]\n";
     return kExitUsage;
@@ -138,7 +153,7 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
     err << "cascade up: " << stack.status().message() << "\n";
     return kExitFailed;
   }
-  PrintExamples(**stack, out);
+  PrintExamples(**stack, http_port, out);
 
   int code = kExitOk;
   while (true) {
