@@ -14,7 +14,8 @@
 // Decode variants (CUDA backend), run one after another in the same process so they compare
 // on the same device state: "default" (deterministic: pinned GEMM algorithms, decode CUDA
 // graphs, verified small-m GEMMs), "eager" (no decode graphs), "cublas" (no small-m GEMMs: the
-// pinned cuBLASLt algorithm at every m), "heuristic" (cuBLAS heuristics per m, no pinning, graphs
+// pinned cuBLASLt algorithm at every m), "nopdl" (kernels launched without programmatic
+// dependent launch), "heuristic" (cuBLAS heuristics per m, no pinning, graphs
 // on: the cost of determinism is default vs heuristic).
 //
 // nanovllm: nano-vllm's bench.py workload: nano_seqs requests at once, input and output lengths
@@ -85,6 +86,7 @@ struct Variant {
   bool graphs = true;
   bool batch_invariant = true;
   bool small_m_gemm = true;
+  bool pdl = true;
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -92,6 +94,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "eager") return v->graphs = false, true;
   if (name == "heuristic") return v->batch_invariant = false, true;
   if (name == "cublas") return v->small_m_gemm = false, true;
+  if (name == "nopdl") return v->pdl = false, true;
   return false;
 }
 
@@ -229,6 +232,7 @@ struct Bench {
       o.cuda_graphs = variant.graphs;
       o.batch_invariant = variant.batch_invariant;
       o.small_m_gemm = variant.small_m_gemm;
+      o.programmatic_launch = variant.pdl;
       auto b = cuda::NewCudaBackend(model, o);
       if (!b.ok()) {
         std::fprintf(stderr, "cuda backend: %s\n", b.status().ToString().c_str());

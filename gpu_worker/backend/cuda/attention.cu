@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "gpu_worker/backend/cuda/launchers.h"
+#include "gpu_worker/backend/cuda/pdl.cuh"
 
 namespace cascade::cuda::internal {
 namespace {
@@ -308,6 +309,7 @@ __device__ __forceinline__ void TileItem(const TileKernelArgs& k, int item) {
 // not depend on which CTA runs it.
 template <int E, bool kFinal>
 __global__ void __launch_bounds__(kThreads) AttentionTileKernel(TileKernelArgs k) {
+  WaitForPriorGrids();
   const int count = k.item_count != nullptr ? *k.item_count : static_cast<int>(gridDim.x);
   for (int item = blockIdx.x; item < count; item += gridDim.x) {
     if (item != static_cast<int>(blockIdx.x)) __syncthreads();  // the last item's readers are done
@@ -319,6 +321,7 @@ __global__ void __launch_bounds__(kThreads) AttentionTileKernel(TileKernelArgs k
 template <int E>
 __global__ void __launch_bounds__(kThreads) MergeKernel(AttentionArgs a, const int32_t* merge_list,
                                                         int num_merge) {
+  WaitForPriorGrids();
   constexpr int D = E * 32;
   const int hq = a.num_q_heads;
   const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -372,9 +375,9 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     cudaError_t err = cudaFuncSetAttribute(AttentionTileKernel<E, true>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
-    AttentionTileKernel<E, true>
-        <<<dim3(plan.num_final, args.cache.num_kv_heads), kThreads, smem, stream>>>(k);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    err = LaunchKernel(AttentionTileKernel<E, true>, dim3(plan.num_final, args.cache.num_kv_heads),
+                       kThreads, smem, stream, k);
+    if (err != cudaSuccess) return err;
   }
   if (plan.num_split > 0) {
     k.items = plan.split_items;
@@ -384,15 +387,14 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     cudaError_t err = cudaFuncSetAttribute(AttentionTileKernel<E, false>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
-    AttentionTileKernel<E, false>
-        <<<dim3(plan.num_split, args.cache.num_kv_heads), kThreads, smem, stream>>>(k);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    err = LaunchKernel(AttentionTileKernel<E, false>, dim3(plan.num_split, args.cache.num_kv_heads),
+                       kThreads, smem, stream, k);
+    if (err != cudaSuccess) return err;
   }
   if (plan.num_merge > 0) {
     const int warps = plan.num_merge * args.num_q_heads;
-    MergeKernel<E><<<(warps + kWarps - 1) / kWarps, kThreads, 0, stream>>>(args, plan.merge_list,
-                                                                           plan.num_merge);
-    return cudaGetLastError();
+    return LaunchKernel(MergeKernel<E>, (warps + kWarps - 1) / kWarps, kThreads, 0, stream, args,
+                        plan.merge_list, plan.num_merge);
   }
   return cudaSuccess;
 }

@@ -232,6 +232,7 @@ absl::Status CudaBackend::Init(const model::Model& m) {
     return absl::InvalidArgumentError("cuda backend: hidden, intermediate and vocab sizes must be "
                                       "multiples of 8");
   }
+  SetProgrammaticLaunch(o_.programmatic_launch);
   ASSIGN_OR_RETURN(gemm, Gemm::Create(o_.batch_invariant, /*reference_m=*/256, o_.small_m_gemm));
   gemm_ = std::move(gemm);
 

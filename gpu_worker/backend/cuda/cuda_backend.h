@@ -33,6 +33,10 @@ struct CudaBackendOptions {
   // to the pinned algorithm's (gemm.h), since the pinned large-tile kernels stream weights far
   // below bandwidth at decode-sized m.
   bool small_m_gemm = true;
+  // Programmatic dependent launch for the backend's own kernels (ops.h SetProgrammaticLaunch):
+  // a kernel's launch overlaps the previous kernel's tail; it waits for it before touching
+  // memory. Process-wide: the last backend created sets it.
+  bool programmatic_launch = true;
   int max_graph_batch = 256;  // also capped by max_logits_rows and max_num_tokens
 };
 

@@ -4,9 +4,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "gpu_worker/backend/cuda/launchers.h"
+#include "gpu_worker/backend/cuda/pdl.cuh"
 #include "gpu_worker/engine/sample_noise.h"
 
 namespace cascade::cuda::internal {
@@ -28,6 +30,7 @@ __device__ __forceinline__ float WarpSum(float v) {
 int Blocks(int64_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
 
 __global__ void EmbeddingKernel(const Bf16* table, const int32_t* ids, int hidden, float* out) {
+  WaitForPriorGrids();
   const int64_t row = blockIdx.x;
   const int64_t src = static_cast<int64_t>(ids[row]) * hidden;
   for (int c = threadIdx.x; c < hidden; c += blockDim.x) out[row * hidden + c] = Bf(table, src + c);
@@ -39,6 +42,7 @@ constexpr int kNormThreads = 256;
 __global__ void __launch_bounds__(kNormThreads) AddRmsNormKernel(float* residual, const Bf16* delta,
                                                                   const Bf16* weight, float eps,
                                                                   int d, Bf16* out) {
+  WaitForPriorGrids();
   __shared__ float warp_sums[kNormThreads / 32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * d;
   float ss = 0.f;
@@ -73,6 +77,7 @@ __global__ void QkNormRopeKernel(Bf16* qkv, int n, int row_stride, int hq, int h
                                  const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
                                  float eps, const float* inv_freq, const int32_t* slots,
                                  KvCacheView cache) {
+  WaitForPriorGrids();
   constexpr int D = E * 32;
   const int64_t gw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
@@ -136,6 +141,7 @@ __global__ void QkNormRopeKernel(Bf16* qkv, int n, int row_stride, int hq, int h
 // One thread per 16 bytes of a k or v head.
 __global__ void KvAppendKernel(const Bf16* qkv, int n, int row_stride, int k_offset, int v_offset,
                                const int32_t* slots, KvCacheView cache) {
+  WaitForPriorGrids();
   const int chunks = cache.head_dim / 8;
   const int64_t per_token = static_cast<int64_t>(cache.num_kv_heads) * chunks;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -153,6 +159,7 @@ __global__ void KvAppendKernel(const Bf16* qkv, int n, int row_stride, int k_off
 }
 
 __global__ void SiluMulKernel(const Bf16* gu, int n, int inter, Bf16* out) {
+  WaitForPriorGrids();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(n) * inter) return;
   const int64_t r = i / inter, c = i % inter;
@@ -161,6 +168,7 @@ __global__ void SiluMulKernel(const Bf16* gu, int n, int inter, Bf16* out) {
 }
 
 __global__ void GatherRowsKernel(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out) {
+  WaitForPriorGrids();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(n) * d) return;
   const int64_t r = i / d, c = i % d;
@@ -195,6 +203,7 @@ __device__ int BlockBest(float bv, int bi, int vocab) {
 
 __global__ void __launch_bounds__(kArgmaxThreads) ArgmaxKernel(const float* logits, int vocab,
                                                                 int32_t* out) {
+  WaitForPriorGrids();
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   float bv = -INFINITY;
   int bi = vocab;
@@ -211,6 +220,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) ArgmaxKernel(const float* logi
 __global__ void __launch_bounds__(kArgmaxThreads) SampleKernel(const float* logits, int vocab,
                                                                const RowSampleParams* params,
                                                                int32_t* out) {
+  WaitForPriorGrids();
   const RowSampleParams p = params[blockIdx.x];
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   const bool greedy = p.temperature == 0.0f;
@@ -227,27 +237,30 @@ __global__ void __launch_bounds__(kArgmaxThreads) SampleKernel(const float* logi
   if (threadIdx.x == 0) out[blockIdx.x] = best;
 }
 
+std::atomic<bool> g_programmatic_launch{true};
+
 }  // namespace
+
+bool ProgrammaticLaunchEnabled() { return g_programmatic_launch.load(std::memory_order_relaxed); }
+void SetProgrammaticLaunch(bool on) { g_programmatic_launch.store(on, std::memory_order_relaxed); }
 
 cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
                              int32_t* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  SampleKernel<<<n, kArgmaxThreads, 0, stream>>>(logits, vocab, params, out);
-  return cudaGetLastError();
+  return LaunchKernel(SampleKernel, n, kArgmaxThreads, 0, stream, logits, vocab, params, out);
 }
 
 cudaError_t LaunchEmbeddingGather(const Bf16* table, const int32_t* ids, int n, int hidden,
                                   float* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  EmbeddingKernel<<<n, 256, 0, stream>>>(table, ids, hidden, out);
-  return cudaGetLastError();
+  return LaunchKernel(EmbeddingKernel, n, 256, 0, stream, table, ids, hidden, out);
 }
 
 cudaError_t LaunchAddRmsNorm(float* residual, const Bf16* delta, const Bf16* weight, float eps,
                              int n, int d, Bf16* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  AddRmsNormKernel<<<n, kNormThreads, 0, stream>>>(residual, delta, weight, eps, d, out);
-  return cudaGetLastError();
+  return LaunchKernel(AddRmsNormKernel, n, kNormThreads, 0, stream, residual, delta, weight, eps, d,
+                      out);
 }
 
 namespace {
@@ -261,9 +274,10 @@ cudaError_t LaunchQkNormRopeImpl(Bf16* qkv, int n, int row_stride, const HeadSha
   const int hq = shape.num_q_heads, hkv = shape.num_kv_heads;
   const int64_t threads = static_cast<int64_t>(n) * (hq + (kAppend ? 2 : 1) * hkv) * 32;
   const int blocks = Blocks(threads, 256);
-#define CASCADE_QKROPE(E)                                   \
-  QkNormRopeKernel<E, kAppend><<<blocks, 256, 0, stream>>>( \
-      qkv, n, row_stride, hq, hkv, positions, q_norm, k_norm, eps, inv_freq, slots, cache)
+  cudaError_t err = cudaSuccess;
+#define CASCADE_QKROPE(E)                                                                          \
+  err = LaunchKernel(QkNormRopeKernel<E, kAppend>, blocks, 256, 0, stream, qkv, n, row_stride, hq, \
+                     hkv, positions, q_norm, k_norm, eps, inv_freq, slots, cache)
   switch (shape.head_dim) {
     case 32:
       CASCADE_QKROPE(1);
@@ -281,7 +295,7 @@ cudaError_t LaunchQkNormRopeImpl(Bf16* qkv, int n, int row_stride, const HeadSha
       return cudaErrorInvalidValue;
   }
 #undef CASCADE_QKROPE
-  return cudaGetLastError();
+  return err;
 }
 
 }  // namespace
@@ -306,31 +320,27 @@ cudaError_t LaunchKvAppend(const Bf16* qkv, int n, int row_stride, int k_offset,
                            cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const int64_t threads = static_cast<int64_t>(n) * cache.num_kv_heads * (cache.head_dim / 8);
-  KvAppendKernel<<<Blocks(threads, 256), 256, 0, stream>>>(qkv, n, row_stride, k_offset, v_offset,
-                                                           slot_mapping, cache);
-  return cudaGetLastError();
+  return LaunchKernel(KvAppendKernel, Blocks(threads, 256), 256, 0, stream, qkv, n, row_stride,
+                      k_offset, v_offset, slot_mapping, cache);
 }
 
 cudaError_t LaunchSiluMul(const Bf16* gu, int n, int inter, Bf16* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  SiluMulKernel<<<Blocks(static_cast<int64_t>(n) * inter, 256), 256, 0, stream>>>(gu, n, inter,
-                                                                                  out);
-  return cudaGetLastError();
+  return LaunchKernel(SiluMulKernel, Blocks(static_cast<int64_t>(n) * inter, 256), 256, 0, stream,
+                      gu, n, inter, out);
 }
 
 cudaError_t LaunchGatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out,
                              cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  GatherRowsKernel<<<Blocks(static_cast<int64_t>(n) * d, 256), 256, 0, stream>>>(in, rows, n, d,
-                                                                                out);
-  return cudaGetLastError();
+  return LaunchKernel(GatherRowsKernel, Blocks(static_cast<int64_t>(n) * d, 256), 256, 0, stream,
+                      in, rows, n, d, out);
 }
 
 cudaError_t LaunchArgmaxRows(const float* logits, int n, int vocab, int32_t* out,
                              cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  ArgmaxKernel<<<n, kArgmaxThreads, 0, stream>>>(logits, vocab, out);
-  return cudaGetLastError();
+  return LaunchKernel(ArgmaxKernel, n, kArgmaxThreads, 0, stream, logits, vocab, out);
 }
 
 }  // namespace cascade::cuda::internal

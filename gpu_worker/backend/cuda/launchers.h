@@ -11,6 +11,7 @@
 
 namespace cascade::cuda::internal {
 
+void SetProgrammaticLaunch(bool on);  // see ops.h (defined in kernels.cu)
 cudaError_t LaunchEmbeddingGather(const Bf16* table, const int32_t* ids, int n, int hidden,
                                   float* out, cudaStream_t stream);
 cudaError_t LaunchAddRmsNorm(float* residual, const Bf16* delta, const Bf16* weight, float eps,

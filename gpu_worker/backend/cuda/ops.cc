@@ -19,6 +19,8 @@ absl::Status Bad(const char* op, const std::string& why) {
 
 }  // namespace
 
+void SetProgrammaticLaunch(bool on) { internal::SetProgrammaticLaunch(on); }
+
 absl::Status EmbeddingGather(const Bf16* table, const int32_t* ids, int n, int hidden, float* out,
                              Stream stream) {
   if (n < 0 || hidden <= 0) return Bad("EmbeddingGather", "bad shape");

@@ -11,6 +11,11 @@
 
 namespace cascade::cuda {
 
+// Programmatic dependent launch for every kernel of this library (pdl.cuh): on by default.
+// Process-wide (it is how the kernels are launched, not what they compute; results are the same
+// either way); set it before work is enqueued, e.g. when a backend is created.
+void SetProgrammaticLaunch(bool on);
+
 // out[i, :] = float(table[ids[i], :]).  table: [vocab, hidden] bf16, ids: [n], out: [n, hidden]
 // f32. REQUIRES: every id in [0, vocab) (the backend checks ids on the host).
 absl::Status EmbeddingGather(const Bf16* table, const int32_t* ids, int n, int hidden, float* out,

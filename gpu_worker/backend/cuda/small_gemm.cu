@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu_worker/backend/cuda/launchers.h"
+#include "gpu_worker/backend/cuda/pdl.cuh"
 
 namespace cascade::cuda::internal {
 namespace {
@@ -55,6 +56,7 @@ template <bool kF32Out, int kTiles>
 __global__ void __launch_bounds__(32)
     SmallGemmKernel(const Bf16* __restrict__ x, const Bf16* __restrict__ w, int m, int n, int k,
                     void* __restrict__ y) {
+  WaitForPriorGrids();
   extern __shared__ __align__(16) Bf16 ring[];
   const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
   const int f0 = blockIdx.x * 8 * kTiles;
@@ -134,8 +136,8 @@ cudaError_t Launch(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,
       cudaFuncSetAttribute(SmallGemmKernel<kF32Out, kTiles>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes(kMaxTiles, 16));
   if (err != cudaSuccess) return err;
-  SmallGemmKernel<kF32Out, kTiles><<<n / (8 * kTiles), 32, smem, stream>>>(x, w, m, n, k, y);
-  return cudaGetLastError();
+  return LaunchKernel(SmallGemmKernel<kF32Out, kTiles>, n / (8 * kTiles), 32, smem, stream, x, w, m,
+                      n, k, y);
 }
 
 template <bool kF32Out>
