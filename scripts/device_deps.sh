@@ -17,6 +17,8 @@ PACKAGES=(
   libgrpc++-dev libgrpc++1.51 libgrpc-dev libgrpc29 libc-ares-dev libc-ares2
   libprotobuf-dev libprotobuf-lite32 libprotobuf32 libprotoc32 protobuf-compiler
   protobuf-compiler-grpc libre2-9 libre2-dev zlib1g-dev
+  # cpp-httplib, for the gateway's OpenAI-compatible HTTP front
+  libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1
 )
 mkdir -p .devdeps
 cd .devdeps
