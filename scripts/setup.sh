@@ -9,6 +9,10 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libssl-dev libpcre2-dev libutf8proc-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libcpp-httplib-dev
+  # libFuzzer targets (tests/fuzz, built by scripts/test.sh in build-fuzz): clang and its
+  # runtime libraries (libFuzzer, ASan, UBSan).
+  clang-14 libclang-rt-14-dev
 )
 # Node may come from elsewhere than Debian (its npm then conflicts with Debian's): install the
 # Debian packages only when the commands are missing.
