@@ -113,8 +113,11 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
     for (const auto& [id, w] : workers_) {
       if (w->info.model != in.model || w->lease_expires_ms <= now) continue;
       WorkerMatch m{w->info.worker_id, w->info.address, 0, 0, w->load};
+      // (A named copy: clang 14, which builds the fuzz targets, cannot capture a structured
+      // binding in a lambda.)
+      const uint64_t incarnation = w->incarnation;
       auto it = std::find_if(runs.begin(), runs.end(),
-                             [&](const Run& r) { return r.worker == w->incarnation; });
+                             [&](const Run& r) { return r.worker == incarnation; });
       if (it != runs.end()) {
         m.matched_tokens = it->max_held;
         // A chunk counts as fully held when the worker holds this prompt's tokens through its
