@@ -7,7 +7,19 @@
 //                [--batches=1,8,32,64,128,256] [--prompt_len=128] [--decode_len=64]
 //                [--prefill_lens=512,2048,8192] [--prefill_tokens=8192]
 //                [--shared_len=2048] [--queries=16,64,256] [--query_len=32] [--shared_gen=64]
-//                [--sections=decode,prefill,shared] [--num_blocks=N] [--seed=0]
+//                [--sections=decode,prefill,shared,nanovllm] [--num_blocks=N] [--seed=0]
+//                [--variants=default,eager,heuristic] [--temperature=T]
+//                [--nano_seqs=256] [--nano_min_len=100] [--nano_max_len=1024]
+//
+// Decode variants (CUDA backend), run one after another in the same process so they compare
+// on the same device state: "default" (deterministic: pinned GEMM algorithms, decode CUDA
+// graphs), "eager" (no decode graphs), "heuristic" (cuBLAS heuristics per m, no pinning, graphs
+// on: the cost of determinism is default vs heuristic).
+//
+// nanovllm: nano-vllm's bench.py workload: nano_seqs requests at once, input and output lengths
+// uniform in [nano_min_len, nano_max_len] (std::mt19937 seeded with --seed, so not Python's
+// exact draws), input tokens uniform in [0, 10000), temperature 0.6 (seeded), ignore_eos;
+// prints total output tokens / wall time from the first AddRequest to the last token.
 //
 // Timing: host steady clock around Engine::Step() calls (a step returns after the backend has
 // copied the logits to the host, so it includes all device work). "fwd %" is the share of the
@@ -61,7 +73,24 @@ struct Flags {
   int64_t num_blocks = 0;
   uint64_t seed = 0;
   double temperature = 0.0;  // 0: greedy; > 0: seeded temperature sampling
+  std::vector<std::string> variants = {"default"};
+  int nano_seqs = 256;
+  int nano_min_len = 100;
+  int nano_max_len = 1024;
 };
+
+// Backend options a decode variant changes (see the header comment).
+struct Variant {
+  bool graphs = true;
+  bool batch_invariant = true;
+};
+bool ParseVariant(const std::string& name, Variant* v) {
+  *v = Variant{};
+  if (name == "default") return true;
+  if (name == "eager") return v->graphs = false, true;
+  if (name == "heuristic") return v->batch_invariant = false, true;
+  return false;
+}
 
 bool ParseInts(const std::string& v, std::vector<int>* out) {
   out->clear();
@@ -100,6 +129,16 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (k == "num_blocks") ok = absl::SimpleAtoi(v, &f->num_blocks) && f->num_blocks >= 0;
     else if (k == "seed") ok = absl::SimpleAtoi(v, &f->seed);
     else if (k == "temperature") ok = absl::SimpleAtod(v, &f->temperature) && f->temperature >= 0;
+    else if (k == "variants") {
+      f->variants = absl::StrSplit(v, ',', absl::SkipEmpty());
+      Variant var;
+      for (const std::string& n : f->variants) ok = ok && ParseVariant(n, &var);
+    } else if (k == "nano_seqs")
+      int_flag(&f->nano_seqs);
+    else if (k == "nano_min_len")
+      int_flag(&f->nano_min_len);
+    else if (k == "nano_max_len")
+      int_flag(&f->nano_max_len);
     else {
       std::fprintf(stderr, "unknown flag --%s\n", k.c_str());
       return false;
@@ -153,9 +192,10 @@ struct Bench {
   int64_t max_context = 16384;
   double forward_s = 0;  // accumulated by the current engine's TimedBackend
 
-  std::unique_ptr<engine::Engine> MakeEngine(bool cascade) {
+  std::unique_ptr<engine::Engine> MakeEngine(bool cascade, Variant variant = {},
+                                             int64_t blocks_override = -1) {
     std::unique_ptr<engine::Backend> backend;
-    const int64_t blocks = flags.num_blocks;
+    const int64_t blocks = blocks_override >= 0 ? blocks_override : flags.num_blocks;
     if (flags.backend == "cpu") {
       cpu::CpuBackendOptions o;
       o.num_blocks = blocks > 0 ? blocks : 4096;
@@ -165,10 +205,12 @@ struct Bench {
       cuda::CudaBackendOptions o;
       // 131k tokens: room for every workload here (the largest, 256 x 192, is 49k), without
       // sizing a huge block table for small models.
-      o.num_blocks = blocks > 0 ? blocks : 8192;
+      o.num_blocks = blocks > 0 ? blocks : blocks_override == 0 ? 0 : 8192;  // 0: auto
       o.max_num_tokens = max_batched_tokens;
       o.max_logits_rows = max_seqs;
       o.cascade = cascade;
+      o.cuda_graphs = variant.graphs;
+      o.batch_invariant = variant.batch_invariant;
       auto b = cuda::NewCudaBackend(model, o);
       if (!b.ok()) {
         std::fprintf(stderr, "cuda backend: %s\n", b.status().ToString().c_str());
@@ -279,26 +321,99 @@ PhaseResult RunBatch(Bench& b, engine::Engine& e, const std::vector<engine::Requ
 }
 
 void DecodeSection(Bench& b) {
-  std::printf("\n## Decode (prompt %d tokens, %d generated, ignore_eos, %s)\n\n", b.flags.prompt_len,
-              b.flags.decode_len,
-              b.flags.temperature == 0 ? "greedy" : "seeded temperature sampling");
-  std::printf("| batch | decode tok/s | ms/step | fwd %% | prefill s |\n|---:|---:|---:|---:|---:|\n");
-  auto e = b.MakeEngine(true);
-  std::mt19937 rng(b.flags.seed + 1);
-  {  // warm-up: first-use costs (GEMM algorithm choice, allocations) stay out of the numbers
-    std::vector<engine::Request> w;
-    for (int i = 0; i < 2; ++i) w.push_back(MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, 4));
-    RunBatch(b, *e, w);
-  }
-  for (int batch : b.flags.batches) {
-    std::vector<engine::Request> reqs;
-    for (int i = 0; i < batch; ++i) {
-      reqs.push_back(MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, b.flags.decode_len));
+  std::map<std::string, std::map<int, double>> ms;  // variant -> batch -> ms/step
+  for (const std::string& name : b.flags.variants) {
+    Variant variant;
+    ParseVariant(name, &variant);
+    std::printf("\n## Decode, variant %s (prompt %d tokens, %d generated, ignore_eos, %s)\n\n",
+                name.c_str(), b.flags.prompt_len, b.flags.decode_len,
+                b.flags.temperature == 0 ? "greedy" : "seeded temperature sampling");
+    std::printf(
+        "| batch | decode tok/s | ms/step | fwd %% | prefill s |\n|---:|---:|---:|---:|---:|\n");
+    auto e = b.MakeEngine(true, variant);
+    std::mt19937 rng(b.flags.seed + 1);
+    {  // warm-up: first-use costs (GEMM algorithm choice, allocations) stay out of the numbers
+      std::vector<engine::Request> w;
+      for (int i = 0; i < 2; ++i)
+        w.push_back(MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, 4));
+      RunBatch(b, *e, w);
     }
+    for (int batch : b.flags.batches) {
+      std::vector<engine::Request> reqs;
+      for (int i = 0; i < batch; ++i) {
+        reqs.push_back(
+            MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, b.flags.decode_len));
+      }
+      PhaseResult r = RunBatch(b, *e, reqs);
+      const double step_ms = 1e3 * r.decode_s / std::max(1, r.decode_steps);
+      ms[name][batch] = step_ms;
+      std::printf("| %d | %.0f | %.3f | %.0f | %.3f |\n", batch, r.decode_tokens / r.decode_s,
+                  step_ms, 100.0 * r.decode_forward_s / r.decode_s, r.first_tokens_s);
+      std::fflush(stdout);
+    }
+  }
+  if (b.flags.variants.size() < 2) return;
+  const std::string& base = b.flags.variants[0];
+  std::printf("\n## Decode ms/step by variant (same process; ratio = variant / %s)\n\n| batch |",
+              base.c_str());
+  for (const std::string& v : b.flags.variants) std::printf(" %s |", v.c_str());
+  for (size_t i = 1; i < b.flags.variants.size(); ++i) {
+    std::printf(" %s / %s |", b.flags.variants[i].c_str(), base.c_str());
+  }
+  std::printf("\n|---:|");
+  for (size_t i = 0; i < 2 * b.flags.variants.size() - 1; ++i) std::printf("---:|");
+  std::printf("\n");
+  for (int batch : b.flags.batches) {
+    std::printf("| %d |", batch);
+    for (const std::string& v : b.flags.variants) std::printf(" %.3f |", ms[v][batch]);
+    for (size_t i = 1; i < b.flags.variants.size(); ++i) {
+      std::printf(" %.3f |", ms[b.flags.variants[i]][batch] / ms[base][batch]);
+    }
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
+
+// nano-vllm's benchmark workload (see the header comment), once per variant.
+void NanoVllmSection(Bench& b) {
+  const Flags& f = b.flags;
+  std::mt19937 rng(static_cast<uint32_t>(f.seed));
+  std::uniform_int_distribution<int> len(f.nano_min_len, f.nano_max_len), tok(0, 9999);
+  std::vector<engine::Request> reqs;
+  int64_t input_tokens = 0, output_tokens = 0;
+  for (int i = 0; i < f.nano_seqs; ++i) {
+    std::vector<int32_t> prompt(len(rng));
+    for (auto& t : prompt) t = tok(rng) % static_cast<int>(b.model.config().vocab_size);
+    engine::Request r = MakeRequest({{1, prompt, ""}}, len(rng));
+    r.sampling.temperature = 0.6f;
+    r.sampling.seed = 1000 + i;
+    input_tokens += static_cast<int64_t>(prompt.size());
+    output_tokens += r.sampling.max_tokens;
+    reqs.push_back(std::move(r));
+  }
+  std::printf(
+      "\n## nano-vllm workload: %d sequences, input and output lengths uniform in "
+      "[%d, %d] (%lld input, %lld output tokens), temperature 0.6, ignore_eos\n\n",
+      f.nano_seqs, f.nano_min_len, f.nano_max_len, static_cast<long long>(input_tokens),
+      static_cast<long long>(output_tokens));
+  std::printf(
+      "| variant | output tok/s | total s | prefill phase s | steps "
+      "|\n|---|---:|---:|---:|---:|\n");
+  for (const std::string& name : f.variants) {
+    Variant variant;
+    ParseVariant(name, &variant);
+    auto e = b.MakeEngine(true, variant, /*blocks_override=*/0);  // KV: most of the free memory
+    // Warm-up: a batch that shrinks one sequence per step from nano_seqs to 1 meets every
+    // decode-graph bucket, so captures stay out of the timed run (as a server captures at start).
+    std::mt19937 wrng(f.seed + 7);
+    std::vector<engine::Request> warm;
+    for (int i = 0; i < f.nano_seqs; ++i) {
+      warm.push_back(MakeRequest({{1, b.RandomTokens(wrng, 32), ""}}, 2 + i));
+    }
+    RunBatch(b, *e, warm);
     PhaseResult r = RunBatch(b, *e, reqs);
-    std::printf("| %d | %.0f | %.2f | %.0f | %.3f |\n", batch, r.decode_tokens / r.decode_s,
-                1e3 * r.decode_s / std::max(1, r.decode_steps),
-                100.0 * r.decode_forward_s / r.decode_s, r.first_tokens_s);
+    std::printf("| %s | %.0f | %.3f | %.3f | %d |\n", name.c_str(), output_tokens / r.total_s,
+                r.total_s, r.first_tokens_s, r.decode_steps);
     std::fflush(stdout);
   }
 }
@@ -405,6 +520,8 @@ int Main(int argc, char** argv) {
     if (s == "decode") DecodeSection(b);
     else if (s == "prefill") PrefillSection(b);
     else if (s == "shared") SharedSection(b);
+    else if (s == "nanovllm")
+      NanoVllmSection(b);
     else std::fprintf(stderr, "unknown section %s\n", s.c_str());
   }
   return 0;

@@ -297,7 +297,9 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   return j.dump(2) + "\n";
 }
 
-std::vector<std::string> PresetNames() { return {"tiny", "qwen3-0.6b", "llama-tiny"}; }
+std::vector<std::string> PresetNames() {
+  return {"tiny", "qwen3-0.6b", "llama-tiny", "qwen3-8b", "llama-3.2-1b"};
+}
 
 absl::StatusOr<ModelConfig> FindPresetConfig(std::string_view name) {
   ModelConfig c;
@@ -342,9 +344,36 @@ absl::StatusOr<ModelConfig> FindPresetConfig(std::string_view name) {
     c.rope_scaling = {true, 8.0, 1.0, 4.0, 8192};
     c.tie_word_embeddings = false;
     c.max_position_embeddings = 131072;
+  } else if (name == "qwen3-8b") {  // Qwen/Qwen3-8B's config.json
+    c.hidden_size = 4096;
+    c.intermediate_size = 12288;
+    c.num_hidden_layers = 36;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+    c.tie_word_embeddings = false;
+    c.max_position_embeddings = 40960;
+  } else if (name == "llama-3.2-1b") {  // meta-llama/Llama-3.2-1B's config.json
+    c.family = Family::kLlama;
+    c.model_type = "llama";
+    c.vocab_size = 128256;
+    c.hidden_size = 2048;
+    c.intermediate_size = 8192;
+    c.num_hidden_layers = 16;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.head_dim = 64;
+    c.rms_norm_eps = 1e-5;
+    c.rope_theta = 500000.0;
+    c.rope_scaling = {true, 32.0, 1.0, 4.0, 8192};  // rope_type llama3
+    c.tie_word_embeddings = true;
+    c.max_position_embeddings = 131072;
+    c.eos_token_ids = {128001, 128008, 128009};
+    c.bos_token_id = 128000;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown model preset \"", std::string(name),
-                                                   "\" (known: tiny, qwen3-0.6b, llama-tiny)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown model preset \"", std::string(name),
+                     "\" (known: tiny, qwen3-0.6b, llama-tiny, qwen3-8b, llama-3.2-1b)"));
   }
   return c;
 }

@@ -60,8 +60,11 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
 std::string ModelConfigToJson(const ModelConfig& config);
 
 // Presets: "tiny" (Qwen3 family, 2 layers, hidden 128), "qwen3-0.6b" (the reference shape),
-// "llama-tiny" (Llama family, untied head, llama3 RoPE scaling). All use the Qwen3 vocabulary
-// (151936) so the Qwen3 tokenizer fits every one of them.
+// "llama-tiny" (Llama family, untied head, llama3 RoPE scaling), and two published shapes for
+// benchmarks: "qwen3-8b" (36 layers, hidden 4096, 32/8 heads, untied head) and "llama-3.2-1b"
+// (16 layers, hidden 2048, 32/8 heads of 64, tied embeddings, llama3 RoPE scaling, theta 5e5).
+// All but llama-3.2-1b use the Qwen3 vocabulary (151936), so the Qwen3 tokenizer fits them;
+// llama-3.2-1b keeps Llama 3's 128256 (Qwen3 token ids past that are out of range: feed ids).
 absl::StatusOr<ModelConfig> FindPresetConfig(std::string_view name);
 // REQUIRES: `name` is one of PresetNames(); aborts otherwise (for constant names in code/tests).
 ModelConfig PresetConfig(std::string_view name);

@@ -2,10 +2,13 @@
 // files. Each tensor's values depend only on (seed, tensor name), so sharding does not change them.
 #include "gpu_worker/model/generator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -43,25 +46,42 @@ double Uniform(uint64_t* state) {
 
 // Fills bf16 values for one tensor. Norm weights (1-D): 1 + U(-0.1, 0.1). Matrices: mean 0,
 // standard deviation `stddev`, from an Irwin-Hall sum of 4 uniforms (close to normal, bounded,
-// and cheap enough for the 0.6B preset).
+// and cheap). SplitMix64's state after k draws is start + k * gamma, so value i's draws start at
+// a known state and large tensors fill in parallel slices with the same values as one loop
+// (the 8B preset has 8.2 G values).
 void FillTensor(const TensorSpec& spec, uint64_t seed, double stddev, std::vector<uint8_t>* out) {
-  uint64_t state = seed ^ Fnv1a(spec.name);
-  int64_t n = spec.numel();
+  const uint64_t start = seed ^ Fnv1a(spec.name);
+  const int64_t n = spec.numel();
   out->resize(static_cast<size_t>(n) * 2);
-  bool is_norm = spec.shape.size() == 1;
+  const bool is_norm = spec.shape.size() == 1;
+  const uint64_t draws = is_norm ? 1 : 4;  // per value
   // Sum of 4 U(-1,1) has variance 4/3.
   const double scale = stddev / std::sqrt(4.0 / 3.0);
-  for (int64_t i = 0; i < n; ++i) {
-    double v;
-    if (is_norm) {
-      v = 1.0 + 0.1 * Uniform(&state);
-    } else {
-      v = (Uniform(&state) + Uniform(&state) + Uniform(&state) + Uniform(&state)) * scale;
+  auto fill = [&](int64_t begin, int64_t end) {
+    uint64_t state = start + static_cast<uint64_t>(begin) * draws * 0x9e3779b97f4a7c15ull;
+    for (int64_t i = begin; i < end; ++i) {
+      double v;
+      if (is_norm) {
+        v = 1.0 + 0.1 * Uniform(&state);
+      } else {
+        v = (Uniform(&state) + Uniform(&state) + Uniform(&state) + Uniform(&state)) * scale;
+      }
+      uint16_t b = FloatToBf16(static_cast<float>(v));
+      (*out)[2 * i] = static_cast<uint8_t>(b);
+      (*out)[2 * i + 1] = static_cast<uint8_t>(b >> 8);
     }
-    uint16_t b = FloatToBf16(static_cast<float>(v));
-    (*out)[2 * i] = static_cast<uint8_t>(b);
-    (*out)[2 * i + 1] = static_cast<uint8_t>(b >> 8);
+  };
+  const int64_t threads =
+      std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), n >> 20);
+  if (threads <= 1) {
+    fill(0, n);
+    return;
   }
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t)
+    pool.emplace_back(fill, n * t / threads, n * (t + 1) / threads);
+  fill(0, n / threads);
+  for (std::thread& th : pool) th.join();
 }
 
 // Standard deviation for a weight: 1/sqrt(fan_in) for projections, 2/sqrt(hidden) for
@@ -203,7 +223,8 @@ absl::Status RunMkmodel(const std::vector<std::string>& args) {
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "mkmodel: unknown flag ", flag,
-          " (usage: mkmodel --preset tiny|qwen3-0.6b|llama-tiny --out DIR [--seed N] "
+          " (usage: mkmodel --preset tiny|qwen3-0.6b|llama-tiny|qwen3-8b|llama-3.2-1b --out DIR "
+          "[--seed N] "
           "[--shards K] [--tokenizer-dir D])"));
     }
   }

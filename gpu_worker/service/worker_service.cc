@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache_service/hash/chunk_hash.h"
 #include "gpu_worker/service/sampling_wire.h"
+#include "services/common/bounded_text.h"
 #include "services/common/grpc_status.h"
 
 namespace cascade::worker {
@@ -186,6 +187,11 @@ WorkerService::WorkerService(std::string worker_id, engine::EngineLoop* loop)
 absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
     const cascade::v1::WorkerGenerateRequest& r) const {
   engine::Request req;
+  // The gateway's ids are a client's id (at most kMaxIdBytes) plus a chat turn suffix.
+  if (absl::Status s = common::CheckIdField("request_id", r.request_id(), 2 * common::kMaxIdBytes);
+      !s.ok()) {
+    return s;
+  }
   req.request_id = r.request_id();
   req.cache_salt = r.cache_salt();
   if (r.chunks_size() == 0) return absl::InvalidArgumentError("chunks: at least one chunk is required");
@@ -202,15 +208,15 @@ absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
   for (const auto& c : req.chunks) specs.push_back({c.kind, c.tokens, c.cache_salt});
   const std::string& model = loop_->engine().options().model_name;
   if (!r.model().empty() && r.model() != model) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model: this worker serves '", model, "', not '", r.model(), "'"));
+    return absl::InvalidArgumentError(absl::StrCat("model: this worker serves '", model, "', not '",
+                                                   common::Excerpt(r.model()), "'"));
   }
   auto placed = hash::PlaceChunks(model, r.cache_salt(), specs);
   for (int i = 0; i < r.chunks_size(); ++i) {
     const std::string& given = r.chunks(i).hash();
     if (!given.empty() && given != placed[i].hash.ToHex()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "chunks[", i, "].hash ", given, " does not match the worker's hash ",
+          "chunks[", i, "].hash ", common::Excerpt(given), " does not match the worker's hash ",
           placed[i].hash.ToHex(), " (gateway and worker disagree on model, salt or tokens)"));
     }
   }

@@ -7,25 +7,32 @@ namespace cascade::gateway {
 
 struct TurnMetrics {
   explicit TurnMetrics(common::MetricsRegistry& r)
-      : running(r.GetGauge("cascade:gateway_requests_running", "Generate streams and chat turns in flight.")),
+      : running(r.GetGauge("cascade:gateway_requests_running",
+                           "Generate streams and chat turns in flight.")),
         ttft(r.GetHistogram("cascade:time_to_first_token_seconds", "Time to first token.",
                             common::DefaultLatencyBuckets())),
         itl(r.GetHistogram("cascade:inter_token_latency_seconds", "Time between token messages.",
                            common::DefaultLatencyBuckets())),
         e2e(r.GetHistogram("cascade:e2e_request_latency_seconds", "Request latency.",
                            common::DefaultLatencyBuckets())),
-        prompt_tokens(r.GetCounter("cascade:gateway_prompt_tokens_total", "Prompt tokens of routed requests.")),
-        generation_tokens(r.GetCounter("cascade:gateway_generation_tokens_total", "Tokens relayed to clients.")),
+        prompt_tokens(r.GetCounter("cascade:gateway_prompt_tokens_total",
+                                   "Prompt tokens of routed requests.")),
+        generation_tokens(
+            r.GetCounter("cascade:gateway_generation_tokens_total", "Tokens relayed to clients.")),
         prefix_queries(r.GetCounter("cascade:gateway_prefix_cache_queries_total",
                                     "Prompt tokens looked up in workers' prefix caches.")),
         prefix_hits(r.GetCounter("cascade:gateway_prefix_cache_hits_total",
                                  "Prompt tokens served from workers' prefix caches.")),
         failovers(r.GetCounter("cascade:worker_failovers_total",
                                "Requests retried on another worker before their first token.")),
-        resumes(r.GetCounter("cascade:worker_resumes_total",
-                             "Streams continued on another worker after theirs failed mid-stream.")),
+        resumes(
+            r.GetCounter("cascade:worker_resumes_total",
+                         "Streams continued on another worker after theirs failed mid-stream.")),
         rejected(r.GetCounter("cascade:requests_rejected_total",
                               "Requests refused by admission control.")),
+        queue_wait(r.GetHistogram("cascade:gateway_queue_wait_seconds",
+                                  "Time requests waited for a worker with room (admission).",
+                                  common::DefaultLatencyBuckets())),
         registry_errors(r.GetCounter("cascade:registry_errors_total",
                                      "Resolve calls that failed (load-only routing used).")),
         registry_(r) {}
@@ -46,6 +53,7 @@ struct TurnMetrics {
   common::Counter* failovers;
   common::Counter* resumes;
   common::Counter* rejected;
+  common::Histogram* queue_wait;
   common::Counter* registry_errors;
 
  private:

@@ -19,7 +19,22 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
   f->AddString("model_name", &g.limits.model_name, "model name clients use; default: the directory's name");
   f->AddString("registry", &c->registry_address, "chunk registry host:port; empty: none");
   f->AddString("workers", &c->workers, "comma-separated worker addresses, used when the registry is away");
-  f->AddInt("max_concurrent", &g.max_concurrent, "open streams at most; beyond: RESOURCE_EXHAUSTED");
+  f->AddInt("max_concurrent", &g.max_concurrent,
+            "admitted + queued requests at most; beyond: RESOURCE_EXHAUSTED at once");
+  f->AddDuration("queue_timeout", &g.admission.queue_timeout,
+                 "longest wait for a worker with room; then RESOURCE_EXHAUSTED");
+  f->AddDuration("overload_queue_timeout", &g.admission.overload_queue_timeout,
+                 "longest wait once the queue has stood for --standing_queue (overload)");
+  f->AddDuration("standing_queue", &g.admission.standing_queue,
+                 "a queue not empty for this long means overload");
+  f->AddBool("adaptive_admission", &g.admission.adaptive,
+             "adapt each worker's concurrency limit to its time per output token");
+  f->AddInt("admission_initial_limit", &g.admission.initial_limit,
+            "a worker's concurrency limit before it is measured (the fixed limit without "
+            "--adaptive_admission)");
+  f->AddInt("admission_max_limit", &g.admission.max_limit, "a worker's concurrency limit at most");
+  f->AddDouble("admission_latency_tolerance", &g.admission.latency_tolerance,
+               "time per output token allowed, as a multiple of the worker's unloaded time");
   f->AddInt64("max_prompt_bytes", &g.limits.max_prompt_bytes, "prompt text bytes per request at most");
   f->AddInt64("max_context", &g.limits.max_context, "prompt + max_tokens at most; 0: the model's");
   f->AddInt("default_max_tokens", &g.limits.default_max_tokens, "max_tokens when a request sets none");
@@ -39,6 +54,16 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
   if (config.model_dir.empty()) {
     return absl::InvalidArgumentError("--model_dir is required (the model's tokenizer and config)");
   }
+  const AdmissionOptions& a = config.gateway.admission;
+  if (a.queue_timeout < absl::ZeroDuration() || a.overload_queue_timeout < absl::ZeroDuration() ||
+      a.standing_queue < absl::ZeroDuration() || a.initial_limit < 1 ||
+      a.max_limit < a.initial_limit || !(a.latency_tolerance > 1.0)) {
+    return absl::InvalidArgumentError(
+        "admission flags: need --queue_timeout, --overload_queue_timeout and --standing_queue "
+        ">= 0, --admission_initial_limit >= 1, "
+        "--admission_max_limit >= --admission_initial_limit and "
+        "--admission_latency_tolerance > 1");
+  }
   std::unique_ptr<GatewayServer> g(new GatewayServer());
   GatewayOptions opts = config.gateway;
   auto tok = tokenizer::Tokenizer::Load(config.model_dir);
@@ -52,6 +77,7 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
       opts.limits.model_name = std::filesystem::path(config.model_dir).parent_path().filename().string();
     }
   }
+  opts.limits.vocab_size = mc->vocab_size;
   if (opts.limits.max_context <= 0 || opts.limits.max_context == 4096) {
     opts.limits.max_context = mc->max_position_embeddings;
   }
@@ -81,7 +107,13 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
                                                                     : common::MetricsRegistry::Default());
   g->service_ = std::make_unique<GatewayService>(opts, g->tokenizer_.get(), g->registry_.get(),
                                                  g->pool_.get(), g->metrics_.get());
-  g->runner_ = std::make_unique<common::ServerRunner>(config.server);
+  // gRPC buffers a whole message before the service sees it: far oversized requests are refused
+  // at the transport already. Up to 4x what a valid prompt can need they reach the service, which
+  // refuses them before parsing with a message that names the limit (raw_request.h).
+  common::ServerOptions server = config.server;
+  server.max_message_bytes = std::min<int64_t>(
+      server.max_message_bytes, 4 * static_cast<int64_t>(MaxRequestBytes(opts.limits)));
+  g->runner_ = std::make_unique<common::ServerRunner>(server);
   g->runner_->AddService({g->service_.get(), cascade::v1::Gateway::service_full_name()});
   g->drain_ = config.server.drain_timeout;
   if (absl::Status s = g->runner_->Start(); !s.ok()) return s;

@@ -14,8 +14,15 @@ namespace cascade::gateway {
 GatewayService::GatewayService(GatewayOptions options, const tokenizer::Tokenizer* tokenizer,
                                registry::RegistryClient* registry, WorkerPool* pool,
                                TurnMetrics* metrics)
-    : options_(std::move(options)), tokenizer_(tokenizer), registry_(registry), pool_(pool),
-      metrics_(metrics) {}
+    : options_(std::move(options)),
+      tokenizer_(tokenizer),
+      registry_(registry),
+      pool_(pool),
+      metrics_(metrics) {
+  AdmissionOptions a = options_.admission;
+  a.max_pending = options_.max_concurrent;
+  admission_ = std::make_unique<Admission>(a);
+}
 
 grpc::Status GatewayService::CheckAuth(const grpc::CallbackServerContext* context) const {
   if (options_.auth_token.empty()) return grpc::Status::OK;
@@ -29,16 +36,32 @@ grpc::Status GatewayService::CheckAuth(const grpc::CallbackServerContext* contex
   return grpc::Status::OK;
 }
 
-bool GatewayService::TryAdmit() {
-  if (inflight_.fetch_add(1) >= options_.max_concurrent) {
-    inflight_.fetch_sub(1);
-    metrics_->rejected->Increment();
-    return false;
-  }
-  return true;
+uint64_t GatewayService::Admit(std::vector<Scored> ranked,
+                               std::chrono::system_clock::time_point deadline,
+                               Admission::Callback done) {
+  const auto asked = std::chrono::steady_clock::now();
+  return admission_->Acquire(
+      std::move(ranked), absl::FromChrono(deadline),
+      [this, asked, done = std::move(done)](absl::StatusOr<Grant> g) {
+        metrics_->queue_wait->Observe(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count());
+        if (absl::IsResourceExhausted(g.status())) metrics_->rejected->Increment();
+        done(std::move(g));
+      });
 }
 
-void GatewayService::Release() { inflight_.fetch_sub(1); }
+TurnParams GatewayService::NewTurnParams(const Prompt& prompt, std::string request_id,
+                                         const grpc::CallbackServerContext* context) {
+  TurnParams p;
+  p.request_id = std::move(request_id);
+  p.request = ToWorkerRequest(prompt, p.request_id, options_.limits.model_name);
+  p.stop = prompt.stop;
+  p.deadline = DeadlineFor(context);
+  p.max_attempts = options_.max_attempts;
+  p.resume_mid_stream = options_.resume_mid_stream;
+  p.admission = admission_.get();
+  return p;
+}
 
 std::string GatewayService::NewRequestId() {
   static const uint64_t salt = std::random_device{}();
@@ -104,7 +127,7 @@ grpc::ServerUnaryReactor* GatewayService::Tokenize(grpc::CallbackServerContext* 
   auto* reactor = context->DefaultReactor();
   grpc::Status st = CheckAuth(context);
   absl::StatusOr<cascade::v1::TokenizeRequest> req =
-      ParseRawRequest<cascade::v1::TokenizeRequest>(*request);
+      ParseRawRequest<cascade::v1::TokenizeRequest>(*request, max_request_bytes());
   if (st.ok()) st = ToGrpc(req.status());
   cascade::v1::TokenizeResponse out;
   if (st.ok()) st = DoTokenize(*req, &out);

@@ -12,9 +12,11 @@
 #include "cascade/v1/gateway.grpc.pb.h"
 #include "gpu_worker/tokenizer/tokenizer.h"
 #include "services/common/grpc_status.h"
+#include "services/gateway/admission.h"
 #include "services/gateway/gateway_metrics.h"
 #include "services/gateway/prompt.h"
 #include "services/gateway/router.h"
+#include "services/gateway/turn.h"
 #include "services/gateway/worker_pool.h"
 
 namespace cascade::gateway {
@@ -22,7 +24,10 @@ namespace cascade::gateway {
 struct GatewayOptions {
   PromptLimits limits;
   RouteWeights weights;
-  int max_concurrent = 256;               // open Generate streams + chat turns
+  int max_concurrent = 256;  // admitted + queued Generate streams and chat turns
+  // Per-worker adaptive limits and the queue deadline (admission.h); its max_pending is
+  // max_concurrent.
+  AdmissionOptions admission;
   int max_attempts = 3;                   // workers tried (before or after the first token)
   bool resume_mid_stream = true;          // continue on another worker if one dies mid-stream
   absl::Duration request_timeout = absl::Minutes(10);  // deadline when the client sets none
@@ -63,13 +68,22 @@ class GatewayService final : public GatewayBase {
 
   // Shared by the reactors.
   grpc::Status CheckAuth(const grpc::CallbackServerContext* context) const;
-  // Admission: takes a slot or answers RESOURCE_EXHAUSTED at once.
-  bool TryAdmit();
-  void Release();
+  // Admission (admission.h): `done` gets the candidates with the worker that has room first,
+  // on the admission thread, or RESOURCE_EXHAUSTED when none had room before the queue
+  // deadline. Returns a ticket for CancelAdmission. The grant's slot goes back with Release.
+  uint64_t Admit(std::vector<Scored> ranked, std::chrono::system_clock::time_point deadline,
+                 Admission::Callback done);
+  bool CancelAdmission(uint64_t ticket) { return admission_->Cancel(ticket); }
+  void Release(const Grant& grant) { admission_->Release(grant.address); }
+  Admission* admission() { return admission_.get(); }
   // Candidates for a prompt, best first: registry matches when it answers, else every known
   // worker by load alone. `sticky` (chat) is tried first when it is among them.
   std::vector<Scored> Route(const Prompt& prompt, const std::string& sticky = "");
   std::chrono::system_clock::time_point DeadlineFor(const grpc::CallbackServerContext* c) const;
+  // A turn's parameters for `prompt` from the options and the call's deadline; the caller
+  // adds the candidates once admitted.
+  TurnParams NewTurnParams(const Prompt& prompt, std::string request_id,
+                           const grpc::CallbackServerContext* context);
   std::string NewRequestId();
 
  private:
@@ -79,6 +93,7 @@ class GatewayService final : public GatewayBase {
  public:
 
   const GatewayOptions& options() const { return options_; }
+  size_t max_request_bytes() const { return MaxRequestBytes(options_.limits); }
   const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
   WorkerPool* pool() { return pool_; }
   TurnMetrics* metrics() { return metrics_; }
@@ -89,7 +104,7 @@ class GatewayService final : public GatewayBase {
   registry::RegistryClient* const registry_;
   WorkerPool* const pool_;
   TurnMetrics* const metrics_;
-  std::atomic<int> inflight_{0};
+  std::unique_ptr<Admission> admission_;
   std::atomic<uint64_t> next_id_{1};
 };
 

@@ -1,18 +1,34 @@
 // Request validation and templating; see prompt.h.
 #include "services/gateway/prompt.h"
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/engine/sampler.h"
 #include "gpu_worker/service/sampling_wire.h"
+#include "services/common/bounded_text.h"
 
 namespace cascade::gateway {
+namespace {
+
+int64_t VocabSize(const tokenizer::Tokenizer& tok, const PromptLimits& limits) {
+  return std::max<int64_t>(limits.vocab_size, tok.vocab_size());
+}
+
+}  // namespace
 
 absl::Status CheckModel(const std::string& model, const PromptLimits& limits) {
   if (model.empty() || model == limits.model_name) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("model: '", model, "' is not served here; this "
-                                                 "gateway serves '", limits.model_name, "'"));
+  return absl::InvalidArgumentError(absl::StrCat("model: '", common::Excerpt(model),
+                                                 "' is not served here; this gateway serves '",
+                                                 limits.model_name, "'"));
+}
+
+size_t MaxRequestBytes(const PromptLimits& limits) {
+  const int64_t stops = int64_t{limits.max_stop_strings} * (limits.max_stop_string_bytes + 8);
+  const int64_t per_chunk = int64_t{limits.max_chunks} * 32;  // tags, lengths, kind
+  return static_cast<size_t>(limits.max_prompt_bytes / 4 * 5 + stops + per_chunk + (64 << 10));
 }
 
 absl::StatusOr<Prompt> BuildPrompt(
@@ -24,11 +40,24 @@ absl::StatusOr<Prompt> BuildPrompt(
     return absl::InvalidArgumentError(
         absl::StrCat("chunks: ", chunks.size(), " chunks, at most ", limits.max_chunks));
   }
-  int64_t bytes = 0;
-  for (const auto& c : chunks) bytes += static_cast<int64_t>(c.text().size());
+  // Sizes first, before anything is copied or tokenized: token ids count 4 bytes each (what
+  // they take in memory), salts count too.
+  int64_t bytes = 0, ids = 0;
+  for (const auto& c : chunks) {
+    bytes += static_cast<int64_t>(c.text().size() + c.cache_salt().size());
+    ids += c.has_token_ids() ? c.token_ids().ids_size() : 0;
+  }
+  bytes += 4 * ids;
   if (bytes > limits.max_prompt_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("chunks: ", bytes, " bytes of text, at most ",
-                                                     limits.max_prompt_bytes, " per request"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("chunks: ", bytes, " bytes of text and token ids (4 bytes per id), at most ",
+                     limits.max_prompt_bytes, " per request (--max_prompt_bytes)"));
+  }
+  if (ids > limits.max_context) {
+    return absl::InvalidArgumentError(absl::StrCat("chunks: ", ids,
+                                                   " token ids, more than the "
+                                                   "model's context length (",
+                                                   limits.max_context, " tokens)"));
   }
   Prompt p;
   p.cache_salt = cache_salt;
@@ -47,7 +76,7 @@ absl::StatusOr<Prompt> BuildPrompt(
     pc.cache_salt = c.cache_salt();
     if (c.has_token_ids()) {
       if (c.token_ids().ids().empty()) return absl::InvalidArgumentError(field + ".token_ids is empty");
-      const int vocab = tok.vocab_size();
+      const int64_t vocab = VocabSize(tok, limits);
       for (int j = 0; j < c.token_ids().ids_size(); ++j) {
         const int32_t id = c.token_ids().ids(j);
         if (id < 0 || id >= vocab) {
@@ -84,8 +113,9 @@ absl::StatusOr<Prompt> BuildPrompt(
     static thread_local std::mt19937_64 rng(std::random_device{}());
     p.sampling.seed = rng();
   }
-  if (absl::Status s = engine::ValidateSampling(p.sampling, tok.vocab_size(),
-                                                static_cast<int32_t>(limits.max_context));
+  if (absl::Status s =
+          engine::ValidateSampling(p.sampling, static_cast<int32_t>(VocabSize(tok, limits)),
+                                   static_cast<int32_t>(limits.max_context));
       !s.ok()) {
     return s;
   }

@@ -18,11 +18,15 @@ namespace cascade::gateway {
 struct PromptLimits {
   std::string model_name;
   int64_t max_context = 4096;          // prompt + max_tokens at most
-  int64_t max_prompt_bytes = 4 << 20;  // text over all chunks
+  int64_t max_prompt_bytes = 4 << 20;  // text bytes + 4 per token id, over all chunks
   int max_chunks = 1024;
   int max_stop_strings = 16;
   int max_stop_string_bytes = 256;
   int32_t default_max_tokens = 256;
+  // Token ids a client may send: the model's vocabulary, which can be larger than the
+  // tokenizer's (ids without text are still the model's tokens, and streams return them).
+  // 0: the tokenizer's.
+  int64_t vocab_size = 0;
 };
 
 struct PromptChunk {
@@ -44,6 +48,11 @@ absl::StatusOr<Prompt> BuildPrompt(const google::protobuf::RepeatedPtrField<casc
                                    const cascade::v1::SamplingParams& sampling,
                                    const std::string& cache_salt, bool add_generation_prompt,
                                    const tokenizer::Tokenizer& tok, const PromptLimits& limits);
+
+// The largest serialized request that can hold a valid prompt under `limits`: text and token
+// ids within max_prompt_bytes (ids count 4 bytes each; on the wire a varint takes up to 5),
+// plus room for the other fields. Bigger requests are refused before they are parsed.
+size_t MaxRequestBytes(const PromptLimits& limits);
 
 // The model named in a request must be ours (empty means ours).
 absl::Status CheckModel(const std::string& model, const PromptLimits& limits);

@@ -4,14 +4,15 @@
 // descriptor, so it serves every request type without a hand-written twin.
 #pragma once
 
-#include <string>
-#include <string_view>
-
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/codegen/proto_utils.h>
 
+#include <string>
+#include <string_view>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 
 namespace cascade::gateway {
@@ -23,8 +24,15 @@ absl::Status CheckUtf8Fields(std::string_view bytes, const google::protobuf::Des
 // The ByteBuffer's bytes, concatenated.
 absl::StatusOr<std::string> ByteBufferToString(const grpc::ByteBuffer& raw);
 
+// A request larger than `max_bytes` is refused before it is copied or parsed (RESOURCE_EXHAUSTED):
+// parsing copies it several times over, so size must be checked first.
 template <typename Msg>
-absl::StatusOr<Msg> ParseRawRequest(const grpc::ByteBuffer& raw) {
+absl::StatusOr<Msg> ParseRawRequest(const grpc::ByteBuffer& raw, size_t max_bytes) {
+  if (raw.Length() > max_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the request is ", raw.Length(), " bytes, at most ", max_bytes,
+                     " (raise --max_prompt_bytes for longer prompts)"));
+  }
   absl::StatusOr<std::string> bytes = ByteBufferToString(raw);
   if (!bytes.ok()) return bytes.status();
   if (absl::Status s = CheckUtf8Fields(*bytes, Msg::descriptor()); !s.ok()) return s;

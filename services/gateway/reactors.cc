@@ -4,8 +4,10 @@
 // slow client gets fewer, larger messages and a fast one gets every token at once.
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/bounded_text.h"
 #include "services/gateway/gateway_service.h"
 #include "services/gateway/raw_request.h"
 #include "services/gateway/turn.h"
@@ -69,18 +71,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   void Begin(const grpc::ByteBuffer& raw) {
     absl::StatusOr<cascade::v1::GenerateRequest> parsed =
-        ParseRawRequest<cascade::v1::GenerateRequest>(raw);
+        ParseRawRequest<cascade::v1::GenerateRequest>(raw, svc_->max_request_bytes());
     grpc::Status st = svc_->CheckAuth(ctx_);
     if (st.ok()) st = ToGrpc(parsed.status());
-    const cascade::v1::GenerateRequest& req = parsed.ok() ? *parsed : cascade::v1::GenerateRequest::default_instance();
-    if (st.ok() && !svc_->TryAdmit()) {
-      st = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        "the gateway is at its concurrency limit (--max_concurrent); retry later");
-    } else if (st.ok()) {
-      admitted_ = true;
-    }
+    const cascade::v1::GenerateRequest& req =
+        parsed.ok() ? *parsed : cascade::v1::GenerateRequest::default_instance();
     absl::StatusOr<Prompt> prompt = absl::InternalError("unset");
     if (st.ok()) st = ToGrpc(CheckModel(req.model(), svc_->options().limits));
+    if (st.ok()) st = ToGrpc(common::CheckIdField("request_id", req.request_id()));
     if (st.ok()) {
       prompt = BuildPrompt(req.chunks(), req.sampling(), req.cache_salt(),
                            !req.has_add_generation_prompt() || req.add_generation_prompt(),
@@ -89,22 +87,37 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     }
     if (!st.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
-      turn_done_ = true;
-      final_ = st;
-      MaybeWriteLocked();
+      EndLocked(st);
       return;
     }
-    TurnParams p;
-    p.request_id = req.request_id().empty() ? svc_->NewRequestId() : req.request_id();
-    p.request = ToWorkerRequest(*prompt, p.request_id, svc_->options().limits.model_name);
-    p.workers = svc_->Route(*prompt);
-    p.stop = prompt->stop;
-    p.deadline = svc_->DeadlineFor(ctx_);
-    p.max_attempts = svc_->options().max_attempts;
-    p.resume_mid_stream = svc_->options().resume_mid_stream;
+    params_ = svc_->NewTurnParams(
+        *prompt, req.request_id().empty() ? svc_->NewRequestId() : req.request_id(), ctx_);
+    std::vector<Scored> ranked = svc_->Route(*prompt);
+    // The grant arrives on the admission thread, never inline, so mu_ may be held here.
+    std::lock_guard<std::mutex> lock(mu_);
+    waiting_ = true;
+    ticket_ = svc_->Admit(std::move(ranked), params_.deadline,
+                          [this](absl::StatusOr<Grant> g) { OnAdmitted(std::move(g)); });
+  }
+
+  void OnAdmitted(absl::StatusOr<Grant> grant) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      waiting_ = false;
+      if (!grant.ok()) {
+        EndLocked(ToGrpc(grant.status()));
+        return;
+      }
+      grant_ = std::move(*grant);
+      if (ctx_->IsCancelled()) {  // gone while queued; OnDone gives the slot back
+        EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"));
+        return;
+      }
+      params_.workers = grant_->ranked;
+    }
     // Not under mu_: the turn may report back (TurnDone) before Start returns.
     std::shared_ptr<Turn> t =
-        Turn::Start(std::move(p), svc_->pool(), svc_->tokenizer(), this, svc_->metrics());
+        Turn::Start(std::move(params_), svc_->pool(), svc_->tokenizer(), this, svc_->metrics());
     {
       std::lock_guard<std::mutex> lock(mu_);
       turn_ = t;
@@ -120,9 +133,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   void TurnDone(const grpc::Status& status, const TurnResult&) override {
     std::lock_guard<std::mutex> lock(mu_);
-    turn_done_ = true;
-    final_ = status;
-    MaybeWriteLocked();
+    EndLocked(status);
   }
 
   void OnWriteDone(bool ok) override {
@@ -139,17 +150,28 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     std::shared_ptr<Turn> t;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      // Still queued: withdraw and end now (else the grant is on its way; OnAdmitted ends it).
+      if (waiting_ && svc_->CancelAdmission(ticket_)) {
+        waiting_ = false;
+        EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"));
+      }
       t = turn_;
     }
     if (t) t->Cancel();
   }
 
   void OnDone() override {
-    if (admitted_) svc_->Release();
+    if (grant_) svc_->Release(*grant_);
     delete this;
   }
 
  private:
+  void EndLocked(const grpc::Status& st) {
+    turn_done_ = true;
+    final_ = st;
+    MaybeWriteLocked();
+  }
+
   void MaybeWriteLocked() {
     if (finish_called_) return;
     if (writes_.Next(&current_)) {
@@ -165,8 +187,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   GatewayService* const svc_;
   grpc::CallbackServerContext* const ctx_;
-  bool admitted_ = false;
   std::mutex mu_;
+  TurnParams params_;     // built in Begin, moved into the turn once admitted
+  bool waiting_ = false;  // queued for admission under ticket_
+  uint64_t ticket_ = 0;
+  std::optional<Grant> grant_;  // the admission slot, given back in OnDone
   std::shared_ptr<Turn> turn_;
   WriteQueue<GenerateResponse> writes_;
   grpc::ByteBuffer current_;
@@ -188,29 +213,47 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   }
 
   void OnReadDone(bool ok) override {
-    absl::StatusOr<TurnParams> params = absl::CancelledError();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ok) {  // the client closed its side: finish once the last turn's events are written
+      EndLocked(grpc::Status::OK);
+      return;
+    }
+    absl::StatusOr<cascade::v1::ChatRequest> parsed =
+        ParseRawRequest<cascade::v1::ChatRequest>(raw_req_, svc_->max_request_bytes());
+    if (!parsed.ok()) {
+      EndLocked(ToGrpc(parsed.status()));
+      return;
+    }
+    req_ = std::move(*parsed);
+    std::vector<Scored> ranked;
+    absl::Status st = PrepareTurnLocked(&ranked);
+    if (!st.ok()) {
+      EndLocked(ToGrpc(st));
+      return;
+    }
+    // The grant arrives on the admission thread, never inline, so mu_ may be held here.
+    waiting_ = true;
+    ticket_ = svc_->Admit(std::move(ranked), params_.deadline,
+                          [this](absl::StatusOr<Grant> g) { OnAdmitted(std::move(g)); });
+  }
+
+  void OnAdmitted(absl::StatusOr<Grant> grant) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!ok) {  // the client closed its side: finish once the last turn's events are written
-        EndLocked(grpc::Status::OK);
+      waiting_ = false;
+      if (grant.ok()) grant_ = std::move(*grant);
+      if (!grant.ok() || ctx_->IsCancelled()) {
+        AbandonTurnLocked();
+        EndLocked(grant.ok() ? grpc::Status(grpc::StatusCode::CANCELLED,
+                                            "the client cancelled the request")
+                             : ToGrpc(grant.status()));
         return;
       }
-      absl::StatusOr<cascade::v1::ChatRequest> parsed =
-          ParseRawRequest<cascade::v1::ChatRequest>(raw_req_);
-      if (!parsed.ok()) {
-        EndLocked(ToGrpc(parsed.status()));
-        return;
-      }
-      req_ = std::move(*parsed);
-      params = PrepareTurnLocked();
-      if (!params.ok()) {
-        EndLocked(ToGrpc(params.status()));
-        return;
-      }
+      params_.workers = grant_->ranked;
     }
     // Not under mu_: the turn may report back (TurnDone) before Start returns.
     std::shared_ptr<Turn> t =
-        Turn::Start(std::move(*params), svc_->pool(), svc_->tokenizer(), this, svc_->metrics());
+        Turn::Start(std::move(params_), svc_->pool(), svc_->tokenizer(), this, svc_->metrics());
     bool cancel;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -233,9 +276,9 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   void TurnDone(const grpc::Status& status, const TurnResult& result) override {
     std::lock_guard<std::mutex> lock(mu_);
     turn_active_ = false;
-    if (admitted_) {
-      svc_->Release();
-      admitted_ = false;
+    if (grant_) {
+      svc_->Release(*grant_);
+      grant_.reset();
     }
     if (!status.ok()) {
       EndLocked(status);
@@ -268,20 +311,34 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     std::shared_ptr<Turn> t;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (waiting_ && svc_->CancelAdmission(ticket_)) {  // withdrawn from the queue
+        waiting_ = false;
+        AbandonTurnLocked();
+        EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"));
+      }
       t = turn_active_ ? turn_ : nullptr;
     }
     if (t) t->Cancel();
   }
 
   void OnDone() override {
-    if (admitted_) svc_->Release();
+    if (grant_) svc_->Release(*grant_);
     delete this;
   }
 
  private:
-  absl::StatusOr<TurnParams> PrepareTurnLocked() {
+  // A prepared turn that will not run: its prompt does not join the session.
+  void AbandonTurnLocked() {
+    for (const PromptChunk& c : pending_) history_tokens_ -= static_cast<int64_t>(c.tokens.size());
+    pending_.clear();
+    turn_active_ = false;
+  }
+
+  // Validates the message and sets params_ for the next turn and `ranked` for admission.
+  absl::Status PrepareTurnLocked(std::vector<Scored>* ranked) {
     if (turn_index_ == 0) {
       absl::Status st = CheckModel(req_.model(), svc_->options().limits);
+      if (st.ok()) st = common::CheckIdField("session_id", req_.session_id());
       if (!st.ok()) return st;
       salt_ = req_.cache_salt();
       session_id_ = req_.session_id().empty() ? svc_->NewRequestId() : req_.session_id();
@@ -297,11 +354,6 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
           absl::StrCat("the session (", history_tokens_, " tokens so far) plus this turn would "
                        "exceed the context length (", svc_->options().limits.max_context, ")"));
     }
-    if (!svc_->TryAdmit()) {
-      return absl::ResourceExhaustedError(
-          "the gateway is at its concurrency limit (--max_concurrent); retry later");
-    }
-    admitted_ = true;
     pending_ = prompt->chunks;
     for (const PromptChunk& c : pending_) history_tokens_ += static_cast<int64_t>(c.tokens.size());
     Prompt full = *prompt;
@@ -309,16 +361,10 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     full.chunks.insert(full.chunks.end(), pending_.begin(), pending_.end());
     full.num_tokens = history_tokens_;
 
-    TurnParams p;
-    p.request_id = absl::StrCat(session_id_, "/", turn_index_);
-    p.request = ToWorkerRequest(full, p.request_id, svc_->options().limits.model_name);
-    p.workers = svc_->Route(full, sticky_);
-    p.stop = full.stop;
-    p.deadline = svc_->DeadlineFor(ctx_);
-    p.max_attempts = svc_->options().max_attempts;
-    p.resume_mid_stream = svc_->options().resume_mid_stream;
+    params_ = svc_->NewTurnParams(full, absl::StrCat(session_id_, "/", turn_index_), ctx_);
+    *ranked = svc_->Route(full, sticky_);
     turn_active_ = true;
-    return p;
+    return absl::OkStatus();
   }
 
   void EndLocked(const grpc::Status& st) {
@@ -350,7 +396,11 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   std::vector<PromptChunk> history_, pending_;
   int64_t history_tokens_ = 0;
   int32_t turn_index_ = 0;
-  bool admitted_ = false, turn_active_ = false, ended_ = false;
+  bool turn_active_ = false, ended_ = false;
+  TurnParams params_;     // the next turn's, moved into it once admitted
+  bool waiting_ = false;  // queued for admission under ticket_
+  uint64_t ticket_ = 0;
+  std::optional<Grant> grant_;  // the running turn's admission slot
   std::shared_ptr<Turn> turn_;
   WriteQueue<cascade::v1::ChatResponse> writes_;
   grpc::ByteBuffer current_;
@@ -362,8 +412,13 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 class RegisterSink final : public TurnSink {
  public:
   RegisterSink(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* out,
-               registry::RegistryClient* registry, int64_t ttl_s, GatewayService* svc)
-      : reactor_(reactor), out_(out), registry_(registry), ttl_s_(ttl_s), svc_(svc) {}
+               registry::RegistryClient* registry, int64_t ttl_s, GatewayService* svc, Grant grant)
+      : reactor_(reactor),
+        out_(out),
+        registry_(registry),
+        ttl_s_(ttl_s),
+        svc_(svc),
+        grant_(std::move(grant)) {}
 
   void Emit(GenerateResponse ev) override {
     if (!ev.has_start()) return;
@@ -387,7 +442,7 @@ class RegisterSink final : public TurnSink {
         parent = c.hash();
       }
     }
-    svc_->Release();
+    svc_->Release(grant_);
     if (status.ok()) SerializeToByteBuffer(response_, out_);
     reactor_->Finish(status);
     delete this;
@@ -400,6 +455,7 @@ class RegisterSink final : public TurnSink {
   registry::RegistryClient* const registry_;
   const int64_t ttl_s_;
   GatewayService* const svc_;
+  const Grant grant_;
 };
 
 }  // namespace
@@ -421,7 +477,7 @@ grpc::ServerUnaryReactor* GatewayService::RegisterChunk(grpc::CallbackServerCont
                                                         grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
   absl::StatusOr<cascade::v1::RegisterChunkRequest> parsed =
-      ParseRawRequest<cascade::v1::RegisterChunkRequest>(*raw);
+      ParseRawRequest<cascade::v1::RegisterChunkRequest>(*raw, max_request_bytes());
   grpc::Status st = CheckAuth(context);
   if (st.ok()) st = ToGrpc(parsed.status());
   const cascade::v1::RegisterChunkRequest* request =
@@ -439,22 +495,23 @@ grpc::ServerUnaryReactor* GatewayService::RegisterChunk(grpc::CallbackServerCont
     prompt = BuildPrompt(request->chunks(), one, request->cache_salt(), false, *tokenizer_, options_.limits);
     st = ToGrpc(prompt.status());
   }
-  if (st.ok() && !TryAdmit()) {
-    st = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "the gateway is at its concurrency limit");
-  }
   if (!st.ok()) {
     reactor->Finish(st);
     return reactor;
   }
-  TurnParams p;
-  p.request_id = NewRequestId();
-  p.request = ToWorkerRequest(*prompt, p.request_id, options_.limits.model_name);
-  p.request.set_pin_ttl_seconds(request->pin_ttl_seconds());
-  p.workers = Route(*prompt);
-  p.deadline = DeadlineFor(context);
-  p.max_attempts = options_.max_attempts;
-  auto* sink = new RegisterSink(reactor, response, registry_, request->pin_ttl_seconds(), this);
-  Turn::Start(std::move(p), pool_, *tokenizer_, sink, metrics_);
+  auto p = std::make_shared<TurnParams>(NewTurnParams(*prompt, NewRequestId(), context));
+  p->request.set_pin_ttl_seconds(request->pin_ttl_seconds());
+  const int64_t ttl_s = request->pin_ttl_seconds();
+  // A unary call cannot be withdrawn from the queue; it waits at most the queue timeout.
+  Admit(Route(*prompt), p->deadline, [this, reactor, response, ttl_s, p](absl::StatusOr<Grant> g) {
+    if (!g.ok()) {
+      reactor->Finish(ToGrpc(g.status()));
+      return;
+    }
+    p->workers = g->ranked;
+    auto* sink = new RegisterSink(reactor, response, registry_, ttl_s, this, std::move(*g));
+    Turn::Start(std::move(*p), pool_, *tokenizer_, sink, metrics_);
+  });
   return reactor;
 }
 

@@ -8,11 +8,10 @@ namespace cascade::gateway {
 TextStream::TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stops)
     : decoder_(tokenizer, /*skip_special=*/true), stops_(std::move(stops)) {}
 
-absl::StatusOr<TextStream::Delta> TextStream::Add(int32_t token_id) {
+TextStream::Delta TextStream::Add(int32_t token_id) {
   if (stopped_) return Delta{"", true, ""};
   absl::StatusOr<std::string> piece = decoder_.Add(token_id);
-  if (!piece.ok()) return piece.status();
-  held_ += *piece;
+  if (piece.ok()) held_ += *piece;  // else: an id with no text (see the header)
   return Scan();
 }
 

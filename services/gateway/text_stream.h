@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "gpu_worker/tokenizer/tokenizer.h"
 
 namespace cascade::gateway {
@@ -22,8 +21,10 @@ class TextStream {
     std::string stop;       // which one
   };
 
-  // Adds one token. After `stopped`, further tokens are ignored.
-  absl::StatusOr<Delta> Add(int32_t token_id);
+  // Adds one token. An id the tokenizer cannot decode (the model's vocabulary can be larger
+  // than the tokenizer's: Qwen3 has 151936 ids, 151669 with text) adds no text; the caller
+  // still streams and counts the id. After `stopped`, further tokens are ignored.
+  Delta Add(int32_t token_id);
   // End of generation: releases held-back text (it did not become a stop string).
   std::string Finish();
 

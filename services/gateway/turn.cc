@@ -4,7 +4,9 @@
 #include "services/gateway/turn.h"
 
 #include "absl/strings/str_cat.h"
+#include "services/common/bounded_text.h"
 #include "services/common/log.h"
+#include "services/gateway/admission.h"
 #include "services/gateway/gateway_metrics.h"
 #include "services/gateway/text_stream.h"
 
@@ -18,7 +20,12 @@ class Turn::Upstream final : public grpc::ClientReadReactor<WorkerGenerateRespon
   Upstream(std::shared_ptr<Turn> turn, std::shared_ptr<WorkerHandle> handle)
       : turn_(std::move(turn)), handle_(std::move(handle)) {
     ctx_.set_deadline(turn_->params_.deadline);
-    ctx_.AddMetadata("x-request-id", turn_->params_.request_id);
+    // Ids are checked where they enter (CheckIdField); an invalid metadata value would abort
+    // the process inside gRPC, so one that slipped through is not sent.
+    if (common::CheckIdField("request_id", turn_->params_.request_id, 2 * common::kMaxIdBytes)
+            .ok()) {
+      ctx_.AddMetadata("x-request-id", turn_->params_.request_id);
+    }
     handle_->stub->async()->Generate(&ctx_, &turn_->request_, this);
   }
   // REQUIRES: the Turn's mu_ is not held (callbacks may run inline).
@@ -153,23 +160,27 @@ bool Turn::OnMessage(const WorkerGenerateResponse& msg) {
     const double since = std::chrono::duration<double>(
         now - (first_token_seen_ ? last_token_at_ : started_at_)).count();
     (first_token_seen_ ? metrics_->itl : metrics_->ttft)->Observe(since);
+    if (first_token_seen_ && params_.admission != nullptr) {
+      params_.admission->ObserveTokens(result_.worker_address, msg.tokens().token_ids_size(),
+                                       since);
+    }
     first_token_seen_ = true;
     last_token_at_ = now;
     cascade::v1::TokenDelta delta;
     const auto& t = msg.tokens();
     for (int i = 0; i < t.token_ids_size(); ++i) {
       const int32_t id = t.token_ids(i);
-      auto d = text_->Add(id);
-      if (!d.ok()) continue;  // an id the tokenizer cannot decode: keep the id, no text
+      // Every id reaches the client, the usage and a resume prompt, also one with no text.
+      TextStream::Delta d = text_->Add(id);
       result_.tokens.push_back(id);
       delta.add_token_ids(id);
       if (i < t.logprobs_size()) *delta.add_logprobs() = t.logprobs(i);
-      delta.mutable_text()->append(d->text);
+      delta.mutable_text()->append(d.text);
       metrics_->generation_tokens->Increment();
-      if (d->stopped) {
+      if (d.stopped) {
         EmitDeltaLocked(std::move(delta));
         finished_ = true;
-        sink_->Emit(FinishEvent(cascade::v1::FINISH_REASON_STOP_STRING, d->stop));
+        sink_->Emit(FinishEvent(cascade::v1::FINISH_REASON_STOP_STRING, d.stop));
         result_.finish_reason = cascade::v1::FINISH_REASON_STOP_STRING;
         return true;
       }

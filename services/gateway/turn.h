@@ -41,6 +41,7 @@ class TurnSink {
 };
 
 struct TurnMetrics;  // defined in gateway_metrics.h
+class Admission;     // admission.h
 
 struct TurnParams {
   cascade::v1::WorkerGenerateRequest request;
@@ -53,6 +54,8 @@ struct TurnParams {
   // prompt plus the tokens emitted so far and continues. Greedy and seeded sampling continue
   // exactly (the sampler's random stream is per position), so the client sees one stream.
   bool resume_mid_stream = true;
+  // Told each worker's time per output token (admission.h); may be null.
+  Admission* admission = nullptr;
 };
 
 class Turn : public std::enable_shared_from_this<Turn> {

@@ -32,11 +32,10 @@ std::string Stream(const std::string& text, const std::vector<std::string>& stop
   std::string out;
   *stopped = false;
   for (int32_t id : *ids) {
-    auto d = ts.Add(id);
-    EXPECT_TRUE(d.ok());
-    pieces->push_back(d->text);
-    out += d->text;
-    if (d->stopped) {
+    TextStream::Delta d = ts.Add(id);
+    pieces->push_back(d.text);
+    out += d.text;
+    if (d.stopped) {
       *stopped = true;
       return out;
     }

@@ -2,7 +2,11 @@
 // teacher-forced greedy tokens mostly equal), and cached == cold bitwise on the GPU (deterministic
 // mode): a prompt served from cached KV blocks gives the same logits bits as the same prompt
 // prefilled cold, alone or batched with other sequences, by prefill or by a decode step.
+#include "gpu_worker/backend/cuda/cuda_backend.h"
+
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -10,7 +14,6 @@
 #include <vector>
 
 #include "gpu_worker/backend/cpu/cpu_backend.h"
-#include "gpu_worker/backend/cuda/cuda_backend.h"
 #include "gpu_worker/backend/cuda/device.h"
 #include "gpu_worker/model/generator.h"
 #include "gpu_worker/model/model.h"
@@ -179,6 +182,110 @@ TEST(CudaBackend, CachedEqualsColdBitwise) {
   ASSERT_TRUE(gpu.Forward(MakeBatch({{head(149), 0, Blocks(20, 10)}}), &scratch).ok());
   ASSERT_TRUE(gpu.Forward(MakeBatch({{tail(149), 149, Blocks(20, 10)}}), &got).ok());
   EXPECT_EQ(0, std::memcmp(cold.data(), got.data(), vocab * 4)) << "decode step != cold";
+}
+
+// Graph replay == eager, bitwise: two backends over the same model (decode graphs on and off)
+// run the same steps: prefills, then decode steps over changing subsets of 13 sequences (batch
+// sizes across the graph buckets, so most replays carry padding rows), 4 of them sharing 8
+// prefix blocks (cascade groups), contexts crossing 64-token tiles and new blocks. Whole logits
+// rows (Forward, and ForwardSampled rows left to the host) are bitwise equal, and rows sampled
+// on the device (greedy and seeded temperature) give the same tokens.
+TEST(CudaBackend, DecodeGraphReplayEqualsEagerBitwise) {
+  CASCADE_REQUIRE_GPU();
+  auto model = MakeModel("tiny", 6);
+  CudaBackendOptions go;
+  go.num_blocks = 256;
+  go.block_size = kBs;
+  go.max_num_tokens = 1024;
+  go.max_logits_rows = 64;
+  go.cuda_graphs = false;
+  auto eager_or = NewCudaBackend(*model, go);
+  go.cuda_graphs = true;
+  auto graph_or = NewCudaBackend(*model, go);
+  ASSERT_TRUE(eager_or.ok()) << eager_or.status();
+  ASSERT_TRUE(graph_or.ok()) << graph_or.status();
+  engine::Backend& eager = **eager_or;
+  engine::Backend& graph = **graph_or;
+  const int vocab = eager.VocabSize();
+  std::mt19937 rng(11);
+  auto random_tokens = [&](int n) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = rng() % vocab;
+    return t;
+  };
+
+  constexpr int kSeqs = 13, kShared = 8;  // shared prefix: 8 blocks = 128 tokens
+  struct Seq {
+    std::vector<int32_t> blocks;
+    int len = 0;  // tokens in the KV cache
+  };
+  std::vector<Seq> seqs(kSeqs);
+  const std::vector<int32_t> prefix = random_tokens(kShared * kBs);
+  std::vector<float> a, b, scratch;
+  // Prefill (eager on both): sequences 0..3 share the prefix blocks 0..7.
+  ASSERT_TRUE(eager.Forward(MakeBatch({{prefix, 0, Blocks(0, kShared)}}), &scratch).ok());
+  ASSERT_TRUE(graph.Forward(MakeBatch({{prefix, 0, Blocks(0, kShared)}}), &scratch).ok());
+  for (int i = 0; i < kSeqs; ++i) {
+    Seq& s = seqs[i];
+    const std::vector<int32_t> own = Blocks(kShared + 16 * i, 16);
+    int start = 0;
+    if (i < 4) {
+      s.blocks = Blocks(0, kShared);
+      start = kShared * kBs;
+    }
+    s.blocks.insert(s.blocks.end(), own.begin(), own.end());
+    const std::vector<int32_t> tail = random_tokens(1 + rng() % 60);
+    ASSERT_TRUE(eager.Forward(MakeBatch({{tail, start, s.blocks}}), &a).ok());
+    ASSERT_TRUE(graph.Forward(MakeBatch({{tail, start, s.blocks}}), &b).ok());
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), vocab * 4)) << "prefill of sequence " << i;
+    s.len = start + static_cast<int>(tail.size());
+  }
+
+  const int sizes[] = {13, 9, 5, 1, 2, 3, 13, 7, 12, 4, 8, 13};
+  int compared_rows = 0, compared_tokens = 0;
+  for (int step = 0; step < 72; ++step) {
+    const int n = sizes[step % 12];
+    std::vector<SeqStep> batch;
+    std::vector<int> which;
+    for (int k = 0; k < n; ++k) {
+      const int i = (step + 5 * k) % kSeqs;
+      if (std::find(which.begin(), which.end(), i) != which.end()) continue;
+      which.push_back(i);
+      batch.push_back({random_tokens(1), seqs[i].len, seqs[i].blocks});
+      ++seqs[i].len;
+    }
+    engine::ForwardBatch fb = MakeBatch(batch);
+    if (step % 2 == 0) {
+      ASSERT_TRUE(eager.Forward(fb, &a).ok());
+      ASSERT_TRUE(graph.Forward(fb, &b).ok());
+      ASSERT_EQ(a.size(), b.size());
+      ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "step " << step;
+      compared_rows += static_cast<int>(which.size());
+      continue;
+    }
+    // Sampled: row r greedy on the device, seeded temperature on the device, or whole.
+    for (size_t r = 0; r < which.size(); ++r) {
+      engine::RowSample rs;
+      rs.on_device = r % 3 != 2;
+      rs.temperature = r % 3 == 1 ? 0.8f : 0.0f;
+      rs.seed = 100 + which[r];
+      rs.position = seqs[which[r]].len;
+      fb.row_samples.push_back(rs);
+    }
+    std::vector<int32_t> ta, tb;
+    ASSERT_TRUE(eager.ForwardSampled(fb, &a, &ta).ok());
+    ASSERT_TRUE(graph.ForwardSampled(fb, &b, &tb).ok());
+    EXPECT_EQ(ta, tb) << "step " << step;
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "step " << step;
+    compared_tokens += static_cast<int>(which.size());
+  }
+  const CudaGraphStats stats = GetCudaGraphStats(graph);
+  std::printf("graph == eager: %d whole rows, %d sampled rows; %lld captures, %lld replays\n",
+              compared_rows, compared_tokens, static_cast<long long>(stats.captures),
+              static_cast<long long>(stats.replays));
+  EXPECT_GT(stats.replays, 40) << "the decode graphs were not replayed";
+  EXPECT_EQ(GetCudaGraphStats(eager).replays, 0);
 }
 
 TEST(CudaBackend, RejectsMalformedBatches) {

@@ -92,10 +92,12 @@ class EngineCudaTest : public ::testing::Test {
     go.block_size = kBs;
     go.max_num_tokens = kMaxBatchedTokens;
     go.cascade = cascade;
+    go.cuda_graphs = graphs_;
     auto gpu = NewCudaBackend(*model_, go);
     EXPECT_TRUE(gpu.ok()) << gpu.status();
     if (!gpu.ok()) return nullptr;
     std::unique_ptr<engine::Backend> backend = std::move(*gpu);
+    last_backend_ = backend.get();
     if (counts != nullptr) {
       const model::ModelConfig& c = model_->config();
       AttentionConfig ac{static_cast<int>(c.num_attention_heads),
@@ -121,6 +123,8 @@ class EngineCudaTest : public ::testing::Test {
   static model::Model* model_;
   static std::unique_ptr<engine::Engine> shared_;
   static inline bool capture_logits_ = true;
+  static inline bool graphs_ = true;                       // CudaBackendOptions::cuda_graphs
+  static inline engine::Backend* last_backend_ = nullptr;  // the CUDA backend MakeEngine made last
 };
 model::Model* EngineCudaTest::model_ = nullptr;
 std::unique_ptr<engine::Engine> EngineCudaTest::shared_;
@@ -353,6 +357,46 @@ TEST_F(EngineCudaTest, CascadeGroupDecodeEqualsEachAloneAndNonCascadeBitwise) {
     EXPECT_EQ(with_cascade[i].cached_tokens, 288) << i;
     ExpectSame(alone[i], with_cascade[i], "cascade vs alone " + std::to_string(i));
     ExpectSame(without[i], with_cascade[i], "cascade vs flat " + std::to_string(i));
+  }
+}
+
+// Decode graphs change no bit: 24 requests (greedy and seeded temperature, different lengths,
+// so the decode batch shrinks through the graph buckets) through an engine with decode graphs
+// and one without give the same tokens and, with logits captured (whole rows back from the
+// graph), the same logits bits; with logits not captured, the rows sampled on the device inside
+// the graph give the same tokens as the eager step.
+TEST_F(EngineCudaTest, DecodeGraphsGiveEagerTokensAndLogitsBitwise) {
+  REQUIRE_GPU_AND_MODEL();
+  std::mt19937 rng(12);
+  std::vector<engine::Request> reqs;
+  for (int i = 0; i < 24; ++i) {
+    engine::Request r = engine::testing::RandomRequest(rng, Vocab(), 2, 90, 4 + i % 7 * 6);
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.seed = 700 + i;
+    }
+    reqs.push_back(r);
+  }
+  for (bool capture : {true, false}) {
+    capture_logits_ = capture;
+    graphs_ = false;
+    auto eager = MakeEngine(2048);
+    graphs_ = true;
+    auto graphed = MakeEngine(2048);
+    engine::Backend* graph_backend = last_backend_;
+    capture_logits_ = true;
+    ASSERT_NE(eager, nullptr);
+    ASSERT_NE(graphed, nullptr);
+    std::vector<Result> want = RunAll(*eager, reqs);
+    std::vector<Result> got = RunAll(*graphed, reqs);
+    const CudaGraphStats stats = GetCudaGraphStats(*graph_backend);
+    std::printf("engine, logits %s: %lld graph captures, %lld replays\n",
+                capture ? "captured" : "sampled on the device",
+                static_cast<long long>(stats.captures), static_cast<long long>(stats.replays));
+    EXPECT_GT(stats.replays, 10) << "the decode graphs were not used";
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ExpectSame(want[i], got[i], (capture ? "logits " : "device ") + std::to_string(i));
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // Row-wise CUDA kernels against float64 CPU references, on fresh random inputs with poisoned
 // outputs. Tolerances: outputs stored as bf16 carry one rounding (relative 2^-9), so elementwise
 // checks allow |err| <= 1e-2 * (1 + |ref|) and the relative L2 error must stay under 5e-3.
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -139,6 +140,57 @@ TEST(CudaKernels, QkNormRopeMatchesReferenceAtGlobalPositions) {
       ExpectCloseBf16(out, ref);
       for (int r = 0; r < n; ++r)  // v heads bitwise untouched
         for (int i = (hq + hkv) * D; i < row; ++i) ASSERT_EQ(out[r * row + i], qkv_bits[r * row + i]);
+    }
+  }
+}
+
+// The fused q/k norm + RoPE + KV append writes the same bits into qkv and into the cache as
+// QkNormRope followed by KvAppend (padding slots skipped, other slots untouched), for every head
+// size, with and without the norm.
+TEST(CudaKernels, QkNormRopeAppendEqualsTheTwoOpsBitwise) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(14);
+  for (int D : {32, 64, 128, 256}) {
+    for (bool norm : {true, false}) {
+      const int n = 29, hq = 8, hkv = 2, bs = 16, nb = 7, row = (hq + 2 * hkv) * D;
+      std::vector<float> qkv = RandomNormal(n * row, &rng);
+      auto qkv_bits = RoundToBf16(&qkv);
+      std::vector<float> qn = RandomNormal(D, &rng, 0.1f), kn = RandomNormal(D, &rng, 0.1f);
+      auto qn_bits = RoundToBf16(&qn), kn_bits = RoundToBf16(&kn);
+      std::vector<int32_t> pos(n), perm(nb * bs);
+      for (int& p : pos) p = rng() % 40000;
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::vector<int32_t> slots(perm.begin(), perm.begin() + n);
+      slots[3] = slots[17] = -1;
+      std::vector<float> inv_freq(D / 2);
+      for (int i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(1e6, -2.0 * i / D);
+      DeviceBuffer d_pos = Upload(pos), d_f = Upload(inv_freq), d_slots = Upload(slots);
+      DeviceBuffer d_qn = Upload(qn_bits), d_kn = Upload(kn_bits);
+      const size_t cache_elems = static_cast<size_t>(nb) * hkv * bs * D;
+      const Bf16* qw = norm ? d_qn.as<Bf16>() : nullptr;
+      const Bf16* kw = norm ? d_kn.as<Bf16>() : nullptr;
+      const HeadShape shape{hq, hkv, D};
+
+      DeviceBuffer a_qkv = Upload(qkv_bits);
+      DeviceBuffer a_k = Poisoned<Bf16>(cache_elems), a_v = Poisoned<Bf16>(cache_elems);
+      KvCacheView a_cache{a_k.as<Bf16>(), a_v.as<Bf16>(), nb, bs, hkv, D};
+      ASSERT_TRUE(QkNormRope(a_qkv.as<Bf16>(), n, row, shape, d_pos.as<int32_t>(), qw, kw, 1e-6f,
+                             d_f.as<float>(), nullptr)
+                      .ok());
+      ASSERT_TRUE(KvAppend(a_qkv.as<Bf16>(), n, row, hq * D, (hq + hkv) * D, d_slots.as<int32_t>(),
+                           a_cache, nullptr)
+                      .ok());
+
+      DeviceBuffer b_qkv = Upload(qkv_bits);
+      DeviceBuffer b_k = Poisoned<Bf16>(cache_elems), b_v = Poisoned<Bf16>(cache_elems);
+      KvCacheView b_cache{b_k.as<Bf16>(), b_v.as<Bf16>(), nb, bs, hkv, D};
+      ASSERT_TRUE(QkNormRopeAppend(b_qkv.as<Bf16>(), n, row, shape, d_pos.as<int32_t>(), qw, kw,
+                                   1e-6f, d_f.as<float>(), d_slots.as<int32_t>(), b_cache, nullptr)
+                      .ok());
+      EXPECT_EQ(Download<Bf16>(a_qkv, n * row), Download<Bf16>(b_qkv, n * row)) << "qkv, D " << D;
+      EXPECT_EQ(Download<Bf16>(a_k, cache_elems), Download<Bf16>(b_k, cache_elems)) << "K, D " << D;
+      EXPECT_EQ(Download<Bf16>(a_v, cache_elems), Download<Bf16>(b_v, cache_elems)) << "V, D " << D;
     }
   }
 }

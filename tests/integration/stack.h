@@ -59,6 +59,7 @@ struct StackOptions {
   bool metrics = false;  // serve /metrics on worker 0 and the gateway (free ports)
   bool resume = true;    // gateway --resume_mid_stream
   bool static_workers = true;  // also pass the workers as the gateway's --workers fallback
+  gateway::AdmissionOptions admission;  // the gateway's (max_pending is max_concurrent)
 };
 
 class Stack {
@@ -74,6 +75,7 @@ class Stack {
       for (auto& w : workers_) g.workers += (g.workers.empty() ? "" : ",") + w->address();
     }
     g.gateway.max_concurrent = o.max_concurrent;
+    g.gateway.admission = o.admission;
     g.gateway.auth_token = o.auth_token;
     g.gateway.resume_mid_stream = o.resume;
     g.gateway.limits.default_max_tokens = 16;

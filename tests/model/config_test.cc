@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gmock/gmock.h"
+#include "gpu_worker/model/model.h"
 #include "gtest/gtest.h"
 
 namespace cascade::model {
@@ -165,6 +166,50 @@ TEST(ModelConfigTest, PresetsHaveTheDocumentedShapes) {
   EXPECT_FALSE(l.tie_word_embeddings);
   EXPECT_TRUE(l.rope_scaling.enabled);
   EXPECT_FALSE(FindPresetConfig("huge").ok());
+}
+
+// Weights of a config, counted from the tensors the loader expects.
+int64_t ParameterCount(const ModelConfig& c) {
+  int64_t n = 0;
+  for (const ExpectedTensor& t : ExpectedTensors(c)) {
+    int64_t e = 1;
+    for (int64_t d : t.shape) e *= d;
+    n += e;
+  }
+  return n;
+}
+
+// The benchmark presets carry the published checkpoints' shapes, so their weights count as the
+// published parameter counts do (Qwen3-8B: 8.19 B; Llama-3.2-1B: 1.24 B).
+TEST(ModelConfigTest, BenchmarkPresetsMatchThePublishedCheckpoints) {
+  ModelConfig q = PresetConfig("qwen3-8b");
+  EXPECT_EQ(q.family, Family::kQwen3);
+  EXPECT_EQ(q.num_hidden_layers, 36);
+  EXPECT_EQ(q.hidden_size, 4096);
+  EXPECT_EQ(q.num_attention_heads, 32);
+  EXPECT_EQ(q.num_key_value_heads, 8);
+  EXPECT_EQ(q.head_dim, 128);
+  EXPECT_EQ(q.intermediate_size, 12288);
+  EXPECT_EQ(q.vocab_size, 151936);
+  EXPECT_FALSE(q.tie_word_embeddings);
+  EXPECT_TRUE(q.qk_norm());
+  EXPECT_EQ(ParameterCount(q), 8190735360);
+
+  ModelConfig l = PresetConfig("llama-3.2-1b");
+  EXPECT_EQ(l.family, Family::kLlama);
+  EXPECT_EQ(l.num_hidden_layers, 16);
+  EXPECT_EQ(l.hidden_size, 2048);
+  EXPECT_EQ(l.num_attention_heads, 32);
+  EXPECT_EQ(l.num_key_value_heads, 8);
+  EXPECT_EQ(l.head_dim, 64);
+  EXPECT_EQ(l.intermediate_size, 8192);
+  EXPECT_EQ(l.vocab_size, 128256);
+  EXPECT_TRUE(l.tie_word_embeddings);
+  EXPECT_FALSE(l.qk_norm());
+  EXPECT_EQ(l.rope_theta, 500000.0);
+  EXPECT_TRUE(l.rope_scaling.enabled);
+  EXPECT_EQ(l.rope_scaling.factor, 32.0);
+  EXPECT_EQ(ParameterCount(l), 1235814400);
 }
 
 }  // namespace

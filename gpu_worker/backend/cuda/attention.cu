@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "gpu_worker/backend/cuda/launchers.h"
@@ -115,15 +116,16 @@ struct TileKernelArgs {
   const int32_t* partial_base;
   int max_rows;
   float scale_log2;
+  const int32_t* item_count;  // device [1] or nullptr (see AttentionTileKernel)
 };
 
-// grid: (num_items, num_kv_heads), kThreads threads. kFinal: fold all tiles of the item into the
-// rows' outputs; else write one partial per (row, tile). Per tile: S = Q K^T on tensor cores,
-// a per-query softmax (warp per query; P rounded to bf16, l summed from the rounded P), then
-// O = P V on tensor cores, divided by l. Keys past a query's position get p = 0; K/V rows past
-// the loaded keys are zeroed (0 * garbage could be NaN).
+// One work item of a CTA (kThreads threads, kv head blockIdx.y). kFinal: fold all tiles of the
+// item into the rows' outputs; else write one partial per (row, tile). Per tile: S = Q K^T on
+// tensor cores, a per-query softmax (warp per query; P rounded to bf16, l summed from the rounded
+// P), then O = P V on tensor cores, divided by l. Keys past a query's position get p = 0; K/V rows
+// past the loaded keys are zeroed (0 * garbage could be NaN).
 template <int E, bool kFinal>
-__global__ void __launch_bounds__(kThreads) AttentionTileKernel(TileKernelArgs k) {
+__device__ __forceinline__ void TileItem(const TileKernelArgs& k, int item) {
   constexpr int D = E * 32, LD = D + 8;
   extern __shared__ __align__(16) unsigned char smem[];
   const AttentionArgs& a = k.a;
@@ -139,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) AttentionTileKernel(TileKernelArgs k
   float* st_lse = row_lse + kMaxQ;                               // [kMaxQ] (final)
   float* st_o = st_lse + kMaxQ;                                  // [kMaxQ, D] (final)
 
-  const int32_t* it = k.items + blockIdx.x * kItemFields;
+  const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
   const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
   const int row_count = it[4], kv_len = it[5];
   const int kvh = blockIdx.y;
@@ -300,6 +302,19 @@ __global__ void __launch_bounds__(kThreads) AttentionTileKernel(TileKernelArgs k
   }
 }
 
+// grid: (CTAs, num_kv_heads). Each CTA runs items blockIdx.x, blockIdx.x + gridDim.x, ... below
+// the item count: gridDim.x itself (one item per CTA), or, for a launch inside a CUDA graph, a
+// count read on the device, so the same fixed grid serves every step. An item's arithmetic does
+// not depend on which CTA runs it.
+template <int E, bool kFinal>
+__global__ void __launch_bounds__(kThreads) AttentionTileKernel(TileKernelArgs k) {
+  const int count = k.item_count != nullptr ? *k.item_count : static_cast<int>(gridDim.x);
+  for (int item = blockIdx.x; item < count; item += gridDim.x) {
+    if (item != static_cast<int>(blockIdx.x)) __syncthreads();  // the last item's readers are done
+    TileItem<E, kFinal>(k, item);
+  }
+}
+
 // One warp per (split row, query head): left fold of the row's tile partials in tile order.
 template <int E>
 __global__ void __launch_bounds__(kThreads) MergeKernel(AttentionArgs a, const int32_t* merge_list,
@@ -340,7 +355,8 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
   // A CTA's queries fill at most two m16 MMA tiles: the planner puts <= kMaxQ (row, head) pairs
   // in one item when the GQA group is <= kMaxQ.
   if (args.num_q_heads / args.cache.num_kv_heads > kMaxQ) return cudaErrorInvalidValue;
-  TileKernelArgs k{args, nullptr, plan.item_rows, plan.partial_base, 0, args.scale * kLog2e};
+  TileKernelArgs k{args,   nullptr, plan.item_rows, plan.partial_base, 0, args.scale * kLog2e,
+                   nullptr};
   // The layout of AttentionTileKernel's shared memory (rows padded to kMaxQ, whatever max_rows).
   auto smem_bytes = [&](int /*max_rows*/, bool final_mode) {
     size_t b = (2 * kT + kMaxQ) * (D + 8) * sizeof(__nv_bfloat16) +
@@ -363,6 +379,7 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
   if (plan.num_split > 0) {
     k.items = plan.split_items;
     k.max_rows = plan.max_split_rows;
+    k.item_count = plan.split_count;
     const size_t smem = smem_bytes(k.max_rows, false);
     cudaError_t err = cudaFuncSetAttribute(AttentionTileKernel<E, false>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -381,6 +398,37 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
 }
 
 }  // namespace
+
+cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int* ctas) {
+  auto per_sm = [&](auto kernel, int e) {
+    const int d = e * 32;
+    const size_t smem = (2 * kT + kMaxQ) * (d + 8) * sizeof(__nv_bfloat16) +
+                        kMaxQ * LDP * sizeof(__nv_bfloat16) + kMaxQ * LDS * sizeof(float) +
+                        3 * kMaxQ * sizeof(float);
+    int blocks = 0, device = 0, sms = 0;
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err == cudaSuccess)
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem);
+    if (err == cudaSuccess) err = cudaGetDevice(&device);
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    *ctas = std::max(1, blocks * sms / std::max(1, num_kv_heads));
+    return err;
+  };
+  switch (head_dim) {
+    case 32:
+      return per_sm(AttentionTileKernel<1, false>, 1);
+    case 64:
+      return per_sm(AttentionTileKernel<2, false>, 2);
+    case 128:
+      return per_sm(AttentionTileKernel<4, false>, 4);
+    case 256:
+      return per_sm(AttentionTileKernel<8, false>, 8);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
 
 cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionPlanView& plan,
                             cudaStream_t stream) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "gpu_worker/backend/cuda/kernel_types.h"
 #include "gpu_worker/backend/cuda/ops.h"
 
@@ -73,7 +74,9 @@ struct AttentionPlan {
 absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& batch,
                            AttentionPlan* plan);
 
-
+// CTAs per kv head that fill one wave of the split kernel on the current device: the grid of a
+// graph-captured split launch (AttentionPlanView::split_count).
+absl::StatusOr<int> SplitCtasPerWave(int head_dim, int num_kv_heads);
 
 // Runs the plan: final items, split items, then the merge (three launches, no host sync, no
 // allocation: graph-capturable). Rows not covered by the plan are left untouched.

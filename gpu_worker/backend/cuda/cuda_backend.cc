@@ -4,8 +4,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <numbers>
 #include <string>
 #include <vector>
@@ -86,16 +89,66 @@ struct Layer {
   DeviceBuffer k_cache, v_cache;
 };
 
+// Page-locked host memory (cudaMallocHost), so the per-step copies are true async DMA.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() {
+    if (p_ != nullptr) cudaFreeHost(p_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  absl::Status Resize(size_t bytes) {
+    if (p_ != nullptr) cudaFreeHost(p_);
+    p_ = nullptr;
+    size_ = 0;
+    RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&p_, bytes), "cudaMallocHost"));
+    size_ = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  size_t size() const { return size_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Device pointers to one step's metadata (eager: the packed upload; graph: the fixed layout).
+struct StepMeta {
+  const int32_t* tokens = nullptr;           // [n]
+  const int32_t* positions = nullptr;        // [n]
+  const int32_t* slots = nullptr;            // [n]
+  const int32_t* block_ids = nullptr;        // [block_table_start[num_seqs]]
+  const int32_t* logits_rows = nullptr;      // [rows]
+  const RowSampleParams* samples = nullptr;  // [rows] or nullptr: no device sampling
+  AttentionPlanView plan;
+};
+
+// One captured decode step: a graph over `bucket` rows and the buffers it was captured with.
+struct DecodeGraph {
+  cudaGraphExec_t exec = nullptr;
+  uint64_t epoch = 0;  // CudaBackend::graph_epoch_ at capture
+  ~DecodeGraph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+};
+
 class CudaBackend final : public engine::Backend {
  public:
   CudaBackend(const model::ModelConfig& c, const CudaBackendOptions& o) : c_(c), o_(o) {}
   ~CudaBackend() override {
+    graphs_.clear();
     if (stream_ != nullptr) cudaStreamDestroy(reinterpret_cast<cudaStream_t>(stream_));
   }
 
   absl::Status Init(const model::Model& m);
 
   std::string Name() const override { return "cuda"; }
+  CudaGraphStats graph_stats() const { return {graph_captures_, graph_replays_}; }
   int64_t NumBlocks() const override { return num_blocks_; }
   int BlockSize() const override { return o_.block_size; }
   int VocabSize() const override { return static_cast<int>(c_.vocab_size); }
@@ -113,7 +166,19 @@ class CudaBackend final : public engine::Backend {
   absl::Status Check(const engine::ForwardBatch& b) const;
   absl::Status Run(const engine::ForwardBatch& b, bool sampled, std::vector<float>* logits,
                    std::vector<int32_t>* argmax);
+  absl::Status RunEager(const engine::ForwardBatch& b, bool sampled, std::vector<float>* logits,
+                        std::vector<int32_t>* argmax);
+  // Enqueues embedding, the decoder layers and the final norm over n rows (into x_).
+  absl::Status EnqueueModel(int n, const StepMeta& m);
+  // Enqueues the LM head (and device sampling if m.samples) for logits rows [r0, r0 + rows).
+  absl::Status EnqueueHead(int r0, int rows, const StepMeta& m);
   absl::Status EnsureCapacity(DeviceBuffer* buf, size_t bytes);
+  // Decode graphs (cuda_graphs option).
+  int GraphBucket(int n) const;
+  void PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, int bucket);
+  absl::Status RunDecodeGraph(int n, int bucket, std::vector<float>* logits,
+                              std::vector<int32_t>* argmax);
+  absl::Status CaptureDecodeGraph(int bucket, const StepMeta& m, DecodeGraph* g);
 
   // Set at construction.
   const model::ModelConfig c_;
@@ -133,6 +198,17 @@ class CudaBackend final : public engine::Backend {
   std::vector<int32_t> argmax_host_;
   std::vector<RowSampleParams> sample_host_;
   std::vector<int32_t> meta_host_;
+  // Decode graphs: fixed-layout metadata (int32 units; segments in GraphLayout order), its
+  // pinned host staging, the captured graphs by bucket. graph_epoch_ moves whenever a buffer a
+  // graph reads or writes is reallocated; graphs of older epochs are re-captured.
+  int max_graph_batch_ = 0, split_ctas_ = 0;
+  int64_t cap_blocks_ = 0, cap_items_ = 0, cap_rows_ = 0;
+  DeviceBuffer graph_meta_;
+  PinnedBuffer graph_host_, graph_tokens_host_;
+  uint64_t graph_epoch_ = 1;
+  std::map<int, std::unique_ptr<DecodeGraph>> graphs_;
+  engine::ForwardBatch pad_;  // the step padded to its bucket
+  int64_t graph_replays_ = 0, graph_captures_ = 0;
 };
 
 absl::Status CudaBackend::Init(const model::Model& m) {
@@ -225,6 +301,20 @@ absl::Status CudaBackend::Init(const model::Model& m) {
     RETURN_IF_ERROR(alloc(&l.k_cache, num_blocks_ * block_bytes));
     RETURN_IF_ERROR(alloc(&l.v_cache, num_blocks_ * block_bytes));
   }
+
+  if (o_.cuda_graphs) {
+    max_graph_batch_ = std::min({o_.max_graph_batch, o_.max_logits_rows, o_.max_num_tokens});
+    // One full wave of split CTAs (a CTA beyond the wave would run its share of items late).
+    ASSIGN_OR_RETURN(ctas, SplitCtasPerWave(d_, hkv_));
+    split_ctas_ = ctas;
+    // Room for every row at 2048 tokens of context before a regrowth re-captures the graphs.
+    const int64_t tiles = 2048 / kTileTokens;
+    cap_blocks_ = 2048 / o_.block_size * static_cast<int64_t>(max_graph_batch_);
+    cap_items_ = cap_rows_ = tiles * max_graph_batch_;
+    RETURN_IF_ERROR(alloc(&partial_o_, tiles * max_graph_batch_ * size_t{4} * hq_ * d_));
+    RETURN_IF_ERROR(alloc(&partial_lse_, tiles * max_graph_batch_ * size_t{4} * hq_));
+    RETURN_IF_ERROR(graph_tokens_host_.Resize(std::max(1, max_graph_batch_) * sizeof(int32_t)));
+  }
   return absl::OkStatus();
 }
 
@@ -272,6 +362,7 @@ absl::Status CudaBackend::EnsureCapacity(DeviceBuffer* buf, size_t bytes) {
   RETURN_IF_ERROR(Synchronize(stream_));  // the old buffer may still be in use
   ASSIGN_OR_RETURN(nb, DeviceBuffer::Allocate(std::max(bytes, buf->size() * 2)));
   *buf = std::move(nb);
+  ++graph_epoch_;  // captured graphs may hold the old pointer
   return absl::OkStatus();
 }
 
@@ -279,6 +370,26 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
                               std::vector<float>* logits, std::vector<int32_t>* argmax) {
   RETURN_IF_ERROR(Check(b));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o_.device), "cudaSetDevice"));
+  const int n = b.num_tokens();
+  // A pure decode step: one token per sequence, logits for each (so logits_rows is 0..n-1).
+  const bool decode = n > 0 && n == b.num_seqs() && static_cast<int>(b.logits_rows.size()) == n;
+  if (!decode || n > max_graph_batch_) return RunEager(b, sampled, logits, argmax);
+  const int bucket = GraphBucket(n);
+  PadDecodeBatch(b, sampled, bucket);
+  auto it = graphs_.find(bucket);
+  if (it != graphs_.end() && it->second->epoch == graph_epoch_) {
+    return RunDecodeGraph(n, bucket, logits, argmax);
+  }
+  // First step of this bucket (or after a reallocation): run the padded batch eagerly, which
+  // also warms up every kernel and GEMM shape the capture will record, then capture.
+  std::vector<int32_t> tokens;
+  RETURN_IF_ERROR(RunEager(pad_, /*sampled=*/true, logits, &tokens));
+  if (sampled) argmax->assign(tokens.begin(), tokens.begin() + n);
+  return RunDecodeGraph(n, bucket, nullptr, nullptr);  // captures; computes nothing new
+}
+
+absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
+                                   std::vector<float>* logits, std::vector<int32_t>* argmax) {
   const int n = b.num_tokens();
   auto on_device = [&](size_t r) {
     return sampled && !b.row_samples.empty() && b.row_samples[r].on_device;
@@ -315,45 +426,16 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
   RETURN_IF_ERROR(CopyAsync(meta_.data(), meta_host_.data(), meta_host_.size() * 4, stream_));
   const int32_t* meta = meta_.as<int32_t>();
 
-  AttentionPlanView view{meta + o_fi,    plan.num_final(),  meta + o_si,
-                         plan.num_split(), meta + o_rows,   meta + o_base,
-                         meta + o_merge, plan.num_merge(),  plan.max_final_rows,
-                         plan.max_split_rows};
-  const float eps = static_cast<float>(c_.rms_norm_eps);
-  const Bf16* x = x_.as<Bf16>();
-  Bf16* xm = x_.as<Bf16>();
-  float* res = residual_.as<float>();
-
-  RETURN_IF_ERROR(EmbeddingGather(embed_.as<Bf16>(), meta + o_tok, n, hidden_, res, stream_));
-  const Bf16* pending = nullptr;  // delta not yet added to the residual
-  for (Layer& l : layers_) {
-    RETURN_IF_ERROR(AddRmsNorm(res, pending, l.input_norm.as<Bf16>(), eps, n, hidden_, xm, stream_));
-    RETURN_IF_ERROR(gemm_->Run(x, l.wqkv.as<Bf16>(), n, qkv_cols_, hidden_, qkv_.data(),
-                               GemmOut::kBf16, stream_));
-    RETURN_IF_ERROR(QkNormRope(qkv_.as<Bf16>(), n, qkv_cols_, HeadShape{hq_, hkv_, d_}, meta + o_pos,
-                               c_.qk_norm() ? l.q_norm.as<Bf16>() : nullptr,
-                               c_.qk_norm() ? l.k_norm.as<Bf16>() : nullptr, eps,
-                               inv_freq_.as<float>(), stream_));
-    KvCacheView cache{l.k_cache.as<Bf16>(), l.v_cache.as<Bf16>(), num_blocks_, o_.block_size, hkv_,
-                      d_};
-    RETURN_IF_ERROR(KvAppend(qkv_.as<Bf16>(), n, qkv_cols_, hq_ * d_, (hq_ + hkv_) * d_,
-                             meta + o_slot, cache, stream_));
-    AttentionArgs args{qkv_.as<Bf16>(), qkv_cols_, cache, meta + o_pos, meta + o_blk,
-                       attn_.as<Bf16>(), partial_o_.as<float>(), partial_lse_.as<float>(),
-                       1.f / std::sqrt(static_cast<float>(d_)), hq_};
-    RETURN_IF_ERROR(Attention(args, view, stream_));
-    RETURN_IF_ERROR(gemm_->Run(attn_.as<Bf16>(), l.wo.as<Bf16>(), n, hidden_, hq_ * d_,
-                               delta_.data(), GemmOut::kBf16, stream_));
-    RETURN_IF_ERROR(AddRmsNorm(res, delta_.as<Bf16>(), l.post_norm.as<Bf16>(), eps, n, hidden_, xm,
-                               stream_));
-    RETURN_IF_ERROR(gemm_->Run(x, l.wgu.as<Bf16>(), n, 2 * inter_, hidden_, gu_.data(),
-                               GemmOut::kBf16, stream_));
-    RETURN_IF_ERROR(SiluMul(gu_.as<Bf16>(), n, inter_, act_.as<Bf16>(), stream_));
-    RETURN_IF_ERROR(gemm_->Run(act_.as<Bf16>(), l.wd.as<Bf16>(), n, hidden_, inter_, delta_.data(),
-                               GemmOut::kBf16, stream_));
-    pending = delta_.as<Bf16>();
-  }
-  RETURN_IF_ERROR(AddRmsNorm(res, pending, final_norm_.as<Bf16>(), eps, n, hidden_, xm, stream_));
+  StepMeta m;
+  m.tokens = meta + o_tok;
+  m.positions = meta + o_pos;
+  m.slots = meta + o_slot;
+  m.block_ids = meta + o_blk;
+  m.logits_rows = meta + o_lrows;
+  m.plan = AttentionPlanView{
+      meta + o_fi,   plan.num_final(), meta + o_si,      plan.num_split(),    meta + o_rows,
+      meta + o_base, meta + o_merge,   plan.num_merge(), plan.max_final_rows, plan.max_split_rows};
+  RETURN_IF_ERROR(EnqueueModel(n, m));
 
   const int rows = static_cast<int>(b.logits_rows.size());
   const int64_t vocab = c_.vocab_size;
@@ -367,28 +449,22 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
     RETURN_IF_ERROR(EnsureCapacity(&sample_params_, std::max(rows, 1) * sizeof(RowSampleParams)));
     RETURN_IF_ERROR(CopyAsync(sample_params_.data(), sample_host_.data(),
                               rows * sizeof(RowSampleParams), stream_));
+    // Greedy and temperature rows are drawn on the device (RowSample); the per-row parameters
+    // ride in the same stream as the rest of the step's metadata.
+    m.samples = sample_params_.as<RowSampleParams>();
   }
   size_t full_done = 0;
   for (int r0 = 0; r0 < rows; r0 += o_.max_logits_rows) {
-    const int m = std::min(o_.max_logits_rows, rows - r0);
-    RETURN_IF_ERROR(GatherRows(x, meta + o_lrows + r0, m, hidden_, xl_.as<Bf16>(), stream_));
-    RETURN_IF_ERROR(gemm_->Run(xl_.as<Bf16>(), lm_head_, m, static_cast<int>(vocab), hidden_,
-                               logits_.data(), GemmOut::kF32, stream_));
-    if (sampled) {
-      // Greedy and temperature rows are drawn on the device (RowSample); the per-row
-      // parameters ride in the same upload as the rest of the step's metadata.
-      RETURN_IF_ERROR(SampleRows(logits_.as<float>(), m, static_cast<int>(vocab),
-                                 sample_params_.as<RowSampleParams>() + r0,
-                                 argmax_.as<int32_t>() + r0, stream_));
-    }
+    const int mrows = std::min(o_.max_logits_rows, rows - r0);
+    RETURN_IF_ERROR(EnqueueHead(r0, mrows, m));
     // Whole rows only where the caller samples on the host; runs of them copy in one go.
-    for (int i = 0; i < m;) {
+    for (int i = 0; i < mrows;) {
       if (on_device(r0 + i)) {
         ++i;
         continue;
       }
       int j = i;
-      while (j < m && !on_device(r0 + j)) ++j;
+      while (j < mrows && !on_device(r0 + j)) ++j;
       RETURN_IF_ERROR(CopyAsync(logits->data() + full_done * vocab,
                                 logits_.as<float>() + static_cast<int64_t>(i) * vocab,
                                 (j - i) * vocab * 4, stream_));
@@ -408,6 +484,291 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
   return Synchronize(stream_);
 }
 
+absl::Status CudaBackend::EnqueueModel(int n, const StepMeta& m) {
+  const float eps = static_cast<float>(c_.rms_norm_eps);
+  const Bf16* x = x_.as<Bf16>();
+  Bf16* xm = x_.as<Bf16>();
+  float* res = residual_.as<float>();
+  RETURN_IF_ERROR(EmbeddingGather(embed_.as<Bf16>(), m.tokens, n, hidden_, res, stream_));
+  const Bf16* pending = nullptr;  // delta not yet added to the residual
+  for (Layer& l : layers_) {
+    RETURN_IF_ERROR(
+        AddRmsNorm(res, pending, l.input_norm.as<Bf16>(), eps, n, hidden_, xm, stream_));
+    RETURN_IF_ERROR(gemm_->Run(x, l.wqkv.as<Bf16>(), n, qkv_cols_, hidden_, qkv_.data(),
+                               GemmOut::kBf16, stream_));
+    KvCacheView cache{
+        l.k_cache.as<Bf16>(), l.v_cache.as<Bf16>(), num_blocks_, o_.block_size, hkv_, d_};
+    // q/k norm + RoPE + paged KV append in one pass (bitwise the two separate ops).
+    RETURN_IF_ERROR(QkNormRopeAppend(qkv_.as<Bf16>(), n, qkv_cols_, HeadShape{hq_, hkv_, d_},
+                                     m.positions, c_.qk_norm() ? l.q_norm.as<Bf16>() : nullptr,
+                                     c_.qk_norm() ? l.k_norm.as<Bf16>() : nullptr, eps,
+                                     inv_freq_.as<float>(), m.slots, cache, stream_));
+    AttentionArgs args{qkv_.as<Bf16>(),
+                       qkv_cols_,
+                       cache,
+                       m.positions,
+                       m.block_ids,
+                       attn_.as<Bf16>(),
+                       partial_o_.as<float>(),
+                       partial_lse_.as<float>(),
+                       1.f / std::sqrt(static_cast<float>(d_)),
+                       hq_};
+    RETURN_IF_ERROR(Attention(args, m.plan, stream_));
+    RETURN_IF_ERROR(gemm_->Run(attn_.as<Bf16>(), l.wo.as<Bf16>(), n, hidden_, hq_ * d_,
+                               delta_.data(), GemmOut::kBf16, stream_));
+    RETURN_IF_ERROR(
+        AddRmsNorm(res, delta_.as<Bf16>(), l.post_norm.as<Bf16>(), eps, n, hidden_, xm, stream_));
+    RETURN_IF_ERROR(gemm_->Run(x, l.wgu.as<Bf16>(), n, 2 * inter_, hidden_, gu_.data(),
+                               GemmOut::kBf16, stream_));
+    RETURN_IF_ERROR(SiluMul(gu_.as<Bf16>(), n, inter_, act_.as<Bf16>(), stream_));
+    RETURN_IF_ERROR(gemm_->Run(act_.as<Bf16>(), l.wd.as<Bf16>(), n, hidden_, inter_, delta_.data(),
+                               GemmOut::kBf16, stream_));
+    pending = delta_.as<Bf16>();
+  }
+  return AddRmsNorm(res, pending, final_norm_.as<Bf16>(), eps, n, hidden_, xm, stream_);
+}
+
+absl::Status CudaBackend::EnqueueHead(int r0, int rows, const StepMeta& m) {
+  RETURN_IF_ERROR(
+      GatherRows(x_.as<Bf16>(), m.logits_rows + r0, rows, hidden_, xl_.as<Bf16>(), stream_));
+  const int vocab = static_cast<int>(c_.vocab_size);
+  RETURN_IF_ERROR(gemm_->Run(xl_.as<Bf16>(), lm_head_, rows, vocab, hidden_, logits_.data(),
+                             GemmOut::kF32, stream_));
+  if (m.samples == nullptr) return absl::OkStatus();
+  return SampleRows(logits_.as<float>(), rows, vocab, m.samples + r0, argmax_.as<int32_t>() + r0,
+                    stream_);
+}
+
+// ---- Decode graphs ----------------------------------------------------------------------------
+//
+// A pure decode step of n rows runs as a graph captured for bucket B >= n: the batch is padded
+// with B - n inert rows (token 0 at position 0, reading block 0, writing no KV: slot -1, sampled
+// greedily and ignored). Rows never mix (batch invariance), so the real rows compute exactly what
+// the eager step computes: the same GEMM algorithms (pinned per shape, not per m), the same
+// attention items and fold order (the split kernel reads the step's item count on the device and
+// loops a fixed grid over the items), the same sampling kernel. Every pointer a graph holds is
+// fixed: metadata lives at fixed offsets of graph_meta_, copied from pinned staging before each
+// replay; a reallocation of any buffer bumps graph_epoch_ and the bucket is captured again.
+
+size_t RoundUp4(size_t x) { return (x + 3) / 4 * 4; }
+
+// Offsets (int32 units) of the segments of graph_meta_.
+struct GraphLayout {
+  size_t tok, pos, slot, lrows, base, merge, count, samples, blk, items, rows, end;
+};
+
+GraphLayout MakeGraphLayout(int max_batch, int64_t cap_blocks, int64_t cap_items,
+                            int64_t cap_rows) {
+  const size_t b = RoundUp4(max_batch);
+  GraphLayout l;
+  l.tok = 0;
+  l.pos = b;
+  l.slot = 2 * b;
+  l.lrows = 3 * b;
+  l.base = 4 * b;
+  l.merge = 5 * b;  // 3 per row
+  l.count = 8 * b;  // [0]: split items
+  l.samples = l.count + 4;
+  static_assert(sizeof(RowSampleParams) % 8 == 0, "RowSampleParams packs into 8-byte units");
+  l.blk = l.samples + RoundUp4(b * sizeof(RowSampleParams) / 4);
+  l.items = l.blk + RoundUp4(cap_blocks);
+  l.rows = l.items + RoundUp4(cap_items * kItemFields);
+  l.end = l.rows + RoundUp4(cap_rows);
+  return l;
+}
+
+int CudaBackend::GraphBucket(int n) const {
+  int b;
+  if (n <= 4) {
+    b = n <= 1 ? 1 : n <= 2 ? 2 : 4;
+  } else if (n <= 64) {
+    b = (n + 7) / 8 * 8;
+  } else if (n <= 128) {
+    b = (n + 15) / 16 * 16;
+  } else {
+    b = (n + 31) / 32 * 32;
+  }
+  return std::min(b, max_graph_batch_);
+}
+
+void CudaBackend::PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, int bucket) {
+  const int n = b.num_tokens();
+  pad_.token_ids = b.token_ids;
+  pad_.positions = b.positions;
+  pad_.slot_mapping = b.slot_mapping;
+  pad_.query_start = b.query_start;
+  pad_.context_lens = b.context_lens;
+  pad_.block_table_start = b.block_table_start;
+  pad_.block_ids = b.block_ids;
+  pad_.logits_rows = b.logits_rows;
+  pad_.row_samples.assign(n, engine::RowSample{});  // on_device false: the whole row comes back
+  if (sampled && !b.row_samples.empty()) pad_.row_samples = b.row_samples;
+  for (int i = n; i < bucket; ++i) {
+    pad_.token_ids.push_back(0);
+    pad_.positions.push_back(0);
+    pad_.slot_mapping.push_back(-1);
+    pad_.query_start.push_back(i + 1);
+    pad_.context_lens.push_back(1);
+    pad_.block_ids.push_back(0);
+    pad_.block_table_start.push_back(static_cast<int32_t>(pad_.block_ids.size()));
+    pad_.logits_rows.push_back(i);
+    pad_.row_samples.push_back(engine::RowSample{true, 0.0f, 0, 0});
+  }
+}
+
+absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* logits,
+                                         std::vector<int32_t>* argmax) {
+  const engine::ForwardBatch& b = pad_;
+  AttentionConfig acfg{hq_, hkv_, d_, o_.block_size, o_.cascade};
+  AttentionBatch ab{b.positions.data(),
+                    bucket,
+                    b.query_start.data(),
+                    b.context_lens.data(),
+                    b.block_table_start.data(),
+                    b.block_ids.data(),
+                    b.num_seqs()};
+  AttentionPlan plan;
+  RETURN_IF_ERROR(PlanAttention(acfg, ab, &plan));
+  if (plan.num_final() != 0 || plan.num_merge() != bucket) {
+    return absl::InternalError("cuda backend: a decode step planned prefill items");
+  }
+
+  // Capacities (grown with slack; growing re-captures every bucket).
+  const int64_t need_blocks = static_cast<int64_t>(b.block_ids.size());
+  const int64_t need_items = plan.num_split(), need_rows = plan.item_rows.size();
+  if (need_blocks > cap_blocks_ || need_items > cap_items_ || need_rows > cap_rows_ ||
+      graph_meta_.size() == 0) {
+    cap_blocks_ = std::max(cap_blocks_, 2 * need_blocks);
+    cap_items_ = std::max(cap_items_, 2 * need_items);
+    cap_rows_ = std::max(cap_rows_, 2 * need_rows);
+    const size_t bytes =
+        MakeGraphLayout(max_graph_batch_, cap_blocks_, cap_items_, cap_rows_).end * 4;
+    RETURN_IF_ERROR(Synchronize(stream_));
+    ASSIGN_OR_RETURN(meta, DeviceBuffer::Allocate(bytes));
+    graph_meta_ = std::move(meta);
+    RETURN_IF_ERROR(graph_host_.Resize(bytes));
+    ++graph_epoch_;
+  }
+  auto ensure = [&](DeviceBuffer* buf, size_t bytes) {
+    return buf->size() >= bytes ? absl::OkStatus() : EnsureCapacity(buf, 2 * bytes);
+  };
+  const size_t partials = std::max(1, plan.num_partials);
+  RETURN_IF_ERROR(ensure(&partial_o_, partials * 4 * hq_ * d_));
+  RETURN_IF_ERROR(ensure(&partial_lse_, partials * 4 * hq_));
+  RETURN_IF_ERROR(ensure(&argmax_, max_graph_batch_ * sizeof(int32_t)));
+
+  // Stage this step's metadata at the fixed offsets.
+  const GraphLayout l = MakeGraphLayout(max_graph_batch_, cap_blocks_, cap_items_, cap_rows_);
+  int32_t* h = graph_host_.as<int32_t>();
+  auto put = [&](size_t at, const std::vector<int32_t>& v) {
+    std::memcpy(h + at, v.data(), v.size() * 4);
+  };
+  put(l.tok, b.token_ids);
+  put(l.pos, b.positions);
+  put(l.slot, b.slot_mapping);
+  put(l.lrows, b.logits_rows);
+  put(l.base, plan.partial_base);
+  put(l.merge, plan.merge_list);
+  h[l.count] = plan.num_split();
+  auto* params = reinterpret_cast<RowSampleParams*>(h + l.samples);
+  for (int r = 0; r < bucket; ++r) {
+    const engine::RowSample& s = b.row_samples[r];
+    params[r] = RowSampleParams{s.temperature, s.seed, s.position};
+  }
+  put(l.blk, b.block_ids);
+  put(l.items, plan.split_items);
+  put(l.rows, plan.item_rows);
+
+  const int32_t* meta = graph_meta_.as<int32_t>();
+  const int group = hq_ / hkv_;
+  StepMeta m;
+  m.tokens = meta + l.tok;
+  m.positions = meta + l.pos;
+  m.slots = meta + l.slot;
+  m.block_ids = meta + l.blk;
+  m.logits_rows = meta + l.lrows;
+  m.samples = reinterpret_cast<const RowSampleParams*>(meta + l.samples);
+  m.plan = AttentionPlanView{nullptr,
+                             0,
+                             meta + l.items,
+                             split_ctas_,
+                             meta + l.rows,
+                             meta + l.base,
+                             meta + l.merge,
+                             bucket,
+                             0,
+                             std::max(1, kMaxQueriesPerCta / group),
+                             meta + l.count};
+
+  std::unique_ptr<DecodeGraph>& g = graphs_[bucket];
+  if (g == nullptr || g->epoch != graph_epoch_) {
+    if (g == nullptr) g = std::make_unique<DecodeGraph>();
+    RETURN_IF_ERROR(CaptureDecodeGraph(bucket, m, g.get()));
+  }
+  if (logits == nullptr) return absl::OkStatus();  // capture only (the step ran eagerly)
+
+  const auto s = reinterpret_cast<cudaStream_t>(stream_);
+  // The used parts of the variable segments only.
+  int32_t* dm = graph_meta_.as<int32_t>();
+  RETURN_IF_ERROR(CopyAsync(dm, h, (l.blk + b.block_ids.size()) * 4, stream_));
+  RETURN_IF_ERROR(CopyAsync(dm + l.items, h + l.items, plan.split_items.size() * 4, stream_));
+  RETURN_IF_ERROR(CopyAsync(dm + l.rows, h + l.rows, plan.item_rows.size() * 4, stream_));
+  RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(g->exec, s), "cudaGraphLaunch"));
+  ++graph_replays_;
+  const int32_t* tokens = graph_tokens_host_.as<int32_t>();
+  RETURN_IF_ERROR(CopyAsync(graph_tokens_host_.as<int32_t>(), argmax_.data(), n * 4, stream_));
+  // Whole rows for the rows not sampled on the device, runs of them in one copy.
+  const int64_t vocab = c_.vocab_size;
+  size_t full = 0;
+  for (int r = 0; r < n; ++r) full += b.row_samples[r].on_device ? 0 : 1;
+  logits->resize(full * vocab);
+  size_t done = 0;
+  for (int i = 0; i < n;) {
+    if (b.row_samples[i].on_device) {
+      ++i;
+      continue;
+    }
+    int j = i;
+    while (j < n && !b.row_samples[j].on_device) ++j;
+    RETURN_IF_ERROR(CopyAsync(logits->data() + done * vocab, logits_.as<float>() + i * vocab,
+                              (j - i) * vocab * 4, stream_));
+    done += j - i;
+    i = j;
+  }
+  RETURN_IF_ERROR(Synchronize(stream_));
+  if (argmax != nullptr) {
+    argmax->assign(n, -1);
+    for (int r = 0; r < n; ++r) {
+      if (b.row_samples[r].on_device) (*argmax)[r] = tokens[r];
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CaptureDecodeGraph(int bucket, const StepMeta& m, DecodeGraph* g) {
+  const auto s = reinterpret_cast<cudaStream_t>(stream_);
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture"));
+  absl::Status st = EnqueueModel(bucket, m);
+  if (st.ok()) st = EnqueueHead(0, bucket, m);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(s, &graph);
+  if (!st.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return st;
+  }
+  RETURN_IF_ERROR(CudaStatus(end, "cudaStreamEndCapture"));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  RETURN_IF_ERROR(CudaStatus(inst, "cudaGraphInstantiate"));
+  if (g->exec != nullptr) cudaGraphExecDestroy(g->exec);
+  g->exec = exec;
+  g->epoch = graph_epoch_;
+  ++graph_captures_;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateCudaBackendOptions(const CudaBackendOptions& o) {
@@ -416,7 +777,8 @@ absl::Status ValidateCudaBackendOptions(const CudaBackendOptions& o) {
         absl::StrCat("cuda backend: block_size ", o.block_size, " must divide ", kTileTokens));
   }
   if (o.num_blocks < 0 || o.max_num_tokens <= 0 || o.max_logits_rows <= 0 ||
-      !(o.kv_cache_fraction > 0 && o.kv_cache_fraction < 1) || o.device < 0) {
+      o.max_graph_batch < 0 || !(o.kv_cache_fraction > 0 && o.kv_cache_fraction < 1) ||
+      o.device < 0) {
     return absl::InvalidArgumentError("cuda backend: bad options");
   }
   return absl::OkStatus();
@@ -429,6 +791,11 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> NewCudaBackend(const model::Mod
   auto b = std::make_unique<CudaBackend>(model.config(), options);
   RETURN_IF_ERROR(b->Init(model));
   return std::unique_ptr<engine::Backend>(std::move(b));
+}
+
+CudaGraphStats GetCudaGraphStats(const engine::Backend& backend) {
+  const auto* b = dynamic_cast<const CudaBackend*>(&backend);
+  return b != nullptr ? b->graph_stats() : CudaGraphStats{};
 }
 
 }  // namespace cascade::cuda

@@ -24,6 +24,12 @@ struct CudaBackendOptions {
   // Deterministic mode: GEMM algorithms pinned per shape with split-K off (see gemm.h), so a
   // row's logits are bitwise the same whatever else is in the batch (cached == cold).
   bool batch_invariant = true;
+  // Pure decode steps (every sequence one new token, logits for each) of up to max_graph_batch
+  // rows replay a CUDA graph captured per batch-size bucket (the batch padded with inert rows);
+  // other steps run eagerly. Replay computes exactly what eager does (same kernels, same
+  // pinned GEMM algorithms, same attention items), so it changes no bits.
+  bool cuda_graphs = true;
+  int max_graph_batch = 256;  // also capped by max_logits_rows and max_num_tokens
 };
 
 // InvalidArgument for bad options.
@@ -38,5 +44,13 @@ absl::Status ValidateCudaBackendOptions(const CudaBackendOptions& options);
 // Thread safety: as engine::Backend (one Forward at a time).
 absl::StatusOr<std::unique_ptr<engine::Backend>> NewCudaBackend(const model::Model& model,
                                                                 const CudaBackendOptions& options);
+
+// Counters of the decode-graph path, for tests and benchmarks: graphs captured and replayed
+// steps. All zero for a backend that is not the CUDA backend.
+struct CudaGraphStats {
+  int64_t captures = 0;
+  int64_t replays = 0;
+};
+CudaGraphStats GetCudaGraphStats(const engine::Backend& backend);
 
 }  // namespace cascade::cuda

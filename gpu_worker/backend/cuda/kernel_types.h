@@ -41,13 +41,16 @@ struct AttentionPlanView {
   const int32_t* final_items = nullptr;
   int num_final = 0;
   const int32_t* split_items = nullptr;
-  int num_split = 0;
+  int num_split = 0;  // split items, or with split_count: the CTAs (per kv head) that run them
   const int32_t* item_rows = nullptr;
   const int32_t* partial_base = nullptr;
   const int32_t* merge_list = nullptr;
   int num_merge = 0;
   int max_final_rows = 0;
   int max_split_rows = 0;
+  // Graph mode: [1] device count of split items; a fixed grid of num_split CTAs loops over them,
+  // so one captured launch serves every step whatever its number of items. nullptr: eager.
+  const int32_t* split_count = nullptr;
 };
 
 struct AttentionArgs {

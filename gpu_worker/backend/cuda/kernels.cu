@@ -65,18 +65,39 @@ __global__ void __launch_bounds__(kNormThreads) AddRmsNormKernel(float* residual
 // One warp per (token, head) over the q and k heads. Lane holds elements lane + 32 * k, so the
 // rotate_half partner (i +- D/2) is in the same lane for D >= 64 and one xor-16 shuffle away
 // for D == 32.
-template <int E>
+// kAppend: also the fused paged KV append (see QkNormRopeAppend): warps of k heads write their
+// rotated values to the token's cache slot as well, and one more warp per v head copies it there;
+// the bits written are the bits stored in qkv, so fused == QkNormRope then KvAppend.
+template <int E, bool kAppend>
 __global__ void QkNormRopeKernel(Bf16* qkv, int n, int row_stride, int hq, int hkv,
                                  const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
-                                 float eps, const float* inv_freq) {
+                                 float eps, const float* inv_freq, const int32_t* slots,
+                                 KvCacheView cache) {
   constexpr int D = E * 32;
   const int64_t gw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
-  const int heads = hq + hkv;
+  const int heads = kAppend ? hq + 2 * hkv : hq + hkv;
   if (gw >= static_cast<int64_t>(n) * heads) return;
   const int row = static_cast<int>(gw / heads), head = static_cast<int>(gw % heads);
-  const Bf16* w = head < hq ? q_norm : k_norm;
   const int64_t base = static_cast<int64_t>(row) * row_stride + head * D;
+  // Cache element of (this kv head, lane + 32 k) at the row's slot; -1: no cache write.
+  int64_t dst = -1;
+  if (kAppend && head >= hq) {
+    const int slot = slots[row];
+    const int kvh = head < hq + hkv ? head - hq : head - hq - hkv;
+    if (slot >= 0) {
+      const int64_t blk = slot / cache.block_size, off = slot % cache.block_size;
+      dst = ((blk * cache.num_kv_heads + kvh) * cache.block_size + off) * D;
+    }
+    if (head >= hq + hkv) {  // v head: copied as is
+      if (dst >= 0) {
+#pragma unroll
+        for (int k = 0; k < E; ++k) cache.v[dst + lane + 32 * k] = qkv[base + lane + 32 * k];
+      }
+      return;
+    }
+  }
+  const Bf16* w = head < hq ? q_norm : k_norm;
   float x[E];
 #pragma unroll
   for (int k = 0; k < E; ++k) x[k] = Bf(qkv, base + lane + 32 * k);
@@ -106,6 +127,10 @@ __global__ void QkNormRopeKernel(Bf16* qkv, int n, int row_stride, int hq, int h
   }
 #pragma unroll
   for (int k = 0; k < E; ++k) StoreBf(qkv, base + lane + 32 * k, y[k]);
+  if (kAppend && dst >= 0) {
+#pragma unroll
+    for (int k = 0; k < E; ++k) StoreBf(cache.k, dst + lane + 32 * k, y[k]);
+  }
 }
 
 // One thread per 16 bytes of a k or v head.
@@ -225,34 +250,55 @@ cudaError_t LaunchAddRmsNorm(float* residual, const Bf16* delta, const Bf16* wei
   return cudaGetLastError();
 }
 
-cudaError_t LaunchQkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
-                             const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
-                             float eps, const float* inv_freq, cudaStream_t stream) {
+namespace {
+
+template <bool kAppend>
+cudaError_t LaunchQkNormRopeImpl(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
+                                 const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
+                                 float eps, const float* inv_freq, const int32_t* slots,
+                                 const KvCacheView& cache, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  const int64_t threads = static_cast<int64_t>(n) * (shape.num_q_heads + shape.num_kv_heads) * 32;
-  const int blocks = Blocks(threads, 256);
   const int hq = shape.num_q_heads, hkv = shape.num_kv_heads;
+  const int64_t threads = static_cast<int64_t>(n) * (hq + (kAppend ? 2 : 1) * hkv) * 32;
+  const int blocks = Blocks(threads, 256);
+#define CASCADE_QKROPE(E)                                   \
+  QkNormRopeKernel<E, kAppend><<<blocks, 256, 0, stream>>>( \
+      qkv, n, row_stride, hq, hkv, positions, q_norm, k_norm, eps, inv_freq, slots, cache)
   switch (shape.head_dim) {
     case 32:
-      QkNormRopeKernel<1><<<blocks, 256, 0, stream>>>(qkv, n, row_stride, hq, hkv, positions,
-                                                      q_norm, k_norm, eps, inv_freq);
+      CASCADE_QKROPE(1);
       break;
     case 64:
-      QkNormRopeKernel<2><<<blocks, 256, 0, stream>>>(qkv, n, row_stride, hq, hkv, positions,
-                                                      q_norm, k_norm, eps, inv_freq);
+      CASCADE_QKROPE(2);
       break;
     case 128:
-      QkNormRopeKernel<4><<<blocks, 256, 0, stream>>>(qkv, n, row_stride, hq, hkv, positions,
-                                                      q_norm, k_norm, eps, inv_freq);
+      CASCADE_QKROPE(4);
       break;
     case 256:
-      QkNormRopeKernel<8><<<blocks, 256, 0, stream>>>(qkv, n, row_stride, hq, hkv, positions,
-                                                      q_norm, k_norm, eps, inv_freq);
+      CASCADE_QKROPE(8);
       break;
     default:
       return cudaErrorInvalidValue;
   }
+#undef CASCADE_QKROPE
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchQkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
+                             const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
+                             float eps, const float* inv_freq, cudaStream_t stream) {
+  return LaunchQkNormRopeImpl<false>(qkv, n, row_stride, shape, positions, q_norm, k_norm, eps,
+                                     inv_freq, nullptr, KvCacheView{}, stream);
+}
+
+cudaError_t LaunchQkNormRopeAppend(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
+                                   const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
+                                   float eps, const float* inv_freq, const int32_t* slot_mapping,
+                                   const KvCacheView& cache, cudaStream_t stream) {
+  return LaunchQkNormRopeImpl<true>(qkv, n, row_stride, shape, positions, q_norm, k_norm, eps,
+                                    inv_freq, slot_mapping, cache, stream);
 }
 
 cudaError_t LaunchKvAppend(const Bf16* qkv, int n, int row_stride, int k_offset, int v_offset,

@@ -18,6 +18,10 @@ cudaError_t LaunchAddRmsNorm(float* residual, const Bf16* delta, const Bf16* wei
 cudaError_t LaunchQkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
                              const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
                              float eps, const float* inv_freq, cudaStream_t stream);
+cudaError_t LaunchQkNormRopeAppend(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
+                                   const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
+                                   float eps, const float* inv_freq, const int32_t* slot_mapping,
+                                   const KvCacheView& cache, cudaStream_t stream);
 cudaError_t LaunchKvAppend(const Bf16* qkv, int n, int row_stride, int k_offset, int v_offset,
                            const int32_t* slot_mapping, const KvCacheView& cache,
                            cudaStream_t stream);
@@ -28,6 +32,8 @@ cudaError_t LaunchArgmaxRows(const float* logits, int n, int vocab, int32_t* out
                              cudaStream_t stream);
 cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
                              int32_t* out, cudaStream_t stream);
+// CTAs per kv head that fill exactly one wave of the split attention kernel on the current device.
+cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int* ctas);
 cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionPlanView& plan,
                             cudaStream_t stream);
 

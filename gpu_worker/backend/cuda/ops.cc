@@ -54,6 +54,34 @@ absl::Status QkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape
                     "QkNormRope");
 }
 
+absl::Status QkNormRopeAppend(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
+                              const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
+                              float eps, const float* inv_freq, const int32_t* slot_mapping,
+                              const KvCacheView& cache, Stream stream) {
+  if (!SupportedHeadDim(shape.head_dim)) {
+    return Bad("QkNormRopeAppend",
+               absl::StrCat("head_dim ", shape.head_dim, " not in {32,64,128,256}"));
+  }
+  if (n < 0 || shape.num_q_heads <= 0 || shape.num_kv_heads <= 0 ||
+      row_stride < (shape.num_q_heads + 2 * shape.num_kv_heads) * shape.head_dim) {
+    return Bad("QkNormRopeAppend", "bad shape or row stride");
+  }
+  if (cache.head_dim != shape.head_dim || cache.num_kv_heads != shape.num_kv_heads ||
+      cache.block_size <= 0 || cache.num_blocks <= 0) {
+    return Bad("QkNormRopeAppend", "cache shape does not match the heads");
+  }
+  if ((q_norm == nullptr) != (k_norm == nullptr)) {
+    return Bad("QkNormRopeAppend", "q_norm and k_norm must both be given or both be null");
+  }
+  if (n > 0 && (!qkv || !positions || !inv_freq || !slot_mapping || !cache.k || !cache.v)) {
+    return Bad("QkNormRopeAppend", "null pointer");
+  }
+  return CudaStatus(
+      internal::LaunchQkNormRopeAppend(qkv, n, row_stride, shape, positions, q_norm, k_norm, eps,
+                                       inv_freq, slot_mapping, cache, stream),
+      "QkNormRopeAppend");
+}
+
 absl::Status KvAppend(const Bf16* qkv, int n, int row_stride, int k_offset, int v_offset,
                       const int32_t* slot_mapping, const KvCacheView& cache, Stream stream) {
   if (!SupportedHeadDim(cache.head_dim) || cache.block_size <= 0 || cache.num_kv_heads <= 0 ||
@@ -98,6 +126,15 @@ absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Str
   if (n < 0 || vocab <= 0) return Bad("ArgmaxRows", "bad shape");
   if (n > 0 && (!logits || !out)) return Bad("ArgmaxRows", "null pointer");
   return CudaStatus(internal::LaunchArgmaxRows(logits, n, vocab, out, stream), "ArgmaxRows");
+}
+
+absl::StatusOr<int> SplitCtasPerWave(int head_dim, int num_kv_heads) {
+  if (!SupportedHeadDim(head_dim) || num_kv_heads <= 0) return Bad("SplitCtasPerWave", "bad shape");
+  int ctas = 0;
+  absl::Status st =
+      CudaStatus(internal::SplitCtasPerWave(head_dim, num_kv_heads, &ctas), "SplitCtasPerWave");
+  if (!st.ok()) return st;
+  return ctas;
 }
 
 absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan, Stream stream) {

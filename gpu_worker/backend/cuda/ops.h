@@ -33,6 +33,15 @@ absl::Status QkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape
                         const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
                         float eps, const float* inv_freq, Stream stream);
 
+// QkNormRope, then KvAppend of the k and v heads (k heads at column num_q_heads * head_dim, v
+// heads right after them), in one launch: the same bits in qkv and in the cache as the two ops.
+// REQUIRES: row_stride >= (num_q_heads + 2 num_kv_heads) * head_dim, cache.head_dim and
+// cache.num_kv_heads equal to the shape's.
+absl::Status QkNormRopeAppend(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
+                              const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
+                              float eps, const float* inv_freq, const int32_t* slot_mapping,
+                              const KvCacheView& cache, Stream stream);
+
 // Writes the k and v heads of each token of a fused QKV buffer ([n, row_stride], k heads at
 // column k_offset, v heads at v_offset) into its slot. slot_mapping: [n]; a negative slot skips
 // the token (padding). REQUIRES: slots < num_blocks * block_size (checked on the host).

@@ -1,0 +1,229 @@
+// Capacity-aware admission; see admission.h.
+#include "services/gateway/admission.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace cascade::gateway {
+
+Admission::Admission(AdmissionOptions options, NowFn now)
+    : options_(std::move(options)), now_(now ? std::move(now) : NowFn([] { return absl::Now(); })) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+Admission::~Admission() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+Admission::Worker& Admission::WorkerLocked(const std::string& address) {
+  auto [it, inserted] = workers_.try_emplace(address);
+  if (inserted) {
+    it->second.limit = std::clamp(options_.initial_limit, std::max(1, options_.min_limit),
+                                  std::max(1, options_.max_limit));
+    it->second.window_start = now_();
+  }
+  return it->second;
+}
+
+std::optional<Grant> Admission::TryGrantLocked(const std::vector<Scored>& ranked) {
+  if (ranked.empty()) return Grant{};  // nothing to wait for: the turn reports no worker
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    Worker& w = WorkerLocked(ranked[i].candidate.address);
+    if (w.inflight >= std::max(1, static_cast<int>(w.limit))) continue;
+    ++w.inflight;
+    w.peak = std::max(w.peak, w.inflight);
+    Grant g;
+    g.address = ranked[i].candidate.address;
+    g.ranked.reserve(ranked.size());
+    g.ranked.push_back(ranked[i]);
+    for (size_t j = 0; j < ranked.size(); ++j) {
+      if (j != i) g.ranked.push_back(ranked[j]);
+    }
+    return g;
+  }
+  return std::nullopt;
+}
+
+uint64_t Admission::Acquire(std::vector<Scored> ranked, absl::Time deadline, Callback done) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t ticket = next_ticket_++;
+  if (stop_) {
+    ready_.push_back({std::move(done), absl::UnavailableError("the gateway is shutting down")});
+  } else if (pending_ >= options_.max_pending) {
+    ready_.push_back({std::move(done), absl::ResourceExhaustedError(
+                                           absl::StrCat("the gateway has ", pending_,
+                                                        " requests admitted or queued, its limit "
+                                                        "(--max_concurrent); retry later"))});
+  } else {
+    ++pending_;
+    const absl::Time now = now_();
+    if (queue_.empty()) last_empty_ = now;
+    queue_.push_back({ticket, std::move(ranked), now,
+                      std::min(deadline, now + options_.queue_timeout), std::move(done)});
+  }
+  kick_ = true;
+  return ticket;
+}
+
+bool Admission::Cancel(uint64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  auto it = std::find_if(queue_.begin(), queue_.end(),
+                         [&](const Waiter& w) { return w.ticket == ticket; });
+  if (it == queue_.end()) return false;
+  queue_.erase(it);
+  --pending_;
+  if (queue_.empty()) last_empty_ = now_();
+  return true;
+}
+
+void Admission::Release(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  --pending_;
+  if (address.empty()) return;
+  auto it = workers_.find(address);
+  if (it == workers_.end() || it->second.inflight == 0) return;
+  --it->second.inflight;
+  kick_ = true;
+}
+
+void Admission::ObserveTokens(const std::string& address, int tokens, double seconds) {
+  if (tokens <= 0 || seconds < 0) return;
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(address);
+  if (it == workers_.end()) return;
+  Worker& w = it->second;
+  w.window_seconds += seconds;
+  w.window_tokens += tokens;
+  ++w.window_samples;
+  const absl::Time now = now_();
+  if (w.window_samples >= options_.window_samples && now - w.window_start >= options_.window) {
+    CloseWindowLocked(w, now);
+  }
+}
+
+void Admission::CloseWindowLocked(Worker& w, absl::Time now) {
+  const double tpot = w.window_seconds / static_cast<double>(w.window_tokens);
+  w.recent = tpot;
+  // The unloaded time per token is the best a window has shown: a worker does not get faster
+  // with load, and every window averages several samples, so one lucky token cannot set it.
+  if (w.baseline == 0 || tpot < w.baseline) w.baseline = tpot;
+  if (options_.adaptive) {
+    const int floor_limit = std::max(1, static_cast<int>(w.limit));
+    if (tpot > options_.latency_tolerance * w.baseline) {
+      w.limit = std::max<double>(options_.min_limit, w.limit * options_.decrease_factor);
+    } else if (w.peak >= floor_limit) {
+      // Full and still fast enough: probe one more.
+      w.limit = std::min<double>(options_.max_limit, w.limit + 1);
+      kick_ = true;
+    }
+  }
+  w.window_seconds = 0;
+  w.window_tokens = 0;
+  w.window_samples = 0;
+  w.window_start = now;
+  w.peak = w.inflight;
+}
+
+std::vector<Admission::WorkerView> Admission::Workers() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<WorkerView> out;
+  for (const auto& [address, w] : workers_) {
+    out.push_back({address, w.inflight, w.limit, w.baseline, w.recent});
+  }
+  return out;
+}
+
+int Admission::queued() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(queue_.size());
+}
+
+bool Admission::overloaded() const {
+  absl::MutexLock lock(&mu_);
+  return OverloadedLocked(now_());
+}
+
+bool Admission::OverloadedLocked(absl::Time now) const {
+  return !queue_.empty() && now - last_empty_ >= options_.standing_queue;
+}
+
+void Admission::ServeQueueLocked(absl::Time now, std::vector<Outcome>* out) {
+  const bool overloaded = OverloadedLocked(now);
+  // Refusals first, so that a slot never goes to a request already past its wait.
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    const absl::Time deadline =
+        overloaded ? std::min(it->deadline, it->enqueued + options_.overload_queue_timeout)
+                   : it->deadline;
+    if (!stop_ && now < deadline) {
+      ++it;
+      continue;
+    }
+    --pending_;
+    out->push_back({std::move(it->done),
+                    stop_
+                        ? absl::UnavailableError("the gateway is shutting down")
+                        : absl::ResourceExhaustedError(absl::StrCat(
+                              "no worker had room within ",
+                              absl::FormatDuration(overloaded ? options_.overload_queue_timeout
+                                                              : options_.queue_timeout),
+                              overloaded ? " (the gateway is overloaded: --overload_queue_timeout)"
+                                         : " (--queue_timeout)",
+                              ": the workers are at capacity; retry later"))});
+    it = queue_.erase(it);
+  }
+  auto grant = [&](auto first, auto last) {
+    for (auto it = first; it != last;) {
+      std::optional<Grant> g = TryGrantLocked(it->ranked);
+      if (!g) {
+        ++it;
+        continue;
+      }
+      out->push_back({std::move(it->done), std::move(*g)});
+      it->done = nullptr;  // served: removed below
+      ++it;
+    }
+  };
+  if (overloaded) {
+    grant(queue_.rbegin(), queue_.rend());
+  } else {
+    grant(queue_.begin(), queue_.end());
+  }
+  queue_.erase(std::remove_if(queue_.begin(), queue_.end(),
+                              [](const Waiter& w) { return w.done == nullptr; }),
+               queue_.end());
+  if (queue_.empty()) last_empty_ = now;
+}
+
+void Admission::Run() {
+  // Waits for a change (an arrival, a release, a grown limit) or, while requests queue, polls
+  // every few milliseconds for deadlines (the clock is injected, so no timed wait on it).
+  constexpr absl::Duration kPoll = absl::Milliseconds(5);
+  for (;;) {
+    std::vector<Outcome> out;
+    {
+      absl::MutexLock lock(&mu_);
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return kick_ || stop_ || !ready_.empty();
+      };
+      if (queue_.empty()) {
+        mu_.Await(absl::Condition(&woken));
+      } else {
+        mu_.AwaitWithTimeout(absl::Condition(&woken), kPoll);
+      }
+      kick_ = false;
+      ServeQueueLocked(now_(), &out);
+      for (Outcome& o : ready_) out.push_back(std::move(o));
+      ready_.clear();
+      if (stop_ && out.empty()) return;
+    }
+    for (Outcome& o : out) o.done(std::move(o.result));
+  }
+}
+
+}  // namespace cascade::gateway

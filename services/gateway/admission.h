@@ -1,0 +1,147 @@
+// Capacity-aware admission: a request is admitted only when a worker it may run on has room,
+// otherwise it waits in a FIFO queue until one does or its queue deadline passes
+// (RESOURCE_EXHAUSTED). A worker's room is an adaptive concurrency limit, set from what it
+// serves: the limit grows while the worker's time per output token stays within
+// `latency_tolerance` times its unloaded time, and shrinks when it goes beyond (AIMD on latency,
+// the idea of Envoy's adaptive concurrency filter). A fixed count of open streams admits far more
+// than a worker can serve at a useful speed; this admits what the workers can actually serve, so
+// admitted requests keep their latency under overload and the rest are refused quickly.
+//
+// Plain C++ (no gRPC): the clock is injected and grants are delivered on the controller's own
+// thread, so callers never get a callback inline while holding their locks.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "services/gateway/router.h"
+
+namespace cascade::gateway {
+
+struct AdmissionOptions {
+  int max_pending = 256;  // admitted + queued requests at most; beyond: refused at once
+  // Longest wait for a worker's room while the queue drains now and then (a burst).
+  absl::Duration queue_timeout = absl::Seconds(2);
+  // Under overload a FIFO queue makes every admitted request wait the whole queue_timeout. So
+  // once the queue has not been empty for `standing_queue` (CoDel's test for a standing queue),
+  // a request waits at most `overload_queue_timeout` and the newest waiter is served first
+  // (adaptive LIFO): admitted requests keep their latency, the rest are refused quickly.
+  absl::Duration standing_queue = absl::Seconds(1);
+  absl::Duration overload_queue_timeout = absl::Milliseconds(100);
+  int initial_limit = 8;  // a worker's concurrency limit before anything is measured
+  int min_limit = 1;
+  int max_limit = 256;  // per worker (its engine's max_num_seqs bounds it anyway)
+  // Time per output token allowed over the worker's unloaded time before its limit shrinks.
+  double latency_tolerance = 2.0;
+  // A latency window closes after this long and at least `window_samples` samples.
+  absl::Duration window = absl::Milliseconds(100);
+  int window_samples = 8;
+  double decrease_factor = 0.75;  // multiplicative decrease when a window is too slow
+  bool adaptive = true;           // false: each worker's limit stays at initial_limit
+};
+
+// A granted slot: the request runs on `ranked[0]` (the best-ranked candidate with room; the
+// others follow in rank order for failover). Release it when the request ends.
+struct Grant {
+  std::vector<Scored> ranked;
+  std::string address;  // the worker the slot is charged to ("" when there was no candidate)
+};
+
+class Admission {
+ public:
+  using Callback = std::function<void(absl::StatusOr<Grant>)>;
+  using NowFn = std::function<absl::Time()>;
+
+  // `now` defaults to absl::Now. Starts the dispatcher thread.
+  explicit Admission(AdmissionOptions options, NowFn now = nullptr);
+  ~Admission();  // queued requests get UNAVAILABLE
+  Admission(const Admission&) = delete;
+  Admission& operator=(const Admission&) = delete;
+
+  // Asks for a slot on one of `ranked` (best first). `done` runs exactly once, on the
+  // controller's thread (never inline): with a Grant, with RESOURCE_EXHAUSTED (over max_pending,
+  // or no room before `deadline`, which is capped at now + queue_timeout), or UNAVAILABLE at
+  // shutdown. Returns a ticket for Cancel. Thread-safe.
+  uint64_t Acquire(std::vector<Scored> ranked, absl::Time deadline, Callback done);
+  // Withdraws a queued request: true if it was still queued (its callback will not run);
+  // false if it was granted or refused already (its callback has run or is about to).
+  bool Cancel(uint64_t ticket);
+  // The request holding a slot on `address` ended (pass Grant::address).
+  void Release(const std::string& address);
+  // A worker produced `tokens` output tokens `seconds` after its previous message for the same
+  // request (the inter-token latency the client saw).
+  void ObserveTokens(const std::string& address, int tokens, double seconds);
+
+  struct WorkerView {
+    std::string address;
+    int inflight = 0;
+    double limit = 0;
+    double baseline_tpot = 0;  // seconds per token, unloaded (0: not measured yet)
+    double recent_tpot = 0;    // last closed window
+  };
+  std::vector<WorkerView> Workers() const;
+  int queued() const;
+  // True while a standing queue has put admission in its overload mode.
+  bool overloaded() const;
+
+ private:
+  struct Worker {
+    int inflight = 0;
+    double limit = 0;
+    int peak = 0;  // most in flight during the open window
+    double baseline = 0, recent = 0;
+    double window_seconds = 0;
+    int64_t window_tokens = 0;
+    int window_samples = 0;
+    absl::Time window_start;
+  };
+  struct Waiter {
+    uint64_t ticket;
+    std::vector<Scored> ranked;
+    absl::Time enqueued;
+    absl::Time deadline;  // the request's own, capped at enqueued + queue_timeout
+    Callback done;
+  };
+  struct Outcome {
+    Callback done;
+    absl::StatusOr<Grant> result;
+  };
+
+  Worker& WorkerLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A grant if some candidate has room (the slot is taken), else nullopt.
+  std::optional<Grant> TryGrantLocked(const std::vector<Scored>& ranked)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseWindowLocked(Worker& w, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool OverloadedLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Grants and refusals due now, in queue order (FIFO, or newest first when overloaded).
+  void ServeQueueLocked(absl::Time now, std::vector<Outcome>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Run();
+
+  const AdmissionOptions options_;
+  const NowFn now_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
+  std::deque<Waiter> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<Outcome> ready_ ABSL_GUARDED_BY(mu_);  // to deliver on the thread
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;             // granted (not released) + queued
+  absl::Time last_empty_ ABSL_GUARDED_BY(mu_);       // when the queue was last seen empty
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  bool kick_ ABSL_GUARDED_BY(mu_) = false;  // something changed: the thread looks again
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace cascade::gateway

@@ -1,0 +1,313 @@
+// Regression tests for issue 9's findings against the gateway: ids that cannot be gRPC metadata,
+// token ids with no text, unbounded echoes in errors, token ids against the prompt memory bound,
+// and admission that follows what the workers can serve. Each fails on the code before the fix
+// (a dead gateway, a dropped token, a 100 KB message, INVALID_ARGUMENT after a full parse, a
+// worker running every request at once).
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+
+#include "tests/integration/stack.h"
+
+namespace cascade::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(BadDayTest, IdsThatCannotBeMetadataAreRefusedAndTheGatewayLivesOn) {
+  Stack stack({.workers = 1});
+  const std::vector<std::string> bad_ids = {"abc\ndef", std::string("a\0b", 3), "s\xc3\xa9",
+                                            "with space", std::string(20000, 'x')};
+  for (const std::string& id : bad_ids) {
+    auto req = Req("sys", "q", 2);
+    req.set_request_id(id);
+    Reply r = Generate(stack.gateway(), req);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << r.status.error_message();
+    EXPECT_THAT(r.status.error_message(), HasSubstr("request_id"));
+    EXPECT_LE(r.status.error_message().size(), 200u);
+  }
+  for (const std::string& id : bad_ids) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    auto stream = stack.gateway().Chat(&ctx);
+    cascade::v1::ChatRequest req;
+    req.set_session_id(id);
+    auto* c = req.add_chunks();
+    c->set_kind(cascade::v1::CHUNK_KIND_QUERY);
+    c->set_text("hi");
+    req.mutable_sampling()->set_max_tokens(2);
+    stream->Write(req);
+    stream->WritesDone();
+    cascade::v1::ChatResponse resp;
+    while (stream->Read(&resp)) {
+    }
+    grpc::Status st = stream->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_THAT(st.error_message(), HasSubstr("session_id"));
+  }
+  // The gateway is alive and serves a good id (the printable ASCII ones travel as metadata).
+  auto good = Req("sys", "q", 2);
+  good.set_request_id("req-42_a.b:c/d");
+  Reply ok = Generate(stack.gateway(), good);
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.start.request_id(), "req-42_a.b:c/d");
+}
+
+TEST(BadDayTest, EchoedInputIsBoundedInEveryErrorMessage) {
+  Stack stack({.workers = 1});
+  // A stream on the same channel must not be disturbed by a huge error (a grpc-js client's
+  // connection stalled on a 100 KB status message).
+  grpc::ClientContext bg_ctx;
+  bg_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto bg = stack.gateway().Generate(&bg_ctx, Req("sys", "background", 30));
+  const std::string huge(100000, 'm');
+  {
+    auto req = Req("sys", "q", 2);
+    req.set_model(huge);
+    Reply r = Generate(stack.gateway(), req);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(r.status.error_message(), HasSubstr("model"));
+    EXPECT_THAT(r.status.error_message(), HasSubstr("(100000 bytes)"));
+    EXPECT_LE(r.status.error_message().size(), 1024u);
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    cascade::v1::TokenizeRequest req;
+    req.set_model(huge);
+    req.set_text("hello");
+    cascade::v1::TokenizeResponse resp;
+    grpc::Status st = stack.gateway().Tokenize(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_LE(st.error_message().size(), 1024u);
+  }
+  {
+    // Straight at the worker, which echoes the model too.
+    auto ch = grpc::CreateChannel(stack.worker(0).address(), grpc::InsecureChannelCredentials());
+    auto stub = cascade::v1::Worker::NewStub(ch);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    cascade::v1::WorkerGenerateRequest req;
+    req.set_model(huge);
+    auto* c = req.add_chunks();
+    c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+    c->add_token_ids(5);
+    req.mutable_sampling()->set_max_tokens(1);
+    auto reader = stub->Generate(&ctx, req);
+    cascade::v1::WorkerGenerateResponse m;
+    while (reader->Read(&m)) {
+    }
+    grpc::Status st = reader->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_LE(st.error_message().size(), 1024u);
+  }
+  cascade::v1::GenerateResponse m;
+  int64_t completion = 0;
+  while (bg->Read(&m)) {
+    if (m.has_finish()) completion = m.finish().usage().completion_tokens();
+  }
+  EXPECT_TRUE(bg->Finish().ok());
+  EXPECT_EQ(completion, 30);
+}
+
+TEST(BadDayTest, TokenIdsCountAgainstThePromptMemoryBound) {
+  Stack stack({.workers = 1});
+  // 1.2M ids of one wire byte each: 1.2 MB on the wire, 4.8 MB as ids, over the 4 MB bound.
+  auto req = Req("", "q", 2);
+  auto* c = req.add_chunks();
+  c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+  c->mutable_token_ids()->mutable_ids()->Resize(1200000, 5);
+  Reply r = Generate(stack.gateway(), req);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << r.status.error_message();
+  EXPECT_THAT(r.status.error_message(), HasSubstr("token ids"));
+  EXPECT_THAT(r.status.error_message(), HasSubstr("--max_prompt_bytes"));
+  // 3M ids of three wire bytes: refused before parsing, by size.
+  c->mutable_token_ids()->mutable_ids()->Resize(3000000, 100000);
+  r = Generate(stack.gateway(), req);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << r.status.error_message();
+  Reply ok = Generate(stack.gateway(), Req("sys", "q", 2));
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+}
+
+// A Worker service whose Generate follows a script, to drive the gateway's relay exactly: what a
+// real model emits (an id beyond the tokenizer's 151669 texts) and how a real worker dies.
+class ScriptedWorker final : public cascade::v1::Worker::Service {
+ public:
+  using Script =
+      std::function<grpc::Status(int call, const cascade::v1::WorkerGenerateRequest&,
+                                 grpc::ServerWriter<cascade::v1::WorkerGenerateResponse>*)>;
+  explicit ScriptedWorker(Script script, std::atomic<int>* calls)
+      : script_(std::move(script)), calls_(calls) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    b.RegisterService(this);
+    server_ = b.BuildAndStart();
+  }
+  ~ScriptedWorker() override { server_->Shutdown(std::chrono::system_clock::now()); }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  grpc::Status Generate(grpc::ServerContext*, const cascade::v1::WorkerGenerateRequest* req,
+                        grpc::ServerWriter<cascade::v1::WorkerGenerateResponse>* w) override {
+    return script_(calls_->fetch_add(1), *req, w);
+  }
+
+ private:
+  Script script_;
+  std::atomic<int>* calls_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+void SendStart(grpc::ServerWriter<cascade::v1::WorkerGenerateResponse>* w, int64_t prompt) {
+  cascade::v1::WorkerGenerateResponse m;
+  m.mutable_start()->set_worker_id("scripted");
+  m.mutable_start()->set_prompt_tokens(prompt);
+  w->Write(m);
+}
+void SendTokens(grpc::ServerWriter<cascade::v1::WorkerGenerateResponse>* w,
+                std::vector<int32_t> ids) {
+  cascade::v1::WorkerGenerateResponse m;
+  m.mutable_tokens()->mutable_token_ids()->Assign(ids.begin(), ids.end());
+  w->Write(m);
+}
+void SendFinish(grpc::ServerWriter<cascade::v1::WorkerGenerateResponse>* w) {
+  cascade::v1::WorkerGenerateResponse m;
+  m.mutable_finish()->set_finish_reason(cascade::v1::FINISH_REASON_LENGTH);
+  w->Write(m);
+}
+
+std::unique_ptr<gateway::GatewayServer> GatewayOver(const std::vector<std::string>& workers) {
+  gateway::GatewayConfig g;
+  g.server = TestServerOptions("cascade-gateway");
+  g.model_dir = TinyModelDir();
+  for (const auto& w : workers) g.workers += (g.workers.empty() ? "" : ",") + w;
+  auto gw = gateway::GatewayServer::Start(g);
+  EXPECT_TRUE(gw.ok()) << gw.status();
+  return gw.ok() ? std::move(*gw) : nullptr;
+}
+
+constexpr int32_t kNoTextId = 151700;  // a model id past the tokenizer's texts
+
+TEST(BadDayTest, AnIdWithNoTextReachesTheClientAndTheUsage) {
+  std::atomic<int> calls{0};
+  ScriptedWorker worker(
+      [](int, const auto& req, auto* w) {
+        SendStart(w, 10);
+        SendTokens(w, {100, kNoTextId});
+        SendTokens(w, {200});
+        SendFinish(w);
+        return grpc::Status::OK;
+      },
+      &calls);
+  auto gw = GatewayOver({worker.address()});
+  ASSERT_NE(gw, nullptr);
+  auto stub = cascade::v1::Gateway::NewStub(
+      grpc::CreateChannel(gw->address(), grpc::InsecureChannelCredentials()));
+  Reply r = Generate(*stub, Req("sys", "q", 3));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{100, kNoTextId, 200}));
+  EXPECT_EQ(r.finish.usage().completion_tokens(), 3);
+}
+
+TEST(BadDayTest, AResumedStreamCarriesAnIdWithNoTextIntoTheResumePrompt) {
+  std::atomic<int> calls{0};
+  std::mutex mu;
+  cascade::v1::WorkerGenerateRequest resumed;
+  auto script = [&](int call, const cascade::v1::WorkerGenerateRequest& req,
+                    grpc::ServerWriter<cascade::v1::WorkerGenerateResponse>* w) {
+    if (call == 0) {  // the first worker emits two tokens, then dies
+      SendStart(w, 10);
+      SendTokens(w, {100, kNoTextId});
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker killed");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      resumed = req;
+    }
+    SendStart(w, 12);
+    SendTokens(w, {300});
+    SendFinish(w);
+    return grpc::Status::OK;
+  };
+  ScriptedWorker a(script, &calls), b(script, &calls);
+  auto gw = GatewayOver({a.address(), b.address()});
+  ASSERT_NE(gw, nullptr);
+  auto stub = cascade::v1::Gateway::NewStub(
+      grpc::CreateChannel(gw->address(), grpc::InsecureChannelCredentials()));
+  Reply r = Generate(*stub, Req("sys", "q", 3));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{100, kNoTextId, 300}));
+  EXPECT_EQ(r.finish.usage().completion_tokens(), 3);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_GT(resumed.chunks_size(), 0);
+  const auto& last = resumed.chunks(resumed.chunks_size() - 1);
+  EXPECT_EQ(last.kind(), cascade::v1::CHUNK_KIND_ASSISTANT);
+  EXPECT_EQ(std::vector<int32_t>(last.token_ids().begin(), last.token_ids().end()),
+            (std::vector<int32_t>{100, kNoTextId}));
+  EXPECT_EQ(resumed.sampling().max_tokens(), 1);
+}
+
+TEST(BadDayTest, AClientMayResendAnIdWithNoText) {
+  Stack stack({.workers = 1});
+  cascade::v1::GenerateRequest r;
+  auto* c = r.add_chunks();
+  c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+  for (int id : {9707, kNoTextId}) c->mutable_token_ids()->add_ids(id);
+  r.set_add_generation_prompt(false);
+  r.mutable_sampling()->set_max_tokens(2);
+  Reply rep = Generate(stack.gateway(), r);
+  ASSERT_TRUE(rep.status.ok()) << rep.status.error_message();
+}
+
+TEST(BadDayTest, OverloadIsRefusedAndAWorkerNeverRunsMoreThanItsLimit) {
+  gateway::AdmissionOptions a;
+  a.adaptive = false;
+  a.initial_limit = 2;
+  a.queue_timeout = absl::Milliseconds(300);
+  Stack stack({.workers = 1, .max_concurrent = 256, .admission = a});
+  constexpr int kClients = 12;
+  std::atomic<bool> done{false};
+  std::atomic<int> peak{0};
+  std::thread watcher([&] {
+    while (!done) {
+      auto st = stack.WorkerStats(0);
+      peak = std::max<int>(peak, st.running() + st.waiting());
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  std::vector<Reply> replies(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      replies[i] = Generate(stack.gateway(), Req("sys", "question " + std::to_string(i), 40));
+    });
+  }
+  for (auto& t : clients) t.join();
+  done = true;
+  watcher.join();
+  int ok = 0, refused = 0;
+  for (const Reply& r : replies) {
+    if (r.status.ok()) {
+      ++ok;
+      EXPECT_EQ(r.finish.usage().completion_tokens(), 40);
+    } else {
+      ++refused;
+      EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+          << r.status.error_message();
+      EXPECT_THAT(r.status.error_message(), HasSubstr("queue_timeout"));
+    }
+  }
+  EXPECT_GE(ok, 2);
+  EXPECT_GE(refused, 1) << "12 requests of 40 tokens on a limit of 2 within 300 ms";
+  EXPECT_LE(peak.load(), 2) << "the worker ran more requests than its admission limit";
+}
+
+}  // namespace
+}  // namespace cascade::testing
