@@ -1,10 +1,11 @@
 // libFuzzer target: a public request's bytes, as they arrive raw from gRPC, through the gateway's
 // parsing (ParseRawRequest: wire-format UTF-8 check, then protobuf) and validation and prompt
-// building (CheckModel, BuildPrompt with the real Qwen3 tokenizer, ToWorkerRequest), the way
-// reactors.cc and gateway_service.cc call them. Byte 0 picks the RPC: Generate, Chat, Tokenize,
-// RegisterChunk. Properties: no crash or sanitizer report; an accepted prompt's token count is
-// the sum of its chunks, every id is inside the vocabulary, the generation prompt is last when
-// asked for, and the worker request carries every token.
+// building (CheckModel, CheckIdField, BuildPrompt with the real Qwen3 tokenizer,
+// ToWorkerRequest), the way reactors.cc and gateway_service.cc call them. Byte 0 picks the RPC:
+// Generate, Chat, Tokenize, RegisterChunk. Properties: no crash or sanitizer report; an accepted
+// prompt's token count is the sum of its chunks, every id is inside the vocabulary, the generation
+// prompt is last when asked for, the worker request carries every token, and every refusal's
+// message is bounded.
 #include <grpcpp/grpcpp.h>
 
 #include <cstddef>
@@ -13,6 +14,7 @@
 
 #include "cascade/v1/gateway.pb.h"
 #include "google/protobuf/stubs/logging.h"
+#include "services/common/bounded_text.h"
 #include "services/gateway/prompt.h"
 #include "services/gateway/raw_request.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -62,7 +64,15 @@ template <typename Msg>
 absl::StatusOr<Msg> Parse(const uint8_t* data, size_t size) {
   grpc::Slice slice(data, size);
   grpc::ByteBuffer raw(&slice, 1);
-  return ParseRawRequest<Msg>(raw);
+  return ParseRawRequest<Msg>(raw, gateway::MaxRequestBytes(Limits()));
+}
+
+// Every refusal names the problem in a bounded message (inputs are echoed as excerpts), and
+// returns false so the caller stops there, as the service does.
+bool Accepted(const absl::Status& s) {
+  FUZZ_CHECK(s.message().size() <= kMaxMessageBytes, "error message of %zu bytes: %.200s",
+             s.message().size(), std::string(s.message()).c_str());
+  return s.ok();
 }
 
 void OneInput(const uint8_t* data, size_t size) {
@@ -75,27 +85,33 @@ void OneInput(const uint8_t* data, size_t size) {
   switch (rpc) {
     case 0: {  // Generate
       absl::StatusOr<v1::GenerateRequest> req = Parse<v1::GenerateRequest>(data, size);
-      if (!req.ok() || !CheckModel(req->model(), limits).ok()) return;
+      if (!Accepted(req.status()) || !Accepted(CheckModel(req->model(), limits)) ||
+          !Accepted(common::CheckIdField("request_id", req->request_id()))) {
+        return;
+      }
       const bool gp = !req->has_add_generation_prompt() || req->add_generation_prompt();
       absl::StatusOr<Prompt> p =
           BuildPrompt(req->chunks(), req->sampling(), req->cache_salt(), gp, tok, limits);
-      if (p.ok()) CheckPrompt(*p, gp, tok);
+      if (Accepted(p.status())) CheckPrompt(*p, gp, tok);
       return;
     }
     case 1: {  // Chat: one turn
       absl::StatusOr<v1::ChatRequest> req = Parse<v1::ChatRequest>(data, size);
-      if (!req.ok() || !CheckModel(req->model(), limits).ok()) return;
+      if (!Accepted(req.status()) || !Accepted(CheckModel(req->model(), limits)) ||
+          !Accepted(common::CheckIdField("session_id", req->session_id()))) {
+        return;
+      }
       absl::StatusOr<Prompt> p =
           BuildPrompt(req->chunks(), req->sampling(), req->cache_salt(), true, tok, limits);
-      if (p.ok()) CheckPrompt(*p, true, tok);
+      if (Accepted(p.status())) CheckPrompt(*p, true, tok);
       return;
     }
     case 2: {  // Tokenize
       absl::StatusOr<v1::TokenizeRequest> req = Parse<v1::TokenizeRequest>(data, size);
-      if (!req.ok() || !CheckModel(req->model(), limits).ok()) return;
+      if (!Accepted(req.status()) || !Accepted(CheckModel(req->model(), limits))) return;
       if (req->chunks_size() == 0) {
         absl::StatusOr<std::vector<int32_t>> ids = tok.Encode(req->text());
-        if (ids.ok()) {
+        if (Accepted(ids.status())) {
           for (int32_t id : *ids) FUZZ_CHECK(id >= 0 && id < tok.vocab_size(), "bad id %d", id);
         }
         return;
@@ -104,17 +120,17 @@ void OneInput(const uint8_t* data, size_t size) {
       none.set_max_tokens(1);
       const bool gp = !req->has_add_generation_prompt() || req->add_generation_prompt();
       absl::StatusOr<Prompt> p = BuildPrompt(req->chunks(), none, "", gp, tok, limits);
-      if (p.ok()) CheckPrompt(*p, gp, tok);
+      if (Accepted(p.status())) CheckPrompt(*p, gp, tok);
       return;
     }
     default: {  // RegisterChunk
       absl::StatusOr<v1::RegisterChunkRequest> req = Parse<v1::RegisterChunkRequest>(data, size);
-      if (!req.ok() || !CheckModel(req->model(), limits).ok()) return;
+      if (!Accepted(req.status()) || !Accepted(CheckModel(req->model(), limits))) return;
       v1::SamplingParams none;
       none.set_max_tokens(1);
       absl::StatusOr<Prompt> p =
           BuildPrompt(req->chunks(), none, req->cache_salt(), false, tok, limits);
-      if (p.ok()) CheckPrompt(*p, false, tok);
+      if (Accepted(p.status())) CheckPrompt(*p, false, tok);
       return;
     }
   }

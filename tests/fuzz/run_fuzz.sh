@@ -9,7 +9,8 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/cascade-$(basename "$fuzzer").XXXXXX")
 mkdir -p "$work/corpus"
 cp -r "$corpus"/. "$work/corpus/"
 set +e
-"$fuzzer" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
+# TMPDIR: scratch files a target writes (model_loader_fuzz) go with the rest.
+TMPDIR="$work" "$fuzzer" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
   -print_final_stats=1 -artifact_prefix="$work/" "$@" "$work/corpus" >"$work/log" 2>&1
 rc=$?
 set -e
