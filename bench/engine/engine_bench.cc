@@ -13,7 +13,8 @@
 //
 // Decode variants (CUDA backend), run one after another in the same process so they compare
 // on the same device state: "default" (deterministic: pinned GEMM algorithms, decode CUDA
-// graphs), "eager" (no decode graphs), "heuristic" (cuBLAS heuristics per m, no pinning, graphs
+// graphs, verified small-m GEMMs), "eager" (no decode graphs), "cublas" (no small-m GEMMs: the
+// pinned cuBLASLt algorithm at every m), "heuristic" (cuBLAS heuristics per m, no pinning, graphs
 // on: the cost of determinism is default vs heuristic).
 //
 // nanovllm: nano-vllm's bench.py workload: nano_seqs requests at once, input and output lengths
@@ -83,12 +84,14 @@ struct Flags {
 struct Variant {
   bool graphs = true;
   bool batch_invariant = true;
+  bool small_m_gemm = true;
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
   if (name == "default") return true;
   if (name == "eager") return v->graphs = false, true;
   if (name == "heuristic") return v->batch_invariant = false, true;
+  if (name == "cublas") return v->small_m_gemm = false, true;
   return false;
 }
 
@@ -191,6 +194,20 @@ struct Bench {
   int max_batched_tokens = 8192;
   int64_t max_context = 16384;
   double forward_s = 0;  // accumulated by the current engine's TimedBackend
+  const engine::Backend* backend = nullptr;  // the current engine's backend (owned by it)
+
+  // One line of the CUDA backend's decode-path counters.
+  void PrintCounters() const {
+#ifdef CASCADE_HAVE_CUDA
+    if (backend == nullptr) return;
+    const cuda::CudaGraphStats st = cuda::GetCudaGraphStats(*backend);
+    std::printf(
+        "\n(decode graphs: %lld captured, %lld replays; small-m GEMM shapes: %d verified "
+        "bitwise, %d rejected)\n",
+        static_cast<long long>(st.captures), static_cast<long long>(st.replays),
+        st.small_gemm_verified, st.small_gemm_rejected);
+#endif
+  }
 
   std::unique_ptr<engine::Engine> MakeEngine(bool cascade, Variant variant = {},
                                              int64_t blocks_override = -1) {
@@ -211,12 +228,14 @@ struct Bench {
       o.cascade = cascade;
       o.cuda_graphs = variant.graphs;
       o.batch_invariant = variant.batch_invariant;
+      o.small_m_gemm = variant.small_m_gemm;
       auto b = cuda::NewCudaBackend(model, o);
       if (!b.ok()) {
         std::fprintf(stderr, "cuda backend: %s\n", b.status().ToString().c_str());
         std::exit(1);
       }
       backend = std::move(*b);
+      this->backend = backend.get();
 #else
       std::fprintf(stderr, "built without CUDA; use --backend=cpu\n");
       std::exit(1);
@@ -351,6 +370,7 @@ void DecodeSection(Bench& b) {
                   step_ms, 100.0 * r.decode_forward_s / r.decode_s, r.first_tokens_s);
       std::fflush(stdout);
     }
+    b.PrintCounters();
   }
   if (b.flags.variants.size() < 2) return;
   const std::string& base = b.flags.variants[0];
@@ -414,6 +434,7 @@ void NanoVllmSection(Bench& b) {
     PhaseResult r = RunBatch(b, *e, reqs);
     std::printf("| %s | %.0f | %.3f | %.3f | %d |\n", name.c_str(), output_tokens / r.total_s,
                 r.total_s, r.first_tokens_s, r.decode_steps);
+    b.PrintCounters();
     std::fflush(stdout);
   }
 }

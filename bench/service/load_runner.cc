@@ -1,9 +1,11 @@
 // Closed-loop clients for one load phase; see load_runner.h.
 #include "bench/service/load_runner.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <ostream>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -24,14 +26,21 @@ double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(
 // Sends one request and turns what came back into a sample. Token arrival times are taken in
 // the stream callback, as each message is read.
 RequestSample SendOne(v1::Gateway::StubInterface& stub, const v1::GenerateRequest& request,
-                      const cli::CallOptions& call) {
+                      const cli::CallOptions& call, bool keep_tokens) {
   RequestSample sample;
   const Clock::time_point t0 = Clock::now();
   Clock::time_point last{};
   bool have_token = false;
+  int64_t tokens = 0;
   absl::StatusOr<cli::GenerateResult> result =
       cli::RunGenerate(stub, request, call, [&](const v1::GenerateResponse& msg) {
+        if (msg.has_start()) sample.admitted = true;
         if (!msg.has_delta() || msg.delta().token_ids_size() == 0) return;
+        tokens += msg.delta().token_ids_size();
+        if (keep_tokens) {
+          sample.token_ids.insert(sample.token_ids.end(), msg.delta().token_ids().begin(),
+                                  msg.delta().token_ids().end());
+        }
         const Clock::time_point now = Clock::now();
         const int k = msg.delta().token_ids_size();
         if (!have_token) {
@@ -45,8 +54,12 @@ RequestSample SendOne(v1::Gateway::StubInterface& stub, const v1::GenerateReques
         }
         last = now;
       });
+  sample.e2e_ms = Ms(Clock::now() - t0);
   if (!result.ok()) {
     sample.error_code = absl::StatusCodeToString(result.status().code());
+    // RunGenerate cancels exactly when the count is reached; a CANCELLED before that is not ours.
+    sample.cancelled = call.cancel_after_tokens > 0 && tokens >= call.cancel_after_tokens &&
+                       result.status().code() == absl::StatusCode::kCancelled;
     return sample;
   }
   if (result->finish.finish_reason() == v1::FINISH_REASON_ERROR) {
@@ -75,6 +88,11 @@ bool IsIpv4Loopback(const std::string& host) {
 
 PhaseSummary RunPhase(v1::Gateway::StubInterface& stub, PromptSource& prompts,
                       const PhaseOptions& options, std::ostream* progress) {
+  return RunPhaseWithSamples(stub, prompts, options, progress).summary;
+}
+
+RunPhaseResult RunPhaseWithSamples(v1::Gateway::StubInterface& stub, PromptSource& prompts,
+                                   const PhaseOptions& options, std::ostream* progress) {
   const std::string label =
       absl::StrFormat("%s c=%d", WorkloadName(options.workload), options.concurrency);
   PhaseRecorder recorder;
@@ -88,13 +106,37 @@ PhaseSummary RunPhase(v1::Gateway::StubInterface& stub, PromptSource& prompts,
   std::vector<std::thread> clients;
   clients.reserve(static_cast<size_t>(options.concurrency));
   for (int c = 0; c < options.concurrency; ++c) {
-    clients.emplace_back([&] {
+    clients.emplace_back([&, c] {
+      std::mt19937_64 rng(options.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(c));
+      std::uniform_real_distribution<double> unit(0.0, 1.0);
       while (Clock::now() < stop_at) {
         if (started.fetch_add(1) >= options.max_requests) {
           hit_request_bound = true;
           break;
         }
-        recorder.Add(SendOne(stub, prompts.Make(options.workload, prompts.NextIndex()), call));
+        const int64_t index = prompts.NextIndex();
+        if (options.pool == nullptr || options.pool->empty()) {
+          recorder.Add(SendOne(stub, prompts.Make(options.workload, index), call, false));
+          continue;
+        }
+        const size_t pick = rng() % options.pool->size();
+        v1::GenerateRequest request = (*options.pool)[pick];
+        request.set_request_id(absl::StrCat("soak-", options.seed, "-", index));
+        cli::CallOptions this_call = call;
+        const int max_tokens = request.sampling().max_tokens();
+        if (max_tokens > 1 && unit(rng) < options.cancel_fraction) {
+          this_call.cancel_after_tokens = 1 + static_cast<int>(rng() % (max_tokens - 1));
+        }
+        RequestSample sample = SendOne(stub, request, this_call, true);
+        sample.pool_index = static_cast<int64_t>(pick);
+        const bool refused = !sample.ok && !sample.admitted && !sample.cancelled;
+        recorder.Add(std::move(sample));
+        if (refused && options.reject_backoff > absl::ZeroDuration()) {
+          const Clock::time_point resume = std::min(
+              stop_at,
+              Clock::now() + absl::ToChronoNanoseconds(options.reject_backoff * (0.5 + unit(rng))));
+          std::this_thread::sleep_until(resume);
+        }
       }
       running.fetch_sub(1);
     });
@@ -125,7 +167,7 @@ PhaseSummary RunPhase(v1::Gateway::StubInterface& stub, PromptSource& prompts,
                                  hit_request_bound ? "request" : "time")
               << std::flush;
   }
-  return summary;
+  return RunPhaseResult{std::move(summary), recorder.Samples()};
 }
 
 absl::Status CheckLoopback(const std::string& address) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -23,6 +24,16 @@ struct PhaseOptions {
   absl::Duration request_timeout = absl::Seconds(60);
   absl::Duration progress_interval = absl::Seconds(2);
   std::string bearer_token;
+  // Pool mode (the soak): each request is a uniformly drawn copy of one of these (with a fresh
+  // request id) instead of a fresh `workload` prompt, and its sample keeps the pool index, the
+  // token ids and whether it was admitted. Not owned; must outlive RunPhase.
+  const std::vector<v1::GenerateRequest>* pool = nullptr;
+  // Fraction of requests the client cancels after a random number of tokens (1 .. max_tokens-1).
+  double cancel_fraction = 0;
+  // A client whose request was refused before it started (RESOURCE_EXHAUSTED, ...) waits a random
+  // 0.5x..1.5x of this before its next one, as a well-behaved client backs off; 0: at once.
+  absl::Duration reject_backoff = absl::ZeroDuration();
+  uint64_t seed = 1;  // pool draws, cancels and backoff jitter
 };
 
 // Runs the phase and summarises it. Requests in flight at the time bound run to their end (each
@@ -30,6 +41,14 @@ struct PhaseOptions {
 // Progress lines go to `progress` (may be null). Thread-safe with respect to `stub` and `prompts`.
 PhaseSummary RunPhase(v1::Gateway::StubInterface& stub, PromptSource& prompts,
                       const PhaseOptions& options, std::ostream* progress);
+
+// The same, also returning every request's sample (for checks beyond the summary: the soak).
+struct RunPhaseResult {
+  PhaseSummary summary;
+  std::vector<RequestSample> samples;
+};
+RunPhaseResult RunPhaseWithSamples(v1::Gateway::StubInterface& stub, PromptSource& prompts,
+                                   const PhaseOptions& options, std::ostream* progress);
 
 // OK when `address` (HOST:PORT) names a loopback host: localhost, 127.0.0.0/8, or [::1].
 absl::Status CheckLoopback(const std::string& address);

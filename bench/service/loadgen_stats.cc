@@ -41,6 +41,11 @@ int64_t PhaseRecorder::failed() const {
   return failed_;
 }
 
+std::vector<RequestSample> PhaseRecorder::Samples() const {
+  absl::MutexLock lock(&mu_);
+  return samples_;
+}
+
 PhaseSummary PhaseRecorder::Summarize(const std::string& workload, int concurrency,
                                       double wall_s) const {
   absl::MutexLock lock(&mu_);
@@ -49,7 +54,7 @@ PhaseSummary PhaseRecorder::Summarize(const std::string& workload, int concurren
   s.concurrency = concurrency;
   s.wall_s = wall_s;
   s.requests = static_cast<int64_t>(samples_.size());
-  std::vector<double> ttft, itl;
+  std::vector<double> ttft, itl, e2e;
   int64_t completion = 0, prompt = 0;
   double cached_fraction_sum = 0;
   for (const RequestSample& r : samples_) {
@@ -59,6 +64,7 @@ PhaseSummary PhaseRecorder::Summarize(const std::string& workload, int concurren
     }
     ++s.ok;
     if (r.ttft_ms >= 0) ttft.push_back(r.ttft_ms);
+    if (r.e2e_ms >= 0) e2e.push_back(r.e2e_ms);
     itl.insert(itl.end(), r.itl_ms.begin(), r.itl_ms.end());
     completion += r.completion_tokens;
     prompt += r.prompt_tokens;
@@ -77,6 +83,7 @@ PhaseSummary PhaseRecorder::Summarize(const std::string& workload, int concurren
   }
   s.ttft_ms = ComputePercentiles(std::move(ttft));
   s.itl_ms = ComputePercentiles(std::move(itl));
+  s.e2e_ms = ComputePercentiles(std::move(e2e));
   return s;
 }
 

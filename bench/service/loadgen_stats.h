@@ -23,6 +23,14 @@ struct RequestSample {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
   int64_t completion_tokens = 0;
+  double e2e_ms = -1;  // request sent -> stream ended
+  // Set when the phase runs from a request pool (the soak): which request, whether the gateway
+  // admitted it (a start message came), whether this client cancelled it on purpose, and the
+  // token ids that arrived (also those before an error or a cancel).
+  int64_t pool_index = -1;
+  bool admitted = false;
+  bool cancelled = false;
+  std::vector<int32_t> token_ids;
 };
 
 // Latency percentiles in milliseconds; zero when there were no samples.
@@ -52,6 +60,7 @@ struct PhaseSummary {
   double mean_cached_fraction = 0;  // mean over ok requests of cached / prompt tokens
   Percentiles ttft_ms;
   Percentiles itl_ms;
+  Percentiles e2e_ms;
   std::map<std::string, int64_t> errors;  // by status code name
   std::string stopped_by;                 // "time", "requests"
 };
@@ -63,6 +72,8 @@ class PhaseRecorder {
   // Counts so far, for progress lines.
   int64_t finished() const;
   int64_t failed() const;
+  // A copy of every sample added so far.
+  std::vector<RequestSample> Samples() const;
   // Summarises what was added. `wall_s` is the phase's measured duration.
   PhaseSummary Summarize(const std::string& workload, int concurrency, double wall_s) const;
 

@@ -121,7 +121,8 @@ ChildProcess::~ChildProcess() {
 }
 
 void ChildProcess::DrainStdout() {
-  const std::string marker = spec_.name + " serving on ";
+  const std::string marker =
+      spec_.ready_marker.empty() ? spec_.name + " serving on " : spec_.ready_marker;
   std::string partial;
   char buf[4096];
   while (true) {
@@ -137,15 +138,19 @@ void ChildProcess::DrainStdout() {
       size_t at = line.find(marker);
       if (at == std::string::npos) continue;
       std::string address = line.substr(at + marker.size());
-      while (!address.empty() && (address.back() == '\r' || address.back() == ' ')) {
-        address.pop_back();
-      }
+      address = address.substr(0, address.find_first_of(" \t\r"));
       absl::MutexLock lock(&mu_);
       if (ready_address_.empty()) ready_address_ = address;
     }
   }
   absl::MutexLock lock(&mu_);
   stdout_closed_ = true;
+}
+
+std::optional<std::string> ChildProcess::ReadyAddress() const {
+  absl::MutexLock lock(&mu_);
+  if (ready_address_.empty()) return std::nullopt;
+  return ready_address_;
 }
 
 bool ChildProcess::Reap(bool block) {

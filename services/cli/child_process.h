@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +24,9 @@ struct ChildSpec {
   std::string path;               // executable
   std::vector<std::string> args;  // without argv[0]
   std::string log_path;           // stderr and stdout are appended here
+  // The stdout text that precedes the address in the ready line; empty: "<name> serving on ".
+  // The address runs to the next whitespace.
+  std::string ready_marker;
 };
 
 // Thread-compatible: one thread drives it (an internal thread drains stdout).
@@ -39,6 +43,9 @@ class ChildProcess {
   // Waits for "<name> serving on HOST:PORT" and returns "HOST:PORT" as printed. Errors
   // (DeadlineExceeded, or Unavailable when the child exits first) carry its log's tail.
   absl::StatusOr<std::string> WaitReady(absl::Duration timeout);
+
+  // The address of the ready line if it came already (non-blocking).
+  std::optional<std::string> ReadyAddress() const;
 
   // True while the child runs; reaps it when it has exited.
   bool Running();

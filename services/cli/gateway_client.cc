@@ -53,6 +53,7 @@ absl::StatusOr<GenerateResult> RunGenerate(
   std::unique_ptr<grpc::ClientReaderInterface<v1::GenerateResponse>> reader =
       stub.Generate(&ctx, request);
   v1::GenerateResponse msg;
+  bool cancelled = false;
   while (reader->Read(&msg)) {
     const Clock::time_point now = Clock::now();
     switch (msg.event_case()) {
@@ -69,6 +70,11 @@ absl::StatusOr<GenerateResult> RunGenerate(
         result.token_ids.insert(result.token_ids.end(), msg.delta().token_ids().begin(),
                                 msg.delta().token_ids().end());
         result.text += msg.delta().text();
+        if (options.cancel_after_tokens > 0 && !cancelled &&
+            result.token_ids.size() >= static_cast<size_t>(options.cancel_after_tokens)) {
+          ctx.TryCancel();
+          cancelled = true;
+        }
         break;
       case v1::GenerateResponse::kFinish:
         result.got_finish = true;

@@ -21,6 +21,9 @@ namespace cascade::cli {
 struct CallOptions {
   absl::Duration timeout = absl::Seconds(60);  // the RPC's deadline, from its start
   std::string bearer_token;                    // sent as "authorization: Bearer <token>"
+  // RunGenerate cancels the call once this many tokens arrived (a client that stops reading);
+  // the stream then ends CANCELLED. 0: never.
+  int cancel_after_tokens = 0;
 };
 
 // What one Generate stream brought, plus timings measured here (the client side).

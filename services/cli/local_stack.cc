@@ -16,6 +16,43 @@
 
 namespace cascade::cli {
 namespace fs = std::filesystem;
+namespace {
+
+std::vector<std::string> WithExtra(std::vector<std::string> args,
+                                   const std::vector<std::string>& extra) {
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// Replaces the first "--port=..." in `args` (the stack always passes one) with `port`.
+void PinPort(std::vector<std::string>& args, int port) {
+  for (std::string& a : args) {
+    if (a.rfind("--port=", 0) == 0) {
+      a = absl::StrCat("--port=", port);
+      return;
+    }
+  }
+}
+
+std::string Seconds(absl::Duration d) {
+  return absl::StrFormat("%.1f s", absl::ToDoubleSeconds(d));
+}
+
+}  // namespace
+
+const char* PhaseName(ChildState::Phase phase) {
+  switch (phase) {
+    case ChildState::Phase::kServing:
+      return "serving";
+    case ChildState::Phase::kStarting:
+      return "starting";
+    case ChildState::Phase::kWaitingToRestart:
+      return "waiting to restart";
+    case ChildState::Phase::kGaveUp:
+      return "given up";
+  }
+  return "?";
+}
 
 absl::StatusOr<std::string> SelfBinaryDir() {
   std::error_code ec;
@@ -107,7 +144,9 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
   // Registry first: the workers and the gateway need its real port.
   absl::StatusOr<std::string> addr = stack->StartChild(
       "cascade-registry", "registry",
-      {"--host=127.0.0.1", absl::StrCat("--port=", o.registry_port), "--drain_timeout=3s"},
+      WithExtra(
+          {"--host=127.0.0.1", absl::StrCat("--port=", o.registry_port), "--drain_timeout=3s"},
+          o.registry_flags),
       progress);
   if (!addr.ok()) return addr.status();
   stack->registry_ = {"cascade-registry", *addr};
@@ -128,19 +167,24 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
         absl::StrCat("--threads=", threads),
         "--drain_timeout=5s"};
     if (o.kv_cache_bytes > 0) args.push_back(absl::StrCat("--kv_cache_bytes=", o.kv_cache_bytes));
-    addr = stack->StartChild("cascade-worker", id, std::move(args), progress);
+    addr = stack->StartChild("cascade-worker", id, WithExtra(std::move(args), o.worker_flags),
+                             progress);
     if (!addr.ok()) return addr.status();
     stack->workers_.push_back({id, *addr});
   }
 
   std::vector<std::string> worker_addresses;
   for (const StackMember& w : stack->workers_) worker_addresses.push_back(w.address);
-  addr = stack->StartChild("cascade-gateway", "gateway",
-                           {"--host=" + o.host, absl::StrCat("--port=", o.port),
-                            "--registry=" + stack->registry_.address,
-                            "--workers=" + absl::StrJoin(worker_addresses, ","),
-                            "--model_dir=" + o.model_dir, "--drain_timeout=5s"},
-                           progress);
+  // --resume_mid_stream is the gateway's default; said here because supervision relies on it: a
+  // stream on a worker that dies continues on another one.
+  addr = stack->StartChild(
+      "cascade-gateway", "gateway",
+      WithExtra({"--host=" + o.host, absl::StrCat("--port=", o.port),
+                 "--registry=" + stack->registry_.address,
+                 "--workers=" + absl::StrJoin(worker_addresses, ","), "--model_dir=" + o.model_dir,
+                 "--drain_timeout=5s", "--resume_mid_stream=true"},
+                o.gateway_flags),
+      progress);
   if (!addr.ok()) return addr.status();
   stack->gateway_ = {"cascade-gateway", *addr};
   return stack;
@@ -151,7 +195,7 @@ absl::StatusOr<std::string> LocalStack::StartChild(const std::string& binary,
                                                    std::vector<std::string> args,
                                                    std::ostream* progress) {
   ChildSpec spec{binary, (fs::path(options_.bin_dir) / binary).string(), std::move(args),
-                 (fs::path(log_dir_) / (log_name + ".log")).string()};
+                 (fs::path(log_dir_) / (log_name + ".log")).string(), ""};
   if (progress) *progress << "starting " << log_name << " (" << binary << ") ..." << std::flush;
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Spawn(spec);
@@ -160,16 +204,22 @@ absl::StatusOr<std::string> LocalStack::StartChild(const std::string& binary,
     Stop(progress);
     return child.status();
   }
-  children_.push_back(std::move(*child));
-  absl::StatusOr<std::string> printed = children_.back()->WaitReady(options_.ready_timeout);
+  const pid_t pid = (*child)->pid();
+  slots_.push_back(
+      Slot{spec, std::move(*child), ChildState{log_name}, RestartPolicy(options_.restart), start});
+  slots_.back().state.pid = pid;
+  absl::StatusOr<std::string> printed = slots_.back().child->WaitReady(options_.ready_timeout);
   if (!printed.ok()) {
     if (progress) *progress << " failed" << std::endl;
     Stop(progress);
     return printed.status();
   }
   std::string address = DialAddress(*printed);
+  // A restart listens where the others already dial.
+  PinPort(slots_.back().spec.args, PortOf(address));
+  slots_.back().policy.OnReady(absl::Now());
   if (progress) {
-    *progress << absl::StrFormat(" %s (pid %d, %.1f s)", address, children_.back()->pid(),
+    *progress << absl::StrFormat(" %s (pid %d, %.1f s)", address, pid,
                                  absl::ToDoubleSeconds(absl::Now() - start))
               << std::endl;
   }
@@ -177,27 +227,127 @@ absl::StatusOr<std::string> LocalStack::StartChild(const std::string& binary,
 }
 
 void LocalStack::Stop(std::ostream* progress) {
-  if (children_.empty()) return;
+  if (slots_.empty()) return;
   if (progress) *progress << "stopping:";
-  for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
-    std::string how = (*it)->Stop(options_.stop_grace);
-    if (progress) {
-      *progress << " " << fs::path((*it)->log_path()).stem().string() << " " << how << ";"
-                << std::flush;
-    }
+  for (auto it = slots_.rbegin(); it != slots_.rend(); ++it) {
+    std::string how = it->child->Stop(options_.stop_grace);
+    if (it->state.phase == ChildState::Phase::kGaveUp) how = "given up on earlier";
+    if (progress) *progress << " " << it->state.role << " " << how << ";" << std::flush;
   }
   if (progress) *progress << std::endl;
-  children_.clear();
+  slots_.clear();
 }
 
 std::optional<std::string> LocalStack::FindDeadChild() {
-  for (const std::unique_ptr<ChildProcess>& c : children_) {
-    if (!c->Running()) {
-      return absl::StrCat(c->name(), " (pid ", c->pid(), ") ", c->ExitDescription(), ". Its log (",
-                          c->log_path(), ") ends with:\n", c->LogTail());
+  for (Slot& s : slots_) {
+    ChildProcess& c = *s.child;
+    if (!c.Running()) {
+      return absl::StrCat(c.name(), " (pid ", c.pid(), ") ", c.ExitDescription(), ". Its log (",
+                          c.log_path(), ") ends with:\n", c.LogTail());
     }
   }
   return std::nullopt;
+}
+
+void LocalStack::Supervise(std::ostream* log) {
+  const absl::Time now = absl::Now();
+  for (Slot& s : slots_) SuperviseSlot(s, now, log);
+}
+
+void LocalStack::SuperviseSlot(Slot& s, absl::Time now, std::ostream* log) {
+  switch (s.state.phase) {
+    case ChildState::Phase::kServing:
+      if (!s.child->Running()) OnSlotDeath(s, now, s.child->ExitDescription(), log);
+      return;
+    case ChildState::Phase::kStarting:
+      if (std::optional<std::string> printed = s.child->ReadyAddress()) {
+        s.state.phase = ChildState::Phase::kServing;
+        s.policy.OnReady(now);
+        if (log) {
+          *log << "cascade up: " << s.state.role << " is back (pid " << s.state.pid << ", "
+               << DialAddress(*printed) << ", ready in " << Seconds(now - s.since) << ")"
+               << std::endl;
+        }
+        return;
+      }
+      if (!s.child->Running()) {
+        OnSlotDeath(s, now, s.child->ExitDescription() + " before it was ready", log);
+      } else if (now - s.since > options_.ready_timeout) {
+        const std::string how = s.child->Stop(absl::Seconds(2));
+        OnSlotDeath(
+            s, now,
+            absl::StrCat("printed no ready line within ",
+                         absl::FormatDuration(options_.ready_timeout), " (stopped: ", how, ")"),
+            log);
+      }
+      return;
+    case ChildState::Phase::kWaitingToRestart: {
+      if (now < s.since) return;
+      ++s.state.restarts;
+      absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Spawn(s.spec);
+      if (!child.ok()) {
+        OnSlotDeath(s, now, absl::StrCat("could not be restarted: ", child.status().message()),
+                    log);
+        return;
+      }
+      s.child = std::move(*child);  // the old process was reaped already
+      s.state.pid = s.child->pid();
+      s.state.phase = ChildState::Phase::kStarting;
+      s.since = now;
+      if (log) {
+        *log << "cascade up: restarting " << s.state.role << " (restart " << s.state.restarts
+             << ", pid " << s.state.pid << ")" << std::endl;
+      }
+      return;
+    }
+    case ChildState::Phase::kGaveUp:
+      return;
+  }
+}
+
+void LocalStack::OnSlotDeath(Slot& s, absl::Time now, const std::string& how, std::ostream* log) {
+  const absl::Time restart_at = s.policy.OnDeath(now);
+  // A crash says why in its log; a kill by signal (SIGKILL from outside, the OOM killer) does not.
+  const bool crashed = how.rfind("killed by signal", 0) != 0;
+  const std::string tail =
+      crashed ? absl::StrCat(" Its log (", s.spec.log_path, ") ends with:\n", s.child->LogTail(8))
+              : "\n";
+  if (restart_at == absl::InfiniteFuture()) {
+    s.state.phase = ChildState::Phase::kGaveUp;
+    if (log) {
+      *log << "cascade up: " << s.state.role << " (pid " << s.state.pid << ") " << how
+           << ". Giving up on " << s.state.role << ": it died " << s.policy.quick_deaths()
+           << " times in a row, each within "
+           << absl::FormatDuration(s.policy.options().stable_after)
+           << " of starting (--max_restarts=" << s.policy.options().max_restarts
+           << "); the rest keep serving." << tail << std::flush;
+    }
+    return;
+  }
+  s.state.phase = ChildState::Phase::kWaitingToRestart;
+  s.since = restart_at;
+  if (log) {
+    *log << "cascade up: " << s.state.role << " (pid " << s.state.pid << ") " << how
+         << "; restarting it in " << Seconds(restart_at - now)
+         << " (quick deaths in a row: " << s.policy.quick_deaths() << " of at most "
+         << s.policy.options().max_restarts << ")." << tail << std::flush;
+  }
+}
+
+std::vector<ChildState> LocalStack::States() const {
+  std::vector<ChildState> out;
+  for (const Slot& s : slots_) out.push_back(s.state);
+  return out;
+}
+
+bool LocalStack::CanServe() const {
+  bool gateway = false, worker = false;
+  for (const Slot& s : slots_) {
+    const bool alive = s.state.phase != ChildState::Phase::kGaveUp;
+    if (s.spec.name == "cascade-gateway") gateway = alive;
+    if (s.spec.name == "cascade-worker") worker |= alive;
+  }
+  return gateway && worker;
 }
 
 LocalStack::~LocalStack() { Stop(nullptr); }

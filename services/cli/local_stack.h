@@ -1,7 +1,9 @@
 // A whole Cascade deployment on this machine, as child processes of the caller: one
 // cascade-registry, N cascade-worker, one cascade-gateway, started in that order (each waits
 // for the previous one's ready line, whose real port it needs) and stopped in reverse.
-// What `cascade up`, `cascade demo` and the CLI's integration test run.
+// What `cascade up`, `cascade demo` and the CLI's integration test run. `cascade up` also
+// supervises the children (Supervise): a dead one is restarted on the same port with backoff
+// while the others keep serving.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "services/cli/child_process.h"
+#include "services/cli/restart_policy.h"
 
 namespace cascade::cli {
 
@@ -32,7 +35,23 @@ struct StackOptions {
   std::string log_dir;           // children's logs; empty: a new /tmp/cascade-XXXXXX
   absl::Duration ready_timeout = absl::Seconds(120);
   absl::Duration stop_grace = absl::Seconds(15);  // per child, before SIGKILL
+  RestartOptions restart;                         // what Supervise() does with a dead child
+  // Extra flags appended to each kind of child's command line (after the stack's own).
+  std::vector<std::string> registry_flags;
+  std::vector<std::string> worker_flags;
+  std::vector<std::string> gateway_flags;
 };
+
+// One supervised child as Supervise() sees it.
+struct ChildState {
+  enum class Phase { kServing, kStarting, kWaitingToRestart, kGaveUp };
+  std::string role;  // "registry", "worker-0", "gateway"
+  Phase phase = Phase::kServing;
+  pid_t pid = -1;    // the current (or last) process
+  int restarts = 0;  // successful and failed restarts so far
+};
+// "serving", "starting", "waiting to restart", "given up".
+const char* PhaseName(ChildState::Phase phase);
 
 struct StackMember {
   std::string name;     // "cascade-registry", "worker-0", "cascade-gateway"
@@ -54,6 +73,17 @@ class LocalStack {
   // The first child that is no longer running, described with its log's tail; nullopt if all run.
   std::optional<std::string> FindDeadChild();
 
+  // One non-blocking round of supervision; call it every ~100 ms from the thread that called
+  // Start(). A child found dead is logged and, after its backoff, restarted with the same
+  // arguments on the same port (so the others' addresses stay valid); a restarted child that
+  // prints its ready line is logged as back; one that crash-loops (RestartOptions::max_restarts)
+  // is given up on. Lines go to `log` (may be null).
+  void Supervise(std::ostream* log);
+  // Where each child stands, in start order.
+  std::vector<ChildState> States() const;
+  // False once nothing can serve any more: the gateway, or every worker, was given up on.
+  bool CanServe() const;
+
   const StackMember& registry() const { return registry_; }
   const std::vector<StackMember>& workers() const { return workers_; }
   const StackMember& gateway() const { return gateway_; }
@@ -62,15 +92,24 @@ class LocalStack {
 
  private:
   LocalStack() = default;
+  struct Slot {
+    ChildSpec spec;  // --port= holds the real port once the first start printed it
+    std::unique_ptr<ChildProcess> child;
+    ChildState state;
+    RestartPolicy policy;
+    absl::Time since;  // kStarting: when spawned; kWaitingToRestart: when to restart
+  };
   absl::StatusOr<std::string> StartChild(const std::string& binary, const std::string& log_name,
                                          std::vector<std::string> args, std::ostream* progress);
+  void SuperviseSlot(Slot& slot, absl::Time now, std::ostream* log);
+  void OnSlotDeath(Slot& slot, absl::Time now, const std::string& how, std::ostream* log);
 
   StackOptions options_;
   std::string log_dir_;
   StackMember registry_;
   std::vector<StackMember> workers_;
   StackMember gateway_;
-  std::vector<std::unique_ptr<ChildProcess>> children_;  // in start order
+  std::vector<Slot> slots_;  // in start order
 };
 
 // The directory of the running executable (/proc/self/exe).

@@ -1,5 +1,5 @@
-// `cascade up`: runs registry, workers and gateway as child processes until SIGINT/SIGTERM, and
-// prints what to paste to talk to them.
+// `cascade up`: runs registry, workers and gateway as child processes until SIGINT/SIGTERM,
+// restarting any that dies (the others keep serving), and prints what to paste to talk to them.
 #include <signal.h>
 
 #include <iostream>
@@ -35,13 +35,18 @@ class BlockStopSignals {
   sigset_t old_;
 };
 
-void PrintExamples(const LocalStack& stack, std::ostream& out) {
+void PrintExamples(const LocalStack& stack, int http_port, std::ostream& out) {
   const int port = stack.gateway_port();
+  // States() is in start order: registry, workers, gateway.
+  const std::vector<ChildState> states = stack.States();
+  auto pid = [&](size_t i) { return i < states.size() ? states[i].pid : -1; };
   out << "\nCascade is up.\n"
-      << "  gateway   " << stack.gateway().address << "  (cascade.v1.Gateway)\n"
-      << "  registry  " << stack.registry().address << "\n";
-  for (const StackMember& w : stack.workers()) {
-    out << "  " << w.name << "  " << w.address << "\n";
+      << "  gateway   " << stack.gateway().address << "  (cascade.v1.Gateway, pid "
+      << pid(states.size() - 1) << ")\n"
+      << "  registry  " << stack.registry().address << "  (pid " << pid(0) << ")\n";
+  for (size_t i = 0; i < stack.workers().size(); ++i) {
+    out << "  " << stack.workers()[i].name << "  " << stack.workers()[i].address << "  (pid "
+        << pid(i + 1) << ")\n";
   }
   out << "  logs      " << stack.log_dir() << "/\n\n"
       << "Try:\n"
@@ -55,7 +60,15 @@ void PrintExamples(const LocalStack& stack, std::ostream& out) {
       << "  cascade generate --gateway localhost:" << port
       << " --system 'You are a concise assistant.' --query 'What does a prefix cache save?'"
          " --max_tokens 32 --temperature 0\n"
-      << "  cascade demo   (its own stack on free ports)\n\n"
+      << "  cascade demo   (its own stack on free ports)\n";
+  if (http_port > 0) {
+    out << "  curl http://localhost:" << http_port << "/v1/chat/completions -H 'Content-Type: "
+        << "application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": "
+        << "\"Hi\"}], \"max_tokens\": 16}'   (OpenAI API at http://localhost:" << http_port
+        << "/v1)\n";
+  }
+  out << "\n"
+      << "A child that dies is restarted on its port (--max_restarts, --restart_backoff).\n"
       << "Ctrl-C stops everything." << std::endl;
 }
 
@@ -65,11 +78,15 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
   StackOptions options;
   options.port = 50051;
   std::string model_dir, preset = "tiny";
+  int http_port = -1;
   common::FlagSet flags(
       "cascade up",
       "Starts a local Cascade stack as child processes (cascade-registry, cascade-worker x N, "
       "cascade-gateway, from this binary's directory), prints the addresses and grpcurl "
-      "examples, and runs until Ctrl-C or SIGTERM, then stops the children gracefully.");
+      "examples, and runs until Ctrl-C or SIGTERM, then stops the children gracefully. A child "
+      "that dies is logged and restarted on the same port with exponential backoff while the "
+      "others keep serving (streams on a dead worker resume on another one); one that keeps "
+      "dying is given up on.");
   flags.AddInt("port", &options.port, "gateway port; 0: a free one");
   flags.AddString("host", &options.host,
                   "gateway listen address (0.0.0.0 to accept remote "
@@ -91,9 +108,35 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
   flags.AddString("log_dir", &options.log_dir, "children's logs; empty: a new /tmp/cascade-*");
   flags.AddDuration("ready_timeout", &options.ready_timeout,
                     "how long each child may take to print its ready line");
+  RestartOptions& restart = options.restart;
+  flags.AddDuration("restart_backoff", &restart.initial_backoff,
+                    "wait before restarting a dead child; doubles with each quick death");
+  flags.AddDuration("restart_backoff_max", &restart.max_backoff, "the wait never exceeds this");
+  flags.AddDuration("restart_stable_after", &restart.stable_after,
+                    "a child up this long is healthy again (its backoff starts over)");
+  flags.AddInt("max_restarts", &restart.max_restarts,
+               "restarts in a row, each dying before --restart_stable_after, before giving up on "
+               "a child (0: never restart)");
+  flags.AddInt("http_port", &http_port,
+               "the gateway's OpenAI-compatible HTTP API on this port (/v1/...); -1: off");
+  AddRepeatedString(&flags, "registry_flag", &options.registry_flags,
+                    "extra flag for cascade-registry, e.g. --registry_flag=--lease_ms=5000");
+  AddRepeatedString(&flags, "worker_flag", &options.worker_flags,
+                    "extra flag for every cascade-worker, e.g. --worker_flag=--max_batch=64");
+  AddRepeatedString(&flags, "gateway_flag", &options.gateway_flags,
+                    "extra flag for cascade-gateway, e.g. --gateway_flag=--max_concurrent=32");
   if (std::optional<int> code = ParseCommandFlags(flags, args, out, err)) return *code;
+  if (http_port == 0 || http_port > 65535) {
+    err << "cascade up: --http_port must be a port number (1-65535), or -1 for off\n";
+    return kExitUsage;
+  }
+  if (http_port > 0) options.gateway_flags.push_back(absl::StrCat("--http_port=", http_port));
   if (options.workers < 1 || options.workers > 64) {
     err << "cascade up: --workers must be in [1, 64]\n";
+    return kExitUsage;
+  }
+  if (std::string bad = ValidateRestartOptions(restart); !bad.empty()) {
+    err << "cascade up: " << bad << "\n";
     return kExitUsage;
   }
 
@@ -110,17 +153,20 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
     err << "cascade up: " << stack.status().message() << "\n";
     return kExitFailed;
   }
-  PrintExamples(**stack, out);
+  PrintExamples(**stack, http_port, out);
 
   int code = kExitOk;
   while (true) {
-    if (int sig = signals.Wait(500); sig != 0) {
+    if (int sig = signals.Wait(100); sig != 0) {
       err << "\ncascade up: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping"
           << std::endl;
       break;
     }
-    if (std::optional<std::string> dead = (*stack)->FindDeadChild()) {
-      err << "cascade up: " << *dead << "cascade up: stopping the rest" << std::endl;
+    (*stack)->Supervise(&err);
+    if (!(*stack)->CanServe()) {
+      err << "cascade up: nothing left that can serve (the gateway, or every worker, was given "
+             "up on); stopping the rest"
+          << std::endl;
       code = kExitFailed;
       break;
     }

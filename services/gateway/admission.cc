@@ -144,6 +144,11 @@ int Admission::queued() const {
   return static_cast<int>(queue_.size());
 }
 
+bool Admission::full() const {
+  absl::MutexLock lock(&mu_);
+  return pending_ >= options_.max_pending;
+}
+
 bool Admission::overloaded() const {
   absl::MutexLock lock(&mu_);
   return OverloadedLocked(now_());

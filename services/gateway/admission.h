@@ -92,6 +92,9 @@ class Admission {
   };
   std::vector<WorkerView> Workers() const;
   int queued() const;
+  // True when an Acquire now would be refused at once (max_pending reached): lets a caller skip
+  // the work of preparing a request (tokenizing, resolving) that cannot be admitted.
+  bool full() const;
   // True while a standing queue has put admission in its overload mode.
   bool overloaded() const;
 

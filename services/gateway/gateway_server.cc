@@ -1,6 +1,7 @@
 // Gateway process assembly; see gateway_server.h.
 #include "services/gateway/gateway_server.h"
 
+#include <cstdio>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +49,11 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
   f->AddInt("route_max_waiting", &g.weights.max_waiting, "queued requests that mark a worker overloaded");
   f->AddString("auth_token", &g.auth_token, "require 'authorization: Bearer <token>' on public RPCs");
   f->AddString("auth_token_file", &c->auth_token_file, "read the bearer token from this file");
+  f->AddInt("http_port", &c->http_port,
+            "OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models) on "
+            "this port; -1 off, 0 a free one");
+  f->AddInt("http_threads", &c->http_threads,
+            "concurrent HTTP requests at most (each stream holds one)");
 }
 
 absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const GatewayConfig& config) {
@@ -117,6 +123,27 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
   g->runner_->AddService({g->service_.get(), cascade::v1::Gateway::service_full_name()});
   g->drain_ = config.server.drain_timeout;
   if (absl::Status s = g->runner_->Start(); !s.ok()) return s;
+  if (config.http_port >= 0) {
+    OpenAiHttpOptions ho;
+    ho.host = config.server.host;
+    ho.port = config.http_port;
+    ho.threads = config.http_threads;
+    ho.model_name = opts.limits.model_name;
+    ho.max_context = opts.limits.max_context;
+    // JSON escapes can double a prompt's bytes; the gateway checks the real limits after.
+    ho.max_body_bytes = 2 * MaxRequestBytes(opts.limits);
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    auto http = OpenAiHttpServer::Start(ho, g->runner_->server()->InProcessChannel(args));
+    if (!http.ok()) return http.status();
+    g->http_ = std::move(*http);
+    if (config.server.print_ready_line) {
+      std::printf("cascade-gateway OpenAI HTTP API on http://%s:%d/v1\n",
+                  config.server.host.c_str(), g->http_->port());
+      std::fflush(stdout);
+    }
+  }
   common::LogInfo("gateway_started", {{"model", opts.limits.model_name},
                                       {"max_context", opts.limits.max_context},
                                       {"registry", config.registry_address},
@@ -132,6 +159,7 @@ void GatewayServer::Wait() {
 }
 
 void GatewayServer::Shutdown(absl::Duration drain) {
+  http_.reset();  // no new HTTP requests; open HTTP streams end with their gRPC calls
   if (runner_) runner_->Shutdown(drain);
 }
 

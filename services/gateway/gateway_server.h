@@ -11,6 +11,7 @@
 #include "services/common/flags.h"
 #include "services/common/server_runner.h"
 #include "services/gateway/gateway_service.h"
+#include "services/gateway/openai_http.h"
 
 namespace cascade::gateway {
 
@@ -23,6 +24,8 @@ struct GatewayConfig {
   std::string auth_token_file;
   common::ClientTlsOptions registry_tls;
   common::ClientTlsOptions worker_tls;
+  int http_port = -1;     // the OpenAI-compatible HTTP front: -1 off, 0 a free port
+  int http_threads = 64;  // its concurrent requests (a stream holds one)
 };
 
 void RegisterGatewayFlags(common::FlagSet* flags, GatewayConfig* config);
@@ -33,6 +36,7 @@ class GatewayServer {
   ~GatewayServer();
 
   int port() const { return runner_->port(); }
+  int http_port() const { return http_ ? http_->port() : -1; }
   std::string address() const { return runner_->local_address(); }
   common::ServerRunner& runner() { return *runner_; }
   void Wait();
@@ -47,6 +51,7 @@ class GatewayServer {
   std::unique_ptr<TurnMetrics> metrics_;
   std::unique_ptr<GatewayService> service_;
   std::unique_ptr<common::ServerRunner> runner_;
+  std::unique_ptr<OpenAiHttpServer> http_;  // after runner_: stopped before it
   absl::Duration drain_;
 };
 

@@ -79,6 +79,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     absl::StatusOr<Prompt> prompt = absl::InternalError("unset");
     if (st.ok()) st = ToGrpc(CheckModel(req.model(), svc_->options().limits));
     if (st.ok()) st = ToGrpc(common::CheckIdField("request_id", req.request_id()));
+    if (st.ok() && svc_->admission()->full()) {  // refused anyway: skip tokenizing and routing
+      svc_->metrics()->rejected->Increment();
+      st = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        "the gateway has its limit of requests admitted or queued "
+                        "(--max_concurrent); retry later");
+    }
     if (st.ok()) {
       prompt = BuildPrompt(req.chunks(), req.sampling(), req.cache_salt(),
                            !req.has_add_generation_prompt() || req.add_generation_prompt(),

@@ -281,9 +281,15 @@ TEST(CudaBackend, DecodeGraphReplayEqualsEagerBitwise) {
     compared_tokens += static_cast<int>(which.size());
   }
   const CudaGraphStats stats = GetCudaGraphStats(graph);
-  std::printf("graph == eager: %d whole rows, %d sampled rows; %lld captures, %lld replays\n",
-              compared_rows, compared_tokens, static_cast<long long>(stats.captures),
-              static_cast<long long>(stats.replays));
+  std::printf(
+      "graph == eager: %d whole rows, %d sampled rows; %lld captures, %lld replays; small-m GEMM "
+      "shapes verified %d, rejected %d\n",
+      compared_rows, compared_tokens, static_cast<long long>(stats.captures),
+      static_cast<long long>(stats.replays), stats.small_gemm_verified, stats.small_gemm_rejected);
+  // The decode rows here ran the small-m GEMMs and the prefills the pinned cuBLASLt algorithm;
+  // both backends agree and the cached == cold test below relies on it.
+  EXPECT_GT(stats.small_gemm_verified, 0);
+  EXPECT_EQ(stats.small_gemm_rejected, 0) << "small-m GEMM bits differ from cuBLASLt here";
   EXPECT_GT(stats.replays, 40) << "the decode graphs were not replayed";
   EXPECT_EQ(GetCudaGraphStats(eager).replays, 0);
 }

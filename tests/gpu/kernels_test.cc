@@ -3,10 +3,12 @@
 // checks allow |err| <= 1e-2 * (1 + |ref|) and the relative L2 error must stay under 5e-3.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
 #include "gpu_worker/backend/cuda/device.h"
+#include "gpu_worker/backend/cuda/gemm.h"
 #include "gpu_worker/backend/cuda/ops.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/test_util.h"
@@ -191,6 +193,39 @@ TEST(CudaKernels, QkNormRopeAppendEqualsTheTwoOpsBitwise) {
       EXPECT_EQ(Download<Bf16>(a_qkv, n * row), Download<Bf16>(b_qkv, n * row)) << "qkv, D " << D;
       EXPECT_EQ(Download<Bf16>(a_k, cache_elems), Download<Bf16>(b_k, cache_elems)) << "K, D " << D;
       EXPECT_EQ(Download<Bf16>(a_v, cache_elems), Download<Bf16>(b_v, cache_elems)) << "V, D " << D;
+    }
+  }
+}
+
+// The small-m GEMM accumulates like a non-split-K tensor-core GEMM: its rows are bitwise the
+// rows the pinned cuBLASLt algorithm computes for the same inputs inside a 96-row problem (a
+// prefill), for every m <= 16 and both output types. (Gemm also checks this at run time before
+// using it, since it is a property of the hardware and library, not of the C++.)
+TEST(CudaKernels, SmallGemmRowsEqualThePinnedGemmsRowsBitwise) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(15);
+  auto gemm = Gemm::Create(/*batch_invariant=*/true, 256, /*small_m=*/false);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  for (auto [n, k] : {std::pair{256, 128}, std::pair{1024, 3072}, std::pair{4096, 1024}}) {
+    for (bool f32 : {false, true}) {
+      const int ref_m = 96;
+      std::vector<float> x = RandomNormal(static_cast<size_t>(ref_m) * k, &rng);
+      std::vector<float> w = RandomNormal(static_cast<size_t>(n) * k, &rng, 1.f / std::sqrt(k));
+      DeviceBuffer d_x = Upload(RoundToBf16(&x)), d_w = Upload(RoundToBf16(&w));
+      const size_t ob = f32 ? 4 : 2;
+      DeviceBuffer d_ref = Poisoned<uint8_t>(ref_m * n * ob), d_y = Poisoned<uint8_t>(16 * n * ob);
+      ASSERT_TRUE((*gemm)
+                      ->Run(d_x.as<Bf16>(), d_w.as<Bf16>(), ref_m, n, k, d_ref.data(),
+                            f32 ? GemmOut::kF32 : GemmOut::kBf16, nullptr)
+                      .ok());
+      const std::vector<uint8_t> want = Download<uint8_t>(d_ref, 16 * n * ob);
+      for (int m = 1; m <= 16; ++m) {
+        ASSERT_TRUE(
+            SmallGemm(d_x.as<Bf16>(), d_w.as<Bf16>(), m, n, k, d_y.data(), f32, nullptr).ok());
+        const std::vector<uint8_t> got = Download<uint8_t>(d_y, m * n * ob);
+        EXPECT_EQ(0, std::memcmp(want.data(), got.data(), got.size()))
+            << "n " << n << " k " << k << " m " << m << (f32 ? " f32" : " bf16");
+      }
     }
   }
 }

@@ -60,6 +60,7 @@ struct StackOptions {
   bool resume = true;    // gateway --resume_mid_stream
   bool static_workers = true;  // also pass the workers as the gateway's --workers fallback
   gateway::AdmissionOptions admission;  // the gateway's (max_pending is max_concurrent)
+  int http_port = -1;                   // the gateway's OpenAI HTTP front: 0 a free port
 };
 
 class Stack {
@@ -76,6 +77,7 @@ class Stack {
     }
     g.gateway.max_concurrent = o.max_concurrent;
     g.gateway.admission = o.admission;
+    g.http_port = o.http_port;
     g.gateway.auth_token = o.auth_token;
     g.gateway.resume_mid_stream = o.resume;
     g.gateway.limits.default_max_tokens = 16;

@@ -148,7 +148,9 @@ class CudaBackend final : public engine::Backend {
   absl::Status Init(const model::Model& m);
 
   std::string Name() const override { return "cuda"; }
-  CudaGraphStats graph_stats() const { return {graph_captures_, graph_replays_}; }
+  CudaGraphStats graph_stats() const {
+    return {graph_captures_, graph_replays_, gemm_->small_verified(), gemm_->small_rejected()};
+  }
   int64_t NumBlocks() const override { return num_blocks_; }
   int BlockSize() const override { return o_.block_size; }
   int VocabSize() const override { return static_cast<int>(c_.vocab_size); }
@@ -230,7 +232,7 @@ absl::Status CudaBackend::Init(const model::Model& m) {
     return absl::InvalidArgumentError("cuda backend: hidden, intermediate and vocab sizes must be "
                                       "multiples of 8");
   }
-  ASSIGN_OR_RETURN(gemm, Gemm::Create(o_.batch_invariant));
+  ASSIGN_OR_RETURN(gemm, Gemm::Create(o_.batch_invariant, /*reference_m=*/256, o_.small_m_gemm));
   gemm_ = std::move(gemm);
 
   ASSIGN_OR_RETURN(embed, UploadBf16(m, {"model.embed_tokens.weight"}));

@@ -29,6 +29,10 @@ struct CudaBackendOptions {
   // other steps run eagerly. Replay computes exactly what eager does (same kernels, same
   // pinned GEMM algorithms, same attention items), so it changes no bits.
   bool cuda_graphs = true;
+  // Deterministic mode only: GEMMs of <= 16 rows use SmallGemm where its bits were verified equal
+  // to the pinned algorithm's (gemm.h), since the pinned large-tile kernels stream weights far
+  // below bandwidth at decode-sized m.
+  bool small_m_gemm = true;
   int max_graph_batch = 256;  // also capped by max_logits_rows and max_num_tokens
 };
 
@@ -45,11 +49,13 @@ absl::Status ValidateCudaBackendOptions(const CudaBackendOptions& options);
 absl::StatusOr<std::unique_ptr<engine::Backend>> NewCudaBackend(const model::Model& model,
                                                                 const CudaBackendOptions& options);
 
-// Counters of the decode-graph path, for tests and benchmarks: graphs captured and replayed
-// steps. All zero for a backend that is not the CUDA backend.
+// Counters of the decode path, for tests and benchmarks: graphs captured, replayed steps, and
+// the small-m GEMM verification (gemm.h). All zero for a backend that is not the CUDA backend.
 struct CudaGraphStats {
   int64_t captures = 0;
   int64_t replays = 0;
+  int small_gemm_verified = 0;  // weight shapes whose small-m GEMM matched the pinned one
+  int small_gemm_rejected = 0;  // shapes that did not (they stay on cuBLASLt)
 };
 CudaGraphStats GetCudaGraphStats(const engine::Backend& backend);
 

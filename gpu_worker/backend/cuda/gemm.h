@@ -7,6 +7,14 @@
 // and reused for every m: each output element is then the same k-loop over the same data whatever
 // else is in the batch. If cuBLASLt rejects the pinned algorithm for some m, that call falls back
 // to the heuristic's choice and fallbacks() counts it (invariance is then not guaranteed).
+//
+// Decode-sized m: the pinned algorithm (a large-tile kernel chosen for m = 256) streams the
+// weights far below bandwidth at m <= 16. With `small_m`, the calls where SmallGemm measured
+// faster (m <= 2 with n >= 3072, and n >= 65536 up to m = 16: gemm.cc) go to SmallGemm (ops.h), one
+// fp32 accumulator per element over k ascending in m16n8k16 tensor-core steps -- the same
+// accumulation a non-split-K tensor-core GEMM does. It is used for a shape (n, k, output type)
+// only after its first call compared its output bitwise with the pinned algorithm's on the same
+// data (outside graph capture); a shape that differs stays on cuBLASLt (small_rejected()).
 #pragma once
 
 #include <cstdint>
@@ -27,7 +35,8 @@ enum class GemmOut { kBf16, kF32 };
 class Gemm {
  public:
   // reference_m: the m at which pinned algorithms are chosen.
-  static absl::StatusOr<std::unique_ptr<Gemm>> Create(bool batch_invariant, int reference_m = 256);
+  static absl::StatusOr<std::unique_ptr<Gemm>> Create(bool batch_invariant, int reference_m = 256,
+                                                      bool small_m = true);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -39,6 +48,10 @@ class Gemm {
                    Stream stream);
 
   int64_t fallbacks() const { return fallbacks_; }
+  // Shapes verified bitwise and served by SmallGemm at m <= kSmallM; shapes that differed.
+  int small_verified() const { return small_verified_; }
+  int small_rejected() const { return small_rejected_; }
+  static constexpr int kSmallM = 16;
 
  private:
   struct Algo;
@@ -52,6 +65,9 @@ class Gemm {
   std::map<std::tuple<int, int, int, int>, std::unique_ptr<Algo>> algos_;  // (m or -1, n, k, out)
   std::set<std::tuple<int, int, int, int>> checked_;  // (m, n, k, out) verified for a pinned algo
   int64_t fallbacks_ = 0;
+  bool small_m_ = true;
+  std::map<std::tuple<int, int, int>, bool> small_ok_;  // (n, k, out) -> verified equal
+  int small_verified_ = 0, small_rejected_ = 0;
 };
 
 }  // namespace cascade::cuda

@@ -34,6 +34,9 @@ cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const RowSam
                              int32_t* out, cudaStream_t stream);
 // CTAs per kv head that fill exactly one wave of the split attention kernel on the current device.
 cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int* ctas);
+// See small_gemm.cu. REQUIRES: m <= 16, n % 8 == 0, k % 64 == 0.
+cudaError_t LaunchSmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,
+                            bool f32_out, cudaStream_t stream);
 cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionPlanView& plan,
                             cudaStream_t stream);
 

@@ -122,6 +122,15 @@ absl::Status SampleRows(const float* logits, int n, int vocab, const RowSamplePa
                     "SampleRows");
 }
 
+absl::Status SmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,
+                       Stream stream) {
+  if (m < 0 || m > 16 || n <= 0 || k <= 0 || n % 8 || k % 64) {
+    return Bad("SmallGemm", absl::StrCat("bad shape m=", m, " n=", n, " k=", k));
+  }
+  if (m > 0 && (!x || !w || !y)) return Bad("SmallGemm", "null pointer");
+  return CudaStatus(internal::LaunchSmallGemm(x, w, m, n, k, y, f32_out, stream), "SmallGemm");
+}
+
 absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Stream stream) {
   if (n < 0 || vocab <= 0) return Bad("ArgmaxRows", "bad shape");
   if (n > 0 && (!logits || !out)) return Bad("ArgmaxRows", "null pointer");

@@ -56,6 +56,13 @@ absl::Status SiluMul(const Bf16* gu, int n, int inter, Bf16* out, Stream stream)
 absl::Status GatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out,
                         Stream stream);
 
+// y[m, n] = x[m, k] * w[n, k]^T for m <= 16 rows (bf16 in, f32 or bf16 out), each element one
+// fp32 accumulator over k ascending in m16n8k16 tensor-core steps (small_gemm.cu). Gemm uses it
+// for decode-sized m only where it verified the bits against its pinned cuBLASLt algorithm.
+// REQUIRES: n % 8 == 0, k % 64 == 0, 4-byte aligned x and w.
+absl::Status SmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,
+                       Stream stream);
+
 // out[i] = argmax_j logits[i, j] (lowest index among ties; NaN never wins).
 // logits: [n, vocab] f32, out: [n] int32.
 absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Stream stream);

@@ -1,0 +1,554 @@
+// OpenAI JSON <-> cascade.v1; see openai_api.h. Every access to the body checks the JSON type
+// first (nlohmann throws on a wrong type; a request must never reach a throw).
+#include "services/gateway/openai_api.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/bounded_text.h"
+
+namespace cascade::gateway::openai {
+namespace {
+
+using nlohmann::json;
+
+absl::Status Bad(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+// Reads an optional number field into `set`; a present field of another type is an error.
+absl::Status Number(const json& body, const char* key,
+                    const std::function<absl::Status(double)>& set) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number()) return Bad(absl::StrCat(key, " must be a number"));
+  const double v = it->get<double>();
+  if (!std::isfinite(v)) return Bad(absl::StrCat(key, " must be finite"));
+  return set(v);
+}
+
+absl::Status Integer(const json& body, const char* key,
+                     const std::function<absl::Status(int64_t)>& set) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_number_integer()) return Bad(absl::StrCat(key, " must be an integer"));
+  return set(it->get<int64_t>());
+}
+
+absl::StatusOr<bool> Bool(const json& body, const char* key, bool fallback) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) return Bad(absl::StrCat(key, " must be true or false"));
+  return it->get<bool>();
+}
+
+absl::StatusOr<std::string> String(const json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::string();
+  if (!it->is_string()) return Bad(absl::StrCat(key, " must be a string"));
+  return it->get<std::string>();
+}
+
+// Token ids from a JSON array of integers.
+absl::Status TokenIds(const json& arr, const std::string& field, cascade::v1::TokenIds* out) {
+  for (size_t i = 0; i < arr.size(); ++i) {
+    if (!arr[i].is_number_integer())
+      return Bad(absl::StrCat(field, "[", i, "] must be a token id"));
+    const int64_t id = arr[i].get<int64_t>();
+    if (id < 0 || id > INT32_MAX) return Bad(absl::StrCat(field, "[", i, "] is not a token id"));
+    out->add_ids(static_cast<int32_t>(id));
+  }
+  if (out->ids().empty()) return Bad(field + " is empty");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<cascade::v1::ChunkKind> KindNamed(const std::string& name,
+                                                 const std::string& field) {
+  if (name == "system") return cascade::v1::CHUNK_KIND_SYSTEM;
+  if (name == "context") return cascade::v1::CHUNK_KIND_CONTEXT;
+  if (name == "query" || name == "user") return cascade::v1::CHUNK_KIND_QUERY;
+  if (name == "raw") return cascade::v1::CHUNK_KIND_RAW;
+  if (name == "assistant") return cascade::v1::CHUNK_KIND_ASSISTANT;
+  return Bad(absl::StrCat(field, " must be system, context, query, raw or assistant, got '",
+                          common::Excerpt(name), "'"));
+}
+
+// A message's content: a string, or an array of {"type": "text", "text": ...} parts.
+absl::StatusOr<std::string> ContentText(const json& content, const std::string& field) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) return Bad(field + " must be a string or an array of text parts");
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    const std::string pf = absl::StrCat(field, "[", i, "]");
+    if (!part.is_object()) return Bad(pf + " must be an object");
+    auto type = String(part, "type");
+    if (!type.ok()) return type.status();
+    if (*type != "text") {
+      return Bad(absl::StrCat(pf, ".type '", common::Excerpt(*type),
+                              "' is not supported; only text parts are"));
+    }
+    auto t = String(part, "text");
+    if (!t.ok()) return t.status();
+    text += *t;
+  }
+  return text;
+}
+
+// The vendor fields of a chunk-like object: "chunk_kind" and "cache_salt".
+absl::Status VendorChunkFields(const json& obj, const std::string& field, cascade::v1::Chunk* c) {
+  auto kind = String(obj, "chunk_kind");
+  if (!kind.ok()) return kind.status();
+  if (!kind->empty()) {
+    auto k = KindNamed(*kind, field + ".chunk_kind");
+    if (!k.ok()) return k.status();
+    c->set_kind(*k);
+  }
+  auto salt = String(obj, "cache_salt");
+  if (!salt.ok()) return salt.status();
+  c->set_cache_salt(*salt);
+  return absl::OkStatus();
+}
+
+absl::Status ChatMessages(const json& body, cascade::v1::GenerateRequest* r) {
+  auto it = body.find("messages");
+  if (it == body.end() || !it->is_array() || it->empty()) {
+    return Bad("messages must be a non-empty array");
+  }
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string field = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return Bad(field + " must be an object");
+    auto role = String(m, "role");
+    if (!role.ok()) return role.status();
+    auto* c = r->add_chunks();
+    if (*role == "system" || *role == "developer") {
+      c->set_kind(cascade::v1::CHUNK_KIND_SYSTEM);
+    } else if (*role == "user") {
+      c->set_kind(cascade::v1::CHUNK_KIND_QUERY);
+    } else if (*role == "assistant") {
+      c->set_kind(cascade::v1::CHUNK_KIND_ASSISTANT);
+    } else {
+      return Bad(absl::StrCat(field, ".role '", common::Excerpt(*role),
+                              "' is not supported; use system, developer, user or assistant"));
+    }
+    if (m.contains("tool_calls") || m.contains("function_call")) {
+      return Bad(field + ": tool calls are not supported");
+    }
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) return Bad(field + ".content is required");
+    auto text = ContentText(*content, field + ".content");
+    if (!text.ok()) return text.status();
+    c->set_text(*text);
+    if (absl::Status s = VendorChunkFields(m, field, c); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CompletionPrompt(const json& body, cascade::v1::GenerateRequest* r) {
+  // Vendor extension: the prompt as Cascade chunks, each {"kind", "text" | "token_ids",
+  // "cache_salt"}; the same chunks as a gRPC Generate.
+  if (auto chunks = body.find("chunks"); chunks != body.end() && !chunks->is_null()) {
+    if (body.contains("prompt")) return Bad("give prompt or chunks, not both");
+    if (!chunks->is_array() || chunks->empty()) return Bad("chunks must be a non-empty array");
+    for (size_t i = 0; i < chunks->size(); ++i) {
+      const json& cj = (*chunks)[i];
+      const std::string field = absl::StrCat("chunks[", i, "]");
+      if (!cj.is_object()) return Bad(field + " must be an object");
+      auto* c = r->add_chunks();
+      auto kind = String(cj, "kind");
+      if (!kind.ok()) return kind.status();
+      auto k = KindNamed(kind->empty() ? "raw" : *kind, field + ".kind");
+      if (!k.ok()) return k.status();
+      c->set_kind(*k);
+      if (auto ids = cj.find("token_ids"); ids != cj.end() && !ids->is_null()) {
+        if (!ids->is_array()) return Bad(field + ".token_ids must be an array");
+        if (absl::Status s = TokenIds(*ids, field + ".token_ids", c->mutable_token_ids());
+            !s.ok()) {
+          return s;
+        }
+      } else {
+        auto text = String(cj, "text");
+        if (!text.ok()) return text.status();
+        c->set_text(*text);
+      }
+      auto salt = String(cj, "cache_salt");
+      if (!salt.ok()) return salt.status();
+      c->set_cache_salt(*salt);
+    }
+    return absl::OkStatus();
+  }
+  auto p = body.find("prompt");
+  if (p == body.end() || p->is_null()) return Bad("prompt is required (or the chunks extension)");
+  auto* c = r->add_chunks();
+  c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+  if (p->is_string()) {
+    c->set_text(p->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
+    c->set_text((*p)[0].get<std::string>());
+    return absl::OkStatus();
+  }
+  if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
+    return TokenIds(*p, "prompt", c->mutable_token_ids());
+  }
+  return Bad(
+      "prompt must be a string, a one-string array or an array of token ids (one prompt "
+      "per request)");
+}
+
+absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v1::SamplingParams* s,
+                      RequestMeta* meta) {
+  using absl::OkStatus;
+  absl::Status st;
+  // Unsupported options are refused, not ignored: a client relying on one would get other output.
+  if (auto n = body.find("n");
+      n != body.end() && !n->is_null() && !(n->is_number_integer() && *n == 1)) {
+    return Bad("n: only 1 choice per request is supported");
+  }
+  if (auto b = body.find("best_of");
+      b != body.end() && !b->is_null() && !(b->is_number_integer() && *b == 1)) {
+    return Bad("best_of is not supported");
+  }
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    if (auto v = body.find(key);
+        v != body.end() && !v->is_null() && !(v->is_number() && v->get<double>() == 0.0)) {
+      return Bad(absl::StrCat(key, " is not supported; use repetition_penalty"));
+    }
+  }
+  for (const char* key : {"logit_bias", "tools", "functions", "suffix", "response_format",
+                          "guided_json", "guided_regex"}) {
+    if (auto v = body.find(key); v != body.end() && !v->is_null() &&
+                                 !(v->is_object() && v->empty()) &&
+                                 !(v->is_array() && v->empty())) {
+      return Bad(absl::StrCat(key, " is not supported"));
+    }
+  }
+  if (auto e = body.find("echo"); e != body.end() && e->is_boolean() && e->get<bool>()) {
+    return Bad("echo is not supported");
+  }
+  if (!(st = Number(body, "temperature", [&](double v) {
+          s->set_temperature(static_cast<float>(v));
+          return OkStatus();
+        })).ok())
+    return st;
+  if (!(st = Number(body, "top_p", [&](double v) {
+          s->set_top_p(static_cast<float>(v));
+          return OkStatus();
+        })).ok())
+    return st;
+  if (!(st = Integer(body, "top_k", [&](int64_t v) {
+          if (v < -1 || v > INT32_MAX) return Bad("top_k must be -1, 0 or positive");
+          s->set_top_k(static_cast<int32_t>(v));
+          return OkStatus();
+        })).ok())
+    return st;
+  if (!(st = Number(body, "min_p", [&](double v) {
+          s->set_min_p(static_cast<float>(v));
+          return OkStatus();
+        })).ok())
+    return st;
+  if (!(st = Number(body, "repetition_penalty", [&](double v) {
+          s->set_repetition_penalty(static_cast<float>(v));
+          return OkStatus();
+        })).ok())
+    return st;
+  auto max_tokens = [&](int64_t v) {
+    if (v < 1 || v > INT32_MAX) return Bad("max_tokens must be at least 1");
+    s->set_max_tokens(static_cast<int32_t>(v));
+    return OkStatus();
+  };
+  if (!(st = Integer(body, "max_tokens", max_tokens)).ok()) return st;
+  if (!(st = Integer(body, "max_completion_tokens", max_tokens)).ok()) return st;
+  if (!(st = Integer(body, "seed", [&](int64_t v) {
+          s->set_seed(static_cast<uint64_t>(v));
+          return OkStatus();
+        })).ok())
+    return st;
+  auto ignore_eos = Bool(body, "ignore_eos", false);
+  if (!ignore_eos.ok()) return ignore_eos.status();
+  s->set_ignore_eos(*ignore_eos);
+  if (auto stop = body.find("stop"); stop != body.end() && !stop->is_null()) {
+    if (stop->is_string()) {
+      s->add_stop(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (size_t i = 0; i < stop->size(); ++i) {
+        if (!(*stop)[i].is_string()) return Bad(absl::StrCat("stop[", i, "] must be a string"));
+        s->add_stop((*stop)[i].get<std::string>());
+      }
+    } else {
+      return Bad("stop must be a string or an array of strings");
+    }
+  }
+  if (auto ids = body.find("stop_token_ids"); ids != body.end() && !ids->is_null()) {
+    if (!ids->is_array()) return Bad("stop_token_ids must be an array");
+    cascade::v1::TokenIds t;
+    if (!ids->empty()) {
+      if (absl::Status e = TokenIds(*ids, "stop_token_ids", &t); !e.ok()) return e;
+    }
+    s->mutable_stop_token_ids()->Add(t.ids().begin(), t.ids().end());
+  }
+  // Logprobs: completions take a count; chat takes a flag plus top_logprobs.
+  if (endpoint == Endpoint::kCompletions) {
+    if (!(st = Integer(body, "logprobs", [&](int64_t v) {
+            if (v < 0 || v > 20) return Bad("logprobs must be in [0, 20]");
+            s->set_logprobs(static_cast<int32_t>(v));
+            meta->logprobs = true;
+            return OkStatus();
+          })).ok())
+      return st;
+  } else {
+    auto want = Bool(body, "logprobs", false);
+    if (!want.ok()) return want.status();
+    meta->logprobs = *want;
+    if (!(st = Integer(body, "top_logprobs", [&](int64_t v) {
+            if (v < 0 || v > 20) return Bad("top_logprobs must be in [0, 20]");
+            if (!*want) return Bad("top_logprobs needs logprobs: true");
+            s->set_logprobs(static_cast<int32_t>(v));
+            return OkStatus();
+          })).ok())
+      return st;
+    // logprobs without top_logprobs: the sampled token's logprob only (our 0 asks for none).
+    if (*want && s->logprobs() == 0) s->set_logprobs(1);
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Translated> TranslateRequest(const json& body, Endpoint endpoint,
+                                            const std::string& served_model) {
+  if (!body.is_object()) return Bad("the request body must be a JSON object");
+  Translated t;
+  t.meta.endpoint = endpoint;
+  auto model = String(body, "model");
+  if (!model.ok()) return model.status();
+  if (!model->empty() && *model != served_model) {
+    return absl::NotFoundError(absl::StrCat("The model '", common::Excerpt(*model),
+                                            "' does not exist; this server serves '", served_model,
+                                            "'"));
+  }
+  t.request.set_model(served_model);
+  auto stream = Bool(body, "stream", false);
+  if (!stream.ok()) return stream.status();
+  t.meta.stream = *stream;
+  if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {
+    if (!so->is_object()) return Bad("stream_options must be an object");
+    auto usage = Bool(*so, "include_usage", false);
+    if (!usage.ok()) return usage.status();
+    t.meta.include_usage = *usage;
+  }
+  auto salt = String(body, "cache_salt");
+  if (!salt.ok()) return salt.status();
+  t.request.set_cache_salt(*salt);
+  auto id = String(body, "request_id");
+  if (!id.ok()) return id.status();
+  t.request.set_request_id(*id);
+  if (endpoint == Endpoint::kChat) {
+    if (absl::Status s = ChatMessages(body, &t.request); !s.ok()) return s;
+    auto gen = Bool(body, "add_generation_prompt", true);
+    if (!gen.ok()) return gen.status();
+    t.request.set_add_generation_prompt(*gen);
+  } else {
+    if (absl::Status s = CompletionPrompt(body, &t.request); !s.ok()) return s;
+    t.request.set_add_generation_prompt(false);
+  }
+  if (absl::Status s = Sampling(body, endpoint, t.request.mutable_sampling(), &t.meta); !s.ok()) {
+    return s;
+  }
+  return t;
+}
+
+std::string FinishReasonName(cascade::v1::FinishReason reason) {
+  switch (reason) {
+    case cascade::v1::FINISH_REASON_STOP:
+    case cascade::v1::FINISH_REASON_STOP_STRING:
+      return "stop";
+    case cascade::v1::FINISH_REASON_LENGTH:
+      return "length";
+    case cascade::v1::FINISH_REASON_CANCELLED:
+    case cascade::v1::FINISH_REASON_ERROR:
+      return "abort";
+    default:
+      return "";
+  }
+}
+
+ResponseBuilder::ResponseBuilder(const RequestMeta& meta, std::string model, int64_t created_unix)
+    : meta_(meta), model_(std::move(model)), created_(created_unix) {
+  if (meta_.endpoint == Endpoint::kChat) logprobs_ = json{{"content", json::array()}};
+}
+
+json ResponseBuilder::Envelope(const char* object) const {
+  return json{{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
+}
+
+json ResponseBuilder::Usage() const {
+  return json{{"prompt_tokens", usage_.prompt_tokens()},
+              {"completion_tokens", usage_.completion_tokens()},
+              {"total_tokens", usage_.prompt_tokens() + usage_.completion_tokens()},
+              {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens()}}}};
+}
+
+json ResponseBuilder::LogprobsOf(const cascade::v1::TokenDelta& delta) const {
+  if (meta_.endpoint == Endpoint::kChat) {
+    json content = json::array();
+    for (const auto& e : delta.logprobs()) {
+      json top = json::array();
+      for (const auto& t : e.top()) top.push_back({{"token", t.text()}, {"logprob", t.logprob()}});
+      content.push_back({{"token", e.sampled().text()},
+                         {"logprob", e.sampled().logprob()},
+                         {"top_logprobs", top}});
+    }
+    return json{{"content", content}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array();
+  for (const auto& e : delta.logprobs()) {
+    tokens.push_back(e.sampled().text());
+    token_logprobs.push_back(e.sampled().logprob());
+    json alts = json::object();
+    for (const auto& t : e.top()) alts[t.text()] = t.logprob();
+    top.push_back(alts);
+  }
+  return json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}};
+}
+
+std::vector<json> ResponseBuilder::OnEvent(const cascade::v1::GenerateResponse& ev) {
+  std::vector<json> out;
+  const bool chat = meta_.endpoint == Endpoint::kChat;
+  const char* object = chat ? "chat.completion.chunk" : "text_completion";
+  if (ev.has_start()) {
+    started_ = true;
+    id_ = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", ev.start().request_id());
+    usage_.set_prompt_tokens(ev.start().prompt_tokens());
+    usage_.set_cached_tokens(ev.start().cached_tokens());
+    if (chat && meta_.stream) {
+      json c = Envelope(object);
+      c["choices"] = json::array({{{"index", 0},
+                                   {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", nullptr}}});
+      out.push_back(std::move(c));
+    }
+  }
+  if (ev.has_delta()) {
+    const auto& d = ev.delta();
+    text_ += d.text();
+    json lp = nullptr;
+    if (meta_.logprobs && d.logprobs_size() > 0) {
+      lp = LogprobsOf(d);
+      if (!meta_.stream) {
+        if (chat) {
+          for (auto& e : lp["content"]) logprobs_["content"].push_back(e);
+        } else {
+          if (logprobs_.is_null()) {
+            logprobs_ = json{{"tokens", json::array()},
+                             {"token_logprobs", json::array()},
+                             {"top_logprobs", json::array()}};
+          }
+          for (const char* k : {"tokens", "token_logprobs", "top_logprobs"}) {
+            for (auto& e : lp[k]) logprobs_[k].push_back(e);
+          }
+        }
+      }
+    }
+    if (meta_.stream && (!d.text().empty() || !lp.is_null())) {
+      json c = Envelope(object);
+      json choice = {{"index", 0}, {"logprobs", lp}, {"finish_reason", nullptr}};
+      if (chat) {
+        choice["delta"] = {{"content", d.text()}};
+      } else {
+        choice["text"] = d.text();
+      }
+      c["choices"] = json::array({choice});
+      out.push_back(std::move(c));
+    }
+  }
+  if (ev.has_finish()) {
+    finished_ = true;
+    finish_reason_ = FinishReasonName(ev.finish().finish_reason());
+    usage_ = ev.finish().usage();
+    if (meta_.stream) {
+      json c = Envelope(object);
+      json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_}};
+      if (chat) {
+        choice["delta"] = json::object();
+      } else {
+        choice["text"] = "";
+      }
+      c["choices"] = json::array({choice});
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+json ResponseBuilder::UsageChunk() const {
+  json c =
+      Envelope(meta_.endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion");
+  c["choices"] = json::array();
+  c["usage"] = Usage();
+  return c;
+}
+
+json ResponseBuilder::Final() const {
+  const bool chat = meta_.endpoint == Endpoint::kChat;
+  json r = Envelope(chat ? "chat.completion" : "text_completion");
+  json choice = {{"index", 0},
+                 {"logprobs", meta_.logprobs ? logprobs_ : json(nullptr)},
+                 {"finish_reason", finish_reason_}};
+  if (chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text_}};
+  } else {
+    choice["text"] = text_;
+  }
+  r["choices"] = json::array({choice});
+  r["usage"] = Usage();
+  return r;
+}
+
+int HttpStatusFor(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+json ErrorBody(const absl::Status& s) {
+  const int http = HttpStatusFor(s);
+  std::string type = "server_error";
+  json code = nullptr;
+  if (http == 400) type = "invalid_request_error";
+  if (http == 401) type = "authentication_error";
+  if (http == 403) type = "permission_error";
+  if (http == 404) {
+    type = "invalid_request_error";
+    code = "model_not_found";
+  }
+  if (http == 429) {
+    type = "rate_limit_error";
+    code = "rate_limit_exceeded";
+  }
+  return json{{"error",
+               {{"message", common::CapStatusMessage(s.message())},
+                {"type", type},
+                {"param", nullptr},
+                {"code", code}}}};
+}
+
+}  // namespace cascade::gateway::openai

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# End to end with the clients OpenAI users hold: starts `cascade up --http_port` (registry, one CPU
+# worker, gateway with its OpenAI HTTP front) from the build's bin/, then runs curl and the
+# official `openai` npm client (tests/e2e/openai_client.js) against it. Fails, never skips, when
+# node, curl or the npm package is missing (scripts/setup.sh installs them).
+#   tests/e2e/openai_e2e_test.sh [BIN_DIR]
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+BIN="${1:-${CASCADE_BINARY_DIR:+$CASCADE_BINARY_DIR/bin}}"
+BIN="${BIN:-$ROOT/build/bin}"
+NODE_DIR="${CASCADE_NODE_DIR:-$ROOT/scripts/node}"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+command -v node >/dev/null 2>&1 || fail "node is not installed; run scripts/setup.sh"
+command -v curl >/dev/null 2>&1 || fail "curl is not installed; run scripts/setup.sh"
+node -e 'require(require.resolve("openai", {paths: [process.argv[1]]}))' "$NODE_DIR" 2>/dev/null ||
+  fail "the npm package openai is missing from $NODE_DIR/node_modules; run scripts/setup.sh"
+for b in cascade cascade-registry cascade-worker cascade-gateway; do
+  [[ -x "$BIN/$b" ]] || fail "$BIN/$b is not built"
+done
+
+TMP="$(mktemp -d "${TMPDIR:-/tmp}/cascade-openai-e2e.XXXXXX")"
+HTTP_PORT="$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
+"$BIN/cascade" up --port 0 --registry_port 0 --http_port "$HTTP_PORT" --log_dir "$TMP/logs" \
+  >"$TMP/up.out" 2>"$TMP/up.err" &
+UP_PID=$!
+cleanup() {
+  kill -TERM "$UP_PID" 2>/dev/null
+  for _ in $(seq 1 100); do kill -0 "$UP_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$UP_PID" 2>/dev/null
+  [[ -n "${KEEP_TMP:-}" ]] || rm -rf "$TMP"
+}
+trap cleanup EXIT
+for _ in $(seq 1 600); do
+  grep -q "Ctrl-C stops everything" "$TMP/up.out" 2>/dev/null && break
+  kill -0 "$UP_PID" 2>/dev/null || { cat "$TMP/up.err"; fail "cascade up exited"; }
+  sleep 0.1
+done
+grep -q "Ctrl-C stops everything" "$TMP/up.out" || { cat "$TMP/up.err"; fail "cascade up did not come up in 60 s"; }
+grep -q "OpenAI API at http://localhost:$HTTP_PORT/v1" "$TMP/up.out" || fail "the banner does not show the OpenAI API"
+
+BASE="http://127.0.0.1:$HTTP_PORT/v1"
+# curl, as the README shows it.
+out="$(curl -sS "$BASE/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}')" ||
+  fail "curl chat failed"
+echo "$out" | grep -q '"object":"chat.completion"' || fail "curl chat: unexpected body: $out"
+echo "ok: curl chat.completion"
+code="$(curl -sS -o "$TMP/err.json" -w '%{http_code}' "$BASE/completions" \
+  -H 'Content-Type: application/json' -d '{"prompt": "Hi", "top_p": 5}')"
+[[ "$code" == 400 ]] || fail "curl bad top_p: HTTP $code, want 400"
+grep -q '"invalid_request_error"' "$TMP/err.json" || fail "curl bad top_p: $(cat "$TMP/err.json")"
+echo "ok: curl bad input is a 400 invalid_request_error"
+sse="$(curl -sSN "$BASE/completions" -H 'Content-Type: application/json' \
+  -d '{"prompt": "Hi", "max_tokens": 3, "stream": true}')" || fail "curl stream failed"
+echo "$sse" | tail -n 2 | grep -q '^data: \[DONE\]' || fail "curl stream does not end in [DONE]: $sse"
+echo "ok: curl stream ends in data: [DONE]"
+
+node "$HERE/openai_client.js" "$BASE" "$NODE_DIR" || fail "the openai client checks failed"
+echo "openai_e2e_test: passed"

@@ -1,0 +1,173 @@
+// The OpenAI JSON mapping (openai_api.h): messages onto chunks, sampling fields, refusals of what
+// Cascade does not implement, and the response objects built from Generate events.
+#include "services/gateway/openai_api.h"
+
+#include <gtest/gtest.h>
+
+namespace cascade::gateway::openai {
+namespace {
+
+using nlohmann::json;
+
+TEST(OpenAiApiTest, ChatMessagesBecomeChunksOfTheirKinds) {
+  json body = {{"model", "m"},
+               {"messages",
+                {{{"role", "system"}, {"content", "be brief"}},
+                 {{"role", "user"},
+                  {"content", "a long document"},
+                  {"chunk_kind", "context"},
+                  {"cache_salt", "tenant-a"}},
+                 {{"role", "assistant"}, {"content", {{{"type", "text"}, {"text", "ok"}}}}},
+                 {{"role", "user"}, {"content", "question"}}}},
+               {"max_completion_tokens", 7},
+               {"temperature", 0.5},
+               {"seed", 3}};
+  auto t = TranslateRequest(body, Endpoint::kChat, "m");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const auto& r = t->request;
+  ASSERT_EQ(r.chunks_size(), 4);
+  EXPECT_EQ(r.chunks(0).kind(), cascade::v1::CHUNK_KIND_SYSTEM);
+  EXPECT_EQ(r.chunks(1).kind(), cascade::v1::CHUNK_KIND_CONTEXT);
+  EXPECT_EQ(r.chunks(1).cache_salt(), "tenant-a");
+  EXPECT_EQ(r.chunks(2).kind(), cascade::v1::CHUNK_KIND_ASSISTANT);
+  EXPECT_EQ(r.chunks(2).text(), "ok");
+  EXPECT_EQ(r.chunks(3).kind(), cascade::v1::CHUNK_KIND_QUERY);
+  EXPECT_TRUE(r.add_generation_prompt());
+  EXPECT_EQ(r.sampling().max_tokens(), 7);
+  EXPECT_FLOAT_EQ(r.sampling().temperature(), 0.5f);
+  EXPECT_EQ(r.sampling().seed(), 3u);
+}
+
+TEST(OpenAiApiTest, CompletionPromptsAreRawTextOrTokenIds) {
+  auto text = TranslateRequest({{"prompt", "Hello"}}, Endpoint::kCompletions, "m");
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(text->request.chunks(0).kind(), cascade::v1::CHUNK_KIND_RAW);
+  EXPECT_EQ(text->request.chunks(0).text(), "Hello");
+  EXPECT_FALSE(text->request.add_generation_prompt());
+  auto ids = TranslateRequest({{"prompt", {1, 2, 3}}}, Endpoint::kCompletions, "m");
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->request.chunks(0).token_ids().ids_size(), 3);
+  auto chunks = TranslateRequest(
+      {{"chunks", {{{"kind", "system"}, {"text", "s"}}, {{"kind", "query"}, {"text", "q"}}}}},
+      Endpoint::kCompletions, "m");
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  EXPECT_EQ(chunks->request.chunks(0).kind(), cascade::v1::CHUNK_KIND_SYSTEM);
+  EXPECT_EQ(chunks->request.chunks(1).kind(), cascade::v1::CHUNK_KIND_QUERY);
+}
+
+TEST(OpenAiApiTest, WhatIsNotImplementedIsRefusedByName) {
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, json>>{{"n", 2},
+                                                 {"presence_penalty", 0.1},
+                                                 {"frequency_penalty", 1},
+                                                 {"logit_bias", {{"5", 1}}},
+                                                 {"tools", {{{"type", "function"}}}},
+                                                 {"response_format", {{"type", "json_object"}}}}) {
+    json body = chat;
+    body[key] = value;
+    auto t = TranslateRequest(body, Endpoint::kChat, "m");
+    ASSERT_FALSE(t.ok()) << key;
+    EXPECT_TRUE(absl::IsInvalidArgument(t.status())) << key;
+    EXPECT_NE(t.status().message().find(key), absl::string_view::npos) << t.status();
+  }
+  // Defaults that ask for nothing are fine.
+  json fine = chat;
+  fine["n"] = 1;
+  fine["presence_penalty"] = 0;
+  fine["logit_bias"] = json::object();
+  EXPECT_TRUE(TranslateRequest(fine, Endpoint::kChat, "m").ok());
+}
+
+TEST(OpenAiApiTest, WrongTypesAndUnknownModelsAreClearErrors) {
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(TranslateRequest(json::array(), Endpoint::kChat, "m").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      TranslateRequest({{"messages", "hi"}}, Endpoint::kChat, "m").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      TranslateRequest({{"prompt", "x"}, {"temperature", "hot"}}, Endpoint::kCompletions, "m")
+          .status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      TranslateRequest({{"prompt", "x"}, {"stream", 1}}, Endpoint::kCompletions, "m").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      TranslateRequest({{"prompt", {1, "a"}}}, Endpoint::kCompletions, "m").status()));
+  auto other = TranslateRequest({{"prompt", "x"}, {"model", std::string(5000, 'g')}},
+                                Endpoint::kCompletions, "m");
+  EXPECT_TRUE(absl::IsNotFound(other.status()));
+  EXPECT_LT(other.status().message().size(), 200u) << "the echoed model is bounded";
+  EXPECT_EQ(HttpStatusFor(other.status()), 404);
+  EXPECT_EQ(ErrorBody(other.status())["error"]["code"], "model_not_found");
+}
+
+TEST(OpenAiApiTest, ChatLogprobsAskForTheSampledTokenAtLeast) {
+  json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"logprobs", true}};
+  auto t = TranslateRequest(body, Endpoint::kChat, "m");
+  ASSERT_TRUE(t.ok());
+  EXPECT_TRUE(t->meta.logprobs);
+  EXPECT_EQ(t->request.sampling().logprobs(), 1);
+  body["top_logprobs"] = 5;
+  t = TranslateRequest(body, Endpoint::kChat, "m");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->request.sampling().logprobs(), 5);
+  body["logprobs"] = false;
+  EXPECT_FALSE(TranslateRequest(body, Endpoint::kChat, "m").ok());
+}
+
+cascade::v1::GenerateResponse Start(int64_t prompt, int64_t cached) {
+  cascade::v1::GenerateResponse e;
+  e.mutable_start()->set_request_id("r1");
+  e.mutable_start()->set_prompt_tokens(prompt);
+  e.mutable_start()->set_cached_tokens(cached);
+  return e;
+}
+cascade::v1::GenerateResponse Delta(const std::string& text) {
+  cascade::v1::GenerateResponse e;
+  e.mutable_delta()->set_text(text);
+  e.mutable_delta()->add_token_ids(1);
+  return e;
+}
+cascade::v1::GenerateResponse Finish(int64_t prompt, int64_t cached, int64_t completion) {
+  cascade::v1::GenerateResponse e;
+  e.mutable_finish()->set_finish_reason(cascade::v1::FINISH_REASON_STOP_STRING);
+  e.mutable_finish()->mutable_usage()->set_prompt_tokens(prompt);
+  e.mutable_finish()->mutable_usage()->set_cached_tokens(cached);
+  e.mutable_finish()->mutable_usage()->set_completion_tokens(completion);
+  return e;
+}
+
+TEST(OpenAiApiTest, AWholeChatResponseCarriesTextFinishAndCachedTokens) {
+  RequestMeta meta{Endpoint::kChat, false, false, false};
+  ResponseBuilder b(meta, "m", 1700000000);
+  EXPECT_TRUE(b.OnEvent(Start(100, 96)).empty());
+  EXPECT_TRUE(b.OnEvent(Delta("Hel")).empty());
+  EXPECT_TRUE(b.OnEvent(Delta("lo")).empty());
+  EXPECT_TRUE(b.OnEvent(Finish(100, 96, 2)).empty());
+  json r = b.Final();
+  EXPECT_EQ(r["id"], "chatcmpl-r1");
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "Hello");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["usage"]["total_tokens"], 102);
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 96);
+}
+
+TEST(OpenAiApiTest, AChatStreamStartsWithTheRoleAndEndsWithTheFinishReason) {
+  RequestMeta meta{Endpoint::kChat, true, true, false};
+  ResponseBuilder b(meta, "m", 1700000000);
+  auto first = b.OnEvent(Start(10, 0));
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0]["choices"][0]["delta"]["role"], "assistant");
+  auto mid = b.OnEvent(Delta("x"));
+  ASSERT_EQ(mid.size(), 1u);
+  EXPECT_EQ(mid[0]["choices"][0]["delta"]["content"], "x");
+  EXPECT_TRUE(mid[0]["choices"][0]["finish_reason"].is_null());
+  auto last = b.OnEvent(Finish(10, 0, 1));
+  ASSERT_EQ(last.size(), 1u);
+  EXPECT_EQ(last[0]["choices"][0]["finish_reason"], "stop");
+  json usage = b.UsageChunk();
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 1);
+}
+
+}  // namespace
+}  // namespace cascade::gateway::openai
