@@ -11,6 +11,11 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcpp-httplib-dev curl
 )
+# The libFuzzer targets (tests/fuzz, built by scripts/test.sh in build-fuzz) need clang and its
+# runtime libraries (libFuzzer, ASan, UBSan). CASCADE_FUZZ=0 (the container builds) skips them.
+if [ "${CASCADE_FUZZ:-1}" != 0 ]; then
+  PACKAGES+=(clang-14 libclang-rt-14-dev)
+fi
 # Node may come from elsewhere than Debian (its npm then conflicts with Debian's): install the
 # Debian packages only when the commands are missing.
 command -v node >/dev/null 2>&1 || PACKAGES+=(nodejs)

@@ -6,13 +6,13 @@
 namespace cascade::registry {
 
 ChunkTable::ChunkTable(int64_t max_chunks, int num_shards)
-    : per_shard_cap_(std::max<int64_t>(1, (max_chunks + std::max(num_shards, 1) - 1) /
-                                              std::max(num_shards, 1))),
+    : per_shard_cap_(std::max<int64_t>(
+          1, (max_chunks + std::max(num_shards, 1) - 1) / std::max(num_shards, 1))),
       shard_storage_(new Shard[std::max(num_shards, 1)]),
       shards_(shard_storage_.get(), static_cast<size_t>(std::max(num_shards, 1))) {}
 
-ChunkTable::Entry& ChunkTable::FindOrInsert(Shard& s, const hash::Hash128& h,
-                                            const ChunkMeta& meta, int64_t now_ms) {
+ChunkTable::Entry& ChunkTable::FindOrInsert(Shard& s, const hash::Hash128& h, const ChunkMeta& meta,
+                                            int64_t now_ms) {
   auto [it, inserted] = s.map.try_emplace(h);
   Entry& e = it->second;
   if (inserted) {
@@ -39,9 +39,19 @@ void ChunkTable::EnforceCap(Shard& s, const hash::Hash128& keep, int64_t now_ms)
       continue;
     }
     s.lru.pop_back();
+    Unindex(s, victim, it->second.holders);
     s.map.erase(it);
     size_.fetch_sub(1, std::memory_order_relaxed);
     forgotten_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void ChunkTable::Unindex(Shard& s, const hash::Hash128& h, const HolderList& holders) {
+  for (const Holder& holder : holders) {
+    auto it = s.held_by.find(holder.worker);
+    if (it == s.held_by.end()) continue;
+    it->second.erase(h);
+    if (it->second.empty()) s.held_by.erase(it);
   }
 }
 
@@ -67,6 +77,7 @@ void ChunkTable::UpsertHolder(const hash::Hash128& hash, const ChunkMeta& meta, 
     }
   }
   e.holders.push_back(holder);
+  s.held_by[holder.worker].insert(hash);
 }
 
 void ChunkTable::RemoveHolder(const hash::Hash128& hash, uint64_t worker) {
@@ -75,8 +86,42 @@ void ChunkTable::RemoveHolder(const hash::Hash128& hash, uint64_t worker) {
   auto it = s.map.find(hash);
   if (it == s.map.end()) return;
   HolderList& hl = it->second.holders;
-  hl.erase(std::remove_if(hl.begin(), hl.end(), [&](const Holder& h) { return h.worker == worker; }),
-           hl.end());
+  auto gone =
+      std::remove_if(hl.begin(), hl.end(), [&](const Holder& h) { return h.worker == worker; });
+  if (gone == hl.end()) return;
+  hl.erase(gone, hl.end());
+  auto idx = s.held_by.find(worker);
+  if (idx != s.held_by.end()) {
+    idx->second.erase(hash);
+    if (idx->second.empty()) s.held_by.erase(idx);
+  }
+}
+
+void ChunkTable::RemoveWorker(uint64_t worker) {
+  for (Shard& s : shards_) {
+    MutexLock<Mutex> lock(&s.mu);
+    auto idx = s.held_by.find(worker);
+    if (idx == s.held_by.end()) continue;
+    for (const hash::Hash128& h : idx->second) {
+      auto it = s.map.find(h);
+      if (it == s.map.end()) continue;  // cannot happen: the index follows the map
+      HolderList& hl = it->second.holders;
+      hl.erase(std::remove_if(hl.begin(), hl.end(),
+                              [&](const Holder& holder) { return holder.worker == worker; }),
+               hl.end());
+    }
+    s.held_by.erase(idx);
+  }
+}
+
+int64_t ChunkTable::HeldCount(uint64_t worker) const {
+  int64_t n = 0;
+  for (Shard& s : shards_) {
+    MutexLock<Mutex> lock(&s.mu);
+    auto idx = s.held_by.find(worker);
+    if (idx != s.held_by.end()) n += static_cast<int64_t>(idx->second.size());
+  }
+  return n;
 }
 
 bool ChunkTable::HasHolder(const hash::Hash128& hash, uint64_t worker) const {
@@ -122,6 +167,7 @@ std::optional<HolderList> ChunkTable::Erase(const hash::Hash128& hash) {
   auto it = s.map.find(hash);
   if (it == s.map.end()) return std::nullopt;
   HolderList holders = std::move(it->second.holders);
+  Unindex(s, hash, holders);
   s.lru.erase(it->second.lru);
   s.map.erase(it);
   size_.fetch_sub(1, std::memory_order_relaxed);

@@ -23,24 +23,24 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "cache_service/registry/mutex.h"
 #include "cache_service/registry/chunk_table.h"
 #include "cache_service/registry/clock.h"
+#include "cache_service/registry/mutex.h"
 #include "cache_service/registry/types.h"
 
 namespace cascade::registry {
 
 struct RegistryOptions {
-  int64_t lease_ms = 10'000;               // a worker silent this long is dropped
-  int64_t max_chunks = 1'000'000;          // tracked chunks; LRU forgetting past it
-  int num_shards = 64;                     // chunk table shards (contention vs. LRU precision)
-  int max_chunks_per_request = 1024;       // Resolve: chunks per request
+  int64_t lease_ms = 10'000;                 // a worker silent this long is dropped
+  int64_t max_chunks = 1'000'000;            // tracked chunks; LRU forgetting past it
+  int num_shards = 64;                       // chunk table shards (contention vs. LRU precision)
+  int max_chunks_per_request = 1024;         // Resolve: chunks per request
   int64_t max_tokens_per_request = 1 << 20;  // Resolve: tokens over all chunks
-  int max_events_per_batch = 65'536;       // ReportEvents: events per batch
-  int max_resync_chunks = 1'000'000;       // Resync: chunks per call
-  int64_t max_pinned_chunks = 10'000;      // pins outstanding
+  int max_events_per_batch = 65'536;         // ReportEvents: events per batch
+  int max_resync_chunks = 1'000'000;         // Resync: chunks per call
+  int64_t max_pinned_chunks = 10'000;        // pins outstanding
   int64_t max_pin_ttl_s = 7 * 24 * 3600;
-  Clock* clock = nullptr;                  // not owned; RealClock() when null
+  Clock* clock = nullptr;  // not owned; RealClock() when null
 };
 
 class Registry {
@@ -67,7 +67,7 @@ class Registry {
   absl::StatusOr<ReportResult> ReportEvents(std::string_view worker_id, uint64_t seq,
                                             std::span<const ChunkEvent> events);
   // Replaces everything the worker holds; the next batch must carry `seq + 1`. Returns the
-  // number of chunks recorded.
+  // number of chunks recorded (at most the table's cap: the LRU forgets the rest).
   absl::StatusOr<int> Resync(std::string_view worker_id, std::span<const HeldChunk> chunks,
                              uint64_t seq);
   absl::Status DeregisterWorker(std::string_view worker_id);
@@ -127,7 +127,7 @@ class Registry {
 
   // Pinned hashes (the table entry holds the deadline too; this index keeps heartbeats O(pins)).
   Mutex pins_mu_;
-  absl::flat_hash_map<Hash128, int64_t, hash::Hash128Hasher> pins_ ABSL_GUARDED_BY(pins_mu_);
+  absl::flat_hash_map<Hash128, int64_t, MixedHash128Hasher> pins_ ABSL_GUARDED_BY(pins_mu_);
 
   std::atomic<int64_t> resolves_{0};
   std::atomic<int64_t> resolve_hits_{0};

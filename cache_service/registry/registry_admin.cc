@@ -47,8 +47,7 @@ ChunkRecord Registry::ToRecord(const ChunkSnapshot& s) {
   return r;
 }
 
-absl::StatusOr<std::vector<ChunkRecord>> Registry::ListChunks(int limit,
-                                                              std::string_view worker_id,
+absl::StatusOr<std::vector<ChunkRecord>> Registry::ListChunks(int limit, std::string_view worker_id,
                                                               int64_t* total) {
   if (limit < 0 || limit > kMaxListLimit) {
     return absl::InvalidArgumentError(
@@ -63,9 +62,8 @@ absl::StatusOr<std::vector<ChunkRecord>> Registry::ListChunks(int limit,
   }
   std::vector<std::pair<int64_t, Hash128>> used;
   chunks_.ForEach([&](const ChunkSnapshot& s) {
-    if (only.has_value() &&
-        std::none_of(s.holders.begin(), s.holders.end(),
-                     [&](const Holder& h) { return h.worker == *only; })) {
+    if (only.has_value() && std::none_of(s.holders.begin(), s.holders.end(),
+                                         [&](const Holder& h) { return h.worker == *only; })) {
       return;
     }
     used.emplace_back(s.last_used_ms, s.hash);
@@ -92,16 +90,16 @@ absl::StatusOr<ChunkRecord> Registry::GetChunk(const Hash128& hash) {
 absl::StatusOr<int64_t> Registry::PinChunk(const Hash128& hash, int64_t ttl_s,
                                            const std::optional<HeldChunk>& chunk_if_unknown) {
   if (ttl_s < 1 || ttl_s > options_.max_pin_ttl_s) {
-    return absl::InvalidArgumentError(absl::StrCat("ttl_seconds: ", ttl_s, " must be in [1, ",
-                                                   options_.max_pin_ttl_s, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ttl_seconds: ", ttl_s, " must be in [1, ", options_.max_pin_ttl_s, "]"));
   }
   ChunkMeta meta;
   if (chunk_if_unknown.has_value()) {
     const HeldChunk& c = *chunk_if_unknown;
     if (absl::Status s = internal::ValidateHeldChunk(c, "chunk"); !s.ok()) return s;
     if (c.hash != hash) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk.hash: ", c.hash.ToHex(),
-                                                     " differs from hash ", hash.ToHex()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk.hash: ", c.hash.ToHex(), " differs from hash ", hash.ToHex()));
     }
     meta = ChunkMeta{c.parent_hash, c.start, c.end, c.kind};
   }
@@ -111,15 +109,16 @@ absl::StatusOr<int64_t> Registry::PinChunk(const Hash128& hash, int64_t ttl_s,
   if (!pins_.contains(hash) && static_cast<int64_t>(pins_.size()) >= options_.max_pinned_chunks) {
     absl::erase_if(pins_, [&](const auto& kv) { return kv.second <= now; });
     if (static_cast<int64_t>(pins_.size()) >= options_.max_pinned_chunks) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "pins: ", pins_.size(), " chunks are pinned already, the limit is ",
-          options_.max_pinned_chunks, "; unpin some or wait for their TTLs"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("pins: ", pins_.size(), " chunks are pinned already, the limit is ",
+                       options_.max_pinned_chunks, "; unpin some or wait for their TTLs"));
     }
   }
   if (!chunks_.SetPin(hash, until, chunk_if_unknown.has_value() ? &meta : nullptr, now)) {
-    return absl::NotFoundError(absl::StrCat(
-        "chunk ", hash.ToHex(), " is not known; pass `chunk` to pin a chunk before any worker "
-        "reports it"));
+    return absl::NotFoundError(
+        absl::StrCat("chunk ", hash.ToHex(),
+                     " is not known; pass `chunk` to pin a chunk before any worker "
+                     "reports it"));
   }
   pins_[hash] = until;
   return until;
@@ -141,7 +140,7 @@ absl::StatusOr<int> Registry::EvictChunk(const Hash128& hash) {
     pins_.erase(hash);
   }
   if (!holders.has_value()) return UnknownChunk(hash);
-  std::vector<std::shared_ptr<Worker>> told;
+  int told = 0;
   {
     MutexLock<Mutex> lock(&workers_mu_);
     for (const Holder& h : *holders) {
@@ -151,14 +150,10 @@ absl::StatusOr<int> Registry::EvictChunk(const Hash128& hash) {
       // Bounded: a worker that never heartbeats again is dropped at lease expiry anyway.
       if (pending.size() >= kMaxPendingEvictions) pending.erase(pending.begin());
       pending.push_back(hash);
-      told.push_back(it->second);
+      ++told;
     }
   }
-  for (const auto& w : told) {
-    MutexLock<Mutex> lock(&w->mu);
-    w->held.erase(hash);
-  }
-  return static_cast<int>(told.size());
+  return told;
 }
 
 std::vector<WorkerRecord> Registry::ListWorkers() {
@@ -175,7 +170,7 @@ std::vector<WorkerRecord> Registry::ListWorkers() {
   }
   for (size_t i = 0; i < live.size(); ++i) {
     MutexLock<Mutex> lock(&live[i]->mu);
-    out[i].chunks = static_cast<int64_t>(live[i]->held.size());
+    out[i].chunks = chunks_.HeldCount(live[i]->incarnation);
     out[i].applied_seq = live[i]->applied_seq;
   }
   std::sort(out.begin(), out.end(), [](const WorkerRecord& a, const WorkerRecord& b) {

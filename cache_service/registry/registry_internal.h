@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "cache_service/registry/mutex.h"
@@ -30,9 +29,9 @@ struct Registry::Worker {
   uint64_t applied_seq ABSL_GUARDED_BY(mu) = 0;
   bool resync_pending ABSL_GUARDED_BY(mu) = false;
   bool dropped ABSL_GUARDED_BY(mu) = false;  // no more residency may be added
-  // Hashes it reported holding, so dropping it costs O(its chunks), not O(table). May name
-  // chunks the table has since forgotten (RemoveHolder then is a no-op).
-  absl::flat_hash_set<Hash128, hash::Hash128Hasher> held ABSL_GUARDED_BY(mu);
+  // What it holds lives in the chunk table (ChunkTable::RemoveWorker, HeldCount), keyed by
+  // `incarnation`: one copy, trimmed by the same LRU step that forgets a chunk, so a worker's
+  // residency can never outgrow the table's cap.
 };
 
 namespace internal {

@@ -2,9 +2,11 @@
 // backends do not implement are rejected by name instead of being silently ignored.
 #include "gpu_worker/model/config.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <sstream>
 
 #include "absl/status/status.h"
@@ -19,6 +21,36 @@ using nlohmann::json;
 
 absl::Status Bad(absl::string_view file, absl::string_view msg) {
   return absl::InvalidArgumentError(absl::StrCat(file, ": ", msg));
+}
+
+// Text from the file, clipped for an error message (a config can hold any string).
+std::string Clip(const std::string& s) {
+  return s.size() <= 64 ? s : absl::StrCat(s.substr(0, 64), "...");
+}
+
+// Upper bounds on the shape keys: far above any released model (Llama 3.1 405B has hidden
+// 16384, intermediate 53248, 126 layers, 128 heads), low enough that every product of them a
+// backend computes (vocab * hidden, heads * head_dim, ...) fits in int64.
+struct DimLimit {
+  const char* key;
+  int64_t ModelConfig::*field;
+  int64_t max;
+};
+constexpr DimLimit kDimLimits[] = {
+    {"vocab_size", &ModelConfig::vocab_size, int64_t{1} << 24},
+    {"hidden_size", &ModelConfig::hidden_size, int64_t{1} << 20},
+    {"intermediate_size", &ModelConfig::intermediate_size, int64_t{1} << 22},
+    {"num_hidden_layers", &ModelConfig::num_hidden_layers, int64_t{1} << 12},
+    {"num_attention_heads", &ModelConfig::num_attention_heads, int64_t{1} << 12},
+    {"head_dim", &ModelConfig::head_dim, int64_t{1} << 12},
+    {"max_position_embeddings", &ModelConfig::max_position_embeddings, int64_t{1} << 30},
+};
+
+// A token id from the file: an integer in [0, 2^31).
+bool IsTokenId(const json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() <= std::numeric_limits<int32_t>::max();
+  return v.is_number_integer() && v.get<int64_t>() >= 0 &&
+         v.get<int64_t>() <= std::numeric_limits<int32_t>::max();
 }
 
 // Reads an integer key; `required` keys must be present, others keep `*out`.
@@ -62,8 +94,10 @@ absl::Status AppendEos(const json& j, absl::string_view file, std::vector<int32_
     items.push_back(*it);
   }
   for (const json& v : items) {
-    if (!v.is_number_integer()) return Bad(file, "\"eos_token_id\" must be an int or int list");
-    int32_t id = v.get<int32_t>();
+    if (!IsTokenId(v)) {
+      return Bad(file, "\"eos_token_id\" must be a token id (0..2^31-1) or a list of them");
+    }
+    int32_t id = static_cast<int32_t>(v.get<int64_t>());
     bool seen = false;
     for (int32_t e : *ids) seen = seen || e == id;
     if (!seen) ids->push_back(id);
@@ -83,13 +117,13 @@ absl::Status ParseRopeScaling(const json& j, absl::string_view file, RopeScaling
   }
   if (type == "default") return absl::OkStatus();  // some configs spell "no scaling" this way
   if (type != "llama3") {
-    return Bad(file, absl::StrCat("rope_scaling type \"", type,
+    return Bad(file, absl::StrCat("rope_scaling type \"", Clip(type),
                                   "\" is not supported (only \"llama3\" is)"));
   }
   rs->enabled = true;
-  for (auto [key, out] : {std::pair{"factor", &rs->factor},
-                          std::pair{"low_freq_factor", &rs->low_freq_factor},
-                          std::pair{"high_freq_factor", &rs->high_freq_factor}}) {
+  for (auto [key, out] :
+       {std::pair{"factor", &rs->factor}, std::pair{"low_freq_factor", &rs->low_freq_factor},
+        std::pair{"high_freq_factor", &rs->high_freq_factor}}) {
     if (!r.contains(key)) return Bad(file, absl::StrCat("rope_scaling misses \"", key, "\""));
     if (absl::Status s = GetDouble(r, file, key, out); !s.ok()) return s;
   }
@@ -98,10 +132,12 @@ absl::Status ParseRopeScaling(const json& j, absl::string_view file, RopeScaling
       !s.ok()) {
     return s;
   }
-  if (rs->factor < 1.0 || rs->high_freq_factor <= rs->low_freq_factor ||
-      rs->original_max_position_embeddings <= 0) {
-    return Bad(file, "rope_scaling needs factor >= 1, high_freq_factor > low_freq_factor, "
-                     "original_max_position_embeddings > 0");
+  if (!std::isfinite(rs->factor) || !std::isfinite(rs->low_freq_factor) ||
+      !std::isfinite(rs->high_freq_factor) || rs->factor < 1.0 ||
+      rs->high_freq_factor <= rs->low_freq_factor || rs->original_max_position_embeddings <= 0) {
+    return Bad(file,
+               "rope_scaling needs factor >= 1, high_freq_factor > low_freq_factor, "
+               "original_max_position_embeddings > 0");
   }
   return absl::OkStatus();
 }
@@ -136,14 +172,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
       c.family = Family::kLlama;
       c.model_type = "llama";
     } else {
-      return Bad(file, absl::StrCat("model_type \"", type, "\" / architecture \"", arch,
+      return Bad(file, absl::StrCat("model_type \"", Clip(type), "\" / architecture \"", Clip(arch),
                                     "\" is not supported (qwen3 or llama)"));
     }
-    for (auto [key, out] : {std::pair{"vocab_size", &c.vocab_size},
-                            std::pair{"hidden_size", &c.hidden_size},
-                            std::pair{"intermediate_size", &c.intermediate_size},
-                            std::pair{"num_hidden_layers", &c.num_hidden_layers},
-                            std::pair{"num_attention_heads", &c.num_attention_heads}}) {
+    for (auto [key, out] :
+         {std::pair{"vocab_size", &c.vocab_size}, std::pair{"hidden_size", &c.hidden_size},
+          std::pair{"intermediate_size", &c.intermediate_size},
+          std::pair{"num_hidden_layers", &c.num_hidden_layers},
+          std::pair{"num_attention_heads", &c.num_attention_heads}}) {
       if (absl::Status s = GetInt(j, file, key, true, out); !s.ok()) return s;
       if (*out <= 0) return Bad(file, absl::StrCat("\"", key, "\" must be positive"));
     }
@@ -151,43 +187,56 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text,
     c.head_dim = c.hidden_size / c.num_attention_heads;
     c.max_position_embeddings = 4096;
     int64_t bos = -1;
-    for (absl::Status s : {GetInt(j, file, "num_key_value_heads", false, &c.num_key_value_heads),
-                           GetInt(j, file, "head_dim", false, &c.head_dim),
-                           GetInt(j, file, "max_position_embeddings", false,
-                                  &c.max_position_embeddings),
-                           GetInt(j, file, "bos_token_id", false, &bos),
-                           GetDouble(j, file, "rms_norm_eps", &c.rms_norm_eps),
-                           GetDouble(j, file, "rope_theta", &c.rope_theta),
-                           AppendEos(j, file, &c.eos_token_ids),
-                           ParseRopeScaling(j, file, &c.rope_scaling),
-                           RejectTrue(j, file, "attention_bias", "q/k/v/o projections have no bias"),
-                           RejectTrue(j, file, "mlp_bias", "MLP projections have no bias"),
-                           RejectTrue(j, file, "use_sliding_window", "full attention only")}) {
+    for (absl::Status s :
+         {GetInt(j, file, "num_key_value_heads", false, &c.num_key_value_heads),
+          GetInt(j, file, "head_dim", false, &c.head_dim),
+          GetInt(j, file, "max_position_embeddings", false, &c.max_position_embeddings),
+          GetInt(j, file, "bos_token_id", false, &bos),
+          GetDouble(j, file, "rms_norm_eps", &c.rms_norm_eps),
+          GetDouble(j, file, "rope_theta", &c.rope_theta), AppendEos(j, file, &c.eos_token_ids),
+          ParseRopeScaling(j, file, &c.rope_scaling),
+          RejectTrue(j, file, "attention_bias", "q/k/v/o projections have no bias"),
+          RejectTrue(j, file, "mlp_bias", "MLP projections have no bias"),
+          RejectTrue(j, file, "use_sliding_window", "full attention only")}) {
       if (!s.ok()) return s;
+    }
+    for (const DimLimit& limit : kDimLimits) {
+      if (c.*limit.field > limit.max) {
+        return Bad(file, absl::StrCat("\"", limit.key, "\" = ", c.*limit.field, " exceeds ",
+                                      limit.max, " (no model is this large; corrupt file?)"));
+      }
+    }
+    if (c.max_position_embeddings <= 0) {
+      return Bad(file, "\"max_position_embeddings\" must be positive");
+    }
+    if (bos < -1 || bos > std::numeric_limits<int32_t>::max()) {
+      return Bad(file, "\"bos_token_id\" must be a token id (0..2^31-1) or absent");
     }
     c.bos_token_id = static_cast<int32_t>(bos);
     if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0) {
       return Bad(file, "num_attention_heads must be a positive multiple of num_key_value_heads");
     }
     if (c.head_dim <= 0 || c.head_dim % 2 != 0) return Bad(file, "head_dim must be even, > 0");
-    if (c.rms_norm_eps <= 0 || c.rope_theta <= 0) {
-      return Bad(file, "rms_norm_eps and rope_theta must be positive");
+    if (!(c.rms_norm_eps > 0) || !(c.rope_theta > 0) || !std::isfinite(c.rms_norm_eps) ||
+        !std::isfinite(c.rope_theta)) {
+      return Bad(file, "rms_norm_eps and rope_theta must be positive and finite");
     }
     if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
       if (!it->is_boolean()) return Bad(file, "\"tie_word_embeddings\" must be a boolean");
       c.tie_word_embeddings = it->get<bool>();
     }
-    if (auto it = j.find("hidden_act"); it != j.end() && it->is_string() &&
-                                        it->get<std::string>() != "silu") {
-      return Bad(file, absl::StrCat("hidden_act \"", it->get<std::string>(),
+    if (auto it = j.find("hidden_act");
+        it != j.end() && it->is_string() && it->get<std::string>() != "silu") {
+      return Bad(file, absl::StrCat("hidden_act \"", Clip(it->get<std::string>()),
                                     "\" is not supported (silu only)"));
     }
     // Newer transformers write "dtype" instead of "torch_dtype".
     for (const char* key : {"torch_dtype", "dtype"}) {
-      if (auto it = j.find(key); it != j.end() && it->is_string()) c.torch_dtype = it->get<std::string>();
+      if (auto it = j.find(key); it != j.end() && it->is_string())
+        c.torch_dtype = it->get<std::string>();
     }
   } catch (const json::exception& e) {
-    return Bad(file, e.what());
+    return Bad(file, Clip(e.what()));
   }
   return c;
 }
@@ -222,12 +271,12 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;
   if (c.rope_scaling.enabled) {
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", c.rope_scaling.factor},
-                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings",
-                          c.rope_scaling.original_max_position_embeddings}};
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", c.rope_scaling.factor},
+        {"low_freq_factor", c.rope_scaling.low_freq_factor},
+        {"high_freq_factor", c.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
   } else {
     j["rope_scaling"] = nullptr;
   }

@@ -19,8 +19,15 @@ bool FileExists(const std::string& path) {
   return stat(path.c_str(), &st) == 0;
 }
 
+// Bounded, since a shape or a name may come from a corrupt file: an error message stays short.
 std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+  if (shape.size() <= 8) return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+  std::vector<int64_t> head(shape.begin(), shape.begin() + 8);
+  return absl::StrCat("[", absl::StrJoin(head, ", "), ", ... (", shape.size(), " dims)]");
+}
+
+std::string Clip(const std::string& s) {
+  return s.size() <= 64 ? s : absl::StrCat(s.substr(0, 64), "...");
 }
 
 // Reads the weight_map of a sharded checkpoint: tensor name -> shard file name.
@@ -42,7 +49,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ReadIndex(
   for (auto& [name, file] : map->items()) {
     if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
       return absl::InvalidArgumentError(
-          absl::StrCat(path, ": weight_map entry for '", name, "' is not a file name"));
+          absl::StrCat(path, ": weight_map entry for '", Clip(name), "' is not a file name"));
     }
     out.emplace_back(name, file.get<std::string>());
   }
@@ -111,8 +118,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& dir_in) {
       if (it == shards.end()) {
         std::string path = dir + "/" + shard;
         if (!FileExists(path)) {
-          return absl::NotFoundError(absl::StrCat(path, ": shard listed in ", index,
-                                                  " (for tensor '", name, "') does not exist"));
+          return absl::NotFoundError(absl::StrCat(dir, "/", Clip(shard), ": shard listed in ",
+                                                  index, " (for tensor '", Clip(name),
+                                                  "') does not exist"));
         }
         absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open(path);
         if (!f.ok()) return f.status();
@@ -124,15 +132,15 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& dir_in) {
         if (t.name == name) found = &t;
       }
       if (found == nullptr) {
-        return absl::NotFoundError(absl::StrCat(it->second->path(), ": tensor '", name,
+        return absl::NotFoundError(absl::StrCat(it->second->path(), ": tensor '", Clip(name),
                                                 "' listed in ", index, " is not in the shard"));
       }
       model->tensors_[name] = found;
     }
     where = index;
   } else {
-    return absl::NotFoundError(absl::StrCat(dir, ": no model.safetensors or ",
-                                            "model.safetensors.index.json"));
+    return absl::NotFoundError(
+        absl::StrCat(dir, ": no model.safetensors or ", "model.safetensors.index.json"));
   }
 
   for (const ExpectedTensor& e : ExpectedTensors(model->config_)) {
@@ -141,9 +149,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& dir_in) {
       return absl::NotFoundError(absl::StrCat(where, ": missing tensor '", e.name, "'"));
     }
     if (t->shape != e.shape) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(t->file, ": tensor '", e.name, "' has shape ", ShapeString(t->shape),
-                       ", expected ", ShapeString(e.shape)));
+      return absl::InvalidArgumentError(absl::StrCat(t->file, ": tensor '", e.name, "' has shape ",
+                                                     ShapeString(t->shape), ", expected ",
+                                                     ShapeString(e.shape)));
     }
   }
   return model;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -29,15 +30,39 @@ absl::Status BadFile(const std::string& path, absl::string_view msg) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", msg));
 }
 
+// Names and strings come from the file's header: clipped so an error message stays bounded.
+std::string Clip(const std::string& s) {
+  return s.size() <= 64 ? s : absl::StrCat(s.substr(0, 64), "...");
+}
+
 absl::Status BadTensor(const std::string& path, const std::string& name, absl::string_view msg) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "': ", msg));
+  return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", Clip(name), "': ", msg));
+}
+
+// product(shape) * element_size in bytes, or nullopt when it exceeds `limit` (the data section:
+// a larger tensor cannot be in the file, and checking as we go keeps the product from
+// overflowing).
+std::optional<uint64_t> CheckedBytes(const std::vector<int64_t>& shape, size_t element_size,
+                                     uint64_t limit) {
+  uint64_t n = element_size;
+  for (int64_t d : shape) {
+    if (d == 0) return 0;
+  }
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n) || n > limit) return std::nullopt;
+  }
+  return n;
 }
 
 bool ParseDType(const std::string& s, DType* out) {
-  if (s == "F32") *out = DType::kF32;
-  else if (s == "F16") *out = DType::kF16;
-  else if (s == "BF16") *out = DType::kBF16;
-  else return false;
+  if (s == "F32")
+    *out = DType::kF32;
+  else if (s == "F16")
+    *out = DType::kF16;
+  else if (s == "BF16")
+    *out = DType::kBF16;
+  else
+    return false;
   return true;
 }
 
@@ -53,9 +78,12 @@ size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
   }
   return "?";
 }
@@ -140,7 +168,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < 8) {
     close(fd);
-    return BadFile(path, absl::StrCat("truncated: ", size, " bytes, less than the 8-byte header "
+    return BadFile(path, absl::StrCat("truncated: ", size,
+                                      " bytes, less than the 8-byte header "
                                       "length"));
   }
   void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -176,8 +205,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     auto dtype = entry.find("dtype");
     if (dtype == entry.end() || !dtype->is_string()) return BadTensor(path, name, "no dtype");
     if (!ParseDType(dtype->get<std::string>(), &t.dtype)) {
-      return BadTensor(path, name, absl::StrCat("dtype ", dtype->get<std::string>(),
-                                                " is not supported (F32, F16, BF16)"));
+      return BadTensor(path, name,
+                       absl::StrCat("dtype ", Clip(dtype->get<std::string>()),
+                                    " is not supported (F32, F16, BF16)"));
     }
     auto shape = entry.find("shape");
     if (shape == entry.end() || !shape->is_array()) return BadTensor(path, name, "no shape");
@@ -194,14 +224,21 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     }
     uint64_t begin = (*offs)[0].get<uint64_t>(), end = (*offs)[1].get<uint64_t>();
     if (begin > end || end > data_size) {
-      return BadTensor(path, name, absl::StrCat("data_offsets [", begin, ", ", end,
-                                                ") out of bounds of the ", data_size,
-                                                "-byte data section (truncated file?)"));
+      return BadTensor(path, name,
+                       absl::StrCat("data_offsets [", begin, ", ", end, ") out of bounds of the ",
+                                    data_size, "-byte data section (truncated file?)"));
     }
-    t.nbytes = static_cast<size_t>(t.numel()) * DTypeSize(t.dtype);
+    std::optional<uint64_t> nbytes = CheckedBytes(t.shape, DTypeSize(t.dtype), data_size);
+    if (!nbytes.has_value()) {
+      return BadTensor(path, name,
+                       absl::StrCat("shape and dtype need more bytes than the ", data_size,
+                                    "-byte data section holds"));
+    }
+    t.nbytes = static_cast<size_t>(*nbytes);
     if (end - begin != t.nbytes) {
-      return BadTensor(path, name, absl::StrCat("data_offsets span ", end - begin,
-                                                " bytes but shape and dtype need ", t.nbytes));
+      return BadTensor(path, name,
+                       absl::StrCat("data_offsets span ", end - begin,
+                                    " bytes but shape and dtype need ", t.nbytes));
     }
     t.data = data + begin;
     ranges.push_back({begin, end, name});
@@ -212,7 +249,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   for (size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].begin < ranges[i - 1].end) {
       return BadTensor(path, ranges[i].name,
-                       absl::StrCat("data overlaps tensor '", ranges[i - 1].name, "'"));
+                       absl::StrCat("data overlaps tensor '", Clip(ranges[i - 1].name), "'"));
     }
   }
   std::sort(file->tensors_.begin(), file->tensors_.end(),
@@ -226,9 +263,8 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorS
   uint64_t offset = 0;
   for (const TensorSpec& s : specs) {
     uint64_t n = static_cast<uint64_t>(s.numel()) * DTypeSize(s.dtype);
-    header[s.name] = {{"dtype", DTypeName(s.dtype)},
-                      {"shape", s.shape},
-                      {"data_offsets", {offset, offset + n}}};
+    header[s.name] = {
+        {"dtype", DTypeName(s.dtype)}, {"shape", s.shape}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string text = header.dump();

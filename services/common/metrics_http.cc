@@ -1,189 +1,165 @@
-// The /metrics HTTP server: see metrics_http.h.
+// The /metrics HTTP server on cpp-httplib: see metrics_http.h.
 #include "services/common/metrics_http.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <poll.h>
+#include <httplib.h>
 #include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <utility>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "services/common/absl_compat.h"
 #include "services/common/log.h"
 
 namespace cascade::common {
+
+// What the handlers read. Stop() clears it under `mu`, so a request that completes after Stop()
+// (a slow client the grace period gave up on) never touches the registry or the callback.
+struct MetricsHttpServer::State {
+  std::mutex mu;
+  const MetricsRegistry* registry = nullptr;  // null once stopped
+  std::function<bool()> healthy;
+  // Set by the accept loop's thread when it returns (all its connection threads joined).
+  bool done = false;
+  std::condition_variable done_cv;
+};
+
 namespace {
 
-using internal::ToAbsl;
+constexpr int kListenBacklog = 128;
+constexpr char kMetricsType[] = "text/plain; version=0.0.4; charset=utf-8";
 
-constexpr size_t kMaxRequestBytes = 16 * 1024;
-
-void WriteAll(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // the client went away; nothing useful to do
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-}
-
-std::string Response(int code, std::string_view reason, std::string_view content_type,
-                     std::string_view body, bool head_only) {
-  std::string out = absl::StrCat("HTTP/1.1 ", code, " ", ToAbsl(reason), "\r\nContent-Type: ",
-                                 ToAbsl(content_type), "\r\nContent-Length: ", body.size(),
-                                 "\r\nConnection: close\r\n\r\n");
-  if (!head_only) out.append(body);
-  return out;
+void Plain(httplib::Response& res, int status, const char* body) {
+  res.status = status;
+  res.set_content(body, "text/plain");
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& host, int port, const MetricsRegistry* registry,
-    std::function<bool()> healthy) {
-  std::string address = absl::StrCat(host, ":", port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* result = nullptr;
-  std::string service = absl::StrCat(port);
+    std::function<bool()> healthy, const MetricsHttpLimits& limits) {
+  const std::string address = absl::StrCat(host, ":", port);
   std::string bind_host = host;
   if (bind_host.size() > 2 && bind_host.front() == '[' && bind_host.back() == ']') {
     bind_host = bind_host.substr(1, bind_host.size() - 2);
   }
-  if (int rc = ::getaddrinfo(bind_host.empty() ? nullptr : bind_host.c_str(), service.c_str(),
-                             &hints, &result);
-      rc != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics server: cannot resolve ", address, ": ", gai_strerror(rc)));
-  }
-  int fd = -1;
-  std::string last_error = "no address";
-  for (addrinfo* ai = result; ai != nullptr; ai = ai->ai_next) {
-    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) continue;
+  if (bind_host.empty()) bind_host = "0.0.0.0";
+
+  auto state = std::make_shared<State>();
+  state->registry = registry;
+  state->healthy = std::move(healthy);
+  auto http = std::make_shared<httplib::Server>();
+  const int threads = std::max(1, limits.threads);
+  http->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http->set_read_timeout(limits.read_timeout_s, 0);
+  http->set_write_timeout(limits.write_timeout_s, 0);
+  // One request per connection: a client cannot park on a kept-alive connection, and the
+  // answer says `Connection: close` as before. The wait for that one request is bounded too.
+  http->set_keep_alive_max_count(1);
+  http->set_keep_alive_timeout(limits.read_timeout_s);
+  // httplib's default also sets SO_REUSEPORT, which would let a second server share a busy
+  // port; SO_REUSEADDR alone rebinds past TIME_WAIT and still fails on a live listener.
+  auto listen_fd = std::make_shared<int>(-1);
+  http->set_socket_options([listen_fd](socket_t fd) {
     int one = 1;
-    // SO_REUSEADDR lets a restarted server rebind past TIME_WAIT; without SO_REUSEPORT, a port
-    // held by a live process still fails, which is what we want.
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, 64) == 0) break;
-    last_error = std::strerror(errno);
-    ::close(fd);
-    fd = -1;
+    *listen_fd = fd;
+  });
+
+  http->Get("/metrics", [state](const httplib::Request&, httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(state->mu);
+    if (state->registry == nullptr) return Plain(res, 503, "stopping\n");
+    res.status = 200;
+    res.set_content(state->registry->RenderText(), kMetricsType);
+  });
+  http->Get("/healthz", [state](const httplib::Request&, httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(state->mu);
+    const bool ok = state->registry != nullptr && (!state->healthy || state->healthy());
+    if (ok) return Plain(res, 200, "ok\n");
+    Plain(res, 503, "not serving\n");
+  });
+  http->Get(".*", [](const httplib::Request&, httplib::Response& res) {
+    Plain(res, 404, "not found; try /metrics\n");
+  });
+  const auto not_allowed = [](const httplib::Request&, httplib::Response& res) {
+    Plain(res, 405, "use GET\n");
+  };
+  http->Post(".*", not_allowed);
+  http->Put(".*", not_allowed);
+  http->Patch(".*", not_allowed);
+  http->Delete(".*", not_allowed);
+  http->Options(".*", not_allowed);
+
+  int bound_port = port;
+  errno = 0;
+  if (port == 0) {
+    bound_port = http->bind_to_any_port(bind_host);
+  } else if (!http->bind_to_port(bind_host, port)) {
+    bound_port = -1;
   }
-  ::freeaddrinfo(result);
-  if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics server: cannot listen on ", address, ": ", last_error));
+  if (bound_port <= 0) {
+    const int err = errno;
+    return absl::UnavailableError(absl::StrCat("metrics server: cannot listen on ", address, ": ",
+                                               err != 0 ? std::strerror(err) : "bind failed"));
   }
-  sockaddr_storage bound{};
-  socklen_t len = sizeof(bound);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  int bound_port = bound.ss_family == AF_INET6
-                       ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                       : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
-    ::close(fd);
-    return absl::InternalError(absl::StrCat("metrics server: pipe: ", std::strerror(errno)));
+
+  // Debian's build listens with a backlog of 5: a burst of probes and scrapers past it would
+  // see dropped SYNs and wait a second for the retry. Linux lets listen() raise it in place.
+  if (*listen_fd >= 0) ::listen(*listen_fd, kListenBacklog);
+
+  auto server = std::unique_ptr<MetricsHttpServer>(
+      new MetricsHttpServer(state, http, bound_port, std::max(0, limits.stop_grace_ms)));
+  server->thread_ = std::thread([state, http] {
+    if (!http->listen_after_bind()) LogError("metrics_http_listen_failed", {});
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->done = true;
+    state->done_cv.notify_all();
+  });
+  // httplib's stop() only acts on a running server: wait until the loop runs (or gave up).
+  for (int i = 0; i < 5000 && !http->is_running(); ++i) {
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (state->done) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  auto server = std::unique_ptr<MetricsHttpServer>(new MetricsHttpServer(
-      fd, pipe_fds[0], pipe_fds[1], bound_port, registry, std::move(healthy)));
-  server->thread_ = std::thread([s = server.get()] { s->Serve(); });
   return server;
 }
 
-MetricsHttpServer::MetricsHttpServer(int listen_fd, int wake_read_fd, int wake_write_fd, int port,
-                                     const MetricsRegistry* registry,
-                                     std::function<bool()> healthy)
-    : listen_fd_(listen_fd),
-      wake_read_fd_(wake_read_fd),
-      wake_write_fd_(wake_write_fd),
+MetricsHttpServer::MetricsHttpServer(std::shared_ptr<State> state,
+                                     std::shared_ptr<httplib::Server> http, int port,
+                                     int stop_grace_ms)
+    : state_(std::move(state)),
+      http_(std::move(http)),
       port_(port),
-      registry_(registry),
-      healthy_(std::move(healthy)) {}
+      stop_grace_ms_(stop_grace_ms) {}
 
 MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 
 void MetricsHttpServer::Stop() {
   if (stopped_) return;
   stopped_ = true;
-  char byte = 'q';
-  (void)!::write(wake_write_fd_, &byte, 1);
-  if (thread_.joinable()) thread_.join();
-  ::close(listen_fd_);
-  ::close(wake_read_fd_);
-  ::close(wake_write_fd_);
-}
-
-void MetricsHttpServer::Serve() {
-  for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_read_fd_, POLLIN, 0}};
-    int rc = ::poll(fds, 2, -1);
-    if (rc < 0) {
-      if (errno == EINTR) continue;
-      LogError("metrics_http_poll_failed", {{"error", std::strerror(errno)}});
-      return;
-    }
-    if (fds[1].revents != 0) return;
-    if (fds[0].revents & POLLIN) {
-      int conn = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (conn < 0) continue;
-      HandleConnection(conn);
-      ::close(conn);
-    }
-  }
-}
-
-void MetricsHttpServer::HandleConnection(int fd) {
-  // A slow or silent client must not wedge the only serving thread.
-  timeval timeout{2, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  std::string request;
-  char buf[2048];
-  while (request.find("\r\n\r\n") == std::string::npos && request.size() < kMaxRequestBytes) {
-    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    request.append(buf, static_cast<size_t>(n));
-  }
-  std::string_view first_line = request;
-  first_line = first_line.substr(0, first_line.find("\r\n"));
-  std::vector<absl::string_view> parts = absl::StrSplit(ToAbsl(first_line), ' ');
-  if (parts.size() != 3 || !absl::StartsWith(parts[2], "HTTP/1.")) {
-    WriteAll(fd, Response(400, "Bad Request", "text/plain", "bad request\n", false));
+  http_->stop();  // closes the listening socket; the loop then joins its connection threads
+  std::unique_lock<std::mutex> lock(state_->mu);
+  // From here on no handler reads the registry or calls `healthy`.
+  state_->registry = nullptr;
+  state_->healthy = nullptr;
+  const bool done = state_->done_cv.wait_for(lock, std::chrono::milliseconds(stop_grace_ms_),
+                                             [&] { return state_->done; });
+  lock.unlock();
+  if (done) {
+    thread_.join();
     return;
   }
-  absl::string_view method = parts[0];
-  absl::string_view path = parts[1];
-  path = path.substr(0, path.find('?'));
-  bool head = method == "HEAD";
-  if (method != "GET" && !head) {
-    WriteAll(fd, Response(405, "Method Not Allowed", "text/plain", "use GET\n", false));
-    return;
-  }
-  if (path == "/metrics") {
-    WriteAll(fd, Response(200, "OK", "text/plain; version=0.0.4; charset=utf-8",
-                          registry_->RenderText(), head));
-  } else if (path == "/healthz") {
-    bool ok = !healthy_ || healthy_();
-    WriteAll(fd, ok ? Response(200, "OK", "text/plain", "ok\n", head)
-                    : Response(503, "Service Unavailable", "text/plain", "not serving\n", head));
-  } else {
-    WriteAll(fd, Response(404, "Not Found", "text/plain", "not found; try /metrics\n", head));
-  }
+  // A client is still trickling a request in (each byte within the read timeout). Leave the
+  // loop to finish on its own: it holds the server and the state, and answers 503.
+  LogError("metrics_http_stop_abandoned_slow_clients", {{"port", port_}});
+  thread_.detach();
 }
 
 }  // namespace cascade::common

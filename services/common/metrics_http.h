@@ -1,6 +1,8 @@
-// A tiny HTTP/1.1 server for scrapers and probes, on its own port: GET /metrics renders a
-// MetricsRegistry, GET /healthz answers 200 "ok" or 503 "not serving". One connection at a time,
-// `Connection: close`; it serves Prometheus and kubelet, not browsers at scale.
+// The HTTP endpoint for scrapers and probes, on its own port: GET (or HEAD) /metrics renders a
+// MetricsRegistry, /healthz answers 200 "ok" or 503 "not serving", anything else 404, other
+// methods 405. Served by cpp-httplib (Debian's libcpp-httplib) on a pool of threads with short
+// timeouts and one request per connection (`Connection: close`), so idle or slow clients hold
+// at most a thread each for a bounded time and cannot starve a kubelet probe.
 #pragma once
 
 #include <functional>
@@ -11,37 +13,49 @@
 #include "absl/status/statusor.h"
 #include "services/common/metrics.h"
 
+namespace httplib {
+class Server;
+}
+
 namespace cascade::common {
+
+// How the server bounds what one client can hold. The defaults are what servers use.
+struct MetricsHttpLimits {
+  int threads = 64;          // connections served at once; more wait for a free thread
+  int read_timeout_s = 2;    // silence allowed between request bytes (and before the first)
+  int write_timeout_s = 2;   // a client that reads nothing for this long is dropped
+  int stop_grace_ms = 3000;  // Stop() waits this long for requests in flight, then abandons them
+};
 
 class MetricsHttpServer {
  public:
-  // Binds host:port (port 0 picks a free one) and starts serving on a thread. `registry` must
-  // outlive the server. `healthy` (optional) decides /healthz; without it /healthz is always ok.
-  // Returns Unavailable naming the address when it cannot bind (e.g. the port is in use).
+  // Binds host:port (port 0 picks a free one) and starts serving. `registry` must outlive the
+  // server (or its Stop()). `healthy` (optional) decides /healthz; without it /healthz is always
+  // ok. Returns Unavailable naming the address when it cannot bind (e.g. the port is in use).
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       const std::string& host, int port, const MetricsRegistry* registry,
-      std::function<bool()> healthy = nullptr);
+      std::function<bool()> healthy = nullptr, const MetricsHttpLimits& limits = {});
 
-  // Stops the thread and closes the socket. Idempotent; the destructor calls it.
+  // Stops accepting, waits up to `stop_grace_ms` for requests in flight, and returns; after it
+  // returns `registry` and `healthy` are never touched again (a client still trickling a
+  // request in then gets 503, from a server left to finish on its own). Idempotent; the
+  // destructor calls it. Call from one thread.
   void Stop();
   ~MetricsHttpServer();
 
   int port() const { return port_; }
 
  private:
-  MetricsHttpServer(int listen_fd, int wake_read_fd, int wake_write_fd, int port,
-                    const MetricsRegistry* registry, std::function<bool()> healthy);
-  void Serve();
-  void HandleConnection(int fd);
+  struct State;
+  MetricsHttpServer(std::shared_ptr<State> state, std::shared_ptr<httplib::Server> http, int port,
+                    int stop_grace_ms);
 
   // Set at construction.
-  const int listen_fd_;
-  const int wake_read_fd_;   // Stop() writes to wake_write_fd_ so poll() returns
-  const int wake_write_fd_;
+  const std::shared_ptr<State> state_;  // shared with the handlers
+  std::shared_ptr<httplib::Server> http_;
   const int port_;
-  const MetricsRegistry* const registry_;
-  const std::function<bool()> healthy_;
-  std::thread thread_;
+  const int stop_grace_ms_;
+  std::thread thread_;    // runs the accept loop
   bool stopped_ = false;  // touched only by the owner's thread, in Stop()
 };
 

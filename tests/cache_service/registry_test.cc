@@ -42,7 +42,9 @@ class RegistryTest : public ::testing::Test {
 
 TEST_F(RegistryTest, ResolveHashesAndPositionsEqualPlaceChunks) {
   Registry r(Opts());
-  Prompt p{.salt = "t", .tokens = {Tokens(5, 1), {}, Tokens(7, 50)}, .kinds = {1, 2, 3},
+  Prompt p{.salt = "t",
+           .tokens = {Tokens(5, 1), {}, Tokens(7, 50)},
+           .kinds = {1, 2, 3},
            .chunk_salts = {"", "x", ""}};
   ResolveResult res = Resolve(r, p);
   std::vector<hash::ChunkSpec> specs = p.Specs();
@@ -251,13 +253,80 @@ TEST_F(RegistryTest, LruCapForgetsLeastRecentlyUsedButKeepsPinned) {
     clock_.AdvanceMs(1);
   }
   ASSERT_TRUE(r.PinChunk(hashes[0], 60, std::nullopt).ok());
-  Resolve(r, Prompt{.tokens = {{1}}});  // touch hashes[1]
+  Resolve(r, Prompt{.tokens = {{1}}});    // touch hashes[1]
   Resolve(r, Prompt{.tokens = {{100}}});  // over the cap: hashes[2] is the LRU unpinned one
   EXPECT_EQ(r.GetStats().chunks, 3);
   EXPECT_EQ(r.GetStats().chunks_forgotten, 1);
   EXPECT_TRUE(r.GetChunk(hashes[0]).ok());
   EXPECT_TRUE(r.GetChunk(hashes[1]).ok());
   EXPECT_EQ(r.GetChunk(hashes[2]).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Events naming `n` chunks with sequential hashes from `first` on: the hash pattern that used
+// to land every chunk in one shard (shard = hi % 64).
+std::vector<ChunkEvent> SequentialStored(uint64_t first, int n, bool vary_hi) {
+  std::vector<ChunkEvent> e;
+  for (int i = 0; i < n; ++i) {
+    uint64_t v = first + static_cast<uint64_t>(i);
+    Hash128 h = vary_hi ? Hash128{v << 6, 1} : Hash128{0, v};
+    e.push_back({ChunkEvent::Type::kStored, HeldChunk{h, 0, 16, 16, Hash128{}, 1}});
+  }
+  return e;
+}
+
+TEST_F(RegistryTest, SequentialHashesSpreadOverShardsAndFillTheWholeCap) {
+  for (bool vary_hi : {false, true}) {
+    RegistryOptions o = Opts();
+    o.max_chunks = 1024;  // 64 shards of 16
+    Registry r(o);
+    ASSERT_TRUE(r.RegisterWorker(Info("a")).ok());
+    for (uint64_t seq = 1; seq <= 4; ++seq) {
+      ASSERT_TRUE(r.ReportEvents("a", seq, SequentialStored(seq * 4096, 4096, vary_hi)).ok());
+    }
+    // 16k distinct chunks went in: every shard is full, so the table holds its configured cap
+    // (with hi % 64 shard selection it held one shard's 16).
+    EXPECT_EQ(r.GetStats().chunks, 1024) << "vary_hi=" << vary_hi;
+    EXPECT_EQ(r.GetStats().chunks_forgotten, 4 * 4096 - 1024) << "vary_hi=" << vary_hi;
+  }
+}
+
+TEST_F(RegistryTest, HeldSetsShrinkWithTheTableAndNeverExceedItsCap) {
+  RegistryOptions o = Opts();
+  o.max_chunks = 1024;
+  Registry r(o);
+  ASSERT_TRUE(r.RegisterWorker(Info("a")).ok());
+  ASSERT_TRUE(r.RegisterWorker(Info("b")).ok());
+  // "b" holds a few chunks the table will forget once "a" floods it.
+  std::vector<HeldChunk> held = HeldFor(two_, 16, 200);
+  ASSERT_TRUE(r.ReportEvents("b", 1, Stored(held)).ok());
+  for (uint64_t seq = 1; seq <= 20; ++seq) {
+    ASSERT_TRUE(r.ReportEvents("a", seq, SequentialStored(seq * 65536, 4096, false)).ok());
+    RegistryStats s = r.GetStats();
+    std::vector<WorkerRecord> w = r.ListWorkers();
+    ASSERT_EQ(w.size(), 2u);
+    // Every chunk "a" is recorded as holding is one the table still knows.
+    ASSERT_LE(w[0].chunks, s.chunks) << "after batch " << seq;
+    ASSERT_LE(s.chunks, o.max_chunks);
+  }
+  std::vector<WorkerRecord> w = r.ListWorkers();
+  EXPECT_EQ(w[0].chunks, 1024);  // "a" holds every chunk the table kept
+  EXPECT_EQ(w[1].chunks, 0);     // "b"'s chunks were forgotten, and left its set with them
+  EXPECT_EQ(r.GetChunk(held[0].hash).status().code(), absl::StatusCode::kNotFound);
+  // Dropping "a" empties every holder list it was in.
+  ASSERT_TRUE(r.DeregisterWorker("a").ok());
+  int64_t total = 0;
+  absl::StatusOr<std::vector<ChunkRecord>> all = r.ListChunks(10000, "", &total);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(total, 1024);
+  for (const ChunkRecord& c : *all) ASSERT_TRUE(c.holders.empty());
+  // A resync of more chunks than the cap records at most the cap.
+  ASSERT_TRUE(r.RegisterWorker(Info("a")).ok());
+  std::vector<HeldChunk> many;
+  for (const ChunkEvent& e : SequentialStored(1u << 30, 5000, true)) many.push_back(e.chunk);
+  absl::StatusOr<int> recorded = r.Resync("a", many, 7);
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  EXPECT_EQ(*recorded, 1024);
+  EXPECT_EQ(r.ListWorkers()[0].chunks, 1024);
 }
 
 TEST_F(RegistryTest, PinsReachHoldersAndExpire) {
@@ -268,8 +337,7 @@ TEST_F(RegistryTest, PinsReachHoldersAndExpire) {
   ASSERT_TRUE(r.RegisterWorker(Info("bystander")).ok());
   std::vector<HeldChunk> held = HeldFor(two_, 16, 200);
   // Pinning before any worker reports it needs the chunk's metadata.
-  EXPECT_EQ(r.PinChunk(held[0].hash, 5, std::nullopt).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.PinChunk(held[0].hash, 5, std::nullopt).status().code(), absl::StatusCode::kNotFound);
   absl::StatusOr<int64_t> until = r.PinChunk(held[0].hash, 5, held[0]);
   ASSERT_TRUE(until.ok()) << until.status();
   EXPECT_EQ(*until, clock_.NowMs() + 5000);
@@ -308,9 +376,9 @@ TEST_F(RegistryTest, AdminViewsAndStats) {
   ASSERT_TRUE(r.RegisterWorker(Info("b")).ok());
   ASSERT_TRUE(r.ReportEvents("a", 1, Stored(HeldFor(two_, 16, 200))).ok());
   ASSERT_TRUE(r.Heartbeat("b", WorkerLoad{3, 4, 10, 20}).ok());
-  Resolve(r, two_);                                        // hit
+  Resolve(r, two_);  // hit
   clock_.AdvanceMs(10);
-  Resolve(r, Prompt{.tokens = {Tokens(3, 500)}});          // miss, most recent
+  Resolve(r, Prompt{.tokens = {Tokens(3, 500)}});  // miss, most recent
   int64_t total = 0;
   absl::StatusOr<std::vector<ChunkRecord>> all = r.ListChunks(0, "", &total);
   ASSERT_TRUE(all.ok());

@@ -95,6 +95,36 @@ TEST(ModelConfigTest, RejectsUnsupportedFeaturesNamingFileAndKey) {
   EXPECT_THAT(missing.status().message(), HasSubstr("vocab_size"));
 }
 
+// Found by tests/fuzz/model_loader_fuzz: sizes whose products overflow int64, ids outside int32
+// and strings echoed whole into the error are all refused with a short, clear message.
+TEST(ModelConfigTest, AbsurdSizesIdsAndLongStringsAreRefusedWithBoundedMessages) {
+  struct Case {
+    std::string patch;
+    std::string want;
+  };
+  const std::string long_name(5000, 'q');
+  for (const Case& c : std::vector<Case>{
+           {R"(, "hidden_size": 1099511627776})", "\"hidden_size\" = 1099511627776 exceeds"},
+           {R"(, "vocab_size": 1099511627776})", "vocab_size"},
+           {R"(, "head_dim": 1099511627776})", "head_dim"},
+           {R"(, "max_position_embeddings": 0})", "max_position_embeddings"},
+           {R"(, "eos_token_id": [1, 99999999999]})", "eos_token_id"},
+           {R"(, "eos_token_id": -3})", "eos_token_id"},
+           {R"(, "bos_token_id": 99999999999})", "bos_token_id"},
+           {", \"model_type\": \"" + long_name + "\"}", "qqqq..."},
+           {", \"hidden_act\": \"" + long_name + "\"}", "qqqq..."},
+       }) {
+    std::string text = kQwen3Json;
+    text.pop_back();
+    text += c.patch;
+    absl::StatusOr<ModelConfig> config = ParseModelConfig(text, "dir/config.json");
+    ASSERT_FALSE(config.ok()) << c.patch.substr(0, 100);
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(config.status().message(), HasSubstr(c.want)) << config.status();
+    EXPECT_LT(config.status().message().size(), 400u) << c.patch.substr(0, 100);
+  }
+}
+
 TEST(ModelConfigTest, JsonRoundTripKeepsEveryPreset) {
   for (const std::string& name : PresetNames()) {
     ModelConfig p = PresetConfig(name);

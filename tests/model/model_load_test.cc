@@ -154,11 +154,10 @@ void RewriteWeights(const std::string& dir, const std::string& drop, const std::
     if (e.name == reshape) s.shape[0] += 1;
     specs.push_back(s);
   }
-  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", specs,
-                               [&](size_t i, std::vector<uint8_t>* b) {
-                                 b->assign(specs[i].numel() * 4, 0);
-                               })
-                  .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(dir + "/model.safetensors", specs, [&](size_t i, std::vector<uint8_t>* b) {
+        b->assign(specs[i].numel() * 4, 0);
+      }).ok());
 }
 
 TEST_F(ModelLoadTest, MissingTensorIsNotFoundNamingFileAndTensor) {
@@ -171,10 +170,9 @@ TEST_F(ModelLoadTest, MissingTensorIsNotFoundNamingFileAndTensor) {
 TEST_F(ModelLoadTest, WrongShapeIsInvalidArgumentNamingFileTensorAndShapes) {
   RewriteWeights(dir_, "", "model.layers.0.self_attn.k_proj.weight");
   EXPECT_EQ(Load().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Load().message(),
-              AllOf(HasSubstr("model.safetensors"),
-                    HasSubstr("model.layers.0.self_attn.k_proj.weight"), HasSubstr("[9, 16]"),
-                    HasSubstr("expected [8, 16]")));
+  EXPECT_THAT(Load().message(), AllOf(HasSubstr("model.safetensors"),
+                                      HasSubstr("model.layers.0.self_attn.k_proj.weight"),
+                                      HasSubstr("[9, 16]"), HasSubstr("expected [8, 16]")));
 }
 
 TEST_F(ModelLoadTest, TruncatedFileIsInvalidArgumentNamingTheTensorCut) {
@@ -183,8 +181,8 @@ TEST_F(ModelLoadTest, TruncatedFileIsInvalidArgumentNamingTheTensorCut) {
   WriteAll(path, bytes.substr(0, bytes.size() - 10));
   EXPECT_EQ(Load().code(), absl::StatusCode::kInvalidArgument);
   // The generator writes tensors in ExpectedTensors() order; the last one is cut.
-  EXPECT_THAT(Load().message(), AllOf(HasSubstr(path), HasSubstr("model.norm.weight"),
-                                      HasSubstr("out of bounds")));
+  EXPECT_THAT(Load().message(),
+              AllOf(HasSubstr(path), HasSubstr("model.norm.weight"), HasSubstr("out of bounds")));
   WriteAll(path, bytes.substr(0, 5));
   EXPECT_THAT(Load().message(), AllOf(HasSubstr(path), HasSubstr("truncated")));
 }
@@ -205,12 +203,29 @@ TEST_F(ModelLoadTest, BadHeadersAreInvalidArgument) {
             8, "'b': data overlaps tensor 'a'"},
            {R"({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", 8, "negative"},
            {R"({"a": {"dtype": "F32", "shape": [2]}})", 8, "'a': data_offsets"},
+           // Found by tests/fuzz/model_loader_fuzz: a shape whose element count overflows
+           // int64, and one whose byte count wraps size_t to 0 (it was accepted, and reading
+           // numel() elements ran off the mapping).
+           {R"({"a": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})",
+            0, "'a': shape and dtype need more bytes"},
+           {R"({"a": {"dtype": "F32", "shape": [4611686018427387904], "data_offsets": [0, 0]}})", 0,
+            "'a': shape and dtype need more bytes"},
+           {R"({"a": {"dtype": "F32", "shape": [0, 4611686018427387904], "data_offsets": [0, 0]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})",
+            8, "'b': data_offsets span 4 bytes but shape and dtype need 8"},
        }) {
     WriteRawSafetensors(path, c.header, c.data_bytes);
     absl::Status s = Load();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.header;
     EXPECT_THAT(s.message(), AllOf(HasSubstr(path), HasSubstr(c.want))) << c.header;
   }
+  // A name or dtype from the file is clipped in the message.
+  const std::string long_name(5000, 'n');
+  WriteRawSafetensors(
+      path, R"({")" + long_name + R"(": {"dtype": "I8", "shape": [1], "data_offsets": [0, 1]}})",
+      1);
+  EXPECT_THAT(Load().message(), HasSubstr("nnnn...': dtype I8"));
+  EXPECT_LT(Load().message().size(), 400u);
   // Header length larger than the file.
   std::string huge(8, '\0');
   huge[3] = 1;
@@ -230,8 +245,9 @@ TEST_F(ModelLoadTest, MissingShardIsNotFoundNamingTheShard) {
 
 TEST(SafetensorsTest, HalfAndBfloatConvertExactly) {
   const uint16_t f16[] = {0x3c00, 0xc000, 0x0001, 0x03ff, 0x7bff, 0x7c00, 0x8000};
-  const float want16[] = {1.0f, -2.0f, 0x1p-24f, 1023 * 0x1p-24f, 65504.0f,
-                          std::numeric_limits<float>::infinity(), -0.0f};
+  const float want16[] = {
+      1.0f, -2.0f, 0x1p-24f, 1023 * 0x1p-24f, 65504.0f, std::numeric_limits<float>::infinity(),
+      -0.0f};
   for (int i = 0; i < 7; ++i) EXPECT_EQ(F16ToFloat(f16[i]), want16[i]) << i;
   EXPECT_TRUE(std::signbit(F16ToFloat(0x8000)));
   EXPECT_TRUE(std::isnan(F16ToFloat(0x7e00)));

@@ -1,12 +1,16 @@
 // Metrics: the exact Prometheus text format for counters, gauges and histograms with labels, exact
-// totals under concurrency, and the HTTP endpoint (GET /metrics, /healthz, 404, busy port).
+// totals under concurrency, and the HTTP endpoint (GET /metrics, /healthz, 404, 405, busy port,
+// probes answered while idle and slow clients hold connections, bounded Stop()).
 #include "services/common/metrics.h"
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -19,7 +23,45 @@ namespace cascade::common {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
+
+// A TCP connection to 127.0.0.1:port; -1 when refused.
+int Connect(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// One request, reading the answer until the server closes or `within` passes; what arrived.
+std::string HttpRequestWithin(int port, const std::string& request,
+                              std::chrono::milliseconds within) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  int fd = Connect(port);
+  if (fd < 0) return "";
+  ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string response;
+  char buf[4096];
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    response.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return response;
+}
 
 TEST(MetricsTest, RendersPrometheusTextFormat) {
   MetricsRegistry r;
@@ -113,9 +155,93 @@ TEST(MetricsHttpTest, ServesMetricsHealthzAndNotFound) {
   healthy = false;
   EXPECT_THAT(testing::HttpGet(port, "/healthz"), StartsWith("HTTP/1.1 503"));
   EXPECT_THAT(testing::HttpGet(port, "/nope"), StartsWith("HTTP/1.1 404"));
+  EXPECT_THAT(testing::HttpGet(port, "/metrics?x=1"), HasSubstr("cascade:up_total 7\n"));
+  EXPECT_THAT(testing::HttpGet(port, "/healthz"), HasSubstr("Connection: close\r\n"));
+  std::string post =
+      HttpRequestWithin(port, "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+                        std::chrono::seconds(10));
+  EXPECT_THAT(post, StartsWith("HTTP/1.1 405"));
+  std::string head = HttpRequestWithin(port, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+                                       std::chrono::seconds(10));
+  EXPECT_THAT(head, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(head, Not(HasSubstr("cascade:up_total")));
+  EXPECT_THAT(HttpRequestWithin(port, "garbage\r\n\r\n", std::chrono::seconds(10)),
+              StartsWith("HTTP/1.1 400"));
 
   (*server)->Stop();
   EXPECT_EQ(testing::HttpGet(port, "/metrics"), "");
+}
+
+// Finding 6 of issue 9: the old server took one connection at a time, so 30 idle connections or
+// one client dripping a byte every 1.5 s left /healthz unanswered for 10 s and more (a kubelet
+// would have killed a healthy pod). Now each holds one thread of a pool, for a bounded time.
+TEST(MetricsHttpTest, HealthzAnswersWhileIdleAndSlowClientsHoldConnections) {
+  MetricsRegistry r;
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start("127.0.0.1", 0, &r, [] { return true; });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::vector<int> idle;
+  for (int i = 0; i < 40; ++i) {
+    int fd = Connect(port);
+    ASSERT_GE(fd, 0);
+    idle.push_back(fd);
+  }
+  int drip = Connect(port);
+  ASSERT_GE(drip, 0);
+  std::atomic<bool> stop{false};
+  std::thread dripper([&] {
+    const std::string request = "GET /healthz HTTP/1.1\r\nHost: slow\r\n\r\n";
+    for (char c : request) {
+      for (int i = 0; i < 15 && !stop; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (stop || ::send(drip, &c, 1, MSG_NOSIGNAL) != 1) return;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // all of them accepted
+  // A liveness bound, not a benchmark: the answer takes milliseconds; the old server took
+  // over a minute here (2 s per idle connection, one at a time).
+  std::string answer = HttpRequestWithin(port, "GET /healthz HTTP/1.1\r\nHost: probe\r\n\r\n",
+                                         std::chrono::seconds(3));
+  EXPECT_THAT(answer, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(answer, HasSubstr("\r\n\r\nok\n"));
+  stop = true;
+  dripper.join();
+  ::close(drip);
+  for (int fd : idle) ::close(fd);
+}
+
+// A client trickling a request in must not hold up shutdown past the grace period, and once
+// Stop() returns the server is gone for new clients.
+TEST(MetricsHttpTest, StopReturnsDespiteASlowClient) {
+  MetricsRegistry r;
+  MetricsHttpLimits limits;
+  limits.stop_grace_ms = 500;
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start("127.0.0.1", 0, &r, nullptr, limits);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  int drip = Connect(port);
+  ASSERT_GE(drip, 0);
+  std::atomic<bool> stop{false};
+  std::thread dripper([&] {
+    const std::string request =
+        "GET /metrics HTTP/1.1\r\nHost: slow\r\nX-Pad: aaaaaaaaaaaaaa\r\n\r\n";
+    for (char c : request) {
+      if (stop || ::send(drip, &c, 1, MSG_NOSIGNAL) != 1) return;
+      for (int i = 0; i < 5 && !stop; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  (*server)->Stop();
+  // Generous: the grace is 0.5 s; without it Stop() waited for the whole request (~30 s).
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(Connect(port), -1);
+  stop = true;
+  dripper.join();
+  ::close(drip);
 }
 
 TEST(MetricsHttpTest, BusyPortIsAClearError) {
