@@ -9,7 +9,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libssl-dev libpcre2-dev libutf8proc-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcpp-httplib-dev curl
+  libcpp-httplib-dev curl python3 python3-grpcio python3-protobuf
 )
 # Node may come from elsewhere than Debian (its npm then conflicts with Debian's): install the
 # Debian packages only when the commands are missing.
