@@ -37,13 +37,13 @@ struct AdmissionOptions {
   // once the queue has not been empty for `standing_queue` (CoDel's test for a standing queue),
   // a request waits at most `overload_queue_timeout` and the newest waiter is served first
   // (adaptive LIFO): admitted requests keep their latency, the rest are refused quickly.
-  absl::Duration standing_queue = absl::Seconds(1);
-  absl::Duration overload_queue_timeout = absl::Milliseconds(100);
+  absl::Duration standing_queue = absl::Milliseconds(500);
+  absl::Duration overload_queue_timeout = absl::Milliseconds(50);
   int initial_limit = 8;  // a worker's concurrency limit before anything is measured
   int min_limit = 1;
   int max_limit = 256;  // per worker (its engine's max_num_seqs bounds it anyway)
   // Time per output token allowed over the worker's unloaded time before its limit shrinks.
-  double latency_tolerance = 2.0;
+  double latency_tolerance = 1.5;
   // A latency window closes after this long and at least `window_samples` samples.
   absl::Duration window = absl::Milliseconds(100);
   int window_samples = 8;

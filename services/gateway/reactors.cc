@@ -2,6 +2,7 @@
 // and RegisterChunk (unary over a one-token turn). Each is the TurnSink of its turn(s): events
 // are queued and written one at a time; queued deltas merge while a write is in flight, so a
 // slow client gets fewer, larger messages and a fast one gets every token at once.
+#include <atomic>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -65,6 +66,36 @@ class WriteQueue {
   bool broken_ = false;
 };
 
+// Lifetime rules the reactors share. OnDone (which deletes a reactor) may run on a gRPC thread
+// as soon as Finish is called, so Finish is the last thing a thread does with a reactor: it is
+// decided under the reactor's mutex and issued by a PendingFinish declared before the lock,
+// after the lock is released. A thread that enters a reactor from outside gRPC's reactions and
+// may outlive its Finish (the admission thread, which starts the turn) holds a ReactorRef; the
+// reactor is deleted when gRPC's reference (dropped in OnDone) and every ReactorRef are gone.
+template <typename Reactor>
+class PendingFinish {
+ public:
+  explicit PendingFinish(Reactor* r) : r_(r) {}
+  ~PendingFinish() {
+    if (status_) r_->Finish(*status_);
+  }
+  void Set(const grpc::Status& s) { status_ = s; }
+
+ private:
+  Reactor* const r_;
+  std::optional<grpc::Status> status_;
+};
+
+template <typename Reactor>
+class ReactorRef {
+ public:
+  explicit ReactorRef(Reactor* r) : r_(r) { r_->refs_.fetch_add(1, std::memory_order_relaxed); }
+  ~ReactorRef() { r_->Unref(); }
+
+ private:
+  Reactor* const r_;
+};
+
 class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public TurnSink {
  public:
   GenerateReactor(GatewayService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), ctx_(ctx) {}
@@ -92,8 +123,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
       st = ToGrpc(prompt.status());
     }
     if (!st.ok()) {
+      PendingFinish<GenerateReactor> fin(this);
       std::lock_guard<std::mutex> lock(mu_);
-      EndLocked(st);
+      EndLocked(st, &fin);
       return;
     }
     params_ = svc_->NewTurnParams(
@@ -106,17 +138,21 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                           [this](absl::StatusOr<Grant> g) { OnAdmitted(std::move(g)); });
   }
 
+  // On the admission thread; the turn may finish the RPC before Start returns.
   void OnAdmitted(absl::StatusOr<Grant> grant) {
+    ReactorRef<GenerateReactor> hold(this);
+    PendingFinish<GenerateReactor> fin(this);
     {
       std::lock_guard<std::mutex> lock(mu_);
       waiting_ = false;
       if (!grant.ok()) {
-        EndLocked(ToGrpc(grant.status()));
+        EndLocked(ToGrpc(grant.status()), &fin);
         return;
       }
       grant_ = std::move(*grant);
       if (ctx_->IsCancelled()) {  // gone while queued; OnDone gives the slot back
-        EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"));
+        EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"),
+                  &fin);
         return;
       }
       params_.workers = grant_->ranked;
@@ -124,42 +160,51 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     // Not under mu_: the turn may report back (TurnDone) before Start returns.
     std::shared_ptr<Turn> t =
         Turn::Start(std::move(params_), svc_->pool(), svc_->tokenizer(), this, svc_->metrics());
+    bool cancel = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      turn_ = t;
+      if (!finish_called_) {  // else the context may be gone already
+        turn_ = t;
+        cancel = ctx_->IsCancelled();  // OnCancel may have run before turn_ was set
+      }
     }
-    if (ctx_->IsCancelled()) t->Cancel();  // OnCancel may have run before turn_ was set
+    if (cancel) t->Cancel();
   }
 
   void Emit(GenerateResponse ev) override {
+    PendingFinish<GenerateReactor> fin(this);
     std::lock_guard<std::mutex> lock(mu_);
     writes_.Push(std::move(ev));
-    MaybeWriteLocked();
+    MaybeWriteLocked(&fin);
   }
 
   void TurnDone(const grpc::Status& status, const TurnResult&) override {
+    PendingFinish<GenerateReactor> fin(this);
     std::lock_guard<std::mutex> lock(mu_);
-    EndLocked(status);
+    EndLocked(status, &fin);
   }
 
   void OnWriteDone(bool ok) override {
     std::shared_ptr<Turn> cancel;
     {
+      PendingFinish<GenerateReactor> fin(this);
       std::lock_guard<std::mutex> lock(mu_);
       if (writes_.Done(ok)) cancel = turn_;
-      MaybeWriteLocked();
+      MaybeWriteLocked(&fin);
     }
-    if (cancel) cancel->Cancel();
+    if (cancel) cancel->Cancel();  // touches only the turn: this may be gone
   }
 
   void OnCancel() override {
     std::shared_ptr<Turn> t;
     {
+      PendingFinish<GenerateReactor> fin(this);
       std::lock_guard<std::mutex> lock(mu_);
       // Still queued: withdraw and end now (else the grant is on its way; OnAdmitted ends it).
       if (waiting_ && svc_->CancelAdmission(ticket_)) {
         waiting_ = false;
-        EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"));
+        EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"),
+                  &fin);
       }
       t = turn_;
     }
@@ -168,17 +213,22 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   void OnDone() override {
     if (grant_) svc_->Release(*grant_);
-    delete this;
+    Unref();
   }
 
  private:
-  void EndLocked(const grpc::Status& st) {
-    turn_done_ = true;
-    final_ = st;
-    MaybeWriteLocked();
+  friend class ReactorRef<GenerateReactor>;
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
   }
 
-  void MaybeWriteLocked() {
+  void EndLocked(const grpc::Status& st, PendingFinish<GenerateReactor>* fin) {
+    turn_done_ = true;
+    final_ = st;
+    MaybeWriteLocked(fin);
+  }
+
+  void MaybeWriteLocked(PendingFinish<GenerateReactor>* fin) {
     if (finish_called_) return;
     if (writes_.Next(&current_)) {
       StartWrite(&current_);
@@ -187,7 +237,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     if (writes_.writing()) return;
     if (turn_done_) {
       finish_called_ = true;
-      Finish(final_);
+      fin->Set(final_);
     }
   }
 
@@ -203,6 +253,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   grpc::ByteBuffer current_;
   grpc::Status final_;
   bool turn_done_ = false, finish_called_ = false;
+  std::atomic<int> refs_{1};  // gRPC's (until OnDone) + ReactorRefs
 };
 
 class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
@@ -211,30 +262,32 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   ChatReactor(GatewayService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), ctx_(ctx) {
     grpc::Status st = svc_->CheckAuth(ctx_);
     if (!st.ok()) {
+      PendingFinish<ChatReactor> fin(this);
       std::lock_guard<std::mutex> lock(mu_);
-      EndLocked(st);
+      EndLocked(st, &fin);
       return;
     }
     StartRead(&raw_req_);
   }
 
   void OnReadDone(bool ok) override {
+    PendingFinish<ChatReactor> fin(this);
     std::lock_guard<std::mutex> lock(mu_);
     if (!ok) {  // the client closed its side: finish once the last turn's events are written
-      EndLocked(grpc::Status::OK);
+      EndLocked(grpc::Status::OK, &fin);
       return;
     }
     absl::StatusOr<cascade::v1::ChatRequest> parsed =
         ParseRawRequest<cascade::v1::ChatRequest>(raw_req_, svc_->max_request_bytes());
     if (!parsed.ok()) {
-      EndLocked(ToGrpc(parsed.status()));
+      EndLocked(ToGrpc(parsed.status()), &fin);
       return;
     }
     req_ = std::move(*parsed);
     std::vector<Scored> ranked;
     absl::Status st = PrepareTurnLocked(&ranked);
     if (!st.ok()) {
-      EndLocked(ToGrpc(st));
+      EndLocked(ToGrpc(st), &fin);
       return;
     }
     // The grant arrives on the admission thread, never inline, so mu_ may be held here.
@@ -243,7 +296,10 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
                           [this](absl::StatusOr<Grant> g) { OnAdmitted(std::move(g)); });
   }
 
+  // On the admission thread; the turn may finish the RPC before Start returns.
   void OnAdmitted(absl::StatusOr<Grant> grant) {
+    ReactorRef<ChatReactor> hold(this);
+    PendingFinish<ChatReactor> fin(this);
     {
       std::lock_guard<std::mutex> lock(mu_);
       waiting_ = false;
@@ -252,7 +308,8 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
         AbandonTurnLocked();
         EndLocked(grant.ok() ? grpc::Status(grpc::StatusCode::CANCELLED,
                                             "the client cancelled the request")
-                             : ToGrpc(grant.status()));
+                             : ToGrpc(grant.status()),
+                  &fin);
         return;
       }
       params_.workers = grant_->ranked;
@@ -260,26 +317,30 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     // Not under mu_: the turn may report back (TurnDone) before Start returns.
     std::shared_ptr<Turn> t =
         Turn::Start(std::move(params_), svc_->pool(), svc_->tokenizer(), this, svc_->metrics());
-    bool cancel;
+    bool cancel = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (turn_active_) turn_ = t;
-      cancel = ctx_->IsCancelled();
+      if (turn_active_ && !finish_called_) {  // else the context may be gone already
+        turn_ = t;
+        cancel = ctx_->IsCancelled();
+      }
     }
     if (cancel) t->Cancel();
   }
 
   void Emit(GenerateResponse ev) override {
+    PendingFinish<ChatReactor> fin(this);
     std::lock_guard<std::mutex> lock(mu_);
     cascade::v1::ChatResponse wrapped;
     wrapped.set_turn(turn_index_);
     wrapped.set_session_id(session_id_);
     *wrapped.mutable_event() = std::move(ev);
     writes_.Push(std::move(wrapped));
-    MaybeWriteLocked();
+    MaybeWriteLocked(&fin);
   }
 
   void TurnDone(const grpc::Status& status, const TurnResult& result) override {
+    PendingFinish<ChatReactor> fin(this);
     std::lock_guard<std::mutex> lock(mu_);
     turn_active_ = false;
     if (grant_) {
@@ -287,7 +348,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
       grant_.reset();
     }
     if (!status.ok()) {
-      EndLocked(status);
+      EndLocked(status, &fin);
       return;
     }
     // The session goes on: this turn's prompt pieces, then the answer closed as ChatML does.
@@ -306,21 +367,24 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   void OnWriteDone(bool ok) override {
     std::shared_ptr<Turn> cancel;
     {
+      PendingFinish<ChatReactor> fin(this);
       std::lock_guard<std::mutex> lock(mu_);
       if (writes_.Done(ok)) cancel = turn_;
-      MaybeWriteLocked();
+      MaybeWriteLocked(&fin);
     }
-    if (cancel) cancel->Cancel();
+    if (cancel) cancel->Cancel();  // touches only the turn: this may be gone
   }
 
   void OnCancel() override {
     std::shared_ptr<Turn> t;
     {
+      PendingFinish<ChatReactor> fin(this);
       std::lock_guard<std::mutex> lock(mu_);
       if (waiting_ && svc_->CancelAdmission(ticket_)) {  // withdrawn from the queue
         waiting_ = false;
         AbandonTurnLocked();
-        EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"));
+        EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"),
+                  &fin);
       }
       t = turn_active_ ? turn_ : nullptr;
     }
@@ -329,10 +393,15 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 
   void OnDone() override {
     if (grant_) svc_->Release(*grant_);
-    delete this;
+    Unref();
   }
 
  private:
+  friend class ReactorRef<ChatReactor>;
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
   // A prepared turn that will not run: its prompt does not join the session.
   void AbandonTurnLocked() {
     for (const PromptChunk& c : pending_) history_tokens_ -= static_cast<int64_t>(c.tokens.size());
@@ -373,14 +442,14 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     return absl::OkStatus();
   }
 
-  void EndLocked(const grpc::Status& st) {
+  void EndLocked(const grpc::Status& st, PendingFinish<ChatReactor>* fin) {
     if (ended_) return;
     ended_ = true;
     final_ = st;
-    MaybeWriteLocked();
+    MaybeWriteLocked(fin);
   }
 
-  void MaybeWriteLocked() {
+  void MaybeWriteLocked(PendingFinish<ChatReactor>* fin) {
     if (finish_called_) return;
     if (writes_.Next(&current_)) {
       StartWrite(&current_);
@@ -389,7 +458,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     if (writes_.writing()) return;
     if (ended_ && !turn_active_) {
       finish_called_ = true;
-      Finish(final_);
+      fin->Set(final_);
     }
   }
 
@@ -412,6 +481,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   grpc::ByteBuffer current_;
   grpc::Status final_;
   bool finish_called_ = false;
+  std::atomic<int> refs_{1};  // gRPC's (until OnDone) + ReactorRefs
 };
 
 // RegisterChunk: prefill the chunks with a one-token turn on the chosen worker, pinned there.

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The Python examples (clients/python) against a live `cascade up --http_port`: the gRPC client on
+# stubs generated from proto/ with Debian's protoc + grpc_python_plugin, run by Debian's python3
+# with python3-grpcio and python3-protobuf, and the plain-HTTP OpenAI client. Fails, never skips,
+# when a package is missing (scripts/setup.sh installs them).
+#   tests/e2e/python_clients_test.sh [BIN_DIR]
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+BIN="${1:-${CASCADE_BINARY_DIR:+$CASCADE_BINARY_DIR/bin}}"
+BIN="${BIN:-$ROOT/build/bin}"
+PY=/usr/bin/python3  # Debian's, where python3-grpcio lives (not a pyenv or venv python)
+fail() { echo "FAIL: $*" >&2; exit 1; }
+[[ -x "$PY" ]] || fail "$PY is missing; apt-get install python3"
+"$PY" -c 'import grpc, google.protobuf' 2>/dev/null ||
+  fail "python3-grpcio / python3-protobuf are missing; run scripts/setup.sh"
+for b in cascade cascade-registry cascade-worker cascade-gateway; do
+  [[ -x "$BIN/$b" ]] || fail "$BIN/$b is not built"
+done
+TMP="$(mktemp -d "${TMPDIR:-/tmp}/cascade-python-e2e.XXXXXX")"
+bash "$ROOT/clients/python/generate_stubs.sh" "$TMP/stubs" >/dev/null || fail "generating the stubs failed"
+HTTP_PORT="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+"$BIN/cascade" up --port 0 --registry_port 0 --http_port "$HTTP_PORT" --log_dir "$TMP/logs" \
+  >"$TMP/up.out" 2>"$TMP/up.err" &
+UP_PID=$!
+cleanup() {
+  kill -TERM "$UP_PID" 2>/dev/null
+  for _ in $(seq 1 100); do kill -0 "$UP_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$UP_PID" 2>/dev/null
+  [[ -n "${KEEP_TMP:-}" ]] || rm -rf "$TMP"
+}
+trap cleanup EXIT
+for _ in $(seq 1 600); do
+  grep -q "Ctrl-C stops everything" "$TMP/up.out" 2>/dev/null && break
+  kill -0 "$UP_PID" 2>/dev/null || { cat "$TMP/up.err"; fail "cascade up exited"; }
+  sleep 0.1
+done
+GATEWAY="$(sed -n 's/^  gateway   \([^ ]*\) .*/\1/p' "$TMP/up.out" | head -n 1)"
+[[ -n "$GATEWAY" ]] || { cat "$TMP/up.out"; fail "no gateway address in the banner"; }
+"$PY" "$ROOT/clients/python/cascade_client.py" --gateway "$GATEWAY" --stubs "$TMP/stubs" ||
+  fail "clients/python/cascade_client.py failed"
+"$PY" "$ROOT/clients/python/openai_http_client.py" --base "http://127.0.0.1:$HTTP_PORT/v1" ||
+  fail "clients/python/openai_http_client.py failed"
+echo "python_clients_test: passed"
