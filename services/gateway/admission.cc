@@ -98,17 +98,18 @@ void Admission::ObserveTokens(const std::string& address, int tokens, double sec
   auto it = workers_.find(address);
   if (it == workers_.end()) return;
   Worker& w = it->second;
-  w.window_seconds += seconds;
-  w.window_tokens += tokens;
-  ++w.window_samples;
+  w.window.push_back(seconds / tokens);
   const absl::Time now = now_();
-  if (w.window_samples >= options_.window_samples && now - w.window_start >= options_.window) {
+  if (static_cast<int>(w.window.size()) >= options_.window_samples &&
+      now - w.window_start >= options_.window) {
     CloseWindowLocked(w, now);
   }
 }
 
 void Admission::CloseWindowLocked(Worker& w, absl::Time now) {
-  const double tpot = w.window_seconds / static_cast<double>(w.window_tokens);
+  auto mid = w.window.begin() + static_cast<std::ptrdiff_t>(w.window.size() / 2);
+  std::nth_element(w.window.begin(), mid, w.window.end());
+  const double tpot = *mid;  // the window's median time per token
   w.recent = tpot;
   // The unloaded time per token is the best a window has shown: a worker does not get faster
   // with load, and every window averages several samples, so one lucky token cannot set it.
@@ -118,14 +119,14 @@ void Admission::CloseWindowLocked(Worker& w, absl::Time now) {
     if (tpot > options_.latency_tolerance * w.baseline) {
       w.limit = std::max<double>(options_.min_limit, w.limit * options_.decrease_factor);
     } else if (w.peak >= floor_limit) {
-      // Full and still fast enough: probe one more.
-      w.limit = std::min<double>(options_.max_limit, w.limit + 1);
+      // Full and still fast enough: probe for more, in proportion, so that a worker that
+      // batches well (a GPU) reaches its capacity in a few windows.
+      w.limit = std::min<double>(options_.max_limit,
+                                 w.limit + std::max(1.0, options_.increase_fraction * w.limit));
       kick_ = true;
     }
   }
-  w.window_seconds = 0;
-  w.window_tokens = 0;
-  w.window_samples = 0;
+  w.window.clear();
   w.window_start = now;
   w.peak = w.inflight;
 }

@@ -1,9 +1,11 @@
 // Capacity-aware admission: a request is admitted only when a worker it may run on has room,
 // otherwise it waits in a FIFO queue until one does or its queue deadline passes
 // (RESOURCE_EXHAUSTED). A worker's room is an adaptive concurrency limit, set from what it
-// serves: the limit grows while the worker's time per output token stays within
+// serves: the limit grows while the worker's median time per output token stays within
 // `latency_tolerance` times its unloaded time, and shrinks when it goes beyond (AIMD on latency,
-// the idea of Envoy's adaptive concurrency filter). A fixed count of open streams admits far more
+// the idea of Envoy's adaptive concurrency filter). The median, not the mean: a prefill in the
+// batch delays one step for everyone, a spike that says nothing about the decode rate (on a GPU
+// the mean of a window with prefills is often 2x its median while decode barely slows). A fixed count of open streams admits far more
 // than a worker can serve at a useful speed; this admits what the workers can actually serve, so
 // admitted requests keep their latency under overload and the rest are refused quickly.
 //
@@ -39,7 +41,7 @@ struct AdmissionOptions {
   // (adaptive LIFO): admitted requests keep their latency, the rest are refused quickly.
   absl::Duration standing_queue = absl::Milliseconds(500);
   absl::Duration overload_queue_timeout = absl::Milliseconds(50);
-  int initial_limit = 8;  // a worker's concurrency limit before anything is measured
+  int initial_limit = 16;  // a worker's concurrency limit before anything is measured
   int min_limit = 1;
   int max_limit = 256;  // per worker (its engine's max_num_seqs bounds it anyway)
   // Time per output token allowed over the worker's unloaded time before its limit shrinks.
@@ -48,6 +50,7 @@ struct AdmissionOptions {
   absl::Duration window = absl::Milliseconds(100);
   int window_samples = 8;
   double decrease_factor = 0.75;  // multiplicative decrease when a window is too slow
+  double increase_fraction = 0.25;  // growth per full, fast window: max(1, this x the limit)
   bool adaptive = true;           // false: each worker's limit stays at initial_limit
 };
 
@@ -104,9 +107,7 @@ class Admission {
     double limit = 0;
     int peak = 0;  // most in flight during the open window
     double baseline = 0, recent = 0;
-    double window_seconds = 0;
-    int64_t window_tokens = 0;
-    int window_samples = 0;
+    std::vector<double> window;  // seconds per token of each sample in the open window
     absl::Time window_start;
   };
   struct Waiter {

@@ -226,6 +226,7 @@ TEST(AdmissionTest, TheLimitShrinksWhenTokensSlowDownAndGrowsWhileFullAndFast) {
   o.window_samples = 4;
   o.latency_tolerance = 2.0;
   o.decrease_factor = 0.5;
+  o.increase_fraction = 0.0;  // one at a time, to read the steps
   Admission a(o, [&] { return clock.Now(); });
   const absl::Time far = clock.Now() + absl::Hours(1);
   for (int i = 0; i < 4; ++i) a.Acquire(Ranked({"w:1"}), far, out.For(i));
@@ -248,6 +249,29 @@ TEST(AdmissionTest, TheLimitShrinksWhenTokensSlowDownAndGrowsWhileFullAndFast) {
   EXPECT_EQ(limit(), 3);
   window(0.010);  // fast but idle: no evidence that more would stay fast
   EXPECT_EQ(limit(), 3);
+}
+
+TEST(AdmissionTest, PrefillSpikesDoNotShrinkTheLimitButSlowerDecodeDoes) {
+  Outcomes out;  // outlives `a`, whose destructor answers every waiter
+  FakeClock clock;
+  AdmissionOptions o;
+  o.initial_limit = 8;
+  o.window_samples = 10;
+  o.latency_tolerance = 1.5;
+  Admission a(o, [&] { return clock.Now(); });
+  const absl::Time far = clock.Now() + absl::Hours(1);
+  a.Acquire(Ranked({"w:1"}), far, out.For(0));
+  ASSERT_TRUE(out.WaitFor(1));
+  auto window = [&](std::vector<double> samples) {
+    clock.Advance(absl::Milliseconds(100));
+    for (double x : samples) a.ObserveTokens("w:1", 1, x);
+  };
+  window(std::vector<double>(10, 0.002));  // decode at 2 ms a token
+  // 3 of 10 steps carry a 20 ms prefill: the mean is 4x the baseline, the median is not.
+  window({0.002, 0.02, 0.002, 0.0021, 0.02, 0.002, 0.0022, 0.02, 0.002, 0.002});
+  EXPECT_EQ(a.Workers().at(0).limit, 8) << "prefill spikes shrank the limit";
+  window(std::vector<double>(10, 0.004));  // decode itself twice as slow
+  EXPECT_EQ(a.Workers().at(0).limit, 6);
 }
 
 TEST(AdmissionTest, ShutdownAnswersEveryWaiter) {
