@@ -45,7 +45,7 @@ struct AdmissionOptions {
   int min_limit = 1;
   int max_limit = 256;  // per worker (its engine's max_num_seqs bounds it anyway)
   // Time per output token allowed over the worker's unloaded time before its limit shrinks.
-  double latency_tolerance = 1.5;
+  double latency_tolerance = 2.0;
   // A latency window closes after this long and at least `window_samples` samples.
   absl::Duration window = absl::Milliseconds(100);
   int window_samples = 8;
