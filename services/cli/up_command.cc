@@ -131,6 +131,15 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
     return kExitUsage;
   }
   if (http_port > 0) options.gateway_flags.push_back(absl::StrCat("--http_port=", http_port));
+  if (options.backend == "cpu") {
+    // CPU workers batch poorly (each sequence adds almost its whole cost to a step), so their
+    // admission limits start low and hold decode within 1.3x of unloaded; the gateway's
+    // defaults suit GPU workers, whose steps barely slow with batch size. Flags given with
+    // --gateway_flag come later and win.
+    options.gateway_flags.insert(options.gateway_flags.begin(),
+                                 {"--admission_initial_limit=4",
+                                  "--admission_latency_tolerance=1.3"});
+  }
   if (options.workers < 1 || options.workers > 64) {
     err << "cascade up: --workers must be in [1, 64]\n";
     return kExitUsage;

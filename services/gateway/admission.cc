@@ -33,8 +33,14 @@ Admission::Worker& Admission::WorkerLocked(const std::string& address) {
 
 std::optional<Grant> Admission::TryGrantLocked(const std::vector<Scored>& ranked) {
   if (ranked.empty()) return Grant{};  // nothing to wait for: the turn reports no worker
+  const absl::Time now = now_();
+  bool any_up = false;
+  for (const Scored& c : ranked) any_up |= WorkerLocked(c.candidate.address).down_until <= now;
   for (size_t i = 0; i < ranked.size(); ++i) {
     Worker& w = WorkerLocked(ranked[i].candidate.address);
+    // A worker marked down gets nothing while another candidate is up (if all are down, the
+    // turn tries them anyway and reports what it finds).
+    if (any_up && w.down_until > now) continue;
     if (w.inflight >= std::max(1, static_cast<int>(w.limit))) continue;
     ++w.inflight;
     w.peak = std::max(w.peak, w.inflight);
@@ -92,12 +98,19 @@ void Admission::Release(const std::string& address) {
   kick_ = true;
 }
 
+void Admission::MarkDown(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  WorkerLocked(address).down_until = now_() + options_.down_for;
+  kick_ = true;  // waiters may go to another worker now
+}
+
 void Admission::ObserveTokens(const std::string& address, int tokens, double seconds) {
   if (tokens <= 0 || seconds < 0) return;
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(address);
   if (it == workers_.end()) return;
   Worker& w = it->second;
+  w.down_until = absl::InfinitePast();  // it streams: it is up
   w.window.push_back(seconds / tokens);
   const absl::Time now = now_();
   if (static_cast<int>(w.window.size()) >= options_.window_samples &&

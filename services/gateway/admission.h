@@ -52,6 +52,7 @@ struct AdmissionOptions {
   double decrease_factor = 0.75;  // multiplicative decrease when a window is too slow
   double increase_fraction = 0.25;  // growth per full, fast window: max(1, this x the limit)
   bool adaptive = true;           // false: each worker's limit stays at initial_limit
+  absl::Duration down_for = absl::Seconds(2);  // MarkDown's length (a restart takes ~2 s)
 };
 
 // A granted slot: the request runs on `ranked[0]` (the best-ranked candidate with room; the
@@ -85,6 +86,11 @@ class Admission {
   // A worker produced `tokens` output tokens `seconds` after its previous message for the same
   // request (the inter-token latency the client saw).
   void ObserveTokens(const std::string& address, int tokens, double seconds);
+  // A worker failed a request before answering (dead, restarting): no grants go to it for
+  // `options.down_for`, or until it streams tokens again. Its requests fail over to other
+  // workers outside their limits, so without this a dead worker's room would be handed out
+  // and land, unaccounted, on the survivors.
+  void MarkDown(const std::string& address);
 
   struct WorkerView {
     std::string address;
@@ -109,6 +115,7 @@ class Admission {
     double baseline = 0, recent = 0;
     std::vector<double> window;  // seconds per token of each sample in the open window
     absl::Time window_start;
+    absl::Time down_until = absl::InfinitePast();
   };
   struct Waiter {
     uint64_t ticket;

@@ -224,6 +224,9 @@ std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& st
                                         {"worker", result_.worker_address},
                                         {"error", status.error_message()}});
     metrics_->failovers->Increment();
+    if (params_.admission != nullptr && status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      params_.admission->MarkDown(result_.worker_address);
+    }
     return PrepareAttemptLocked();
   }
   const bool worker_failed = status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
@@ -241,6 +244,7 @@ std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& st
                                         {"tokens_so_far", static_cast<long>(result_.tokens.size())},
                                         {"error", status.error_message()}});
       metrics_->resumes->Increment();
+      if (params_.admission != nullptr) params_.admission->MarkDown(result_.worker_address);
       request_ = params_.request;
       auto* chunk = request_.add_chunks();
       chunk->set_kind(cascade::v1::CHUNK_KIND_ASSISTANT);

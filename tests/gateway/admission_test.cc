@@ -274,6 +274,34 @@ TEST(AdmissionTest, PrefillSpikesDoNotShrinkTheLimitButSlowerDecodeDoes) {
   EXPECT_EQ(a.Workers().at(0).limit, 6);
 }
 
+TEST(AdmissionTest, AWorkerMarkedDownGetsNoGrantsUntilItStreamsOrTheTimePasses) {
+  Outcomes out;  // outlives `a`, whose destructor answers every waiter
+  FakeClock clock;
+  AdmissionOptions o = Fixed(4);
+  o.down_for = absl::Seconds(2);
+  Admission a(o, [&] { return clock.Now(); });
+  const absl::Time far = clock.Now() + absl::Hours(1);
+  a.MarkDown("dead:1");
+  a.Acquire(Ranked({"dead:1", "live:1"}), far, out.For(0));
+  ASSERT_TRUE(out.WaitFor(1));
+  EXPECT_EQ(out.Get(0)->address, "live:1") << "a dead worker's room was handed out";
+  clock.Advance(absl::Seconds(3));
+  a.Acquire(Ranked({"dead:1", "live:1"}), far, out.For(1));
+  ASSERT_TRUE(out.WaitFor(2));
+  EXPECT_EQ(out.Get(1)->address, "dead:1") << "down for ever";
+  a.MarkDown("dead:1");
+  a.ObserveTokens("dead:1", 1, 0.01);  // it streams again: up
+  a.Acquire(Ranked({"dead:1", "live:1"}), far, out.For(2));
+  ASSERT_TRUE(out.WaitFor(3));
+  EXPECT_EQ(out.Get(2)->address, "dead:1");
+  // Every candidate down: the turn gets them anyway and reports what it finds.
+  a.MarkDown("dead:1");
+  a.MarkDown("live:1");
+  a.Acquire(Ranked({"dead:1", "live:1"}), far, out.For(3));
+  ASSERT_TRUE(out.WaitFor(4));
+  EXPECT_TRUE(out.Get(3).ok());
+}
+
 TEST(AdmissionTest, ShutdownAnswersEveryWaiter) {
   Outcomes out;
   {
