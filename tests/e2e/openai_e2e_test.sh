@@ -21,22 +21,7 @@ done
 
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/cascade-openai-e2e.XXXXXX")"
 HTTP_PORT="$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
-"$BIN/cascade" up --port 0 --registry_port 0 --http_port "$HTTP_PORT" --log_dir "$TMP/logs" \
-  >"$TMP/up.out" 2>"$TMP/up.err" &
-UP_PID=$!
-cleanup() {
-  kill -TERM "$UP_PID" 2>/dev/null
-  for _ in $(seq 1 100); do kill -0 "$UP_PID" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$UP_PID" 2>/dev/null
-  [[ -n "${KEEP_TMP:-}" ]] || rm -rf "$TMP"
-}
-trap cleanup EXIT
-for _ in $(seq 1 600); do
-  grep -q "Ctrl-C stops everything" "$TMP/up.out" 2>/dev/null && break
-  kill -0 "$UP_PID" 2>/dev/null || { cat "$TMP/up.err"; fail "cascade up exited"; }
-  sleep 0.1
-done
-grep -q "Ctrl-C stops everything" "$TMP/up.out" || { cat "$TMP/up.err"; fail "cascade up did not come up in 60 s"; }
+. "$HERE/up_stack.sh"
 grep -q "OpenAI API at http://localhost:$HTTP_PORT/v1" "$TMP/up.out" || fail "the banner does not show the OpenAI API"
 
 BASE="http://127.0.0.1:$HTTP_PORT/v1"

@@ -20,23 +20,7 @@ done
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/cascade-python-e2e.XXXXXX")"
 bash "$ROOT/clients/python/generate_stubs.sh" "$TMP/stubs" >/dev/null || fail "generating the stubs failed"
 HTTP_PORT="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-"$BIN/cascade" up --port 0 --registry_port 0 --http_port "$HTTP_PORT" --log_dir "$TMP/logs" \
-  >"$TMP/up.out" 2>"$TMP/up.err" &
-UP_PID=$!
-cleanup() {
-  kill -TERM "$UP_PID" 2>/dev/null
-  for _ in $(seq 1 100); do kill -0 "$UP_PID" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$UP_PID" 2>/dev/null
-  [[ -n "${KEEP_TMP:-}" ]] || rm -rf "$TMP"
-}
-trap cleanup EXIT
-for _ in $(seq 1 600); do
-  grep -q "Ctrl-C stops everything" "$TMP/up.out" 2>/dev/null && break
-  kill -0 "$UP_PID" 2>/dev/null || { cat "$TMP/up.err"; fail "cascade up exited"; }
-  sleep 0.1
-done
-GATEWAY="$(sed -n 's/^  gateway   \([^ ]*\) .*/\1/p' "$TMP/up.out" | head -n 1)"
-[[ -n "$GATEWAY" ]] || { cat "$TMP/up.out"; fail "no gateway address in the banner"; }
+. "$HERE/up_stack.sh"
 "$PY" "$ROOT/clients/python/cascade_client.py" --gateway "$GATEWAY" --stubs "$TMP/stubs" ||
   fail "clients/python/cascade_client.py failed"
 "$PY" "$ROOT/clients/python/openai_http_client.py" --base "http://127.0.0.1:$HTTP_PORT/v1" ||

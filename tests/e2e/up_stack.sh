@@ -1,0 +1,21 @@
+# Sourced by the e2e tests: starts `cascade up` (one CPU worker, free ports, the OpenAI HTTP front
+# on $HTTP_PORT) from $BIN with logs under $TMP, waits for its banner, stops it on exit, and sets
+# GATEWAY to the gateway's host:port. Needs BIN, TMP, HTTP_PORT and a fail() function.
+"$BIN/cascade" up --port 0 --registry_port 0 --http_port "$HTTP_PORT" --log_dir "$TMP/logs" \
+  >"$TMP/up.out" 2>"$TMP/up.err" &
+UP_PID=$!
+cleanup() {
+  kill -TERM "$UP_PID" 2>/dev/null
+  for _ in $(seq 1 100); do kill -0 "$UP_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$UP_PID" 2>/dev/null
+  [[ -n "${KEEP_TMP:-}" ]] || rm -rf "$TMP"
+}
+trap cleanup EXIT
+for _ in $(seq 1 600); do
+  grep -q "Ctrl-C stops everything" "$TMP/up.out" 2>/dev/null && break
+  kill -0 "$UP_PID" 2>/dev/null || { cat "$TMP/up.err"; fail "cascade up exited"; }
+  sleep 0.1
+done
+grep -q "Ctrl-C stops everything" "$TMP/up.out" || { cat "$TMP/up.err"; fail "cascade up did not come up in 60 s"; }
+GATEWAY="$(sed -n 's/^  gateway   \([^ ]*\) .*/\1/p' "$TMP/up.out" | head -n 1)"
+[[ -n "$GATEWAY" ]] || { cat "$TMP/up.out"; fail "no gateway address in the banner"; }
