@@ -112,7 +112,8 @@ int RunMkmodelCommand(const std::vector<std::string>& args, std::ostream& out, s
   common::FlagSet flags("cascade mkmodel",
                         "Writes a model directory in Hugging Face layout (config.json, bf16 "
                         "safetensors, tokenizer) with seeded random weights.");
-  flags.AddString("preset", &options.preset, "tiny | qwen3-0.6b | llama-tiny");
+  flags.AddString("preset", &options.preset,
+                  "tiny | qwen3-0.6b | llama-tiny | qwen3-8b | llama-3.2-1b");
   flags.AddString("out", &options.out_dir, "output directory (required; created if missing)");
   flags.AddInt64("seed", &seed, "weight seed; same seed, same weights");
   flags.AddInt("shards", &options.shards, "number of safetensors files");

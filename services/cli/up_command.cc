@@ -96,7 +96,7 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
                   "model to serve; empty: <build>/models/<preset>, generated when absent");
   flags.AddString("preset", &preset,
                   "preset to generate when the model directory is empty "
-                  "(tiny | qwen3-0.6b | llama-tiny)");
+                  "(tiny | qwen3-0.6b | llama-tiny | qwen3-8b | llama-3.2-1b)");
   flags.AddString("backend", &options.backend, "worker backend: cpu | cuda | auto");
   flags.AddInt64("kv_cache_bytes", &options.kv_cache_bytes,
                  "KV cache budget per worker; 0: the worker's default");
