@@ -98,6 +98,16 @@ void Admission::Release(const std::string& address) {
   kick_ = true;
 }
 
+void Admission::Transfer(const std::string& from, const std::string& to) {
+  if (from == to) return;
+  absl::MutexLock lock(&mu_);
+  if (auto it = workers_.find(from); !from.empty() && it != workers_.end() && it->second.inflight > 0) {
+    --it->second.inflight;
+  }
+  if (!to.empty()) ++WorkerLocked(to).inflight;
+  kick_ = true;
+}
+
 void Admission::MarkDown(const std::string& address) {
   absl::MutexLock lock(&mu_);
   WorkerLocked(address).down_until = now_() + options_.down_for;

@@ -81,8 +81,12 @@ class Admission {
   // Withdraws a queued request: true if it was still queued (its callback will not run);
   // false if it was granted or refused already (its callback has run or is about to).
   bool Cancel(uint64_t ticket);
-  // The request holding a slot on `address` ended (pass Grant::address).
+  // The request holding a slot on `address` ended (pass Grant::address, or where Transfer
+  // moved it).
   void Release(const std::string& address);
+  // A request's slot moves with it from `from` to `to` (failover, resume): `to` may go over its
+  // limit for a while, and gets no new grants until it is back under.
+  void Transfer(const std::string& from, const std::string& to);
   // A worker produced `tokens` output tokens `seconds` after its previous message for the same
   // request (the inter-token latency the client saw).
   void ObserveTokens(const std::string& address, int tokens, double seconds);

@@ -178,9 +178,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     MaybeWriteLocked(&fin);
   }
 
-  void TurnDone(const grpc::Status& status, const TurnResult&) override {
+  void TurnDone(const grpc::Status& status, const TurnResult& result) override {
     PendingFinish<GenerateReactor> fin(this);
     std::lock_guard<std::mutex> lock(mu_);
+    if (grant_) grant_->address = result.slot_address;  // where the slot moved with the turn
     EndLocked(status, &fin);
   }
 
@@ -344,6 +345,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     std::lock_guard<std::mutex> lock(mu_);
     turn_active_ = false;
     if (grant_) {
+      grant_->address = result.slot_address;  // where the slot moved with the turn
       svc_->Release(*grant_);
       grant_.reset();
     }
@@ -502,7 +504,8 @@ class RegisterSink final : public TurnSink {
     response_.set_worker_id(ev.start().worker_id());
   }
 
-  void TurnDone(const grpc::Status& status, const TurnResult&) override {
+  void TurnDone(const grpc::Status& status, const TurnResult& result) override {
+    grant_.address = result.slot_address;
     if (status.ok() && registry_ != nullptr && ttl_s_ > 0) {
       std::string parent;
       for (const auto& c : response_.chunks()) {
@@ -531,7 +534,7 @@ class RegisterSink final : public TurnSink {
   registry::RegistryClient* const registry_;
   const int64_t ttl_s_;
   GatewayService* const svc_;
-  const Grant grant_;
+  Grant grant_;
 };
 
 }  // namespace

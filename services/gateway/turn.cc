@@ -76,7 +76,9 @@ std::shared_ptr<Turn> Turn::Start(TurnParams params, WorkerPool* pool,
 Turn::Turn(TurnParams params, WorkerPool* pool, const tokenizer::Tokenizer& tokenizer,
            TurnSink* sink, TurnMetrics* metrics)
     : params_(std::move(params)), request_(params_.request), pool_(pool), tokenizer_(tokenizer),
-      sink_(sink), metrics_(metrics) {}
+      sink_(sink), metrics_(metrics) {
+  if (!params_.workers.empty()) result_.slot_address = params_.workers[0].candidate.address;
+}
 
 Turn::~Turn() = default;
 
@@ -87,6 +89,12 @@ std::shared_ptr<Turn::Upstream> Turn::PrepareAttemptLocked() {
     if (!handle_) continue;
     result_.worker_id = c.worker_id;
     result_.worker_address = c.address;
+    // The slot follows the request, so a survivor's limit counts the streams that fail over
+    // or resume onto it (a dead worker's slots would otherwise go to new requests).
+    if (params_.admission != nullptr && result_.slot_address != c.address) {
+      params_.admission->Transfer(result_.slot_address, c.address);
+      result_.slot_address = c.address;
+    }
     if (!resumed_) text_ = std::make_unique<TextStream>(tokenizer_, params_.stop);
     upstream_ = std::make_shared<Upstream>(shared_from_this(), handle_);
     return upstream_;

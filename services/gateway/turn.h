@@ -27,6 +27,9 @@ struct TurnResult {
   cascade::v1::FinishReason finish_reason = cascade::v1::FINISH_REASON_UNSPECIFIED;
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
+  // The worker the request's admission slot is charged to: the first candidate, moved along as
+  // the turn fails over or resumes elsewhere. Release the grant with this address.
+  std::string slot_address;
 };
 
 // Receives a turn's events. Called from gRPC threads, one call at a time per turn; must not
@@ -54,7 +57,8 @@ struct TurnParams {
   // prompt plus the tokens emitted so far and continues. Greedy and seeded sampling continue
   // exactly (the sampler's random stream is per position), so the client sees one stream.
   bool resume_mid_stream = true;
-  // Told each worker's time per output token (admission.h); may be null.
+  // Told each worker's time per output token and where the request's slot moves (admission.h;
+  // the slot starts on workers[0]); may be null.
   Admission* admission = nullptr;
 };
 

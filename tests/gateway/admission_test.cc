@@ -302,6 +302,29 @@ TEST(AdmissionTest, AWorkerMarkedDownGetsNoGrantsUntilItStreamsOrTheTimePasses) 
   EXPECT_TRUE(out.Get(3).ok());
 }
 
+TEST(AdmissionTest, ASlotMovesWithARequestThatFailsOver) {
+  Outcomes out;  // outlives `a`, whose destructor answers every waiter
+  FakeClock clock;
+  Admission a(Fixed(1), [&] { return clock.Now(); });
+  const absl::Time far = clock.Now() + absl::Hours(1);
+  a.Acquire(Ranked({"a:1"}), far, out.For(0));
+  a.Acquire(Ranked({"b:1"}), far, out.For(1));
+  ASSERT_TRUE(out.WaitFor(2));
+  a.Transfer("a:1", "b:1");  // request 0 resumed on b: b is over its limit, a is free
+  a.Acquire(Ranked({"b:1"}), far, out.For(2));
+  a.Acquire(Ranked({"a:1"}), far, out.For(3));
+  ASSERT_TRUE(out.WaitFor(3));
+  out.Settle();
+  EXPECT_TRUE(out.Has(3));
+  EXPECT_FALSE(out.Has(2)) << "b got a new request while over its limit";
+  a.Release("b:1");  // request 0 ends where it moved
+  out.Settle();
+  EXPECT_FALSE(out.Has(2)) << "b still holds request 1";
+  a.Release("b:1");
+  ASSERT_TRUE(out.WaitFor(4));
+  EXPECT_EQ(out.Get(2)->address, "b:1");
+}
+
 TEST(AdmissionTest, ShutdownAnswersEveryWaiter) {
   Outcomes out;
   {
