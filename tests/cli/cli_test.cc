@@ -1,5 +1,6 @@
 // The `cascade` tool's offline behaviour: help and exit codes, flag errors, mkmodel output that
 // loads, and tokenize/detokenize round trips through the same entry point main() uses.
+#include "tests/cli/test_util.h"
 #include "services/cli/cli.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +17,11 @@
 
 namespace cascade::cli {
 namespace {
+using test_util::BinDir;
+// A scratch directory named for this test binary.
+struct TempDir : test_util::TempDir {
+  TempDir() : test_util::TempDir("cascade_cli_test") {}
+};
 namespace fs = std::filesystem;
 
 struct CliRun {
@@ -30,22 +36,6 @@ CliRun Cli(const std::vector<std::string>& args, const std::string& stdin_text =
   int code = RunCli(args, in, out, err);
   return {code, out.str(), err.str()};
 }
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "cascade_cli_test-XXXXXX").string();
-    path_ = mkdtemp(tmpl.data()) ? tmpl : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 TEST(CliTest, HelpListsEveryCommandAndExitsZero) {
   for (const char* form : {"help", "--help", "-h"}) {

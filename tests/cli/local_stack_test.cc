@@ -1,6 +1,7 @@
 // `cascade up`'s process handling against the real binaries: registry, a worker and the gateway
 // start as child processes on free ports, one Generate through the gateway streams a start,
 // deltas and a finish; and a child that dies before its ready line is reported with its log.
+#include "tests/cli/test_util.h"
 #include "services/cli/local_stack.h"
 
 #include <gtest/gtest.h>
@@ -18,28 +19,12 @@
 
 namespace cascade::cli {
 namespace {
-namespace fs = std::filesystem;
-
-std::string BinDir() {
-  const char* dir = std::getenv("CASCADE_BINARY_DIR");
-  return dir == nullptr ? "" : std::string(dir) + "/bin";
-}
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "cascade_stack_test-XXXXXX").string();
-    path_ = mkdtemp(tmpl.data()) ? tmpl : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+using test_util::BinDir;
+// A scratch directory named for this test binary.
+struct TempDir : test_util::TempDir {
+  TempDir() : test_util::TempDir("cascade_stack_test") {}
 };
+namespace fs = std::filesystem;
 
 TEST(LocalStackTest, ChildThatExitsBeforeItsReadyLineIsReportedWithItsLog) {
   ASSERT_FALSE(BinDir().empty()) << "run through ctest (it sets CASCADE_BINARY_DIR)";

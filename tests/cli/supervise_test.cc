@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "cascade/v1/registry.grpc.pb.h"
 #include "gpu_worker/model/generator.h"
+#include "tests/cli/test_util.h"
 #include "services/cli/child_process.h"
 #include "services/cli/gateway_client.h"
 #include "services/cli/local_stack.h"
@@ -30,28 +31,12 @@
 
 namespace cascade::cli {
 namespace {
-namespace fs = std::filesystem;
-
-std::string BinDir() {
-  const char* dir = std::getenv("CASCADE_BINARY_DIR");
-  return dir == nullptr ? "" : std::string(dir) + "/bin";
-}
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "cascade_supervise_test-XXXXXX").string();
-    path_ = mkdtemp(tmpl.data()) ? tmpl : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+using test_util::BinDir;
+// A scratch directory named for this test binary.
+struct TempDir : test_util::TempDir {
+  TempDir() : test_util::TempDir("cascade_supervise_test") {}
 };
+namespace fs = std::filesystem;
 
 // Polls `done` every 100 ms for at most `limit`.
 bool WaitFor(const std::function<bool()>& done, absl::Duration limit) {
