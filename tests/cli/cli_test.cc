@@ -53,6 +53,14 @@ TEST(CliTest, NoCommandPrintsUsageAndExitsTwo) {
   EXPECT_NE(r.err.find("Usage: cascade <command>"), std::string::npos);
 }
 
+TEST(CliTest, UpRefusesAnHttpPortThatIsNotOneWithUsage) {
+  for (const char* bad : {"--http_port=0", "--http_port=70000"}) {
+    CliRun r = Cli({"up", bad});
+    EXPECT_EQ(r.code, kExitUsage) << bad;
+    EXPECT_NE(r.err.find("--http_port must be a port number"), std::string::npos) << r.err;
+  }
+}
+
 TEST(CliTest, UnknownCommandSaysSoAndExitsTwo) {
   CliRun r = Cli({"frobnicate", "--x"});
   EXPECT_EQ(r.code, kExitUsage);

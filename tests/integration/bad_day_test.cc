@@ -254,6 +254,24 @@ TEST(BadDayTest, AResumedStreamCarriesAnIdWithNoTextIntoTheResumePrompt) {
   EXPECT_EQ(resumed.sampling().max_tokens(), 1);
 }
 
+TEST(BadDayTest, BadAdmissionFlagsAreRefusedAtStartWithTheirNames) {
+  for (auto mutate : std::vector<std::function<void(gateway::AdmissionOptions&)>>{
+           [](auto& a) { a.initial_limit = 0; },
+           [](auto& a) { a.latency_tolerance = 1.0; },
+           [](auto& a) { a.queue_timeout = absl::Seconds(-1); },
+           [](auto& a) { a.max_limit = 2; }}) {
+    gateway::GatewayConfig g;
+    g.server = TestServerOptions("cascade-gateway");
+    g.model_dir = TinyModelDir();
+    g.workers = "127.0.0.1:1";
+    mutate(g.gateway.admission);
+    auto gw = gateway::GatewayServer::Start(g);
+    ASSERT_FALSE(gw.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument(gw.status()));
+    EXPECT_THAT(std::string(gw.status().message()), HasSubstr("--admission_initial_limit"));
+  }
+}
+
 TEST(BadDayTest, AClientMayResendAnIdWithNoText) {
   Stack stack({.workers = 1});
   cascade::v1::GenerateRequest r;
