@@ -26,25 +26,11 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
 
-// A TCP connection to 127.0.0.1:port; -1 when refused.
-int Connect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // One request, reading the answer until the server closes or `within` passes; what arrived.
 std::string HttpRequestWithin(int port, const std::string& request,
                               std::chrono::milliseconds within) {
   const auto deadline = std::chrono::steady_clock::now() + within;
-  int fd = Connect(port);
+  int fd = testing::ConnectLoopback(port);
   if (fd < 0) return "";
   ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   std::string response;
@@ -183,11 +169,11 @@ TEST(MetricsHttpTest, HealthzAnswersWhileIdleAndSlowClientsHoldConnections) {
   const int port = (*server)->port();
   std::vector<int> idle;
   for (int i = 0; i < 40; ++i) {
-    int fd = Connect(port);
+    int fd = testing::ConnectLoopback(port);
     ASSERT_GE(fd, 0);
     idle.push_back(fd);
   }
-  int drip = Connect(port);
+  int drip = testing::ConnectLoopback(port);
   ASSERT_GE(drip, 0);
   std::atomic<bool> stop{false};
   std::thread dripper([&] {
@@ -221,7 +207,7 @@ TEST(MetricsHttpTest, StopReturnsDespiteASlowClient) {
       MetricsHttpServer::Start("127.0.0.1", 0, &r, nullptr, limits);
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
-  int drip = Connect(port);
+  int drip = testing::ConnectLoopback(port);
   ASSERT_GE(drip, 0);
   std::atomic<bool> stop{false};
   std::thread dripper([&] {
@@ -238,7 +224,7 @@ TEST(MetricsHttpTest, StopReturnsDespiteASlowClient) {
   (*server)->Stop();
   // Generous: the grace is 0.5 s; without it Stop() waited for the whole request (~30 s).
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
-  EXPECT_EQ(Connect(port), -1);
+  EXPECT_EQ(testing::ConnectLoopback(port), -1);
   stop = true;
   dripper.join();
   ::close(drip);

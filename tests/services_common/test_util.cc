@@ -78,16 +78,22 @@ grpc::ServerWriteReactor<cascade::v1::GenerateResponse>* PacedStreamService::Gen
   return new PacedReactor(this);
 }
 
-std::string HttpGet(int port, const std::string& path) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+int ConnectLoopback(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     ::close(fd);
-    return "";
+    return -1;
   }
+  return fd;
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return "";
   std::string request = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
   ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   std::string response;

@@ -35,6 +35,9 @@ class PacedStreamService final : public cascade::v1::Gateway::CallbackService {
   std::atomic<int> calls_cancelled_{0};
 };
 
+// A TCP connection to 127.0.0.1:port (close-on-exec); -1 when refused.
+int ConnectLoopback(int port);
+
 // One HTTP/1.1 GET over a plain socket; returns the whole response (status line, headers,
 // body), or "" when it cannot connect.
 std::string HttpGet(int port, const std::string& path);
