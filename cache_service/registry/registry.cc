@@ -138,9 +138,11 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
     if (qa != qb) return qa < qb;
     return a.worker_id < b.worker_id;
   });
+  // Counted before the hit, and the hit with release: a snapshot that reads the hits first
+  // (acquire) then sees at least as many resolves, so hits <= resolves in every snapshot.
   resolves_.fetch_add(1, std::memory_order_relaxed);
   if (!out.workers.empty() && out.workers.front().matched_tokens > 0) {
-    resolve_hits_.fetch_add(1, std::memory_order_relaxed);
+    resolve_hits_.fetch_add(1, std::memory_order_release);
   }
   return out;
 }

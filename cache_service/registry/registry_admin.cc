@@ -187,8 +187,9 @@ RegistryStats Registry::GetStats() {
     MutexLock<Mutex> lock(&workers_mu_);
     for (const auto& [id, w] : workers_) s.workers += w->lease_expires_ms > now ? 1 : 0;
   }
+  // Hits first: see the comment where they are counted (registry.cc).
+  s.resolve_hits = resolve_hits_.load(std::memory_order_acquire);
   s.resolves = resolves_.load(std::memory_order_relaxed);
-  s.resolve_hits = resolve_hits_.load(std::memory_order_relaxed);
   s.chunks_forgotten = chunks_.forgotten();
   s.resyncs_requested = resyncs_requested_.load(std::memory_order_relaxed);
   s.leases_expired = leases_expired_.load(std::memory_order_relaxed);
