@@ -18,7 +18,7 @@
 #include "bench/service/workload.h"
 #include "services/cli/gateway_client.h"
 #include "services/cli/local_stack.h"
-#include "services/common/flags.h"
+#include "common/flags.h"
 
 namespace cascade::bench {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "cache_service/registry/registry.h"
 #include "cascade/v1/registry.grpc.pb.h"
-#include "services/common/metrics.h"
+#include "common/metrics.h"
 
 namespace cascade::registry {
 

@@ -10,7 +10,7 @@
 #include "gpu_worker/service/registry_agent.h"
 #include "gpu_worker/service/worker_metrics.h"
 #include "gpu_worker/service/worker_service.h"
-#include "services/common/log.h"
+#include "common/log.h"
 #ifdef CASCADE_HAVE_CUDA
 #include "gpu_worker/backend/cuda/cuda_backend.h"
 #include "gpu_worker/backend/cuda/device.h"

@@ -9,8 +9,8 @@
 #include "absl/status/statusor.h"
 #include "gpu_worker/engine/engine_loop.h"
 #include "gpu_worker/model/model.h"
-#include "services/common/flags.h"
-#include "services/common/server_runner.h"
+#include "common/flags.h"
+#include "common/server_runner.h"
 
 namespace cascade::worker {
 

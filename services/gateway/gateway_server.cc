@@ -9,8 +9,8 @@
 #include "absl/strings/strip.h"
 #include "cache_service/client/grpc_registry_client.h"
 #include "gpu_worker/model/config.h"
-#include "services/common/log.h"
-#include "services/common/transport.h"
+#include "common/log.h"
+#include "common/transport.h"
 
 namespace cascade::gateway {
 

@@ -4,8 +4,8 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "cache_service/hash/chunk_hash.h"
-#include "services/common/log.h"
+#include "common/chunk_hash.h"
+#include "common/log.h"
 #include "services/gateway/raw_request.h"
 #include "services/gateway/turn.h"
 

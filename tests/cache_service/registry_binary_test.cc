@@ -109,7 +109,7 @@ TEST(RegistryBinaryTest, ServesPrintsReadyLineExportsMetricsAndDrainsOnSigterm) 
             std::string::npos);
 
   // Close our channel first: with it open, the shared plumbing's drain took about 5 s here
-  // (reported to services/common); the registry itself stops at once.
+  // (reported to common/); the registry itself stops at once.
   client.reset();
   auto t0 = std::chrono::steady_clock::now();
   kill(pid, SIGTERM);
