@@ -32,6 +32,17 @@ void ToProto(const engine::LogprobEntry& e, cascade::v1::LogprobEntry* p) {
   }
 }
 
+// engine::FinishReason mirrors cascade.v1.FinishReason value for value, so the cast is exact.
+constexpr bool SameValue(engine::FinishReason e, cascade::v1::FinishReason p) {
+  return static_cast<int>(e) == static_cast<int>(p);
+}
+static_assert(SameValue(engine::FinishReason::kNone, cascade::v1::FINISH_REASON_UNSPECIFIED));
+static_assert(SameValue(engine::FinishReason::kStop, cascade::v1::FINISH_REASON_STOP));
+static_assert(SameValue(engine::FinishReason::kLength, cascade::v1::FINISH_REASON_LENGTH));
+static_assert(SameValue(engine::FinishReason::kStopString, cascade::v1::FINISH_REASON_STOP_STRING));
+static_assert(SameValue(engine::FinishReason::kCancelled, cascade::v1::FINISH_REASON_CANCELLED));
+static_assert(SameValue(engine::FinishReason::kError, cascade::v1::FINISH_REASON_ERROR));
+
 cascade::v1::FinishReason ToProto(engine::FinishReason r) {
   return static_cast<cascade::v1::FinishReason>(static_cast<int>(r));
 }
