@@ -30,7 +30,7 @@ registry::HeldChunk ToHeld(const engine::ChunkEvent& e) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RegistryAgent>> RegistryAgent::Start(const AgentOptions& options,
-                                                                     engine::Engine* engine) {
+                                                                    engine::Engine* engine) {
   common::ClientChannelOptions co;
   co.tls = options.tls;
   auto channel = common::MakeChannel(options.registry_address, co);
@@ -107,8 +107,8 @@ bool RegistryAgent::Register() {
     // Log the first failure and then every 30th, so a registry outage does not flood the log.
     if (failures_++ % 30 == 0) {
       common::LogWarn("registry_unreachable", {{"address", options_.registry_address},
-                                              {"error", std::string(r.status().message())},
-                                              {"hint", "the worker keeps serving; retrying"}});
+                                               {"error", std::string(r.status().message())},
+                                               {"hint", "the worker keeps serving; retrying"}});
     }
     return false;
   }
@@ -158,9 +158,9 @@ void RegistryAgent::Report() {
   std::vector<registry::ChunkEvent> batch;
   batch.reserve(events.size());
   for (const engine::ChunkEvent& e : events) {
-    batch.push_back({e.stored ? registry::ChunkEvent::Type::kStored
-                              : registry::ChunkEvent::Type::kEvicted,
-                     ToHeld(e)});
+    batch.push_back(
+        {e.stored ? registry::ChunkEvent::Type::kStored : registry::ChunkEvent::Type::kEvicted,
+         ToHeld(e)});
   }
   absl::StatusOr<registry::ReportResult> r =
       client_->ReportEvents(options_.worker_id, next_seq_, batch);

@@ -2,10 +2,10 @@
 // a timed wait with no signal times out, and the predicate forms return once the state holds.
 #include "common/mutex.h"
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 namespace cascade {
 namespace {

@@ -1,10 +1,10 @@
 // ValidateForwardBatch, the one check every backend runs on a batch: a well-formed batch passes,
 // and breaking any one rule gives INVALID_ARGUMENT naming that rule.
-#include <functional>
-#include <string>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
 
 #include "gpu_worker/engine/backend.h"
 
@@ -13,8 +13,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr BatchLimits kLimits{.vocab_size = 50, .num_blocks = 6, .block_size = 4,
-                              .max_num_tokens = 16};
+constexpr BatchLimits kLimits{
+    .vocab_size = 50, .num_blocks = 6, .block_size = 4, .max_num_tokens = 16};
 
 // Two sequences: one with 5 cached tokens computing positions 5..6 (blocks 2, 0), one new
 // prefilling positions 0..2 (block 5). Logits for each sequence's last row.
@@ -39,22 +39,20 @@ struct Case {
 };
 
 TEST(ValidateForwardBatch, AcceptsAWellFormedBatch) {
-  EXPECT_TRUE(ValidateForwardBatch(Valid(), kLimits).ok()) << ValidateForwardBatch(Valid(), kLimits);
+  EXPECT_TRUE(ValidateForwardBatch(Valid(), kLimits).ok())
+      << ValidateForwardBatch(Valid(), kLimits);
   ForwardBatch no_samples = Valid();
   no_samples.row_samples.clear();
   EXPECT_TRUE(ValidateForwardBatch(no_samples, kLimits).ok());
-  EXPECT_TRUE(ValidateForwardBatch(ForwardBatch{.query_start = {0}, .block_table_start = {0}},
-                                   kLimits)
-                  .ok())
+  EXPECT_TRUE(
+      ValidateForwardBatch(ForwardBatch{.query_start = {0}, .block_table_start = {0}}, kLimits)
+          .ok())
       << "an empty batch is well formed";
 }
 
 TEST(ValidateForwardBatch, RejectsEachBrokenRuleByName) {
   const std::vector<Case> cases = {
-      {"too many tokens",
-       [](ForwardBatch& b) {
-         b.token_ids.assign(17, 1);
-       },
+      {"too many tokens", [](ForwardBatch& b) { b.token_ids.assign(17, 1); },
        "17 tokens exceed max_num_tokens 16"},
       {"positions short", [](ForwardBatch& b) { b.positions.pop_back(); }, "positions (4)"},
       {"slot_mapping long", [](ForwardBatch& b) { b.slot_mapping.push_back(3); },
@@ -86,8 +84,7 @@ TEST(ValidateForwardBatch, RejectsEachBrokenRuleByName) {
       {"slot not where the block table puts the position",
        [](ForwardBatch& b) { b.slot_mapping[4] = 5 * 4 + 3; },
        "slot_mapping[4] = 23 but the block table puts position 2 at slot 22"},
-      {"logits row past the batch", [](ForwardBatch& b) { b.logits_rows[1] = 5; },
-       "logits_rows"},
+      {"logits row past the batch", [](ForwardBatch& b) { b.logits_rows[1] = 5; }, "logits_rows"},
       {"logits rows not ascending",
        [](ForwardBatch& b) {
          b.logits_rows = {4, 1};

@@ -2,13 +2,13 @@
 // context is INVALID_ARGUMENT, one larger than the whole KV cache RESOURCE_EXHAUSTED at
 // submission, and one refused in an engine step because pinned chunks hold the cache
 // RESOURCE_EXHAUSTED as well (SequenceOutput::status, mapped by common::ToGrpc).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "cascade/v1/worker.grpc.pb.h"
 #include "gpu_worker/service/worker_server.h"

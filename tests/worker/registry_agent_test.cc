@@ -4,11 +4,11 @@
 // pins, and deregisters.
 #include "gpu_worker/service/registry_agent.h"
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <functional>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "cache_service/registry/registry.h"
 #include "common/mutex.h"
@@ -120,8 +120,8 @@ class RegistryAgentTest : public ::testing::Test {
     registry_ = std::make_unique<Registry>(registry::RegistryOptions{});
     engine::EngineOptions eo;
     eo.model_name = "trace";
-    engine_ = engine::NewEngine(
-        eo, std::make_unique<engine::testing::TraceBackend>(64, kBlock, 97));
+    engine_ =
+        engine::NewEngine(eo, std::make_unique<engine::testing::TraceBackend>(64, kBlock, 97));
     auto client = std::make_unique<FaultyClient>(registry_.get());
     client_ = client.get();
     AgentOptions ao;
@@ -205,7 +205,8 @@ TEST_F(RegistryAgentTest, ARestartedRegistryLearnsEverythingHeldAgain) {
   ASSERT_NE(restarted->epoch(), registry_->epoch());
   client_->SwapRegistry(restarted.get());
   client_->SetDown(false);
-  EXPECT_TRUE(Eventually([&] { return RegistryHolds(*restarted, a) && RegistryHolds(*restarted, b); }));
+  EXPECT_TRUE(
+      Eventually([&] { return RegistryHolds(*restarted, a) && RegistryHolds(*restarted, b); }));
   EXPECT_GT(client_->registrations(), joins);
   agent_->Stop();  // before `restarted` goes
 }
