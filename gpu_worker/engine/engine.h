@@ -1,6 +1,6 @@
 // The backend-neutral engine: admits requests given as chunks of token ids, reuses the longest
 // cached prefix, prefills the rest at global positions, decodes in a continuous batch, samples,
-// and reports which chunks it holds. Each Step() reads as schedule, run, postprocess.
+// and reports which chunks it holds. Each Step() reads as intake, schedule, run, postprocess.
 #pragma once
 
 #include <cstdint>
