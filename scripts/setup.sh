@@ -9,7 +9,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libssl-dev libpcre2-dev libutf8proc-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcpp-httplib-dev prometheus-cpp-dev curl python3 python3-grpcio python3-protobuf
+  libcpp-httplib-dev prometheus-cpp-dev clang-format-14 curl python3 python3-grpcio python3-protobuf
 )
 # The libFuzzer targets (tests/fuzz, built by scripts/test.sh in build-fuzz) need clang and its
 # runtime libraries (libFuzzer, ASan, UBSan). CASCADE_FUZZ=0 (the container builds) skips them.
