@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/bounded_text.h"
+#include "common/write_queue.h"
 #include "services/gateway/gateway_service.h"
 #include "services/gateway/raw_request.h"
 #include "services/gateway/turn.h"
@@ -18,53 +19,25 @@ namespace {
 
 using cascade::v1::GenerateResponse;
 
-void MergeDelta(cascade::v1::TokenDelta* into, const cascade::v1::TokenDelta& from) {
-  into->mutable_token_ids()->MergeFrom(from.token_ids());
-  into->mutable_text()->append(from.text());
-  into->mutable_logprobs()->MergeFrom(from.logprobs());
-}
-
 GenerateResponse& EventOf(GenerateResponse& r) { return r; }
 GenerateResponse& EventOf(cascade::v1::ChatResponse& r) { return *r.mutable_event(); }
+const GenerateResponse& EventOf(const GenerateResponse& r) { return r; }
+const GenerateResponse& EventOf(const cascade::v1::ChatResponse& r) { return r.event(); }
 
-// The write side both streaming reactors share: items queue while a write is in flight and go
-// out one at a time, and a delta queued behind another merges into it. Not thread-safe: the
-// owning reactor holds its mutex around every call.
+// Token deltas queued behind a write in flight become one message (common/write_queue.h).
 template <typename Item>
-class WriteQueue {
- public:
-  void Push(Item item) {
-    if (EventOf(item).has_delta() && !queue_.empty() && EventOf(queue_.back()).has_delta()) {
-      MergeDelta(EventOf(queue_.back()).mutable_delta(), EventOf(item).delta());
-      return;
-    }
-    queue_.push_back(std::move(item));
-  }
-  // The next item serialized into `buf`, marking a write in flight; false when a write is in
-  // flight already, nothing is queued, or the client is gone.
-  bool Next(grpc::ByteBuffer* buf) {
-    if (writing_ || queue_.empty() || broken_) return false;
-    SerializeToByteBuffer(queue_.front(), buf);  // the last write is done with `buf`
-    queue_.pop_front();
-    writing_ = true;
-    return true;
-  }
-  // A write completed; a failed one means the client is gone: the rest is dropped. Returns
-  // true on failure (the caller cancels its turn).
-  bool Done(bool ok) {
-    writing_ = false;
-    if (ok) return false;
-    broken_ = true;
-    queue_.clear();
-    return true;
-  }
-  bool writing() const { return writing_; }
+bool MergeDeltas(Item& into, const Item& from) {
+  if (!EventOf(into).has_delta() || !EventOf(from).has_delta()) return false;
+  cascade::v1::TokenDelta* d = EventOf(into).mutable_delta();
+  const cascade::v1::TokenDelta& f = EventOf(from).delta();
+  d->mutable_token_ids()->MergeFrom(f.token_ids());
+  d->mutable_text()->append(f.text());
+  d->mutable_logprobs()->MergeFrom(f.logprobs());
+  return true;
+}
 
- private:
-  std::deque<Item> queue_;
-  bool writing_ = false;
-  bool broken_ = false;
-};
+template <typename Item>
+using WriteQueue = common::CoalescingWriteQueue<Item, MergeDeltas<Item>>;
 
 // Lifetime rules the reactors share. OnDone (which deletes a reactor) may run on a gRPC thread
 // as soon as Finish is called, so Finish is the last thing a thread does with a reactor: it is
@@ -130,7 +103,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     }
     params_ = svc_->NewTurnParams(
         *prompt, req.request_id().empty() ? svc_->NewRequestId() : req.request_id(), ctx_);
-    std::vector<Scored> ranked = svc_->Route(*prompt);
+    std::vector<Scored> ranked = svc_->Route(*prompt, "", &params_.request);
     // The grant arrives on the admission thread, never inline, so mu_ may be held here.
     std::lock_guard<std::mutex> lock(mu_);
     waiting_ = true;
@@ -231,7 +204,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   void MaybeWriteLocked(PendingFinish<GenerateReactor>* fin) {
     if (finish_called_) return;
-    if (writes_.Next(&current_)) {
+    if (GenerateResponse next; writes_.Next(&next)) {
+      SerializeToByteBuffer(next, &current_);  // the last write is done with current_
       StartWrite(&current_);
       return;
     }
@@ -425,7 +399,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     auto prompt = BuildPrompt(req_.chunks(), req_.sampling(), salt_, true, svc_->tokenizer(),
                               svc_->options().limits);
     if (!prompt.ok()) return prompt.status();
-    const int64_t total = history_tokens_ + prompt->num_tokens + prompt->sampling.max_tokens;
+    const int64_t total = history_tokens_ + prompt->num_tokens + prompt->sampling.max_tokens();
     if (total > svc_->options().limits.max_context) {
       return absl::InvalidArgumentError(
           absl::StrCat("the session (", history_tokens_, " tokens so far) plus this turn would "
@@ -439,7 +413,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     full.num_tokens = history_tokens_;
 
     params_ = svc_->NewTurnParams(full, absl::StrCat(session_id_, "/", turn_index_), ctx_);
-    *ranked = svc_->Route(full, sticky_);
+    *ranked = svc_->Route(full, sticky_, &params_.request);
     turn_active_ = true;
     return absl::OkStatus();
   }
@@ -453,7 +427,8 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 
   void MaybeWriteLocked(PendingFinish<ChatReactor>* fin) {
     if (finish_called_) return;
-    if (writes_.Next(&current_)) {
+    if (cascade::v1::ChatResponse next; writes_.Next(&next)) {
+      SerializeToByteBuffer(next, &current_);  // the last write is done with current_
       StartWrite(&current_);
       return;
     }
@@ -582,7 +557,8 @@ grpc::ServerUnaryReactor* GatewayService::RegisterChunk(grpc::CallbackServerCont
   p->request.set_pin_ttl_seconds(request->pin_ttl_seconds());
   const int64_t ttl_s = request->pin_ttl_seconds();
   // A unary call cannot be withdrawn from the queue; it waits at most the queue timeout.
-  Admit(Route(*prompt), p->deadline, [this, reactor, response, ttl_s, p](absl::StatusOr<Grant> g) {
+  std::vector<Scored> ranked = Route(*prompt, "", &p->request);
+  Admit(std::move(ranked), p->deadline, [this, reactor, response, ttl_s, p](absl::StatusOr<Grant> g) {
     if (!g.ok()) {
       reactor->Finish(ToGrpc(g.status()));
       return;

@@ -61,6 +61,9 @@ struct StackOptions {
   bool static_workers = true;  // also pass the workers as the gateway's --workers fallback
   gateway::AdmissionOptions admission;  // the gateway's (max_pending is max_concurrent)
   int http_port = -1;                   // the gateway's OpenAI HTTP front: 0 a free port
+  // The gateway's --default_max_tokens (short, so tests that leave max_tokens unset stay quick);
+  // 0 keeps the shipped default (worker::kDefaultMaxTokens).
+  int32_t default_max_tokens = 16;
 };
 
 class Stack {
@@ -80,7 +83,7 @@ class Stack {
     g.http_port = o.http_port;
     g.gateway.auth_token = o.auth_token;
     g.gateway.resume_mid_stream = o.resume;
-    g.gateway.limits.default_max_tokens = 16;
+    if (o.default_max_tokens > 0) g.gateway.limits.default_max_tokens = o.default_max_tokens;
     if (o.metrics) g.server.metrics_port = 0;
     auto gw = gateway::GatewayServer::Start(g);
     EXPECT_TRUE(gw.ok()) << gw.status();
