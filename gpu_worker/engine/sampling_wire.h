@@ -24,8 +24,8 @@ engine::SamplingParams SamplingFromProto(const cascade::v1::SamplingParams& s,
 // runs before routing. The engine runs the same validator on every request it is given (a
 // worker may be called directly), so a request through the gateway is checked at both edges by
 // one rule.
-absl::StatusOr<engine::SamplingParams> ParseSampling(const cascade::v1::SamplingParams& s,
-                                                     int vocab_size, int32_t max_tokens_limit,
-                                                     int32_t default_max_tokens = kDefaultMaxTokens);
+absl::StatusOr<engine::SamplingParams> ParseSampling(
+    const cascade::v1::SamplingParams& s, int vocab_size, int32_t max_tokens_limit,
+    int32_t default_max_tokens = kDefaultMaxTokens);
 
 }  // namespace cascade::worker

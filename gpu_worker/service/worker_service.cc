@@ -1,8 +1,9 @@
 // Worker service: one write reactor per Generate stream. Engine outputs arrive on the engine
 // thread and are queued; the reactor writes one message at a time and merges queued token
 // messages while a write is in flight (common/write_queue.h, shared with the gateway), so a slow
-// reader costs fewer, larger messages rather than an unbounded queue of small ones. Cancellation (client cancel, deadline, disconnect) cancels
-// the sequence, which frees its KV blocks within one engine step.
+// reader costs fewer, larger messages rather than an unbounded queue of small ones. Cancellation
+// (client cancel, deadline, disconnect) cancels the sequence, which frees its KV blocks within one
+// engine step.
 #include "gpu_worker/service/worker_service.h"
 
 #include <memory>
@@ -218,8 +219,8 @@ absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
     if (given.empty()) continue;  // the gateway had no registry answer (or a direct caller)
     const std::optional<hash::Hash128> h = hash::Hash128::FromHex(given);
     if (!h) {
-      return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "].hash '", common::Excerpt(given),
-                                                     "' is not 32 hex characters"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunks[", i, "].hash '", common::Excerpt(given), "' is not 32 hex characters"));
     }
     if (*h != req.placed[i].hash) {
       return absl::InvalidArgumentError(absl::StrCat(

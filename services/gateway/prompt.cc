@@ -11,8 +11,9 @@ namespace cascade::gateway {
 namespace {
 
 // Chunk kinds are cast between the wire and the tokenizer's template kinds.
-#define CASCADE_SAME_KIND(tok, proto)                                                          \
-  static_assert(static_cast<int>(tokenizer::ChunkKind::tok) == static_cast<int>(cascade::v1::proto), \
+#define CASCADE_SAME_KIND(tok, proto)                                     \
+  static_assert(static_cast<int>(tokenizer::ChunkKind::tok) ==              \
+                    static_cast<int>(cascade::v1::proto),                   \
                 "tokenizer::ChunkKind::" #tok " must equal cascade.v1." #proto)
 CASCADE_SAME_KIND(kUnspecified, CHUNK_KIND_UNSPECIFIED);
 CASCADE_SAME_KIND(kSystem, CHUNK_KIND_SYSTEM);

@@ -4,11 +4,11 @@
 // slow client gets fewer, larger messages and a fast one gets every token at once.
 #include <atomic>
 #include <deque>
-#include <mutex>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/bounded_text.h"
+#include "common/mutex.h"
 #include "common/write_queue.h"
 #include "services/gateway/gateway_service.h"
 #include "services/gateway/raw_request.h"
@@ -97,7 +97,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     }
     if (!st.ok()) {
       PendingFinish<GenerateReactor> fin(this);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       EndLocked(st, &fin);
       return;
     }
@@ -105,7 +105,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
         *prompt, req.request_id().empty() ? svc_->NewRequestId() : req.request_id(), ctx_);
     std::vector<Scored> ranked = svc_->Route(*prompt, "", &params_.request);
     // The grant arrives on the admission thread, never inline, so mu_ may be held here.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     waiting_ = true;
     ticket_ = svc_->Admit(std::move(ranked), params_.deadline,
                           [this](absl::StatusOr<Grant> g) { OnAdmitted(std::move(g)); });
@@ -116,7 +116,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     ReactorRef<GenerateReactor> hold(this);
     PendingFinish<GenerateReactor> fin(this);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       waiting_ = false;
       if (!grant.ok()) {
         EndLocked(ToGrpc(grant.status()), &fin);
@@ -135,7 +135,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
         Turn::Start(std::move(params_), svc_->pool(), svc_->tokenizer(), this, svc_->metrics());
     bool cancel = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (!finish_called_) {  // else the context may be gone already
         turn_ = t;
         cancel = ctx_->IsCancelled();  // OnCancel may have run before turn_ was set
@@ -146,14 +146,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   void Emit(GenerateResponse ev) override {
     PendingFinish<GenerateReactor> fin(this);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     writes_.Push(std::move(ev));
     MaybeWriteLocked(&fin);
   }
 
   void TurnDone(const grpc::Status& status, const TurnResult& result) override {
     PendingFinish<GenerateReactor> fin(this);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (grant_) grant_->address = result.slot_address;  // where the slot moved with the turn
     EndLocked(status, &fin);
   }
@@ -162,7 +162,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     std::shared_ptr<Turn> cancel;
     {
       PendingFinish<GenerateReactor> fin(this);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (writes_.Done(ok)) cancel = turn_;
       MaybeWriteLocked(&fin);
     }
@@ -173,7 +173,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     std::shared_ptr<Turn> t;
     {
       PendingFinish<GenerateReactor> fin(this);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       // Still queued: withdraw and end now (else the grant is on its way; OnAdmitted ends it).
       if (waiting_ && svc_->CancelAdmission(ticket_)) {
         waiting_ = false;
@@ -196,13 +196,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
   }
 
-  void EndLocked(const grpc::Status& st, PendingFinish<GenerateReactor>* fin) {
+  void EndLocked(const grpc::Status& st, PendingFinish<GenerateReactor>* fin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     turn_done_ = true;
     final_ = st;
     MaybeWriteLocked(fin);
   }
 
-  void MaybeWriteLocked(PendingFinish<GenerateReactor>* fin) {
+  void MaybeWriteLocked(PendingFinish<GenerateReactor>* fin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finish_called_) return;
     if (GenerateResponse next; writes_.Next(&next)) {
       SerializeToByteBuffer(next, &current_);  // the last write is done with current_
@@ -218,16 +219,18 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   GatewayService* const svc_;
   grpc::CallbackServerContext* const ctx_;
-  std::mutex mu_;
+  Mutex mu_;
   TurnParams params_;     // built in Begin, moved into the turn once admitted
-  bool waiting_ = false;  // queued for admission under ticket_
-  uint64_t ticket_ = 0;
-  std::optional<Grant> grant_;  // the admission slot, given back in OnDone
-  std::shared_ptr<Turn> turn_;
-  WriteQueue<GenerateResponse> writes_;
-  grpc::ByteBuffer current_;
-  grpc::Status final_;
-  bool turn_done_ = false, finish_called_ = false;
+  bool waiting_ ABSL_GUARDED_BY(mu_) = false;  // queued for admission under ticket_
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  // The admission slot, given back in OnDone (when no other thread touches the reactor).
+  std::optional<Grant> grant_;
+  std::shared_ptr<Turn> turn_ ABSL_GUARDED_BY(mu_);
+  WriteQueue<GenerateResponse> writes_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer current_ ABSL_GUARDED_BY(mu_);  // the write in flight
+  grpc::Status final_ ABSL_GUARDED_BY(mu_);
+  bool turn_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> refs_{1};  // gRPC's (until OnDone) + ReactorRefs
 };
 
@@ -238,7 +241,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     grpc::Status st = svc_->CheckAuth(ctx_);
     if (!st.ok()) {
       PendingFinish<ChatReactor> fin(this);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       EndLocked(st, &fin);
       return;
     }
@@ -247,7 +250,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 
   void OnReadDone(bool ok) override {
     PendingFinish<ChatReactor> fin(this);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!ok) {  // the client closed its side: finish once the last turn's events are written
       EndLocked(grpc::Status::OK, &fin);
       return;
@@ -276,7 +279,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     ReactorRef<ChatReactor> hold(this);
     PendingFinish<ChatReactor> fin(this);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       waiting_ = false;
       if (grant.ok()) grant_ = std::move(*grant);
       if (!grant.ok() || ctx_->IsCancelled()) {
@@ -294,7 +297,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
         Turn::Start(std::move(params_), svc_->pool(), svc_->tokenizer(), this, svc_->metrics());
     bool cancel = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (turn_active_ && !finish_called_) {  // else the context may be gone already
         turn_ = t;
         cancel = ctx_->IsCancelled();
@@ -305,7 +308,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 
   void Emit(GenerateResponse ev) override {
     PendingFinish<ChatReactor> fin(this);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     cascade::v1::ChatResponse wrapped;
     wrapped.set_turn(turn_index_);
     wrapped.set_session_id(session_id_);
@@ -316,7 +319,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 
   void TurnDone(const grpc::Status& status, const TurnResult& result) override {
     PendingFinish<ChatReactor> fin(this);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     turn_active_ = false;
     if (grant_) {
       grant_->address = result.slot_address;  // where the slot moved with the turn
@@ -344,7 +347,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     std::shared_ptr<Turn> cancel;
     {
       PendingFinish<ChatReactor> fin(this);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (writes_.Done(ok)) cancel = turn_;
       MaybeWriteLocked(&fin);
     }
@@ -355,7 +358,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     std::shared_ptr<Turn> t;
     {
       PendingFinish<ChatReactor> fin(this);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (waiting_ && svc_->CancelAdmission(ticket_)) {  // withdrawn from the queue
         waiting_ = false;
         AbandonTurnLocked();
@@ -379,14 +382,14 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   }
 
   // A prepared turn that will not run: its prompt does not join the session.
-  void AbandonTurnLocked() {
+  void AbandonTurnLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const PromptChunk& c : pending_) history_tokens_ -= static_cast<int64_t>(c.tokens.size());
     pending_.clear();
     turn_active_ = false;
   }
 
   // Validates the message and sets params_ for the next turn and `ranked` for admission.
-  absl::Status PrepareTurnLocked(std::vector<Scored>* ranked) {
+  absl::Status PrepareTurnLocked(std::vector<Scored>* ranked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (turn_index_ == 0) {
       absl::Status st = CheckModel(req_.model(), svc_->options().limits);
       if (st.ok()) st = common::CheckIdField("session_id", req_.session_id());
@@ -418,14 +421,15 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     return absl::OkStatus();
   }
 
-  void EndLocked(const grpc::Status& st, PendingFinish<ChatReactor>* fin) {
+  void EndLocked(const grpc::Status& st, PendingFinish<ChatReactor>* fin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (ended_) return;
     ended_ = true;
     final_ = st;
     MaybeWriteLocked(fin);
   }
 
-  void MaybeWriteLocked(PendingFinish<ChatReactor>* fin) {
+  void MaybeWriteLocked(PendingFinish<ChatReactor>* fin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finish_called_) return;
     if (cascade::v1::ChatResponse next; writes_.Next(&next)) {
       SerializeToByteBuffer(next, &current_);  // the last write is done with current_
@@ -441,7 +445,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 
   GatewayService* const svc_;
   grpc::CallbackServerContext* const ctx_;
-  std::mutex mu_;
+  Mutex mu_;
   grpc::ByteBuffer raw_req_;
   cascade::v1::ChatRequest req_;
   std::string session_id_, salt_, sticky_;
@@ -453,11 +457,11 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   bool waiting_ = false;  // queued for admission under ticket_
   uint64_t ticket_ = 0;
   std::optional<Grant> grant_;  // the running turn's admission slot
-  std::shared_ptr<Turn> turn_;
-  WriteQueue<cascade::v1::ChatResponse> writes_;
-  grpc::ByteBuffer current_;
-  grpc::Status final_;
-  bool finish_called_ = false;
+  std::shared_ptr<Turn> turn_ ABSL_GUARDED_BY(mu_);
+  WriteQueue<cascade::v1::ChatResponse> writes_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer current_ ABSL_GUARDED_BY(mu_);  // the write in flight
+  grpc::Status final_ ABSL_GUARDED_BY(mu_);
+  bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> refs_{1};  // gRPC's (until OnDone) + ReactorRefs
 };
 
@@ -558,15 +562,16 @@ grpc::ServerUnaryReactor* GatewayService::RegisterChunk(grpc::CallbackServerCont
   const int64_t ttl_s = request->pin_ttl_seconds();
   // A unary call cannot be withdrawn from the queue; it waits at most the queue timeout.
   std::vector<Scored> ranked = Route(*prompt, "", &p->request);
-  Admit(std::move(ranked), p->deadline, [this, reactor, response, ttl_s, p](absl::StatusOr<Grant> g) {
-    if (!g.ok()) {
-      reactor->Finish(ToGrpc(g.status()));
-      return;
-    }
-    p->workers = g->ranked;
-    auto* sink = new RegisterSink(reactor, response, registry_, ttl_s, this, std::move(*g));
-    Turn::Start(std::move(*p), pool_, *tokenizer_, sink, metrics_);
-  });
+  Admit(std::move(ranked), p->deadline,
+        [this, reactor, response, ttl_s, p](absl::StatusOr<Grant> g) {
+          if (!g.ok()) {
+            reactor->Finish(ToGrpc(g.status()));
+            return;
+          }
+          p->workers = g->ranked;
+          auto* sink = new RegisterSink(reactor, response, registry_, ttl_s, this, std::move(*g));
+          Turn::Start(std::move(*p), pool_, *tokenizer_, sink, metrics_);
+        });
   return reactor;
 }
 

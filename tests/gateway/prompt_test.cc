@@ -92,7 +92,8 @@ TEST_F(PromptTest, TokenIdChunksPassThroughWithinTheModelsVocabulary) {
   EXPECT_EQ(p->chunks[0].tokens, (std::vector<int32_t>{1, 2, beyond_text}));
   EXPECT_EQ(p->chunks[0].cache_salt, "tenant");
 
-  ExpectRefused(Build({Ids(cascade::v1::CHUNK_KIND_RAW, {1, static_cast<int32_t>(limits_.vocab_size)})}),
+  const int32_t first_outside = static_cast<int32_t>(limits_.vocab_size);
+  ExpectRefused(Build({Ids(cascade::v1::CHUNK_KIND_RAW, {1, first_outside})}),
                 "chunks[0].token_ids[1]");
   ExpectRefused(Build({Ids(cascade::v1::CHUNK_KIND_RAW, {-1})}), "chunks[0].token_ids[0] = -1");
 }
@@ -109,7 +110,8 @@ TEST_F(PromptTest, BadChunksAreRefusedNamingTheField) {
                        Text(cascade::v1::CHUNK_KIND_QUERY, std::string("\xc3\x28", 2))}),
                 "chunks[1].text is not valid UTF-8");
   limits_.max_chunks = 2;
-  ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_QUERY, "a"), Text(cascade::v1::CHUNK_KIND_QUERY, "b"),
+  ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_QUERY, "a"),
+                       Text(cascade::v1::CHUNK_KIND_QUERY, "b"),
                        Text(cascade::v1::CHUNK_KIND_QUERY, "c")}),
                 "3 chunks, at most 2");
 }
