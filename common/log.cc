@@ -6,11 +6,11 @@
 #include <cstdio>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
 #include "common/absl_compat.h"
+#include "common/mutex.h"
+#include "nlohmann/json.hpp"
 
 namespace cascade::common {
 namespace {
@@ -21,7 +21,7 @@ std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
 std::atomic<int> g_format{static_cast<int>(LogFormat::kText)};
 
 struct Sink {
-  absl::Mutex mu;
+  Mutex mu;
   std::function<void(std::string_view)> fn ABSL_GUARDED_BY(mu);
 };
 Sink& GetSink() {
@@ -29,24 +29,11 @@ Sink& GetSink() {
   return *sink;
 }
 
+// JSON strings through nlohmann_json: the escapes are its, and bytes that are not UTF-8 become
+// U+FFFD, so a log line is valid JSON whatever a client sent.
 void AppendJsonString(std::string* out, std::string_view s) {
-  out->push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\n': out->append("\\n"); break;
-      case '\r': out->append("\\r"); break;
-      case '\t': out->append("\\t"); break;
-      default:
-        if (c < 0x20) {
-          absl::StrAppendFormat(out, "\\u%04x", c);
-        } else {
-          out->push_back(static_cast<char>(c));
-        }
-    }
-  }
-  out->push_back('"');
+  out->append(nlohmann::json(std::string(s)).dump(-1, ' ', false,
+                                                   nlohmann::json::error_handler_t::replace));
 }
 
 // Text values are quoted only when needed, so the common case stays grep-friendly.
@@ -104,7 +91,7 @@ bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load
 
 void SetLogSink(std::function<void(std::string_view line)> sink) {
   Sink& s = GetSink();
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   s.fn = std::move(sink);
 }
 
@@ -145,7 +132,7 @@ void Log(LogLevel level, std::string_view event, std::initializer_list<LogField>
                                    event, fields);
   Sink& s = GetSink();
   // One lock around the write keeps lines whole across threads.
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   if (s.fn) {
     s.fn(line);
   } else {

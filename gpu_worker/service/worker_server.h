@@ -27,6 +27,10 @@ struct WorkerConfig {
   int max_waiting = 256;
   int64_t max_context = 0;         // 0: the model's max_position_embeddings
   int threads = 0;                 // CPU backend threads; 0 = all cores
+  int cuda_device = 0;             // CUDA backend: which visible GPU (one worker per GPU)
+  // CUDA backend without --kv_blocks: the share of the GPU memory free after the weights that
+  // the KV cache takes (lower it when workers share a GPU).
+  double kv_cache_fraction = 0.8;
   std::string worker_id;           // empty: "worker-<port>"
   std::string registry_address;    // empty: run without a registry
   std::string advertise_address;   // what the gateway dials; empty: 127.0.0.1:<port>

@@ -105,7 +105,8 @@ std::vector<Scored> GatewayService::Route(const Prompt& prompt, const std::strin
     }
   }
   if (!resolved || cands.empty()) cands = pool_->KnownWorkers();
-  std::vector<Scored> ranked = RankWorkers(cands, prompt.num_tokens, options_.weights);
+  std::vector<Scored> ranked = RankWorkers(cands, prompt.num_tokens, options_.weights,
+                                          route_ticket_.fetch_add(1, std::memory_order_relaxed));
   if (common::LogEnabled(common::LogLevel::kDebug)) {
     for (const Scored& s : ranked) {
       common::LogDebug("route_candidate", {{"worker", s.candidate.worker_id},

@@ -109,6 +109,7 @@ class GatewayService final : public GatewayBase {
   TurnMetrics* const metrics_;
   std::unique_ptr<Admission> admission_;
   std::atomic<uint64_t> next_id_{1};
+  std::atomic<uint64_t> route_ticket_{0};  // numbers requests for --route_policy round_robin/random
 };
 
 using common::ToGrpc;

@@ -64,6 +64,18 @@ TEST_F(LogTest, JsonLineIsValidJsonWithTypedValues) {
   EXPECT_TRUE(j.contains("ts"));
 }
 
+// A client's bytes may be anything: a field with invalid UTF-8 and control characters still
+// gives a line that parses as JSON, the bad bytes replaced by U+FFFD.
+TEST_F(LogTest, JsonLineStaysValidForBytesThatAreNotUtf8) {
+  std::string bad = "ok\xff\xc3(\x01\x7f";
+  std::string line = FormatLogLine(LogFormat::kJson, absl::Now(), LogLevel::kWarn, bad,
+                                   {{"request_id", bad}});
+  nlohmann::json j = nlohmann::json::parse(line);  // throws on invalid JSON
+  EXPECT_EQ(j["event"], "ok\xef\xbf\xbd\xef\xbf\xbd(\x01\x7f");
+  EXPECT_EQ(j["request_id"], j["event"]);
+  EXPECT_THAT(line, HasSubstr("\\u0001"));
+}
+
 TEST_F(LogTest, LevelFilterDropsLessSevereEvents) {
   SetLogLevel(LogLevel::kWarn);
   LogDebug("d");
