@@ -48,6 +48,13 @@ class CondVar {
     cv_.wait(lock);
     lock.release();  // still held: the caller's MutexLock unlocks it
   }
+  // Waits until `done()` (called with `mu` held) is true.
+  template <typename Pred>
+  void Wait(Mutex* mu, Pred done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
+    cv_.wait(lock, std::move(done));
+    lock.release();
+  }
   // Returns false if `timeout` passed without a notification.
   bool WaitFor(Mutex* mu, std::chrono::milliseconds timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);

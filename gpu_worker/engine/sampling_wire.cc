@@ -7,9 +7,9 @@ namespace cascade::worker {
 
 // The engine's FinishReason mirrors cascade.v1.FinishReason value for value (the worker service
 // casts one to the other).
-#define CASCADE_SAME_VALUE(engine_value, proto_value)                                   \
-  static_assert(static_cast<int>(engine::FinishReason::engine_value) ==                 \
-                    static_cast<int>(cascade::v1::proto_value),                         \
+#define CASCADE_SAME_VALUE(engine_value, proto_value)                   \
+  static_assert(static_cast<int>(engine::FinishReason::engine_value) == \
+                    static_cast<int>(cascade::v1::proto_value),         \
                 "engine::FinishReason::" #engine_value " must equal cascade.v1." #proto_value)
 CASCADE_SAME_VALUE(kNone, FINISH_REASON_UNSPECIFIED);
 CASCADE_SAME_VALUE(kStop, FINISH_REASON_STOP);

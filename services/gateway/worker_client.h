@@ -3,11 +3,11 @@
 // scripted fakes instead, so failover and exact resume are tested without a network.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "cascade/v1/worker.grpc.pb.h"
 

@@ -110,10 +110,10 @@ TEST_F(PromptTest, BadChunksAreRefusedNamingTheField) {
                        Text(cascade::v1::CHUNK_KIND_QUERY, std::string("\xc3\x28", 2))}),
                 "chunks[1].text is not valid UTF-8");
   limits_.max_chunks = 2;
-  ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_QUERY, "a"),
-                       Text(cascade::v1::CHUNK_KIND_QUERY, "b"),
-                       Text(cascade::v1::CHUNK_KIND_QUERY, "c")}),
-                "3 chunks, at most 2");
+  ExpectRefused(
+      Build({Text(cascade::v1::CHUNK_KIND_QUERY, "a"), Text(cascade::v1::CHUNK_KIND_QUERY, "b"),
+             Text(cascade::v1::CHUNK_KIND_QUERY, "c")}),
+      "3 chunks, at most 2");
 }
 
 TEST_F(PromptTest, SizesAreRefusedBeforeTokenizing) {
@@ -121,8 +121,8 @@ TEST_F(PromptTest, SizesAreRefusedBeforeTokenizing) {
   ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_QUERY, std::string(101, 'a'))}),
                 "at most 100 per request", absl::StatusCode::kResourceExhausted);
   // Ids count 4 bytes each.
-  ExpectRefused(Build({Ids(cascade::v1::CHUNK_KIND_RAW, std::vector<int32_t>(26, 1))}),
-                "104 bytes", absl::StatusCode::kResourceExhausted);
+  ExpectRefused(Build({Ids(cascade::v1::CHUNK_KIND_RAW, std::vector<int32_t>(26, 1))}), "104 bytes",
+                absl::StatusCode::kResourceExhausted);
   limits_.max_prompt_bytes = 1 << 20;
   limits_.max_context = 64;
   ExpectRefused(Build({Ids(cascade::v1::CHUNK_KIND_RAW, std::vector<int32_t>(65, 1))}),

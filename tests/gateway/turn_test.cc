@@ -36,9 +36,8 @@ class RecordingSink final : public TurnSink {
   }
   bool WaitDone(std::chrono::milliseconds timeout) {
     MutexLock lock(&mu_);
-    return cv_.WaitFor(&mu_, timeout, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return done_calls_ > 0;
-    });
+    return cv_.WaitFor(&mu_, timeout,
+                       [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_calls_ > 0; });
   }
   int done_calls() {
     MutexLock lock(&mu_);
@@ -343,8 +342,7 @@ TEST_F(TurnTest, NoCandidateThatCanBeDialledGivesUnavailable) {
   RecordingSink sink;
   const Stream s = Run(Params({"nowhere"}), &sink);
   EXPECT_EQ(s.code, grpc::StatusCode::UNAVAILABLE);
-  EXPECT_NE(sink.status().error_message().find("every candidate worker failed"),
-            std::string::npos)
+  EXPECT_NE(sink.status().error_message().find("every candidate worker failed"), std::string::npos)
       << sink.status().error_message();
 }
 
@@ -369,8 +367,7 @@ TEST_F(TurnTest, ResumeTurnedOffEndsWithAnErrorFinishInsteadOfContinuing) {
 TEST_F(TurnTest, ClientCancelCancelsTheWorkerCallAndEndsCancelled) {
   cluster_.at("w1")->Script({{FakeBehavior::kHang, 2}});
   RecordingSink sink;
-  std::shared_ptr<Turn> t =
-      Turn::Start(Params({"w1", "w2"}), pool_.get(), *tok_, &sink, &metrics_);
+  std::shared_ptr<Turn> t = Turn::Start(Params({"w1", "w2"}), pool_.get(), *tok_, &sink, &metrics_);
   // Cancel once the worker is streaming (its two tokens arrived).
   for (int i = 0; i < 2000 && Summarize(sink).tokens.size() < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
