@@ -87,9 +87,8 @@ TEST(BadDayTest, EchoedInputIsBoundedInEveryErrorMessage) {
     EXPECT_LE(st.error_message().size(), 1024u);
   }
   {
-    // Straight at the worker, which echoes the model too.
-    auto ch = grpc::CreateChannel(stack.worker(0).address(), grpc::InsecureChannelCredentials());
-    auto stub = cascade::v1::Worker::NewStub(ch);
+    // Straight at the worker (as the gateway), which echoes the model too.
+    auto stub = cascade::v1::Worker::NewStub(stack.WorkerChannel(0, common::Role::kGateway));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     cascade::v1::WorkerGenerateRequest req;
