@@ -17,6 +17,7 @@ int RunCertsCommand(const std::vector<std::string>& args, std::ostream& out, std
   int workers = 0;
   absl::Duration validity = absl::Hours(24 * 365);
   bool write_ca_key = false;
+  bool write_auth_token = false;
   common::FlagSet flags(
       "cascade certs",
       "Writes a new cluster CA (ca.crt) and certificates for internal auth into --out: "
@@ -31,6 +32,8 @@ int RunCertsCommand(const std::vector<std::string>& args, std::ostream& out, std
   flags.AddDuration("validity", &validity, "how long the certificates are valid");
   flags.AddBool("write_ca_key", &write_ca_key,
                 "also write ca.key, to issue more worker certificates later (keep it offline)");
+  flags.AddBool("write_auth_token", &write_auth_token,
+                "also write auth-token: a random bearer token for the gateway's --auth_token_file");
   flags.AddString("ca_key", &ca_key, "with --add_worker: the CA key matching <out>/ca.crt");
   flags.AddString("add_worker", &add_worker, "issue only this worker's certificate (needs --ca_key)");
   if (std::optional<int> code = ParseCommandFlags(flags, args, out, err)) return *code;
@@ -62,8 +65,14 @@ int RunCertsCommand(const std::vector<std::string>& args, std::ostream& out, std
     err << "cascade certs: " << paths.status().message() << "\n";
     return paths.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailed;
   }
+  if (write_auth_token) {
+    if (absl::Status s = common::WriteRandomToken(out_dir + "/auth-token"); !s.ok()) {
+      err << "cascade certs: " << s.message() << "\n";
+      return kExitFailed;
+    }
+  }
   out << "wrote a new CA and " << 3 + options.worker_ids.size() << " certificates to " << out_dir
-      << "\n";
+      << (write_auth_token ? " (and auth-token)" : "") << "\n";
   return kExitOk;
 }
 

@@ -15,6 +15,7 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <openssl/rand.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
@@ -290,6 +291,18 @@ absl::StatusOr<StackCertPaths> WriteStackCerts(const std::string& dir,
     }
   }
   return paths;
+}
+
+absl::Status WriteRandomToken(const std::string& path) {
+  unsigned char bytes[32];
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) return SslError("RAND_bytes");
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (unsigned char b : bytes) {
+    token.push_back(kHex[b >> 4]);
+    token.push_back(kHex[b & 15]);
+  }
+  return WriteFile(path, token + "\n", 0600);
 }
 
 absl::Status WriteWorkerCert(const std::string& dir, const std::string& ca_key_file,

@@ -62,6 +62,10 @@ absl::StatusOr<StackCertPaths> WriteStackCerts(const std::string& dir,
 absl::Status WriteWorkerCert(const std::string& dir, const std::string& ca_key_file,
                              const std::string& worker_id, absl::Duration validity);
 
+// Writes a new random bearer token (32 bytes from OpenSSL's RAND_bytes, as 64 hex digits) to
+// `path`, mode 0600: the gateway's --auth_token_file.
+absl::Status WriteRandomToken(const std::string& path);
+
 // Checks a worker id can name a certificate and a file: 1..128 of [A-Za-z0-9._-].
 absl::Status ValidateWorkerIdForCert(std::string_view worker_id);
 
