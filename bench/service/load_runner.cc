@@ -25,6 +25,8 @@ double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(
 
 // Sends one request and turns what came back into a sample. Token arrival times are taken in
 // the stream callback, as each message is read.
+}  // namespace
+
 RequestSample SendOne(v1::Gateway::StubInterface& stub, const v1::GenerateRequest& request,
                       const cli::CallOptions& call, bool keep_tokens) {
   RequestSample sample;
@@ -34,7 +36,10 @@ RequestSample SendOne(v1::Gateway::StubInterface& stub, const v1::GenerateReques
   int64_t tokens = 0;
   absl::StatusOr<cli::GenerateResult> result =
       cli::RunGenerate(stub, request, call, [&](const v1::GenerateResponse& msg) {
-        if (msg.has_start()) sample.admitted = true;
+        if (msg.has_start()) {
+          sample.admitted = true;
+          sample.worker_id = msg.start().worker_id();
+        }
         if (!msg.has_delta() || msg.delta().token_ids_size() == 0) return;
         tokens += msg.delta().token_ids_size();
         if (keep_tokens) {
@@ -72,6 +77,8 @@ RequestSample SendOne(v1::Gateway::StubInterface& stub, const v1::GenerateReques
   sample.completion_tokens = result->finish.usage().completion_tokens();
   return sample;
 }
+
+namespace {
 
 // 127.a.b.c with numeric parts (so a name such as "127.example.com" does not pass).
 bool IsIpv4Loopback(const std::string& host) {

@@ -13,6 +13,7 @@
 #include "bench/service/loadgen_stats.h"
 #include "bench/service/workload.h"
 #include "cascade/v1/gateway.grpc.pb.h"
+#include "services/cli/gateway_client.h"
 
 namespace cascade::bench {
 
@@ -49,6 +50,11 @@ struct RunPhaseResult {
 };
 RunPhaseResult RunPhaseWithSamples(v1::Gateway::StubInterface& stub, PromptSource& prompts,
                                    const PhaseOptions& options, std::ostream* progress);
+
+// Sends one request and turns what came back into a sample (token arrival times are taken as
+// each message is read). `keep_tokens`: keep the token ids in the sample.
+RequestSample SendOne(v1::Gateway::StubInterface& stub, const v1::GenerateRequest& request,
+                      const cli::CallOptions& call, bool keep_tokens);
 
 // OK when `address` (HOST:PORT) names a loopback host: localhost, 127.0.0.0/8, or [::1].
 absl::Status CheckLoopback(const std::string& address);

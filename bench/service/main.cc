@@ -2,7 +2,10 @@
 // (--gateway=127.0.0.1:PORT) or starts its own local stack (--local: registry, N CPU workers and a
 // gateway as child processes), runs bounded cache-miss and cache-hit phases at each concurrency,
 // and prints a Markdown table of throughput, TTFT and inter-token latency, hit and miss side by
-// side. Progress goes to stderr, the report to stdout.
+// side. With --qps it runs the cluster benchmark instead (open_loop.h): the customers workload
+// at each Poisson arrival rate, with --local once per --route_policies entry (a fresh stack
+// each), reported per policy and rate with the cost router against the others.
+// Progress goes to stderr, the report to stdout.
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -14,11 +17,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/service/load_runner.h"
+#include "bench/service/open_loop.h"
 #include "bench/service/report.h"
 #include "bench/service/workload.h"
 #include "services/cli/gateway_client.h"
 #include "services/cli/local_stack.h"
-#include "services/common/flags.h"
+#include "common/flags.h"
 
 namespace cascade::bench {
 namespace {
@@ -48,6 +52,11 @@ struct LoadgenFlags {
   absl::Duration request_timeout = absl::Seconds(60);
   absl::Duration progress_interval = absl::Seconds(2);
   std::string auth_token;
+  std::string qps;  // non-empty: the cluster benchmark
+  int customers = 16;
+  int context_words = 1200;
+  std::string route_policies = "cost,load,round_robin,random";
+  int max_inflight = 512;
 };
 
 void RegisterFlags(common::FlagSet* f, LoadgenFlags* o) {
@@ -78,6 +87,43 @@ void RegisterFlags(common::FlagSet* f, LoadgenFlags* o) {
   f->AddDuration("request_timeout", &o->request_timeout, "deadline of each request");
   f->AddDuration("progress_interval", &o->progress_interval, "time between progress lines");
   f->AddString("auth_token", &o->auth_token, "bearer token, if the gateway requires one");
+  f->AddString("qps", &o->qps,
+               "cluster benchmark: comma-separated Poisson arrival rates (requests/s) of the "
+               "customers workload; replaces --concurrency and --workloads");
+  f->AddInt("customers", &o->customers, "--qps: customers, each with its own system + context");
+  f->AddInt("context_words", &o->context_words, "--qps: words of each customer's context chunk");
+  f->AddString("route_policies", &o->route_policies,
+               "--qps --local: gateway --route_policy values to compare, a fresh stack each; the "
+               "first is the one the others are compared against");
+  f->AddInt("max_inflight", &o->max_inflight,
+            "--qps: open requests at most; an arrival beyond counts as CLIENT_BACKLOG");
+}
+
+absl::StatusOr<std::vector<double>> ParseRates(const std::string& text) {
+  std::vector<double> rates;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    double v = 0;
+    if (!absl::SimpleAtod(part, &v) || !(v > 0) || v > 10000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--qps: '", std::string(part), "' is not a rate in (0, 10000]"));
+    }
+    rates.push_back(v);
+  }
+  if (rates.empty()) return absl::InvalidArgumentError("--qps: no rate given");
+  return rates;
+}
+
+absl::StatusOr<std::vector<std::string>> ParsePolicies(const std::string& text) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    if (part != "cost" && part != "load" && part != "round_robin" && part != "random") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--route_policies: '", std::string(part), "' is not cost, load, round_robin or random"));
+    }
+    out.emplace_back(part);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--route_policies: none given");
+  return out;
 }
 
 absl::StatusOr<std::vector<int>> ParseLevels(const std::string& text) {
@@ -159,6 +205,136 @@ absl::Status Prewarm(v1::Gateway::Stub& stub, const PromptSource& prompts,
   return absl::OkStatus();
 }
 
+// Starts the --local stack (registry, workers, gateway with `gateway_flags` added).
+absl::StatusOr<std::unique_ptr<cli::LocalStack>> StartLocalStack(
+    const LoadgenFlags& flags, std::vector<std::string> gateway_flags) {
+  absl::StatusOr<std::string> self = cli::SelfBinaryDir();
+  if (!self.ok()) return self.status();
+  absl::StatusOr<std::string> model_dir =
+      flags.model_dir.empty()
+          ? cli::PrepareModel(
+                (std::filesystem::path(*self).parent_path() / "models" / flags.preset).string(),
+                flags.preset, &std::cerr)
+          : cli::PrepareModel(flags.model_dir, flags.preset, &std::cerr);
+  if (!model_dir.ok()) return model_dir.status();
+  cli::StackOptions so;
+  so.bin_dir = flags.bin_dir.empty()
+                   ? (std::filesystem::path(*self).parent_path() / "bin").string()
+                   : flags.bin_dir;
+  so.model_dir = *model_dir;
+  so.workers = flags.workers;
+  so.backend = flags.backend;
+  so.worker_threads = flags.worker_threads;
+  so.kv_cache_bytes = flags.kv_cache_bytes;
+  so.log_dir = flags.log_dir;
+  so.gateway_flags = std::move(gateway_flags);
+  absl::StatusOr<std::unique_ptr<cli::LocalStack>> started = cli::LocalStack::Start(so, &std::cerr);
+  if (!started.ok()) {
+    return absl::Status(started.status().code(),
+                        absl::StrCat("starting the local stack: ", started.status().message()));
+  }
+  return started;
+}
+
+// Stops a --local stack; keeps its logs when something failed (a temporary directory goes).
+void StopLocalStack(cli::LocalStack& stack, const LoadgenFlags& flags, bool failed) {
+  stack.Stop(&std::cerr);
+  if (flags.log_dir.empty() && !failed) {
+    std::error_code ec;
+    std::filesystem::remove_all(stack.log_dir(), ec);
+  } else {
+    std::cerr << "servers' logs: " << stack.log_dir() << "\n";
+  }
+}
+
+// The cluster benchmark: per policy (a fresh --local stack each, or the deployed gateway), the
+// customers workload at each rate.
+int RunCluster(const LoadgenFlags& flags) {
+  auto fail = [](const absl::Status& s) {
+    std::cerr << "cascade-loadgen: " << s.message() << "\n";
+    return common::kExitBadFlags;
+  };
+  absl::StatusOr<std::vector<double>> rates = ParseRates(flags.qps);
+  if (!rates.ok()) return fail(rates.status());
+  std::vector<std::string> policies = {"deployed"};
+  if (flags.local) {
+    absl::StatusOr<std::vector<std::string>> p = ParsePolicies(flags.route_policies);
+    if (!p.ok()) return fail(p.status());
+    policies = *p;
+  }
+  if (flags.customers < 1 || flags.context_words < 0 || flags.max_inflight < 1) {
+    return fail(absl::InvalidArgumentError(
+        "--customers and --max_inflight must be positive, --context_words not negative"));
+  }
+  WorkloadOptions wo;
+  wo.system_words = flags.system_words;
+  wo.query_words = flags.query_words;
+  wo.max_tokens = flags.max_tokens;
+  wo.seed = static_cast<uint64_t>(flags.seed);
+  wo.customers = flags.customers;
+  wo.context_words = flags.context_words;
+  std::vector<OpenLoopSummary> runs;
+  int64_t failed = 0, ok = 0;
+  for (const std::string& policy : policies) {
+    std::unique_ptr<cli::LocalStack> stack;
+    std::string address = flags.gateway;
+    if (flags.local) {
+      std::cerr << "policy " << policy << ": starting a fresh stack\n";
+      auto started = StartLocalStack(flags, {"--route_policy=" + policy});
+      if (!started.ok()) {
+        std::cerr << "cascade-loadgen: " << started.status().message() << "\n";
+        return 1;
+      }
+      stack = std::move(*started);
+      address = stack->gateway().address;
+    }
+    if (absl::Status s = CheckLoopback(address); !s.ok()) return fail(s);
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = cli::Dial(address);
+    if (!channel.ok()) return fail(channel.status());
+    std::unique_ptr<v1::Gateway::Stub> stub = v1::Gateway::NewStub(*channel);
+    const int want = flags.local ? flags.workers : 1;
+    if (absl::Status s = WaitForWorkers(*stub, want, flags.auth_token); !s.ok()) {
+      std::cerr << "cascade-loadgen: " << s.message() << "\n";
+      return 1;
+    }
+    // The same texts for every policy (the run tag is fixed), so each stack sees one workload.
+    wo.run_tag = absl::StrCat("cluster", flags.seed);
+    PromptSource prompts(wo);
+    for (double qps : *rates) {
+      OpenLoopOptions oo;
+      oo.qps = qps;
+      oo.duration = flags.duration;
+      oo.max_requests = flags.max_requests;
+      oo.max_inflight = flags.max_inflight;
+      oo.request_timeout = flags.request_timeout;
+      oo.progress_interval = flags.progress_interval;
+      oo.bearer_token = flags.auth_token;
+      oo.policy = policy;
+      oo.seed = static_cast<uint64_t>(flags.seed);
+      std::cerr << absl::StrFormat("policy %s, %.2f qps (bounds: %s, %d requests)\n", policy, qps,
+                                   absl::FormatDuration(flags.duration), flags.max_requests);
+      runs.push_back(RunOpenLoop(*stub, prompts, oo, want, &std::cerr));
+      ok += runs.back().phase.ok;
+      failed += runs.back().phase.requests - runs.back().phase.ok;
+    }
+    if (stack) StopLocalStack(*stack, flags, failed > 0);
+  }
+  std::cout << "machine: " << DescribeMachine() << "\n"
+            << "target: "
+            << (flags.local ? absl::StrCat("local stack, ", flags.workers, " ", flags.backend,
+                                           " worker(s), a fresh one per policy")
+                            : absl::StrCat("gateway ", flags.gateway))
+            << "; customers workload: " << flags.customers << " customers, system "
+            << flags.system_words << " + context " << flags.context_words << " words each, query "
+            << flags.query_words << " words, max_tokens " << flags.max_tokens << "\n";
+  PrintClusterReport(runs, std::cout);
+  if (ok == 0) {
+    std::cerr << "cascade-loadgen: no request succeeded\n";
+    return 1;
+  }
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   LoadgenFlags flags;
   common::FlagSet flag_set(
@@ -181,6 +357,7 @@ int Run(int argc, char** argv) {
         "--duration, --max_requests, --max_tokens, --system_words, --query_words and --workers "
         "must be positive"));
   }
+  if (!flags.qps.empty()) return RunCluster(flags);
   absl::StatusOr<std::vector<int>> levels = ParseLevels(flags.concurrency);
   if (!levels.ok()) return fail(levels.status());
   absl::StatusOr<std::vector<Workload>> workloads = ParseWorkloads(flags.workloads);
@@ -189,30 +366,9 @@ int Run(int argc, char** argv) {
   std::unique_ptr<cli::LocalStack> stack;
   std::string address = flags.gateway;
   if (flags.local) {
-    absl::StatusOr<std::string> self = cli::SelfBinaryDir();
-    if (!self.ok()) return fail(self.status());
-    absl::StatusOr<std::string> model_dir =
-        flags.model_dir.empty()
-            ? cli::PrepareModel(
-                  (std::filesystem::path(*self).parent_path() / "models" / flags.preset).string(),
-                  flags.preset, &std::cerr)
-            : cli::PrepareModel(flags.model_dir, flags.preset, &std::cerr);
-    if (!model_dir.ok()) return fail(model_dir.status());
-    cli::StackOptions so;
-    so.bin_dir = flags.bin_dir.empty()
-                     ? (std::filesystem::path(*self).parent_path() / "bin").string()
-                     : flags.bin_dir;
-    so.model_dir = *model_dir;
-    so.workers = flags.workers;
-    so.backend = flags.backend;
-    so.worker_threads = flags.worker_threads;
-    so.kv_cache_bytes = flags.kv_cache_bytes;
-    so.log_dir = flags.log_dir;
-    absl::StatusOr<std::unique_ptr<cli::LocalStack>> started =
-        cli::LocalStack::Start(so, &std::cerr);
+    absl::StatusOr<std::unique_ptr<cli::LocalStack>> started = StartLocalStack(flags, {});
     if (!started.ok()) {
-      std::cerr << "cascade-loadgen: starting the local stack: " << started.status().message()
-                << "\n";
+      std::cerr << "cascade-loadgen: " << started.status().message() << "\n";
       return 1;
     }
     stack = std::move(*started);
@@ -288,16 +444,7 @@ int Run(int argc, char** argv) {
     ok += p.ok;
     failed += p.requests - p.ok;
   }
-  if (stack) {
-    stack->Stop(&std::cerr);
-    // Keep the servers' logs when something failed; a temporary directory goes otherwise.
-    if (flags.log_dir.empty() && failed == 0) {
-      std::error_code ec;
-      std::filesystem::remove_all(stack->log_dir(), ec);
-    } else {
-      std::cerr << "servers' logs: " << stack->log_dir() << "\n";
-    }
-  }
+  if (stack) StopLocalStack(*stack, flags, failed > 0);
   if (ok == 0) {
     std::cerr << "cascade-loadgen: no request succeeded\n";
     return 1;

@@ -27,10 +27,25 @@ uint64_t Mix(uint64_t x) {
 }
 
 constexpr uint64_t kSharedStream = ~0ull;  // the hit workload's system text
+// Word streams of the customers workload's texts, apart from the per-request streams 2i, 2i+1.
+constexpr uint64_t kCustomerSystemStream = 1ull << 62;
+constexpr uint64_t kCustomerContextStream = (1ull << 62) + (1ull << 40);
 
 }  // namespace
 
-const char* WorkloadName(Workload w) { return w == Workload::kHit ? "hit" : "miss"; }
+const char* WorkloadName(Workload w) {
+  switch (w) {
+    case Workload::kMiss: return "miss";
+    case Workload::kHit: return "hit";
+    case Workload::kCustomers: return "customers";
+  }
+  return "unknown";
+}
+
+int PromptSource::CustomerOf(int64_t index) const {
+  const int n = options_.customers > 0 ? options_.customers : 1;
+  return static_cast<int>(Mix(options_.seed * 31 + static_cast<uint64_t>(index)) % n);
+}
 
 PromptSource::PromptSource(WorkloadOptions options) : options_(std::move(options)) {}
 
@@ -58,7 +73,17 @@ v1::GenerateRequest PromptSource::Make(Workload workload, int64_t index) const {
       absl::StrCat("loadgen-", options_.run_tag, "-", WorkloadName(workload), "-", index));
   v1::Chunk* system = req.add_chunks();
   system->set_kind(v1::CHUNK_KIND_SYSTEM);
-  if (workload == Workload::kHit) {
+  if (workload == Workload::kCustomers) {
+    const auto c = static_cast<uint64_t>(CustomerOf(index));
+    system->set_text(absl::StrCat("Run ", options_.run_tag, ", customer ", c, ". You are a ",
+                                  Words(kCustomerSystemStream + c, options_.system_words)));
+    if (options_.context_words > 0) {
+      v1::Chunk* context = req.add_chunks();
+      context->set_kind(v1::CHUNK_KIND_CONTEXT);
+      context->set_text(absl::StrCat("Customer ", c, " documents: ",
+                                     Words(kCustomerContextStream + c, options_.context_words)));
+    }
+  } else if (workload == Workload::kHit) {
     system->set_text(SharedSystemText());
   } else {
     // The distinct tag comes first so the chunk differs from its first KV block on.

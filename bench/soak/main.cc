@@ -30,7 +30,7 @@
 #include "services/cli/gateway_client.h"
 #include "services/cli/local_stack.h"
 #include "services/cli/proc_info.h"
-#include "services/common/flags.h"
+#include "common/flags.h"
 
 namespace cascade::bench {
 namespace {

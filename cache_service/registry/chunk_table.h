@@ -18,8 +18,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
-#include "cache_service/hash/chunk_hash.h"
-#include "cache_service/registry/mutex.h"
+#include "common/chunk_hash.h"
+#include "common/mutex.h"
 
 namespace cascade::registry {
 

@@ -25,7 +25,7 @@
 #include "absl/status/statusor.h"
 #include "cache_service/registry/chunk_table.h"
 #include "cache_service/registry/clock.h"
-#include "cache_service/registry/mutex.h"
+#include "common/mutex.h"
 #include "cache_service/registry/types.h"
 
 namespace cascade::registry {

@@ -9,7 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "cache_service/registry/mutex.h"
+#include "common/mutex.h"
 #include "cache_service/registry/registry.h"
 
 namespace cascade::registry {

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "cache_service/hash/chunk_hash.h"
+#include "common/chunk_hash.h"
 
 namespace cascade::registry {
 

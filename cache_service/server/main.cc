@@ -6,10 +6,10 @@
 #include "cache_service/registry/registry.h"
 #include "cache_service/server/registry_maintenance.h"
 #include "cache_service/server/registry_service.h"
-#include "services/common/flags.h"
-#include "services/common/internal_auth.h"
-#include "services/common/server_flags.h"
-#include "services/common/server_runner.h"
+#include "common/flags.h"
+#include "common/internal_auth.h"
+#include "common/server_flags.h"
+#include "common/server_runner.h"
 
 int main(int argc, char** argv) {
   using namespace cascade;  // NOLINT: a main() of a few lines

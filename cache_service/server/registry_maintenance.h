@@ -10,7 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "cache_service/registry/registry.h"
-#include "services/common/metrics.h"
+#include "common/metrics.h"
 
 namespace cascade::registry {
 

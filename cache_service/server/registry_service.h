@@ -5,8 +5,8 @@
 
 #include "cache_service/registry/registry.h"
 #include "cascade/v1/registry.grpc.pb.h"
-#include "services/common/internal_auth.h"
-#include "services/common/metrics.h"
+#include "common/internal_auth.h"
+#include "common/metrics.h"
 
 namespace cascade::registry {
 

@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "cache_service/registry/types.h"
 #include "cascade/v1/registry.pb.h"
-#include "services/common/grpc_status.h"
+#include "common/grpc_status.h"
 
 namespace cascade::registry::wire {
 

@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cache_service/hash/chunk_hash.h"
+#include "common/chunk_hash.h"
 
 namespace cascade::engine {
 

@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cache_service/hash/chunk_hash.h"
+#include "common/chunk_hash.h"
 #include "gpu_worker/engine/sequence.h"
 #include "gpu_worker/engine/types.h"
 

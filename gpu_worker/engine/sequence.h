@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "cache_service/hash/chunk_hash.h"
+#include "common/chunk_hash.h"
 #include "gpu_worker/engine/types.h"
 
 namespace cascade::engine {

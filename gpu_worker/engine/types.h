@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "cache_service/hash/chunk_hash.h"
+#include "common/chunk_hash.h"
 
 namespace cascade::engine {
 

@@ -2,7 +2,7 @@
 #include <iostream>
 
 #include "gpu_worker/service/worker_server.h"
-#include "services/common/server_flags.h"
+#include "common/server_flags.h"
 
 int main(int argc, char** argv) {
   cascade::worker::WorkerConfig config;

@@ -3,7 +3,7 @@
 
 #include <chrono>
 
-#include "services/common/log.h"
+#include "common/log.h"
 
 namespace cascade::worker {
 namespace {

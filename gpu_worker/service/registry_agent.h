@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "cascade/v1/registry.grpc.pb.h"
 #include "gpu_worker/engine/engine.h"
-#include "services/common/transport.h"
+#include "common/transport.h"
 
 namespace cascade::worker {
 

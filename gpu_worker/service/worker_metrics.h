@@ -5,7 +5,7 @@
 #include <string>
 
 #include "gpu_worker/engine/types.h"
-#include "services/common/metrics.h"
+#include "common/metrics.h"
 
 namespace cascade::worker {
 

@@ -10,7 +10,7 @@
 #include "gpu_worker/service/registry_agent.h"
 #include "gpu_worker/service/worker_metrics.h"
 #include "gpu_worker/service/worker_service.h"
-#include "services/common/log.h"
+#include "common/log.h"
 #ifdef CASCADE_HAVE_CUDA
 #include "gpu_worker/backend/cuda/cuda_backend.h"
 #include "gpu_worker/backend/cuda/device.h"
@@ -30,6 +30,11 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddInt("max_waiting", &c->max_waiting, "queued requests beyond which RESOURCE_EXHAUSTED");
   f->AddInt64("max_context", &c->max_context, "prompt + output tokens at most; 0: the model's");
   f->AddInt("threads", &c->threads, "CPU backend threads; 0: all cores");
+  f->AddInt("cuda_device", &c->cuda_device,
+            "CUDA backend: the GPU to run on (an index among the visible ones); one worker per GPU");
+  f->AddDouble("kv_cache_fraction", &c->kv_cache_fraction,
+               "CUDA backend without --kv_blocks: share of the GPU memory free after the weights "
+               "that the KV cache takes, in (0, 1)");
   f->AddString("worker_id", &c->worker_id, "stable worker id; default worker-<port>");
   f->AddString("registry", &c->registry_address, "chunk registry host:port; empty: none");
   f->AddString("advertise_address", &c->advertise_address,
@@ -55,7 +60,19 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
   }
 #ifdef CASCADE_HAVE_CUDA
   if (kind == "cuda" || (kind == "auto" && cuda::DeviceCount() > 0)) {
+    const int devices = cuda::DeviceCount();
+    if (config.cuda_device < 0 || (devices > 0 && config.cuda_device >= devices)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cuda_device=", config.cuda_device, ": ", devices,
+          " GPU(s) visible; give an index in [0, ", devices, ") (CUDA_VISIBLE_DEVICES narrows them)"));
+    }
+    if (!(config.kv_cache_fraction > 0 && config.kv_cache_fraction < 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv_cache_fraction=", config.kv_cache_fraction, ": must be in (0, 1)"));
+    }
     cuda::CudaBackendOptions o;
+    o.device = config.cuda_device;
+    o.kv_cache_fraction = config.kv_cache_fraction;
     o.num_blocks = config.kv_blocks;  // 0: the CUDA backend sizes the cache from free memory
     o.block_size = config.block_size;
     o.max_num_tokens = std::max(config.max_batched_tokens, 256);

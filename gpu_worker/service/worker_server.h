@@ -9,9 +9,9 @@
 #include "absl/status/statusor.h"
 #include "gpu_worker/engine/engine_loop.h"
 #include "gpu_worker/model/model.h"
-#include "services/common/flags.h"
-#include "services/common/internal_auth.h"
-#include "services/common/server_runner.h"
+#include "common/flags.h"
+#include "common/internal_auth.h"
+#include "common/server_runner.h"
 
 namespace cascade::worker {
 
@@ -28,6 +28,10 @@ struct WorkerConfig {
   int max_waiting = 256;
   int64_t max_context = 0;         // 0: the model's max_position_embeddings
   int threads = 0;                 // CPU backend threads; 0 = all cores
+  int cuda_device = 0;             // CUDA backend: which visible GPU (one worker per GPU)
+  // CUDA backend without --kv_blocks: the share of the GPU memory free after the weights that
+  // the KV cache takes (lower it when workers share a GPU).
+  double kv_cache_fraction = 0.8;
   std::string worker_id;           // empty: "worker-<port>"
   std::string registry_address;    // empty: run without a registry
   std::string advertise_address;   // what the gateway dials; empty: 127.0.0.1:<port>

@@ -10,10 +10,10 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "cache_service/hash/chunk_hash.h"
-#include "gpu_worker/service/sampling_wire.h"
-#include "services/common/bounded_text.h"
-#include "services/common/grpc_status.h"
+#include "common/chunk_hash.h"
+#include "gpu_worker/engine/sampling_wire.h"
+#include "common/bounded_text.h"
+#include "common/grpc_status.h"
 
 namespace cascade::worker {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "cascade/v1/worker.grpc.pb.h"
 #include "gpu_worker/engine/engine_loop.h"
-#include "services/common/internal_auth.h"
+#include "common/internal_auth.h"
 
 namespace cascade::worker {
 

@@ -1,5 +1,5 @@
 // `cascade certs`: makes a cluster CA and a certificate per role for internal auth
-// (services/common/internal_auth.h) into a directory: what the Kubernetes Job runs to fill the
+// (common/internal_auth.h) into a directory: what the Kubernetes Job runs to fill the
 // Secrets, and what an operator runs to rotate. With --ca_key it issues one more worker's
 // certificate from an existing CA instead.
 #include <iostream>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "services/cli/cli.h"
 #include "services/cli/command_util.h"
-#include "services/common/cert_gen.h"
+#include "common/cert_gen.h"
 
 namespace cascade::cli {
 

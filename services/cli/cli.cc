@@ -8,7 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/model/generator.h"
-#include "gpu_worker/tokenizer/tokenizer.h"
+#include "services/tokenizer/tokenizer.h"
 #include "services/cli/command_util.h"
 
 namespace cascade::cli {

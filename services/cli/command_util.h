@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "services/common/flags.h"
+#include "common/flags.h"
 
 namespace cascade::cli {
 

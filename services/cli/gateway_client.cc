@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "services/common/transport.h"
+#include "common/transport.h"
 
 namespace cascade::cli {
 namespace {

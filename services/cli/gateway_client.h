@@ -15,7 +15,7 @@
 #include "absl/time/time.h"
 #include "cascade/v1/gateway.grpc.pb.h"
 #include "cascade/v1/worker.grpc.pb.h"
-#include "services/common/transport.h"
+#include "common/transport.h"
 
 namespace cascade::cli {
 

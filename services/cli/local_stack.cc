@@ -11,7 +11,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gpu_worker/model/generator.h"
 
 namespace cascade::cli {
@@ -39,6 +42,41 @@ std::string Seconds(absl::Duration d) {
 }
 
 }  // namespace
+
+int CountVisibleGpus(const char* visible_env, const std::string& proc_gpus_dir) {
+  if (visible_env != nullptr) {
+    // "0,1", "GPU-uuid,..."; "" or "-1" hides every GPU. CUDA stops at the first invalid entry;
+    // counting the entries before a negative one is the same for the values people write.
+    int n = 0;
+    for (absl::string_view part : absl::StrSplit(visible_env, ',', absl::SkipWhitespace())) {
+      if (absl::StartsWith(absl::StripAsciiWhitespace(part), "-")) break;
+      ++n;
+    }
+    return n;
+  }
+  std::error_code ec;
+  int n = 0;
+  for (fs::directory_iterator it(proc_gpus_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    ++n;
+  }
+  return n;
+}
+
+std::vector<GpuPlacement> PlaceWorkersOnGpus(int workers, int gpus) {
+  std::vector<GpuPlacement> out;
+  if (gpus <= 0) return out;
+  constexpr double kKvShare = 0.8;  // the worker's default --kv_cache_fraction
+  for (int i = 0; i < workers; ++i) {
+    const int device = i % gpus;
+    const int sharers = workers / gpus + (device < workers % gpus ? 1 : 0);
+    const int before = i / gpus;  // sharers of this GPU started earlier (workers start in order)
+    // Each sharer should end with kKvShare / sharers of the memory; the j-th sees what the j
+    // before it left, so it asks for that amount as a fraction of what is still free.
+    const double share = kKvShare / sharers;
+    out.push_back({device, share / (1.0 - before * share)});
+  }
+  return out;
+}
 
 const char* PhaseName(ChildState::Phase phase) {
   switch (phase) {
@@ -182,6 +220,13 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
   if (threads <= 0) {
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / o.workers);
   }
+  // CUDA workers spread over the GPUs (cpu: none; auto: the worker picks CUDA when it sees one).
+  std::vector<GpuPlacement> gpus;
+  if (o.backend != "cpu") {
+    gpus = PlaceWorkersOnGpus(o.workers,
+                              CountVisibleGpus(std::getenv("CUDA_VISIBLE_DEVICES"),
+                                               "/proc/driver/nvidia/gpus"));
+  }
   for (int i = 0; i < o.workers; ++i) {
     const std::string& id = worker_ids[i];
     std::vector<std::string> args = {
@@ -194,6 +239,10 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
         absl::StrCat("--threads=", threads),
         "--drain_timeout=5s"};
     if (o.kv_cache_bytes > 0) args.push_back(absl::StrCat("--kv_cache_bytes=", o.kv_cache_bytes));
+    if (!gpus.empty()) {
+      args.push_back(absl::StrCat("--cuda_device=", gpus[i].device));
+      args.push_back(absl::StrFormat("--kv_cache_fraction=%.4f", gpus[i].kv_cache_fraction));
+    }
     for (std::string& f : auth_flags(id, true)) args.push_back(std::move(f));
     addr = stack->StartChild("cascade-worker", id, WithExtra(std::move(args), o.worker_flags),
                              progress);

@@ -18,8 +18,8 @@
 #include "absl/time/time.h"
 #include "services/cli/child_process.h"
 #include "services/cli/restart_policy.h"
-#include "services/common/cert_gen.h"
-#include "services/common/internal_auth.h"
+#include "common/cert_gen.h"
+#include "common/internal_auth.h"
 
 namespace cascade::cli {
 
@@ -48,6 +48,19 @@ struct StackOptions {
   std::vector<std::string> worker_flags;
   std::vector<std::string> gateway_flags;
 };
+
+// GPUs the CUDA driver will show a child: the entries of CUDA_VISIBLE_DEVICES when it is set
+// (`visible_env`, null when unset), otherwise the GPUs under `proc_gpus_dir`
+// (/proc/driver/nvidia/gpus, one folder per GPU while the driver is loaded); 0 when neither.
+int CountVisibleGpus(const char* visible_env, const std::string& proc_gpus_dir);
+
+// One worker per GPU: worker i runs on GPU i mod `gpus`, and when workers outnumber GPUs, each
+// worker on a shared GPU gets an equal share of its KV memory. Empty when `gpus` is 0.
+struct GpuPlacement {
+  int device = 0;
+  double kv_cache_fraction = 0.8;
+};
+std::vector<GpuPlacement> PlaceWorkersOnGpus(int workers, int gpus);
 
 // One supervised child as Supervise() sees it.
 struct ChildState {

@@ -8,7 +8,7 @@
 #include "services/cli/cli.h"
 #include "services/cli/command_util.h"
 #include "services/cli/local_stack.h"
-#include "services/common/internal_auth.h"
+#include "common/internal_auth.h"
 
 namespace cascade::cli {
 namespace {
@@ -106,7 +106,9 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
   flags.AddString("host", &options.host,
                   "gateway listen address (0.0.0.0 to accept remote "
                   "clients)");
-  flags.AddInt("workers", &options.workers, "number of cascade-worker processes");
+  flags.AddInt("workers",   flags.AddInt("workers", &options.workers, "number of cascade-worker processes");options.workers,
+               "number of cascade-worker processes; CUDA workers spread over the visible GPUs "
+               "(worker i on GPU i mod N, sharers of a GPU split its KV memory)");
   flags.AddString("model_dir", &model_dir,
                   "model to serve; empty: <build>/models/<preset>, generated when absent");
   flags.AddString("preset", &preset,

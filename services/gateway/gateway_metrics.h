@@ -1,7 +1,7 @@
 // The gateway's Prometheus metrics, named as a vLLM user expects (cascade: prefix).
 #pragma once
 
-#include "services/common/metrics.h"
+#include "common/metrics.h"
 
 namespace cascade::gateway {
 

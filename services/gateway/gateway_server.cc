@@ -9,8 +9,8 @@
 #include "absl/strings/strip.h"
 #include "cache_service/client/grpc_registry_client.h"
 #include "gpu_worker/model/config.h"
-#include "services/common/log.h"
-#include "services/common/transport.h"
+#include "common/log.h"
+#include "common/transport.h"
 
 namespace cascade::gateway {
 
@@ -43,6 +43,16 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
   f->AddBool("resume_mid_stream", &g.resume_mid_stream,
              "continue a stream on another worker when its worker dies mid-stream");
   f->AddDuration("request_timeout", &g.request_timeout, "deadline for requests that set none");
+  f->AddCustom("route_policy", "cost|load|round_robin|random",
+               std::string(RoutePolicyName(g.weights.policy)),
+               "how workers are ranked: cost (cached prefix vs load vs KV, router.h), or for "
+               "comparison load only, round robin, random",
+               [&g](std::string_view text) -> absl::Status {
+                 absl::StatusOr<RoutePolicy> p = ParseRoutePolicy(text);
+                 if (!p.ok()) return p.status();
+                 g.weights.policy = *p;
+                 return absl::OkStatus();
+               });
   f->AddDouble("route_prefill_weight", &g.weights.prefill, "routing cost per uncached prompt token");
   f->AddDouble("route_load_weight", &g.weights.load, "routing cost per running or queued sequence");
   f->AddDouble("route_kv_weight", &g.weights.kv, "routing cost times used-KV fraction squared");

@@ -8,8 +8,8 @@
 
 #include "absl/status/statusor.h"
 #include "cache_service/client/registry_client.h"
-#include "services/common/flags.h"
-#include "services/common/server_runner.h"
+#include "common/flags.h"
+#include "common/server_runner.h"
 #include "services/gateway/gateway_service.h"
 #include "services/gateway/openai_http.h"
 

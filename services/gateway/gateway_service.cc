@@ -4,8 +4,8 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "cache_service/hash/chunk_hash.h"
-#include "services/common/log.h"
+#include "common/chunk_hash.h"
+#include "common/log.h"
 #include "services/gateway/raw_request.h"
 #include "services/gateway/turn.h"
 
@@ -98,7 +98,8 @@ std::vector<Scored> GatewayService::Route(const Prompt& prompt, const std::strin
     }
   }
   if (!resolved || cands.empty()) cands = pool_->KnownWorkers();
-  std::vector<Scored> ranked = RankWorkers(cands, prompt.num_tokens, options_.weights);
+  std::vector<Scored> ranked = RankWorkers(cands, prompt.num_tokens, options_.weights,
+                                          route_ticket_.fetch_add(1, std::memory_order_relaxed));
   if (common::LogEnabled(common::LogLevel::kDebug)) {
     for (const Scored& s : ranked) {
       common::LogDebug("route_candidate", {{"worker", s.candidate.worker_id},

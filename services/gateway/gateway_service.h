@@ -10,8 +10,8 @@
 #include "absl/status/statusor.h"
 #include "cache_service/client/registry_client.h"
 #include "cascade/v1/gateway.grpc.pb.h"
-#include "gpu_worker/tokenizer/tokenizer.h"
-#include "services/common/grpc_status.h"
+#include "services/tokenizer/tokenizer.h"
+#include "common/grpc_status.h"
 #include "services/gateway/admission.h"
 #include "services/gateway/gateway_metrics.h"
 #include "services/gateway/prompt.h"
@@ -106,6 +106,7 @@ class GatewayService final : public GatewayBase {
   TurnMetrics* const metrics_;
   std::unique_ptr<Admission> admission_;
   std::atomic<uint64_t> next_id_{1};
+  std::atomic<uint64_t> route_ticket_{0};  // numbers requests for --route_policy round_robin/random
 };
 
 using common::ToGrpc;

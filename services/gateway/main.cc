@@ -1,7 +1,7 @@
 // cascade-gateway: the public entry point (cascade.v1.Gateway).
 #include <iostream>
 
-#include "services/common/server_flags.h"
+#include "common/server_flags.h"
 #include "services/gateway/gateway_server.h"
 
 int main(int argc, char** argv) {

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/bounded_text.h"
+#include "common/bounded_text.h"
 
 namespace cascade::gateway::openai {
 namespace {

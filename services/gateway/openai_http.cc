@@ -6,8 +6,8 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/grpc_status.h"
-#include "services/common/log.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
 #include "services/gateway/openai_api.h"
 
 namespace cascade::gateway {

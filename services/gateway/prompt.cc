@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/engine/sampler.h"
-#include "gpu_worker/service/sampling_wire.h"
-#include "services/common/bounded_text.h"
+#include "gpu_worker/engine/sampling_wire.h"
+#include "common/bounded_text.h"
 
 namespace cascade::gateway {
 namespace {

@@ -11,7 +11,7 @@
 #include "cascade/v1/gateway.pb.h"
 #include "cascade/v1/worker.pb.h"
 #include "gpu_worker/engine/types.h"
-#include "gpu_worker/tokenizer/tokenizer.h"
+#include "services/tokenizer/tokenizer.h"
 
 namespace cascade::gateway {
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/unknown_field_set.h"
-#include "gpu_worker/tokenizer/tokenizer.h"
+#include "services/tokenizer/tokenizer.h"
 
 namespace cascade::gateway {
 namespace {

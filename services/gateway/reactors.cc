@@ -8,7 +8,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/bounded_text.h"
+#include "common/bounded_text.h"
 #include "services/gateway/gateway_service.h"
 #include "services/gateway/raw_request.h"
 #include "services/gateway/turn.h"

@@ -1,12 +1,33 @@
-// Routing cost; see router.h for the rule.
+// Routing cost and the comparison policies; see router.h for the rules.
 #include "services/gateway/router.h"
 
 #include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
 
 namespace cascade::gateway {
 
+absl::StatusOr<RoutePolicy> ParseRoutePolicy(std::string_view text) {
+  if (text == "cost") return RoutePolicy::kCost;
+  if (text == "load") return RoutePolicy::kLoad;
+  if (text == "round_robin") return RoutePolicy::kRoundRobin;
+  if (text == "random") return RoutePolicy::kRandom;
+  return absl::InvalidArgumentError("expected cost, load, round_robin or random");
+}
+
+std::string_view RoutePolicyName(RoutePolicy policy) {
+  switch (policy) {
+    case RoutePolicy::kCost: return "cost";
+    case RoutePolicy::kLoad: return "load";
+    case RoutePolicy::kRoundRobin: return "round_robin";
+    case RoutePolicy::kRandom: return "random";
+  }
+  return "unknown";
+}
+
 std::vector<Scored> RankWorkers(const std::vector<Candidate>& candidates, int64_t prompt_tokens,
-                                const RouteWeights& w) {
+                                const RouteWeights& w, uint64_t ticket) {
   std::vector<Scored> out;
   bool any_below = false;
   for (const Candidate& c : candidates) any_below |= c.waiting < w.max_waiting;
@@ -16,17 +37,41 @@ std::vector<Scored> RankWorkers(const std::vector<Candidate>& candidates, int64_
     if (c.total_kv_blocks > 0) {
       used = 1.0 - static_cast<double>(c.free_kv_blocks) / static_cast<double>(c.total_kv_blocks);
     }
-    Scored s{c, w.prefill * static_cast<double>(uncached) +
-                    w.load * static_cast<double>(c.running + c.waiting + c.inflight) +
-                    w.kv * used * used};
-    // Overloaded workers go last (still usable when every worker is overloaded).
-    if (any_below && c.waiting >= w.max_waiting) s.cost += 1e18;
+    const double load = w.load * static_cast<double>(c.running + c.waiting + c.inflight);
+    Scored s{c, 0.0};
+    switch (w.policy) {
+      case RoutePolicy::kCost:
+        s.cost = w.prefill * static_cast<double>(uncached) + load + w.kv * used * used;
+        break;
+      case RoutePolicy::kLoad:
+        s.cost = load;
+        break;
+      case RoutePolicy::kRoundRobin:
+      case RoutePolicy::kRandom:
+        break;  // ordered below
+    }
     out.push_back(std::move(s));
+  }
+  // Ties and the order-only policies start from a fixed order, so the result does not depend
+  // on the order the registry listed the workers in.
+  std::sort(out.begin(), out.end(), [](const Scored& a, const Scored& b) {
+    return a.candidate.worker_id < b.candidate.worker_id;
+  });
+  if (!out.empty() && w.policy == RoutePolicy::kRoundRobin) {
+    std::rotate(out.begin(), out.begin() + static_cast<long>(ticket % out.size()), out.end());
+    for (size_t i = 0; i < out.size(); ++i) out[i].cost = static_cast<double>(i);
+  } else if (w.policy == RoutePolicy::kRandom) {
+    std::mt19937_64 rng(ticket * 0x9e3779b97f4a7c15ull + 1);
+    std::shuffle(out.begin(), out.end(), rng);
+    for (size_t i = 0; i < out.size(); ++i) out[i].cost = static_cast<double>(i);
+  }
+  // Overloaded workers go last (still usable when every worker is overloaded).
+  for (Scored& s : out) {
+    if (any_below && s.candidate.waiting >= w.max_waiting) s.cost += 1e18;
   }
   std::stable_sort(out.begin(), out.end(), [](const Scored& a, const Scored& b) {
     if (a.cost != b.cost) return a.cost < b.cost;
-    if (a.candidate.inflight != b.candidate.inflight) return a.candidate.inflight < b.candidate.inflight;
-    return a.candidate.worker_id < b.candidate.worker_id;
+    return a.candidate.inflight < b.candidate.inflight;
   });
   return out;
 }

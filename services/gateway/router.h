@@ -11,15 +11,33 @@
 // worker. `gateway_inflight` is this gateway's own count of open streams per worker: it reacts
 // at once, while registry load is one heartbeat old. Workers at `max_waiting` or more queued
 // requests are skipped while any other is below it.
+//
+// Other policies exist to measure the cost router against (`--route_policy`): `load` ranks by
+// the load term alone (what a cache-blind balancer does), `round_robin` rotates over the workers
+// by request, `random` shuffles them per request. All keep overloaded workers last.
+//
+// Several gateways agree: the rank is a function of the registry's answer (the same for every
+// gateway) and of the gateway's own in-flight counts, so replicas send a prefix to the same
+// holder until its load says to spill, and the worker the spill lands on then holds it too.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace cascade::gateway {
 
+enum class RoutePolicy { kCost, kLoad, kRoundRobin, kRandom };
+
+// "cost", "load", "round_robin", "random".
+absl::StatusOr<RoutePolicy> ParseRoutePolicy(std::string_view text);
+std::string_view RoutePolicyName(RoutePolicy policy);
+
 struct RouteWeights {
+  RoutePolicy policy = RoutePolicy::kCost;
   double prefill = 1.0;   // per uncached prompt token
   double load = 256.0;    // per sequence running or queued
   double kv = 512.0;      // scales used_kv_fraction^2
@@ -42,8 +60,10 @@ struct Scored {
   double cost = 0.0;
 };
 
-// Candidates ordered best first (the caller tries them in order on failure).
+// Candidates ordered best first (the caller tries them in order on failure). `ticket` numbers
+// the request (a counter per gateway): round_robin rotates by it, random seeds its shuffle with
+// it; the cost and load policies ignore it.
 std::vector<Scored> RankWorkers(const std::vector<Candidate>& candidates, int64_t prompt_tokens,
-                                const RouteWeights& weights);
+                                const RouteWeights& weights, uint64_t ticket = 0);
 
 }  // namespace cascade::gateway

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu_worker/tokenizer/tokenizer.h"
+#include "services/tokenizer/tokenizer.h"
 
 namespace cascade::gateway {
 

@@ -4,8 +4,8 @@
 #include "services/gateway/turn.h"
 
 #include "absl/strings/str_cat.h"
-#include "services/common/bounded_text.h"
-#include "services/common/log.h"
+#include "common/bounded_text.h"
+#include "common/log.h"
 #include "services/gateway/admission.h"
 #include "services/gateway/gateway_metrics.h"
 #include "services/gateway/text_stream.h"

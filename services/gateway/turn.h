@@ -13,7 +13,7 @@
 
 #include "cascade/v1/gateway.pb.h"
 #include "cascade/v1/worker.grpc.pb.h"
-#include "gpu_worker/tokenizer/tokenizer.h"
+#include "services/tokenizer/tokenizer.h"
 #include "services/gateway/router.h"
 #include "services/gateway/worker_pool.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cascade/v1/worker.grpc.pb.h"
-#include "services/common/transport.h"
+#include "common/transport.h"
 #include "services/gateway/router.h"
 
 namespace cascade::gateway {

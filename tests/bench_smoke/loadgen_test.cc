@@ -2,10 +2,14 @@
 // two workloads, the loopback check, and the report's tables.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "bench/service/load_runner.h"
 #include "bench/service/loadgen_stats.h"
+#include "bench/service/open_loop.h"
 #include "bench/service/report.h"
 #include "bench/service/workload.h"
 
@@ -103,6 +107,73 @@ TEST(LoadgenWorkload, AnotherRunTagChangesTheSharedChunk) {
   b.run_tag = "b";
   EXPECT_NE(PromptSource(a).Make(Workload::kHit, 0).chunks(0).text(),
             PromptSource(b).Make(Workload::kHit, 0).chunks(0).text());
+}
+
+// The cluster workload: a customer's requests share its system and context chunks exactly and
+// differ in the query; two customers share nothing; customers are drawn roughly evenly.
+TEST(LoadgenWorkload, CustomersShareTheirOwnPrefixOnly) {
+  WorkloadOptions o;
+  o.customers = 5;
+  o.system_words = 40;
+  o.context_words = 80;
+  o.run_tag = "t";
+  PromptSource p(o);
+  std::map<int, std::vector<v1::GenerateRequest>> by_customer;
+  for (int64_t i = 0; i < 200; ++i) by_customer[p.CustomerOf(i)].push_back(p.Make(Workload::kCustomers, i));
+  ASSERT_EQ(by_customer.size(), 5u);
+  for (const auto& [c, reqs] : by_customer) {
+    EXPECT_GT(reqs.size(), 15u) << c;
+    ASSERT_EQ(reqs[0].chunks_size(), 3);
+    EXPECT_EQ(reqs[0].chunks(1).kind(), v1::CHUNK_KIND_CONTEXT);
+    for (const v1::GenerateRequest& r : reqs) {
+      EXPECT_EQ(r.chunks(0).text(), reqs[0].chunks(0).text());
+      EXPECT_EQ(r.chunks(1).text(), reqs[0].chunks(1).text());
+    }
+    EXPECT_NE(reqs[0].chunks(2).text(), reqs[1].chunks(2).text());
+  }
+  EXPECT_NE(by_customer[0][0].chunks(0).text(), by_customer[1][0].chunks(0).text());
+  EXPECT_NE(by_customer[0][0].chunks(1).text(), by_customer[1][0].chunks(1).text());
+}
+
+TEST(LoadgenOpenLoop, SummaryCountsPerWorkerHitRateAndImbalance) {
+  std::vector<RequestSample> samples;
+  auto ok = [](std::string worker, int64_t prompt, int64_t cached) {
+    RequestSample s;
+    s.ok = true;
+    s.worker_id = std::move(worker);
+    s.prompt_tokens = prompt;
+    s.cached_tokens = cached;
+    s.completion_tokens = 4;
+    s.ttft_ms = 10;
+    return s;
+  };
+  samples.push_back(ok("a", 100, 100));
+  samples.push_back(ok("a", 100, 50));
+  samples.push_back(ok("a", 100, 0));
+  samples.push_back(ok("b", 100, 90));
+  RequestSample refused;
+  refused.error_code = "CLIENT_BACKLOG";
+  samples.push_back(refused);
+  OpenLoopOptions o;
+  o.qps = 2;
+  o.policy = "cost";
+  OpenLoopSummary s = SummarizeOpenLoop(samples, o, 2.0, /*expected_workers=*/3);
+  EXPECT_EQ(s.phase.requests, 5);
+  EXPECT_EQ(s.phase.ok, 4);
+  EXPECT_EQ(s.phase.errors.at("CLIENT_BACKLOG"), 1);
+  EXPECT_EQ(s.workers.at("a").requests, 3);
+  EXPECT_EQ(s.workers.at("b").cached_tokens, 90);
+  EXPECT_DOUBLE_EQ(s.hit_rate, 240.0 / 400.0);
+  // Busiest 3 over a mean of 4 / 3 workers (the third got nothing and still counts).
+  EXPECT_DOUBLE_EQ(s.imbalance, 3.0 / (4.0 / 3.0));
+  std::ostringstream out;
+  OpenLoopSummary other = s;
+  other.policy = "random";
+  other.phase.ttft_ms.p90 = 30;
+  other.phase.ttft_ms.count = 4;
+  s.phase.ttft_ms.p90 = 10;
+  PrintClusterReport({s, other}, out);
+  EXPECT_NE(out.str().find("| 2.00 | random | 3.00x |"), std::string::npos) << out.str();
 }
 
 TEST(LoadgenLoopback, AcceptsOnlyLoopbackHosts) {

@@ -1,6 +1,6 @@
 // The hash definition: chaining, salts, positions, hex round trip, and a pinned known answer so
 // that any change to the byte layout (which would split caches across versions) is caught.
-#include "cache_service/hash/chunk_hash.h"
+#include "common/chunk_hash.h"
 
 #include <gtest/gtest.h>
 

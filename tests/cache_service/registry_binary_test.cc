@@ -14,9 +14,9 @@
 #include <thread>
 
 #include "cache_service/client/grpc_registry_client.h"
-#include "services/common/transport.h"
+#include "common/transport.h"
 #include "tests/cache_service/registry_test_util.h"
-#include "tests/services_common/test_certs.h"
+#include "tests/common/test_certs.h"
 
 namespace cascade::registry {
 namespace {
@@ -157,7 +157,7 @@ TEST(RegistryBinaryTest, ServesPrintsReadyLineExportsMetricsAndDrainsOnSigterm) 
             std::string::npos);
 
   // Close our channel first: with it open, the shared plumbing's drain took about 5 s here
-  // (reported to services/common); the registry itself stops at once.
+  // (reported to common/); the registry itself stops at once.
   client.reset();
   auto t0 = std::chrono::steady_clock::now();
   kill(pid, SIGTERM);

@@ -12,7 +12,7 @@
 #include "cache_service/registry/registry.h"
 #include "cache_service/server/registry_service.h"
 #include "cascade/v1/registry.grpc.pb.h"
-#include "services/common/server_runner.h"
+#include "common/server_runner.h"
 #include "tests/cache_service/registry_test_util.h"
 
 namespace cascade::registry {

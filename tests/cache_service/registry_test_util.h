@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "cache_service/hash/chunk_hash.h"
+#include "common/chunk_hash.h"
 #include "cache_service/registry/types.h"
 
 namespace cascade::registry::testing {

@@ -26,6 +26,45 @@ struct TempDir : test_util::TempDir {
 };
 namespace fs = std::filesystem;
 
+// One worker per GPU: CUDA_VISIBLE_DEVICES decides what is visible when set, else the driver's
+// /proc folder; workers go round-robin over the GPUs, and sharers of a GPU split its KV memory.
+TEST(LocalStackTest, CountsVisibleGpusFromTheEnvironmentOrTheDriver) {
+  EXPECT_EQ(CountVisibleGpus("0,1,2", "/nonexistent"), 3);
+  EXPECT_EQ(CountVisibleGpus("GPU-1a2b,GPU-3c4d", "/nonexistent"), 2);
+  EXPECT_EQ(CountVisibleGpus("", "/nonexistent"), 0);
+  EXPECT_EQ(CountVisibleGpus("-1", "/nonexistent"), 0);
+  EXPECT_EQ(CountVisibleGpus("1,-1,2", "/nonexistent"), 1);
+  EXPECT_EQ(CountVisibleGpus(nullptr, "/nonexistent"), 0);
+  TempDir tmp;
+  const std::filesystem::path dir = std::filesystem::path(tmp.path()) / "gpus";
+  std::filesystem::create_directories(dir / "0000:18:00.0");
+  std::filesystem::create_directories(dir / "0000:2a:00.0");
+  EXPECT_EQ(CountVisibleGpus(nullptr, dir.string()), 2);
+}
+
+TEST(LocalStackTest, PlacesOneWorkerPerGpuAndSplitsASharedGpu) {
+  EXPECT_TRUE(PlaceWorkersOnGpus(3, 0).empty());
+  std::vector<GpuPlacement> even = PlaceWorkersOnGpus(4, 4);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(even[i].device, i);
+    EXPECT_DOUBLE_EQ(even[i].kv_cache_fraction, 0.8);
+  }
+  // 3 workers on 2 GPUs: GPU 0 holds workers 0 and 2, which should each end with 0.4 of it.
+  std::vector<GpuPlacement> shared = PlaceWorkersOnGpus(3, 2);
+  EXPECT_EQ(shared[0].device, 0);
+  EXPECT_EQ(shared[1].device, 1);
+  EXPECT_EQ(shared[2].device, 0);
+  EXPECT_DOUBLE_EQ(shared[1].kv_cache_fraction, 0.8);
+  const double first = shared[0].kv_cache_fraction;
+  const double second = shared[2].kv_cache_fraction * (1.0 - first);  // of the whole GPU
+  EXPECT_NEAR(first, 0.4, 1e-12);
+  EXPECT_NEAR(second, 0.4, 1e-12);
+  for (const GpuPlacement& p : PlaceWorkersOnGpus(8, 1)) {
+    EXPECT_GT(p.kv_cache_fraction, 0);
+    EXPECT_LT(p.kv_cache_fraction, 1);
+  }
+}
+
 TEST(LocalStackTest, ChildThatExitsBeforeItsReadyLineIsReportedWithItsLog) {
   ASSERT_FALSE(BinDir().empty()) << "run through ctest (it sets CASCADE_BINARY_DIR)";
   TempDir dir;

@@ -27,7 +27,7 @@
 #include "services/cli/child_process.h"
 #include "services/cli/gateway_client.h"
 #include "services/cli/local_stack.h"
-#include "services/common/internal_auth.h"
+#include "common/internal_auth.h"
 #include "services/cli/proc_info.h"
 
 namespace cascade::cli {

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "gpu_worker/tokenizer/tokenizer.h"
+#include "services/tokenizer/tokenizer.h"
 
 namespace cascade::fuzz {
 

@@ -14,7 +14,7 @@
 
 #include "cascade/v1/gateway.pb.h"
 #include "google/protobuf/stubs/logging.h"
-#include "services/common/bounded_text.h"
+#include "common/bounded_text.h"
 #include "services/gateway/prompt.h"
 #include "services/gateway/raw_request.h"
 #include "tests/fuzz/fuzz_util.h"

@@ -4,6 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
 namespace cascade::gateway {
 namespace {
 
@@ -65,6 +70,66 @@ TEST(RouterTest, WeightsAreHonoured) {
   prefix_only.kv = 0;
   auto r = RankWorkers({Worker("holder", 1000, 50, 5), Worker("idle", 0, 0, 0)}, 1000, prefix_only);
   EXPECT_EQ(r[0].candidate.worker_id, "holder");
+}
+
+// The comparison policies. load: the holder of a long prefix gets no credit for it, so the
+// less loaded worker wins; round_robin: each ticket moves the first choice one worker on;
+// random: a ticket always gives the same order, and the tickets spread first choices.
+TEST(RouterTest, LoadPolicyIgnoresTheCachedPrefix) {
+  RouteWeights load;
+  load.policy = RoutePolicy::kLoad;
+  auto r = RankWorkers({Worker("holder", 4000, 2, 0), Worker("idle", 0, 1, 0)}, 4000, load);
+  EXPECT_EQ(r[0].candidate.worker_id, "idle");
+  auto c = RankWorkers({Worker("holder", 4000, 2, 0), Worker("idle", 0, 1, 0)}, 4000, {});
+  EXPECT_EQ(c[0].candidate.worker_id, "holder");
+}
+
+TEST(RouterTest, RoundRobinRotatesByTicketWhateverTheListOrder) {
+  RouteWeights rr;
+  rr.policy = RoutePolicy::kRoundRobin;
+  std::vector<Candidate> ws = {Worker("c", 4000, 0, 0), Worker("a", 0, 9, 0), Worker("b", 0, 0, 0)};
+  std::vector<std::string> first;
+  for (uint64_t t = 0; t < 6; ++t) first.push_back(RankWorkers(ws, 4000, rr, t)[0].candidate.worker_id);
+  EXPECT_EQ(first, (std::vector<std::string>{"a", "b", "c", "a", "b", "c"}));
+  std::reverse(ws.begin(), ws.end());
+  EXPECT_EQ(RankWorkers(ws, 4000, rr, 1)[0].candidate.worker_id, "b");
+  // Every worker stays in the list, for failover.
+  EXPECT_EQ(RankWorkers(ws, 4000, rr, 1).size(), 3u);
+}
+
+TEST(RouterTest, RandomIsReproduciblePerTicketAndSpreads) {
+  RouteWeights random;
+  random.policy = RoutePolicy::kRandom;
+  std::vector<Candidate> ws = {Worker("a", 0, 0, 0), Worker("b", 0, 0, 0), Worker("c", 0, 0, 0),
+                               Worker("d", 0, 0, 0)};
+  std::map<std::string, int> firsts;
+  for (uint64_t t = 0; t < 400; ++t) {
+    auto r = RankWorkers(ws, 10, random, t);
+    EXPECT_EQ(r[0].candidate.worker_id, RankWorkers(ws, 10, random, t)[0].candidate.worker_id);
+    ++firsts[r[0].candidate.worker_id];
+  }
+  ASSERT_EQ(firsts.size(), 4u);
+  for (const auto& [id, n] : firsts) EXPECT_GT(n, 50) << id;  // expected 100 each
+}
+
+TEST(RouterTest, EveryPolicyPutsOverloadedWorkersLast) {
+  for (RoutePolicy p : {RoutePolicy::kCost, RoutePolicy::kLoad, RoutePolicy::kRoundRobin,
+                        RoutePolicy::kRandom}) {
+    RouteWeights w;
+    w.policy = p;
+    for (uint64_t t = 0; t < 8; ++t) {
+      auto r = RankWorkers({Worker("a", 1000, 1, 64), Worker("b", 0, 1, 0)}, 1000, w, t);
+      EXPECT_EQ(r[0].candidate.worker_id, "b") << RoutePolicyName(p) << " ticket " << t;
+    }
+  }
+}
+
+TEST(RouterTest, ParsesPolicyNames) {
+  for (RoutePolicy p : {RoutePolicy::kCost, RoutePolicy::kLoad, RoutePolicy::kRoundRobin,
+                        RoutePolicy::kRandom}) {
+    EXPECT_EQ(*ParseRoutePolicy(RoutePolicyName(p)), p);
+  }
+  EXPECT_FALSE(ParseRoutePolicy("fastest").ok());
 }
 
 }  // namespace

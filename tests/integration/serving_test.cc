@@ -7,9 +7,9 @@
 
 #include <thread>
 
-#include "gpu_worker/tokenizer/tokenizer.h"
+#include "services/tokenizer/tokenizer.h"
 #include "tests/integration/stack.h"
-#include "tests/services_common/test_util.h"
+#include "tests/common/test_util.h"
 
 namespace cascade::testing {
 namespace {

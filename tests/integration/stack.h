@@ -18,9 +18,9 @@
 #include "gpu_worker/model/config.h"
 #include "gpu_worker/model/generator.h"
 #include "gpu_worker/service/worker_server.h"
-#include "services/common/server_runner.h"
+#include "common/server_runner.h"
 #include "services/gateway/gateway_server.h"
-#include "tests/services_common/test_certs.h"
+#include "tests/common/test_certs.h"
 
 namespace cascade::testing {
 

@@ -1,6 +1,6 @@
 // Encoding and decoding: pinned Qwen3 ids, merge order and merge file formats on a synthetic
 // vocab, added-token splitting (longest match, lstrip/rstrip), NFC, errors, and speed.
-#include "gpu_worker/tokenizer/tokenizer.h"
+#include "services/tokenizer/tokenizer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu_worker/tokenizer/bpe.h"
+#include "services/tokenizer/bpe.h"
 #include "tests/tokenizer/qwen3_tokenizer.h"
 
 namespace cascade::tokenizer {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu_worker/tokenizer/tokenizer.h"
+#include "services/tokenizer/tokenizer.h"
 #include "tests/tokenizer/qwen3_tokenizer.h"
 
 namespace cascade::tokenizer {
