@@ -238,6 +238,32 @@ TEST(InternalAuthTest, HealthIsOpenToEveryClusterRoleButNotToStrangers) {
             grpc::StatusCode::UNAUTHENTICATED);
 }
 
+TEST(InternalAuthTest, AWorkerActsOnlyUnderItsCertificatesIdAndRole) {
+  worker::WorkerConfig w;
+  w.server = TestServerOptions("cascade-worker");
+  w.model_dir = TinyModelDir();
+  w.backend = "cpu";
+  w.worker_id = "w1";
+  w.internal_auth = StackAuth(false, Role::kWorker, "w0");
+  auto s = worker::WorkerServer::Start(w);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), ::testing::HasSubstr("--worker_id=w1 but --internal_cert names cascade://worker/w0"));
+  w.worker_id = "";
+  w.internal_auth = StackAuth(false, Role::kGateway);
+  s = worker::WorkerServer::Start(w);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), ::testing::HasSubstr("not a worker certificate"));
+  w.internal_auth = {};
+  s = worker::WorkerServer::Start(w);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), ::testing::HasSubstr("--insecure_internal"));
+  // Without --worker_id it takes the certificate's.
+  w.internal_auth = StackAuth(false, Role::kWorker, "w5");
+  s = worker::WorkerServer::Start(w);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->worker_id(), "w5");
+}
+
 TEST(InternalAuthTest, InsecureInternalOpensEveryRpc) {
   // What --insecure_internal means: plaintext, and anyone may register any worker.
   Stack stack({.workers = 1, .insecure_internal = true});
