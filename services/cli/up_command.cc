@@ -106,7 +106,7 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
   flags.AddString("host", &options.host,
                   "gateway listen address (0.0.0.0 to accept remote "
                   "clients)");
-  flags.AddInt("workers",   flags.AddInt("workers", &options.workers, "number of cascade-worker processes");options.workers,
+  flags.AddInt("workers", &options.workers,
                "number of cascade-worker processes; CUDA workers spread over the visible GPUs "
                "(worker i on GPU i mod N, sharers of a GPU split its KV memory)");
   flags.AddString("model_dir", &model_dir,

@@ -23,7 +23,7 @@ namespace {
 using ::testing::HasSubstr;
 
 // Runs a shell command; returns its exit code and stdout+stderr in *out.
-int Run(const std::string& cmd, std::string* out) {
+int RunShell(const std::string& cmd, std::string* out) {
   FILE* f = popen((cmd + " 2>&1").c_str(), "r");
   if (f == nullptr) return -1;
   char buf[4096];
@@ -57,25 +57,25 @@ TEST_F(CertsTest, OpensslVerifiesEachCertificateAgainstTheCaForItsPurpose) {
   for (const std::string& cert : {p.cert("gateway"), p.cert("admin"), p.cert("registry"),
                                   p.worker_cert("w0"), p.worker_cert("cascade-worker-1")}) {
     std::string out;
-    EXPECT_EQ(Run(verify + "sslclient " + cert, &out), 0) << cert << ": " << out;
+    EXPECT_EQ(RunShell(verify + "sslclient " + cert, &out), 0) << cert << ": " << out;
   }
   for (const std::string& cert : {p.cert("registry"), p.worker_cert("w0")}) {
     std::string out;
-    EXPECT_EQ(Run(verify + "sslserver " + cert, &out), 0) << cert << ": " << out;
+    EXPECT_EQ(RunShell(verify + "sslserver " + cert, &out), 0) << cert << ": " << out;
   }
   // Client-only roles cannot serve.
   std::string out;
-  EXPECT_NE(Run(verify + "sslserver " + p.cert("admin"), &out), 0) << out;
+  EXPECT_NE(RunShell(verify + "sslserver " + p.cert("admin"), &out), 0) << out;
 }
 
 TEST_F(CertsTest, CertificatesNameTheirRoleAndServersTheirDnsName) {
   StackCertPaths p = Paths();
   std::string out;
-  ASSERT_EQ(Run("openssl x509 -noout -ext subjectAltName -in " + p.worker_cert("w0"), &out), 0);
+  ASSERT_EQ(RunShell("openssl x509 -noout -ext subjectAltName -in " + p.worker_cert("w0"), &out), 0);
   EXPECT_THAT(out, HasSubstr("URI:cascade://worker/w0"));
   EXPECT_THAT(out, HasSubstr("DNS:worker.cascade.internal"));
   out.clear();
-  ASSERT_EQ(Run("openssl x509 -noout -ext subjectAltName -in " + p.cert("registry"), &out), 0);
+  ASSERT_EQ(RunShell("openssl x509 -noout -ext subjectAltName -in " + p.cert("registry"), &out), 0);
   EXPECT_THAT(out, HasSubstr("URI:cascade://registry"));
   EXPECT_THAT(out, HasSubstr("DNS:registry.cascade.internal"));
   for (auto [file, want] : {std::pair{p.cert("gateway"), "cascade://gateway"},
