@@ -11,7 +11,8 @@ namespace cascade::common::testing {
 namespace {
 
 std::vector<std::string> DefaultWorkerIds() {
-  std::vector<std::string> ids;
+  // Ids the registry tests use besides the numbered ones.
+  std::vector<std::string> ids = {"w", "good", "nobody"};
   for (int i = 0; i < 8; ++i) {
     ids.push_back("w" + std::to_string(i));
     ids.push_back("worker-" + std::to_string(i));

@@ -15,7 +15,8 @@ namespace cascade::common::testing {
 class TestCerts {
  public:
   // The process-wide set: a CA, registry/gateway/admin certificates, and worker certificates
-  // for the ids w0..w7 and worker-0..worker-7 (the ids the tests and `cascade up` use).
+  // for the ids w0..w7, worker-0..worker-7, w, good and nobody (the ids the tests and
+  // `cascade up` use).
   static const TestCerts& Default();
   // Another, unrelated CA with the same layout: its certificates must be refused.
   static const TestCerts& OtherCa();
