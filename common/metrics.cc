@@ -1,15 +1,22 @@
 // Metrics registry and text exposition: see metrics.h.
 #include "common/metrics.h"
 
-#include <charconv>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/absl_compat.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 
 namespace cascade::common {
 namespace {
@@ -32,103 +39,28 @@ bool ValidName(std::string_view name, bool allow_colon) {
   return true;
 }
 
-void AtomicAdd(std::atomic<double>& a, double delta) {
-  double old = a.load(std::memory_order_relaxed);
-  while (!a.compare_exchange_weak(old, old + delta, std::memory_order_relaxed)) {
-  }
-}
-
-// Integers print exactly ("12", not "1.2e+01"); other values with full precision.
-std::string FormatValue(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  if (v == std::floor(v) && std::fabs(v) < 9007199254740992.0) {
-    return absl::StrCat(static_cast<int64_t>(v));
-  }
-  // Shortest text that reads back as the same double: "0.1", not "0.10000000000000001".
-  char buf[64];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
-  return std::string(buf, end);
-}
-
-std::string EscapeLabelValue(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-std::string EscapeHelp(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-// `{a="1",le="0.5"}`, or "" with no labels; `extra` (the histogram's le) comes last.
-std::string FormatLabels(const Labels& labels, std::string_view extra_name = {},
-                         std::string_view extra_value = {}) {
-  if (labels.empty() && extra_name.empty()) return "";
-  std::string out = "{";
-  bool first = true;
-  for (const auto& [k, v] : labels) {
-    absl::StrAppend(&out, first ? "" : ",", k, "=\"", EscapeLabelValue(v), "\"");
-    first = false;
-  }
-  if (!extra_name.empty()) {
-    absl::StrAppend(&out, first ? "" : ",", ToAbsl(extra_name), "=\"", ToAbsl(extra_value), "\"");
-  }
-  out += "}";
-  return out;
-}
-
 }  // namespace
 
 void Counter::Increment(double delta) {
   if (!(delta >= 0)) return;
-  AtomicAdd(value_, delta);
+  impl_->Increment(delta);
 }
+double Counter::Value() const { return impl_->Value(); }
 
-void Gauge::Increment(double delta) { AtomicAdd(value_, delta); }
+void Gauge::Set(double value) { impl_->Set(value); }
+void Gauge::Increment(double delta) { impl_->Increment(delta); }
+double Gauge::Value() const { return impl_->Value(); }
 
-Histogram::Histogram(std::vector<double> bounds)
-    : bounds_(std::move(bounds)),
-      counts_(std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1)) {}
-
-void Histogram::Observe(double value) {
-  // First bucket whose upper bound is >= value (Prometheus buckets are "less or equal").
-  size_t i = 0;
-  while (i < bounds_.size() && value > bounds_[i]) ++i;
-  counts_[i].fetch_add(1, std::memory_order_relaxed);
-  AtomicAdd(sum_, value);
-}
+void Histogram::Observe(double value) { impl_->Observe(value); }
 
 Histogram::Snapshot Histogram::Read() const {
+  const prometheus::ClientMetric m = impl_->Collect();
   Snapshot s;
-  s.bounds = bounds_;
-  s.cumulative.resize(bounds_.size() + 1);
-  uint64_t total = 0;
-  for (size_t i = 0; i <= bounds_.size(); ++i) {
-    total += counts_[i].load(std::memory_order_relaxed);
-    s.cumulative[i] = total;
+  for (const prometheus::ClientMetric::Bucket& b : m.histogram.bucket) {
+    if (!std::isinf(b.upper_bound)) s.bounds.push_back(b.upper_bound);
+    s.cumulative.push_back(b.cumulative_count);
   }
-  s.sum = sum_.load(std::memory_order_relaxed);
+  s.sum = m.histogram.sample_sum;
   return s;
 }
 
@@ -148,6 +80,9 @@ std::vector<double> LinearBuckets(double start, double width, int count) {
 std::vector<double> DefaultLatencyBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 }
+
+MetricsRegistry::MetricsRegistry() : registry_(std::make_shared<prometheus::Registry>()) {}
+MetricsRegistry::~MetricsRegistry() = default;
 
 MetricsRegistry& MetricsRegistry::Default() {
   static MetricsRegistry* registry = new MetricsRegistry;  // outlives every user thread
@@ -173,7 +108,20 @@ MetricsRegistry::Family& MetricsRegistry::GetFamily(std::string_view name, std::
         }
       }
     }
-    it = families_.emplace(std::string(name), Family{type, std::string(help), bounds}).first;
+    Family f{type, std::string(help), bounds};
+    const std::string n(name), h(help);
+    switch (type) {
+      case Type::kCounter:
+        f.counter_family = &prometheus::BuildCounter().Name(n).Help(h).Register(*registry_);
+        break;
+      case Type::kGauge:
+        f.gauge_family = &prometheus::BuildGauge().Name(n).Help(h).Register(*registry_);
+        break;
+      case Type::kHistogram:
+        f.histogram_family = &prometheus::BuildHistogram().Name(n).Help(h).Register(*registry_);
+        break;
+    }
+    it = families_.emplace(n, std::move(f)).first;
   }
   Family& family = it->second;
   if (family.type != type) Die(absl::StrCat("metric ", ToAbsl(name), " registered with two types"));
@@ -187,7 +135,9 @@ Counter* MetricsRegistry::GetCounter(std::string_view name, std::string_view hel
                                      const Labels& labels) {
   absl::MutexLock lock(&mu_);
   auto& slot = GetFamily(name, help, Type::kCounter, {}, labels).counters[labels];
-  if (slot == nullptr) slot = std::make_unique<Counter>();
+  if (slot == nullptr) {
+    slot = std::make_unique<Counter>(&families_.find(name)->second.counter_family->Add(labels));
+  }
   return slot.get();
 }
 
@@ -195,7 +145,9 @@ Gauge* MetricsRegistry::GetGauge(std::string_view name, std::string_view help,
                                  const Labels& labels) {
   absl::MutexLock lock(&mu_);
   auto& slot = GetFamily(name, help, Type::kGauge, {}, labels).gauges[labels];
-  if (slot == nullptr) slot = std::make_unique<Gauge>();
+  if (slot == nullptr) {
+    slot = std::make_unique<Gauge>(&families_.find(name)->second.gauge_family->Add(labels));
+  }
   return slot.get();
 }
 
@@ -204,35 +156,26 @@ Histogram* MetricsRegistry::GetHistogram(std::string_view name, std::string_view
                                          const Labels& labels) {
   absl::MutexLock lock(&mu_);
   auto& slot = GetFamily(name, help, Type::kHistogram, bounds, labels).histograms[labels];
-  if (slot == nullptr) slot = std::make_unique<Histogram>(bounds);
+  if (slot == nullptr) {
+    slot = std::make_unique<Histogram>(
+        &families_.find(name)->second.histogram_family->Add(labels, bounds));
+  }
   return slot.get();
 }
 
 std::string MetricsRegistry::RenderText() const {
-  absl::MutexLock lock(&mu_);
-  std::string out;
-  for (const auto& [name, family] : families_) {
-    static constexpr const char* kTypeNames[] = {"counter", "gauge", "histogram"};
-    absl::StrAppend(&out, "# HELP ", name, " ", EscapeHelp(family.help), "\n");
-    absl::StrAppend(&out, "# TYPE ", name, " ", kTypeNames[static_cast<int>(family.type)], "\n");
-    for (const auto& [labels, c] : family.counters) {
-      absl::StrAppend(&out, name, FormatLabels(labels), " ", FormatValue(c->Value()), "\n");
-    }
-    for (const auto& [labels, g] : family.gauges) {
-      absl::StrAppend(&out, name, FormatLabels(labels), " ", FormatValue(g->Value()), "\n");
-    }
-    for (const auto& [labels, h] : family.histograms) {
-      Histogram::Snapshot s = h->Read();
-      for (size_t i = 0; i <= s.bounds.size(); ++i) {
-        std::string le = i < s.bounds.size() ? FormatValue(s.bounds[i]) : "+Inf";
-        absl::StrAppend(&out, name, "_bucket", FormatLabels(labels, "le", le), " ",
-                        s.cumulative[i], "\n");
-      }
-      absl::StrAppend(&out, name, "_sum", FormatLabels(labels), " ", FormatValue(s.sum), "\n");
-      absl::StrAppend(&out, name, "_count", FormatLabels(labels), " ", s.cumulative.back(), "\n");
-    }
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  std::sort(families.begin(), families.end(),
+            [](const prometheus::MetricFamily& a, const prometheus::MetricFamily& b) {
+              return a.name < b.name;
+            });
+  for (prometheus::MetricFamily& f : families) {
+    std::sort(f.metric.begin(), f.metric.end(),
+              [](const prometheus::ClientMetric& a, const prometheus::ClientMetric& b) {
+                return a.label < b.label;
+              });
   }
-  return out;
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 }  // namespace cascade::common

@@ -1,11 +1,11 @@
 // Prometheus metrics: counters, gauges and histograms with labels in a registry that renders the
-// text exposition format (version 0.0.4), served at GET /metrics by MetricsHttpServer.
+// text exposition format (version 0.0.4), served at GET /metrics by MetricsHttpServer. The
+// storage and the exposition are prometheus-cpp's.
 //   Counter* c = MetricsRegistry::Default().GetCounter("cascade:requests_total", "Requests.",
 //                                                       {{"model", "qwen3"}});
 //   c->Increment();
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -17,40 +17,54 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
 namespace cascade::common {
 
 // Label name -> value. Order does not matter: {{"a","1"},{"b","2"}} and {{"b","2"},{"a","1"}}
 // name the same series.
 using Labels = std::map<std::string, std::string>;
 
+// The metric objects are prometheus-cpp's (Debian's prometheus-cpp-dev, core library), held
+// behind these small handles so callers need not include it; the registry below adds the checks
+// that catch a wrong metric at its first use (names, label names, one type per name).
+
 // A monotonically increasing value. Thread-safe and lock-free.
 class Counter {
  public:
+  explicit Counter(prometheus::Counter* impl) : impl_(impl) {}
   // REQUIRES: delta >= 0 (a negative delta is ignored: counters never go down).
   void Increment(double delta = 1.0);
-  double Value() const { return value_.load(std::memory_order_relaxed); }
+  double Value() const;
 
  private:
-  std::atomic<double> value_{0.0};
+  prometheus::Counter* const impl_;
 };
 
 // A value that goes up and down. Thread-safe and lock-free.
 class Gauge {
  public:
-  void Set(double value) { value_.store(value, std::memory_order_relaxed); }
+  explicit Gauge(prometheus::Gauge* impl) : impl_(impl) {}
+  void Set(double value);
   void Increment(double delta = 1.0);
   void Decrement(double delta = 1.0) { Increment(-delta); }
-  double Value() const { return value_.load(std::memory_order_relaxed); }
+  double Value() const;
 
  private:
-  std::atomic<double> value_{0.0};
+  prometheus::Gauge* const impl_;
 };
 
-// Counts observations into buckets with fixed upper bounds (plus +Inf). Thread-safe, lock-free.
+// Counts observations into buckets with fixed upper bounds (plus +Inf). Thread-safe.
 class Histogram {
  public:
-  // REQUIRES: `bounds` strictly increasing and finite (the registry checks).
-  explicit Histogram(std::vector<double> bounds);
+  explicit Histogram(prometheus::Histogram* impl) : impl_(impl) {}
   void Observe(double value);
 
   struct Snapshot {
@@ -61,9 +75,7 @@ class Histogram {
   Snapshot Read() const;
 
  private:
-  const std::vector<double> bounds_;
-  std::unique_ptr<std::atomic<uint64_t>[]> counts_;  // [bounds_.size() + 1], not cumulative
-  std::atomic<double> sum_{0.0};
+  prometheus::Histogram* const impl_;
 };
 
 // Bucket helpers: `count` bounds start, start*factor, ... and start, start+width, ....
@@ -79,7 +91,8 @@ std::vector<double> DefaultLatencyBuckets();
 // with a message, as a wrong metric would otherwise go unnoticed.
 class MetricsRegistry {
  public:
-  MetricsRegistry() = default;
+  MetricsRegistry();
+  ~MetricsRegistry();
   MetricsRegistry(const MetricsRegistry&) = delete;
   MetricsRegistry& operator=(const MetricsRegistry&) = delete;
 
@@ -91,7 +104,8 @@ class MetricsRegistry {
   Histogram* GetHistogram(std::string_view name, std::string_view help,
                           const std::vector<double>& bounds, const Labels& labels = {});
 
-  // All metrics in the Prometheus text format, families sorted by name.
+  // All metrics in the Prometheus text format (prometheus-cpp's TextSerializer), families
+  // sorted by name, series by labels.
   std::string RenderText() const;
 
  private:
@@ -100,6 +114,9 @@ class MetricsRegistry {
     Type type;
     std::string help;
     std::vector<double> bounds;  // histograms only
+    prometheus::Family<prometheus::Counter>* counter_family = nullptr;
+    prometheus::Family<prometheus::Gauge>* gauge_family = nullptr;
+    prometheus::Family<prometheus::Histogram>* histogram_family = nullptr;
     std::map<Labels, std::unique_ptr<Counter>> counters;
     std::map<Labels, std::unique_ptr<Gauge>> gauges;
     std::map<Labels, std::unique_ptr<Histogram>> histograms;
@@ -108,6 +125,7 @@ class MetricsRegistry {
                     const std::vector<double>& bounds, const Labels& labels)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const std::shared_ptr<prometheus::Registry> registry_;
   mutable absl::Mutex mu_;
   std::map<std::string, Family, std::less<>> families_ ABSL_GUARDED_BY(mu_);
 };

@@ -19,6 +19,8 @@ PACKAGES=(
   protobuf-compiler-grpc libre2-9 libre2-dev zlib1g-dev
   # cpp-httplib, for the gateway's OpenAI-compatible HTTP front
   libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1
+  # prometheus-cpp: the metrics' storage and text exposition (common/metrics.h)
+  prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
 )
 mkdir -p .devdeps
 cd .devdeps

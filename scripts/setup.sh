@@ -11,14 +11,16 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libssl-dev libpcre2-dev libutf8proc-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcpp-httplib-dev curl python3 python3-grpcio python3-protobuf python3-yaml
+  libcpp-httplib-dev prometheus-cpp-dev curl python3 python3-grpcio python3-protobuf python3-yaml
 )
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
 # The libFuzzer targets (tests/fuzz, built by scripts/test.sh in build-fuzz) need clang and its
 # runtime libraries (libFuzzer, ASan, UBSan). CASCADE_FUZZ=0 (the container builds) skips them.
+# promtool (Debian's prometheus package) checks the /metrics exposition in ctest. Both are test
+# tools the container builds skip.
 if [ "${CASCADE_FUZZ:-1}" != 0 ]; then
-  PACKAGES+=(clang-14 libclang-rt-14-dev)
+  PACKAGES+=(clang-14 libclang-rt-14-dev prometheus)
 fi
 # Node may come from elsewhere than Debian (its npm then conflicts with Debian's): install the
 # Debian packages only when the commands are missing.

@@ -69,12 +69,12 @@ TEST(MetricsTest, RendersPrometheusTextFormat) {
             "cascade:requests_total{model=\"m1\"} 3\n"
             "# HELP cascade:ttft_seconds Time to first token.\n"
             "# TYPE cascade:ttft_seconds histogram\n"
+            "cascade:ttft_seconds_count{model=\"m1\"} 4\n"
+            "cascade:ttft_seconds_sum{model=\"m1\"} 2.5625\n"
             "cascade:ttft_seconds_bucket{model=\"m1\",le=\"0.125\"} 2\n"
             "cascade:ttft_seconds_bucket{model=\"m1\",le=\"0.5\"} 3\n"
             "cascade:ttft_seconds_bucket{model=\"m1\",le=\"1\"} 3\n"
-            "cascade:ttft_seconds_bucket{model=\"m1\",le=\"+Inf\"} 4\n"
-            "cascade:ttft_seconds_sum{model=\"m1\"} 2.5625\n"
-            "cascade:ttft_seconds_count{model=\"m1\"} 4\n");
+            "cascade:ttft_seconds_bucket{model=\"m1\",le=\"+Inf\"} 4\n");
 }
 
 TEST(MetricsTest, SameNameAndLabelsReturnSameSeriesInAnyLabelOrder) {

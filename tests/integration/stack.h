@@ -78,6 +78,15 @@ class Stack {
   explicit Stack(const StackOptions& o = {}) : options_(o) {
     if (o.registry) StartRegistry();
     for (int i = 0; i < o.workers; ++i) StartWorker(i);
+    auto gw = gateway::GatewayServer::Start(GatewayConfig());
+    EXPECT_TRUE(gw.ok()) << gw.status();
+    gateway_ = std::move(*gw);
+    auto ch = grpc::CreateChannel(gateway_->address(), grpc::InsecureChannelCredentials());
+    stub_ = cascade::v1::Gateway::NewStub(ch);
+  }
+  // The gateway's configuration for this stack (another replica may start with it too).
+  gateway::GatewayConfig GatewayConfig() const {
+    const StackOptions& o = options_;
     gateway::GatewayConfig g;
     g.server = TestServerOptions("cascade-gateway");
     g.model_dir = TinyModelDir();
@@ -93,11 +102,7 @@ class Stack {
     g.gateway.limits.default_max_tokens = 16;
     g.internal_auth = StackAuth(o.insecure_internal, common::Role::kGateway);
     if (o.metrics) g.server.metrics_port = 0;
-    auto gw = gateway::GatewayServer::Start(g);
-    EXPECT_TRUE(gw.ok()) << gw.status();
-    gateway_ = std::move(*gw);
-    auto ch = grpc::CreateChannel(gateway_->address(), grpc::InsecureChannelCredentials());
-    stub_ = cascade::v1::Gateway::NewStub(ch);
+    return g;
   }
   ~Stack() {
     gateway_.reset();
@@ -152,6 +157,10 @@ class Stack {
     ASSERT_TRUE(s.ok()) << s.status();
     workers_.push_back(std::move(*s));
   }
+
+  // Stops worker i the way SIGTERM does (drain: not serving, in-flight streams finish, up to
+  // `drain`), from any thread. Its slot stays (worker(i) must not be used afterwards).
+  void DrainWorker(int i, absl::Duration drain) { workers_[i]->Shutdown(drain); }
 
   cascade::v1::Gateway::Stub& gateway() { return *stub_; }
   gateway::GatewayServer& gateway_server() { return *gateway_; }
