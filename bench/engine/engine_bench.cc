@@ -316,8 +316,8 @@ PhaseResult RunBatch(Bench& b, engine::Engine& e, const std::vector<engine::Requ
       std::exit(1);
     }
     for (const engine::SequenceOutput& o : *outs) {
-      if (!o.error.empty()) {
-        std::fprintf(stderr, "sequence error: %s\n", o.error.c_str());
+      if (!o.status.ok()) {
+        std::fprintf(stderr, "sequence error: %s\n", o.status.ToString().c_str());
         std::exit(1);
       }
       if (decoding) r.decode_tokens += static_cast<int64_t>(o.new_tokens.size());

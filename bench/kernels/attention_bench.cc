@@ -13,20 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "bench/kernels/check_ok.h"
 #include "gpu_worker/backend/cuda/attention.h"
 #include "gpu_worker/backend/cuda/device.h"
 
 namespace cascade::cuda {
 namespace {
-
-#define CHECK_OK(expr)                                                             \
-  do {                                                                             \
-    absl::Status _s = (expr);                                                      \
-    if (!_s.ok()) {                                                                \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str()); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
 
 template <typename T>
 DeviceBuffer Up(const std::vector<T>& v) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/kernels/check_ok.h"
 #include "gpu_worker/backend/cuda/device.h"
 #include "gpu_worker/backend/cuda/gemm.h"
 #include "gpu_worker/backend/cuda/ops.h"
@@ -22,15 +23,6 @@
 
 namespace cascade::cuda {
 namespace {
-
-#define CHECK_OK(expr)                                                                \
-  do {                                                                                \
-    absl::Status _s = (expr);                                                         \
-    if (!_s.ok()) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str()); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
 
 DeviceBuffer Alloc(size_t bytes) {
   auto b = DeviceBuffer::Allocate(bytes);

@@ -247,6 +247,43 @@ void StopLocalStack(cli::LocalStack& stack, const LoadgenFlags& flags, bool fail
   }
 }
 
+// What a phase loads: the --local stack (started with `gateway_flags` added) or --gateway, and a
+// stub on its gateway once the gateway lists the workers.
+struct Target {
+  std::unique_ptr<cli::LocalStack> stack;  // null with --gateway
+  std::unique_ptr<v1::Gateway::Stub> stub;
+  std::string address;
+};
+
+// Errors: InvalidArgument for a bad address (exit 2), others for a stack or gateway that does
+// not come up (exit 1).
+absl::StatusOr<Target> Connect(const LoadgenFlags& flags, std::vector<std::string> gateway_flags) {
+  Target t;
+  t.address = flags.gateway;
+  if (flags.local) {
+    absl::StatusOr<std::unique_ptr<cli::LocalStack>> started =
+        StartLocalStack(flags, std::move(gateway_flags));
+    if (!started.ok()) return absl::UnavailableError(started.status().message());
+    t.stack = std::move(*started);
+    t.address = t.stack->gateway().address;
+  }
+  if (absl::Status s = CheckLoopback(t.address); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = cli::Dial(t.address);
+  if (!channel.ok()) return absl::InvalidArgumentError(channel.status().message());
+  t.stub = v1::Gateway::NewStub(*channel);
+  if (absl::Status s = WaitForWorkers(*t.stub, flags.local ? flags.workers : 1, flags.auth_token);
+      !s.ok()) {
+    return absl::UnavailableError(s.message());
+  }
+  return t;
+}
+
+// Exit code for a Connect error, after saying it.
+int ConnectFailed(const absl::Status& s) {
+  std::cerr << "cascade-loadgen: " << s.message() << "\n";
+  return s.code() == absl::StatusCode::kInvalidArgument ? common::kExitBadFlags : 1;
+}
+
 // The cluster benchmark: per policy (a fresh --local stack each, or the deployed gateway), the
 // customers workload at each rate.
 int RunCluster(const LoadgenFlags& flags) {
@@ -276,27 +313,10 @@ int RunCluster(const LoadgenFlags& flags) {
   std::vector<OpenLoopSummary> runs;
   int64_t failed = 0, ok = 0;
   for (const std::string& policy : policies) {
-    std::unique_ptr<cli::LocalStack> stack;
-    std::string address = flags.gateway;
-    if (flags.local) {
-      std::cerr << "policy " << policy << ": starting a fresh stack\n";
-      auto started = StartLocalStack(flags, {"--route_policy=" + policy});
-      if (!started.ok()) {
-        std::cerr << "cascade-loadgen: " << started.status().message() << "\n";
-        return 1;
-      }
-      stack = std::move(*started);
-      address = stack->gateway().address;
-    }
-    if (absl::Status s = CheckLoopback(address); !s.ok()) return fail(s);
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = cli::Dial(address);
-    if (!channel.ok()) return fail(channel.status());
-    std::unique_ptr<v1::Gateway::Stub> stub = v1::Gateway::NewStub(*channel);
-    const int want = flags.local ? flags.workers : 1;
-    if (absl::Status s = WaitForWorkers(*stub, want, flags.auth_token); !s.ok()) {
-      std::cerr << "cascade-loadgen: " << s.message() << "\n";
-      return 1;
-    }
+    if (flags.local) std::cerr << "policy " << policy << ": starting a fresh stack\n";
+    absl::StatusOr<Target> target = Connect(flags, {"--route_policy=" + policy});
+    if (!target.ok()) return ConnectFailed(target.status());
+    v1::Gateway::Stub* stub = target->stub.get();
     // The same texts for every policy (the run tag is fixed), so each stack sees one workload.
     wo.run_tag = absl::StrCat("cluster", flags.seed);
     PromptSource prompts(wo);
@@ -313,11 +333,12 @@ int RunCluster(const LoadgenFlags& flags) {
       oo.seed = static_cast<uint64_t>(flags.seed);
       std::cerr << absl::StrFormat("policy %s, %.2f qps (bounds: %s, %d requests)\n", policy, qps,
                                    absl::FormatDuration(flags.duration), flags.max_requests);
-      runs.push_back(RunOpenLoop(*stub, prompts, oo, want, &std::cerr));
+      runs.push_back(
+          RunOpenLoop(*stub, prompts, oo, flags.local ? flags.workers : 1, &std::cerr));
       ok += runs.back().phase.ok;
       failed += runs.back().phase.requests - runs.back().phase.ok;
     }
-    if (stack) StopLocalStack(*stack, flags, failed > 0);
+    if (target->stack) StopLocalStack(*target->stack, flags, failed > 0);
   }
   std::cout << "machine: " << DescribeMachine() << "\n"
             << "target: "
@@ -363,27 +384,11 @@ int Run(int argc, char** argv) {
   absl::StatusOr<std::vector<Workload>> workloads = ParseWorkloads(flags.workloads);
   if (!workloads.ok()) return fail(workloads.status());
 
-  std::unique_ptr<cli::LocalStack> stack;
-  std::string address = flags.gateway;
-  if (flags.local) {
-    absl::StatusOr<std::unique_ptr<cli::LocalStack>> started = StartLocalStack(flags, {});
-    if (!started.ok()) {
-      std::cerr << "cascade-loadgen: " << started.status().message() << "\n";
-      return 1;
-    }
-    stack = std::move(*started);
-    address = stack->gateway().address;
-  }
-  if (absl::Status s = CheckLoopback(address); !s.ok()) return fail(s);
-
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = cli::Dial(address);
-  if (!channel.ok()) return fail(channel.status());
-  std::unique_ptr<v1::Gateway::Stub> stub = v1::Gateway::NewStub(*channel);
-  if (absl::Status s = WaitForWorkers(*stub, flags.local ? flags.workers : 1, flags.auth_token);
-      !s.ok()) {
-    std::cerr << "cascade-loadgen: " << s.message() << "\n";
-    return 1;
-  }
+  absl::StatusOr<Target> target = Connect(flags, {});
+  if (!target.ok()) return ConnectFailed(target.status());
+  v1::Gateway::Stub* stub = target->stub.get();
+  const std::string& address = target->address;
+  std::unique_ptr<cli::LocalStack>& stack = target->stack;
 
   WorkloadOptions wo;
   wo.system_words = flags.system_words;

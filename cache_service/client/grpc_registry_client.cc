@@ -80,7 +80,8 @@ class GrpcRegistryClient final : public RegistryClient {
     req.set_seq(seq);
     for (const HeldChunk& c : chunks) wire::ToProto(c, req.add_chunks());
     v1::ResyncResponse resp;
-    absl::Status s = Call(&v1::ChunkRegistry::Stub::Resync, req, &resp);
+    absl::Status s =
+        Call(&v1::ChunkRegistry::Stub::Resync, req, &resp, options_.resync_timeout_ms);
     if (!s.ok()) return s;
     return resp.chunks();
   }
@@ -100,9 +101,9 @@ class GrpcRegistryClient final : public RegistryClient {
   template <typename Req, typename Resp>
   absl::Status Call(grpc::Status (v1::ChunkRegistry::Stub::*method)(grpc::ClientContext*,
                                                                      const Req&, Resp*),
-                    const Req& req, Resp* resp) {
+                    const Req& req, Resp* resp, int64_t timeout_ms = 0) {
     grpc::ClientContext ctx;
-    SetDeadline(&ctx, options_.timeout_ms);
+    SetDeadline(&ctx, timeout_ms > 0 ? timeout_ms : options_.timeout_ms);
     return wire::FromGrpc((stub_.get()->*method)(&ctx, req, resp));
   }
 

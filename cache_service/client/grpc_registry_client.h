@@ -17,6 +17,8 @@ struct GrpcRegistryClientOptions {
   // the registry is slow the gateway should route on load rather than wait.
   int64_t timeout_ms = 3000;
   int64_t resolve_timeout_ms = 500;
+  // Resync carries everything a worker holds: it may take longer than the other calls.
+  int64_t resync_timeout_ms = 5000;
   // Used by the address overload; null = insecure (loopback, tests). For TLS build a channel
   // (e.g. common::MakeChannel) and use the channel overload.
   std::shared_ptr<grpc::ChannelCredentials> credentials;

@@ -2,8 +2,7 @@
 #include "cache_service/server/registry_maintenance.h"
 
 #include <algorithm>
-
-#include "absl/time/time.h"
+#include <chrono>
 
 namespace cascade::registry {
 
@@ -20,20 +19,23 @@ void RegistryMaintenance::Start() { thread_ = std::thread([this] { Loop(); }); }
 
 void RegistryMaintenance::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void RegistryMaintenance::Loop() {
-  absl::MutexLock lock(&mu_);
-  while (!stop_) {
-    mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(interval_ms_));
-    if (stop_) break;
-    mu_.Unlock();
+  while (true) {
+    {
+      MutexLock lock(&mu_);
+      if (cv_.WaitFor(&mu_, std::chrono::milliseconds(interval_ms_),
+                      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; })) {
+        return;
+      }
+    }
     RunOnce();
-    mu_.Lock();
   }
 }
 
@@ -41,7 +43,7 @@ void RegistryMaintenance::RunOnce() {
   registry_->Sweep();
   RegistryStats s = registry_->GetStats();
   std::vector<WorkerRecord> workers = registry_->ListWorkers();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   // Counters only go up: publish the growth since the last round.
   auto bump = [&](const char* name, const char* help, int64_t now, int64_t before) {
     metrics_.GetCounter(name, help)->Increment(static_cast<double>(std::max<int64_t>(0, now - before)));

@@ -8,9 +8,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/synchronization/mutex.h"
 #include "cache_service/registry/registry.h"
 #include "common/metrics.h"
+#include "common/mutex.h"
 
 namespace cascade::registry {
 
@@ -39,7 +39,8 @@ class RegistryMaintenance {
   const int64_t interval_ms_;
   std::thread thread_;
 
-  absl::Mutex mu_;
+  Mutex mu_;
+  CondVar cv_;  // signalled by Stop
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   RegistryStats published_ ABSL_GUARDED_BY(mu_);  // counters as last published, for deltas
   absl::flat_hash_set<std::string> seen_workers_ ABSL_GUARDED_BY(mu_);

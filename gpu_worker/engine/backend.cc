@@ -1,10 +1,91 @@
-// Default ForwardSampled: whole logits from Forward, device-sampled rows drawn on the host with
-// the same rule the GPU uses.
+// The backend API's shared code: the ForwardBatch validator every backend runs, and the default
+// ForwardSampled (whole logits from Forward, device-sampled rows drawn on the host with the same
+// rule the GPU uses).
 #include "gpu_worker/engine/backend.h"
 
+#include <string>
+
+#include "absl/strings/str_cat.h"
 #include "gpu_worker/engine/sample_noise.h"
 
 namespace cascade::engine {
+namespace {
+
+absl::Status Bad(const std::string& msg) {
+  return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: ", msg));
+}
+
+// True if `offsets` is [n + 1] non-decreasing from 0 to `total`.
+bool ValidOffsets(const std::vector<int32_t>& offsets, size_t n, int64_t total) {
+  if (offsets.size() != n + 1 || offsets[0] != 0 || offsets[n] != total) return false;
+  for (size_t i = 0; i < n; ++i) {
+    if (offsets[i] > offsets[i + 1]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status ValidateForwardBatch(const ForwardBatch& b, const BatchLimits& limits) {
+  const int64_t t = b.num_tokens();
+  const size_t s = static_cast<size_t>(b.num_seqs());
+  const int bs = limits.block_size;
+  if (limits.max_num_tokens > 0 && t > limits.max_num_tokens) {
+    return Bad(absl::StrCat(t, " tokens exceed max_num_tokens ", limits.max_num_tokens));
+  }
+  if (static_cast<int64_t>(b.positions.size()) != t ||
+      static_cast<int64_t>(b.slot_mapping.size()) != t) {
+    return Bad(absl::StrCat("positions (", b.positions.size(), ") and slot_mapping (",
+                            b.slot_mapping.size(), ") must have num_tokens (", t, ") entries"));
+  }
+  if (!ValidOffsets(b.query_start, s, t)) {
+    return Bad("query_start must be [num_seqs + 1] non-decreasing offsets from 0 to num_tokens");
+  }
+  if (!ValidOffsets(b.block_table_start, s, static_cast<int64_t>(b.block_ids.size()))) {
+    return Bad("block_table_start must be [num_seqs + 1] non-decreasing offsets into block_ids");
+  }
+  for (size_t i = 0; i < b.block_ids.size(); ++i) {
+    if (b.block_ids[i] < 0 || b.block_ids[i] >= limits.num_blocks) {
+      return Bad(absl::StrCat("block_ids[", i, "] = ", b.block_ids[i], " outside [0, ",
+                              limits.num_blocks, ")"));
+    }
+  }
+  for (size_t q = 0; q < s; ++q) {
+    const int64_t table_len = b.block_table_start[q + 1] - b.block_table_start[q];
+    if (b.context_lens[q] < 0 || b.context_lens[q] > table_len * bs) {
+      return Bad(absl::StrCat("context_lens[", q, "] = ", b.context_lens[q],
+                              " does not fit its ", table_len, " blocks"));
+    }
+    for (int32_t r = b.query_start[q]; r < b.query_start[q + 1]; ++r) {
+      const int32_t pos = b.positions[r];
+      if (b.token_ids[r] < 0 || b.token_ids[r] >= limits.vocab_size) {
+        return Bad(absl::StrCat("token_ids[", r, "] = ", b.token_ids[r], " outside [0, ",
+                                limits.vocab_size, ")"));
+      }
+      if (pos < 0 || pos >= b.context_lens[q]) {
+        return Bad(absl::StrCat("positions[", r, "] = ", pos, " outside [0, context_lens[", q,
+                                "] = ", b.context_lens[q], ")"));
+      }
+      const int64_t slot =
+          int64_t{b.block_ids[b.block_table_start[q] + pos / bs]} * bs + pos % bs;
+      if (b.slot_mapping[r] != slot) {
+        return Bad(absl::StrCat("slot_mapping[", r, "] = ", b.slot_mapping[r],
+                                " but the block table puts position ", pos, " at slot ", slot));
+      }
+    }
+  }
+  for (size_t i = 0; i < b.logits_rows.size(); ++i) {
+    if (b.logits_rows[i] < 0 || b.logits_rows[i] >= t ||
+        (i > 0 && b.logits_rows[i] <= b.logits_rows[i - 1])) {
+      return Bad(absl::StrCat("logits_rows must be ascending rows in [0, ", t, ")"));
+    }
+  }
+  if (!b.row_samples.empty() && b.row_samples.size() != b.logits_rows.size()) {
+    return Bad(absl::StrCat("row_samples (", b.row_samples.size(),
+                            ") must be empty or one per logits row (", b.logits_rows.size(), ")"));
+  }
+  return absl::OkStatus();
+}
 
 int32_t SampleRow(const float* row, int vocab, const RowSample& s) {
   int32_t best = 0;

@@ -47,6 +47,25 @@ struct ForwardBatch {
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
 };
 
+// What a backend can take: ValidateForwardBatch checks a batch against these.
+struct BatchLimits {
+  int64_t vocab_size = 0;
+  int64_t num_blocks = 0;      // KV cache blocks
+  int block_size = 0;          // tokens per block
+  int64_t max_num_tokens = 0;  // tokens per batch at most; 0 = no limit
+};
+
+// The one check of a ForwardBatch, run by every backend before it touches memory, so a malformed
+// batch (a scheduler bug) becomes INVALID_ARGUMENT naming the broken rule instead of an
+// out-of-bounds read or write. Rules: at most max_num_tokens tokens; positions and slot_mapping
+// have num_tokens entries; query_start and block_table_start are [num_seqs + 1] non-decreasing
+// offsets from 0 to num_tokens and to block_ids.size(); block ids in [0, num_blocks); each
+// context_len fits its sequence's block table; token ids in [0, vocab_size); each position in
+// [0, its sequence's context_len); slot_mapping equal to the slot the block table gives for the
+// token's position; logits_rows ascending rows of the batch; row_samples empty or one per
+// logits row.
+absl::Status ValidateForwardBatch(const ForwardBatch& batch, const BatchLimits& limits);
+
 // Samples one row as RowSample describes (on_device rows' rule), on the host. [vocab] logits.
 int32_t SampleRow(const float* row, int vocab, const RowSample& s);
 

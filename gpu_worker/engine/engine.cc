@@ -1,17 +1,17 @@
 // Engine implementation: a request inbox guarded by a mutex, and step state owned by the step
-// thread (sequences, block manager, scheduler). Step = schedule, run (backend), postprocess.
+// thread (sequences, block manager, scheduler). Step = intake, schedule, run (backend),
+// postprocess.
 #include "gpu_worker/engine/engine.h"
 
 #include <algorithm>
 #include <chrono>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <unordered_map>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "gpu_worker/engine/block_manager.h"
 #include "gpu_worker/engine/residency.h"
 #include "gpu_worker/engine/sampler.h"
@@ -57,18 +57,18 @@ class EngineImpl final : public Engine {
 
   absl::StatusOr<uint64_t> AddRequest(Request req) override;
   void Cancel(uint64_t seq_id) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     cancels_.push_back(seq_id);
   }
   int EvictChunks(const std::vector<hash::Hash128>& chunk_hashes) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     int found = 0;
     for (const auto& h : chunk_hashes) found += residency_.Contains(h) ? 1 : 0;
     evicts_.insert(evicts_.end(), chunk_hashes.begin(), chunk_hashes.end());
     return found;
   }
   int PinChunks(const std::vector<hash::Hash128>& chunk_hashes, int64_t ttl_ms) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     int found = 0;
     for (const auto& h : chunk_hashes) {
       if (!residency_.Contains(h)) continue;
@@ -79,33 +79,63 @@ class EngineImpl final : public Engine {
   }
   absl::StatusOr<std::vector<SequenceOutput>> Step() override;
   bool HasWork() const override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return !inbox_.empty() || !cancels_.empty() || !evicts_.empty() || !pin_requests_.empty() ||
            live_ > 0;
   }
   EngineStats Stats() const override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return stats_;
   }
   std::vector<ChunkEvent> HeldChunks() const override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return residency_.Held();
   }
   std::vector<ChunkEvent> TakeChunkEvents() override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return residency_.TakeEvents();
   }
   const EngineOptions& options() const override { return options_; }
   Backend& backend() override { return *backend_; }
 
  private:
+  // What the backend returned for one step: tokens it drew itself (-1 where a whole logits row
+  // came back instead) and those rows, [whole rows, vocab].
+  struct StepResult {
+    std::vector<float> logits;
+    std::vector<int32_t> sampled;
+  };
+
+  // The step's phases, in order. Intake takes what other threads queued (arrivals, cancels,
+  // evictions, pins) and lets expired pins go; Schedule plans the batch; Run hands it to the
+  // backend; Postprocess commits blocks, samples and checks stop conditions, or FailScheduled
+  // ends the step's sequences when the backend failed; EndStep publishes stats and evictions.
+  void Intake(std::vector<SequenceOutput>* outputs);
+  SchedulerOutput Schedule(std::vector<SequenceOutput>* outputs);
+  absl::Status Run(const SchedulerOutput& plan, StepResult* result);
+  void Postprocess(const SchedulerOutput& plan, const StepResult& result,
+                   std::vector<SequenceOutput>* outputs);
+  void FailScheduled(const SchedulerOutput& plan, const absl::Status& st,
+                     std::vector<SequenceOutput>* outputs);
+  void EndStep();
+
+  // Intake's parts.
+  void ApplyEvictions() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyPinRequests() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyCancels(const std::vector<uint64_t>& cancels, std::vector<SequenceOutput>* outputs);
+  void ExpirePins();
+  // Forgets a finished sequence.
+  void Retire(uint64_t seq_id);
+
   hash::Hash128 KeyFor(Sequence& seq, int64_t j);
   void CommitBlocks(Sequence& seq);
   void Finish(Sequence& seq, FinishReason reason, SequenceOutput& out);
+  // Fills a sequence's first output: where its chunks sit and how much came from the cache.
+  void Started(Sequence& seq, SequenceOutput& out);
   // `logits_row` is the row's logits, or null when the backend already drew the row's token
   // `sampled_token` (greedy or plain temperature sampling, see RowSample).
-  void Postprocess(const ScheduledSeq& s, const float* logits_row, int32_t sampled_token,
-                   SequenceOutput& out);
+  void PostprocessSeq(const ScheduledSeq& s, const float* logits_row, int32_t sampled_token,
+                      SequenceOutput& out);
   void TakePins(Sequence& seq);
   void ReleasePin(const hash::Hash128& chunk);
   void PublishStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -127,7 +157,7 @@ class EngineImpl final : public Engine {
   int64_t generation_tokens_ = 0;
   int64_t steps_ = 0;
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::vector<std::unique_ptr<Sequence>> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
   std::vector<hash::Hash128> evicts_ ABSL_GUARDED_BY(mu_);
@@ -192,7 +222,7 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
     seq->block_keys = hash::BlockKeys(options_.model_name, req.cache_salt, specs, bs);
   }
 
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (stats_.waiting + static_cast<int64_t>(inbox_.size()) >= options_.max_waiting) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the worker's queue is full (", options_.max_waiting, " waiting requests); retry later"));
@@ -268,8 +298,8 @@ void EngineImpl::Finish(Sequence& seq, FinishReason reason, SequenceOutput& out)
   scheduler_.Remove(&seq);
 }
 
-void EngineImpl::Postprocess(const ScheduledSeq& s, const float* logits_row,
-                             int32_t sampled_token, SequenceOutput& out) {
+void EngineImpl::PostprocessSeq(const ScheduledSeq& s, const float* logits_row,
+                                int32_t sampled_token, SequenceOutput& out) {
   Sequence& seq = *s.seq;
   const bool was_prefill = seq.num_computed < seq.prompt_len;
   seq.num_computed += s.num_tokens;
@@ -277,7 +307,7 @@ void EngineImpl::Postprocess(const ScheduledSeq& s, const float* logits_row,
                                               (seq.num_computed - s.num_tokens);
   CommitBlocks(seq);
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     residency_.Update(seq);  // before Finish() frees the blocks
   }
   if (!s.wants_logits) return;
@@ -331,67 +361,98 @@ void EngineImpl::PublishStats() {
 
 absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
   std::vector<SequenceOutput> outputs;
+  Intake(&outputs);
+  const SchedulerOutput plan = Schedule(&outputs);
+  if (!plan.scheduled.empty()) {
+    StepResult result;
+    if (absl::Status st = Run(plan, &result); st.ok()) {
+      Postprocess(plan, result, &outputs);
+    } else {
+      FailScheduled(plan, st, &outputs);
+    }
+  }
+  EndStep();
+  return outputs;
+}
+
+void EngineImpl::Intake(std::vector<SequenceOutput>* outputs) {
   std::vector<std::unique_ptr<Sequence>> arrived;
   std::vector<uint64_t> cancels;
-  std::vector<hash::Hash128> evicts;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     arrived.swap(inbox_);
     cancels.swap(cancels_);
-    evicts.swap(evicts_);
-    for (const hash::Hash128& h : evicts) {
-      ReleasePin(h);
-      blocks_.EvictKeys(residency_.BlockKeysOf(h));
-    }
-    const int64_t now = options_.now_ms();
-    for (const auto& [h, ttl] : pin_requests_) {
-      auto it = pins_.find(h);
-      if (it != pins_.end()) {
-        it->second.expires_ms = std::max(it->second.expires_ms, now + ttl);
-        continue;
-      }
-      std::optional<hash::Hash128> last = residency_.LastKeyOf(h);
-      if (!last) continue;
-      Pin pin;
-      pin.blocks = blocks_.ChainBlocks(*last);
-      if (pin.blocks.empty()) continue;
-      for (int32_t b : pin.blocks) blocks_.AddRef(b);
-      pin.expires_ms = now + ttl;
-      pins_.emplace(h, std::move(pin));
-    }
-    pin_requests_.clear();
+    ApplyEvictions();
+    ApplyPinRequests();
   }
   for (auto& seq : arrived) {
     scheduler_.AddWaiting(seq.get());
     seqs_.emplace(seq->id, std::move(seq));
   }
-  auto retire = [&](uint64_t id) {
-    seqs_.erase(id);
-    absl::MutexLock lock(&mu_);
-    --live_;
-  };
+  ApplyCancels(cancels, outputs);
+  ExpirePins();
+}
+
+void EngineImpl::ApplyEvictions() {
+  std::vector<hash::Hash128> evicts;
+  evicts.swap(evicts_);
+  for (const hash::Hash128& h : evicts) {
+    ReleasePin(h);
+    blocks_.EvictKeys(residency_.BlockKeysOf(h));
+  }
+}
+
+void EngineImpl::ApplyPinRequests() {
+  const int64_t now = options_.now_ms();
+  for (const auto& [h, ttl] : pin_requests_) {
+    auto it = pins_.find(h);
+    if (it != pins_.end()) {
+      it->second.expires_ms = std::max(it->second.expires_ms, now + ttl);
+      continue;
+    }
+    std::optional<hash::Hash128> last = residency_.LastKeyOf(h);
+    if (!last) continue;
+    Pin pin;
+    pin.blocks = blocks_.ChainBlocks(*last);
+    if (pin.blocks.empty()) continue;
+    for (int32_t b : pin.blocks) blocks_.AddRef(b);
+    pin.expires_ms = now + ttl;
+    pins_.emplace(h, std::move(pin));
+  }
+  pin_requests_.clear();
+}
+
+void EngineImpl::ApplyCancels(const std::vector<uint64_t>& cancels,
+                              std::vector<SequenceOutput>* outputs) {
   for (uint64_t id : cancels) {
     auto it = seqs_.find(id);
     if (it == seqs_.end()) continue;
     SequenceOutput out;
     out.seq_id = id;
     Finish(*it->second, FinishReason::kCancelled, out);
-    outputs.push_back(std::move(out));
-    retire(id);
+    outputs->push_back(std::move(out));
+    Retire(id);
   }
+}
 
+void EngineImpl::ExpirePins() {
   // Pins past their time go back to the LRU.
-  {
-    const int64_t now = options_.now_ms();
-    std::vector<hash::Hash128> expired;
-    for (const auto& [h, pin] : pins_) {
-      if (pin.expires_ms <= now) expired.push_back(h);
-    }
-    absl::MutexLock lock(&mu_);
-    for (const auto& h : expired) ReleasePin(h);
+  const int64_t now = options_.now_ms();
+  std::vector<hash::Hash128> expired;
+  for (const auto& [h, pin] : pins_) {
+    if (pin.expires_ms <= now) expired.push_back(h);
   }
+  MutexLock lock(&mu_);
+  for (const auto& h : expired) ReleasePin(h);
+}
 
-  // Schedule.
+void EngineImpl::Retire(uint64_t seq_id) {
+  seqs_.erase(seq_id);
+  MutexLock lock(&mu_);
+  --live_;
+}
+
+SchedulerOutput EngineImpl::Schedule(std::vector<SequenceOutput>* outputs) {
   SchedulerOutput plan = scheduler_.Schedule();
   if (plan.scheduled.empty() && scheduler_.num_running() == 0 && scheduler_.num_waiting() > 0) {
     // Nothing runs and the head of the queue cannot be admitted: pinned blocks hold the KV it
@@ -400,72 +461,80 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
     const uint64_t id = head->id;
     SequenceOutput out;
     out.seq_id = id;
-    out.error = absl::StrCat("RESOURCE_EXHAUSTED: the KV cache is held by pinned chunks; ",
-                             blocks_.NumAvailable(), " of ", blocks_.num_blocks(),
-                             " blocks are free");
+    out.status = absl::ResourceExhaustedError(
+        absl::StrCat("the KV cache is held by pinned chunks; ", blocks_.NumAvailable(), " of ",
+                     blocks_.num_blocks(), " blocks are free"));
     Finish(*head, FinishReason::kError, out);
-    outputs.push_back(std::move(out));
-    retire(id);
+    outputs->push_back(std::move(out));
+    Retire(id);
   }
+  return plan;
+}
 
-  // Run.
-  if (!plan.scheduled.empty()) {
-    ForwardBatch batch;
-    scheduler_.BuildBatch(plan, backend_->BlockSize(), &batch);
-    std::vector<float> logits;
-    std::vector<int32_t> sampled;  // tokens the backend drew itself, -1 where logits came back
-    absl::Status st = backend_->ForwardSampled(batch, &logits, &sampled);
-    if (!st.ok()) {
-      for (const ScheduledSeq& s : plan.scheduled) {
-        const uint64_t id = s.seq->id;
-        SequenceOutput out;
-        out.seq_id = id;
-        out.error = st.ToString();
-        Finish(*s.seq, FinishReason::kError, out);
-        outputs.push_back(std::move(out));
-        retire(id);
-      }
-      // The step's sequences end with kError and the message; the engine stays usable.
-      absl::MutexLock lock(&mu_);
-      PublishStats();
-      return outputs;
-    }
-    // Postprocess.
-    size_t row = 0, full_row = 0;
-    std::vector<uint64_t> done;
-    for (const ScheduledSeq& s : plan.scheduled) {
-      SequenceOutput out;
-      out.seq_id = s.seq->id;
-      if (s.newly_admitted) {
-        s.seq->started = true;
-        out.started = true;
-        out.cached_tokens = s.seq->cached_tokens;
-        out.prompt_tokens = s.seq->prompt_len;
-        for (size_t i = 0; i < s.seq->chunks.size(); ++i) {
-          const hash::PlacedChunk& c = s.seq->chunks[i];
-          const int64_t cached = std::clamp<int64_t>(s.seq->cached_tokens - c.start, 0, c.end - c.start);
-          out.chunks.push_back({c.hash, c.start, c.end, cached, s.seq->chunk_kinds[i]});
-        }
-      }
-      const float* lrow = nullptr;
-      int32_t token = -1;
-      if (s.wants_logits) {
-        token = sampled[row++];
-        if (token < 0) lrow = logits.data() + (full_row++) * backend_->VocabSize();
-      }
-      Postprocess(s, lrow, token, out);
-      if (out.started || out.finished || !out.new_tokens.empty()) {
-        if (out.finished) done.push_back(out.seq_id);
-        outputs.push_back(std::move(out));
-      }
-    }
-    for (uint64_t id : done) retire(id);
-    ++steps_;
+absl::Status EngineImpl::Run(const SchedulerOutput& plan, StepResult* result) {
+  ForwardBatch batch;
+  scheduler_.BuildBatch(plan, backend_->BlockSize(), &batch);
+  return backend_->ForwardSampled(batch, &result->logits, &result->sampled);
+}
+
+void EngineImpl::FailScheduled(const SchedulerOutput& plan, const absl::Status& st,
+                               std::vector<SequenceOutput>* outputs) {
+  // The step's sequences end with kError; the engine stays usable. A backend that ran out of
+  // memory keeps its code (another worker may have room); anything else is the worker's fault.
+  const absl::Status status = st.code() == absl::StatusCode::kResourceExhausted
+                                  ? st
+                                  : absl::InternalError(st.ToString());
+  for (const ScheduledSeq& s : plan.scheduled) {
+    const uint64_t id = s.seq->id;
+    SequenceOutput out;
+    out.seq_id = id;
+    out.status = status;
+    Finish(*s.seq, FinishReason::kError, out);
+    outputs->push_back(std::move(out));
+    Retire(id);
   }
-  absl::MutexLock lock(&mu_);
+}
+
+void EngineImpl::Postprocess(const SchedulerOutput& plan, const StepResult& result,
+                             std::vector<SequenceOutput>* outputs) {
+  size_t row = 0, full_row = 0;
+  std::vector<uint64_t> done;
+  for (const ScheduledSeq& s : plan.scheduled) {
+    SequenceOutput out;
+    out.seq_id = s.seq->id;
+    if (s.newly_admitted) Started(*s.seq, out);
+    const float* lrow = nullptr;
+    int32_t token = -1;
+    if (s.wants_logits) {
+      token = result.sampled[row++];
+      if (token < 0) lrow = result.logits.data() + (full_row++) * backend_->VocabSize();
+    }
+    PostprocessSeq(s, lrow, token, out);
+    if (out.started || out.finished || !out.new_tokens.empty()) {
+      if (out.finished) done.push_back(out.seq_id);
+      outputs->push_back(std::move(out));
+    }
+  }
+  for (uint64_t id : done) Retire(id);
+  ++steps_;
+}
+
+void EngineImpl::Started(Sequence& seq, SequenceOutput& out) {
+  seq.started = true;
+  out.started = true;
+  out.cached_tokens = seq.cached_tokens;
+  out.prompt_tokens = seq.prompt_len;
+  for (size_t i = 0; i < seq.chunks.size(); ++i) {
+    const hash::PlacedChunk& c = seq.chunks[i];
+    const int64_t cached = std::clamp<int64_t>(seq.cached_tokens - c.start, 0, c.end - c.start);
+    out.chunks.push_back({c.hash, c.start, c.end, cached, seq.chunk_kinds[i]});
+  }
+}
+
+void EngineImpl::EndStep() {
+  MutexLock lock(&mu_);
   residency_.OnEvicted(blocks_.TakeEvictedKeys());
   PublishStats();
-  return outputs;
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The backend-neutral engine: admits requests given as chunks of token ids, reuses the longest
 // cached prefix, prefills the rest at global positions, decodes in a continuous batch, samples,
-// and reports which chunks it holds. Each Step() reads as schedule, run, postprocess.
+// and reports which chunks it holds. Each Step() reads as intake, schedule, run, postprocess.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +56,7 @@ class Engine {
   virtual int PinChunks(const std::vector<hash::Hash128>& chunk_hashes, int64_t ttl_ms) = 0;
 
   // Runs one step. Returns the outputs of every sequence that produced something. A backend
-  // failure ends that step's sequences with kError (message in `error`), not the engine.
+  // failure ends that step's sequences with kError (why in `status`), not the engine.
   virtual absl::StatusOr<std::vector<SequenceOutput>> Step() = 0;
 
   // True if a Step() would do something (queued work, cancels or admin operations).

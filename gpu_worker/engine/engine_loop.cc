@@ -12,7 +12,7 @@ EngineLoop::EngineLoop(std::unique_ptr<Engine> engine, std::function<void()> aft
 EngineLoop::~EngineLoop() { Stop(); }
 
 void EngineLoop::Start() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (thread_.joinable()) return;
   stop_ = false;
   thread_ = std::thread([this] { Run(); });
@@ -20,15 +20,15 @@ void EngineLoop::Start() {
 
 void EngineLoop::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
   // Whoever still waits gets a final output, so no stream hangs.
   std::unordered_map<uint64_t, OutputSink> left;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     left.swap(sinks_);
   }
   for (auto& [id, sink] : left) {
@@ -36,7 +36,7 @@ void EngineLoop::Stop() {
     out.seq_id = id;
     out.finished = true;
     out.finish_reason = FinishReason::kCancelled;
-    out.error = "the worker is shutting down";
+    out.status = absl::UnavailableError("the worker is shutting down");
     sink(out);
   }
 }
@@ -44,12 +44,12 @@ void EngineLoop::Stop() {
 absl::StatusOr<uint64_t> EngineLoop::Submit(Request request, OutputSink sink) {
   // Holding mu_ across AddRequest keeps the loop from stepping (and emitting outputs for this
   // id) before the sink is registered.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   absl::StatusOr<uint64_t> id = engine_->AddRequest(std::move(request));
   if (!id.ok()) return id;
   sinks_.emplace(*id, std::move(sink));
   wake_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
   return id;
 }
 
@@ -60,19 +60,20 @@ void EngineLoop::Cancel(uint64_t seq_id) {
 
 void EngineLoop::Wake() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     wake_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void EngineLoop::Run() {
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       // Idle: sleep until woken; the timeout also lets pins expire while nothing else happens.
-      cv_.wait_for(lock, std::chrono::milliseconds(200),
-                   [&] { return stop_ || wake_ || engine_->HasWork(); });
+      cv_.WaitFor(&mu_, std::chrono::milliseconds(200), [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || wake_ || engine_->HasWork();
+      });
       if (stop_) return;
       wake_ = false;
     }
@@ -81,7 +82,7 @@ void EngineLoop::Run() {
     for (const SequenceOutput& o : *outs) {
       OutputSink sink;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         auto it = sinks_.find(o.seq_id);
         if (it == sinks_.end()) continue;
         sink = o.finished ? std::move(it->second) : it->second;

@@ -2,15 +2,14 @@
 // sequence's outputs to the sink its caller registered. The gRPC worker service sits on top.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 #include "gpu_worker/engine/engine.h"
 
 namespace cascade::engine {
@@ -42,14 +41,16 @@ class EngineLoop {
  private:
   void Run();
 
-  std::unique_ptr<Engine> engine_;
-  std::function<void()> after_step_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::unordered_map<uint64_t, OutputSink> sinks_;  // guarded by mu_
-  bool stop_ = false;                               // guarded by mu_
-  bool wake_ = false;                               // guarded by mu_
-  std::thread thread_;
+  // Set at construction.
+  const std::unique_ptr<Engine> engine_;
+  const std::function<void()> after_step_;
+
+  Mutex mu_;
+  CondVar cv_;
+  std::unordered_map<uint64_t, OutputSink> sinks_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // started by Start (under mu_), joined by Stop
 };
 
 }  // namespace cascade::engine

@@ -83,6 +83,14 @@ absl::Status ValidateSampling(const SamplingParams& p, int vocab_size, int32_t m
   return absl::OkStatus();
 }
 
+bool DrawsByRowRule(const SamplingParams& p) {
+  return p.temperature == 0.0f || (p.top_k <= 0 && p.top_p >= 1.0f && p.min_p == 0.0f);
+}
+
+bool SampleableOnDevice(const SamplingParams& p) {
+  return DrawsByRowRule(p) && p.repetition_penalty == 1.0f && p.logprobs == 0;
+}
+
 double UniformAt(uint64_t seed, int64_t position) {
   uint64_t x = SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(position)));
   return static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
@@ -104,11 +112,9 @@ SampleResult Sample(std::span<float> logits, const SamplingParams& p, uint64_t s
     }
   }
 
-  if (p.temperature == 0.0f) {
-    r.token_id = Argmax(logits);
-  } else if (p.top_k <= 0 && p.top_p >= 1.0f && p.min_p == 0.0f) {
-    // Plain temperature sampling: the Gumbel-max draw, the same rule a GPU backend applies on
-    // the device (backend.h, RowSample), so the path a row takes does not change its token.
+  if (DrawsByRowRule(p)) {
+    // Greedy or plain temperature sampling: the rule a GPU backend applies on the device
+    // (backend.h, RowSample), so the path a row takes does not change its token.
     r.token_id = SampleRow(logits.data(), static_cast<int>(logits.size()),
                            RowSample{true, p.temperature, seed, position});
   } else {

@@ -16,6 +16,16 @@ namespace cascade::engine {
 // `vocab_size` bounds stop_token_ids.
 absl::Status ValidateSampling(const SamplingParams& p, int vocab_size, int32_t max_tokens_limit);
 
+// True when Sample() draws p's token by RowSample's rule (backend.h): the argmax at temperature
+// 0, else the Gumbel-max draw, which is exact only with no top-k, top-p or min-p truncation.
+bool DrawsByRowRule(const SamplingParams& p);
+
+// True when a backend may sample p's rows itself (RowSample::on_device): the draw follows
+// RowSample's rule and nothing else needs the logits on the host (no repetition penalty, no
+// logprobs). The scheduler asks this for every row; Sample() takes the same path for these rows,
+// so where a row is sampled never changes its token.
+bool SampleableOnDevice(const SamplingParams& p);
+
 // Uniform double in [0, 1) for (seed, position): a counter-based generator (SplitMix64 over the
 // pair), so no state is carried between steps.
 double UniformAt(uint64_t seed, int64_t position);

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "gpu_worker/engine/sampler.h"
+
 namespace cascade::engine {
 
 Scheduler::Scheduler(const SchedulerOptions& options, BlockManager* blocks)
@@ -141,12 +143,10 @@ void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBa
     if (s.wants_logits) {
       batch->logits_rows.push_back(batch->num_tokens() - 1);
       // Rows needing nothing but a token from plain greedy or temperature sampling are sampled
-      // by the backend; top-k/p, min-p, penalties and logprobs need the logits on the host.
-      const SamplingParams& p = seq.sampling;
-      const bool plain = p.temperature == 0.0f || (p.top_k <= 0 && p.top_p >= 1.0f && p.min_p == 0.0f);
+      // by the backend; the rest (and every row when tests capture logits) come back whole.
       batch->row_samples.push_back(RowSample{
-          plain && p.repetition_penalty == 1.0f && p.logprobs == 0 && !capture_logits_,
-          p.temperature, seq.seed, static_cast<int64_t>(seq.tokens.size())});
+          SampleableOnDevice(seq.sampling) && !capture_logits_, seq.sampling.temperature,
+          seq.seed, static_cast<int64_t>(seq.tokens.size())});
     }
     batch->query_start.push_back(batch->num_tokens());
     batch->context_lens.push_back(static_cast<int32_t>(seq.num_computed + s.num_tokens));

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/chunk_hash.h"
 
 namespace cascade::engine {
@@ -75,7 +76,10 @@ struct SequenceOutput {
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   int32_t stop_token_id = -1;          // with kStop
-  std::string error;                   // with kError
+  // Why the sequence ended early: set with kError (RESOURCE_EXHAUSTED when the KV cache or the
+  // backend's memory had no room for it, INTERNAL for a backend failure) and with kCancelled when
+  // the worker shut down under it (UNAVAILABLE). OK otherwise, including a client's cancel.
+  absl::Status status;
   std::vector<std::vector<float>> logits;  // per sampled token, only with debug_capture_logits
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;

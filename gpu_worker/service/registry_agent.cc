@@ -2,7 +2,9 @@
 #include "gpu_worker/service/registry_agent.h"
 
 #include <chrono>
+#include <vector>
 
+#include "cache_service/client/grpc_registry_client.h"
 #include "common/log.h"
 
 namespace cascade::worker {
@@ -14,118 +16,115 @@ int64_t NowMs() {
       .count();
 }
 
-void WithDeadline(grpc::ClientContext* ctx, int64_t ms) {
-  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(ms));
-}
-
-void ToProto(const engine::ChunkEvent& e, cascade::v1::HeldChunk* c) {
-  c->set_hash(e.hash.ToHex());
-  c->set_start(e.start);
-  c->set_end(e.end);
-  c->set_held_tokens(e.held_tokens);
-  if (!e.parent.IsZero()) c->set_parent_hash(e.parent.ToHex());
-  c->set_kind(static_cast<cascade::v1::ChunkKind>(e.kind));
+registry::HeldChunk ToHeld(const engine::ChunkEvent& e) {
+  registry::HeldChunk c;
+  c.hash = e.hash;
+  c.start = e.start;
+  c.end = e.end;
+  c.held_tokens = e.held_tokens;
+  c.parent_hash = e.parent;
+  c.kind = e.kind;
+  return c;
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RegistryAgent>> RegistryAgent::Start(const AgentOptions& options,
-                                                                     engine::Engine* engine) {
+                                                                    engine::Engine* engine) {
   common::ClientChannelOptions co;
   co.tls = options.tls;
   auto channel = common::MakeChannel(options.registry_address, co);
   if (!channel.ok()) return channel.status();
-  std::unique_ptr<RegistryAgent> a(new RegistryAgent(options, engine, *channel));
+  registry::GrpcRegistryClientOptions ro;
+  ro.timeout_ms = 2000;
+  ro.resync_timeout_ms = 5000;  // a resync carries everything the worker holds
+  return Start(options, engine, registry::NewGrpcRegistryClient(*channel, ro));
+}
+
+std::unique_ptr<RegistryAgent> RegistryAgent::Start(
+    const AgentOptions& options, engine::Engine* engine,
+    std::unique_ptr<registry::RegistryClient> client) {
+  std::unique_ptr<RegistryAgent> a(new RegistryAgent(options, engine, std::move(client)));
   a->thread_ = std::thread([p = a.get()] { p->Run(); });
   return a;
 }
 
 RegistryAgent::RegistryAgent(const AgentOptions& options, engine::Engine* engine,
-                             std::shared_ptr<grpc::Channel> channel)
-    : options_(options), engine_(engine), stub_(cascade::v1::ChunkRegistry::NewStub(channel)) {}
+                             std::unique_ptr<registry::RegistryClient> client)
+    : options_(options), engine_(engine), client_(std::move(client)) {}
 
 RegistryAgent::~RegistryAgent() { Stop(); }
 
 void RegistryAgent::OnStep() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     wake_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 bool RegistryAgent::registered() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return registered_;
+}
+
+void RegistryAgent::SetRegistered(bool registered) {
+  MutexLock lock(&mu_);
+  registered_ = registered;
 }
 
 void RegistryAgent::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void RegistryAgent::Deregister() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (left_) return;
     left_ = true;
   }
   Stop();
-  grpc::ClientContext ctx;
-  WithDeadline(&ctx, 1000);
-  cascade::v1::DeregisterWorkerRequest req;
-  req.set_worker_id(options_.worker_id);
-  cascade::v1::DeregisterWorkerResponse resp;
-  grpc::Status s = stub_->DeregisterWorker(&ctx, req, &resp);
+  absl::Status s = client_->Deregister(options_.worker_id);
   common::LogInfo("registry_deregister", {{"worker_id", options_.worker_id}, {"ok", s.ok()}});
 }
 
 bool RegistryAgent::Register() {
-  grpc::ClientContext ctx;
-  WithDeadline(&ctx, 2000);
-  cascade::v1::RegisterWorkerRequest req;
-  req.set_worker_id(options_.worker_id);
-  req.set_address(options_.address);
-  req.set_model(options_.model);
-  req.set_kv_capacity_blocks(engine_->Stats().total_blocks);
-  req.set_block_size(options_.block_size);
-  req.set_max_context(options_.max_context);
-  req.set_vocab_size(options_.vocab_size);
-  cascade::v1::RegisterWorkerResponse resp;
-  grpc::Status s = stub_->RegisterWorker(&ctx, req, &resp);
-  if (!s.ok()) {
+  registry::WorkerInfo info;
+  info.worker_id = options_.worker_id;
+  info.address = options_.address;
+  info.model = options_.model;
+  info.kv_capacity_blocks = engine_->Stats().total_blocks;
+  info.block_size = options_.block_size;
+  info.max_context = options_.max_context;
+  info.vocab_size = options_.vocab_size;
+  absl::StatusOr<registry::RegisterResult> r = client_->RegisterWorker(info);
+  if (!r.ok()) {
     // Log the first failure and then every 30th, so a registry outage does not flood the log.
     if (failures_++ % 30 == 0) {
       common::LogWarn("registry_unreachable", {{"address", options_.registry_address},
-                                              {"error", s.error_message()},
-                                              {"hint", "the worker keeps serving; retrying"}});
+                                               {"error", std::string(r.status().message())},
+                                               {"hint", "the worker keeps serving; retrying"}});
     }
     return false;
   }
   failures_ = 0;
-  epoch_ = resp.registry_epoch();
+  epoch_ = r->registry_epoch;
   needs_resync_ = true;
   common::LogInfo("registry_registered", {{"worker_id", options_.worker_id}, {"epoch", epoch_}});
-  std::lock_guard<std::mutex> lock(mu_);
-  registered_ = true;
+  SetRegistered(true);
   return true;
 }
 
 bool RegistryAgent::Resync() {
   engine_->TakeChunkEvents();  // the snapshot below covers them
-  cascade::v1::ResyncRequest req;
-  req.set_worker_id(options_.worker_id);
-  for (const engine::ChunkEvent& e : engine_->HeldChunks()) ToProto(e, req.add_chunks());
-  req.set_seq(next_seq_ - 1);
-  grpc::ClientContext ctx;
-  WithDeadline(&ctx, 5000);
-  cascade::v1::ResyncResponse resp;
-  grpc::Status s = stub_->Resync(&ctx, req, &resp);
-  if (!s.ok()) return false;
+  std::vector<registry::HeldChunk> held;
+  for (const engine::ChunkEvent& e : engine_->HeldChunks()) held.push_back(ToHeld(e));
+  if (!client_->Resync(options_.worker_id, held, next_seq_ - 1).ok()) return false;
   needs_resync_ = false;
   return true;
 }
@@ -134,68 +133,49 @@ void RegistryAgent::Heartbeat() {
   engine::EngineStats st = engine_->Stats();
   sent_running_ = st.running;
   sent_waiting_ = st.waiting;
-  cascade::v1::HeartbeatRequest req;
-  req.set_worker_id(options_.worker_id);
-  auto* load = req.mutable_load();
-  load->set_running(st.running);
-  load->set_waiting(st.waiting);
-  load->set_free_kv_blocks(st.free_blocks);
-  load->set_total_kv_blocks(st.total_blocks);
-  grpc::ClientContext ctx;
-  WithDeadline(&ctx, 2000);
-  cascade::v1::HeartbeatResponse resp;
-  grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
-  if (!s.ok() || resp.registry_epoch() != epoch_) {
+  registry::WorkerLoad load;
+  load.running = st.running;
+  load.waiting = st.waiting;
+  load.free_kv_blocks = st.free_blocks;
+  load.total_kv_blocks = st.total_blocks;
+  absl::StatusOr<registry::HeartbeatResult> r = client_->Heartbeat(options_.worker_id, load);
+  if (!r.ok() || r->registry_epoch != epoch_) {
     // NOT_FOUND (lease expired) or a restarted registry: join again and resync.
-    std::lock_guard<std::mutex> lock(mu_);
-    registered_ = false;
+    SetRegistered(false);
     return;
   }
-  std::vector<hash::Hash128> evict;
-  for (const std::string& h : resp.evict_hashes()) {
-    if (auto x = hash::Hash128::FromHex(h)) evict.push_back(*x);
-  }
-  if (!evict.empty()) engine_->EvictChunks(evict);
+  if (!r->evict_hashes.empty()) engine_->EvictChunks(r->evict_hashes);
   // Pinned chunks are renewed every heartbeat for a few intervals: they stay cached while the
   // registry lists them and lapse soon after it stops (unpin, pin expiry, or registry gone).
-  std::vector<hash::Hash128> pinned;
-  for (const std::string& h : resp.pinned_hashes()) {
-    if (auto x = hash::Hash128::FromHex(h)) pinned.push_back(*x);
+  if (!r->pinned_hashes.empty()) {
+    engine_->PinChunks(r->pinned_hashes, 3 * options_.heartbeat_ms + 1000);
   }
-  if (!pinned.empty()) engine_->PinChunks(pinned, 3 * options_.heartbeat_ms + 1000);
 }
 
 void RegistryAgent::Report() {
   std::vector<engine::ChunkEvent> events = engine_->TakeChunkEvents();
   if (events.empty()) return;
-  cascade::v1::ReportEventsRequest req;
-  req.set_worker_id(options_.worker_id);
-  req.set_seq(next_seq_);
+  std::vector<registry::ChunkEvent> batch;
+  batch.reserve(events.size());
   for (const engine::ChunkEvent& e : events) {
-    auto* ev = req.add_events();
-    ev->set_type(e.stored ? cascade::v1::ChunkEvent::TYPE_STORED
-                          : cascade::v1::ChunkEvent::TYPE_EVICTED);
-    ToProto(e, ev->mutable_chunk());
+    batch.push_back(
+        {e.stored ? registry::ChunkEvent::Type::kStored : registry::ChunkEvent::Type::kEvicted,
+         ToHeld(e)});
   }
-  grpc::ClientContext ctx;
-  WithDeadline(&ctx, 2000);
-  cascade::v1::ReportEventsResponse resp;
-  grpc::Status s = stub_->ReportEvents(&ctx, req, &resp);
+  absl::StatusOr<registry::ReportResult> r =
+      client_->ReportEvents(options_.worker_id, next_seq_, batch);
   ++next_seq_;
   // A failed call may or may not have applied: a resync settles it either way.
-  if (!s.ok() || resp.resync_required()) needs_resync_ = true;
-  if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
-    std::lock_guard<std::mutex> lock(mu_);
-    registered_ = false;
-  }
+  if (!r.ok() || r->resync_required) needs_resync_ = true;
+  if (r.status().code() == absl::StatusCode::kNotFound) SetRegistered(false);
 }
 
 void RegistryAgent::Run() {
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(options_.heartbeat_ms),
-                   [&] { return stop_ || wake_; });
+      MutexLock lock(&mu_);
+      cv_.WaitFor(&mu_, std::chrono::milliseconds(options_.heartbeat_ms),
+                  [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || wake_; });
       if (stop_) return;
       wake_ = false;
     }

@@ -1,20 +1,20 @@
 // Keeps the chunk registry informed about one worker: registers (and re-registers after a
 // registry restart, detected by a new epoch or NOT_FOUND), heartbeats with load, streams chunk
 // stored/evicted events in numbered batches, resyncs everything held when a batch may have been
-// lost, and applies the registry's evict requests. The registry is soft state: while it is
-// unreachable the worker keeps serving and the agent keeps retrying.
+// lost, and applies the registry's evict and pin requests. The registry is soft state: while it
+// is unreachable the worker keeps serving and the agent keeps retrying. It talks through a
+// registry::RegistryClient, so tests drive it against an in-process registry.
 #pragma once
 
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "cascade/v1/registry.grpc.pb.h"
-#include "gpu_worker/engine/engine.h"
+#include "cache_service/client/registry_client.h"
+#include "common/mutex.h"
 #include "common/transport.h"
+#include "gpu_worker/engine/engine.h"
 
 namespace cascade::worker {
 
@@ -26,16 +26,20 @@ struct AgentOptions {
   int64_t max_context = 0;
   int32_t vocab_size = 0;
   int64_t heartbeat_ms = 1000;
-  std::string registry_address;
-  common::ClientTlsOptions tls;
+  std::string registry_address;  // for Start(options, engine) and the logs
+  common::ClientTlsOptions tls;  // for Start(options, engine)
 };
 
 // Thread-safe. Owns one background thread.
 class RegistryAgent {
  public:
-  // Starts the background thread; an unreachable registry is not an error (it retries).
+  // Dials options.registry_address (gRPC, TLS per options.tls) and starts the background thread;
+  // an unreachable registry is not an error (it retries).
   static absl::StatusOr<std::unique_ptr<RegistryAgent>> Start(const AgentOptions& options,
                                                               engine::Engine* engine);
+  // Starts the background thread over `client`. `engine` is not owned and must outlive the agent.
+  static std::unique_ptr<RegistryAgent> Start(const AgentOptions& options, engine::Engine* engine,
+                                              std::unique_ptr<registry::RegistryClient> client);
   ~RegistryAgent();
 
   // Wakes the thread to forward new chunk events (called after engine steps).
@@ -48,23 +52,25 @@ class RegistryAgent {
 
  private:
   RegistryAgent(const AgentOptions& options, engine::Engine* engine,
-                std::shared_ptr<grpc::Channel> channel);
+                std::unique_ptr<registry::RegistryClient> client);
   void Run();
   bool Register();
   bool Resync();
   void Heartbeat();
   void Report();
+  void SetRegistered(bool registered);
 
+  // Set at construction.
   const AgentOptions options_;
   engine::Engine* const engine_;
-  std::unique_ptr<cascade::v1::ChunkRegistry::Stub> stub_;
+  const std::unique_ptr<registry::RegistryClient> client_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;         // guarded by mu_
-  bool wake_ = false;         // guarded by mu_
-  bool registered_ = false;   // guarded by mu_
-  bool left_ = false;         // guarded by mu_; Deregister() ran
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  bool left_ ABSL_GUARDED_BY(mu_) = false;  // Deregister() ran
 
   // Owned by the agent thread.
   std::string epoch_;

@@ -7,13 +7,13 @@
 
 #include <deque>
 #include <memory>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "common/chunk_hash.h"
 #include "gpu_worker/engine/sampling_wire.h"
 #include "common/bounded_text.h"
 #include "common/grpc_status.h"
+#include "common/mutex.h"
 
 namespace cascade::worker {
 namespace {
@@ -32,8 +32,28 @@ void ToProto(const engine::LogprobEntry& e, cascade::v1::LogprobEntry* p) {
   }
 }
 
+// engine::FinishReason mirrors cascade.v1.FinishReason value for value, so the cast is exact.
+constexpr bool SameValue(engine::FinishReason e, cascade::v1::FinishReason p) {
+  return static_cast<int>(e) == static_cast<int>(p);
+}
+static_assert(SameValue(engine::FinishReason::kNone, cascade::v1::FINISH_REASON_UNSPECIFIED));
+static_assert(SameValue(engine::FinishReason::kStop, cascade::v1::FINISH_REASON_STOP));
+static_assert(SameValue(engine::FinishReason::kLength, cascade::v1::FINISH_REASON_LENGTH));
+static_assert(SameValue(engine::FinishReason::kStopString, cascade::v1::FINISH_REASON_STOP_STRING));
+static_assert(SameValue(engine::FinishReason::kCancelled, cascade::v1::FINISH_REASON_CANCELLED));
+static_assert(SameValue(engine::FinishReason::kError, cascade::v1::FINISH_REASON_ERROR));
+
 cascade::v1::FinishReason ToProto(engine::FinishReason r) {
   return static_cast<cascade::v1::FinishReason>(static_cast<int>(r));
+}
+
+// The status a sequence's stream ends with: the engine's own for a sequence it ended early
+// (kError, or kCancelled by a shutdown), OK for one that finished (its Finish message says how).
+absl::Status FinalStatus(const engine::SequenceOutput& o) {
+  if (o.finish_reason == engine::FinishReason::kError && o.status.ok()) {
+    return absl::InternalError("the engine ended the sequence with an error");
+  }
+  return o.status;
 }
 
 class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> {
@@ -47,7 +67,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
       Finish(ToGrpc(req.status()));
       return;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // The sink keeps the reactor alive through `self_` until the final output is queued.
     auto id = loop_->Submit(std::move(*req), [this](const engine::SequenceOutput& o) { OnOutput(o); });
     if (!id.ok()) {
@@ -63,7 +83,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
   void OnCancel() override {
     uint64_t id = 0;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       cancelled_ = true;
       if (!submitted_ || finished_) return;
       id = seq_id_;
@@ -72,7 +92,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     writing_ = false;
     if (!ok) {
       // The client is gone; the sequence is cancelled through OnCancel. Finish once the engine
@@ -86,7 +106,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
   void OnDone() override {
     bool release;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       done_ = true;
       release = !submitted_ || finished_;
     }
@@ -98,7 +118,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
   void OnOutput(const engine::SequenceOutput& o) {
     bool del = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (o.started) {
         WorkerGenerateResponse m;
         auto* s = m.mutable_start();
@@ -124,13 +144,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
       }
       if (o.finished) {
         finished_ = true;
-        if (o.finish_reason == engine::FinishReason::kError) {
-          pending_status_ = grpc::Status(grpc::StatusCode::INTERNAL, o.error);
-          if (o.error.rfind("RESOURCE_EXHAUSTED", 0) == 0) {
-            pending_status_ = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, o.error);
-          }
-        } else if (o.finish_reason == engine::FinishReason::kCancelled && !o.error.empty()) {
-          pending_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, o.error);
+        if (absl::Status st = FinalStatus(o); !st.ok()) {
+          pending_status_ = ToGrpc(st);
         } else {
           WorkerGenerateResponse m;
           auto* f = m.mutable_finish();
@@ -148,7 +163,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
     if (del) delete this;
   }
 
-  void MaybeWriteLocked() {
+  void MaybeWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (writing_ || done_ || finish_called_) return;
     if (!queue_.empty() && !broken_ && !cancelled_) {
       current_ = std::move(queue_.front());
@@ -163,20 +178,22 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
     }
   }
 
+  // Set at construction.
   const std::string worker_id_;
   engine::EngineLoop* const loop_;
-  std::mutex mu_;
-  std::deque<WorkerGenerateResponse> queue_;
-  WorkerGenerateResponse current_;
-  grpc::Status pending_status_ = grpc::Status::OK;
-  uint64_t seq_id_ = 0;
-  bool submitted_ = false;
-  bool writing_ = false;
-  bool finished_ = false;       // the engine sent its final output
-  bool finish_called_ = false;  // Finish() called on the RPC
-  bool cancelled_ = false;
-  bool broken_ = false;
-  bool done_ = false;           // OnDone ran
+
+  Mutex mu_;
+  std::deque<WorkerGenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
+  WorkerGenerateResponse current_ ABSL_GUARDED_BY(mu_);  // the message being written
+  grpc::Status pending_status_ ABSL_GUARDED_BY(mu_) = grpc::Status::OK;
+  uint64_t seq_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool submitted_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;       // the engine sent its final output
+  bool finish_called_ ABSL_GUARDED_BY(mu_) = false;  // Finish() called on the RPC
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;           // OnDone ran
 };
 
 }  // namespace

@@ -1,38 +1,40 @@
 // The engine thread: outputs reach the right sink in order, cancel ends a stream with
-// kCancelled, and stopping the loop ends every open stream (no caller waits forever).
+// kCancelled, and stopping the loop ends every open stream (no caller waits forever) with
+// UNAVAILABLE.
 #include "gpu_worker/engine/engine_loop.h"
 
 #include <gtest/gtest.h>
 
-#include <condition_variable>
-#include <mutex>
-
+#include "common/mutex.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/engine/trace_backend.h"
 
 namespace cascade::engine::testing {
 namespace {
 
+// The fields are read by the test thread after Wait() returned true.
 struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
+  Mutex mu;
+  CondVar cv;
   std::vector<int32_t> tokens;
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
+  absl::Status status;
   OutputSink Sink() {
     return [this](const SequenceOutput& o) {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       tokens.insert(tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
       if (o.finished) {
         finished = true;
         reason = o.finish_reason;
-        cv.notify_all();
+        status = o.status;
+        cv.SignalAll();
       }
     };
   }
   bool Wait(int ms = 5000) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, std::chrono::milliseconds(ms), [&] { return finished; });
+    MutexLock lock(&mu);
+    return cv.WaitFor(&mu, std::chrono::milliseconds(ms), [&] { return finished; });
   }
 };
 
@@ -67,6 +69,7 @@ TEST(EngineLoopTest, CancelEndsTheStream) {
   loop->Cancel(*id);
   ASSERT_TRUE(c.Wait());
   EXPECT_EQ(c.reason, FinishReason::kCancelled);
+  EXPECT_TRUE(c.status.ok()) << "a client's cancel is not an error: " << c.status;
 }
 
 TEST(EngineLoopTest, StopEndsOpenStreams) {
@@ -77,6 +80,7 @@ TEST(EngineLoopTest, StopEndsOpenStreams) {
   loop->Stop();
   ASSERT_TRUE(c.Wait(100));
   EXPECT_EQ(c.reason, FinishReason::kCancelled);
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kUnavailable) << c.status;
 }
 
 TEST(EngineLoopTest, BadRequestIsRejectedWithoutASink) {

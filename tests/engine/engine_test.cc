@@ -379,6 +379,71 @@ TEST(EngineTest, RegistryPinsKeepAHeldChunkUntilTheyLapse) {
   EXPECT_EQ(RunOne(*e, held).cached_tokens, 0);
 }
 
+TEST(EngineTest, KvHeldByPinsEndsTheQueueHeadResourceExhausted) {
+  auto e = MakeEngine(8);
+  Request pinned;  // 57 tokens: seven full blocks stay pinned, one block is left
+  pinned.chunks = {ChunkInput{1, std::vector<int32_t>(57, 3), ""}};
+  pinned.sampling.max_tokens = 1;
+  pinned.pin_ttl_ms = 60000;
+  ASSERT_TRUE(RunOne(*e, pinned).status.ok());
+  Request next;  // needs three blocks; fits the cache but not what the pins leave
+  next.chunks = {ChunkInput{1, std::vector<int32_t>(20, 5), ""}};
+  next.sampling.max_tokens = 1;
+  Result r = RunOne(*e, next);
+  EXPECT_EQ(r.finish, FinishReason::kError);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kResourceExhausted) << r.status;
+  EXPECT_THAT(r.status.message(), ::testing::HasSubstr("held by pinned chunks"));
+}
+
+// Fails every Forward with `fault` while it is not OK, else runs the trace backend.
+class FaultyBackend final : public Backend {
+ public:
+  explicit FaultyBackend(absl::Status* fault) : fault_(fault) {}
+  std::string Name() const override { return "faulty"; }
+  int64_t NumBlocks() const override { return inner_.NumBlocks(); }
+  int BlockSize() const override { return inner_.BlockSize(); }
+  int VocabSize() const override { return inner_.VocabSize(); }
+  absl::Status Forward(const ForwardBatch& b, std::vector<float>* logits) override {
+    if (!fault_->ok()) return *fault_;
+    return inner_.Forward(b, logits);
+  }
+
+ private:
+  absl::Status* const fault_;
+  TraceBackend inner_{64, kBlock, kVocab};
+};
+
+TEST(EngineTest, BackendFailureEndsTheStepsSequencesWithAStatusAndTheEngineGoesOn) {
+  absl::Status fault;
+  EngineOptions o;
+  o.model_name = "faulty";
+  auto e = NewEngine(o, std::make_unique<FaultyBackend>(&fault));
+  Request r;
+  r.chunks = {ChunkInput{1, {1, 2, 3}, ""}};
+  r.sampling.max_tokens = 2;
+
+  fault = absl::InvalidArgumentError("ForwardBatch: slot_mapping[0] is wrong");
+  std::vector<Result> failed = RunAll(*e, {r, r});
+  for (const Result& f : failed) {
+    EXPECT_EQ(f.finish, FinishReason::kError);
+    // A bad batch is the worker's fault, not the client's: INTERNAL, with the backend's words.
+    EXPECT_EQ(f.status.code(), absl::StatusCode::kInternal) << f.status;
+    EXPECT_THAT(f.status.message(), ::testing::HasSubstr("slot_mapping[0] is wrong"));
+  }
+  fault = absl::ResourceExhaustedError("out of device memory");
+  Result oom = RunOne(*e, r);
+  EXPECT_EQ(oom.status.code(), absl::StatusCode::kResourceExhausted) << oom.status;
+  EXPECT_EQ(oom.status.message(), "out of device memory");
+
+  fault = absl::OkStatus();
+  Result ok = RunOne(*e, r);
+  EXPECT_TRUE(ok.status.ok()) << ok.status;
+  EXPECT_EQ(ok.finish, FinishReason::kLength);
+  EXPECT_EQ(ok.tokens.size(), 2u);
+  EXPECT_EQ(e->Stats().running + e->Stats().waiting, 0);
+  EXPECT_EQ(e->Stats().used_blocks, 0) << "the failed sequences' blocks were not freed";
+}
+
 TEST(EngineTest, CacheSaltIsolatesTenants) {
   Request a;
   a.chunks = {ChunkInput{1, std::vector<int32_t>(20, 3), ""}};

@@ -20,7 +20,7 @@ struct Result {
   int64_t cached_tokens = -1;
   int64_t prompt_tokens = -1;
   std::vector<ChunkPlacement> chunks;
-  std::string error;
+  absl::Status status;  // the final output's
 };
 
 // Adds every request, steps until all finish (bounded), returns results in request order.
@@ -50,7 +50,7 @@ inline std::vector<Result> RunAll(Engine& engine, const std::vector<Request>& re
       if (o.finished) {
         r.finish = o.finish_reason;
         r.stop_token_id = o.stop_token_id;
-        r.error = o.error;
+        r.status = o.status;
         ++done;
       }
     }

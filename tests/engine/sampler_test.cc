@@ -8,6 +8,10 @@
 
 #include <cmath>
 #include <map>
+#include <functional>
+#include <random>
+
+#include "gpu_worker/engine/backend.h"
 
 namespace cascade::engine {
 namespace {
@@ -136,6 +140,67 @@ TEST(SamplerTest, LogprobsComeFromRawLogits) {
   double z = 0;
   for (float v : Logits()) z += std::exp(v);
   EXPECT_NEAR(r.logprobs.sampled.logprob, 3.0 - std::log(z), 1e-5);
+}
+
+TEST(SamplerTest, SampleableOnDeviceOnlyForGreedyOrPlainTemperatureWithNothingElse) {
+  SamplingParams p;
+  EXPECT_TRUE(SampleableOnDevice(p)) << "greedy";
+  p.top_k = 5;
+  p.top_p = 0.5f;
+  p.min_p = 0.2f;
+  EXPECT_TRUE(SampleableOnDevice(p)) << "greedy ignores truncation";
+  p = {};
+  p.temperature = 0.7f;
+  EXPECT_TRUE(SampleableOnDevice(p)) << "plain temperature";
+  p.top_k = -1;
+  EXPECT_TRUE(SampleableOnDevice(p)) << "top_k -1 is disabled";
+  for (auto change : std::vector<std::function<void(SamplingParams&)>>{
+           [](SamplingParams& q) { q.top_k = 3; },
+           [](SamplingParams& q) { q.top_p = 0.9f; },
+           [](SamplingParams& q) { q.min_p = 0.1f; }}) {
+    SamplingParams q = p;
+    change(q);
+    EXPECT_FALSE(DrawsByRowRule(q));
+    EXPECT_FALSE(SampleableOnDevice(q));
+  }
+  for (float t : {0.0f, 0.7f}) {
+    SamplingParams q;
+    q.temperature = t;
+    q.repetition_penalty = 1.1f;
+    EXPECT_TRUE(DrawsByRowRule(q));
+    EXPECT_FALSE(SampleableOnDevice(q)) << "the penalty needs the history, on the host";
+    q = {};
+    q.temperature = t;
+    q.logprobs = 2;
+    EXPECT_FALSE(SampleableOnDevice(q)) << "logprobs need the whole row";
+  }
+}
+
+// The property the predicate exists for: a row the backend samples (SampleRow, the device's rule)
+// gets exactly the token the host sampler would draw for it.
+TEST(SamplerTest, DeviceSampleableRowsDrawTheHostSamplersToken) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> logit(0.0f, 2.0f);
+  int checked = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> row(64);
+    for (float& v : row) v = logit(rng);
+    if (trial % 7 == 0) row[trial % 64] = row[(trial + 1) % 64];  // ties
+    SamplingParams p;
+    p.temperature = trial % 3 == 0 ? 0.0f : 0.2f + 0.01f * static_cast<float>(trial % 150);
+    if (trial % 5 == 1) p.top_k = -1;
+    ASSERT_TRUE(SampleableOnDevice(p));
+    const uint64_t seed = 77 + trial;
+    const int64_t position = 10 + trial;
+    std::vector<float> scratch = row;
+    const int32_t host = Sample(scratch, p, seed, position, {}).token_id;
+    const int32_t device =
+        SampleRow(row.data(), static_cast<int>(row.size()),
+                  RowSample{true, p.temperature, seed, position});
+    EXPECT_EQ(host, device) << "trial " << trial;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 200);
 }
 
 }  // namespace

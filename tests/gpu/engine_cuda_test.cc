@@ -147,7 +147,7 @@ engine::Request Salted(engine::Request r, const std::string& salt) {
 
 // Bitwise: the logits vectors compare with ==, element by element (no NaN in valid logits).
 void ExpectSame(const Result& want, const Result& got, const std::string& what) {
-  EXPECT_TRUE(got.error.empty()) << what << ": " << got.error;
+  EXPECT_TRUE(got.status.ok()) << what << ": " << got.status;
   EXPECT_EQ(want.tokens, got.tokens) << what;
   ASSERT_EQ(want.logits.size(), got.logits.size()) << what;
   for (size_t i = 0; i < want.logits.size(); ++i) {
@@ -176,7 +176,7 @@ TEST_F(EngineCudaTest, CachedEqualsColdForRandomChunkedPromptsBitwise) {
     }
     const std::string tag = "t" + std::to_string(trial);
     Result cold = RunOne(e, Salted(req, tag + "-cold"));
-    ASSERT_TRUE(cold.error.empty()) << cold.error;
+    ASSERT_TRUE(cold.status.ok()) << cold.status;
     EXPECT_EQ(cold.cached_tokens, 0);
     ASSERT_EQ(cold.logits.size(), 8u);
     for (size_t k = 1; k <= req.chunks.size(); ++k) {

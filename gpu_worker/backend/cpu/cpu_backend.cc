@@ -10,7 +10,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "gpu_worker/backend/cpu/batch_check.h"
 #include "gpu_worker/backend/cpu/kernels.h"
 #include "gpu_worker/backend/cpu/thread_pool.h"
 
@@ -158,8 +157,10 @@ class CpuBackend final : public engine::Backend {
 };
 
 absl::Status CpuBackend::Forward(const ForwardBatch& b, std::vector<float>* logits) {
-  if (absl::Status s =
-          CheckForwardBatch(b, config_.vocab_size, options_.num_blocks, options_.block_size);
+  if (absl::Status s = engine::ValidateForwardBatch(
+          b, {.vocab_size = config_.vocab_size,
+              .num_blocks = options_.num_blocks,
+              .block_size = options_.block_size});
       !s.ok()) {
     return s;
   }

@@ -14,10 +14,10 @@ ThreadPool::ThreadPool(int num_threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  work_cv_.notify_all();
+  work_cv_.SignalAll();
   for (std::thread& t : workers_) t.join();
 }
 
@@ -33,15 +33,17 @@ void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      MutexLock lock(&mu_);
+      work_cv_.Wait(&mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || generation_ != seen;
+      });
       if (stop_) return;
       seen = generation_;
       if (index >= parts_) continue;  // not needed for this job
     }
     RunPart(index);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (--pending_ == 0) done_cv_.notify_one();
+    MutexLock lock(&mu_);
+    if (--pending_ == 0) done_cv_.Signal();
   }
 }
 
@@ -56,7 +58,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     fn_ = &fn;
     n_ = n;
     grain_ = grain;
@@ -64,10 +66,10 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     pending_ = parts - 1;
     ++generation_;
   }
-  work_cv_.notify_all();
+  work_cv_.SignalAll();
   RunPart(0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  MutexLock lock(&mu_);
+  done_cv_.Wait(&mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; });
 }
 
 }  // namespace cascade::cpu

@@ -3,12 +3,12 @@
 // output columns), never a reduction, so results do not depend on the number of threads.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace cascade::cpu {
 
@@ -33,17 +33,19 @@ class ThreadPool {
 
   std::vector<std::thread> workers_;  // set at construction
 
-  std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  // Guarded by mu_: the job of the current generation.
+  Mutex mu_;
+  CondVar work_cv_;
+  CondVar done_cv_;
+  // The job of the current generation. A worker reads fn_, n_, grain_ and parts_ in RunPart
+  // without mu_: they are written before the generation's signal and stay put until every part
+  // is done (pending_ == 0).
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
   int64_t grain_ = 1;
   int parts_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace cascade::cpu

@@ -322,42 +322,10 @@ absl::Status CudaBackend::Init(const model::Model& m) {
 }
 
 absl::Status CudaBackend::Check(const engine::ForwardBatch& b) const {
-  const int n = b.num_tokens(), s = b.num_seqs();
-  auto bad = [](const std::string& m) { return absl::InvalidArgumentError("cuda backend: " + m); };
-  if (n > o_.max_num_tokens) {
-    return bad(absl::StrCat(n, " tokens exceed max_num_tokens ", o_.max_num_tokens));
-  }
-  if (static_cast<int>(b.positions.size()) != n || static_cast<int>(b.slot_mapping.size()) != n ||
-      static_cast<int>(b.query_start.size()) != s + 1 ||
-      static_cast<int>(b.block_table_start.size()) != s + 1) {
-    return bad("batch vectors have inconsistent sizes");
-  }
-  for (int i = 0; i < s; ++i) {
-    if (b.query_start[i + 1] < b.query_start[i] ||
-        b.block_table_start[i + 1] < b.block_table_start[i]) {
-      return bad("offsets must be non-decreasing");
-    }
-  }
-  if (b.block_table_start[0] != 0 ||
-      b.block_table_start[s] != static_cast<int32_t>(b.block_ids.size())) {
-    return bad("block_table_start does not cover block_ids");
-  }
-  for (int32_t id : b.token_ids) {
-    if (id < 0 || id >= c_.vocab_size) return bad(absl::StrCat("token id ", id, " out of range"));
-  }
-  for (int32_t blk : b.block_ids) {
-    if (blk < 0 || blk >= num_blocks_) return bad(absl::StrCat("block id ", blk, " out of range"));
-  }
-  for (int32_t slot : b.slot_mapping) {
-    if (slot >= num_blocks_ * o_.block_size) return bad(absl::StrCat("slot ", slot, " out of range"));
-  }
-  for (size_t i = 0; i < b.logits_rows.size(); ++i) {
-    if (b.logits_rows[i] < 0 || b.logits_rows[i] >= n ||
-        (i > 0 && b.logits_rows[i] <= b.logits_rows[i - 1])) {
-      return bad("logits_rows must be ascending rows of the batch");
-    }
-  }
-  return absl::OkStatus();
+  return engine::ValidateForwardBatch(b, {.vocab_size = c_.vocab_size,
+                                          .num_blocks = num_blocks_,
+                                          .block_size = o_.block_size,
+                                          .max_num_tokens = o_.max_num_tokens});
 }
 
 absl::Status CudaBackend::EnsureCapacity(DeviceBuffer* buf, size_t bytes) {
