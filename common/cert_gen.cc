@@ -2,14 +2,6 @@
 #include "common/cert_gen.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <memory>
-
 #include <openssl/bio.h>
 #include <openssl/bn.h>
 #include <openssl/err.h>
@@ -18,6 +10,13 @@
 #include <openssl/rand.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <memory>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -92,10 +91,9 @@ absl::StatusOr<Owned<X509>> NewCert(EVP_PKEY* key, std::string_view cn, absl::Du
     return SslError("serial number");
   }
   if (X509_gmtime_adj(X509_getm_notBefore(cert.get()), -3600) == nullptr ||
-      X509_time_adj_ex(X509_getm_notAfter(cert.get()),
-                       static_cast<int>(absl::ToInt64Hours(validity) / 24),
-                       static_cast<long>(absl::ToInt64Seconds(validity) % 86400),
-                       nullptr) == nullptr) {
+      X509_time_adj_ex(
+          X509_getm_notAfter(cert.get()), static_cast<int>(absl::ToInt64Hours(validity) / 24),
+          static_cast<long>(absl::ToInt64Seconds(validity) % 86400), nullptr) == nullptr) {
     return SslError("validity");
   }
   X509_NAME* name = X509_get_subject_name(cert.get());
@@ -118,8 +116,8 @@ absl::StatusOr<Owned<EVP_PKEY>> NewKey() {
 absl::Status WriteFile(const std::string& path, const std::string& data, mode_t mode) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot write ", path, ": ",
-                                                    std::strerror(errno)));
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
   }
   ::fchmod(fd, mode);  // O_CREAT's mode does not apply to a file that was already there
   size_t done = 0;
@@ -158,8 +156,7 @@ absl::StatusOr<CertAndKey> IssueWorker(const CertAndKey& ca, const std::string& 
 
 }  // namespace
 
-absl::StatusOr<CertAndKey> NewCertAuthority(std::string_view common_name,
-                                            absl::Duration validity) {
+absl::StatusOr<CertAndKey> NewCertAuthority(std::string_view common_name, absl::Duration validity) {
   absl::StatusOr<Owned<EVP_PKEY>> key = NewKey();
   if (!key.ok()) return key.status();
   absl::StatusOr<Owned<X509>> cert = NewCert(key->get(), common_name, validity);
@@ -238,8 +235,8 @@ std::string StackCertPaths::worker_key(std::string_view worker_id) const {
 absl::Status ValidateWorkerIdForCert(std::string_view id) {
   bool ok = !id.empty() && id.size() <= 128 && id != "." && id != "..";
   for (char c : id) {
-    ok = ok && (absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
-                c == '-');
+    ok = ok &&
+         (absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
   }
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -270,9 +267,9 @@ absl::StatusOr<StackCertPaths> WriteStackCerts(const std::string& dir,
     Role role;
     bool server;
   };
-  for (const RoleCert& r : {RoleCert{"registry", Role::kRegistry, true},
-                            RoleCert{"gateway", Role::kGateway, false},
-                            RoleCert{"admin", Role::kAdmin, false}}) {
+  for (const RoleCert& r :
+       {RoleCert{"registry", Role::kRegistry, true}, RoleCert{"gateway", Role::kGateway, false},
+        RoleCert{"admin", Role::kAdmin, false}}) {
     CertRequest req;
     req.common_name = absl::StrCat("cascade ", r.name);
     req.uris = {IdentityUri(r.role)};

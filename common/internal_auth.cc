@@ -5,16 +5,16 @@
 // handshake still proves the client holds the certificate's key.
 #include "common/internal_auth.h"
 
-#include <ctime>
-#include <utility>
-#include <vector>
-
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
 #include <openssl/x509v3.h>
+
+#include <ctime>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -58,8 +58,8 @@ std::vector<Owned<X509>> ParsePemBundle(std::string_view pem) {
 }
 
 absl::StatusOr<PeerIdentity> IdentityOf(X509* cert) {
-  Owned<GENERAL_NAMES> names(static_cast<GENERAL_NAMES*>(
-      X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr)));
+  Owned<GENERAL_NAMES> names(
+      static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr)));
   std::string seen;
   for (int i = 0; names != nullptr && i < sk_GENERAL_NAME_num(names.get()); ++i) {
     const GENERAL_NAME* n = sk_GENERAL_NAME_value(names.get(), i);
@@ -122,9 +122,9 @@ class CertVerifier {
     if (X509_verify_cert(ctx.get()) != 1) {
       const int err = X509_STORE_CTX_get_error(ctx.get());
       ERR_clear_error();
-      return absl::UnauthenticatedError(absl::StrCat(
-          "the client certificate is not valid for the cluster CA (--internal_ca): ",
-          X509_verify_cert_error_string(err)));
+      return absl::UnauthenticatedError(
+          absl::StrCat("the client certificate is not valid for the cluster CA (--internal_ca): ",
+                       X509_verify_cert_error_string(err)));
     }
     absl::StatusOr<PeerIdentity> id = IdentityOf(leaf.get());
     if (!id.ok()) return absl::UnauthenticatedError(id.status().message());
@@ -173,14 +173,15 @@ class InternalAuthProcessor final : public grpc::AuthMetadataProcessor {
   // Verification is CPU work of microseconds (cached per certificate): run it inline.
   bool IsBlocking() const override { return false; }
 
-  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
-                       OutputMetadata*, OutputMetadata*) override {
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context, OutputMetadata*,
+                       OutputMetadata*) override {
     auto path = metadata.find(":path");
     if (path == metadata.end()) {
       return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "the call names no method");
     }
     const std::string_view method(path->second.data(), path->second.size());
-    std::vector<grpc::string_ref> leaf = context->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
+    std::vector<grpc::string_ref> leaf =
+        context->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
     if (leaf.empty()) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                           "internal RPCs need a client certificate from the cluster CA "
@@ -302,8 +303,8 @@ absl::StatusOr<PeerIdentity> CheckOwnIdentity(const InternalAuthOptions& o, Role
   if (!pem.ok()) return pem.status();
   absl::StatusOr<PeerIdentity> id = IdentityOfCertificate(*pem);
   if (!id.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--internal_cert ", o.cert_file, ": ",
-                                                   id.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--internal_cert ", o.cert_file, ": ", id.status().message()));
   }
   if (id->role != role) {
     return absl::InvalidArgumentError(absl::StrCat("--internal_cert ", o.cert_file, " names ",
@@ -364,8 +365,7 @@ std::optional<PeerIdentity> CallerIdentity(const grpc::ServerContextBase& contex
 grpc::Status CheckWorkerIdentity(const grpc::ServerContextBase& context,
                                  std::string_view worker_id) {
   std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-  if (auth == nullptr ||
-      auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME).empty()) {
+  if (auth == nullptr || auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME).empty()) {
     return grpc::Status::OK;  // an insecure server: no identities (the processor ran otherwise)
   }
   std::optional<PeerIdentity> caller = CallerIdentity(context);

@@ -10,14 +10,14 @@
 // `--insecure_internal` turns all of it off: plaintext, no identities, no roles.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -34,7 +34,7 @@ inline constexpr char kWorkerServerName[] = "worker.cascade.internal";
 
 struct PeerIdentity {
   Role role = Role::kGateway;
-  std::string worker_id;  // kWorker only
+  std::string worker_id;         // kWorker only
   std::string ToString() const;  // the URI, e.g. cascade://worker/w0
 };
 

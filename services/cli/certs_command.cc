@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/cert_gen.h"
 #include "services/cli/cli.h"
 #include "services/cli/command_util.h"
-#include "common/cert_gen.h"
 
 namespace cascade::cli {
 
@@ -35,7 +35,8 @@ int RunCertsCommand(const std::vector<std::string>& args, std::ostream& out, std
   flags.AddBool("write_auth_token", &write_auth_token,
                 "also write auth-token: a random bearer token for the gateway's --auth_token_file");
   flags.AddString("ca_key", &ca_key, "with --add_worker: the CA key matching <out>/ca.crt");
-  flags.AddString("add_worker", &add_worker, "issue only this worker's certificate (needs --ca_key)");
+  flags.AddString("add_worker", &add_worker,
+                  "issue only this worker's certificate (needs --ca_key)");
   if (std::optional<int> code = ParseCommandFlags(flags, args, out, err)) return *code;
   if (out_dir.empty() || workers < 0 || workers > 4096 || validity < absl::Hours(1)) {
     err << "cascade certs: need --out, --workers in [0, 4096] and --validity >= 1h\n";

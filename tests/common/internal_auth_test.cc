@@ -4,15 +4,14 @@
 // tests/integration/internal_auth_test.cc.
 #include "common/internal_auth.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <string>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "common/cert_gen.h"
 #include "common/transport.h"
@@ -71,17 +70,18 @@ TEST_F(CertsTest, OpensslVerifiesEachCertificateAgainstTheCaForItsPurpose) {
 TEST_F(CertsTest, CertificatesNameTheirRoleAndServersTheirDnsName) {
   StackCertPaths p = Paths();
   std::string out;
-  ASSERT_EQ(RunShell("openssl x509 -noout -ext subjectAltName -in " + p.worker_cert("w0"), &out), 0);
+  ASSERT_EQ(RunShell("openssl x509 -noout -ext subjectAltName -in " + p.worker_cert("w0"), &out),
+            0);
   EXPECT_THAT(out, HasSubstr("URI:cascade://worker/w0"));
   EXPECT_THAT(out, HasSubstr("DNS:worker.cascade.internal"));
   out.clear();
   ASSERT_EQ(RunShell("openssl x509 -noout -ext subjectAltName -in " + p.cert("registry"), &out), 0);
   EXPECT_THAT(out, HasSubstr("URI:cascade://registry"));
   EXPECT_THAT(out, HasSubstr("DNS:registry.cascade.internal"));
-  for (auto [file, want] : {std::pair{p.cert("gateway"), "cascade://gateway"},
-                            std::pair{p.cert("admin"), "cascade://admin"},
-                            std::pair{p.worker_cert("cascade-worker-1"),
-                                      "cascade://worker/cascade-worker-1"}}) {
+  for (auto [file, want] :
+       {std::pair{p.cert("gateway"), "cascade://gateway"},
+        std::pair{p.cert("admin"), "cascade://admin"},
+        std::pair{p.worker_cert("cascade-worker-1"), "cascade://worker/cascade-worker-1"}}) {
     auto pem = ReadFileToString(file);
     ASSERT_TRUE(pem.ok());
     auto id = IdentityOfCertificate(*pem);
@@ -105,8 +105,8 @@ TEST_F(CertsTest, KeysAreReadableByTheOwnerOnly) {
 
 TEST_F(CertsTest, CheckOwnIdentityRefusesAnotherRolesCertificate) {
   StackCertPaths p = Paths();
-  InternalAuthOptions gateway{.ca_file = p.ca(), .cert_file = p.cert("gateway"),
-                              .key_file = p.key("gateway")};
+  InternalAuthOptions gateway{
+      .ca_file = p.ca(), .cert_file = p.cert("gateway"), .key_file = p.key("gateway")};
   EXPECT_TRUE(CheckOwnIdentity(gateway, Role::kGateway).ok());
   absl::StatusOr<PeerIdentity> as_worker = CheckOwnIdentity(gateway, Role::kWorker);
   EXPECT_EQ(as_worker.status().code(), absl::StatusCode::kInvalidArgument);
@@ -137,8 +137,8 @@ TEST(InternalAuthTest, MissingFilesNameTheFlagsAndTheOptOut) {
             absl::StatusCode::kInvalidArgument);
   // Insecure clients dial in plaintext; secure ones pin the server's role name.
   EXPECT_FALSE(InternalClientTls({.insecure = true}, kWorkerServerName).enabled);
-  ClientTlsOptions tls = InternalClientTls(
-      {.ca_file = "ca", .cert_file = "c", .key_file = "k"}, kWorkerServerName);
+  ClientTlsOptions tls =
+      InternalClientTls({.ca_file = "ca", .cert_file = "c", .key_file = "k"}, kWorkerServerName);
   EXPECT_TRUE(tls.enabled);
   EXPECT_EQ(tls.target_name_override, "worker.cascade.internal");
 }

@@ -21,8 +21,8 @@ std::vector<std::string> DefaultWorkerIds() {
 }
 
 std::string TempDir(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("cascade-certs-" + std::to_string(::getpid())) / name)
+  return (std::filesystem::temp_directory_path() / ("cascade-certs-" + std::to_string(::getpid())) /
+          name)
       .string();
 }
 

@@ -3,15 +3,15 @@
 // with one from another CA (UNAUTHENTICATED), and one whose role is not allowed
 // (PERMISSION_DENIED); the allowed role gets through. A rogue RegisterWorker is refused, and a
 // worker cannot act for another worker's id.
+#include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
+
 #include <condition_variable>
 #include <mutex>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <grpcpp/generic/generic_stub.h>
-#include <gtest/gtest.h>
 
 #include "cascade/v1/registry.grpc.pb.h"
 #include "gpu_worker/service/worker_service.h"
@@ -65,8 +65,7 @@ ClientTlsOptions NoCert(std::string_view server_name) {
 }
 
 // A client certificate from another CA (trusting the real CA, so the server side is what fails).
-ClientTlsOptions OtherCa(Role role, std::string_view server_name,
-                         std::string_view worker_id = "") {
+ClientTlsOptions OtherCa(Role role, std::string_view server_name, std::string_view worker_id = "") {
   ClientTlsOptions tls = TestCerts::OtherCa().Client(role, server_name, worker_id);
   tls.ca_file = TestCerts::Default().paths().ca();
   return tls;
@@ -111,8 +110,8 @@ void ExpectPolicyEnforced(const std::string& address, std::string_view server_na
     EXPECT_EQ(plaintext.error_code(), grpc::StatusCode::UNAVAILABLE) << plaintext.error_message();
 
     for (Role role : kRoles) {
-      grpc::Status st = Call(address, TestCerts::Default().Client(role, server_name, worker_id),
-                             c.method, body);
+      grpc::Status st =
+          Call(address, TestCerts::Default().Client(role, server_name, worker_id), c.method, body);
       if (c.allowed.contains(role)) {
         EXPECT_FALSE(Refused(st)) << common::RoleName(role) << ": " << st.error_message();
       } else {
@@ -156,8 +155,7 @@ TEST(InternalAuthTest, RogueRegisterWorkerIsRefused) {
   const std::string& addr = stack.registry_address();
   const std::string_view name = common::kRegistryServerName;
   const std::string evil = RegisterEvil("evil");
-  EXPECT_EQ(Call(addr, NoCert(name), method, evil).error_code(),
-            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Call(addr, NoCert(name), method, evil).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(Call(addr, OtherCa(Role::kWorker, name, "w1"), method, evil).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(Call(addr, ClientTlsOptions{}, method, evil).error_code(),
@@ -167,12 +165,15 @@ TEST(InternalAuthTest, RogueRegisterWorkerIsRefused) {
               grpc::StatusCode::PERMISSION_DENIED);
   }
   // A real worker's certificate registers only its own id.
-  grpc::Status st = Call(addr, TestCerts::Default().Client(Role::kWorker, name, "w1"), method, evil);
+  grpc::Status st =
+      Call(addr, TestCerts::Default().Client(Role::kWorker, name, "w1"), method, evil);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("cascade://worker/w1 may not act for worker 'evil'"));
+  EXPECT_THAT(st.error_message(),
+              ::testing::HasSubstr("cascade://worker/w1 may not act for worker 'evil'"));
   for (const auto& w : stack.registry()->ListWorkers()) EXPECT_NE(w.info.worker_id, "evil");
   // The same call for its own id is accepted: the refusals above are about identity only.
-  st = Call(addr, TestCerts::Default().Client(Role::kWorker, name, "w1"), method, RegisterEvil("w1"));
+  st = Call(addr, TestCerts::Default().Client(Role::kWorker, name, "w1"), method,
+            RegisterEvil("w1"));
   EXPECT_TRUE(st.ok()) << st.error_message();
 }
 
@@ -180,7 +181,8 @@ TEST(InternalAuthTest, AWorkerCannotActForAnotherWorkersId) {
   Stack stack({.workers = 1});  // w0 registers and heartbeats
   ASSERT_TRUE(WaitFor([&] { return stack.registry()->ListWorkers().size() == 1; }));
   const std::string& addr = stack.registry_address();
-  ClientTlsOptions w1 = TestCerts::Default().Client(Role::kWorker, common::kRegistryServerName, "w1");
+  ClientTlsOptions w1 =
+      TestCerts::Default().Client(Role::kWorker, common::kRegistryServerName, "w1");
   v1::HeartbeatRequest hb;
   hb.set_worker_id("w0");
   v1::ReportEventsRequest events;
@@ -198,7 +200,8 @@ TEST(InternalAuthTest, AWorkerCannotActForAnotherWorkersId) {
       {"/cascade.v1.ChunkRegistry/RegisterWorker", RegisterEvil("w0")}};
   for (const auto& [method, body] : calls) {
     grpc::Status st = Call(addr, w1, method, body);
-    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << method << ": " << st.error_message();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << method << ": " << st.error_message();
     EXPECT_THAT(st.error_message(), ::testing::HasSubstr("may not act for worker 'w0'"));
   }
   auto workers = stack.registry()->ListWorkers();
@@ -206,8 +209,9 @@ TEST(InternalAuthTest, AWorkerCannotActForAnotherWorkersId) {
   EXPECT_EQ(workers[0].info.worker_id, "w0");
   EXPECT_EQ(workers[0].info.address, stack.worker(0).address());  // not overwritten by w1's try
   // An admin may deregister a worker (to remove a bad one).
-  grpc::Status st = Call(addr, TestCerts::Default().Client(Role::kAdmin, common::kRegistryServerName),
-                         "/cascade.v1.ChunkRegistry/DeregisterWorker", dereg.SerializeAsString());
+  grpc::Status st =
+      Call(addr, TestCerts::Default().Client(Role::kAdmin, common::kRegistryServerName),
+           "/cascade.v1.ChunkRegistry/DeregisterWorker", dereg.SerializeAsString());
   EXPECT_TRUE(st.ok()) << st.error_message();
 }
 
@@ -229,13 +233,14 @@ TEST(InternalAuthTest, HealthIsOpenToEveryClusterRoleButNotToStrangers) {
   Stack stack({.workers = 1});
   const std::string health = "/grpc.health.v1.Health/Check";
   for (Role role : kRoles) {
-    grpc::Status st = Call(stack.registry_address(),
-                           TestCerts::Default().Client(role, common::kRegistryServerName, "w3"),
-                           health);
+    grpc::Status st =
+        Call(stack.registry_address(),
+             TestCerts::Default().Client(role, common::kRegistryServerName, "w3"), health);
     EXPECT_TRUE(st.ok()) << common::RoleName(role) << ": " << st.error_message();
   }
-  EXPECT_EQ(Call(stack.registry_address(), NoCert(common::kRegistryServerName), health).error_code(),
-            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(
+      Call(stack.registry_address(), NoCert(common::kRegistryServerName), health).error_code(),
+      grpc::StatusCode::UNAUTHENTICATED);
 }
 
 TEST(InternalAuthTest, AWorkerActsOnlyUnderItsCertificatesIdAndRole) {
@@ -247,7 +252,8 @@ TEST(InternalAuthTest, AWorkerActsOnlyUnderItsCertificatesIdAndRole) {
   w.internal_auth = StackAuth(false, Role::kWorker, "w0");
   auto s = worker::WorkerServer::Start(w);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.status().message(), ::testing::HasSubstr("--worker_id=w1 but --internal_cert names cascade://worker/w0"));
+  EXPECT_THAT(s.status().message(),
+              ::testing::HasSubstr("--worker_id=w1 but --internal_cert names cascade://worker/w0"));
   w.worker_id = "";
   w.internal_auth = StackAuth(false, Role::kGateway);
   s = worker::WorkerServer::Start(w);
