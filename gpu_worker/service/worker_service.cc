@@ -199,6 +199,14 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
 
 }  // namespace
 
+common::MethodPolicy WorkerMethodPolicy() {
+  using common::Role;
+  const std::string prefix = std::string("/") + cascade::v1::Worker::service_full_name() + "/";
+  return {{prefix + "Generate", {Role::kGateway}},
+          {prefix + "GetStats", {Role::kAdmin}},
+          {prefix + "EvictChunks", {Role::kAdmin}}};
+}
+
 WorkerService::WorkerService(std::string worker_id, engine::EngineLoop* loop)
     : worker_id_(std::move(worker_id)), loop_(loop) {}
 

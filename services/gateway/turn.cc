@@ -216,8 +216,12 @@ void Turn::OnUpstreamDone(const grpc::Status& status) {
 
 std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& status) {
   upstream_ = nullptr;
+  // CANCELLED that neither the client (cancelled_) nor a stop string (finished_) caused came
+  // from the worker's side: a worker shutting down resets streams it has not started, which
+  // scale_test's drained worker showed (under load) as a CANCELLED reaching the client.
   const bool retryable = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                         status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+                         status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                         status.error_code() == grpc::StatusCode::CANCELLED;
   if (!finished_ && !got_start_ && !cancelled_ && retryable &&
       attempt_ < params_.workers.size() && attempt_ < static_cast<size_t>(params_.max_attempts)) {
     common::LogWarn("worker_failover", {{"request_id", params_.request_id},
