@@ -123,7 +123,11 @@ std::vector<PlacedChunk> PlaceChunks(std::string_view model, std::string_view re
 
 std::vector<Hash128> BlockKeys(std::string_view model, std::string_view request_salt,
                                std::span<const ChunkSpec> chunks, int block_size) {
-  std::vector<PlacedChunk> placed = PlaceChunks(model, request_salt, chunks);
+  return BlockKeys(model, PlaceChunks(model, request_salt, chunks), chunks, block_size);
+}
+
+std::vector<Hash128> BlockKeys(std::string_view model, std::span<const PlacedChunk> placed,
+                               std::span<const ChunkSpec> chunks, int block_size) {
   std::vector<int32_t> tokens;
   std::vector<Hash128> salt_at;  // salt state per token
   for (size_t i = 0; i < chunks.size(); ++i) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <compare>
+#include <iterator>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -60,6 +61,19 @@ struct PlacedChunk {
   int64_t end = 0;     // one past the last
 };
 
+// The one chunk-spec builder: specs viewing any chunks with `kind`, `tokens` and `cache_salt`
+// members (the gateway's PromptChunk, the engine's ChunkInput). The specs point into `chunks`,
+// which must outlive them and stay unchanged.
+template <typename Chunks>
+std::vector<ChunkSpec> SpecsOf(const Chunks& chunks) {
+  std::vector<ChunkSpec> specs;
+  specs.reserve(std::size(chunks));
+  for (const auto& c : chunks) {
+    specs.push_back(ChunkSpec{static_cast<int32_t>(c.kind), c.tokens, c.cache_salt});
+  }
+  return specs;
+}
+
 // Chains the hashes and positions of a prompt's chunks: start_i = end_{i-1}, from 0.
 std::vector<PlacedChunk> PlaceChunks(std::string_view model, std::string_view request_salt,
                                      std::span<const ChunkSpec> chunks);
@@ -68,6 +82,11 @@ std::vector<PlacedChunk> PlaceChunks(std::string_view model, std::string_view re
 // all tokens up to its end with the salt state in force at its last token. A trailing partial
 // block has no key.
 std::vector<Hash128> BlockKeys(std::string_view model, std::string_view request_salt,
+                               std::span<const ChunkSpec> chunks, int block_size);
+// The same keys for chunks already placed (`placed` = PlaceChunks(model, request_salt, chunks)),
+// so a caller that placed them does not hash the prompt's chain a second time.
+// REQUIRES: placed.size() == chunks.size().
+std::vector<Hash128> BlockKeys(std::string_view model, std::span<const PlacedChunk> placed,
                                std::span<const ChunkSpec> chunks, int block_size);
 
 }  // namespace cascade::hash

@@ -75,8 +75,19 @@ absl::Status ServerRunner::Start() {
     if (state_ != State::kNew) return absl::FailedPreconditionError("Start() called twice");
   }
   if (absl::Status s = Validate(options_); !s.ok()) return s;
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
-      MakeServerCredentials(options_.tls);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds;
+  if (options_.internal_auth.has_value()) {
+    if (options_.tls.enabled() || !options_.tls.client_ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(options_.name,
+                       ": --tls_cert/--tls_client_ca cannot be combined with internal auth "
+                       "(--internal_cert already serves mutual TLS); they apply only with "
+                       "--insecure_internal"));
+    }
+    creds = MakeInternalServerCredentials(*options_.internal_auth);
+  } else {
+    creds = MakeServerCredentials(options_.tls);
+  }
   if (!creds.ok()) return creds.status();
 
   // The plugin is picked up by every ServerBuilder created after this call.
@@ -143,8 +154,10 @@ absl::Status ServerRunner::Start() {
   LogInfo("server_started", {{"server", options_.name},
                              {"address", address()},
                              {"metrics_port", metrics_port_},
-                             {"tls", options_.tls.enabled()},
-                             {"mtls", !options_.tls.client_ca_file.empty()}});
+                             {"tls", options_.tls.enabled() || options_.internal_auth.has_value()},
+                             {"mtls", !options_.tls.client_ca_file.empty() ||
+                                          options_.internal_auth.has_value()},
+                             {"internal_auth", options_.internal_auth.has_value()}});
   if (options_.print_ready_line) {
     // Scripts and tests wait for exactly this line.
     std::cout << options_.name << " serving on " << address() << std::endl;

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/health.h"
+#include "common/internal_auth.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
@@ -39,6 +41,9 @@ struct ServerOptions {
   absl::Duration max_connection_age_grace = absl::Seconds(30);
   KeepaliveOptions keepalive;
   ServerTlsOptions tls;
+  // Internal auth (mTLS with roles, internal_auth.h) for the registry and workers; replaces
+  // `tls` (setting both is an error). Unset: `tls` alone decides (plaintext when it is off).
+  std::optional<InternalServerAuth> internal_auth;
   LogLevel log_level = LogLevel::kInfo;     // applied by RunServer
   LogFormat log_format = LogFormat::kText;  // applied by RunServer
   // Drain on SIGTERM/SIGINT. Tests that run several servers in one process may turn it off.

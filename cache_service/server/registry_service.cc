@@ -4,6 +4,8 @@
 #include <chrono>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
+
 #include "cache_service/wire/registry_wire.h"
 
 namespace cascade::registry {
@@ -15,19 +17,48 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::S
   return reactor;
 }
 
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const grpc::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
 common::MetricsRegistry& Metrics(common::MetricsRegistry* m) {
   return m != nullptr ? *m : common::MetricsRegistry::Default();
 }
 
 }  // namespace
 
-RegistryService::RegistryService(Registry* registry, common::MetricsRegistry* metrics)
+common::MethodPolicy RegistryMethodPolicy() {
+  using common::Role;
+  const std::string prefix = absl::StrCat("/", v1::ChunkRegistry::service_full_name(), "/");
+  common::MethodPolicy p;
+  for (const char* m : {"RegisterWorker", "Heartbeat", "ReportEvents", "Resync"}) {
+    p[prefix + m] = {Role::kWorker};
+  }
+  p[prefix + "DeregisterWorker"] = {Role::kWorker, Role::kAdmin};
+  p[prefix + "Resolve"] = {Role::kGateway, Role::kAdmin};
+  p[prefix + "PinChunk"] = {Role::kGateway, Role::kAdmin};
+  for (const char* m :
+       {"UnpinChunk", "EvictChunk", "ListChunks", "GetChunk", "ListWorkers", "GetStats"}) {
+    p[prefix + m] = {Role::kAdmin};
+  }
+  return p;
+}
+
+RegistryService::RegistryService(Registry* registry, common::MetricsRegistry* metrics,
+                                 bool check_worker_identity)
     : registry_(registry),
+      check_worker_identity_(check_worker_identity),
       resolve_seconds_(Metrics(metrics).GetHistogram(
           "cascade_registry_resolve_seconds", "Resolve handling time in the registry.",
           common::ExponentialBuckets(1e-6, 2.0, 24))),
       resolve_errors_(Metrics(metrics).GetCounter("cascade_registry_resolve_errors_total",
                                                   "Resolve calls rejected (bad or oversize).")) {}
+
+grpc::Status RegistryService::CheckCaller(const Ctx& ctx, const std::string& worker_id) const {
+  return check_worker_identity_ ? common::CheckWorkerIdentity(ctx, worker_id) : grpc::Status::OK;
+}
 
 RegistryService::Reactor* RegistryService::Resolve(Ctx* ctx, const v1::ResolveRequest* req,
                                                    v1::ResolveResponse* resp) {
@@ -47,6 +78,7 @@ RegistryService::Reactor* RegistryService::Resolve(Ctx* ctx, const v1::ResolveRe
 RegistryService::Reactor* RegistryService::RegisterWorker(Ctx* ctx,
                                                           const v1::RegisterWorkerRequest* req,
                                                           v1::RegisterWorkerResponse* resp) {
+  if (grpc::Status who = CheckCaller(*ctx, req->worker_id()); !who.ok()) return Finish(ctx, who);
   absl::StatusOr<RegisterResult> r = registry_->RegisterWorker(wire::FromProto(*req));
   if (r.ok()) {
     resp->set_lease_ms(r->lease_ms);
@@ -57,6 +89,7 @@ RegistryService::Reactor* RegistryService::RegisterWorker(Ctx* ctx,
 
 RegistryService::Reactor* RegistryService::Heartbeat(Ctx* ctx, const v1::HeartbeatRequest* req,
                                                      v1::HeartbeatResponse* resp) {
+  if (grpc::Status who = CheckCaller(*ctx, req->worker_id()); !who.ok()) return Finish(ctx, who);
   absl::StatusOr<HeartbeatResult> r =
       registry_->Heartbeat(req->worker_id(), wire::FromProto(req->load()));
   if (r.ok()) wire::ToProto(*r, resp);
@@ -66,6 +99,7 @@ RegistryService::Reactor* RegistryService::Heartbeat(Ctx* ctx, const v1::Heartbe
 RegistryService::Reactor* RegistryService::ReportEvents(Ctx* ctx,
                                                         const v1::ReportEventsRequest* req,
                                                         v1::ReportEventsResponse* resp) {
+  if (grpc::Status who = CheckCaller(*ctx, req->worker_id()); !who.ok()) return Finish(ctx, who);
   absl::StatusOr<std::vector<ChunkEvent>> events = wire::EventsFromProto(*req);
   if (!events.ok()) return Finish(ctx, events.status());
   absl::StatusOr<ReportResult> r = registry_->ReportEvents(req->worker_id(), req->seq(), *events);
@@ -78,6 +112,7 @@ RegistryService::Reactor* RegistryService::ReportEvents(Ctx* ctx,
 
 RegistryService::Reactor* RegistryService::Resync(Ctx* ctx, const v1::ResyncRequest* req,
                                                   v1::ResyncResponse* resp) {
+  if (grpc::Status who = CheckCaller(*ctx, req->worker_id()); !who.ok()) return Finish(ctx, who);
   absl::StatusOr<std::vector<HeldChunk>> chunks = wire::ChunksFromProto(*req);
   if (!chunks.ok()) return Finish(ctx, chunks.status());
   absl::StatusOr<int> n = registry_->Resync(req->worker_id(), *chunks, req->seq());
@@ -87,6 +122,7 @@ RegistryService::Reactor* RegistryService::Resync(Ctx* ctx, const v1::ResyncRequ
 
 RegistryService::Reactor* RegistryService::DeregisterWorker(
     Ctx* ctx, const v1::DeregisterWorkerRequest* req, v1::DeregisterWorkerResponse*) {
+  if (grpc::Status who = CheckCaller(*ctx, req->worker_id()); !who.ok()) return Finish(ctx, who);
   return Finish(ctx, registry_->DeregisterWorker(req->worker_id()));
 }
 

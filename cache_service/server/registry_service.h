@@ -5,6 +5,7 @@
 
 #include "cache_service/registry/registry.h"
 #include "cascade/v1/registry.grpc.pb.h"
+#include "common/internal_auth.h"
 #include "common/metrics.h"
 
 namespace cascade::registry {
@@ -13,7 +14,12 @@ class RegistryService final : public cascade::v1::ChunkRegistry::CallbackService
  public:
   // `registry` and `metrics` are not owned and must outlive the service; `metrics` may be null
   // (MetricsRegistry::Default()). Thread-safe: handlers run concurrently.
-  explicit RegistryService(Registry* registry, common::MetricsRegistry* metrics = nullptr);
+  // With `check_worker_identity`, RPCs that act for a worker id (RegisterWorker, Heartbeat,
+  // ReportEvents, Resync, DeregisterWorker) are refused PERMISSION_DENIED unless the caller's
+  // certificate names that worker (or admin); calls without a certificate pass, since internal
+  // auth refuses them before a handler runs (common::CheckWorkerIdentity).
+  explicit RegistryService(Registry* registry, common::MetricsRegistry* metrics = nullptr,
+                           bool check_worker_identity = true);
 
   using Ctx = grpc::CallbackServerContext;
   using Reactor = grpc::ServerUnaryReactor;
@@ -40,10 +46,17 @@ class RegistryService final : public cascade::v1::ChunkRegistry::CallbackService
   Reactor* GetStats(Ctx* ctx, const v1::GetStatsRequest* req, v1::RegistryStats* resp) override;
 
  private:
+  grpc::Status CheckCaller(const Ctx& ctx, const std::string& worker_id) const;
+
   // Set at construction.
   Registry* const registry_;
+  const bool check_worker_identity_;
   common::Histogram* const resolve_seconds_;
   common::Counter* const resolve_errors_;
 };
+
+// Who may call what on the registry under internal auth: workers register, heartbeat and report
+// for themselves; the gateway resolves and pins (its RegisterChunk); everything else is admin.
+common::MethodPolicy RegistryMethodPolicy();
 
 }  // namespace cascade::registry

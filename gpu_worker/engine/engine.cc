@@ -173,7 +173,6 @@ class EngineImpl final : public Engine {
 absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
   const int vocab = backend_->VocabSize();
   auto seq = std::make_unique<Sequence>();
-  std::vector<hash::ChunkSpec> specs;
   for (size_t i = 0; i < req.chunks.size(); ++i) {
     const ChunkInput& c = req.chunks[i];
     for (size_t j = 0; j < c.tokens.size(); ++j) {
@@ -184,7 +183,6 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
       }
     }
     seq->tokens.insert(seq->tokens.end(), c.tokens.begin(), c.tokens.end());
-    specs.push_back(hash::ChunkSpec{c.kind, c.tokens, c.cache_salt});
     seq->chunk_kinds.push_back(c.kind);
   }
   if (seq->tokens.empty()) return absl::InvalidArgumentError("chunks: the prompt has no tokens");
@@ -208,7 +206,10 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
   seq->sampling = req.sampling;
   seq->pin_ttl_ms = std::max<int64_t>(0, req.pin_ttl_ms);
   seq->prompt_len = prompt_len;
-  seq->chunks = hash::PlaceChunks(options_.model_name, req.cache_salt, specs);
+  const std::vector<hash::ChunkSpec> specs = hash::SpecsOf(req.chunks);
+  seq->chunks = req.placed.size() == req.chunks.size()
+                    ? std::move(req.placed)
+                    : hash::PlaceChunks(options_.model_name, req.cache_salt, specs);
   seq->tail_salt = seq->chunks.back().salt_state;
   if (options_.debug_unchained_block_keys) {
     for (int64_t j = 0; j + 1 <= prompt_len / bs; ++j) {
@@ -219,7 +220,7 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
           std::span(seq->tokens.data() + j * bs, bs)));
     }
   } else {
-    seq->block_keys = hash::BlockKeys(options_.model_name, req.cache_salt, specs, bs);
+    seq->block_keys = hash::BlockKeys(options_.model_name, seq->chunks, specs, bs);
   }
 
   MutexLock lock(&mu_);

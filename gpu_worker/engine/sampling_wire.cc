@@ -1,7 +1,23 @@
 // Sampling parameter conversion; see sampling_wire.h.
 #include "gpu_worker/engine/sampling_wire.h"
 
+#include "gpu_worker/engine/sampler.h"
+
 namespace cascade::worker {
+
+// The engine's FinishReason mirrors cascade.v1.FinishReason value for value (the worker service
+// casts one to the other).
+#define CASCADE_SAME_VALUE(engine_value, proto_value)                   \
+  static_assert(static_cast<int>(engine::FinishReason::engine_value) == \
+                    static_cast<int>(cascade::v1::proto_value),         \
+                "engine::FinishReason::" #engine_value " must equal cascade.v1." #proto_value)
+CASCADE_SAME_VALUE(kNone, FINISH_REASON_UNSPECIFIED);
+CASCADE_SAME_VALUE(kStop, FINISH_REASON_STOP);
+CASCADE_SAME_VALUE(kLength, FINISH_REASON_LENGTH);
+CASCADE_SAME_VALUE(kStopString, FINISH_REASON_STOP_STRING);
+CASCADE_SAME_VALUE(kCancelled, FINISH_REASON_CANCELLED);
+CASCADE_SAME_VALUE(kError, FINISH_REASON_ERROR);
+#undef CASCADE_SAME_VALUE
 
 engine::SamplingParams SamplingFromProto(const cascade::v1::SamplingParams& s,
                                          int32_t default_max_tokens) {
@@ -19,17 +35,14 @@ engine::SamplingParams SamplingFromProto(const cascade::v1::SamplingParams& s,
   return p;
 }
 
-void SamplingToProto(const engine::SamplingParams& s, cascade::v1::SamplingParams* p) {
-  p->set_temperature(s.temperature);
-  p->set_top_p(s.top_p);
-  p->set_top_k(s.top_k);
-  p->set_min_p(s.min_p);
-  p->set_repetition_penalty(s.repetition_penalty);
-  p->set_max_tokens(s.max_tokens);
-  p->mutable_stop_token_ids()->Assign(s.stop_token_ids.begin(), s.stop_token_ids.end());
-  p->set_ignore_eos(s.ignore_eos);
-  p->set_logprobs(s.logprobs);
-  if (s.seed) p->set_seed(*s.seed);
+absl::StatusOr<engine::SamplingParams> ParseSampling(const cascade::v1::SamplingParams& s,
+                                                     int vocab_size, int32_t max_tokens_limit,
+                                                     int32_t default_max_tokens) {
+  engine::SamplingParams p = SamplingFromProto(s, default_max_tokens);
+  if (absl::Status st = engine::ValidateSampling(p, vocab_size, max_tokens_limit); !st.ok()) {
+    return st;
+  }
+  return p;
 }
 
 }  // namespace cascade::worker

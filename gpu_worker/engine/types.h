@@ -12,7 +12,7 @@
 
 namespace cascade::engine {
 
-// Mirrors cascade.v1.FinishReason.
+// Mirrors cascade.v1.FinishReason value for value (static_asserts in sampling_wire.cc).
 enum class FinishReason { kNone = 0, kStop = 1, kLength = 2, kStopString = 3, kCancelled = 4, kError = 5 };
 
 const char* FinishReasonName(FinishReason r);
@@ -44,6 +44,10 @@ struct Request {
   std::vector<ChunkInput> chunks;  // the prompt is their concatenation
   SamplingParams sampling;
   int64_t pin_ttl_ms = 0;          // > 0: keep the prompt's chunks cached this long
+  // hash::PlaceChunks of `chunks` under this engine's model and `cache_salt`, when the caller
+  // computed it already (the worker service does, to check the gateway's hashes); empty: the
+  // engine computes it. Either way the prompt's chain is hashed once per request.
+  std::vector<hash::PlacedChunk> placed;
 };
 
 // Per chunk of an admitted request: where it sits and how much came from cache.

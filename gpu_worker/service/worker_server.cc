@@ -40,6 +40,7 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddString("advertise_address", &c->advertise_address,
                "host:port the gateway dials; default 127.0.0.1:<port>");
   f->AddInt64("heartbeat_ms", &c->heartbeat_ms, "registry heartbeat interval");
+  common::RegisterInternalAuthFlags(f, &c->internal_auth);
 }
 
 absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& kind,
@@ -97,6 +98,20 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   if (config.model_dir.empty()) {
     return absl::InvalidArgumentError("--model_dir is required (create one with `cascade mkmodel`)");
   }
+  absl::StatusOr<common::PeerIdentity> self_id =
+      common::CheckOwnIdentity(config.internal_auth, common::Role::kWorker);
+  if (!self_id.ok()) return self_id.status();
+  const bool secure = !config.internal_auth.insecure;
+  if (secure && !config.worker_id.empty() && config.worker_id != self_id->worker_id) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--worker_id=", config.worker_id, " but --internal_cert names ",
+                     self_id->ToString(), "; a worker acts under its certificate's id"));
+  }
+  if (secure && config.registry_tls.enabled) {
+    return absl::InvalidArgumentError(
+        "registry TLS options apply only with --insecure_internal; internal auth dials the "
+        "registry with --internal_cert");
+  }
   std::unique_ptr<WorkerServer> w(new WorkerServer());
   w->config_ = config;
   auto model = model::LoadModel(config.model_dir);
@@ -116,7 +131,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   eo.eos_token_ids = mc.eos_token_ids;
   auto engine = engine::NewEngine(eo, std::move(*backend));
 
-  w->runner_ = std::make_unique<common::ServerRunner>(config.server);
+  common::ServerOptions server = config.server;
+  if (secure) server.internal_auth = {config.internal_auth, WorkerMethodPolicy()};
+  w->runner_ = std::make_unique<common::ServerRunner>(server);
   auto* runner = w->runner_.get();
   WorkerServer* self = w.get();
   w->loop_ = std::make_unique<engine::EngineLoop>(std::move(engine), [self] {
@@ -125,7 +142,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   });
   // The worker id needs the bound port when not given, so the service is created after Start;
   // gRPC needs services before Start, so bind the id to the configured port when it is fixed.
-  std::string id = config.worker_id;
+  std::string id = secure ? self_id->worker_id : config.worker_id;
   if (id.empty()) {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
@@ -155,7 +172,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     ao.vocab_size = static_cast<int32_t>(mc.vocab_size);
     ao.heartbeat_ms = config.heartbeat_ms;
     ao.registry_address = config.registry_address;
-    ao.tls = config.registry_tls;
+    ao.tls = secure ? common::InternalClientTls(config.internal_auth, common::kRegistryServerName)
+                    : config.registry_tls;
     auto agent = RegistryAgent::Start(ao, &w->loop_->engine());
     if (!agent.ok()) return agent.status();
     w->agent_ = std::move(*agent);

@@ -10,6 +10,7 @@
 #include "gpu_worker/engine/engine_loop.h"
 #include "gpu_worker/model/model.h"
 #include "common/flags.h"
+#include "common/internal_auth.h"
 #include "common/server_runner.h"
 
 namespace cascade::worker {
@@ -34,7 +35,10 @@ struct WorkerConfig {
   std::string worker_id;           // empty: "worker-<port>"
   std::string registry_address;    // empty: run without a registry
   std::string advertise_address;   // what the gateway dials; empty: 127.0.0.1:<port>
-  common::ClientTlsOptions registry_tls;
+  common::ClientTlsOptions registry_tls;  // only with internal_auth.insecure
+  // mTLS with roles (the default): this worker's certificate names its id; the registry is
+  // dialed with it too. REQUIRED unless internal_auth.insecure.
+  common::InternalAuthOptions internal_auth;
   int64_t heartbeat_ms = 1000;
 };
 

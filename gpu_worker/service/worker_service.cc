@@ -1,12 +1,13 @@
 // Worker service: one write reactor per Generate stream. Engine outputs arrive on the engine
 // thread and are queued; the reactor writes one message at a time and merges queued token
-// messages while a write is in flight, so a slow reader costs fewer, larger messages rather than
-// an unbounded queue of small ones. Cancellation (client cancel, deadline, disconnect) cancels
-// the sequence, which frees its KV blocks within one engine step.
+// messages while a write is in flight (common/write_queue.h, shared with the gateway), so a slow
+// reader costs fewer, larger messages rather than an unbounded queue of small ones. Cancellation
+// (client cancel, deadline, disconnect) cancels the sequence, which frees its KV blocks within one
+// engine step.
 #include "gpu_worker/service/worker_service.h"
 
-#include <deque>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/chunk_hash.h"
@@ -14,6 +15,7 @@
 #include "common/bounded_text.h"
 #include "common/grpc_status.h"
 #include "common/mutex.h"
+#include "common/write_queue.h"
 
 namespace cascade::worker {
 namespace {
@@ -56,6 +58,14 @@ absl::Status FinalStatus(const engine::SequenceOutput& o) {
   return o.status;
 }
 
+// Token messages queued behind a write in flight become one.
+bool MergeTokens(WorkerGenerateResponse& into, const WorkerGenerateResponse& from) {
+  if (!into.has_tokens() || !from.has_tokens()) return false;
+  into.mutable_tokens()->mutable_token_ids()->MergeFrom(from.tokens().token_ids());
+  into.mutable_tokens()->mutable_logprobs()->MergeFrom(from.tokens().logprobs());
+  return true;
+}
+
 class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> {
  public:
   GenerateReactor(std::string worker_id, engine::EngineLoop* loop)
@@ -93,13 +103,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
 
   void OnWriteDone(bool ok) override {
     MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) {
-      // The client is gone; the sequence is cancelled through OnCancel. Finish once the engine
-      // has sent its final output.
-      broken_ = true;
-      queue_.clear();
-    }
+    // A failed write: the client is gone; the sequence is cancelled through OnCancel. Finish
+    // once the engine has sent its final output.
+    writes_.Done(ok);
     MaybeWriteLocked();
   }
 
@@ -133,14 +139,14 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
           ci->set_cached_tokens(c.cached_tokens);
           ci->set_kind(static_cast<cascade::v1::ChunkKind>(c.kind));
         }
-        queue_.push_back(std::move(m));
+        writes_.Push(std::move(m));
       }
       if (!o.new_tokens.empty()) {
-        // Merge into a queued token message when one is waiting: the reader is behind.
-        if (queue_.empty() || !queue_.back().has_tokens()) queue_.emplace_back().mutable_tokens();
-        auto* t = queue_.back().mutable_tokens();
+        WorkerGenerateResponse m;
+        auto* t = m.mutable_tokens();
         for (int32_t id : o.new_tokens) t->add_token_ids(id);
         for (const auto& lp : o.logprobs) ToProto(lp, t->add_logprobs());
+        writes_.Push(std::move(m));  // merges into a queued one when the reader is behind
       }
       if (o.finished) {
         finished_ = true;
@@ -154,7 +160,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
           f->mutable_usage()->set_prompt_tokens(o.prompt_tokens);
           f->mutable_usage()->set_cached_tokens(o.cached_tokens);
           f->mutable_usage()->set_completion_tokens(o.completion_tokens);
-          queue_.push_back(std::move(m));
+          writes_.Push(std::move(m));
         }
         del = done_;
       }
@@ -164,11 +170,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
   }
 
   void MaybeWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (writing_ || done_ || finish_called_) return;
-    if (!queue_.empty() && !broken_ && !cancelled_) {
-      current_ = std::move(queue_.front());
-      queue_.pop_front();
-      writing_ = true;
+    if (writes_.writing() || done_ || finish_called_) return;
+    if (!cancelled_ && writes_.Next(&current_)) {
       StartWrite(&current_);
       return;
     }
@@ -183,20 +186,26 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
   engine::EngineLoop* const loop_;
 
   Mutex mu_;
-  std::deque<WorkerGenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
+  common::CoalescingWriteQueue<WorkerGenerateResponse, MergeTokens> writes_ ABSL_GUARDED_BY(mu_);
   WorkerGenerateResponse current_ ABSL_GUARDED_BY(mu_);  // the message being written
   grpc::Status pending_status_ ABSL_GUARDED_BY(mu_) = grpc::Status::OK;
   uint64_t seq_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool submitted_ ABSL_GUARDED_BY(mu_) = false;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;       // the engine sent its final output
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;  // Finish() called on the RPC
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;           // OnDone ran
 };
 
 }  // namespace
+
+common::MethodPolicy WorkerMethodPolicy() {
+  using common::Role;
+  const std::string prefix = std::string("/") + cascade::v1::Worker::service_full_name() + "/";
+  return {{prefix + "Generate", {Role::kGateway}},
+          {prefix + "GetStats", {Role::kAdmin}},
+          {prefix + "EvictChunks", {Role::kAdmin}}};
+}
 
 WorkerService::WorkerService(std::string worker_id, engine::EngineLoop* loop)
     : worker_id_(std::move(worker_id)), loop_(loop) {}
@@ -212,7 +221,6 @@ absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
   req.request_id = r.request_id();
   req.cache_salt = r.cache_salt();
   if (r.chunks_size() == 0) return absl::InvalidArgumentError("chunks: at least one chunk is required");
-  std::vector<hash::ChunkSpec> specs;
   for (int i = 0; i < r.chunks_size(); ++i) {
     const auto& c = r.chunks(i);
     if (c.kind() == cascade::v1::CHUNK_KIND_UNSPECIFIED) {
@@ -222,22 +230,30 @@ absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
                                             {c.token_ids().begin(), c.token_ids().end()},
                                             c.cache_salt()});
   }
-  for (const auto& c : req.chunks) specs.push_back({c.kind, c.tokens, c.cache_salt});
   const std::string& model = loop_->engine().options().model_name;
   if (!r.model().empty() && r.model() != model) {
     return absl::InvalidArgumentError(absl::StrCat("model: this worker serves '", model, "', not '",
                                                    common::Excerpt(r.model()), "'"));
   }
-  auto placed = hash::PlaceChunks(model, r.cache_salt(), specs);
+  // The one hashing pass of the prompt's chain on this worker: it checks the registry's hashes
+  // the gateway sent (a disagreement on model, salt, tokens or the hash definition would
+  // otherwise route and cache under keys that mean something else), and the engine keeps it.
+  req.placed = hash::PlaceChunks(model, r.cache_salt(), hash::SpecsOf(req.chunks));
   for (int i = 0; i < r.chunks_size(); ++i) {
     const std::string& given = r.chunks(i).hash();
-    if (!given.empty() && given != placed[i].hash.ToHex()) {
+    if (given.empty()) continue;  // the gateway had no registry answer (or a direct caller)
+    const std::optional<hash::Hash128> h = hash::Hash128::FromHex(given);
+    if (!h) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "chunks[", i, "].hash ", common::Excerpt(given), " does not match the worker's hash ",
-          placed[i].hash.ToHex(), " (gateway and worker disagree on model, salt or tokens)"));
+          "chunks[", i, "].hash '", common::Excerpt(given), "' is not 32 hex characters"));
+    }
+    if (*h != req.placed[i].hash) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunks[", i, "].hash ", h->ToHex(), " does not match the worker's hash ",
+          req.placed[i].hash.ToHex(), " (gateway and worker disagree on model, salt or tokens)"));
     }
   }
-  req.sampling = SamplingFromProto(r.sampling(), 16);
+  req.sampling = SamplingFromProto(r.sampling());  // the engine validates it
   req.pin_ttl_ms = std::max<int64_t>(0, r.pin_ttl_seconds()) * 1000;
   return req;
 }

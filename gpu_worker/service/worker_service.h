@@ -6,6 +6,7 @@
 
 #include "cascade/v1/worker.grpc.pb.h"
 #include "gpu_worker/engine/engine_loop.h"
+#include "common/internal_auth.h"
 
 namespace cascade::worker {
 
@@ -32,5 +33,9 @@ class WorkerService final : public cascade::v1::Worker::CallbackService {
   const std::string worker_id_;
   engine::EngineLoop* const loop_;
 };
+
+// Who may call what on a worker under internal auth: Generate is the gateway's; GetStats and
+// EvictChunks are admin's.
+common::MethodPolicy WorkerMethodPolicy();
 
 }  // namespace cascade::worker

@@ -26,6 +26,7 @@ constexpr Command kCommands[] = {
     {"up", "start registry, workers and gateway locally until Ctrl-C"},
     {"generate", "stream a completion from a gateway (cascade.v1.Gateway/Generate)"},
     {"mkmodel", "write a model directory with seeded random weights"},
+    {"certs", "write a cluster CA and per-role certificates for internal auth"},
     {"tokenize", "stdin: one JSON string per line -> stdout: its token ids"},
     {"detokenize", "stdin: one JSON array of ids per line -> stdout: the text"},
     {"help", "print this text (`cascade <command> --help` for a command's flags)"},
@@ -184,6 +185,7 @@ int RunCli(const std::vector<std::string>& args, std::istream& in, std::ostream&
   if (cmd == "generate") return RunGenerateCommand(rest, out, err);
   if (cmd == "up") return RunUpCommand(rest, out, err);
   if (cmd == "demo") return RunDemoCommand(rest, out, err);
+  if (cmd == "certs") return RunCertsCommand(rest, out, err);
   err << "cascade: unknown command '" << cmd << "'. Commands:";
   for (const Command& c : kCommands) err << " " << c.name;
   err << ". Run `cascade help` for what each does.\n";

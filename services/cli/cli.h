@@ -27,6 +27,7 @@ int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out, 
 // `up` blocks until SIGINT/SIGTERM; it must run on the main thread (the children's
 // PR_SET_PDEATHSIG is tied to the thread that forks them).
 int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int RunCertsCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int RunDemoCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
 // The top-level help text.

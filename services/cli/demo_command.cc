@@ -165,7 +165,8 @@ void PrintTable(const std::vector<DemoRequest>& requests, std::ostream& out) {
 void PrintWorkerStats(const LocalStack& stack, std::ostream& out) {
   out << "\nworker cache counters (cascade.v1.Worker/GetStats):\n";
   for (const StackMember& w : stack.workers()) {
-    absl::StatusOr<v1::WorkerStats> s = GetWorkerStats(w.address, absl::Seconds(5));
+    absl::StatusOr<v1::WorkerStats> s = GetWorkerStats(w.address, absl::Seconds(5),
+                                                    stack.AdminTls(common::kWorkerServerName));
     if (!s.ok()) {
       out << "  " << w.name << ": " << s.status().message() << "\n";
       continue;
@@ -257,6 +258,8 @@ int RunDemoCommand(const std::vector<std::string>& args, std::ostream& out, std:
   flags.AddInt64("kv_cache_bytes", &options.kv_cache_bytes,
                  "KV cache budget per worker; 0: the worker's default");
   flags.AddDuration("timeout", &settings.timeout, "deadline of each request");
+  flags.AddBool("insecure_internal", &options.insecure_internal,
+                "run the registry and workers without internal auth (plaintext, no roles)");
   if (std::optional<int> code = ParseCommandFlags(flags, args, out, err)) return *code;
   if (options.workers < 1 || options.workers > 16 || requests < 4 || requests > 64 ||
       settings.max_tokens < 1) {

@@ -114,8 +114,9 @@ absl::StatusOr<v1::ListModelsResponse> ListModels(v1::Gateway::StubInterface& st
 }
 
 absl::StatusOr<v1::WorkerStats> GetWorkerStats(const std::string& worker_address,
-                                               absl::Duration timeout) {
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = Dial(worker_address);
+                                               absl::Duration timeout,
+                                               const common::ClientTlsOptions& tls) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = common::MakeChannel(worker_address, tls);
   if (!channel.ok()) return channel.status();
   std::unique_ptr<v1::Worker::Stub> stub = v1::Worker::NewStub(*channel);
   grpc::ClientContext ctx;

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "cascade/v1/gateway.grpc.pb.h"
 #include "cascade/v1/worker.grpc.pb.h"
+#include "common/transport.h"
 
 namespace cascade::cli {
 
@@ -51,8 +52,10 @@ absl::StatusOr<GenerateResult> RunGenerate(
 
 absl::StatusOr<v1::ListModelsResponse> ListModels(v1::Gateway::StubInterface& stub,
                                                   const CallOptions& options);
+// Worker/GetStats is an admin RPC: `tls` presents the admin certificate (LocalStack::AdminTls).
 absl::StatusOr<v1::WorkerStats> GetWorkerStats(const std::string& worker_address,
-                                               absl::Duration timeout);
+                                               absl::Duration timeout,
+                                               const common::ClientTlsOptions& tls);
 
 // A plaintext channel to `address` with Cascade's client transport settings.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& address);

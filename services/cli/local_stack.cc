@@ -179,12 +179,39 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
   stack->log_dir_ = o.log_dir;
   if (progress) *progress << "logs: " << o.log_dir << "/*.log" << std::endl;
 
+  std::vector<std::string> worker_ids;
+  for (int i = 0; i < o.workers; ++i) worker_ids.push_back(absl::StrCat("worker-", i));
+  // Each child's --internal_* flags (or --insecure_internal); role is "registry" or "gateway",
+  // or a worker id.
+  auto auth_flags = [&stack](const std::string& role,
+                             bool worker) -> std::vector<std::string> {
+    if (!stack->certs_) return {"--insecure_internal"};
+    const common::StackCertPaths& c = *stack->certs_;
+    return {"--internal_ca=" + c.ca(),
+            "--internal_cert=" + (worker ? c.worker_cert(role) : c.cert(role)),
+            "--internal_key=" + (worker ? c.worker_key(role) : c.key(role))};
+  };
+  if (!o.insecure_internal) {
+    const std::string dir = o.certs_dir.empty() ? o.log_dir + "/certs" : o.certs_dir;
+    absl::StatusOr<common::StackCertPaths> certs =
+        common::WriteStackCerts(dir, {.worker_ids = worker_ids});
+    if (!certs.ok()) {
+      return absl::Status(certs.status().code(), absl::StrCat("making internal certificates: ",
+                                                              certs.status().message()));
+    }
+    stack->certs_ = *certs;
+    if (progress) {
+      *progress << "internal auth: a throwaway CA and certificates in " << dir
+                << " (admin.crt/admin.key for admin RPCs)" << std::endl;
+    }
+  }
+
   // Registry first: the workers and the gateway need its real port.
+  std::vector<std::string> registry_args = {
+      "--host=127.0.0.1", absl::StrCat("--port=", o.registry_port), "--drain_timeout=3s"};
+  for (std::string& f : auth_flags("registry", false)) registry_args.push_back(std::move(f));
   absl::StatusOr<std::string> addr = stack->StartChild(
-      "cascade-registry", "registry",
-      WithExtra(
-          {"--host=127.0.0.1", absl::StrCat("--port=", o.registry_port), "--drain_timeout=3s"},
-          o.registry_flags),
+      "cascade-registry", "registry", WithExtra(std::move(registry_args), o.registry_flags),
       progress);
   if (!addr.ok()) return addr.status();
   stack->registry_ = {"cascade-registry", *addr};
@@ -201,7 +228,7 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
                                                "/proc/driver/nvidia/gpus"));
   }
   for (int i = 0; i < o.workers; ++i) {
-    std::string id = absl::StrCat("worker-", i);
+    const std::string& id = worker_ids[i];
     std::vector<std::string> args = {
         "--host=127.0.0.1",
         absl::StrCat("--port=", o.worker_base_port > 0 ? o.worker_base_port + i : 0),
@@ -216,6 +243,7 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
       args.push_back(absl::StrCat("--cuda_device=", gpus[i].device));
       args.push_back(absl::StrFormat("--kv_cache_fraction=%.4f", gpus[i].kv_cache_fraction));
     }
+    for (std::string& f : auth_flags(id, true)) args.push_back(std::move(f));
     addr = stack->StartChild("cascade-worker", id, WithExtra(std::move(args), o.worker_flags),
                              progress);
     if (!addr.ok()) return addr.status();
@@ -226,14 +254,17 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
   for (const StackMember& w : stack->workers_) worker_addresses.push_back(w.address);
   // --resume_mid_stream is the gateway's default; said here because supervision relies on it: a
   // stream on a worker that dies continues on another one.
-  addr = stack->StartChild(
-      "cascade-gateway", "gateway",
-      WithExtra({"--host=" + o.host, absl::StrCat("--port=", o.port),
-                 "--registry=" + stack->registry_.address,
-                 "--workers=" + absl::StrJoin(worker_addresses, ","), "--model_dir=" + o.model_dir,
-                 "--drain_timeout=5s", "--resume_mid_stream=true"},
-                o.gateway_flags),
-      progress);
+  std::vector<std::string> gateway_args = {
+      "--host=" + o.host,
+      absl::StrCat("--port=", o.port),
+      "--registry=" + stack->registry_.address,
+      "--workers=" + absl::StrJoin(worker_addresses, ","),
+      "--model_dir=" + o.model_dir,
+      "--drain_timeout=5s",
+      "--resume_mid_stream=true"};
+  for (std::string& f : auth_flags("gateway", false)) gateway_args.push_back(std::move(f));
+  addr = stack->StartChild("cascade-gateway", "gateway",
+                           WithExtra(std::move(gateway_args), o.gateway_flags), progress);
   if (!addr.ok()) return addr.status();
   stack->gateway_ = {"cascade-gateway", *addr};
   return stack;
@@ -397,6 +428,14 @@ bool LocalStack::CanServe() const {
     if (s.spec.name == "cascade-worker") worker |= alive;
   }
   return gateway && worker;
+}
+
+common::ClientTlsOptions LocalStack::AdminTls(std::string_view server_name) const {
+  if (!certs_) return {};
+  common::InternalAuthOptions admin{.ca_file = certs_->ca(),
+                                    .cert_file = certs_->cert("admin"),
+                                    .key_file = certs_->key("admin")};
+  return common::InternalClientTls(admin, server_name);
 }
 
 LocalStack::~LocalStack() { Stop(nullptr); }

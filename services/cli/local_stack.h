@@ -18,6 +18,8 @@
 #include "absl/time/time.h"
 #include "services/cli/child_process.h"
 #include "services/cli/restart_policy.h"
+#include "common/cert_gen.h"
+#include "common/internal_auth.h"
 
 namespace cascade::cli {
 
@@ -36,6 +38,11 @@ struct StackOptions {
   absl::Duration ready_timeout = absl::Seconds(120);
   absl::Duration stop_grace = absl::Seconds(15);  // per child, before SIGKILL
   RestartOptions restart;                         // what Supervise() does with a dead child
+  // Internal RPCs (registry, workers) run with mTLS and roles: a throwaway CA and a certificate
+  // per child are made in certs_dir (empty: <log_dir>/certs), with admin.crt/admin.key for the
+  // operator. insecure_internal passes --insecure_internal to every child instead.
+  bool insecure_internal = false;
+  std::string certs_dir;
   // Extra flags appended to each kind of child's command line (after the stack's own).
   std::vector<std::string> registry_flags;
   std::vector<std::string> worker_flags;
@@ -102,6 +109,10 @@ class LocalStack {
   const StackMember& gateway() const { return gateway_; }
   int gateway_port() const { return PortOf(gateway_.address); }
   const std::string& log_dir() const { return log_dir_; }
+  // The stack's internal certificates; nullopt with insecure_internal.
+  const std::optional<common::StackCertPaths>& certs() const { return certs_; }
+  // Client TLS as admin to an internal server named `server_name` (plaintext when insecure).
+  common::ClientTlsOptions AdminTls(std::string_view server_name) const;
 
  private:
   LocalStack() = default;
@@ -119,6 +130,7 @@ class LocalStack {
 
   StackOptions options_;
   std::string log_dir_;
+  std::optional<common::StackCertPaths> certs_;
   StackMember registry_;
   std::vector<StackMember> workers_;
   StackMember gateway_;

@@ -8,6 +8,7 @@
 #include "services/cli/cli.h"
 #include "services/cli/command_util.h"
 #include "services/cli/local_stack.h"
+#include "common/internal_auth.h"
 
 namespace cascade::cli {
 namespace {
@@ -48,7 +49,19 @@ void PrintExamples(const LocalStack& stack, int http_port, std::ostream& out) {
     out << "  " << stack.workers()[i].name << "  " << stack.workers()[i].address << "  (pid "
         << pid(i + 1) << ")\n";
   }
-  out << "  logs      " << stack.log_dir() << "/\n\n"
+  out << "  logs      " << stack.log_dir() << "/\n";
+  // The registry's and workers' RPCs are internal: only cluster certificates get in.
+  std::string internal_grpcurl = "grpcurl -plaintext";
+  if (const auto& certs = stack.certs()) {
+    out << "  certs     " << certs->dir << "/  (internal auth: a CA and a certificate per role)\n";
+    internal_grpcurl = absl::StrCat("grpcurl -cacert ", certs->ca(), " -cert ",
+                                    certs->cert("admin"), " -key ", certs->key("admin"),
+                                    " -servername ", common::kRegistryServerName);
+  } else {
+    out << "  certs     none: --insecure_internal (anyone reaching the registry or a worker may "
+           "call any RPC)\n";
+  }
+  out << "\n"
       << "Try:\n"
       << "  grpcurl -plaintext localhost:" << port << " list\n"
       << "  grpcurl -plaintext localhost:" << port << " grpc.health.v1.Health/Check\n"
@@ -60,6 +73,8 @@ void PrintExamples(const LocalStack& stack, int http_port, std::ostream& out) {
       << "  cascade generate --gateway localhost:" << port
       << " --system 'You are a concise assistant.' --query 'What does a prefix cache save?'"
          " --max_tokens 32 --temperature 0\n"
+      << "  " << internal_grpcurl << " " << stack.registry().address
+      << " cascade.v1.ChunkRegistry/ListWorkers\n"
       << "  cascade demo   (its own stack on free ports)\n";
   if (http_port > 0) {
     out << "  curl http://localhost:" << http_port << "/v1/chat/completions -H 'Content-Type: "
@@ -108,6 +123,11 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
   flags.AddInt("worker_base_port", &options.worker_base_port,
                "worker i listens on this + i; 0: free ports");
   flags.AddString("log_dir", &options.log_dir, "children's logs; empty: a new /tmp/cascade-*");
+  flags.AddString("certs_dir", &options.certs_dir,
+                  "where the throwaway internal CA and certificates go; empty: <log_dir>/certs");
+  flags.AddBool("insecure_internal", &options.insecure_internal,
+                "run the registry and workers without internal auth: plaintext, no roles, and "
+                "anyone who reaches their ports may call any RPC");
   flags.AddDuration("ready_timeout", &options.ready_timeout,
                     "how long each child may take to print its ready line");
   RestartOptions& restart = options.restart;

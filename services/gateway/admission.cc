@@ -15,8 +15,9 @@ Admission::Admission(AdmissionOptions options, NowFn now)
 
 Admission::~Admission() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
+    wake_.Signal();
   }
   thread_.join();
 }
@@ -57,7 +58,7 @@ std::optional<Grant> Admission::TryGrantLocked(const std::vector<Scored>& ranked
 }
 
 uint64_t Admission::Acquire(std::vector<Scored> ranked, absl::Time deadline, Callback done) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const uint64_t ticket = next_ticket_++;
   if (stop_) {
     ready_.push_back({std::move(done), absl::UnavailableError("the gateway is shutting down")});
@@ -73,12 +74,12 @@ uint64_t Admission::Acquire(std::vector<Scored> ranked, absl::Time deadline, Cal
     queue_.push_back({ticket, std::move(ranked), now,
                       std::min(deadline, now + options_.queue_timeout), std::move(done)});
   }
-  kick_ = true;
+  KickLocked();
   return ticket;
 }
 
 bool Admission::Cancel(uint64_t ticket) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = std::find_if(queue_.begin(), queue_.end(),
                          [&](const Waiter& w) { return w.ticket == ticket; });
   if (it == queue_.end()) return false;
@@ -89,34 +90,34 @@ bool Admission::Cancel(uint64_t ticket) {
 }
 
 void Admission::Release(const std::string& address) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   --pending_;
   if (address.empty()) return;
   auto it = workers_.find(address);
   if (it == workers_.end() || it->second.inflight == 0) return;
   --it->second.inflight;
-  kick_ = true;
+  KickLocked();
 }
 
 void Admission::Transfer(const std::string& from, const std::string& to) {
   if (from == to) return;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (auto it = workers_.find(from); !from.empty() && it != workers_.end() && it->second.inflight > 0) {
     --it->second.inflight;
   }
   if (!to.empty()) ++WorkerLocked(to).inflight;
-  kick_ = true;
+  KickLocked();
 }
 
 void Admission::MarkDown(const std::string& address) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   WorkerLocked(address).down_until = now_() + options_.down_for;
-  kick_ = true;  // waiters may go to another worker now
+  KickLocked();  // waiters may go to another worker now
 }
 
 void Admission::ObserveTokens(const std::string& address, int tokens, double seconds) {
   if (tokens <= 0 || seconds < 0) return;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = workers_.find(address);
   if (it == workers_.end()) return;
   Worker& w = it->second;
@@ -146,7 +147,7 @@ void Admission::CloseWindowLocked(Worker& w, absl::Time now) {
       // batches well (a GPU) reaches its capacity in a few windows.
       w.limit = std::min<double>(options_.max_limit,
                                  w.limit + std::max(1.0, options_.increase_fraction * w.limit));
-      kick_ = true;
+      KickLocked();
     }
   }
   w.window.clear();
@@ -155,7 +156,7 @@ void Admission::CloseWindowLocked(Worker& w, absl::Time now) {
 }
 
 std::vector<Admission::WorkerView> Admission::Workers() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<WorkerView> out;
   for (const auto& [address, w] : workers_) {
     out.push_back({address, w.inflight, w.limit, w.baseline, w.recent});
@@ -164,17 +165,17 @@ std::vector<Admission::WorkerView> Admission::Workers() const {
 }
 
 int Admission::queued() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return static_cast<int>(queue_.size());
 }
 
 bool Admission::full() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return pending_ >= options_.max_pending;
 }
 
 bool Admission::overloaded() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return OverloadedLocked(now_());
 }
 
@@ -232,18 +233,18 @@ void Admission::ServeQueueLocked(absl::Time now, std::vector<Outcome>* out) {
 void Admission::Run() {
   // Waits for a change (an arrival, a release, a grown limit) or, while requests queue, polls
   // every few milliseconds for deadlines (the clock is injected, so no timed wait on it).
-  constexpr absl::Duration kPoll = absl::Milliseconds(5);
+  constexpr std::chrono::milliseconds kPoll(5);
   for (;;) {
     std::vector<Outcome> out;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return kick_ || stop_ || !ready_.empty();
       };
       if (queue_.empty()) {
-        mu_.Await(absl::Condition(&woken));
+        while (!woken()) wake_.Wait(&mu_);
       } else {
-        mu_.AwaitWithTimeout(absl::Condition(&woken), kPoll);
+        wake_.WaitFor(&mu_, kPoll, woken);
       }
       kick_ = false;
       ServeQueueLocked(now_(), &out);

@@ -25,7 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "services/gateway/router.h"
 
@@ -142,12 +142,18 @@ class Admission {
   // Grants and refusals due now, in queue order (FIFO, or newest first when overloaded).
   void ServeQueueLocked(absl::Time now, std::vector<Outcome>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Something changed that the admission thread should look at.
+  void KickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    kick_ = true;
+    wake_.Signal();
+  }
   void Run();
 
   const AdmissionOptions options_;
   const NowFn now_;
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
+  CondVar wake_;  // signalled with kick_ or stop_ set (the admission thread waits on it)
   std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::deque<Waiter> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<Outcome> ready_ ABSL_GUARDED_BY(mu_);  // to deliver on the thread

@@ -64,6 +64,7 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
             "this port; -1 off, 0 a free one");
   f->AddInt("http_threads", &c->http_threads,
             "concurrent HTTP requests at most (each stream holds one)");
+  common::RegisterInternalAuthFlags(f, &c->internal_auth);
 }
 
 absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const GatewayConfig& config) {
@@ -79,6 +80,15 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
         ">= 0, --admission_initial_limit >= 1, "
         "--admission_max_limit >= --admission_initial_limit and "
         "--admission_latency_tolerance > 1");
+  }
+  absl::StatusOr<common::PeerIdentity> self_id =
+      common::CheckOwnIdentity(config.internal_auth, common::Role::kGateway);
+  if (!self_id.ok()) return self_id.status();
+  const bool secure = !config.internal_auth.insecure;
+  if (secure && (config.registry_tls.enabled || config.worker_tls.enabled)) {
+    return absl::InvalidArgumentError(
+        "--registry_tls/--worker_tls apply only with --insecure_internal; internal auth dials "
+        "the registry and workers with --internal_cert");
   }
   std::unique_ptr<GatewayServer> g(new GatewayServer());
   GatewayOptions opts = config.gateway;
@@ -104,7 +114,8 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
   }
   if (!config.registry_address.empty()) {
     common::ClientChannelOptions co;
-    co.tls = config.registry_tls;
+    co.tls = secure ? common::InternalClientTls(config.internal_auth, common::kRegistryServerName)
+                    : config.registry_tls;
     auto ch = common::MakeChannel(config.registry_address, co);
     if (!ch.ok()) return ch.status();
     g->registry_ = registry::NewGrpcRegistryClient(*ch);
@@ -117,7 +128,8 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
     return absl::InvalidArgumentError("give --registry, --workers, or both");
   }
   common::ClientChannelOptions wo;
-  wo.tls = config.worker_tls;
+  wo.tls = secure ? common::InternalClientTls(config.internal_auth, common::kWorkerServerName)
+                  : config.worker_tls;
   g->pool_ = std::make_unique<WorkerPool>(wo, statics);
   g->metrics_ = std::make_unique<TurnMetrics>(config.server.metrics ? *config.server.metrics
                                                                     : common::MetricsRegistry::Default());

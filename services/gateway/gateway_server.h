@@ -22,8 +22,12 @@ struct GatewayConfig {
   std::string registry_address;  // empty: no registry (load-only routing over --workers)
   std::string workers;           // comma-separated static worker addresses (fallback)
   std::string auth_token_file;
-  common::ClientTlsOptions registry_tls;
-  common::ClientTlsOptions worker_tls;
+  common::ClientTlsOptions registry_tls;  // only with internal_auth.insecure
+  common::ClientTlsOptions worker_tls;    // only with internal_auth.insecure
+  // mTLS with roles to the registry and workers (the default): a gateway certificate, and the
+  // CA the registry's and workers' certificates must chain to. REQUIRED unless insecure. The
+  // public port is not internal: it keeps --tls_cert and --auth_token.
+  common::InternalAuthOptions internal_auth;
   int http_port = -1;     // the OpenAI-compatible HTTP front: -1 off, 0 a free port
   int http_threads = 64;  // its concurrent requests (a stream holds one)
 };

@@ -75,16 +75,23 @@ std::chrono::system_clock::time_point GatewayService::DeadlineFor(
   return d < fallback ? d : fallback;
 }
 
-std::vector<Scored> GatewayService::Route(const Prompt& prompt, const std::string& sticky) {
+std::vector<Scored> GatewayService::Route(const Prompt& prompt, const std::string& sticky,
+                                          cascade::v1::WorkerGenerateRequest* request) {
   std::vector<Candidate> cands;
   bool resolved = false;
   if (registry_ != nullptr) {
-    std::vector<hash::ChunkSpec> specs;
-    for (const PromptChunk& c : prompt.chunks) specs.push_back({c.kind, c.tokens, c.cache_salt});
+    const std::vector<hash::ChunkSpec> specs = ChunkSpecs(prompt);
     registry::ResolveInput in{options_.limits.model_name, prompt.cache_salt, specs};
     auto r = registry_->Resolve(in);
     if (r.ok()) {
       resolved = true;
+      // The registry hashed the chain; the worker checks these instead of trusting them blind
+      // and keeps its own pass for its cache (worker_service.cc).
+      if (request != nullptr && r->chunks.size() == static_cast<size_t>(request->chunks_size())) {
+        for (size_t i = 0; i < r->chunks.size(); ++i) {
+          request->mutable_chunks(static_cast<int>(i))->set_hash(r->chunks[i].hash.ToHex());
+        }
+      }
       for (const registry::WorkerMatch& m : r->workers) {
         Candidate c{m.worker_id, m.address, m.matched_tokens, m.load.running, m.load.waiting,
                     m.load.free_kv_blocks, m.load.total_kv_blocks, pool_->Inflight(m.address)};
@@ -159,9 +166,7 @@ grpc::Status GatewayService::DoTokenize(const cascade::v1::TokenizeRequest& r,
                                                         request->add_generation_prompt(),
                        *tokenizer_, options_.limits);
   if (!p.ok()) return ToGrpc(p.status());
-  std::vector<hash::ChunkSpec> specs;
-  for (const PromptChunk& c : p->chunks) specs.push_back({c.kind, c.tokens, c.cache_salt});
-  auto placed = hash::PlaceChunks(options_.limits.model_name, "", specs);
+  auto placed = hash::PlaceChunks(options_.limits.model_name, "", ChunkSpecs(*p));
   for (size_t i = 0; i < p->chunks.size(); ++i) {
     response->mutable_token_ids()->Add(p->chunks[i].tokens.begin(), p->chunks[i].tokens.end());
     auto* ci = response->add_chunks();

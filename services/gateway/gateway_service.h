@@ -77,8 +77,11 @@ class GatewayService final : public GatewayBase {
   void Release(const Grant& grant) { admission_->Release(grant.address); }
   Admission* admission() { return admission_.get(); }
   // Candidates for a prompt, best first: registry matches when it answers, else every known
-  // worker by load alone. `sticky` (chat) is tried first when it is among them.
-  std::vector<Scored> Route(const Prompt& prompt, const std::string& sticky = "");
+  // worker by load alone. `sticky` (chat) is tried first when it is among them. When the
+  // registry answers, `request` (the prompt's worker request, if given) gets its chunk hashes,
+  // which the worker checks.
+  std::vector<Scored> Route(const Prompt& prompt, const std::string& sticky = "",
+                            cascade::v1::WorkerGenerateRequest* request = nullptr);
   std::chrono::system_clock::time_point DeadlineFor(const grpc::CallbackServerContext* c) const;
   // A turn's parameters for `prompt` from the options and the call's deadline; the caller
   // adds the candidates once admitted.

@@ -5,12 +5,24 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "gpu_worker/engine/sampler.h"
-#include "gpu_worker/engine/sampling_wire.h"
 #include "common/bounded_text.h"
 
 namespace cascade::gateway {
 namespace {
+
+// Chunk kinds are cast between the wire and the tokenizer's template kinds.
+#define CASCADE_SAME_KIND(tok, proto)                                     \
+  static_assert(static_cast<int>(tokenizer::ChunkKind::tok) ==              \
+                    static_cast<int>(cascade::v1::proto),                   \
+                "tokenizer::ChunkKind::" #tok " must equal cascade.v1." #proto)
+CASCADE_SAME_KIND(kUnspecified, CHUNK_KIND_UNSPECIFIED);
+CASCADE_SAME_KIND(kSystem, CHUNK_KIND_SYSTEM);
+CASCADE_SAME_KIND(kContext, CHUNK_KIND_CONTEXT);
+CASCADE_SAME_KIND(kQuery, CHUNK_KIND_QUERY);
+CASCADE_SAME_KIND(kRaw, CHUNK_KIND_RAW);
+CASCADE_SAME_KIND(kGenerationPrompt, CHUNK_KIND_GENERATION_PROMPT);
+CASCADE_SAME_KIND(kAssistant, CHUNK_KIND_ASSISTANT);
+#undef CASCADE_SAME_KIND
 
 int64_t VocabSize(const tokenizer::Tokenizer& tok, const PromptLimits& limits) {
   return std::max<int64_t>(limits.vocab_size, tok.vocab_size());
@@ -106,22 +118,23 @@ absl::StatusOr<Prompt> BuildPrompt(
     p.num_tokens += static_cast<int64_t>(p.chunks.back().tokens.size());
   }
 
-  p.sampling = worker::SamplingFromProto(sampling, limits.default_max_tokens);
-  if (!p.sampling.seed.has_value()) {
+  absl::StatusOr<engine::SamplingParams> parsed =
+      worker::ParseSampling(sampling, static_cast<int32_t>(VocabSize(tok, limits)),
+                            static_cast<int32_t>(limits.max_context), limits.default_max_tokens);
+  if (!parsed.ok()) return parsed.status();
+  p.sampling = sampling;
+  // Explicit, so the worker never applies another default and a resume can subtract from it.
+  p.sampling.set_max_tokens(parsed->max_tokens);
+  if (!p.sampling.has_seed()) {
     // The gateway picks the seed, so a stream resumed on another worker after a failure
     // continues with the same random stream (the sampler draws per position).
     static thread_local std::mt19937_64 rng(std::random_device{}());
-    p.sampling.seed = rng();
+    p.sampling.set_seed(rng());
   }
-  if (absl::Status s =
-          engine::ValidateSampling(p.sampling, static_cast<int32_t>(VocabSize(tok, limits)),
-                                   static_cast<int32_t>(limits.max_context));
-      !s.ok()) {
-    return s;
-  }
-  if (p.num_tokens + p.sampling.max_tokens > limits.max_context) {
+  p.sampling.clear_stop();  // the gateway matches stop strings; workers never see them
+  if (p.num_tokens + parsed->max_tokens > limits.max_context) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the prompt (", p.num_tokens, " tokens) plus sampling.max_tokens (", p.sampling.max_tokens,
+        "the prompt (", p.num_tokens, " tokens) plus sampling.max_tokens (", parsed->max_tokens,
         ") exceeds the model's context length (", limits.max_context, " tokens)"));
   }
   if (sampling.stop_size() > limits.max_stop_strings) {
@@ -152,7 +165,7 @@ cascade::v1::WorkerGenerateRequest ToWorkerRequest(const Prompt& p, const std::s
     wc->mutable_token_ids()->Assign(c.tokens.begin(), c.tokens.end());
     wc->set_cache_salt(c.cache_salt);
   }
-  worker::SamplingToProto(p.sampling, r.mutable_sampling());
+  *r.mutable_sampling() = p.sampling;
   return r;
 }
 

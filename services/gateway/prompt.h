@@ -10,7 +10,8 @@
 #include "absl/status/statusor.h"
 #include "cascade/v1/gateway.pb.h"
 #include "cascade/v1/worker.pb.h"
-#include "gpu_worker/engine/types.h"
+#include "common/chunk_hash.h"
+#include "gpu_worker/engine/sampling_wire.h"
 #include "services/tokenizer/tokenizer.h"
 
 namespace cascade::gateway {
@@ -22,7 +23,7 @@ struct PromptLimits {
   int max_chunks = 1024;
   int max_stop_strings = 16;
   int max_stop_string_bytes = 256;
-  int32_t default_max_tokens = 256;
+  int32_t default_max_tokens = worker::kDefaultMaxTokens;  // what an unset max_tokens means
   // Token ids a client may send: the model's vocabulary, which can be larger than the
   // tokenizer's (ids without text are still the model's tokens, and streams return them).
   // 0: the tokenizer's.
@@ -38,7 +39,9 @@ struct PromptChunk {
 struct Prompt {
   std::vector<PromptChunk> chunks;  // templated and tokenized, generation prompt last if added
   int64_t num_tokens = 0;
-  engine::SamplingParams sampling;  // defaults filled, validated
+  // The client's sampling, validated (worker::ParseSampling), with max_tokens and the seed set:
+  // forwarded as is, so the worker applies the same defaults to what is unset.
+  cascade::v1::SamplingParams sampling;
   std::vector<std::string> stop;
   std::string cache_salt;
 };
@@ -57,7 +60,10 @@ size_t MaxRequestBytes(const PromptLimits& limits);
 // The model named in a request must be ours (empty means ours).
 absl::Status CheckModel(const std::string& model, const PromptLimits& limits);
 
-// The worker request for a prompt.
+// The prompt's chunks as the hashing sees them (hash::SpecsOf); they point into `p`.
+inline std::vector<hash::ChunkSpec> ChunkSpecs(const Prompt& p) { return hash::SpecsOf(p.chunks); }
+
+// The worker request for a prompt (chunk hashes unset: Route sets the registry's).
 cascade::v1::WorkerGenerateRequest ToWorkerRequest(const Prompt& p, const std::string& request_id,
                                                    const std::string& model);
 

@@ -4,11 +4,12 @@
 // slow client gets fewer, larger messages and a fast one gets every token at once.
 #include <atomic>
 #include <deque>
-#include <mutex>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/bounded_text.h"
+#include "common/mutex.h"
+#include "common/write_queue.h"
 #include "services/gateway/gateway_service.h"
 #include "services/gateway/raw_request.h"
 #include "services/gateway/turn.h"
@@ -18,53 +19,25 @@ namespace {
 
 using cascade::v1::GenerateResponse;
 
-void MergeDelta(cascade::v1::TokenDelta* into, const cascade::v1::TokenDelta& from) {
-  into->mutable_token_ids()->MergeFrom(from.token_ids());
-  into->mutable_text()->append(from.text());
-  into->mutable_logprobs()->MergeFrom(from.logprobs());
-}
-
 GenerateResponse& EventOf(GenerateResponse& r) { return r; }
 GenerateResponse& EventOf(cascade::v1::ChatResponse& r) { return *r.mutable_event(); }
+const GenerateResponse& EventOf(const GenerateResponse& r) { return r; }
+const GenerateResponse& EventOf(const cascade::v1::ChatResponse& r) { return r.event(); }
 
-// The write side both streaming reactors share: items queue while a write is in flight and go
-// out one at a time, and a delta queued behind another merges into it. Not thread-safe: the
-// owning reactor holds its mutex around every call.
+// Token deltas queued behind a write in flight become one message (common/write_queue.h).
 template <typename Item>
-class WriteQueue {
- public:
-  void Push(Item item) {
-    if (EventOf(item).has_delta() && !queue_.empty() && EventOf(queue_.back()).has_delta()) {
-      MergeDelta(EventOf(queue_.back()).mutable_delta(), EventOf(item).delta());
-      return;
-    }
-    queue_.push_back(std::move(item));
-  }
-  // The next item serialized into `buf`, marking a write in flight; false when a write is in
-  // flight already, nothing is queued, or the client is gone.
-  bool Next(grpc::ByteBuffer* buf) {
-    if (writing_ || queue_.empty() || broken_) return false;
-    SerializeToByteBuffer(queue_.front(), buf);  // the last write is done with `buf`
-    queue_.pop_front();
-    writing_ = true;
-    return true;
-  }
-  // A write completed; a failed one means the client is gone: the rest is dropped. Returns
-  // true on failure (the caller cancels its turn).
-  bool Done(bool ok) {
-    writing_ = false;
-    if (ok) return false;
-    broken_ = true;
-    queue_.clear();
-    return true;
-  }
-  bool writing() const { return writing_; }
+bool MergeDeltas(Item& into, const Item& from) {
+  if (!EventOf(into).has_delta() || !EventOf(from).has_delta()) return false;
+  cascade::v1::TokenDelta* d = EventOf(into).mutable_delta();
+  const cascade::v1::TokenDelta& f = EventOf(from).delta();
+  d->mutable_token_ids()->MergeFrom(f.token_ids());
+  d->mutable_text()->append(f.text());
+  d->mutable_logprobs()->MergeFrom(f.logprobs());
+  return true;
+}
 
- private:
-  std::deque<Item> queue_;
-  bool writing_ = false;
-  bool broken_ = false;
-};
+template <typename Item>
+using WriteQueue = common::CoalescingWriteQueue<Item, MergeDeltas<Item>>;
 
 // Lifetime rules the reactors share. OnDone (which deletes a reactor) may run on a gRPC thread
 // as soon as Finish is called, so Finish is the last thing a thread does with a reactor: it is
@@ -124,15 +97,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     }
     if (!st.ok()) {
       PendingFinish<GenerateReactor> fin(this);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       EndLocked(st, &fin);
       return;
     }
     params_ = svc_->NewTurnParams(
         *prompt, req.request_id().empty() ? svc_->NewRequestId() : req.request_id(), ctx_);
-    std::vector<Scored> ranked = svc_->Route(*prompt);
+    std::vector<Scored> ranked = svc_->Route(*prompt, "", &params_.request);
     // The grant arrives on the admission thread, never inline, so mu_ may be held here.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     waiting_ = true;
     ticket_ = svc_->Admit(std::move(ranked), params_.deadline,
                           [this](absl::StatusOr<Grant> g) { OnAdmitted(std::move(g)); });
@@ -143,7 +116,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     ReactorRef<GenerateReactor> hold(this);
     PendingFinish<GenerateReactor> fin(this);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       waiting_ = false;
       if (!grant.ok()) {
         EndLocked(ToGrpc(grant.status()), &fin);
@@ -162,7 +135,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
         Turn::Start(std::move(params_), svc_->pool(), svc_->tokenizer(), this, svc_->metrics());
     bool cancel = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (!finish_called_) {  // else the context may be gone already
         turn_ = t;
         cancel = ctx_->IsCancelled();  // OnCancel may have run before turn_ was set
@@ -173,14 +146,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   void Emit(GenerateResponse ev) override {
     PendingFinish<GenerateReactor> fin(this);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     writes_.Push(std::move(ev));
     MaybeWriteLocked(&fin);
   }
 
   void TurnDone(const grpc::Status& status, const TurnResult& result) override {
     PendingFinish<GenerateReactor> fin(this);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (grant_) grant_->address = result.slot_address;  // where the slot moved with the turn
     EndLocked(status, &fin);
   }
@@ -189,7 +162,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     std::shared_ptr<Turn> cancel;
     {
       PendingFinish<GenerateReactor> fin(this);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (writes_.Done(ok)) cancel = turn_;
       MaybeWriteLocked(&fin);
     }
@@ -200,7 +173,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     std::shared_ptr<Turn> t;
     {
       PendingFinish<GenerateReactor> fin(this);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       // Still queued: withdraw and end now (else the grant is on its way; OnAdmitted ends it).
       if (waiting_ && svc_->CancelAdmission(ticket_)) {
         waiting_ = false;
@@ -223,15 +196,17 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
   }
 
-  void EndLocked(const grpc::Status& st, PendingFinish<GenerateReactor>* fin) {
+  void EndLocked(const grpc::Status& st, PendingFinish<GenerateReactor>* fin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     turn_done_ = true;
     final_ = st;
     MaybeWriteLocked(fin);
   }
 
-  void MaybeWriteLocked(PendingFinish<GenerateReactor>* fin) {
+  void MaybeWriteLocked(PendingFinish<GenerateReactor>* fin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finish_called_) return;
-    if (writes_.Next(&current_)) {
+    if (GenerateResponse next; writes_.Next(&next)) {
+      SerializeToByteBuffer(next, &current_);  // the last write is done with current_
       StartWrite(&current_);
       return;
     }
@@ -244,16 +219,18 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   GatewayService* const svc_;
   grpc::CallbackServerContext* const ctx_;
-  std::mutex mu_;
+  Mutex mu_;
   TurnParams params_;     // built in Begin, moved into the turn once admitted
-  bool waiting_ = false;  // queued for admission under ticket_
-  uint64_t ticket_ = 0;
-  std::optional<Grant> grant_;  // the admission slot, given back in OnDone
-  std::shared_ptr<Turn> turn_;
-  WriteQueue<GenerateResponse> writes_;
-  grpc::ByteBuffer current_;
-  grpc::Status final_;
-  bool turn_done_ = false, finish_called_ = false;
+  bool waiting_ ABSL_GUARDED_BY(mu_) = false;  // queued for admission under ticket_
+  uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  // The admission slot, given back in OnDone (when no other thread touches the reactor).
+  std::optional<Grant> grant_;
+  std::shared_ptr<Turn> turn_ ABSL_GUARDED_BY(mu_);
+  WriteQueue<GenerateResponse> writes_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer current_ ABSL_GUARDED_BY(mu_);  // the write in flight
+  grpc::Status final_ ABSL_GUARDED_BY(mu_);
+  bool turn_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> refs_{1};  // gRPC's (until OnDone) + ReactorRefs
 };
 
@@ -264,7 +241,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     grpc::Status st = svc_->CheckAuth(ctx_);
     if (!st.ok()) {
       PendingFinish<ChatReactor> fin(this);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       EndLocked(st, &fin);
       return;
     }
@@ -273,7 +250,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 
   void OnReadDone(bool ok) override {
     PendingFinish<ChatReactor> fin(this);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!ok) {  // the client closed its side: finish once the last turn's events are written
       EndLocked(grpc::Status::OK, &fin);
       return;
@@ -302,7 +279,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     ReactorRef<ChatReactor> hold(this);
     PendingFinish<ChatReactor> fin(this);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       waiting_ = false;
       if (grant.ok()) grant_ = std::move(*grant);
       if (!grant.ok() || ctx_->IsCancelled()) {
@@ -320,7 +297,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
         Turn::Start(std::move(params_), svc_->pool(), svc_->tokenizer(), this, svc_->metrics());
     bool cancel = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (turn_active_ && !finish_called_) {  // else the context may be gone already
         turn_ = t;
         cancel = ctx_->IsCancelled();
@@ -331,7 +308,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 
   void Emit(GenerateResponse ev) override {
     PendingFinish<ChatReactor> fin(this);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     cascade::v1::ChatResponse wrapped;
     wrapped.set_turn(turn_index_);
     wrapped.set_session_id(session_id_);
@@ -342,7 +319,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 
   void TurnDone(const grpc::Status& status, const TurnResult& result) override {
     PendingFinish<ChatReactor> fin(this);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     turn_active_ = false;
     if (grant_) {
       grant_->address = result.slot_address;  // where the slot moved with the turn
@@ -370,7 +347,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     std::shared_ptr<Turn> cancel;
     {
       PendingFinish<ChatReactor> fin(this);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (writes_.Done(ok)) cancel = turn_;
       MaybeWriteLocked(&fin);
     }
@@ -381,7 +358,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     std::shared_ptr<Turn> t;
     {
       PendingFinish<ChatReactor> fin(this);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (waiting_ && svc_->CancelAdmission(ticket_)) {  // withdrawn from the queue
         waiting_ = false;
         AbandonTurnLocked();
@@ -405,14 +382,14 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   }
 
   // A prepared turn that will not run: its prompt does not join the session.
-  void AbandonTurnLocked() {
+  void AbandonTurnLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const PromptChunk& c : pending_) history_tokens_ -= static_cast<int64_t>(c.tokens.size());
     pending_.clear();
     turn_active_ = false;
   }
 
   // Validates the message and sets params_ for the next turn and `ranked` for admission.
-  absl::Status PrepareTurnLocked(std::vector<Scored>* ranked) {
+  absl::Status PrepareTurnLocked(std::vector<Scored>* ranked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (turn_index_ == 0) {
       absl::Status st = CheckModel(req_.model(), svc_->options().limits);
       if (st.ok()) st = common::CheckIdField("session_id", req_.session_id());
@@ -425,7 +402,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     auto prompt = BuildPrompt(req_.chunks(), req_.sampling(), salt_, true, svc_->tokenizer(),
                               svc_->options().limits);
     if (!prompt.ok()) return prompt.status();
-    const int64_t total = history_tokens_ + prompt->num_tokens + prompt->sampling.max_tokens;
+    const int64_t total = history_tokens_ + prompt->num_tokens + prompt->sampling.max_tokens();
     if (total > svc_->options().limits.max_context) {
       return absl::InvalidArgumentError(
           absl::StrCat("the session (", history_tokens_, " tokens so far) plus this turn would "
@@ -439,21 +416,23 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     full.num_tokens = history_tokens_;
 
     params_ = svc_->NewTurnParams(full, absl::StrCat(session_id_, "/", turn_index_), ctx_);
-    *ranked = svc_->Route(full, sticky_);
+    *ranked = svc_->Route(full, sticky_, &params_.request);
     turn_active_ = true;
     return absl::OkStatus();
   }
 
-  void EndLocked(const grpc::Status& st, PendingFinish<ChatReactor>* fin) {
+  void EndLocked(const grpc::Status& st, PendingFinish<ChatReactor>* fin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (ended_) return;
     ended_ = true;
     final_ = st;
     MaybeWriteLocked(fin);
   }
 
-  void MaybeWriteLocked(PendingFinish<ChatReactor>* fin) {
+  void MaybeWriteLocked(PendingFinish<ChatReactor>* fin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finish_called_) return;
-    if (writes_.Next(&current_)) {
+    if (cascade::v1::ChatResponse next; writes_.Next(&next)) {
+      SerializeToByteBuffer(next, &current_);  // the last write is done with current_
       StartWrite(&current_);
       return;
     }
@@ -466,7 +445,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 
   GatewayService* const svc_;
   grpc::CallbackServerContext* const ctx_;
-  std::mutex mu_;
+  Mutex mu_;
   grpc::ByteBuffer raw_req_;
   cascade::v1::ChatRequest req_;
   std::string session_id_, salt_, sticky_;
@@ -478,11 +457,11 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   bool waiting_ = false;  // queued for admission under ticket_
   uint64_t ticket_ = 0;
   std::optional<Grant> grant_;  // the running turn's admission slot
-  std::shared_ptr<Turn> turn_;
-  WriteQueue<cascade::v1::ChatResponse> writes_;
-  grpc::ByteBuffer current_;
-  grpc::Status final_;
-  bool finish_called_ = false;
+  std::shared_ptr<Turn> turn_ ABSL_GUARDED_BY(mu_);
+  WriteQueue<cascade::v1::ChatResponse> writes_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer current_ ABSL_GUARDED_BY(mu_);  // the write in flight
+  grpc::Status final_ ABSL_GUARDED_BY(mu_);
+  bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> refs_{1};  // gRPC's (until OnDone) + ReactorRefs
 };
 
@@ -582,15 +561,17 @@ grpc::ServerUnaryReactor* GatewayService::RegisterChunk(grpc::CallbackServerCont
   p->request.set_pin_ttl_seconds(request->pin_ttl_seconds());
   const int64_t ttl_s = request->pin_ttl_seconds();
   // A unary call cannot be withdrawn from the queue; it waits at most the queue timeout.
-  Admit(Route(*prompt), p->deadline, [this, reactor, response, ttl_s, p](absl::StatusOr<Grant> g) {
-    if (!g.ok()) {
-      reactor->Finish(ToGrpc(g.status()));
-      return;
-    }
-    p->workers = g->ranked;
-    auto* sink = new RegisterSink(reactor, response, registry_, ttl_s, this, std::move(*g));
-    Turn::Start(std::move(*p), pool_, *tokenizer_, sink, metrics_);
-  });
+  std::vector<Scored> ranked = Route(*prompt, "", &p->request);
+  Admit(std::move(ranked), p->deadline,
+        [this, reactor, response, ttl_s, p](absl::StatusOr<Grant> g) {
+          if (!g.ok()) {
+            reactor->Finish(ToGrpc(g.status()));
+            return;
+          }
+          p->workers = g->ranked;
+          auto* sink = new RegisterSink(reactor, response, registry_, ttl_s, this, std::move(*g));
+          Turn::Start(std::move(*p), pool_, *tokenizer_, sink, metrics_);
+        });
   return reactor;
 }
 

@@ -1,6 +1,6 @@
 // Turn relay; see turn.h. Locking: Turn::mu_ guards the turn's state and is held while calling
-// the sink (the sink only takes its own lock). gRPC calls back into Upstream, which forwards
-// to the Turn; an Upstream deletes itself in OnDone after telling the Turn.
+// the sink (the sink only takes its own lock). The worker call reports to Upstream, which
+// forwards to the Turn; an Upstream lets go of itself in OnDone after telling the Turn.
 #include "services/gateway/turn.h"
 
 #include "absl/strings/str_cat.h"
@@ -15,47 +15,37 @@ namespace cascade::gateway {
 using cascade::v1::GenerateResponse;
 using cascade::v1::WorkerGenerateResponse;
 
-class Turn::Upstream final : public grpc::ClientReadReactor<WorkerGenerateResponse> {
+// One attempt: the observer of one worker call. It holds the turn (the call may report after
+// the turn's owner let go of it) and itself, from Go until the call's OnDone.
+class Turn::Upstream final : public WorkerCallObserver {
  public:
-  Upstream(std::shared_ptr<Turn> turn, std::shared_ptr<WorkerHandle> handle)
+  // REQUIRES: the turn's mu_ is held (the call keeps a reference to its request_).
+  Upstream(std::shared_ptr<Turn> turn, std::shared_ptr<WorkerHandle> handle,
+           const cascade::v1::WorkerGenerateRequest& request)
       : turn_(std::move(turn)), handle_(std::move(handle)) {
-    ctx_.set_deadline(turn_->params_.deadline);
-    // Ids are checked where they enter (CheckIdField); an invalid metadata value would abort
-    // the process inside gRPC, so one that slipped through is not sent.
-    if (common::CheckIdField("request_id", turn_->params_.request_id, 2 * common::kMaxIdBytes)
-            .ok()) {
-      ctx_.AddMetadata("x-request-id", turn_->params_.request_id);
-    }
-    handle_->stub->async()->Generate(&ctx_, &turn_->request_, this);
+    call_ = handle_->client->Generate(
+        request, WorkerCallOptions{turn_->params_.deadline, turn_->params_.request_id}, this);
   }
   // REQUIRES: the Turn's mu_ is not held (callbacks may run inline).
   void Go(std::shared_ptr<Upstream> self) {
     self_ = std::move(self);
     ++handle_->inflight;
-    StartRead(&msg_);
-    StartCall();
+    call_->Start();
   }
-  void Cancel() { ctx_.TryCancel(); }
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows with the status
-    if (turn_->OnMessage(msg_)) {
-      ctx_.TryCancel();  // the worker frees the sequence
-      return;
-    }
-    StartRead(&msg_);
-  }
+  void Cancel() { call_->Cancel(); }
+
+  bool OnMessage(const WorkerGenerateResponse& msg) override { return !turn_->OnMessage(msg); }
   void OnDone(const grpc::Status& status) override {
+    std::shared_ptr<Upstream> self = std::move(self_);  // this lives until the end of OnDone
     --handle_->inflight;
     turn_->OnUpstreamDone(status);
-    self_.reset();  // may delete this
   }
 
  private:
-  std::shared_ptr<Turn> turn_;  // keeps the turn alive while gRPC can still call back
+  std::shared_ptr<Turn> turn_;  // keeps the turn alive while the call can still report
   std::shared_ptr<WorkerHandle> handle_;
+  std::shared_ptr<WorkerCall> call_;
   std::shared_ptr<Upstream> self_;
-  grpc::ClientContext ctx_;
-  WorkerGenerateResponse msg_;
 };
 
 std::shared_ptr<Turn> Turn::Start(TurnParams params, WorkerPool* pool,
@@ -64,7 +54,7 @@ std::shared_ptr<Turn> Turn::Start(TurnParams params, WorkerPool* pool,
   auto t = std::make_shared<Turn>(std::move(params), pool, tokenizer, sink, metrics);
   std::shared_ptr<Upstream> u;
   {
-    std::lock_guard<std::mutex> lock(t->mu_);
+    MutexLock lock(&t->mu_);
     t->started_at_ = std::chrono::steady_clock::now();
     t->metrics_->running->Increment();
     u = t->PrepareAttemptLocked();
@@ -75,8 +65,10 @@ std::shared_ptr<Turn> Turn::Start(TurnParams params, WorkerPool* pool,
 
 Turn::Turn(TurnParams params, WorkerPool* pool, const tokenizer::Tokenizer& tokenizer,
            TurnSink* sink, TurnMetrics* metrics)
-    : params_(std::move(params)), request_(params_.request), pool_(pool), tokenizer_(tokenizer),
-      sink_(sink), metrics_(metrics) {
+    : params_(std::move(params)), pool_(pool), tokenizer_(tokenizer), sink_(sink),
+      metrics_(metrics) {
+  MutexLock lock(&mu_);
+  request_ = params_.request;
   if (!params_.workers.empty()) result_.slot_address = params_.workers[0].candidate.address;
 }
 
@@ -85,8 +77,8 @@ Turn::~Turn() = default;
 std::shared_ptr<Turn::Upstream> Turn::PrepareAttemptLocked() {
   while (attempt_ < params_.workers.size() && attempt_ < static_cast<size_t>(params_.max_attempts)) {
     const Candidate& c = params_.workers[attempt_++].candidate;
-    handle_ = pool_->Get(c.address);
-    if (!handle_) continue;
+    std::shared_ptr<WorkerHandle> handle = pool_->Get(c.address);
+    if (!handle) continue;
     result_.worker_id = c.worker_id;
     result_.worker_address = c.address;
     // The slot follows the request, so a survivor's limit counts the streams that fail over
@@ -96,7 +88,7 @@ std::shared_ptr<Turn::Upstream> Turn::PrepareAttemptLocked() {
       result_.slot_address = c.address;
     }
     if (!resumed_) text_ = std::make_unique<TextStream>(tokenizer_, params_.stop);
-    upstream_ = std::make_shared<Upstream>(shared_from_this(), handle_);
+    upstream_ = std::make_shared<Upstream>(shared_from_this(), std::move(handle), request_);
     return upstream_;
   }
   done_ = true;
@@ -113,7 +105,7 @@ std::shared_ptr<Turn::Upstream> Turn::PrepareAttemptLocked() {
 void Turn::Cancel() {
   std::shared_ptr<Upstream> u;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     cancelled_ = true;
     u = upstream_;
   }
@@ -141,7 +133,7 @@ GenerateResponse Turn::FinishEvent(cascade::v1::FinishReason reason,
 }
 
 bool Turn::OnMessage(const WorkerGenerateResponse& msg) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (finished_) return false;
   if (msg.has_start() && resumed_) {
     // The client already has its start; the replacement's counts cover the re-prefill.
@@ -216,7 +208,7 @@ bool Turn::OnMessage(const WorkerGenerateResponse& msg) {
 void Turn::OnUpstreamDone(const grpc::Status& status) {
   std::shared_ptr<Upstream> next;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     next = FinishAttemptLocked(status);
   }
   if (next) next->Go(next);
@@ -224,8 +216,12 @@ void Turn::OnUpstreamDone(const grpc::Status& status) {
 
 std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& status) {
   upstream_ = nullptr;
+  // CANCELLED that neither the client (cancelled_) nor a stop string (finished_) caused came
+  // from the worker's side: a worker shutting down resets streams it has not started, which
+  // scale_test's drained worker showed (under load) as a CANCELLED reaching the client.
   const bool retryable = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                         status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+                         status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                         status.error_code() == grpc::StatusCode::CANCELLED;
   if (!finished_ && !got_start_ && !cancelled_ && retryable &&
       attempt_ < params_.workers.size() && attempt_ < static_cast<size_t>(params_.max_attempts)) {
     common::LogWarn("worker_failover", {{"request_id", params_.request_id},
@@ -244,7 +240,8 @@ std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& st
       attempt_ < params_.workers.size() && attempt_ < static_cast<size_t>(params_.max_attempts)) {
     // Continue elsewhere: the emitted tokens become part of the prompt (an ASSISTANT chunk of
     // their ids, the way chat history is kept), and only the remaining tokens are asked for.
-    const int32_t remaining = request_.sampling().max_tokens() -
+    // Counted from the client's budget: request_ holds the last attempt's (already reduced).
+    const int32_t remaining = params_.request.sampling().max_tokens() -
                               static_cast<int32_t>(result_.tokens.size());
     if (remaining > 0) {
       common::LogWarn("worker_resume", {{"request_id", params_.request_id},

@@ -1,7 +1,8 @@
-// One generation on a worker, relayed: opens the worker's Generate stream, turns token ids into
-// text deltas (incremental detokenization, stop strings), fails over to the next candidate if
-// the worker fails before its first message, and reports the outcome. Used by Generate (one
-// turn) and Chat (one turn per client message).
+// One generation on a worker, relayed: opens the worker's Generate stream (through the pool's
+// WorkerClient, worker_client.h), turns token ids into text deltas (incremental detokenization,
+// stop strings), fails over to the next candidate if the worker fails before its first message,
+// resumes on the next one if it dies mid-stream, and reports the outcome. Used by Generate (one
+// turn), Chat (one turn per client message) and RegisterChunk.
 #pragma once
 
 #include <chrono>
@@ -12,10 +13,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include "cascade/v1/gateway.pb.h"
-#include "cascade/v1/worker.grpc.pb.h"
-#include "services/tokenizer/tokenizer.h"
+#include "cascade/v1/worker.pb.h"
+#include "common/mutex.h"
 #include "services/gateway/router.h"
 #include "services/gateway/worker_pool.h"
+#include "services/tokenizer/tokenizer.h"
 
 namespace cascade::gateway {
 
@@ -80,38 +82,43 @@ class Turn : public std::enable_shared_from_this<Turn> {
   class Upstream;
   friend class Upstream;
 
-  // Sets up the next attempt (not yet started: gRPC may run callbacks inline in StartCall, so
-  // the caller starts it after releasing mu_), or reports failure when none is left.
-  std::shared_ptr<Upstream> PrepareAttemptLocked();
+  // Sets up the next attempt (not yet started: callbacks may run inline in WorkerCall::Start,
+  // so the caller starts it after releasing mu_), or reports failure when none is left.
+  std::shared_ptr<Upstream> PrepareAttemptLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns true when the worker stream should be cancelled (a stop string ended the turn).
   bool OnMessage(const cascade::v1::WorkerGenerateResponse& msg);
   void OnUpstreamDone(const grpc::Status& status);
-  std::shared_ptr<Upstream> FinishAttemptLocked(const grpc::Status& status);
-  void EmitDeltaLocked(cascade::v1::TokenDelta delta);
+  std::shared_ptr<Upstream> FinishAttemptLocked(const grpc::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EmitDeltaLocked(cascade::v1::TokenDelta delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   cascade::v1::GenerateResponse FinishEvent(cascade::v1::FinishReason reason,
-                                            const std::string& stop_reason) const;
+                                            const std::string& stop_reason) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Set at construction.
   const TurnParams params_;
-  cascade::v1::WorkerGenerateRequest request_;  // what the next attempt sends (grows on resume)
   WorkerPool* const pool_;
   const tokenizer::Tokenizer& tokenizer_;
   TurnSink* const sink_;
   TurnMetrics* const metrics_;
 
-  std::mutex mu_;
-  size_t attempt_ = 0;
-  std::shared_ptr<Upstream> upstream_;  // the live attempt; it also owns itself until OnDone
-  std::shared_ptr<WorkerHandle> handle_;
-  bool cancelled_ = false;
-  bool got_start_ = false;
-  bool resumed_ = false;     // a later attempt continues an earlier one's stream
-  bool finished_ = false;  // finish event emitted
-  bool done_ = false;      // TurnDone called
-  std::unique_ptr<class TextStream> text_;
-  TurnResult result_;
-  std::chrono::steady_clock::time_point started_at_;
-  std::chrono::steady_clock::time_point last_token_at_;
-  bool first_token_seen_ = false;
+  Mutex mu_;
+  // What the next attempt sends (grows on resume). Changed only between attempts: the live
+  // attempt's call reads it until its OnDone.
+  cascade::v1::WorkerGenerateRequest request_ ABSL_GUARDED_BY(mu_);
+  size_t attempt_ ABSL_GUARDED_BY(mu_) = 0;
+  // The live attempt; it also owns itself until its call's OnDone.
+  std::shared_ptr<Upstream> upstream_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool got_start_ ABSL_GUARDED_BY(mu_) = false;
+  bool resumed_ ABSL_GUARDED_BY(mu_) = false;   // a later attempt continues an earlier one's stream
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // finish event emitted
+  bool done_ ABSL_GUARDED_BY(mu_) = false;      // TurnDone called
+  std::unique_ptr<class TextStream> text_ ABSL_GUARDED_BY(mu_);
+  TurnResult result_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point started_at_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point last_token_at_ ABSL_GUARDED_BY(mu_);
+  bool first_token_seen_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace cascade::gateway

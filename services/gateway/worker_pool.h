@@ -1,32 +1,39 @@
-// Channels to workers, by address, with this gateway's count of open streams to each, and the
+// Clients of workers, by address, with this gateway's count of open streams to each, and the
 // workers the gateway knows about when the registry is away (last seen, plus --workers).
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#include "cascade/v1/worker.grpc.pb.h"
+#include "common/mutex.h"
 #include "common/transport.h"
 #include "services/gateway/router.h"
+#include "services/gateway/worker_client.h"
 
 namespace cascade::gateway {
 
 struct WorkerHandle {
   std::string address;
-  std::unique_ptr<cascade::v1::Worker::Stub> stub;
+  std::unique_ptr<WorkerClient> client;
   std::atomic<int32_t> inflight{0};
 };
+
+// Makes the client for an address; null when the address cannot be dialled.
+using WorkerClientFactory = std::function<std::unique_ptr<WorkerClient>(const std::string&)>;
 
 // Thread-safe.
 class WorkerPool {
  public:
+  // gRPC clients over channels made with `channel_options`.
   WorkerPool(common::ClientChannelOptions channel_options, std::vector<std::string> static_workers);
+  // Clients from `factory` (tests: scripted fakes).
+  WorkerPool(WorkerClientFactory factory, std::vector<std::string> static_workers);
 
-  // The handle for an address, dialled lazily; never null for a well-formed address.
+  // The handle for an address, made lazily; never null for a well-formed address.
   std::shared_ptr<WorkerHandle> Get(const std::string& address);
 
   // Remembers the registry's live workers (for load-only routing while it is away).
@@ -36,11 +43,13 @@ class WorkerPool {
   int32_t Inflight(const std::string& address);
 
  private:
-  const common::ClientChannelOptions channel_options_;
+  // Set at construction.
+  const WorkerClientFactory factory_;
   const std::vector<std::string> static_workers_;
-  std::mutex mu_;
-  std::map<std::string, std::shared_ptr<WorkerHandle>> handles_;  // guarded by mu_
-  std::map<std::string, Candidate> last_seen_;                    // guarded by mu_
+
+  Mutex mu_;
+  std::map<std::string, std::shared_ptr<WorkerHandle>> handles_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Candidate> last_seen_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cascade::gateway

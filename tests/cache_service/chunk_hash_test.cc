@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 namespace cascade::hash {
@@ -76,6 +77,38 @@ TEST(ChunkHashTest, SaltedChunkSaltsTheBlockItEndsIn) {
   ASSERT_EQ(plain.size(), 2u);
   EXPECT_EQ(plain[0], salted[0]);  // block [1,2,3]: before the salted chunk
   EXPECT_NE(plain[1], salted[1]);  // block [4,5,6] ends inside the salted chunk
+}
+
+TEST(ChunkHashTest, BlockKeysFromPlacedChunksEqualBlockKeysFromScratch) {
+  // The worker places the chunks once (checking the gateway's hashes) and derives the block keys
+  // from that placement: it must give exactly the keys of the one-shot form, salts included.
+  std::vector<int32_t> a = {1, 2, 3, 4, 5}, b = {6, 7, 8}, c = {9, 10, 11, 12, 13, 14};
+  const std::vector<ChunkSpec> chunks = {{1, a, ""}, {2, b, "tenant"}, {3, c, ""}};
+  const auto placed = PlaceChunks("m", "request-salt", chunks);
+  for (int bs : {1, 2, 3, 4, 16}) {
+    EXPECT_EQ(BlockKeys("m", placed, chunks, bs), BlockKeys("m", "request-salt", chunks, bs))
+        << "block size " << bs;
+  }
+  // A placement under another salt gives other keys: the placement is what is used.
+  EXPECT_NE(BlockKeys("m", PlaceChunks("m", "", chunks), chunks, 2),
+            BlockKeys("m", "request-salt", chunks, 2));
+}
+
+TEST(ChunkHashTest, SpecsOfViewsAnyChunkTypeWithKindTokensAndSalt) {
+  struct Mine {
+    int32_t kind;
+    std::vector<int32_t> tokens;
+    std::string cache_salt;
+  };
+  const std::vector<Mine> mine = {{1, {1, 2}, ""}, {3, {4}, "s"}};
+  const std::vector<ChunkSpec> specs = SpecsOf(mine);
+  ASSERT_EQ(specs.size(), 2u);
+  EXPECT_EQ(specs[1].kind, 3);
+  EXPECT_EQ(specs[1].tokens.data(), mine[1].tokens.data());
+  EXPECT_EQ(specs[1].cache_salt, "s");
+  EXPECT_EQ(PlaceChunks("m", "", specs)[1].hash,
+            PlaceChunks("m", "", std::vector<ChunkSpec>{{1, mine[0].tokens, ""},
+                                                        {3, mine[1].tokens, "s"}})[1].hash);
 }
 
 TEST(ChunkHashTest, HexRoundTripAndRejectsGarbage) {

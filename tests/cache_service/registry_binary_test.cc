@@ -1,5 +1,6 @@
 // The cascade-registry binary end to end: starts it on loopback ports, reads its ready line,
-// serves a worker and a resolve over gRPC, shows them on /metrics, and drains on SIGTERM.
+// serves a worker and a resolve over gRPC (with internal auth, the default), shows them on
+// /metrics, and drains on SIGTERM; refuses to start without certificates or with another role's.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -13,7 +14,9 @@
 #include <thread>
 
 #include "cache_service/client/grpc_registry_client.h"
+#include "common/transport.h"
 #include "tests/cache_service/registry_test_util.h"
+#include "tests/common/test_certs.h"
 
 namespace cascade::registry {
 namespace {
@@ -56,6 +59,40 @@ std::smatch ReadUntil(int fd, const std::regex& re, std::string* text) {
   return m;
 }
 
+using common::Role;
+using common::testing::TestCerts;
+
+// The registry binary's --internal_* flags for the test CA.
+std::vector<std::string> AuthFlags(Role role = Role::kRegistry) {
+  common::InternalAuthOptions a = TestCerts::Default().For(role, "w0");
+  return {"--internal_ca=" + a.ca_file, "--internal_cert=" + a.cert_file,
+          "--internal_key=" + a.key_file};
+}
+
+// A registry client presenting `role`'s certificate.
+std::unique_ptr<RegistryClient> ClientAs(const std::string& address, Role role,
+                                         const std::string& worker_id = "") {
+  auto channel = common::MakeChannel(
+      address, TestCerts::Default().Client(role, common::kRegistryServerName, worker_id));
+  EXPECT_TRUE(channel.ok()) << channel.status();
+  return NewGrpcRegistryClient(*channel);
+}
+
+// Runs the binary to its exit; returns the exit code and its stderr in *err.
+int RunToExit(const std::vector<std::string>& args, std::string* err) {
+  int out_fd = -1, err_fd = -1;
+  pid_t pid = Spawn(args, &out_fd, &err_fd);
+  if (pid <= 0) return -1;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(err_fd, buf, sizeof(buf))) > 0) err->append(buf, n);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(out_fd);
+  close(err_fd);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 std::string HttpGet(int port, const std::string& path) {
   std::string cmd = "curl -s http://127.0.0.1:" + std::to_string(port) + path;
   std::string out;
@@ -73,9 +110,15 @@ TEST(RegistryBinaryTest, ServesPrintsReadyLineExportsMetricsAndDrainsOnSigterm) 
   ASSERT_NE(bin_dir, nullptr) << "run through ctest (CASCADE_BINARY_DIR)";
   std::string bin = std::string(bin_dir) + "/bin/cascade-registry";
   int out_fd = -1, err_fd = -1;
-  pid_t pid = Spawn({bin, "--host=127.0.0.1", "--port=0", "--metrics_port=0",
-                     "--sweep_interval_ms=50", "--lease_ms=5000", "--max_chunks_per_request=8"},
-                    &out_fd, &err_fd);
+  std::vector<std::string> args = {bin,
+                                   "--host=127.0.0.1",
+                                   "--port=0",
+                                   "--metrics_port=0",
+                                   "--sweep_interval_ms=50",
+                                   "--lease_ms=5000",
+                                   "--max_chunks_per_request=8"};
+  for (const std::string& f : AuthFlags()) args.push_back(f);
+  pid_t pid = Spawn(args, &out_fd, &err_fd);
   ASSERT_GT(pid, 0);
   std::string out, err;
   std::smatch ready = ReadUntil(out_fd, std::regex("cascade-registry serving on ([0-9.]+):([0-9]+)"), &out);
@@ -85,10 +128,15 @@ TEST(RegistryBinaryTest, ServesPrintsReadyLineExportsMetricsAndDrainsOnSigterm) 
   ASSERT_FALSE(mport.empty()) << err;
   int metrics_port = std::stoi(mport[1].str());
 
-  auto client = NewGrpcRegistryClient(address);
-  ASSERT_TRUE(client->RegisterWorker(testing::Info("w0")).ok());
+  // Without a certificate nothing gets in; a worker registers as itself; the gateway resolves.
+  EXPECT_EQ(NewGrpcRegistryClient(address)->RegisterWorker(testing::Info("w0")).status().code(),
+            absl::StatusCode::kUnavailable);  // plaintext to a TLS port
+  auto worker = ClientAs(address, Role::kWorker, "w0");
+  ASSERT_TRUE(worker->RegisterWorker(testing::Info("w0")).ok());
   testing::Prompt p{.tokens = {testing::Tokens(32, 1), testing::Tokens(16, 500)}};
-  ASSERT_TRUE(client->ReportEvents("w0", 1, testing::Stored(testing::HeldFor(p, 16, 48))).ok());
+  ASSERT_TRUE(worker->ReportEvents("w0", 1, testing::Stored(testing::HeldFor(p, 16, 48))).ok());
+  worker.reset();
+  auto client = ClientAs(address, Role::kGateway);
   std::vector<hash::ChunkSpec> specs = p.Specs();
   absl::StatusOr<ResolveResult> r = client->Resolve({p.model, p.salt, specs});
   ASSERT_TRUE(r.ok()) << r.status();
@@ -119,6 +167,23 @@ TEST(RegistryBinaryTest, ServesPrintsReadyLineExportsMetricsAndDrainsOnSigterm) 
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
   close(out_fd);
   close(err_fd);
+}
+
+TEST(RegistryBinaryTest, RefusesToStartWithoutCertificatesOrWithAnotherRolesCertificate) {
+  const char* bin_dir = std::getenv("CASCADE_BINARY_DIR");
+  ASSERT_NE(bin_dir, nullptr) << "run through ctest (CASCADE_BINARY_DIR)";
+  const std::string bin = std::string(bin_dir) + "/bin/cascade-registry";
+  std::string err;
+  EXPECT_EQ(RunToExit({bin, "--host=127.0.0.1", "--port=0"}, &err), 2);
+  EXPECT_NE(err.find("need --internal_ca, --internal_cert, --internal_key"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("--insecure_internal"), std::string::npos) << err;
+  err.clear();
+  std::vector<std::string> args = {bin, "--host=127.0.0.1", "--port=0"};
+  for (const std::string& f : AuthFlags(Role::kGateway)) args.push_back(f);
+  EXPECT_EQ(RunToExit(args, &err), 2);
+  EXPECT_NE(err.find("names cascade://gateway, not a registry certificate"), std::string::npos)
+      << err;
 }
 
 }  // namespace

@@ -1,9 +1,13 @@
 // The registry over real gRPC on loopback: the service, the gRPC RegistryClient and the shared
-// plumbing's server runner, with the core on a fake clock. Covers hashing agreement, leases,
-// restart + resync, event gaps and repeats, admin RPCs, errors and deadlines.
+// plumbing's server runner, with the core on a fake clock, with internal auth on (each call made
+// with the role it needs: ClusterClient). Covers hashing agreement, leases, restart + resync,
+// event gaps and repeats, admin RPCs, errors and deadlines.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -13,7 +17,9 @@
 #include "cache_service/server/registry_service.h"
 #include "cascade/v1/registry.grpc.pb.h"
 #include "common/server_runner.h"
+#include "common/transport.h"
 #include "tests/cache_service/registry_test_util.h"
+#include "tests/common/test_certs.h"
 
 namespace cascade::registry {
 namespace {
@@ -24,6 +30,71 @@ using testing::Prompt;
 using testing::Stored;
 using testing::Tokens;
 namespace v1 = ::cascade::v1;
+using common::Role;
+using common::testing::TestCerts;
+
+// A gRPC channel to the registry presenting `role`'s test certificate.
+std::shared_ptr<grpc::Channel> ChannelAs(const std::string& address, Role role,
+                                         std::string_view worker_id = "") {
+  auto ch = common::MakeChannel(
+      address, TestCerts::Default().Client(role, common::kRegistryServerName, worker_id));
+  EXPECT_TRUE(ch.ok()) << ch.status();
+  return ch.ok() ? *ch : nullptr;
+}
+
+// A RegistryClient that makes each call with the identity the registry requires: Resolve and
+// PinChunk as the gateway, a worker's calls with that worker's certificate (w0's for an id
+// without one, which the registry refuses). Thread-safe.
+class ClusterClient final : public RegistryClient {
+ public:
+  explicit ClusterClient(std::string address)
+      : address_(std::move(address)),
+        gateway_(NewGrpcRegistryClient(ChannelAs(address_, Role::kGateway))) {}
+
+  absl::StatusOr<ResolveResult> Resolve(const ResolveInput& in) override {
+    return gateway_->Resolve(in);
+  }
+  absl::StatusOr<int64_t> PinChunk(const Hash128& hash, int64_t ttl_s,
+                                   const std::optional<HeldChunk>& chunk) override {
+    return gateway_->PinChunk(hash, ttl_s, chunk);
+  }
+  absl::StatusOr<RegisterResult> RegisterWorker(const WorkerInfo& info) override {
+    return As(info.worker_id).RegisterWorker(info);
+  }
+  absl::StatusOr<HeartbeatResult> Heartbeat(std::string_view id, const WorkerLoad& load) override {
+    return As(id).Heartbeat(id, load);
+  }
+  absl::StatusOr<ReportResult> ReportEvents(std::string_view id, uint64_t seq,
+                                            std::span<const ChunkEvent> events) override {
+    return As(id).ReportEvents(id, seq, events);
+  }
+  absl::StatusOr<int> Resync(std::string_view id, std::span<const HeldChunk> chunks,
+                             uint64_t seq) override {
+    return As(id).Resync(id, chunks, seq);
+  }
+  absl::Status Deregister(std::string_view id) override { return As(id).Deregister(id); }
+
+ private:
+  RegistryClient& As(std::string_view worker_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string id(worker_id);
+    auto it = workers_.find(id);
+    if (it == workers_.end()) {
+      const bool has_cert = common::ValidateWorkerIdForCert(id).ok() &&
+                            std::filesystem::exists(TestCerts::Default().paths().worker_cert(id));
+      it = workers_
+               .emplace(id, NewGrpcRegistryClient(
+                                ChannelAs(address_, Role::kWorker, has_cert ? id : "w0")))
+               .first;
+    }
+    return *it->second;
+  }
+
+  const std::string address_;
+  const std::unique_ptr<RegistryClient> gateway_;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<RegistryClient>> workers_;
+};
 
 // One registry server: core + service + runner on 127.0.0.1.
 class Server {
@@ -34,6 +105,7 @@ class Server {
     registry_ = std::make_unique<Registry>(options);
     service_ = std::make_unique<RegistryService>(registry_.get(), &metrics_);
     common::ServerOptions so;
+    so.internal_auth = {TestCerts::Default().For(Role::kRegistry), RegistryMethodPolicy()};
     so.name = "cascade-registry";
     so.host = "127.0.0.1";
     so.port = port;
@@ -50,9 +122,10 @@ class Server {
   std::string address() const { return runner_->local_address(); }
   int port() const { return runner_->port(); }
   Registry& registry() { return *registry_; }
-  std::unique_ptr<v1::ChunkRegistry::Stub> Stub() {
-    return v1::ChunkRegistry::NewStub(
-        grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+  // A raw stub presenting `role`'s certificate (admin RPCs by default).
+  std::unique_ptr<v1::ChunkRegistry::Stub> Stub(Role role = Role::kAdmin,
+                                                std::string_view worker_id = "") {
+    return v1::ChunkRegistry::NewStub(ChannelAs(address(), role, worker_id));
   }
 
  private:
@@ -77,7 +150,7 @@ class RegistryGrpcTest : public ::testing::Test {
 
 TEST_F(RegistryGrpcTest, HashesAndPositionsOverGrpcEqualTheHashingLibrary) {
   Server server(&clock_);
-  auto client = NewGrpcRegistryClient(server.address());
+  auto client = std::make_unique<ClusterClient>(server.address());
   Prompt p = two_;
   p.salt = "tenant";
   p.chunk_salts = {"", "doc"};
@@ -115,7 +188,7 @@ TEST_F(RegistryGrpcTest, HashesAndPositionsOverGrpcEqualTheHashingLibrary) {
 
 TEST_F(RegistryGrpcTest, ResidencyFollowsBlockKeysAndLeaseExpiryDropsTheWorker) {
   Server server(&clock_);
-  auto client = NewGrpcRegistryClient(server.address());
+  auto client = std::make_unique<ClusterClient>(server.address());
   ASSERT_TRUE(client->RegisterWorker(Info("w1")).ok());
   ASSERT_TRUE(client->RegisterWorker(Info("w2")).ok());
   ASSERT_TRUE(client->ReportEvents("w1", 1, Stored(HeldFor(two_, 16, 200))).ok());
@@ -137,7 +210,7 @@ TEST_F(RegistryGrpcTest, ResidencyFollowsBlockKeysAndLeaseExpiryDropsTheWorker) 
 TEST_F(RegistryGrpcTest, RegistryRestartFollowedByResyncRestoresResidencyAnswers) {
   auto server = std::make_unique<Server>(&clock_);
   int port = server->port();
-  auto client = NewGrpcRegistryClient(server->address());
+  auto client = std::make_unique<ClusterClient>(server->address());
   absl::StatusOr<RegisterResult> reg = client->RegisterWorker(Info("w"));
   ASSERT_TRUE(reg.ok());
   std::vector<HeldChunk> held = HeldFor(two_, 16, 200);
@@ -170,7 +243,7 @@ TEST_F(RegistryGrpcTest, RegistryRestartFollowedByResyncRestoresResidencyAnswers
 
 TEST_F(RegistryGrpcTest, EventGapTriggersResyncAndRepeatsAreIdempotent) {
   Server server(&clock_);
-  auto client = NewGrpcRegistryClient(server.address());
+  auto client = std::make_unique<ClusterClient>(server.address());
   ASSERT_TRUE(client->RegisterWorker(Info("w")).ok());
   std::vector<HeldChunk> held = HeldFor(two_, 16, 200);
   ASSERT_FALSE(client->ReportEvents("w", 1, Stored({held[0]}))->resync_required);
@@ -190,7 +263,7 @@ TEST_F(RegistryGrpcTest, EventGapTriggersResyncAndRepeatsAreIdempotent) {
 
 TEST_F(RegistryGrpcTest, AdminRpcsListInspectPinEvictWorkersAndStats) {
   Server server(&clock_);
-  auto client = NewGrpcRegistryClient(server.address());
+  auto client = std::make_unique<ClusterClient>(server.address());
   auto stub = server.Stub();
   ASSERT_TRUE(client->RegisterWorker(Info("w")).ok());
   std::vector<HeldChunk> held = HeldFor(two_, 16, 200);
@@ -259,7 +332,7 @@ TEST_F(RegistryGrpcTest, BadRequestsGetClearStatusesAndLeaveOthersAlone) {
   o.max_chunks_per_request = 4;
   o.max_tokens_per_request = 150;
   Server server(&clock_, 0, o);
-  auto client = NewGrpcRegistryClient(server.address());
+  auto client = std::make_unique<ClusterClient>(server.address());
   auto stub = server.Stub();
   ASSERT_TRUE(client->RegisterWorker(Info("good")).ok());
   ASSERT_TRUE(client->ReportEvents("good", 1, Stored(HeldFor(two_, 16, 200))).ok());
@@ -269,8 +342,9 @@ TEST_F(RegistryGrpcTest, BadRequestsGetClearStatusesAndLeaveOthersAlone) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(s.message().find("max_tokens_per_request"), std::string::npos) << s;
   EXPECT_EQ(client->Heartbeat("nobody", {}).status().code(), absl::StatusCode::kNotFound);
+  // An id no certificate can name is refused before the registry looks at it.
   EXPECT_EQ(client->ReportEvents("bad/id", 1, {}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+            absl::StatusCode::kPermissionDenied);
 
   v1::GetChunkRequest get_req;
   get_req.set_hash("not-a-hash");
@@ -286,7 +360,7 @@ TEST_F(RegistryGrpcTest, BadRequestsGetClearStatusesAndLeaveOthersAlone) {
   bad_events.add_events()->mutable_chunk()->set_hash("zz");
   v1::ReportEventsResponse resp;
   grpc::ClientContext c2;
-  gs = stub->ReportEvents(&c2, bad_events, &resp);
+  gs = server.Stub(Role::kWorker, "good")->ReportEvents(&c2, bad_events, &resp);
   EXPECT_EQ(gs.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(gs.error_message().find("events[0].type"), std::string::npos) << gs.error_message();
 
@@ -314,7 +388,7 @@ TEST_F(RegistryGrpcTest, CallsToAnAbsentRegistryFailFastWithinTheDeadline) {
 
 TEST_F(RegistryGrpcTest, ConcurrentResolvesWhileEventsStreamIn) {
   Server server(&clock_);
-  auto client = NewGrpcRegistryClient(server.address());
+  auto client = std::make_unique<ClusterClient>(server.address());
   std::vector<Prompt> prompts;
   for (int i = 0; i < 8; ++i) prompts.push_back(Prompt{.tokens = {Tokens(64, 1), Tokens(32, i * 100)}});
   for (int w = 0; w < 3; ++w) ASSERT_TRUE(client->RegisterWorker(Info("w" + std::to_string(w))).ok());

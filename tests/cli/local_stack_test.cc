@@ -145,7 +145,8 @@ TEST(LocalStackTest, StackOfRealBinariesServesAGenerateStreamAndStops) {
   EXPECT_GE(result->ttft_ms, 0);
 
   absl::StatusOr<v1::WorkerStats> stats =
-      GetWorkerStats((*stack)->workers()[0].address, absl::Seconds(5));
+      GetWorkerStats((*stack)->workers()[0].address, absl::Seconds(5),
+                     (*stack)->AdminTls(common::kWorkerServerName));
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->generation_tokens(), 6);
 

@@ -27,6 +27,7 @@
 #include "services/cli/child_process.h"
 #include "services/cli/gateway_client.h"
 #include "services/cli/local_stack.h"
+#include "common/internal_auth.h"
 #include "services/cli/proc_info.h"
 
 namespace cascade::cli {
@@ -56,6 +57,15 @@ std::string ReadAll(const std::string& path) {
 }
 
 // `cascade up` as a user runs it, as a child process of the test, on free ports.
+// Admin client TLS with the certificates `cascade up --log_dir=<dir>/logs` made.
+common::ClientTlsOptions AdminTls(const TempDir& dir, std::string_view server_name) {
+  common::StackCertPaths certs{dir.path() + "/logs/certs"};
+  return common::InternalClientTls({.ca_file = certs.ca(),
+                                    .cert_file = certs.cert("admin"),
+                                    .key_file = certs.key("admin")},
+                                   server_name);
+}
+
 class UpProcess {
  public:
   explicit UpProcess(const TempDir& dir, std::vector<std::string> extra = {}) : dir_(dir) {
@@ -243,7 +253,9 @@ TEST(SuperviseTest, KilledWorkerCostsNoStreamAndComesBack) {
   const std::string registry_address = up.ListedAddress("registry");
   ASSERT_FALSE(victim_address.empty()) << up.log();
   ASSERT_FALSE(registry_address.empty()) << up.log();
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> registry_channel = Dial(registry_address);
+  // ListWorkers is an admin RPC: `cascade up` left the admin certificate in <log_dir>/certs.
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> registry_channel =
+      common::MakeChannel(registry_address, AdminTls(dir, common::kRegistryServerName));
   ASSERT_TRUE(registry_channel.ok());
   std::unique_ptr<v1::ChunkRegistry::Stub> registry = v1::ChunkRegistry::NewStub(*registry_channel);
   pid_t new_pid = -1;
@@ -266,7 +278,8 @@ TEST(SuperviseTest, KilledWorkerCostsNoStreamAndComesBack) {
       [&] {
         new_pid = FindChildWithArg(up.process().pid(), "--worker_id=" + victim);
         return new_pid > 0 && new_pid != victim_pid &&
-               GetWorkerStats(victim_address, absl::Seconds(2)).ok() && registered_again();
+               GetWorkerStats(victim_address, absl::Seconds(2),
+                              AdminTls(dir, common::kWorkerServerName)).ok() && registered_again();
       },
       absl::Seconds(60)))
       << victim << " did not come back (pid now " << new_pid << ")\n"

@@ -4,12 +4,15 @@
 # by tests/e2e/grpcurl.js, which learns the API only through server reflection).
 #
 # Start a local stack on these ports first:
-#   build/bin/cascade up --port 50051 --registry_port 50052
+#   build/bin/cascade up --port 50051 --registry_port 50052 --certs_dir /tmp/cascade-certs
 # then run the lines below one by one, or this whole file: bash tests/e2e/README_EXAMPLES.sh
+# The gateway's port is public (plaintext here); the registry's is internal: only a certificate
+# from the stack's CA gets in, and its admin RPCs need the admin one that `cascade up` wrote.
 #
 # Format (the test parses it): each example is a `## name: what it shows` line followed by one
-# command line starting with `grpcurl`. The gateway is localhost:50051 and the registry
-# localhost:50052; the test substitutes the ports it got and nothing else.
+# command line starting with `grpcurl`. The gateway is localhost:50051, the registry
+# localhost:50052 and the certificates /tmp/cascade-certs; the test substitutes the ports and the
+# certificates' directory it got and nothing else.
 
 ## list: the services the gateway serves
 grpcurl -plaintext localhost:50051 list
@@ -36,7 +39,10 @@ grpcurl -plaintext -d '{"chunks":[{"kind":"CHUNK_KIND_SYSTEM","text":"You are te
 grpcurl -plaintext -d '{"chunks":[{"kind":"CHUNK_KIND_QUERY","text":"Hi"}],"sampling":{"maxTokens":0}}' localhost:50051 cascade.v1.Gateway/Generate
 
 ## list-chunks: the registry's admin view of the chunks and which worker holds them
-grpcurl -plaintext localhost:50052 cascade.v1.ChunkRegistry/ListChunks
+grpcurl -cacert /tmp/cascade-certs/ca.crt -cert /tmp/cascade-certs/admin.crt -key /tmp/cascade-certs/admin.key -servername registry.cascade.internal localhost:50052 cascade.v1.ChunkRegistry/ListChunks
 
 ## list-workers: the registry's live workers with their load
-grpcurl -plaintext localhost:50052 cascade.v1.ChunkRegistry/ListWorkers
+grpcurl -cacert /tmp/cascade-certs/ca.crt -cert /tmp/cascade-certs/admin.crt -key /tmp/cascade-certs/admin.key -servername registry.cascade.internal localhost:50052 cascade.v1.ChunkRegistry/ListWorkers
+
+## registry-needs-a-certificate: without a certificate the registry lets nothing in, reflection included (Unauthenticated, grpcurl exits 1)
+grpcurl -cacert /tmp/cascade-certs/ca.crt -servername registry.cascade.internal localhost:50052 cascade.v1.ChunkRegistry/ListWorkers

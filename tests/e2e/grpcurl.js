@@ -3,6 +3,7 @@
 // its command line that Cascade documents:
 //
 //   node tests/e2e/grpcurl.js [-plaintext] [-H 'k: v']... [-d JSON|@] [-max-time SECS]
+//                             [-cacert F] [-cert F -key F] [-servername NAME]
 //                             [-emit-defaults] HOST:PORT  list [SERVICE]
 //                                                       | describe [SYMBOL]
 //                                                       | SERVICE/METHOD
@@ -135,6 +136,10 @@ const USAGE = `Usage: node tests/e2e/grpcurl.js [flags] HOST:PORT list [SERVICE]
        node tests/e2e/grpcurl.js [flags] HOST:PORT SERVICE/METHOD
 Flags:
   -plaintext        no TLS (without it: TLS with the system's root certificates)
+  -cacert FILE      PEM roots to verify the server with, instead of the system's
+  -cert FILE        PEM client certificate (mutual TLS; with -key)
+  -key FILE         PEM key of -cert
+  -servername NAME  name expected in the server's certificate, if not the address' host
   -H 'name: value'  request metadata, for reflection and the call (repeatable)
   -d JSON           request in proto3 JSON; '@' reads it from stdin; absent: an empty message
   -max-time SECS    deadline of the whole operation
@@ -142,7 +147,8 @@ Flags:
 `;
 
 function parseArgs(argv) {
-  const opts = {plaintext: false, headers: [], data: null, maxTime: 0, emitDefaults: false};
+  const opts = {plaintext: false, headers: [], data: null, maxTime: 0, emitDefaults: false,
+    cacert: null, cert: null, key: null, servername: null};
   const rest = [];
   for (let i = 0; i < argv.length; i++) {
     let a = argv[i];
@@ -167,12 +173,17 @@ function parseArgs(argv) {
       case '-H': case '-rpc-header': case '-reflect-header': opts.headers.push(value()); break;
       case '-d': opts.data = value(); break;
       case '-max-time': opts.maxTime = Number(value()); break;
+      case '-cacert': opts.cacert = value(); break;
+      case '-cert': opts.cert = value(); break;
+      case '-key': opts.key = value(); break;
+      case '-servername': opts.servername = value(); break;
       case '-emit-defaults': opts.emitDefaults = inline === null || inline === 'true'; break;
       case '-h': case '-help': process.stdout.write(USAGE); process.exit(0); break;
       default: throw new UsageError(`unknown flag ${a}`);
     }
   }
   if (rest.length < 2) throw new UsageError('too few arguments');
+  if ((opts.cert === null) !== (opts.key === null)) throw new UsageError('-cert and -key go together');
   opts.address = rest[0];
   opts.verb = rest[1];
   opts.args = rest.slice(2);
@@ -707,9 +718,15 @@ async function main() {
   }
   const metadata = makeMetadata(opts.headers);
   const deadline = opts.maxTime > 0 ? new Date(Date.now() + opts.maxTime * 1000) : undefined;
-  const creds = opts.plaintext ? grpc.credentials.createInsecure() : grpc.credentials.createSsl();
+  const fs = require('fs');
+  const read = (f) => (f === null ? null : fs.readFileSync(f));
+  const creds = opts.plaintext ? grpc.credentials.createInsecure()
+                               : grpc.credentials.createSsl(read(opts.cacert), read(opts.key),
+                                                            read(opts.cert));
+  const channelOptions = opts.servername === null ? {}
+      : {'grpc.ssl_target_name_override': opts.servername, 'grpc.default_authority': opts.servername};
   const Client = grpc.makeGenericClientConstructor({}, 'GrpcurlClient');
-  const client = new Client(opts.address, creds);
+  const client = new Client(opts.address, creds, channelOptions);
   const reflection = new Reflection(client, metadata, deadline);
   const pool = new DescriptorPool(reflection);
   try {

@@ -78,7 +78,7 @@ trap 'exit 130' INT TERM
   fail "cascade mkmodel --preset tiny failed: $(cat "$TMP/mkmodel.log")"
 
 "$BIN/cascade" up --port 0 --registry_port 0 --workers 1 --backend cpu --worker_threads 1 \
-  --model_dir "$TMP/model" --log_dir "$TMP/logs" --ready_timeout 40s \
+  --model_dir "$TMP/model" --log_dir "$TMP/logs" --certs_dir "$TMP/certs" --ready_timeout 40s \
   >"$TMP/up.out" 2>"$TMP/up.err" &
 UP_PID=$!
 for _ in $(seq 1 450); do
@@ -100,6 +100,7 @@ run() {
   local cmd="node \"$GRPCURL_JS\"${line#grpcurl}"
   cmd="${cmd//localhost:50051/$GATEWAY}"
   cmd="${cmd//localhost:50052/$REGISTRY}"
+  cmd="${cmd//\/tmp\/cascade-certs/$TMP/certs}"
   CMD="$line"
   OUT_FILE="$TMP/$name.out"
   ERR_FILE="$TMP/$name.err"
@@ -160,7 +161,7 @@ while IFS= read -r header; do
 done < <(grep -A1 '^## ' "$EXAMPLES" | grep -v '^--$')
 
 for name in list describe health list-models tokenize generate generate-again invalid \
-  list-chunks list-workers; do
+  list-chunks list-workers registry-needs-a-certificate; do
   [[ -n "${EXAMPLE[$name]+x}" ]] || fail "README_EXAMPLES.sh has no '## $name' example"
 done
 
@@ -247,6 +248,12 @@ for name in "${ORDER[@]}"; do
       expect_js 'one live worker with an address and its load' \
         'const ws = msgs[0].workers; return ws.length === 1 && ws[0].workerId && ws[0].address &&
          Number(ws[0].load.totalKvBlocks) > 0;'
+      ;;
+    registry-needs-a-certificate)
+      expect_rc 1
+      grep -q 'Unauthenticated: internal RPCs need a client certificate' "$ERR_FILE" ||
+        mismatch "expected Unauthenticated asking for a client certificate on stderr"
+      [[ ! -s "$OUT_FILE" ]] || mismatch "expected no output"
       ;;
     *)
       expect_rc 0 # a documented example this test has no specific check for must at least succeed

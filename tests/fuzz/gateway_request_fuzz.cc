@@ -50,7 +50,7 @@ void CheckPrompt(const Prompt& p, bool generation_prompt, const tokenizer::Token
   FUZZ_CHECK(!p.chunks.empty(), "an accepted prompt has no chunks");
   FUZZ_CHECK(!generation_prompt || p.chunks.back().kind == v1::CHUNK_KIND_GENERATION_PROMPT,
              "the generation prompt is not last");
-  FUZZ_CHECK(p.num_tokens + p.sampling.max_tokens <= Limits().max_context,
+  FUZZ_CHECK(p.num_tokens + p.sampling.max_tokens() <= Limits().max_context,
              "an accepted prompt exceeds the context");
   v1::WorkerGenerateRequest w = gateway::ToWorkerRequest(p, "fuzz-request", "qwen3");
   FUZZ_CHECK(w.chunks_size() == static_cast<int>(p.chunks.size()), "worker request lost chunks");

@@ -11,6 +11,7 @@
 #include <functional>
 #include <mutex>
 
+#include "gpu_worker/service/worker_service.h"
 #include "tests/integration/stack.h"
 
 namespace cascade::testing {
@@ -87,9 +88,8 @@ TEST(BadDayTest, EchoedInputIsBoundedInEveryErrorMessage) {
     EXPECT_LE(st.error_message().size(), 1024u);
   }
   {
-    // Straight at the worker, which echoes the model too.
-    auto ch = grpc::CreateChannel(stack.worker(0).address(), grpc::InsecureChannelCredentials());
-    auto stub = cascade::v1::Worker::NewStub(ch);
+    // Straight at the worker (as the gateway), which echoes the model too.
+    auto stub = cascade::v1::Worker::NewStub(stack.WorkerChannel(0, common::Role::kGateway));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     cascade::v1::WorkerGenerateRequest req;
@@ -146,7 +146,11 @@ class ScriptedWorker final : public cascade::v1::Worker::Service {
   explicit ScriptedWorker(Script script, std::atomic<int>* calls)
       : script_(std::move(script)), calls_(calls) {
     grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    // Served like a real worker: mTLS with roles, under worker w0's certificate.
+    auto creds = common::MakeInternalServerCredentials(
+        {StackAuth(false, common::Role::kWorker, "w0"), worker::WorkerMethodPolicy()});
+    EXPECT_TRUE(creds.ok()) << creds.status();
+    b.AddListeningPort("127.0.0.1:0", *creds, &port_);
     b.RegisterService(this);
     server_ = b.BuildAndStart();
   }
@@ -188,6 +192,7 @@ std::unique_ptr<gateway::GatewayServer> GatewayOver(const std::vector<std::strin
   g.server = TestServerOptions("cascade-gateway");
   g.model_dir = TinyModelDir();
   for (const auto& w : workers) g.workers += (g.workers.empty() ? "" : ",") + w;
+  g.internal_auth = StackAuth(false, common::Role::kGateway);
   auto gw = gateway::GatewayServer::Start(g);
   EXPECT_TRUE(gw.ok()) << gw.status();
   return gw.ok() ? std::move(*gw) : nullptr;

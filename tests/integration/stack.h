@@ -20,6 +20,7 @@
 #include "gpu_worker/service/worker_server.h"
 #include "common/server_runner.h"
 #include "services/gateway/gateway_server.h"
+#include "tests/common/test_certs.h"
 
 namespace cascade::testing {
 
@@ -61,7 +62,19 @@ struct StackOptions {
   bool static_workers = true;  // also pass the workers as the gateway's --workers fallback
   gateway::AdmissionOptions admission;  // the gateway's (max_pending is max_concurrent)
   int http_port = -1;                   // the gateway's OpenAI HTTP front: 0 a free port
+  // The gateway's --default_max_tokens (short, so tests that leave max_tokens unset stay quick);
+  // 0 keeps the shipped default (worker::kDefaultMaxTokens).
+  int32_t default_max_tokens = 16;
+  // Internal RPCs run with mTLS and roles (common::testing::TestCerts) unless this is set.
+  bool insecure_internal = false;
 };
+
+// --internal_* for a component of the test stack, or --insecure_internal.
+inline common::InternalAuthOptions StackAuth(bool insecure, common::Role role,
+                                             std::string_view worker_id = "") {
+  if (insecure) return {.insecure = true};
+  return common::testing::TestCerts::Default().For(role, worker_id);
+}
 
 class Stack {
  public:
@@ -89,7 +102,8 @@ class Stack {
     g.http_port = o.http_port;
     g.gateway.auth_token = o.auth_token;
     g.gateway.resume_mid_stream = o.resume;
-    g.gateway.limits.default_max_tokens = 16;
+    if (o.default_max_tokens > 0) g.gateway.limits.default_max_tokens = o.default_max_tokens;
+    g.internal_auth = StackAuth(o.insecure_internal, common::Role::kGateway);
     if (o.metrics) g.server.metrics_port = 0;
     return g;
   }
@@ -104,9 +118,14 @@ class Stack {
     registry::RegistryOptions ro;
     ro.lease_ms = 3000;
     registry_ = std::make_unique<registry::Registry>(ro);
-    registry_service_ = std::make_unique<registry::RegistryService>(registry_.get());
+    registry_service_ = std::make_unique<registry::RegistryService>(
+        registry_.get(), nullptr, /*check_worker_identity=*/!options_.insecure_internal);
     common::ServerOptions so = TestServerOptions("cascade-registry");
     so.port = port;
+    if (!options_.insecure_internal) {
+      so.internal_auth = {StackAuth(false, common::Role::kRegistry),
+                          registry::RegistryMethodPolicy()};
+    }
     registry_runner_ = std::make_unique<common::ServerRunner>(so);
     registry_runner_->AddService({registry_service_.get(), cascade::v1::ChunkRegistry::service_full_name()});
     ASSERT_TRUE(registry_runner_->Start().ok());
@@ -136,6 +155,7 @@ class Stack {
     if (options_.metrics && i == 0) w.server.metrics_port = 0;
     w.heartbeat_ms = 100;
     if (options_.registry) w.registry_address = registry_address_;
+    w.internal_auth = StackAuth(options_.insecure_internal, common::Role::kWorker, w.worker_id);
     auto s = worker::WorkerServer::Start(w);
     ASSERT_TRUE(s.ok()) << s.status();
     workers_.push_back(std::move(*s));
@@ -150,11 +170,20 @@ class Stack {
   worker::WorkerServer& worker(int i) { return *workers_[i]; }
   int num_workers() const { return static_cast<int>(workers_.size()); }
   registry::Registry* registry() { return registry_.get(); }
+  const std::string& registry_address() const { return registry_address_; }
 
-  // The worker's engine counters over its gRPC GetStats.
+  // A channel to worker i as `role` would dial it (plaintext when insecure_internal).
+  std::shared_ptr<grpc::Channel> WorkerChannel(int i, common::Role role = common::Role::kAdmin) {
+    auto ch = common::MakeChannel(
+        workers_[i]->address(),
+        common::InternalClientTls(StackAuth(options_.insecure_internal, role),
+                                  common::kWorkerServerName));
+    EXPECT_TRUE(ch.ok()) << ch.status();
+    return *ch;
+  }
+  // The worker's engine counters over its gRPC GetStats (as admin).
   cascade::v1::WorkerStats WorkerStats(int i) {
-    auto ch = grpc::CreateChannel(workers_[i]->address(), grpc::InsecureChannelCredentials());
-    auto stub = cascade::v1::Worker::NewStub(ch);
+    auto stub = cascade::v1::Worker::NewStub(WorkerChannel(i));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     cascade::v1::WorkerStats st;

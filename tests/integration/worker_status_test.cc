@@ -26,8 +26,12 @@ struct Outcome {
 
 Outcome Generate(const std::string& address, int prompt_tokens, int max_tokens,
                  int64_t pin_ttl_seconds = 0, int32_t fill = 5) {
-  auto stub = cascade::v1::Worker::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  // As the gateway: Worker/Generate is its RPC under internal auth.
+  auto channel = common::MakeChannel(
+      address, common::testing::TestCerts::Default().Client(common::Role::kGateway,
+                                                            common::kWorkerServerName));
+  EXPECT_TRUE(channel.ok()) << channel.status();
+  auto stub = cascade::v1::Worker::NewStub(*channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   cascade::v1::WorkerGenerateRequest req;
@@ -55,6 +59,7 @@ class WorkerStatusTest : public ::testing::Test {
     w.block_size = 16;
     w.max_context = 512;
     w.threads = 1;
+    w.internal_auth = StackAuth(false, common::Role::kWorker, "w0");
     auto s = worker::WorkerServer::Start(w);
     ASSERT_TRUE(s.ok()) << s.status();
     worker_ = s->release();

@@ -1,0 +1,76 @@
+// The gRPC WorkerClient: a client read reactor per Generate stream; see worker_client.h.
+#include "services/gateway/worker_client.h"
+
+#include "common/bounded_text.h"
+
+namespace cascade::gateway {
+namespace {
+
+using cascade::v1::WorkerGenerateRequest;
+using cascade::v1::WorkerGenerateResponse;
+
+class GrpcWorkerCall final : public WorkerCall,
+                             public grpc::ClientReadReactor<WorkerGenerateResponse>,
+                             public std::enable_shared_from_this<GrpcWorkerCall> {
+ public:
+  GrpcWorkerCall(cascade::v1::Worker::Stub* stub, const WorkerGenerateRequest& request,
+                 const WorkerCallOptions& options, WorkerCallObserver* observer)
+      : observer_(observer) {
+    ctx_.set_deadline(options.deadline);
+    // Ids are checked where they enter (CheckIdField); an invalid metadata value would abort
+    // the process inside gRPC, so one that slipped through is not sent.
+    if (common::CheckIdField("request_id", options.request_id, 2 * common::kMaxIdBytes).ok()) {
+      ctx_.AddMetadata("x-request-id", options.request_id);
+    }
+    stub->async()->Generate(&ctx_, &request, this);
+  }
+
+  void Start() override {
+    self_ = shared_from_this();  // until OnDone
+    StartRead(&msg_);
+    StartCall();
+  }
+  void Cancel() override { ctx_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows with the status
+    if (!observer_->OnMessage(msg_)) {
+      ctx_.TryCancel();  // the worker frees the sequence
+      return;
+    }
+    StartRead(&msg_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    observer_->OnDone(status);
+    self_.reset();  // may delete this
+  }
+
+ private:
+  WorkerCallObserver* const observer_;
+  grpc::ClientContext ctx_;
+  WorkerGenerateResponse msg_;
+  std::shared_ptr<GrpcWorkerCall> self_;
+};
+
+class GrpcWorkerClient final : public WorkerClient {
+ public:
+  explicit GrpcWorkerClient(std::shared_ptr<grpc::Channel> channel)
+      : stub_(cascade::v1::Worker::NewStub(std::move(channel))) {}
+
+  std::shared_ptr<WorkerCall> Generate(const WorkerGenerateRequest& request,
+                                       const WorkerCallOptions& options,
+                                       WorkerCallObserver* observer) override {
+    return std::make_shared<GrpcWorkerCall>(stub_.get(), request, options, observer);
+  }
+
+ private:
+  std::unique_ptr<cascade::v1::Worker::Stub> stub_;
+};
+
+}  // namespace
+
+std::unique_ptr<WorkerClient> NewGrpcWorkerClient(std::shared_ptr<grpc::Channel> channel) {
+  return std::make_unique<GrpcWorkerClient>(std::move(channel));
+}
+
+}  // namespace cascade::gateway

@@ -1,0 +1,402 @@
+// Turn's failover and exact resume against scripted fake workers (fake_worker.h), no network:
+// a worker that dies after N tokens is replaced by the next candidate, which gets the prompt
+// plus an ASSISTANT chunk of the tokens already emitted and the remaining max_tokens, and the
+// client's stream equals the uninterrupted one; refusals fail over; a silent worker ends at the
+// deadline; with no candidate left the client gets an error finish with the usage so far.
+#include "services/gateway/turn.h"
+
+#include <gtest/gtest.h>
+
+#include "common/metrics.h"
+#include "services/gateway/gateway_metrics.h"
+#include "tests/gateway/fake_worker.h"
+#include "tests/tokenizer/qwen3_tokenizer.h"
+
+namespace cascade::gateway {
+namespace {
+
+using cascade::v1::GenerateResponse;
+using testing::FakeBehavior;
+
+constexpr int kMaxTokens = 12;
+
+// Records what a turn tells its client.
+class RecordingSink final : public TurnSink {
+ public:
+  void Emit(GenerateResponse ev) override {
+    MutexLock lock(&mu_);
+    events_.push_back(std::move(ev));
+  }
+  void TurnDone(const grpc::Status& status, const TurnResult& result) override {
+    MutexLock lock(&mu_);
+    ++done_calls_;
+    status_ = status;
+    result_ = result;
+    cv_.SignalAll();
+  }
+  bool WaitDone(std::chrono::milliseconds timeout) {
+    MutexLock lock(&mu_);
+    return cv_.WaitFor(&mu_, timeout,
+                       [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_calls_ > 0; });
+  }
+  int done_calls() {
+    MutexLock lock(&mu_);
+    return done_calls_;
+  }
+  grpc::Status status() {
+    MutexLock lock(&mu_);
+    return status_;
+  }
+  TurnResult result() {
+    MutexLock lock(&mu_);
+    return result_;
+  }
+  std::vector<GenerateResponse> events() {
+    MutexLock lock(&mu_);
+    return events_;
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<GenerateResponse> events_ ABSL_GUARDED_BY(mu_);
+  int done_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::Status status_ ABSL_GUARDED_BY(mu_);
+  TurnResult result_ ABSL_GUARDED_BY(mu_);
+};
+
+// What the client saw, summed up.
+struct Stream {
+  int starts = 0;
+  std::vector<int32_t> tokens;
+  std::string text;
+  int finishes = 0;
+  cascade::v1::GenerateFinish finish;
+  grpc::StatusCode code = grpc::StatusCode::OK;
+};
+
+Stream Summarize(RecordingSink& sink) {
+  Stream s;
+  for (const GenerateResponse& ev : sink.events()) {
+    if (ev.has_start()) ++s.starts;
+    if (ev.has_delta()) {
+      s.tokens.insert(s.tokens.end(), ev.delta().token_ids().begin(), ev.delta().token_ids().end());
+      s.text += ev.delta().text();
+    }
+    if (ev.has_finish()) {
+      ++s.finishes;
+      s.finish = ev.finish();
+    }
+  }
+  s.code = sink.status().error_code();
+  return s;
+}
+
+class TurnTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tok_ = tokenizer::testutil::Qwen3();
+    ASSERT_NE(tok_, nullptr);
+    // The fake model draws from single-letter tokens, so every token has text.
+    auto& vocab = testing::FakeVocab();
+    vocab.clear();
+    for (char c = 'a'; c <= 'z'; ++c) {
+      auto ids = tok_->Encode(std::string(1, c));
+      ASSERT_TRUE(ids.ok());
+      ASSERT_EQ(ids->size(), 1u);
+      vocab.push_back((*ids)[0]);
+    }
+    for (const char* a : {"clean", "w1", "w2", "w3"}) cluster_.Add(a);
+    pool_ = cluster_.NewPool();
+  }
+  void TearDown() override { cluster_.JoinAll(); }
+
+  TurnParams Params(std::vector<std::string> addresses,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+    TurnParams p;
+    p.request_id = "req-1";
+    p.request.set_request_id("req-1");
+    p.request.set_model("tiny");
+    auto add = [&](cascade::v1::ChunkKind kind, const std::string& text) {
+      auto ids = tok_->Encode(text);
+      EXPECT_TRUE(ids.ok());
+      auto* c = p.request.add_chunks();
+      c->set_kind(kind);
+      c->mutable_token_ids()->Assign(ids->begin(), ids->end());
+      prompt_.insert(prompt_.end(), ids->begin(), ids->end());
+    };
+    prompt_.clear();
+    add(cascade::v1::CHUNK_KIND_SYSTEM, "<|im_start|>system\nYou are terse.<|im_end|>\n");
+    add(cascade::v1::CHUNK_KIND_QUERY, "<|im_start|>user\nName a color.<|im_end|>\n");
+    add(cascade::v1::CHUNK_KIND_GENERATION_PROMPT, "<|im_start|>assistant\n");
+    p.request.mutable_sampling()->set_max_tokens(kMaxTokens);
+    p.request.mutable_sampling()->set_seed(7);
+    for (const std::string& a : addresses) p.workers.push_back(Scored{Candidate{"id-" + a, a}, 0});
+    p.deadline = std::chrono::system_clock::now() + timeout;
+    return p;
+  }
+
+  // Runs a turn to its end and returns what the client saw.
+  Stream Run(TurnParams p, RecordingSink* sink = nullptr) {
+    RecordingSink local;
+    if (sink == nullptr) sink = &local;
+    std::shared_ptr<Turn> t = Turn::Start(std::move(p), pool_.get(), *tok_, sink, &metrics_);
+    EXPECT_TRUE(sink->WaitDone(std::chrono::seconds(30))) << "the turn never ended";
+    cluster_.JoinAll();
+    EXPECT_EQ(sink->done_calls(), 1);
+    return Summarize(*sink);
+  }
+
+  // The stream of one healthy worker: what every failover and resume must reproduce.
+  Stream Uninterrupted() {
+    Stream s = Run(Params({"clean"}));
+    EXPECT_EQ(cluster_.at("clean")->requests().size(), 1u);
+    return s;
+  }
+
+  const tokenizer::Tokenizer* tok_ = nullptr;
+  testing::FakeCluster cluster_;
+  std::unique_ptr<WorkerPool> pool_;
+  common::MetricsRegistry registry_;
+  TurnMetrics metrics_{registry_};
+  std::vector<int32_t> prompt_;  // the last Params' prompt tokens
+};
+
+TEST_F(TurnTest, UninterruptedStreamIsTheWorkersTokensWithTheirText) {
+  const Stream s = Uninterrupted();
+  EXPECT_EQ(s.code, grpc::StatusCode::OK);
+  EXPECT_EQ(s.starts, 1);
+  EXPECT_EQ(s.tokens, testing::FakeContinuation(prompt_, kMaxTokens));
+  auto text = tok_->Decode(s.tokens);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(s.text, *text);
+  EXPECT_EQ(s.finishes, 1);
+  EXPECT_EQ(s.finish.finish_reason(), cascade::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(s.finish.usage().completion_tokens(), kMaxTokens);
+  EXPECT_EQ(s.finish.usage().prompt_tokens(), static_cast<int64_t>(prompt_.size()));
+}
+
+TEST_F(TurnTest, WorkerDyingAfterNTokensResumesOnTheNextWithTheEmittedTokensAndTheRest) {
+  const Stream clean = Uninterrupted();
+  cluster_.at("w1")->Script({{FakeBehavior::kDie, 5}});
+  TurnParams p = Params({"w1", "w2"});
+  const cascade::v1::WorkerGenerateRequest original = p.request;
+  const Stream s = Run(std::move(p));
+
+  EXPECT_EQ(s.code, grpc::StatusCode::OK);
+  EXPECT_EQ(s.starts, 1) << "the client gets one start, not one per worker";
+  EXPECT_EQ(s.tokens, clean.tokens);
+  EXPECT_EQ(s.text, clean.text);
+  EXPECT_EQ(s.finishes, 1);
+  EXPECT_EQ(s.finish.finish_reason(), clean.finish.finish_reason());
+  EXPECT_EQ(s.finish.usage().completion_tokens(), kMaxTokens);
+  EXPECT_EQ(s.finish.usage().prompt_tokens(), clean.finish.usage().prompt_tokens());
+
+  // The replacement got the prompt, then an ASSISTANT chunk of the 5 tokens emitted, and was
+  // asked for the 7 left, with the same seed.
+  auto asked = cluster_.at("w2")->requests();
+  ASSERT_EQ(asked.size(), 1u);
+  const auto& r = asked[0];
+  ASSERT_EQ(r.chunks_size(), original.chunks_size() + 1);
+  for (int i = 0; i < original.chunks_size(); ++i) {
+    EXPECT_EQ(r.chunks(i).SerializeAsString(), original.chunks(i).SerializeAsString());
+  }
+  const auto& tail = r.chunks(original.chunks_size());
+  EXPECT_EQ(tail.kind(), cascade::v1::CHUNK_KIND_ASSISTANT);
+  EXPECT_EQ(std::vector<int32_t>(tail.token_ids().begin(), tail.token_ids().end()),
+            std::vector<int32_t>(clean.tokens.begin(), clean.tokens.begin() + 5));
+  EXPECT_EQ(r.sampling().max_tokens(), kMaxTokens - 5);
+  EXPECT_EQ(r.sampling().seed(), 7u);
+  EXPECT_EQ(metrics_.resumes->Value(), 1);
+  EXPECT_EQ(metrics_.running->Value(), 0);
+}
+
+TEST_F(TurnTest, TwoWorkersFailingInTurnStillGiveTheUninterruptedStream) {
+  const Stream clean = Uninterrupted();
+  cluster_.at("w1")->Script({{FakeBehavior::kDie, 3}});
+  cluster_.at("w2")->Script({{FakeBehavior::kDie, 4}});
+  TurnParams p = Params({"w1", "w2", "w3"});
+  const int prompt_chunks = p.request.chunks_size();
+  const Stream s = Run(std::move(p));
+
+  EXPECT_EQ(s.code, grpc::StatusCode::OK);
+  EXPECT_EQ(s.starts, 1);
+  EXPECT_EQ(s.tokens, clean.tokens);
+  EXPECT_EQ(s.text, clean.text);
+  EXPECT_EQ(s.finish.usage().completion_tokens(), kMaxTokens);
+  // The third worker's prompt holds all 7 tokens emitted, as one ASSISTANT chunk.
+  auto asked = cluster_.at("w3")->requests();
+  ASSERT_EQ(asked.size(), 1u);
+  ASSERT_EQ(asked[0].chunks_size(), prompt_chunks + 1);
+  const auto& tail = asked[0].chunks(prompt_chunks);
+  EXPECT_EQ(tail.kind(), cascade::v1::CHUNK_KIND_ASSISTANT);
+  EXPECT_EQ(tail.token_ids_size(), 7);
+  EXPECT_EQ(asked[0].sampling().max_tokens(), kMaxTokens - 7);
+  EXPECT_EQ(metrics_.resumes->Value(), 2);
+}
+
+TEST_F(TurnTest, WorkerRefusingBeforeItsFirstMessageFailsOverWithTheSameRequest) {
+  const Stream clean = Uninterrupted();
+  cluster_.at("w1")->Script({{FakeBehavior::kRefuse}});
+  cluster_.at("w2")->Script(
+      {{FakeBehavior::kRefuse, 0, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "full")}});
+  TurnParams p = Params({"w1", "w2", "w3"});
+  const std::string sent = p.request.SerializeAsString();
+  const Stream s = Run(std::move(p));
+
+  EXPECT_EQ(s.code, grpc::StatusCode::OK);
+  EXPECT_EQ(s.tokens, clean.tokens);
+  EXPECT_EQ(s.text, clean.text);
+  for (const char* a : {"w1", "w2", "w3"}) {
+    auto asked = cluster_.at(a)->requests();
+    ASSERT_EQ(asked.size(), 1u) << a;
+    EXPECT_EQ(asked[0].SerializeAsString(), sent) << a << " got a different request";
+  }
+  EXPECT_EQ(metrics_.failovers->Value(), 2);
+  EXPECT_EQ(metrics_.resumes->Value(), 0);
+}
+
+TEST_F(TurnTest, WorkerRefusingAsInvalidArgumentIsNotRetriedElsewhere) {
+  cluster_.at("w1")->Script(
+      {{FakeBehavior::kRefuse, 0, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad")}});
+  const Stream s = Run(Params({"w1", "w2"}));
+  EXPECT_EQ(s.code, grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(cluster_.at("w2")->requests().empty());
+  EXPECT_EQ(s.finishes, 0);
+}
+
+TEST_F(TurnTest, WorkerThatNeverAnswersEndsAtTheDeadlineWithoutTryingOthers) {
+  cluster_.at("w1")->Script({{FakeBehavior::kHangSilent}});
+  TurnParams p = Params({"w1", "w2"}, std::chrono::milliseconds(300));
+  const auto deadline = p.deadline;
+  const auto began = std::chrono::system_clock::now();
+  const Stream s = Run(std::move(p));
+  // The request's deadline travels with the call: it is the whole request's, so none is left
+  // for another worker.
+  ASSERT_EQ(cluster_.at("w1")->options().size(), 1u);
+  EXPECT_EQ(cluster_.at("w1")->options()[0].deadline, deadline);
+  EXPECT_EQ(cluster_.at("w1")->options()[0].request_id, "req-1");
+  EXPECT_EQ(s.code, grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_GE(std::chrono::system_clock::now() - began, std::chrono::milliseconds(250));
+  EXPECT_TRUE(cluster_.at("w2")->requests().empty());
+  EXPECT_EQ(s.starts, 0);
+  EXPECT_EQ(s.finishes, 0);
+  EXPECT_EQ(metrics_.running->Value(), 0);
+}
+
+TEST_F(TurnTest, WorkerStallingMidStreamEndsAtTheDeadlineWithAnErrorFinishAndUsage) {
+  cluster_.at("w1")->Script({{FakeBehavior::kHang, 4}});
+  const Stream s = Run(Params({"w1", "w2"}, std::chrono::milliseconds(300)));
+  EXPECT_EQ(s.code, grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(s.tokens.size(), 4u);
+  ASSERT_EQ(s.finishes, 1);
+  EXPECT_EQ(s.finish.finish_reason(), cascade::v1::FINISH_REASON_ERROR);
+  EXPECT_EQ(s.finish.usage().completion_tokens(), 4);
+  EXPECT_EQ(s.finish.usage().prompt_tokens(), static_cast<int64_t>(prompt_.size()));
+  EXPECT_TRUE(cluster_.at("w2")->requests().empty());
+}
+
+TEST_F(TurnTest, NoCandidateLeftGivesAnErrorFinishWithTheUsageSoFarThenUnavailable) {
+  const Stream clean = Uninterrupted();
+  cluster_.at("w1")->Script({{FakeBehavior::kDie, 4}});
+  cluster_.at("w2")->Script({{FakeBehavior::kDie, 3}});
+  TurnParams p = Params({"w1", "w2", "w3"});
+  p.max_attempts = 2;  // w3 is a candidate but past the attempts allowed
+  RecordingSink sink;
+  const Stream s = Run(std::move(p), &sink);
+
+  EXPECT_EQ(s.code, grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(sink.status().error_message().find("failed after 7 tokens"), std::string::npos)
+      << sink.status().error_message();
+  EXPECT_EQ(s.tokens, std::vector<int32_t>(clean.tokens.begin(), clean.tokens.begin() + 7));
+  ASSERT_EQ(s.finishes, 1);
+  EXPECT_EQ(s.finish.finish_reason(), cascade::v1::FINISH_REASON_ERROR);
+  EXPECT_EQ(s.finish.usage().completion_tokens(), 7);
+  EXPECT_EQ(s.finish.usage().prompt_tokens(), static_cast<int64_t>(prompt_.size()));
+  EXPECT_TRUE(cluster_.at("w3")->requests().empty());
+  EXPECT_EQ(sink.result().finish_reason, cascade::v1::FINISH_REASON_ERROR);
+}
+
+TEST_F(TurnTest, EveryCandidateRefusingGivesTheLastRefusalAndNoEvents) {
+  cluster_.at("w1")->Script({{FakeBehavior::kRefuse}});
+  cluster_.at("w2")->Script(
+      {{FakeBehavior::kRefuse, 0, grpc::Status(grpc::StatusCode::UNAVAILABLE, "w2 is down")}});
+  RecordingSink sink;
+  const Stream s = Run(Params({"w1", "w2"}), &sink);
+  EXPECT_EQ(s.code, grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(sink.status().error_message(), "w2 is down");
+  EXPECT_EQ(cluster_.at("w1")->requests().size(), 1u);
+  EXPECT_EQ(cluster_.at("w2")->requests().size(), 1u);
+  EXPECT_TRUE(sink.events().empty());
+}
+
+TEST_F(TurnTest, CandidatesThatCannotBeDialledAreSkipped) {
+  RecordingSink sink;
+  const Stream s = Run(Params({"nowhere", "w1"}), &sink);  // the pool has no client for "nowhere"
+  EXPECT_EQ(s.code, grpc::StatusCode::OK);
+  EXPECT_EQ(s.tokens.size(), static_cast<size_t>(kMaxTokens));
+  EXPECT_EQ(sink.result().worker_address, "w1");
+}
+
+TEST_F(TurnTest, NoCandidateThatCanBeDialledGivesUnavailable) {
+  RecordingSink sink;
+  const Stream s = Run(Params({"nowhere"}), &sink);
+  EXPECT_EQ(s.code, grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(sink.status().error_message().find("every candidate worker failed"), std::string::npos)
+      << sink.status().error_message();
+}
+
+TEST_F(TurnTest, NoCandidatesAtAllGivesUnavailableAtOnce) {
+  RecordingSink sink;
+  const Stream s = Run(Params({}), &sink);
+  EXPECT_EQ(s.code, grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(sink.status().error_message().find("no worker serves this model"), std::string::npos);
+}
+
+TEST_F(TurnTest, ResumeTurnedOffEndsWithAnErrorFinishInsteadOfContinuing) {
+  cluster_.at("w1")->Script({{FakeBehavior::kDie, 5}});
+  TurnParams p = Params({"w1", "w2"});
+  p.resume_mid_stream = false;
+  const Stream s = Run(std::move(p));
+  EXPECT_EQ(s.code, grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(s.finish.finish_reason(), cascade::v1::FINISH_REASON_ERROR);
+  EXPECT_EQ(s.finish.usage().completion_tokens(), 5);
+  EXPECT_TRUE(cluster_.at("w2")->requests().empty());
+}
+
+TEST_F(TurnTest, ClientCancelCancelsTheWorkerCallAndEndsCancelled) {
+  cluster_.at("w1")->Script({{FakeBehavior::kHang, 2}});
+  RecordingSink sink;
+  std::shared_ptr<Turn> t = Turn::Start(Params({"w1", "w2"}), pool_.get(), *tok_, &sink, &metrics_);
+  // Cancel once the worker is streaming (its two tokens arrived).
+  for (int i = 0; i < 2000 && Summarize(sink).tokens.size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  t->Cancel();
+  ASSERT_TRUE(sink.WaitDone(std::chrono::seconds(10)));
+  cluster_.JoinAll();
+  EXPECT_EQ(sink.status().error_code(), grpc::StatusCode::CANCELLED);
+  ASSERT_EQ(cluster_.at("w1")->calls().size(), 1u);
+  EXPECT_TRUE(cluster_.at("w1")->calls()[0]->cancelled());
+  EXPECT_TRUE(cluster_.at("w2")->requests().empty()) << "a cancelled turn must not resume";
+}
+
+TEST_F(TurnTest, StopStringEndsTheTurnAndCancelsTheWorkerStream) {
+  const Stream clean = Uninterrupted();
+  // A stop string taken from the middle of the clean text: the client gets the text before its
+  // first occurrence, never the stop string itself.
+  const std::string stop = clean.text.substr(6, 2);
+  const std::string before = clean.text.substr(0, clean.text.find(stop));
+  TurnParams p = Params({"w1"});
+  p.stop = {stop};
+  const Stream s = Run(std::move(p));
+  EXPECT_EQ(s.code, grpc::StatusCode::OK);
+  EXPECT_EQ(s.text, before);
+  EXPECT_EQ(s.finish.finish_reason(), cascade::v1::FINISH_REASON_STOP_STRING);
+  EXPECT_EQ(s.finish.stop_reason(), stop);
+  ASSERT_EQ(cluster_.at("w1")->calls().size(), 1u);
+  EXPECT_TRUE(cluster_.at("w1")->calls()[0]->cancelled()) << "the worker kept generating";
+}
+
+}  // namespace
+}  // namespace cascade::gateway

@@ -1,0 +1,149 @@
+// The worker's side of the gateway contract over real gRPC: the chunk hashes it is sent are
+// checked against its own (a wrong one is refused INVALID_ARGUMENT naming the chunk, a right one
+// is served), and an unset max_tokens means the same whether a request enters through the
+// gateway or straight at a worker.
+#include <gtest/gtest.h>
+
+#include "common/chunk_hash.h"
+#include "gpu_worker/engine/sampling_wire.h"
+#include "tests/integration/stack.h"
+
+namespace cascade::testing {
+namespace {
+
+struct WorkerReply {
+  grpc::Status status;
+  cascade::v1::WorkerStart start;
+  std::vector<int32_t> tokens;
+  cascade::v1::WorkerFinish finish;
+  bool has_finish = false;
+};
+
+WorkerReply CallWorker(const std::string& address, const cascade::v1::WorkerGenerateRequest& r) {
+  auto stub = cascade::v1::Worker::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub->Generate(&ctx, r);
+  WorkerReply out;
+  cascade::v1::WorkerGenerateResponse m;
+  while (reader->Read(&m)) {
+    if (m.has_start()) out.start = m.start();
+    if (m.has_tokens()) {
+      out.tokens.insert(out.tokens.end(), m.tokens().token_ids().begin(),
+                        m.tokens().token_ids().end());
+    }
+    if (m.has_finish()) {
+      out.finish = m.finish();
+      out.has_finish = true;
+    }
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+std::string ModelName(Stack& stack) {
+  grpc::ClientContext ctx;
+  cascade::v1::ListModelsResponse models;
+  EXPECT_TRUE(stack.gateway().ListModels(&ctx, {}, &models).ok());
+  return models.models_size() > 0 ? models.models(0).name() : "";
+}
+
+// A two-chunk request on token ids; `hashes` (hex, may be empty) go on the chunks.
+cascade::v1::WorkerGenerateRequest TwoChunks(const std::vector<std::string>& hashes) {
+  cascade::v1::WorkerGenerateRequest r;
+  r.set_request_id("hash-check");
+  r.set_cache_salt("tenant-a");
+  const std::vector<std::vector<int32_t>> tokens = {{10, 11, 12, 13, 14}, {20, 21, 22}};
+  const cascade::v1::ChunkKind kinds[] = {cascade::v1::CHUNK_KIND_SYSTEM,
+                                          cascade::v1::CHUNK_KIND_QUERY};
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    auto* c = r.add_chunks();
+    c->set_kind(kinds[i]);
+    c->mutable_token_ids()->Assign(tokens[i].begin(), tokens[i].end());
+    if (i < hashes.size()) c->set_hash(hashes[i]);
+  }
+  r.mutable_sampling()->set_temperature(0);
+  r.mutable_sampling()->set_max_tokens(4);
+  r.mutable_sampling()->set_ignore_eos(true);
+  return r;
+}
+
+// The hashes as the registry computes them (the same library), for `salt`.
+std::vector<std::string> HashesOf(const cascade::v1::WorkerGenerateRequest& r,
+                                  const std::string& model, const std::string& salt) {
+  std::vector<std::vector<int32_t>> tokens;
+  for (const auto& c : r.chunks()) tokens.emplace_back(c.token_ids().begin(), c.token_ids().end());
+  std::vector<hash::ChunkSpec> specs;
+  for (int i = 0; i < r.chunks_size(); ++i) {
+    specs.push_back(hash::ChunkSpec{r.chunks(i).kind(), tokens[i], ""});
+  }
+  std::vector<std::string> out;
+  for (const auto& p : hash::PlaceChunks(model, salt, specs)) out.push_back(p.hash.ToHex());
+  return out;
+}
+
+TEST(WorkerContractTest, AWorkerServesTheRightChunkHashesAndRefusesAWrongOne) {
+  Stack stack({.workers = 1});
+  const std::string model = ModelName(stack);
+  ASSERT_FALSE(model.empty());
+  const std::string worker = stack.worker(0).address();
+  const std::vector<std::string> right = HashesOf(TwoChunks({}), model, "tenant-a");
+
+  WorkerReply ok = CallWorker(worker, TwoChunks(right));
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.tokens.size(), 4u);
+  ASSERT_EQ(ok.start.chunks_size(), 2);
+  EXPECT_EQ(ok.start.chunks(0).hash(), right[0]);
+  EXPECT_EQ(ok.start.chunks(1).hash(), right[1]);
+
+  // The same tokens' hashes under another salt: real hashes, but not of this prompt.
+  const std::vector<std::string> other = HashesOf(TwoChunks({}), model, "tenant-b");
+  WorkerReply wrong = CallWorker(worker, TwoChunks({right[0], other[1]}));
+  EXPECT_EQ(wrong.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(wrong.status.error_message().find("chunks[1].hash " + other[1] +
+                                              " does not match the worker's hash " + right[1]),
+            std::string::npos)
+      << wrong.status.error_message();
+  EXPECT_TRUE(wrong.tokens.empty());
+
+  WorkerReply bad = CallWorker(worker, TwoChunks({"not-a-hash"}));
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(bad.status.error_message().find("chunks[0].hash"), std::string::npos)
+      << bad.status.error_message();
+
+  // Hex in either case is the same hash; a chunk without one (a resumed stream's ASSISTANT
+  // chunk, or a direct caller) is simply not checked.
+  std::string upper = right[0];
+  for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  WorkerReply partial = CallWorker(worker, TwoChunks({upper}));
+  ASSERT_TRUE(partial.status.ok()) << partial.status.error_message();
+  EXPECT_EQ(partial.tokens, ok.tokens);
+
+  // Through the gateway every chunk carries the registry's hash, and the worker serves it.
+  Reply r = Generate(stack.gateway(), Req("You are terse.", "Hi", 4));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens.size(), 4u);
+}
+
+TEST(WorkerContractTest, UnsetMaxTokensMeansTheSameThroughTheGatewayAndStraightAtAWorker) {
+  Stack stack({.workers = 1, .default_max_tokens = 0});
+  cascade::v1::GenerateRequest via_gateway = Req("", "Count to many.", 1);
+  via_gateway.mutable_sampling()->clear_max_tokens();
+  Reply g = Generate(stack.gateway(), via_gateway);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.finish.finish_reason(), cascade::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(g.finish.usage().completion_tokens(), worker::kDefaultMaxTokens);
+
+  cascade::v1::WorkerGenerateRequest direct = TwoChunks({});
+  direct.mutable_sampling()->clear_max_tokens();
+  WorkerReply w = CallWorker(stack.worker(0).address(), direct);
+  ASSERT_TRUE(w.status.ok()) << w.status.error_message();
+  ASSERT_TRUE(w.has_finish);
+  EXPECT_EQ(w.finish.finish_reason(), cascade::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(w.finish.usage().completion_tokens(), worker::kDefaultMaxTokens);
+  EXPECT_EQ(g.finish.usage().completion_tokens(), w.finish.usage().completion_tokens());
+}
+
+}  // namespace
+}  // namespace cascade::testing
