@@ -130,13 +130,21 @@ if has_step run; then
   # Flags of deploy/k8s/base + overlays/demo. The Services' DNS names become --add-host entries
   # (podman's default network has no DNS here); the worker advertises its name as the headless
   # Service would resolve it, instead of $(POD_IP).
+  # Internal RPCs (gateway/worker -> registry, gateway -> worker) take mTLS with roles by default;
+  # the manifests mount certificates from a Job. This run uses --insecure_internal (plaintext, no
+  # identities) when the binaries have the flag: certificates are not what it checks.
+  INSECURE=()
+  if "${PODMAN_RUN[@]}" --rm "localhost/cascade/registry:$TAG" --help 2>&1 | grep -q -- --insecure_internal; then
+    INSECURE=(--insecure_internal)
+    log "run: the servers have --insecure_internal: passed to all three (internal mTLS off)"
+  fi
   reg=cascade-img-registry-$$ wk=cascade-img-worker-$$ gw=cascade-img-gateway-$$
   CTRS+=("$reg")
   log "run: registry"
   "${PODMAN_RUN[@]}" -d --name "$reg" -p "127.0.0.1:$REG_METRICS:9090" \
     "localhost/cascade/registry:$TAG" \
     --host=0.0.0.0 --port=50051 --metrics_port=9090 \
-    --drain_timeout=5s --lease_ms=10000 --log_format=text >/dev/null
+    --drain_timeout=5s --lease_ms=10000 --log_format=text "${INSECURE[@]}" >/dev/null
   wait_healthz "$reg" $REG_METRICS 30
   reg_ip=$(ip_of "$reg")
   log "run: registry up at $reg_ip:50051"
@@ -150,7 +158,7 @@ if has_step run; then
     --advertise_address=cascade-worker-0:50061 --worker_id=cascade-worker-0 \
     --registry=cascade-registry:50051 --model_dir=/models/tiny --model_name=tiny \
     --kv_cache_bytes=268435456 --max_batch=32 --drain_timeout=55s --log_format=text \
-    --threads=2 >/dev/null
+    --threads=2 "${INSECURE[@]}" >/dev/null
   wait_healthz "$wk" $WK_METRICS 120
   wk_ip=$(ip_of "$wk")
   log "run: worker up at $wk_ip:50061"
@@ -164,7 +172,7 @@ if has_step run; then
     --host=0.0.0.0 --port=50051 --metrics_port=9090 \
     --registry=cascade-registry:50051 --workers=cascade-worker-0:50061 \
     --model_dir=/models/tiny --model_name=tiny --max_concurrent=128 --request_timeout=120s \
-    --drain_timeout=25s --max_connection_age=5m --log_format=text >/dev/null
+    --drain_timeout=25s --max_connection_age=5m --log_format=text "${INSECURE[@]}" >/dev/null
   wait_healthz "$gw" $GW_METRICS 60
   log "run: gateway up at $(ip_of "$gw"):50051, published on 127.0.0.1:$GW_PORT"
   sleep 2  # a worker heartbeat, so the gateway routes by the registry's view

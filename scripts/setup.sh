@@ -44,7 +44,11 @@ fi
 # kubernetes-client is 1.20, too old for the manifests' kustomize features, so the release binary
 # is fetched from dl.k8s.io and checked against its published SHA-256.
 KUBECTL_VERSION=v1.32.4
-if ! command -v kubectl >/dev/null 2>&1; then
+# CASCADE_KUBECTL=0 skips it (the container builds: a test tool, and a download from outside
+# Debian that a TLS-intercepting proxy would make fail).
+if [ "${CASCADE_KUBECTL:-1}" = 0 ]; then
+  echo "setup: kubectl skipped (CASCADE_KUBECTL=0)"
+elif ! command -v kubectl >/dev/null 2>&1; then
   echo "setup: installing kubectl $KUBECTL_VERSION into /usr/local/bin"
   url="https://dl.k8s.io/release/$KUBECTL_VERSION/bin/linux/$(dpkg --print-architecture)/kubectl"
   tmp="$(mktemp -d)"
