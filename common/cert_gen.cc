@@ -69,6 +69,18 @@ absl::StatusOr<std::string> CertPem(X509* cert) {
   return BioString(bio.get());
 }
 
+// A signed certificate and its key, as PEM.
+absl::StatusOr<CertAndKey> ToPems(X509* cert, EVP_PKEY* key) {
+  CertAndKey out;
+  absl::StatusOr<std::string> pem = CertPem(cert);
+  if (!pem.ok()) return pem.status();
+  out.cert_pem = *pem;
+  absl::StatusOr<std::string> key_pem = KeyPem(key);
+  if (!key_pem.ok()) return key_pem.status();
+  out.key_pem = *key_pem;
+  return out;
+}
+
 absl::Status AddExtension(X509* cert, X509* issuer, int nid, const std::string& value) {
   X509V3_CTX ctx;
   X509V3_set_ctx_nodb(&ctx);
@@ -169,14 +181,7 @@ absl::StatusOr<CertAndKey> NewCertAuthority(std::string_view common_name, absl::
     if (absl::Status s = AddExtension(c, c, nid, value); !s.ok()) return s;
   }
   if (!X509_sign(c, key->get(), EVP_sha256())) return SslError("signing the CA");
-  CertAndKey out;
-  absl::StatusOr<std::string> pem = CertPem(c);
-  if (!pem.ok()) return pem.status();
-  out.cert_pem = *pem;
-  absl::StatusOr<std::string> key_pem = KeyPem(key->get());
-  if (!key_pem.ok()) return key_pem.status();
-  out.key_pem = *key_pem;
-  return out;
+  return ToPems(c, key->get());
 }
 
 absl::StatusOr<CertAndKey> IssueCert(const CertAndKey& ca, const CertRequest& request) {
@@ -209,14 +214,7 @@ absl::StatusOr<CertAndKey> IssueCert(const CertAndKey& ca, const CertRequest& re
     if (absl::Status s = AddExtension(c, ca_cert.get(), nid, value); !s.ok()) return s;
   }
   if (!X509_sign(c, ca_key.get(), EVP_sha256())) return SslError("signing the certificate");
-  CertAndKey out;
-  absl::StatusOr<std::string> pem = CertPem(c);
-  if (!pem.ok()) return pem.status();
-  out.cert_pem = *pem;
-  absl::StatusOr<std::string> key_pem = KeyPem(key->get());
-  if (!key_pem.ok()) return key_pem.status();
-  out.key_pem = *key_pem;
-  return out;
+  return ToPems(c, key->get());
 }
 
 std::string StackCertPaths::cert(std::string_view role) const {

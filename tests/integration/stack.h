@@ -214,6 +214,15 @@ class Stack {
   std::unique_ptr<cascade::v1::Gateway::Stub> stub_;
 };
 
+// A Worker stub that calls as the gateway (Worker/Generate is its RPC under internal auth).
+inline std::unique_ptr<cascade::v1::Worker::Stub> WorkerStubAsGateway(const std::string& address) {
+  auto channel = common::MakeChannel(
+      address, common::testing::TestCerts::Default().Client(common::Role::kGateway,
+                                                            common::kWorkerServerName));
+  EXPECT_TRUE(channel.ok()) << channel.status();
+  return channel.ok() ? cascade::v1::Worker::NewStub(*channel) : nullptr;
+}
+
 // Polls `pred` every 20 ms for up to `ms`.
 template <typename Pred>
 bool WaitFor(Pred pred, int ms = 5000) {

@@ -26,12 +26,8 @@ struct Outcome {
 
 Outcome Generate(const std::string& address, int prompt_tokens, int max_tokens,
                  int64_t pin_ttl_seconds = 0, int32_t fill = 5) {
-  // As the gateway: Worker/Generate is its RPC under internal auth.
-  auto channel = common::MakeChannel(
-      address, common::testing::TestCerts::Default().Client(common::Role::kGateway,
-                                                            common::kWorkerServerName));
-  EXPECT_TRUE(channel.ok()) << channel.status();
-  auto stub = cascade::v1::Worker::NewStub(*channel);
+  auto stub = WorkerStubAsGateway(address);
+  if (stub == nullptr) return {};
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   cascade::v1::WorkerGenerateRequest req;
