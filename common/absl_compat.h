@@ -9,7 +9,11 @@
 
 namespace cascade::common::internal {
 
-inline absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-inline std::string_view FromAbsl(absl::string_view s) { return std::string_view(s.data(), s.size()); }
+inline absl::string_view ToAbsl(std::string_view s) {
+  return absl::string_view(s.data(), s.size());
+}
+inline std::string_view FromAbsl(absl::string_view s) {
+  return std::string_view(s.data(), s.size());
+}
 
 }  // namespace cascade::common::internal

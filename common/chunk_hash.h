@@ -4,8 +4,8 @@
 #pragma once
 
 #include <compare>
-#include <iterator>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <span>
 #include <string>
@@ -29,7 +29,9 @@ struct Hash128 {
 
 // For unordered containers: the bits are already uniform.
 struct Hash128Hasher {
-  size_t operator()(const Hash128& h) const { return static_cast<size_t>(h.lo ^ (h.hi * 0x9e3779b97f4a7c15ULL)); }
+  size_t operator()(const Hash128& h) const {
+    return static_cast<size_t>(h.lo ^ (h.hi * 0x9e3779b97f4a7c15ULL));
+  }
 };
 
 // Salt state: the running isolation key. Starts at zero (no salt); each non-empty salt,
@@ -48,9 +50,9 @@ Hash128 BlockHash(const Hash128& prev, std::string_view model, const Hash128& sa
 
 // One chunk of a prompt, as the hashing sees it.
 struct ChunkSpec {
-  int32_t kind = 0;                  // cascade.v1.ChunkKind value
-  std::span<const int32_t> tokens;   // the chunk's token ids
-  std::string_view cache_salt;       // per-chunk salt; empty = inherit
+  int32_t kind = 0;                 // cascade.v1.ChunkKind value
+  std::span<const int32_t> tokens;  // the chunk's token ids
+  std::string_view cache_salt;      // per-chunk salt; empty = inherit
 };
 
 // A chunk placed in the prompt.

@@ -62,7 +62,8 @@ void FlagSet::AddInt64(std::string_view name, int64_t* value, std::string_view h
   Add({std::string(name), "int64", absl::StrCat(*value), std::string(help), false,
        [value](std::string_view text) {
          int64_t v;
-         if (!absl::SimpleAtoi(ToAbsl(text), &v)) return absl::InvalidArgumentError("expected an integer");
+         if (!absl::SimpleAtoi(ToAbsl(text), &v))
+           return absl::InvalidArgumentError("expected an integer");
          *value = v;
          return absl::OkStatus();
        }});
@@ -114,9 +115,8 @@ void FlagSet::AddDuration(std::string_view name, absl::Duration* value, std::str
        }});
 }
 
-void FlagSet::AddCustom(std::string_view name, std::string_view type,
-                        std::string_view default_text, std::string_view help,
-                        std::function<absl::Status(std::string_view)> set) {
+void FlagSet::AddCustom(std::string_view name, std::string_view type, std::string_view default_text,
+                        std::string_view help, std::function<absl::Status(std::string_view)> set) {
   Add({std::string(name), std::string(type), std::string(default_text), std::string(help), false,
        std::move(set)});
 }
@@ -172,8 +172,9 @@ absl::Status FlagSet::Parse(int argc, const char* const* argv) {
       }
     }
     if (absl::Status s = flag->set(*value); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("bad value ", Quote(*value), " for flag --", ToAbsl(name),
-                                                     " (", flag->type, "): ", s.message()));
+      return absl::InvalidArgumentError(absl::StrCat("bad value ", Quote(*value), " for flag --",
+                                                     ToAbsl(name), " (", flag->type,
+                                                     "): ", s.message()));
     }
   }
   return absl::OkStatus();

@@ -219,4 +219,3 @@ grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(
 }
 
 }  // namespace cascade::common
-

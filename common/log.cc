@@ -32,8 +32,8 @@ Sink& GetSink() {
 // JSON strings through nlohmann_json: the escapes are its, and bytes that are not UTF-8 become
 // U+FFFD, so a log line is valid JSON whatever a client sent.
 void AppendJsonString(std::string* out, std::string_view s) {
-  out->append(nlohmann::json(std::string(s)).dump(-1, ' ', false,
-                                                   nlohmann::json::error_handler_t::replace));
+  out->append(nlohmann::json(std::string(s))
+                  .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 // Text values are quoted only when needed, so the common case stays grep-friendly.
@@ -76,10 +76,14 @@ absl::StatusOr<LogFormat> ParseLogFormat(std::string_view text) {
 
 std::string_view LogLevelName(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return "debug";
-    case LogLevel::kInfo: return "info";
-    case LogLevel::kWarn: return "warn";
-    case LogLevel::kError: return "error";
+    case LogLevel::kDebug:
+      return "debug";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kWarn:
+      return "warn";
+    case LogLevel::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -95,8 +99,8 @@ void SetLogSink(std::function<void(std::string_view line)> sink) {
   s.fn = std::move(sink);
 }
 
-std::string FormatLogLine(LogFormat format, absl::Time time, LogLevel level,
-                          std::string_view event, std::initializer_list<LogField> fields) {
+std::string FormatLogLine(LogFormat format, absl::Time time, LogLevel level, std::string_view event,
+                          std::initializer_list<LogField> fields) {
   std::string ts = absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", time, absl::UTCTimeZone());
   std::string line;
   if (format == LogFormat::kJson) {
@@ -128,8 +132,8 @@ std::string FormatLogLine(LogFormat format, absl::Time time, LogLevel level,
 
 void Log(LogLevel level, std::string_view event, std::initializer_list<LogField> fields) {
   if (!LogEnabled(level)) return;
-  std::string line = FormatLogLine(static_cast<LogFormat>(g_format.load()), absl::Now(), level,
-                                   event, fields);
+  std::string line =
+      FormatLogLine(static_cast<LogFormat>(g_format.load()), absl::Now(), level, event, fields);
   Sink& s = GetSink();
   // One lock around the write keeps lines whole across threads.
   MutexLock lock(&s.mu);

@@ -25,19 +25,19 @@ std::string_view LogLevelName(LogLevel level);
 // One field's value, converted at the call site; numbers and bools stay unquoted in JSON.
 class LogValue {
  public:
-  LogValue(std::string_view v) : text_(v), is_string_(true) {}  // NOLINT: implicit on purpose
+  LogValue(std::string_view v) : text_(v), is_string_(true) {}    // NOLINT: implicit on purpose
   LogValue(const std::string& v) : text_(v), is_string_(true) {}  // NOLINT
   LogValue(const char* v) : text_(v == nullptr ? "" : v), is_string_(true) {}  // NOLINT
-  LogValue(bool v) : text_(v ? "true" : "false"), is_string_(false) {}  // NOLINT
-  LogValue(int v) : LogValue(static_cast<long>(v)) {}                   // NOLINT
-  LogValue(long v);                                                     // NOLINT
-  LogValue(long long v) : LogValue(static_cast<long>(v)) {}             // NOLINT
-  LogValue(unsigned v) : LogValue(static_cast<unsigned long>(v)) {}     // NOLINT
-  LogValue(unsigned long v);                                            // NOLINT
+  LogValue(bool v) : text_(v ? "true" : "false"), is_string_(false) {}         // NOLINT
+  LogValue(int v) : LogValue(static_cast<long>(v)) {}                          // NOLINT
+  LogValue(long v);                                                            // NOLINT
+  LogValue(long long v) : LogValue(static_cast<long>(v)) {}                    // NOLINT
+  LogValue(unsigned v) : LogValue(static_cast<unsigned long>(v)) {}            // NOLINT
+  LogValue(unsigned long v);                                                   // NOLINT
   LogValue(unsigned long long v) : LogValue(static_cast<unsigned long>(v)) {}  // NOLINT
-  LogValue(double v);                                                   // NOLINT
-  LogValue(absl::Duration v);                                           // NOLINT
-  LogValue(const absl::Status& v);                                      // NOLINT
+  LogValue(double v);                                                          // NOLINT
+  LogValue(absl::Duration v);                                                  // NOLINT
+  LogValue(const absl::Status& v);                                             // NOLINT
 
   const std::string& text() const { return text_; }
   bool is_string() const { return is_string_; }
@@ -79,7 +79,7 @@ inline void LogError(std::string_view event, std::initializer_list<LogField> fie
 }
 
 // The line Log() would write, without the level filter or the sink; exposed for tests.
-std::string FormatLogLine(LogFormat format, absl::Time time, LogLevel level,
-                          std::string_view event, std::initializer_list<LogField> fields);
+std::string FormatLogLine(LogFormat format, absl::Time time, LogLevel level, std::string_view event,
+                          std::initializer_list<LogField> fields);
 
 }  // namespace cascade::common

@@ -92,7 +92,8 @@ MetricsRegistry& MetricsRegistry::Default() {
 MetricsRegistry::Family& MetricsRegistry::GetFamily(std::string_view name, std::string_view help,
                                                     Type type, const std::vector<double>& bounds,
                                                     const Labels& labels) {
-  if (!ValidName(name, /*allow_colon=*/true)) Die(absl::StrCat("bad metric name '", ToAbsl(name), "'"));
+  if (!ValidName(name, /*allow_colon=*/true))
+    Die(absl::StrCat("bad metric name '", ToAbsl(name), "'"));
   for (const auto& [k, v] : labels) {
     if (!ValidName(k, /*allow_colon=*/false) || k.rfind("__", 0) == 0 ||
         (type == Type::kHistogram && k == "le")) {
@@ -104,7 +105,8 @@ MetricsRegistry::Family& MetricsRegistry::GetFamily(std::string_view name, std::
     if (type == Type::kHistogram) {
       for (size_t i = 0; i < bounds.size(); ++i) {
         if (!std::isfinite(bounds[i]) || (i > 0 && bounds[i] <= bounds[i - 1])) {
-          Die(absl::StrCat("histogram ", ToAbsl(name), " needs finite, strictly increasing buckets"));
+          Die(absl::StrCat("histogram ", ToAbsl(name),
+                           " needs finite, strictly increasing buckets"));
         }
       }
     }
@@ -152,8 +154,7 @@ Gauge* MetricsRegistry::GetGauge(std::string_view name, std::string_view help,
 }
 
 Histogram* MetricsRegistry::GetHistogram(std::string_view name, std::string_view help,
-                                         const std::vector<double>& bounds,
-                                         const Labels& labels) {
+                                         const std::vector<double>& bounds, const Labels& labels) {
   absl::MutexLock lock(&mu_);
   auto& slot = GetFamily(name, help, Type::kHistogram, bounds, labels).histograms[labels];
   if (slot == nullptr) {

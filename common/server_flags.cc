@@ -64,7 +64,9 @@ void RegisterServerFlags(FlagSet* flags, ServerOptions* o) {
 }
 
 void RegisterClientTlsFlags(FlagSet* flags, std::string_view prefix, ClientTlsOptions* tls) {
-  auto name = [prefix](std::string_view suffix) { return absl::StrCat(ToAbsl(prefix), ToAbsl(suffix)); };
+  auto name = [prefix](std::string_view suffix) {
+    return absl::StrCat(ToAbsl(prefix), ToAbsl(suffix));
+  };
   flags->AddBool(name("tls"), &tls->enabled, "Use TLS for this outgoing connection.");
   flags->AddString(name("tls_ca"), &tls->ca_file,
                    "PEM roots to verify the server; empty uses the system's roots.");

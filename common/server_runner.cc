@@ -1,11 +1,11 @@
 // The server runner: see server_runner.h.
 #include "common/server_runner.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+
 #include <iostream>
 #include <mutex>
 #include <utility>
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -92,7 +92,8 @@ absl::Status ServerRunner::Start() {
 
   // The plugin is picked up by every ServerBuilder created after this call.
   static std::once_flag reflection_once;
-  std::call_once(reflection_once, [] { grpc::reflection::InitProtoReflectionServerBuilderPlugin(); });
+  std::call_once(reflection_once,
+                 [] { grpc::reflection::InitProtoReflectionServerBuilderPlugin(); });
 
   std::string listen_address = JoinHostPort(options_.host, options_.port);
   grpc::ServerBuilder builder;
@@ -121,9 +122,9 @@ absl::Status ServerRunner::Start() {
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     server_.reset();
-    return absl::UnavailableError(absl::StrCat(
-        options_.name, ": cannot listen on ", listen_address,
-        " (the port is in use, or the address is not valid on this machine)"));
+    return absl::UnavailableError(
+        absl::StrCat(options_.name, ": cannot listen on ", listen_address,
+                     " (the port is in use, or the address is not valid on this machine)"));
   }
 
   if (options_.metrics_port >= 0) {
@@ -151,13 +152,13 @@ absl::Status ServerRunner::Start() {
   if (options_.handle_signals) {
     signal_callback_id_ = internal::AddShutdownCallback([this] { RequestShutdown(); });
   }
-  LogInfo("server_started", {{"server", options_.name},
-                             {"address", address()},
-                             {"metrics_port", metrics_port_},
-                             {"tls", options_.tls.enabled() || options_.internal_auth.has_value()},
-                             {"mtls", !options_.tls.client_ca_file.empty() ||
-                                          options_.internal_auth.has_value()},
-                             {"internal_auth", options_.internal_auth.has_value()}});
+  LogInfo("server_started",
+          {{"server", options_.name},
+           {"address", address()},
+           {"metrics_port", metrics_port_},
+           {"tls", options_.tls.enabled() || options_.internal_auth.has_value()},
+           {"mtls", !options_.tls.client_ca_file.empty() || options_.internal_auth.has_value()},
+           {"internal_auth", options_.internal_auth.has_value()}});
   if (options_.print_ready_line) {
     // Scripts and tests wait for exactly this line.
     std::cout << options_.name << " serving on " << address() << std::endl;
@@ -191,9 +192,8 @@ void ServerRunner::Shutdown(absl::Duration drain) {
     absl::MutexLock lock(&mu_);
     if (state_ == State::kNew || state_ == State::kStopped) return;
     if (state_ == State::kShuttingDown) {
-      auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return state_ == State::kStopped;
-      };
+      auto stopped = [this]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return state_ == State::kStopped; };
       mu_.Await(absl::Condition(&stopped));
       return;
     }

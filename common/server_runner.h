@@ -4,13 +4,13 @@
 // on request: health -> NOT_SERVING, drain callbacks, in-flight RPCs finish within a bound, stop.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"

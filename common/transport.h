@@ -4,11 +4,11 @@
 // settings from the same structs here.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -65,8 +65,8 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 grpc::ChannelArguments ChannelArgumentsForClients(const ClientChannelOptions& options = {});
 
 // A channel to `address` ("host:port", or any gRPC target) with the arguments above.
-absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
-                                                           const ClientChannelOptions& options = {});
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
+    const std::string& address, const ClientChannelOptions& options = {});
 // Same, with default transport settings and the given TLS.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& address,
                                                            const ClientTlsOptions& tls);

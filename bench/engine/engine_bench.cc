@@ -119,22 +119,38 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     const std::string k = a.substr(2, eq - 2), v = a.substr(eq + 1);
     bool ok = true;
     auto int_flag = [&](int* x) { ok = absl::SimpleAtoi(v, x) && *x > 0; };
-    if (k == "backend") f->backend = v;
-    else if (k == "preset") f->preset = v;
-    else if (k == "model_dir") f->model_dir = v;
-    else if (k == "batches") ok = ParseInts(v, &f->batches);
-    else if (k == "prompt_len") int_flag(&f->prompt_len);
-    else if (k == "decode_len") int_flag(&f->decode_len);
-    else if (k == "prefill_lens") ok = ParseInts(v, &f->prefill_lens);
-    else if (k == "prefill_tokens") int_flag(&f->prefill_tokens);
-    else if (k == "shared_len") int_flag(&f->shared_len);
-    else if (k == "queries") ok = ParseInts(v, &f->queries);
-    else if (k == "query_len") int_flag(&f->query_len);
-    else if (k == "shared_gen") int_flag(&f->shared_gen);
-    else if (k == "sections") f->sections = absl::StrSplit(v, ',', absl::SkipEmpty());
-    else if (k == "num_blocks") ok = absl::SimpleAtoi(v, &f->num_blocks) && f->num_blocks >= 0;
-    else if (k == "seed") ok = absl::SimpleAtoi(v, &f->seed);
-    else if (k == "temperature") ok = absl::SimpleAtod(v, &f->temperature) && f->temperature >= 0;
+    if (k == "backend")
+      f->backend = v;
+    else if (k == "preset")
+      f->preset = v;
+    else if (k == "model_dir")
+      f->model_dir = v;
+    else if (k == "batches")
+      ok = ParseInts(v, &f->batches);
+    else if (k == "prompt_len")
+      int_flag(&f->prompt_len);
+    else if (k == "decode_len")
+      int_flag(&f->decode_len);
+    else if (k == "prefill_lens")
+      ok = ParseInts(v, &f->prefill_lens);
+    else if (k == "prefill_tokens")
+      int_flag(&f->prefill_tokens);
+    else if (k == "shared_len")
+      int_flag(&f->shared_len);
+    else if (k == "queries")
+      ok = ParseInts(v, &f->queries);
+    else if (k == "query_len")
+      int_flag(&f->query_len);
+    else if (k == "shared_gen")
+      int_flag(&f->shared_gen);
+    else if (k == "sections")
+      f->sections = absl::StrSplit(v, ',', absl::SkipEmpty());
+    else if (k == "num_blocks")
+      ok = absl::SimpleAtoi(v, &f->num_blocks) && f->num_blocks >= 0;
+    else if (k == "seed")
+      ok = absl::SimpleAtoi(v, &f->seed);
+    else if (k == "temperature")
+      ok = absl::SimpleAtod(v, &f->temperature) && f->temperature >= 0;
     else if (k == "variants") {
       f->variants = absl::StrSplit(v, ',', absl::SkipEmpty());
       Variant var;
@@ -196,7 +212,7 @@ struct Bench {
   int max_seqs = 256;
   int max_batched_tokens = 8192;
   int64_t max_context = 16384;
-  double forward_s = 0;  // accumulated by the current engine's TimedBackend
+  double forward_s = 0;                      // accumulated by the current engine's TimedBackend
   const engine::Backend* backend = nullptr;  // the current engine's backend (owned by it)
 
   // One line of the CUDA backend's decode-path counters.
@@ -454,7 +470,8 @@ void PrefillSection(Bench& b) {
     if (len + 1 > b.max_context) continue;
     const int seqs = std::max(1, b.flags.prefill_tokens / len);
     std::vector<engine::Request> reqs;
-    for (int i = 0; i < seqs; ++i) reqs.push_back(MakeRequest({{1, b.RandomTokens(rng, len), ""}}, 1));
+    for (int i = 0; i < seqs; ++i)
+      reqs.push_back(MakeRequest({{1, b.RandomTokens(rng, len), ""}}, 1));
     PhaseResult r = RunBatch(b, *e, reqs);
     std::printf("| %d | %d | %.0f | %.3f |\n", len, seqs, r.prompt_tokens_computed / r.total_s,
                 r.total_s);
@@ -464,10 +481,11 @@ void PrefillSection(Bench& b) {
 
 void SharedSection(Bench& b) {
   const bool cuda = b.flags.backend == "cuda";
-  std::printf("\n## Shared prefix (system chunk %d tokens cached, N queries of %d tokens, %d "
-              "generated each)%s\n\n",
-              b.flags.shared_len, b.flags.query_len, b.flags.shared_gen,
-              cuda ? "" : " [cpu backend: no cascade option, both columns are the same backend]");
+  std::printf(
+      "\n## Shared prefix (system chunk %d tokens cached, N queries of %d tokens, %d "
+      "generated each)%s\n\n",
+      b.flags.shared_len, b.flags.query_len, b.flags.shared_gen,
+      cuda ? "" : " [cpu backend: no cascade option, both columns are the same backend]");
   std::mt19937 rng(b.flags.seed + 3);
   const std::vector<int32_t> system = b.RandomTokens(rng, b.flags.shared_len);
   std::map<int, std::vector<engine::Request>> workloads;
@@ -486,14 +504,15 @@ void SharedSection(Bench& b) {
       // Drop the queries' own blocks from the cache? Not needed: every workload's queries differ.
     }
   }
-  std::printf("| N | decode tok/s off | decode tok/s on | decode on/off | total s off | total s on "
-              "| total off/on |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "| N | decode tok/s off | decode tok/s on | decode on/off | total s off | total s on "
+      "| total off/on |\n|---:|---:|---:|---:|---:|---:|---:|\n");
   for (int n : b.flags.queries) {
     const PhaseResult& off = res[0][n];
     const PhaseResult& on = res[1][n];
     const double d_off = off.decode_tokens / off.decode_s, d_on = on.decode_tokens / on.decode_s;
-    std::printf("| %d | %.0f | %.0f | %.2fx | %.3f | %.3f | %.2fx |\n", n, d_off, d_on, d_on / d_off,
-                off.total_s, on.total_s, off.total_s / on.total_s);
+    std::printf("| %d | %.0f | %.0f | %.2fx | %.3f | %.3f | %.2fx |\n", n, d_off, d_on,
+                d_on / d_off, off.total_s, on.total_s, off.total_s / on.total_s);
   }
   std::fflush(stdout);
 }
@@ -542,12 +561,16 @@ int Main(int argc, char** argv) {
   for (int x : flags.batches) b.max_seqs = std::max(b.max_seqs, x);
   for (int x : flags.queries) b.max_seqs = std::max(b.max_seqs, x);
   for (const std::string& s : flags.sections) {
-    if (s == "decode") DecodeSection(b);
-    else if (s == "prefill") PrefillSection(b);
-    else if (s == "shared") SharedSection(b);
+    if (s == "decode")
+      DecodeSection(b);
+    else if (s == "prefill")
+      PrefillSection(b);
+    else if (s == "shared")
+      SharedSection(b);
     else if (s == "nanovllm")
       NanoVllmSection(b);
-    else std::fprintf(stderr, "unknown section %s\n", s.c_str());
+    else
+      std::fprintf(stderr, "unknown section %s\n", s.c_str());
   }
   return 0;
 }

@@ -73,12 +73,14 @@ void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx,
     cl.push_back(ctx[i]);
     const int nb = (ctx[i] + kBs - 1) / kBs;
     for (int b = 0; b < nb; ++b) {
-      ids.push_back(static_cast<int32_t>((b < shared_blocks ? block_offset + b : next++) % num_blocks));
+      ids.push_back(
+          static_cast<int32_t>((b < shared_blocks ? block_offset + b : next++) % num_blocks));
     }
     ts.push_back(static_cast<int32_t>(ids.size()));
   }
-  AttentionBatch ab{positions.data(), static_cast<int>(positions.size()), qs.data(), cl.data(),
-                    ts.data(), ids.data(), static_cast<int>(cl.size())};
+  AttentionBatch ab{
+      positions.data(), static_cast<int>(positions.size()), qs.data(), cl.data(), ts.data(),
+      ids.data(),       static_cast<int>(cl.size())};
   CHECK_OK(PlanAttention({kHq, kHkv, kD, kBs, cascade}, ab, &s->plan));
   const size_t n = positions.size();
   std::vector<uint16_t> q(n * kHq * kD, 0x3f00);  // bf16 0.5
@@ -99,12 +101,19 @@ void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx,
   s->out = std::move(*out);
   s->po = std::move(*po);
   s->pl = std::move(*pl);
-  s->args = AttentionArgs{s->q.as<Bf16>(), kHq * kD, cache, s->pos.as<int32_t>(),
-                          s->blocks.as<int32_t>(), s->out.as<Bf16>(), s->po.as<float>(),
-                          s->pl.as<float>(), 1.f / std::sqrt(float{kD}), kHq};
-  s->view = AttentionPlanView{s->fi.as<int32_t>(),   s->plan.num_final(),  s->si.as<int32_t>(),
-                              s->plan.num_split(),   s->rows.as<int32_t>(), s->base.as<int32_t>(),
-                              s->merge.as<int32_t>(), s->plan.num_merge(), s->plan.max_final_rows,
+  s->args = AttentionArgs{s->q.as<Bf16>(),
+                          kHq * kD,
+                          cache,
+                          s->pos.as<int32_t>(),
+                          s->blocks.as<int32_t>(),
+                          s->out.as<Bf16>(),
+                          s->po.as<float>(),
+                          s->pl.as<float>(),
+                          1.f / std::sqrt(float{kD}),
+                          kHq};
+  s->view = AttentionPlanView{s->fi.as<int32_t>(),    s->plan.num_final(),   s->si.as<int32_t>(),
+                              s->plan.num_split(),    s->rows.as<int32_t>(), s->base.as<int32_t>(),
+                              s->merge.as<int32_t>(), s->plan.num_merge(),   s->plan.max_final_rows,
                               s->plan.max_split_rows};
 }
 
@@ -117,7 +126,8 @@ double TimeAttention(const std::vector<int>& q_len, const std::vector<int>& ctx,
     Build(&sets[r], q_len, ctx, shared_blocks, r * blocks_per_set, num_blocks, cache, cascade);
   }
   *plan = sets[0].plan;
-  return TimeMs([&](int i) { CHECK_OK(Attention(sets[i % rot].args, sets[i % rot].view, nullptr)); });
+  return TimeMs(
+      [&](int i) { CHECK_OK(Attention(sets[i % rot].args, sets[i % rot].view, nullptr)); });
 }
 
 int Main(bool quick, bool cascade_only) {

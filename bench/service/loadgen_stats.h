@@ -23,7 +23,7 @@ struct RequestSample {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
   int64_t completion_tokens = 0;
-  double e2e_ms = -1;  // request sent -> stream ended
+  double e2e_ms = -1;     // request sent -> stream ended
   std::string worker_id;  // the worker the start message named; empty if none came
   // Set when the phase runs from a request pool (the soak): which request, whether the gateway
   // admitted it (a start message came), whether this client cancelled it on purpose, and the

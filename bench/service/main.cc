@@ -20,9 +20,9 @@
 #include "bench/service/open_loop.h"
 #include "bench/service/report.h"
 #include "bench/service/workload.h"
+#include "common/flags.h"
 #include "services/cli/gateway_client.h"
 #include "services/cli/local_stack.h"
-#include "common/flags.h"
 
 namespace cascade::bench {
 namespace {
@@ -117,8 +117,8 @@ absl::StatusOr<std::vector<std::string>> ParsePolicies(const std::string& text) 
   std::vector<std::string> out;
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     if (part != "cost" && part != "load" && part != "round_robin" && part != "random") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--route_policies: '", std::string(part), "' is not cost, load, round_robin or random"));
+      return absl::InvalidArgumentError(absl::StrCat("--route_policies: '", std::string(part),
+                                                     "' is not cost, load, round_robin or random"));
     }
     out.emplace_back(part);
   }
@@ -218,9 +218,8 @@ absl::StatusOr<std::unique_ptr<cli::LocalStack>> StartLocalStack(
           : cli::PrepareModel(flags.model_dir, flags.preset, &std::cerr);
   if (!model_dir.ok()) return model_dir.status();
   cli::StackOptions so;
-  so.bin_dir = flags.bin_dir.empty()
-                   ? (std::filesystem::path(*self).parent_path() / "bin").string()
-                   : flags.bin_dir;
+  so.bin_dir = flags.bin_dir.empty() ? (std::filesystem::path(*self).parent_path() / "bin").string()
+                                     : flags.bin_dir;
   so.model_dir = *model_dir;
   so.workers = flags.workers;
   so.backend = flags.backend;
@@ -333,8 +332,7 @@ int RunCluster(const LoadgenFlags& flags) {
       oo.seed = static_cast<uint64_t>(flags.seed);
       std::cerr << absl::StrFormat("policy %s, %.2f qps (bounds: %s, %d requests)\n", policy, qps,
                                    absl::FormatDuration(flags.duration), flags.max_requests);
-      runs.push_back(
-          RunOpenLoop(*stub, prompts, oo, flags.local ? flags.workers : 1, &std::cerr));
+      runs.push_back(RunOpenLoop(*stub, prompts, oo, flags.local ? flags.workers : 1, &std::cerr));
       ok += runs.back().phase.ok;
       failed += runs.back().phase.requests - runs.back().phase.ok;
     }

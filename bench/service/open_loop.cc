@@ -145,13 +145,13 @@ void PrintClusterReport(const std::vector<OpenLoopSummary>& runs, std::ostream& 
           "%s %d %.2f", id, w.requests,
           w.prompt_tokens > 0 ? static_cast<double>(w.cached_tokens) / w.prompt_tokens : 0.0));
     }
-    out << absl::StrFormat("| %s | %.2f | %d | %d | %.1f | %s | %s | %s | %s | %s | %.3f | %.2f | %s "
-                           "| %s |\n",
-                           r.policy, r.offered_qps, p.requests, p.ok, p.output_tokens_per_s,
-                           Ms(p.ttft_ms, p.ttft_ms.p50), Ms(p.ttft_ms, p.ttft_ms.p90),
-                           Ms(p.ttft_ms, p.ttft_ms.p99), Ms(p.itl_ms, p.itl_ms.p50),
-                           Ms(p.itl_ms, p.itl_ms.p99), r.hit_rate, r.imbalance,
-                           absl::StrJoin(workers, ", "), FormatErrors(p.errors));
+    out << absl::StrFormat(
+        "| %s | %.2f | %d | %d | %.1f | %s | %s | %s | %s | %s | %.3f | %.2f | %s "
+        "| %s |\n",
+        r.policy, r.offered_qps, p.requests, p.ok, p.output_tokens_per_s,
+        Ms(p.ttft_ms, p.ttft_ms.p50), Ms(p.ttft_ms, p.ttft_ms.p90), Ms(p.ttft_ms, p.ttft_ms.p99),
+        Ms(p.itl_ms, p.itl_ms.p50), Ms(p.itl_ms, p.itl_ms.p99), r.hit_rate, r.imbalance,
+        absl::StrJoin(workers, ", "), FormatErrors(p.errors));
   }
   // Each policy against the first one run at the same rate (the cost router when it leads).
   bool header = false;
@@ -160,7 +160,8 @@ void PrintClusterReport(const std::vector<OpenLoopSummary>& runs, std::ostream& 
     for (const OpenLoopSummary& other : runs) {
       if (other.policy == base.policy || other.offered_qps != base.offered_qps) continue;
       if (!header) {
-        out << "\n" << runs.front().policy << " against the others at the same offered rate "
+        out << "\n"
+            << runs.front().policy << " against the others at the same offered rate "
             << "(same run; > 1 means " << runs.front().policy << " is better):\n\n"
             << "| offered qps | against | TTFT p90 (theirs / ours) | TTFT p50 | output tok/s "
                "(ours / theirs) | hit rate (ours, theirs) |\n"
@@ -168,11 +169,9 @@ void PrintClusterReport(const std::vector<OpenLoopSummary>& runs, std::ostream& 
         header = true;
       }
       out << absl::StrFormat("| %.2f | %s | %s | %s | %s | %.3f, %.3f |\n", base.offered_qps,
-                             other.policy,
-                             Ratio(other.phase.ttft_ms.p90, base.phase.ttft_ms.p90),
+                             other.policy, Ratio(other.phase.ttft_ms.p90, base.phase.ttft_ms.p90),
                              Ratio(other.phase.ttft_ms.p50, base.phase.ttft_ms.p50),
-                             Ratio(base.phase.output_tokens_per_s,
-                                   other.phase.output_tokens_per_s),
+                             Ratio(base.phase.output_tokens_per_s, other.phase.output_tokens_per_s),
                              base.hit_rate, other.hit_rate);
     }
   }

@@ -19,9 +19,9 @@
 namespace cascade::bench {
 
 struct OpenLoopOptions {
-  double qps = 1.0;                              // mean arrival rate (Poisson)
-  absl::Duration duration = absl::Seconds(30);   // no arrival after this
-  int64_t max_requests = 1000;                   // arrivals at most
+  double qps = 1.0;                             // mean arrival rate (Poisson)
+  absl::Duration duration = absl::Seconds(30);  // no arrival after this
+  int64_t max_requests = 1000;                  // arrivals at most
   int max_inflight = 512;  // a request arriving with this many open is counted CLIENT_BACKLOG
   absl::Duration request_timeout = absl::Seconds(60);
   absl::Duration progress_interval = absl::Seconds(2);

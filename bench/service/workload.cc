@@ -35,9 +35,12 @@ constexpr uint64_t kCustomerContextStream = (1ull << 62) + (1ull << 40);
 
 const char* WorkloadName(Workload w) {
   switch (w) {
-    case Workload::kMiss: return "miss";
-    case Workload::kHit: return "hit";
-    case Workload::kCustomers: return "customers";
+    case Workload::kMiss:
+      return "miss";
+    case Workload::kHit:
+      return "hit";
+    case Workload::kCustomers:
+      return "customers";
   }
   return "unknown";
 }

@@ -27,8 +27,8 @@ struct WorkloadOptions {
   int query_words = 12;    // words of the query
   int max_tokens = 16;     // completion length (ignore_eos, so every request generates this many)
   uint64_t seed = 1;
-  int customers = 16;      // the customers workload: how many
-  int context_words = 0;   // the customers workload: words of each customer's context chunk
+  int customers = 16;     // the customers workload: how many
+  int context_words = 0;  // the customers workload: words of each customer's context chunk
   // Distinguishes this run's prompts from an earlier run's against the same (warm) deployment.
   std::string run_tag;
 };

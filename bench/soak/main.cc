@@ -25,12 +25,12 @@
 #include "bench/service/workload.h"
 #include "bench/soak/chaos.h"
 #include "bench/soak/soak_check.h"
+#include "common/flags.h"
 #include "services/cli/child_process.h"
 #include "services/cli/command_util.h"
 #include "services/cli/gateway_client.h"
 #include "services/cli/local_stack.h"
 #include "services/cli/proc_info.h"
-#include "common/flags.h"
 
 namespace cascade::bench {
 namespace {

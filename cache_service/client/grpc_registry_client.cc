@@ -1,9 +1,9 @@
 // RegistryClient over the cascade.v1.ChunkRegistry stub (synchronous calls with deadlines).
 #include "cache_service/client/grpc_registry_client.h"
 
-#include <chrono>
-
 #include <grpcpp/create_channel.h>
+
+#include <chrono>
 
 #include "cache_service/wire/registry_wire.h"
 #include "cascade/v1/registry.grpc.pb.h"
@@ -80,8 +80,7 @@ class GrpcRegistryClient final : public RegistryClient {
     req.set_seq(seq);
     for (const HeldChunk& c : chunks) wire::ToProto(c, req.add_chunks());
     v1::ResyncResponse resp;
-    absl::Status s =
-        Call(&v1::ChunkRegistry::Stub::Resync, req, &resp, options_.resync_timeout_ms);
+    absl::Status s = Call(&v1::ChunkRegistry::Stub::Resync, req, &resp, options_.resync_timeout_ms);
     if (!s.ok()) return s;
     return resp.chunks();
   }
@@ -100,7 +99,7 @@ class GrpcRegistryClient final : public RegistryClient {
 
   template <typename Req, typename Resp>
   absl::Status Call(grpc::Status (v1::ChunkRegistry::Stub::*method)(grpc::ClientContext*,
-                                                                     const Req&, Resp*),
+                                                                    const Req&, Resp*),
                     const Req& req, Resp* resp, int64_t timeout_ms = 0) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, timeout_ms > 0 ? timeout_ms : options_.timeout_ms);

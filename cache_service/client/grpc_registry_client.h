@@ -1,12 +1,12 @@
 // RegistryClient over gRPC, with a deadline on every call.
 #pragma once
 
+#include <grpcpp/channel.h>
+#include <grpcpp/security/credentials.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
-
-#include <grpcpp/channel.h>
-#include <grpcpp/security/credentials.h>
 
 #include "cache_service/client/registry_client.h"
 
@@ -26,9 +26,9 @@ struct GrpcRegistryClientOptions {
 };
 
 // Dials `address` (host:port) lazily; failures show up as UNAVAILABLE on calls.
-std::unique_ptr<RegistryClient> NewGrpcRegistryClient(const std::string& address,
-                                                      const GrpcRegistryClientOptions& options = {});
-std::unique_ptr<RegistryClient> NewGrpcRegistryClient(std::shared_ptr<grpc::Channel> channel,
-                                                      const GrpcRegistryClientOptions& options = {});
+std::unique_ptr<RegistryClient> NewGrpcRegistryClient(
+    const std::string& address, const GrpcRegistryClientOptions& options = {});
+std::unique_ptr<RegistryClient> NewGrpcRegistryClient(
+    std::shared_ptr<grpc::Channel> channel, const GrpcRegistryClientOptions& options = {});
 
 }  // namespace cascade::registry

@@ -40,8 +40,8 @@ class RegistryClient {
   // Batches are numbered 1, 2, ... after each registration (or seq+1 after Resync(seq)).
   virtual absl::StatusOr<ReportResult> ReportEvents(std::string_view worker_id, uint64_t seq,
                                                     std::span<const ChunkEvent> events) = 0;
-  virtual absl::StatusOr<int> Resync(std::string_view worker_id,
-                                     std::span<const HeldChunk> chunks, uint64_t seq) = 0;
+  virtual absl::StatusOr<int> Resync(std::string_view worker_id, std::span<const HeldChunk> chunks,
+                                     uint64_t seq) = 0;
   virtual absl::Status Deregister(std::string_view worker_id) = 0;
 };
 

@@ -25,8 +25,8 @@
 #include "absl/status/statusor.h"
 #include "cache_service/registry/chunk_table.h"
 #include "cache_service/registry/clock.h"
-#include "common/mutex.h"
 #include "cache_service/registry/types.h"
+#include "common/mutex.h"
 
 namespace cascade::registry {
 

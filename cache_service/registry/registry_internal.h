@@ -9,8 +9,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "common/mutex.h"
 #include "cache_service/registry/registry.h"
+#include "common/mutex.h"
 
 namespace cascade::registry {
 

@@ -18,15 +18,15 @@ using hash::Hash128;
 // duration of the call (the service points them into the request message, no copies).
 struct ResolveInput {
   std::string_view model;
-  std::string_view cache_salt;            // request-level salt
+  std::string_view cache_salt;              // request-level salt
   std::span<const hash::ChunkSpec> chunks;  // in prompt order
 };
 
 // A worker's load at its last heartbeat.
 struct WorkerLoad {
-  int32_t running = 0;          // sequences decoding or prefilling
-  int32_t waiting = 0;          // sequences waiting for admission
-  int64_t free_kv_blocks = 0;   // unreferenced cached blocks count as free
+  int32_t running = 0;         // sequences decoding or prefilling
+  int32_t waiting = 0;         // sequences waiting for admission
+  int64_t free_kv_blocks = 0;  // unreferenced cached blocks count as free
   int64_t total_kv_blocks = 0;
 };
 
@@ -121,8 +121,8 @@ struct WorkerRecord {
 };
 
 struct RegistryStats {
-  int64_t chunks = 0;             // chunks known now
-  int32_t workers = 0;            // live workers
+  int64_t chunks = 0;   // chunks known now
+  int32_t workers = 0;  // live workers
   int64_t resolves = 0;
   int64_t resolve_hits = 0;       // resolves whose first chunk some live worker held
   int64_t chunks_forgotten = 0;   // by the LRU cap

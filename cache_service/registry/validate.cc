@@ -25,8 +25,8 @@ absl::Status ValidateWorkerId(std::string_view id) {
   bool ok = !id.empty() && id.size() <= kMaxWorkerIdBytes;
   for (char c : id) ok = ok && IsIdChar(c);
   if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "worker_id: ", Quote(id), " must be 1..128 characters of [A-Za-z0-9._:@-]"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("worker_id: ", Quote(id), " must be 1..128 characters of [A-Za-z0-9._:@-]"));
 }
 
 absl::Status ValidateHeldChunk(const HeldChunk& c, std::string_view field) {
@@ -52,8 +52,7 @@ absl::Status ValidateHeldChunk(const HeldChunk& c, std::string_view field) {
 }
 
 absl::Status ValidateLoad(const WorkerLoad& load) {
-  if (load.running < 0 || load.waiting < 0 || load.free_kv_blocks < 0 ||
-      load.total_kv_blocks < 0) {
+  if (load.running < 0 || load.waiting < 0 || load.free_kv_blocks < 0 || load.total_kv_blocks < 0) {
     return absl::InvalidArgumentError(
         "load: running, waiting, free_kv_blocks and total_kv_blocks must be >= 0");
   }

@@ -15,7 +15,9 @@ RegistryMaintenance::RegistryMaintenance(Registry* registry, common::MetricsRegi
 
 RegistryMaintenance::~RegistryMaintenance() { Stop(); }
 
-void RegistryMaintenance::Start() { thread_ = std::thread([this] { Loop(); }); }
+void RegistryMaintenance::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 void RegistryMaintenance::Stop() {
   {
@@ -46,7 +48,8 @@ void RegistryMaintenance::RunOnce() {
   MutexLock lock(&mu_);
   // Counters only go up: publish the growth since the last round.
   auto bump = [&](const char* name, const char* help, int64_t now, int64_t before) {
-    metrics_.GetCounter(name, help)->Increment(static_cast<double>(std::max<int64_t>(0, now - before)));
+    metrics_.GetCounter(name, help)
+        ->Increment(static_cast<double>(std::max<int64_t>(0, now - before)));
   };
   bump("cascade_registry_resolves_total", "Resolve calls answered.", s.resolves,
        published_.resolves);
@@ -87,10 +90,10 @@ void RegistryMaintenance::RunOnce() {
     if (live.contains(key)) continue;
     size_t nl = key.find('\n');
     common::Labels l = {{"worker", key.substr(0, nl)}, {"model", key.substr(nl + 1)}};
-    for (const char* name : {"cascade_registry_worker_up", "cascade_registry_worker_running",
-                             "cascade_registry_worker_waiting",
-                             "cascade_registry_worker_free_kv_blocks",
-                             "cascade_registry_worker_chunks"}) {
+    for (const char* name :
+         {"cascade_registry_worker_up", "cascade_registry_worker_running",
+          "cascade_registry_worker_waiting", "cascade_registry_worker_free_kv_blocks",
+          "cascade_registry_worker_chunks"}) {
       metrics_.GetGauge(name, "", l)->Set(0);
     }
   }

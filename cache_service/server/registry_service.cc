@@ -5,7 +5,6 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-
 #include "cache_service/wire/registry_wire.h"
 
 namespace cascade::registry {
@@ -50,9 +49,9 @@ RegistryService::RegistryService(Registry* registry, common::MetricsRegistry* me
                                  bool check_worker_identity)
     : registry_(registry),
       check_worker_identity_(check_worker_identity),
-      resolve_seconds_(Metrics(metrics).GetHistogram(
-          "cascade_registry_resolve_seconds", "Resolve handling time in the registry.",
-          common::ExponentialBuckets(1e-6, 2.0, 24))),
+      resolve_seconds_(Metrics(metrics).GetHistogram("cascade_registry_resolve_seconds",
+                                                     "Resolve handling time in the registry.",
+                                                     common::ExponentialBuckets(1e-6, 2.0, 24))),
       resolve_errors_(Metrics(metrics).GetCounter("cascade_registry_resolve_errors_total",
                                                   "Resolve calls rejected (bad or oversize).")) {}
 
@@ -120,8 +119,9 @@ RegistryService::Reactor* RegistryService::Resync(Ctx* ctx, const v1::ResyncRequ
   return Finish(ctx, n.status());
 }
 
-RegistryService::Reactor* RegistryService::DeregisterWorker(
-    Ctx* ctx, const v1::DeregisterWorkerRequest* req, v1::DeregisterWorkerResponse*) {
+RegistryService::Reactor* RegistryService::DeregisterWorker(Ctx* ctx,
+                                                            const v1::DeregisterWorkerRequest* req,
+                                                            v1::DeregisterWorkerResponse*) {
   if (grpc::Status who = CheckCaller(*ctx, req->worker_id()); !who.ok()) return Finish(ctx, who);
   return Finish(ctx, registry_->DeregisterWorker(req->worker_id()));
 }

@@ -14,9 +14,9 @@ absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.
 absl::StatusOr<Hash128> ParseHash(const std::string& hex, std::string_view field) {
   std::optional<Hash128> h = Hash128::FromHex(hex);
   if (!h.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        AV(field), ": '", absl::CHexEscape(AV(std::string_view(hex).substr(0, 40))),
-        hex.size() > 40 ? "..." : "", "' is not a hash (32 hex characters)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(AV(field), ": '", absl::CHexEscape(AV(std::string_view(hex).substr(0, 40))),
+                     hex.size() > 40 ? "..." : "", "' is not a hash (32 hex characters)"));
   }
   return *h;
 }
@@ -30,10 +30,10 @@ std::vector<hash::ChunkSpec> SpecsFromProto(const v1::ResolveRequest& req) {
   std::vector<hash::ChunkSpec> specs;
   specs.reserve(req.chunks_size());
   for (const v1::ResolveChunk& c : req.chunks()) {
-    specs.push_back(hash::ChunkSpec{static_cast<int32_t>(c.kind()),
-                                    std::span<const int32_t>(c.token_ids().data(),
-                                                             c.token_ids().size()),
-                                    std::string_view(c.cache_salt())});
+    specs.push_back(
+        hash::ChunkSpec{static_cast<int32_t>(c.kind()),
+                        std::span<const int32_t>(c.token_ids().data(), c.token_ids().size()),
+                        std::string_view(c.cache_salt())});
   }
   return specs;
 }
@@ -93,9 +93,8 @@ void ToProto(const WorkerLoad& load, v1::WorkerLoad* out) {
 }
 
 WorkerInfo FromProto(const v1::RegisterWorkerRequest& req) {
-  return WorkerInfo{req.worker_id(),         req.address(),    req.model(),
-                    req.kv_capacity_blocks(), req.block_size(), req.max_context(),
-                    req.vocab_size()};
+  return WorkerInfo{req.worker_id(),  req.address(),     req.model(),     req.kv_capacity_blocks(),
+                    req.block_size(), req.max_context(), req.vocab_size()};
 }
 
 void ToProto(const WorkerInfo& info, v1::RegisterWorkerRequest* req) {
@@ -118,12 +117,14 @@ absl::StatusOr<HeartbeatResult> FromProto(const v1::HeartbeatResponse& resp) {
   HeartbeatResult r;
   r.registry_epoch = resp.registry_epoch();
   for (int i = 0; i < resp.pinned_hashes_size(); ++i) {
-    absl::StatusOr<Hash128> h = ParseHash(resp.pinned_hashes(i), absl::StrCat("pinned_hashes[", i, "]"));
+    absl::StatusOr<Hash128> h =
+        ParseHash(resp.pinned_hashes(i), absl::StrCat("pinned_hashes[", i, "]"));
     if (!h.ok()) return h.status();
     r.pinned_hashes.push_back(*h);
   }
   for (int i = 0; i < resp.evict_hashes_size(); ++i) {
-    absl::StatusOr<Hash128> h = ParseHash(resp.evict_hashes(i), absl::StrCat("evict_hashes[", i, "]"));
+    absl::StatusOr<Hash128> h =
+        ParseHash(resp.evict_hashes(i), absl::StrCat("evict_hashes[", i, "]"));
     if (!h.ok()) return h.status();
     r.evict_hashes.push_back(*h);
   }
@@ -136,7 +137,8 @@ absl::StatusOr<HeldChunk> FromProto(const v1::HeldChunk& c, std::string_view fie
   absl::StatusOr<Hash128> parent =
       ParseOptionalHash(c.parent_hash(), absl::StrCat(AV(field), ".parent_hash"));
   if (!parent.ok()) return parent.status();
-  return HeldChunk{*h, c.start(), c.end(), c.held_tokens(), *parent, static_cast<int32_t>(c.kind())};
+  return HeldChunk{
+      *h, c.start(), c.end(), c.held_tokens(), *parent, static_cast<int32_t>(c.kind())};
 }
 
 void ToProto(const HeldChunk& c, v1::HeldChunk* out) {

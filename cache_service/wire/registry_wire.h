@@ -2,11 +2,11 @@
 // Parsing errors are INVALID_ARGUMENT naming the field (e.g. "events[2].chunk.hash").
 #pragma once
 
+#include <grpcpp/support/status.h>
+
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

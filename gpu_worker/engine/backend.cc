@@ -53,8 +53,8 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const BatchLimits& limi
   for (size_t q = 0; q < s; ++q) {
     const int64_t table_len = b.block_table_start[q + 1] - b.block_table_start[q];
     if (b.context_lens[q] < 0 || b.context_lens[q] > table_len * bs) {
-      return Bad(absl::StrCat("context_lens[", q, "] = ", b.context_lens[q],
-                              " does not fit its ", table_len, " blocks"));
+      return Bad(absl::StrCat("context_lens[", q, "] = ", b.context_lens[q], " does not fit its ",
+                              table_len, " blocks"));
     }
     for (int32_t r = b.query_start[q]; r < b.query_start[q + 1]; ++r) {
       const int32_t pos = b.positions[r];
@@ -66,8 +66,7 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const BatchLimits& limi
         return Bad(absl::StrCat("positions[", r, "] = ", pos, " outside [0, context_lens[", q,
                                 "] = ", b.context_lens[q], ")"));
       }
-      const int64_t slot =
-          int64_t{b.block_ids[b.block_table_start[q] + pos / bs]} * bs + pos % bs;
+      const int64_t slot = int64_t{b.block_ids[b.block_table_start[q] + pos / bs]} * bs + pos % bs;
       if (b.slot_mapping[r] != slot) {
         return Bad(absl::StrCat("slot_mapping[", r, "] = ", b.slot_mapping[r],
                                 " but the block table puts position ", pos, " at slot ", slot));

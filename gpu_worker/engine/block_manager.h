@@ -80,10 +80,10 @@ class BlockManager {
   void DropKey(int32_t block);
 
   const int block_size_;
-  std::vector<int32_t> ref_;                   // [num_blocks] reference counts
-  std::vector<std::optional<hash::Hash128>> key_;  // [num_blocks] key when cached
-  std::vector<int32_t> free_;                  // unkeyed, unreferenced blocks (stack)
-  std::list<int32_t> lru_;                     // keyed, unreferenced; front = evict first
+  std::vector<int32_t> ref_;                           // [num_blocks] reference counts
+  std::vector<std::optional<hash::Hash128>> key_;      // [num_blocks] key when cached
+  std::vector<int32_t> free_;                          // unkeyed, unreferenced blocks (stack)
+  std::list<int32_t> lru_;                             // keyed, unreferenced; front = evict first
   std::vector<std::list<int32_t>::iterator> lru_pos_;  // [num_blocks] valid when in lru_
   std::vector<bool> in_lru_;
   std::unordered_map<hash::Hash128, KeyInfo, hash::Hash128Hasher> by_key_;

@@ -21,12 +21,18 @@ namespace cascade::engine {
 
 const char* FinishReasonName(FinishReason r) {
   switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kStopString: return "stop_string";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStopString:
+      return "stop_string";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -177,9 +183,9 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
     const ChunkInput& c = req.chunks[i];
     for (size_t j = 0; j < c.tokens.size(); ++j) {
       if (c.tokens[j] < 0 || c.tokens[j] >= vocab) {
-        return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "].token_ids[", j, "] = ",
-                                                       c.tokens[j], " is outside the vocabulary [0, ",
-                                                       vocab, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("chunks[", i, "].token_ids[", j, "] = ", c.tokens[j],
+                         " is outside the vocabulary [0, ", vocab, ")"));
       }
     }
     seq->tokens.insert(seq->tokens.end(), c.tokens.begin(), c.tokens.end());
@@ -215,9 +221,8 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
     for (int64_t j = 0; j + 1 <= prompt_len / bs; ++j) {
       size_t c = 0;
       while (seq->chunks[c].end <= (j + 1) * bs - 1) ++c;
-      seq->block_keys.push_back(hash::BlockHash(
-          {}, options_.model_name, seq->chunks[c].salt_state,
-          std::span(seq->tokens.data() + j * bs, bs)));
+      seq->block_keys.push_back(hash::BlockHash({}, options_.model_name, seq->chunks[c].salt_state,
+                                                std::span(seq->tokens.data() + j * bs, bs)));
     }
   } else {
     seq->block_keys = hash::BlockKeys(options_.model_name, seq->chunks, specs, bs);
@@ -242,8 +247,8 @@ hash::Hash128 EngineImpl::KeyFor(Sequence& seq, int64_t j) {
   while (static_cast<int64_t>(seq.block_keys.size()) <= j) {
     const int64_t k = static_cast<int64_t>(seq.block_keys.size());
     // Blocks past the prompt's full blocks end in generated tokens: the tail salt applies.
-    hash::Hash128 prev = (k == 0 || options_.debug_unchained_block_keys) ? hash::Hash128{}
-                                                                         : seq.block_keys[k - 1];
+    hash::Hash128 prev =
+        (k == 0 || options_.debug_unchained_block_keys) ? hash::Hash128{} : seq.block_keys[k - 1];
     seq.block_keys.push_back(hash::BlockHash(prev, options_.model_name, seq.tail_salt,
                                              std::span(seq.tokens.data() + k * bs, bs)));
   }
@@ -304,8 +309,9 @@ void EngineImpl::PostprocessSeq(const ScheduledSeq& s, const float* logits_row,
   Sequence& seq = *s.seq;
   const bool was_prefill = seq.num_computed < seq.prompt_len;
   seq.num_computed += s.num_tokens;
-  if (was_prefill) prompt_tokens_computed_ += std::min(seq.num_computed, seq.prompt_len) -
-                                              (seq.num_computed - s.num_tokens);
+  if (was_prefill)
+    prompt_tokens_computed_ +=
+        std::min(seq.num_computed, seq.prompt_len) - (seq.num_computed - s.num_tokens);
   CommitBlocks(seq);
   {
     MutexLock lock(&mu_);
@@ -482,9 +488,8 @@ void EngineImpl::FailScheduled(const SchedulerOutput& plan, const absl::Status& 
                                std::vector<SequenceOutput>* outputs) {
   // The step's sequences end with kError; the engine stays usable. A backend that ran out of
   // memory keeps its code (another worker may have room); anything else is the worker's fault.
-  const absl::Status status = st.code() == absl::StatusCode::kResourceExhausted
-                                  ? st
-                                  : absl::InternalError(st.ToString());
+  const absl::Status status =
+      st.code() == absl::StatusCode::kResourceExhausted ? st : absl::InternalError(st.ToString());
   for (const ScheduledSeq& s : plan.scheduled) {
     const uint64_t id = s.seq->id;
     SequenceOutput out;

@@ -16,14 +16,14 @@
 namespace cascade::engine {
 
 struct EngineOptions {
-  std::string model_name;               // part of every hash
+  std::string model_name;  // part of every hash
   int max_num_seqs = 64;
   int max_num_batched_tokens = 2048;
-  int64_t max_context = 4096;           // prompt + generated tokens at most
-  int32_t max_tokens_limit = 4096;      // cap on sampling.max_tokens
-  int max_waiting = 1024;               // queued requests beyond this: RESOURCE_EXHAUSTED
+  int64_t max_context = 4096;       // prompt + generated tokens at most
+  int32_t max_tokens_limit = 4096;  // cap on sampling.max_tokens
+  int max_waiting = 1024;           // queued requests beyond this: RESOURCE_EXHAUSTED
   bool enable_prefix_cache = true;
-  std::vector<int32_t> eos_token_ids;   // from the model's config
+  std::vector<int32_t> eos_token_ids;  // from the model's config
   // Test-only fault: block keys that ignore the previous block (the design's root cause 2).
   bool debug_unchained_block_keys = false;
   // Test-only: return each sampled position's raw logits in SequenceOutput::logits.

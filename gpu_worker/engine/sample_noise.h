@@ -24,8 +24,9 @@ CASCADE_HD uint64_t SplitMix64(uint64_t x) {
 
 // Uniform in (0, 1) with 24 bits, never 0 or 1, for token `v` at `position` of stream `seed`.
 CASCADE_HD float TokenUniform(uint64_t seed, int64_t position, int32_t v) {
-  const uint64_t x = SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(position) * 0x100000001b3ULL +
-                                                  static_cast<uint64_t>(v)));
+  const uint64_t x =
+      SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(position) * 0x100000001b3ULL +
+                                   static_cast<uint64_t>(v)));
   return (static_cast<float>(x >> 40) + 0.5f) * (1.0f / 16777216.0f);
 }
 

@@ -75,9 +75,8 @@ absl::Status ValidateSampling(const SamplingParams& p, int vocab_size, int32_t m
   }
   for (int32_t id : p.stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("sampling.stop_token_ids: ", id,
-                                                     " is outside the vocabulary [0, ",
-                                                     vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sampling.stop_token_ids: ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
     }
   }
   return absl::OkStatus();

@@ -74,7 +74,8 @@ bool Scheduler::Admit(Sequence* seq, int64_t budget, ScheduledSeq* out) {
   }
   if (blocks_->NumAvailable() - hits_in_lru < need_total - hit) return false;
 
-  for (int64_t j = 0; j < hit; ++j) seq->block_table.push_back(blocks_->AcquireCached(seq->block_keys[j]));
+  for (int64_t j = 0; j < hit; ++j)
+    seq->block_table.push_back(blocks_->AcquireCached(seq->block_keys[j]));
   seq->num_computed = hit * bs;
   seq->num_committed = hit;
   if (!seq->started) {
@@ -108,12 +109,14 @@ SchedulerOutput Scheduler::Schedule() {
       ok = EnsureBlocks(seq, seq->num_computed + n);
     }
     if (!ok) continue;
-    out.scheduled.push_back(ScheduledSeq{seq, n, seq->num_computed + n == (int64_t)seq->tokens.size(), false});
+    out.scheduled.push_back(
+        ScheduledSeq{seq, n, seq->num_computed + n == (int64_t)seq->tokens.size(), false});
     budget -= n;
   }
   // A step that had to preempt admits nothing new: memory is the bottleneck.
   if (!out.preempted.empty()) {
-    std::erase_if(out.scheduled, [](const ScheduledSeq& s) { return s.seq->state != SeqState::kRunning; });
+    std::erase_if(out.scheduled,
+                  [](const ScheduledSeq& s) { return s.seq->state != SeqState::kRunning; });
     return out;
   }
   while (!waiting_.empty() && budget > 0 &&
@@ -144,9 +147,9 @@ void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBa
       batch->logits_rows.push_back(batch->num_tokens() - 1);
       // Rows needing nothing but a token from plain greedy or temperature sampling are sampled
       // by the backend; the rest (and every row when tests capture logits) come back whole.
-      batch->row_samples.push_back(RowSample{
-          SampleableOnDevice(seq.sampling) && !capture_logits_, seq.sampling.temperature,
-          seq.seed, static_cast<int64_t>(seq.tokens.size())});
+      batch->row_samples.push_back(RowSample{SampleableOnDevice(seq.sampling) && !capture_logits_,
+                                             seq.sampling.temperature, seq.seed,
+                                             static_cast<int64_t>(seq.tokens.size())});
     }
     batch->query_start.push_back(batch->num_tokens());
     batch->context_lens.push_back(static_cast<int32_t>(seq.num_computed + s.num_tokens));

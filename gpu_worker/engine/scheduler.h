@@ -16,10 +16,10 @@
 namespace cascade::engine {
 
 struct SchedulerOptions {
-  int max_num_seqs = 64;               // running sequences at most
-  int max_num_batched_tokens = 2048;   // tokens per step at most (prefill chunks + decodes)
+  int max_num_seqs = 64;              // running sequences at most
+  int max_num_batched_tokens = 2048;  // tokens per step at most (prefill chunks + decodes)
   bool enable_prefix_cache = true;
-  bool capture_logits = false;         // tests: every row needs its whole logits
+  bool capture_logits = false;  // tests: every row needs its whole logits
 };
 
 struct ScheduledSeq {

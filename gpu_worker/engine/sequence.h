@@ -32,12 +32,12 @@ struct Sequence {
   int64_t num_committed = 0;         // leading blocks whose key is registered in the cache
 
   SeqState state = SeqState::kWaiting;
-  bool started = false;              // the start output (cached tokens) was emitted
-  int64_t cached_tokens = 0;         // prefix-cache hit at first admission
+  bool started = false;       // the start output (cached tokens) was emitted
+  int64_t cached_tokens = 0;  // prefix-cache hit at first admission
   int32_t num_generated = 0;
-  int64_t arrival = 0;               // admission order, for FIFO and preemption choice
-  bool pinned = false;               // pins taken (once, after the prompt's prefill)
-  int64_t reported_committed = -1;   // num_committed when residency last looked
+  int64_t arrival = 0;              // admission order, for FIFO and preemption choice
+  bool pinned = false;              // pins taken (once, after the prompt's prefill)
+  int64_t reported_committed = -1;  // num_committed when residency last looked
 
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
 };

@@ -13,7 +13,14 @@
 namespace cascade::engine {
 
 // Mirrors cascade.v1.FinishReason value for value (static_asserts in sampling_wire.cc).
-enum class FinishReason { kNone = 0, kStop = 1, kLength = 2, kStopString = 3, kCancelled = 4, kError = 5 };
+enum class FinishReason {
+  kNone = 0,
+  kStop = 1,
+  kLength = 2,
+  kStopString = 3,
+  kCancelled = 4,
+  kError = 5
+};
 
 const char* FinishReasonName(FinishReason r);
 
@@ -27,13 +34,13 @@ struct SamplingParams {
   int32_t max_tokens = 16;          // >= 1
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
-  int32_t logprobs = 0;             // top logprobs per token, 0..20
-  std::optional<uint64_t> seed;     // unset: the engine draws one
+  int32_t logprobs = 0;          // top logprobs per token, 0..20
+  std::optional<uint64_t> seed;  // unset: the engine draws one
 };
 
 // One chunk of a prompt, as token ids.
 struct ChunkInput {
-  int32_t kind = 0;        // cascade.v1.ChunkKind value (part of the chunk hash)
+  int32_t kind = 0;  // cascade.v1.ChunkKind value (part of the chunk hash)
   std::vector<int32_t> tokens;
   std::string cache_salt;  // per-chunk salt; empty = inherit
 };
@@ -43,7 +50,7 @@ struct Request {
   std::string cache_salt;          // request-level salt
   std::vector<ChunkInput> chunks;  // the prompt is their concatenation
   SamplingParams sampling;
-  int64_t pin_ttl_ms = 0;          // > 0: keep the prompt's chunks cached this long
+  int64_t pin_ttl_ms = 0;  // > 0: keep the prompt's chunks cached this long
   // hash::PlaceChunks of `chunks` under this engine's model and `cache_salt`, when the caller
   // computed it already (the worker service does, to check the gateway's hashes); empty: the
   // engine computes it. Either way the prompt's chain is hashed once per request.
@@ -79,7 +86,7 @@ struct SequenceOutput {
   std::vector<LogprobEntry> logprobs;  // parallel to new_tokens when requested
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
-  int32_t stop_token_id = -1;          // with kStop
+  int32_t stop_token_id = -1;  // with kStop
   // Why the sequence ended early: set with kError (RESOURCE_EXHAUSTED when the KV cache or the
   // backend's memory had no room for it, INTERNAL for a backend failure) and with kCancelled when
   // the worker shut down under it (UNAVAILABLE). OK otherwise, including a client's cancel.
@@ -105,9 +112,9 @@ struct EngineStats {
   int32_t running = 0;
   int32_t waiting = 0;
   int64_t total_blocks = 0;
-  int64_t free_blocks = 0;    // never used or cached-and-unreferenced
-  int64_t used_blocks = 0;    // referenced by live sequences or pins
-  int64_t cached_blocks = 0;  // hashed, referenced or not
+  int64_t free_blocks = 0;           // never used or cached-and-unreferenced
+  int64_t used_blocks = 0;           // referenced by live sequences or pins
+  int64_t cached_blocks = 0;         // hashed, referenced or not
   int64_t prefix_cache_queries = 0;  // prompt tokens looked up
   int64_t prefix_cache_hits = 0;     // of those, found
   int64_t preemptions = 0;

@@ -119,8 +119,8 @@ absl::Status WriteRandomModel(const std::string& dir, const ModelConfig& config,
   }
   std::vector<ExpectedTensor> expected = ExpectedTensors(config);
   if (num_shards < 1 || num_shards > static_cast<int>(expected.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("num_shards must be in [1, ", expected.size(),
-                                                   "], got ", num_shards));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_shards must be in [1, ", expected.size(), "], got ", num_shards));
   }
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -129,8 +129,9 @@ absl::Status WriteRandomModel(const std::string& dir, const ModelConfig& config,
     for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
       fs::path from = fs::path(tokenizer_dir) / name;
       if (!fs::exists(from)) {
-        return absl::NotFoundError(absl::StrCat(from.string(), ": tokenizer file not found (run "
-                                                               "scripts/setup.sh)"));
+        return absl::NotFoundError(absl::StrCat(from.string(),
+                                                ": tokenizer file not found (run "
+                                                "scripts/setup.sh)"));
       }
       fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing, ec);
       if (ec) return absl::InternalError(absl::StrCat(from.string(), ": copy: ", ec.message()));
@@ -163,13 +164,12 @@ absl::Status WriteRandomModel(const std::string& dir, const ModelConfig& config,
       stddevs.push_back(StdDev(expected[i], config));
       total_bytes += static_cast<uint64_t>(specs.back().numel()) * 2;
     }
-    std::string fname = num_shards == 1
-                            ? "model.safetensors"
-                            : absl::StrFormat("model-%05d-of-%05d.safetensors", shard + 1,
-                                              num_shards);
+    std::string fname =
+        num_shards == 1 ? "model.safetensors"
+                        : absl::StrFormat("model-%05d-of-%05d.safetensors", shard + 1, num_shards);
     for (const TensorSpec& s : specs) weight_map[s.name] = fname;
-    absl::Status s = WriteSafetensors(
-        dir + "/" + fname, specs, [&](size_t i, std::vector<uint8_t>* bytes) {
+    absl::Status s =
+        WriteSafetensors(dir + "/" + fname, specs, [&](size_t i, std::vector<uint8_t>* bytes) {
           FillTensor(specs[i], seed, stddevs[i], bytes);
         });
     if (!s.ok()) return s;

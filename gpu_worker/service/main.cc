@@ -1,8 +1,8 @@
 // cascade-worker: serves cascade.v1.Worker for one model on a CPU or CUDA backend.
 #include <iostream>
 
-#include "gpu_worker/service/worker_server.h"
 #include "common/server_flags.h"
+#include "gpu_worker/service/worker_server.h"
 
 int main(int argc, char** argv) {
   cascade::worker::WorkerConfig config;

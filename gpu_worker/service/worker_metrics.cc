@@ -9,14 +9,16 @@ WorkerMetrics::WorkerMetrics(common::MetricsRegistry& r, const std::string& id) 
   waiting_ = r.GetGauge("cascade:num_requests_waiting", "Sequences waiting for admission.", l);
   kv_usage_ = r.GetGauge("cascade:kv_cache_usage_perc",
                          "Fraction of KV blocks referenced by live sequences or pins (0-1).", l);
-  kv_cached_ = r.GetGauge("cascade:kv_cache_cached_blocks", "KV blocks holding a prefix-cache key.", l);
+  kv_cached_ =
+      r.GetGauge("cascade:kv_cache_cached_blocks", "KV blocks holding a prefix-cache key.", l);
   prefix_queries_ = r.GetCounter("cascade:prefix_cache_queries_total",
                                  "Prompt tokens looked up in the prefix cache.", l);
   prefix_hits_ = r.GetCounter("cascade:prefix_cache_hits_total",
                               "Prompt tokens found in the prefix cache.", l);
   preemptions_ = r.GetCounter("cascade:num_preemptions_total",
                               "Sequences preempted (freed and recomputed) for lack of KV.", l);
-  prompt_tokens_ = r.GetCounter("cascade:prompt_tokens_total", "Prompt tokens computed (prefill).", l);
+  prompt_tokens_ =
+      r.GetCounter("cascade:prompt_tokens_total", "Prompt tokens computed (prefill).", l);
   generation_tokens_ = r.GetCounter("cascade:generation_tokens_total", "Tokens generated.", l);
 }
 
@@ -25,10 +27,12 @@ void WorkerMetrics::Update(const engine::EngineStats& s) {
   waiting_->Set(s.waiting);
   kv_usage_->Set(s.total_blocks > 0 ? static_cast<double>(s.used_blocks) / s.total_blocks : 0.0);
   kv_cached_->Set(static_cast<double>(s.cached_blocks));
-  prefix_queries_->Increment(static_cast<double>(s.prefix_cache_queries - last_.prefix_cache_queries));
+  prefix_queries_->Increment(
+      static_cast<double>(s.prefix_cache_queries - last_.prefix_cache_queries));
   prefix_hits_->Increment(static_cast<double>(s.prefix_cache_hits - last_.prefix_cache_hits));
   preemptions_->Increment(static_cast<double>(s.preemptions - last_.preemptions));
-  prompt_tokens_->Increment(static_cast<double>(s.prompt_tokens_computed - last_.prompt_tokens_computed));
+  prompt_tokens_->Increment(
+      static_cast<double>(s.prompt_tokens_computed - last_.prompt_tokens_computed));
   generation_tokens_->Increment(static_cast<double>(s.generation_tokens - last_.generation_tokens));
   last_ = s;
 }

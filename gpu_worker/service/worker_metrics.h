@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "gpu_worker/engine/types.h"
 #include "common/metrics.h"
+#include "gpu_worker/engine/types.h"
 
 namespace cascade::worker {
 

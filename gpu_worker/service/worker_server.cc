@@ -6,11 +6,11 @@
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "gpu_worker/backend/cpu/cpu_backend.h"
 #include "gpu_worker/service/registry_agent.h"
 #include "gpu_worker/service/worker_metrics.h"
 #include "gpu_worker/service/worker_service.h"
-#include "common/log.h"
 #ifdef CASCADE_HAVE_CUDA
 #include "gpu_worker/backend/cuda/cuda_backend.h"
 #include "gpu_worker/backend/cuda/device.h"
@@ -20,7 +20,8 @@ namespace cascade::worker {
 
 void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddString("model_dir", &c->model_dir, "model directory in Hugging Face layout (required)");
-  f->AddString("model_name", &c->model_name, "model name clients use; default: the directory's name");
+  f->AddString("model_name", &c->model_name,
+               "model name clients use; default: the directory's name");
   f->AddString("backend", &c->backend, "cpu, cuda, or auto (cuda when built and a GPU is present)");
   f->AddInt64("kv_cache_bytes", &c->kv_cache_bytes, "KV cache memory budget in bytes");
   f->AddInt64("kv_blocks", &c->kv_blocks, "KV cache size in blocks; overrides --kv_cache_bytes");
@@ -30,8 +31,9 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddInt("max_waiting", &c->max_waiting, "queued requests beyond which RESOURCE_EXHAUSTED");
   f->AddInt64("max_context", &c->max_context, "prompt + output tokens at most; 0: the model's");
   f->AddInt("threads", &c->threads, "CPU backend threads; 0: all cores");
-  f->AddInt("cuda_device", &c->cuda_device,
-            "CUDA backend: the GPU to run on (an index among the visible ones); one worker per GPU");
+  f->AddInt(
+      "cuda_device", &c->cuda_device,
+      "CUDA backend: the GPU to run on (an index among the visible ones); one worker per GPU");
   f->AddDouble("kv_cache_fraction", &c->kv_cache_fraction,
                "CUDA backend without --kv_blocks: share of the GPU memory free after the weights "
                "that the KV cache takes, in (0, 1)");
@@ -62,9 +64,10 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
   if (kind == "cuda" || (kind == "auto" && cuda::DeviceCount() > 0)) {
     const int devices = cuda::DeviceCount();
     if (config.cuda_device < 0 || (devices > 0 && config.cuda_device >= devices)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--cuda_device=", config.cuda_device, ": ", devices,
-          " GPU(s) visible; give an index in [0, ", devices, ") (CUDA_VISIBLE_DEVICES narrows them)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--cuda_device=", config.cuda_device, ": ", devices,
+                       " GPU(s) visible; give an index in [0, ", devices,
+                       ") (CUDA_VISIBLE_DEVICES narrows them)"));
     }
     if (!(config.kv_cache_fraction > 0 && config.kv_cache_fraction < 1)) {
       return absl::InvalidArgumentError(
@@ -96,7 +99,8 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerConfig& config) {
   if (config.model_dir.empty()) {
-    return absl::InvalidArgumentError("--model_dir is required (create one with `cascade mkmodel`)");
+    return absl::InvalidArgumentError(
+        "--model_dir is required (create one with `cascade mkmodel`)");
   }
   absl::StatusOr<common::PeerIdentity> self_id =
       common::CheckOwnIdentity(config.internal_auth, common::Role::kWorker);
@@ -164,8 +168,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   if (!config.registry_address.empty()) {
     AgentOptions ao;
     ao.worker_id = id;
-    ao.address = config.advertise_address.empty() ? runner->local_address()
-                                                   : config.advertise_address;
+    ao.address =
+        config.advertise_address.empty() ? runner->local_address() : config.advertise_address;
     ao.model = eo.model_name;
     ao.block_size = config.block_size;
     ao.max_context = eo.max_context;

@@ -7,34 +7,34 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "gpu_worker/engine/engine_loop.h"
-#include "gpu_worker/model/model.h"
 #include "common/flags.h"
 #include "common/internal_auth.h"
 #include "common/server_runner.h"
+#include "gpu_worker/engine/engine_loop.h"
+#include "gpu_worker/model/model.h"
 
 namespace cascade::worker {
 
 struct WorkerConfig {
   common::ServerOptions server;
   std::string model_dir;
-  std::string model_name;          // empty: the model directory's name
-  std::string backend = "auto";    // cpu | cuda | auto (cuda when built and a GPU is present)
+  std::string model_name;                // empty: the model directory's name
+  std::string backend = "auto";          // cpu | cuda | auto (cuda when built and a GPU is present)
   int64_t kv_cache_bytes = 256ll << 20;  // KV memory budget (per-token size from the model)
-  int64_t kv_blocks = 0;           // > 0 overrides kv_cache_bytes
+  int64_t kv_blocks = 0;                 // > 0 overrides kv_cache_bytes
   int block_size = 16;
   int max_num_seqs = 64;
   int max_batched_tokens = 2048;
   int max_waiting = 256;
-  int64_t max_context = 0;         // 0: the model's max_position_embeddings
-  int threads = 0;                 // CPU backend threads; 0 = all cores
-  int cuda_device = 0;             // CUDA backend: which visible GPU (one worker per GPU)
+  int64_t max_context = 0;  // 0: the model's max_position_embeddings
+  int threads = 0;          // CPU backend threads; 0 = all cores
+  int cuda_device = 0;      // CUDA backend: which visible GPU (one worker per GPU)
   // CUDA backend without --kv_blocks: the share of the GPU memory free after the weights that
   // the KV cache takes (lower it when workers share a GPU).
   double kv_cache_fraction = 0.8;
-  std::string worker_id;           // empty: "worker-<port>"
-  std::string registry_address;    // empty: run without a registry
-  std::string advertise_address;   // what the gateway dials; empty: 127.0.0.1:<port>
+  std::string worker_id;                  // empty: "worker-<port>"
+  std::string registry_address;           // empty: run without a registry
+  std::string advertise_address;          // what the gateway dials; empty: 127.0.0.1:<port>
   common::ClientTlsOptions registry_tls;  // only with internal_auth.insecure
   // mTLS with roles (the default): this worker's certificate names its id; the registry is
   // dialed with it too. REQUIRED unless internal_auth.insecure.

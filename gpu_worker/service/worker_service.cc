@@ -10,12 +10,12 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "common/chunk_hash.h"
-#include "gpu_worker/engine/sampling_wire.h"
 #include "common/bounded_text.h"
+#include "common/chunk_hash.h"
 #include "common/grpc_status.h"
 #include "common/mutex.h"
 #include "common/write_queue.h"
+#include "gpu_worker/engine/sampling_wire.h"
 
 namespace cascade::worker {
 namespace {
@@ -79,7 +79,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
     }
     MutexLock lock(&mu_);
     // The sink keeps the reactor alive through `self_` until the final output is queued.
-    auto id = loop_->Submit(std::move(*req), [this](const engine::SequenceOutput& o) { OnOutput(o); });
+    auto id =
+        loop_->Submit(std::move(*req), [this](const engine::SequenceOutput& o) { OnOutput(o); });
     if (!id.ok()) {
       finished_ = true;
       pending_status_ = ToGrpc(id.status());
@@ -194,7 +195,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
   bool finished_ ABSL_GUARDED_BY(mu_) = false;       // the engine sent its final output
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;  // Finish() called on the RPC
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;           // OnDone ran
+  bool done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone ran
 };
 
 }  // namespace
@@ -220,7 +221,8 @@ absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
   }
   req.request_id = r.request_id();
   req.cache_salt = r.cache_salt();
-  if (r.chunks_size() == 0) return absl::InvalidArgumentError("chunks: at least one chunk is required");
+  if (r.chunks_size() == 0)
+    return absl::InvalidArgumentError("chunks: at least one chunk is required");
   for (int i = 0; i < r.chunks_size(); ++i) {
     const auto& c = r.chunks(i);
     if (c.kind() == cascade::v1::CHUNK_KIND_UNSPECIFIED) {

@@ -5,8 +5,8 @@
 #include <string>
 
 #include "cascade/v1/worker.grpc.pb.h"
-#include "gpu_worker/engine/engine_loop.h"
 #include "common/internal_auth.h"
+#include "gpu_worker/engine/engine_loop.h"
 
 namespace cascade::worker {
 
@@ -27,7 +27,8 @@ class WorkerService final : public cascade::v1::Worker::CallbackService {
 
   // Converts the request; INVALID_ARGUMENT names the field (e.g. a chunk hash that does not
   // match the worker's own hashing).
-  absl::StatusOr<engine::Request> ToEngineRequest(const cascade::v1::WorkerGenerateRequest& r) const;
+  absl::StatusOr<engine::Request> ToEngineRequest(
+      const cascade::v1::WorkerGenerateRequest& r) const;
 
  private:
   const std::string worker_id_;

@@ -8,8 +8,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/model/generator.h"
-#include "services/tokenizer/tokenizer.h"
 #include "services/cli/command_util.h"
+#include "services/tokenizer/tokenizer.h"
 
 namespace cascade::cli {
 namespace {

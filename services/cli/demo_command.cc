@@ -165,8 +165,8 @@ void PrintTable(const std::vector<DemoRequest>& requests, std::ostream& out) {
 void PrintWorkerStats(const LocalStack& stack, std::ostream& out) {
   out << "\nworker cache counters (cascade.v1.Worker/GetStats):\n";
   for (const StackMember& w : stack.workers()) {
-    absl::StatusOr<v1::WorkerStats> s = GetWorkerStats(w.address, absl::Seconds(5),
-                                                    stack.AdminTls(common::kWorkerServerName));
+    absl::StatusOr<v1::WorkerStats> s =
+        GetWorkerStats(w.address, absl::Seconds(5), stack.AdminTls(common::kWorkerServerName));
     if (!s.ok()) {
       out << "  " << w.name << ": " << s.status().message() << "\n";
       continue;

@@ -9,9 +9,9 @@
 #include <ostream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -183,8 +183,7 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
   for (int i = 0; i < o.workers; ++i) worker_ids.push_back(absl::StrCat("worker-", i));
   // Each child's --internal_* flags (or --insecure_internal); role is "registry" or "gateway",
   // or a worker id.
-  auto auth_flags = [&stack](const std::string& role,
-                             bool worker) -> std::vector<std::string> {
+  auto auth_flags = [&stack](const std::string& role, bool worker) -> std::vector<std::string> {
     if (!stack->certs_) return {"--insecure_internal"};
     const common::StackCertPaths& c = *stack->certs_;
     return {"--internal_ca=" + c.ca(),
@@ -196,8 +195,8 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
     absl::StatusOr<common::StackCertPaths> certs =
         common::WriteStackCerts(dir, {.worker_ids = worker_ids});
     if (!certs.ok()) {
-      return absl::Status(certs.status().code(), absl::StrCat("making internal certificates: ",
-                                                              certs.status().message()));
+      return absl::Status(certs.status().code(),
+                          absl::StrCat("making internal certificates: ", certs.status().message()));
     }
     stack->certs_ = *certs;
     if (progress) {
@@ -210,9 +209,9 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
   std::vector<std::string> registry_args = {
       "--host=127.0.0.1", absl::StrCat("--port=", o.registry_port), "--drain_timeout=3s"};
   for (std::string& f : auth_flags("registry", false)) registry_args.push_back(std::move(f));
-  absl::StatusOr<std::string> addr = stack->StartChild(
-      "cascade-registry", "registry", WithExtra(std::move(registry_args), o.registry_flags),
-      progress);
+  absl::StatusOr<std::string> addr =
+      stack->StartChild("cascade-registry", "registry",
+                        WithExtra(std::move(registry_args), o.registry_flags), progress);
   if (!addr.ok()) return addr.status();
   stack->registry_ = {"cascade-registry", *addr};
 
@@ -223,9 +222,8 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
   // CUDA workers spread over the GPUs (cpu: none; auto: the worker picks CUDA when it sees one).
   std::vector<GpuPlacement> gpus;
   if (o.backend != "cpu") {
-    gpus = PlaceWorkersOnGpus(o.workers,
-                              CountVisibleGpus(std::getenv("CUDA_VISIBLE_DEVICES"),
-                                               "/proc/driver/nvidia/gpus"));
+    gpus = PlaceWorkersOnGpus(o.workers, CountVisibleGpus(std::getenv("CUDA_VISIBLE_DEVICES"),
+                                                          "/proc/driver/nvidia/gpus"));
   }
   for (int i = 0; i < o.workers; ++i) {
     const std::string& id = worker_ids[i];
@@ -254,14 +252,13 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
   for (const StackMember& w : stack->workers_) worker_addresses.push_back(w.address);
   // --resume_mid_stream is the gateway's default; said here because supervision relies on it: a
   // stream on a worker that dies continues on another one.
-  std::vector<std::string> gateway_args = {
-      "--host=" + o.host,
-      absl::StrCat("--port=", o.port),
-      "--registry=" + stack->registry_.address,
-      "--workers=" + absl::StrJoin(worker_addresses, ","),
-      "--model_dir=" + o.model_dir,
-      "--drain_timeout=5s",
-      "--resume_mid_stream=true"};
+  std::vector<std::string> gateway_args = {"--host=" + o.host,
+                                           absl::StrCat("--port=", o.port),
+                                           "--registry=" + stack->registry_.address,
+                                           "--workers=" + absl::StrJoin(worker_addresses, ","),
+                                           "--model_dir=" + o.model_dir,
+                                           "--drain_timeout=5s",
+                                           "--resume_mid_stream=true"};
   for (std::string& f : auth_flags("gateway", false)) gateway_args.push_back(std::move(f));
   addr = stack->StartChild("cascade-gateway", "gateway",
                            WithExtra(std::move(gateway_args), o.gateway_flags), progress);

@@ -16,10 +16,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "services/cli/child_process.h"
-#include "services/cli/restart_policy.h"
 #include "common/cert_gen.h"
 #include "common/internal_auth.h"
+#include "services/cli/child_process.h"
+#include "services/cli/restart_policy.h"
 
 namespace cascade::cli {
 

@@ -5,10 +5,10 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/internal_auth.h"
 #include "services/cli/cli.h"
 #include "services/cli/command_util.h"
 #include "services/cli/local_stack.h"
-#include "common/internal_auth.h"
 
 namespace cascade::cli {
 namespace {
@@ -54,9 +54,9 @@ void PrintExamples(const LocalStack& stack, int http_port, std::ostream& out) {
   std::string internal_grpcurl = "grpcurl -plaintext";
   if (const auto& certs = stack.certs()) {
     out << "  certs     " << certs->dir << "/  (internal auth: a CA and a certificate per role)\n";
-    internal_grpcurl = absl::StrCat("grpcurl -cacert ", certs->ca(), " -cert ",
-                                    certs->cert("admin"), " -key ", certs->key("admin"),
-                                    " -servername ", common::kRegistryServerName);
+    internal_grpcurl =
+        absl::StrCat("grpcurl -cacert ", certs->ca(), " -cert ", certs->cert("admin"), " -key ",
+                     certs->key("admin"), " -servername ", common::kRegistryServerName);
   } else {
     out << "  certs     none: --insecure_internal (anyone reaching the registry or a worker may "
            "call any RPC)\n";

@@ -102,7 +102,8 @@ void Admission::Release(const std::string& address) {
 void Admission::Transfer(const std::string& from, const std::string& to) {
   if (from == to) return;
   MutexLock lock(&mu_);
-  if (auto it = workers_.find(from); !from.empty() && it != workers_.end() && it->second.inflight > 0) {
+  if (auto it = workers_.find(from);
+      !from.empty() && it != workers_.end() && it->second.inflight > 0) {
     --it->second.inflight;
   }
   if (!to.empty()) ++WorkerLocked(to).inflight;

@@ -5,9 +5,10 @@
 // `latency_tolerance` times its unloaded time, and shrinks when it goes beyond (AIMD on latency,
 // the idea of Envoy's adaptive concurrency filter). The median, not the mean: a prefill in the
 // batch delays one step for everyone, a spike that says nothing about the decode rate (on a GPU
-// the mean of a window with prefills is often 2x its median while decode barely slows). A fixed count of open streams admits far more
-// than a worker can serve at a useful speed; this admits what the workers can actually serve, so
-// admitted requests keep their latency under overload and the rest are refused quickly.
+// the mean of a window with prefills is often 2x its median while decode barely slows). A fixed
+// count of open streams admits far more than a worker can serve at a useful speed; this admits what
+// the workers can actually serve, so admitted requests keep their latency under overload and the
+// rest are refused quickly.
 //
 // Plain C++ (no gRPC): the clock is injected and grants are delivered on the controller's own
 // thread, so callers never get a callback inline while holding their locks.
@@ -25,8 +26,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "services/gateway/router.h"
 
 namespace cascade::gateway {
@@ -49,9 +50,9 @@ struct AdmissionOptions {
   // A latency window closes after this long and at least `window_samples` samples.
   absl::Duration window = absl::Milliseconds(100);
   int window_samples = 8;
-  double decrease_factor = 0.75;  // multiplicative decrease when a window is too slow
+  double decrease_factor = 0.75;    // multiplicative decrease when a window is too slow
   double increase_fraction = 0.25;  // growth per full, fast window: max(1, this x the limit)
-  bool adaptive = true;           // false: each worker's limit stays at initial_limit
+  bool adaptive = true;             // false: each worker's limit stays at initial_limit
   absl::Duration down_for = absl::Seconds(2);  // MarkDown's length (a restart takes ~2 s)
 };
 

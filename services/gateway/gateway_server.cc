@@ -8,18 +8,20 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "cache_service/client/grpc_registry_client.h"
-#include "gpu_worker/model/config.h"
 #include "common/log.h"
 #include "common/transport.h"
+#include "gpu_worker/model/config.h"
 
 namespace cascade::gateway {
 
 void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
   GatewayOptions& g = c->gateway;
   f->AddString("model_dir", &c->model_dir, "model directory (tokenizer and config; required)");
-  f->AddString("model_name", &g.limits.model_name, "model name clients use; default: the directory's name");
+  f->AddString("model_name", &g.limits.model_name,
+               "model name clients use; default: the directory's name");
   f->AddString("registry", &c->registry_address, "chunk registry host:port; empty: none");
-  f->AddString("workers", &c->workers, "comma-separated worker addresses, used when the registry is away");
+  f->AddString("workers", &c->workers,
+               "comma-separated worker addresses, used when the registry is away");
   f->AddInt("max_concurrent", &g.max_concurrent,
             "admitted + queued requests at most; beyond: RESOURCE_EXHAUSTED at once");
   f->AddDuration("queue_timeout", &g.admission.queue_timeout,
@@ -36,9 +38,11 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
   f->AddInt("admission_max_limit", &g.admission.max_limit, "a worker's concurrency limit at most");
   f->AddDouble("admission_latency_tolerance", &g.admission.latency_tolerance,
                "time per output token allowed, as a multiple of the worker's unloaded time");
-  f->AddInt64("max_prompt_bytes", &g.limits.max_prompt_bytes, "prompt text bytes per request at most");
+  f->AddInt64("max_prompt_bytes", &g.limits.max_prompt_bytes,
+              "prompt text bytes per request at most");
   f->AddInt64("max_context", &g.limits.max_context, "prompt + max_tokens at most; 0: the model's");
-  f->AddInt("default_max_tokens", &g.limits.default_max_tokens, "max_tokens when a request sets none");
+  f->AddInt("default_max_tokens", &g.limits.default_max_tokens,
+            "max_tokens when a request sets none");
   f->AddInt("max_attempts", &g.max_attempts, "workers tried per request (failover and resume)");
   f->AddBool("resume_mid_stream", &g.resume_mid_stream,
              "continue a stream on another worker when its worker dies mid-stream");
@@ -53,11 +57,14 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
                  g.weights.policy = *p;
                  return absl::OkStatus();
                });
-  f->AddDouble("route_prefill_weight", &g.weights.prefill, "routing cost per uncached prompt token");
+  f->AddDouble("route_prefill_weight", &g.weights.prefill,
+               "routing cost per uncached prompt token");
   f->AddDouble("route_load_weight", &g.weights.load, "routing cost per running or queued sequence");
   f->AddDouble("route_kv_weight", &g.weights.kv, "routing cost times used-KV fraction squared");
-  f->AddInt("route_max_waiting", &g.weights.max_waiting, "queued requests that mark a worker overloaded");
-  f->AddString("auth_token", &g.auth_token, "require 'authorization: Bearer <token>' on public RPCs");
+  f->AddInt("route_max_waiting", &g.weights.max_waiting,
+            "queued requests that mark a worker overloaded");
+  f->AddString("auth_token", &g.auth_token,
+               "require 'authorization: Bearer <token>' on public RPCs");
   f->AddString("auth_token_file", &c->auth_token_file, "read the bearer token from this file");
   f->AddInt("http_port", &c->http_port,
             "OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models) on "
@@ -98,9 +105,11 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
   auto mc = model::LoadModelConfig(config.model_dir);
   if (!mc.ok()) return mc.status();
   if (opts.limits.model_name.empty()) {
-    opts.limits.model_name = std::filesystem::path(config.model_dir).lexically_normal().filename().string();
+    opts.limits.model_name =
+        std::filesystem::path(config.model_dir).lexically_normal().filename().string();
     if (opts.limits.model_name.empty()) {
-      opts.limits.model_name = std::filesystem::path(config.model_dir).parent_path().filename().string();
+      opts.limits.model_name =
+          std::filesystem::path(config.model_dir).parent_path().filename().string();
     }
   }
   opts.limits.vocab_size = mc->vocab_size;
@@ -131,8 +140,8 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
   wo.tls = secure ? common::InternalClientTls(config.internal_auth, common::kWorkerServerName)
                   : config.worker_tls;
   g->pool_ = std::make_unique<WorkerPool>(wo, statics);
-  g->metrics_ = std::make_unique<TurnMetrics>(config.server.metrics ? *config.server.metrics
-                                                                    : common::MetricsRegistry::Default());
+  g->metrics_ = std::make_unique<TurnMetrics>(
+      config.server.metrics ? *config.server.metrics : common::MetricsRegistry::Default());
   g->service_ = std::make_unique<GatewayService>(opts, g->tokenizer_.get(), g->registry_.get(),
                                                  g->pool_.get(), g->metrics_.get());
   // gRPC buffers a whole message before the service sees it: far oversized requests are refused

@@ -30,8 +30,9 @@ grpc::Status GatewayService::CheckAuth(const grpc::CallbackServerContext* contex
   auto it = md.find("authorization");
   const std::string want = "Bearer " + options_.auth_token;
   if (it == md.end() || std::string_view(it->second.data(), it->second.size()) != want) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing or wrong bearer token: send metadata 'authorization: Bearer <token>'");
+    return grpc::Status(
+        grpc::StatusCode::UNAUTHENTICATED,
+        "missing or wrong bearer token: send metadata 'authorization: Bearer <token>'");
   }
   return grpc::Status::OK;
 }
@@ -70,7 +71,8 @@ std::string GatewayService::NewRequestId() {
 
 std::chrono::system_clock::time_point GatewayService::DeadlineFor(
     const grpc::CallbackServerContext* c) const {
-  auto fallback = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.request_timeout);
+  auto fallback =
+      std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.request_timeout);
   auto d = c->deadline();
   return d < fallback ? d : fallback;
 }
@@ -93,20 +95,26 @@ std::vector<Scored> GatewayService::Route(const Prompt& prompt, const std::strin
         }
       }
       for (const registry::WorkerMatch& m : r->workers) {
-        Candidate c{m.worker_id, m.address, m.matched_tokens, m.load.running, m.load.waiting,
-                    m.load.free_kv_blocks, m.load.total_kv_blocks, pool_->Inflight(m.address)};
+        Candidate c{m.worker_id,
+                    m.address,
+                    m.matched_tokens,
+                    m.load.running,
+                    m.load.waiting,
+                    m.load.free_kv_blocks,
+                    m.load.total_kv_blocks,
+                    pool_->Inflight(m.address)};
         cands.push_back(c);
       }
       pool_->Remember(cands);
     } else {
       metrics_->registry_errors->Increment();
-      common::LogWarn("registry_resolve_failed", {{"error", r.status().ToString()},
-                                                  {"routing", "load-only"}});
+      common::LogWarn("registry_resolve_failed",
+                      {{"error", r.status().ToString()}, {"routing", "load-only"}});
     }
   }
   if (!resolved || cands.empty()) cands = pool_->KnownWorkers();
   std::vector<Scored> ranked = RankWorkers(cands, prompt.num_tokens, options_.weights,
-                                          route_ticket_.fetch_add(1, std::memory_order_relaxed));
+                                           route_ticket_.fetch_add(1, std::memory_order_relaxed));
   if (common::LogEnabled(common::LogLevel::kDebug)) {
     for (const Scored& s : ranked) {
       common::LogDebug("route_candidate", {{"worker", s.candidate.worker_id},
@@ -162,8 +170,8 @@ grpc::Status GatewayService::DoTokenize(const cascade::v1::TokenizeRequest& r,
   }
   cascade::v1::SamplingParams none;
   none.set_max_tokens(1);
-  auto p = BuildPrompt(request->chunks(), none, "", !request->has_add_generation_prompt() ||
-                                                        request->add_generation_prompt(),
+  auto p = BuildPrompt(request->chunks(), none, "",
+                       !request->has_add_generation_prompt() || request->add_generation_prompt(),
                        *tokenizer_, options_.limits);
   if (!p.ok()) return ToGrpc(p.status());
   auto placed = hash::PlaceChunks(options_.limits.model_name, "", ChunkSpecs(*p));

@@ -10,7 +10,6 @@
 #include "absl/status/statusor.h"
 #include "cache_service/client/registry_client.h"
 #include "cascade/v1/gateway.grpc.pb.h"
-#include "services/tokenizer/tokenizer.h"
 #include "common/grpc_status.h"
 #include "services/gateway/admission.h"
 #include "services/gateway/gateway_metrics.h"
@@ -18,6 +17,7 @@
 #include "services/gateway/router.h"
 #include "services/gateway/turn.h"
 #include "services/gateway/worker_pool.h"
+#include "services/tokenizer/tokenizer.h"
 
 namespace cascade::gateway {
 
@@ -28,10 +28,10 @@ struct GatewayOptions {
   // Per-worker adaptive limits and the queue deadline (admission.h); its max_pending is
   // max_concurrent.
   AdmissionOptions admission;
-  int max_attempts = 3;                   // workers tried (before or after the first token)
-  bool resume_mid_stream = true;          // continue on another worker if one dies mid-stream
+  int max_attempts = 3;           // workers tried (before or after the first token)
+  bool resume_mid_stream = true;  // continue on another worker if one dies mid-stream
   absl::Duration request_timeout = absl::Minutes(10);  // deadline when the client sets none
-  std::string auth_token;                 // non-empty: "authorization: Bearer <token>" required
+  std::string auth_token;  // non-empty: "authorization: Bearer <token>" required
   int64_t max_pin_ttl_s = 7 * 24 * 3600;
 };
 
@@ -94,7 +94,6 @@ class GatewayService final : public GatewayBase {
                           cascade::v1::TokenizeResponse* response);
 
  public:
-
   const GatewayOptions& options() const { return options_; }
   size_t max_request_bytes() const { return MaxRequestBytes(options_.limits); }
   const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -113,6 +112,5 @@ class GatewayService final : public GatewayBase {
 };
 
 using common::ToGrpc;
-
 
 }  // namespace cascade::gateway

@@ -11,10 +11,10 @@ namespace cascade::gateway {
 namespace {
 
 // Chunk kinds are cast between the wire and the tokenizer's template kinds.
-#define CASCADE_SAME_KIND(tok, proto)                                     \
-  static_assert(static_cast<int>(tokenizer::ChunkKind::tok) ==              \
-                    static_cast<int>(cascade::v1::proto),                   \
-                "tokenizer::ChunkKind::" #tok " must equal cascade.v1." #proto)
+#define CASCADE_SAME_KIND(tok, proto)                                                      \
+  static_assert(                                                                           \
+      static_cast<int>(tokenizer::ChunkKind::tok) == static_cast<int>(cascade::v1::proto), \
+      "tokenizer::ChunkKind::" #tok " must equal cascade.v1." #proto)
 CASCADE_SAME_KIND(kUnspecified, CHUNK_KIND_UNSPECIFIED);
 CASCADE_SAME_KIND(kSystem, CHUNK_KIND_SYSTEM);
 CASCADE_SAME_KIND(kContext, CHUNK_KIND_CONTEXT);
@@ -76,8 +76,10 @@ absl::StatusOr<Prompt> BuildPrompt(
   for (int i = 0; i < chunks.size(); ++i) {
     const cascade::v1::Chunk& c = chunks[i];
     const std::string field = absl::StrCat("chunks[", i, "]");
-    if (c.kind() == cascade::v1::CHUNK_KIND_UNSPECIFIED || !cascade::v1::ChunkKind_IsValid(c.kind())) {
-      return absl::InvalidArgumentError(field + ".kind must be SYSTEM, CONTEXT, QUERY, RAW or ASSISTANT");
+    if (c.kind() == cascade::v1::CHUNK_KIND_UNSPECIFIED ||
+        !cascade::v1::ChunkKind_IsValid(c.kind())) {
+      return absl::InvalidArgumentError(field +
+                                        ".kind must be SYSTEM, CONTEXT, QUERY, RAW or ASSISTANT");
     }
     if (c.kind() == cascade::v1::CHUNK_KIND_GENERATION_PROMPT) {
       return absl::InvalidArgumentError(
@@ -87,13 +89,14 @@ absl::StatusOr<Prompt> BuildPrompt(
     pc.kind = c.kind();
     pc.cache_salt = c.cache_salt();
     if (c.has_token_ids()) {
-      if (c.token_ids().ids().empty()) return absl::InvalidArgumentError(field + ".token_ids is empty");
+      if (c.token_ids().ids().empty())
+        return absl::InvalidArgumentError(field + ".token_ids is empty");
       const int64_t vocab = VocabSize(tok, limits);
       for (int j = 0; j < c.token_ids().ids_size(); ++j) {
         const int32_t id = c.token_ids().ids(j);
         if (id < 0 || id >= vocab) {
-          return absl::InvalidArgumentError(absl::StrCat(field, ".token_ids[", j, "] = ", id,
-                                                         " is outside the vocabulary [0, ", vocab, ")"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ".token_ids[", j, "] = ", id, " is outside the vocabulary [0, ", vocab, ")"));
         }
       }
       pc.tokens.assign(c.token_ids().ids().begin(), c.token_ids().ids().end());
@@ -104,7 +107,8 @@ absl::StatusOr<Prompt> BuildPrompt(
       }
       tokenizer::Chunk tc{static_cast<tokenizer::ChunkKind>(c.kind()), c.text()};
       auto ids = tokenizer::EncodeChunks(tok, std::span(&tc, 1));
-      if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", ids.status().message()));
+      if (!ids.ok())
+        return absl::InvalidArgumentError(absl::StrCat(field, ": ", ids.status().message()));
       pc.tokens = std::move((*ids)[0]);
     }
     p.num_tokens += static_cast<int64_t>(pc.tokens.size());
@@ -114,7 +118,8 @@ absl::StatusOr<Prompt> BuildPrompt(
     tokenizer::Chunk gp{tokenizer::ChunkKind::kGenerationPrompt, ""};
     auto ids = tokenizer::EncodeChunks(tok, std::span(&gp, 1));
     if (!ids.ok()) return ids.status();
-    p.chunks.push_back(PromptChunk{cascade::v1::CHUNK_KIND_GENERATION_PROMPT, std::move((*ids)[0]), ""});
+    p.chunks.push_back(
+        PromptChunk{cascade::v1::CHUNK_KIND_GENERATION_PROMPT, std::move((*ids)[0]), ""});
     p.num_tokens += static_cast<int64_t>(p.chunks.back().tokens.size());
   }
 
@@ -143,10 +148,12 @@ absl::StatusOr<Prompt> BuildPrompt(
   }
   for (int i = 0; i < sampling.stop_size(); ++i) {
     const std::string& s = sampling.stop(i);
-    if (s.empty()) return absl::InvalidArgumentError(absl::StrCat("sampling.stop[", i, "] is empty"));
+    if (s.empty())
+      return absl::InvalidArgumentError(absl::StrCat("sampling.stop[", i, "] is empty"));
     if (static_cast<int>(s.size()) > limits.max_stop_string_bytes || !tokenizer::IsValidUtf8(s)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sampling.stop[", i, "] must be valid UTF-8 of at most ", limits.max_stop_string_bytes, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("sampling.stop[", i,
+                                                     "] must be valid UTF-8 of at most ",
+                                                     limits.max_stop_string_bytes, " bytes"));
     }
     p.stop.push_back(s);
   }

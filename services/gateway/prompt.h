@@ -47,10 +47,10 @@ struct Prompt {
 };
 
 // `chunks` as sent by a client; `add_generation_prompt` appends the assistant prompt piece.
-absl::StatusOr<Prompt> BuildPrompt(const google::protobuf::RepeatedPtrField<cascade::v1::Chunk>& chunks,
-                                   const cascade::v1::SamplingParams& sampling,
-                                   const std::string& cache_salt, bool add_generation_prompt,
-                                   const tokenizer::Tokenizer& tok, const PromptLimits& limits);
+absl::StatusOr<Prompt> BuildPrompt(
+    const google::protobuf::RepeatedPtrField<cascade::v1::Chunk>& chunks,
+    const cascade::v1::SamplingParams& sampling, const std::string& cache_salt,
+    bool add_generation_prompt, const tokenizer::Tokenizer& tok, const PromptLimits& limits);
 
 // The largest serialized request that can hold a valid prompt under `limits`: text and token
 // ids within max_prompt_bytes (ids count 4 bytes each; on the wire a varint takes up to 5),

@@ -55,7 +55,8 @@ absl::StatusOr<std::string> ByteBufferToString(const grpc::ByteBuffer& raw) {
   std::vector<grpc::Slice> slices;
   if (!raw.Dump(&slices).ok()) return absl::InvalidArgumentError("unreadable request");
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return bytes;
 }
 

@@ -19,7 +19,8 @@ namespace cascade::gateway {
 
 // Checks every string field (recursively through sub-messages) of the serialized message
 // `bytes` of type `descriptor`. InvalidArgument naming the first bad field.
-absl::Status CheckUtf8Fields(std::string_view bytes, const google::protobuf::Descriptor* descriptor);
+absl::Status CheckUtf8Fields(std::string_view bytes,
+                             const google::protobuf::Descriptor* descriptor);
 
 // The ByteBuffer's bytes, concatenated.
 absl::StatusOr<std::string> ByteBufferToString(const grpc::ByteBuffer& raw);
@@ -38,7 +39,8 @@ absl::StatusOr<Msg> ParseRawRequest(const grpc::ByteBuffer& raw, size_t max_byte
   if (absl::Status s = CheckUtf8Fields(*bytes, Msg::descriptor()); !s.ok()) return s;
   Msg msg;
   if (!msg.ParseFromString(*bytes)) {
-    return absl::InvalidArgumentError("the request is not a valid " + Msg::descriptor()->full_name());
+    return absl::InvalidArgumentError("the request is not a valid " +
+                                      Msg::descriptor()->full_name());
   }
   return msg;
 }

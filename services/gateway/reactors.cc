@@ -220,7 +220,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   GatewayService* const svc_;
   grpc::CallbackServerContext* const ctx_;
   Mutex mu_;
-  TurnParams params_;     // built in Begin, moved into the turn once admitted
+  TurnParams params_;                          // built in Begin, moved into the turn once admitted
   bool waiting_ ABSL_GUARDED_BY(mu_) = false;  // queued for admission under ticket_
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
   // The admission slot, given back in OnDone (when no other thread touches the reactor).
@@ -404,9 +404,10 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     if (!prompt.ok()) return prompt.status();
     const int64_t total = history_tokens_ + prompt->num_tokens + prompt->sampling.max_tokens();
     if (total > svc_->options().limits.max_context) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the session (", history_tokens_, " tokens so far) plus this turn would "
-                       "exceed the context length (", svc_->options().limits.max_context, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("the session (", history_tokens_,
+                                                     " tokens so far) plus this turn would "
+                                                     "exceed the context length (",
+                                                     svc_->options().limits.max_context, ")"));
     }
     pending_ = prompt->chunks;
     for (const PromptChunk& c : pending_) history_tokens_ += static_cast<int64_t>(c.tokens.size());
@@ -541,7 +542,8 @@ grpc::ServerUnaryReactor* GatewayService::RegisterChunk(grpc::CallbackServerCont
   const cascade::v1::RegisterChunkRequest* request =
       parsed.ok() ? &*parsed : &cascade::v1::RegisterChunkRequest::default_instance();
   if (st.ok()) st = ToGrpc(CheckModel(request->model(), options_.limits));
-  if (st.ok() && (request->pin_ttl_seconds() < 0 || request->pin_ttl_seconds() > options_.max_pin_ttl_s)) {
+  if (st.ok() &&
+      (request->pin_ttl_seconds() < 0 || request->pin_ttl_seconds() > options_.max_pin_ttl_s)) {
     st = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                       absl::StrCat("pin_ttl_seconds must be in [0, ", options_.max_pin_ttl_s, "]"));
   }
@@ -550,7 +552,8 @@ grpc::ServerUnaryReactor* GatewayService::RegisterChunk(grpc::CallbackServerCont
   one.set_temperature(0);
   absl::StatusOr<Prompt> prompt = absl::InternalError("unset");
   if (st.ok()) {
-    prompt = BuildPrompt(request->chunks(), one, request->cache_salt(), false, *tokenizer_, options_.limits);
+    prompt = BuildPrompt(request->chunks(), one, request->cache_salt(), false, *tokenizer_,
+                         options_.limits);
     st = ToGrpc(prompt.status());
   }
   if (!st.ok()) {

@@ -18,10 +18,14 @@ absl::StatusOr<RoutePolicy> ParseRoutePolicy(std::string_view text) {
 
 std::string_view RoutePolicyName(RoutePolicy policy) {
   switch (policy) {
-    case RoutePolicy::kCost: return "cost";
-    case RoutePolicy::kLoad: return "load";
-    case RoutePolicy::kRoundRobin: return "round_robin";
-    case RoutePolicy::kRandom: return "random";
+    case RoutePolicy::kCost:
+      return "cost";
+    case RoutePolicy::kLoad:
+      return "load";
+    case RoutePolicy::kRoundRobin:
+      return "round_robin";
+    case RoutePolicy::kRandom:
+      return "random";
   }
   return "unknown";
 }

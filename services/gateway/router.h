@@ -38,10 +38,10 @@ std::string_view RoutePolicyName(RoutePolicy policy);
 
 struct RouteWeights {
   RoutePolicy policy = RoutePolicy::kCost;
-  double prefill = 1.0;   // per uncached prompt token
-  double load = 256.0;    // per sequence running or queued
-  double kv = 512.0;      // scales used_kv_fraction^2
-  int max_waiting = 64;   // a worker with this many queued is overloaded
+  double prefill = 1.0;  // per uncached prompt token
+  double load = 256.0;   // per sequence running or queued
+  double kv = 512.0;     // scales used_kv_fraction^2
+  int max_waiting = 64;  // a worker with this many queued is overloaded
 };
 
 struct Candidate {

@@ -16,9 +16,9 @@ class TextStream {
   TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop_strings);
 
   struct Delta {
-    std::string text;       // valid UTF-8, ready to send
-    bool stopped = false;   // a stop string was found; generation should end
-    std::string stop;       // which one
+    std::string text;      // valid UTF-8, ready to send
+    bool stopped = false;  // a stop string was found; generation should end
+    std::string stop;      // which one
   };
 
   // Adds one token. An id the tokenizer cannot decode (the model's vocabulary can be larger

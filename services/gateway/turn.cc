@@ -65,7 +65,10 @@ std::shared_ptr<Turn> Turn::Start(TurnParams params, WorkerPool* pool,
 
 Turn::Turn(TurnParams params, WorkerPool* pool, const tokenizer::Tokenizer& tokenizer,
            TurnSink* sink, TurnMetrics* metrics)
-    : params_(std::move(params)), pool_(pool), tokenizer_(tokenizer), sink_(sink),
+    : params_(std::move(params)),
+      pool_(pool),
+      tokenizer_(tokenizer),
+      sink_(sink),
       metrics_(metrics) {
   MutexLock lock(&mu_);
   request_ = params_.request;
@@ -75,7 +78,8 @@ Turn::Turn(TurnParams params, WorkerPool* pool, const tokenizer::Tokenizer& toke
 Turn::~Turn() = default;
 
 std::shared_ptr<Turn::Upstream> Turn::PrepareAttemptLocked() {
-  while (attempt_ < params_.workers.size() && attempt_ < static_cast<size_t>(params_.max_attempts)) {
+  while (attempt_ < params_.workers.size() &&
+         attempt_ < static_cast<size_t>(params_.max_attempts)) {
     const Candidate& c = params_.workers[attempt_++].candidate;
     std::shared_ptr<WorkerHandle> handle = pool_->Get(c.address);
     if (!handle) continue;
@@ -157,8 +161,9 @@ bool Turn::OnMessage(const WorkerGenerateResponse& msg) {
   }
   if (msg.has_tokens()) {
     const auto now = std::chrono::steady_clock::now();
-    const double since = std::chrono::duration<double>(
-        now - (first_token_seen_ ? last_token_at_ : started_at_)).count();
+    const double since =
+        std::chrono::duration<double>(now - (first_token_seen_ ? last_token_at_ : started_at_))
+            .count();
     (first_token_seen_ ? metrics_->itl : metrics_->ttft)->Observe(since);
     if (first_token_seen_ && params_.admission != nullptr) {
       params_.admission->ObserveTokens(result_.worker_address, msg.tokens().token_ids_size(),
@@ -222,8 +227,8 @@ std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& st
   const bool retryable = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
                          status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
                          status.error_code() == grpc::StatusCode::CANCELLED;
-  if (!finished_ && !got_start_ && !cancelled_ && retryable &&
-      attempt_ < params_.workers.size() && attempt_ < static_cast<size_t>(params_.max_attempts)) {
+  if (!finished_ && !got_start_ && !cancelled_ && retryable && attempt_ < params_.workers.size() &&
+      attempt_ < static_cast<size_t>(params_.max_attempts)) {
     common::LogWarn("worker_failover", {{"request_id", params_.request_id},
                                         {"worker", result_.worker_address},
                                         {"error", status.error_message()}});
@@ -241,8 +246,8 @@ std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& st
     // Continue elsewhere: the emitted tokens become part of the prompt (an ASSISTANT chunk of
     // their ids, the way chat history is kept), and only the remaining tokens are asked for.
     // Counted from the client's budget: request_ holds the last attempt's (already reduced).
-    const int32_t remaining = params_.request.sampling().max_tokens() -
-                              static_cast<int32_t>(result_.tokens.size());
+    const int32_t remaining =
+        params_.request.sampling().max_tokens() - static_cast<int32_t>(result_.tokens.size());
     if (remaining > 0) {
       common::LogWarn("worker_resume", {{"request_id", params_.request_id},
                                         {"worker", result_.worker_address},
@@ -272,14 +277,15 @@ std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& st
     // The worker died mid-stream: say how far it got, then fail the stream.
     sink_->Emit(FinishEvent(cascade::v1::FINISH_REASON_ERROR, ""));
     result_.finish_reason = cascade::v1::FINISH_REASON_ERROR;
-    out = grpc::Status(
-        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? status.error_code()
-                                                                     : grpc::StatusCode::UNAVAILABLE,
-        absl::StrCat("worker ", result_.worker_id, " failed after ", result_.tokens.size(),
-                     " tokens: ", status.error_message()));
+    out = grpc::Status(status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                           ? status.error_code()
+                           : grpc::StatusCode::UNAVAILABLE,
+                       absl::StrCat("worker ", result_.worker_id, " failed after ",
+                                    result_.tokens.size(), " tokens: ", status.error_message()));
   } else {
-    out = status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "the worker ended without a result")
-                      : status;
+    out = status.ok()
+              ? grpc::Status(grpc::StatusCode::INTERNAL, "the worker ended without a result")
+              : status;
   }
   metrics_->Finished(cascade::v1::FinishReason_Name(result_.finish_reason))->Increment();
   sink_->TurnDone(out, result_);

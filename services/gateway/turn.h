@@ -5,12 +5,12 @@
 // turn), Chat (one turn per client message) and RegisterChunk.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "cascade/v1/gateway.pb.h"
 #include "cascade/v1/worker.pb.h"

@@ -37,8 +37,9 @@ class InvarianceTest : public ::testing::Test {
     ASSERT_NE(model_, nullptr);
   }
   std::unique_ptr<engine::Backend> Backend(int threads = 2, DebugFault fault = DebugFault::kNone) {
-    return NewCpuBackend(*model_, {.num_blocks = 64, .block_size = kBlock, .num_threads = threads,
-                                   .debug_fault = fault});
+    return NewCpuBackend(
+        *model_,
+        {.num_blocks = 64, .block_size = kBlock, .num_threads = threads, .debug_fault = fault});
   }
   std::vector<float> Run(engine::Backend& b, const std::vector<SeqStep>& seqs) {
     std::vector<float> logits;
@@ -77,9 +78,9 @@ TEST_F(InvarianceTest, RowLogitsAreBitwiseEqualAloneAndInsideABatch) {
 
   // A decode step of `a` alone vs batched with decode steps of the others.
   std::vector<float> d_alone = Run(*alone_backend, {{{42}, 13, {0, 1, 2, 3}}});
-  std::vector<float> d_batch = Run(*batch_backend, {{{7}, 7, {10, 11}},
-                                                    {{42}, 13, {20, 5, 31, 8}},
-                                                    {{9}, 21, {40, 41, 42, 43, 44, 45}}});
+  std::vector<float> d_batch =
+      Run(*batch_backend,
+          {{{7}, 7, {10, 11}}, {{42}, 13, {20, 5, 31, 8}}, {{9}, 21, {40, 41, 42, 43, 44, 45}}});
   EXPECT_TRUE(BitwiseEqual(d_alone.data(), d_batch.data() + v, v));
   // Sanity: the other rows really are different.
   EXPECT_FALSE(BitwiseEqual(d_batch.data(), d_batch.data() + v, v));
@@ -154,8 +155,8 @@ TEST_F(InvarianceTest, Float32CheckpointGivesBitwiseTheSameLogitsAsBf16) {
                                       [&](size_t i, std::vector<uint8_t>* bytes) {
                                         const model::TensorView* t = model_->Find(specs[i].name);
                                         bytes->resize(t->numel() * 4);
-                                        model::ToFloat32(*t, reinterpret_cast<float*>(
-                                                                 bytes->data()));
+                                        model::ToFloat32(*t,
+                                                         reinterpret_cast<float*>(bytes->data()));
                                       })
                   .ok());
   absl::StatusOr<std::unique_ptr<model::Model>> f32 = model::LoadModel(dir);
@@ -175,8 +176,7 @@ TEST(CpuBackendTest, LlamaTinyWithRopeScalingRunsOnTheFullVocabulary) {
   auto backend = NewCpuBackend(*m, {.num_blocks = 8, .block_size = 16, .num_threads = 2});
   ASSERT_EQ(backend->VocabSize(), 151936);
   std::vector<float> logits;
-  ASSERT_TRUE(
-      backend->Forward(MakeBatch({{Tokens(20, 151936, 8), 0, {4, 6}}}, 16), &logits).ok());
+  ASSERT_TRUE(backend->Forward(MakeBatch({{Tokens(20, 151936, 8), 0, {4, 6}}}, 16), &logits).ok());
   ASSERT_EQ(logits.size(), 151936u);
   float lo = logits[0], hi = logits[0];
   for (float x : logits) {

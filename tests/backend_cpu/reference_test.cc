@@ -120,7 +120,8 @@ Mat ReferenceForward(const model::Model& m, const std::vector<int32_t>& tokens,
         double mx = -1e300, sum = 0;
         for (int64_t j = 0; j <= p; ++j) {
           double s = 0;
-          for (int64_t i = 0; i < d; ++i) s += q[(p * nh + hd) * d + i] * k[(j * nkv + kvh) * d + i];
+          for (int64_t i = 0; i < d; ++i)
+            s += q[(p * nh + hd) * d + i] * k[(j * nkv + kvh) * d + i];
           w[j] = s / std::sqrt(static_cast<double>(d));
           mx = std::max(mx, w[j]);
         }
@@ -192,8 +193,8 @@ TEST_P(ReferenceTest, OneStepAndChunkedPrefillMatchFloat64Reference) {
   ExpectClose(logits, want, 0, n, config.vocab_size);
 
   std::unique_ptr<engine::Backend> chunked = NewCpuBackend(*m, options);
-  for (auto [begin, end] : {std::pair{0, 100}, std::pair{100, 237}, std::pair{237, 299},
-                            std::pair{299, 300}}) {
+  for (auto [begin, end] :
+       {std::pair{0, 100}, std::pair{100, 237}, std::pair{237, 299}, std::pair{299, 300}}) {
     std::vector<int32_t> part(tokens.begin() + begin, tokens.begin() + end);
     ASSERT_TRUE(chunked->Forward(MakeBatch({{part, begin, blocks, true}}, 16), &logits).ok());
     ExpectClose(logits, want, begin, end - begin, config.vocab_size);

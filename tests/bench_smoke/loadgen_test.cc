@@ -119,7 +119,8 @@ TEST(LoadgenWorkload, CustomersShareTheirOwnPrefixOnly) {
   o.run_tag = "t";
   PromptSource p(o);
   std::map<int, std::vector<v1::GenerateRequest>> by_customer;
-  for (int64_t i = 0; i < 200; ++i) by_customer[p.CustomerOf(i)].push_back(p.Make(Workload::kCustomers, i));
+  for (int64_t i = 0; i < 200; ++i)
+    by_customer[p.CustomerOf(i)].push_back(p.Make(Workload::kCustomers, i));
   ASSERT_EQ(by_customer.size(), 5u);
   for (const auto& [c, reqs] : by_customer) {
     EXPECT_GT(reqs.size(), 15u) << c;

@@ -106,9 +106,11 @@ TEST(ChunkHashTest, SpecsOfViewsAnyChunkTypeWithKindTokensAndSalt) {
   EXPECT_EQ(specs[1].kind, 3);
   EXPECT_EQ(specs[1].tokens.data(), mine[1].tokens.data());
   EXPECT_EQ(specs[1].cache_salt, "s");
-  EXPECT_EQ(PlaceChunks("m", "", specs)[1].hash,
-            PlaceChunks("m", "", std::vector<ChunkSpec>{{1, mine[0].tokens, ""},
-                                                        {3, mine[1].tokens, "s"}})[1].hash);
+  EXPECT_EQ(
+      PlaceChunks("m", "", specs)[1].hash,
+      PlaceChunks("m", "",
+                  std::vector<ChunkSpec>{{1, mine[0].tokens, ""}, {3, mine[1].tokens, "s"}})[1]
+          .hash);
 }
 
 TEST(ChunkHashTest, HexRoundTripAndRejectsGarbage) {

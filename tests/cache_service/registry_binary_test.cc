@@ -2,7 +2,6 @@
 // serves a worker and a resolve over gRPC (with internal auth, the default), shows them on
 // /metrics, and drains on SIGTERM; refuses to start without certificates or with another role's.
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -121,7 +120,8 @@ TEST(RegistryBinaryTest, ServesPrintsReadyLineExportsMetricsAndDrainsOnSigterm) 
   pid_t pid = Spawn(args, &out_fd, &err_fd);
   ASSERT_GT(pid, 0);
   std::string out, err;
-  std::smatch ready = ReadUntil(out_fd, std::regex("cascade-registry serving on ([0-9.]+):([0-9]+)"), &out);
+  std::smatch ready =
+      ReadUntil(out_fd, std::regex("cascade-registry serving on ([0-9.]+):([0-9]+)"), &out);
   ASSERT_FALSE(ready.empty()) << out;
   std::string address = ready[1].str() + ":" + ready[2].str();
   std::smatch mport = ReadUntil(err_fd, std::regex("metrics_port=([0-9]+)"), &err);

@@ -2,6 +2,7 @@
 // plumbing's server runner, with the core on a fake clock, with internal auth on (each call made
 // with the role it needs: ClusterClient). Covers hashing agreement, leases, restart + resync,
 // event gaps and repeats, admin RPCs, errors and deadlines.
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,8 +10,6 @@
 #include <map>
 #include <mutex>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "cache_service/client/grpc_registry_client.h"
 #include "cache_service/registry/registry.h"
@@ -390,8 +389,10 @@ TEST_F(RegistryGrpcTest, ConcurrentResolvesWhileEventsStreamIn) {
   Server server(&clock_);
   auto client = std::make_unique<ClusterClient>(server.address());
   std::vector<Prompt> prompts;
-  for (int i = 0; i < 8; ++i) prompts.push_back(Prompt{.tokens = {Tokens(64, 1), Tokens(32, i * 100)}});
-  for (int w = 0; w < 3; ++w) ASSERT_TRUE(client->RegisterWorker(Info("w" + std::to_string(w))).ok());
+  for (int i = 0; i < 8; ++i)
+    prompts.push_back(Prompt{.tokens = {Tokens(64, 1), Tokens(32, i * 100)}});
+  for (int w = 0; w < 3; ++w)
+    ASSERT_TRUE(client->RegisterWorker(Info("w" + std::to_string(w))).ok());
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {

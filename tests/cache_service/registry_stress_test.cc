@@ -26,9 +26,9 @@ std::vector<Prompt> MakePrompts() {
   std::vector<Prompt> out;
   for (int i = 0; i < kPrompts; ++i) {
     // Families share a system chunk; half share a context chunk too.
-    out.push_back(Prompt{.tokens = {Tokens(40, 1 + i % 3), Tokens(24, 100 + i % 6),
-                                    Tokens(8 + i, 1000 + i)},
-                         .kinds = {1, 2, 3}});
+    out.push_back(
+        Prompt{.tokens = {Tokens(40, 1 + i % 3), Tokens(24, 100 + i % 6), Tokens(8 + i, 1000 + i)},
+               .kinds = {1, 2, 3}});
   }
   return out;
 }
@@ -96,7 +96,7 @@ TEST(RegistryStressTest, ConcurrentResolvesEventsAndAdminKeepInvariants) {
         if (rng() % 3 == 0) events.back().type = ChunkEvent::Type::kEvicted;
         uint64_t send = ++seq;
         int dice = rng() % 20;
-        if (dice == 0) send = seq + 1;      // a lost batch: gap
+        if (dice == 0) send = seq + 1;             // a lost batch: gap
         if (dice == 1 && seq > 1) send = seq - 1;  // a repeat
         absl::StatusOr<ReportResult> rep = r.ReportEvents(id, send, events);
         ASSERT_TRUE(rep.ok()) << rep.status();

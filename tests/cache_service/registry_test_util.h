@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "common/chunk_hash.h"
 #include "cache_service/registry/types.h"
+#include "common/chunk_hash.h"
 
 namespace cascade::registry::testing {
 

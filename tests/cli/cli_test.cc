@@ -1,6 +1,5 @@
 // The `cascade` tool's offline behaviour: help and exit codes, flag errors, mkmodel output that
 // loads, and tokenize/detokenize round trips through the same entry point main() uses.
-#include "tests/cli/test_util.h"
 #include "services/cli/cli.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +13,7 @@
 #include "gpu_worker/model/generator.h"
 #include "gpu_worker/model/model.h"
 #include "services/cli/child_process.h"
+#include "tests/cli/test_util.h"
 
 namespace cascade::cli {
 namespace {

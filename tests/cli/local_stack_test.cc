@@ -1,7 +1,6 @@
 // `cascade up`'s process handling against the real binaries: registry, a worker and the gateway
 // start as child processes on free ports, one Generate through the gateway streams a start,
 // deltas and a finish; and a child that dies before its ready line is reported with its log.
-#include "tests/cli/test_util.h"
 #include "services/cli/local_stack.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +15,7 @@
 #include "services/cli/child_process.h"
 #include "services/cli/cli.h"
 #include "services/cli/gateway_client.h"
+#include "tests/cli/test_util.h"
 
 namespace cascade::cli {
 namespace {

@@ -22,13 +22,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cascade/v1/registry.grpc.pb.h"
+#include "common/internal_auth.h"
 #include "gpu_worker/model/generator.h"
-#include "tests/cli/test_util.h"
 #include "services/cli/child_process.h"
 #include "services/cli/gateway_client.h"
 #include "services/cli/local_stack.h"
-#include "common/internal_auth.h"
 #include "services/cli/proc_info.h"
+#include "tests/cli/test_util.h"
 
 namespace cascade::cli {
 namespace {
@@ -60,10 +60,9 @@ std::string ReadAll(const std::string& path) {
 // Admin client TLS with the certificates `cascade up --log_dir=<dir>/logs` made.
 common::ClientTlsOptions AdminTls(const TempDir& dir, std::string_view server_name) {
   common::StackCertPaths certs{dir.path() + "/logs/certs"};
-  return common::InternalClientTls({.ca_file = certs.ca(),
-                                    .cert_file = certs.cert("admin"),
-                                    .key_file = certs.key("admin")},
-                                   server_name);
+  return common::InternalClientTls(
+      {.ca_file = certs.ca(), .cert_file = certs.cert("admin"), .key_file = certs.key("admin")},
+      server_name);
 }
 
 class UpProcess {
@@ -279,7 +278,9 @@ TEST(SuperviseTest, KilledWorkerCostsNoStreamAndComesBack) {
         new_pid = FindChildWithArg(up.process().pid(), "--worker_id=" + victim);
         return new_pid > 0 && new_pid != victim_pid &&
                GetWorkerStats(victim_address, absl::Seconds(2),
-                              AdminTls(dir, common::kWorkerServerName)).ok() && registered_again();
+                              AdminTls(dir, common::kWorkerServerName))
+                   .ok() &&
+               registered_again();
       },
       absl::Seconds(60)))
       << victim << " did not come back (pid now " << new_pid << ")\n"

@@ -15,8 +15,8 @@ int main(int argc, char** argv) {
   if (std::optional<int> code = cascade::common::ParseFlags(flags, argc, argv)) return *code;
 
   cascade::v1::Gateway::CallbackService gateway;
-  absl::Status status = cascade::common::RunServer(
-      options, {{&gateway, cascade::v1::Gateway::service_full_name()}});
+  absl::Status status =
+      cascade::common::RunServer(options, {{&gateway, cascade::v1::Gateway::service_full_name()}});
   if (!status.ok()) {
     std::cerr << options.name << ": " << status.message() << "\n";
     return 1;

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "common/server_runner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/server_runner.h"
 #include "tests/common/test_util.h"
 
 extern char** environ;
@@ -93,9 +93,9 @@ TEST(ExampleServerTest, HelpExitsZeroAndListsCommonFlags) {
   Child c = Spawn({"--help"});
   std::string out = ReadUntil(c.out, "", absl::Seconds(10));
   EXPECT_EQ(WaitExit(c), 0);
-  for (const char* flag : {"--host", "--port", "--metrics_port", "--tls_cert", "--tls_key",
-                           "--tls_client_ca", "--max_message_bytes", "--drain_timeout",
-                           "--log_format", "--log_level"}) {
+  for (const char* flag :
+       {"--host", "--port", "--metrics_port", "--tls_cert", "--tls_key", "--tls_client_ca",
+        "--max_message_bytes", "--drain_timeout", "--log_format", "--log_level"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
 }

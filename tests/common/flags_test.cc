@@ -5,9 +5,9 @@
 #include <sstream>
 #include <vector>
 
+#include "common/server_flags.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/server_flags.h"
 
 namespace cascade::common {
 namespace {
@@ -101,8 +101,8 @@ TEST(FlagsTest, UnknownFlagExitsTwoNamingIt) {
 }
 
 TEST(FlagsTest, BadValuesExitTwoNamingFlagAndValue) {
-  for (std::string arg : {"--count=12x", "--small=99999999999", "--ratio=fast",
-                                 "--timeout=10", "--verbose=maybe"}) {
+  for (std::string arg :
+       {"--count=12x", "--small=99999999999", "--ratio=fast", "--timeout=10", "--verbose=maybe"}) {
     FlagSet flags("prog");
     Values v;
     Register(flags, v);
@@ -143,8 +143,8 @@ TEST(ServerFlagsTest, FillsServerOptions) {
   RegisterServerFlags(&flags, &o);
   Args args({"--host=127.0.0.1", "--port", "8080", "--metrics_port=-1", "--tls_cert=c.pem",
              "--tls_key=k.pem", "--tls_client_ca=ca.pem", "--max_message_bytes=1024",
-             "--drain_timeout=3s", "--log_format=json", "--log_level=debug",
-             "--keepalive_time=20s", "--max_connection_age=0s"});
+             "--drain_timeout=3s", "--log_format=json", "--log_level=debug", "--keepalive_time=20s",
+             "--max_connection_age=0s"});
   ASSERT_TRUE(flags.Parse(args.argc(), args.argv.data()).ok());
   EXPECT_EQ(o.host, "127.0.0.1");
   EXPECT_EQ(o.port, 8080);
@@ -161,8 +161,8 @@ TEST(ServerFlagsTest, FillsServerOptions) {
 }
 
 TEST(ServerFlagsTest, RejectsOutOfRangePortAndUnknownLogLevel) {
-  for (std::string arg : {"--port=70000", "--port=-1", "--metrics_port=-2",
-                                 "--log_level=verbose", "--log_format=xml"}) {
+  for (std::string arg : {"--port=70000", "--port=-1", "--metrics_port=-2", "--log_level=verbose",
+                          "--log_format=xml"}) {
     FlagSet flags("server");
     ServerOptions o;
     RegisterServerFlags(&flags, &o);

@@ -47,10 +47,13 @@ TEST_F(LogTest, TextLineHasKeyValuesAndQuotesOnlyWhenNeeded) {
 }
 
 TEST_F(LogTest, JsonLineIsValidJsonWithTypedValues) {
-  std::string line = FormatLogLine(
-      LogFormat::kJson, absl::Now(), LogLevel::kInfo, "done",
-      {{"id", "a\"b\n"}, {"tokens", 42}, {"ratio", 0.25}, {"cached", true},
-       {"took", absl::Milliseconds(1500)}, {"status", absl::NotFoundError("gone")}});
+  std::string line = FormatLogLine(LogFormat::kJson, absl::Now(), LogLevel::kInfo, "done",
+                                   {{"id", "a\"b\n"},
+                                    {"tokens", 42},
+                                    {"ratio", 0.25},
+                                    {"cached", true},
+                                    {"took", absl::Milliseconds(1500)},
+                                    {"status", absl::NotFoundError("gone")}});
   ASSERT_EQ(line.back(), '\n');
   nlohmann::json j = nlohmann::json::parse(line);
   EXPECT_EQ(j["level"], "info");
@@ -68,8 +71,8 @@ TEST_F(LogTest, JsonLineIsValidJsonWithTypedValues) {
 // gives a line that parses as JSON, the bad bytes replaced by U+FFFD.
 TEST_F(LogTest, JsonLineStaysValidForBytesThatAreNotUtf8) {
   std::string bad = "ok\xff\xc3(\x01\x7f";
-  std::string line = FormatLogLine(LogFormat::kJson, absl::Now(), LogLevel::kWarn, bad,
-                                   {{"request_id", bad}});
+  std::string line =
+      FormatLogLine(LogFormat::kJson, absl::Now(), LogLevel::kWarn, bad, {{"request_id", bad}});
   nlohmann::json j = nlohmann::json::parse(line);  // throws on invalid JSON
   EXPECT_EQ(j["event"], "ok\xef\xbf\xbd\xef\xbf\xbd(\x01\x7f");
   EXPECT_EQ(j["request_id"], j["event"]);

@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/metrics_http.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/metrics_http.h"
 #include "tests/common/test_util.h"
 
 namespace cascade::common {

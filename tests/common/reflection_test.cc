@@ -7,19 +7,19 @@
 #include <string>
 #include <vector>
 
+#include "common/server_runner.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.pb.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "gtest/gtest.h"
-#include "common/server_runner.h"
 #include "tests/common/test_util.h"
 
 namespace cascade::common {
 namespace {
 
-using google::protobuf::io::CodedInputStream;
 using google::protobuf::internal::WireFormatLite;
+using google::protobuf::io::CodedInputStream;
 
 void* Tag(intptr_t i) { return reinterpret_cast<void*>(i); }
 

@@ -119,10 +119,9 @@ TEST(ServerRunnerTest, WatchSeesChangesAndUnknownServiceAppearing) {
   ASSERT_TRUE(watcher.WaitForCount(2));
   runner.health().SetServingStatus("later.Service", false);
   ASSERT_TRUE(watcher.WaitForCount(3));
-  EXPECT_THAT(watcher.seen(),
-              ::testing::ElementsAre(HealthCheckResponse::SERVICE_UNKNOWN,
-                                     HealthCheckResponse::SERVING,
-                                     HealthCheckResponse::NOT_SERVING));
+  EXPECT_THAT(watcher.seen(), ::testing::ElementsAre(HealthCheckResponse::SERVICE_UNKNOWN,
+                                                     HealthCheckResponse::SERVING,
+                                                     HealthCheckResponse::NOT_SERVING));
 }
 
 TEST(ServerRunnerTest, ShutdownFlipsHealthDrainsInFlightStreamThenRejectsCalls) {

@@ -2,11 +2,11 @@
 // raw HTTP GET, and a health client.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/time/time.h"
 #include "cascade/v1/gateway.grpc.pb.h"

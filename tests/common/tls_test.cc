@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <string>
 
+#include "common/server_runner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/server_runner.h"
 #include "tests/common/test_util.h"
 
 namespace cascade::common {
@@ -24,10 +24,12 @@ class TlsTest : public ::testing::Test {
                            ("cascade_tls_test_" + std::to_string(::getpid())));
     std::filesystem::create_directories(*dir_);
     // EC keys keep generation fast; SANs so that "localhost" and 127.0.0.1 both verify.
-    std::string cmd = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
-                      "-nodes -days 1 -subj /CN=localhost "
-                      "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 "
-                      "-keyout " + *dir_ + "/key.pem -out " + *dir_ + "/cert.pem >/dev/null 2>&1";
+    std::string cmd =
+        "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+        "-nodes -days 1 -subj /CN=localhost "
+        "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 "
+        "-keyout " +
+        *dir_ + "/key.pem -out " + *dir_ + "/cert.pem >/dev/null 2>&1";
     have_cert_ = std::system(cmd.c_str()) == 0;
   }
   static void TearDownTestSuite() {

@@ -20,9 +20,9 @@ constexpr int kBlock = 16;
 
 const model::Model& Tiny() {
   static const model::Model* m = [] {
-    const std::string dir =
-        (std::filesystem::temp_directory_path() / ("cascade-engine-cpu-" + std::to_string(getpid())))
-            .string();
+    const std::string dir = (std::filesystem::temp_directory_path() /
+                             ("cascade-engine-cpu-" + std::to_string(getpid())))
+                                .string();
     absl::Status s = model::WriteRandomModel(dir, model::PresetConfig("tiny"), 11, "");
     EXPECT_TRUE(s.ok()) << s;
     auto loaded = model::LoadModel(dir);

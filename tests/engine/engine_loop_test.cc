@@ -41,7 +41,8 @@ struct Collector {
 std::unique_ptr<EngineLoop> MakeLoop() {
   EngineOptions o;
   o.model_name = "trace";
-  auto loop = std::make_unique<EngineLoop>(NewEngine(o, std::make_unique<TraceBackend>(256, 8, 97)));
+  auto loop =
+      std::make_unique<EngineLoop>(NewEngine(o, std::make_unique<TraceBackend>(256, 8, 97)));
   loop->Start();
   return loop;
 }

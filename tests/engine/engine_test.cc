@@ -53,7 +53,8 @@ TEST(EngineTest, CachedEqualsColdForRandomChunkedPrompts) {
       auto warm = MakeEngine(256);
       RunOne(*warm, Prefix(req, k));  // caches the first k chunks (full blocks only)
       Result hot = RunOne(*warm, req);
-      ExpectSame(cold, hot, "trial " + std::to_string(trial) + " cached chunks " + std::to_string(k));
+      ExpectSame(cold, hot,
+                 "trial " + std::to_string(trial) + " cached chunks " + std::to_string(k));
       int64_t prefix_len = 0;
       for (size_t c = 0; c < k; ++c) prefix_len += req.chunks[c].tokens.size();
       const int64_t total = cold.prompt_tokens;
@@ -80,7 +81,8 @@ TEST(EngineTest, BatchMixingCachedAndColdSequencesMatchesEachAlone) {
   auto e = MakeEngine(256);
   RunOne(*e, Prefix(reqs[0], 1));  // warm the shared chunk
   std::vector<Result> batched = RunAll(*e, reqs);
-  for (size_t i = 0; i < reqs.size(); ++i) ExpectSame(alone[i], batched[i], "request " + std::to_string(i));
+  for (size_t i = 0; i < reqs.size(); ++i)
+    ExpectSame(alone[i], batched[i], "request " + std::to_string(i));
   EXPECT_GT(batched[0].cached_tokens, 0);
   EXPECT_EQ(batched[1].cached_tokens, 0);
 }
@@ -151,7 +153,8 @@ TEST(EngineTest, PreemptionNeverChangesOutput) {
   auto e = MakeEngine(20);  // 160 tokens for 10 sequences of up to 70: must preempt
   std::vector<Result> together = RunAll(*e, reqs);
   EXPECT_GT(e->Stats().preemptions, 0);
-  for (size_t i = 0; i < reqs.size(); ++i) ExpectSame(alone[i], together[i], "preempted " + std::to_string(i));
+  for (size_t i = 0; i < reqs.size(); ++i)
+    ExpectSame(alone[i], together[i], "preempted " + std::to_string(i));
 }
 
 TEST(EngineTest, CancelFreesBlocksWithinOneStep) {
@@ -260,7 +263,8 @@ TEST(EngineTest, SeededSamplingIsTheSameAloneAndInABatch) {
   r.sampling.seed = 77;
   auto e1 = MakeEngine(256);
   Result alone = RunOne(*e1, r);
-  std::vector<Request> batch = {RandomRequest(rng, kVocab, 1, 9, 7), r, RandomRequest(rng, kVocab, 3, 9, 3)};
+  std::vector<Request> batch = {RandomRequest(rng, kVocab, 1, 9, 7), r,
+                                RandomRequest(rng, kVocab, 3, 9, 3)};
   auto e2 = MakeEngine(256);
   ExpectSame(alone, RunAll(*e2, batch)[1], "seeded in batch");
 }
@@ -284,7 +288,8 @@ TEST(EngineTest, RejectsBadRequestsWithFieldNames) {
   Request longreq = zero;
   longreq.sampling.max_tokens = 8;
   longreq.chunks[0].tokens = {1, 2, 3};
-  EXPECT_THAT(small->AddRequest(longreq).status().message(), ::testing::HasSubstr("context length"));
+  EXPECT_THAT(small->AddRequest(longreq).status().message(),
+              ::testing::HasSubstr("context length"));
   Request huge = zero;
   huge.sampling.max_tokens = 200;  // 16 blocks x 8 = 128 tokens of KV
   EXPECT_EQ(e->AddRequest(huge).status().code(), absl::StatusCode::kResourceExhausted);
@@ -305,7 +310,8 @@ TEST(EngineTest, FullQueueIsResourceExhausted) {
 
 TEST(EngineTest, ResidencyEventsTrackStoredAndEvictedChunks) {
   Request r;
-  r.chunks = {ChunkInput{1, std::vector<int32_t>(20, 3), ""}, ChunkInput{3, std::vector<int32_t>(9, 4), ""}};
+  r.chunks = {ChunkInput{1, std::vector<int32_t>(20, 3), ""},
+              ChunkInput{3, std::vector<int32_t>(9, 4), ""}};
   r.sampling.max_tokens = 1;
   auto e = MakeEngine(8);
   Result res = RunOne(*e, r);
@@ -313,7 +319,8 @@ TEST(EngineTest, ResidencyEventsTrackStoredAndEvictedChunks) {
   ASSERT_FALSE(events.empty());
   // Chunk 0 ends at 20: held through block 1 (16 tokens). Chunk 1 ends at 29: through 24.
   std::map<hash::Hash128, int64_t> held;
-  for (auto& ev : events) if (ev.stored) held[ev.hash] = ev.held_tokens;
+  for (auto& ev : events)
+    if (ev.stored) held[ev.hash] = ev.held_tokens;
   EXPECT_EQ(held[res.chunks[0].hash], 16);
   EXPECT_EQ(held[res.chunks[1].hash], 24);
   EXPECT_EQ(e->HeldChunks().size(), 2u);
@@ -323,7 +330,8 @@ TEST(EngineTest, ResidencyEventsTrackStoredAndEvictedChunks) {
   other.sampling.max_tokens = 1;
   RunOne(*e, other);
   int evicted = 0;
-  for (auto& ev : e->TakeChunkEvents()) evicted += !ev.stored && (ev.hash == res.chunks[0].hash || ev.hash == res.chunks[1].hash);
+  for (auto& ev : e->TakeChunkEvents())
+    evicted += !ev.stored && (ev.hash == res.chunks[0].hash || ev.hash == res.chunks[1].hash);
   EXPECT_EQ(evicted, 2);
 }
 

@@ -1,12 +1,12 @@
 // Helpers for engine tests: build an engine over a backend and run requests to completion.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <map>
 #include <memory>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "gpu_worker/engine/engine.h"
 

@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <map>
 #include <functional>
+#include <map>
 #include <random>
 
 #include "gpu_worker/engine/backend.h"
@@ -155,8 +155,7 @@ TEST(SamplerTest, SampleableOnDeviceOnlyForGreedyOrPlainTemperatureWithNothingEl
   p.top_k = -1;
   EXPECT_TRUE(SampleableOnDevice(p)) << "top_k -1 is disabled";
   for (auto change : std::vector<std::function<void(SamplingParams&)>>{
-           [](SamplingParams& q) { q.top_k = 3; },
-           [](SamplingParams& q) { q.top_p = 0.9f; },
+           [](SamplingParams& q) { q.top_k = 3; }, [](SamplingParams& q) { q.top_p = 0.9f; },
            [](SamplingParams& q) { q.min_p = 0.1f; }}) {
     SamplingParams q = p;
     change(q);
@@ -194,9 +193,8 @@ TEST(SamplerTest, DeviceSampleableRowsDrawTheHostSamplersToken) {
     const int64_t position = 10 + trial;
     std::vector<float> scratch = row;
     const int32_t host = Sample(scratch, p, seed, position, {}).token_id;
-    const int32_t device =
-        SampleRow(row.data(), static_cast<int>(row.size()),
-                  RowSample{true, p.temperature, seed, position});
+    const int32_t device = SampleRow(row.data(), static_cast<int>(row.size()),
+                                     RowSample{true, p.temperature, seed, position});
     EXPECT_EQ(host, device) << "trial " << trial;
     ++checked;
   }

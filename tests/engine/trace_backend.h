@@ -18,7 +18,9 @@ namespace cascade::engine::testing {
 class TraceBackend final : public Backend {
  public:
   TraceBackend(int64_t num_blocks, int block_size, int vocab)
-      : num_blocks_(num_blocks), block_size_(block_size), vocab_(vocab),
+      : num_blocks_(num_blocks),
+        block_size_(block_size),
+        vocab_(vocab),
         kv_(num_blocks * block_size, Slot{-1, -1}) {}
 
   std::string Name() const override { return "trace"; }
@@ -63,7 +65,8 @@ class TraceBackend final : public Backend {
         if (out_row < b.logits_rows.size() && b.logits_rows[out_row] == r) {
           for (int v = 0; v < vocab_; ++v) {
             uint64_t x = Mix(h, static_cast<uint64_t>(v));
-            (*logits)[out_row * vocab_ + v] = static_cast<float>((x >> 40) & 0xffffff) / 16777216.0f * 8.0f - 4.0f;
+            (*logits)[out_row * vocab_ + v] =
+                static_cast<float>((x >> 40) & 0xffffff) / 16777216.0f * 8.0f - 4.0f;
           }
           ++out_row;
         }

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "cascade/v1/gateway.pb.h"
-#include "google/protobuf/stubs/logging.h"
 #include "common/bounded_text.h"
+#include "google/protobuf/stubs/logging.h"
 #include "services/gateway/prompt.h"
 #include "services/gateway/raw_request.h"
 #include "tests/fuzz/fuzz_util.h"

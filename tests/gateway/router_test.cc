@@ -89,7 +89,8 @@ TEST(RouterTest, RoundRobinRotatesByTicketWhateverTheListOrder) {
   rr.policy = RoutePolicy::kRoundRobin;
   std::vector<Candidate> ws = {Worker("c", 4000, 0, 0), Worker("a", 0, 9, 0), Worker("b", 0, 0, 0)};
   std::vector<std::string> first;
-  for (uint64_t t = 0; t < 6; ++t) first.push_back(RankWorkers(ws, 4000, rr, t)[0].candidate.worker_id);
+  for (uint64_t t = 0; t < 6; ++t)
+    first.push_back(RankWorkers(ws, 4000, rr, t)[0].candidate.worker_id);
   EXPECT_EQ(first, (std::vector<std::string>{"a", "b", "c", "a", "b", "c"}));
   std::reverse(ws.begin(), ws.end());
   EXPECT_EQ(RankWorkers(ws, 4000, rr, 1)[0].candidate.worker_id, "b");
@@ -113,8 +114,8 @@ TEST(RouterTest, RandomIsReproduciblePerTicketAndSpreads) {
 }
 
 TEST(RouterTest, EveryPolicyPutsOverloadedWorkersLast) {
-  for (RoutePolicy p : {RoutePolicy::kCost, RoutePolicy::kLoad, RoutePolicy::kRoundRobin,
-                        RoutePolicy::kRandom}) {
+  for (RoutePolicy p :
+       {RoutePolicy::kCost, RoutePolicy::kLoad, RoutePolicy::kRoundRobin, RoutePolicy::kRandom}) {
     RouteWeights w;
     w.policy = p;
     for (uint64_t t = 0; t < 8; ++t) {
@@ -125,8 +126,8 @@ TEST(RouterTest, EveryPolicyPutsOverloadedWorkersLast) {
 }
 
 TEST(RouterTest, ParsesPolicyNames) {
-  for (RoutePolicy p : {RoutePolicy::kCost, RoutePolicy::kLoad, RoutePolicy::kRoundRobin,
-                        RoutePolicy::kRandom}) {
+  for (RoutePolicy p :
+       {RoutePolicy::kCost, RoutePolicy::kLoad, RoutePolicy::kRoundRobin, RoutePolicy::kRandom}) {
     EXPECT_EQ(*ParseRoutePolicy(RoutePolicyName(p)), p);
   }
   EXPECT_FALSE(ParseRoutePolicy("fastest").ok());

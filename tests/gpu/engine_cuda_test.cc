@@ -41,16 +41,17 @@ class PlanCountingBackend : public engine::Backend {
     int64_t cascade_groups = 0;
     int64_t cascade_shared_tiles = 0;
   };
-  PlanCountingBackend(std::unique_ptr<engine::Backend> inner, AttentionConfig config, Counts* counts)
+  PlanCountingBackend(std::unique_ptr<engine::Backend> inner, AttentionConfig config,
+                      Counts* counts)
       : inner_(std::move(inner)), config_(config), counts_(counts) {}
   std::string Name() const override { return inner_->Name(); }
   int64_t NumBlocks() const override { return inner_->NumBlocks(); }
   int BlockSize() const override { return inner_->BlockSize(); }
   int VocabSize() const override { return inner_->VocabSize(); }
   absl::Status Forward(const engine::ForwardBatch& b, std::vector<float>* logits) override {
-    AttentionBatch ab{b.positions.data(),    b.num_tokens(),        b.query_start.data(),
-                      b.context_lens.data(), b.block_table_start.data(), b.block_ids.data(),
-                      b.num_seqs()};
+    AttentionBatch ab{
+        b.positions.data(),         b.num_tokens(),     b.query_start.data(), b.context_lens.data(),
+        b.block_table_start.data(), b.block_ids.data(), b.num_seqs()};
     AttentionPlan plan;
     if (PlanAttention(config_, ab, &plan).ok()) {
       counts_->cascade_groups += plan.cascade_groups;
@@ -201,7 +202,8 @@ TEST_F(EngineCudaTest, DeviceArgmaxPathGivesTheHostSamplersTokens) {
   REQUIRE_GPU_AND_MODEL();
   std::mt19937 rng(7);
   std::vector<engine::Request> reqs;
-  for (int i = 0; i < 12; ++i) reqs.push_back(engine::testing::RandomRequest(rng, Vocab(), 2, 80, 16));
+  for (int i = 0; i < 12; ++i)
+    reqs.push_back(engine::testing::RandomRequest(rng, Vocab(), 2, 80, 16));
   auto host = MakeEngine(2048);
   capture_logits_ = false;
   auto device = MakeEngine(2048);
@@ -432,10 +434,11 @@ TEST_F(EngineCudaTest, GreedyTokensMostlyAgreeWithCpuBackend) {
     common += n;
     all_equal += n == kTokens;
   }
-  std::printf("CUDA vs CPU greedy through the engine: first token equal %d/%d, common prefix %d/%d "
-              "tokens (%.1f%%), identical streams %d/%d\n",
-              first_equal, kPrompts, common, kPrompts * kTokens, 100.0 * common / (kPrompts * kTokens),
-              all_equal, kPrompts);
+  std::printf(
+      "CUDA vs CPU greedy through the engine: first token equal %d/%d, common prefix %d/%d "
+      "tokens (%.1f%%), identical streams %d/%d\n",
+      first_equal, kPrompts, common, kPrompts * kTokens, 100.0 * common / (kPrompts * kTokens),
+      all_equal, kPrompts);
   EXPECT_GE(first_equal, kPrompts * 3 / 4);
   EXPECT_GE(common, kPrompts * kTokens / 2);
 }

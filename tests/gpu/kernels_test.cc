@@ -45,9 +45,9 @@ TEST(CudaKernels, EmbeddingGatherCopiesRowsExactly) {
   for (int& id : ids) id = rng() % vocab;
   DeviceBuffer d_table = Upload(table_bits), d_ids = Upload(ids);
   DeviceBuffer d_out = Poisoned<float>(n * hidden);
-  ASSERT_TRUE(
-      EmbeddingGather(d_table.as<Bf16>(), d_ids.as<int32_t>(), n, hidden, d_out.as<float>(), nullptr)
-          .ok());
+  ASSERT_TRUE(EmbeddingGather(d_table.as<Bf16>(), d_ids.as<int32_t>(), n, hidden, d_out.as<float>(),
+                              nullptr)
+                  .ok());
   auto out = Download<float>(d_out, n * hidden);
   for (int i = 0; i < n; ++i)
     for (int c = 0; c < hidden; ++c) ASSERT_EQ(out[i * hidden + c], table[ids[i] * hidden + c]);
@@ -141,7 +141,8 @@ TEST(CudaKernels, QkNormRopeMatchesReferenceAtGlobalPositions) {
       }
       ExpectCloseBf16(out, ref);
       for (int r = 0; r < n; ++r)  // v heads bitwise untouched
-        for (int i = (hq + hkv) * D; i < row; ++i) ASSERT_EQ(out[r * row + i], qkv_bits[r * row + i]);
+        for (int i = (hq + hkv) * D; i < row; ++i)
+          ASSERT_EQ(out[r * row + i], qkv_bits[r * row + i]);
     }
   }
 }

@@ -13,11 +13,11 @@ namespace cascade::cuda::testing {
 
 // Skips the current test when there is no CUDA device (CI compiles these tests on machines
 // without a GPU; ctest then reports them as skipped).
-#define CASCADE_REQUIRE_GPU()                                                              \
-  do {                                                                                     \
-    if (::cascade::cuda::DeviceCount() == 0) {                                             \
+#define CASCADE_REQUIRE_GPU()                                                                     \
+  do {                                                                                            \
+    if (::cascade::cuda::DeviceCount() == 0) {                                                    \
       GTEST_SKIP() << "no CUDA device: GPU test skipped (run on a GPU machine, see docs/GPU.md)"; \
-    }                                                                                      \
+    }                                                                                             \
   } while (0)
 
 uint16_t ToBf16(float f);
@@ -34,7 +34,8 @@ double MaxAbs(const std::vector<double>& a, const std::vector<double>& b);
 // Device copy of a host vector (fails the test on error).
 template <typename T>
 DeviceBuffer Upload(const std::vector<T>& v) {
-  absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(std::max<size_t>(1, v.size()) * sizeof(T));
+  absl::StatusOr<DeviceBuffer> b =
+      DeviceBuffer::Allocate(std::max<size_t>(1, v.size()) * sizeof(T));
   EXPECT_TRUE(b.ok()) << b.status();
   EXPECT_TRUE(CopyToDevice(b->data(), v.data(), v.size() * sizeof(T)).ok());
   return std::move(*b);

@@ -261,8 +261,7 @@ TEST(BadDayTest, AResumedStreamCarriesAnIdWithNoTextIntoTheResumePrompt) {
 
 TEST(BadDayTest, BadAdmissionFlagsAreRefusedAtStartWithTheirNames) {
   for (auto mutate : std::vector<std::function<void(gateway::AdmissionOptions&)>>{
-           [](auto& a) { a.initial_limit = 0; },
-           [](auto& a) { a.latency_tolerance = 1.0; },
+           [](auto& a) { a.initial_limit = 0; }, [](auto& a) { a.latency_tolerance = 1.0; },
            [](auto& a) { a.queue_timeout = absl::Seconds(-1); },
            [](auto& a) { a.max_limit = 2; }}) {
     gateway::GatewayConfig g;

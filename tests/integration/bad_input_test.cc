@@ -1,9 +1,8 @@
 // Bad input through the gateway: each case gets INVALID_ARGUMENT (or RESOURCE_EXHAUSTED for
 // size) with a message naming the field, and a good request right after still succeeds.
 #include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
 
 #include "tests/integration/stack.h"
 
@@ -24,10 +23,12 @@ TEST(BadInputTest, EachBadRequestGetsAClearStatusAndNothingElseIsDisturbed) {
   auto bg = stack.gateway().Generate(&bg_ctx, Req("sys", "background", 60));
 
   const std::vector<BadCase> cases = {
-      {"no chunks", [](auto& r) { r.clear_chunks(); }, grpc::StatusCode::INVALID_ARGUMENT, "chunks"},
+      {"no chunks", [](auto& r) { r.clear_chunks(); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "chunks"},
       {"empty text", [](auto& r) { r.mutable_chunks(0)->set_text(""); },
        grpc::StatusCode::INVALID_ARGUMENT, "chunks[0].text"},
-      {"kind unset", [](auto& r) { r.mutable_chunks(0)->set_kind(cascade::v1::CHUNK_KIND_UNSPECIFIED); },
+      {"kind unset",
+       [](auto& r) { r.mutable_chunks(0)->set_kind(cascade::v1::CHUNK_KIND_UNSPECIFIED); },
        grpc::StatusCode::INVALID_ARGUMENT, "chunks[0].kind"},
       {"unknown model", [](auto& r) { r.set_model("no-such-model"); },
        grpc::StatusCode::INVALID_ARGUMENT, "model"},
@@ -47,7 +48,8 @@ TEST(BadInputTest, EachBadRequestGetsAClearStatusAndNothingElseIsDisturbed) {
        grpc::StatusCode::INVALID_ARGUMENT, "sampling.top_p"},
       {"top_k negative", [](auto& r) { r.mutable_sampling()->set_top_k(-5); },
        grpc::StatusCode::INVALID_ARGUMENT, "sampling.top_k"},
-      {"repetition penalty zero", [](auto& r) { r.mutable_sampling()->set_repetition_penalty(0.0f); },
+      {"repetition penalty zero",
+       [](auto& r) { r.mutable_sampling()->set_repetition_penalty(0.0f); },
        grpc::StatusCode::INVALID_ARGUMENT, "sampling.repetition_penalty"},
       {"empty stop string", [](auto& r) { r.mutable_sampling()->add_stop(""); },
        grpc::StatusCode::INVALID_ARGUMENT, "sampling.stop[0]"},
@@ -89,8 +91,8 @@ TEST(BadInputTest, EachBadRequestGetsAClearStatusAndNothingElseIsDisturbed) {
     const size_t at = wire.find("QQQQ");
     ASSERT_NE(at, std::string::npos);
     wire.replace(at, 4, "\xff\xfe\xc3\x28");
-    grpc::GenericStub generic(grpc::CreateChannel(stack.gateway_server().address(),
-                                                  grpc::InsecureChannelCredentials()));
+    grpc::GenericStub generic(
+        grpc::CreateChannel(stack.gateway_server().address(), grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     grpc::Slice slice(wire);
@@ -165,7 +167,8 @@ TEST(BadInputTest, InvalidUtf8IsNamedOnEveryRpc) {
     ASSERT_TRUE(stream->Write(req));
     stream->WritesDone();
     cascade::v1::ChatResponse resp;
-    while (stream->Read(&resp)) {}
+    while (stream->Read(&resp)) {
+    }
     grpc::Status st = stream->Finish();
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(st.error_message(), ::testing::HasSubstr("sampling.stop[0] is not valid UTF-8"));
@@ -175,7 +178,8 @@ TEST(BadInputTest, InvalidUtf8IsNamedOnEveryRpc) {
     req.mutable_chunks(0)->set_cache_salt(bad);
     Reply r = Generate(stack.gateway(), req);
     EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_THAT(r.status.error_message(), ::testing::HasSubstr("chunks[0].cache_salt is not valid UTF-8"));
+    EXPECT_THAT(r.status.error_message(),
+                ::testing::HasSubstr("chunks[0].cache_salt is not valid UTF-8"));
   }
   // The good paths still work after all that.
   grpc::ClientContext ctx;

@@ -1,14 +1,14 @@
 // Scale-out on loopback with CPU workers (issue 14): a worker added under load starts taking
 // requests with none failing, a worker drained the way SIGTERM drains it fails no request, and
 // two gateways behind one registry send a prefix to the same holder.
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tests/integration/stack.h"
 
@@ -22,8 +22,9 @@ class Load {
     for (int c = 0; c < clients; ++c) {
       threads_.emplace_back([this, &stub, c] {
         for (int i = 0; !stop_.load(); ++i) {
-          Reply r = Generate(stub, Req("", "client " + std::to_string(c) + " request " +
-                                               std::to_string(i) + " asks something",
+          Reply r = Generate(stub, Req("",
+                                       "client " + std::to_string(c) + " request " +
+                                           std::to_string(i) + " asks something",
                                        6));
           std::lock_guard<std::mutex> lock(mu_);
           replies_.push_back(std::move(r));
@@ -158,7 +159,8 @@ TEST(ScaleTest, TwoGatewaysBehindOneRegistrySendAPrefixToTheSameHolder) {
     ASSERT_TRUE(WaitFor([&] {
       Reply probe = Generate(*second_stub, Req(system, "probe", 1));
       return probe.status.ok() && probe.start.worker_id() == id;
-    })) << "second gateway did not route to the holder " << id;
+    })) << "second gateway did not route to the holder "
+        << id;
     for (int i = 0; i < 3; ++i) {
       ASSERT_TRUE(stack.WaitForIdleLoad());
       Reply a = Generate(stack.gateway(), Req(system, "question a" + std::to_string(i), 2));

@@ -8,14 +8,13 @@
 
 #include <cstdio>
 #include <fstream>
-
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "services/tokenizer/tokenizer.h"
-#include "tests/integration/stack.h"
 #include "tests/common/test_util.h"
+#include "tests/integration/stack.h"
 
 namespace cascade::testing {
 namespace {
@@ -62,9 +61,7 @@ TEST(ServingTest, SecondRequestWithSameSystemChunkHitsCacheOnTheHolderWithSameTo
 
 TEST(ServingTest, ListModelsCountsRegisteredWorkersBeforeAnyRequest) {
   Stack stack({.workers = 2, .static_workers = false});  // only the registry knows them
-  ASSERT_TRUE(WaitFor([&] {
-    return stack.registry()->ListWorkers().size() == 2;
-  }));
+  ASSERT_TRUE(WaitFor([&] { return stack.registry()->ListWorkers().size() == 2; }));
   grpc::ClientContext ctx;
   cascade::v1::ListModelsRequest req;
   cascade::v1::ListModelsResponse resp;
@@ -97,7 +94,8 @@ TEST(ServingTest, CancelMidStreamFreesTheWorkersKv) {
   ASSERT_EQ(deltas, 3);
   EXPECT_GT(stack.WorkerStats(0).used_kv_blocks(), 0);
   ctx.TryCancel();
-  while (reader->Read(&m)) {}
+  while (reader->Read(&m)) {
+  }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_TRUE(WaitFor([&] { return stack.WorkerStats(0).used_kv_blocks() == 0; }))
       << "the cancelled sequence still holds KV blocks";
@@ -123,7 +121,8 @@ TEST(ServingTest, AdmissionControlRejectsBeyondTheBoundAtOnce) {
   EXPECT_THAT(second.status.error_message(), HasSubstr("max_concurrent"));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
   ctx.TryCancel();
-  while (reader->Read(&m)) {}
+  while (reader->Read(&m)) {
+  }
   reader->Finish();
   // The slot comes back.
   EXPECT_TRUE(WaitFor([&] { return Generate(stack.gateway(), Req("sys", "again")).status.ok(); }));
@@ -236,14 +235,16 @@ TEST(ServingTest, RegistryPinKeepsAChunkOnItsHolderUnderPressure) {
       std::string filler;
       for (int w = 0; w < 20; ++w) filler += "word" + std::to_string(i * 1000 + w) + " ";
       Reply f = Generate(stack.gateway(), Req(filler, "x", 2));
-      ASSERT_TRUE(f.status.ok()) << f.status.error_message() << " (prompt " << f.start.prompt_tokens() << ")";
+      ASSERT_TRUE(f.status.ok()) << f.status.error_message() << " (prompt "
+                                 << f.start.prompt_tokens() << ")";
     }
     Reply again = Generate(stack.gateway(), req);
     ASSERT_TRUE(again.status.ok());
     if (pin) {
       EXPECT_GT(again.start.cached_tokens(), 0) << "the pinned chunk was evicted";
     } else {
-      EXPECT_EQ(again.start.cached_tokens(), 0) << "the pressure does not evict: the test proves nothing";
+      EXPECT_EQ(again.start.cached_tokens(), 0)
+          << "the pressure does not evict: the test proves nothing";
     }
     EXPECT_EQ(again.tokens, first.tokens);
   }
@@ -292,12 +293,14 @@ TEST(ServingTest, StopStringSpanningTokensIsFoundAndNeverEmitted) {
 TEST(ServingTest, StreamedTextNeverSplitsACodePoint) {
   Stack stack({.workers = 1});
   for (int i = 0; i < 4; ++i) {
-    auto req = Req("系统提示：请用中文回答。🙂", "你好，世界！" + std::to_string(i), 24);
+    auto req =
+        Req("系统提示：请用中文回答。🙂", "你好，世界！" + std::to_string(i), 24);
     req.mutable_sampling()->set_temperature(1.0f);
     req.mutable_sampling()->set_seed(100 + i);
     Reply r = Generate(stack.gateway(), req);
     ASSERT_TRUE(r.status.ok());
-    for (const std::string& t : r.texts) EXPECT_TRUE(tokenizer::IsValidUtf8(t)) << "split code point";
+    for (const std::string& t : r.texts)
+      EXPECT_TRUE(tokenizer::IsValidUtf8(t)) << "split code point";
   }
 }
 
@@ -425,18 +428,21 @@ TEST(ServingTest, MetricsUseVllmStyleNames) {
   Stack stack({.workers = 1, .metrics = true});
   ASSERT_TRUE(Generate(stack.gateway(), Req(LongSystemPrompt(), "q", 4)).status.ok());
   ASSERT_TRUE(Generate(stack.gateway(), Req(LongSystemPrompt(), "q", 4)).status.ok());
-  const std::string worker = common::testing::HttpGet(stack.worker(0).runner().metrics_port(), "/metrics");
-  for (const char* name : {"cascade:num_requests_running{worker=\"w0\"}", "cascade:num_requests_waiting",
-                           "cascade:kv_cache_usage_perc", "cascade:prefix_cache_queries_total",
-                           "cascade:prefix_cache_hits_total", "cascade:num_preemptions_total",
-                           "cascade:generation_tokens_total"}) {
-    EXPECT_NE(worker.find(name), std::string::npos) << name << " missing from the worker's /metrics";
+  const std::string worker =
+      common::testing::HttpGet(stack.worker(0).runner().metrics_port(), "/metrics");
+  for (const char* name : {"cascade:num_requests_running{worker=\"w0\"}",
+                           "cascade:num_requests_waiting", "cascade:kv_cache_usage_perc",
+                           "cascade:prefix_cache_queries_total", "cascade:prefix_cache_hits_total",
+                           "cascade:num_preemptions_total", "cascade:generation_tokens_total"}) {
+    EXPECT_NE(worker.find(name), std::string::npos)
+        << name << " missing from the worker's /metrics";
   }
-  const std::string gw = common::testing::HttpGet(stack.gateway_server().runner().metrics_port(), "/metrics");
-  for (const char* name : {"cascade:time_to_first_token_seconds_bucket",
-                           "cascade:inter_token_latency_seconds_bucket",
-                           "cascade:request_success_total{finished_reason=\"FINISH_REASON_LENGTH\"}",
-                           "cascade:gateway_prefix_cache_hits_total"}) {
+  const std::string gw =
+      common::testing::HttpGet(stack.gateway_server().runner().metrics_port(), "/metrics");
+  for (const char* name :
+       {"cascade:time_to_first_token_seconds_bucket", "cascade:inter_token_latency_seconds_bucket",
+        "cascade:request_success_total{finished_reason=\"FINISH_REASON_LENGTH\"}",
+        "cascade:gateway_prefix_cache_hits_total"}) {
     EXPECT_NE(gw.find(name), std::string::npos) << name << " missing from the gateway's /metrics";
   }
 }
@@ -453,8 +459,8 @@ TEST(ServingTest, MetricsPassPromtoolCheck) {
   Stack stack({.workers = 1, .metrics = true});
   ASSERT_TRUE(Generate(stack.gateway(), Req(LongSystemPrompt(), "q", 4)).status.ok());
   ASSERT_TRUE(Generate(stack.gateway(), Req(LongSystemPrompt(), "q", 4)).status.ok());
-  for (int port : {stack.worker(0).runner().metrics_port(),
-                   stack.gateway_server().runner().metrics_port()}) {
+  for (int port :
+       {stack.worker(0).runner().metrics_port(), stack.gateway_server().runner().metrics_port()}) {
     const std::string page = common::testing::HttpGet(port, "/metrics");
     const size_t body = page.find("\r\n\r\n");
     ASSERT_NE(body, std::string::npos) << page;

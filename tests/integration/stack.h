@@ -3,22 +3,22 @@
 // (registry outage, worker death).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "cache_service/registry/registry.h"
 #include "cache_service/server/registry_service.h"
 #include "cascade/v1/gateway.grpc.pb.h"
 #include "cascade/v1/worker.grpc.pb.h"
+#include "common/server_runner.h"
 #include "gpu_worker/model/config.h"
 #include "gpu_worker/model/generator.h"
 #include "gpu_worker/service/worker_server.h"
-#include "common/server_runner.h"
 #include "services/gateway/gateway_server.h"
 #include "tests/common/test_certs.h"
 
@@ -28,7 +28,8 @@ namespace cascade::testing {
 inline const std::string& TinyModelDir() {
   static const std::string dir = [] {
     std::string d = (std::filesystem::temp_directory_path() /
-                     ("cascade-it-" + std::to_string(getpid())) / "tiny").string();
+                     ("cascade-it-" + std::to_string(getpid())) / "tiny")
+                        .string();
     auto cfg = model::PresetConfig("tiny");
     absl::Status s = model::WriteRandomModel(d, cfg, 7, model::DefaultTokenizerDir());
     if (!s.ok()) {
@@ -57,9 +58,9 @@ struct StackOptions {
   int max_concurrent = 64;
   std::string auth_token;
   bool registry = true;
-  bool metrics = false;  // serve /metrics on worker 0 and the gateway (free ports)
-  bool resume = true;    // gateway --resume_mid_stream
-  bool static_workers = true;  // also pass the workers as the gateway's --workers fallback
+  bool metrics = false;                 // serve /metrics on worker 0 and the gateway (free ports)
+  bool resume = true;                   // gateway --resume_mid_stream
+  bool static_workers = true;           // also pass the workers as the gateway's --workers fallback
   gateway::AdmissionOptions admission;  // the gateway's (max_pending is max_concurrent)
   int http_port = -1;                   // the gateway's OpenAI HTTP front: 0 a free port
   // The gateway's --default_max_tokens (short, so tests that leave max_tokens unset stay quick);
@@ -127,7 +128,8 @@ class Stack {
                           registry::RegistryMethodPolicy()};
     }
     registry_runner_ = std::make_unique<common::ServerRunner>(so);
-    registry_runner_->AddService({registry_service_.get(), cascade::v1::ChunkRegistry::service_full_name()});
+    registry_runner_->AddService(
+        {registry_service_.get(), cascade::v1::ChunkRegistry::service_full_name()});
     ASSERT_TRUE(registry_runner_->Start().ok());
     registry_address_ = registry_runner_->local_address();
     registry_port_ = registry_runner_->port();
@@ -174,10 +176,10 @@ class Stack {
 
   // A channel to worker i as `role` would dial it (plaintext when insecure_internal).
   std::shared_ptr<grpc::Channel> WorkerChannel(int i, common::Role role = common::Role::kAdmin) {
-    auto ch = common::MakeChannel(
-        workers_[i]->address(),
-        common::InternalClientTls(StackAuth(options_.insecure_internal, role),
-                                  common::kWorkerServerName));
+    auto ch =
+        common::MakeChannel(workers_[i]->address(),
+                            common::InternalClientTls(StackAuth(options_.insecure_internal, role),
+                                                      common::kWorkerServerName));
     EXPECT_TRUE(ch.ok()) << ch.status();
     return *ch;
   }
@@ -216,9 +218,9 @@ class Stack {
 
 // A Worker stub that calls as the gateway (Worker/Generate is its RPC under internal auth).
 inline std::unique_ptr<cascade::v1::Worker::Stub> WorkerStubAsGateway(const std::string& address) {
-  auto channel = common::MakeChannel(
-      address, common::testing::TestCerts::Default().Client(common::Role::kGateway,
-                                                            common::kWorkerServerName));
+  auto channel =
+      common::MakeChannel(address, common::testing::TestCerts::Default().Client(
+                                       common::Role::kGateway, common::kWorkerServerName));
   EXPECT_TRUE(channel.ok()) << channel.status();
   return channel.ok() ? cascade::v1::Worker::NewStub(*channel) : nullptr;
 }
@@ -300,7 +302,8 @@ inline cascade::v1::GenerateRequest Req(const std::string& system, const std::st
 inline std::string LongSystemPrompt() {
   std::string s = "You are Cascade's test assistant. ";
   for (int i = 0; i < 12; ++i) {
-    s += "Rule " + std::to_string(i) + ": answer briefly, cite the context, and never invent facts. ";
+    s += "Rule " + std::to_string(i) +
+         ": answer briefly, cite the context, and never invent facts. ";
   }
   return s;
 }

@@ -59,8 +59,9 @@ TEST(IncrementalDecoderTest, MultiByteCharactersSplitOverTokensAreHeldUntilCompl
   const Tokenizer* t = Qwen3();
   ASSERT_NE(t, nullptr);
   const std::string text =
-      "Emoji 👨‍👩‍👧‍👦🇯🇵🤗 and rare CJK 𠀀𪚥龘 and ꙮ, Hindi नमस्ते, Arabic "
-      "مرحبا.";
+      "Emoji 👨‍👩‍👧‍👦🇯🇵🤗 and rare CJK 𠀀𪚥龘 and ꙮ, "
+      "Hindi नमस्ते, "
+      "Arabic مرحبا.";
   absl::StatusOr<std::vector<int32_t>> ids = t->Encode(text);
   ASSERT_TRUE(ids.ok());
   // The test is only meaningful if some token ends inside a code point.

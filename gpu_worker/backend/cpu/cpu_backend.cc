@@ -145,22 +145,21 @@ class CpuBackend final : public engine::Backend {
   std::vector<float> v_cache_;
 
   // Per-step scratch, reused across steps (Forward is single-threaded).
-  std::vector<int32_t> row_seq_;    // [tokens] sequence index of each row
-  std::vector<int32_t> rope_pos_;   // [tokens] position RoPE uses (global unless faulted)
-  std::vector<float> x_;            // [tokens, hidden] residual stream
-  std::vector<float> h_;            // [tokens, hidden] normed input / sublayer output
-  std::vector<float> qkv_;          // [tokens, (heads + 2 * kv_heads) * head_dim]
-  std::vector<float> attn_;         // [tokens, heads * head_dim]
-  std::vector<float> gate_up_;      // [tokens, 2 * intermediate]
-  std::vector<float> act_;          // [tokens, intermediate]
-  std::vector<float> cos_, sin_;    // [tokens, head_dim / 2]
+  std::vector<int32_t> row_seq_;   // [tokens] sequence index of each row
+  std::vector<int32_t> rope_pos_;  // [tokens] position RoPE uses (global unless faulted)
+  std::vector<float> x_;           // [tokens, hidden] residual stream
+  std::vector<float> h_;           // [tokens, hidden] normed input / sublayer output
+  std::vector<float> qkv_;         // [tokens, (heads + 2 * kv_heads) * head_dim]
+  std::vector<float> attn_;        // [tokens, heads * head_dim]
+  std::vector<float> gate_up_;     // [tokens, 2 * intermediate]
+  std::vector<float> act_;         // [tokens, intermediate]
+  std::vector<float> cos_, sin_;   // [tokens, head_dim / 2]
 };
 
 absl::Status CpuBackend::Forward(const ForwardBatch& b, std::vector<float>* logits) {
-  if (absl::Status s = engine::ValidateForwardBatch(
-          b, {.vocab_size = config_.vocab_size,
-              .num_blocks = options_.num_blocks,
-              .block_size = options_.block_size});
+  if (absl::Status s = engine::ValidateForwardBatch(b, {.vocab_size = config_.vocab_size,
+                                                        .num_blocks = options_.num_blocks,
+                                                        .block_size = options_.block_size});
       !s.ok()) {
     return s;
   }
@@ -297,10 +296,9 @@ void CpuBackend::Attention(const ForwardBatch& b, int64_t layer) {
 
 absl::Status ValidateCpuBackendOptions(const CpuBackendOptions& o) {
   if (o.num_blocks < 1 || o.block_size < 1 || o.num_threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cpu backend: need num_blocks >= 1 (got ", o.num_blocks,
-                     "), block_size >= 1 (got ", o.block_size, "), num_threads >= 0 (got ",
-                     o.num_threads, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cpu backend: need num_blocks >= 1 (got ", o.num_blocks, "), block_size >= 1 (got ",
+        o.block_size, "), num_threads >= 0 (got ", o.num_threads, ")"));
   }
   return absl::OkStatus();
 }

@@ -111,8 +111,8 @@ void MatMulRange(const float* x, int64_t rows, int64_t k, const float* w, int64_
   MatMulRangeT(x, rows, k, w, j_begin, j_end, y, ldy);
 }
 
-void MatMulRangeBf16(const float* x, int64_t rows, int64_t k, const uint16_t* w,
-                     int64_t j_begin, int64_t j_end, float* y, int64_t ldy) {
+void MatMulRangeBf16(const float* x, int64_t rows, int64_t k, const uint16_t* w, int64_t j_begin,
+                     int64_t j_end, float* y, int64_t ldy) {
   MatMulRangeT(x, rows, k, w, j_begin, j_end, y, ldy);
 }
 

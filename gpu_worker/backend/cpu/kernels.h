@@ -23,8 +23,8 @@ void MatMulRange(const float* x, int64_t rows, int64_t k, const float* w, int64_
 // MatMulRange() with bf16 weights (raw bits), widened exactly to float32 as they are read: the
 // same float32 arithmetic in the same order, so bitwise the same result as converting first,
 // with half the memory traffic (the 151936-column LM head dominates decode).
-void MatMulRangeBf16(const float* x, int64_t rows, int64_t k, const uint16_t* w,
-                     int64_t j_begin, int64_t j_end, float* y, int64_t ldy);
+void MatMulRangeBf16(const float* x, int64_t rows, int64_t k, const uint16_t* w, int64_t j_begin,
+                     int64_t j_end, float* y, int64_t ldy);
 
 // out = w * (x / sqrt(mean(x^2) + eps)), in float32 like Hugging Face's RMSNorm. x, w, out: [n];
 // out may alias x.

@@ -34,9 +34,8 @@ void ThreadPool::WorkerLoop(int index) {
   for (;;) {
     {
       MutexLock lock(&mu_);
-      work_cv_.Wait(&mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || generation_ != seen;
-      });
+      work_cv_.Wait(
+          &mu_, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || generation_ != seen; });
       if (stop_) return;
       seen = generation_;
       if (index >= parts_) continue;  // not needed for this job

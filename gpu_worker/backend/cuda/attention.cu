@@ -102,8 +102,8 @@ __device__ __forceinline__ void LoadA(const __nv_bfloat16* m, int ld, int r0, in
 }
 
 constexpr int kMaxQ = kMaxQueriesPerCta;  // query rows of the MMA tiles (two m16 tiles)
-constexpr int LDP = kT + 8;               // bf16 P row stride: 36 words, fragment loads hit 32 banks
-constexpr int LDS = kT + 4;               // f32 score row stride
+constexpr int LDP = kT + 8;  // bf16 P row stride: 36 words, fragment loads hit 32 banks
+constexpr int LDS = kT + 4;  // f32 score row stride
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -133,21 +133,21 @@ __device__ __forceinline__ void TileItem(const TileKernelArgs& k, int item) {
   const KvCacheView& cache = a.cache;
   const int hq = a.num_q_heads, hkv = cache.num_kv_heads, G = hq / hkv, bs = cache.block_size;
   __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);  // [kT, LD]
-  __nv_bfloat16* Vs = Ks + kT * LD;                              // [kT, LD]
-  __nv_bfloat16* Qs = Vs + kT * LD;                              // [kMaxQ, LD]
-  __nv_bfloat16* Ps = Qs + kMaxQ * LD;                           // [kMaxQ, LDP]
-  float* Ss = reinterpret_cast<float*>(Ps + kMaxQ * LDP);        // [kMaxQ, LDS]
-  float* row_l = Ss + kMaxQ * LDS;                               // [kMaxQ]
-  float* row_lse = row_l + kMaxQ;                                // [kMaxQ], -inf: no visible key
-  float* st_lse = row_lse + kMaxQ;                               // [kMaxQ] (final)
-  float* st_o = st_lse + kMaxQ;                                  // [kMaxQ, D] (final)
+  __nv_bfloat16* Vs = Ks + kT * LD;                            // [kT, LD]
+  __nv_bfloat16* Qs = Vs + kT * LD;                            // [kMaxQ, LD]
+  __nv_bfloat16* Ps = Qs + kMaxQ * LD;                         // [kMaxQ, LDP]
+  float* Ss = reinterpret_cast<float*>(Ps + kMaxQ * LDP);      // [kMaxQ, LDS]
+  float* row_l = Ss + kMaxQ * LDS;                             // [kMaxQ]
+  float* row_lse = row_l + kMaxQ;                              // [kMaxQ], -inf: no visible key
+  float* st_lse = row_lse + kMaxQ;                             // [kMaxQ] (final)
+  float* st_o = st_lse + kMaxQ;                                // [kMaxQ, D] (final)
 
   const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
   const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
   const int row_count = it[4], kv_len = it[5];
   const int kvh = blockIdx.y;
-  const int nq = row_count * G;             // <= kMaxQ (the planner's rows_per_cta)
-  const int mq = (nq + 15) / 16 * 16;       // MMA rows; rows [nq, mq) are zero
+  const int nq = row_count * G;        // <= kMaxQ (the planner's rows_per_cta)
+  const int mq = (nq + 15) / 16 * 16;  // MMA rows; rows [nq, mq) are zero
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
 
@@ -319,8 +319,8 @@ __global__ void __launch_bounds__(kThreads) AttentionTileKernel(TileKernelArgs k
 
 // One warp per (split row, query head): left fold of the row's tile partials in tile order.
 template <int E>
-__global__ void __launch_bounds__(kThreads) MergeKernel(AttentionArgs a, const int32_t* merge_list,
-                                                        int num_merge) {
+__global__ void __launch_bounds__(kThreads)
+    MergeKernel(AttentionArgs a, const int32_t* merge_list, int num_merge) {
   WaitForPriorGrids();
   constexpr int D = E * 32;
   const int hq = a.num_q_heads;
@@ -341,7 +341,8 @@ __global__ void __launch_bounds__(kThreads) MergeKernel(AttentionArgs a, const i
       const int64_t slot = static_cast<int64_t>(base + t0 + i) * hq + qh;
       lb[i] = t0 + i < tiles ? a.partial_lse[slot] : -INFINITY;
 #pragma unroll
-      for (int e = 0; e < E; ++e) ob[i][e] = t0 + i < tiles ? a.partial_o[slot * D + lane * E + e] : 0.f;
+      for (int e = 0; e < E; ++e)
+        ob[i][e] = t0 + i < tiles ? a.partial_o[slot * D + lane * E + e] : 0.f;
     }
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) MergeState<E>(lse, o, lb[i], ob[i]);
@@ -435,11 +436,16 @@ cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int* ctas) {
 cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionPlanView& plan,
                             cudaStream_t stream) {
   switch (args.cache.head_dim) {
-    case 32: return LaunchForDim<1>(args, plan, stream);
-    case 64: return LaunchForDim<2>(args, plan, stream);
-    case 128: return LaunchForDim<4>(args, plan, stream);
-    case 256: return LaunchForDim<8>(args, plan, stream);
-    default: return cudaErrorInvalidValue;
+    case 32:
+      return LaunchForDim<1>(args, plan, stream);
+    case 64:
+      return LaunchForDim<2>(args, plan, stream);
+    case 128:
+      return LaunchForDim<4>(args, plan, stream);
+    case 256:
+      return LaunchForDim<8>(args, plan, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

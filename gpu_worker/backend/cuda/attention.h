@@ -21,7 +21,6 @@
 
 namespace cascade::cuda {
 
-
 struct AttentionConfig {
   int num_q_heads = 0;
   int num_kv_heads = 0;  // divides num_q_heads; query head h reads kv head h / group
@@ -32,7 +31,7 @@ struct AttentionConfig {
 
 // Host views of the batch's attention metadata (see engine::ForwardBatch for the meaning).
 struct AttentionBatch {
-  const int32_t* positions = nullptr;          // [num_tokens]
+  const int32_t* positions = nullptr;  // [num_tokens]
   int num_tokens = 0;
   const int32_t* query_start = nullptr;        // [num_seqs + 1]
   const int32_t* context_lens = nullptr;       // [num_seqs]
@@ -55,9 +54,9 @@ struct AttentionPlan {
   std::vector<int32_t> partial_base;
   // [num_merge * 3] {row, base slot, num_tiles} for each split row.
   std::vector<int32_t> merge_list;
-  int num_partials = 0;      // partial slots; each holds [num_q_heads, head_dim] f32 + lse
-  int max_final_rows = 0;    // most rows in one final item (sizes shared memory)
-  int max_split_rows = 0;    // most rows in one split item
+  int num_partials = 0;    // partial slots; each holds [num_q_heads, head_dim] f32 + lse
+  int max_final_rows = 0;  // most rows in one final item (sizes shared memory)
+  int max_split_rows = 0;  // most rows in one split item
   // Statistics.
   int cascade_groups = 0;        // groups of >= 2 decode rows sharing leading tiles
   int cascade_shared_tiles = 0;  // sum over groups of shared tiles (read once per group)

@@ -23,7 +23,8 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
                            AttentionPlan* plan) {
   const int hq = config.num_q_heads, hkv = config.num_kv_heads, bs = config.block_size;
   if (hq <= 0 || hkv <= 0 || hq % hkv != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("attention: bad head counts q=", hq, " kv=", hkv));
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention: bad head counts q=", hq, " kv=", hkv));
   }
   if (bs <= 0 || kTileTokens % bs != 0) {
     return absl::InvalidArgumentError(
@@ -57,8 +58,8 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
     }
     for (int r = q0; r < q1; ++r) {
       if (batch.positions[r] < 0 || batch.positions[r] >= ctx) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "attention: position ", batch.positions[r], " outside [0, ", ctx, ") in sequence ", s));
+        return absl::InvalidArgumentError(absl::StrCat("attention: position ", batch.positions[r],
+                                                       " outside [0, ", ctx, ") in sequence ", s));
       }
     }
     if (q1 - q0 == 1) {

@@ -22,13 +22,13 @@
 namespace cascade::cuda {
 namespace {
 
-#define RETURN_IF_ERROR(expr)              \
-  do {                                     \
-    absl::Status _st = (expr);             \
-    if (!_st.ok()) return _st;             \
+#define RETURN_IF_ERROR(expr)  \
+  do {                         \
+    absl::Status _st = (expr); \
+    if (!_st.ok()) return _st; \
   } while (0)
-#define ASSIGN_OR_RETURN(lhs, expr)        \
-  auto lhs##_or = (expr);                  \
+#define ASSIGN_OR_RETURN(lhs, expr)             \
+  auto lhs##_or = (expr);                       \
   if (!lhs##_or.ok()) return lhs##_or.status(); \
   auto lhs = std::move(*lhs##_or)
 
@@ -56,7 +56,8 @@ std::vector<float> InvFreq(const model::ModelConfig& c) {
 }
 
 // Appends tensor `name` as bf16 bits to `out`.
-absl::Status AppendBf16(const model::Model& m, const std::string& name, std::vector<uint16_t>* out) {
+absl::Status AppendBf16(const model::Model& m, const std::string& name,
+                        std::vector<uint16_t>* out) {
   const model::TensorView* t = m.Find(name);
   if (t == nullptr) return absl::NotFoundError(absl::StrCat("cuda backend: missing tensor ", name));
   const size_t n = static_cast<size_t>(t->numel()), at = out->size();
@@ -229,8 +230,9 @@ absl::Status CudaBackend::Init(const model::Model& m) {
         absl::StrCat("cuda backend: head_dim ", d_, " not supported (32, 64, 128, 256)"));
   }
   if (hidden_ % 8 || inter_ % 8 || c_.vocab_size % 8) {
-    return absl::InvalidArgumentError("cuda backend: hidden, intermediate and vocab sizes must be "
-                                      "multiples of 8");
+    return absl::InvalidArgumentError(
+        "cuda backend: hidden, intermediate and vocab sizes must be "
+        "multiples of 8");
   }
   SetProgrammaticLaunch(o_.programmatic_launch);
   ASSIGN_OR_RETURN(gemm, Gemm::Create(o_.batch_invariant, /*reference_m=*/256, o_.small_m_gemm));
@@ -255,10 +257,10 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   for (int64_t i = 0; i < c_.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     Layer l;
-#define UPLOAD(field, ...)                                  \
-  {                                                         \
-    ASSIGN_OR_RETURN(buf_, UploadBf16(m, {__VA_ARGS__}));   \
-    l.field = std::move(buf_);                              \
+#define UPLOAD(field, ...)                                \
+  {                                                       \
+    ASSIGN_OR_RETURN(buf_, UploadBf16(m, {__VA_ARGS__})); \
+    l.field = std::move(buf_);                            \
   }
     UPLOAD(input_norm, p + "input_layernorm.weight");
     UPLOAD(post_norm, p + "post_attention_layernorm.weight");
@@ -372,9 +374,12 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   if (n == 0) return absl::OkStatus();
 
   AttentionConfig acfg{hq_, hkv_, d_, o_.block_size, o_.cascade};
-  AttentionBatch ab{b.positions.data(),         n,
-                    b.query_start.data(),       b.context_lens.data(),
-                    b.block_table_start.data(), b.block_ids.data(),
+  AttentionBatch ab{b.positions.data(),
+                    n,
+                    b.query_start.data(),
+                    b.context_lens.data(),
+                    b.block_table_start.data(),
+                    b.block_ids.data(),
                     b.num_seqs()};
   AttentionPlan plan;
   RETURN_IF_ERROR(PlanAttention(acfg, ab, &plan));
@@ -392,7 +397,8 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   const size_t o_rows = put(plan.item_rows), o_base = put(plan.partial_base);
   const size_t o_merge = put(plan.merge_list), o_lrows = put(b.logits_rows);
   RETURN_IF_ERROR(EnsureCapacity(&meta_, meta_host_.size() * 4));
-  RETURN_IF_ERROR(EnsureCapacity(&partial_o_, std::max(1, plan.num_partials) * size_t{4} * hq_ * d_));
+  RETURN_IF_ERROR(
+      EnsureCapacity(&partial_o_, std::max(1, plan.num_partials) * size_t{4} * hq_ * d_));
   RETURN_IF_ERROR(EnsureCapacity(&partial_lse_, std::max(1, plan.num_partials) * size_t{4} * hq_));
   RETURN_IF_ERROR(CopyAsync(meta_.data(), meta_host_.data(), meta_host_.size() * 4, stream_));
   const int32_t* meta = meta_.as<int32_t>();
@@ -446,7 +452,8 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   }
   if (sampled && rows > 0) {
     argmax_host_.resize(rows);
-    RETURN_IF_ERROR(CopyAsync(argmax_host_.data(), argmax_.data(), rows * sizeof(int32_t), stream_));
+    RETURN_IF_ERROR(
+        CopyAsync(argmax_host_.data(), argmax_.data(), rows * sizeof(int32_t), stream_));
     RETURN_IF_ERROR(Synchronize(stream_));
     for (int r = 0; r < rows; ++r) {
       if (on_device(r)) (*argmax)[r] = argmax_host_[r];

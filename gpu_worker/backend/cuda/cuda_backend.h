@@ -18,9 +18,9 @@ struct CudaBackendOptions {
   // and activation buffers are allocated.
   int64_t num_blocks = 0;
   double kv_cache_fraction = 0.8;
-  int max_num_tokens = 8192;    // most tokens in one Forward (sizes activation buffers)
-  int max_logits_rows = 256;    // LM head rows computed per pass (more are done in passes)
-  bool cascade = true;          // shared-prefix (cascade) decode attention
+  int max_num_tokens = 8192;  // most tokens in one Forward (sizes activation buffers)
+  int max_logits_rows = 256;  // LM head rows computed per pass (more are done in passes)
+  bool cascade = true;        // shared-prefix (cascade) decode attention
   // Deterministic mode: GEMM algorithms pinned per shape with split-K off (see gemm.h), so a
   // row's logits are bitwise the same whatever else is in the batch (cached == cold).
   bool batch_invariant = true;

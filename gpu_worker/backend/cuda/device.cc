@@ -12,8 +12,8 @@ namespace cascade::cuda {
 absl::Status CudaStatus(int cuda_error, const char* what) {
   const auto err = static_cast<cudaError_t>(cuda_error);
   if (err == cudaSuccess) return absl::OkStatus();
-  const std::string msg = absl::StrCat(what, ": ", cudaGetErrorName(err), " (",
-                                       cudaGetErrorString(err), ")");
+  const std::string msg =
+      absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
   if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
   if (err == cudaErrorInvalidValue || err == cudaErrorInvalidConfiguration) {
     return absl::InvalidArgumentError(msg);
@@ -74,8 +74,7 @@ absl::Status CopyToHost(void* dst, const void* src, size_t bytes) {
 }
 absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream stream) {
   if (bytes == 0) return absl::OkStatus();
-  return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream),
-                    "cudaMemcpyAsync");
+  return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
 }
 absl::Status FillBytes(void* dst, int value, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();

@@ -98,13 +98,13 @@ absl::StatusOr<const Gemm::Algo*> Gemm::FindAlgo(int m, int n, int k, GemmOut ou
   }
   cublasLtMatmulHeuristicResult_t result[8];
   int found = 0;
-  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_),
-                                                     p.desc, p.a, p.b, p.c, p.c, pref, 8, result,
-                                                     &found);
+  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p.desc,
+                                                     p.a, p.b, p.c, p.c, pref, 8, result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (auto s = LtStatus(st, "heuristic"); !s.ok()) return s;
   if (found == 0) {
-    return absl::InternalError(absl::StrCat("cuBLASLt: no algorithm for m=", m, " n=", n, " k=", k));
+    return absl::InternalError(
+        absl::StrCat("cuBLASLt: no algorithm for m=", m, " n=", n, " k=", k));
   }
   auto algo = std::make_unique<Algo>();
   algo->algo = result[0].algo;

@@ -56,7 +56,7 @@ struct AttentionPlanView {
 struct AttentionArgs {
   const Bf16* q = nullptr;  // [num_tokens, q_row_stride] bf16, query head h at column h*head_dim
   int q_row_stride = 0;
-  KvCacheView cache;                  // this layer's paged cache (already holds the new K/V)
+  KvCacheView cache;                   // this layer's paged cache (already holds the new K/V)
   const int32_t* positions = nullptr;  // [num_tokens] device
   const int32_t* block_ids = nullptr;  // device copy of AttentionBatch::block_ids
   Bf16* out = nullptr;                 // [num_tokens, num_q_heads * head_dim] bf16

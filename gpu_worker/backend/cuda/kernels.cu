@@ -39,9 +39,9 @@ __global__ void EmbeddingKernel(const Bf16* table, const int32_t* ids, int hidde
 constexpr int kNormThreads = 256;
 
 // One block per row; thread sums are combined by warp butterflies, then warp sums in warp order.
-__global__ void __launch_bounds__(kNormThreads) AddRmsNormKernel(float* residual, const Bf16* delta,
-                                                                  const Bf16* weight, float eps,
-                                                                  int d, Bf16* out) {
+__global__ void __launch_bounds__(kNormThreads)
+    AddRmsNormKernel(float* residual, const Bf16* delta, const Bf16* weight, float eps, int d,
+                     Bf16* out) {
   WaitForPriorGrids();
   __shared__ float warp_sums[kNormThreads / 32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * d;
@@ -191,8 +191,8 @@ __device__ int BlockBest(float bv, int bi, int vocab) {
   si[threadIdx.x] = bi;
   __syncthreads();
   for (int s = kArgmaxThreads / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s && Better(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x],
-                                  si[threadIdx.x])) {
+    if (threadIdx.x < s &&
+        Better(sv[threadIdx.x + s], si[threadIdx.x + s], sv[threadIdx.x], si[threadIdx.x])) {
       sv[threadIdx.x] = sv[threadIdx.x + s];
       si[threadIdx.x] = si[threadIdx.x + s];
     }
@@ -201,8 +201,8 @@ __device__ int BlockBest(float bv, int bi, int vocab) {
   return si[0] < vocab ? si[0] : 0;
 }
 
-__global__ void __launch_bounds__(kArgmaxThreads) ArgmaxKernel(const float* logits, int vocab,
-                                                                int32_t* out) {
+__global__ void __launch_bounds__(kArgmaxThreads)
+    ArgmaxKernel(const float* logits, int vocab, int32_t* out) {
   WaitForPriorGrids();
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   float bv = -INFINITY;
@@ -217,9 +217,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) ArgmaxKernel(const float* logi
 
 // One CTA per row: the row's score is the logit (temperature 0) or its Gumbel-max term; the
 // winner is the highest score, lowest index on ties, as engine::SampleRow picks on the host.
-__global__ void __launch_bounds__(kArgmaxThreads) SampleKernel(const float* logits, int vocab,
-                                                               const RowSampleParams* params,
-                                                               int32_t* out) {
+__global__ void __launch_bounds__(kArgmaxThreads)
+    SampleKernel(const float* logits, int vocab, const RowSampleParams* params, int32_t* out) {
   WaitForPriorGrids();
   const RowSampleParams p = params[blockIdx.x];
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
@@ -228,9 +227,9 @@ __global__ void __launch_bounds__(kArgmaxThreads) SampleKernel(const float* logi
   float bv = -INFINITY;
   int bi = vocab;
   for (int c = threadIdx.x; c < vocab; c += kArgmaxThreads) {
-    const float v = greedy ? row[c]
-                           : engine::GumbelScore(row[c], inv_t,
-                                                 engine::TokenUniform(p.seed, p.position, c));
+    const float v =
+        greedy ? row[c]
+               : engine::GumbelScore(row[c], inv_t, engine::TokenUniform(p.seed, p.position, c));
     if (!isnan(v) && Better(v, c, bv, bi)) bv = v, bi = c;
   }
   const int best = BlockBest(bv, bi, vocab);

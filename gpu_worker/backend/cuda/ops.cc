@@ -1,11 +1,12 @@
 // Op wrappers: check shapes, strides and alignment, then call the launchers and map errors.
+#include "gpu_worker/backend/cuda/ops.h"
+
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/backend/cuda/attention.h"
 #include "gpu_worker/backend/cuda/device.h"
 #include "gpu_worker/backend/cuda/launchers.h"
-#include "gpu_worker/backend/cuda/ops.h"
 
 namespace cascade::cuda {
 namespace {
@@ -38,8 +39,8 @@ absl::Status AddRmsNorm(float* residual, const Bf16* delta, const Bf16* weight, 
 }
 
 absl::Status QkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
-                        const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
-                        float eps, const float* inv_freq, Stream stream) {
+                        const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm, float eps,
+                        const float* inv_freq, Stream stream) {
   if (!SupportedHeadDim(shape.head_dim)) {
     return Bad("QkNormRope", absl::StrCat("head_dim ", shape.head_dim, " not in {32,64,128,256}"));
   }
@@ -51,8 +52,8 @@ absl::Status QkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape
     return Bad("QkNormRope", "q_norm and k_norm must both be given or both be null");
   }
   if (n > 0 && (!qkv || !positions || !inv_freq)) return Bad("QkNormRope", "null pointer");
-  return CudaStatus(internal::LaunchQkNormRope(qkv, n, row_stride, shape, positions, q_norm,
-                                               k_norm, eps, inv_freq, stream),
+  return CudaStatus(internal::LaunchQkNormRope(qkv, n, row_stride, shape, positions, q_norm, k_norm,
+                                               eps, inv_freq, stream),
                     "QkNormRope");
 }
 
@@ -161,8 +162,9 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
   }
   if (args.q_row_stride < args.num_q_heads * c.head_dim || args.q_row_stride % 8 != 0 ||
       !Aligned16(args.q) || !Aligned16(c.k) || !Aligned16(c.v)) {
-    return Bad("Attention", "q row stride must cover the heads, be a multiple of 8, and buffers "
-                            "16-byte aligned");
+    return Bad("Attention",
+               "q row stride must cover the heads, be a multiple of 8, and buffers "
+               "16-byte aligned");
   }
   const int group = args.num_q_heads / c.num_kv_heads;
   if (plan.max_final_rows * group > kMaxQueriesPerCta * (group > kMaxQueriesPerCta ? group : 1) ||

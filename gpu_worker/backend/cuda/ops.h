@@ -35,8 +35,8 @@ absl::Status AddRmsNorm(float* residual, const Bf16* delta, const Bf16* weight, 
 //   x'[i] = x[i] cos - x[i + D/2] sin,  x'[i + D/2] = x[i + D/2] cos + x[i] sin,
 //   angle = float(position) * inv_freq[i].
 absl::Status QkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
-                        const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
-                        float eps, const float* inv_freq, Stream stream);
+                        const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm, float eps,
+                        const float* inv_freq, Stream stream);
 
 // QkNormRope, then KvAppend of the k and v heads (k heads at column num_q_heads * head_dim, v
 // heads right after them), in one launch: the same bits in qkv and in the cache as the two ops.
