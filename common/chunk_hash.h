@@ -50,7 +50,7 @@ Hash128 BlockHash(const Hash128& prev, std::string_view model, const Hash128& sa
 
 // One chunk of a prompt, as the hashing sees it.
 struct ChunkSpec {
-  int32_t kind = 0;                 // cascade.v1.ChunkKind value
+  int32_t kind = 0;                 // cascade.v2.ChunkKind value
   std::span<const int32_t> tokens;  // the chunk's token ids
   std::string_view cache_salt;      // per-chunk salt; empty = inherit
 };

@@ -71,7 +71,7 @@ absl::StatusOr<PeerIdentity> CheckOwnIdentity(const InternalAuthOptions& options
 ClientTlsOptions InternalClientTls(const InternalAuthOptions& options,
                                    std::string_view server_name);
 
-// Method policy: full method name ("/cascade.v1.ChunkRegistry/Resolve") -> roles allowed.
+// Method policy: full method name ("/cascade.v2.ChunkRegistryService/Resolve") -> roles allowed.
 // Methods of grpc.health.v1.Health and server reflection are open to every role; a method not
 // listed is refused to all (PERMISSION_DENIED).
 using MethodPolicy = std::map<std::string, std::set<Role>, std::less<>>;

@@ -53,7 +53,7 @@ struct ServerOptions {
 };
 
 // A service to register, with the name health checks use for it (its full proto name, e.g.
-// cascade::v1::Gateway::service_full_name()). grpc::Service does not expose its own name.
+// cascade::v2::GatewayService::service_full_name()). grpc::Service does not expose its own name.
 struct ServiceRegistration {
   grpc::Service* service;  // not owned; must outlive the server
   std::string name;

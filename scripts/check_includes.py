@@ -18,7 +18,7 @@ import re
 import sys
 
 # Generated from proto/: every layer above the floor may use the wire contract.
-PROTO = ("cascade/v1/", "grpc/health/")
+PROTO = ("cascade/v2/", "grpc/health/")
 # What other components may include from the worker: the engine's types, the sampling rules
 # and their wire form, the model's config.
 WORKER_PUBLIC = (
@@ -91,7 +91,7 @@ def self_test():
     good = {
         "gpu_worker/engine/engine.cc": '#include "common/chunk_hash.h"\n#include <vector>\n',
         "services/gateway/prompt.cc": '#include "gpu_worker/engine/sampling_wire.h"\n'
-                                      '#include "cascade/v1/gateway.pb.h"\n',
+                                      '#include "cascade/v2/gateway.pb.h"\n',
         "bench/x.cc": '#include "services/gateway/turn.h"\n',
     }
     found = violations(bad)

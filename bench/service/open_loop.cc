@@ -66,7 +66,7 @@ OpenLoopSummary SummarizeOpenLoop(const std::vector<RequestSample>& samples,
   return out;
 }
 
-OpenLoopSummary RunOpenLoop(v1::Gateway::StubInterface& stub, PromptSource& prompts,
+OpenLoopSummary RunOpenLoop(v2::GatewayService::StubInterface& stub, PromptSource& prompts,
                             const OpenLoopOptions& options, int expected_workers,
                             std::ostream* progress) {
   const std::string label = absl::StrFormat("%s %.2f qps", options.policy, options.qps);

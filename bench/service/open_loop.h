@@ -14,7 +14,7 @@
 #include "absl/time/time.h"
 #include "bench/service/loadgen_stats.h"
 #include "bench/service/workload.h"
-#include "cascade/v1/gateway.grpc.pb.h"
+#include "cascade/v2/gateway.grpc.pb.h"
 
 namespace cascade::bench {
 
@@ -55,7 +55,7 @@ OpenLoopSummary SummarizeOpenLoop(const std::vector<RequestSample>& samples,
 
 // Runs one phase of the customers workload at `options.qps`. Each arrival runs on its own
 // thread; the phase ends when every request has finished (each has a deadline).
-OpenLoopSummary RunOpenLoop(v1::Gateway::StubInterface& stub, PromptSource& prompts,
+OpenLoopSummary RunOpenLoop(v2::GatewayService::StubInterface& stub, PromptSource& prompts,
                             const OpenLoopOptions& options, int expected_workers,
                             std::ostream* progress);
 

@@ -70,19 +70,19 @@ std::string PromptSource::SharedSystemText() const {
                       Words(kSharedStream, options_.system_words));
 }
 
-v1::GenerateRequest PromptSource::Make(Workload workload, int64_t index) const {
-  v1::GenerateRequest req;
+v2::GenerateRequest PromptSource::Make(Workload workload, int64_t index) const {
+  v2::GenerateRequest req;
   req.set_request_id(
       absl::StrCat("loadgen-", options_.run_tag, "-", WorkloadName(workload), "-", index));
-  v1::Chunk* system = req.add_chunks();
-  system->set_kind(v1::CHUNK_KIND_SYSTEM);
+  v2::Chunk* system = req.add_chunks();
+  system->set_kind(v2::CHUNK_KIND_SYSTEM);
   if (workload == Workload::kCustomers) {
     const auto c = static_cast<uint64_t>(CustomerOf(index));
     system->set_text(absl::StrCat("Run ", options_.run_tag, ", customer ", c, ". You are a ",
                                   Words(kCustomerSystemStream + c, options_.system_words)));
     if (options_.context_words > 0) {
-      v1::Chunk* context = req.add_chunks();
-      context->set_kind(v1::CHUNK_KIND_CONTEXT);
+      v2::Chunk* context = req.add_chunks();
+      context->set_kind(v2::CHUNK_KIND_CONTEXT);
       context->set_text(absl::StrCat("Customer ", c, " documents: ",
                                      Words(kCustomerContextStream + c, options_.context_words)));
     }
@@ -93,21 +93,21 @@ v1::GenerateRequest PromptSource::Make(Workload workload, int64_t index) const {
     system->set_text(absl::StrCat("#", index, " run ", options_.run_tag, ". You are a ",
                                   Words(2 * static_cast<uint64_t>(index), options_.system_words)));
   }
-  v1::Chunk* query = req.add_chunks();
-  query->set_kind(v1::CHUNK_KIND_QUERY);
+  v2::Chunk* query = req.add_chunks();
+  query->set_kind(v2::CHUNK_KIND_QUERY);
   query->set_text(absl::StrCat("Question ", index, ": ",
                                Words(2 * static_cast<uint64_t>(index) + 1, options_.query_words)));
-  v1::SamplingParams* s = req.mutable_sampling();
+  v2::SamplingParams* s = req.mutable_sampling();
   s->set_temperature(0);
   s->set_max_tokens(options_.max_tokens);
   s->set_ignore_eos(true);
   return req;
 }
 
-v1::RegisterChunkRequest PromptSource::WarmRequest(int64_t pin_ttl_seconds) const {
-  v1::RegisterChunkRequest req;
-  v1::Chunk* system = req.add_chunks();
-  system->set_kind(v1::CHUNK_KIND_SYSTEM);
+v2::RegisterChunkRequest PromptSource::WarmRequest(int64_t pin_ttl_seconds) const {
+  v2::RegisterChunkRequest req;
+  v2::Chunk* system = req.add_chunks();
+  system->set_kind(v2::CHUNK_KIND_SYSTEM);
   system->set_text(SharedSystemText());
   req.set_pin_ttl_seconds(pin_ttl_seconds);
   return req;

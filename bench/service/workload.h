@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-#include "cascade/v1/gateway.pb.h"
+#include "cascade/v2/gateway.pb.h"
 
 namespace cascade::bench {
 
@@ -41,11 +41,11 @@ class PromptSource {
   // A fresh request index, unique over the whole run (all phases).
   int64_t NextIndex() { return next_index_.fetch_add(1, std::memory_order_relaxed); }
   // The request with this index under `workload`: greedy, ignore_eos, max_tokens set.
-  v1::GenerateRequest Make(Workload workload, int64_t index) const;
+  v2::GenerateRequest Make(Workload workload, int64_t index) const;
   // The customers workload's customer for request `index` (uniform, deterministic in the seed).
   int CustomerOf(int64_t index) const;
   // Pre-warms the hit workload's shared system chunk (pinned for `pin_ttl_seconds`).
-  v1::RegisterChunkRequest WarmRequest(int64_t pin_ttl_seconds) const;
+  v2::RegisterChunkRequest WarmRequest(int64_t pin_ttl_seconds) const;
 
   const WorkloadOptions& options() const { return options_; }
 

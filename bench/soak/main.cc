@@ -137,7 +137,7 @@ int64_t CountLines(const std::string& text, const std::string& needle) {
 
 // The pool: half share one system chunk (cache hits), half have their own (misses); every third
 // is seeded temperature sampling rather than greedy.
-std::vector<v1::GenerateRequest> MakePool(const SoakFlags& f) {
+std::vector<v2::GenerateRequest> MakePool(const SoakFlags& f) {
   WorkloadOptions wo;
   wo.system_words = f.system_words;
   wo.query_words = f.query_words;
@@ -145,9 +145,9 @@ std::vector<v1::GenerateRequest> MakePool(const SoakFlags& f) {
   wo.seed = static_cast<uint64_t>(f.seed);
   wo.run_tag = absl::StrFormat("soak%d", f.seed);
   PromptSource prompts(wo);
-  std::vector<v1::GenerateRequest> pool;
+  std::vector<v2::GenerateRequest> pool;
   for (int i = 0; i < f.pool; ++i) {
-    v1::GenerateRequest r = prompts.Make(i % 2 == 0 ? Workload::kHit : Workload::kMiss, i);
+    v2::GenerateRequest r = prompts.Make(i % 2 == 0 ? Workload::kHit : Workload::kMiss, i);
     if (i % 3 == 2) {
       r.mutable_sampling()->set_temperature(0.8f);
       r.mutable_sampling()->set_seed(7000 + static_cast<uint64_t>(i));
@@ -188,7 +188,7 @@ std::string Mib(int64_t bytes) {
 std::string Ms1(double v, int64_t count) { return count > 0 ? absl::StrFormat("%.1f", v) : "-"; }
 std::string Ratio(double a, double b) { return b > 0 ? absl::StrFormat("%.2fx", a / b) : "-"; }
 
-PhaseOptions PoolPhase(const SoakFlags& f, const std::vector<v1::GenerateRequest>& pool,
+PhaseOptions PoolPhase(const SoakFlags& f, const std::vector<v2::GenerateRequest>& pool,
                        int concurrency, absl::Duration duration, double cancel, uint64_t seed) {
   PhaseOptions po;
   po.workload = Workload::kHit;  // only labels the progress lines; requests come from the pool
@@ -288,7 +288,7 @@ int Run(int argc, char** argv) {
 
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = cli::Dial(gateway);
   if (!channel.ok()) return 1;
-  std::unique_ptr<v1::Gateway::Stub> stub = v1::Gateway::NewStub(*channel);
+  std::unique_ptr<v2::GatewayService::Stub> stub = v2::GatewayService::NewStub(*channel);
   const absl::Time wait_until = absl::Now() + absl::Seconds(60);
   while (absl::Now() < wait_until) {
     auto models = cli::ListModels(*stub, {absl::Seconds(2), ""});
@@ -299,12 +299,12 @@ int Run(int argc, char** argv) {
   }
 
   // Cold references, one request at a time on the idle stack.
-  const std::vector<v1::GenerateRequest> pool = MakePool(flags);
+  const std::vector<v2::GenerateRequest> pool = MakePool(flags);
   std::vector<std::vector<int32_t>> references;
   int short_references = 0;
   const absl::Time ref_start = absl::Now();
   for (size_t i = 0; i < pool.size(); ++i) {
-    v1::GenerateRequest r = pool[i];
+    v2::GenerateRequest r = pool[i];
     r.set_request_id(absl::StrCat("soak-reference-", i));
     absl::StatusOr<cli::GenerateResult> got =
         cli::RunGenerate(*stub, r, {flags.request_timeout, ""});

@@ -1,4 +1,4 @@
-// RegistryClient over the cascade.v1.ChunkRegistry stub (synchronous calls with deadlines).
+// RegistryClient over the cascade.v2.ChunkRegistryService stub (synchronous calls with deadlines).
 #include "cache_service/client/grpc_registry_client.h"
 
 #include <grpcpp/create_channel.h>
@@ -6,22 +6,23 @@
 #include <chrono>
 
 #include "cache_service/wire/registry_wire.h"
-#include "cascade/v1/registry.grpc.pb.h"
+#include "cascade/v2/registry.grpc.pb.h"
 
 namespace cascade::registry {
 namespace {
 
-namespace v1 = ::cascade::v1;
+namespace v2 = ::cascade::v2;
 
 class GrpcRegistryClient final : public RegistryClient {
  public:
   GrpcRegistryClient(std::shared_ptr<grpc::Channel> channel, GrpcRegistryClientOptions options)
-      : options_(std::move(options)), stub_(v1::ChunkRegistry::NewStub(std::move(channel))) {}
+      : options_(std::move(options)),
+        stub_(v2::ChunkRegistryService::NewStub(std::move(channel))) {}
 
   absl::StatusOr<ResolveResult> Resolve(const ResolveInput& in) override {
-    v1::ResolveRequest req;
+    v2::ResolveRequest req;
     wire::ToProto(in, &req);
-    v1::ResolveResponse resp;
+    v2::ResolveResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx, options_.resolve_timeout_ms);
     absl::Status s = wire::FromGrpc(stub_->Resolve(&ctx, req, &resp));
@@ -31,65 +32,66 @@ class GrpcRegistryClient final : public RegistryClient {
 
   absl::StatusOr<int64_t> PinChunk(const Hash128& hash, int64_t ttl_s,
                                    const std::optional<HeldChunk>& chunk_if_unknown) override {
-    v1::PinChunkRequest req;
+    v2::PinChunkRequest req;
     req.set_hash(hash.ToHex());
     req.set_ttl_seconds(ttl_s);
     if (chunk_if_unknown.has_value()) wire::ToProto(*chunk_if_unknown, req.mutable_chunk());
-    v1::PinChunkResponse resp;
-    absl::Status s = Call(&v1::ChunkRegistry::Stub::PinChunk, req, &resp);
+    v2::PinChunkResponse resp;
+    absl::Status s = Call(&v2::ChunkRegistryService::Stub::PinChunk, req, &resp);
     if (!s.ok()) return s;
     return resp.pinned_until_ms();
   }
 
   absl::StatusOr<RegisterResult> RegisterWorker(const WorkerInfo& info) override {
-    v1::RegisterWorkerRequest req;
+    v2::RegisterWorkerRequest req;
     wire::ToProto(info, &req);
-    v1::RegisterWorkerResponse resp;
-    absl::Status s = Call(&v1::ChunkRegistry::Stub::RegisterWorker, req, &resp);
+    v2::RegisterWorkerResponse resp;
+    absl::Status s = Call(&v2::ChunkRegistryService::Stub::RegisterWorker, req, &resp);
     if (!s.ok()) return s;
     return RegisterResult{resp.lease_ms(), resp.registry_epoch()};
   }
 
   absl::StatusOr<HeartbeatResult> Heartbeat(std::string_view worker_id,
                                             const WorkerLoad& load) override {
-    v1::HeartbeatRequest req;
+    v2::HeartbeatRequest req;
     req.set_worker_id(std::string(worker_id));
     wire::ToProto(load, req.mutable_load());
-    v1::HeartbeatResponse resp;
-    absl::Status s = Call(&v1::ChunkRegistry::Stub::Heartbeat, req, &resp);
+    v2::HeartbeatResponse resp;
+    absl::Status s = Call(&v2::ChunkRegistryService::Stub::Heartbeat, req, &resp);
     if (!s.ok()) return s;
     return wire::FromProto(resp);
   }
 
   absl::StatusOr<ReportResult> ReportEvents(std::string_view worker_id, uint64_t seq,
                                             std::span<const ChunkEvent> events) override {
-    v1::ReportEventsRequest req;
+    v2::ReportEventsRequest req;
     req.set_worker_id(std::string(worker_id));
     req.set_seq(seq);
     for (const ChunkEvent& e : events) wire::ToProto(e, req.add_events());
-    v1::ReportEventsResponse resp;
-    absl::Status s = Call(&v1::ChunkRegistry::Stub::ReportEvents, req, &resp);
+    v2::ReportEventsResponse resp;
+    absl::Status s = Call(&v2::ChunkRegistryService::Stub::ReportEvents, req, &resp);
     if (!s.ok()) return s;
     return ReportResult{resp.resync_required(), resp.applied_seq()};
   }
 
   absl::StatusOr<int> Resync(std::string_view worker_id, std::span<const HeldChunk> chunks,
                              uint64_t seq) override {
-    v1::ResyncRequest req;
+    v2::ResyncRequest req;
     req.set_worker_id(std::string(worker_id));
     req.set_seq(seq);
     for (const HeldChunk& c : chunks) wire::ToProto(c, req.add_chunks());
-    v1::ResyncResponse resp;
-    absl::Status s = Call(&v1::ChunkRegistry::Stub::Resync, req, &resp, options_.resync_timeout_ms);
+    v2::ResyncResponse resp;
+    absl::Status s =
+        Call(&v2::ChunkRegistryService::Stub::Resync, req, &resp, options_.resync_timeout_ms);
     if (!s.ok()) return s;
     return resp.chunks();
   }
 
   absl::Status Deregister(std::string_view worker_id) override {
-    v1::DeregisterWorkerRequest req;
+    v2::DeregisterWorkerRequest req;
     req.set_worker_id(std::string(worker_id));
-    v1::DeregisterWorkerResponse resp;
-    return Call(&v1::ChunkRegistry::Stub::DeregisterWorker, req, &resp);
+    v2::DeregisterWorkerResponse resp;
+    return Call(&v2::ChunkRegistryService::Stub::DeregisterWorker, req, &resp);
   }
 
  private:
@@ -98,8 +100,8 @@ class GrpcRegistryClient final : public RegistryClient {
   }
 
   template <typename Req, typename Resp>
-  absl::Status Call(grpc::Status (v1::ChunkRegistry::Stub::*method)(grpc::ClientContext*,
-                                                                    const Req&, Resp*),
+  absl::Status Call(grpc::Status (v2::ChunkRegistryService::Stub::*method)(grpc::ClientContext*,
+                                                                           const Req&, Resp*),
                     const Req& req, Resp* resp, int64_t timeout_ms = 0) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, timeout_ms > 0 ? timeout_ms : options_.timeout_ms);
@@ -107,7 +109,7 @@ class GrpcRegistryClient final : public RegistryClient {
   }
 
   const GrpcRegistryClientOptions options_;
-  const std::unique_ptr<v1::ChunkRegistry::Stub> stub_;
+  const std::unique_ptr<v2::ChunkRegistryService::Stub> stub_;
 };
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Plain value types of the chunk registry, shared by the core, the gRPC service (which translates
-// them to and from cascade.v1 messages) and RegistryClient. No gRPC or protobuf here.
+// them to and from cascade.v2 messages) and RegistryClient. No gRPC or protobuf here.
 #pragma once
 
 #include <cstdint>
@@ -81,7 +81,7 @@ struct HeldChunk {
   int64_t end = 0;
   int64_t held_tokens = 0;
   Hash128 parent_hash;  // zero for a prompt's first chunk
-  int32_t kind = 0;     // cascade.v1.ChunkKind value
+  int32_t kind = 0;     // cascade.v2.ChunkKind value
 };
 
 struct ChunkEvent {

@@ -60,8 +60,8 @@ int main(int argc, char** argv) {
   registry::RegistryService service(&reg, server.metrics, /*check_worker_identity=*/!auth.insecure);
   registry::RegistryMaintenance maintenance(&reg, server.metrics, sweep_interval_ms);
   maintenance.Start();
-  absl::Status s =
-      common::RunServer(server, {{&service, cascade::v1::ChunkRegistry::service_full_name()}});
+  absl::Status s = common::RunServer(
+      server, {{&service, cascade::v2::ChunkRegistryService::service_full_name()}});
   maintenance.Stop();
   if (!s.ok()) {
     std::cerr << "cascade-registry: " << s.message() << "\n";

@@ -30,7 +30,7 @@ common::MetricsRegistry& Metrics(common::MetricsRegistry* m) {
 
 common::MethodPolicy RegistryMethodPolicy() {
   using common::Role;
-  const std::string prefix = absl::StrCat("/", v1::ChunkRegistry::service_full_name(), "/");
+  const std::string prefix = absl::StrCat("/", v2::ChunkRegistryService::service_full_name(), "/");
   common::MethodPolicy p;
   for (const char* m : {"RegisterWorker", "Heartbeat", "ReportEvents", "Resync"}) {
     p[prefix + m] = {Role::kWorker};
@@ -59,8 +59,8 @@ grpc::Status RegistryService::CheckCaller(const Ctx& ctx, const std::string& wor
   return check_worker_identity_ ? common::CheckWorkerIdentity(ctx, worker_id) : grpc::Status::OK;
 }
 
-RegistryService::Reactor* RegistryService::Resolve(Ctx* ctx, const v1::ResolveRequest* req,
-                                                   v1::ResolveResponse* resp) {
+RegistryService::Reactor* RegistryService::Resolve(Ctx* ctx, const v2::ResolveRequest* req,
+                                                   v2::ResolveResponse* resp) {
   auto start = std::chrono::steady_clock::now();
   std::vector<hash::ChunkSpec> specs = wire::SpecsFromProto(*req);
   absl::StatusOr<ResolveResult> r = registry_->Resolve({req->model(), req->cache_salt(), specs});
@@ -75,8 +75,8 @@ RegistryService::Reactor* RegistryService::Resolve(Ctx* ctx, const v1::ResolveRe
 }
 
 RegistryService::Reactor* RegistryService::RegisterWorker(Ctx* ctx,
-                                                          const v1::RegisterWorkerRequest* req,
-                                                          v1::RegisterWorkerResponse* resp) {
+                                                          const v2::RegisterWorkerRequest* req,
+                                                          v2::RegisterWorkerResponse* resp) {
   if (grpc::Status who = CheckCaller(*ctx, req->worker_id()); !who.ok()) return Finish(ctx, who);
   absl::StatusOr<RegisterResult> r = registry_->RegisterWorker(wire::FromProto(*req));
   if (r.ok()) {
@@ -86,8 +86,8 @@ RegistryService::Reactor* RegistryService::RegisterWorker(Ctx* ctx,
   return Finish(ctx, r.status());
 }
 
-RegistryService::Reactor* RegistryService::Heartbeat(Ctx* ctx, const v1::HeartbeatRequest* req,
-                                                     v1::HeartbeatResponse* resp) {
+RegistryService::Reactor* RegistryService::Heartbeat(Ctx* ctx, const v2::HeartbeatRequest* req,
+                                                     v2::HeartbeatResponse* resp) {
   if (grpc::Status who = CheckCaller(*ctx, req->worker_id()); !who.ok()) return Finish(ctx, who);
   absl::StatusOr<HeartbeatResult> r =
       registry_->Heartbeat(req->worker_id(), wire::FromProto(req->load()));
@@ -96,8 +96,8 @@ RegistryService::Reactor* RegistryService::Heartbeat(Ctx* ctx, const v1::Heartbe
 }
 
 RegistryService::Reactor* RegistryService::ReportEvents(Ctx* ctx,
-                                                        const v1::ReportEventsRequest* req,
-                                                        v1::ReportEventsResponse* resp) {
+                                                        const v2::ReportEventsRequest* req,
+                                                        v2::ReportEventsResponse* resp) {
   if (grpc::Status who = CheckCaller(*ctx, req->worker_id()); !who.ok()) return Finish(ctx, who);
   absl::StatusOr<std::vector<ChunkEvent>> events = wire::EventsFromProto(*req);
   if (!events.ok()) return Finish(ctx, events.status());
@@ -109,8 +109,8 @@ RegistryService::Reactor* RegistryService::ReportEvents(Ctx* ctx,
   return Finish(ctx, r.status());
 }
 
-RegistryService::Reactor* RegistryService::Resync(Ctx* ctx, const v1::ResyncRequest* req,
-                                                  v1::ResyncResponse* resp) {
+RegistryService::Reactor* RegistryService::Resync(Ctx* ctx, const v2::ResyncRequest* req,
+                                                  v2::ResyncResponse* resp) {
   if (grpc::Status who = CheckCaller(*ctx, req->worker_id()); !who.ok()) return Finish(ctx, who);
   absl::StatusOr<std::vector<HeldChunk>> chunks = wire::ChunksFromProto(*req);
   if (!chunks.ok()) return Finish(ctx, chunks.status());
@@ -120,14 +120,14 @@ RegistryService::Reactor* RegistryService::Resync(Ctx* ctx, const v1::ResyncRequ
 }
 
 RegistryService::Reactor* RegistryService::DeregisterWorker(Ctx* ctx,
-                                                            const v1::DeregisterWorkerRequest* req,
-                                                            v1::DeregisterWorkerResponse*) {
+                                                            const v2::DeregisterWorkerRequest* req,
+                                                            v2::DeregisterWorkerResponse*) {
   if (grpc::Status who = CheckCaller(*ctx, req->worker_id()); !who.ok()) return Finish(ctx, who);
   return Finish(ctx, registry_->DeregisterWorker(req->worker_id()));
 }
 
-RegistryService::Reactor* RegistryService::ListChunks(Ctx* ctx, const v1::ListChunksRequest* req,
-                                                      v1::ListChunksResponse* resp) {
+RegistryService::Reactor* RegistryService::ListChunks(Ctx* ctx, const v2::ListChunksRequest* req,
+                                                      v2::ListChunksResponse* resp) {
   int64_t total = 0;
   absl::StatusOr<std::vector<ChunkRecord>> r =
       registry_->ListChunks(req->limit(), req->worker_id(), &total);
@@ -138,22 +138,22 @@ RegistryService::Reactor* RegistryService::ListChunks(Ctx* ctx, const v1::ListCh
   return Finish(ctx, r.status());
 }
 
-RegistryService::Reactor* RegistryService::GetChunk(Ctx* ctx, const v1::GetChunkRequest* req,
-                                                    v1::ChunkRecord* resp) {
+RegistryService::Reactor* RegistryService::GetChunk(Ctx* ctx, const v2::GetChunkRequest* req,
+                                                    v2::GetChunkResponse* resp) {
   absl::StatusOr<Hash128> h = wire::ParseHash(req->hash(), "hash");
   if (!h.ok()) return Finish(ctx, h.status());
   absl::StatusOr<ChunkRecord> r = registry_->GetChunk(*h);
-  if (r.ok()) wire::ToProto(*r, resp);
+  if (r.ok()) wire::ToProto(*r, resp->mutable_chunk());
   return Finish(ctx, r.status());
 }
 
-RegistryService::Reactor* RegistryService::PinChunk(Ctx* ctx, const v1::PinChunkRequest* req,
-                                                    v1::PinChunkResponse* resp) {
+RegistryService::Reactor* RegistryService::PinChunk(Ctx* ctx, const v2::PinChunkRequest* req,
+                                                    v2::PinChunkResponse* resp) {
   absl::StatusOr<Hash128> h = wire::ParseHash(req->hash(), "hash");
   if (!h.ok()) return Finish(ctx, h.status());
   std::optional<HeldChunk> chunk;
   if (req->has_chunk()) {
-    v1::HeldChunk c = req->chunk();
+    v2::HeldChunk c = req->chunk();
     if (c.hash().empty()) c.set_hash(req->hash());  // the chunk's hash may be left implied
     absl::StatusOr<HeldChunk> parsed = wire::FromProto(c, "chunk");
     if (!parsed.ok()) return Finish(ctx, parsed.status());
@@ -164,15 +164,15 @@ RegistryService::Reactor* RegistryService::PinChunk(Ctx* ctx, const v1::PinChunk
   return Finish(ctx, until.status());
 }
 
-RegistryService::Reactor* RegistryService::UnpinChunk(Ctx* ctx, const v1::UnpinChunkRequest* req,
-                                                      v1::UnpinChunkResponse*) {
+RegistryService::Reactor* RegistryService::UnpinChunk(Ctx* ctx, const v2::UnpinChunkRequest* req,
+                                                      v2::UnpinChunkResponse*) {
   absl::StatusOr<Hash128> h = wire::ParseHash(req->hash(), "hash");
   if (!h.ok()) return Finish(ctx, h.status());
   return Finish(ctx, registry_->UnpinChunk(*h));
 }
 
-RegistryService::Reactor* RegistryService::EvictChunk(Ctx* ctx, const v1::EvictChunkRequest* req,
-                                                      v1::EvictChunkResponse* resp) {
+RegistryService::Reactor* RegistryService::EvictChunk(Ctx* ctx, const v2::EvictChunkRequest* req,
+                                                      v2::EvictChunkResponse* resp) {
   absl::StatusOr<Hash128> h = wire::ParseHash(req->hash(), "hash");
   if (!h.ok()) return Finish(ctx, h.status());
   absl::StatusOr<int> n = registry_->EvictChunk(*h);
@@ -180,14 +180,14 @@ RegistryService::Reactor* RegistryService::EvictChunk(Ctx* ctx, const v1::EvictC
   return Finish(ctx, n.status());
 }
 
-RegistryService::Reactor* RegistryService::ListWorkers(Ctx* ctx, const v1::ListWorkersRequest*,
-                                                       v1::ListWorkersResponse* resp) {
+RegistryService::Reactor* RegistryService::ListWorkers(Ctx* ctx, const v2::ListWorkersRequest*,
+                                                       v2::ListWorkersResponse* resp) {
   for (const WorkerRecord& w : registry_->ListWorkers()) wire::ToProto(w, resp->add_workers());
   return Finish(ctx, absl::OkStatus());
 }
 
-RegistryService::Reactor* RegistryService::GetStats(Ctx* ctx, const v1::GetStatsRequest*,
-                                                    v1::RegistryStats* resp) {
+RegistryService::Reactor* RegistryService::GetStats(Ctx* ctx, const v2::GetStatsRequest*,
+                                                    v2::GetStatsResponse* resp) {
   wire::ToProto(registry_->GetStats(), resp);
   return Finish(ctx, absl::OkStatus());
 }

@@ -26,10 +26,10 @@ absl::StatusOr<Hash128> ParseOptionalHash(const std::string& hex, std::string_vi
   return ParseHash(hex, field);
 }
 
-std::vector<hash::ChunkSpec> SpecsFromProto(const v1::ResolveRequest& req) {
+std::vector<hash::ChunkSpec> SpecsFromProto(const v2::ResolveRequest& req) {
   std::vector<hash::ChunkSpec> specs;
   specs.reserve(req.chunks_size());
-  for (const v1::ResolveChunk& c : req.chunks()) {
+  for (const v2::ResolveChunk& c : req.chunks()) {
     specs.push_back(
         hash::ChunkSpec{static_cast<int32_t>(c.kind()),
                         std::span<const int32_t>(c.token_ids().data(), c.token_ids().size()),
@@ -38,26 +38,26 @@ std::vector<hash::ChunkSpec> SpecsFromProto(const v1::ResolveRequest& req) {
   return specs;
 }
 
-void ToProto(const ResolveInput& in, v1::ResolveRequest* req) {
+void ToProto(const ResolveInput& in, v2::ResolveRequest* req) {
   req->set_model(std::string(in.model));
   req->set_cache_salt(std::string(in.cache_salt));
   for (const hash::ChunkSpec& c : in.chunks) {
-    v1::ResolveChunk* out = req->add_chunks();
-    out->set_kind(static_cast<v1::ChunkKind>(c.kind));
+    v2::ResolveChunk* out = req->add_chunks();
+    out->set_kind(static_cast<v2::ChunkKind>(c.kind));
     out->mutable_token_ids()->Add(c.tokens.begin(), c.tokens.end());
     out->set_cache_salt(std::string(c.cache_salt));
   }
 }
 
-void ToProto(const ResolveResult& r, v1::ResolveResponse* resp) {
+void ToProto(const ResolveResult& r, v2::ResolveResponse* resp) {
   for (const ResolvedChunk& c : r.chunks) {
-    v1::ResolvedChunk* out = resp->add_chunks();
+    v2::ResolvedChunk* out = resp->add_chunks();
     out->set_hash(c.hash.ToHex());
     out->set_start(c.start);
     out->set_end(c.end);
   }
   for (const WorkerMatch& m : r.workers) {
-    v1::WorkerMatch* out = resp->add_workers();
+    v2::WorkerMatch* out = resp->add_workers();
     out->set_worker_id(m.worker_id);
     out->set_address(m.address);
     out->set_matched_chunks(m.matched_chunks);
@@ -66,38 +66,38 @@ void ToProto(const ResolveResult& r, v1::ResolveResponse* resp) {
   }
 }
 
-absl::StatusOr<ResolveResult> FromProto(const v1::ResolveResponse& resp) {
+absl::StatusOr<ResolveResult> FromProto(const v2::ResolveResponse& resp) {
   ResolveResult r;
   for (int i = 0; i < resp.chunks_size(); ++i) {
-    const v1::ResolvedChunk& c = resp.chunks(i);
+    const v2::ResolvedChunk& c = resp.chunks(i);
     absl::StatusOr<Hash128> h = ParseHash(c.hash(), absl::StrCat("chunks[", i, "].hash"));
     if (!h.ok()) return h.status();
     r.chunks.push_back(ResolvedChunk{*h, c.start(), c.end()});
   }
-  for (const v1::WorkerMatch& m : resp.workers()) {
+  for (const v2::WorkerMatch& m : resp.workers()) {
     r.workers.push_back(WorkerMatch{m.worker_id(), m.address(), m.matched_chunks(),
                                     m.matched_tokens(), FromProto(m.load())});
   }
   return r;
 }
 
-WorkerLoad FromProto(const v1::WorkerLoad& load) {
+WorkerLoad FromProto(const v2::WorkerLoad& load) {
   return WorkerLoad{load.running(), load.waiting(), load.free_kv_blocks(), load.total_kv_blocks()};
 }
 
-void ToProto(const WorkerLoad& load, v1::WorkerLoad* out) {
+void ToProto(const WorkerLoad& load, v2::WorkerLoad* out) {
   out->set_running(load.running);
   out->set_waiting(load.waiting);
   out->set_free_kv_blocks(load.free_kv_blocks);
   out->set_total_kv_blocks(load.total_kv_blocks);
 }
 
-WorkerInfo FromProto(const v1::RegisterWorkerRequest& req) {
+WorkerInfo FromProto(const v2::RegisterWorkerRequest& req) {
   return WorkerInfo{req.worker_id(),  req.address(),     req.model(),     req.kv_capacity_blocks(),
                     req.block_size(), req.max_context(), req.vocab_size()};
 }
 
-void ToProto(const WorkerInfo& info, v1::RegisterWorkerRequest* req) {
+void ToProto(const WorkerInfo& info, v2::RegisterWorkerRequest* req) {
   req->set_worker_id(info.worker_id);
   req->set_address(info.address);
   req->set_model(info.model);
@@ -107,13 +107,13 @@ void ToProto(const WorkerInfo& info, v1::RegisterWorkerRequest* req) {
   req->set_vocab_size(info.vocab_size);
 }
 
-void ToProto(const HeartbeatResult& r, v1::HeartbeatResponse* resp) {
+void ToProto(const HeartbeatResult& r, v2::HeartbeatResponse* resp) {
   resp->set_registry_epoch(r.registry_epoch);
   for (const Hash128& h : r.pinned_hashes) resp->add_pinned_hashes(h.ToHex());
   for (const Hash128& h : r.evict_hashes) resp->add_evict_hashes(h.ToHex());
 }
 
-absl::StatusOr<HeartbeatResult> FromProto(const v1::HeartbeatResponse& resp) {
+absl::StatusOr<HeartbeatResult> FromProto(const v2::HeartbeatResponse& resp) {
   HeartbeatResult r;
   r.registry_epoch = resp.registry_epoch();
   for (int i = 0; i < resp.pinned_hashes_size(); ++i) {
@@ -131,7 +131,7 @@ absl::StatusOr<HeartbeatResult> FromProto(const v1::HeartbeatResponse& resp) {
   return r;
 }
 
-absl::StatusOr<HeldChunk> FromProto(const v1::HeldChunk& c, std::string_view field) {
+absl::StatusOr<HeldChunk> FromProto(const v2::HeldChunk& c, std::string_view field) {
   absl::StatusOr<Hash128> h = ParseHash(c.hash(), absl::StrCat(AV(field), ".hash"));
   if (!h.ok()) return h.status();
   absl::StatusOr<Hash128> parent =
@@ -141,24 +141,24 @@ absl::StatusOr<HeldChunk> FromProto(const v1::HeldChunk& c, std::string_view fie
       *h, c.start(), c.end(), c.held_tokens(), *parent, static_cast<int32_t>(c.kind())};
 }
 
-void ToProto(const HeldChunk& c, v1::HeldChunk* out) {
+void ToProto(const HeldChunk& c, v2::HeldChunk* out) {
   out->set_hash(c.hash.ToHex());
   out->set_start(c.start);
   out->set_end(c.end);
   out->set_held_tokens(c.held_tokens);
   if (!c.parent_hash.IsZero()) out->set_parent_hash(c.parent_hash.ToHex());
-  out->set_kind(static_cast<v1::ChunkKind>(c.kind));
+  out->set_kind(static_cast<v2::ChunkKind>(c.kind));
 }
 
-absl::StatusOr<std::vector<ChunkEvent>> EventsFromProto(const v1::ReportEventsRequest& req) {
+absl::StatusOr<std::vector<ChunkEvent>> EventsFromProto(const v2::ReportEventsRequest& req) {
   std::vector<ChunkEvent> events;
   events.reserve(req.events_size());
   for (int i = 0; i < req.events_size(); ++i) {
-    const v1::ChunkEvent& e = req.events(i);
+    const v2::ChunkEvent& e = req.events(i);
     ChunkEvent out;
-    if (e.type() == v1::ChunkEvent::TYPE_STORED) {
+    if (e.type() == v2::ChunkEvent::TYPE_STORED) {
       out.type = ChunkEvent::Type::kStored;
-    } else if (e.type() == v1::ChunkEvent::TYPE_EVICTED) {
+    } else if (e.type() == v2::ChunkEvent::TYPE_EVICTED) {
       out.type = ChunkEvent::Type::kEvicted;
     } else {
       return absl::InvalidArgumentError(
@@ -172,13 +172,13 @@ absl::StatusOr<std::vector<ChunkEvent>> EventsFromProto(const v1::ReportEventsRe
   return events;
 }
 
-void ToProto(const ChunkEvent& e, v1::ChunkEvent* out) {
-  out->set_type(e.type == ChunkEvent::Type::kStored ? v1::ChunkEvent::TYPE_STORED
-                                                    : v1::ChunkEvent::TYPE_EVICTED);
+void ToProto(const ChunkEvent& e, v2::ChunkEvent* out) {
+  out->set_type(e.type == ChunkEvent::Type::kStored ? v2::ChunkEvent::TYPE_STORED
+                                                    : v2::ChunkEvent::TYPE_EVICTED);
   ToProto(e.chunk, out->mutable_chunk());
 }
 
-absl::StatusOr<std::vector<HeldChunk>> ChunksFromProto(const v1::ResyncRequest& req) {
+absl::StatusOr<std::vector<HeldChunk>> ChunksFromProto(const v2::ResyncRequest& req) {
   std::vector<HeldChunk> chunks;
   chunks.reserve(req.chunks_size());
   for (int i = 0; i < req.chunks_size(); ++i) {
@@ -189,15 +189,15 @@ absl::StatusOr<std::vector<HeldChunk>> ChunksFromProto(const v1::ResyncRequest& 
   return chunks;
 }
 
-void ToProto(const ChunkRecord& r, v1::ChunkRecord* out) {
+void ToProto(const ChunkRecord& r, v2::ChunkRecord* out) {
   out->set_hash(r.hash.ToHex());
   if (!r.parent_hash.IsZero()) out->set_parent_hash(r.parent_hash.ToHex());
   out->set_start(r.start);
   out->set_end(r.end);
   out->set_num_tokens(r.end - r.start);
-  out->set_kind(static_cast<v1::ChunkKind>(r.kind));
+  out->set_kind(static_cast<v2::ChunkKind>(r.kind));
   for (const ChunkHolder& h : r.holders) {
-    v1::ChunkHolder* holder = out->add_holders();
+    v2::ChunkHolder* holder = out->add_holders();
     holder->set_worker_id(h.worker_id);
     holder->set_held_tokens(h.held_tokens);
   }
@@ -205,7 +205,7 @@ void ToProto(const ChunkRecord& r, v1::ChunkRecord* out) {
   out->set_last_used_ms(r.last_used_ms);
 }
 
-void ToProto(const WorkerRecord& r, v1::WorkerRecord* out) {
+void ToProto(const WorkerRecord& r, v2::WorkerRecord* out) {
   out->set_worker_id(r.info.worker_id);
   out->set_address(r.info.address);
   out->set_model(r.info.model);
@@ -216,7 +216,7 @@ void ToProto(const WorkerRecord& r, v1::WorkerRecord* out) {
   out->set_applied_seq(r.applied_seq);
 }
 
-void ToProto(const RegistryStats& s, v1::RegistryStats* out) {
+void ToProto(const RegistryStats& s, v2::GetStatsResponse* out) {
   out->set_chunks(s.chunks);
   out->set_workers(s.workers);
   out->set_resolves(s.resolves);

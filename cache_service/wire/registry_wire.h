@@ -1,4 +1,4 @@
-// cascade.v1 registry messages <-> cascade::registry types, and absl::Status <-> grpc::Status.
+// cascade.v2 registry messages <-> cascade::registry types, and absl::Status <-> grpc::Status.
 // Parsing errors are INVALID_ARGUMENT naming the field (e.g. "events[2].chunk.hash").
 #pragma once
 
@@ -11,12 +11,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cache_service/registry/types.h"
-#include "cascade/v1/registry.pb.h"
+#include "cascade/v2/registry.pb.h"
 #include "common/grpc_status.h"
 
 namespace cascade::registry::wire {
 
-namespace v1 = ::cascade::v1;
+namespace v2 = ::cascade::v2;
 
 using common::FromGrpc;
 using common::ToGrpc;
@@ -27,29 +27,29 @@ absl::StatusOr<Hash128> ParseHash(const std::string& hex, std::string_view field
 absl::StatusOr<Hash128> ParseOptionalHash(const std::string& hex, std::string_view field);
 
 // Resolve. The specs view into `req` (tokens and salts): valid while `req` lives unchanged.
-std::vector<hash::ChunkSpec> SpecsFromProto(const v1::ResolveRequest& req);
-void ToProto(const ResolveInput& in, v1::ResolveRequest* req);
-void ToProto(const ResolveResult& r, v1::ResolveResponse* resp);
-absl::StatusOr<ResolveResult> FromProto(const v1::ResolveResponse& resp);
+std::vector<hash::ChunkSpec> SpecsFromProto(const v2::ResolveRequest& req);
+void ToProto(const ResolveInput& in, v2::ResolveRequest* req);
+void ToProto(const ResolveResult& r, v2::ResolveResponse* resp);
+absl::StatusOr<ResolveResult> FromProto(const v2::ResolveResponse& resp);
 
 // Membership.
-WorkerLoad FromProto(const v1::WorkerLoad& load);
-void ToProto(const WorkerLoad& load, v1::WorkerLoad* out);
-WorkerInfo FromProto(const v1::RegisterWorkerRequest& req);
-void ToProto(const WorkerInfo& info, v1::RegisterWorkerRequest* req);
-void ToProto(const HeartbeatResult& r, v1::HeartbeatResponse* resp);
-absl::StatusOr<HeartbeatResult> FromProto(const v1::HeartbeatResponse& resp);
+WorkerLoad FromProto(const v2::WorkerLoad& load);
+void ToProto(const WorkerLoad& load, v2::WorkerLoad* out);
+WorkerInfo FromProto(const v2::RegisterWorkerRequest& req);
+void ToProto(const WorkerInfo& info, v2::RegisterWorkerRequest* req);
+void ToProto(const HeartbeatResult& r, v2::HeartbeatResponse* resp);
+absl::StatusOr<HeartbeatResult> FromProto(const v2::HeartbeatResponse& resp);
 
 // Residency.
-absl::StatusOr<HeldChunk> FromProto(const v1::HeldChunk& c, std::string_view field);
-void ToProto(const HeldChunk& c, v1::HeldChunk* out);
-absl::StatusOr<std::vector<ChunkEvent>> EventsFromProto(const v1::ReportEventsRequest& req);
-void ToProto(const ChunkEvent& e, v1::ChunkEvent* out);
-absl::StatusOr<std::vector<HeldChunk>> ChunksFromProto(const v1::ResyncRequest& req);
+absl::StatusOr<HeldChunk> FromProto(const v2::HeldChunk& c, std::string_view field);
+void ToProto(const HeldChunk& c, v2::HeldChunk* out);
+absl::StatusOr<std::vector<ChunkEvent>> EventsFromProto(const v2::ReportEventsRequest& req);
+void ToProto(const ChunkEvent& e, v2::ChunkEvent* out);
+absl::StatusOr<std::vector<HeldChunk>> ChunksFromProto(const v2::ResyncRequest& req);
 
 // Admin.
-void ToProto(const ChunkRecord& r, v1::ChunkRecord* out);
-void ToProto(const WorkerRecord& r, v1::WorkerRecord* out);
-void ToProto(const RegistryStats& s, v1::RegistryStats* out);
+void ToProto(const ChunkRecord& r, v2::ChunkRecord* out);
+void ToProto(const WorkerRecord& r, v2::WorkerRecord* out);
+void ToProto(const RegistryStats& s, v2::GetStatsResponse* out);
 
 }  // namespace cascade::registry::wire

@@ -21,7 +21,7 @@ args = parser.parse_args()
 sys.path.insert(0, args.stubs)
 
 import grpc  # noqa: E402
-from cascade.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from cascade.v2 import common_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
 
 SYSTEM = "You are Cascade's example assistant. " * 12
 
@@ -55,7 +55,7 @@ def generate(stub, query, metadata):
 def main():
     metadata = [("authorization", f"Bearer {args.token}")] if args.token else []
     with grpc.insecure_channel(args.gateway) as channel:
-        stub = gateway_pb2_grpc.GatewayStub(channel)
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         models = stub.ListModels(gateway_pb2.ListModelsRequest(), timeout=10, metadata=metadata)
         print(f"model: {models.models[0].name} ({models.models[0].workers} workers)")
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Generates the Python gRPC stubs of Cascade's public API (cascade.v1: gateway.proto, common.proto)
+# Generates the Python gRPC stubs of Cascade's public API (cascade.v2: gateway.proto, common.proto)
 # with Debian's protoc and grpc_python_plugin (packages protobuf-compiler, protobuf-compiler-grpc),
 # matching Debian's python3-grpcio and python3-protobuf.
 #   bash clients/python/generate_stubs.sh [OUT_DIR]     (default: clients/python/gen)
@@ -12,5 +12,5 @@ PLUGIN="$(command -v grpc_python_plugin || true)"
 mkdir -p "$OUT"
 protoc -I "$ROOT/proto" --python_out="$OUT" --grpc_python_out="$OUT" \
   --plugin=protoc-gen-grpc_python="$PLUGIN" \
-  "$ROOT/proto/cascade/v1/common.proto" "$ROOT/proto/cascade/v1/gateway.proto"
-echo "stubs in $OUT (import cascade.v1.gateway_pb2, cascade.v1.gateway_pb2_grpc)"
+  "$ROOT/proto/cascade/v2/common.proto" "$ROOT/proto/cascade/v2/gateway.proto"
+echo "stubs in $OUT (import cascade.v2.gateway_pb2, cascade.v2.gateway_pb2_grpc)"

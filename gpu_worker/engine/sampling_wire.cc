@@ -5,12 +5,12 @@
 
 namespace cascade::worker {
 
-// The engine's FinishReason mirrors cascade.v1.FinishReason value for value (the worker service
+// The engine's FinishReason mirrors cascade.v2.FinishReason value for value (the worker service
 // casts one to the other).
 #define CASCADE_SAME_VALUE(engine_value, proto_value)                   \
   static_assert(static_cast<int>(engine::FinishReason::engine_value) == \
-                    static_cast<int>(cascade::v1::proto_value),         \
-                "engine::FinishReason::" #engine_value " must equal cascade.v1." #proto_value)
+                    static_cast<int>(cascade::v2::proto_value),         \
+                "engine::FinishReason::" #engine_value " must equal cascade.v2." #proto_value)
 CASCADE_SAME_VALUE(kNone, FINISH_REASON_UNSPECIFIED);
 CASCADE_SAME_VALUE(kStop, FINISH_REASON_STOP);
 CASCADE_SAME_VALUE(kLength, FINISH_REASON_LENGTH);
@@ -19,7 +19,7 @@ CASCADE_SAME_VALUE(kCancelled, FINISH_REASON_CANCELLED);
 CASCADE_SAME_VALUE(kError, FINISH_REASON_ERROR);
 #undef CASCADE_SAME_VALUE
 
-engine::SamplingParams SamplingFromProto(const cascade::v1::SamplingParams& s,
+engine::SamplingParams SamplingFromProto(const cascade::v2::SamplingParams& s,
                                          int32_t default_max_tokens) {
   engine::SamplingParams p;
   p.temperature = s.has_temperature() ? s.temperature() : 1.0f;
@@ -35,7 +35,7 @@ engine::SamplingParams SamplingFromProto(const cascade::v1::SamplingParams& s,
   return p;
 }
 
-absl::StatusOr<engine::SamplingParams> ParseSampling(const cascade::v1::SamplingParams& s,
+absl::StatusOr<engine::SamplingParams> ParseSampling(const cascade::v2::SamplingParams& s,
                                                      int vocab_size, int32_t max_tokens_limit,
                                                      int32_t default_max_tokens) {
   engine::SamplingParams p = SamplingFromProto(s, default_max_tokens);

@@ -1,5 +1,5 @@
 // Plain request and result types of the engine: what a caller hands in and gets back.
-// No gRPC types here; the worker service translates cascade.v1 messages to and from these.
+// No gRPC types here; the worker service translates cascade.v2 messages to and from these.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@
 
 namespace cascade::engine {
 
-// Mirrors cascade.v1.FinishReason value for value (static_asserts in sampling_wire.cc).
+// Mirrors cascade.v2.FinishReason value for value (static_asserts in sampling_wire.cc).
 enum class FinishReason {
   kNone = 0,
   kStop = 1,
@@ -40,7 +40,7 @@ struct SamplingParams {
 
 // One chunk of a prompt, as token ids.
 struct ChunkInput {
-  int32_t kind = 0;  // cascade.v1.ChunkKind value (part of the chunk hash)
+  int32_t kind = 0;  // cascade.v2.ChunkKind value (part of the chunk hash)
   std::vector<int32_t> tokens;
   std::string cache_salt;  // per-chunk salt; empty = inherit
 };

@@ -1,4 +1,4 @@
-// cascade-worker: serves cascade.v1.Worker for one model on a CPU or CUDA backend.
+// cascade-worker: serves cascade.v2.WorkerService for one model on a CPU or CUDA backend.
 #include <iostream>
 
 #include "common/server_flags.h"

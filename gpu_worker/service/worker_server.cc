@@ -158,7 +158,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   w->metrics_ = std::make_unique<WorkerMetrics>(
       config.server.metrics ? *config.server.metrics : common::MetricsRegistry::Default(), id);
   w->service_ = std::make_unique<WorkerService>(id, w->loop_.get());
-  runner->AddService({w->service_.get(), cascade::v1::Worker::service_full_name()});
+  runner->AddService({w->service_.get(), cascade::v2::WorkerService::service_full_name()});
   runner->AddDrainCallback([self] {
     if (self->agent_) self->agent_->Deregister();
   });

@@ -1,5 +1,5 @@
 // A whole worker process in one object: loads the model, builds the backend and engine, serves
-// cascade.v1.Worker through the common server plumbing, and keeps the registry informed.
+// cascade.v2.WorkerService through the common server plumbing, and keeps the registry informed.
 // `cascade-worker` is a thin main over this; integration tests start several in one process.
 #pragma once
 

@@ -22,9 +22,9 @@ namespace {
 
 using common::ToGrpc;
 
-using cascade::v1::WorkerGenerateResponse;
+using cascade::v2::WorkerServiceGenerateResponse;
 
-void ToProto(const engine::LogprobEntry& e, cascade::v1::LogprobEntry* p) {
+void ToProto(const engine::LogprobEntry& e, cascade::v2::LogprobEntry* p) {
   p->mutable_sampled()->set_token_id(e.sampled.token_id);
   p->mutable_sampled()->set_logprob(e.sampled.logprob);
   for (const auto& t : e.top) {
@@ -34,19 +34,19 @@ void ToProto(const engine::LogprobEntry& e, cascade::v1::LogprobEntry* p) {
   }
 }
 
-// engine::FinishReason mirrors cascade.v1.FinishReason value for value, so the cast is exact.
-constexpr bool SameValue(engine::FinishReason e, cascade::v1::FinishReason p) {
+// engine::FinishReason mirrors cascade.v2.FinishReason value for value, so the cast is exact.
+constexpr bool SameValue(engine::FinishReason e, cascade::v2::FinishReason p) {
   return static_cast<int>(e) == static_cast<int>(p);
 }
-static_assert(SameValue(engine::FinishReason::kNone, cascade::v1::FINISH_REASON_UNSPECIFIED));
-static_assert(SameValue(engine::FinishReason::kStop, cascade::v1::FINISH_REASON_STOP));
-static_assert(SameValue(engine::FinishReason::kLength, cascade::v1::FINISH_REASON_LENGTH));
-static_assert(SameValue(engine::FinishReason::kStopString, cascade::v1::FINISH_REASON_STOP_STRING));
-static_assert(SameValue(engine::FinishReason::kCancelled, cascade::v1::FINISH_REASON_CANCELLED));
-static_assert(SameValue(engine::FinishReason::kError, cascade::v1::FINISH_REASON_ERROR));
+static_assert(SameValue(engine::FinishReason::kNone, cascade::v2::FINISH_REASON_UNSPECIFIED));
+static_assert(SameValue(engine::FinishReason::kStop, cascade::v2::FINISH_REASON_STOP));
+static_assert(SameValue(engine::FinishReason::kLength, cascade::v2::FINISH_REASON_LENGTH));
+static_assert(SameValue(engine::FinishReason::kStopString, cascade::v2::FINISH_REASON_STOP_STRING));
+static_assert(SameValue(engine::FinishReason::kCancelled, cascade::v2::FINISH_REASON_CANCELLED));
+static_assert(SameValue(engine::FinishReason::kError, cascade::v2::FINISH_REASON_ERROR));
 
-cascade::v1::FinishReason ToProto(engine::FinishReason r) {
-  return static_cast<cascade::v1::FinishReason>(static_cast<int>(r));
+cascade::v2::FinishReason ToProto(engine::FinishReason r) {
+  return static_cast<cascade::v2::FinishReason>(static_cast<int>(r));
 }
 
 // The status a sequence's stream ends with: the engine's own for a sequence it ended early
@@ -59,14 +59,14 @@ absl::Status FinalStatus(const engine::SequenceOutput& o) {
 }
 
 // Token messages queued behind a write in flight become one.
-bool MergeTokens(WorkerGenerateResponse& into, const WorkerGenerateResponse& from) {
+bool MergeTokens(WorkerServiceGenerateResponse& into, const WorkerServiceGenerateResponse& from) {
   if (!into.has_tokens() || !from.has_tokens()) return false;
   into.mutable_tokens()->mutable_token_ids()->MergeFrom(from.tokens().token_ids());
   into.mutable_tokens()->mutable_logprobs()->MergeFrom(from.tokens().logprobs());
   return true;
 }
 
-class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> {
+class GenerateReactor : public grpc::ServerWriteReactor<WorkerServiceGenerateResponse> {
  public:
   GenerateReactor(std::string worker_id, engine::EngineLoop* loop)
       : worker_id_(std::move(worker_id)), loop_(loop) {}
@@ -127,7 +127,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
     {
       MutexLock lock(&mu_);
       if (o.started) {
-        WorkerGenerateResponse m;
+        WorkerServiceGenerateResponse m;
         auto* s = m.mutable_start();
         s->set_worker_id(worker_id_);
         s->set_prompt_tokens(o.prompt_tokens);
@@ -138,12 +138,12 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
           ci->set_start(c.start);
           ci->set_end(c.end);
           ci->set_cached_tokens(c.cached_tokens);
-          ci->set_kind(static_cast<cascade::v1::ChunkKind>(c.kind));
+          ci->set_kind(static_cast<cascade::v2::ChunkKind>(c.kind));
         }
         writes_.Push(std::move(m));
       }
       if (!o.new_tokens.empty()) {
-        WorkerGenerateResponse m;
+        WorkerServiceGenerateResponse m;
         auto* t = m.mutable_tokens();
         for (int32_t id : o.new_tokens) t->add_token_ids(id);
         for (const auto& lp : o.logprobs) ToProto(lp, t->add_logprobs());
@@ -154,7 +154,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
         if (absl::Status st = FinalStatus(o); !st.ok()) {
           pending_status_ = ToGrpc(st);
         } else {
-          WorkerGenerateResponse m;
+          WorkerServiceGenerateResponse m;
           auto* f = m.mutable_finish();
           f->set_finish_reason(ToProto(o.finish_reason));
           f->set_stop_token_id(o.stop_token_id);
@@ -187,8 +187,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
   engine::EngineLoop* const loop_;
 
   Mutex mu_;
-  common::CoalescingWriteQueue<WorkerGenerateResponse, MergeTokens> writes_ ABSL_GUARDED_BY(mu_);
-  WorkerGenerateResponse current_ ABSL_GUARDED_BY(mu_);  // the message being written
+  common::CoalescingWriteQueue<WorkerServiceGenerateResponse, MergeTokens> writes_
+      ABSL_GUARDED_BY(mu_);
+  WorkerServiceGenerateResponse current_ ABSL_GUARDED_BY(mu_);  // the message being written
   grpc::Status pending_status_ ABSL_GUARDED_BY(mu_) = grpc::Status::OK;
   uint64_t seq_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool submitted_ ABSL_GUARDED_BY(mu_) = false;
@@ -202,7 +203,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerGenerateResponse> 
 
 common::MethodPolicy WorkerMethodPolicy() {
   using common::Role;
-  const std::string prefix = std::string("/") + cascade::v1::Worker::service_full_name() + "/";
+  const std::string prefix =
+      std::string("/") + cascade::v2::WorkerService::service_full_name() + "/";
   return {{prefix + "Generate", {Role::kGateway}},
           {prefix + "GetStats", {Role::kAdmin}},
           {prefix + "EvictChunks", {Role::kAdmin}}};
@@ -212,7 +214,7 @@ WorkerService::WorkerService(std::string worker_id, engine::EngineLoop* loop)
     : worker_id_(std::move(worker_id)), loop_(loop) {}
 
 absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
-    const cascade::v1::WorkerGenerateRequest& r) const {
+    const cascade::v2::WorkerServiceGenerateRequest& r) const {
   engine::Request req;
   // The gateway's ids are a client's id (at most kMaxIdBytes) plus a chat turn suffix.
   if (absl::Status s = common::CheckIdField("request_id", r.request_id(), 2 * common::kMaxIdBytes);
@@ -225,7 +227,7 @@ absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
     return absl::InvalidArgumentError("chunks: at least one chunk is required");
   for (int i = 0; i < r.chunks_size(); ++i) {
     const auto& c = r.chunks(i);
-    if (c.kind() == cascade::v1::CHUNK_KIND_UNSPECIFIED) {
+    if (c.kind() == cascade::v2::CHUNK_KIND_UNSPECIFIED) {
       return absl::InvalidArgumentError(absl::StrCat("chunks[", i, "].kind must be set"));
     }
     req.chunks.push_back(engine::ChunkInput{static_cast<int32_t>(c.kind()),
@@ -260,16 +262,17 @@ absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
   return req;
 }
 
-grpc::ServerWriteReactor<cascade::v1::WorkerGenerateResponse>* WorkerService::Generate(
-    grpc::CallbackServerContext* context, const cascade::v1::WorkerGenerateRequest* request) {
+grpc::ServerWriteReactor<cascade::v2::WorkerServiceGenerateResponse>* WorkerService::Generate(
+    grpc::CallbackServerContext* context,
+    const cascade::v2::WorkerServiceGenerateRequest* request) {
   auto* reactor = new GenerateReactor(worker_id_, loop_);
   reactor->Begin(ToEngineRequest(*request));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* context,
-                                                  const cascade::v1::WorkerStatsRequest*,
-                                                  cascade::v1::WorkerStats* r) {
+                                                  const cascade::v2::WorkerServiceGetStatsRequest*,
+                                                  cascade::v2::WorkerServiceGetStatsResponse* r) {
   engine::EngineStats s = loop_->engine().Stats();
   r->set_worker_id(worker_id_);
   r->set_running(s.running);
@@ -291,8 +294,8 @@ grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* c
 }
 
 grpc::ServerUnaryReactor* WorkerService::EvictChunks(grpc::CallbackServerContext* context,
-                                                     const cascade::v1::EvictChunksRequest* request,
-                                                     cascade::v1::EvictChunksResponse* response) {
+                                                     const cascade::v2::EvictChunksRequest* request,
+                                                     cascade::v2::EvictChunksResponse* response) {
   auto* reactor = context->DefaultReactor();
   std::vector<hash::Hash128> hashes;
   for (int i = 0; i < request->hashes_size(); ++i) {

@@ -24,7 +24,7 @@ struct Command {
 constexpr Command kCommands[] = {
     {"demo", "start a local stack and show cached == cold on a shared system prompt"},
     {"up", "start registry, workers and gateway locally until Ctrl-C"},
-    {"generate", "stream a completion from a gateway (cascade.v1.Gateway/Generate)"},
+    {"generate", "stream a completion from a gateway (cascade.v2.GatewayService/Generate)"},
     {"mkmodel", "write a model directory with seeded random weights"},
     {"certs", "write a cluster CA and per-role certificates for internal auth"},
     {"tokenize", "stdin: one JSON string per line -> stdout: its token ids"},

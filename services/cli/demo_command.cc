@@ -88,15 +88,15 @@ struct DemoSettings {
   absl::Duration timeout = absl::Seconds(120);
 };
 
-v1::GenerateRequest MakeRequest(const DemoRequest& r, const DemoSettings& s) {
-  v1::GenerateRequest req;
+v2::GenerateRequest MakeRequest(const DemoRequest& r, const DemoSettings& s) {
+  v2::GenerateRequest req;
   req.set_request_id(absl::StrCat("demo-", r.number));
   req.set_cache_salt(r.cache_salt);
-  v1::Chunk* system = req.add_chunks();
-  system->set_kind(v1::CHUNK_KIND_SYSTEM);
+  v2::Chunk* system = req.add_chunks();
+  system->set_kind(v2::CHUNK_KIND_SYSTEM);
   system->set_text(DemoSystemPrompt());
-  v1::Chunk* query = req.add_chunks();
-  query->set_kind(v1::CHUNK_KIND_QUERY);
+  v2::Chunk* query = req.add_chunks();
+  query->set_kind(v2::CHUNK_KIND_QUERY);
   query->set_text(r.query);
   req.mutable_sampling()->set_temperature(0);  // greedy: cached and cold must agree exactly
   req.mutable_sampling()->set_seed(1);
@@ -104,9 +104,10 @@ v1::GenerateRequest MakeRequest(const DemoRequest& r, const DemoSettings& s) {
   return req;
 }
 
-void Run(v1::Gateway::Stub& stub, DemoRequest* r, const DemoSettings& s, LinePrinter* printer) {
+void Run(v2::GatewayService::Stub& stub, DemoRequest* r, const DemoSettings& s,
+         LinePrinter* printer) {
   r->result = RunGenerate(stub, MakeRequest(*r, s), CallOptions{s.timeout, ""},
-                          [&](const v1::GenerateResponse& msg) {
+                          [&](const v2::GenerateResponse& msg) {
                             if (msg.has_delta()) printer->Write(r->number, msg.delta().text());
                           });
   printer->Finish(r->number,
@@ -116,12 +117,12 @@ void Run(v1::Gateway::Stub& stub, DemoRequest* r, const DemoSettings& s, LinePri
 }
 
 // The gateway learns workers from the registry; wait until it lists all of them (bounded).
-void WaitForWorkers(v1::Gateway::Stub& stub, int workers, std::ostream& err) {
+void WaitForWorkers(v2::GatewayService::Stub& stub, int workers, std::ostream& err) {
   err << "waiting for the gateway to list " << workers << " worker(s) ..." << std::flush;
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   std::string last = "no answer";
   while (absl::Now() < deadline) {
-    absl::StatusOr<v1::ListModelsResponse> models = ListModels(stub, {absl::Seconds(2), ""});
+    absl::StatusOr<v2::ListModelsResponse> models = ListModels(stub, {absl::Seconds(2), ""});
     if (models.ok() && models->models_size() > 0) {
       last = absl::StrCat(models->models(0).workers(), " worker(s)");
       if (models->models(0).workers() >= workers) {
@@ -150,7 +151,7 @@ void PrintTable(const std::vector<DemoRequest>& requests, std::ostream& out) {
       continue;
     }
     const GenerateResult& g = *r.result;
-    const v1::Usage& u = g.finish.usage();
+    const v2::Usage& u = g.finish.usage();
     out << absl::StrFormat(
         "%3d  %-10s  %-10s  %7d  %7d  %10d  %8s  %8s  %s\n", r.number, r.step, g.start.worker_id(),
         u.prompt_tokens(), u.cached_tokens(), u.completion_tokens(),
@@ -163,9 +164,9 @@ void PrintTable(const std::vector<DemoRequest>& requests, std::ostream& out) {
 }
 
 void PrintWorkerStats(const LocalStack& stack, std::ostream& out) {
-  out << "\nworker cache counters (cascade.v1.Worker/GetStats):\n";
+  out << "\nworker cache counters (cascade.v2.WorkerService/GetStats):\n";
   for (const StackMember& w : stack.workers()) {
-    absl::StatusOr<v1::WorkerStats> s =
+    absl::StatusOr<v2::WorkerServiceGetStatsResponse> s =
         GetWorkerStats(w.address, absl::Seconds(5), stack.AdminTls(common::kWorkerServerName));
     if (!s.ok()) {
       out << "  " << w.name << ": " << s.status().message() << "\n";
@@ -284,7 +285,7 @@ int RunDemoCommand(const std::vector<std::string>& args, std::ostream& out, std:
     err << "cascade demo: " << channel.status().message() << "\n";
     return kExitFailed;
   }
-  std::unique_ptr<v1::Gateway::Stub> stub = v1::Gateway::NewStub(*channel);
+  std::unique_ptr<v2::GatewayService::Stub> stub = v2::GatewayService::NewStub(*channel);
   WaitForWorkers(*stub, options.workers, err);
 
   const std::vector<std::string>& queries = DemoQueries();

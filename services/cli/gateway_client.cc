@@ -34,34 +34,34 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& address) 
   return common::MakeChannel(address, common::ClientChannelOptions{});
 }
 
-std::string FinishReasonName(v1::FinishReason reason) {
-  std::string name = v1::FinishReason_Name(reason);
+std::string FinishReasonName(v2::FinishReason reason) {
+  std::string name = v2::FinishReason_Name(reason);
   const std::string prefix = "FINISH_REASON_";
   if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
   return name.empty() ? absl::StrCat(static_cast<int>(reason)) : name;
 }
 
 absl::StatusOr<GenerateResult> RunGenerate(
-    v1::Gateway::StubInterface& stub, const v1::GenerateRequest& request,
-    const CallOptions& options, const std::function<void(const v1::GenerateResponse&)>& on_event) {
+    v2::GatewayService::StubInterface& stub, const v2::GenerateRequest& request,
+    const CallOptions& options, const std::function<void(const v2::GenerateResponse&)>& on_event) {
   using Clock = std::chrono::steady_clock;
   GenerateResult result;
   grpc::ClientContext ctx;
   Prepare(&ctx, options);
   const Clock::time_point t0 = Clock::now();
   Clock::time_point first_token{}, last_token{};
-  std::unique_ptr<grpc::ClientReaderInterface<v1::GenerateResponse>> reader =
+  std::unique_ptr<grpc::ClientReaderInterface<v2::GenerateResponse>> reader =
       stub.Generate(&ctx, request);
-  v1::GenerateResponse msg;
+  v2::GenerateResponse msg;
   bool cancelled = false;
   while (reader->Read(&msg)) {
     const Clock::time_point now = Clock::now();
     switch (msg.event_case()) {
-      case v1::GenerateResponse::kStart:
+      case v2::GenerateResponse::kStart:
         result.got_start = true;
         result.start = msg.start();
         break;
-      case v1::GenerateResponse::kDelta:
+      case v2::GenerateResponse::kDelta:
         ++result.deltas;
         if (msg.delta().token_ids_size() > 0) {
           if (result.token_ids.empty()) first_token = now;
@@ -76,7 +76,7 @@ absl::StatusOr<GenerateResult> RunGenerate(
           cancelled = true;
         }
         break;
-      case v1::GenerateResponse::kFinish:
+      case v2::GenerateResponse::kFinish:
         result.got_finish = true;
         result.finish = msg.finish();
         break;
@@ -103,32 +103,32 @@ absl::StatusOr<GenerateResult> RunGenerate(
   return result;
 }
 
-absl::StatusOr<v1::ListModelsResponse> ListModels(v1::Gateway::StubInterface& stub,
+absl::StatusOr<v2::ListModelsResponse> ListModels(v2::GatewayService::StubInterface& stub,
                                                   const CallOptions& options) {
   grpc::ClientContext ctx;
   Prepare(&ctx, options);
-  v1::ListModelsResponse response;
-  grpc::Status status = stub.ListModels(&ctx, v1::ListModelsRequest(), &response);
+  v2::ListModelsResponse response;
+  grpc::Status status = stub.ListModels(&ctx, v2::ListModelsRequest(), &response);
   if (!status.ok()) return FromGrpc(status, "ListModels");
   return response;
 }
 
-absl::StatusOr<v1::WorkerStats> GetWorkerStats(const std::string& worker_address,
-                                               absl::Duration timeout,
-                                               const common::ClientTlsOptions& tls) {
+absl::StatusOr<v2::WorkerServiceGetStatsResponse> GetWorkerStats(
+    const std::string& worker_address, absl::Duration timeout,
+    const common::ClientTlsOptions& tls) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = common::MakeChannel(worker_address, tls);
   if (!channel.ok()) return channel.status();
-  std::unique_ptr<v1::Worker::Stub> stub = v1::Worker::NewStub(*channel);
+  std::unique_ptr<v2::WorkerService::Stub> stub = v2::WorkerService::NewStub(*channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  v1::WorkerStats stats;
-  grpc::Status status = stub->GetStats(&ctx, v1::WorkerStatsRequest(), &stats);
+  v2::WorkerServiceGetStatsResponse stats;
+  grpc::Status status = stub->GetStats(&ctx, v2::WorkerServiceGetStatsRequest(), &stats);
   if (!status.ok()) return FromGrpc(status, "Worker/GetStats " + worker_address);
   return stats;
 }
 
 std::string FormatSummary(const GenerateResult& r) {
-  const v1::Usage& u = r.finish.usage();
+  const v2::Usage& u = r.finish.usage();
   std::string ttft = r.ttft_ms >= 0 ? absl::StrFormat("%.1f", r.ttft_ms) : "-";
   std::string rate =
       r.decode_tokens_per_s >= 0 ? absl::StrFormat("%.1f", r.decode_tokens_per_s) : "-";

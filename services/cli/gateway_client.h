@@ -1,5 +1,5 @@
-// Client calls the CLI makes: one streaming cascade.v1.Gateway/Generate with client-side timing,
-// ListModels, and cascade.v1.Worker/GetStats. Every call has a deadline.
+// Client calls the CLI makes: one streaming cascade.v2.GatewayService/Generate with client-side
+// timing, ListModels, and cascade.v2.WorkerService/GetStats. Every call has a deadline.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -13,8 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "cascade/v1/gateway.grpc.pb.h"
-#include "cascade/v1/worker.grpc.pb.h"
+#include "cascade/v2/gateway.grpc.pb.h"
+#include "cascade/v2/worker.grpc.pb.h"
 #include "common/transport.h"
 
 namespace cascade::cli {
@@ -30,12 +30,12 @@ struct CallOptions {
 // What one Generate stream brought, plus timings measured here (the client side).
 struct GenerateResult {
   bool got_start = false;
-  v1::GenerateStart start;
+  v2::GenerateStart start;
   std::vector<int32_t> token_ids;  // all deltas' ids, in order
   std::string text;                // all deltas' text
   int deltas = 0;
   bool got_finish = false;
-  v1::GenerateFinish finish;
+  v2::GenerateFinish finish;
   double ttft_ms = -1;              // call start -> first delta with a token; -1: none came
   double decode_tokens_per_s = -1;  // (tokens - 1) / (last token - first token); -1: n/a
   double total_ms = 0;
@@ -46,22 +46,21 @@ struct GenerateResult {
 // same code and a message naming the RPC, e.g. "Generate: UNAVAILABLE: ...". A stream that
 // ends OK without a start or a finish is kInternal. Thread-safe (the stub is).
 absl::StatusOr<GenerateResult> RunGenerate(
-    v1::Gateway::StubInterface& stub, const v1::GenerateRequest& request,
+    v2::GatewayService::StubInterface& stub, const v2::GenerateRequest& request,
     const CallOptions& options,
-    const std::function<void(const v1::GenerateResponse&)>& on_event = {});
+    const std::function<void(const v2::GenerateResponse&)>& on_event = {});
 
-absl::StatusOr<v1::ListModelsResponse> ListModels(v1::Gateway::StubInterface& stub,
+absl::StatusOr<v2::ListModelsResponse> ListModels(v2::GatewayService::StubInterface& stub,
                                                   const CallOptions& options);
 // Worker/GetStats is an admin RPC: `tls` presents the admin certificate (LocalStack::AdminTls).
-absl::StatusOr<v1::WorkerStats> GetWorkerStats(const std::string& worker_address,
-                                               absl::Duration timeout,
-                                               const common::ClientTlsOptions& tls);
+absl::StatusOr<v2::WorkerServiceGetStatsResponse> GetWorkerStats(
+    const std::string& worker_address, absl::Duration timeout, const common::ClientTlsOptions& tls);
 
 // A plaintext channel to `address` with Cascade's client transport settings.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& address);
 
 // "LENGTH" for FINISH_REASON_LENGTH, and so on.
-std::string FinishReasonName(v1::FinishReason reason);
+std::string FinishReasonName(v2::FinishReason reason);
 // One line: worker, prompt/cached/completion tokens, finish reason, TTFT and tokens/s.
 std::string FormatSummary(const GenerateResult& result);
 // grpc::Status -> absl::Status with the same code; the message starts with `rpc` and the code.

@@ -23,7 +23,8 @@ int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out, 
 
   common::FlagSet flags(
       "cascade generate",
-      "Streams a completion from a Cascade gateway (cascade.v1.Gateway/Generate). The prompt is "
+      "Streams a completion from a Cascade gateway (cascade.v2.GatewayService/Generate). The "
+      "prompt is "
       "a SYSTEM chunk, CONTEXT chunks and a QUERY chunk, in that order. Text goes to stdout as it "
       "arrives; a summary line (worker, tokens, cached tokens, finish reason, TTFT, tokens/s) "
       "goes to stderr. Exit 1 with the gRPC code on stderr when the call fails.");
@@ -51,18 +52,18 @@ int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out, 
     return kExitUsage;
   }
 
-  v1::GenerateRequest request;
+  v2::GenerateRequest request;
   request.set_model(model);
   request.set_cache_salt(cache_salt);
-  auto add_chunk = [&request](v1::ChunkKind kind, const std::string& text) {
-    v1::Chunk* c = request.add_chunks();
+  auto add_chunk = [&request](v2::ChunkKind kind, const std::string& text) {
+    v2::Chunk* c = request.add_chunks();
     c->set_kind(kind);
     c->set_text(text);
   };
-  if (!system.empty()) add_chunk(v1::CHUNK_KIND_SYSTEM, system);
-  for (const std::string& c : contexts) add_chunk(v1::CHUNK_KIND_CONTEXT, c);
-  add_chunk(v1::CHUNK_KIND_QUERY, query);
-  v1::SamplingParams* s = request.mutable_sampling();
+  if (!system.empty()) add_chunk(v2::CHUNK_KIND_SYSTEM, system);
+  for (const std::string& c : contexts) add_chunk(v2::CHUNK_KIND_CONTEXT, c);
+  add_chunk(v2::CHUNK_KIND_QUERY, query);
+  v2::SamplingParams* s = request.mutable_sampling();
   if (max_tokens) s->set_max_tokens(*max_tokens);
   if (temperature) s->set_temperature(static_cast<float>(*temperature));
   if (top_p) s->set_top_p(static_cast<float>(*top_p));
@@ -75,11 +76,11 @@ int RunGenerateCommand(const std::vector<std::string>& args, std::ostream& out, 
     err << "cascade generate: " << channel.status().message() << "\n";
     return kExitFailed;
   }
-  std::unique_ptr<v1::Gateway::Stub> stub = v1::Gateway::NewStub(*channel);
+  std::unique_ptr<v2::GatewayService::Stub> stub = v2::GatewayService::NewStub(*channel);
   CallOptions call{timeout, token};
   bool printed_text = false;
   absl::StatusOr<GenerateResult> result =
-      RunGenerate(*stub, request, call, [&](const v1::GenerateResponse& msg) {
+      RunGenerate(*stub, request, call, [&](const v2::GenerateResponse& msg) {
         if (json) {
           std::string line;
           (void)google::protobuf::util::MessageToJsonString(msg, &line);

@@ -42,7 +42,7 @@ void PrintExamples(const LocalStack& stack, int http_port, std::ostream& out) {
   const std::vector<ChildState> states = stack.States();
   auto pid = [&](size_t i) { return i < states.size() ? states[i].pid : -1; };
   out << "\nCascade is up.\n"
-      << "  gateway   " << stack.gateway().address << "  (cascade.v1.Gateway, pid "
+      << "  gateway   " << stack.gateway().address << "  (cascade.v2.GatewayService, pid "
       << pid(states.size() - 1) << ")\n"
       << "  registry  " << stack.registry().address << "  (pid " << pid(0) << ")\n";
   for (size_t i = 0; i < stack.workers().size(); ++i) {
@@ -69,12 +69,12 @@ void PrintExamples(const LocalStack& stack, int http_port, std::ostream& out) {
       << "{\"kind\": \"CHUNK_KIND_SYSTEM\", \"text\": \"You are a concise assistant.\"}, "
       << "{\"kind\": \"CHUNK_KIND_QUERY\", \"text\": \"What does a prefix cache save?\"}], "
       << "\"sampling\": {\"max_tokens\": 32, \"temperature\": 0}}' localhost:" << port
-      << " cascade.v1.Gateway/Generate\n"
+      << " cascade.v2.GatewayService/Generate\n"
       << "  cascade generate --gateway localhost:" << port
       << " --system 'You are a concise assistant.' --query 'What does a prefix cache save?'"
          " --max_tokens 32 --temperature 0\n"
       << "  " << internal_grpcurl << " " << stack.registry().address
-      << " cascade.v1.ChunkRegistry/ListWorkers\n"
+      << " cascade.v2.ChunkRegistryService/ListWorkers\n"
       << "  cascade demo   (its own stack on free ports)\n";
   if (http_port > 0) {
     out << "  curl http://localhost:" << http_port << "/v1/chat/completions -H 'Content-Type: "

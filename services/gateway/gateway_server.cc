@@ -151,7 +151,7 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
   server.max_message_bytes = std::min<int64_t>(
       server.max_message_bytes, 4 * static_cast<int64_t>(MaxRequestBytes(opts.limits)));
   g->runner_ = std::make_unique<common::ServerRunner>(server);
-  g->runner_->AddService({g->service_.get(), cascade::v1::Gateway::service_full_name()});
+  g->runner_->AddService({g->service_.get(), cascade::v2::GatewayService::service_full_name()});
   g->drain_ = config.server.drain_timeout;
   if (absl::Status s = g->runner_->Start(); !s.ok()) return s;
   if (config.http_port >= 0) {

@@ -78,7 +78,7 @@ std::chrono::system_clock::time_point GatewayService::DeadlineFor(
 }
 
 std::vector<Scored> GatewayService::Route(const Prompt& prompt, const std::string& sticky,
-                                          cascade::v1::WorkerGenerateRequest* request) {
+                                          cascade::v2::WorkerServiceGenerateRequest* request) {
   std::vector<Candidate> cands;
   bool resolved = false;
   if (registry_ != nullptr) {
@@ -142,19 +142,19 @@ grpc::ServerUnaryReactor* GatewayService::Tokenize(grpc::CallbackServerContext* 
                                                    grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
   grpc::Status st = CheckAuth(context);
-  absl::StatusOr<cascade::v1::TokenizeRequest> req =
-      ParseRawRequest<cascade::v1::TokenizeRequest>(*request, max_request_bytes());
+  absl::StatusOr<cascade::v2::TokenizeRequest> req =
+      ParseRawRequest<cascade::v2::TokenizeRequest>(*request, max_request_bytes());
   if (st.ok()) st = ToGrpc(req.status());
-  cascade::v1::TokenizeResponse out;
+  cascade::v2::TokenizeResponse out;
   if (st.ok()) st = DoTokenize(*req, &out);
   if (st.ok()) SerializeToByteBuffer(out, response);
   reactor->Finish(st);
   return reactor;
 }
 
-grpc::Status GatewayService::DoTokenize(const cascade::v1::TokenizeRequest& r,
-                                        cascade::v1::TokenizeResponse* response) {
-  const cascade::v1::TokenizeRequest* request = &r;
+grpc::Status GatewayService::DoTokenize(const cascade::v2::TokenizeRequest& r,
+                                        cascade::v2::TokenizeResponse* response) {
+  const cascade::v2::TokenizeRequest* request = &r;
   if (absl::Status s = CheckModel(request->model(), options_.limits); !s.ok()) return ToGrpc(s);
   if (request->chunks_size() == 0) {
     if (static_cast<int64_t>(request->text().size()) > options_.limits.max_prompt_bytes) {
@@ -168,7 +168,7 @@ grpc::Status GatewayService::DoTokenize(const cascade::v1::TokenizeRequest& r,
     response->mutable_token_ids()->Assign(ids->begin(), ids->end());
     return grpc::Status::OK;
   }
-  cascade::v1::SamplingParams none;
+  cascade::v2::SamplingParams none;
   none.set_max_tokens(1);
   auto p = BuildPrompt(request->chunks(), none, "",
                        !request->has_add_generation_prompt() || request->add_generation_prompt(),
@@ -181,14 +181,14 @@ grpc::Status GatewayService::DoTokenize(const cascade::v1::TokenizeRequest& r,
     ci->set_hash(placed[i].hash.ToHex());
     ci->set_start(placed[i].start);
     ci->set_end(placed[i].end);
-    ci->set_kind(static_cast<cascade::v1::ChunkKind>(p->chunks[i].kind));
+    ci->set_kind(static_cast<cascade::v2::ChunkKind>(p->chunks[i].kind));
   }
   return grpc::Status::OK;
 }
 
 grpc::ServerUnaryReactor* GatewayService::ListModels(grpc::CallbackServerContext* context,
-                                                     const cascade::v1::ListModelsRequest*,
-                                                     cascade::v1::ListModelsResponse* response) {
+                                                     const cascade::v2::ListModelsRequest*,
+                                                     cascade::v2::ListModelsResponse* response) {
   auto* reactor = context->DefaultReactor();
   grpc::Status auth = CheckAuth(context);
   if (!auth.ok()) {
@@ -203,7 +203,7 @@ grpc::ServerUnaryReactor* GatewayService::ListModels(grpc::CallbackServerContext
   // so the count is right before the first request; without it, the workers last seen.
   if (registry_ != nullptr) {
     const std::vector<int32_t> probe = {0};
-    const std::vector<hash::ChunkSpec> specs = {{cascade::v1::CHUNK_KIND_RAW, probe, ""}};
+    const std::vector<hash::ChunkSpec> specs = {{cascade::v2::CHUNK_KIND_RAW, probe, ""}};
     auto r = registry_->Resolve({options_.limits.model_name, "", specs});
     if (r.ok()) {
       std::vector<Candidate> live;

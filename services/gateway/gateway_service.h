@@ -1,4 +1,4 @@
-// The public cascade.v1.Gateway service: validate, template, tokenize, resolve with the
+// The public cascade.v2.GatewayService service: validate, template, tokenize, resolve with the
 // registry, route, relay. Generate and each Chat turn run as a Turn (turn.h).
 #pragma once
 
@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "cache_service/client/registry_client.h"
-#include "cascade/v1/gateway.grpc.pb.h"
+#include "cascade/v2/gateway.grpc.pb.h"
 #include "common/grpc_status.h"
 #include "services/gateway/admission.h"
 #include "services/gateway/gateway_metrics.h"
@@ -38,12 +38,12 @@ struct GatewayOptions {
 // Every public RPC is registered raw (ByteBuffer in and out) so that a request with invalid UTF-8
 // gets INVALID_ARGUMENT naming the field instead of protobuf's opaque parse failure
 // (raw_request.h). ListModels has no strings to check; health and reflection stay typed.
-using GatewayBase = cascade::v1::Gateway::WithCallbackMethod_ListModels<
-    cascade::v1::Gateway::WithRawCallbackMethod_Generate<
-        cascade::v1::Gateway::WithRawCallbackMethod_Chat<
-            cascade::v1::Gateway::WithRawCallbackMethod_Tokenize<
-                cascade::v1::Gateway::WithRawCallbackMethod_RegisterChunk<
-                    cascade::v1::Gateway::Service>>>>>;
+using GatewayBase = cascade::v2::GatewayService::WithCallbackMethod_ListModels<
+    cascade::v2::GatewayService::WithRawCallbackMethod_Generate<
+        cascade::v2::GatewayService::WithRawCallbackMethod_Chat<
+            cascade::v2::GatewayService::WithRawCallbackMethod_Tokenize<
+                cascade::v2::GatewayService::WithRawCallbackMethod_RegisterChunk<
+                    cascade::v2::GatewayService::Service>>>>>;
 
 class GatewayService final : public GatewayBase {
  public:
@@ -60,8 +60,8 @@ class GatewayService final : public GatewayBase {
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
-                                       const cascade::v1::ListModelsRequest* request,
-                                       cascade::v1::ListModelsResponse* response) override;
+                                       const cascade::v2::ListModelsRequest* request,
+                                       cascade::v2::ListModelsResponse* response) override;
   grpc::ServerUnaryReactor* RegisterChunk(grpc::CallbackServerContext* context,
                                           const grpc::ByteBuffer* request,
                                           grpc::ByteBuffer* response) override;
@@ -81,7 +81,7 @@ class GatewayService final : public GatewayBase {
   // registry answers, `request` (the prompt's worker request, if given) gets its chunk hashes,
   // which the worker checks.
   std::vector<Scored> Route(const Prompt& prompt, const std::string& sticky = "",
-                            cascade::v1::WorkerGenerateRequest* request = nullptr);
+                            cascade::v2::WorkerServiceGenerateRequest* request = nullptr);
   std::chrono::system_clock::time_point DeadlineFor(const grpc::CallbackServerContext* c) const;
   // A turn's parameters for `prompt` from the options and the call's deadline; the caller
   // adds the candidates once admitted.
@@ -90,8 +90,8 @@ class GatewayService final : public GatewayBase {
   std::string NewRequestId();
 
  private:
-  grpc::Status DoTokenize(const cascade::v1::TokenizeRequest& request,
-                          cascade::v1::TokenizeResponse* response);
+  grpc::Status DoTokenize(const cascade::v2::TokenizeRequest& request,
+                          cascade::v2::TokenizeResponse* response);
 
  public:
   const GatewayOptions& options() const { return options_; }

@@ -1,4 +1,4 @@
-// cascade-gateway: the public entry point (cascade.v1.Gateway).
+// cascade-gateway: the public entry point (cascade.v2.GatewayService).
 #include <iostream>
 
 #include "common/server_flags.h"

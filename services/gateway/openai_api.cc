@@ -1,4 +1,4 @@
-// OpenAI JSON <-> cascade.v1; see openai_api.h. Every access to the body checks the JSON type
+// OpenAI JSON <-> cascade.v2; see openai_api.h. Every access to the body checks the JSON type
 // first (nlohmann throws on a wrong type; a request must never reach a throw).
 #include "services/gateway/openai_api.h"
 
@@ -48,7 +48,7 @@ absl::StatusOr<std::string> String(const json& body, const char* key) {
 }
 
 // Token ids from a JSON array of integers.
-absl::Status TokenIds(const json& arr, const std::string& field, cascade::v1::TokenIds* out) {
+absl::Status TokenIds(const json& arr, const std::string& field, cascade::v2::TokenIds* out) {
   for (size_t i = 0; i < arr.size(); ++i) {
     if (!arr[i].is_number_integer())
       return Bad(absl::StrCat(field, "[", i, "] must be a token id"));
@@ -60,13 +60,13 @@ absl::Status TokenIds(const json& arr, const std::string& field, cascade::v1::To
   return absl::OkStatus();
 }
 
-absl::StatusOr<cascade::v1::ChunkKind> KindNamed(const std::string& name,
+absl::StatusOr<cascade::v2::ChunkKind> KindNamed(const std::string& name,
                                                  const std::string& field) {
-  if (name == "system") return cascade::v1::CHUNK_KIND_SYSTEM;
-  if (name == "context") return cascade::v1::CHUNK_KIND_CONTEXT;
-  if (name == "query" || name == "user") return cascade::v1::CHUNK_KIND_QUERY;
-  if (name == "raw") return cascade::v1::CHUNK_KIND_RAW;
-  if (name == "assistant") return cascade::v1::CHUNK_KIND_ASSISTANT;
+  if (name == "system") return cascade::v2::CHUNK_KIND_SYSTEM;
+  if (name == "context") return cascade::v2::CHUNK_KIND_CONTEXT;
+  if (name == "query" || name == "user") return cascade::v2::CHUNK_KIND_QUERY;
+  if (name == "raw") return cascade::v2::CHUNK_KIND_RAW;
+  if (name == "assistant") return cascade::v2::CHUNK_KIND_ASSISTANT;
   return Bad(absl::StrCat(field, " must be system, context, query, raw or assistant, got '",
                           common::Excerpt(name), "'"));
 }
@@ -94,7 +94,7 @@ absl::StatusOr<std::string> ContentText(const json& content, const std::string& 
 }
 
 // The vendor fields of a chunk-like object: "chunk_kind" and "cache_salt".
-absl::Status VendorChunkFields(const json& obj, const std::string& field, cascade::v1::Chunk* c) {
+absl::Status VendorChunkFields(const json& obj, const std::string& field, cascade::v2::Chunk* c) {
   auto kind = String(obj, "chunk_kind");
   if (!kind.ok()) return kind.status();
   if (!kind->empty()) {
@@ -108,7 +108,7 @@ absl::Status VendorChunkFields(const json& obj, const std::string& field, cascad
   return absl::OkStatus();
 }
 
-absl::Status ChatMessages(const json& body, cascade::v1::GenerateRequest* r) {
+absl::Status ChatMessages(const json& body, cascade::v2::GenerateRequest* r) {
   auto it = body.find("messages");
   if (it == body.end() || !it->is_array() || it->empty()) {
     return Bad("messages must be a non-empty array");
@@ -121,11 +121,11 @@ absl::Status ChatMessages(const json& body, cascade::v1::GenerateRequest* r) {
     if (!role.ok()) return role.status();
     auto* c = r->add_chunks();
     if (*role == "system" || *role == "developer") {
-      c->set_kind(cascade::v1::CHUNK_KIND_SYSTEM);
+      c->set_kind(cascade::v2::CHUNK_KIND_SYSTEM);
     } else if (*role == "user") {
-      c->set_kind(cascade::v1::CHUNK_KIND_QUERY);
+      c->set_kind(cascade::v2::CHUNK_KIND_QUERY);
     } else if (*role == "assistant") {
-      c->set_kind(cascade::v1::CHUNK_KIND_ASSISTANT);
+      c->set_kind(cascade::v2::CHUNK_KIND_ASSISTANT);
     } else {
       return Bad(absl::StrCat(field, ".role '", common::Excerpt(*role),
                               "' is not supported; use system, developer, user or assistant"));
@@ -143,7 +143,7 @@ absl::Status ChatMessages(const json& body, cascade::v1::GenerateRequest* r) {
   return absl::OkStatus();
 }
 
-absl::Status CompletionPrompt(const json& body, cascade::v1::GenerateRequest* r) {
+absl::Status CompletionPrompt(const json& body, cascade::v2::GenerateRequest* r) {
   // Vendor extension: the prompt as Cascade chunks, each {"kind", "text" | "token_ids",
   // "cache_salt"}; the same chunks as a gRPC Generate.
   if (auto chunks = body.find("chunks"); chunks != body.end() && !chunks->is_null()) {
@@ -179,7 +179,7 @@ absl::Status CompletionPrompt(const json& body, cascade::v1::GenerateRequest* r)
   auto p = body.find("prompt");
   if (p == body.end() || p->is_null()) return Bad("prompt is required (or the chunks extension)");
   auto* c = r->add_chunks();
-  c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+  c->set_kind(cascade::v2::CHUNK_KIND_RAW);
   if (p->is_string()) {
     c->set_text(p->get<std::string>());
     return absl::OkStatus();
@@ -196,7 +196,7 @@ absl::Status CompletionPrompt(const json& body, cascade::v1::GenerateRequest* r)
       "per request)");
 }
 
-absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v1::SamplingParams* s,
+absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::SamplingParams* s,
                       RequestMeta* meta) {
   using absl::OkStatus;
   absl::Status st;
@@ -281,7 +281,7 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v1::Sampling
   }
   if (auto ids = body.find("stop_token_ids"); ids != body.end() && !ids->is_null()) {
     if (!ids->is_array()) return Bad("stop_token_ids must be an array");
-    cascade::v1::TokenIds t;
+    cascade::v2::TokenIds t;
     if (!ids->empty()) {
       if (absl::Status e = TokenIds(*ids, "stop_token_ids", &t); !e.ok()) return e;
     }
@@ -358,15 +358,15 @@ absl::StatusOr<Translated> TranslateRequest(const json& body, Endpoint endpoint,
   return t;
 }
 
-std::string FinishReasonName(cascade::v1::FinishReason reason) {
+std::string FinishReasonName(cascade::v2::FinishReason reason) {
   switch (reason) {
-    case cascade::v1::FINISH_REASON_STOP:
-    case cascade::v1::FINISH_REASON_STOP_STRING:
+    case cascade::v2::FINISH_REASON_STOP:
+    case cascade::v2::FINISH_REASON_STOP_STRING:
       return "stop";
-    case cascade::v1::FINISH_REASON_LENGTH:
+    case cascade::v2::FINISH_REASON_LENGTH:
       return "length";
-    case cascade::v1::FINISH_REASON_CANCELLED:
-    case cascade::v1::FINISH_REASON_ERROR:
+    case cascade::v2::FINISH_REASON_CANCELLED:
+    case cascade::v2::FINISH_REASON_ERROR:
       return "abort";
     default:
       return "";
@@ -389,7 +389,7 @@ json ResponseBuilder::Usage() const {
               {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens()}}}};
 }
 
-json ResponseBuilder::LogprobsOf(const cascade::v1::TokenDelta& delta) const {
+json ResponseBuilder::LogprobsOf(const cascade::v2::TokenDelta& delta) const {
   if (meta_.endpoint == Endpoint::kChat) {
     json content = json::array();
     for (const auto& e : delta.logprobs()) {
@@ -412,7 +412,7 @@ json ResponseBuilder::LogprobsOf(const cascade::v1::TokenDelta& delta) const {
   return json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}};
 }
 
-std::vector<json> ResponseBuilder::OnEvent(const cascade::v1::GenerateResponse& ev) {
+std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& ev) {
   std::vector<json> out;
   const bool chat = meta_.endpoint == Endpoint::kChat;
   const char* object = chat ? "chat.completion.chunk" : "text_completion";

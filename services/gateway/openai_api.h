@@ -1,4 +1,4 @@
-// The OpenAI-compatible API's JSON, mapped onto cascade.v1: a completions or chat-completions
+// The OpenAI-compatible API's JSON, mapped onto cascade.v2: a completions or chat-completions
 // body becomes a GenerateRequest (chat messages become chunks: system -> SYSTEM, user -> QUERY
 // or, marked, CONTEXT, assistant -> ASSISTANT, so prefix reuse works across calls), and Generate
 // events become OpenAI's response objects and stream chunks. No HTTP here (openai_http.h serves
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "cascade/v1/gateway.pb.h"
+#include "cascade/v2/gateway.pb.h"
 
 namespace cascade::gateway::openai {
 
@@ -25,7 +25,7 @@ struct RequestMeta {
 };
 
 struct Translated {
-  cascade::v1::GenerateRequest request;
+  cascade::v2::GenerateRequest request;
   RequestMeta meta;
 };
 
@@ -42,7 +42,7 @@ class ResponseBuilder {
   ResponseBuilder(const RequestMeta& meta, std::string model, int64_t created_unix);
 
   // Stream chunks (the JSON of one `data:` line each) for one Generate event; may be none.
-  std::vector<nlohmann::json> OnEvent(const cascade::v1::GenerateResponse& event);
+  std::vector<nlohmann::json> OnEvent(const cascade::v2::GenerateResponse& event);
   // The final usage chunk of a stream (stream_options.include_usage); call after the finish.
   nlohmann::json UsageChunk() const;
   // The whole non-streaming response; call after the finish.
@@ -53,7 +53,7 @@ class ResponseBuilder {
  private:
   nlohmann::json Envelope(const char* object) const;
   nlohmann::json Usage() const;
-  nlohmann::json LogprobsOf(const cascade::v1::TokenDelta& delta) const;
+  nlohmann::json LogprobsOf(const cascade::v2::TokenDelta& delta) const;
 
   const RequestMeta meta_;
   const std::string model_;
@@ -62,7 +62,7 @@ class ResponseBuilder {
   std::string text_;
   nlohmann::json logprobs_;  // accumulated (non-streaming)
   std::string finish_reason_;
-  cascade::v1::Usage usage_;
+  cascade::v2::Usage usage_;
   bool started_ = false, finished_ = false;
 };
 
@@ -72,6 +72,6 @@ int HttpStatusFor(const absl::Status& status);
 nlohmann::json ErrorBody(const absl::Status& status);
 
 // "stop", "length", or "error" (OpenAI's finish_reason values; an error finish is vLLM's "abort").
-std::string FinishReasonName(cascade::v1::FinishReason reason);
+std::string FinishReasonName(cascade::v2::FinishReason reason);
 
 }  // namespace cascade::gateway::openai

@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
     const OpenAiHttpOptions& options, std::shared_ptr<grpc::Channel> channel) {
   std::unique_ptr<OpenAiHttpServer> s(new OpenAiHttpServer());
   s->options_ = options;
-  s->stub_ = cascade::v1::Gateway::NewStub(channel);
+  s->stub_ = cascade::v2::GatewayService::NewStub(channel);
   s->server_ = std::make_unique<httplib::Server>();
   const int threads = std::max(1, options.threads);
   s->server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
@@ -91,7 +91,7 @@ void OpenAiHttpServer::Routes() {
     // ListModels checks the bearer token like every other RPC.
     auto ctx = CallContext(req);
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    cascade::v1::ListModelsResponse models;
+    cascade::v2::ListModelsResponse models;
     grpc::Status st = stub_->ListModels(ctx.get(), {}, &models);
     if (!st.ok()) {
       SendError(res, common::FromGrpc(st));
@@ -125,7 +125,7 @@ void OpenAiHttpServer::Routes() {
       auto reader = stub_->Generate(ctx.get(), t->request);
       auto builder =
           std::make_shared<openai::ResponseBuilder>(t->meta, options_.model_name, UnixNow());
-      cascade::v1::GenerateResponse ev;
+      cascade::v2::GenerateResponse ev;
       if (!t->meta.stream) {
         while (reader->Read(&ev)) builder->OnEvent(ev);
         grpc::Status st = reader->Finish();
@@ -145,14 +145,14 @@ void OpenAiHttpServer::Routes() {
       const bool include_usage = t->meta.include_usage;
       struct Call {
         std::unique_ptr<grpc::ClientContext> ctx;
-        std::unique_ptr<grpc::ClientReader<cascade::v1::GenerateResponse>> reader;
-        cascade::v1::GenerateResponse first;
+        std::unique_ptr<grpc::ClientReader<cascade::v2::GenerateResponse>> reader;
+        cascade::v2::GenerateResponse first;
       };
       auto call = std::make_shared<Call>(Call{std::move(ctx), std::move(reader), ev});
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream", [call, builder, include_usage](size_t, httplib::DataSink& sink) {
-            auto send = [&](const cascade::v1::GenerateResponse& e) {
+            auto send = [&](const cascade::v2::GenerateResponse& e) {
               for (const json& chunk : builder->OnEvent(e)) {
                 const std::string line = SseLine(chunk);
                 if (!sink.write(line.data(), line.size())) return false;
@@ -160,7 +160,7 @@ void OpenAiHttpServer::Routes() {
               return true;
             };
             bool ok = send(call->first);
-            cascade::v1::GenerateResponse e;
+            cascade::v2::GenerateResponse e;
             while (ok && call->reader->Read(&e)) ok = send(e);
             if (!ok) {  // the HTTP client went away: stop the generation
               call->ctx->TryCancel();

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "cascade/v1/gateway.grpc.pb.h"
+#include "cascade/v2/gateway.grpc.pb.h"
 
 namespace httplib {
 class Server;
@@ -44,7 +44,7 @@ class OpenAiHttpServer {
   void Routes();
 
   OpenAiHttpOptions options_;
-  std::unique_ptr<cascade::v1::Gateway::Stub> stub_;
+  std::unique_ptr<cascade::v2::GatewayService::Stub> stub_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;

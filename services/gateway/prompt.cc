@@ -13,8 +13,8 @@ namespace {
 // Chunk kinds are cast between the wire and the tokenizer's template kinds.
 #define CASCADE_SAME_KIND(tok, proto)                                                      \
   static_assert(                                                                           \
-      static_cast<int>(tokenizer::ChunkKind::tok) == static_cast<int>(cascade::v1::proto), \
-      "tokenizer::ChunkKind::" #tok " must equal cascade.v1." #proto)
+      static_cast<int>(tokenizer::ChunkKind::tok) == static_cast<int>(cascade::v2::proto), \
+      "tokenizer::ChunkKind::" #tok " must equal cascade.v2." #proto)
 CASCADE_SAME_KIND(kUnspecified, CHUNK_KIND_UNSPECIFIED);
 CASCADE_SAME_KIND(kSystem, CHUNK_KIND_SYSTEM);
 CASCADE_SAME_KIND(kContext, CHUNK_KIND_CONTEXT);
@@ -44,8 +44,8 @@ size_t MaxRequestBytes(const PromptLimits& limits) {
 }
 
 absl::StatusOr<Prompt> BuildPrompt(
-    const google::protobuf::RepeatedPtrField<cascade::v1::Chunk>& chunks,
-    const cascade::v1::SamplingParams& sampling, const std::string& cache_salt,
+    const google::protobuf::RepeatedPtrField<cascade::v2::Chunk>& chunks,
+    const cascade::v2::SamplingParams& sampling, const std::string& cache_salt,
     bool add_generation_prompt, const tokenizer::Tokenizer& tok, const PromptLimits& limits) {
   if (chunks.empty()) return absl::InvalidArgumentError("chunks: at least one chunk is required");
   if (chunks.size() > limits.max_chunks) {
@@ -74,14 +74,14 @@ absl::StatusOr<Prompt> BuildPrompt(
   Prompt p;
   p.cache_salt = cache_salt;
   for (int i = 0; i < chunks.size(); ++i) {
-    const cascade::v1::Chunk& c = chunks[i];
+    const cascade::v2::Chunk& c = chunks[i];
     const std::string field = absl::StrCat("chunks[", i, "]");
-    if (c.kind() == cascade::v1::CHUNK_KIND_UNSPECIFIED ||
-        !cascade::v1::ChunkKind_IsValid(c.kind())) {
+    if (c.kind() == cascade::v2::CHUNK_KIND_UNSPECIFIED ||
+        !cascade::v2::ChunkKind_IsValid(c.kind())) {
       return absl::InvalidArgumentError(field +
                                         ".kind must be SYSTEM, CONTEXT, QUERY, RAW or ASSISTANT");
     }
-    if (c.kind() == cascade::v1::CHUNK_KIND_GENERATION_PROMPT) {
+    if (c.kind() == cascade::v2::CHUNK_KIND_GENERATION_PROMPT) {
       return absl::InvalidArgumentError(
           field + ".kind: GENERATION_PROMPT is added by the gateway (add_generation_prompt)");
     }
@@ -119,7 +119,7 @@ absl::StatusOr<Prompt> BuildPrompt(
     auto ids = tokenizer::EncodeChunks(tok, std::span(&gp, 1));
     if (!ids.ok()) return ids.status();
     p.chunks.push_back(
-        PromptChunk{cascade::v1::CHUNK_KIND_GENERATION_PROMPT, std::move((*ids)[0]), ""});
+        PromptChunk{cascade::v2::CHUNK_KIND_GENERATION_PROMPT, std::move((*ids)[0]), ""});
     p.num_tokens += static_cast<int64_t>(p.chunks.back().tokens.size());
   }
 
@@ -160,15 +160,16 @@ absl::StatusOr<Prompt> BuildPrompt(
   return p;
 }
 
-cascade::v1::WorkerGenerateRequest ToWorkerRequest(const Prompt& p, const std::string& request_id,
-                                                   const std::string& model) {
-  cascade::v1::WorkerGenerateRequest r;
+cascade::v2::WorkerServiceGenerateRequest ToWorkerRequest(const Prompt& p,
+                                                          const std::string& request_id,
+                                                          const std::string& model) {
+  cascade::v2::WorkerServiceGenerateRequest r;
   r.set_request_id(request_id);
   r.set_model(model);
   r.set_cache_salt(p.cache_salt);
   for (const PromptChunk& c : p.chunks) {
     auto* wc = r.add_chunks();
-    wc->set_kind(static_cast<cascade::v1::ChunkKind>(c.kind));
+    wc->set_kind(static_cast<cascade::v2::ChunkKind>(c.kind));
     wc->mutable_token_ids()->Assign(c.tokens.begin(), c.tokens.end());
     wc->set_cache_salt(c.cache_salt);
   }

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cascade/v1/gateway.pb.h"
-#include "cascade/v1/worker.pb.h"
+#include "cascade/v2/gateway.pb.h"
+#include "cascade/v2/worker.pb.h"
 #include "common/chunk_hash.h"
 #include "gpu_worker/engine/sampling_wire.h"
 #include "services/tokenizer/tokenizer.h"
@@ -41,15 +41,15 @@ struct Prompt {
   int64_t num_tokens = 0;
   // The client's sampling, validated (worker::ParseSampling), with max_tokens and the seed set:
   // forwarded as is, so the worker applies the same defaults to what is unset.
-  cascade::v1::SamplingParams sampling;
+  cascade::v2::SamplingParams sampling;
   std::vector<std::string> stop;
   std::string cache_salt;
 };
 
 // `chunks` as sent by a client; `add_generation_prompt` appends the assistant prompt piece.
 absl::StatusOr<Prompt> BuildPrompt(
-    const google::protobuf::RepeatedPtrField<cascade::v1::Chunk>& chunks,
-    const cascade::v1::SamplingParams& sampling, const std::string& cache_salt,
+    const google::protobuf::RepeatedPtrField<cascade::v2::Chunk>& chunks,
+    const cascade::v2::SamplingParams& sampling, const std::string& cache_salt,
     bool add_generation_prompt, const tokenizer::Tokenizer& tok, const PromptLimits& limits);
 
 // The largest serialized request that can hold a valid prompt under `limits`: text and token
@@ -64,7 +64,8 @@ absl::Status CheckModel(const std::string& model, const PromptLimits& limits);
 inline std::vector<hash::ChunkSpec> ChunkSpecs(const Prompt& p) { return hash::SpecsOf(p.chunks); }
 
 // The worker request for a prompt (chunk hashes unset: Route sets the registry's).
-cascade::v1::WorkerGenerateRequest ToWorkerRequest(const Prompt& p, const std::string& request_id,
-                                                   const std::string& model);
+cascade::v2::WorkerServiceGenerateRequest ToWorkerRequest(const Prompt& p,
+                                                          const std::string& request_id,
+                                                          const std::string& model);
 
 }  // namespace cascade::gateway

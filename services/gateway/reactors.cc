@@ -17,19 +17,19 @@
 namespace cascade::gateway {
 namespace {
 
-using cascade::v1::GenerateResponse;
+using cascade::v2::GenerateResponse;
 
 GenerateResponse& EventOf(GenerateResponse& r) { return r; }
-GenerateResponse& EventOf(cascade::v1::ChatResponse& r) { return *r.mutable_event(); }
+GenerateResponse& EventOf(cascade::v2::ChatResponse& r) { return *r.mutable_event(); }
 const GenerateResponse& EventOf(const GenerateResponse& r) { return r; }
-const GenerateResponse& EventOf(const cascade::v1::ChatResponse& r) { return r.event(); }
+const GenerateResponse& EventOf(const cascade::v2::ChatResponse& r) { return r.event(); }
 
 // Token deltas queued behind a write in flight become one message (common/write_queue.h).
 template <typename Item>
 bool MergeDeltas(Item& into, const Item& from) {
   if (!EventOf(into).has_delta() || !EventOf(from).has_delta()) return false;
-  cascade::v1::TokenDelta* d = EventOf(into).mutable_delta();
-  const cascade::v1::TokenDelta& f = EventOf(from).delta();
+  cascade::v2::TokenDelta* d = EventOf(into).mutable_delta();
+  const cascade::v2::TokenDelta& f = EventOf(from).delta();
   d->mutable_token_ids()->MergeFrom(f.token_ids());
   d->mutable_text()->append(f.text());
   d->mutable_logprobs()->MergeFrom(f.logprobs());
@@ -74,12 +74,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   GenerateReactor(GatewayService* svc, grpc::CallbackServerContext* ctx) : svc_(svc), ctx_(ctx) {}
 
   void Begin(const grpc::ByteBuffer& raw) {
-    absl::StatusOr<cascade::v1::GenerateRequest> parsed =
-        ParseRawRequest<cascade::v1::GenerateRequest>(raw, svc_->max_request_bytes());
+    absl::StatusOr<cascade::v2::GenerateRequest> parsed =
+        ParseRawRequest<cascade::v2::GenerateRequest>(raw, svc_->max_request_bytes());
     grpc::Status st = svc_->CheckAuth(ctx_);
     if (st.ok()) st = ToGrpc(parsed.status());
-    const cascade::v1::GenerateRequest& req =
-        parsed.ok() ? *parsed : cascade::v1::GenerateRequest::default_instance();
+    const cascade::v2::GenerateRequest& req =
+        parsed.ok() ? *parsed : cascade::v2::GenerateRequest::default_instance();
     absl::StatusOr<Prompt> prompt = absl::InternalError("unset");
     if (st.ok()) st = ToGrpc(CheckModel(req.model(), svc_->options().limits));
     if (st.ok()) st = ToGrpc(common::CheckIdField("request_id", req.request_id()));
@@ -255,8 +255,8 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
       EndLocked(grpc::Status::OK, &fin);
       return;
     }
-    absl::StatusOr<cascade::v1::ChatRequest> parsed =
-        ParseRawRequest<cascade::v1::ChatRequest>(raw_req_, svc_->max_request_bytes());
+    absl::StatusOr<cascade::v2::ChatRequest> parsed =
+        ParseRawRequest<cascade::v2::ChatRequest>(raw_req_, svc_->max_request_bytes());
     if (!parsed.ok()) {
       EndLocked(ToGrpc(parsed.status()), &fin);
       return;
@@ -309,7 +309,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   void Emit(GenerateResponse ev) override {
     PendingFinish<ChatReactor> fin(this);
     MutexLock lock(&mu_);
-    cascade::v1::ChatResponse wrapped;
+    cascade::v2::ChatResponse wrapped;
     wrapped.set_turn(turn_index_);
     wrapped.set_session_id(session_id_);
     *wrapped.mutable_event() = std::move(ev);
@@ -333,7 +333,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     // The session goes on: this turn's prompt pieces, then the answer closed as ChatML does.
     for (PromptChunk& c : pending_) history_.push_back(std::move(c));
     pending_.clear();
-    PromptChunk answer{cascade::v1::CHUNK_KIND_ASSISTANT, result.tokens, ""};
+    PromptChunk answer{cascade::v2::CHUNK_KIND_ASSISTANT, result.tokens, ""};
     auto close = svc_->tokenizer().Encode("<|im_end|>\n");
     if (close.ok()) answer.tokens.insert(answer.tokens.end(), close->begin(), close->end());
     history_tokens_ += static_cast<int64_t>(answer.tokens.size());
@@ -432,7 +432,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 
   void MaybeWriteLocked(PendingFinish<ChatReactor>* fin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finish_called_) return;
-    if (cascade::v1::ChatResponse next; writes_.Next(&next)) {
+    if (cascade::v2::ChatResponse next; writes_.Next(&next)) {
       SerializeToByteBuffer(next, &current_);  // the last write is done with current_
       StartWrite(&current_);
       return;
@@ -448,7 +448,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   grpc::CallbackServerContext* const ctx_;
   Mutex mu_;
   grpc::ByteBuffer raw_req_;
-  cascade::v1::ChatRequest req_;
+  cascade::v2::ChatRequest req_;
   std::string session_id_, salt_, sticky_;
   std::vector<PromptChunk> history_, pending_;
   int64_t history_tokens_ = 0;
@@ -459,7 +459,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   uint64_t ticket_ = 0;
   std::optional<Grant> grant_;  // the running turn's admission slot
   std::shared_ptr<Turn> turn_ ABSL_GUARDED_BY(mu_);
-  WriteQueue<cascade::v1::ChatResponse> writes_ ABSL_GUARDED_BY(mu_);
+  WriteQueue<cascade::v2::ChatResponse> writes_ ABSL_GUARDED_BY(mu_);
   grpc::ByteBuffer current_ ABSL_GUARDED_BY(mu_);  // the write in flight
   grpc::Status final_ ABSL_GUARDED_BY(mu_);
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
@@ -510,7 +510,7 @@ class RegisterSink final : public TurnSink {
  private:
   grpc::ServerUnaryReactor* const reactor_;
   grpc::ByteBuffer* const out_;
-  cascade::v1::RegisterChunkResponse response_;
+  cascade::v2::RegisterChunkResponse response_;
   registry::RegistryClient* const registry_;
   const int64_t ttl_s_;
   GatewayService* const svc_;
@@ -535,19 +535,19 @@ grpc::ServerUnaryReactor* GatewayService::RegisterChunk(grpc::CallbackServerCont
                                                         const grpc::ByteBuffer* raw,
                                                         grpc::ByteBuffer* response) {
   auto* reactor = context->DefaultReactor();
-  absl::StatusOr<cascade::v1::RegisterChunkRequest> parsed =
-      ParseRawRequest<cascade::v1::RegisterChunkRequest>(*raw, max_request_bytes());
+  absl::StatusOr<cascade::v2::RegisterChunkRequest> parsed =
+      ParseRawRequest<cascade::v2::RegisterChunkRequest>(*raw, max_request_bytes());
   grpc::Status st = CheckAuth(context);
   if (st.ok()) st = ToGrpc(parsed.status());
-  const cascade::v1::RegisterChunkRequest* request =
-      parsed.ok() ? &*parsed : &cascade::v1::RegisterChunkRequest::default_instance();
+  const cascade::v2::RegisterChunkRequest* request =
+      parsed.ok() ? &*parsed : &cascade::v2::RegisterChunkRequest::default_instance();
   if (st.ok()) st = ToGrpc(CheckModel(request->model(), options_.limits));
   if (st.ok() &&
       (request->pin_ttl_seconds() < 0 || request->pin_ttl_seconds() > options_.max_pin_ttl_s)) {
     st = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                       absl::StrCat("pin_ttl_seconds must be in [0, ", options_.max_pin_ttl_s, "]"));
   }
-  cascade::v1::SamplingParams one;
+  cascade::v2::SamplingParams one;
   one.set_max_tokens(1);
   one.set_temperature(0);
   absl::StatusOr<Prompt> prompt = absl::InternalError("unset");

@@ -12,8 +12,8 @@
 
 namespace cascade::gateway {
 
-using cascade::v1::GenerateResponse;
-using cascade::v1::WorkerGenerateResponse;
+using cascade::v2::GenerateResponse;
+using cascade::v2::WorkerServiceGenerateResponse;
 
 // One attempt: the observer of one worker call. It holds the turn (the call may report after
 // the turn's owner let go of it) and itself, from Go until the call's OnDone.
@@ -21,7 +21,7 @@ class Turn::Upstream final : public WorkerCallObserver {
  public:
   // REQUIRES: the turn's mu_ is held (the call keeps a reference to its request_).
   Upstream(std::shared_ptr<Turn> turn, std::shared_ptr<WorkerHandle> handle,
-           const cascade::v1::WorkerGenerateRequest& request)
+           const cascade::v2::WorkerServiceGenerateRequest& request)
       : turn_(std::move(turn)), handle_(std::move(handle)) {
     call_ = handle_->client->Generate(
         request, WorkerCallOptions{turn_->params_.deadline, turn_->params_.request_id}, this);
@@ -34,7 +34,9 @@ class Turn::Upstream final : public WorkerCallObserver {
   }
   void Cancel() { call_->Cancel(); }
 
-  bool OnMessage(const WorkerGenerateResponse& msg) override { return !turn_->OnMessage(msg); }
+  bool OnMessage(const WorkerServiceGenerateResponse& msg) override {
+    return !turn_->OnMessage(msg);
+  }
   void OnDone(const grpc::Status& status) override {
     std::shared_ptr<Upstream> self = std::move(self_);  // this lives until the end of OnDone
     --handle_->inflight;
@@ -116,14 +118,14 @@ void Turn::Cancel() {
   if (u) u->Cancel();
 }
 
-void Turn::EmitDeltaLocked(cascade::v1::TokenDelta delta) {
+void Turn::EmitDeltaLocked(cascade::v2::TokenDelta delta) {
   if (delta.token_ids().empty() && delta.text().empty()) return;
   GenerateResponse ev;
   *ev.mutable_delta() = std::move(delta);
   sink_->Emit(std::move(ev));
 }
 
-GenerateResponse Turn::FinishEvent(cascade::v1::FinishReason reason,
+GenerateResponse Turn::FinishEvent(cascade::v2::FinishReason reason,
                                    const std::string& stop_reason) const {
   GenerateResponse ev;
   auto* f = ev.mutable_finish();
@@ -136,7 +138,7 @@ GenerateResponse Turn::FinishEvent(cascade::v1::FinishReason reason,
   return ev;
 }
 
-bool Turn::OnMessage(const WorkerGenerateResponse& msg) {
+bool Turn::OnMessage(const WorkerServiceGenerateResponse& msg) {
   MutexLock lock(&mu_);
   if (finished_) return false;
   if (msg.has_start() && resumed_) {
@@ -171,7 +173,7 @@ bool Turn::OnMessage(const WorkerGenerateResponse& msg) {
     }
     first_token_seen_ = true;
     last_token_at_ = now;
-    cascade::v1::TokenDelta delta;
+    cascade::v2::TokenDelta delta;
     const auto& t = msg.tokens();
     for (int i = 0; i < t.token_ids_size(); ++i) {
       const int32_t id = t.token_ids(i);
@@ -185,8 +187,8 @@ bool Turn::OnMessage(const WorkerGenerateResponse& msg) {
       if (d.stopped) {
         EmitDeltaLocked(std::move(delta));
         finished_ = true;
-        sink_->Emit(FinishEvent(cascade::v1::FINISH_REASON_STOP_STRING, d.stop));
-        result_.finish_reason = cascade::v1::FINISH_REASON_STOP_STRING;
+        sink_->Emit(FinishEvent(cascade::v2::FINISH_REASON_STOP_STRING, d.stop));
+        result_.finish_reason = cascade::v2::FINISH_REASON_STOP_STRING;
         return true;
       }
     }
@@ -194,13 +196,13 @@ bool Turn::OnMessage(const WorkerGenerateResponse& msg) {
   }
   if (msg.has_finish()) {
     const auto& f = msg.finish();
-    cascade::v1::TokenDelta tail;
+    cascade::v2::TokenDelta tail;
     tail.set_text(text_->Finish());
     EmitDeltaLocked(std::move(tail));
     finished_ = true;
     result_.finish_reason = f.finish_reason();
     std::string stop_reason;
-    if (f.finish_reason() == cascade::v1::FINISH_REASON_STOP) {
+    if (f.finish_reason() == cascade::v2::FINISH_REASON_STOP) {
       result_.stop_token_id = f.stop_token_id();
       auto bytes = tokenizer_.TokenBytes(f.stop_token_id());
       if (bytes.ok()) stop_reason = std::string(*bytes);
@@ -257,7 +259,7 @@ std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& st
       if (params_.admission != nullptr) params_.admission->MarkDown(result_.worker_address);
       request_ = params_.request;
       auto* chunk = request_.add_chunks();
-      chunk->set_kind(cascade::v1::CHUNK_KIND_ASSISTANT);
+      chunk->set_kind(cascade::v2::CHUNK_KIND_ASSISTANT);
       chunk->mutable_token_ids()->Assign(result_.tokens.begin(), result_.tokens.end());
       request_.mutable_sampling()->set_max_tokens(remaining);
       resumed_ = true;
@@ -275,8 +277,8 @@ std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& st
     out = grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request");
   } else if (got_start_) {
     // The worker died mid-stream: say how far it got, then fail the stream.
-    sink_->Emit(FinishEvent(cascade::v1::FINISH_REASON_ERROR, ""));
-    result_.finish_reason = cascade::v1::FINISH_REASON_ERROR;
+    sink_->Emit(FinishEvent(cascade::v2::FINISH_REASON_ERROR, ""));
+    result_.finish_reason = cascade::v2::FINISH_REASON_ERROR;
     out = grpc::Status(status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
                            ? status.error_code()
                            : grpc::StatusCode::UNAVAILABLE,
@@ -287,7 +289,7 @@ std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& st
               ? grpc::Status(grpc::StatusCode::INTERNAL, "the worker ended without a result")
               : status;
   }
-  metrics_->Finished(cascade::v1::FinishReason_Name(result_.finish_reason))->Increment();
+  metrics_->Finished(cascade::v2::FinishReason_Name(result_.finish_reason))->Increment();
   sink_->TurnDone(out, result_);
   return nullptr;
 }

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "cascade/v1/gateway.pb.h"
-#include "cascade/v1/worker.pb.h"
+#include "cascade/v2/gateway.pb.h"
+#include "cascade/v2/worker.pb.h"
 #include "common/mutex.h"
 #include "services/gateway/router.h"
 #include "services/gateway/worker_pool.h"
@@ -26,7 +26,7 @@ struct TurnResult {
   std::string worker_address;
   std::vector<int32_t> tokens;  // generated, stop token excluded
   int32_t stop_token_id = -1;
-  cascade::v1::FinishReason finish_reason = cascade::v1::FINISH_REASON_UNSPECIFIED;
+  cascade::v2::FinishReason finish_reason = cascade::v2::FINISH_REASON_UNSPECIFIED;
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
   // The worker the request's admission slot is charged to: the first candidate, moved along as
@@ -39,7 +39,7 @@ struct TurnResult {
 class TurnSink {
  public:
   virtual ~TurnSink() = default;
-  virtual void Emit(cascade::v1::GenerateResponse event) = 0;
+  virtual void Emit(cascade::v2::GenerateResponse event) = 0;
   // Last call: OK with the finish already emitted, or the status to end the RPC with (a finish
   // event with FINISH_REASON_ERROR and the usage so far is emitted before a mid-stream failure).
   virtual void TurnDone(const grpc::Status& status, const TurnResult& result) = 0;
@@ -49,7 +49,7 @@ struct TurnMetrics;  // defined in gateway_metrics.h
 class Admission;     // admission.h
 
 struct TurnParams {
-  cascade::v1::WorkerGenerateRequest request;
+  cascade::v2::WorkerServiceGenerateRequest request;
   std::string request_id;
   std::vector<Scored> workers;  // candidates, best first
   std::vector<std::string> stop;
@@ -86,12 +86,12 @@ class Turn : public std::enable_shared_from_this<Turn> {
   // so the caller starts it after releasing mu_), or reports failure when none is left.
   std::shared_ptr<Upstream> PrepareAttemptLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns true when the worker stream should be cancelled (a stop string ended the turn).
-  bool OnMessage(const cascade::v1::WorkerGenerateResponse& msg);
+  bool OnMessage(const cascade::v2::WorkerServiceGenerateResponse& msg);
   void OnUpstreamDone(const grpc::Status& status);
   std::shared_ptr<Upstream> FinishAttemptLocked(const grpc::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EmitDeltaLocked(cascade::v1::TokenDelta delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  cascade::v1::GenerateResponse FinishEvent(cascade::v1::FinishReason reason,
+  void EmitDeltaLocked(cascade::v2::TokenDelta delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  cascade::v2::GenerateResponse FinishEvent(cascade::v2::FinishReason reason,
                                             const std::string& stop_reason) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -105,7 +105,7 @@ class Turn : public std::enable_shared_from_this<Turn> {
   Mutex mu_;
   // What the next attempt sends (grows on resume). Changed only between attempts: the live
   // attempt's call reads it until its OnDone.
-  cascade::v1::WorkerGenerateRequest request_ ABSL_GUARDED_BY(mu_);
+  cascade::v2::WorkerServiceGenerateRequest request_ ABSL_GUARDED_BY(mu_);
   size_t attempt_ ABSL_GUARDED_BY(mu_) = 0;
   // The live attempt; it also owns itself until its call's OnDone.
   std::shared_ptr<Upstream> upstream_ ABSL_GUARDED_BY(mu_);

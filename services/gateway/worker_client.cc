@@ -6,15 +6,16 @@
 namespace cascade::gateway {
 namespace {
 
-using cascade::v1::WorkerGenerateRequest;
-using cascade::v1::WorkerGenerateResponse;
+using cascade::v2::WorkerServiceGenerateRequest;
+using cascade::v2::WorkerServiceGenerateResponse;
 
 class GrpcWorkerCall final : public WorkerCall,
-                             public grpc::ClientReadReactor<WorkerGenerateResponse>,
+                             public grpc::ClientReadReactor<WorkerServiceGenerateResponse>,
                              public std::enable_shared_from_this<GrpcWorkerCall> {
  public:
-  GrpcWorkerCall(cascade::v1::Worker::Stub* stub, const WorkerGenerateRequest& request,
-                 const WorkerCallOptions& options, WorkerCallObserver* observer)
+  GrpcWorkerCall(cascade::v2::WorkerService::Stub* stub,
+                 const WorkerServiceGenerateRequest& request, const WorkerCallOptions& options,
+                 WorkerCallObserver* observer)
       : observer_(observer) {
     ctx_.set_deadline(options.deadline);
     // Ids are checked where they enter (CheckIdField); an invalid metadata value would abort
@@ -48,23 +49,23 @@ class GrpcWorkerCall final : public WorkerCall,
  private:
   WorkerCallObserver* const observer_;
   grpc::ClientContext ctx_;
-  WorkerGenerateResponse msg_;
+  WorkerServiceGenerateResponse msg_;
   std::shared_ptr<GrpcWorkerCall> self_;
 };
 
 class GrpcWorkerClient final : public WorkerClient {
  public:
   explicit GrpcWorkerClient(std::shared_ptr<grpc::Channel> channel)
-      : stub_(cascade::v1::Worker::NewStub(std::move(channel))) {}
+      : stub_(cascade::v2::WorkerService::NewStub(std::move(channel))) {}
 
-  std::shared_ptr<WorkerCall> Generate(const WorkerGenerateRequest& request,
+  std::shared_ptr<WorkerCall> Generate(const WorkerServiceGenerateRequest& request,
                                        const WorkerCallOptions& options,
                                        WorkerCallObserver* observer) override {
     return std::make_shared<GrpcWorkerCall>(stub_.get(), request, options, observer);
   }
 
  private:
-  std::unique_ptr<cascade::v1::Worker::Stub> stub_;
+  std::unique_ptr<cascade::v2::WorkerService::Stub> stub_;
 };
 
 }  // namespace

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "cascade/v1/worker.grpc.pb.h"
+#include "cascade/v2/worker.grpc.pb.h"
 
 namespace cascade::gateway {
 
@@ -20,7 +20,7 @@ class WorkerCallObserver {
   virtual ~WorkerCallObserver() = default;
   // One message from the worker. Returns false to stop reading: the call is cancelled (the
   // worker frees the sequence) and OnDone follows.
-  virtual bool OnMessage(const cascade::v1::WorkerGenerateResponse& msg) = 0;
+  virtual bool OnMessage(const cascade::v2::WorkerServiceGenerateResponse& msg) = 0;
   // How the stream ended: OK after the worker's finish, else the worker's or the transport's
   // status (UNAVAILABLE when it cannot be reached or died, DEADLINE_EXCEEDED at the deadline,
   // CANCELLED after Cancel or a false OnMessage).
@@ -51,12 +51,12 @@ class WorkerClient {
   virtual ~WorkerClient() = default;
   // A stream for `request`, not yet started. REQUIRES: `request` and `observer` stay valid and
   // `request` unchanged until the observer's OnDone returns.
-  virtual std::shared_ptr<WorkerCall> Generate(const cascade::v1::WorkerGenerateRequest& request,
-                                               const WorkerCallOptions& options,
-                                               WorkerCallObserver* observer) = 0;
+  virtual std::shared_ptr<WorkerCall> Generate(
+      const cascade::v2::WorkerServiceGenerateRequest& request, const WorkerCallOptions& options,
+      WorkerCallObserver* observer) = 0;
 };
 
-// The real client, over a channel to a worker's cascade.v1.Worker service.
+// The real client, over a channel to a worker's cascade.v2.WorkerService service.
 std::unique_ptr<WorkerClient> NewGrpcWorkerClient(std::shared_ptr<grpc::Channel> channel);
 
 }  // namespace cascade::gateway

@@ -76,7 +76,7 @@ bool IsValidUtf8(std::string_view s);
 // Python's errors="replace" and the WHATWG decoder do.
 std::string ToValidUtf8(std::string_view s);
 
-// Mirrors cascade.v1.ChunkKind numerically (the hash folds in the number).
+// Mirrors cascade.v2.ChunkKind numerically (the hash folds in the number).
 enum class ChunkKind : int32_t {
   kUnspecified = 0,
   kSystem = 1,

@@ -78,10 +78,10 @@ TEST(LoadgenWorkload, HitSharesTheSystemChunkAndMissNeverDoes) {
   PromptSource prompts(o);
   const int64_t i = prompts.NextIndex(), j = prompts.NextIndex();
   EXPECT_NE(i, j);
-  v1::GenerateRequest h1 = prompts.Make(Workload::kHit, i), h2 = prompts.Make(Workload::kHit, j);
-  v1::GenerateRequest m1 = prompts.Make(Workload::kMiss, i), m2 = prompts.Make(Workload::kMiss, j);
+  v2::GenerateRequest h1 = prompts.Make(Workload::kHit, i), h2 = prompts.Make(Workload::kHit, j);
+  v2::GenerateRequest m1 = prompts.Make(Workload::kMiss, i), m2 = prompts.Make(Workload::kMiss, j);
   ASSERT_EQ(h1.chunks_size(), 2);
-  EXPECT_EQ(h1.chunks(0).kind(), v1::CHUNK_KIND_SYSTEM);
+  EXPECT_EQ(h1.chunks(0).kind(), v2::CHUNK_KIND_SYSTEM);
   EXPECT_EQ(h1.chunks(0).text(), h2.chunks(0).text());
   EXPECT_NE(h1.chunks(1).text(), h2.chunks(1).text());
   EXPECT_NE(m1.chunks(0).text(), m2.chunks(0).text());
@@ -95,7 +95,7 @@ TEST(LoadgenWorkload, HitSharesTheSystemChunkAndMissNeverDoes) {
                        static_cast<double>(h1.chunks(0).text().size());
   EXPECT_GT(ratio, 0.75);
   EXPECT_LT(ratio, 1.25);
-  v1::RegisterChunkRequest warm = prompts.WarmRequest(60);
+  v2::RegisterChunkRequest warm = prompts.WarmRequest(60);
   ASSERT_EQ(warm.chunks_size(), 1);
   EXPECT_EQ(warm.chunks(0).text(), h1.chunks(0).text());
   EXPECT_EQ(warm.pin_ttl_seconds(), 60);
@@ -118,15 +118,15 @@ TEST(LoadgenWorkload, CustomersShareTheirOwnPrefixOnly) {
   o.context_words = 80;
   o.run_tag = "t";
   PromptSource p(o);
-  std::map<int, std::vector<v1::GenerateRequest>> by_customer;
+  std::map<int, std::vector<v2::GenerateRequest>> by_customer;
   for (int64_t i = 0; i < 200; ++i)
     by_customer[p.CustomerOf(i)].push_back(p.Make(Workload::kCustomers, i));
   ASSERT_EQ(by_customer.size(), 5u);
   for (const auto& [c, reqs] : by_customer) {
     EXPECT_GT(reqs.size(), 15u) << c;
     ASSERT_EQ(reqs[0].chunks_size(), 3);
-    EXPECT_EQ(reqs[0].chunks(1).kind(), v1::CHUNK_KIND_CONTEXT);
-    for (const v1::GenerateRequest& r : reqs) {
+    EXPECT_EQ(reqs[0].chunks(1).kind(), v2::CHUNK_KIND_CONTEXT);
+    for (const v2::GenerateRequest& r : reqs) {
       EXPECT_EQ(r.chunks(0).text(), reqs[0].chunks(0).text());
       EXPECT_EQ(r.chunks(1).text(), reqs[0].chunks(1).text());
     }

@@ -14,7 +14,7 @@
 #include "cache_service/client/grpc_registry_client.h"
 #include "cache_service/registry/registry.h"
 #include "cache_service/server/registry_service.h"
-#include "cascade/v1/registry.grpc.pb.h"
+#include "cascade/v2/registry.grpc.pb.h"
 #include "common/server_runner.h"
 #include "common/transport.h"
 #include "tests/cache_service/registry_test_util.h"
@@ -28,7 +28,7 @@ using testing::Info;
 using testing::Prompt;
 using testing::Stored;
 using testing::Tokens;
-namespace v1 = ::cascade::v1;
+namespace v2 = ::cascade::v2;
 using common::Role;
 using common::testing::TestCerts;
 
@@ -112,7 +112,7 @@ class Server {
     so.print_ready_line = false;
     so.metrics = &metrics_;
     runner_ = std::make_unique<common::ServerRunner>(so);
-    runner_->AddService({service_.get(), v1::ChunkRegistry::service_full_name()});
+    runner_->AddService({service_.get(), v2::ChunkRegistryService::service_full_name()});
     absl::Status s = runner_->Start();
     EXPECT_TRUE(s.ok()) << s;
   }
@@ -122,9 +122,9 @@ class Server {
   int port() const { return runner_->port(); }
   Registry& registry() { return *registry_; }
   // A raw stub presenting `role`'s certificate (admin RPCs by default).
-  std::unique_ptr<v1::ChunkRegistry::Stub> Stub(Role role = Role::kAdmin,
-                                                std::string_view worker_id = "") {
-    return v1::ChunkRegistry::NewStub(ChannelAs(address(), role, worker_id));
+  std::unique_ptr<v2::ChunkRegistryService::Stub> Stub(Role role = Role::kAdmin,
+                                                       std::string_view worker_id = "") {
+    return v2::ChunkRegistryService::NewStub(ChannelAs(address(), role, worker_id));
   }
 
  private:
@@ -173,12 +173,12 @@ TEST_F(RegistryGrpcTest, HashesAndPositionsOverGrpcEqualTheHashingLibrary) {
     EXPECT_NE(Resolve(*client, q).chunks[1].hash, a.chunks[1].hash);
   }
   // The wire format is the library's hex.
-  v1::ResolveRequest req;
+  v2::ResolveRequest req;
   req.set_model("m");
-  v1::ResolveChunk* c = req.add_chunks();
-  c->set_kind(v1::CHUNK_KIND_SYSTEM);
+  v2::ResolveChunk* c = req.add_chunks();
+  c->set_kind(v2::CHUNK_KIND_SYSTEM);
   for (int32_t t : {1, 2, 3}) c->add_token_ids(t);
-  v1::ResolveResponse resp;
+  v2::ResolveResponse resp;
   grpc::ClientContext ctx;
   ASSERT_TRUE(server.Stub()->Resolve(&ctx, req, &resp).ok());
   std::vector<int32_t> toks = {1, 2, 3};
@@ -270,18 +270,21 @@ TEST_F(RegistryGrpcTest, AdminRpcsListInspectPinEvictWorkersAndStats) {
   ASSERT_TRUE(client->Heartbeat("w", WorkerLoad{2, 1, 50, 100}).ok());
   Resolve(*client, two_);
 
-  v1::ListChunksRequest list_req;
-  v1::ListChunksResponse list;
+  v2::ListChunksRequest list_req;
+  v2::ListChunksResponse list;
   grpc::ClientContext c1;
   ASSERT_TRUE(stub->ListChunks(&c1, list_req, &list).ok());
   EXPECT_EQ(list.total(), 2);
   ASSERT_EQ(list.chunks_size(), 2);
 
-  v1::GetChunkRequest get_req;
+  v2::GetChunkRequest get_req;
   get_req.set_hash(held[1].hash.ToHex());
-  v1::ChunkRecord rec;
+  v2::GetChunkResponse got;
   grpc::ClientContext c2;
-  ASSERT_TRUE(stub->GetChunk(&c2, get_req, &rec).ok());
+  ASSERT_TRUE(stub->GetChunk(&c2, get_req, &got).ok());
+  ASSERT_TRUE(got.has_chunk());
+  const v2::ChunkRecord& rec = got.chunk();
+  EXPECT_EQ(rec.hash(), held[1].hash.ToHex());
   EXPECT_EQ(rec.start(), 100);
   EXPECT_EQ(rec.num_tokens(), 100);
   EXPECT_EQ(rec.parent_hash(), held[0].hash.ToHex());
@@ -294,15 +297,15 @@ TEST_F(RegistryGrpcTest, AdminRpcsListInspectPinEvictWorkersAndStats) {
   absl::StatusOr<HeartbeatResult> hb = client->Heartbeat("w", {});
   ASSERT_TRUE(hb.ok());
   EXPECT_EQ(hb->pinned_hashes, std::vector<Hash128>{held[0].hash});
-  v1::UnpinChunkRequest unpin;
+  v2::UnpinChunkRequest unpin;
   unpin.set_hash(held[0].hash.ToHex());
-  v1::UnpinChunkResponse unpinned;
+  v2::UnpinChunkResponse unpinned;
   grpc::ClientContext c3;
   ASSERT_TRUE(stub->UnpinChunk(&c3, unpin, &unpinned).ok());
 
-  v1::EvictChunkRequest evict;
+  v2::EvictChunkRequest evict;
   evict.set_hash(held[1].hash.ToHex());
-  v1::EvictChunkResponse evicted;
+  v2::EvictChunkResponse evicted;
   grpc::ClientContext c4;
   ASSERT_TRUE(stub->EvictChunk(&c4, evict, &evicted).ok());
   EXPECT_EQ(evicted.workers(), 1);
@@ -310,17 +313,17 @@ TEST_F(RegistryGrpcTest, AdminRpcsListInspectPinEvictWorkersAndStats) {
   EXPECT_TRUE(hb->pinned_hashes.empty());
   EXPECT_EQ(hb->evict_hashes, std::vector<Hash128>{held[1].hash});
 
-  v1::ListWorkersResponse workers;
+  v2::ListWorkersResponse workers;
   grpc::ClientContext c5;
-  ASSERT_TRUE(stub->ListWorkers(&c5, v1::ListWorkersRequest(), &workers).ok());
+  ASSERT_TRUE(stub->ListWorkers(&c5, v2::ListWorkersRequest(), &workers).ok());
   ASSERT_EQ(workers.workers_size(), 1);
   EXPECT_EQ(workers.workers(0).chunks(), 1);
   EXPECT_EQ(workers.workers(0).block_size(), 16);
   EXPECT_EQ(workers.workers(0).lease_expires_ms(), clock_.NowMs() + 1000);
 
-  v1::RegistryStats stats;
+  v2::GetStatsResponse stats;
   grpc::ClientContext c6;
-  ASSERT_TRUE(stub->GetStats(&c6, v1::GetStatsRequest(), &stats).ok());
+  ASSERT_TRUE(stub->GetStats(&c6, v2::GetStatsRequest(), &stats).ok());
   EXPECT_EQ(stats.resolves(), 1);
   EXPECT_EQ(stats.resolve_hits(), 1);
   EXPECT_EQ(stats.workers(), 1);
@@ -345,19 +348,19 @@ TEST_F(RegistryGrpcTest, BadRequestsGetClearStatusesAndLeaveOthersAlone) {
   EXPECT_EQ(client->ReportEvents("bad/id", 1, {}).status().code(),
             absl::StatusCode::kPermissionDenied);
 
-  v1::GetChunkRequest get_req;
+  v2::GetChunkRequest get_req;
   get_req.set_hash("not-a-hash");
-  v1::ChunkRecord rec;
+  v2::GetChunkResponse rec;
   grpc::ClientContext c1;
   grpc::Status gs = stub->GetChunk(&c1, get_req, &rec);
   EXPECT_EQ(gs.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(gs.error_message().find("hash"), std::string::npos);
 
-  v1::ReportEventsRequest bad_events;
+  v2::ReportEventsRequest bad_events;
   bad_events.set_worker_id("good");
   bad_events.set_seq(2);
   bad_events.add_events()->mutable_chunk()->set_hash("zz");
-  v1::ReportEventsResponse resp;
+  v2::ReportEventsResponse resp;
   grpc::ClientContext c2;
   gs = server.Stub(Role::kWorker, "good")->ReportEvents(&c2, bad_events, &resp);
   EXPECT_EQ(gs.error_code(), grpc::StatusCode::INVALID_ARGUMENT);

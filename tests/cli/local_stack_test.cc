@@ -117,34 +117,34 @@ TEST(LocalStackTest, StackOfRealBinariesServesAGenerateStreamAndStops) {
 
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = Dial((*stack)->gateway().address);
   ASSERT_TRUE(channel.ok()) << channel.status();
-  std::unique_ptr<v1::Gateway::Stub> stub = v1::Gateway::NewStub(*channel);
-  v1::GenerateRequest request;
-  v1::Chunk* system = request.add_chunks();
-  system->set_kind(v1::CHUNK_KIND_SYSTEM);
+  std::unique_ptr<v2::GatewayService::Stub> stub = v2::GatewayService::NewStub(*channel);
+  v2::GenerateRequest request;
+  v2::Chunk* system = request.add_chunks();
+  system->set_kind(v2::CHUNK_KIND_SYSTEM);
   system->set_text("You are a test.");
-  v1::Chunk* query = request.add_chunks();
-  query->set_kind(v1::CHUNK_KIND_QUERY);
+  v2::Chunk* query = request.add_chunks();
+  query->set_kind(v2::CHUNK_KIND_QUERY);
   query->set_text("Say something.");
   request.mutable_sampling()->set_temperature(0);
   request.mutable_sampling()->set_max_tokens(6);
   request.mutable_sampling()->set_ignore_eos(true);
-  std::vector<v1::GenerateResponse::EventCase> order;
+  std::vector<v2::GenerateResponse::EventCase> order;
   absl::StatusOr<GenerateResult> result =
       RunGenerate(*stub, request, CallOptions{absl::Seconds(30), ""},
-                  [&](const v1::GenerateResponse& msg) { order.push_back(msg.event_case()); });
+                  [&](const v2::GenerateResponse& msg) { order.push_back(msg.event_case()); });
   ASSERT_TRUE(result.ok()) << result.status() << "\nlogs in " << (*stack)->log_dir();
   ASSERT_GE(order.size(), 3u);
-  EXPECT_EQ(order.front(), v1::GenerateResponse::kStart);
-  EXPECT_EQ(order.back(), v1::GenerateResponse::kFinish);
+  EXPECT_EQ(order.front(), v2::GenerateResponse::kStart);
+  EXPECT_EQ(order.back(), v2::GenerateResponse::kFinish);
   EXPECT_GT(result->deltas, 0);
   EXPECT_EQ(result->start.worker_id(), "worker-0");
   EXPECT_GT(result->start.prompt_tokens(), 0);
   EXPECT_EQ(result->token_ids.size(), 6u);
   EXPECT_EQ(result->finish.usage().completion_tokens(), 6);
-  EXPECT_EQ(result->finish.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(result->finish.finish_reason(), v2::FINISH_REASON_LENGTH);
   EXPECT_GE(result->ttft_ms, 0);
 
-  absl::StatusOr<v1::WorkerStats> stats =
+  absl::StatusOr<v2::WorkerServiceGetStatsResponse> stats =
       GetWorkerStats((*stack)->workers()[0].address, absl::Seconds(5),
                      (*stack)->AdminTls(common::kWorkerServerName));
   ASSERT_TRUE(stats.ok()) << stats.status();

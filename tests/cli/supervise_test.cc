@@ -21,7 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "cascade/v1/registry.grpc.pb.h"
+#include "cascade/v2/registry.grpc.pb.h"
 #include "common/internal_auth.h"
 #include "gpu_worker/model/generator.h"
 #include "services/cli/child_process.h"
@@ -121,13 +121,13 @@ class UpProcess {
   std::string error_;
 };
 
-v1::GenerateRequest LongGreedy(const std::string& system, const std::string& query, int tokens) {
-  v1::GenerateRequest request;
-  v1::Chunk* s = request.add_chunks();
-  s->set_kind(v1::CHUNK_KIND_SYSTEM);
+v2::GenerateRequest LongGreedy(const std::string& system, const std::string& query, int tokens) {
+  v2::GenerateRequest request;
+  v2::Chunk* s = request.add_chunks();
+  s->set_kind(v2::CHUNK_KIND_SYSTEM);
   s->set_text(system);
-  v1::Chunk* q = request.add_chunks();
-  q->set_kind(v1::CHUNK_KIND_QUERY);
+  v2::Chunk* q = request.add_chunks();
+  q->set_kind(v2::CHUNK_KIND_QUERY);
   q->set_text(query);
   request.mutable_sampling()->set_temperature(0);
   request.mutable_sampling()->set_max_tokens(tokens);
@@ -135,8 +135,8 @@ v1::GenerateRequest LongGreedy(const std::string& system, const std::string& que
   return request;
 }
 
-int LiveWorkers(v1::Gateway::Stub& stub) {
-  absl::StatusOr<v1::ListModelsResponse> models = ListModels(stub, {absl::Seconds(2), ""});
+int LiveWorkers(v2::GatewayService::Stub& stub) {
+  absl::StatusOr<v2::ListModelsResponse> models = ListModels(stub, {absl::Seconds(2), ""});
   return models.ok() && models->models_size() > 0 ? models->models(0).workers() : 0;
 }
 
@@ -145,7 +145,7 @@ struct StreamRun {
   std::vector<int32_t> tokens;
   std::string worker;
   int starts = 0;
-  v1::GenerateFinish finish;
+  v2::GenerateFinish finish;
   grpc::Status status;
 };
 
@@ -158,13 +158,13 @@ TEST(SuperviseTest, KilledWorkerCostsNoStreamAndComesBack) {
   ASSERT_TRUE(up.ready()) << up.error() << "\n" << up.log();
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = Dial(up.gateway());
   ASSERT_TRUE(channel.ok()) << channel.status();
-  std::unique_ptr<v1::Gateway::Stub> stub = v1::Gateway::NewStub(*channel);
+  std::unique_ptr<v2::GatewayService::Stub> stub = v2::GatewayService::NewStub(*channel);
   ASSERT_TRUE(WaitFor([&] { return LiveWorkers(*stub) >= 2; }, absl::Seconds(30))) << up.log();
 
   // Cold references, one at a time on the idle stack.
-  const v1::GenerateRequest victim_request =
+  const v2::GenerateRequest victim_request =
       LongGreedy("You are a storyteller who never stops.", "Tell the longest story you know.", 400);
-  const v1::GenerateRequest other_request =
+  const v2::GenerateRequest other_request =
       LongGreedy("You are a patient counter.", "Count slowly, in words.", 200);
   const CallOptions call{absl::Seconds(120), ""};
   absl::StatusOr<GenerateResult> want_victim = RunGenerate(*stub, victim_request, call);
@@ -179,13 +179,13 @@ TEST(SuperviseTest, KilledWorkerCostsNoStreamAndComesBack) {
   absl::Mutex mu;
   StreamRun victim_run, other_run;
   bool other_started = false;
-  auto stream = [&](const v1::GenerateRequest& request, StreamRun* run,
+  auto stream = [&](const v2::GenerateRequest& request, StreamRun* run,
                     const std::function<void(const StreamRun&)>& on_tokens) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
-    std::unique_ptr<grpc::ClientReaderInterface<v1::GenerateResponse>> reader =
+    std::unique_ptr<grpc::ClientReaderInterface<v2::GenerateResponse>> reader =
         stub->Generate(&ctx, request);
-    v1::GenerateResponse msg;
+    v2::GenerateResponse msg;
     while (reader->Read(&msg)) {
       absl::MutexLock lock(&mu);
       if (msg.has_start()) {
@@ -238,11 +238,11 @@ TEST(SuperviseTest, KilledWorkerCostsNoStreamAndComesBack) {
   EXPECT_TRUE(victim_run.status.ok()) << victim_run.status.error_message() << "\n" << up.log();
   EXPECT_EQ(victim_run.starts, 1);
   EXPECT_EQ(victim_run.tokens, want_victim->token_ids) << "the resumed stream differs from cold";
-  EXPECT_EQ(victim_run.finish.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(victim_run.finish.finish_reason(), v2::FINISH_REASON_LENGTH);
   EXPECT_EQ(victim_run.finish.usage().completion_tokens(), 400);
   EXPECT_TRUE(other_run.status.ok()) << other_run.status.error_message();
   EXPECT_EQ(other_run.tokens, want_other->token_ids);
-  EXPECT_EQ(other_run.finish.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(other_run.finish.finish_reason(), v2::FINISH_REASON_LENGTH);
   EXPECT_TRUE(up.process().Running()) << "cascade up stopped: " << up.log();
 
   // The victim comes back: a new process with its id, answering on the same address, and
@@ -256,14 +256,15 @@ TEST(SuperviseTest, KilledWorkerCostsNoStreamAndComesBack) {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> registry_channel =
       common::MakeChannel(registry_address, AdminTls(dir, common::kRegistryServerName));
   ASSERT_TRUE(registry_channel.ok());
-  std::unique_ptr<v1::ChunkRegistry::Stub> registry = v1::ChunkRegistry::NewStub(*registry_channel);
+  std::unique_ptr<v2::ChunkRegistryService::Stub> registry =
+      v2::ChunkRegistryService::NewStub(*registry_channel);
   pid_t new_pid = -1;
   auto registered_again = [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-    v1::ListWorkersResponse workers;
-    if (!registry->ListWorkers(&ctx, v1::ListWorkersRequest(), &workers).ok()) return false;
-    for (const v1::WorkerRecord& w : workers.workers()) {
+    v2::ListWorkersResponse workers;
+    if (!registry->ListWorkers(&ctx, v2::ListWorkersRequest(), &workers).ok()) return false;
+    for (const v2::WorkerRecord& w : workers.workers()) {
       // The registry's lease is 10 s (its default under `cascade up`); a lease ending later
       // than 10 s after the kill was granted to the new process.
       if (w.worker_id() == victim && w.address() == victim_address &&
@@ -344,7 +345,7 @@ TEST(SuperviseTest, CrashLoopingWorkerIsGivenUpOnAndTheRestServe) {
   // The rest serve: worker-0 answers through the gateway.
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = Dial(up.gateway());
   ASSERT_TRUE(channel.ok());
-  std::unique_ptr<v1::Gateway::Stub> stub = v1::Gateway::NewStub(*channel);
+  std::unique_ptr<v2::GatewayService::Stub> stub = v2::GatewayService::NewStub(*channel);
   for (int i = 0; i < 3; ++i) {
     absl::StatusOr<GenerateResult> r = RunGenerate(
         *stub, LongGreedy("You are brief.", absl::StrCat("Question ", i), 4), {absl::Seconds(60)});

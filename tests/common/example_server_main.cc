@@ -2,7 +2,7 @@
 // This one serves an empty Gateway (every method UNIMPLEMENTED) plus health and reflection.
 #include <iostream>
 
-#include "cascade/v1/gateway.grpc.pb.h"
+#include "cascade/v2/gateway.grpc.pb.h"
 #include "common/flags.h"
 #include "common/server_flags.h"
 #include "common/server_runner.h"
@@ -14,9 +14,9 @@ int main(int argc, char** argv) {
   cascade::common::RegisterServerFlags(&flags, &options);
   if (std::optional<int> code = cascade::common::ParseFlags(flags, argc, argv)) return *code;
 
-  cascade::v1::Gateway::CallbackService gateway;
-  absl::Status status =
-      cascade::common::RunServer(options, {{&gateway, cascade::v1::Gateway::service_full_name()}});
+  cascade::v2::GatewayService::CallbackService gateway;
+  absl::Status status = cascade::common::RunServer(
+      options, {{&gateway, cascade::v2::GatewayService::service_full_name()}});
   if (!status.ok()) {
     std::cerr << options.name << ": " << status.message() << "\n";
     return 1;

@@ -131,7 +131,7 @@ TEST(ExampleServerTest, PrintsReadyLineServesAndDrainsOnSigterm) {
   auto channel = MakeChannel("127.0.0.1:" + std::to_string(port), ClientTlsOptions{});
   ASSERT_TRUE(channel.ok());
   grpc::health::v1::HealthCheckResponse::ServingStatus s;
-  ASSERT_TRUE(testing::CheckHealth(*channel, "cascade.v1.Gateway", &s).ok());
+  ASSERT_TRUE(testing::CheckHealth(*channel, "cascade.v2.GatewayService", &s).ok());
   EXPECT_EQ(s, grpc::health::v1::HealthCheckResponse::SERVING);
   // An idle synchronous client in gRPC 1.51 reads its connection only every 5 s (the backup
   // poller), so the server's GOAWAY handshake would wait that long; a client that goes away

@@ -98,7 +98,7 @@ class ReflectionTest : public ::testing::Test {
     o.host = "127.0.0.1";
     o.handle_signals = false;
     runner_ = std::make_unique<ServerRunner>(o);
-    runner_->AddService({&gateway_, cascade::v1::Gateway::service_full_name()});
+    runner_->AddService({&gateway_, cascade::v2::GatewayService::service_full_name()});
     ASSERT_TRUE(runner_->Start().ok());
     channel_ = *MakeChannel(runner_->local_address(), ClientTlsOptions{});
   }
@@ -116,7 +116,7 @@ TEST_F(ReflectionTest, ListsEveryServiceIncludingHealthAndReflection) {
   for (const std::string& service : Fields(lists[0], 1)) {
     for (const std::string& name : Fields(service, 1)) names.insert(name);
   }
-  EXPECT_THAT(names, ::testing::IsSupersetOf({"cascade.v1.Gateway", "grpc.health.v1.Health",
+  EXPECT_THAT(names, ::testing::IsSupersetOf({"cascade.v2.GatewayService", "grpc.health.v1.Health",
                                               "grpc.reflection.v1alpha.ServerReflection"}));
 }
 

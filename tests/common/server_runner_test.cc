@@ -89,7 +89,7 @@ class Watcher {
 TEST(ServerRunnerTest, HealthReportsEachServiceAndNotFoundForUnknown) {
   testing::PacedStreamService gateway(1, absl::Milliseconds(1));
   ServerRunner runner(TestOptions());
-  runner.AddService({&gateway, cascade::v1::Gateway::service_full_name()});
+  runner.AddService({&gateway, cascade::v2::GatewayService::service_full_name()});
   ASSERT_TRUE(runner.Start().ok());
   EXPECT_GT(runner.port(), 0);
   auto channel = Connect(runner);
@@ -97,13 +97,13 @@ TEST(ServerRunnerTest, HealthReportsEachServiceAndNotFoundForUnknown) {
   HealthCheckResponse::ServingStatus s;
   ASSERT_TRUE(testing::CheckHealth(channel, "", &s).ok());
   EXPECT_EQ(s, HealthCheckResponse::SERVING);
-  ASSERT_TRUE(testing::CheckHealth(channel, "cascade.v1.Gateway", &s).ok());
+  ASSERT_TRUE(testing::CheckHealth(channel, "cascade.v2.GatewayService", &s).ok());
   EXPECT_EQ(s, HealthCheckResponse::SERVING);
   EXPECT_EQ(testing::CheckHealth(channel, "no.such.Service", &s).error_code(),
             grpc::StatusCode::NOT_FOUND);
 
-  runner.health().SetServingStatus("cascade.v1.Gateway", false);
-  ASSERT_TRUE(testing::CheckHealth(channel, "cascade.v1.Gateway", &s).ok());
+  runner.health().SetServingStatus("cascade.v2.GatewayService", false);
+  ASSERT_TRUE(testing::CheckHealth(channel, "cascade.v2.GatewayService", &s).ok());
   EXPECT_EQ(s, HealthCheckResponse::NOT_SERVING);
   ASSERT_TRUE(testing::CheckHealth(channel, "", &s).ok());
   EXPECT_EQ(s, HealthCheckResponse::SERVING);
@@ -128,7 +128,7 @@ TEST(ServerRunnerTest, ShutdownFlipsHealthDrainsInFlightStreamThenRejectsCalls) 
   // 10 messages, 150 ms apart: the stream is in flight for ~1.5 s, within the 5 s bound.
   testing::PacedStreamService gateway(10, absl::Milliseconds(150));
   ServerRunner runner(TestOptions());
-  runner.AddService({&gateway, cascade::v1::Gateway::service_full_name()});
+  runner.AddService({&gateway, cascade::v2::GatewayService::service_full_name()});
   bool drain_callback_ran = false;
   runner.AddDrainCallback([&] { drain_callback_ran = true; });
   ASSERT_TRUE(runner.Start().ok());
@@ -137,11 +137,11 @@ TEST(ServerRunnerTest, ShutdownFlipsHealthDrainsInFlightStreamThenRejectsCalls) 
   Watcher watcher(channel, "");
   ASSERT_TRUE(watcher.WaitForCount(1));
 
-  auto stub = cascade::v1::Gateway::NewStub(channel);
+  auto stub = cascade::v2::GatewayService::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-  auto reader = stub->Generate(&context, cascade::v1::GenerateRequest());
-  cascade::v1::GenerateResponse response;
+  auto reader = stub->Generate(&context, cascade::v2::GenerateRequest());
+  cascade::v2::GenerateResponse response;
   ASSERT_TRUE(reader->Read(&response));  // the stream is in flight
 
   absl::Time start = absl::Now();
@@ -159,8 +159,8 @@ TEST(ServerRunnerTest, ShutdownFlipsHealthDrainsInFlightStreamThenRejectsCalls) 
   {
     grpc::ClientContext c2;
     c2.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-    auto r2 = stub->Generate(&c2, cascade::v1::GenerateRequest());
-    cascade::v1::GenerateResponse ignored;
+    auto r2 = stub->Generate(&c2, cascade::v2::GenerateRequest());
+    cascade::v2::GenerateResponse ignored;
     EXPECT_FALSE(r2->Read(&ignored));
     EXPECT_FALSE(r2->Finish().ok());
   }
@@ -185,13 +185,13 @@ TEST(ServerRunnerTest, ShutdownFlipsHealthDrainsInFlightStreamThenRejectsCalls) 
 TEST(ServerRunnerTest, StreamOutlivingTheDrainBoundIsCancelled) {
   testing::PacedStreamService gateway(1000, absl::Milliseconds(50));
   ServerRunner runner(TestOptions());
-  runner.AddService({&gateway, cascade::v1::Gateway::service_full_name()});
+  runner.AddService({&gateway, cascade::v2::GatewayService::service_full_name()});
   ASSERT_TRUE(runner.Start().ok());
   auto channel = Connect(runner);
-  auto stub = cascade::v1::Gateway::NewStub(channel);
+  auto stub = cascade::v2::GatewayService::NewStub(channel);
   grpc::ClientContext context;
-  auto reader = stub->Generate(&context, cascade::v1::GenerateRequest());
-  cascade::v1::GenerateResponse response;
+  auto reader = stub->Generate(&context, cascade::v2::GenerateRequest());
+  cascade::v2::GenerateResponse response;
   ASSERT_TRUE(reader->Read(&response));
 
   absl::Time start = absl::Now();

@@ -12,7 +12,7 @@
 
 namespace cascade::common::testing {
 
-class PacedReactor final : public grpc::ServerWriteReactor<cascade::v1::GenerateResponse> {
+class PacedReactor final : public grpc::ServerWriteReactor<cascade::v2::GenerateResponse> {
  public:
   explicit PacedReactor(PacedStreamService* service) : service_(service) {
     thread_ = std::thread([this] { Run(); });
@@ -63,7 +63,7 @@ class PacedReactor final : public grpc::ServerWriteReactor<cascade::v1::Generate
   }
 
   PacedStreamService* const service_;
-  cascade::v1::GenerateResponse response_;
+  cascade::v2::GenerateResponse response_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool write_done_ = false;
@@ -72,8 +72,8 @@ class PacedReactor final : public grpc::ServerWriteReactor<cascade::v1::Generate
   std::thread thread_;
 };
 
-grpc::ServerWriteReactor<cascade::v1::GenerateResponse>* PacedStreamService::Generate(
-    grpc::CallbackServerContext* context, const cascade::v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<cascade::v2::GenerateResponse>* PacedStreamService::Generate(
+    grpc::CallbackServerContext* context, const cascade::v2::GenerateRequest* request) {
   calls_started_++;
   return new PacedReactor(this);
 }

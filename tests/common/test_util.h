@@ -9,20 +9,20 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "cascade/v1/gateway.grpc.pb.h"
+#include "cascade/v2/gateway.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace cascade::common::testing {
 
 // Gateway whose Generate streams `messages` empty responses, one every `interval`, from its own
 // thread per call, and finishes OK; a cancelled call stops early with CANCELLED.
-class PacedStreamService final : public cascade::v1::Gateway::CallbackService {
+class PacedStreamService final : public cascade::v2::GatewayService::CallbackService {
  public:
   PacedStreamService(int messages, absl::Duration interval)
       : messages_(messages), interval_(interval) {}
 
-  grpc::ServerWriteReactor<cascade::v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const cascade::v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<cascade::v2::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const cascade::v2::GenerateRequest* request) override;
 
   int calls_started() const { return calls_started_.load(); }
   int calls_cancelled() const { return calls_cancelled_.load(); }

@@ -18,31 +18,31 @@
 grpcurl -plaintext localhost:50051 list
 
 ## describe: the public API, from reflection
-grpcurl -plaintext localhost:50051 describe cascade.v1.Gateway
+grpcurl -plaintext localhost:50051 describe cascade.v2.GatewayService
 
 ## health: SERVING once a worker is up
 grpcurl -plaintext localhost:50051 grpc.health.v1.Health/Check
 
 ## list-models: the served model, its context length and worker count
-grpcurl -plaintext localhost:50051 cascade.v1.Gateway/ListModels
+grpcurl -plaintext localhost:50051 cascade.v2.GatewayService/ListModels
 
 ## tokenize: token ids of plain text
-grpcurl -plaintext -d '{"text":"Hello, Cascade!"}' localhost:50051 cascade.v1.Gateway/Tokenize
+grpcurl -plaintext -d '{"text":"Hello, Cascade!"}' localhost:50051 cascade.v2.GatewayService/Tokenize
 
 ## generate: a start (routing, prompt and cached tokens per chunk), token deltas, a finish
-grpcurl -plaintext -d '{"chunks":[{"kind":"CHUNK_KIND_SYSTEM","text":"You are terse."},{"kind":"CHUNK_KIND_QUERY","text":"Hi"}],"sampling":{"maxTokens":8,"temperature":0}}' localhost:50051 cascade.v1.Gateway/Generate
+grpcurl -plaintext -d '{"chunks":[{"kind":"CHUNK_KIND_SYSTEM","text":"You are terse."},{"kind":"CHUNK_KIND_QUERY","text":"Hi"}],"sampling":{"maxTokens":8,"temperature":0}}' localhost:50051 cascade.v2.GatewayService/Generate
 
 ## generate-again: the same request again; its start reports cachedTokens > 0 and the tokens are the same
-grpcurl -plaintext -d '{"chunks":[{"kind":"CHUNK_KIND_SYSTEM","text":"You are terse."},{"kind":"CHUNK_KIND_QUERY","text":"Hi"}],"sampling":{"maxTokens":8,"temperature":0}}' localhost:50051 cascade.v1.Gateway/Generate
+grpcurl -plaintext -d '{"chunks":[{"kind":"CHUNK_KIND_SYSTEM","text":"You are terse."},{"kind":"CHUNK_KIND_QUERY","text":"Hi"}],"sampling":{"maxTokens":8,"temperature":0}}' localhost:50051 cascade.v2.GatewayService/Generate
 
 ## invalid: bad input is answered INVALID_ARGUMENT naming the field (grpcurl exits 64 + 3 = 67)
-grpcurl -plaintext -d '{"chunks":[{"kind":"CHUNK_KIND_QUERY","text":"Hi"}],"sampling":{"maxTokens":0}}' localhost:50051 cascade.v1.Gateway/Generate
+grpcurl -plaintext -d '{"chunks":[{"kind":"CHUNK_KIND_QUERY","text":"Hi"}],"sampling":{"maxTokens":0}}' localhost:50051 cascade.v2.GatewayService/Generate
 
 ## list-chunks: the registry's admin view of the chunks and which worker holds them
-grpcurl -cacert /tmp/cascade-certs/ca.crt -cert /tmp/cascade-certs/admin.crt -key /tmp/cascade-certs/admin.key -servername registry.cascade.internal localhost:50052 cascade.v1.ChunkRegistry/ListChunks
+grpcurl -cacert /tmp/cascade-certs/ca.crt -cert /tmp/cascade-certs/admin.crt -key /tmp/cascade-certs/admin.key -servername registry.cascade.internal localhost:50052 cascade.v2.ChunkRegistryService/ListChunks
 
 ## list-workers: the registry's live workers with their load
-grpcurl -cacert /tmp/cascade-certs/ca.crt -cert /tmp/cascade-certs/admin.crt -key /tmp/cascade-certs/admin.key -servername registry.cascade.internal localhost:50052 cascade.v1.ChunkRegistry/ListWorkers
+grpcurl -cacert /tmp/cascade-certs/ca.crt -cert /tmp/cascade-certs/admin.crt -key /tmp/cascade-certs/admin.key -servername registry.cascade.internal localhost:50052 cascade.v2.ChunkRegistryService/ListWorkers
 
 ## registry-needs-a-certificate: without a certificate the registry lets nothing in, reflection included (Unauthenticated, grpcurl exits 1)
-grpcurl -cacert /tmp/cascade-certs/ca.crt -servername registry.cascade.internal localhost:50052 cascade.v1.ChunkRegistry/ListWorkers
+grpcurl -cacert /tmp/cascade-certs/ca.crt -servername registry.cascade.internal localhost:50052 cascade.v2.ChunkRegistryService/ListWorkers

@@ -172,18 +172,18 @@ for name in "${ORDER[@]}"; do
   case "$name" in
     list)
       expect_rc 0
-      for svc in cascade.v1.Gateway grpc.health.v1.Health grpc.reflection.v1alpha.ServerReflection; do
+      for svc in cascade.v2.GatewayService grpc.health.v1.Health grpc.reflection.v1alpha.ServerReflection; do
         grep -qx "$svc" "$OUT_FILE" || mismatch "expected a line '$svc'"
       done
       ;;
     describe)
       expect_rc 0
-      grep -qx 'cascade.v1.Gateway is a service:' "$OUT_FILE" || mismatch "expected 'cascade.v1.Gateway is a service:'"
+      grep -qx 'cascade.v2.GatewayService is a service:' "$OUT_FILE" || mismatch "expected 'cascade.v2.GatewayService is a service:'"
       for rpc in \
-        'rpc Generate ( .cascade.v1.GenerateRequest ) returns ( stream .cascade.v1.GenerateResponse );' \
-        'rpc Chat ( stream .cascade.v1.ChatRequest ) returns ( stream .cascade.v1.ChatResponse );' \
-        'rpc Tokenize ( .cascade.v1.TokenizeRequest ) returns ( .cascade.v1.TokenizeResponse );' \
-        'rpc ListModels ( .cascade.v1.ListModelsRequest ) returns ( .cascade.v1.ListModelsResponse );'; do
+        'rpc Generate ( .cascade.v2.GenerateRequest ) returns ( stream .cascade.v2.GenerateResponse );' \
+        'rpc Chat ( stream .cascade.v2.ChatRequest ) returns ( stream .cascade.v2.ChatResponse );' \
+        'rpc Tokenize ( .cascade.v2.TokenizeRequest ) returns ( .cascade.v2.TokenizeResponse );' \
+        'rpc ListModels ( .cascade.v2.ListModelsRequest ) returns ( .cascade.v2.ListModelsResponse );'; do
         grep -qxF "  $rpc" "$OUT_FILE" || mismatch "expected the line '  $rpc'"
       done
       ;;

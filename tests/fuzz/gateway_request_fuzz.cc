@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string>
 
-#include "cascade/v1/gateway.pb.h"
+#include "cascade/v2/gateway.pb.h"
 #include "common/bounded_text.h"
 #include "google/protobuf/stubs/logging.h"
 #include "services/gateway/prompt.h"
@@ -22,7 +22,7 @@
 namespace cascade::fuzz {
 namespace {
 
-namespace v1 = ::cascade::v1;
+namespace v2 = ::cascade::v2;
 using gateway::BuildPrompt;
 using gateway::CheckModel;
 using gateway::ParseRawRequest;
@@ -48,14 +48,14 @@ void CheckPrompt(const Prompt& p, bool generation_prompt, const tokenizer::Token
   FUZZ_CHECK(n == p.num_tokens, "num_tokens %lld != sum of chunks %lld",
              static_cast<long long>(p.num_tokens), static_cast<long long>(n));
   FUZZ_CHECK(!p.chunks.empty(), "an accepted prompt has no chunks");
-  FUZZ_CHECK(!generation_prompt || p.chunks.back().kind == v1::CHUNK_KIND_GENERATION_PROMPT,
+  FUZZ_CHECK(!generation_prompt || p.chunks.back().kind == v2::CHUNK_KIND_GENERATION_PROMPT,
              "the generation prompt is not last");
   FUZZ_CHECK(p.num_tokens + p.sampling.max_tokens() <= Limits().max_context,
              "an accepted prompt exceeds the context");
-  v1::WorkerGenerateRequest w = gateway::ToWorkerRequest(p, "fuzz-request", "qwen3");
+  v2::WorkerServiceGenerateRequest w = gateway::ToWorkerRequest(p, "fuzz-request", "qwen3");
   FUZZ_CHECK(w.chunks_size() == static_cast<int>(p.chunks.size()), "worker request lost chunks");
   int64_t m = 0;
-  for (const v1::WorkerChunk& c : w.chunks()) m += c.token_ids_size();
+  for (const v2::WorkerChunk& c : w.chunks()) m += c.token_ids_size();
   FUZZ_CHECK(m == p.num_tokens, "worker request carries %lld of %lld tokens",
              static_cast<long long>(m), static_cast<long long>(p.num_tokens));
 }
@@ -84,7 +84,7 @@ void OneInput(const uint8_t* data, size_t size) {
   --size;
   switch (rpc) {
     case 0: {  // Generate
-      absl::StatusOr<v1::GenerateRequest> req = Parse<v1::GenerateRequest>(data, size);
+      absl::StatusOr<v2::GenerateRequest> req = Parse<v2::GenerateRequest>(data, size);
       if (!Accepted(req.status()) || !Accepted(CheckModel(req->model(), limits)) ||
           !Accepted(common::CheckIdField("request_id", req->request_id()))) {
         return;
@@ -96,7 +96,7 @@ void OneInput(const uint8_t* data, size_t size) {
       return;
     }
     case 1: {  // Chat: one turn
-      absl::StatusOr<v1::ChatRequest> req = Parse<v1::ChatRequest>(data, size);
+      absl::StatusOr<v2::ChatRequest> req = Parse<v2::ChatRequest>(data, size);
       if (!Accepted(req.status()) || !Accepted(CheckModel(req->model(), limits)) ||
           !Accepted(common::CheckIdField("session_id", req->session_id()))) {
         return;
@@ -107,7 +107,7 @@ void OneInput(const uint8_t* data, size_t size) {
       return;
     }
     case 2: {  // Tokenize
-      absl::StatusOr<v1::TokenizeRequest> req = Parse<v1::TokenizeRequest>(data, size);
+      absl::StatusOr<v2::TokenizeRequest> req = Parse<v2::TokenizeRequest>(data, size);
       if (!Accepted(req.status()) || !Accepted(CheckModel(req->model(), limits))) return;
       if (req->chunks_size() == 0) {
         absl::StatusOr<std::vector<int32_t>> ids = tok.Encode(req->text());
@@ -116,7 +116,7 @@ void OneInput(const uint8_t* data, size_t size) {
         }
         return;
       }
-      v1::SamplingParams none;
+      v2::SamplingParams none;
       none.set_max_tokens(1);
       const bool gp = !req->has_add_generation_prompt() || req->add_generation_prompt();
       absl::StatusOr<Prompt> p = BuildPrompt(req->chunks(), none, "", gp, tok, limits);
@@ -124,9 +124,9 @@ void OneInput(const uint8_t* data, size_t size) {
       return;
     }
     default: {  // RegisterChunk
-      absl::StatusOr<v1::RegisterChunkRequest> req = Parse<v1::RegisterChunkRequest>(data, size);
+      absl::StatusOr<v2::RegisterChunkRequest> req = Parse<v2::RegisterChunkRequest>(data, size);
       if (!Accepted(req.status()) || !Accepted(CheckModel(req->model(), limits))) return;
-      v1::SamplingParams none;
+      v2::SamplingParams none;
       none.set_max_tokens(1);
       absl::StatusOr<Prompt> p =
           BuildPrompt(req->chunks(), none, req->cache_salt(), false, tok, limits);

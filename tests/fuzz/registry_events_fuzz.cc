@@ -14,14 +14,14 @@
 #include "cache_service/registry/clock.h"
 #include "cache_service/registry/registry.h"
 #include "cache_service/wire/registry_wire.h"
-#include "cascade/v1/registry.pb.h"
+#include "cascade/v2/registry.pb.h"
 #include "google/protobuf/stubs/logging.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace cascade::fuzz {
 namespace {
 
-namespace v1 = ::cascade::v1;
+namespace v2 = ::cascade::v2;
 using registry::Registry;
 
 constexpr int64_t kMaxChunks = 64;
@@ -79,21 +79,21 @@ void OneInput(const uint8_t* data, size_t size) {
     absl::Status st;
     switch (op) {
       case 0: {
-        v1::ReportEventsRequest req;
+        v2::ReportEventsRequest req;
         if (!Parse(bytes, &req)) break;
         absl::StatusOr<std::vector<registry::ChunkEvent>> ev = registry::wire::EventsFromProto(req);
         st = ev.ok() ? r.ReportEvents(req.worker_id(), req.seq(), *ev).status() : ev.status();
         break;
       }
       case 1: {
-        v1::ResyncRequest req;
+        v2::ResyncRequest req;
         if (!Parse(bytes, &req)) break;
         absl::StatusOr<std::vector<registry::HeldChunk>> c = registry::wire::ChunksFromProto(req);
         st = c.ok() ? r.Resync(req.worker_id(), *c, req.seq()).status() : c.status();
         break;
       }
       case 2: {
-        v1::ResolveRequest req;
+        v2::ResolveRequest req;
         if (!Parse(bytes, &req)) break;
         std::vector<hash::ChunkSpec> specs = registry::wire::SpecsFromProto(req);
         absl::StatusOr<registry::ResolveResult> res =
@@ -101,7 +101,7 @@ void OneInput(const uint8_t* data, size_t size) {
         st = res.status();
         if (res.ok()) {
           FUZZ_CHECK(res->chunks.size() == specs.size(), "resolve lost chunks");
-          v1::ResolveResponse resp;
+          v2::ResolveResponse resp;
           registry::wire::ToProto(*res, &resp);
           absl::StatusOr<registry::ResolveResult> back = registry::wire::FromProto(resp);
           FUZZ_CHECK(back.ok() && back->chunks.size() == res->chunks.size(),
@@ -110,13 +110,13 @@ void OneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 3: {
-        v1::RegisterWorkerRequest req;
+        v2::RegisterWorkerRequest req;
         if (!Parse(bytes, &req)) break;
         st = r.RegisterWorker(registry::wire::FromProto(req)).status();
         break;
       }
       case 4: {
-        v1::HeartbeatRequest req;
+        v2::HeartbeatRequest req;
         if (!Parse(bytes, &req)) break;
         st = r.Heartbeat(req.worker_id(), registry::wire::FromProto(req.load())).status();
         break;

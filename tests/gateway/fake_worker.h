@@ -67,8 +67,9 @@ class FakeWorker;
 
 class FakeCall final : public WorkerCall, public std::enable_shared_from_this<FakeCall> {
  public:
-  FakeCall(FakeWorker* worker, FakeBehavior behavior, const cascade::v1::WorkerGenerateRequest& r,
-           WorkerCallOptions options, WorkerCallObserver* observer)
+  FakeCall(FakeWorker* worker, FakeBehavior behavior,
+           const cascade::v2::WorkerServiceGenerateRequest& r, WorkerCallOptions options,
+           WorkerCallObserver* observer)
       : worker_(worker),
         behavior_(behavior),
         request_(r),
@@ -89,12 +90,12 @@ class FakeCall final : public WorkerCall, public std::enable_shared_from_this<Fa
  private:
   void Run();
   // Sends one message; false when the stream is over (cancelled, or the observer said stop).
-  bool Send(const cascade::v1::WorkerGenerateResponse& m);
+  bool Send(const cascade::v2::WorkerServiceGenerateResponse& m);
   void Done(const grpc::Status& s) { observer_->OnDone(s); }
 
   FakeWorker* const worker_;
   const FakeBehavior behavior_;
-  const cascade::v1::WorkerGenerateRequest& request_;
+  const cascade::v2::WorkerServiceGenerateRequest& request_;
   const WorkerCallOptions options_;
   WorkerCallObserver* const observer_;
   Mutex mu_;
@@ -114,7 +115,7 @@ class FakeWorker {
     MutexLock lock(&mu_);
     script_.assign(behaviors.begin(), behaviors.end());
   }
-  std::shared_ptr<FakeCall> NewCall(const cascade::v1::WorkerGenerateRequest& r,
+  std::shared_ptr<FakeCall> NewCall(const cascade::v2::WorkerServiceGenerateRequest& r,
                                     const WorkerCallOptions& options,
                                     WorkerCallObserver* observer) {
     MutexLock lock(&mu_);
@@ -133,7 +134,7 @@ class FakeWorker {
     MutexLock lock(&mu_);
     threads_.push_back(std::move(t));
   }
-  std::vector<cascade::v1::WorkerGenerateRequest> requests() {
+  std::vector<cascade::v2::WorkerServiceGenerateRequest> requests() {
     MutexLock lock(&mu_);
     return requests_;
   }
@@ -158,7 +159,7 @@ class FakeWorker {
   const std::string id_;
   Mutex mu_;
   std::deque<FakeBehavior> script_ ABSL_GUARDED_BY(mu_);
-  std::vector<cascade::v1::WorkerGenerateRequest> requests_ ABSL_GUARDED_BY(mu_);
+  std::vector<cascade::v2::WorkerServiceGenerateRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::vector<WorkerCallOptions> options_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<FakeCall>> calls_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
@@ -167,7 +168,7 @@ class FakeWorker {
 class FakeWorkerClient final : public WorkerClient {
  public:
   explicit FakeWorkerClient(FakeWorker* worker) : worker_(worker) {}
-  std::shared_ptr<WorkerCall> Generate(const cascade::v1::WorkerGenerateRequest& request,
+  std::shared_ptr<WorkerCall> Generate(const cascade::v2::WorkerServiceGenerateRequest& request,
                                        const WorkerCallOptions& options,
                                        WorkerCallObserver* observer) override {
     return worker_->NewCall(request, options, observer);
@@ -182,7 +183,7 @@ inline void FakeCall::Start() {
   worker_->Spawn(std::thread([self] { self->Run(); }));
 }
 
-inline bool FakeCall::Send(const cascade::v1::WorkerGenerateResponse& m) {
+inline bool FakeCall::Send(const cascade::v2::WorkerServiceGenerateResponse& m) {
   {
     MutexLock lock(&mu_);
     if (cancelled_) return false;
@@ -193,7 +194,7 @@ inline bool FakeCall::Send(const cascade::v1::WorkerGenerateResponse& m) {
 }
 
 inline void FakeCall::Run() {
-  using cascade::v1::WorkerGenerateResponse;
+  using cascade::v2::WorkerServiceGenerateResponse;
   const grpc::Status cancelled(grpc::StatusCode::CANCELLED, "cancelled");
   if (behavior_.kind == FakeBehavior::kRefuse) {
     Done(behavior_.status);
@@ -206,21 +207,21 @@ inline void FakeCall::Run() {
   const int64_t prompt_tokens = static_cast<int64_t>(context.size());
   const int max_tokens = request_.sampling().max_tokens();
   if (behavior_.kind != FakeBehavior::kHangSilent) {
-    WorkerGenerateResponse start;
+    WorkerServiceGenerateResponse start;
     start.mutable_start()->set_worker_id(worker_->id());
     start.mutable_start()->set_prompt_tokens(prompt_tokens);
     if (!Send(start)) return Done(cancelled);
     const int n = behavior_.kind == FakeBehavior::kServe ? max_tokens
                                                          : std::min(behavior_.tokens, max_tokens);
     for (int i = 0; i < n; ++i) {
-      WorkerGenerateResponse t;
+      WorkerServiceGenerateResponse t;
       context.push_back(FakeNextToken(context));
       t.mutable_tokens()->add_token_ids(context.back());
       if (!Send(t)) return Done(cancelled);
     }
     if (behavior_.kind == FakeBehavior::kServe) {
-      WorkerGenerateResponse f;
-      f.mutable_finish()->set_finish_reason(cascade::v1::FINISH_REASON_LENGTH);
+      WorkerServiceGenerateResponse f;
+      f.mutable_finish()->set_finish_reason(cascade::v2::FINISH_REASON_LENGTH);
       f.mutable_finish()->mutable_usage()->set_prompt_tokens(prompt_tokens);
       f.mutable_finish()->mutable_usage()->set_completion_tokens(n);
       if (!Send(f)) return Done(cancelled);

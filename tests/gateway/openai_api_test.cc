@@ -26,12 +26,12 @@ TEST(OpenAiApiTest, ChatMessagesBecomeChunksOfTheirKinds) {
   ASSERT_TRUE(t.ok()) << t.status();
   const auto& r = t->request;
   ASSERT_EQ(r.chunks_size(), 4);
-  EXPECT_EQ(r.chunks(0).kind(), cascade::v1::CHUNK_KIND_SYSTEM);
-  EXPECT_EQ(r.chunks(1).kind(), cascade::v1::CHUNK_KIND_CONTEXT);
+  EXPECT_EQ(r.chunks(0).kind(), cascade::v2::CHUNK_KIND_SYSTEM);
+  EXPECT_EQ(r.chunks(1).kind(), cascade::v2::CHUNK_KIND_CONTEXT);
   EXPECT_EQ(r.chunks(1).cache_salt(), "tenant-a");
-  EXPECT_EQ(r.chunks(2).kind(), cascade::v1::CHUNK_KIND_ASSISTANT);
+  EXPECT_EQ(r.chunks(2).kind(), cascade::v2::CHUNK_KIND_ASSISTANT);
   EXPECT_EQ(r.chunks(2).text(), "ok");
-  EXPECT_EQ(r.chunks(3).kind(), cascade::v1::CHUNK_KIND_QUERY);
+  EXPECT_EQ(r.chunks(3).kind(), cascade::v2::CHUNK_KIND_QUERY);
   EXPECT_TRUE(r.add_generation_prompt());
   EXPECT_EQ(r.sampling().max_tokens(), 7);
   EXPECT_FLOAT_EQ(r.sampling().temperature(), 0.5f);
@@ -41,7 +41,7 @@ TEST(OpenAiApiTest, ChatMessagesBecomeChunksOfTheirKinds) {
 TEST(OpenAiApiTest, CompletionPromptsAreRawTextOrTokenIds) {
   auto text = TranslateRequest({{"prompt", "Hello"}}, Endpoint::kCompletions, "m");
   ASSERT_TRUE(text.ok());
-  EXPECT_EQ(text->request.chunks(0).kind(), cascade::v1::CHUNK_KIND_RAW);
+  EXPECT_EQ(text->request.chunks(0).kind(), cascade::v2::CHUNK_KIND_RAW);
   EXPECT_EQ(text->request.chunks(0).text(), "Hello");
   EXPECT_FALSE(text->request.add_generation_prompt());
   auto ids = TranslateRequest({{"prompt", {1, 2, 3}}}, Endpoint::kCompletions, "m");
@@ -51,8 +51,8 @@ TEST(OpenAiApiTest, CompletionPromptsAreRawTextOrTokenIds) {
       {{"chunks", {{{"kind", "system"}, {"text", "s"}}, {{"kind", "query"}, {"text", "q"}}}}},
       Endpoint::kCompletions, "m");
   ASSERT_TRUE(chunks.ok()) << chunks.status();
-  EXPECT_EQ(chunks->request.chunks(0).kind(), cascade::v1::CHUNK_KIND_SYSTEM);
-  EXPECT_EQ(chunks->request.chunks(1).kind(), cascade::v1::CHUNK_KIND_QUERY);
+  EXPECT_EQ(chunks->request.chunks(0).kind(), cascade::v2::CHUNK_KIND_SYSTEM);
+  EXPECT_EQ(chunks->request.chunks(1).kind(), cascade::v2::CHUNK_KIND_QUERY);
 }
 
 TEST(OpenAiApiTest, WhatIsNotImplementedIsRefusedByName) {
@@ -113,22 +113,22 @@ TEST(OpenAiApiTest, ChatLogprobsAskForTheSampledTokenAtLeast) {
   EXPECT_FALSE(TranslateRequest(body, Endpoint::kChat, "m").ok());
 }
 
-cascade::v1::GenerateResponse Start(int64_t prompt, int64_t cached) {
-  cascade::v1::GenerateResponse e;
+cascade::v2::GenerateResponse Start(int64_t prompt, int64_t cached) {
+  cascade::v2::GenerateResponse e;
   e.mutable_start()->set_request_id("r1");
   e.mutable_start()->set_prompt_tokens(prompt);
   e.mutable_start()->set_cached_tokens(cached);
   return e;
 }
-cascade::v1::GenerateResponse Delta(const std::string& text) {
-  cascade::v1::GenerateResponse e;
+cascade::v2::GenerateResponse Delta(const std::string& text) {
+  cascade::v2::GenerateResponse e;
   e.mutable_delta()->set_text(text);
   e.mutable_delta()->add_token_ids(1);
   return e;
 }
-cascade::v1::GenerateResponse Finish(int64_t prompt, int64_t cached, int64_t completion) {
-  cascade::v1::GenerateResponse e;
-  e.mutable_finish()->set_finish_reason(cascade::v1::FINISH_REASON_STOP_STRING);
+cascade::v2::GenerateResponse Finish(int64_t prompt, int64_t cached, int64_t completion) {
+  cascade::v2::GenerateResponse e;
+  e.mutable_finish()->set_finish_reason(cascade::v2::FINISH_REASON_STOP_STRING);
   e.mutable_finish()->mutable_usage()->set_prompt_tokens(prompt);
   e.mutable_finish()->mutable_usage()->set_cached_tokens(cached);
   e.mutable_finish()->mutable_usage()->set_completion_tokens(completion);

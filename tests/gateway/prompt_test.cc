@@ -11,7 +11,7 @@
 namespace cascade::gateway {
 namespace {
 
-using cascade::v1::Chunk;
+using cascade::v2::Chunk;
 using google::protobuf::RepeatedPtrField;
 
 class PromptTest : public ::testing::Test {
@@ -27,20 +27,20 @@ class PromptTest : public ::testing::Test {
     EXPECT_TRUE(ids.ok()) << ids.status();
     return ids.ok() ? *ids : std::vector<int32_t>{};
   }
-  static Chunk Text(cascade::v1::ChunkKind kind, const std::string& text) {
+  static Chunk Text(cascade::v2::ChunkKind kind, const std::string& text) {
     Chunk c;
     c.set_kind(kind);
     c.set_text(text);
     return c;
   }
-  static Chunk Ids(cascade::v1::ChunkKind kind, std::vector<int32_t> ids) {
+  static Chunk Ids(cascade::v2::ChunkKind kind, std::vector<int32_t> ids) {
     Chunk c;
     c.set_kind(kind);
     c.mutable_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
     return c;
   }
   absl::StatusOr<Prompt> Build(std::vector<Chunk> chunks,
-                               const cascade::v1::SamplingParams& sampling = {},
+                               const cascade::v2::SamplingParams& sampling = {},
                                bool generation_prompt = true) {
     RepeatedPtrField<Chunk> field(chunks.begin(), chunks.end());
     return BuildPrompt(field, sampling, "salt", generation_prompt, *tok_, limits_);
@@ -58,15 +58,15 @@ class PromptTest : public ::testing::Test {
 };
 
 TEST_F(PromptTest, EachChunkGetsItsChatMLPieceAndTheGenerationPromptComesLast) {
-  auto p = Build({Text(cascade::v1::CHUNK_KIND_SYSTEM, "You are terse."),
-                  Text(cascade::v1::CHUNK_KIND_CONTEXT, "Paris is in France."),
-                  Text(cascade::v1::CHUNK_KIND_QUERY, "Where is Paris?")});
+  auto p = Build({Text(cascade::v2::CHUNK_KIND_SYSTEM, "You are terse."),
+                  Text(cascade::v2::CHUNK_KIND_CONTEXT, "Paris is in France."),
+                  Text(cascade::v2::CHUNK_KIND_QUERY, "Where is Paris?")});
   ASSERT_TRUE(p.ok()) << p.status();
   ASSERT_EQ(p->chunks.size(), 4u);
   EXPECT_EQ(p->chunks[0].tokens, Encode("<|im_start|>system\nYou are terse.<|im_end|>\n"));
   EXPECT_EQ(p->chunks[1].tokens, Encode("<|im_start|>user\nParis is in France.<|im_end|>\n"));
   EXPECT_EQ(p->chunks[2].tokens, Encode("<|im_start|>user\nWhere is Paris?<|im_end|>\n"));
-  EXPECT_EQ(p->chunks[3].kind, cascade::v1::CHUNK_KIND_GENERATION_PROMPT);
+  EXPECT_EQ(p->chunks[3].kind, cascade::v2::CHUNK_KIND_GENERATION_PROMPT);
   EXPECT_EQ(p->chunks[3].tokens, Encode("<|im_start|>assistant\n"));
   int64_t total = 0;
   for (const PromptChunk& c : p->chunks) total += static_cast<int64_t>(c.tokens.size());
@@ -75,7 +75,7 @@ TEST_F(PromptTest, EachChunkGetsItsChatMLPieceAndTheGenerationPromptComesLast) {
 }
 
 TEST_F(PromptTest, WithoutTheGenerationPromptTheClientsChunksAreAll) {
-  auto p = Build({Text(cascade::v1::CHUNK_KIND_RAW, "plain text")}, {}, false);
+  auto p = Build({Text(cascade::v2::CHUNK_KIND_RAW, "plain text")}, {}, false);
   ASSERT_TRUE(p.ok()) << p.status();
   ASSERT_EQ(p->chunks.size(), 1u);
   EXPECT_EQ(p->chunks[0].tokens, Encode("plain text")) << "RAW chunks get no template";
@@ -85,7 +85,7 @@ TEST_F(PromptTest, TokenIdChunksPassThroughWithinTheModelsVocabulary) {
   const int64_t tokenizer_vocab = tok_->vocab_size();
   limits_.vocab_size = tokenizer_vocab + 100;  // the model's, larger than the tokenizer's
   const int32_t beyond_text = static_cast<int32_t>(tokenizer_vocab + 5);
-  Chunk c = Ids(cascade::v1::CHUNK_KIND_RAW, {1, 2, beyond_text});
+  Chunk c = Ids(cascade::v2::CHUNK_KIND_RAW, {1, 2, beyond_text});
   c.set_cache_salt("tenant");
   auto p = Build({c}, {}, false);
   ASSERT_TRUE(p.ok()) << p.status();
@@ -93,112 +93,112 @@ TEST_F(PromptTest, TokenIdChunksPassThroughWithinTheModelsVocabulary) {
   EXPECT_EQ(p->chunks[0].cache_salt, "tenant");
 
   const int32_t first_outside = static_cast<int32_t>(limits_.vocab_size);
-  ExpectRefused(Build({Ids(cascade::v1::CHUNK_KIND_RAW, {1, first_outside})}),
+  ExpectRefused(Build({Ids(cascade::v2::CHUNK_KIND_RAW, {1, first_outside})}),
                 "chunks[0].token_ids[1]");
-  ExpectRefused(Build({Ids(cascade::v1::CHUNK_KIND_RAW, {-1})}), "chunks[0].token_ids[0] = -1");
+  ExpectRefused(Build({Ids(cascade::v2::CHUNK_KIND_RAW, {-1})}), "chunks[0].token_ids[0] = -1");
 }
 
 TEST_F(PromptTest, BadChunksAreRefusedNamingTheField) {
   ExpectRefused(Build({}), "chunks: at least one chunk");
-  ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_UNSPECIFIED, "x")}), "chunks[0].kind");
-  ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_QUERY, "x"),
-                       Text(cascade::v1::CHUNK_KIND_GENERATION_PROMPT, "x")}),
+  ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_UNSPECIFIED, "x")}), "chunks[0].kind");
+  ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "x"),
+                       Text(cascade::v2::CHUNK_KIND_GENERATION_PROMPT, "x")}),
                 "chunks[1].kind: GENERATION_PROMPT is added by the gateway");
-  ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_QUERY, "")}), "chunks[0].text is empty");
-  ExpectRefused(Build({Ids(cascade::v1::CHUNK_KIND_RAW, {})}), "chunks[0].token_ids is empty");
-  ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_QUERY, "ok"),
-                       Text(cascade::v1::CHUNK_KIND_QUERY, std::string("\xc3\x28", 2))}),
+  ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "")}), "chunks[0].text is empty");
+  ExpectRefused(Build({Ids(cascade::v2::CHUNK_KIND_RAW, {})}), "chunks[0].token_ids is empty");
+  ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "ok"),
+                       Text(cascade::v2::CHUNK_KIND_QUERY, std::string("\xc3\x28", 2))}),
                 "chunks[1].text is not valid UTF-8");
   limits_.max_chunks = 2;
   ExpectRefused(
-      Build({Text(cascade::v1::CHUNK_KIND_QUERY, "a"), Text(cascade::v1::CHUNK_KIND_QUERY, "b"),
-             Text(cascade::v1::CHUNK_KIND_QUERY, "c")}),
+      Build({Text(cascade::v2::CHUNK_KIND_QUERY, "a"), Text(cascade::v2::CHUNK_KIND_QUERY, "b"),
+             Text(cascade::v2::CHUNK_KIND_QUERY, "c")}),
       "3 chunks, at most 2");
 }
 
 TEST_F(PromptTest, SizesAreRefusedBeforeTokenizing) {
   limits_.max_prompt_bytes = 100;
-  ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_QUERY, std::string(101, 'a'))}),
+  ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, std::string(101, 'a'))}),
                 "at most 100 per request", absl::StatusCode::kResourceExhausted);
   // Ids count 4 bytes each.
-  ExpectRefused(Build({Ids(cascade::v1::CHUNK_KIND_RAW, std::vector<int32_t>(26, 1))}), "104 bytes",
+  ExpectRefused(Build({Ids(cascade::v2::CHUNK_KIND_RAW, std::vector<int32_t>(26, 1))}), "104 bytes",
                 absl::StatusCode::kResourceExhausted);
   limits_.max_prompt_bytes = 1 << 20;
   limits_.max_context = 64;
-  ExpectRefused(Build({Ids(cascade::v1::CHUNK_KIND_RAW, std::vector<int32_t>(65, 1))}),
+  ExpectRefused(Build({Ids(cascade::v2::CHUNK_KIND_RAW, std::vector<int32_t>(65, 1))}),
                 "65 token ids, more than the model's context length (64 tokens)");
 }
 
 TEST_F(PromptTest, UnsetMaxTokensIsTheSharedDefaultAndIsSentExplicitly) {
-  auto p = Build({Text(cascade::v1::CHUNK_KIND_QUERY, "Hi")});
+  auto p = Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")});
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(worker::kDefaultMaxTokens, 256);
   EXPECT_TRUE(p->sampling.has_max_tokens());
   EXPECT_EQ(p->sampling.max_tokens(), worker::kDefaultMaxTokens);
   // What a worker called directly with the same unset field would use.
-  EXPECT_EQ(worker::SamplingFromProto(cascade::v1::SamplingParams()).max_tokens,
+  EXPECT_EQ(worker::SamplingFromProto(cascade::v2::SamplingParams()).max_tokens,
             worker::kDefaultMaxTokens);
 
   limits_.default_max_tokens = 9;  // --default_max_tokens
-  auto q = Build({Text(cascade::v1::CHUNK_KIND_QUERY, "Hi")});
+  auto q = Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")});
   ASSERT_TRUE(q.ok());
   EXPECT_EQ(q->sampling.max_tokens(), 9);
-  cascade::v1::SamplingParams s;
+  cascade::v2::SamplingParams s;
   s.set_max_tokens(3);
-  auto r = Build({Text(cascade::v1::CHUNK_KIND_QUERY, "Hi")}, s);
+  auto r = Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->sampling.max_tokens(), 3);
 }
 
 TEST_F(PromptTest, TheGatewayPicksASeedWhenTheClientSetsNoneAndKeepsTheClients) {
-  auto a = Build({Text(cascade::v1::CHUNK_KIND_QUERY, "Hi")});
-  auto b = Build({Text(cascade::v1::CHUNK_KIND_QUERY, "Hi")});
+  auto a = Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")});
+  auto b = Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")});
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_TRUE(a->sampling.has_seed());
   EXPECT_TRUE(b->sampling.has_seed());
   EXPECT_NE(a->sampling.seed(), b->sampling.seed());
-  cascade::v1::SamplingParams s;
+  cascade::v2::SamplingParams s;
   s.set_seed(42);
-  auto c = Build({Text(cascade::v1::CHUNK_KIND_QUERY, "Hi")}, s);
+  auto c = Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->sampling.seed(), 42u);
 }
 
 TEST_F(PromptTest, BadSamplingIsRefusedNamingTheField) {
-  cascade::v1::SamplingParams s;
+  cascade::v2::SamplingParams s;
   s.set_temperature(-1);
-  ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_QUERY, "Hi")}, s), "sampling.temperature");
+  ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s), "sampling.temperature");
   s = {};
   s.set_max_tokens(0);
-  ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_QUERY, "Hi")}, s), "sampling.max_tokens");
+  ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s), "sampling.max_tokens");
   s = {};
   s.set_max_tokens(static_cast<int32_t>(limits_.max_context));
-  ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_QUERY, "Hi")}, s),
+  ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s),
                 "exceeds the model's context length");
   s = {};
   for (int i = 0; i <= limits_.max_stop_strings; ++i) s.add_stop("x");
-  ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_QUERY, "Hi")}, s), "sampling.stop: at most");
+  ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s), "sampling.stop: at most");
   s = {};
   s.add_stop("ok");
   s.add_stop("");
-  ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_QUERY, "Hi")}, s), "sampling.stop[1] is empty");
+  ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s), "sampling.stop[1] is empty");
   s = {};
   s.add_stop(std::string(limits_.max_stop_string_bytes + 1, 'a'));
-  ExpectRefused(Build({Text(cascade::v1::CHUNK_KIND_QUERY, "Hi")}, s), "sampling.stop[0] must be");
+  ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s), "sampling.stop[0] must be");
 }
 
 TEST_F(PromptTest, TheWorkerRequestCarriesThePromptAndSamplingButNotStopStrings) {
-  cascade::v1::SamplingParams s;
+  cascade::v2::SamplingParams s;
   s.set_temperature(0.5f);
   s.set_top_k(5);
   s.add_stop("END");
   s.add_stop_token_ids(7);
-  Chunk salted = Text(cascade::v1::CHUNK_KIND_CONTEXT, "doc");
+  Chunk salted = Text(cascade::v2::CHUNK_KIND_CONTEXT, "doc");
   salted.set_cache_salt("private");
-  auto p = Build({Text(cascade::v1::CHUNK_KIND_SYSTEM, "sys"), salted}, s);
+  auto p = Build({Text(cascade::v2::CHUNK_KIND_SYSTEM, "sys"), salted}, s);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->stop, std::vector<std::string>{"END"});
-  cascade::v1::WorkerGenerateRequest r = ToWorkerRequest(*p, "req-9", "tiny");
+  cascade::v2::WorkerServiceGenerateRequest r = ToWorkerRequest(*p, "req-9", "tiny");
   EXPECT_EQ(r.request_id(), "req-9");
   EXPECT_EQ(r.model(), "tiny");
   EXPECT_EQ(r.cache_salt(), "salt");
@@ -220,7 +220,7 @@ TEST_F(PromptTest, TheWorkerRequestCarriesThePromptAndSamplingButNotStopStrings)
 }
 
 TEST_F(PromptTest, ChunkSpecsViewThePromptsChunks) {
-  auto p = Build({Text(cascade::v1::CHUNK_KIND_SYSTEM, "sys")});
+  auto p = Build({Text(cascade::v2::CHUNK_KIND_SYSTEM, "sys")});
   ASSERT_TRUE(p.ok());
   const std::vector<hash::ChunkSpec> specs = ChunkSpecs(*p);
   ASSERT_EQ(specs.size(), p->chunks.size());
@@ -243,9 +243,9 @@ TEST_F(PromptTest, CheckModelAcceptsOursOrNoneAndNamesBothOtherwise) {
 TEST_F(PromptTest, MaxRequestBytesFitsTheLargestValidPrompt) {
   limits_.max_prompt_bytes = 4000;
   // The largest valid prompt by the byte rule: 1000 ids, each up to 5 bytes on the wire.
-  cascade::v1::GenerateRequest req;
+  cascade::v2::GenerateRequest req;
   auto* c = req.add_chunks();
-  c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+  c->set_kind(cascade::v2::CHUNK_KIND_RAW);
   for (int i = 0; i < 1000; ++i) c->mutable_token_ids()->add_ids(150000);
   EXPECT_LE(req.ByteSizeLong(), MaxRequestBytes(limits_));
   PromptLimits bigger = limits_;

@@ -17,9 +17,9 @@ class RouteHashesTest : public ::testing::Test {
     tok_ = tokenizer::testutil::Qwen3();
     ASSERT_NE(tok_, nullptr);
     options_.limits.model_name = "tiny";
-    google::protobuf::RepeatedPtrField<cascade::v1::Chunk> chunks;
-    for (auto [kind, text] : {std::pair{cascade::v1::CHUNK_KIND_SYSTEM, "You are terse."},
-                              std::pair{cascade::v1::CHUNK_KIND_QUERY, "Hi"}}) {
+    google::protobuf::RepeatedPtrField<cascade::v2::Chunk> chunks;
+    for (auto [kind, text] : {std::pair{cascade::v2::CHUNK_KIND_SYSTEM, "You are terse."},
+                              std::pair{cascade::v2::CHUNK_KIND_QUERY, "Hi"}}) {
       auto* c = chunks.Add();
       c->set_kind(kind);
       c->set_text(text);
@@ -42,7 +42,7 @@ TEST_F(RouteHashesTest, TheWorkerRequestGetsTheRegistrysChunkHashes) {
   registry::Registry reg{registry::RegistryOptions{}};
   std::unique_ptr<registry::RegistryClient> client = registry::NewInProcessRegistryClient(&reg);
   GatewayService svc(options_, tok_, client.get(), &pool_, &metrics_);
-  cascade::v1::WorkerGenerateRequest req = ToWorkerRequest(prompt_, "r1", "tiny");
+  cascade::v2::WorkerServiceGenerateRequest req = ToWorkerRequest(prompt_, "r1", "tiny");
   svc.Route(prompt_, "", &req);
   const std::vector<hash::PlacedChunk> want =
       hash::PlaceChunks("tiny", "tenant", ChunkSpecs(prompt_));
@@ -54,7 +54,7 @@ TEST_F(RouteHashesTest, TheWorkerRequestGetsTheRegistrysChunkHashes) {
 
 TEST_F(RouteHashesTest, WithoutARegistryTheChunksGoUnhashedAndRoutingUsesTheKnownWorkers) {
   GatewayService svc(options_, tok_, nullptr, &pool_, &metrics_);
-  cascade::v1::WorkerGenerateRequest req = ToWorkerRequest(prompt_, "r1", "tiny");
+  cascade::v2::WorkerServiceGenerateRequest req = ToWorkerRequest(prompt_, "r1", "tiny");
   std::vector<Scored> ranked = svc.Route(prompt_, "", &req);
   ASSERT_EQ(ranked.size(), 1u);
   EXPECT_EQ(ranked[0].candidate.address, "127.0.0.1:1");

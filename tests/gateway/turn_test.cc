@@ -15,7 +15,7 @@
 namespace cascade::gateway {
 namespace {
 
-using cascade::v1::GenerateResponse;
+using cascade::v2::GenerateResponse;
 using testing::FakeBehavior;
 
 constexpr int kMaxTokens = 12;
@@ -71,7 +71,7 @@ struct Stream {
   std::vector<int32_t> tokens;
   std::string text;
   int finishes = 0;
-  cascade::v1::GenerateFinish finish;
+  cascade::v2::GenerateFinish finish;
   grpc::StatusCode code = grpc::StatusCode::OK;
 };
 
@@ -117,7 +117,7 @@ class TurnTest : public ::testing::Test {
     p.request_id = "req-1";
     p.request.set_request_id("req-1");
     p.request.set_model("tiny");
-    auto add = [&](cascade::v1::ChunkKind kind, const std::string& text) {
+    auto add = [&](cascade::v2::ChunkKind kind, const std::string& text) {
       auto ids = tok_->Encode(text);
       EXPECT_TRUE(ids.ok());
       auto* c = p.request.add_chunks();
@@ -126,9 +126,9 @@ class TurnTest : public ::testing::Test {
       prompt_.insert(prompt_.end(), ids->begin(), ids->end());
     };
     prompt_.clear();
-    add(cascade::v1::CHUNK_KIND_SYSTEM, "<|im_start|>system\nYou are terse.<|im_end|>\n");
-    add(cascade::v1::CHUNK_KIND_QUERY, "<|im_start|>user\nName a color.<|im_end|>\n");
-    add(cascade::v1::CHUNK_KIND_GENERATION_PROMPT, "<|im_start|>assistant\n");
+    add(cascade::v2::CHUNK_KIND_SYSTEM, "<|im_start|>system\nYou are terse.<|im_end|>\n");
+    add(cascade::v2::CHUNK_KIND_QUERY, "<|im_start|>user\nName a color.<|im_end|>\n");
+    add(cascade::v2::CHUNK_KIND_GENERATION_PROMPT, "<|im_start|>assistant\n");
     p.request.mutable_sampling()->set_max_tokens(kMaxTokens);
     p.request.mutable_sampling()->set_seed(7);
     for (const std::string& a : addresses) p.workers.push_back(Scored{Candidate{"id-" + a, a}, 0});
@@ -171,7 +171,7 @@ TEST_F(TurnTest, UninterruptedStreamIsTheWorkersTokensWithTheirText) {
   ASSERT_TRUE(text.ok());
   EXPECT_EQ(s.text, *text);
   EXPECT_EQ(s.finishes, 1);
-  EXPECT_EQ(s.finish.finish_reason(), cascade::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(s.finish.finish_reason(), cascade::v2::FINISH_REASON_LENGTH);
   EXPECT_EQ(s.finish.usage().completion_tokens(), kMaxTokens);
   EXPECT_EQ(s.finish.usage().prompt_tokens(), static_cast<int64_t>(prompt_.size()));
 }
@@ -180,7 +180,7 @@ TEST_F(TurnTest, WorkerDyingAfterNTokensResumesOnTheNextWithTheEmittedTokensAndT
   const Stream clean = Uninterrupted();
   cluster_.at("w1")->Script({{FakeBehavior::kDie, 5}});
   TurnParams p = Params({"w1", "w2"});
-  const cascade::v1::WorkerGenerateRequest original = p.request;
+  const cascade::v2::WorkerServiceGenerateRequest original = p.request;
   const Stream s = Run(std::move(p));
 
   EXPECT_EQ(s.code, grpc::StatusCode::OK);
@@ -202,7 +202,7 @@ TEST_F(TurnTest, WorkerDyingAfterNTokensResumesOnTheNextWithTheEmittedTokensAndT
     EXPECT_EQ(r.chunks(i).SerializeAsString(), original.chunks(i).SerializeAsString());
   }
   const auto& tail = r.chunks(original.chunks_size());
-  EXPECT_EQ(tail.kind(), cascade::v1::CHUNK_KIND_ASSISTANT);
+  EXPECT_EQ(tail.kind(), cascade::v2::CHUNK_KIND_ASSISTANT);
   EXPECT_EQ(std::vector<int32_t>(tail.token_ids().begin(), tail.token_ids().end()),
             std::vector<int32_t>(clean.tokens.begin(), clean.tokens.begin() + 5));
   EXPECT_EQ(r.sampling().max_tokens(), kMaxTokens - 5);
@@ -229,7 +229,7 @@ TEST_F(TurnTest, TwoWorkersFailingInTurnStillGiveTheUninterruptedStream) {
   ASSERT_EQ(asked.size(), 1u);
   ASSERT_EQ(asked[0].chunks_size(), prompt_chunks + 1);
   const auto& tail = asked[0].chunks(prompt_chunks);
-  EXPECT_EQ(tail.kind(), cascade::v1::CHUNK_KIND_ASSISTANT);
+  EXPECT_EQ(tail.kind(), cascade::v2::CHUNK_KIND_ASSISTANT);
   EXPECT_EQ(tail.token_ids_size(), 7);
   EXPECT_EQ(asked[0].sampling().max_tokens(), kMaxTokens - 7);
   EXPECT_EQ(metrics_.resumes->Value(), 2);
@@ -290,7 +290,7 @@ TEST_F(TurnTest, WorkerStallingMidStreamEndsAtTheDeadlineWithAnErrorFinishAndUsa
   EXPECT_EQ(s.code, grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(s.tokens.size(), 4u);
   ASSERT_EQ(s.finishes, 1);
-  EXPECT_EQ(s.finish.finish_reason(), cascade::v1::FINISH_REASON_ERROR);
+  EXPECT_EQ(s.finish.finish_reason(), cascade::v2::FINISH_REASON_ERROR);
   EXPECT_EQ(s.finish.usage().completion_tokens(), 4);
   EXPECT_EQ(s.finish.usage().prompt_tokens(), static_cast<int64_t>(prompt_.size()));
   EXPECT_TRUE(cluster_.at("w2")->requests().empty());
@@ -310,11 +310,11 @@ TEST_F(TurnTest, NoCandidateLeftGivesAnErrorFinishWithTheUsageSoFarThenUnavailab
       << sink.status().error_message();
   EXPECT_EQ(s.tokens, std::vector<int32_t>(clean.tokens.begin(), clean.tokens.begin() + 7));
   ASSERT_EQ(s.finishes, 1);
-  EXPECT_EQ(s.finish.finish_reason(), cascade::v1::FINISH_REASON_ERROR);
+  EXPECT_EQ(s.finish.finish_reason(), cascade::v2::FINISH_REASON_ERROR);
   EXPECT_EQ(s.finish.usage().completion_tokens(), 7);
   EXPECT_EQ(s.finish.usage().prompt_tokens(), static_cast<int64_t>(prompt_.size()));
   EXPECT_TRUE(cluster_.at("w3")->requests().empty());
-  EXPECT_EQ(sink.result().finish_reason, cascade::v1::FINISH_REASON_ERROR);
+  EXPECT_EQ(sink.result().finish_reason, cascade::v2::FINISH_REASON_ERROR);
 }
 
 TEST_F(TurnTest, EveryCandidateRefusingGivesTheLastRefusalAndNoEvents) {
@@ -359,7 +359,7 @@ TEST_F(TurnTest, ResumeTurnedOffEndsWithAnErrorFinishInsteadOfContinuing) {
   p.resume_mid_stream = false;
   const Stream s = Run(std::move(p));
   EXPECT_EQ(s.code, grpc::StatusCode::UNAVAILABLE);
-  EXPECT_EQ(s.finish.finish_reason(), cascade::v1::FINISH_REASON_ERROR);
+  EXPECT_EQ(s.finish.finish_reason(), cascade::v2::FINISH_REASON_ERROR);
   EXPECT_EQ(s.finish.usage().completion_tokens(), 5);
   EXPECT_TRUE(cluster_.at("w2")->requests().empty());
 }
@@ -392,7 +392,7 @@ TEST_F(TurnTest, StopStringEndsTheTurnAndCancelsTheWorkerStream) {
   const Stream s = Run(std::move(p));
   EXPECT_EQ(s.code, grpc::StatusCode::OK);
   EXPECT_EQ(s.text, before);
-  EXPECT_EQ(s.finish.finish_reason(), cascade::v1::FINISH_REASON_STOP_STRING);
+  EXPECT_EQ(s.finish.finish_reason(), cascade::v2::FINISH_REASON_STOP_STRING);
   EXPECT_EQ(s.finish.stop_reason(), stop);
   ASSERT_EQ(cluster_.at("w1")->calls().size(), 1u);
   EXPECT_TRUE(cluster_.at("w1")->calls()[0]->cancelled()) << "the worker kept generating";

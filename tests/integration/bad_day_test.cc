@@ -36,15 +36,15 @@ TEST(BadDayTest, IdsThatCannotBeMetadataAreRefusedAndTheGatewayLivesOn) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
     auto stream = stack.gateway().Chat(&ctx);
-    cascade::v1::ChatRequest req;
+    cascade::v2::ChatRequest req;
     req.set_session_id(id);
     auto* c = req.add_chunks();
-    c->set_kind(cascade::v1::CHUNK_KIND_QUERY);
+    c->set_kind(cascade::v2::CHUNK_KIND_QUERY);
     c->set_text("hi");
     req.mutable_sampling()->set_max_tokens(2);
     stream->Write(req);
     stream->WritesDone();
-    cascade::v1::ChatResponse resp;
+    cascade::v2::ChatResponse resp;
     while (stream->Read(&resp)) {
     }
     grpc::Status st = stream->Finish();
@@ -79,34 +79,34 @@ TEST(BadDayTest, EchoedInputIsBoundedInEveryErrorMessage) {
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    cascade::v1::TokenizeRequest req;
+    cascade::v2::TokenizeRequest req;
     req.set_model(huge);
     req.set_text("hello");
-    cascade::v1::TokenizeResponse resp;
+    cascade::v2::TokenizeResponse resp;
     grpc::Status st = stack.gateway().Tokenize(&ctx, req, &resp);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_LE(st.error_message().size(), 1024u);
   }
   {
     // Straight at the worker (as the gateway), which echoes the model too.
-    auto stub = cascade::v1::Worker::NewStub(stack.WorkerChannel(0, common::Role::kGateway));
+    auto stub = cascade::v2::WorkerService::NewStub(stack.WorkerChannel(0, common::Role::kGateway));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    cascade::v1::WorkerGenerateRequest req;
+    cascade::v2::WorkerServiceGenerateRequest req;
     req.set_model(huge);
     auto* c = req.add_chunks();
-    c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+    c->set_kind(cascade::v2::CHUNK_KIND_RAW);
     c->add_token_ids(5);
     req.mutable_sampling()->set_max_tokens(1);
     auto reader = stub->Generate(&ctx, req);
-    cascade::v1::WorkerGenerateResponse m;
+    cascade::v2::WorkerServiceGenerateResponse m;
     while (reader->Read(&m)) {
     }
     grpc::Status st = reader->Finish();
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_LE(st.error_message().size(), 1024u);
   }
-  cascade::v1::GenerateResponse m;
+  cascade::v2::GenerateResponse m;
   int64_t completion = 0;
   while (bg->Read(&m)) {
     if (m.has_finish()) completion = m.finish().usage().completion_tokens();
@@ -120,7 +120,7 @@ TEST(BadDayTest, TokenIdsCountAgainstThePromptMemoryBound) {
   // 1.2M ids of one wire byte each: 1.2 MB on the wire, 4.8 MB as ids, over the 4 MB bound.
   auto req = Req("", "q", 2);
   auto* c = req.add_chunks();
-  c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+  c->set_kind(cascade::v2::CHUNK_KIND_RAW);
   c->mutable_token_ids()->mutable_ids()->Resize(1200000, 5);
   Reply r = Generate(stack.gateway(), req);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
@@ -138,11 +138,11 @@ TEST(BadDayTest, TokenIdsCountAgainstThePromptMemoryBound) {
 
 // A Worker service whose Generate follows a script, to drive the gateway's relay exactly: what a
 // real model emits (an id beyond the tokenizer's 151669 texts) and how a real worker dies.
-class ScriptedWorker final : public cascade::v1::Worker::Service {
+class ScriptedWorker final : public cascade::v2::WorkerService::Service {
  public:
   using Script =
-      std::function<grpc::Status(int call, const cascade::v1::WorkerGenerateRequest&,
-                                 grpc::ServerWriter<cascade::v1::WorkerGenerateResponse>*)>;
+      std::function<grpc::Status(int call, const cascade::v2::WorkerServiceGenerateRequest&,
+                                 grpc::ServerWriter<cascade::v2::WorkerServiceGenerateResponse>*)>;
   explicit ScriptedWorker(Script script, std::atomic<int>* calls)
       : script_(std::move(script)), calls_(calls) {
     grpc::ServerBuilder b;
@@ -157,8 +157,9 @@ class ScriptedWorker final : public cascade::v1::Worker::Service {
   ~ScriptedWorker() override { server_->Shutdown(std::chrono::system_clock::now()); }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
-  grpc::Status Generate(grpc::ServerContext*, const cascade::v1::WorkerGenerateRequest* req,
-                        grpc::ServerWriter<cascade::v1::WorkerGenerateResponse>* w) override {
+  grpc::Status Generate(
+      grpc::ServerContext*, const cascade::v2::WorkerServiceGenerateRequest* req,
+      grpc::ServerWriter<cascade::v2::WorkerServiceGenerateResponse>* w) override {
     return script_(calls_->fetch_add(1), *req, w);
   }
 
@@ -169,21 +170,21 @@ class ScriptedWorker final : public cascade::v1::Worker::Service {
   std::unique_ptr<grpc::Server> server_;
 };
 
-void SendStart(grpc::ServerWriter<cascade::v1::WorkerGenerateResponse>* w, int64_t prompt) {
-  cascade::v1::WorkerGenerateResponse m;
+void SendStart(grpc::ServerWriter<cascade::v2::WorkerServiceGenerateResponse>* w, int64_t prompt) {
+  cascade::v2::WorkerServiceGenerateResponse m;
   m.mutable_start()->set_worker_id("scripted");
   m.mutable_start()->set_prompt_tokens(prompt);
   w->Write(m);
 }
-void SendTokens(grpc::ServerWriter<cascade::v1::WorkerGenerateResponse>* w,
+void SendTokens(grpc::ServerWriter<cascade::v2::WorkerServiceGenerateResponse>* w,
                 std::vector<int32_t> ids) {
-  cascade::v1::WorkerGenerateResponse m;
+  cascade::v2::WorkerServiceGenerateResponse m;
   m.mutable_tokens()->mutable_token_ids()->Assign(ids.begin(), ids.end());
   w->Write(m);
 }
-void SendFinish(grpc::ServerWriter<cascade::v1::WorkerGenerateResponse>* w) {
-  cascade::v1::WorkerGenerateResponse m;
-  m.mutable_finish()->set_finish_reason(cascade::v1::FINISH_REASON_LENGTH);
+void SendFinish(grpc::ServerWriter<cascade::v2::WorkerServiceGenerateResponse>* w) {
+  cascade::v2::WorkerServiceGenerateResponse m;
+  m.mutable_finish()->set_finish_reason(cascade::v2::FINISH_REASON_LENGTH);
   w->Write(m);
 }
 
@@ -213,7 +214,7 @@ TEST(BadDayTest, AnIdWithNoTextReachesTheClientAndTheUsage) {
       &calls);
   auto gw = GatewayOver({worker.address()});
   ASSERT_NE(gw, nullptr);
-  auto stub = cascade::v1::Gateway::NewStub(
+  auto stub = cascade::v2::GatewayService::NewStub(
       grpc::CreateChannel(gw->address(), grpc::InsecureChannelCredentials()));
   Reply r = Generate(*stub, Req("sys", "q", 3));
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
@@ -224,9 +225,9 @@ TEST(BadDayTest, AnIdWithNoTextReachesTheClientAndTheUsage) {
 TEST(BadDayTest, AResumedStreamCarriesAnIdWithNoTextIntoTheResumePrompt) {
   std::atomic<int> calls{0};
   std::mutex mu;
-  cascade::v1::WorkerGenerateRequest resumed;
-  auto script = [&](int call, const cascade::v1::WorkerGenerateRequest& req,
-                    grpc::ServerWriter<cascade::v1::WorkerGenerateResponse>* w) {
+  cascade::v2::WorkerServiceGenerateRequest resumed;
+  auto script = [&](int call, const cascade::v2::WorkerServiceGenerateRequest& req,
+                    grpc::ServerWriter<cascade::v2::WorkerServiceGenerateResponse>* w) {
     if (call == 0) {  // the first worker emits two tokens, then dies
       SendStart(w, 10);
       SendTokens(w, {100, kNoTextId});
@@ -244,7 +245,7 @@ TEST(BadDayTest, AResumedStreamCarriesAnIdWithNoTextIntoTheResumePrompt) {
   ScriptedWorker a(script, &calls), b(script, &calls);
   auto gw = GatewayOver({a.address(), b.address()});
   ASSERT_NE(gw, nullptr);
-  auto stub = cascade::v1::Gateway::NewStub(
+  auto stub = cascade::v2::GatewayService::NewStub(
       grpc::CreateChannel(gw->address(), grpc::InsecureChannelCredentials()));
   Reply r = Generate(*stub, Req("sys", "q", 3));
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
@@ -253,7 +254,7 @@ TEST(BadDayTest, AResumedStreamCarriesAnIdWithNoTextIntoTheResumePrompt) {
   std::lock_guard<std::mutex> lock(mu);
   ASSERT_GT(resumed.chunks_size(), 0);
   const auto& last = resumed.chunks(resumed.chunks_size() - 1);
-  EXPECT_EQ(last.kind(), cascade::v1::CHUNK_KIND_ASSISTANT);
+  EXPECT_EQ(last.kind(), cascade::v2::CHUNK_KIND_ASSISTANT);
   EXPECT_EQ(std::vector<int32_t>(last.token_ids().begin(), last.token_ids().end()),
             (std::vector<int32_t>{100, kNoTextId}));
   EXPECT_EQ(resumed.sampling().max_tokens(), 1);
@@ -278,9 +279,9 @@ TEST(BadDayTest, BadAdmissionFlagsAreRefusedAtStartWithTheirNames) {
 
 TEST(BadDayTest, AClientMayResendAnIdWithNoText) {
   Stack stack({.workers = 1});
-  cascade::v1::GenerateRequest r;
+  cascade::v2::GenerateRequest r;
   auto* c = r.add_chunks();
-  c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+  c->set_kind(cascade::v2::CHUNK_KIND_RAW);
   for (int id : {9707, kNoTextId}) c->mutable_token_ids()->add_ids(id);
   r.set_add_generation_prompt(false);
   r.mutable_sampling()->set_max_tokens(2);

@@ -11,7 +11,7 @@ namespace {
 
 struct BadCase {
   std::string name;
-  std::function<void(cascade::v1::GenerateRequest&)> mutate;
+  std::function<void(cascade::v2::GenerateRequest&)> mutate;
   grpc::StatusCode code;
   std::string message_part;
 };
@@ -28,7 +28,7 @@ TEST(BadInputTest, EachBadRequestGetsAClearStatusAndNothingElseIsDisturbed) {
       {"empty text", [](auto& r) { r.mutable_chunks(0)->set_text(""); },
        grpc::StatusCode::INVALID_ARGUMENT, "chunks[0].text"},
       {"kind unset",
-       [](auto& r) { r.mutable_chunks(0)->set_kind(cascade::v1::CHUNK_KIND_UNSPECIFIED); },
+       [](auto& r) { r.mutable_chunks(0)->set_kind(cascade::v2::CHUNK_KIND_UNSPECIFIED); },
        grpc::StatusCode::INVALID_ARGUMENT, "chunks[0].kind"},
       {"unknown model", [](auto& r) { r.set_model("no-such-model"); },
        grpc::StatusCode::INVALID_ARGUMENT, "model"},
@@ -56,7 +56,7 @@ TEST(BadInputTest, EachBadRequestGetsAClearStatusAndNothingElseIsDisturbed) {
       {"token id out of vocabulary",
        [](auto& r) {
          auto* c = r.add_chunks();
-         c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+         c->set_kind(cascade::v2::CHUNK_KIND_RAW);
          c->mutable_token_ids()->add_ids(5);
          c->mutable_token_ids()->add_ids(99999999);
        },
@@ -64,14 +64,14 @@ TEST(BadInputTest, EachBadRequestGetsAClearStatusAndNothingElseIsDisturbed) {
       {"negative token id",
        [](auto& r) {
          auto* c = r.add_chunks();
-         c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+         c->set_kind(cascade::v2::CHUNK_KIND_RAW);
          c->mutable_token_ids()->add_ids(-1);
        },
        grpc::StatusCode::INVALID_ARGUMENT, "token_ids[0]"},
       {"10 MB of text", [](auto& r) { r.mutable_chunks(0)->set_text(std::string(10 << 20, 'a')); },
        grpc::StatusCode::RESOURCE_EXHAUSTED, "bytes"},
       {"generation prompt from the client",
-       [](auto& r) { r.mutable_chunks(0)->set_kind(cascade::v1::CHUNK_KIND_GENERATION_PROMPT); },
+       [](auto& r) { r.mutable_chunks(0)->set_kind(cascade::v2::CHUNK_KIND_GENERATION_PROMPT); },
        grpc::StatusCode::INVALID_ARGUMENT, "GENERATION_PROMPT"},
       {"logprobs too many", [](auto& r) { r.mutable_sampling()->set_logprobs(50); },
        grpc::StatusCode::INVALID_ARGUMENT, "sampling.logprobs"},
@@ -102,7 +102,7 @@ TEST(BadInputTest, EachBadRequestGetsAClearStatusAndNothingElseIsDisturbed) {
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
-    generic.UnaryCall(&ctx, "/cascade.v1.Gateway/Generate", grpc::StubOptions(), &request,
+    generic.UnaryCall(&ctx, "/cascade.v2.GatewayService/Generate", grpc::StubOptions(), &request,
                       &response, [&](grpc::Status s) {
                         std::lock_guard<std::mutex> lock(mu);
                         st = s;
@@ -118,8 +118,8 @@ TEST(BadInputTest, EachBadRequestGetsAClearStatusAndNothingElseIsDisturbed) {
   Reply ok = Generate(stack.gateway(), Req("system text", "a question"));
   EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
 
-  cascade::v1::GenerateResponse m;
-  cascade::v1::GenerateFinish finish;
+  cascade::v2::GenerateResponse m;
+  cascade::v2::GenerateFinish finish;
   while (bg->Read(&m)) {
     if (m.has_finish()) finish = m.finish();
   }
@@ -136,9 +136,9 @@ TEST(BadInputTest, InvalidUtf8IsNamedOnEveryRpc) {
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline());
-    cascade::v1::TokenizeRequest req;
+    cascade::v2::TokenizeRequest req;
     req.set_text(bad);
-    cascade::v1::TokenizeResponse resp;
+    cascade::v2::TokenizeResponse resp;
     grpc::Status st = stack.gateway().Tokenize(&ctx, req, &resp);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(st.error_message(), ::testing::HasSubstr("text is not valid UTF-8"));
@@ -146,11 +146,11 @@ TEST(BadInputTest, InvalidUtf8IsNamedOnEveryRpc) {
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline());
-    cascade::v1::RegisterChunkRequest req;
+    cascade::v2::RegisterChunkRequest req;
     auto* c = req.add_chunks();
-    c->set_kind(cascade::v1::CHUNK_KIND_SYSTEM);
+    c->set_kind(cascade::v2::CHUNK_KIND_SYSTEM);
     c->set_text(bad);
-    cascade::v1::RegisterChunkResponse resp;
+    cascade::v2::RegisterChunkResponse resp;
     grpc::Status st = stack.gateway().RegisterChunk(&ctx, req, &resp);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(st.error_message(), ::testing::HasSubstr("chunks[0].text is not valid UTF-8"));
@@ -159,14 +159,14 @@ TEST(BadInputTest, InvalidUtf8IsNamedOnEveryRpc) {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline());
     auto stream = stack.gateway().Chat(&ctx);
-    cascade::v1::ChatRequest req;
+    cascade::v2::ChatRequest req;
     auto* c = req.add_chunks();
-    c->set_kind(cascade::v1::CHUNK_KIND_QUERY);
+    c->set_kind(cascade::v2::CHUNK_KIND_QUERY);
     c->set_text("fine");
     req.mutable_sampling()->add_stop(bad);
     ASSERT_TRUE(stream->Write(req));
     stream->WritesDone();
-    cascade::v1::ChatResponse resp;
+    cascade::v2::ChatResponse resp;
     while (stream->Read(&resp)) {
     }
     grpc::Status st = stream->Finish();
@@ -183,18 +183,18 @@ TEST(BadInputTest, InvalidUtf8IsNamedOnEveryRpc) {
   }
   // The good paths still work after all that.
   grpc::ClientContext ctx;
-  cascade::v1::TokenizeRequest ok;
+  cascade::v2::TokenizeRequest ok;
   ok.set_text("Hello");
-  cascade::v1::TokenizeResponse resp;
+  cascade::v2::TokenizeResponse resp;
   EXPECT_TRUE(stack.gateway().Tokenize(&ctx, ok, &resp).ok());
   EXPECT_FALSE(resp.token_ids().empty());
 }
 
 TEST(BadInputTest, TokenIdsChunksAreUsedAsGiven) {
   Stack stack({.workers = 1});
-  cascade::v1::GenerateRequest r;
+  cascade::v2::GenerateRequest r;
   auto* c = r.add_chunks();
-  c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+  c->set_kind(cascade::v2::CHUNK_KIND_RAW);
   for (int id : {9707, 11, 1879, 0}) c->mutable_token_ids()->add_ids(id);
   r.set_add_generation_prompt(false);
   r.mutable_sampling()->set_max_tokens(3);

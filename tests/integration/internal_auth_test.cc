@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cascade/v1/registry.grpc.pb.h"
+#include "cascade/v2/registry.grpc.pb.h"
 #include "gpu_worker/service/worker_service.h"
 #include "tests/integration/stack.h"
 
@@ -141,7 +141,7 @@ TEST(InternalAuthTest, EveryWorkerRpcNeedsAClusterCertificateWithAnAllowedRole) 
 }
 
 std::string RegisterEvil(const std::string& id) {
-  v1::RegisterWorkerRequest req;
+  v2::RegisterWorkerRequest req;
   req.set_worker_id(id);
   req.set_address("10.6.6.6:50061");
   req.set_model("tiny");
@@ -151,7 +151,7 @@ std::string RegisterEvil(const std::string& id) {
 
 TEST(InternalAuthTest, RogueRegisterWorkerIsRefused) {
   Stack stack({.workers = 1});
-  const std::string method = "/cascade.v1.ChunkRegistry/RegisterWorker";
+  const std::string method = "/cascade.v2.ChunkRegistryService/RegisterWorker";
   const std::string& addr = stack.registry_address();
   const std::string_view name = common::kRegistryServerName;
   const std::string evil = RegisterEvil("evil");
@@ -183,21 +183,21 @@ TEST(InternalAuthTest, AWorkerCannotActForAnotherWorkersId) {
   const std::string& addr = stack.registry_address();
   ClientTlsOptions w1 =
       TestCerts::Default().Client(Role::kWorker, common::kRegistryServerName, "w1");
-  v1::HeartbeatRequest hb;
+  v2::HeartbeatRequest hb;
   hb.set_worker_id("w0");
-  v1::ReportEventsRequest events;
+  v2::ReportEventsRequest events;
   events.set_worker_id("w0");
   events.set_seq(1);
-  v1::ResyncRequest resync;
+  v2::ResyncRequest resync;
   resync.set_worker_id("w0");
-  v1::DeregisterWorkerRequest dereg;
+  v2::DeregisterWorkerRequest dereg;
   dereg.set_worker_id("w0");
   const std::vector<std::pair<std::string, std::string>> calls = {
-      {"/cascade.v1.ChunkRegistry/Heartbeat", hb.SerializeAsString()},
-      {"/cascade.v1.ChunkRegistry/ReportEvents", events.SerializeAsString()},
-      {"/cascade.v1.ChunkRegistry/Resync", resync.SerializeAsString()},
-      {"/cascade.v1.ChunkRegistry/DeregisterWorker", dereg.SerializeAsString()},
-      {"/cascade.v1.ChunkRegistry/RegisterWorker", RegisterEvil("w0")}};
+      {"/cascade.v2.ChunkRegistryService/Heartbeat", hb.SerializeAsString()},
+      {"/cascade.v2.ChunkRegistryService/ReportEvents", events.SerializeAsString()},
+      {"/cascade.v2.ChunkRegistryService/Resync", resync.SerializeAsString()},
+      {"/cascade.v2.ChunkRegistryService/DeregisterWorker", dereg.SerializeAsString()},
+      {"/cascade.v2.ChunkRegistryService/RegisterWorker", RegisterEvil("w0")}};
   for (const auto& [method, body] : calls) {
     grpc::Status st = Call(addr, w1, method, body);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED)
@@ -211,7 +211,7 @@ TEST(InternalAuthTest, AWorkerCannotActForAnotherWorkersId) {
   // An admin may deregister a worker (to remove a bad one).
   grpc::Status st =
       Call(addr, TestCerts::Default().Client(Role::kAdmin, common::kRegistryServerName),
-           "/cascade.v1.ChunkRegistry/DeregisterWorker", dereg.SerializeAsString());
+           "/cascade.v2.ChunkRegistryService/DeregisterWorker", dereg.SerializeAsString());
   EXPECT_TRUE(st.ok()) << st.error_message();
 }
 
@@ -221,11 +221,11 @@ TEST(InternalAuthTest, ClientsAcceptOnlyTheServerRoleTheyDial) {
   // as if it were a worker does not connect (the server proves its role too).
   grpc::Status st = Call(stack.registry_address(),
                          TestCerts::Default().Client(Role::kGateway, common::kWorkerServerName),
-                         "/cascade.v1.ChunkRegistry/Resolve");
+                         "/cascade.v2.ChunkRegistryService/Resolve");
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
   st = Call(stack.worker(0).address(),
             TestCerts::Default().Client(Role::kGateway, common::kRegistryServerName),
-            "/cascade.v1.Worker/Generate");
+            "/cascade.v2.WorkerService/Generate");
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
 }
 
@@ -274,7 +274,7 @@ TEST(InternalAuthTest, InsecureInternalOpensEveryRpc) {
   // What --insecure_internal means: plaintext, and anyone may register any worker.
   Stack stack({.workers = 1, .insecure_internal = true});
   grpc::Status st = Call(stack.registry_address(), ClientTlsOptions{},
-                         "/cascade.v1.ChunkRegistry/RegisterWorker", RegisterEvil("evil"));
+                         "/cascade.v2.ChunkRegistryService/RegisterWorker", RegisterEvil("evil"));
   EXPECT_TRUE(st.ok()) << st.error_message();
   bool listed = false;
   for (const auto& w : stack.registry()->ListWorkers()) listed |= w.info.worker_id == "evil";

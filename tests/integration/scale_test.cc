@@ -18,7 +18,7 @@ namespace {
 // Closed-loop clients sending distinct short requests until stopped; every reply is kept.
 class Load {
  public:
-  Load(cascade::v1::Gateway::Stub& stub, int clients) {
+  Load(cascade::v2::GatewayService::Stub& stub, int clients) {
     for (int c = 0; c < clients; ++c) {
       threads_.emplace_back([this, &stub, c] {
         for (int i = 0; !stop_.load(); ++i) {
@@ -66,7 +66,7 @@ void ExpectAllOk(const std::vector<Reply>& replies) {
   for (const Reply& r : replies) {
     ASSERT_TRUE(r.status.ok()) << r.status.error_code() << " " << r.status.error_message();
     ASSERT_TRUE(r.has_finish);
-    EXPECT_NE(r.finish.finish_reason(), cascade::v1::FINISH_REASON_ERROR);
+    EXPECT_NE(r.finish.finish_reason(), cascade::v2::FINISH_REASON_ERROR);
     EXPECT_EQ(r.tokens.size(), 6u);
   }
 }
@@ -139,7 +139,7 @@ TEST(ScaleTest, TwoGatewaysBehindOneRegistrySendAPrefixToTheSameHolder) {
   Stack stack(o);
   auto second = gateway::GatewayServer::Start(stack.GatewayConfig());
   ASSERT_TRUE(second.ok()) << second.status();
-  auto second_stub = cascade::v1::Gateway::NewStub(
+  auto second_stub = cascade::v2::GatewayService::NewStub(
       grpc::CreateChannel((*second)->address(), grpc::InsecureChannelCredentials()));
   ASSERT_TRUE(WaitFor([&] { return stack.registry()->ListWorkers().size() == 3; }));
 

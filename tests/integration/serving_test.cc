@@ -63,8 +63,8 @@ TEST(ServingTest, ListModelsCountsRegisteredWorkersBeforeAnyRequest) {
   Stack stack({.workers = 2, .static_workers = false});  // only the registry knows them
   ASSERT_TRUE(WaitFor([&] { return stack.registry()->ListWorkers().size() == 2; }));
   grpc::ClientContext ctx;
-  cascade::v1::ListModelsRequest req;
-  cascade::v1::ListModelsResponse resp;
+  cascade::v2::ListModelsRequest req;
+  cascade::v2::ListModelsResponse resp;
   ASSERT_TRUE(stack.gateway().ListModels(&ctx, req, &resp).ok());
   ASSERT_EQ(resp.models_size(), 1);
   EXPECT_EQ(resp.models(0).workers(), 2);
@@ -88,7 +88,7 @@ TEST(ServingTest, CancelMidStreamFreesTheWorkersKv) {
   auto req = Req("sys", "talk forever", 3000);
   grpc::ClientContext ctx;
   auto reader = stack.gateway().Generate(&ctx, req);
-  cascade::v1::GenerateResponse m;
+  cascade::v2::GenerateResponse m;
   int deltas = 0;
   while (deltas < 3 && reader->Read(&m)) deltas += m.has_delta();
   ASSERT_EQ(deltas, 3);
@@ -113,7 +113,7 @@ TEST(ServingTest, AdmissionControlRejectsBeyondTheBoundAtOnce) {
   Stack stack({.workers = 1, .max_concurrent = 1});
   grpc::ClientContext ctx;
   auto reader = stack.gateway().Generate(&ctx, Req("sys", "long", 3000));
-  cascade::v1::GenerateResponse m;
+  cascade::v2::GenerateResponse m;
   ASSERT_TRUE(reader->Read(&m));  // the first stream is open
   auto t0 = std::chrono::steady_clock::now();
   Reply second = Generate(stack.gateway(), Req("sys", "short"));
@@ -132,7 +132,7 @@ TEST(ServingTest, KillingAWorkerMidStreamEndsThatStreamUnavailableAndOthersFlow)
   Stack stack({.workers = 2, .resume = false});
   grpc::ClientContext ctx;
   auto reader = stack.gateway().Generate(&ctx, Req("doomed", "long answer", 3000));
-  cascade::v1::GenerateResponse m;
+  cascade::v2::GenerateResponse m;
   std::string victim;
   int deltas = 0;
   while (reader->Read(&m)) {
@@ -145,7 +145,7 @@ TEST(ServingTest, KillingAWorkerMidStreamEndsThatStreamUnavailableAndOthersFlow)
   auto survivor_req = Req("other", "short answer", 40);
   std::thread killer([&] { stack.worker(vi).Shutdown(absl::ZeroDuration()); });
   int64_t tokens_seen = deltas;
-  cascade::v1::GenerateFinish finish;
+  cascade::v2::GenerateFinish finish;
   while (reader->Read(&m)) {
     if (m.has_delta()) tokens_seen += m.delta().token_ids_size();
     if (m.has_finish()) finish = m.finish();
@@ -153,7 +153,7 @@ TEST(ServingTest, KillingAWorkerMidStreamEndsThatStreamUnavailableAndOthersFlow)
   grpc::Status st = reader->Finish();
   killer.join();
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
-  EXPECT_EQ(finish.finish_reason(), cascade::v1::FINISH_REASON_ERROR);
+  EXPECT_EQ(finish.finish_reason(), cascade::v2::FINISH_REASON_ERROR);
   EXPECT_GT(finish.usage().completion_tokens(), 0) << "tokens so far are counted";
   for (int i = 0; i < 3; ++i) {
     Reply r = Generate(stack.gateway(), survivor_req);
@@ -179,12 +179,12 @@ TEST(ServingTest, StreamResumesOnAnotherWorkerWithIdenticalTokens) {
 
     grpc::ClientContext ctx;
     auto reader = stack.gateway().Generate(&ctx, req);
-    cascade::v1::GenerateResponse m;
+    cascade::v2::GenerateResponse m;
     std::string victim;
     std::vector<int32_t> tokens;
     std::string text;
     int starts = 0;
-    cascade::v1::GenerateFinish finish;
+    cascade::v2::GenerateFinish finish;
     std::thread killer;
     while (reader->Read(&m)) {
       if (m.has_start()) {
@@ -207,7 +207,7 @@ TEST(ServingTest, StreamResumesOnAnotherWorkerWithIdenticalTokens) {
     EXPECT_EQ(starts, 1);
     EXPECT_EQ(tokens, want.tokens) << (seeded ? "seeded" : "greedy") << " continuation differs";
     EXPECT_EQ(text, want.text);
-    EXPECT_EQ(finish.finish_reason(), cascade::v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(finish.finish_reason(), cascade::v2::FINISH_REASON_LENGTH);
     EXPECT_EQ(finish.usage().completion_tokens(), 150);
   }
 }
@@ -284,7 +284,7 @@ TEST(ServingTest, StopStringSpanningTokensIsFoundAndNeverEmitted) {
   req.mutable_sampling()->add_stop(stop);
   Reply r = Generate(stack.gateway(), req);
   ASSERT_TRUE(r.status.ok());
-  EXPECT_EQ(r.finish.finish_reason(), cascade::v1::FINISH_REASON_STOP_STRING);
+  EXPECT_EQ(r.finish.finish_reason(), cascade::v2::FINISH_REASON_STOP_STRING);
   EXPECT_EQ(r.finish.stop_reason(), stop);
   EXPECT_EQ(r.text, full.text.substr(0, first));
   EXPECT_EQ(r.text.find(stop), std::string::npos);
@@ -323,21 +323,21 @@ TEST(ServingTest, ChatTurnsPrefillOnlyTheirNewTokens) {
   int64_t prev_total = 0;
   std::string worker;
   for (int turn = 0; turn < 3; ++turn) {
-    cascade::v1::ChatRequest req;
+    cascade::v2::ChatRequest req;
     if (turn == 0) {
       auto* s = req.add_chunks();
-      s->set_kind(cascade::v1::CHUNK_KIND_SYSTEM);
+      s->set_kind(cascade::v2::CHUNK_KIND_SYSTEM);
       s->set_text(LongSystemPrompt());
     }
     auto* q = req.add_chunks();
-    q->set_kind(cascade::v1::CHUNK_KIND_QUERY);
+    q->set_kind(cascade::v2::CHUNK_KIND_QUERY);
     q->set_text(queries[turn]);
     req.mutable_sampling()->set_temperature(0);
     req.mutable_sampling()->set_max_tokens(10);
     req.mutable_sampling()->set_ignore_eos(true);
     ASSERT_TRUE(stream->Write(req));
-    cascade::v1::ChatResponse resp;
-    cascade::v1::GenerateStart start;
+    cascade::v2::ChatResponse resp;
+    cascade::v2::GenerateStart start;
     int64_t completion = 0;
     while (stream->Read(&resp)) {
       EXPECT_EQ(resp.turn(), turn);
@@ -394,12 +394,12 @@ TEST(ServingTest, SlowReaderGetsCoalescedMessagesAndAFastOneGetsEveryToken) {
   grpc::ChannelArguments args;
   args.SetInt("grpc.http2.lookahead_bytes", 1024);
   args.SetInt("grpc.http2.bdp_probe", 0);
-  auto small_window = cascade::v1::Gateway::NewStub(grpc::CreateCustomChannel(
+  auto small_window = cascade::v2::GatewayService::NewStub(grpc::CreateCustomChannel(
       stack.gateway_server().address(), grpc::InsecureChannelCredentials(), args));
   auto count = [&](bool slow, int64_t* tokens) {
     grpc::ClientContext ctx;
     auto reader = small_window->Generate(&ctx, Req("sys", "stream please", 120));
-    cascade::v1::GenerateResponse m;
+    cascade::v2::GenerateResponse m;
     int messages = 0;
     *tokens = 0;
     bool first = true;

@@ -13,8 +13,8 @@
 
 #include "cache_service/registry/registry.h"
 #include "cache_service/server/registry_service.h"
-#include "cascade/v1/gateway.grpc.pb.h"
-#include "cascade/v1/worker.grpc.pb.h"
+#include "cascade/v2/gateway.grpc.pb.h"
+#include "cascade/v2/worker.grpc.pb.h"
 #include "common/server_runner.h"
 #include "gpu_worker/model/config.h"
 #include "gpu_worker/model/generator.h"
@@ -86,7 +86,7 @@ class Stack {
     EXPECT_TRUE(gw.ok()) << gw.status();
     gateway_ = std::move(*gw);
     auto ch = grpc::CreateChannel(gateway_->address(), grpc::InsecureChannelCredentials());
-    stub_ = cascade::v1::Gateway::NewStub(ch);
+    stub_ = cascade::v2::GatewayService::NewStub(ch);
   }
   // The gateway's configuration for this stack (another replica may start with it too).
   gateway::GatewayConfig GatewayConfig() const {
@@ -129,7 +129,7 @@ class Stack {
     }
     registry_runner_ = std::make_unique<common::ServerRunner>(so);
     registry_runner_->AddService(
-        {registry_service_.get(), cascade::v1::ChunkRegistry::service_full_name()});
+        {registry_service_.get(), cascade::v2::ChunkRegistryService::service_full_name()});
     ASSERT_TRUE(registry_runner_->Start().ok());
     registry_address_ = registry_runner_->local_address();
     registry_port_ = registry_runner_->port();
@@ -167,7 +167,7 @@ class Stack {
   // `drain`), from any thread. Its slot stays (worker(i) must not be used afterwards).
   void DrainWorker(int i, absl::Duration drain) { workers_[i]->Shutdown(drain); }
 
-  cascade::v1::Gateway::Stub& gateway() { return *stub_; }
+  cascade::v2::GatewayService::Stub& gateway() { return *stub_; }
   gateway::GatewayServer& gateway_server() { return *gateway_; }
   worker::WorkerServer& worker(int i) { return *workers_[i]; }
   int num_workers() const { return static_cast<int>(workers_.size()); }
@@ -184,12 +184,12 @@ class Stack {
     return *ch;
   }
   // The worker's engine counters over its gRPC GetStats (as admin).
-  cascade::v1::WorkerStats WorkerStats(int i) {
-    auto stub = cascade::v1::Worker::NewStub(WorkerChannel(i));
+  cascade::v2::WorkerServiceGetStatsResponse WorkerStats(int i) {
+    auto stub = cascade::v2::WorkerService::NewStub(WorkerChannel(i));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    cascade::v1::WorkerStats st;
-    cascade::v1::WorkerStatsRequest req;
+    cascade::v2::WorkerServiceGetStatsResponse st;
+    cascade::v2::WorkerServiceGetStatsRequest req;
     EXPECT_TRUE(stub->GetStats(&ctx, req, &st).ok());
     return st;
   }
@@ -213,16 +213,17 @@ class Stack {
   int registry_port_ = 0;
   std::vector<std::unique_ptr<worker::WorkerServer>> workers_;
   std::unique_ptr<gateway::GatewayServer> gateway_;
-  std::unique_ptr<cascade::v1::Gateway::Stub> stub_;
+  std::unique_ptr<cascade::v2::GatewayService::Stub> stub_;
 };
 
 // A Worker stub that calls as the gateway (Worker/Generate is its RPC under internal auth).
-inline std::unique_ptr<cascade::v1::Worker::Stub> WorkerStubAsGateway(const std::string& address) {
+inline std::unique_ptr<cascade::v2::WorkerService::Stub> WorkerStubAsGateway(
+    const std::string& address) {
   auto channel =
       common::MakeChannel(address, common::testing::TestCerts::Default().Client(
                                        common::Role::kGateway, common::kWorkerServerName));
   EXPECT_TRUE(channel.ok()) << channel.status();
-  return channel.ok() ? cascade::v1::Worker::NewStub(*channel) : nullptr;
+  return channel.ok() ? cascade::v2::WorkerService::NewStub(*channel) : nullptr;
 }
 
 // Polls `pred` every 20 ms for up to `ms`.
@@ -249,23 +250,23 @@ inline bool Stack::WaitForIdleLoad(int ms) {
 // A finished Generate stream, gathered.
 struct Reply {
   grpc::Status status;
-  cascade::v1::GenerateStart start;
+  cascade::v2::GenerateStart start;
   std::vector<int32_t> tokens;
   std::vector<std::string> texts;  // each delta's text
   std::string text;
-  cascade::v1::GenerateFinish finish;
+  cascade::v2::GenerateFinish finish;
   bool has_finish = false;
 };
 
-inline Reply Generate(cascade::v1::Gateway::Stub& stub, const cascade::v1::GenerateRequest& req,
-                      int timeout_ms = 60000,
+inline Reply Generate(cascade::v2::GatewayService::Stub& stub,
+                      const cascade::v2::GenerateRequest& req, int timeout_ms = 60000,
                       const std::vector<std::pair<std::string, std::string>>& md = {}) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
   for (auto& [k, v] : md) ctx.AddMetadata(k, v);
   auto reader = stub.Generate(&ctx, req);
   Reply r;
-  cascade::v1::GenerateResponse m;
+  cascade::v2::GenerateResponse m;
   while (reader->Read(&m)) {
     if (m.has_start()) r.start = m.start();
     if (m.has_delta()) {
@@ -282,16 +283,16 @@ inline Reply Generate(cascade::v1::Gateway::Stub& stub, const cascade::v1::Gener
   return r;
 }
 
-inline cascade::v1::GenerateRequest Req(const std::string& system, const std::string& query,
+inline cascade::v2::GenerateRequest Req(const std::string& system, const std::string& query,
                                         int max_tokens = 8) {
-  cascade::v1::GenerateRequest r;
+  cascade::v2::GenerateRequest r;
   if (!system.empty()) {
     auto* c = r.add_chunks();
-    c->set_kind(cascade::v1::CHUNK_KIND_SYSTEM);
+    c->set_kind(cascade::v2::CHUNK_KIND_SYSTEM);
     c->set_text(system);
   }
   auto* q = r.add_chunks();
-  q->set_kind(cascade::v1::CHUNK_KIND_QUERY);
+  q->set_kind(cascade::v2::CHUNK_KIND_QUERY);
   q->set_text(query);
   r.mutable_sampling()->set_temperature(0);
   r.mutable_sampling()->set_max_tokens(max_tokens);

@@ -13,20 +13,21 @@ namespace {
 
 struct WorkerReply {
   grpc::Status status;
-  cascade::v1::WorkerStart start;
+  cascade::v2::WorkerStart start;
   std::vector<int32_t> tokens;
-  cascade::v1::WorkerFinish finish;
+  cascade::v2::WorkerFinish finish;
   bool has_finish = false;
 };
 
-WorkerReply CallWorker(const std::string& address, const cascade::v1::WorkerGenerateRequest& r) {
+WorkerReply CallWorker(const std::string& address,
+                       const cascade::v2::WorkerServiceGenerateRequest& r) {
   auto stub = WorkerStubAsGateway(address);
   if (stub == nullptr) return {};
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   auto reader = stub->Generate(&ctx, r);
   WorkerReply out;
-  cascade::v1::WorkerGenerateResponse m;
+  cascade::v2::WorkerServiceGenerateResponse m;
   while (reader->Read(&m)) {
     if (m.has_start()) out.start = m.start();
     if (m.has_tokens()) {
@@ -44,19 +45,19 @@ WorkerReply CallWorker(const std::string& address, const cascade::v1::WorkerGene
 
 std::string ModelName(Stack& stack) {
   grpc::ClientContext ctx;
-  cascade::v1::ListModelsResponse models;
+  cascade::v2::ListModelsResponse models;
   EXPECT_TRUE(stack.gateway().ListModels(&ctx, {}, &models).ok());
   return models.models_size() > 0 ? models.models(0).name() : "";
 }
 
 // A two-chunk request on token ids; `hashes` (hex, may be empty) go on the chunks.
-cascade::v1::WorkerGenerateRequest TwoChunks(const std::vector<std::string>& hashes) {
-  cascade::v1::WorkerGenerateRequest r;
+cascade::v2::WorkerServiceGenerateRequest TwoChunks(const std::vector<std::string>& hashes) {
+  cascade::v2::WorkerServiceGenerateRequest r;
   r.set_request_id("hash-check");
   r.set_cache_salt("tenant-a");
   const std::vector<std::vector<int32_t>> tokens = {{10, 11, 12, 13, 14}, {20, 21, 22}};
-  const cascade::v1::ChunkKind kinds[] = {cascade::v1::CHUNK_KIND_SYSTEM,
-                                          cascade::v1::CHUNK_KIND_QUERY};
+  const cascade::v2::ChunkKind kinds[] = {cascade::v2::CHUNK_KIND_SYSTEM,
+                                          cascade::v2::CHUNK_KIND_QUERY};
   for (size_t i = 0; i < tokens.size(); ++i) {
     auto* c = r.add_chunks();
     c->set_kind(kinds[i]);
@@ -70,7 +71,7 @@ cascade::v1::WorkerGenerateRequest TwoChunks(const std::vector<std::string>& has
 }
 
 // The hashes as the registry computes them (the same library), for `salt`.
-std::vector<std::string> HashesOf(const cascade::v1::WorkerGenerateRequest& r,
+std::vector<std::string> HashesOf(const cascade::v2::WorkerServiceGenerateRequest& r,
                                   const std::string& model, const std::string& salt) {
   std::vector<std::vector<int32_t>> tokens;
   for (const auto& c : r.chunks()) tokens.emplace_back(c.token_ids().begin(), c.token_ids().end());
@@ -128,19 +129,19 @@ TEST(WorkerContractTest, AWorkerServesTheRightChunkHashesAndRefusesAWrongOne) {
 
 TEST(WorkerContractTest, UnsetMaxTokensMeansTheSameThroughTheGatewayAndStraightAtAWorker) {
   Stack stack({.workers = 1, .default_max_tokens = 0});
-  cascade::v1::GenerateRequest via_gateway = Req("", "Count to many.", 1);
+  cascade::v2::GenerateRequest via_gateway = Req("", "Count to many.", 1);
   via_gateway.mutable_sampling()->clear_max_tokens();
   Reply g = Generate(stack.gateway(), via_gateway);
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
-  EXPECT_EQ(g.finish.finish_reason(), cascade::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(g.finish.finish_reason(), cascade::v2::FINISH_REASON_LENGTH);
   EXPECT_EQ(g.finish.usage().completion_tokens(), worker::kDefaultMaxTokens);
 
-  cascade::v1::WorkerGenerateRequest direct = TwoChunks({});
+  cascade::v2::WorkerServiceGenerateRequest direct = TwoChunks({});
   direct.mutable_sampling()->clear_max_tokens();
   WorkerReply w = CallWorker(stack.worker(0).address(), direct);
   ASSERT_TRUE(w.status.ok()) << w.status.error_message();
   ASSERT_TRUE(w.has_finish);
-  EXPECT_EQ(w.finish.finish_reason(), cascade::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(w.finish.finish_reason(), cascade::v2::FINISH_REASON_LENGTH);
   EXPECT_EQ(w.finish.usage().completion_tokens(), worker::kDefaultMaxTokens);
   EXPECT_EQ(g.finish.usage().completion_tokens(), w.finish.usage().completion_tokens());
 }

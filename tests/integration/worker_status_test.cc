@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cascade/v1/worker.grpc.pb.h"
+#include "cascade/v2/worker.grpc.pb.h"
 #include "gpu_worker/service/worker_server.h"
 #include "tests/integration/stack.h"
 
@@ -30,15 +30,15 @@ Outcome Generate(const std::string& address, int prompt_tokens, int max_tokens,
   if (stub == nullptr) return {};
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  cascade::v1::WorkerGenerateRequest req;
+  cascade::v2::WorkerServiceGenerateRequest req;
   auto* c = req.add_chunks();
-  c->set_kind(cascade::v1::CHUNK_KIND_RAW);
+  c->set_kind(cascade::v2::CHUNK_KIND_RAW);
   for (int i = 0; i < prompt_tokens; ++i) c->add_token_ids(fill);
   req.mutable_sampling()->set_max_tokens(max_tokens);
   req.set_pin_ttl_seconds(pin_ttl_seconds);
   auto reader = stub->Generate(&ctx, req);
   Outcome o;
-  cascade::v1::WorkerGenerateResponse m;
+  cascade::v2::WorkerServiceGenerateResponse m;
   while (reader->Read(&m)) o.finished |= m.has_finish();
   o.status = reader->Finish();
   return o;
