@@ -14,7 +14,7 @@ CORPUS = os.path.join(ROOT, "tests", "fuzz", "corpus")
 def encode(message, text, proto):
     return subprocess.run(
         ["protoc", "--encode=cascade.v2." + message, "-I", os.path.join(ROOT, "proto"),
-         os.path.join(ROOT, "proto", "cascade", "v1", proto)],
+         os.path.join(ROOT, "proto", "cascade", "v2", proto)],
         input=text.encode(), capture_output=True, check=True).stdout
 
 
