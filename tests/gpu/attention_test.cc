@@ -100,7 +100,7 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
   const size_t out_elems = static_cast<size_t>(b.num_tokens()) * h.hq * h.D;
   DeviceBuffer d_out = Poisoned<Bf16>(out_elems);
   DeviceBuffer d_po = Poisoned<float>(static_cast<size_t>(plan.num_partials) * h.hq * h.D);
-  DeviceBuffer d_pl = Poisoned<float>(static_cast<size_t>(plan.num_partials) * h.hq);
+  DeviceBuffer d_pl = Poisoned<float>(static_cast<size_t>(plan.num_partials) * h.hq * 2);
   AttentionArgs args;
   args.q = d_q.as<Bf16>();
   args.q_row_stride = h.hq * h.D;
@@ -109,7 +109,7 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
   args.block_ids = d_blocks.as<int32_t>();
   args.out = d_out.as<Bf16>();
   args.partial_o = d_po.as<float>();
-  args.partial_lse = d_pl.as<float>();
+  args.partial_ml = d_pl.as<float>();
   args.scale = 1.f / std::sqrt(static_cast<float>(h.D));
   args.num_q_heads = h.hq;
   AttentionPlanView view{d_fi.as<int32_t>(),    plan.num_final(),     d_si.as<int32_t>(),

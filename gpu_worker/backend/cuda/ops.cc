@@ -167,11 +167,13 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
                "16-byte aligned");
   }
   const int group = args.num_q_heads / c.num_kv_heads;
-  if (plan.max_final_rows * group > kMaxQueriesPerCta * (group > kMaxQueriesPerCta ? group : 1) ||
-      plan.max_split_rows * group > kMaxQueriesPerCta * (group > kMaxQueriesPerCta ? group : 1)) {
-    return Bad("Attention", "plan has more queries per CTA than the kernel supports");
+  if (group > kMaxQueriesPerCta || plan.max_split_rows * group > kMaxQueriesPerCta ||
+      plan.max_final_rows * group > PrefillQueriesPerCta(c.head_dim)) {
+    return Bad("Attention",
+               absl::StrCat("plan has more queries per CTA than the kernel supports ",
+                            "(GQA group ", group, " of at most ", kMaxQueriesPerCta, ")"));
   }
-  if (plan.num_split > 0 && (!args.partial_o || !args.partial_lse || !plan.partial_base)) {
+  if (plan.num_split > 0 && (!args.partial_o || !args.partial_ml || !plan.partial_base)) {
     return Bad("Attention", "split items need the partial workspace");
   }
   if (!args.out || !args.positions || !args.block_ids) return Bad("Attention", "null pointer");
