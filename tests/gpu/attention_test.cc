@@ -180,9 +180,10 @@ TEST_P(AttentionShapes, MixedBatchMatchesFloat64Reference) {
   CASCADE_REQUIRE_GPU();
   const Shape sh = GetParam();
   std::mt19937 rng(100 + sh.D + sh.hq);
-  Harness h(sh.hq, sh.hkv, sh.D, sh.bs, 400, &rng);
-  std::vector<Seq> seqs = {{70, 70, {}}, {37, 200, {}}, {1, 1, {}},  {1, 130, {}},
-                           {1, 64, {}},  {1, 1000, {}}, {2, 65, {}}, {3, 3, {}}};
+  Harness h(sh.hq, sh.hkv, sh.D, sh.bs, 500, &rng);
+  // {200, 520}: a prefill of several CTAs whose tiles are mostly unmasked, from a mid-tile offset.
+  std::vector<Seq> seqs = {{70, 70, {}},  {37, 200, {}}, {1, 1, {}}, {1, 130, {}},  {1, 64, {}},
+                           {1, 1000, {}}, {2, 65, {}},   {3, 3, {}}, {200, 520, {}}};
   for (Seq& s : seqs) h.Fill(&s);
   Batch b = MakeBatch(seqs);
   std::vector<float> q = RandomNormal(static_cast<size_t>(b.num_tokens()) * sh.hq * sh.D, &rng);
@@ -194,7 +195,7 @@ TEST_P(AttentionShapes, MixedBatchMatchesFloat64Reference) {
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionShapes,
                          ::testing::Values(Shape{4, 2, 32, 16}, Shape{8, 8, 64, 16},
                                            Shape{16, 8, 128, 16}, Shape{8, 2, 128, 32},
-                                           Shape{32, 1, 64, 64}));
+                                           Shape{32, 1, 64, 64}, Shape{8, 4, 256, 16}));
 
 // Decode rows sharing a prefix (the same leading block ids) computed with cascade on and off:
 // the outputs are bitwise equal, and the cascade plan really shared tiles.
