@@ -1,7 +1,7 @@
 // Kernel benchmark: decode and cascade attention against the bytes floor (K/V bytes that must be
 // read / measured device copy bandwidth), shared-prefix decode with cascade on vs off, and
 // prefill attention in TFLOP/s. Prints one table; see bench/kernels/RESULTS.md.
-//   cuda_attention_bench [--quick | --cascade-only]
+//   cuda_attention_bench [--quick | --cascade-only | --prefill-only]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -142,7 +142,7 @@ double TimeAttention(const std::vector<int>& q_len, const std::vector<int>& ctx,
       [&](int i) { CHECK_OK(Attention(sets[i % rot].args, sets[i % rot].view, nullptr)); });
 }
 
-int Main(bool quick, bool cascade_only) {
+int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto name = DeviceName(0);
   CHECK_OK(name.status());
   // Copy bandwidth: 1 GiB device-to-device, bytes read + written.
@@ -182,7 +182,7 @@ int Main(bool quick, bool cascade_only) {
   AttentionPlan plan;
   // Decode, distinct sequences.
   for (int ctx : {1024, 4096}) {
-    if (cascade_only) break;
+    if (cascade_only || prefill_only) break;
     for (int batch : {1, 16, 64, 256}) {
       if (quick && batch > 64) continue;
       const int64_t blocks = static_cast<int64_t>(batch) * ctx / kBs;
@@ -197,7 +197,7 @@ int Main(bool quick, bool cascade_only) {
   // Shared prefix: B requests, prefix P shared, own suffix S. Floor counts the prefix once.
   std::printf("\n");
   for (int batch : {16, 64}) {
-    if (cascade_only && batch != 64) continue;
+    if ((cascade_only && batch != 64) || prefill_only) continue;
     const int P = 4096, S = 128;
     const int ctx = P + S;
     const int64_t blocks = P / kBs + static_cast<int64_t>(batch) * (S / kBs + 1);
@@ -231,5 +231,5 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::string flag = argc > 1 ? argv[1] : "";
-  return cascade::cuda::Main(flag == "--quick", flag == "--cascade-only");
+  return cascade::cuda::Main(flag == "--quick", flag == "--cascade-only", flag == "--prefill-only");
 }

@@ -149,7 +149,7 @@ struct TileKernelArgs {
 // O_t = P V (k over the 64 keys ascending) folded into the running O at once (Fold): exactly the
 // partial the split kernel writes and the fold the merge kernel does, so a row gets the same
 // bits on every path. K/V tiles stream through kStages shared-memory stages with cp.async.
-constexpr int kStages = 2;
+constexpr int kStages = 2;  // K/V stages (the loop below is written for 2)
 template <int D>
 constexpr int PrefillWarps() {
   return PrefillQueriesPerCta(D) / 16;
@@ -249,7 +249,7 @@ template <int D>
 __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileKernelArgs k) {
   WaitForPriorGrids();
   constexpr int NW = PrefillWarps<D>(), kThr = NW * 32, kRows = 16 * NW, LD = D + 8, C = D / 8;
-  constexpr bool kQRegs = D <= 128;
+  constexpr bool kQRegs = D <= 128;  // Q fragments in registers (else ldmatrix per use)
   extern __shared__ __align__(16) unsigned char smem[];
   const AttentionArgs& a = k.a;
   const KvCacheView& cache = a.cache;
@@ -274,22 +274,36 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
     }
     CpAsync16Z(Qs + qi * LD + c * 8, src, qi < nq ? 16 : 0);
   }
-  const __nv_bfloat16* kc = reinterpret_cast<const __nv_bfloat16*>(cache.k);
-  const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v);
-  auto load_tile = [&](int t, int stage) {
-    __nv_bfloat16* Kd = KVs + stage * 2 * kT * LD;
-    __nv_bfloat16* Vd = Kd + kT * LD;
-    const int ts = t * kT, n_load = min(kT, kv_len - ts);
-    for (int i = tid; i < kT * C; i += kThr) {
-      const int j = i / C, c = i % C, tok = ts + j;
-      int64_t src = 0;
-      if (j < n_load) {
+  // K/V tile loads: thread tid copies the 16-byte chunk tid % C of rows j = tid / C + r *
+  // kRowsPerPass (r < kR). The block ids of the next tile are loaded one tile ahead, so that
+  // issuing a tile's copies never waits on a global load.
+  constexpr int kRowsPerPass = kThr / C, kR = kT / kRowsPerPass;
+  static_assert(kThr % C == 0 && kT % kRowsPerPass == 0, "tile load shape");
+  const int cchunk = tid % C, j0 = tid / C;
+  const __nv_bfloat16* kc = reinterpret_cast<const __nv_bfloat16*>(cache.k) + cchunk * 8;
+  const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v) + cchunk * 8;
+  int64_t ids[kR];  // element offset of each row's key in the cache, -1: past kv_len
+  auto load_ids = [&](int t) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int tok = t * kT + j0 + r * kRowsPerPass;
+      ids[r] = -1;
+      if (tok < kv_len) {
         const int64_t blk = a.block_ids[table_offset + tok / bs];
-        src = ((blk * hkv + kvh) * bs + tok % bs) * D + c * 8;
+        ids[r] = ((blk * hkv + kvh) * bs + tok % bs) * D;
       }
+    }
+  };
+  auto issue_tile = [&](int stage) {
+    __nv_bfloat16* Kd = KVs + stage * 2 * kT * LD + j0 * LD + cchunk * 8;
+    __nv_bfloat16* Vd = Kd + kT * LD;
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
       // Keys past kv_len are zeros (P is 0 there, and 0 * garbage could be NaN).
-      CpAsync16Z(Kd + j * LD + c * 8, kc + src, j < n_load ? 16 : 0);
-      CpAsync16Z(Vd + j * LD + c * 8, vc + src, j < n_load ? 16 : 0);
+      const int64_t src = ids[r] < 0 ? 0 : ids[r];
+      const int bytes = ids[r] < 0 ? 0 : 16;
+      CpAsync16Z(Kd + r * kRowsPerPass * LD, kc + src, bytes);
+      CpAsync16Z(Vd + r * kRowsPerPass * LD, vc + src, bytes);
     }
   };
 
@@ -316,17 +330,21 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
   uint32_t qf[kQRegs ? D / 16 : 1][4];
   const __nv_bfloat16* Qw = Qs + warp * 16 * LD;
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (tile_begin + s < tile_end) load_tile(tile_begin + s, s);
-    CpAsyncCommit();  // group 0 also holds Q
-  }
+  // Two stages, one barrier per tile: after the barrier that publishes tile t, every warp is done
+  // with tile t - 1, so tile t + 1 may be copied into its stage while tile t is computed.
+  load_ids(tile_begin);
+  issue_tile(0);
+  CpAsyncCommit();  // with Q
+  if (tile_begin + 1 < tile_end) load_ids(tile_begin + 1);
   for (int t = tile_begin; t < tile_end; ++t) {
     const int i = t - tile_begin;
-    if (t + kStages - 1 < tile_end) load_tile(t + kStages - 1, (i + kStages - 1) % kStages);
-    CpAsyncCommit();
-    CpAsyncWait<kStages - 1>();
+    CpAsyncWait<0>();
     __syncthreads();
+    if (t + 1 < tile_end) {
+      issue_tile((i + 1) % kStages);
+      CpAsyncCommit();
+      if (t + 2 < tile_end) load_ids(t + 2);
+    }
     if constexpr (kQRegs) {
       if (i == 0) {
 #pragma unroll
@@ -346,7 +364,6 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
         PrefillTile<D, true, kQRegs>(Qw, Ks, Vs, qf, ts, pos, k.scale_log2, m, l, o, lane);
       }
     }
-    __syncthreads();  // the stage is read before the next iteration refills it
   }
 
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
