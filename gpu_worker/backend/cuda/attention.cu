@@ -142,17 +142,23 @@ struct TileKernelArgs {
 
 // ---------------------------------------------------------------------------------------------
 // Prefill (final items): one CTA per (item, kv head) folds every tile of its rows in registers.
-// Rows of the item x the kv head's G query heads give up to 16 * NW query rows (q-row qi is item
-// row qi / G, head kvh * G + qi % G); warp w owns q-rows [16w, 16w + 16), lane (g, t4) the rows
-// 16w + g and 16w + g + 8 of the m16n8k16 accumulator layout. Per 64-key tile: S = Q K^T (k over
-// D ascending), RowSoftmax, P rounded to bf16, and for each 16-column slice of O the tile's
-// O_t = P V (k over the 64 keys ascending) folded into the running O at once (Fold): exactly the
-// partial the split kernel writes and the fold the merge kernel does, so a row gets the same
-// bits on every path. K/V tiles stream through kStages shared-memory stages with cp.async.
+// Rows of the item x the kv head's G query heads give up to PrefillQueriesPerCta query rows
+// (q-row qi is item row qi / G, head kvh * G + qi % G); warp w owns MT m16 tiles, q-rows
+// [16 MT w, 16 MT (w + 1)), and lane (g, t4) the rows 16 (MT w + mt) + g (+ 8) of the m16n8k16
+// accumulator layout. Per 64-key tile: S = Q K^T (k over D ascending), RowSoftmax, P rounded to
+// bf16, and for each 16-column slice of O the tile's O_t = P V (k over the 64 keys ascending)
+// folded into the running O at once (Fold): exactly the partial the split kernel writes and the
+// fold the merge kernel does, so a row gets the same bits on every path. K/V tiles stream
+// through two shared-memory stages with cp.async.
 constexpr int kStages = 2;  // K/V stages (the loop below is written for 2)
+constexpr int kPrefillMT = 1;
+template <int D>
+constexpr int PrefillMT() {
+  return D > 128 ? 1 : kPrefillMT;
+}
 template <int D>
 constexpr int PrefillWarps() {
-  return PrefillQueriesPerCta(D) / 16;
+  return PrefillQueriesPerCta(D) / (16 * PrefillMT<D>());
 }
 template <int D>
 constexpr size_t PrefillSmemBytes() {
@@ -161,85 +167,111 @@ constexpr size_t PrefillSmemBytes() {
 }
 
 // One tile for one warp: S, softmax, P.V and the fold. kMask: some key of the tile is past some
-// row's position (or the tile is partial).
-template <int D, bool kMask, bool kQRegs>
+// row's position (or the tile is partial). Qw: the warp's first Q row in shared memory; qf: its
+// fragments in registers when kQRegs (MT == 1).
+template <int D, int MT, bool kMask, bool kQRegs>
 __device__ __forceinline__ void PrefillTile(const __nv_bfloat16* Qw, const __nv_bfloat16* Ks,
                                             const __nv_bfloat16* Vs,
                                             const uint32_t (&qf)[kQRegs ? D / 16 : 1][4], int ts,
-                                            const int (&pos)[2], float scale_log2, float (&m)[2],
-                                            float (&l)[2], float (&o)[D / 8][4], int lane) {
+                                            const int (&pos)[MT][2], float scale_log2,
+                                            float (&m)[MT][2], float (&l)[MT][2],
+                                            float (&o)[MT][D / 8][4], int lane) {
   constexpr int LD = D + 8;
   const int t4 = lane & 3;
-  float s[kT / 8][4];
+  float s[MT][kT / 8][4];
 #pragma unroll
-  for (int n = 0; n < kT / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < kT / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+  }
   const __nv_bfloat16* kp = Ks + ((lane & 7) + 8 * (lane >> 4)) * LD + 8 * ((lane >> 3) & 1);
+  const __nv_bfloat16* qp = Qw + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4);
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc) {
-    uint32_t af[4];
-    if constexpr (kQRegs) {
+    uint32_t af[MT][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) af[i] = qf[kc][i];
-    } else {
-      Ldsm4(af, Qw + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + kc * 16 + 8 * (lane >> 4));
+    for (int mt = 0; mt < MT; ++mt) {
+      if constexpr (kQRegs) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) af[mt][i] = qf[kc][i];
+      } else {
+        Ldsm4(af[mt], qp + mt * 16 * LD + kc * 16);
+      }
     }
 #pragma unroll
     for (int np = 0; np < kT / 16; ++np) {
       uint32_t b[4];
       Ldsm4(b, kp + np * 16 * LD + kc * 16);
-      Mma16816(s[2 * np], af, b[0], b[1]);
-      Mma16816(s[2 * np + 1], af, b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Mma16816(s[mt][2 * np], af[mt], b[0], b[1]);
+        Mma16816(s[mt][2 * np + 1], af[mt], b[2], b[3]);
+      }
     }
   }
-  FoldWeights w[2];
-  bool valid[2];
+  FoldWeights w[MT][2];
+  bool valid[MT][2];
+  uint32_t pa[MT][kT / 16][4];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float x[16];
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int n = 0; n < kT / 8; ++n) {
-      x[2 * n] = s[n][2 * h];
-      x[2 * n + 1] = s[n][2 * h + 1];
+    for (int h = 0; h < 2; ++h) {
+      float x[16];
+#pragma unroll
+      for (int n = 0; n < kT / 8; ++n) {
+        x[2 * n] = s[mt][n][2 * h];
+        x[2 * n + 1] = s[mt][n][2 * h + 1];
+      }
+      float ms, lt;
+      RowSoftmax<kMask>(x, pos[mt][h] + 1 - ts, t4, scale_log2, ms, lt);
+#pragma unroll
+      for (int n = 0; n < kT / 8; ++n) {
+        s[mt][n][2 * h] = x[2 * n];
+        s[mt][n][2 * h + 1] = x[2 * n + 1];
+      }
+      valid[mt][h] = !kMask || ms != -INFINITY;
+      w[mt][h] = Fold(m[mt][h], ms);
+      if (valid[mt][h]) {
+        l[mt][h] = FoldElem(l[mt][h], w[mt][h], lt);
+        m[mt][h] = w[mt][h].m;
+      }
     }
-    float ms, lt;
-    RowSoftmax<kMask>(x, pos[h] + 1 - ts, t4, scale_log2, ms, lt);
 #pragma unroll
-    for (int n = 0; n < kT / 8; ++n) {
-      s[n][2 * h] = x[2 * n];
-      s[n][2 * h + 1] = x[2 * n + 1];
+    for (int kk = 0; kk < kT / 16; ++kk) {
+      pa[mt][kk][0] = PackBf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+      pa[mt][kk][1] = PackBf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+      pa[mt][kk][2] = PackBf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+      pa[mt][kk][3] = PackBf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
     }
-    valid[h] = !kMask || ms != -INFINITY;
-    w[h] = Fold(m[h], ms);
-    if (valid[h]) {
-      l[h] = FoldElem(l[h], w[h], lt);
-      m[h] = w[h].m;
-    }
-  }
-  uint32_t pa[kT / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < kT / 16; ++kk) {
-    pa[kk][0] = PackBf16(s[2 * kk][0], s[2 * kk][1]);
-    pa[kk][1] = PackBf16(s[2 * kk][2], s[2 * kk][3]);
-    pa[kk][2] = PackBf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pa[kk][3] = PackBf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
   }
   const __nv_bfloat16* vp = Vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4);
 #pragma unroll
   for (int nd = 0; nd < D / 16; ++nd) {
-    float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+    float c[MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c[mt][0][i] = c[mt][1][i] = 0.f;
+    }
 #pragma unroll
     for (int kk = 0; kk < kT / 16; ++kk) {
       uint32_t b[4];
       Ldsm4T(b, vp + kk * 16 * LD + nd * 16);
-      Mma16816(c0, pa[kk], b[0], b[1]);
-      Mma16816(c1, pa[kk], b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Mma16816(c[mt][0], pa[mt][kk], b[0], b[1]);
+        Mma16816(c[mt][1], pa[mt][kk], b[2], b[3]);
+      }
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int h = i >> 1;
-      if (valid[h]) {
-        o[2 * nd][i] = FoldElem(o[2 * nd][i], w[h], c0[i]);
-        o[2 * nd + 1][i] = FoldElem(o[2 * nd + 1][i], w[h], c1[i]);
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int h = i >> 1;
+        if (valid[mt][h]) {
+          o[mt][2 * nd][i] = FoldElem(o[mt][2 * nd][i], w[mt][h], c[mt][0][i]);
+          o[mt][2 * nd + 1][i] = FoldElem(o[mt][2 * nd + 1][i], w[mt][h], c[mt][1][i]);
+        }
       }
     }
   }
@@ -248,8 +280,9 @@ __device__ __forceinline__ void PrefillTile(const __nv_bfloat16* Qw, const __nv_
 template <int D>
 __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileKernelArgs k) {
   WaitForPriorGrids();
-  constexpr int NW = PrefillWarps<D>(), kThr = NW * 32, kRows = 16 * NW, LD = D + 8, C = D / 8;
-  constexpr bool kQRegs = D <= 128;  // Q fragments in registers (else ldmatrix per use)
+  constexpr int MT = PrefillMT<D>(), NW = PrefillWarps<D>(), kThr = NW * 32;
+  constexpr int kRows = PrefillQueriesPerCta(D), LD = D + 8, C = D / 8;
+  constexpr bool kQRegs = MT == 1 && D <= 128;  // Q fragments in registers (else ldmatrix)
   extern __shared__ __align__(16) unsigned char smem[];
   const AttentionArgs& a = k.a;
   const KvCacheView& cache = a.cache;
@@ -282,16 +315,13 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
   const int cchunk = tid % C, j0 = tid / C;
   const __nv_bfloat16* kc = reinterpret_cast<const __nv_bfloat16*>(cache.k) + cchunk * 8;
   const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v) + cchunk * 8;
-  int64_t ids[kR];  // element offset of each row's key in the cache, -1: past kv_len
+  int ids[kR];  // cache row (of D elements) of each row's key, -1: past kv_len
   auto load_ids = [&](int t) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       const int tok = t * kT + j0 + r * kRowsPerPass;
       ids[r] = -1;
-      if (tok < kv_len) {
-        const int64_t blk = a.block_ids[table_offset + tok / bs];
-        ids[r] = ((blk * hkv + kvh) * bs + tok % bs) * D;
-      }
+      if (tok < kv_len) ids[r] = (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
     }
   };
   auto issue_tile = [&](int stage) {
@@ -300,22 +330,25 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       // Keys past kv_len are zeros (P is 0 there, and 0 * garbage could be NaN).
-      const int64_t src = ids[r] < 0 ? 0 : ids[r];
+      const int64_t src = ids[r] < 0 ? 0 : static_cast<int64_t>(ids[r]) * D;
       const int bytes = ids[r] < 0 ? 0 : 16;
       CpAsync16Z(Kd + r * kRowsPerPass * LD, kc + src, bytes);
       CpAsync16Z(Vd + r * kRowsPerPass * LD, vc + src, bytes);
     }
   };
 
-  // This lane's two rows; the warp's lowest and highest position (rows past nq excluded).
-  int pos[2];
+  // This lane's rows; the warp's lowest and highest position (rows past nq excluded).
+  int pos[MT][2];
   int wmin = INT_MAX, wmax = -1;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int qi = warp * 16 + g + 8 * h;
-    pos[h] = qi < nq ? a.positions[k.item_rows[row_begin + qi / G]] : -1;
-    if (qi < nq) wmin = min(wmin, pos[h]);
-    wmax = max(wmax, pos[h]);
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int qi = (warp * MT + mt) * 16 + g + 8 * h;
+      pos[mt][h] = qi < nq ? a.positions[k.item_rows[row_begin + qi / G]] : -1;
+      if (qi < nq) wmin = min(wmin, pos[mt][h]);
+      wmax = max(wmax, pos[mt][h]);
+    }
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
@@ -323,12 +356,17 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
     wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
   }
 
-  float o[D / 8][4];
+  float o[MT][D / 8][4];
+  float m[MT][2], l[MT][2];
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.f;
+  }
   uint32_t qf[kQRegs ? D / 16 : 1][4];
-  const __nv_bfloat16* Qw = Qs + warp * 16 * LD;
+  const __nv_bfloat16* Qw = Qs + warp * MT * 16 * LD;
 
   // Two stages, one barrier per tile: after the barrier that publishes tile t, every warp is done
   // with tile t - 1, so tile t + 1 may be copied into its stage while tile t is computed.
@@ -359,25 +397,28 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
     const __nv_bfloat16* Vs = Ks + kT * LD;
     if (ts <= wmax) {  // warp-uniform: some row of the warp sees a key of the tile
       if (ts + kT - 1 <= wmin) {
-        PrefillTile<D, false, kQRegs>(Qw, Ks, Vs, qf, ts, pos, k.scale_log2, m, l, o, lane);
+        PrefillTile<D, MT, false, kQRegs>(Qw, Ks, Vs, qf, ts, pos, k.scale_log2, m, l, o, lane);
       } else {
-        PrefillTile<D, true, kQRegs>(Qw, Ks, Vs, qf, ts, pos, k.scale_log2, m, l, o, lane);
+        PrefillTile<D, MT, true, kQRegs>(Qw, Ks, Vs, qf, ts, pos, k.scale_log2, m, l, o, lane);
       }
     }
   }
 
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int qi = warp * 16 + g + 8 * h;
-    if (qi >= nq) continue;
-    const int row = k.item_rows[row_begin + qi / G];
-    const float inv = __frcp_rn(l[h]);
-    __nv_bfloat16* dst = out + static_cast<int64_t>(row) * hq * D + (kvh * G + qi % G) * D;
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * (lane & 3)) =
-          PackBf16(__fmul_rn(o[n][2 * h], inv), __fmul_rn(o[n][2 * h + 1], inv));
+    for (int h = 0; h < 2; ++h) {
+      const int qi = (warp * MT + mt) * 16 + g + 8 * h;
+      if (qi >= nq) continue;
+      const int row = k.item_rows[row_begin + qi / G];
+      const float inv = __frcp_rn(l[mt][h]);
+      __nv_bfloat16* dst = out + static_cast<int64_t>(row) * hq * D + (kvh * G + qi % G) * D;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * (lane & 3)) =
+            PackBf16(__fmul_rn(o[mt][n][2 * h], inv), __fmul_rn(o[mt][n][2 * h + 1], inv));
+      }
     }
   }
 }

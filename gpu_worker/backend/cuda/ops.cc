@@ -160,6 +160,9 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
   if (c.block_size <= 0 || kTileTokens % c.block_size != 0) {
     return Bad("Attention", absl::StrCat("block_size must divide ", kTileTokens));
   }
+  if (c.num_blocks * c.num_kv_heads * c.block_size > INT32_MAX) {  // 32-bit cache row index
+    return Bad("Attention", "KV cache has more than 2^31 (block, head, slot) rows");
+  }
   if (args.q_row_stride < args.num_q_heads * c.head_dim || args.q_row_stride % 8 != 0 ||
       !Aligned16(args.q) || !Aligned16(c.k) || !Aligned16(c.v)) {
     return Bad("Attention",
