@@ -279,5 +279,40 @@ TEST(AttentionPlanTest, RejectsPositionsOutsideContext) {
             absl::StatusCode::kInvalidArgument);  // block size must divide the tile
 }
 
+// Argument checks run before any launch (no GPU needed): a plan whose prefill items hold more
+// (row, head) pairs than the prefill CTA, a GQA group past the split kernel's 32 queries, and a
+// cache whose (block, head, slot) rows overflow the kernels' 32-bit row index.
+TEST(Attention, RejectsPlansAndCachesTheKernelsCannotRun) {
+  alignas(16) static uint16_t buf[64];
+  int32_t dummy[4] = {0, 0, 0, 0};
+  AttentionArgs args;
+  args.q = buf;
+  args.q_row_stride = 4 * 64;
+  args.cache = {buf, buf, 16, 16, 2, 64};
+  args.positions = dummy;
+  args.block_ids = dummy;
+  args.out = buf;
+  args.scale = 0.125f;
+  args.num_q_heads = 4;
+  AttentionPlanView plan;
+  plan.num_final = 1;
+  plan.final_items = dummy;
+  plan.item_rows = dummy;
+  plan.max_final_rows = PrefillQueriesPerCta(64) / 2 + 1;  // group 2
+  absl::Status st = Attention(args, plan, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  plan.max_final_rows = 1;
+  args.num_q_heads = 2 * 33;  // group 33
+  args.q_row_stride = 66 * 64;
+  st = Attention(args, plan, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  args.num_q_heads = 4;
+  args.q_row_stride = 4 * 64;
+  args.cache.num_blocks = int64_t{1} << 27;  // x 2 heads x 16 slots = 2^32 rows
+  st = Attention(args, plan, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("2^31"), std::string::npos) << st;
+}
+
 }  // namespace
 }  // namespace cascade::cuda
