@@ -1,7 +1,7 @@
 // Kernel benchmark: decode and cascade attention against the bytes floor (K/V bytes that must be
 // read / measured device copy bandwidth), shared-prefix decode with cascade on vs off, and
 // prefill attention in TFLOP/s. Prints one table; see bench/kernels/RESULTS.md.
-//   cuda_attention_bench [--quick | --cascade-only]
+//   cuda_attention_bench [--quick | --cascade-only | --prefill-only]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -53,6 +53,19 @@ double TimeMs(F fn, int reps = 20) {
 
 constexpr int kHq = 16, kHkv = 8, kD = 128, kBs = 16;  // Qwen3-0.6B attention shape
 
+// n bf16 values uniform in [-2, 2) (random data: tensor-core timings on constants run fast).
+std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint16_t> v(n);
+  for (uint16_t& x : v) {
+    const float f = static_cast<float>(static_cast<int32_t>(rng() >> 8) - (1 << 23)) / (1 << 22);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    x = static_cast<uint16_t>(bits >> 16);
+  }
+  return v;
+}
+
 struct Setup {
   AttentionPlan plan;
   DeviceBuffer q, pos, blocks, fi, si, rows, base, merge, out, po, pl;
@@ -83,8 +96,7 @@ void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx,
       ids.data(),       static_cast<int>(cl.size())};
   CHECK_OK(PlanAttention({kHq, kHkv, kD, kBs, cascade}, ab, &s->plan));
   const size_t n = positions.size();
-  std::vector<uint16_t> q(n * kHq * kD, 0x3f00);  // bf16 0.5
-  s->q = Up(q);
+  s->q = Up(RandomBf16(n * kHq * kD, 1234));
   s->pos = Up(positions);
   s->blocks = Up(ids);
   s->fi = Up(s->plan.final_items);
@@ -94,7 +106,7 @@ void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx,
   s->merge = Up(s->plan.merge_list);
   auto out = DeviceBuffer::Allocate(n * kHq * kD * 2);
   auto po = DeviceBuffer::Allocate(std::max(1, s->plan.num_partials) * size_t{kHq} * kD * 4);
-  auto pl = DeviceBuffer::Allocate(std::max(1, s->plan.num_partials) * size_t{kHq} * 4);
+  auto pl = DeviceBuffer::Allocate(std::max(1, s->plan.num_partials) * size_t{kHq} * 8);
   CHECK_OK(out.status());
   CHECK_OK(po.status());
   CHECK_OK(pl.status());
@@ -130,7 +142,7 @@ double TimeAttention(const std::vector<int>& q_len, const std::vector<int>& ctx,
       [&](int i) { CHECK_OK(Attention(sets[i % rot].args, sets[i % rot].view, nullptr)); });
 }
 
-int Main(bool quick, bool cascade_only) {
+int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto name = DeviceName(0);
   CHECK_OK(name.status());
   // Copy bandwidth: 1 GiB device-to-device, bytes read + written.
@@ -143,8 +155,8 @@ int Main(bool quick, bool cascade_only) {
     cudaMemcpyAsync(dst->data(), src->data(), copy_bytes, cudaMemcpyDeviceToDevice, nullptr);
   });
   const double bw = 2.0 * copy_bytes / (copy_ms * 1e-3);  // bytes/s
-  // KV cache: 4 GiB each for K and V (full run); constant non-zero bf16 (attention time does
-  // not depend on the values).
+  // KV cache: 4 GiB each for K and V (full run); constant non-zero bf16 except the first 8192
+  // tokens' blocks (random, below; decode time hardly depends on the values).
   const int64_t num_blocks = quick ? 16384 : 131072;
   const size_t cache_elems = static_cast<size_t>(num_blocks) * kHkv * kBs * kD;
   auto k = DeviceBuffer::Allocate(cache_elems * 2), v = DeviceBuffer::Allocate(cache_elems * 2);
@@ -152,6 +164,10 @@ int Main(bool quick, bool cascade_only) {
   CHECK_OK(v.status());
   CHECK_OK(FillBytes(k->data(), 0x3c, cache_elems * 2));  // bf16 0x3c3c ~ 0.0115
   CHECK_OK(FillBytes(v->data(), 0x3d, cache_elems * 2));
+  // The blocks the prefill cases read (from block 0) hold random values.
+  const size_t random_elems = static_cast<size_t>(8192 / kBs) * kHkv * kBs * kD;
+  CHECK_OK(CopyToDevice(k->data(), RandomBf16(random_elems, 1).data(), random_elems * 2));
+  CHECK_OK(CopyToDevice(v->data(), RandomBf16(random_elems, 2).data(), random_elems * 2));
   KvCacheView cache{k->as<Bf16>(), v->as<Bf16>(), num_blocks, kBs, kHkv, kD};
   const double token_bytes = 2.0 * kHkv * kD * 2;  // K + V bytes per token
 
@@ -166,7 +182,7 @@ int Main(bool quick, bool cascade_only) {
   AttentionPlan plan;
   // Decode, distinct sequences.
   for (int ctx : {1024, 4096}) {
-    if (cascade_only) break;
+    if (cascade_only || prefill_only) break;
     for (int batch : {1, 16, 64, 256}) {
       if (quick && batch > 64) continue;
       const int64_t blocks = static_cast<int64_t>(batch) * ctx / kBs;
@@ -181,7 +197,7 @@ int Main(bool quick, bool cascade_only) {
   // Shared prefix: B requests, prefix P shared, own suffix S. Floor counts the prefix once.
   std::printf("\n");
   for (int batch : {16, 64}) {
-    if (cascade_only && batch != 64) continue;
+    if ((cascade_only && batch != 64) || prefill_only) continue;
     const int P = 4096, S = 128;
     const int ctx = P + S;
     const int64_t blocks = P / kBs + static_cast<int64_t>(batch) * (S / kBs + 1);
@@ -196,7 +212,7 @@ int Main(bool quick, bool cascade_only) {
   // Prefill: one sequence of N tokens from position 0 (causal), TFLOP/s.
   if (cascade_only) return 0;
   std::printf("\n%-34s %9s %10s\n", "prefill (causal, 1 seq)", "time_us", "TFLOP/s");
-  for (int n : {512, 2048, 4096}) {
+  for (int n : {512, 2048, 4096, 8192}) {
     const int64_t blocks = n / kBs;
     const double ms = TimeAttention({n}, {n}, 0, blocks, 1, num_blocks, cache, true, &plan);
     const double flops = 4.0 * kD * kHq * (static_cast<double>(n) * (n + 1) / 2);
@@ -215,5 +231,5 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::string flag = argc > 1 ? argv[1] : "";
-  return cascade::cuda::Main(flag == "--quick", flag == "--cascade-only");
+  return cascade::cuda::Main(flag == "--quick", flag == "--cascade-only", flag == "--prefill-only");
 }

@@ -44,7 +44,7 @@ def main():
             nbytes = batch * ctx * HKV * D * 2 * 2
             print(f"{f'sdpa decode B={batch} ctx={ctx}':34s} {ms * 1e3:9.1f} {nbytes / ms / 1e6:9.0f}")
             del qs, ks, vs
-    for n in (512, 2048, 4096):
+    for n in (512, 2048, 4096, 8192):
         q = torch.randn(1, HQ, n, D, device=dev, dtype=torch.bfloat16)
         k = torch.randn(1, HKV, n, D, device=dev, dtype=torch.bfloat16)
         v = torch.randn(1, HKV, n, D, device=dev, dtype=torch.bfloat16)

@@ -100,7 +100,7 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
   const size_t out_elems = static_cast<size_t>(b.num_tokens()) * h.hq * h.D;
   DeviceBuffer d_out = Poisoned<Bf16>(out_elems);
   DeviceBuffer d_po = Poisoned<float>(static_cast<size_t>(plan.num_partials) * h.hq * h.D);
-  DeviceBuffer d_pl = Poisoned<float>(static_cast<size_t>(plan.num_partials) * h.hq);
+  DeviceBuffer d_pl = Poisoned<float>(static_cast<size_t>(plan.num_partials) * h.hq * 2);
   AttentionArgs args;
   args.q = d_q.as<Bf16>();
   args.q_row_stride = h.hq * h.D;
@@ -109,7 +109,7 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
   args.block_ids = d_blocks.as<int32_t>();
   args.out = d_out.as<Bf16>();
   args.partial_o = d_po.as<float>();
-  args.partial_lse = d_pl.as<float>();
+  args.partial_ml = d_pl.as<float>();
   args.scale = 1.f / std::sqrt(static_cast<float>(h.D));
   args.num_q_heads = h.hq;
   AttentionPlanView view{d_fi.as<int32_t>(),    plan.num_final(),     d_si.as<int32_t>(),
@@ -180,9 +180,10 @@ TEST_P(AttentionShapes, MixedBatchMatchesFloat64Reference) {
   CASCADE_REQUIRE_GPU();
   const Shape sh = GetParam();
   std::mt19937 rng(100 + sh.D + sh.hq);
-  Harness h(sh.hq, sh.hkv, sh.D, sh.bs, 400, &rng);
-  std::vector<Seq> seqs = {{70, 70, {}}, {37, 200, {}}, {1, 1, {}},  {1, 130, {}},
-                           {1, 64, {}},  {1, 1000, {}}, {2, 65, {}}, {3, 3, {}}};
+  Harness h(sh.hq, sh.hkv, sh.D, sh.bs, 500, &rng);
+  // {200, 520}: a prefill of several CTAs whose tiles are mostly unmasked, from a mid-tile offset.
+  std::vector<Seq> seqs = {{70, 70, {}},  {37, 200, {}}, {1, 1, {}}, {1, 130, {}},  {1, 64, {}},
+                           {1, 1000, {}}, {2, 65, {}},   {3, 3, {}}, {200, 520, {}}};
   for (Seq& s : seqs) h.Fill(&s);
   Batch b = MakeBatch(seqs);
   std::vector<float> q = RandomNormal(static_cast<size_t>(b.num_tokens()) * sh.hq * sh.D, &rng);
@@ -194,7 +195,7 @@ TEST_P(AttentionShapes, MixedBatchMatchesFloat64Reference) {
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionShapes,
                          ::testing::Values(Shape{4, 2, 32, 16}, Shape{8, 8, 64, 16},
                                            Shape{16, 8, 128, 16}, Shape{8, 2, 128, 32},
-                                           Shape{32, 1, 64, 64}));
+                                           Shape{32, 1, 64, 64}, Shape{8, 4, 256, 16}));
 
 // Decode rows sharing a prefix (the same leading block ids) computed with cascade on and off:
 // the outputs are bitwise equal, and the cascade plan really shared tiles.
@@ -276,6 +277,41 @@ TEST(AttentionPlanTest, RejectsPositionsOutsideContext) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PlanAttention({4, 2, 64, 48, true}, b, &plan).code(),
             absl::StatusCode::kInvalidArgument);  // block size must divide the tile
+}
+
+// Argument checks run before any launch (no GPU needed): a plan whose prefill items hold more
+// (row, head) pairs than the prefill CTA, a GQA group past the split kernel's 32 queries, and a
+// cache whose (block, head, slot) rows overflow the kernels' 32-bit row index.
+TEST(Attention, RejectsPlansAndCachesTheKernelsCannotRun) {
+  alignas(16) static uint16_t buf[64];
+  int32_t dummy[4] = {0, 0, 0, 0};
+  AttentionArgs args;
+  args.q = buf;
+  args.q_row_stride = 4 * 64;
+  args.cache = {buf, buf, 16, 16, 2, 64};
+  args.positions = dummy;
+  args.block_ids = dummy;
+  args.out = buf;
+  args.scale = 0.125f;
+  args.num_q_heads = 4;
+  AttentionPlanView plan;
+  plan.num_final = 1;
+  plan.final_items = dummy;
+  plan.item_rows = dummy;
+  plan.max_final_rows = PrefillQueriesPerCta(64) / 2 + 1;  // group 2
+  absl::Status st = Attention(args, plan, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  plan.max_final_rows = 1;
+  args.num_q_heads = 2 * 33;  // group 33
+  args.q_row_stride = 66 * 64;
+  st = Attention(args, plan, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  args.num_q_heads = 4;
+  args.q_row_stride = 4 * 64;
+  args.cache.num_blocks = int64_t{1} << 27;  // x 2 heads x 16 slots = 2^32 rows
+  st = Attention(args, plan, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("2^31"), std::string::npos) << st;
 }
 
 }  // namespace

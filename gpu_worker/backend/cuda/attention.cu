@@ -1,4 +1,5 @@
-// Paged attention kernels: one tile kernel (final or split mode) and the ordered merge.
+// Paged attention kernels: the prefill kernel (final items), the split kernel (per-tile partials of
+// decode rows and cascade tiles) and the ordered merge.
 // Every floating-point step of a tile's partial state and of the merge is written with explicit
 // round-to-nearest intrinsics (__fmaf_rn, __fadd_rn, ...), which the compiler never contracts or
 // reorders, so the same partial is computed bit for bit by whichever kernel or CTA shape runs it.
@@ -19,64 +20,60 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kT = kTileTokens;
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ float WarpMax(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-// Xor butterfly: every lane adds the same pairs (a + b == b + a), so all lanes agree bitwise.
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+// The one exp2 of the attention arithmetic (tile softmax and fold): ex2.approx.ftz, the same
+// instruction in every kernel, so every path gets the same bits. ex2(-inf) = +0.
+__device__ __forceinline__ float Ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
-// Loads E consecutive bf16 values as floats.
-template <int E>
-__device__ __forceinline__ void LoadBf16(const __nv_bfloat16* p, float (&x)[E]) {
-#pragma unroll
-  for (int e = 0; e < E; ++e) x[e] = __bfloat162float(p[e]);
-}
+// Canonical key order of one query row inside a 64-key tile: lane t4 (of the 4 lanes that share
+// the row, the m16n8k16 accumulator layout) holds keys Key(i, t4), i = 0..15, i.e. key 8n + 2t4 + c
+// for n-tile n = i / 2 and column c = i % 2.
+__device__ __forceinline__ int Key(int i, int t4) { return 8 * (i >> 1) + 2 * t4 + (i & 1); }
 
-// Merges state (lse_b, ob) into (lse, o). lse in log2 units; -inf marks an empty state, which
-// contributes nothing (the first non-empty state is copied exactly).
-template <int E>
-__device__ __forceinline__ void MergeState(float& lse, float (&o)[E], float lse_b,
-                                           const float (&ob)[E]) {
-  if (lse_b == -INFINITY) return;
-  if (lse == -INFINITY) {
-    lse = lse_b;
+// The tile softmax of one row, shared by the prefill kernel and the split kernel. x: the thread's
+// 16 raw scores S = q.k (canonical order), overwritten by p = 2^(S*scale_log2 - ms) (f32, not
+// yet rounded to bf16; p = 0 for keys >= lim, which are masked when kMask). ms: the tile's max
+// in scaled log2 units (-inf when the row sees no key of the tile); l: the sum of the f32 p,
+// sequential over the thread's keys in canonical order, then over the 4 lanes by an xor
+// butterfly ((l0 + l1) + (l2 + l3) on every lane). Every lane of the warp must call it.
+template <bool kMask>
+__device__ __forceinline__ void RowSoftmax(float (&x)[16], int lim, int t4, float scale_log2,
+                                           float& ms, float& l) {
+  float mx = -INFINITY;
 #pragma unroll
-    for (int e = 0; e < E; ++e) o[e] = ob[e];
-    return;
+  for (int i = 0; i < 16; ++i) mx = fmaxf(mx, !kMask || Key(i, t4) < lim ? x[i] : -INFINITY);
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  ms = __fmul_rn(mx, scale_log2);
+  l = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float e = Ex2(__fmaf_rn(x[i], scale_log2, -ms));
+    x[i] = !kMask || Key(i, t4) < lim ? e : 0.f;
+    l = __fadd_rn(l, x[i]);
   }
-  const float m = fmaxf(lse, lse_b);
-  const float wa = exp2f(__fsub_rn(lse, m));
-  const float wb = exp2f(__fsub_rn(lse_b, m));
-  const float sum = __fadd_rn(wa, wb);
-  const float inv = __frcp_rn(sum);
-#pragma unroll
-  for (int e = 0; e < E; ++e) o[e] = __fmul_rn(__fmaf_rn(o[e], wa, __fmul_rn(ob[e], wb)), inv);
-  lse = __fadd_rn(m, log2f(sum));
+  l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 1));
+  l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 2));
 }
 
-// Elementwise MergeState: the same operations in the same order on the same values as
-// MergeState<E> (used by the merge kernel), so an in-CTA fold and the merge kernel agree bitwise.
-// Returns the merged o; MergedLse gives the merged lse. REQUIRES: lse_b != -inf.
-__device__ __forceinline__ float MergeElem(float lse, float o, float lse_b, float ob) {
-  if (lse == -INFINITY) return ob;
-  const float m = fmaxf(lse, lse_b);
-  const float wa = exp2f(__fsub_rn(lse, m));
-  const float wb = exp2f(__fsub_rn(lse_b, m));
-  const float inv = __frcp_rn(__fadd_rn(wa, wb));
-  return __fmul_rn(__fmaf_rn(o, wa, __fmul_rn(ob, wb)), inv);
+// The fold of tile partials, in tile order, shared by the prefill kernel and the merge kernel.
+// State (m, l, o): m the running max (scaled log2 units), l the running sum, o the unnormalized
+// output; initially (-inf, 0, 0). A tile (ms, lt, ot) with ms > -inf (ot = P.V with the tile's own
+// P, unnormalized) folds in as: mn = max(m, ms), a = 2^(m - mn), b = 2^(ms - mn),
+// l = l*a + lt*b, o = o*a + ot*b, m = mn. A tile with ms = -inf (no visible key) is skipped.
+// The result is o / l, as o * rcp(l).
+struct FoldWeights {
+  float a, b, m;
+};
+__device__ __forceinline__ FoldWeights Fold(float m, float ms) {
+  const float mn = fmaxf(m, ms);
+  return {Ex2(__fsub_rn(m, mn)), Ex2(__fsub_rn(ms, mn)), mn};
 }
-__device__ __forceinline__ float MergedLse(float lse, float lse_b) {
-  if (lse == -INFINITY) return lse_b;
-  const float m = fmaxf(lse, lse_b);
-  const float wa = exp2f(__fsub_rn(lse, m));
-  const float wb = exp2f(__fsub_rn(lse_b, m));
-  return __fadd_rn(m, log2f(__fadd_rn(wa, wb)));
+__device__ __forceinline__ float FoldElem(float o, const FoldWeights& w, float ot) {
+  return __fmaf_rn(o, w.a, __fmul_rn(ot, w.b));
 }
 
 // Tensor cores: D = A * B + C with A 16x16 bf16 (row-major fragments), B 16x8 bf16 (column
@@ -101,13 +98,37 @@ __device__ __forceinline__ void LoadA(const __nv_bfloat16* m, int ld, int r0, in
   a[3] = *reinterpret_cast<const uint32_t*>(p + 8 * ld + 8);
 }
 
-constexpr int kMaxQ = kMaxQueriesPerCta;  // query rows of the MMA tiles (two m16 tiles)
+// ldmatrix: four 8x8 b16 matrices; lane l gives the row address of matrix l / 8, row l % 8.
+__device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void Ldsm4T(uint32_t (&r)[4], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+constexpr int kMaxQ = kMaxQueriesPerCta;  // query rows of the split kernel's MMA tiles
 constexpr int LDP = kT + 8;  // bf16 P row stride: 36 words, fragment loads hit 32 banks
 constexpr int LDS = kT + 4;  // f32 score row stride
 
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+// 16 bytes from gmem if `bytes` is 16, zeros if it is 0 (gmem is not read).
+__device__ __forceinline__ void CpAsync16Z(void* smem, const void* gmem, int bytes) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 struct TileKernelArgs {
@@ -115,18 +136,302 @@ struct TileKernelArgs {
   const int32_t* items;
   const int32_t* item_rows;
   const int32_t* partial_base;
-  int max_rows;
   float scale_log2;
   const int32_t* item_count;  // device [1] or nullptr (see AttentionTileKernel)
 };
 
-// One work item of a CTA (kThreads threads, kv head blockIdx.y). kFinal: fold all tiles of the
-// item into the rows' outputs; else write one partial per (row, tile). Per tile: S = Q K^T on
-// tensor cores, a per-query softmax (warp per query; P rounded to bf16, l summed from the rounded
-// P), then O = P V on tensor cores, divided by l. Keys past a query's position get p = 0; K/V rows
-// past the loaded keys are zeroed (0 * garbage could be NaN).
-template <int E, bool kFinal>
-__device__ __forceinline__ void TileItem(const TileKernelArgs& k, int item) {
+// ---------------------------------------------------------------------------------------------
+// Prefill (final items): one CTA per (item, kv head) folds every tile of its rows in registers.
+// Rows of the item x the kv head's G query heads give up to PrefillQueriesPerCta query rows
+// (q-row qi is item row qi / G, head kvh * G + qi % G); warp w owns MT m16 tiles, q-rows
+// [16 MT w, 16 MT (w + 1)), and lane (g, t4) the rows 16 (MT w + mt) + g (+ 8) of the m16n8k16
+// accumulator layout. Per 64-key tile: S = Q K^T (k over D ascending), RowSoftmax, P rounded to
+// bf16, and for each 16-column slice of O the tile's O_t = P V (k over the 64 keys ascending)
+// folded into the running O at once (Fold): exactly the partial the split kernel writes and the
+// fold the merge kernel does, so a row gets the same bits on every path. K/V tiles stream
+// through two shared-memory stages with cp.async.
+constexpr int kStages = 2;  // K/V stages (the loop below is written for 2)
+constexpr int kPrefillMT = 1;
+template <int D>
+constexpr int PrefillMT() {
+  return D > 128 ? 1 : kPrefillMT;
+}
+template <int D>
+constexpr int PrefillWarps() {
+  return PrefillQueriesPerCta(D) / (16 * PrefillMT<D>());
+}
+template <int D>
+constexpr size_t PrefillSmemBytes() {
+  return static_cast<size_t>(PrefillQueriesPerCta(D) + 2 * kStages * kT) * (D + 8) *
+         sizeof(__nv_bfloat16);
+}
+
+// One tile for one warp: S, softmax, P.V and the fold. kMask: some key of the tile is past some
+// row's position (or the tile is partial). Qw: the warp's first Q row in shared memory; qf: its
+// fragments in registers when kQRegs (MT == 1).
+template <int D, int MT, bool kMask, bool kQRegs>
+__device__ __forceinline__ void PrefillTile(const __nv_bfloat16* Qw, const __nv_bfloat16* Ks,
+                                            const __nv_bfloat16* Vs,
+                                            const uint32_t (&qf)[kQRegs ? D / 16 : 1][4], int ts,
+                                            const int (&pos)[MT][2], float scale_log2,
+                                            float (&m)[MT][2], float (&l)[MT][2],
+                                            float (&o)[MT][D / 8][4], int lane) {
+  constexpr int LD = D + 8;
+  const int t4 = lane & 3;
+  float s[MT][kT / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < kT / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+  }
+  const __nv_bfloat16* kp = Ks + ((lane & 7) + 8 * (lane >> 4)) * LD + 8 * ((lane >> 3) & 1);
+  const __nv_bfloat16* qp = Qw + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4);
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) {
+    uint32_t af[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      if constexpr (kQRegs) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) af[mt][i] = qf[kc][i];
+      } else {
+        Ldsm4(af[mt], qp + mt * 16 * LD + kc * 16);
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < kT / 16; ++np) {
+      uint32_t b[4];
+      Ldsm4(b, kp + np * 16 * LD + kc * 16);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Mma16816(s[mt][2 * np], af[mt], b[0], b[1]);
+        Mma16816(s[mt][2 * np + 1], af[mt], b[2], b[3]);
+      }
+    }
+  }
+  FoldWeights w[MT][2];
+  bool valid[MT][2];
+  uint32_t pa[MT][kT / 16][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float x[16];
+#pragma unroll
+      for (int n = 0; n < kT / 8; ++n) {
+        x[2 * n] = s[mt][n][2 * h];
+        x[2 * n + 1] = s[mt][n][2 * h + 1];
+      }
+      float ms, lt;
+      RowSoftmax<kMask>(x, pos[mt][h] + 1 - ts, t4, scale_log2, ms, lt);
+#pragma unroll
+      for (int n = 0; n < kT / 8; ++n) {
+        s[mt][n][2 * h] = x[2 * n];
+        s[mt][n][2 * h + 1] = x[2 * n + 1];
+      }
+      valid[mt][h] = !kMask || ms != -INFINITY;
+      w[mt][h] = Fold(m[mt][h], ms);
+      if (valid[mt][h]) {
+        l[mt][h] = FoldElem(l[mt][h], w[mt][h], lt);
+        m[mt][h] = w[mt][h].m;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kT / 16; ++kk) {
+      pa[mt][kk][0] = PackBf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+      pa[mt][kk][1] = PackBf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+      pa[mt][kk][2] = PackBf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+      pa[mt][kk][3] = PackBf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+    }
+  }
+  const __nv_bfloat16* vp = Vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4);
+#pragma unroll
+  for (int nd = 0; nd < D / 16; ++nd) {
+    float c[MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c[mt][0][i] = c[mt][1][i] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kT / 16; ++kk) {
+      uint32_t b[4];
+      Ldsm4T(b, vp + kk * 16 * LD + nd * 16);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Mma16816(c[mt][0], pa[mt][kk], b[0], b[1]);
+        Mma16816(c[mt][1], pa[mt][kk], b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int h = i >> 1;
+        if (valid[mt][h]) {
+          o[mt][2 * nd][i] = FoldElem(o[mt][2 * nd][i], w[mt][h], c[mt][0][i]);
+          o[mt][2 * nd + 1][i] = FoldElem(o[mt][2 * nd + 1][i], w[mt][h], c[mt][1][i]);
+        }
+      }
+    }
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileKernelArgs k) {
+  WaitForPriorGrids();
+  constexpr int MT = PrefillMT<D>(), NW = PrefillWarps<D>(), kThr = NW * 32;
+  constexpr int kRows = PrefillQueriesPerCta(D), LD = D + 8, C = D / 8;
+  constexpr bool kQRegs = MT == 1 && D <= 128;  // Q fragments in registers (else ldmatrix)
+  extern __shared__ __align__(16) unsigned char smem[];
+  const AttentionArgs& a = k.a;
+  const KvCacheView& cache = a.cache;
+  const int hq = a.num_q_heads, hkv = cache.num_kv_heads, G = hq / hkv, bs = cache.block_size;
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRows, LD]
+  __nv_bfloat16* KVs = Qs + kRows * LD;                        // stage s: K, V [kT, LD] each
+
+  const int32_t* it = k.items + static_cast<int64_t>(blockIdx.x) * kItemFields;
+  const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
+  const int row_count = it[4], kv_len = it[5];
+  const int kvh = blockIdx.y;
+  const int nq = row_count * G;  // <= kRows (the planner's rows per item)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2;
+
+  const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(a.q);
+  for (int i = tid; i < kRows * C; i += kThr) {
+    const int qi = i / C, c = i % C;
+    const __nv_bfloat16* src = q;
+    if (qi < nq) {
+      const int row = k.item_rows[row_begin + qi / G];
+      src = q + static_cast<int64_t>(row) * a.q_row_stride + (kvh * G + qi % G) * D + c * 8;
+    }
+    CpAsync16Z(Qs + qi * LD + c * 8, src, qi < nq ? 16 : 0);
+  }
+  // K/V tile loads: thread tid copies the 16-byte chunk tid % C of rows j = tid / C + r *
+  // kRowsPerPass (r < kR). The block ids of the next tile are loaded one tile ahead, so that
+  // issuing a tile's copies never waits on a global load.
+  constexpr int kRowsPerPass = kThr / C, kR = kT / kRowsPerPass;
+  static_assert(kThr % C == 0 && kT % kRowsPerPass == 0, "tile load shape");
+  const int cchunk = tid % C, j0 = tid / C;
+  const __nv_bfloat16* kc = reinterpret_cast<const __nv_bfloat16*>(cache.k) + cchunk * 8;
+  const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v) + cchunk * 8;
+  int ids[kR];  // cache row (of D elements) of each row's key, -1: past kv_len
+  auto load_ids = [&](int t) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int tok = t * kT + j0 + r * kRowsPerPass;
+      ids[r] = -1;
+      if (tok < kv_len) ids[r] = (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
+    }
+  };
+  auto issue_tile = [&](int stage) {
+    __nv_bfloat16* Kd = KVs + stage * 2 * kT * LD + j0 * LD + cchunk * 8;
+    __nv_bfloat16* Vd = Kd + kT * LD;
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      // Keys past kv_len are zeros (P is 0 there, and 0 * garbage could be NaN).
+      const int64_t src = ids[r] < 0 ? 0 : static_cast<int64_t>(ids[r]) * D;
+      const int bytes = ids[r] < 0 ? 0 : 16;
+      CpAsync16Z(Kd + r * kRowsPerPass * LD, kc + src, bytes);
+      CpAsync16Z(Vd + r * kRowsPerPass * LD, vc + src, bytes);
+    }
+  };
+
+  // This lane's rows; the warp's lowest and highest position (rows past nq excluded).
+  int pos[MT][2];
+  int wmin = INT_MAX, wmax = -1;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int qi = (warp * MT + mt) * 16 + g + 8 * h;
+      pos[mt][h] = qi < nq ? a.positions[k.item_rows[row_begin + qi / G]] : -1;
+      if (qi < nq) wmin = min(wmin, pos[mt][h]);
+      wmax = max(wmax, pos[mt][h]);
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, off));
+    wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
+  }
+
+  float o[MT][D / 8][4];
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.f;
+  }
+  uint32_t qf[kQRegs ? D / 16 : 1][4];
+  const __nv_bfloat16* Qw = Qs + warp * MT * 16 * LD;
+
+  // Two stages, one barrier per tile: after the barrier that publishes tile t, every warp is done
+  // with tile t - 1, so tile t + 1 may be copied into its stage while tile t is computed.
+  load_ids(tile_begin);
+  issue_tile(0);
+  CpAsyncCommit();  // with Q
+  if (tile_begin + 1 < tile_end) load_ids(tile_begin + 1);
+  for (int t = tile_begin; t < tile_end; ++t) {
+    const int i = t - tile_begin;
+    CpAsyncWait<0>();
+    __syncthreads();
+    if (t + 1 < tile_end) {
+      issue_tile((i + 1) % kStages);
+      CpAsyncCommit();
+      if (t + 2 < tile_end) load_ids(t + 2);
+    }
+    if constexpr (kQRegs) {
+      if (i == 0) {
+#pragma unroll
+        for (int kc2 = 0; kc2 < D / 16; ++kc2) {
+          Ldsm4(qf[kc2],
+                Qw + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + kc2 * 16 + 8 * (lane >> 4));
+        }
+      }
+    }
+    const int ts = t * kT;
+    const __nv_bfloat16* Ks = KVs + (i % kStages) * 2 * kT * LD;
+    const __nv_bfloat16* Vs = Ks + kT * LD;
+    if (ts <= wmax) {  // warp-uniform: some row of the warp sees a key of the tile
+      if (ts + kT - 1 <= wmin) {
+        PrefillTile<D, MT, false, kQRegs>(Qw, Ks, Vs, qf, ts, pos, k.scale_log2, m, l, o, lane);
+      } else {
+        PrefillTile<D, MT, true, kQRegs>(Qw, Ks, Vs, qf, ts, pos, k.scale_log2, m, l, o, lane);
+      }
+    }
+  }
+
+  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int qi = (warp * MT + mt) * 16 + g + 8 * h;
+      if (qi >= nq) continue;
+      const int row = k.item_rows[row_begin + qi / G];
+      const float inv = __frcp_rn(l[mt][h]);
+      __nv_bfloat16* dst = out + static_cast<int64_t>(row) * hq * D + (kvh * G + qi % G) * D;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * (lane & 3)) =
+            PackBf16(__fmul_rn(o[mt][n][2 * h], inv), __fmul_rn(o[mt][n][2 * h + 1], inv));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Split items (decode rows, cascade tiles): one CTA (kThreads threads, kv head blockIdx.y) per
+// item writes one partial per (row, query head, tile): O_t = P V unnormalized (f32) and
+// (ms, l) (see RowSoftmax and Fold). S = Q K^T and O_t = P V on tensor cores with the prefill
+// kernel's accumulation chains; the softmax runs 4 lanes per query in the prefill kernel's
+// register layout and order (RowSoftmax), so a tile's partial is bitwise the prefill kernel's.
+// Up to kMaxQ (row, head) pairs share the K/V tile load.
+template <int E>
+__device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
   constexpr int D = E * 32, LD = D + 8;
   extern __shared__ __align__(16) unsigned char smem[];
   const AttentionArgs& a = k.a;
@@ -138,9 +443,7 @@ __device__ __forceinline__ void TileItem(const TileKernelArgs& k, int item) {
   __nv_bfloat16* Ps = Qs + kMaxQ * LD;                         // [kMaxQ, LDP]
   float* Ss = reinterpret_cast<float*>(Ps + kMaxQ * LDP);      // [kMaxQ, LDS]
   float* row_l = Ss + kMaxQ * LDS;                             // [kMaxQ]
-  float* row_lse = row_l + kMaxQ;                              // [kMaxQ], -inf: no visible key
-  float* st_lse = row_lse + kMaxQ;                             // [kMaxQ] (final)
-  float* st_o = st_lse + kMaxQ;                                // [kMaxQ, D] (final)
+  float* row_ms = row_l + kMaxQ;                               // [kMaxQ], -inf: no visible key
 
   const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
   const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
@@ -164,10 +467,6 @@ __device__ __forceinline__ void TileItem(const TileKernelArgs& k, int item) {
     *reinterpret_cast<uint4*>(Qs + qi * LD + c * 8) = raw;
   }
   for (int i = tid; i < mq * LDP; i += kThreads) Ps[i] = __float2bfloat16(0.f);
-  if (kFinal) {
-    for (int i = tid; i < nq * D; i += kThreads) st_o[i] = 0.f;
-    for (int i = tid; i < nq; i += kThreads) st_lse[i] = -INFINITY;
-  }
 
   const __nv_bfloat16* kc = reinterpret_cast<const __nv_bfloat16*>(cache.k);
   const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v);
@@ -175,21 +474,20 @@ __device__ __forceinline__ void TileItem(const TileKernelArgs& k, int item) {
   for (int t = tile_begin; t < tile_end; ++t) {
     const int ts = t * kT;
     const int n_load = min(kT, kv_len - ts);
-    __syncthreads();  // previous tile's readers are done (and q/state are initialized)
-    for (int i = tid; i < n_load * (D / 8); i += kThreads) {
+    __syncthreads();  // previous tile's readers are done (and q is initialized)
+    for (int i = tid; i < kT * (D / 8); i += kThreads) {
       const int j = i / (D / 8), c = i % (D / 8);
       const int tok = ts + j;
-      const int64_t blk = a.block_ids[table_offset + tok / bs];
-      const int64_t src = ((blk * hkv + kvh) * bs + tok % bs) * D + c * 8;
-      CpAsync16(Ks + j * LD + c * 8, kc + src);
-      CpAsync16(Vs + j * LD + c * 8, vc + src);
+      int64_t src = 0;
+      if (j < n_load) {
+        const int64_t blk = a.block_ids[table_offset + tok / bs];
+        src = ((blk * hkv + kvh) * bs + tok % bs) * D + c * 8;
+      }
+      CpAsync16Z(Ks + j * LD + c * 8, kc + src, j < n_load ? 16 : 0);
+      CpAsync16Z(Vs + j * LD + c * 8, vc + src, j < n_load ? 16 : 0);
     }
-    for (int i = n_load * (D / 8) + tid; i < kT * (D / 8); i += kThreads) {
-      const int j = i / (D / 8), c = i % (D / 8);
-      *reinterpret_cast<uint4*>(Ks + j * LD + c * 8) = make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(Vs + j * LD + c * 8) = make_uint4(0, 0, 0, 0);
-    }
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
+    CpAsyncCommit();
+    CpAsyncWait<0>();
     __syncthreads();
 
     // S = Q K^T: fragment f = (m tile f / (kT/8), n tile f % (kT/8)), k over D in order.
@@ -209,41 +507,28 @@ __device__ __forceinline__ void TileItem(const TileKernelArgs& k, int item) {
     }
     __syncthreads();
 
-    // Softmax per query (one warp per query; lane owns keys lane and lane + 32).
-    for (int qi = warp; qi < nq; qi += kWarps) {
-      const int row = k.item_rows[row_begin + qi / G];
-      const int nv = min(n_load, a.positions[row] + 1 - ts);
-      if (nv <= 0) {
-        Ps[qi * LDP + lane] = Ps[qi * LDP + lane + 32] = __float2bfloat16(0.f);
-        if (lane == 0) row_lse[qi] = -INFINITY;
-        continue;
-      }
-      float s[kT / 32];
-      float m = -INFINITY;
+    // Softmax: 8 queries per warp pass, 4 lanes per query (lane t4 holds keys Key(i, t4)).
+    for (int q0 = warp * 8; q0 < nq; q0 += kWarps * 8) {  // warp-uniform
+      const int qi = q0 + g;
+      int lim = 0;
+      if (qi < nq) lim = min(n_load, a.positions[k.item_rows[row_begin + qi / G]] + 1 - ts);
+      float x[16];
 #pragma unroll
-      for (int i = 0; i < kT / 32; ++i) {
-        const int j = lane + 32 * i;
-        s[i] = j < nv ? __fmul_rn(Ss[qi * LDS + j], k.scale_log2) : -INFINITY;
-        m = fmaxf(m, s[i]);
-      }
-      m = WarpMax(m);
-      float l = 0.f;
+      for (int i = 0; i < 16; ++i) x[i] = qi < nq ? Ss[qi * LDS + Key(i, t4)] : 0.f;
+      float ms, lt;
+      RowSoftmax<true>(x, lim, t4, k.scale_log2, ms, lt);
+      if (qi < nq) {
 #pragma unroll
-      for (int i = 0; i < kT / 32; ++i) {
-        const int j = lane + 32 * i;
-        const __nv_bfloat16 p = __float2bfloat16_rn(j < nv ? exp2f(__fsub_rn(s[i], m)) : 0.f);
-        l = __fadd_rn(l, __bfloat162float(p));
-        Ps[qi * LDP + j] = p;
-      }
-      l = WarpSum(l);
-      if (lane == 0) {
-        row_l[qi] = l;
-        row_lse[qi] = __fadd_rn(m, log2f(l));
+        for (int i = 0; i < 16; ++i) Ps[qi * LDP + Key(i, t4)] = __float2bfloat16_rn(x[i]);
+        if (t4 == 0) {
+          row_l[qi] = lt;
+          row_ms[qi] = ms;
+        }
       }
     }
     __syncthreads();
 
-    // O = P V: fragment f = (m tile f / (D/8), n tile f % (D/8)), k over the tile's keys in order.
+    // O_t = P V: fragment f = (m tile f / (D/8), n tile f % (D/8)), k over the tile's keys.
     for (int f = warp; f < (mq / 16) * (D / 8); f += kWarps) {
       const int m0 = (f / (D / 8)) * 16, n0 = (f % (D / 8)) * 8;
       float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -259,46 +544,20 @@ __device__ __forceinline__ void TileItem(const TileKernelArgs& k, int item) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int qi = m0 + g + 8 * h;
-        if (qi >= nq) continue;
-        const float lse = row_lse[qi];
-        if (lse == -INFINITY) continue;
-        const float l = row_l[qi];
-        const int d = n0 + 2 * t4;
-        const float o0 = __fdiv_rn(c[2 * h], l), o1 = __fdiv_rn(c[2 * h + 1], l);
-        if (kFinal) {
-          const float old = st_lse[qi];
-          st_o[qi * D + d] = MergeElem(old, st_o[qi * D + d], lse, o0);
-          st_o[qi * D + d + 1] = MergeElem(old, st_o[qi * D + d + 1], lse, o1);
-        } else {
-          const int row = k.item_rows[row_begin + qi / G];
-          const int qh = kvh * G + qi % G;
-          const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + qh;
-          *reinterpret_cast<float2*>(a.partial_o + slot * D + d) = make_float2(o0, o1);
-        }
-      }
-    }
-    if (kFinal) {
-      __syncthreads();  // every element merged with the old lse
-      for (int qi = tid; qi < nq; qi += kThreads) {
-        if (row_lse[qi] != -INFINITY) st_lse[qi] = MergedLse(st_lse[qi], row_lse[qi]);
-      }
-    } else {
-      for (int qi = tid; qi < nq; qi += kThreads) {
-        if (row_lse[qi] == -INFINITY) continue;
+        if (qi >= nq || row_ms[qi] == -INFINITY) continue;
         const int row = k.item_rows[row_begin + qi / G];
         const int qh = kvh * G + qi % G;
-        a.partial_lse[static_cast<int64_t>(k.partial_base[row] + t) * hq + qh] = row_lse[qi];
+        const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + qh;
+        *reinterpret_cast<float2*>(a.partial_o + slot * D + n0 + 2 * t4) =
+            make_float2(c[2 * h], c[2 * h + 1]);
       }
     }
-  }
-  if (kFinal) {
-    __syncthreads();
-    for (int i = tid; i < nq * D; i += kThreads) {
-      const int qi = i / D, d = i % D;
+    for (int qi = tid; qi < nq; qi += kThreads) {
       const int row = k.item_rows[row_begin + qi / G];
       const int qh = kvh * G + qi % G;
-      reinterpret_cast<__nv_bfloat16*>(a.out)[static_cast<int64_t>(row) * hq * D + qh * D + d] =
-          __float2bfloat16(st_o[i]);
+      const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + qh;
+      a.partial_ml[2 * slot] = row_ms[qi];
+      a.partial_ml[2 * slot + 1] = row_l[qi];
     }
   }
 }
@@ -307,17 +566,17 @@ __device__ __forceinline__ void TileItem(const TileKernelArgs& k, int item) {
 // the item count: gridDim.x itself (one item per CTA), or, for a launch inside a CUDA graph, a
 // count read on the device, so the same fixed grid serves every step. An item's arithmetic does
 // not depend on which CTA runs it.
-template <int E, bool kFinal>
-__global__ void __launch_bounds__(kThreads) AttentionTileKernel(TileKernelArgs k) {
+template <int E>
+__global__ void __launch_bounds__(kThreads) SplitKernel(TileKernelArgs k) {
   WaitForPriorGrids();
   const int count = k.item_count != nullptr ? *k.item_count : static_cast<int>(gridDim.x);
   for (int item = blockIdx.x; item < count; item += gridDim.x) {
     if (item != static_cast<int>(blockIdx.x)) __syncthreads();  // the last item's readers are done
-    TileItem<E, kFinal>(k, item);
+    SplitItem<E>(k, item);
   }
 }
 
-// One warp per (split row, query head): left fold of the row's tile partials in tile order.
+// One warp per (split row, query head): the Fold of the row's tile partials in tile order.
 template <int E>
 __global__ void __launch_bounds__(kThreads)
     MergeKernel(AttentionArgs a, const int32_t* merge_list, int num_merge) {
@@ -329,67 +588,72 @@ __global__ void __launch_bounds__(kThreads)
   if (entry >= num_merge) return;
   const int row = merge_list[entry * 3], base = merge_list[entry * 3 + 1];
   const int tiles = merge_list[entry * 3 + 2];
-  float o[E], lse = -INFINITY;
+  float o[E], m = -INFINITY, l = 0.f;
 #pragma unroll
   for (int e = 0; e < E; ++e) o[e] = 0.f;
-  // Loads run kBatch tiles ahead of the (strictly sequential) merges.
+  // Loads run kBatch tiles ahead of the (strictly sequential) folds.
   constexpr int kBatch = 8;
   for (int t0 = 0; t0 < tiles; t0 += kBatch) {
-    float ob[kBatch][E], lb[kBatch];
+    float ob[kBatch][E], mb[kBatch], lb[kBatch];
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int64_t slot = static_cast<int64_t>(base + t0 + i) * hq + qh;
-      lb[i] = t0 + i < tiles ? a.partial_lse[slot] : -INFINITY;
+      const bool in = t0 + i < tiles;
+      mb[i] = in ? a.partial_ml[2 * slot] : -INFINITY;
+      lb[i] = in ? a.partial_ml[2 * slot + 1] : 0.f;
 #pragma unroll
-      for (int e = 0; e < E; ++e)
-        ob[i][e] = t0 + i < tiles ? a.partial_o[slot * D + lane * E + e] : 0.f;
+      for (int e = 0; e < E; ++e) ob[i][e] = in ? a.partial_o[slot * D + lane * E + e] : 0.f;
     }
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) MergeState<E>(lse, o, lb[i], ob[i]);
+    for (int i = 0; i < kBatch; ++i) {
+      if (mb[i] == -INFINITY) continue;
+      const FoldWeights w = Fold(m, mb[i]);
+      l = FoldElem(l, w, lb[i]);
+#pragma unroll
+      for (int e = 0; e < E; ++e) o[e] = FoldElem(o[e], w, ob[i][e]);
+      m = w.m;
+    }
   }
+  const float inv = __frcp_rn(l);
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out) + static_cast<int64_t>(row) * hq * D;
 #pragma unroll
-  for (int e = 0; e < E; ++e) out[qh * D + lane * E + e] = __float2bfloat16(o[e]);
+  for (int e = 0; e < E; ++e)
+    out[qh * D + lane * E + e] = __float2bfloat16_rn(__fmul_rn(o[e], inv));
+}
+
+size_t SplitSmemBytes(int d) {
+  return (2 * kT + kMaxQ) * (d + 8) * sizeof(__nv_bfloat16) + kMaxQ * LDP * sizeof(__nv_bfloat16) +
+         kMaxQ * LDS * sizeof(float) + 2 * kMaxQ * sizeof(float);
 }
 
 template <int E>
 cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& plan,
                          cudaStream_t stream) {
   constexpr int D = E * 32;
-  // A CTA's queries fill at most two m16 MMA tiles: the planner puts <= kMaxQ (row, head) pairs
-  // in one item when the GQA group is <= kMaxQ.
-  if (args.num_q_heads / args.cache.num_kv_heads > kMaxQ) return cudaErrorInvalidValue;
-  TileKernelArgs k{args,   nullptr, plan.item_rows, plan.partial_base, 0, args.scale * kLog2e,
-                   nullptr};
-  // The layout of AttentionTileKernel's shared memory (rows padded to kMaxQ, whatever max_rows).
-  auto smem_bytes = [&](int /*max_rows*/, bool final_mode) {
-    size_t b = (2 * kT + kMaxQ) * (D + 8) * sizeof(__nv_bfloat16) +
-               kMaxQ * LDP * sizeof(__nv_bfloat16) + kMaxQ * LDS * sizeof(float) +
-               3 * kMaxQ * sizeof(float);
-    if (final_mode) b += kMaxQ * D * sizeof(float);
-    return b;
-  };
+  const int G = args.num_q_heads / args.cache.num_kv_heads;
+  // The split kernel's queries fill at most two m16 MMA tiles (the planner puts <= kMaxQ
+  // (row, head) pairs in one item); a prefill item holds <= PrefillQueriesPerCta(D).
+  if (G > kMaxQ || plan.max_final_rows * G > PrefillQueriesPerCta(D)) return cudaErrorInvalidValue;
+  TileKernelArgs k{args, nullptr, plan.item_rows, plan.partial_base, args.scale * kLog2e, nullptr};
   if (plan.num_final > 0) {
     k.items = plan.final_items;
-    k.max_rows = plan.max_final_rows;
-    const size_t smem = smem_bytes(k.max_rows, true);
-    cudaError_t err = cudaFuncSetAttribute(AttentionTileKernel<E, true>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    constexpr size_t smem = PrefillSmemBytes<D>();
+    cudaError_t err =
+        cudaFuncSetAttribute(PrefillKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
-    err = LaunchKernel(AttentionTileKernel<E, true>, dim3(plan.num_final, args.cache.num_kv_heads),
-                       kThreads, smem, stream, k);
+    err = LaunchKernel(PrefillKernel<D>, dim3(plan.num_final, args.cache.num_kv_heads),
+                       PrefillWarps<D>() * 32, smem, stream, k);
     if (err != cudaSuccess) return err;
   }
   if (plan.num_split > 0) {
     k.items = plan.split_items;
-    k.max_rows = plan.max_split_rows;
     k.item_count = plan.split_count;
-    const size_t smem = smem_bytes(k.max_rows, false);
-    cudaError_t err = cudaFuncSetAttribute(AttentionTileKernel<E, false>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    const size_t smem = SplitSmemBytes(D);
+    cudaError_t err =
+        cudaFuncSetAttribute(SplitKernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
-    err = LaunchKernel(AttentionTileKernel<E, false>, dim3(plan.num_split, args.cache.num_kv_heads),
-                       kThreads, smem, stream, k);
+    err = LaunchKernel(SplitKernel<E>, dim3(plan.num_split, args.cache.num_kv_heads), kThreads,
+                       smem, stream, k);
     if (err != cudaSuccess) return err;
   }
   if (plan.num_merge > 0) {
@@ -404,10 +668,7 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
 
 cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int* ctas) {
   auto per_sm = [&](auto kernel, int e) {
-    const int d = e * 32;
-    const size_t smem = (2 * kT + kMaxQ) * (d + 8) * sizeof(__nv_bfloat16) +
-                        kMaxQ * LDP * sizeof(__nv_bfloat16) + kMaxQ * LDS * sizeof(float) +
-                        3 * kMaxQ * sizeof(float);
+    const size_t smem = SplitSmemBytes(e * 32);
     int blocks = 0, device = 0, sms = 0;
     cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -421,13 +682,13 @@ cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int* ctas) {
   };
   switch (head_dim) {
     case 32:
-      return per_sm(AttentionTileKernel<1, false>, 1);
+      return per_sm(SplitKernel<1>, 1);
     case 64:
-      return per_sm(AttentionTileKernel<2, false>, 2);
+      return per_sm(SplitKernel<2>, 2);
     case 128:
-      return per_sm(AttentionTileKernel<4, false>, 4);
+      return per_sm(SplitKernel<4>, 4);
     case 256:
-      return per_sm(AttentionTileKernel<8, false>, 8);
+      return per_sm(SplitKernel<8>, 8);
     default:
       return cudaErrorInvalidValue;
   }

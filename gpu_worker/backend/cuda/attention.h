@@ -2,13 +2,15 @@
 //
 // One function for every query: query row r (global position p) of a sequence attends to the
 // keys at positions [0, p] of that sequence (causal mask with offset). Keys are cut into TILES
-// of kTileTokens tokens aligned at position 0; a tile's partial state (o, lse) is a fixed function
-// of the query and the tile's keys, and the final state is the left fold, in tile order, of
-// MergeStates over the tiles that hold at least one visible key. Whether one CTA folds all tiles
-// (prefill items), or tiles are computed by separate CTAs and merged by a merge kernel (split
-// decode), or a shared-prefix tile is computed once for a whole group of requests (cascade), the
-// same partials are folded in the same order with the same arithmetic, so all three give
-// bitwise equal results. This is what makes cascade == non-cascade and cached == cold bitwise.
+// of kTileTokens tokens aligned at position 0; a tile's partial state (unnormalized P.V, max
+// score, sum of p) is a fixed function of the query and the tile's keys, and the final state is
+// the left fold, in tile order, of the partials of the tiles that hold at least one visible key
+// (attention.cu: RowSoftmax, Fold). Whether the prefill kernel folds all tiles of a row in
+// registers (final items), or tiles are computed by separate CTAs and folded by a merge kernel
+// (split decode), or a shared-prefix tile is computed once for a whole group of requests
+// (cascade), the same partials are folded in the same order with the same arithmetic, so all
+// three give bitwise equal results. This is what makes cascade == non-cascade and cached == cold
+// bitwise.
 #pragma once
 
 #include <cstdint>
@@ -68,8 +70,9 @@ struct AttentionPlan {
 
 // Plans `batch`. Rows of a sequence with one new token are decode rows (split + merge, cascade
 // candidates); rows of longer sequences are prefill rows (final items of up to
-// kMaxQueriesPerCta / group rows). Errors: InvalidArgument for inconsistent metadata (positions
-// outside [0, context_len), block tables too short for context_len, bad config).
+// PrefillQueriesPerCta(head_dim) / group rows, longest first). Errors: InvalidArgument for
+// inconsistent metadata (positions outside [0, context_len), block tables too short for
+// context_len, bad config).
 absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& batch,
                            AttentionPlan* plan);
 

@@ -1,6 +1,8 @@
 // Host planning of attention work items: prefill chunks, split decode tiles, cascade groups.
 // Plain C++ (no CUDA), so it is unit-testable anywhere.
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <map>
 #include <vector>
 
@@ -31,7 +33,8 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
         absl::StrCat("attention: block_size ", bs, " must divide the tile size ", kTileTokens));
   }
   const int group = hq / hkv;
-  const int rows_per_cta = std::max(1, kMaxQueriesPerCta / group);
+  const int rows_per_cta = std::max(1, kMaxQueriesPerCta / group);  // split items
+  const int prefill_rows = std::max(1, PrefillQueriesPerCta(config.head_dim) / group);
   const int blocks_per_tile = kTileTokens / bs;
 
   *plan = AttentionPlan();
@@ -67,8 +70,8 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
       continue;
     }
     // Prefill: chunks of consecutive rows, each CTA folding every tile its rows can see.
-    for (int c = q0; c < q1; c += rows_per_cta) {
-      const int n = std::min(rows_per_cta, q1 - c);
+    for (int c = q0; c < q1; c += prefill_rows) {
+      const int n = std::min(prefill_rows, q1 - c);
       int kv_len = 0;
       for (int r = c; r < c + n; ++r) kv_len = std::max(kv_len, batch.positions[r] + 1);
       const int row_begin = static_cast<int>(plan->item_rows.size());
@@ -76,6 +79,16 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
       AddItem(&plan->final_items, table, 0, CeilDiv(kv_len, kTileTokens), row_begin, n, kv_len);
       plan->max_final_rows = std::max(plan->max_final_rows, n);
     }
+  }
+
+  // Longest prefill items first, so that a launch's last wave is its shortest items (the order of
+  // items changes no result: each CTA computes its own rows).
+  {
+    std::vector<std::array<int32_t, kItemFields>> items(plan->num_final());
+    std::memcpy(items.data(), plan->final_items.data(), plan->final_items.size() * sizeof(int32_t));
+    std::stable_sort(items.begin(), items.end(),
+                     [](const auto& x, const auto& y) { return x[2] - x[1] > y[2] - y[1]; });
+    std::memcpy(plan->final_items.data(), items.data(), plan->final_items.size() * sizeof(int32_t));
   }
 
   // Decode rows: one partial slot per tile, then a merge. Cascade: rows whose first full tiles

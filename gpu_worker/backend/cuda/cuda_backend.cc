@@ -197,7 +197,7 @@ class CudaBackend final : public engine::Backend {
   // Activations, [max_num_tokens, ...].
   DeviceBuffer residual_, x_, qkv_, attn_, delta_, gu_, act_, xl_, logits_;
   // Grown on demand.
-  DeviceBuffer meta_, partial_o_, partial_lse_, argmax_, sample_params_;
+  DeviceBuffer meta_, partial_o_, partial_ml_, argmax_, sample_params_;
   std::vector<int32_t> argmax_host_;
   std::vector<RowSampleParams> sample_host_;
   std::vector<int32_t> meta_host_;
@@ -317,7 +317,7 @@ absl::Status CudaBackend::Init(const model::Model& m) {
     cap_blocks_ = 2048 / o_.block_size * static_cast<int64_t>(max_graph_batch_);
     cap_items_ = cap_rows_ = tiles * max_graph_batch_;
     RETURN_IF_ERROR(alloc(&partial_o_, tiles * max_graph_batch_ * size_t{4} * hq_ * d_));
-    RETURN_IF_ERROR(alloc(&partial_lse_, tiles * max_graph_batch_ * size_t{4} * hq_));
+    RETURN_IF_ERROR(alloc(&partial_ml_, tiles * max_graph_batch_ * size_t{8} * hq_));
     RETURN_IF_ERROR(graph_tokens_host_.Resize(std::max(1, max_graph_batch_) * sizeof(int32_t)));
   }
   return absl::OkStatus();
@@ -399,7 +399,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   RETURN_IF_ERROR(EnsureCapacity(&meta_, meta_host_.size() * 4));
   RETURN_IF_ERROR(
       EnsureCapacity(&partial_o_, std::max(1, plan.num_partials) * size_t{4} * hq_ * d_));
-  RETURN_IF_ERROR(EnsureCapacity(&partial_lse_, std::max(1, plan.num_partials) * size_t{4} * hq_));
+  RETURN_IF_ERROR(EnsureCapacity(&partial_ml_, std::max(1, plan.num_partials) * size_t{8} * hq_));
   RETURN_IF_ERROR(CopyAsync(meta_.data(), meta_host_.data(), meta_host_.size() * 4, stream_));
   const int32_t* meta = meta_.as<int32_t>();
 
@@ -488,7 +488,7 @@ absl::Status CudaBackend::EnqueueModel(int n, const StepMeta& m) {
                        m.block_ids,
                        attn_.as<Bf16>(),
                        partial_o_.as<float>(),
-                       partial_lse_.as<float>(),
+                       partial_ml_.as<float>(),
                        1.f / std::sqrt(static_cast<float>(d_)),
                        hq_};
     RETURN_IF_ERROR(Attention(args, m.plan, stream_));
@@ -632,7 +632,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   };
   const size_t partials = std::max(1, plan.num_partials);
   RETURN_IF_ERROR(ensure(&partial_o_, partials * 4 * hq_ * d_));
-  RETURN_IF_ERROR(ensure(&partial_lse_, partials * 4 * hq_));
+  RETURN_IF_ERROR(ensure(&partial_ml_, partials * 8 * hq_));
   RETURN_IF_ERROR(ensure(&argmax_, max_graph_batch_ * sizeof(int32_t)));
 
   // Stage this step's metadata at the fixed offsets.

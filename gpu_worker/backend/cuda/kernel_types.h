@@ -14,8 +14,11 @@ using Bf16 = uint16_t;        // raw bfloat16 bits
 // Split-KV tile size in tokens. Tile boundaries are multiples of this from position 0, for every
 // plan; block_size must divide it.
 inline constexpr int kTileTokens = 64;
-// At most this many (row, query head) pairs share one CTA (one K/V tile load).
+// At most this many (row, query head) pairs share one split CTA (one K/V tile load).
 inline constexpr int kMaxQueriesPerCta = 32;
+// (row, query head) pairs of one prefill CTA (16 per warp; head_dim 256 keeps half the rows so
+// that its registers and K/V stages fit).
+constexpr int PrefillQueriesPerCta(int head_dim) { return head_dim > 128 ? 64 : 128; }
 // Fields of one work item in AttentionPlan::*_items.
 inline constexpr int kItemFields = 6;
 
@@ -60,10 +63,11 @@ struct AttentionArgs {
   const int32_t* positions = nullptr;  // [num_tokens] device
   const int32_t* block_ids = nullptr;  // device copy of AttentionBatch::block_ids
   Bf16* out = nullptr;                 // [num_tokens, num_q_heads * head_dim] bf16
-  // Workspace for split rows: partial_o [num_partials, num_q_heads, head_dim] f32 and
-  // partial_lse [num_partials, num_q_heads] f32 (log2 units: log2 sum_j 2^(s_j * log2 e)).
+  // Workspace for split rows, one partial per (tile, query head): partial_o [num_partials,
+  // num_q_heads, head_dim] f32, the tile's unnormalized P.V, and partial_ml [num_partials,
+  // num_q_heads, 2] f32, the tile's (max score in log2 units, sum of p); see attention.cu's Fold.
   float* partial_o = nullptr;
-  float* partial_lse = nullptr;
+  float* partial_ml = nullptr;
   float scale = 0;  // softmax scale, usually 1/sqrt(head_dim)
   int num_q_heads = 0;
 };

@@ -160,6 +160,9 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
   if (c.block_size <= 0 || kTileTokens % c.block_size != 0) {
     return Bad("Attention", absl::StrCat("block_size must divide ", kTileTokens));
   }
+  if (c.num_blocks * c.num_kv_heads * c.block_size > INT32_MAX) {  // 32-bit cache row index
+    return Bad("Attention", "KV cache has more than 2^31 (block, head, slot) rows");
+  }
   if (args.q_row_stride < args.num_q_heads * c.head_dim || args.q_row_stride % 8 != 0 ||
       !Aligned16(args.q) || !Aligned16(c.k) || !Aligned16(c.v)) {
     return Bad("Attention",
@@ -167,11 +170,13 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
                "16-byte aligned");
   }
   const int group = args.num_q_heads / c.num_kv_heads;
-  if (plan.max_final_rows * group > kMaxQueriesPerCta * (group > kMaxQueriesPerCta ? group : 1) ||
-      plan.max_split_rows * group > kMaxQueriesPerCta * (group > kMaxQueriesPerCta ? group : 1)) {
-    return Bad("Attention", "plan has more queries per CTA than the kernel supports");
+  if (group > kMaxQueriesPerCta || plan.max_split_rows * group > kMaxQueriesPerCta ||
+      plan.max_final_rows * group > PrefillQueriesPerCta(c.head_dim)) {
+    return Bad("Attention",
+               absl::StrCat("plan has more queries per CTA than the kernel supports ",
+                            "(GQA group ", group, " of at most ", kMaxQueriesPerCta, ")"));
   }
-  if (plan.num_split > 0 && (!args.partial_o || !args.partial_lse || !plan.partial_base)) {
+  if (plan.num_split > 0 && (!args.partial_o || !args.partial_ml || !plan.partial_base)) {
     return Bad("Attention", "split items need the partial workspace");
   }
   if (!args.out || !args.positions || !args.block_ids) return Bad("Attention", "null pointer");

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call for an attention kernel change (see docs/GPU.md): builds on the GPU machine,
+# prints the kernels' registers/spills and tensor-core instruction counts, runs every GPU bitwise
+# test (cuda_kernels_test, cuda_attention_test, cuda_backend_test, engine_cuda_test), then times
+# cuda_attention_bench and PyTorch SDPA (bench/kernels/sdpa_bench.py) in the same call, and with
+# ENGINE=1 the engine's prefill section on qwen3-0.6b. Logs go to $OUT (or ./device-out).
+# Usage: bash bench/kernels/device_attention.sh [--quick]   (--quick: attention bench's quick mode)
+set -uo pipefail
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+export CASCADE_SUBDIRS="common cache_service gpu_worker/model gpu_worker/engine gpu_worker/backend/cpu gpu_worker/backend/cuda tests/gpu bench/engine bench/kernels"
+T="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test cuda_attention_bench"
+[ "${ENGINE:-0}" = 1 ] && T="$T engine_bench"
+t0=$(date +%s)
+bash scripts/device_build.sh $T >"$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+. build-gpu/env.sh
+echo "build: $(( $(date +%s) - t0 )) s"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader
+obj=$(find build-gpu -name attention.cu.o | head -1)
+cuobjdump -res-usage "$obj" 2>&1 | grep --no-group-separator -A1 "Function" | paste - - |
+  sed -E 's/.*(Prefill|Split|Merge)Kernel(ILi([0-9]+)E)?.*(REG:[0-9]+ STACK:[0-9]+).*(LOCAL:[0-9]+).*/\1 \3 \4 \5/' | grep -v Function
+echo "HMMA in attention.cu.o: $(cuobjdump -sass "$obj" | grep -c HMMA)"
+fail=0
+for t in cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test; do
+  timeout 240 build-gpu/tests/$t >"$OUT/$t.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && fail=1
+  echo "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/$t.log" | tr '\n' ' ')"
+  grep -B2 -A8 "Failure" "$OUT/$t.log" | head -30
+done
+echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
+timeout 150 build-gpu/bench/cuda_attention_bench "$@" >"$OUT/attn.log" 2>&1 || echo "attention bench rc=$?"
+timeout 120 python3 bench/kernels/sdpa_bench.py >"$OUT/sdpa.log" 2>&1 || echo "sdpa rc=$?"
+if [ "${ENGINE:-0}" = 1 ]; then
+  timeout 200 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=prefill \
+    >"$OUT/engine.log" 2>&1 || echo "engine bench rc=$?"
+fi
+echo "== cuda_attention_bench"; cat "$OUT/attn.log"
+echo "== sdpa"; cat "$OUT/sdpa.log"
+[ "${ENGINE:-0}" = 1 ] && { echo "== engine prefill"; grep -E "^\||^#" "$OUT/engine.log"; }
+echo "total: $(( $(date +%s) - t0 )) s"
