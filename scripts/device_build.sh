@@ -56,6 +56,8 @@ if [ -n "${CASCADE_SUBDIRS:-}" ]; then
     inert "$ROOT/$name" "$SRC/$name"
     : >"$SRC/$name/CMakeLists.txt"  # the root adds these explicitly
   done
+  # common/ is the floor every component links (chunk hash, locks, status): always configured.
+  case " $CASCADE_SUBDIRS " in *" common "*) ;; *) CASCADE_SUBDIRS="common $CASCADE_SUBDIRS" ;; esac
   for sub in $CASCADE_SUBDIRS; do
     path=""
     IFS=/ read -ra parts <<<"$sub"
