@@ -2,7 +2,7 @@
 # Smoke test of cascade-loadgen: --local mode with 1 s per phase (the time bound) must exit 0, print the phase
 # table with a miss and a hit row and the ratio table, and the hit phase must really be served
 # from cache (cached fraction > 0.5) while the miss phase is not (< 0.5). A non-loopback
-# --gateway must be refused with exit code 2.
+# --gateway must be refused with exit code 2, and so must bad --qps / --route_policies values.
 # Usage: loadgen_smoke.sh LOADGEN BIN_DIR WORK_DIR
 set -uo pipefail
 loadgen=$1 bin_dir=$2 work=$3
@@ -32,4 +32,19 @@ awk -v f="$miss_frac" 'BEGIN { exit !(f < 0.5) }' || fail "miss cached fraction 
 rc=$?
 [[ $rc -eq 2 ]] || fail "non-loopback --gateway: exit $rc, want 2"
 grep -q 'loopback' "$work/refused.txt" || fail "non-loopback --gateway: no explanation"
+# Bad cluster-benchmark flags: exit 2 with a message naming the flag, before anything starts.
+bad_flag() {  # bad_flag WANT_TEXT ARGS...
+  local want=$1
+  shift
+  "$loadgen" --local --bin_dir="$bin_dir" "$@" >/dev/null 2>"$work/bad.txt"
+  local code=$?
+  [[ $code -eq 2 ]] || fail "$*: exit $code, want 2 ($(cat "$work/bad.txt"))"
+  grep -q -- "$want" "$work/bad.txt" || fail "$*: no '$want' in: $(cat "$work/bad.txt")"
+}
+bad_flag "--qps: 'abc' is not a rate" --qps=abc
+bad_flag "--qps: '0' is not a rate" --qps=1,0
+bad_flag "--qps: '-2' is not a rate" --qps=-2
+bad_flag "--qps: '1e9' is not a rate" --qps=1e9
+bad_flag "--route_policies: 'fastest'" --qps=1 --route_policies=cost,fastest
+bad_flag "--route_policies: none given" --qps=1 --route_policies=,
 echo "PASS: miss ok=$miss_ok frac=$miss_frac, hit ok=$hit_ok frac=$hit_frac"
