@@ -130,21 +130,39 @@ if has_step run; then
   # Flags of deploy/k8s/base + overlays/demo. The Services' DNS names become --add-host entries
   # (podman's default network has no DNS here); the worker advertises its name as the headless
   # Service would resolve it, instead of $(POD_IP).
-  # Internal RPCs (gateway/worker -> registry, gateway -> worker) take mTLS with roles by default;
-  # the manifests mount certificates from a Job. This run uses --insecure_internal (plaintext, no
-  # identities) when the binaries have the flag: certificates are not what it checks.
-  INSECURE=()
-  if "${PODMAN_RUN[@]}" --rm "localhost/cascade/registry:$TAG" --help 2>&1 | grep -q -- --insecure_internal; then
-    INSECURE=(--insecure_internal)
-    log "run: the servers have --insecure_internal: passed to all three (internal mTLS off)"
-  fi
+  # Internal RPCs (gateway/worker -> registry, gateway -> worker) take mTLS with roles, as in the
+  # manifests: the certs Job's first step (`cascade certs`, cli image) writes a CA, a certificate
+  # per role and the gateway's bearer token; each container mounts only its own files read-only at
+  # /etc/cascade/tls (and the gateway /etc/cascade/auth), with the manifests' flags.
+  CERTS="$RUN_DIR/certs"
+  mkdir -p "$CERTS" && chown 10001:10001 "$CERTS"
+  log "run: cascade certs (cli image, the certs Job's init container)"
+  "${PODMAN_RUN[@]}" --rm -v "$CERTS:/certs" "localhost/cascade/cli:$TAG" \
+    certs --out=/certs --workers=1 --worker_prefix=cascade-worker- --write_auth_token 2>&1 |
+    sed 's/^/  | /'
+  role_dir() {  # role_dir ROLE CERT_BASENAME: a folder with ca.crt and the role's tls.crt/tls.key
+    mkdir -p "$RUN_DIR/tls-$1"
+    cp "$CERTS/ca.crt" "$RUN_DIR/tls-$1/ca.crt"
+    cp "$CERTS/$2.crt" "$RUN_DIR/tls-$1/tls.crt"
+    cp "$CERTS/$2.key" "$RUN_DIR/tls-$1/tls.key"
+    chown -R 10001:10001 "$RUN_DIR/tls-$1"
+  }
+  role_dir registry registry
+  role_dir worker worker.cascade-worker-0
+  role_dir gateway gateway
+  mkdir -p "$RUN_DIR/auth" && cp "$CERTS/auth-token" "$RUN_DIR/auth/token" &&
+    chown -R 10001:10001 "$RUN_DIR/auth"
+  TOKEN=$(cat "$CERTS/auth-token")
+  tls() { echo "--volume=$RUN_DIR/tls-$1:/etc/cascade/tls:ro"; }
+  INTERNAL=(--internal_ca=/etc/cascade/tls/ca.crt --internal_cert=/etc/cascade/tls/tls.crt
+    --internal_key=/etc/cascade/tls/tls.key)
   reg=cascade-img-registry-$$ wk=cascade-img-worker-$$ gw=cascade-img-gateway-$$
   CTRS+=("$reg")
   log "run: registry"
-  "${PODMAN_RUN[@]}" -d --name "$reg" -p "127.0.0.1:$REG_METRICS:9090" \
+  "${PODMAN_RUN[@]}" -d --name "$reg" -p "127.0.0.1:$REG_METRICS:9090" "$(tls registry)" \
     "localhost/cascade/registry:$TAG" \
     --host=0.0.0.0 --port=50051 --metrics_port=9090 \
-    --drain_timeout=5s --lease_ms=10000 --log_format=text "${INSECURE[@]}" >/dev/null
+    --drain_timeout=5s --lease_ms=10000 --log_format=text "${INTERNAL[@]}" >/dev/null
   wait_healthz "$reg" $REG_METRICS 30
   reg_ip=$(ip_of "$reg")
   log "run: registry up at $reg_ip:50051"
@@ -153,12 +171,12 @@ if has_step run; then
   log "run: worker-cpu"
   "${PODMAN_RUN[@]}" -d --name "$wk" --hostname cascade-worker-0 \
     --add-host "cascade-registry:$reg_ip" -p "127.0.0.1:$WK_METRICS:9090" \
-    -v "$RUN_DIR/models:/models:ro" "localhost/cascade/worker-cpu:$TAG" \
+    -v "$RUN_DIR/models:/models:ro" "$(tls worker)" "localhost/cascade/worker-cpu:$TAG" \
     --host=0.0.0.0 --port=50061 --metrics_port=9090 \
     --advertise_address=cascade-worker-0:50061 --worker_id=cascade-worker-0 \
     --registry=cascade-registry:50051 --model_dir=/models/tiny --model_name=tiny \
     --kv_cache_bytes=268435456 --max_batch=32 --drain_timeout=55s --log_format=text \
-    --threads=2 "${INSECURE[@]}" >/dev/null
+    --threads=2 "${INTERNAL[@]}" >/dev/null
   wait_healthz "$wk" $WK_METRICS 120
   wk_ip=$(ip_of "$wk")
   log "run: worker up at $wk_ip:50061"
@@ -168,11 +186,13 @@ if has_step run; then
   "${PODMAN_RUN[@]}" -d --name "$gw" \
     --add-host "cascade-registry:$reg_ip" --add-host "cascade-worker-0:$wk_ip" \
     -p "127.0.0.1:$GW_PORT:50051" -p "127.0.0.1:$GW_METRICS:9090" \
-    -v "$RUN_DIR/models:/models:ro" "localhost/cascade/gateway:$TAG" \
+    -v "$RUN_DIR/models:/models:ro" "$(tls gateway)" -v "$RUN_DIR/auth:/etc/cascade/auth:ro" \
+    "localhost/cascade/gateway:$TAG" \
     --host=0.0.0.0 --port=50051 --metrics_port=9090 \
     --registry=cascade-registry:50051 --workers=cascade-worker-0:50061 \
     --model_dir=/models/tiny --model_name=tiny --max_concurrent=128 --request_timeout=120s \
-    --drain_timeout=25s --max_connection_age=5m --log_format=text "${INSECURE[@]}" >/dev/null
+    --drain_timeout=25s --max_connection_age=5m --log_format=text \
+    --auth_token_file=/etc/cascade/auth/token "${INTERNAL[@]}" >/dev/null
   wait_healthz "$gw" $GW_METRICS 60
   log "run: gateway up at $(ip_of "$gw"):50051, published on 127.0.0.1:$GW_PORT"
   sleep 2  # a worker heartbeat, so the gateway routes by the registry's view
@@ -191,7 +211,7 @@ if has_step run; then
     log "run: cascade generate #$n (cli image) -> gateway 127.0.0.1:$GW_PORT ${salt[*]}"
     "${PODMAN_RUN[@]}" --rm --network host "localhost/cascade/cli:$TAG" generate \
       --gateway=127.0.0.1:$GW_PORT --system="$SYSTEM" --query="What is a prefix cache?" \
-      --max_tokens=24 --temperature=0 "${salt[@]}" >"$RUN_DIR/gen$n.txt" 2>"$RUN_DIR/gen$n.err" ||
+      --max_tokens=24 --temperature=0 --token="$TOKEN" "${salt[@]}" >"$RUN_DIR/gen$n.txt" 2>"$RUN_DIR/gen$n.err" ||
       { sed 's/^/  | /' "$RUN_DIR/gen$n.err"; log "check: FAIL generate #$n"; exit 1; }
     printf '  | text: %q\n' "$(cat "$RUN_DIR/gen$n.txt")"
     sed 's/^/  | /' "$RUN_DIR/gen$n.err"
