@@ -27,9 +27,12 @@ struct Batch {
   std::vector<int32_t> positions, query_start{0}, context_lens, table_start{0}, block_ids;
   std::vector<Seq> seqs;
   AttentionBatch View() const {
-    return {positions.data(),    static_cast<int>(positions.size()),
-            query_start.data(),  context_lens.data(),
-            table_start.data(),  block_ids.data(),
+    return {positions.data(),
+            static_cast<int>(positions.size()),
+            query_start.data(),
+            context_lens.data(),
+            table_start.data(),
+            block_ids.data(),
             static_cast<int>(seqs.size())};
   }
 };
@@ -83,7 +86,7 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
   EXPECT_EQ(plan.decode_row_tiles, row_tiles);
   // Split items: every (row, tile) exactly once, loading exactly the keys and blocks its own
   // flat item would.
-  std::map<std::pair<int, int>, int> covered;  // (row, tile) -> times
+  std::map<std::pair<int, int>, int> covered;              // (row, tile) -> times
   std::map<std::pair<int, int>, std::vector<int>> shared;  // (tile, table) -> rows
   int tile_reads = 0, max_rows = 0;
   for (int i = 0; i < plan.num_split(); ++i) {
