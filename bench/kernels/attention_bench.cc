@@ -219,7 +219,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   AttentionPlan plan;
   AttentionConfig every{kHq, kHkv, kD, kBs, true};
   AttentionConfig merged = every, single = every, flat = every;
-  merged.own_tiles_per_item = 4;
+  merged.tiles_per_item = 4;
   single.grouping = CascadeGrouping::kLeadingTiles;
   flat.cascade = false;
   // Decode, distinct sequences (and own tiles merged into items of 4 tiles, the same bits).

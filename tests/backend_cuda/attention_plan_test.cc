@@ -95,8 +95,8 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
     EXPECT_LT(t0, t1);
     EXPECT_GE(n, 1);
     EXPECT_LE(n, rows_per_cta) << "item past the CTA's rows";
-    EXPECT_LE(t1 - t0, n > 1 ? 1 : std::max(1, cfg.own_tiles_per_item))
-        << "a shared item holds one tile, an own item up to own_tiles_per_item";
+    EXPECT_LE(t1 - t0, cfg.tiles_per_item > 0 ? cfg.tiles_per_item : 4)
+        << "an item holds at most tiles_per_item tiles";
     max_rows = std::max(max_rows, n);
     tile_reads += t1 - t0;
     for (int k = row_begin; k < row_begin + n; ++k) {
@@ -117,9 +117,9 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
               << "row " << row << " tile " << t << " read from another block";
         }
       }
-      // A tile read once for several rows: single-tile items naming one table (a group's
+      // A tile read once for several rows: items naming one table at that tile (a group's
       // chunks name the lead's table; a row's own item never shares a tile with its group).
-      if (t1 == t0 + 1) shared[{t0, table}].push_back(row);
+      for (int t = t0; t < t1; ++t) shared[{t, table}].push_back(row);
     }
   }
   EXPECT_EQ(plan.split_tile_reads, tile_reads);
@@ -207,8 +207,10 @@ TEST(AttentionPlanTest, ThreeLevelTreeGivesOneItemPerSharedTileAndRowChunk) {
   // System 2048 tokens (tiles 0..31) for all 256 rows, 8 contexts of 1024 (tiles 32..47) for 32
   // rows each, then each row's own query.
   const Batch b = MakeBatch(Tree(2048, 1024, 8, 32, 16, QueryLens(256, 1)));
-  const AttentionPlan plan = Plan(kQwen3, b);
-  const auto reads = CheckPlan(kQwen3, b, plan);
+  AttentionConfig one = kQwen3;
+  one.tiles_per_item = 1;
+  const AttentionPlan plan = Plan(one, b);
+  const auto reads = CheckPlan(one, b, plan);
   EXPECT_EQ(reads, BruteForceShared(kQwen3, b));
   EXPECT_EQ(plan.cascade_groups, 9);  // the system and 8 contexts
   EXPECT_EQ(plan.cascade_shared_tiles, 32 + 8 * 16);
@@ -227,6 +229,21 @@ TEST(AttentionPlanTest, ThreeLevelTreeGivesOneItemPerSharedTileAndRowChunk) {
   for (size_t s = 0; s < b.seqs.size(); ++s) own += CeilDiv(b.seqs[s].ctx, kTileTokens) - 48;
   EXPECT_EQ(plan.split_tile_reads, 32 * 256 / 16 + 8 * 16 * 32 / 16 + own);
   EXPECT_EQ(plan.decode_row_tiles, 256 * 48 + own);
+  // The default (this many tiles: 4 per item) reads the same tiles in runs of 4 per row chunk.
+  const AttentionPlan runs = Plan(kQwen3, b);
+  EXPECT_EQ(CheckPlan(kQwen3, b, runs), reads);
+  EXPECT_EQ(runs.split_tile_reads, plan.split_tile_reads);
+  EXPECT_EQ(runs.cascade_groups, 9);
+  EXPECT_EQ(runs.cascade_shared_tiles, 32 + 8 * 16);
+  int shared_items = 0;
+  for (int i = 0; i < runs.num_split(); ++i) {
+    const int32_t* it = &runs.split_items[i * kItemFields];
+    if (it[4] > 1) {
+      EXPECT_EQ(it[2] - it[1], 4) << "system and context runs are multiples of 4 tiles";
+      ++shared_items;
+    }
+  }
+  EXPECT_EQ(shared_items, (system_items + context_items) / 4);
 }
 
 TEST(AttentionPlanTest, SingleLevelGroupingSharesOnlyTheCommonLeadingTiles) {
@@ -327,11 +344,12 @@ TEST(AttentionPlanTest, RandomForestsMatchBruteForceUnderEveryShape) {
     }
     const Batch b = MakeBatch(seqs);
     SCOPED_TRACE("trial " + std::to_string(trial));
+    cfg.tiles_per_item = 1;
     const AttentionPlan every = Plan(cfg, b);
     const auto reads = CheckPlan(cfg, b, every);
     EXPECT_EQ(reads, BruteForceShared(cfg, b));
     EXPECT_EQ(every.cascade_shared_tiles, static_cast<int>(reads.size()));
-    cfg.own_tiles_per_item = 1 + trial % 5;
+    cfg.tiles_per_item = 1 + trial % 5;
     const AttentionPlan merged = Plan(cfg, b);
     EXPECT_EQ(CheckPlan(cfg, b, merged), reads);
     EXPECT_EQ(merged.split_tile_reads, every.split_tile_reads);
@@ -357,7 +375,7 @@ TEST(AttentionPlanTest, OwnTilesMergeIntoFewerItemsOfTheSameTiles) {
   }
   const Batch filled = MakeBatch(seqs);
   AttentionConfig cfg = kQwen3;
-  cfg.own_tiles_per_item = 4;
+  cfg.tiles_per_item = 4;
   const AttentionPlan plan = Plan(cfg, filled);
   CheckPlan(cfg, filled, plan);
   EXPECT_EQ(plan.num_split(), 4 + 1 + 1);  // 16 tiles in items of 4; 1 tile; 2 tiles in one

@@ -83,8 +83,8 @@ Batch MakeBatch(const std::vector<Seq>& seqs) {
 std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector<uint16_t>& q,
                                    bool cascade, AttentionPlan* plan_out = nullptr,
                                    CascadeGrouping grouping = CascadeGrouping::kEveryTile,
-                                   int own_tiles_per_item = 1) {
-  AttentionConfig cfg{h.hq, h.hkv, h.D, h.bs, cascade, grouping, own_tiles_per_item};
+                                   int tiles_per_item = 0) {
+  AttentionConfig cfg{h.hq, h.hkv, h.D, h.bs, cascade, grouping, tiles_per_item};
   AttentionBatch ab{b.positions.data(),
                     b.num_tokens(),
                     b.query_start.data(),
@@ -226,8 +226,10 @@ TEST(Attention, CascadeEqualsNonCascadeBitwise) {
   AttentionPlan plan_on, plan_off;
   auto on = RunAttention(h, b, q_bits, true, &plan_on);
   auto off = RunAttention(h, b, q_bits, false, &plan_off);
-  EXPECT_EQ(plan_on.cascade_groups, 1);
-  EXPECT_GE(plan_on.cascade_shared_tiles, 1);
+  // Tile 0 is read once for the 41 rows that share it, tiles 1..3 once for the 40 that share
+  // them: two groups, four shared tiles.
+  EXPECT_EQ(plan_on.cascade_groups, 2);
+  EXPECT_EQ(plan_on.cascade_shared_tiles, 4);
   EXPECT_EQ(plan_off.cascade_groups, 0);
   EXPECT_LT(plan_on.num_split(), plan_off.num_split());
   ASSERT_EQ(on.size(), off.size());
@@ -239,8 +241,9 @@ TEST(Attention, CascadeEqualsNonCascadeBitwise) {
 // The product's tree: a system chunk of 2048 tokens shared by 256 requests, 8 context chunks of
 // 1024 tokens shared by 32 requests each, and each request's own query of 1..150 tokens (rows
 // end mid-block, mid-tile and on boundaries), one decode row each. Every-tile cascade (the
-// system and the contexts read once per group), single-level grouping, own tiles merged into
-// multi-tile items and cascade off all give the same bits, and match the float64 reference.
+// system and the contexts read once per group) with 1, 3 or the planner's choice of tiles per
+// item, single-level grouping and cascade off all give the same bits, and match the float64
+// reference.
 TEST(Attention, ThreeLevelTreeCascadeEqualsFlatBitwise) {
   CASCADE_REQUIRE_GPU();
   std::mt19937 rng(21);
@@ -266,13 +269,15 @@ TEST(Attention, ThreeLevelTreeCascadeEqualsFlatBitwise) {
   EXPECT_EQ(every.cascade_shared_tiles, 32 + 8 * 16);
   auto single = RunAttention(h, b, q_bits, true, &leading, CascadeGrouping::kLeadingTiles);
   EXPECT_EQ(leading.cascade_shared_tiles, 32);
-  auto merged = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 4);
+  auto one = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 1);
+  auto merged = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 3);
   auto flat = RunAttention(h, b, q_bits, false, &off);
   EXPECT_LT(every.split_tile_reads * 4, off.split_tile_reads);
   const size_t bytes = out.size() * sizeof(uint16_t);
   EXPECT_EQ(0, std::memcmp(out.data(), flat.data(), bytes)) << "every-tile cascade != flat";
   EXPECT_EQ(0, std::memcmp(single.data(), flat.data(), bytes)) << "single-level cascade != flat";
-  EXPECT_EQ(0, std::memcmp(merged.data(), flat.data(), bytes)) << "merged own tiles != flat";
+  EXPECT_EQ(0, std::memcmp(one.data(), flat.data(), bytes)) << "one tile per item != flat";
+  EXPECT_EQ(0, std::memcmp(merged.data(), flat.data(), bytes)) << "3 tiles per item != flat";
   // The float64 reference on one row of each context (the rest are the same computation).
   std::vector<Seq> some;
   std::vector<float> q_some;

@@ -41,9 +41,10 @@ struct AttentionConfig {
   int block_size = 0;    // divides kTileTokens
   bool cascade = true;   // decode rows that share KV tiles read them once per step
   CascadeGrouping grouping = CascadeGrouping::kEveryTile;
-  // Consecutive tiles that only one decode row reads go into split items of up to this many
-  // tiles (one CTA loops over them, one partial per tile as before, so results do not change).
-  int own_tiles_per_item = 1;
+  // Most consecutive tiles of one split item (one CTA loops over them for the same rows, one
+  // partial per tile as with one tile per item, so results do not change); 0: chosen by the
+  // planner from the step's number of decode tiles.
+  int tiles_per_item = 0;
 };
 
 // Host views of the batch's attention metadata (see engine::ForwardBatch for the meaning).

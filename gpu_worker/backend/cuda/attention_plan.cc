@@ -14,6 +14,10 @@ namespace {
 
 int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 
+// Decode tiles of a step from which split items hold several tiles (AttentionConfig::
+// tiles_per_item = 0).
+constexpr int kAutoMultiTileFrom = 1024;
+
 void AddItem(std::vector<int32_t>* items, int table_offset, int tile_begin, int tile_end,
              int row_begin, int row_count, int kv_len) {
   items->insert(items->end(), {table_offset, tile_begin, tile_end, row_begin, row_count, kv_len});
@@ -75,21 +79,21 @@ class TileGrouper {
 // Emits the split items of decode rows into a plan.
 class DecodePlanner {
  public:
-  DecodePlanner(const AttentionConfig& config, const AttentionBatch& batch, int rows_per_cta,
-                int blocks_per_tile, AttentionPlan* plan)
+  DecodePlanner(const AttentionBatch& batch, int rows_per_cta, int blocks_per_tile,
+                int tiles_per_item, AttentionPlan* plan)
       : batch_(batch),
         rows_per_cta_(rows_per_cta),
         blocks_per_tile_(blocks_per_tile),
-        own_per_item_(std::max(1, config.own_tiles_per_item)),
+        per_item_(std::max(1, tiles_per_item)),
         plan_(plan) {}
 
-  // Tiles [tile_begin, tile_end) of `d`, read for it alone: items of up to own_per_item_ tiles.
+  // Tiles [tile_begin, tile_end) of `d`, read for it alone: items of up to per_item_ tiles.
   void AddOwn(const DecodeRow& d, int tile_begin, int tile_end) {
     if (tile_begin >= tile_end) return;
     const int row_begin = static_cast<int>(plan_->item_rows.size());
     plan_->item_rows.push_back(d.row);
-    for (int t = tile_begin; t < tile_end; t += own_per_item_) {
-      const int t_end = std::min(tile_end, t + own_per_item_);
+    for (int t = tile_begin; t < tile_end; t += per_item_) {
+      const int t_end = std::min(tile_end, t + per_item_);
       AddItem(&plan_->split_items, d.table_offset, t, t_end, row_begin, 1, d.pos + 1);
       plan_->split_tile_reads += t_end - t;
     }
@@ -97,20 +101,22 @@ class DecodePlanner {
   }
 
   // Tiles [tile_begin, tile_end), all full for every row of `members` (indices into rows) and
-  // the same blocks for all: read once per chunk of rows_per_cta rows.
+  // the same blocks for all: one item per chunk of rows_per_cta rows and per_item_ tiles.
   void AddShared(const std::vector<DecodeRow>& rows, const int* members, int count, int tile_begin,
                  int tile_end) {
+    if (tile_begin >= tile_end) return;
     const DecodeRow& lead = rows[members[0]];
-    for (int t = tile_begin; t < tile_end; ++t) {
-      for (int c = 0; c < count; c += rows_per_cta_) {
-        const int n = std::min(rows_per_cta_, count - c);
-        const int row_begin = static_cast<int>(plan_->item_rows.size());
-        for (int k = c; k < c + n; ++k) plan_->item_rows.push_back(rows[members[k]].row);
-        AddItem(&plan_->split_items, lead.table_offset, t, t + 1, row_begin, n,
-                (t + 1) * kTileTokens);
-        plan_->max_split_rows = std::max(plan_->max_split_rows, n);
-        ++plan_->split_tile_reads;
+    for (int c = 0; c < count; c += rows_per_cta_) {
+      const int n = std::min(rows_per_cta_, count - c);
+      const int row_begin = static_cast<int>(plan_->item_rows.size());
+      for (int k = c; k < c + n; ++k) plan_->item_rows.push_back(rows[members[k]].row);
+      for (int t = tile_begin; t < tile_end; t += per_item_) {
+        const int t_end = std::min(tile_end, t + per_item_);
+        AddItem(&plan_->split_items, lead.table_offset, t, t_end, row_begin, n,
+                t_end * kTileTokens);
+        plan_->split_tile_reads += t_end - t;
       }
+      plan_->max_split_rows = std::max(plan_->max_split_rows, n);
     }
     plan_->cascade_shared_tiles += tile_end - tile_begin;
   }
@@ -154,7 +160,10 @@ class DecodePlanner {
 
   // Every level: for each tile index, the rows whose full tile t names the same blocks read it
   // once. Rows are visited longest first, so the rows with a full tile t are a prefix of that
-  // order; a row's tiles that no other row shares are emitted as runs when the run ends.
+  // order. A group whose rows are exactly the rows of a group of tile t - 1 continues it (a
+  // node of the prefix tree): its tiles become multi-tile items, emitted when the node ends,
+  // and its rows are checked against the node's key first (one compare, no hash probe). A
+  // row's tiles that no other row shares are emitted as runs when the run ends.
   void PlanEveryTile(const std::vector<DecodeRow>& rows) {
     const int n = static_cast<int>(rows.size());
     std::vector<int> order(n);
@@ -163,9 +172,13 @@ class DecodePlanner {
                      [&](int a, int b) { return rows[a].full_tiles() > rows[b].full_tiles(); });
     TileGrouper grouper(batch_.block_ids, blocks_per_tile_, n);
     // own_begin[i]: first tile of row i's current run of unshared tiles, -1 after a shared tile.
-    // node[i]: the group row i read tile t - 1 with (-1: none); node_size: rows of each group.
-    std::vector<int> own_begin(n, 0), node(n, -1), node_size;
-    std::vector<int> group_of(n), size(n), start(n + 1), members(n);
+    // node[i]: the node whose tile t - 1 row i read (-1: none).
+    std::vector<int> own_begin(n, 0), node(n, -1);
+    // Per node: rows, first tile not yet emitted, last tile read, where its rows sit in the
+    // members buffer of that tile; and (stamped with the tile) its group and key at tile t.
+    std::vector<int> node_size, node_begin, node_last, node_at, node_stamp, node_group, node_key;
+    std::vector<int> group_of(n), size(n), start(n + 1), members(n), prev_members(n);
+    std::vector<int> open, prev_open;  // nodes read at tile t, at tile t - 1
     int active = n;
     const int max_full = n > 0 ? rows[order[0]].full_tiles() : 0;
     for (int t = 0; t < max_full; ++t) {
@@ -173,8 +186,22 @@ class DecodePlanner {
       grouper.Reset();
       int groups = 0;
       for (int k = 0; k < active; ++k) {
-        const int g = grouper.GroupOf(rows[order[k]].table_offset + t * blocks_per_tile_);
-        if (g == groups) size[groups++] = 0;
+        const int i = order[k], p = node[i];
+        const int key = rows[i].table_offset + t * blocks_per_tile_;
+        int g = -1;
+        if (p >= 0 && node_stamp[p] == t &&
+            std::equal(batch_.block_ids + key, batch_.block_ids + key + blocks_per_tile_,
+                       batch_.block_ids + node_key[p])) {
+          g = node_group[p];
+        } else {
+          g = grouper.GroupOf(key);
+          if (g == groups) size[groups++] = 0;
+          if (p >= 0 && node_stamp[p] != t) {
+            node_stamp[p] = t;
+            node_group[p] = g;
+            node_key[p] = key;
+          }
+        }
         group_of[k] = g;
         ++size[g];
       }
@@ -196,22 +223,45 @@ class DecodePlanner {
         const int* m = members.data() + start[g];
         const int count = size[g];
         const int p = node[m[0]];
-        bool same = p >= 0 && node_size[p] == count;
+        bool same = p >= 0 && node_last[p] == t - 1 && node_size[p] == count;
         for (int k = 1; same && k < count; ++k) same = node[m[k]] == p;
         int id = p;
         if (!same) {
           id = static_cast<int>(node_size.size());
-          node_size.push_back(count);
+          for (auto* v : {&node_size, &node_begin, &node_last, &node_at, &node_stamp, &node_group,
+                          &node_key}) {
+            v->push_back(-1);
+          }
+          node_size[id] = count;
+          node_begin[id] = t;
           ++plan_->cascade_groups;
         }
+        node_last[id] = t;
+        node_at[id] = start[g];
+        open.push_back(id);
         for (int k = 0; k < count; ++k) {
           const int i = m[k];
           if (own_begin[i] >= 0) AddOwn(rows[i], own_begin[i], t);
           own_begin[i] = -1;
           node[i] = id;
         }
-        AddShared(rows, m, count, t, t + 1);
+        if (t + 1 - node_begin[id] == per_item_) {  // a full item's worth: emit it now
+          AddShared(rows, m, count, node_begin[id], t + 1);
+          node_begin[id] = t + 1;
+        }
       }
+      for (int p : prev_open) {  // nodes that ended at tile t - 1
+        if (node_last[p] == t - 1) {
+          AddShared(rows, prev_members.data() + node_at[p], node_size[p], node_begin[p], t);
+        }
+      }
+      std::swap(members, prev_members);
+      std::swap(open, prev_open);
+      open.clear();
+    }
+    for (int p : prev_open) {
+      AddShared(rows, prev_members.data() + node_at[p], node_size[p], node_begin[p],
+                node_last[p] + 1);
     }
     for (int i = 0; i < n; ++i) {
       AddOwn(rows[i], own_begin[i] >= 0 ? own_begin[i] : rows[i].full_tiles(), rows[i].tiles());
@@ -220,7 +270,7 @@ class DecodePlanner {
 
  private:
   const AttentionBatch& batch_;
-  const int rows_per_cta_, blocks_per_tile_, own_per_item_;
+  const int rows_per_cta_, blocks_per_tile_, per_item_;
   AttentionPlan* plan_;
 };
 
@@ -294,14 +344,22 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   }
 
   // Decode rows: one partial slot per tile, then a merge of the row's slots in tile order.
-  DecodePlanner planner(config, batch, rows_per_cta, blocks_per_tile, plan);
   for (const DecodeRow& d : decode_rows) {
-    const int tiles = CeilDiv(d.pos + 1, kTileTokens);
+    const int tiles = d.tiles();
     plan->partial_base[d.row] = plan->num_partials;
     plan->merge_list.insert(plan->merge_list.end(), {d.row, plan->num_partials, tiles});
     plan->num_partials += tiles;
     plan->decode_row_tiles += tiles;
   }
+  // Items of several tiles (one Q load, one CTA for a run of tiles) pay off once a step has
+  // enough tiles to fill the GPU several times over: measured on an H100 (bench/kernels/
+  // RESULTS.md), 4 tiles per item from 1024 decode tiles on.
+  int tiles_per_item = config.tiles_per_item;
+  if (tiles_per_item <= 0) tiles_per_item = plan->decode_row_tiles >= kAutoMultiTileFrom ? 4 : 1;
+  plan->split_items.reserve(static_cast<size_t>(plan->decode_row_tiles) * kItemFields +
+                            plan->final_items.size());
+  plan->item_rows.reserve(plan->item_rows.size() + 2 * plan->decode_row_tiles);
+  DecodePlanner planner(batch, rows_per_cta, blocks_per_tile, tiles_per_item, plan);
   if (!config.cascade || rows_per_cta < 2) {  // a tile read per row either way
     for (const DecodeRow& d : decode_rows) planner.AddOwn(d, 0, d.tiles());
   } else if (config.grouping == CascadeGrouping::kLeadingTiles) {
