@@ -218,11 +218,12 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   };
   AttentionPlan plan;
   AttentionConfig every{kHq, kHkv, kD, kBs, true};
-  AttentionConfig merged = every, single = every, flat = every;
-  merged.tiles_per_item = 4;
+  AttentionConfig one = every, single = every, flat = every;
+  one.tiles_per_item = 1;  // one tile per split item (before multi-tile items)
   single.grouping = CascadeGrouping::kLeadingTiles;
   flat.cascade = false;
-  // Decode, distinct sequences (and own tiles merged into items of 4 tiles, the same bits).
+  // Decode, distinct sequences: the planner's tiles per item (4 from 1024 decode tiles) and one
+  // tile per item (the same bits).
   for (int ctx : {1024, 4096}) {
     if (cascade_only || prefill_only) break;
     for (int batch : {1, 16, 64, 256}) {
@@ -231,12 +232,11 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       const auto tables = PrefixTables(std::vector<int>(batch, ctx), 0, &blocks);
       if (blocks * 2 > num_blocks) continue;
       const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
-      for (const AttentionConfig* c : {&every, &merged}) {
-        if (c == &merged && batch < 64) continue;
+      for (const AttentionConfig* c : {&one, &every}) {
         const double ms = TimeAttention(std::vector<int>(batch, 1), std::vector<int>(batch, ctx),
                                         tables, blocks, rot, num_blocks, cache, *c, &plan);
         row("decode B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
-                (c == &merged ? " own x4" : ""),
+                (c == &one ? " x1" : ""),
             ms, token_bytes * batch * ctx);
       }
     }
@@ -250,10 +250,13 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     int64_t blocks = 0;
     const auto tables = PrefixTables(ctx, P / kBs, &blocks);
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
-    for (const AttentionConfig* c : {&flat, &every}) {
+    for (const AttentionConfig* c : {&flat, &one, &every}) {
       const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
                                       num_blocks, cache, *c, &plan);
-      row("shared P=4096 S=128 B=" + std::to_string(batch) + (c == &every ? " cascade" : " flat"),
+      row("shared P=4096 S=128 B=" + std::to_string(batch) +
+              (c == &flat  ? " flat"
+               : c == &one ? " cascade x1"
+                           : " cascade"),
           ms, token_bytes * (P + static_cast<double>(batch) * S));
     }
   }
@@ -283,13 +286,13 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / next));
     std::printf("\n");
     double every_ms = 0, single_ms = 0;
-    for (const AttentionConfig* c : {&flat, &single, &every, &merged}) {
+    for (const AttentionConfig* c : {&flat, &single, &one, &every}) {
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
                                       num_blocks, cache, *c, &plan);
       const char* name = c == &flat     ? "flat"
                          : c == &single ? "single-level"
-                         : c == &every  ? "every tile"
-                                        : "every tile, own x4";
+                         : c == &one    ? "every tile x1"
+                                        : "every tile";
       row(std::string("tree 2048+8x1024+q B=256 ") + name, ms, token_bytes * tokens);
       std::printf(
           "    plan: %d split items, %d tile reads, %d shared tiles in %d groups, %.1f us "
