@@ -1,6 +1,7 @@
 // Kernel benchmark: decode and cascade attention against the bytes floor (K/V bytes that must be
-// read / measured device copy bandwidth), shared-prefix decode with cascade on vs off, and
-// prefill attention in TFLOP/s. Prints one table; see bench/kernels/RESULTS.md.
+// read / measured device copy bandwidth), shared-prefix decode with cascade on vs off, a
+// three-level prefix tree (flat vs single-level grouping vs every-tile cascade), and prefill
+// attention in TFLOP/s. Prints one table; see bench/kernels/RESULTS.md.
 //   cuda_attention_bench [--quick | --cascade-only | --prefill-only]
 #include <cuda_runtime_api.h>
 
