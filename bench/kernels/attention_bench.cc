@@ -1,10 +1,12 @@
 // Kernel benchmark: decode and cascade attention against the bytes floor (K/V bytes that must be
-// read / measured device copy bandwidth), shared-prefix decode with cascade on vs off, and
-// prefill attention in TFLOP/s. Prints one table; see bench/kernels/RESULTS.md.
+// read / measured device copy bandwidth), shared-prefix decode with cascade on vs off, a
+// three-level prefix tree (flat vs single-level grouping vs every-tile cascade), and prefill
+// attention in TFLOP/s. Prints one table; see bench/kernels/RESULTS.md.
 //   cuda_attention_bench [--quick | --cascade-only | --prefill-only]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -73,28 +75,24 @@ struct Setup {
   AttentionPlanView view;
 };
 
-// Sequences: q_len[i] new tokens at the end of ctx[i] keys; the first `shared_blocks` blocks of
-// every sequence are the same blocks (a shared prefix); `block_offset` rotates the block ids so
-// that repeated runs touch different memory.
-void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx, int shared_blocks,
-           int64_t block_offset, int64_t num_blocks, const KvCacheView& cache, bool cascade) {
+// Sequences: q_len[i] new tokens at the end of ctx[i] keys, block table tables[i] (block ids
+// before `offset` and modulo num_blocks: repeated runs can touch different memory).
+void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx,
+           const std::vector<std::vector<int32_t>>& tables, int64_t block_offset,
+           int64_t num_blocks, const KvCacheView& cache, const AttentionConfig& config) {
   std::vector<int32_t> positions, qs{0}, cl, ts{0}, ids;
-  int64_t next = block_offset + shared_blocks;
   for (size_t i = 0; i < ctx.size(); ++i) {
     for (int p = ctx[i] - q_len[i]; p < ctx[i]; ++p) positions.push_back(p);
     qs.push_back(static_cast<int32_t>(positions.size()));
     cl.push_back(ctx[i]);
-    const int nb = (ctx[i] + kBs - 1) / kBs;
-    for (int b = 0; b < nb; ++b) {
-      ids.push_back(
-          static_cast<int32_t>((b < shared_blocks ? block_offset + b : next++) % num_blocks));
-    }
+    for (int32_t b : tables[i])
+      ids.push_back(static_cast<int32_t>((block_offset + b) % num_blocks));
     ts.push_back(static_cast<int32_t>(ids.size()));
   }
   AttentionBatch ab{
       positions.data(), static_cast<int>(positions.size()), qs.data(), cl.data(), ts.data(),
       ids.data(),       static_cast<int>(cl.size())};
-  CHECK_OK(PlanAttention({kHq, kHkv, kD, kBs, cascade}, ab, &s->plan));
+  CHECK_OK(PlanAttention(config, ab, &s->plan));
   const size_t n = positions.size();
   s->q = Up(RandomBf16(n * kHq * kD, 1234));
   s->pos = Up(positions);
@@ -129,17 +127,57 @@ void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx,
                               s->plan.max_split_rows};
 }
 
+// Block tables: the first `shared_blocks` blocks of every sequence are the same blocks (a shared
+// prefix), the rest fresh. Returns the tables and the blocks they name.
+std::vector<std::vector<int32_t>> PrefixTables(const std::vector<int>& ctx, int shared_blocks,
+                                               int64_t* blocks) {
+  std::vector<std::vector<int32_t>> tables(ctx.size());
+  int32_t next = shared_blocks;
+  for (size_t i = 0; i < ctx.size(); ++i) {
+    for (int b = 0; b < (ctx[i] + kBs - 1) / kBs; ++b)
+      tables[i].push_back(b < shared_blocks ? b : next++);
+  }
+  *blocks = next;
+  return tables;
+}
+
 // Times the attention of the given batch, rotating over `rot` disjoint block sets.
-double TimeAttention(const std::vector<int>& q_len, const std::vector<int>& ctx, int shared_blocks,
-                     int64_t blocks_per_set, int rot, int64_t num_blocks, const KvCacheView& cache,
-                     bool cascade, AttentionPlan* plan) {
+double TimeAttention(const std::vector<int>& q_len, const std::vector<int>& ctx,
+                     const std::vector<std::vector<int32_t>>& tables, int64_t blocks_per_set,
+                     int rot, int64_t num_blocks, const KvCacheView& cache,
+                     const AttentionConfig& config, AttentionPlan* plan) {
   std::vector<Setup> sets(rot);
   for (int r = 0; r < rot; ++r) {
-    Build(&sets[r], q_len, ctx, shared_blocks, r * blocks_per_set, num_blocks, cache, cascade);
+    Build(&sets[r], q_len, ctx, tables, r * blocks_per_set, num_blocks, cache, config);
   }
   *plan = sets[0].plan;
   return TimeMs(
       [&](int i) { CHECK_OK(Attention(sets[i % rot].args, sets[i % rot].view, nullptr)); });
+}
+
+// Host time of PlanAttention for the batch (median of 51 plans), in microseconds.
+double PlanUs(const std::vector<int>& ctx, const std::vector<std::vector<int32_t>>& tables,
+              const AttentionConfig& config) {
+  std::vector<int32_t> positions, qs{0}, ts{0}, ids;
+  for (size_t i = 0; i < ctx.size(); ++i) {
+    positions.push_back(ctx[i] - 1);
+    qs.push_back(static_cast<int32_t>(i + 1));
+    ids.insert(ids.end(), tables[i].begin(), tables[i].end());
+    ts.push_back(static_cast<int32_t>(ids.size()));
+  }
+  AttentionBatch ab{
+      positions.data(), static_cast<int>(positions.size()), qs.data(), ctx.data(), ts.data(),
+      ids.data(),       static_cast<int>(ctx.size())};
+  std::vector<double> us;
+  AttentionPlan plan;
+  for (int i = 0; i < 51; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_OK(PlanAttention(config, ab, &plan));
+    us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
 }
 
 int Main(bool quick, bool cascade_only, bool prefill_only) {
@@ -180,18 +218,28 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
                 bytes / (ms * 1e-3) / 1e9, 100.0 * (bytes / bw) / (ms * 1e-3));
   };
   AttentionPlan plan;
-  // Decode, distinct sequences.
+  AttentionConfig every{kHq, kHkv, kD, kBs, true};
+  AttentionConfig one = every, single = every, flat = every;
+  one.tiles_per_item = 1;  // one tile per split item (before multi-tile items)
+  single.grouping = CascadeGrouping::kLeadingTiles;
+  flat.cascade = false;
+  // Decode, distinct sequences: the planner's tiles per item (4 from 1024 decode tiles) and one
+  // tile per item (the same bits).
   for (int ctx : {1024, 4096}) {
     if (cascade_only || prefill_only) break;
     for (int batch : {1, 16, 64, 256}) {
       if (quick && batch > 64) continue;
-      const int64_t blocks = static_cast<int64_t>(batch) * ctx / kBs;
+      int64_t blocks = 0;
+      const auto tables = PrefixTables(std::vector<int>(batch, ctx), 0, &blocks);
       if (blocks * 2 > num_blocks) continue;
       const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
-      const double ms = TimeAttention(std::vector<int>(batch, 1), std::vector<int>(batch, ctx), 0,
-                                      blocks, rot, num_blocks, cache, true, &plan);
-      row("decode B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx), ms,
-          token_bytes * batch * ctx);
+      for (const AttentionConfig* c : {&one, &every}) {
+        const double ms = TimeAttention(std::vector<int>(batch, 1), std::vector<int>(batch, ctx),
+                                        tables, blocks, rot, num_blocks, cache, *c, &plan);
+        row("decode B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
+                (c == &one ? " x1" : ""),
+            ms, token_bytes * batch * ctx);
+      }
     }
   }
   // Shared prefix: B requests, prefix P shared, own suffix S. Floor counts the prefix once.
@@ -199,22 +247,72 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   for (int batch : {16, 64}) {
     if ((cascade_only && batch != 64) || prefill_only) continue;
     const int P = 4096, S = 128;
-    const int ctx = P + S;
-    const int64_t blocks = P / kBs + static_cast<int64_t>(batch) * (S / kBs + 1);
+    const std::vector<int> ctx(batch, P + S);
+    int64_t blocks = 0;
+    const auto tables = PrefixTables(ctx, P / kBs, &blocks);
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
-    for (bool cascade : {false, true}) {
-      const double ms = TimeAttention(std::vector<int>(batch, 1), std::vector<int>(batch, ctx),
-                                      P / kBs, blocks, rot, num_blocks, cache, cascade, &plan);
-      row("shared P=4096 S=128 B=" + std::to_string(batch) + (cascade ? " cascade" : " flat"), ms,
-          token_bytes * (P + static_cast<double>(batch) * S));
+    for (const AttentionConfig* c : {&flat, &one, &every}) {
+      const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
+                                      num_blocks, cache, *c, &plan);
+      row("shared P=4096 S=128 B=" + std::to_string(batch) +
+              (c == &flat  ? " flat"
+               : c == &one ? " cascade x1"
+                           : " cascade"),
+          ms, token_bytes * (P + static_cast<double>(batch) * S));
     }
+  }
+  // Three-level tree: a system chunk of 2048 tokens for all 256 rows, 8 contexts of 1024 for 32
+  // rows each, each row's own query of 1..128 tokens (mid-block and mid-tile ends). Floor: every
+  // token's K/V once (the system and each context once, each query once).
+  if (!prefill_only) {
+    constexpr int kSystem = 2048, kContext = 1024, kContexts = 8, kQueries = 32;
+    std::vector<int> ctx;
+    std::vector<std::vector<int32_t>> tables;
+    int32_t next = kSystem / kBs;
+    double tokens = kSystem + kContexts * kContext;
+    for (int c = 0; c < kContexts; ++c) {
+      std::vector<int32_t> context(kSystem / kBs);
+      std::iota(context.begin(), context.end(), 0);
+      while (static_cast<int>(context.size()) * kBs < kSystem + kContext) context.push_back(next++);
+      for (int i = 0; i < kQueries; ++i) {
+        const int own = 1 + (c * kQueries + i) * 37 % 128;
+        ctx.push_back(kSystem + kContext + own);
+        tokens += own;
+        tables.push_back(context);
+        while (static_cast<int>(tables.back().size()) * kBs < ctx.back()) {
+          tables.back().push_back(next++);
+        }
+      }
+    }
+    const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / next));
+    std::printf("\n");
+    double every_ms = 0, single_ms = 0;
+    for (const AttentionConfig* c : {&flat, &single, &one, &every}) {
+      const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
+                                      num_blocks, cache, *c, &plan);
+      const char* name = c == &flat     ? "flat"
+                         : c == &single ? "single-level"
+                         : c == &one    ? "every tile x1"
+                                        : "every tile";
+      row(std::string("tree 2048+8x1024+q B=256 ") + name, ms, token_bytes * tokens);
+      std::printf(
+          "    plan: %d split items, %d tile reads, %d shared tiles in %d groups, %.1f us "
+          "on the host\n",
+          plan.num_split(), plan.split_tile_reads, plan.cascade_shared_tiles, plan.cascade_groups,
+          PlanUs(ctx, tables, *c));
+      if (c == &every) every_ms = ms;
+      if (c == &single) single_ms = ms;
+    }
+    std::printf("tree: every tile %.2fx faster than single-level, %.2fx its floor\n",
+                single_ms / every_ms, every_ms * 1e-3 / (token_bytes * tokens / bw));
   }
   // Prefill: one sequence of N tokens from position 0 (causal), TFLOP/s.
   if (cascade_only) return 0;
   std::printf("\n%-34s %9s %10s\n", "prefill (causal, 1 seq)", "time_us", "TFLOP/s");
   for (int n : {512, 2048, 4096, 8192}) {
-    const int64_t blocks = n / kBs;
-    const double ms = TimeAttention({n}, {n}, 0, blocks, 1, num_blocks, cache, true, &plan);
+    int64_t blocks = 0;
+    const auto tables = PrefixTables({n}, 0, &blocks);
+    const double ms = TimeAttention({n}, {n}, tables, blocks, 1, num_blocks, cache, every, &plan);
     const double flops = 4.0 * kD * kHq * (static_cast<double>(n) * (n + 1) / 2);
     std::printf("%-34s %9.1f %10.2f\n", ("prefill N=" + std::to_string(n)).c_str(), ms * 1e3,
                 flops / (ms * 1e-3) / 1e12);

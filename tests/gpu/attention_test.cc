@@ -81,8 +81,10 @@ Batch MakeBatch(const std::vector<Seq>& seqs) {
 
 // Runs attention over `q` ([tokens, hq * D] bf16 bits) and returns [tokens, hq * D] bf16 bits.
 std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector<uint16_t>& q,
-                                   bool cascade, AttentionPlan* plan_out = nullptr) {
-  AttentionConfig cfg{h.hq, h.hkv, h.D, h.bs, cascade};
+                                   bool cascade, AttentionPlan* plan_out = nullptr,
+                                   CascadeGrouping grouping = CascadeGrouping::kEveryTile,
+                                   int tiles_per_item = 0) {
+  AttentionConfig cfg{h.hq, h.hkv, h.D, h.bs, cascade, grouping, tiles_per_item};
   AttentionBatch ab{b.positions.data(),
                     b.num_tokens(),
                     b.query_start.data(),
@@ -224,14 +226,70 @@ TEST(Attention, CascadeEqualsNonCascadeBitwise) {
   AttentionPlan plan_on, plan_off;
   auto on = RunAttention(h, b, q_bits, true, &plan_on);
   auto off = RunAttention(h, b, q_bits, false, &plan_off);
-  EXPECT_EQ(plan_on.cascade_groups, 1);
-  EXPECT_GE(plan_on.cascade_shared_tiles, 1);
+  // Tile 0 is read once for the 41 rows that share it, tiles 1..3 once for the 40 that share
+  // them: two groups, four shared tiles.
+  EXPECT_EQ(plan_on.cascade_groups, 2);
+  EXPECT_EQ(plan_on.cascade_shared_tiles, 4);
   EXPECT_EQ(plan_off.cascade_groups, 0);
   EXPECT_LT(plan_on.num_split(), plan_off.num_split());
   ASSERT_EQ(on.size(), off.size());
   EXPECT_EQ(0, std::memcmp(on.data(), off.data(), on.size() * sizeof(uint16_t)))
       << "cascade changed a result";
   ExpectClose(on, Reference(h, seqs, b, q));
+}
+
+// The product's tree: a system chunk of 2048 tokens shared by 256 requests, 8 context chunks of
+// 1024 tokens shared by 32 requests each, and each request's own query of 1..150 tokens (rows
+// end mid-block, mid-tile and on boundaries), one decode row each. Every-tile cascade (the
+// system and the contexts read once per group) with 1, 3 or the planner's choice of tiles per
+// item, single-level grouping and cascade off all give the same bits, and match the float64
+// reference.
+TEST(Attention, ThreeLevelTreeCascadeEqualsFlatBitwise) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(21);
+  Harness h(16, 8, 128, 16, 3300, &rng);
+  Seq system{1, 2048, {}};
+  h.Fill(&system);
+  std::vector<Seq> seqs;
+  for (int c = 0; c < 8; ++c) {
+    Seq context{1, 2048 + 1024, system.blocks};
+    h.Fill(&context);
+    for (int i = 0; i < 32; ++i) {
+      Seq s{1, context.ctx + 1 + (c * 32 + i) * 37 % 150, context.blocks};
+      h.Fill(&s);
+      seqs.push_back(s);
+    }
+  }
+  Batch b = MakeBatch(seqs);
+  std::vector<float> q = RandomNormal(static_cast<size_t>(b.num_tokens()) * 16 * 128, &rng);
+  auto q_bits = RoundToBf16(&q);
+  AttentionPlan every, leading, off;
+  auto out = RunAttention(h, b, q_bits, true, &every);
+  EXPECT_EQ(every.cascade_groups, 9);
+  EXPECT_EQ(every.cascade_shared_tiles, 32 + 8 * 16);
+  auto single = RunAttention(h, b, q_bits, true, &leading, CascadeGrouping::kLeadingTiles);
+  EXPECT_EQ(leading.cascade_shared_tiles, 32);
+  auto one = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 1);
+  auto merged = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 3);
+  auto flat = RunAttention(h, b, q_bits, false, &off);
+  EXPECT_LT(every.split_tile_reads * 4, off.split_tile_reads);
+  const size_t bytes = out.size() * sizeof(uint16_t);
+  EXPECT_EQ(0, std::memcmp(out.data(), flat.data(), bytes)) << "every-tile cascade != flat";
+  EXPECT_EQ(0, std::memcmp(single.data(), flat.data(), bytes)) << "single-level cascade != flat";
+  EXPECT_EQ(0, std::memcmp(one.data(), flat.data(), bytes)) << "one tile per item != flat";
+  EXPECT_EQ(0, std::memcmp(merged.data(), flat.data(), bytes)) << "3 tiles per item != flat";
+  // The float64 reference on one row of each context (the rest are the same computation).
+  std::vector<Seq> some;
+  std::vector<float> q_some;
+  std::vector<uint16_t> out_some;
+  const size_t row = 16 * 128;
+  for (int c = 0; c < 8; ++c) {
+    const int r = c * 32 + (c * 5) % 32;
+    some.push_back(seqs[r]);
+    q_some.insert(q_some.end(), q.begin() + r * row, q.begin() + (r + 1) * row);
+    out_some.insert(out_some.end(), out.begin() + r * row, out.begin() + (r + 1) * row);
+  }
+  ExpectClose(out_some, Reference(h, some, MakeBatch(some), q_some));
 }
 
 // The same query row computed by a cold prefill, by a prefill of the uncached tail (causal offset),
@@ -261,22 +319,6 @@ TEST(Attention, CachedPrefillEqualsColdPrefillBitwise) {
                              tail * row * sizeof(uint16_t)))
         << "tail " << tail << " differs from the cold prefill";
   }
-}
-
-TEST(AttentionPlanTest, RejectsPositionsOutsideContext) {
-  std::vector<int32_t> pos = {5}, qs = {0, 1}, ctx = {5}, ts = {0, 1}, blocks = {0};
-  AttentionBatch b{pos.data(), 1, qs.data(), ctx.data(), ts.data(), blocks.data(), 1};
-  AttentionPlan plan;
-  EXPECT_EQ(PlanAttention({4, 2, 64, 16, true}, b, &plan).code(),
-            absl::StatusCode::kInvalidArgument);
-  pos[0] = 4;
-  EXPECT_TRUE(PlanAttention({4, 2, 64, 16, true}, b, &plan).ok());
-  ctx[0] = 17;  // one block cannot hold 17 keys
-  pos[0] = 16;
-  EXPECT_EQ(PlanAttention({4, 2, 64, 16, true}, b, &plan).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PlanAttention({4, 2, 64, 48, true}, b, &plan).code(),
-            absl::StatusCode::kInvalidArgument);  // block size must divide the tile
 }
 
 // Argument checks run before any launch (no GPU needed): a plan whose prefill items hold more

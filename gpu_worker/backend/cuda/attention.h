@@ -23,12 +23,28 @@
 
 namespace cascade::cuda {
 
+// How cascade groups decode rows (every grouping gives the same bits; only the work differs).
+enum class CascadeGrouping {
+  // Per KV tile index, the rows whose block tables name the same physical blocks for that full
+  // tile read it once: system, context and any deeper level of a prefix tree, and rows whose
+  // tables diverge and meet again.
+  kEveryTile,
+  // The single-level grouping kept for comparison (bench): rows grouped by the blocks of their
+  // first tile share only the leading tiles common to the whole group.
+  kLeadingTiles,
+};
+
 struct AttentionConfig {
   int num_q_heads = 0;
   int num_kv_heads = 0;  // divides num_q_heads; query head h reads kv head h / group
   int head_dim = 0;      // 32, 64, 128 or 256
   int block_size = 0;    // divides kTileTokens
-  bool cascade = true;   // group decode rows that share leading KV tiles
+  bool cascade = true;   // decode rows that share KV tiles read them once per step
+  CascadeGrouping grouping = CascadeGrouping::kEveryTile;
+  // Most consecutive tiles of one split item (one CTA loops over them for the same rows, one
+  // partial per tile as with one tile per item, so results do not change); 0: chosen by the
+  // planner from the step's number of decode tiles.
+  int tiles_per_item = 0;
 };
 
 // Host views of the batch's attention metadata (see engine::ForwardBatch for the meaning).
@@ -59,9 +75,17 @@ struct AttentionPlan {
   int num_partials = 0;    // partial slots; each holds [num_q_heads, head_dim] f32 + lse
   int max_final_rows = 0;  // most rows in one final item (sizes shared memory)
   int max_split_rows = 0;  // most rows in one split item
-  // Statistics.
-  int cascade_groups = 0;        // groups of >= 2 decode rows sharing leading tiles
-  int cascade_shared_tiles = 0;  // sum over groups of shared tiles (read once per group)
+  // Statistics. A cascade group is a maximal run of consecutive tiles that the same set of >= 2
+  // decode rows reads once (a node of the prefix tree: a system chunk, a context chunk); a group
+  // that sits one level below another, or that rows join again after diverging, is a new group.
+  int cascade_groups = 0;
+  // (tile, group) pairs read once for a group of >= 2 rows: each shared tile counted once per
+  // group that reads it in this step.
+  int cascade_shared_tiles = 0;
+  // Tiles read by split items, over all items (a shared tile once per row chunk of its group),
+  // and the tiles the decode rows fold (one per (row, tile)): the work cascade saves.
+  int split_tile_reads = 0;
+  int decode_row_tiles = 0;
 
   int num_final() const { return static_cast<int>(final_items.size()) / kItemFields; }
   int num_split() const { return static_cast<int>(split_items.size()) / kItemFields; }
@@ -70,7 +94,9 @@ struct AttentionPlan {
 
 // Plans `batch`. Rows of a sequence with one new token are decode rows (split + merge, cascade
 // candidates); rows of longer sequences are prefill rows (final items of up to
-// PrefillQueriesPerCta(head_dim) / group rows, longest first). Errors: InvalidArgument for
+// PrefillQueriesPerCta(head_dim) / group rows, longest first). A shared tile becomes one split
+// item per chunk of up to kMaxQueriesPerCta / group rows of its group. Host cost: one hash
+// probe per (decode row, full tile), no allocation per tile. Errors: InvalidArgument for
 // inconsistent metadata (positions outside [0, context_len), block tables too short for
 // context_len, bad config).
 absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& batch,

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <map>
+#include <numeric>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,10 +14,265 @@ namespace {
 
 int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 
+// Decode tiles of a step from which split items hold several tiles (AttentionConfig::
+// tiles_per_item = 0).
+constexpr int kAutoMultiTileFrom = 1024;
+
 void AddItem(std::vector<int32_t>* items, int table_offset, int tile_begin, int tile_end,
              int row_begin, int row_count, int kv_len) {
   items->insert(items->end(), {table_offset, tile_begin, tile_end, row_begin, row_count, kv_len});
 }
+
+struct DecodeRow {
+  int row, pos, table_offset;
+  int full_tiles() const { return (pos + 1) / kTileTokens; }  // tiles of 64 visible keys
+  int tiles() const { return CeilDiv(pos + 1, kTileTokens); }
+};
+
+// Groups decode rows by the block ids of one tile: an open-addressing table keyed by the tile's
+// ids, probed once per row. Stamps mark the live slots of the current tile, so the table is
+// allocated once per plan and never cleared.
+class TileGrouper {
+ public:
+  TileGrouper(const int32_t* block_ids, int blocks_per_tile, int max_rows)
+      : block_ids_(block_ids), blocks_per_tile_(blocks_per_tile) {
+    int cap = 16;
+    while (cap < 2 * max_rows) cap *= 2;
+    stamp_.assign(cap, 0);
+    slot_group_.resize(cap);
+    lead_key_.reserve(max_rows);
+  }
+  // Starts a new tile: forgets every group.
+  void Reset() {
+    ++generation_;
+    lead_key_.clear();
+  }
+  // The group (numbered 0, 1, .. in first-seen order since Reset) of the tile whose block ids
+  // start at block_ids[key_offset].
+  int GroupOf(int key_offset) {
+    const int32_t* key = block_ids_ + key_offset;
+    uint32_t h = 0;
+    for (int b = 0; b < blocks_per_tile_; ++b) {
+      h = (h ^ static_cast<uint32_t>(key[b])) * 0x9E3779B1u;
+    }
+    const uint32_t mask = static_cast<uint32_t>(stamp_.size()) - 1;
+    for (uint32_t s = (h ^ (h >> 15)) & mask;; s = (s + 1) & mask) {
+      if (stamp_[s] != generation_) {
+        stamp_[s] = generation_;
+        slot_group_[s] = static_cast<int>(lead_key_.size());
+        lead_key_.push_back(key_offset);
+        return slot_group_[s];
+      }
+      const int32_t* lead = block_ids_ + lead_key_[slot_group_[s]];
+      if (std::equal(key, key + blocks_per_tile_, lead)) return slot_group_[s];
+    }
+  }
+
+ private:
+  const int32_t* block_ids_;
+  int blocks_per_tile_;
+  std::vector<int> stamp_, slot_group_;
+  std::vector<int> lead_key_;  // [group] offset of the group's first key in block_ids
+  int generation_ = 0;
+};
+
+// Emits the split items of decode rows into a plan.
+class DecodePlanner {
+ public:
+  DecodePlanner(const AttentionBatch& batch, int rows_per_cta, int blocks_per_tile,
+                int tiles_per_item, AttentionPlan* plan)
+      : batch_(batch),
+        rows_per_cta_(rows_per_cta),
+        blocks_per_tile_(blocks_per_tile),
+        per_item_(std::max(1, tiles_per_item)),
+        plan_(plan) {}
+
+  // Tiles [tile_begin, tile_end) of `d`, read for it alone: items of up to per_item_ tiles.
+  void AddOwn(const DecodeRow& d, int tile_begin, int tile_end) {
+    if (tile_begin >= tile_end) return;
+    const int row_begin = static_cast<int>(plan_->item_rows.size());
+    plan_->item_rows.push_back(d.row);
+    for (int t = tile_begin; t < tile_end; t += per_item_) {
+      const int t_end = std::min(tile_end, t + per_item_);
+      AddItem(&plan_->split_items, d.table_offset, t, t_end, row_begin, 1, d.pos + 1);
+      plan_->split_tile_reads += t_end - t;
+    }
+    plan_->max_split_rows = std::max(plan_->max_split_rows, 1);
+  }
+
+  // Tiles [tile_begin, tile_end), all full for every row of `members` (indices into rows) and
+  // the same blocks for all: one item per chunk of rows_per_cta rows and per_item_ tiles.
+  void AddShared(const std::vector<DecodeRow>& rows, const int* members, int count, int tile_begin,
+                 int tile_end) {
+    if (tile_begin >= tile_end) return;
+    const DecodeRow& lead = rows[members[0]];
+    for (int c = 0; c < count; c += rows_per_cta_) {
+      const int n = std::min(rows_per_cta_, count - c);
+      const int row_begin = static_cast<int>(plan_->item_rows.size());
+      for (int k = c; k < c + n; ++k) plan_->item_rows.push_back(rows[members[k]].row);
+      for (int t = tile_begin; t < tile_end; t += per_item_) {
+        const int t_end = std::min(tile_end, t + per_item_);
+        AddItem(&plan_->split_items, lead.table_offset, t, t_end, row_begin, n,
+                t_end * kTileTokens);
+        plan_->split_tile_reads += t_end - t;
+      }
+      plan_->max_split_rows = std::max(plan_->max_split_rows, n);
+    }
+    plan_->cascade_shared_tiles += tile_end - tile_begin;
+  }
+
+  // Single level: rows grouped by their first tile's blocks share the leading tiles common to
+  // the whole group; the rest of each row is its own.
+  void PlanLeadingTiles(const std::vector<DecodeRow>& rows) {
+    const int n = static_cast<int>(rows.size());
+    TileGrouper grouper(batch_.block_ids, blocks_per_tile_, n);
+    grouper.Reset();
+    std::vector<int> group_of(n, -1), size;
+    for (int i = 0; i < n; ++i) {
+      if (rows[i].full_tiles() == 0) continue;  // no full tile to share
+      group_of[i] = grouper.GroupOf(rows[i].table_offset);
+      if (group_of[i] == static_cast<int>(size.size())) size.push_back(0);
+      ++size[group_of[i]];
+    }
+    std::vector<std::vector<int>> members(size.size());
+    for (int i = 0; i < n; ++i) {
+      if (group_of[i] >= 0 && size[group_of[i]] >= 2) members[group_of[i]].push_back(i);
+    }
+    for (int i = 0; i < n; ++i) {
+      if (group_of[i] < 0 || size[group_of[i]] < 2) AddOwn(rows[i], 0, rows[i].tiles());
+    }
+    for (const std::vector<int>& g : members) {
+      if (g.empty()) continue;
+      const int32_t* lead = batch_.block_ids + rows[g[0]].table_offset;
+      int shared = rows[g[0]].full_tiles();
+      for (int i : g) {
+        shared = std::min(shared, rows[i].full_tiles());
+        const int32_t* ids = batch_.block_ids + rows[i].table_offset;
+        const int len = shared * blocks_per_tile_;
+        shared = static_cast<int>(std::mismatch(ids, ids + len, lead).first - ids) /
+                 blocks_per_tile_;  // >= 1: the group key is tile 0
+      }
+      ++plan_->cascade_groups;
+      AddShared(rows, g.data(), static_cast<int>(g.size()), 0, shared);
+      for (int i : g) AddOwn(rows[i], shared, rows[i].tiles());
+    }
+  }
+
+  // Every level: for each tile index, the rows whose full tile t names the same blocks read it
+  // once. Rows are visited longest first, so the rows with a full tile t are a prefix of that
+  // order. A group whose rows are exactly the rows of a group of tile t - 1 continues it (a
+  // node of the prefix tree): its tiles become multi-tile items, emitted when the node ends,
+  // and its rows are checked against the node's key first (one compare, no hash probe). A
+  // row's tiles that no other row shares are emitted as runs when the run ends.
+  void PlanEveryTile(const std::vector<DecodeRow>& rows) {
+    const int n = static_cast<int>(rows.size());
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return rows[a].full_tiles() > rows[b].full_tiles(); });
+    TileGrouper grouper(batch_.block_ids, blocks_per_tile_, n);
+    // own_begin[i]: first tile of row i's current run of unshared tiles, -1 after a shared tile.
+    // node[i]: the node whose tile t - 1 row i read (-1: none).
+    std::vector<int> own_begin(n, 0), node(n, -1);
+    // Per node: rows, first tile not yet emitted, last tile read, where its rows sit in the
+    // members buffer of that tile; and (stamped with the tile) its group and key at tile t.
+    std::vector<int> node_size, node_begin, node_last, node_at, node_stamp, node_group, node_key;
+    std::vector<int> group_of(n), size(n), start(n + 1), members(n), prev_members(n);
+    std::vector<int> open, prev_open;  // nodes read at tile t, at tile t - 1
+    int active = n;
+    const int max_full = n > 0 ? rows[order[0]].full_tiles() : 0;
+    for (int t = 0; t < max_full; ++t) {
+      while (rows[order[active - 1]].full_tiles() <= t) --active;
+      grouper.Reset();
+      int groups = 0;
+      for (int k = 0; k < active; ++k) {
+        const int i = order[k], p = node[i];
+        const int key = rows[i].table_offset + t * blocks_per_tile_;
+        int g = -1;
+        if (p >= 0 && node_stamp[p] == t &&
+            std::equal(batch_.block_ids + key, batch_.block_ids + key + blocks_per_tile_,
+                       batch_.block_ids + node_key[p])) {
+          g = node_group[p];
+        } else {
+          g = grouper.GroupOf(key);
+          if (g == groups) size[groups++] = 0;
+          if (p >= 0 && node_stamp[p] != t) {
+            node_stamp[p] = t;
+            node_group[p] = g;
+            node_key[p] = key;
+          }
+        }
+        group_of[k] = g;
+        ++size[g];
+      }
+      // Members of each group of >= 2 rows, contiguous, in visiting order.
+      start[0] = 0;
+      for (int g = 0; g < groups; ++g) start[g + 1] = start[g] + (size[g] >= 2 ? size[g] : 0);
+      for (int g = 0; g < groups; ++g) size[g] = size[g] >= 2 ? 0 : -1;  // fill cursor
+      for (int k = 0; k < active; ++k) {
+        const int i = order[k], g = group_of[k];
+        if (size[g] < 0) {  // read by row i alone
+          if (own_begin[i] < 0) own_begin[i] = t;
+          node[i] = -1;
+        } else {
+          members[start[g] + size[g]++] = i;
+        }
+      }
+      for (int g = 0; g < groups; ++g) {
+        if (size[g] < 0) continue;
+        const int* m = members.data() + start[g];
+        const int count = size[g];
+        const int p = node[m[0]];
+        bool same = p >= 0 && node_last[p] == t - 1 && node_size[p] == count;
+        for (int k = 1; same && k < count; ++k) same = node[m[k]] == p;
+        int id = p;
+        if (!same) {
+          id = static_cast<int>(node_size.size());
+          for (auto* v : {&node_size, &node_begin, &node_last, &node_at, &node_stamp, &node_group,
+                          &node_key}) {
+            v->push_back(-1);
+          }
+          node_size[id] = count;
+          node_begin[id] = t;
+          ++plan_->cascade_groups;
+        }
+        node_last[id] = t;
+        node_at[id] = start[g];
+        open.push_back(id);
+        for (int k = 0; k < count; ++k) {
+          const int i = m[k];
+          if (own_begin[i] >= 0) AddOwn(rows[i], own_begin[i], t);
+          own_begin[i] = -1;
+          node[i] = id;
+        }
+        if (t + 1 - node_begin[id] == per_item_) {  // a full item's worth: emit it now
+          AddShared(rows, m, count, node_begin[id], t + 1);
+          node_begin[id] = t + 1;
+        }
+      }
+      for (int p : prev_open) {  // nodes that ended at tile t - 1
+        if (node_last[p] == t - 1) {
+          AddShared(rows, prev_members.data() + node_at[p], node_size[p], node_begin[p], t);
+        }
+      }
+      std::swap(members, prev_members);
+      std::swap(open, prev_open);
+      open.clear();
+    }
+    for (int p : prev_open) {
+      AddShared(rows, prev_members.data() + node_at[p], node_size[p], node_begin[p],
+                node_last[p] + 1);
+    }
+    for (int i = 0; i < n; ++i) {
+      AddOwn(rows[i], own_begin[i] >= 0 ? own_begin[i] : rows[i].full_tiles(), rows[i].tiles());
+    }
+  }
+
+ private:
+  const AttentionBatch& batch_;
+  const int rows_per_cta_, blocks_per_tile_, per_item_;
+  AttentionPlan* plan_;
+};
 
 }  // namespace
 
@@ -43,9 +298,6 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
     return absl::InvalidArgumentError("attention: query_start does not cover the tokens");
   }
 
-  struct DecodeRow {
-    int row, pos, table_offset;
-  };
   std::vector<DecodeRow> decode_rows;
   for (int s = 0; s < batch.num_seqs; ++s) {
     const int q0 = batch.query_start[s], q1 = batch.query_start[s + 1];
@@ -91,69 +343,29 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
     std::memcpy(plan->final_items.data(), items.data(), plan->final_items.size() * sizeof(int32_t));
   }
 
-  // Decode rows: one partial slot per tile, then a merge. Cascade: rows whose first full tiles
-  // have the same block ids (the same memory) read those tiles once per group.
+  // Decode rows: one partial slot per tile, then a merge of the row's slots in tile order.
   for (const DecodeRow& d : decode_rows) {
-    const int tiles = CeilDiv(d.pos + 1, kTileTokens);
+    const int tiles = d.tiles();
     plan->partial_base[d.row] = plan->num_partials;
     plan->merge_list.insert(plan->merge_list.end(), {d.row, plan->num_partials, tiles});
     plan->num_partials += tiles;
+    plan->decode_row_tiles += tiles;
   }
-  auto tile_ids = [&](const DecodeRow& d, int t) {
-    const int32_t* b = batch.block_ids + d.table_offset + t * blocks_per_tile;
-    return std::vector<int32_t>(b, b + blocks_per_tile);
-  };
-  std::vector<std::vector<int>> groups;  // indices into decode_rows, first-seen order
-  if (config.cascade) {
-    std::map<std::vector<int32_t>, int> group_of;
-    std::vector<int> singles;
-    for (int i = 0; i < static_cast<int>(decode_rows.size()); ++i) {
-      if ((decode_rows[i].pos + 1) / kTileTokens == 0) {  // no full tile to share
-        groups.push_back({i});
-        continue;
-      }
-      auto [it, inserted] = group_of.emplace(tile_ids(decode_rows[i], 0), groups.size());
-      if (inserted) groups.emplace_back();
-      groups[it->second].push_back(i);
-    }
+  // Items of several tiles (one Q load, one CTA for a run of tiles) pay off once a step has
+  // enough tiles to fill the GPU several times over: measured on an H100 (bench/kernels/
+  // RESULTS.md), 4 tiles per item from 1024 decode tiles on.
+  int tiles_per_item = config.tiles_per_item;
+  if (tiles_per_item <= 0) tiles_per_item = plan->decode_row_tiles >= kAutoMultiTileFrom ? 4 : 1;
+  plan->split_items.reserve(static_cast<size_t>(plan->decode_row_tiles) * kItemFields +
+                            plan->final_items.size());
+  plan->item_rows.reserve(plan->item_rows.size() + 2 * plan->decode_row_tiles);
+  DecodePlanner planner(batch, rows_per_cta, blocks_per_tile, tiles_per_item, plan);
+  if (!config.cascade || rows_per_cta < 2) {  // a tile read per row either way
+    for (const DecodeRow& d : decode_rows) planner.AddOwn(d, 0, d.tiles());
+  } else if (config.grouping == CascadeGrouping::kLeadingTiles) {
+    planner.PlanLeadingTiles(decode_rows);
   } else {
-    for (int i = 0; i < static_cast<int>(decode_rows.size()); ++i) groups.push_back({i});
-  }
-
-  for (const std::vector<int>& g : groups) {
-    int shared = 0;
-    if (g.size() >= 2) {
-      const DecodeRow& lead = decode_rows[g[0]];
-      shared = (lead.pos + 1) / kTileTokens;
-      for (int i : g) shared = std::min(shared, (decode_rows[i].pos + 1) / kTileTokens);
-      for (size_t k = 1; k < g.size(); ++k) {
-        int t = 0;
-        while (t < shared && tile_ids(decode_rows[g[k]], t) == tile_ids(lead, t)) ++t;
-        shared = t;  // >= 1: the group key is tile 0
-      }
-      ++plan->cascade_groups;
-      plan->cascade_shared_tiles += shared;
-      for (int t = 0; t < shared; ++t) {
-        for (size_t c = 0; c < g.size(); c += rows_per_cta) {
-          const int n = static_cast<int>(std::min<size_t>(rows_per_cta, g.size() - c));
-          const int row_begin = static_cast<int>(plan->item_rows.size());
-          for (size_t k = c; k < c + n; ++k) plan->item_rows.push_back(decode_rows[g[k]].row);
-          AddItem(&plan->split_items, lead.table_offset, t, t + 1, row_begin, n,
-                  shared * kTileTokens);
-          plan->max_split_rows = std::max(plan->max_split_rows, n);
-        }
-      }
-    }
-    for (int i : g) {
-      const DecodeRow& d = decode_rows[i];
-      const int tiles = CeilDiv(d.pos + 1, kTileTokens);
-      const int row_begin = static_cast<int>(plan->item_rows.size());
-      if (shared < tiles) plan->item_rows.push_back(d.row);
-      for (int t = shared; t < tiles; ++t) {
-        AddItem(&plan->split_items, d.table_offset, t, t + 1, row_begin, 1, d.pos + 1);
-        plan->max_split_rows = std::max(plan->max_split_rows, 1);
-      }
-    }
+    planner.PlanEveryTile(decode_rows);
   }
   return absl::OkStatus();
 }

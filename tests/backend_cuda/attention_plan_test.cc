@@ -1,0 +1,403 @@
+// The attention planner (plain C++, no GPU): every decode row's tiles are computed exactly once,
+// each by an item that loads exactly the keys the row's own flat item would load from the same
+// blocks (so cascade == flat holds whatever the grouping), and cascade shares every tile that
+// several rows name with the same blocks: one item per (shared tile, row chunk), at every level
+// of a prefix tree, checked against a brute-force grouping.
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gpu_worker/backend/cuda/attention.h"
+#include "gtest/gtest.h"
+
+namespace cascade::cuda {
+namespace {
+
+struct Seq {
+  int q_len = 1;  // rows at positions ctx - q_len .. ctx - 1
+  int ctx = 1;
+  std::vector<int32_t> blocks;  // block table, >= ceil(ctx / block_size) entries
+};
+
+struct Batch {
+  std::vector<int32_t> positions, query_start{0}, context_lens, table_start{0}, block_ids;
+  std::vector<Seq> seqs;
+  AttentionBatch View() const {
+    return {positions.data(),
+            static_cast<int>(positions.size()),
+            query_start.data(),
+            context_lens.data(),
+            table_start.data(),
+            block_ids.data(),
+            static_cast<int>(seqs.size())};
+  }
+};
+
+Batch MakeBatch(const std::vector<Seq>& seqs) {
+  Batch b;
+  b.seqs = seqs;
+  for (const Seq& s : seqs) {
+    for (int p = s.ctx - s.q_len; p < s.ctx; ++p) b.positions.push_back(p);
+    b.query_start.push_back(static_cast<int32_t>(b.positions.size()));
+    b.context_lens.push_back(s.ctx);
+    b.block_ids.insert(b.block_ids.end(), s.blocks.begin(), s.blocks.end());
+    b.table_start.push_back(static_cast<int32_t>(b.block_ids.size()));
+  }
+  return b;
+}
+
+int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+
+// A shared tile as the plan reads it: (tile, the sorted rows that read it in one group).
+using SharedRead = std::pair<int, std::vector<int>>;
+
+// Checks the structural invariants of `plan` for `b` and returns the shared reads (split items
+// of >= 2 rows, chunks of one group joined back by (tile, table offset)).
+std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
+                               const AttentionPlan& plan) {
+  const int group = cfg.num_q_heads / cfg.num_kv_heads;
+  const int rows_per_cta = std::max(1, kMaxQueriesPerCta / group);
+  const int bs = cfg.block_size;
+  // Decode rows: the only row of a one-token sequence.
+  std::map<int, int> decode_seq;  // row -> sequence
+  for (size_t s = 0; s < b.seqs.size(); ++s) {
+    if (b.query_start[s + 1] - b.query_start[s] == 1) decode_seq[b.query_start[s]] = s;
+  }
+  // Merge list: one entry per decode row, base == partial_base, disjoint slot ranges.
+  EXPECT_EQ(plan.num_merge(), static_cast<int>(decode_seq.size()));
+  std::vector<bool> slot_used(plan.num_partials, false);
+  int row_tiles = 0;
+  for (int e = 0; e < plan.num_merge(); ++e) {
+    const int row = plan.merge_list[3 * e], base = plan.merge_list[3 * e + 1];
+    const int tiles = plan.merge_list[3 * e + 2];
+    EXPECT_TRUE(decode_seq.count(row)) << "merge of a non-decode row " << row;
+    EXPECT_EQ(base, plan.partial_base[row]);
+    EXPECT_EQ(tiles, CeilDiv(b.positions[row] + 1, kTileTokens)) << "row " << row;
+    row_tiles += tiles;
+    for (int t = 0; t < tiles; ++t) {
+      EXPECT_FALSE(slot_used.at(base + t)) << "partial slot used twice";
+      slot_used[base + t] = true;
+    }
+  }
+  EXPECT_EQ(plan.decode_row_tiles, row_tiles);
+  // Split items: every (row, tile) exactly once, loading exactly the keys and blocks its own
+  // flat item would.
+  std::map<std::pair<int, int>, int> covered;              // (row, tile) -> times
+  std::map<std::pair<int, int>, std::vector<int>> shared;  // (tile, table) -> rows
+  int tile_reads = 0, max_rows = 0;
+  for (int i = 0; i < plan.num_split(); ++i) {
+    const int32_t* it = &plan.split_items[i * kItemFields];
+    const int table = it[0], t0 = it[1], t1 = it[2], row_begin = it[3], n = it[4], kv_len = it[5];
+    EXPECT_LT(t0, t1);
+    EXPECT_GE(n, 1);
+    EXPECT_LE(n, rows_per_cta) << "item past the CTA's rows";
+    EXPECT_LE(t1 - t0, cfg.tiles_per_item > 0 ? cfg.tiles_per_item : 4)
+        << "an item holds at most tiles_per_item tiles";
+    max_rows = std::max(max_rows, n);
+    tile_reads += t1 - t0;
+    for (int k = row_begin; k < row_begin + n; ++k) {
+      const int row = plan.item_rows.at(k);
+      EXPECT_TRUE(decode_seq.count(row)) << "split item of a non-decode row";
+      const int s = decode_seq[row], pos = b.positions[row];
+      const int own_table = b.table_start[s];
+      for (int t = t0; t < t1; ++t) {
+        ++covered[{row, t}];
+        const int ts = t * kTileTokens;
+        const int own_keys = std::min(kTileTokens, pos + 1 - ts);
+        EXPECT_GT(own_keys, 0) << "row " << row << " given tile " << t << " past its keys";
+        if (own_keys <= 0) continue;
+        EXPECT_EQ(std::min(kTileTokens, kv_len - ts), own_keys)
+            << "item loads other keys than row " << row << "'s own item at tile " << t;
+        for (int j = ts; j < ts + own_keys; j += bs) {
+          EXPECT_EQ(b.block_ids[table + j / bs], b.block_ids[own_table + j / bs])
+              << "row " << row << " tile " << t << " read from another block";
+        }
+      }
+      // A tile read once for several rows: items naming one table at that tile (a group's
+      // chunks name the lead's table; a row's own item never shares a tile with its group).
+      for (int t = t0; t < t1; ++t) shared[{t, table}].push_back(row);
+    }
+  }
+  EXPECT_EQ(plan.split_tile_reads, tile_reads);
+  EXPECT_EQ(plan.max_split_rows, max_rows);
+  for (const auto& [row, s] : decode_seq) {
+    const int tiles = CeilDiv(b.positions[row] + 1, kTileTokens);
+    for (int t = 0; t < tiles; ++t) {
+      EXPECT_EQ((covered[{row, t}]), 1) << "row " << row << " tile " << t;
+    }
+  }
+  EXPECT_EQ(covered.size(), static_cast<size_t>(row_tiles)) << "a tile past some row's keys";
+  std::set<SharedRead> reads;
+  for (auto& [key, rows] : shared) {
+    std::sort(rows.begin(), rows.end());
+    if (rows.size() >= 2) reads.insert({key.first, rows});
+  }
+  return reads;
+}
+
+// What every-tile cascade must share, by brute force: per tile index, the decode rows whose tile
+// is full, grouped by the tile's block ids; groups of >= 2 (none where a split CTA holds one row).
+std::set<SharedRead> BruteForceShared(const AttentionConfig& cfg, const Batch& b) {
+  const int bpt = kTileTokens / cfg.block_size;
+  if (kMaxQueriesPerCta / (cfg.num_q_heads / cfg.num_kv_heads) < 2) return {};
+  std::map<std::pair<int, std::vector<int32_t>>, std::vector<int>> groups;
+  for (size_t s = 0; s < b.seqs.size(); ++s) {
+    const int row = b.query_start[s];
+    if (b.query_start[s + 1] - row != 1) continue;
+    const int full = (b.positions[row] + 1) / kTileTokens;
+    for (int t = 0; t < full; ++t) {
+      const int32_t* ids = b.block_ids.data() + b.table_start[s] + t * bpt;
+      groups[{t, std::vector<int32_t>(ids, ids + bpt)}].push_back(row);
+    }
+  }
+  std::set<SharedRead> out;
+  for (auto& [key, rows] : groups) {
+    if (rows.size() >= 2) out.insert({key.first, rows});
+  }
+  return out;
+}
+
+AttentionPlan Plan(const AttentionConfig& cfg, const Batch& b) {
+  AttentionPlan plan;
+  const absl::Status st = PlanAttention(cfg, b.View(), &plan);
+  EXPECT_TRUE(st.ok()) << st;
+  return plan;
+}
+
+// A prefix-cache tree: one system chunk, `contexts` context chunks under it, `queries` requests
+// under each, every request decoding its last query token. Blocks are shared exactly where a
+// prefix cache shares them: a full block whose tokens all lie in a common prefix.
+std::vector<Seq> Tree(int system, int context, int contexts, int queries, int bs,
+                      const std::vector<int>& query_lens) {
+  int next = 1000;
+  const int sys_blocks = system / bs;  // full blocks of the system chunk alone
+  std::vector<int32_t> sys_ids(sys_blocks);
+  std::iota(sys_ids.begin(), sys_ids.end(), next);
+  next += sys_blocks;
+  std::vector<Seq> seqs;
+  for (int c = 0; c < contexts; ++c) {
+    std::vector<int32_t> ctx_ids = sys_ids;
+    while (static_cast<int>(ctx_ids.size()) < (system + context) / bs) ctx_ids.push_back(next++);
+    for (int q = 0; q < queries; ++q) {
+      Seq s;
+      s.ctx = system + context + query_lens[(c * queries + q) % query_lens.size()];
+      s.blocks = ctx_ids;
+      while (static_cast<int>(s.blocks.size()) * bs < s.ctx) s.blocks.push_back(next++);
+      seqs.push_back(s);
+    }
+  }
+  return seqs;
+}
+
+// Query lengths 1..150: rows end mid-block, mid-tile, on block and tile boundaries.
+std::vector<int> QueryLens(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int> lens = {1, 16, 63, 64, 65, 128, 150};
+  while (static_cast<int>(lens.size()) < n) lens.push_back(1 + static_cast<int>(rng() % 150));
+  return lens;
+}
+
+constexpr AttentionConfig kQwen3{16, 8, 128, 16};  // group 2: 16 rows per split CTA
+
+TEST(AttentionPlanTest, ThreeLevelTreeGivesOneItemPerSharedTileAndRowChunk) {
+  // System 2048 tokens (tiles 0..31) for all 256 rows, 8 contexts of 1024 (tiles 32..47) for 32
+  // rows each, then each row's own query.
+  const Batch b = MakeBatch(Tree(2048, 1024, 8, 32, 16, QueryLens(256, 1)));
+  AttentionConfig one = kQwen3;
+  one.tiles_per_item = 1;
+  const AttentionPlan plan = Plan(one, b);
+  const auto reads = CheckPlan(one, b, plan);
+  EXPECT_EQ(reads, BruteForceShared(kQwen3, b));
+  EXPECT_EQ(plan.cascade_groups, 9);  // the system and 8 contexts
+  EXPECT_EQ(plan.cascade_shared_tiles, 32 + 8 * 16);
+  int system_items = 0, context_items = 0;
+  for (int i = 0; i < plan.num_split(); ++i) {
+    const int t = plan.split_items[i * kItemFields + 1], n = plan.split_items[i * kItemFields + 4];
+    if (n > 1) {
+      EXPECT_EQ(n, 16) << "groups of 256 and 32 rows split into full chunks";
+      (t < 32 ? system_items : context_items)++;
+    }
+  }
+  EXPECT_EQ(system_items, 32 * 256 / 16);
+  EXPECT_EQ(context_items, 8 * 16 * 32 / 16);
+  // Own tiles: each row's tiles from 48 on, once.
+  int own = 0;
+  for (size_t s = 0; s < b.seqs.size(); ++s) own += CeilDiv(b.seqs[s].ctx, kTileTokens) - 48;
+  EXPECT_EQ(plan.split_tile_reads, 32 * 256 / 16 + 8 * 16 * 32 / 16 + own);
+  EXPECT_EQ(plan.decode_row_tiles, 256 * 48 + own);
+  // The default (this many tiles: 4 per item) reads the same tiles in runs of 4 per row chunk.
+  const AttentionPlan runs = Plan(kQwen3, b);
+  EXPECT_EQ(CheckPlan(kQwen3, b, runs), reads);
+  EXPECT_EQ(runs.split_tile_reads, plan.split_tile_reads);
+  EXPECT_EQ(runs.cascade_groups, 9);
+  EXPECT_EQ(runs.cascade_shared_tiles, 32 + 8 * 16);
+  int shared_items = 0;
+  for (int i = 0; i < runs.num_split(); ++i) {
+    const int32_t* it = &runs.split_items[i * kItemFields];
+    if (it[4] > 1) {
+      EXPECT_EQ(it[2] - it[1], 4) << "system and context runs are multiples of 4 tiles";
+      ++shared_items;
+    }
+  }
+  EXPECT_EQ(shared_items, (system_items + context_items) / 4);
+}
+
+TEST(AttentionPlanTest, SingleLevelGroupingSharesOnlyTheCommonLeadingTiles) {
+  const Batch b = MakeBatch(Tree(2048, 1024, 8, 32, 16, QueryLens(256, 1)));
+  AttentionConfig cfg = kQwen3;
+  cfg.grouping = CascadeGrouping::kLeadingTiles;
+  const AttentionPlan plan = Plan(cfg, b);
+  const auto reads = CheckPlan(cfg, b, plan);
+  EXPECT_EQ(plan.cascade_groups, 1);
+  EXPECT_EQ(plan.cascade_shared_tiles, 32);  // the contexts are read once per row
+  for (const auto& [tile, rows] : reads) {
+    EXPECT_LT(tile, 32);
+    EXPECT_EQ(rows.size(), 256u);
+  }
+  cfg.cascade = false;
+  const AttentionPlan off = Plan(cfg, b);
+  EXPECT_TRUE(CheckPlan(cfg, b, off).empty());
+  EXPECT_EQ(off.cascade_groups, 0);
+  EXPECT_EQ(off.split_tile_reads, off.decode_row_tiles);
+}
+
+TEST(AttentionPlanTest, ChunkBoundariesMidTileAndMidBlockShareExactlyTheCommonFullTiles) {
+  // System 2008 tokens: tiles 0..30 are all system; tile 31's last three blocks hold the context
+  // (block 125 holds the system's tail and the context's head: a context block). Contexts of
+  // 1010 end mid-block at 3018: tiles 31..46 are the context's, tile 47 holds a query block.
+  for (int bs : {16, 32, 64}) {
+    AttentionConfig cfg = kQwen3;
+    cfg.block_size = bs;
+    const Batch b = MakeBatch(Tree(2008, 1010, 8, 32, bs, QueryLens(256, 2)));
+    const AttentionPlan plan = Plan(cfg, b);
+    EXPECT_EQ(CheckPlan(cfg, b, plan), BruteForceShared(cfg, b)) << "block size " << bs;
+    EXPECT_EQ(plan.cascade_groups, 9) << "block size " << bs;
+    const int system_tiles = 2008 / bs * bs / kTileTokens;
+    const int context_tiles = 3018 / bs * bs / kTileTokens - system_tiles;
+    EXPECT_EQ(plan.cascade_shared_tiles, system_tiles + 8 * context_tiles) << "block size " << bs;
+  }
+}
+
+TEST(AttentionPlanTest, RowsThatDivergeThenNameTheSameBlocksAgainShareThoseTilesOnly) {
+  // 4 blocks per tile. Rows 0 and 1: the same tile 0, different tile 1, the same tile 2 again.
+  // Row 2: tile 1 the same as row 0's, tile 0 not. Row 3: tile 2's first block the same as row
+  // 0's, the rest not (a partly equal tile is not shared).
+  auto ids = [](std::initializer_list<int> tiles) {
+    std::vector<int32_t> v;
+    for (int t : tiles) {
+      for (int k = 0; k < 4; ++k) v.push_back(t * 4 + k);
+    }
+    return v;
+  };
+  std::vector<Seq> seqs = {{1, 200, ids({0, 1, 2, 3})},
+                           {1, 230, ids({0, 5, 2, 6})},
+                           {1, 192, ids({7, 1, 8})},
+                           {1, 250, ids({9, 10, 11, 12})}};
+  seqs[3].blocks[8] = 8;  // row 3's tile 2: {8, 45, 46, 47}; row 0's: {8, 9, 10, 11}
+  const Batch b = MakeBatch(seqs);
+  const AttentionPlan plan = Plan(kQwen3, b);
+  const auto reads = CheckPlan(kQwen3, b, plan);
+  const std::set<SharedRead> want = {{0, {0, 1}}, {1, {0, 2}}, {2, {0, 1}}};
+  EXPECT_EQ(reads, want);
+  EXPECT_EQ(reads, BruteForceShared(kQwen3, b));
+  EXPECT_EQ(plan.cascade_groups, 3) << "{0,1}, {0,2}, and {0,1} again: three groups";
+  EXPECT_EQ(plan.cascade_shared_tiles, 3);
+  // Rows 0 and 1 read tile 1 alone and row 2 tile 0 (runs cut by shared tiles).
+  EXPECT_EQ(plan.split_tile_reads, 3 + (plan.decode_row_tiles - 6));
+}
+
+TEST(AttentionPlanTest, RandomForestsMatchBruteForceUnderEveryShape) {
+  std::mt19937 rng(11);
+  const std::vector<AttentionConfig> shapes = {
+      {16, 8, 128, 16}, {4, 2, 64, 16}, {8, 8, 64, 32}, {32, 1, 64, 64}, {8, 4, 256, 16}};
+  for (int trial = 0; trial < 60; ++trial) {
+    AttentionConfig cfg = shapes[trial % shapes.size()];
+    const int bs = cfg.block_size;
+    // Random prefix forest over a pool of paths: each sequence copies a random earlier
+    // sequence's first k blocks (k random), then takes fresh blocks; now and then a sequence
+    // reuses a random earlier block id at a random place (tables that meet again).
+    std::vector<Seq> seqs;
+    int next = 0;
+    const int n = 1 + static_cast<int>(rng() % 90);
+    for (int i = 0; i < n; ++i) {
+      Seq s;
+      const bool prefill = rng() % 8 == 0;
+      s.ctx = 1 + static_cast<int>(rng() % 1200);
+      s.q_len = prefill ? 1 + static_cast<int>(rng() % s.ctx) : 1;
+      const int nb = CeilDiv(s.ctx, bs);
+      if (!seqs.empty() && rng() % 4 != 0) {
+        const Seq& p = seqs[rng() % seqs.size()];
+        const int k = std::min<int>(rng() % (p.blocks.size() + 1), (s.ctx - 1) / bs);
+        s.blocks.assign(p.blocks.begin(), p.blocks.begin() + k);
+      }
+      while (static_cast<int>(s.blocks.size()) < nb) s.blocks.push_back(next++);
+      if (!seqs.empty() && rng() % 5 == 0 && (s.ctx - 1) / bs > 0) {
+        const Seq& p = seqs[rng() % seqs.size()];
+        const int j = static_cast<int>(rng() % std::min<size_t>(p.blocks.size(), (s.ctx - 1) / bs));
+        s.blocks[j] = p.blocks[j];
+      }
+      seqs.push_back(s);
+    }
+    const Batch b = MakeBatch(seqs);
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    cfg.tiles_per_item = 1;
+    const AttentionPlan every = Plan(cfg, b);
+    const auto reads = CheckPlan(cfg, b, every);
+    EXPECT_EQ(reads, BruteForceShared(cfg, b));
+    EXPECT_EQ(every.cascade_shared_tiles, static_cast<int>(reads.size()));
+    cfg.tiles_per_item = 1 + trial % 5;
+    const AttentionPlan merged = Plan(cfg, b);
+    EXPECT_EQ(CheckPlan(cfg, b, merged), reads);
+    EXPECT_EQ(merged.split_tile_reads, every.split_tile_reads);
+    EXPECT_LE(merged.num_split(), every.num_split());
+    cfg.grouping = CascadeGrouping::kLeadingTiles;
+    const AttentionPlan leading = Plan(cfg, b);
+    CheckPlan(cfg, b, leading);
+    EXPECT_LE(leading.cascade_shared_tiles, every.cascade_shared_tiles);
+    EXPECT_GE(leading.split_tile_reads, every.split_tile_reads);
+    cfg.cascade = false;
+    const AttentionPlan off = Plan(cfg, b);
+    EXPECT_TRUE(CheckPlan(cfg, b, off).empty());
+    EXPECT_EQ(off.split_tile_reads, off.decode_row_tiles);
+    EXPECT_EQ(off.final_items, every.final_items) << "prefill items do not depend on cascade";
+  }
+}
+
+TEST(AttentionPlanTest, OwnTilesMergeIntoFewerItemsOfTheSameTiles) {
+  std::vector<Seq> seqs = {{1, 1000, {}}, {1, 64, {}}, {1, 65, {}}};
+  int next = 0;
+  for (Seq& s : seqs) {
+    while (static_cast<int>(s.blocks.size()) * 16 < s.ctx) s.blocks.push_back(next++);
+  }
+  const Batch filled = MakeBatch(seqs);
+  AttentionConfig cfg = kQwen3;
+  cfg.tiles_per_item = 4;
+  const AttentionPlan plan = Plan(cfg, filled);
+  CheckPlan(cfg, filled, plan);
+  EXPECT_EQ(plan.num_split(), 4 + 1 + 1);  // 16 tiles in items of 4; 1 tile; 2 tiles in one
+  EXPECT_EQ(plan.split_tile_reads, 16 + 1 + 2);
+}
+
+TEST(AttentionPlanTest, RejectsPositionsOutsideContextAndBadShapes) {
+  std::vector<int32_t> pos = {5}, qs = {0, 1}, ctx = {5}, ts = {0, 1}, blocks = {0};
+  AttentionBatch b{pos.data(), 1, qs.data(), ctx.data(), ts.data(), blocks.data(), 1};
+  AttentionPlan plan;
+  EXPECT_EQ(PlanAttention({4, 2, 64, 16}, b, &plan).code(), absl::StatusCode::kInvalidArgument);
+  pos[0] = 4;
+  EXPECT_TRUE(PlanAttention({4, 2, 64, 16}, b, &plan).ok());
+  ctx[0] = 17;  // one block cannot hold 17 keys
+  pos[0] = 16;
+  EXPECT_EQ(PlanAttention({4, 2, 64, 16}, b, &plan).code(), absl::StatusCode::kInvalidArgument);
+  ctx[0] = 5;
+  pos[0] = 4;
+  EXPECT_EQ(PlanAttention({4, 2, 64, 48}, b, &plan).code(),
+            absl::StatusCode::kInvalidArgument);  // block size must divide the tile
+  EXPECT_EQ(PlanAttention({4, 3, 64, 16}, b, &plan).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cascade::cuda
