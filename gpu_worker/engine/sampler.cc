@@ -1,45 +1,43 @@
-// Sampling pipeline: penalty -> (greedy | temperature -> top-k -> softmax -> top-p -> min-p ->
-// inverse-CDF draw). Candidates are ordered by (probability desc, id asc), so the draw is a pure
-// function of the logits, the parameters, the seed and the position.
+// The host side of sample_rule.h's rule, written for clarity rather than speed: thresholds by
+// nth_element and sorting, sums in integers. It is the reference the CUDA kernel must equal.
 #include "gpu_worker/engine/sampler.h"
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
-#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
-#include "gpu_worker/engine/backend.h"
-#include "gpu_worker/engine/sample_noise.h"
 
 namespace cascade::engine {
 namespace {
 
-// log-softmax of the raw logits for the n best tokens and the sampled one.
-LogprobEntry Logprobs(std::span<const float> logits, int32_t sampled, int n) {
-  float mx = -INFINITY;
-  for (float v : logits) mx = std::max(mx, v);
-  double sum = 0.0;
-  for (float v : logits) sum += std::exp(static_cast<double>(v) - mx);
-  const double lse = mx + std::log(sum);
-  LogprobEntry e;
-  e.sampled = {sampled, static_cast<float>(logits[sampled] - lse)};
-  std::vector<int32_t> idx(logits.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  n = std::min<int>(n, static_cast<int>(idx.size()));
-  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
-    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-  });
-  for (int i = 0; i < n; ++i) e.top.push_back({idx[i], static_cast<float>(logits[idx[i]] - lse)});
-  return e;
+// Key of the largest value; lowest id among equal maxima.
+int32_t ArgmaxKey(const std::vector<uint32_t>& keys) {
+  return static_cast<int32_t>(std::max_element(keys.begin(), keys.end()) - keys.begin());
 }
 
-int32_t Argmax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+// Step 5 of the rule.
+void FillLogprobs(const float* logits, int vocab, int32_t token, int n, RowLogprobs* out) {
+  std::vector<uint32_t> keys(vocab);
+  for (int v = 0; v < vocab; ++v) keys[v] = OrderKey(Canon(logits[v]));
+  const float max_z = KeyValue(keys[ArgmaxKey(keys)]);
+  uint64_t sum = 0;
+  for (int v = 0; v < vocab; ++v) sum += KeyWeight(keys[v], max_z);
+  const double lse = LogSumExp(max_z, sum);
+  *out = RowLogprobs{};
+  out->sampled = LogprobOf(logits[token], lse);
+  n = std::min(n, vocab);
+  std::vector<int32_t> idx(vocab);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
+    return keys[a] != keys[b] ? keys[a] > keys[b] : a < b;
+  });
+  out->num_top = n;
+  for (int i = 0; i < n; ++i) {
+    out->top_ids[i] = idx[i];
+    out->top[i] = LogprobOf(logits[idx[i]], lse);
   }
-  return best;
 }
 
 }  // namespace
@@ -82,99 +80,93 @@ absl::Status ValidateSampling(const SamplingParams& p, int vocab_size, int32_t m
   return absl::OkStatus();
 }
 
-bool DrawsByRowRule(const SamplingParams& p) {
-  return p.temperature == 0.0f || (p.top_k <= 0 && p.top_p >= 1.0f && p.min_p == 0.0f);
+SampleSpec SpecFor(const SamplingParams& p, uint64_t seed, int64_t position) {
+  SampleSpec s;
+  s.temperature = p.temperature;
+  s.top_p = p.top_p;
+  s.top_k = p.top_k;
+  s.min_p = p.min_p;
+  s.repetition_penalty = p.repetition_penalty;
+  s.logprobs = p.logprobs;
+  s.seed = seed;
+  s.position = position;
+  return s;
 }
 
-bool SampleableOnDevice(const SamplingParams& p) {
-  return DrawsByRowRule(p) && p.repetition_penalty == 1.0f && p.logprobs == 0;
+int32_t SampleRowRule(const float* logits, int vocab, const SampleSpec& spec,
+                      std::span<const int32_t> penalty_tokens, RowLogprobs* logprobs) {
+  std::vector<bool> penalized;
+  if (spec.repetition_penalty != 1.0f) {
+    penalized.assign(vocab, false);
+    for (int32_t t : penalty_tokens) {
+      if (t >= 0 && t < vocab) penalized[t] = true;
+    }
+  }
+  const float inv_t = InvTemperature(spec);
+  std::vector<uint32_t> keys(vocab);
+  for (int v = 0; v < vocab; ++v) {
+    keys[v] = ScoreKey(logits[v], !penalized.empty() && penalized[v], spec, inv_t);
+  }
+  const uint32_t max_key = keys[ArgmaxKey(keys)];
+  int32_t token = ArgmaxKey(keys);
+  if (spec.temperature != 0.0f) {
+    uint32_t floor_key = 0;  // keep keys >= floor_key
+    if (spec.min_p > 0.0f) floor_key = MinPKey(max_key, spec.min_p);
+    if (HasTopK(spec, vocab)) {
+      std::vector<uint32_t> sorted = keys;
+      std::nth_element(sorted.begin(), sorted.begin() + (spec.top_k - 1), sorted.end(),
+                       std::greater<uint32_t>());
+      floor_key = std::max(floor_key, sorted[spec.top_k - 1]);
+    }
+    if (spec.top_p < 1.0f) {
+      const float m = KeyValue(max_key);
+      std::vector<uint32_t> kept;
+      uint64_t total = 0;
+      for (uint32_t k : keys) {
+        if (k < floor_key) continue;
+        kept.push_back(k);
+        total += KeyWeight(k, m);
+      }
+      const uint64_t need = NeedMass(total, spec.top_p);
+      std::sort(kept.begin(), kept.end(), std::greater<uint32_t>());
+      uint64_t mass = 0;
+      for (size_t i = 0; i < kept.size(); ++i) {
+        mass += KeyWeight(kept[i], m);
+        // A threshold is a value: take all of a group of equal values before testing.
+        if (i + 1 < kept.size() && kept[i + 1] == kept[i]) continue;
+        if (mass >= need) {
+          floor_key = std::max(floor_key, kept[i]);
+          break;
+        }
+      }
+    }
+    float best = 0.0f;
+    token = -1;
+    for (int v = 0; v < vocab; ++v) {
+      if (keys[v] < floor_key) continue;
+      const float score = AddF(KeyValue(keys[v]),
+                               GumbelNoise(TokenUniform(spec.seed, spec.position, v)));
+      if (token < 0 || score > best) best = score, token = v;
+    }
+  }
+  if (spec.logprobs > 0) FillLogprobs(logits, vocab, token, spec.logprobs, logprobs);
+  return token;
 }
 
-double UniformAt(uint64_t seed, int64_t position) {
-  uint64_t x = SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(position)));
-  return static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+LogprobEntry ToLogprobEntry(const RowLogprobs& lp, int32_t token) {
+  LogprobEntry e;
+  e.sampled = {token, lp.sampled};
+  for (int i = 0; i < lp.num_top; ++i) e.top.push_back({lp.top_ids[i], lp.top[i]});
+  return e;
 }
 
 SampleResult Sample(std::span<float> logits, const SamplingParams& p, uint64_t seed,
                     int64_t position, std::span<const int32_t> history) {
   SampleResult r;
-  std::vector<float> raw;
-  if (p.logprobs > 0) raw.assign(logits.begin(), logits.end());
-
-  if (p.repetition_penalty != 1.0f) {
-    // Hugging Face's rule: divide positive logits, multiply negative ones, once per distinct token.
-    std::unordered_set<int32_t> seen(history.begin(), history.end());
-    for (int32_t t : seen) {
-      if (t < 0 || static_cast<size_t>(t) >= logits.size()) continue;
-      float& v = logits[t];
-      v = v > 0 ? v / p.repetition_penalty : v * p.repetition_penalty;
-    }
-  }
-
-  if (DrawsByRowRule(p)) {
-    // Greedy or plain temperature sampling: the rule a GPU backend applies on the device
-    // (backend.h, RowSample), so the path a row takes does not change its token.
-    r.token_id = SampleRow(logits.data(), static_cast<int>(logits.size()),
-                           RowSample{true, p.temperature, seed, position});
-  } else {
-    const int vocab = static_cast<int>(logits.size());
-    std::vector<int32_t> idx(vocab);
-    std::iota(idx.begin(), idx.end(), 0);
-    auto better = [&](int32_t a, int32_t b) {
-      return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-    };
-    int keep = vocab;
-    if (p.top_k > 0 && p.top_k < vocab) keep = p.top_k;
-    // Only top-k and top-p need candidates in order; otherwise id order is just as fixed and
-    // skips a sort of the whole vocabulary. The best candidate goes first either way (min-p).
-    if (keep < vocab) {
-      std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), better);
-      idx.resize(keep);
-    } else if (p.top_p < 1.0f) {
-      std::sort(idx.begin(), idx.end(), better);
-    } else {
-      std::swap(idx[0], idx[Argmax(logits)]);
-    }
-    const double inv_t = 1.0 / p.temperature;
-    const double mx = logits[idx[0]];
-    std::vector<double> prob(idx.size());
-    double sum = 0.0;
-    for (size_t i = 0; i < idx.size(); ++i) {
-      prob[i] = std::exp((logits[idx[i]] - mx) * inv_t);
-      sum += prob[i];
-    }
-    size_t n = idx.size();
-    if (p.top_p < 1.0f) {
-      double acc = 0.0;
-      for (size_t i = 0; i < n; ++i) {
-        acc += prob[i] / sum;
-        if (acc >= p.top_p) {
-          n = i + 1;
-          break;
-        }
-      }
-    }
-    if (p.min_p > 0.0f) {
-      // prob[0] is the best candidate; the rest may be in id order, so zero what falls short.
-      const double floor_p = p.min_p * prob[0];
-      for (size_t i = 1; i < n; ++i) {
-        if (prob[i] < floor_p) prob[i] = 0.0;
-      }
-    }
-    double kept = 0.0;
-    for (size_t i = 0; i < n; ++i) kept += prob[i];
-    const double u = UniformAt(seed, position) * kept;
-    double acc = 0.0;
-    r.token_id = idx[0];
-    for (size_t i = 0; i < n; ++i) {
-      acc += prob[i];
-      if (prob[i] > 0.0 && u < acc) {
-        r.token_id = idx[i];
-        break;
-      }
-    }
-  }
-  if (p.logprobs > 0) r.logprobs = Logprobs(raw, r.token_id, p.logprobs);
+  RowLogprobs lp;
+  r.token_id = SampleRowRule(logits.data(), static_cast<int>(logits.size()),
+                             SpecFor(p, seed, position), history, &lp);
+  if (p.logprobs > 0) r.logprobs = ToLogprobEntry(lp, r.token_id);
   return r;
 }
 

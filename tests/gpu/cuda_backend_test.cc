@@ -267,15 +267,30 @@ TEST(CudaBackend, DecodeGraphReplayEqualsEagerBitwise) {
     for (size_t r = 0; r < which.size(); ++r) {
       engine::RowSample rs;
       rs.on_device = r % 3 != 2;
-      rs.temperature = r % 3 == 1 ? 0.8f : 0.0f;
-      rs.seed = 100 + which[r];
-      rs.position = seqs[which[r]].len;
+      rs.spec.temperature = r % 3 == 1 ? 0.8f : 0.0f;
+      rs.spec.seed = 100 + which[r];
+      rs.spec.position = seqs[which[r]].len;
+      if (r % 4 == 1) {  // filters, a penalty and logprobs: the whole rule through the graph
+        rs.spec.top_k = 40;
+        rs.spec.top_p = 0.9f;
+        rs.spec.min_p = 0.01f;
+        rs.spec.repetition_penalty = 1.3f;
+        rs.spec.logprobs = 5;
+        rs.spec.penalty_start = static_cast<int32_t>(fb.penalty_tokens.size());
+        rs.spec.penalty_count = 3;
+        for (int t = 0; t < 3; ++t) fb.penalty_tokens.push_back((which[r] * 7 + t * 13) % 256);
+      }
       fb.row_samples.push_back(rs);
     }
     std::vector<int32_t> ta, tb;
-    ASSERT_TRUE(eager.ForwardSampled(fb, &a, &ta).ok());
-    ASSERT_TRUE(graph.ForwardSampled(fb, &b, &tb).ok());
+    std::vector<engine::RowLogprobs> la, lb;
+    ASSERT_TRUE(eager.ForwardSampled(fb, &a, &ta, &la).ok());
+    ASSERT_TRUE(graph.ForwardSampled(fb, &b, &tb, &lb).ok());
     EXPECT_EQ(ta, tb) << "step " << step;
+    ASSERT_EQ(la.size(), lb.size());
+    for (size_t r = 0; r < la.size(); ++r) {
+      EXPECT_EQ(0, std::memcmp(&la[r], &lb[r], sizeof(la[r]))) << "step " << step << " row " << r;
+    }
     ASSERT_EQ(a.size(), b.size());
     ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "step " << step;
     compared_tokens += static_cast<int>(which.size());
