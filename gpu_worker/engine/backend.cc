@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "gpu_worker/engine/sampler.h"
+#include "gpu_worker/engine/row_sampler.h"
 
 namespace cascade::engine {
 namespace {
@@ -19,8 +19,8 @@ absl::Status Bad(const std::string& msg) {
 
 // A SampleSpec within the ranges the kernels rely on (ValidateSampling's, plus the penalty range).
 absl::Status CheckSpec(const SampleSpec& s, size_t num_penalty_tokens) {
-  if (!(s.temperature >= 0.0f && std::isfinite(s.temperature)) || !(s.top_p > 0.0f && s.top_p <= 1.0f) ||
-      !(s.min_p >= 0.0f && s.min_p <= 1.0f) ||
+  if (!(s.temperature >= 0.0f && std::isfinite(s.temperature)) ||
+      !(s.top_p > 0.0f && s.top_p <= 1.0f) || !(s.min_p >= 0.0f && s.min_p <= 1.0f) ||
       !(s.repetition_penalty > 0.0f && std::isfinite(s.repetition_penalty))) {
     return absl::InvalidArgumentError(
         absl::StrCat("temperature ", s.temperature, ", top_p ", s.top_p, ", min_p ", s.min_p,
@@ -137,11 +137,11 @@ absl::Status Backend::ForwardSampled(const ForwardBatch& batch, std::vector<floa
     if (!batch.row_samples.empty() && batch.row_samples[r].on_device) {
       const SampleSpec& spec = batch.row_samples[r].spec;
       RowLogprobs scratch;
-      (*tokens)[r] = SampleRowRule(
-          row, static_cast<int>(vocab), spec,
-          std::span<const int32_t>(batch.penalty_tokens.data() + spec.penalty_start,
-                                   static_cast<size_t>(spec.penalty_count)),
-          logprobs != nullptr ? &(*logprobs)[r] : &scratch);
+      (*tokens)[r] =
+          SampleRowRule(row, static_cast<int>(vocab), spec,
+                        std::span<const int32_t>(batch.penalty_tokens.data() + spec.penalty_start,
+                                                 static_cast<size_t>(spec.penalty_count)),
+                        logprobs != nullptr ? &(*logprobs)[r] : &scratch);
     } else {
       logits->insert(logits->end(), row, row + vocab);
     }

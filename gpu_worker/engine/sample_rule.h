@@ -33,14 +33,14 @@ constexpr int kMaxLogprobs = 20;
 
 // How one row is sampled. Plain data: the device reads an array of these.
 struct SampleSpec {
-  float temperature = 0.0f;          // >= 0; 0: argmax
-  float top_p = 1.0f;                // (0, 1]; 1: off
-  int32_t top_k = 0;                 // <= 0 or >= vocab: off
-  float min_p = 0.0f;                // [0, 1]; 0: off
-  float repetition_penalty = 1.0f;   // > 0; 1: off
-  int32_t logprobs = 0;              // [0, kMaxLogprobs]
-  int32_t penalty_start = 0;         // the row's distinct penalized tokens:
-  int32_t penalty_count = 0;         //   ForwardBatch::penalty_tokens[start, start + count)
+  float temperature = 0.0f;         // >= 0; 0: argmax
+  float top_p = 1.0f;               // (0, 1]; 1: off
+  int32_t top_k = 0;                // <= 0 or >= vocab: off
+  float min_p = 0.0f;               // [0, 1]; 0: off
+  float repetition_penalty = 1.0f;  // > 0; 1: off
+  int32_t logprobs = 0;             // [0, kMaxLogprobs]
+  int32_t penalty_start = 0;        // the row's distinct penalized tokens:
+  int32_t penalty_count = 0;        //   ForwardBatch::penalty_tokens[start, start + count)
   uint64_t seed = 0;
   int64_t position = 0;  // global position of the token being sampled
 };

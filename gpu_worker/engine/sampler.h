@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "gpu_worker/engine/row_sampler.h"
 #include "gpu_worker/engine/sample_rule.h"
 #include "gpu_worker/engine/types.h"
 
@@ -20,14 +21,6 @@ absl::Status ValidateSampling(const SamplingParams& p, int vocab_size, int32_t m
 
 // The SampleSpec of a request's row at `position` (penalty tokens not set).
 SampleSpec SpecFor(const SamplingParams& p, uint64_t seed, int64_t position);
-
-// sample_rule.h's rule on the host: the token of one row, and its logprobs when
-// spec.logprobs > 0 (`logprobs` may then not be null). `logits`: [vocab] float32;
-// `penalty_tokens`: the tokens the repetition penalty applies to (duplicates and ids outside the
-// vocabulary are ignored; spec.penalty_start/count are not read). Found by sorting and exact
-// integer sums: the reference the CUDA kernel (any order of reduction) must equal bitwise.
-int32_t SampleRowRule(const float* logits, int vocab, const SampleSpec& spec,
-                      std::span<const int32_t> penalty_tokens, RowLogprobs* logprobs);
 
 // The engine's form of a row's logprobs.
 LogprobEntry ToLogprobEntry(const RowLogprobs& lp, int32_t token);

@@ -371,8 +371,7 @@ absl::Status CudaBackend::FetchLogprobs(const engine::ForwardBatch& b, int n,
   }
   if (!any) return absl::OkStatus();
   lp_host_.resize(n);
-  RETURN_IF_ERROR(
-      CopyAsync(lp_host_.data(), lp_.data(), n * sizeof(engine::RowLogprobs), stream_));
+  RETURN_IF_ERROR(CopyAsync(lp_host_.data(), lp_.data(), n * sizeof(engine::RowLogprobs), stream_));
   RETURN_IF_ERROR(Synchronize(stream_));
   for (int r = 0; r < n; ++r) {
     if (b.row_samples[r].on_device && b.row_samples[r].spec.logprobs > 0) {

@@ -125,9 +125,9 @@ absl::Status SampleRows(const float* logits, int n, int vocab, const RowSamplePa
   if (n > 0 && vocab % 4 == 0 && !Aligned16(logits)) {
     return Bad("SampleRows", "logits must be 16-byte aligned");
   }
-  return CudaStatus(internal::LaunchSampleRows(logits, n, vocab, params, penalty_tokens, out,
-                                               logprobs, stream),
-                    "SampleRows");
+  return CudaStatus(
+      internal::LaunchSampleRows(logits, n, vocab, params, penalty_tokens, out, logprobs, stream),
+      "SampleRows");
 }
 
 absl::Status SmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,

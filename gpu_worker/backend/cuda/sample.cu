@@ -23,7 +23,7 @@ using u64 = unsigned long long;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2048;
-constexpr int kCap = 2048;  // candidates held in shared memory
+constexpr int kCap = 4096;  // candidates held in shared memory
 
 // Dynamic shared memory of one CTA; the penalty bitmap ([ceil(vocab / 32)] words) follows.
 struct Smem {
@@ -82,11 +82,13 @@ __device__ __forceinline__ int BlockBestScore(float score, int id, Smem& sh) {
     if (better(s2, i2, score, id)) score = s2, id = i2;
   }
   __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.red_score[threadIdx.x >> 5] = score, sh.red_id[threadIdx.x >> 5] = id;
+  if ((threadIdx.x & 31) == 0)
+    sh.red_score[threadIdx.x >> 5] = score, sh.red_id[threadIdx.x >> 5] = id;
   __syncthreads();
   score = sh.red_score[0], id = sh.red_id[0];
   for (int w = 1; w < kWarps; ++w) {
-    if (better(sh.red_score[w], sh.red_id[w], score, id)) score = sh.red_score[w], id = sh.red_id[w];
+    if (better(sh.red_score[w], sh.red_id[w], score, id))
+      score = sh.red_score[w], id = sh.red_id[w];
   }
   return id;
 }
@@ -245,8 +247,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   uint32_t lp_key = 0;
   if (n_lp > 0) {
-    lp_key = SelectKey(sh, z, vocab, raw_key, 0, max_raw, false, 0.0f, static_cast<u64>(n_lp),
-                       1.0f);
+    lp_key =
+        SelectKey(sh, z, vocab, raw_key, 0, max_raw, false, 0.0f, static_cast<u64>(n_lp), 1.0f);
     if (threadIdx.x == 0) sh.ncand = 0;
     __syncthreads();
   }
@@ -259,7 +261,9 @@ __global__ void __launch_bounds__(kThreads)
       if (!greedy) {
         const uint32_t k = key_of(v, x);
         if (k >= floor_key) {
-          const float s = engine::AddF(engine::KeyValue(k), engine::GumbelNoise(engine::TokenUniform(sp.seed, sp.position, v)));
+          const float s =
+              engine::AddF(engine::KeyValue(k),
+                           engine::GumbelNoise(engine::TokenUniform(sp.seed, sp.position, v)));
           if (draw_id < 0 || s > best_score) best_score = s, draw_id = v;
         }
       }
@@ -358,8 +362,8 @@ cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const Sample
     if (e != cudaSuccess) return e;
     g_smem_set.store(smem);
   }
-  return LaunchKernel(SampleKernel, n, kThreads, smem, stream, logits, vocab, specs,
-                      penalty_tokens, out, logprobs);
+  return LaunchKernel(SampleKernel, n, kThreads, smem, stream, logits, vocab, specs, penalty_tokens,
+                      out, logprobs);
 }
 
 }  // namespace cascade::cuda::internal
