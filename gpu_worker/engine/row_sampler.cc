@@ -91,8 +91,8 @@ int32_t SampleRowRule(const float* logits, int vocab, const SampleSpec& spec,
     token = -1;
     for (int v = 0; v < vocab; ++v) {
       if (keys[v] < floor_key) continue;
-      const float score = AddF(KeyValue(keys[v]),
-                               GumbelNoise(TokenUniform(spec.seed, spec.position, v)));
+      const float score =
+          AddF(KeyValue(keys[v]), GumbelNoise(TokenUniform(spec.seed, spec.position, v)));
       if (token < 0 || score > best) best = score, token = v;
     }
   }
