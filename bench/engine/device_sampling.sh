@@ -10,7 +10,7 @@ set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
 PRESET=${1:-qwen3-0.6b}
-export CASCADE_SUBDIRS="cache_service gpu_worker/model gpu_worker/engine gpu_worker/backend/cpu gpu_worker/backend/cuda tests/gpu bench/engine"
+export CASCADE_SUBDIRS="common cache_service gpu_worker/model gpu_worker/engine gpu_worker/backend/cpu gpu_worker/backend/cuda tests/gpu bench/engine"
 T="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test engine_bench"
 t0=$(date +%s)
 bash scripts/device_build.sh $T >"$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }

@@ -357,7 +357,8 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
       // The penalized tokens include the likeliest ones, so the penalty decides tokens.
       for (int i = 0; i < 4; ++i) row[penalty[s.penalty_start + i]] += 3.0f * sigma;
     }
-    if (r % 3 != 1) s.logprobs = logprob_ns[r % 3 == 0 ? (r / 3) % 3 : 2];
+    if (r % 3 != 1 || r == 19) s.logprobs = logprob_ns[r % 3 == 0 ? (r / 3) % 3 : 2];
+    if (r == 9) s.logprobs = 20;  // 20 of 151936 equal values: the lowest ids
     s.seed = 0x9e3779b97f4a7c15ULL * (r + 1);
     s.position = 17 * r + (r % 5) * 100000;
   }
