@@ -50,6 +50,15 @@ int32_t SampleRowRule(const float* logits, int vocab, const SampleSpec& spec,
     }
   }
   const float inv_t = InvTemperature(spec);
+  if (spec.temperature == 0.0f && spec.logprobs == 0) {  // greedy: one pass, no scratch row
+    int32_t best = 0;
+    uint32_t best_key = 0;
+    for (int v = 0; v < vocab; ++v) {
+      const uint32_t k = ScoreKey(logits[v], !penalized.empty() && penalized[v], spec, inv_t);
+      if (v == 0 || k > best_key) best_key = k, best = v;
+    }
+    return best;
+  }
   std::vector<uint32_t> keys(vocab);
   for (int v = 0; v < vocab; ++v) {
     keys[v] = ScoreKey(logits[v], !penalized.empty() && penalized[v], spec, inv_t);
