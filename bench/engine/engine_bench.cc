@@ -9,6 +9,7 @@
 //                [--shared_len=2048] [--queries=16,64,256] [--query_len=32] [--shared_gen=64]
 //                [--sections=decode,prefill,shared,nanovllm] [--num_blocks=N] [--seed=0]
 //                [--variants=default,eager,heuristic] [--temperature=T]
+//                [--samplers=greedy,temperature,topk,topp,minp,penalty,logprobs,all]
 //                [--nano_seqs=256] [--nano_min_len=100] [--nano_max_len=1024]
 //
 // Decode variants (CUDA backend), run one after another in the same process so they compare
@@ -17,6 +18,11 @@
 // pinned cuBLASLt algorithm at every m), "nopdl" (kernels launched without programmatic
 // dependent launch), "heuristic" (cuBLAS heuristics per m, no pinning, graphs
 // on: the cost of determinism is default vs heuristic).
+//
+// Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
+// on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
+// (top_p 0.9), "minp" (min_p 0.05), "penalty" (repetition_penalty 1.2), "logprobs" (5), "all"
+// (every one of those at once). Each variant's engine runs them one after another.
 //
 // nanovllm: nano-vllm's bench.py workload: nano_seqs requests at once, input and output lengths
 // uniform in [nano_min_len, nano_max_len] (std::mt19937 seeded with --seed, so not Python's
@@ -76,10 +82,26 @@ struct Flags {
   uint64_t seed = 0;
   double temperature = 0.0;  // 0: greedy; > 0: seeded temperature sampling
   std::vector<std::string> variants = {"default"};
+  std::vector<std::string> samplers = {"greedy"};
   int nano_seqs = 256;
   int nano_min_len = 100;
   int nano_max_len = 1024;
 };
+
+// Sets the sampling options of --samplers name `n` on p (p null: only checks the name).
+bool ApplySampler(const std::string& n, engine::SamplingParams* p) {
+  engine::SamplingParams q;
+  if (p != nullptr) q = *p;
+  if (n != "greedy") q.temperature = 0.8f;
+  if (n == "topk" || n == "all") q.top_k = 50;
+  if (n == "topp" || n == "all") q.top_p = 0.9f;
+  if (n == "minp" || n == "all") q.min_p = 0.05f;
+  if (n == "penalty" || n == "all") q.repetition_penalty = 1.2f;
+  if (n == "logprobs" || n == "all") q.logprobs = 5;
+  if (p != nullptr) *p = q;
+  return n == "greedy" || n == "temperature" || n == "topk" || n == "topp" || n == "minp" ||
+         n == "penalty" || n == "logprobs" || n == "all";
+}
 
 // Backend options a decode variant changes (see the header comment).
 struct Variant {
@@ -151,7 +173,10 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       ok = absl::SimpleAtoi(v, &f->seed);
     else if (k == "temperature")
       ok = absl::SimpleAtod(v, &f->temperature) && f->temperature >= 0;
-    else if (k == "variants") {
+    else if (k == "samplers") {
+      f->samplers = absl::StrSplit(v, ',', absl::SkipEmpty());
+      for (const std::string& n : f->samplers) ok = ok && ApplySampler(n, nullptr);
+    } else if (k == "variants") {
       f->variants = absl::StrSplit(v, ',', absl::SkipEmpty());
       Variant var;
       for (const std::string& n : f->variants) ok = ok && ParseVariant(n, &var);
@@ -192,11 +217,12 @@ class TimedBackend : public engine::Backend {
     *forward_s_ += Seconds(t0, Clock::now());
     return st;
   }
-  // The engine samples through this: greedy rows come back as ids, not whole logits rows.
+  // The engine samples through this: rows come back as ids (and logprobs), not whole rows.
   absl::Status ForwardSampled(const engine::ForwardBatch& b, std::vector<float>* logits,
-                              std::vector<int32_t>* argmax) override {
+                              std::vector<int32_t>* argmax,
+                              std::vector<engine::RowLogprobs>* logprobs) override {
     const auto t0 = Clock::now();
-    absl::Status st = inner_->ForwardSampled(b, logits, argmax);
+    absl::Status st = inner_->ForwardSampled(b, logits, argmax, logprobs);
     *forward_s_ += Seconds(t0, Clock::now());
     return st;
   }
@@ -284,7 +310,8 @@ struct Bench {
   }
 };
 
-double g_temperature = 0.0;  // --temperature, applied to every request
+double g_temperature = 0.0;        // --temperature, applied to every request
+std::string g_sampler = "greedy";  // one of --samplers, applied to every request
 
 engine::Request MakeRequest(std::vector<engine::ChunkInput> chunks, int max_tokens) {
   static uint64_t next_seed = 1;
@@ -294,6 +321,7 @@ engine::Request MakeRequest(std::vector<engine::ChunkInput> chunks, int max_toke
   r.sampling.ignore_eos = true;  // fixed lengths
   r.sampling.temperature = static_cast<float>(g_temperature);
   r.sampling.seed = next_seed++;
+  ApplySampler(g_sampler, &r.sampling);
   return r;
 }
 
@@ -360,54 +388,64 @@ PhaseResult RunBatch(Bench& b, engine::Engine& e, const std::vector<engine::Requ
 }
 
 void DecodeSection(Bench& b) {
-  std::map<std::string, std::map<int, double>> ms;  // variant -> batch -> ms/step
+  // "variant" or "variant/sampler" -> batch -> ms/step
+  std::map<std::string, std::map<int, double>> ms;
+  std::vector<std::string> columns;
   for (const std::string& name : b.flags.variants) {
     Variant variant;
     ParseVariant(name, &variant);
-    std::printf("\n## Decode, variant %s (prompt %d tokens, %d generated, ignore_eos, %s)\n\n",
-                name.c_str(), b.flags.prompt_len, b.flags.decode_len,
-                b.flags.temperature == 0 ? "greedy" : "seeded temperature sampling");
-    std::printf(
-        "| batch | decode tok/s | ms/step | fwd %% | prefill s |\n|---:|---:|---:|---:|---:|\n");
     auto e = b.MakeEngine(true, variant);
-    std::mt19937 rng(b.flags.seed + 1);
-    {  // warm-up: first-use costs (GEMM algorithm choice, allocations) stay out of the numbers
-      std::vector<engine::Request> w;
-      for (int i = 0; i < 2; ++i)
-        w.push_back(MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, 4));
-      RunBatch(b, *e, w);
-    }
-    for (int batch : b.flags.batches) {
-      std::vector<engine::Request> reqs;
-      for (int i = 0; i < batch; ++i) {
-        reqs.push_back(
-            MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, b.flags.decode_len));
+    for (const std::string& sampler : b.flags.samplers) {
+      g_sampler = sampler;
+      const std::string column = b.flags.samplers.size() > 1 ? name + "/" + sampler : name;
+      columns.push_back(column);
+      std::printf(
+          "\n## Decode, variant %s, sampler %s (prompt %d tokens, %d generated, "
+          "ignore_eos, %s)\n\n",
+          name.c_str(), sampler.c_str(), b.flags.prompt_len, b.flags.decode_len,
+          sampler == "greedy" && b.flags.temperature == 0 ? "greedy" : "seeded sampling");
+      std::printf(
+          "| batch | decode tok/s | ms/step | fwd %% | prefill s |\n|---:|---:|---:|---:|---:|\n");
+      std::mt19937 rng(b.flags.seed + 1);
+      {  // warm-up: first-use costs (GEMM algorithm choice, allocations) stay out of the numbers
+        std::vector<engine::Request> w;
+        for (int i = 0; i < 2; ++i)
+          w.push_back(MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, 4));
+        RunBatch(b, *e, w);
       }
-      PhaseResult r = RunBatch(b, *e, reqs);
-      const double step_ms = 1e3 * r.decode_s / std::max(1, r.decode_steps);
-      ms[name][batch] = step_ms;
-      std::printf("| %d | %.0f | %.3f | %.0f | %.3f |\n", batch, r.decode_tokens / r.decode_s,
-                  step_ms, 100.0 * r.decode_forward_s / r.decode_s, r.first_tokens_s);
-      std::fflush(stdout);
+      for (int batch : b.flags.batches) {
+        std::vector<engine::Request> reqs;
+        for (int i = 0; i < batch; ++i) {
+          reqs.push_back(
+              MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, b.flags.decode_len));
+        }
+        PhaseResult r = RunBatch(b, *e, reqs);
+        const double step_ms = 1e3 * r.decode_s / std::max(1, r.decode_steps);
+        ms[column][batch] = step_ms;
+        std::printf("| %d | %.0f | %.3f | %.0f | %.3f |\n", batch, r.decode_tokens / r.decode_s,
+                    step_ms, 100.0 * r.decode_forward_s / r.decode_s, r.first_tokens_s);
+        std::fflush(stdout);
+      }
+      b.PrintCounters();
     }
-    b.PrintCounters();
+    g_sampler = "greedy";
   }
-  if (b.flags.variants.size() < 2) return;
-  const std::string& base = b.flags.variants[0];
-  std::printf("\n## Decode ms/step by variant (same process; ratio = variant / %s)\n\n| batch |",
+  if (columns.size() < 2) return;
+  const std::string& base = columns[0];
+  std::printf("\n## Decode ms/step by variant (same process; ratio = column / %s)\n\n| batch |",
               base.c_str());
-  for (const std::string& v : b.flags.variants) std::printf(" %s |", v.c_str());
-  for (size_t i = 1; i < b.flags.variants.size(); ++i) {
-    std::printf(" %s / %s |", b.flags.variants[i].c_str(), base.c_str());
+  for (const std::string& v : columns) std::printf(" %s |", v.c_str());
+  for (size_t i = 1; i < columns.size(); ++i) {
+    std::printf(" %s / %s |", columns[i].c_str(), base.c_str());
   }
   std::printf("\n|---:|");
-  for (size_t i = 0; i < 2 * b.flags.variants.size() - 1; ++i) std::printf("---:|");
+  for (size_t i = 0; i < 2 * columns.size() - 1; ++i) std::printf("---:|");
   std::printf("\n");
   for (int batch : b.flags.batches) {
     std::printf("| %d |", batch);
-    for (const std::string& v : b.flags.variants) std::printf(" %.3f |", ms[v][batch]);
-    for (size_t i = 1; i < b.flags.variants.size(); ++i) {
-      std::printf(" %.3f |", ms[b.flags.variants[i]][batch] / ms[base][batch]);
+    for (const std::string& v : columns) std::printf(" %.3f |", ms[v][batch]);
+    for (size_t i = 1; i < columns.size(); ++i) {
+      std::printf(" %.3f |", ms[columns[i]][batch] / ms[base][batch]);
     }
     std::printf("\n");
   }

@@ -3,16 +3,41 @@
 // rule the GPU uses).
 #include "gpu_worker/engine/backend.h"
 
+#include <cmath>
+#include <span>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "gpu_worker/engine/sample_noise.h"
+#include "gpu_worker/engine/row_sampler.h"
 
 namespace cascade::engine {
 namespace {
 
 absl::Status Bad(const std::string& msg) {
   return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: ", msg));
+}
+
+// A SampleSpec within the ranges the kernels rely on (ValidateSampling's, plus the penalty range).
+absl::Status CheckSpec(const SampleSpec& s, size_t num_penalty_tokens) {
+  if (!(s.temperature >= 0.0f && std::isfinite(s.temperature)) ||
+      !(s.top_p > 0.0f && s.top_p <= 1.0f) || !(s.min_p >= 0.0f && s.min_p <= 1.0f) ||
+      !(s.repetition_penalty > 0.0f && std::isfinite(s.repetition_penalty))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature ", s.temperature, ", top_p ", s.top_p, ", min_p ", s.min_p,
+                     " or repetition_penalty ", s.repetition_penalty, " out of range"));
+  }
+  if (s.logprobs < 0 || s.logprobs > kMaxLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logprobs ", s.logprobs, " outside [0, ", kMaxLogprobs, "]"));
+  }
+  if (s.penalty_start < 0 || s.penalty_count < 0 ||
+      static_cast<size_t>(s.penalty_start) + static_cast<size_t>(s.penalty_count) >
+          num_penalty_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("penalty tokens [", s.penalty_start, ", +",
+                                                   s.penalty_count, ") outside penalty_tokens (",
+                                                   num_penalty_tokens, ")"));
+  }
+  return absl::OkStatus();
 }
 
 // True if `offsets` is [n + 1] non-decreasing from 0 to `total`.
@@ -83,41 +108,40 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const BatchLimits& limi
     return Bad(absl::StrCat("row_samples (", b.row_samples.size(),
                             ") must be empty or one per logits row (", b.logits_rows.size(), ")"));
   }
+  for (size_t i = 0; i < b.row_samples.size(); ++i) {
+    if (absl::Status s = CheckSpec(b.row_samples[i].spec, b.penalty_tokens.size()); !s.ok()) {
+      return Bad(absl::StrCat("row_samples[", i, "]: ", s.message()));
+    }
+  }
+  for (size_t i = 0; i < b.penalty_tokens.size(); ++i) {
+    if (b.penalty_tokens[i] < 0 || b.penalty_tokens[i] >= limits.vocab_size) {
+      return Bad(absl::StrCat("penalty_tokens[", i, "] = ", b.penalty_tokens[i], " outside [0, ",
+                              limits.vocab_size, ")"));
+    }
+  }
   return absl::OkStatus();
 }
 
-int32_t SampleRow(const float* row, int vocab, const RowSample& s) {
-  int32_t best = 0;
-  if (s.temperature == 0.0f) {
-    for (int v = 1; v < vocab; ++v) {
-      if (row[v] > row[best]) best = v;
-    }
-    return best;
-  }
-  const float inv_t = 1.0f / s.temperature;
-  float best_score = GumbelScore(row[0], inv_t, TokenUniform(s.seed, s.position, 0));
-  for (int v = 1; v < vocab; ++v) {
-    const float score = GumbelScore(row[v], inv_t, TokenUniform(s.seed, s.position, v));
-    if (score > best_score) {
-      best_score = score;
-      best = v;
-    }
-  }
-  return best;
-}
-
 absl::Status Backend::ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
-                                     std::vector<int32_t>* tokens) {
+                                     std::vector<int32_t>* tokens,
+                                     std::vector<RowLogprobs>* logprobs) {
   std::vector<float> all;
   if (absl::Status s = Forward(batch, &all); !s.ok()) return s;
   const size_t vocab = static_cast<size_t>(VocabSize());
   const size_t rows = batch.logits_rows.size();
   tokens->assign(rows, -1);
+  if (logprobs != nullptr) logprobs->assign(rows, RowLogprobs{});
   logits->clear();
   for (size_t r = 0; r < rows; ++r) {
     const float* row = all.data() + r * vocab;
     if (!batch.row_samples.empty() && batch.row_samples[r].on_device) {
-      (*tokens)[r] = SampleRow(row, static_cast<int>(vocab), batch.row_samples[r]);
+      const SampleSpec& spec = batch.row_samples[r].spec;
+      RowLogprobs scratch;
+      (*tokens)[r] =
+          SampleRowRule(row, static_cast<int>(vocab), spec,
+                        std::span<const int32_t>(batch.penalty_tokens.data() + spec.penalty_start,
+                                                 static_cast<size_t>(spec.penalty_count)),
+                        logprobs != nullptr ? &(*logprobs)[r] : &scratch);
     } else {
       logits->insert(logits->end(), row, row + vocab);
     }

@@ -7,18 +7,17 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "gpu_worker/engine/sample_rule.h"
 
 namespace cascade::engine {
 
 // How a logits row may be sampled inside the backend. `on_device` rows need no logits on the
-// host: temperature 0 is the argmax (lowest index among equal maxima); temperature > 0 is the
-// Gumbel-max draw argmax_v(logit_v / T + Gumbel(TokenUniform(seed, position, v))), an exact
-// sample of softmax(logits / T) (sample_noise.h). Other rows come back whole.
+// host: the backend draws the token (and its logprobs) by sample_rule.h's rule from `spec`,
+// whose penalty tokens are ForwardBatch::penalty_tokens[spec.penalty_start, +penalty_count).
+// Other rows come back whole.
 struct RowSample {
   bool on_device = false;
-  float temperature = 0.0f;
-  uint64_t seed = 0;
-  int64_t position = 0;  // global position of the token being sampled
+  SampleSpec spec;
 };
 
 // One forward step over several sequences, laid out back to back. Built by the scheduler;
@@ -42,6 +41,8 @@ struct ForwardBatch {
   std::vector<int32_t> logits_rows;        // rows of token_ids whose logits are wanted, ascending
   std::vector<RowSample> row_samples;      // [logits_rows.size()] or empty: how each row may be
                                            //   sampled by the backend (see RowSample)
+  std::vector<int32_t> penalty_tokens;     // concatenated distinct token ids the rows' repetition
+                                           //   penalties apply to (RowSample::spec)
 
   int num_seqs() const { return static_cast<int>(context_lens.size()); }
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
@@ -66,9 +67,6 @@ struct BatchLimits {
 // logits row.
 absl::Status ValidateForwardBatch(const ForwardBatch& batch, const BatchLimits& limits);
 
-// Samples one row as RowSample describes (on_device rows' rule), on the host. [vocab] logits.
-int32_t SampleRow(const float* row, int vocab, const RowSample& s);
-
 // A compute backend: owns the model weights and the paged KV cache.
 // Thread safety: Forward() is called from one engine thread at a time.
 class Backend {
@@ -91,12 +89,15 @@ class Backend {
   virtual absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) = 0;
 
   // Forward for sampling: for each logits row either its whole logits or, where
-  // batch.row_samples says on_device, the sampled token id (see RowSample). logits: [number of
-  // whole rows, VocabSize()] in row order; tokens: [logits_rows.size()], -1 for whole rows.
-  // The default runs Forward and samples on the host; a GPU backend overrides it so those rows
-  // never copy a vocabulary-sized row to the host.
+  // batch.row_samples says on_device, the sampled token id and (spec.logprobs > 0) its logprobs
+  // (see RowSample). logits: [number of whole rows, VocabSize()] in row order; tokens:
+  // [logits_rows.size()], -1 for whole rows; logprobs: [logits_rows.size()] (null: none wanted),
+  // set for on_device rows with spec.logprobs > 0.
+  // The default runs Forward and samples on the host (SampleRowRule); a GPU backend overrides it
+  // so those rows never copy a vocabulary-sized row to the host.
   virtual absl::Status ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
-                                      std::vector<int32_t>* tokens);
+                                      std::vector<int32_t>* tokens,
+                                      std::vector<RowLogprobs>* logprobs);
 };
 
 }  // namespace cascade::engine

@@ -106,10 +106,11 @@ class EngineImpl final : public Engine {
 
  private:
   // What the backend returned for one step: tokens it drew itself (-1 where a whole logits row
-  // came back instead) and those rows, [whole rows, vocab].
+  // came back instead) with their logprobs, and those rows, [whole rows, vocab].
   struct StepResult {
     std::vector<float> logits;
     std::vector<int32_t> sampled;
+    std::vector<RowLogprobs> logprobs;  // parallel to sampled
   };
 
   // The step's phases, in order. Intake takes what other threads queued (arrivals, cancels,
@@ -139,9 +140,9 @@ class EngineImpl final : public Engine {
   // Fills a sequence's first output: where its chunks sit and how much came from the cache.
   void Started(Sequence& seq, SequenceOutput& out);
   // `logits_row` is the row's logits, or null when the backend already drew the row's token
-  // `sampled_token` (greedy or plain temperature sampling, see RowSample).
+  // `sampled_token` and its `sampled_logprobs` (see RowSample).
   void PostprocessSeq(const ScheduledSeq& s, const float* logits_row, int32_t sampled_token,
-                      SequenceOutput& out);
+                      const RowLogprobs* sampled_logprobs, SequenceOutput& out);
   void TakePins(Sequence& seq);
   void ReleasePin(const hash::Hash128& chunk);
   void PublishStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -305,7 +306,8 @@ void EngineImpl::Finish(Sequence& seq, FinishReason reason, SequenceOutput& out)
 }
 
 void EngineImpl::PostprocessSeq(const ScheduledSeq& s, const float* logits_row,
-                                int32_t sampled_token, SequenceOutput& out) {
+                                int32_t sampled_token, const RowLogprobs* sampled_logprobs,
+                                SequenceOutput& out) {
   Sequence& seq = *s.seq;
   const bool was_prefill = seq.num_computed < seq.prompt_len;
   seq.num_computed += s.num_tokens;
@@ -324,6 +326,7 @@ void EngineImpl::PostprocessSeq(const ScheduledSeq& s, const float* logits_row,
   SampleResult r;
   if (logits_row == nullptr) {
     r.token_id = sampled_token;
+    if (seq.sampling.logprobs > 0) r.logprobs = ToLogprobEntry(*sampled_logprobs, sampled_token);
   } else {
     std::vector<float> row(logits_row, logits_row + vocab);
     if (options_.debug_capture_logits) out.logits.push_back(row);
@@ -481,7 +484,7 @@ SchedulerOutput EngineImpl::Schedule(std::vector<SequenceOutput>* outputs) {
 absl::Status EngineImpl::Run(const SchedulerOutput& plan, StepResult* result) {
   ForwardBatch batch;
   scheduler_.BuildBatch(plan, backend_->BlockSize(), &batch);
-  return backend_->ForwardSampled(batch, &result->logits, &result->sampled);
+  return backend_->ForwardSampled(batch, &result->logits, &result->sampled, &result->logprobs);
 }
 
 void EngineImpl::FailScheduled(const SchedulerOutput& plan, const absl::Status& st,
@@ -510,12 +513,14 @@ void EngineImpl::Postprocess(const SchedulerOutput& plan, const StepResult& resu
     out.seq_id = s.seq->id;
     if (s.newly_admitted) Started(*s.seq, out);
     const float* lrow = nullptr;
+    const RowLogprobs* lp = nullptr;
     int32_t token = -1;
     if (s.wants_logits) {
+      lp = &result.logprobs[row];
       token = result.sampled[row++];
       if (token < 0) lrow = result.logits.data() + (full_row++) * backend_->VocabSize();
     }
-    PostprocessSeq(s, lrow, token, out);
+    PostprocessSeq(s, lrow, token, lp, out);
     if (out.started || out.finished || !out.new_tokens.empty()) {
       if (out.finished) done.push_back(out.seq_id);
       outputs->push_back(std::move(out));

@@ -1,11 +1,14 @@
-// The random numbers of seeded sampling, shared by the host sampler and the CUDA kernel so both
-// draw the same stream: a counter-based hash of (seed, position, token), no state, so a draw
-// depends on nothing but those three (not on the batch, not on whether the prompt was cached).
-// Compiles as plain C++ and, under nvcc, as host+device code.
+// Exactly reproducible arithmetic for sampling, shared by the host sampler and the CUDA kernel:
+// the counter-based random stream (a hash of (seed, position, token), no state), and ln / exp
+// built only from correctly rounded IEEE operations (add, multiply, divide, frexp, floor), so the
+// host and the device compute every value bit for bit alike (libm's logf and CUDA's logf may
+// differ by an ulp; an FMA the compiler fuses rounds once instead of twice). Compiles as plain
+// C++ and, under nvcc, as host+device code.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #ifdef __CUDACC__
 #define CASCADE_HD __host__ __device__ __forceinline__
@@ -14,6 +17,160 @@
 #endif
 
 namespace cascade::engine {
+
+// ---- Correctly rounded operations that no compiler contracts into an FMA ----------------------
+// Host code: x86-64 without FMA cannot fuse; where the target has FMA (__FP_FAST_FMAF), the
+// product goes through a volatile so GCC's default -ffp-contract=fast cannot fuse it either.
+CASCADE_HD float AddF(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+CASCADE_HD float MulF(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#elif defined(__FP_FAST_FMAF)
+  volatile float p = a * b;
+  return p;
+#else
+  return a * b;
+#endif
+}
+CASCADE_HD float DivF(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+CASCADE_HD double AddD(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+CASCADE_HD double MulD(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dmul_rn(a, b);
+#elif defined(__FP_FAST_FMA)
+  volatile double p = a * b;
+  return p;
+#else
+  return a * b;
+#endif
+}
+CASCADE_HD double DivD(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __ddiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+CASCADE_HD double U64ToD(uint64_t x) {
+#ifdef __CUDA_ARCH__
+  return __ull2double_rn(x);
+#else
+  return static_cast<double>(x);
+#endif
+}
+CASCADE_HD float DToF(double x) {
+#ifdef __CUDA_ARCH__
+  return __double2float_rn(x);
+#else
+  return static_cast<float>(x);
+#endif
+}
+CASCADE_HD float FrexpF(float x, int* e) {
+#ifdef __CUDA_ARCH__
+  return frexpf(x, e);
+#else
+  return std::frexp(x, e);
+#endif
+}
+CASCADE_HD double FrexpD(double x, int* e) {
+#ifdef __CUDA_ARCH__
+  return frexp(x, e);
+#else
+  return std::frexp(x, e);
+#endif
+}
+CASCADE_HD float FloorF(float x) {
+#ifdef __CUDA_ARCH__
+  return floorf(x);
+#else
+  return std::floor(x);
+#endif
+}
+
+// ---- ln and exp from those operations ---------------------------------------------------------
+
+// Natural log of a finite x > 0, within a few float ulps: x = 2^e * m with m in [sqrt(.5),
+// sqrt(2)), ln m = 2 atanh(t), t = (m - 1) / (m + 1) (|t| <= 0.172), by its series to t^9
+// (the rest is below 1e-9).
+CASCADE_HD float DetLn(float x) {
+  int e = 0;
+  float m = FrexpF(x, &e);  // [0.5, 1)
+  if (m < 0.70710678f) {
+    m = MulF(m, 2.0f);  // exact
+    e -= 1;
+  }
+  const float t = DivF(AddF(m, -1.0f), AddF(m, 1.0f));
+  const float t2 = MulF(t, t);
+  float p = 1.0f / 9.0f;
+  p = AddF(MulF(p, t2), 1.0f / 7.0f);
+  p = AddF(MulF(p, t2), 1.0f / 5.0f);
+  p = AddF(MulF(p, t2), 1.0f / 3.0f);
+  const float two_t = MulF(2.0f, t);  // exact
+  const float ln_m = AddF(two_t, MulF(MulF(two_t, t2), p));
+  return AddF(MulF(static_cast<float>(e), 0.693147182f), ln_m);
+}
+
+// The same in double (series to t^25), for log-sum-exp.
+CASCADE_HD double DetLnD(double x) {
+  int e = 0;
+  double m = FrexpD(x, &e);
+  if (m < 0.7071067811865476) {
+    m = MulD(m, 2.0);
+    e -= 1;
+  }
+  const double t = DivD(AddD(m, -1.0), AddD(m, 1.0));
+  const double t2 = MulD(t, t);
+  double p = 1.0 / 25.0;
+  for (int k = 23; k >= 3; k -= 2) p = AddD(MulD(p, t2), DivD(1.0, static_cast<double>(k)));
+  const double two_t = MulD(2.0, t);
+  const double ln_m = AddD(two_t, MulD(MulD(two_t, t2), p));
+  return AddD(MulD(static_cast<double>(e), 0.6931471805599453), ln_m);
+}
+
+// Fixed point weight of a log-probability difference d <= 0 (natural log units):
+// round-down(2^40 * e^d) up to the polynomial's ~1e-7 relative error; 0 below e^-28 (2^-41),
+// exactly 2^40 at d = 0. An integer, so sums of weights are exact and order-independent.
+constexpr int kWeightBits = 40;
+CASCADE_HD uint64_t FixedWeight(float d) {
+  const float x = MulF(d, 1.44269504f);  // log2(e)
+  if (!(x >= -41.0f)) return 0;          // also NaN
+  const float n = FloorF(x);             // [-41, 0]
+  const float f = AddF(x, -n);           // [0, 1), exact
+  // 2^f = sum (f ln 2)^k / k!, k <= 9 (truncation < 1e-8).
+  float p = 1.01780860e-07f;
+  p = AddF(MulF(p, f), 1.32154868e-06f);
+  p = AddF(MulF(p, f), 1.52527338e-05f);
+  p = AddF(MulF(p, f), 0.000154035304f);
+  p = AddF(MulF(p, f), 0.00133335581f);
+  p = AddF(MulF(p, f), 0.00961812911f);
+  p = AddF(MulF(p, f), 0.0555041087f);
+  p = AddF(MulF(p, f), 0.240226507f);
+  p = AddF(MulF(p, f), 0.693147181f);
+  p = AddF(MulF(p, f), 1.0f);
+  const uint64_t q = static_cast<uint64_t>(MulF(p, 8388608.0f));  // p in [1, 2]: an integer
+  const int shift = static_cast<int>(n) + (kWeightBits - 23);
+  return shift >= 0 ? q << shift : q >> -shift;
+}
+
+// ---- The random stream ------------------------------------------------------------------------
 
 CASCADE_HD uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -30,15 +187,8 @@ CASCADE_HD float TokenUniform(uint64_t seed, int64_t position, int32_t v) {
   return (static_cast<float>(x >> 40) + 0.5f) * (1.0f / 16777216.0f);
 }
 
-// One Gumbel-max draw term: logit / T + Gumbel noise. argmax over v of this is an exact sample
-// of softmax(logits / T). Written with explicitly rounded operations so nvcc does not fuse them
-// into an FMA the host compiler would not use.
-CASCADE_HD float GumbelScore(float logit, float inv_temperature, float u) {
-#ifdef __CUDA_ARCH__
-  return __fadd_rn(__fmul_rn(logit, inv_temperature), -logf(-logf(u)));
-#else
-  return logit * inv_temperature + -std::log(-std::log(u));
-#endif
-}
+// Standard Gumbel noise -ln(-ln u). argmax over v of (s_v + GumbelNoise(u_v)) is an exact sample
+// of softmax(s) (the Gumbel-max trick).
+CASCADE_HD float GumbelNoise(float u) { return -DetLn(-DetLn(u)); }
 
 }  // namespace cascade::engine

@@ -145,11 +145,22 @@ void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBa
     }
     if (s.wants_logits) {
       batch->logits_rows.push_back(batch->num_tokens() - 1);
-      // Rows needing nothing but a token from plain greedy or temperature sampling are sampled
-      // by the backend; the rest (and every row when tests capture logits) come back whole.
-      batch->row_samples.push_back(RowSample{SampleableOnDevice(seq.sampling) && !capture_logits_,
-                                             seq.sampling.temperature, seq.seed,
-                                             static_cast<int64_t>(seq.tokens.size())});
+      // Every row is sampled by the backend (its rule is the host's, sample_rule.h), except
+      // when tests capture logits: then rows come back whole and the engine samples them.
+      RowSample rs{!capture_logits_,
+                   SpecFor(seq.sampling, seq.seed, static_cast<int64_t>(seq.tokens.size()))};
+      if (seq.sampling.repetition_penalty != 1.0f) {
+        Sequence& mut = *s.seq;
+        for (; mut.distinct_upto < mut.tokens.size(); ++mut.distinct_upto) {
+          const int32_t t = mut.tokens[mut.distinct_upto];
+          if (mut.distinct_seen.insert(t).second) mut.distinct_tokens.push_back(t);
+        }
+        rs.spec.penalty_start = static_cast<int32_t>(batch->penalty_tokens.size());
+        rs.spec.penalty_count = static_cast<int32_t>(mut.distinct_tokens.size());
+        batch->penalty_tokens.insert(batch->penalty_tokens.end(), mut.distinct_tokens.begin(),
+                                     mut.distinct_tokens.end());
+      }
+      batch->row_samples.push_back(rs);
     }
     batch->query_start.push_back(batch->num_tokens());
     batch->context_lens.push_back(static_cast<int32_t>(seq.num_computed + s.num_tokens));

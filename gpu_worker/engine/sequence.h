@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "common/chunk_hash.h"
@@ -38,6 +39,13 @@ struct Sequence {
   int64_t arrival = 0;              // admission order, for FIFO and preemption choice
   bool pinned = false;              // pins taken (once, after the prompt's prefill)
   int64_t reported_committed = -1;  // num_committed when residency last looked
+
+  // The distinct ids of `tokens` in first-seen order, for the repetition penalty: kept up to
+  // date incrementally by the scheduler (only for requests with a penalty), so a step costs
+  // O(new tokens), not O(context).
+  std::vector<int32_t> distinct_tokens;
+  std::unordered_set<int32_t> distinct_seen;
+  size_t distinct_upto = 0;  // tokens[0, distinct_upto) are folded in
 
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
 };

@@ -144,18 +144,22 @@ INSTANTIATE_TEST_SUITE_P(Faults, RootCauseTest,
                          ::testing::Values(cpu::DebugFault::kLocalPositions,
                                            cpu::DebugFault::kNoCausalOffset));
 
-// Rows the backend samples (greedy and plain temperature, ForwardSampled) get the tokens the
-// host sampler draws from the whole logits: one rule, whichever side applies it.
+// Rows the backend samples (ForwardSampled: every option, with the scheduler's penalty tokens)
+// get the tokens and logprobs the host sampler draws from the whole logits: one rule, whichever
+// side applies it.
 TEST(EngineCpuTest, BackendSampledRowsGiveTheHostSamplersTokens) {
   std::mt19937 rng(26);
   const int vocab = static_cast<int>(Tiny().config().vocab_size);
   std::vector<Request> reqs;
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 8; ++i) {
     Request r = RandomRequest(rng, vocab, 2, 20, 6);
     if (i % 2) {
       r.sampling.temperature = 0.9f;
       r.sampling.seed = 70 + i;
     }
+    if (i % 4 == 1) r.sampling.top_k = 30, r.sampling.top_p = 0.8f;
+    if (i % 4 == 3) r.sampling.min_p = 0.1f;
+    if (i >= 4) r.sampling.repetition_penalty = 1.4f, r.sampling.logprobs = 3;
     reqs.push_back(r);
   }
   auto host = MakeEngine(64);
@@ -165,6 +169,15 @@ TEST(EngineCpuTest, BackendSampledRowsGiveTheHostSamplersTokens) {
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(want[i].tokens, got[i].tokens) << "request " << i;
     EXPECT_TRUE(got[i].logits.empty());
+    ASSERT_EQ(want[i].logprobs.size(), got[i].logprobs.size()) << "request " << i;
+    for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
+      EXPECT_EQ(want[i].logprobs[t].sampled.logprob, got[i].logprobs[t].sampled.logprob);
+      ASSERT_EQ(want[i].logprobs[t].top.size(), 3u);
+      for (size_t j = 0; j < 3; ++j) {
+        EXPECT_EQ(want[i].logprobs[t].top[j].token_id, got[i].logprobs[t].top[j].token_id);
+        EXPECT_EQ(want[i].logprobs[t].top[j].logprob, got[i].logprobs[t].top[j].logprob);
+      }
+    }
   }
 }
 

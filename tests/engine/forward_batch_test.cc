@@ -28,7 +28,15 @@ ForwardBatch Valid() {
   b.block_table_start = {0, 2, 3};
   b.block_ids = {2, 0, 5};
   b.logits_rows = {1, 4};
-  b.row_samples = {RowSample{}, RowSample{true, 0.5f, 1, 7}};
+  RowSample sampled{true, {}};
+  sampled.spec.temperature = 0.5f;
+  sampled.spec.top_k = 3;
+  sampled.spec.repetition_penalty = 1.2f;
+  sampled.spec.penalty_start = 1;
+  sampled.spec.penalty_count = 2;
+  sampled.spec.logprobs = 20;
+  b.row_samples = {RowSample{}, sampled};
+  b.penalty_tokens = {4, 9, 49};
   return b;
 }
 
@@ -97,6 +105,17 @@ TEST(ValidateForwardBatch, RejectsEachBrokenRuleByName) {
        "logits_rows"},
       {"row_samples not one per logits row", [](ForwardBatch& b) { b.row_samples.pop_back(); },
        "row_samples (1)"},
+      {"too many logprobs", [](ForwardBatch& b) { b.row_samples[1].spec.logprobs = 21; },
+       "row_samples[1]: logprobs 21 outside [0, 20]"},
+      {"top_p of 0", [](ForwardBatch& b) { b.row_samples[1].spec.top_p = 0.0f; },
+       "row_samples[1]: temperature 0.5, top_p 0"},
+      {"negative temperature", [](ForwardBatch& b) { b.row_samples[0].spec.temperature = -1.0f; },
+       "row_samples[0]: temperature -1"},
+      {"penalty range past penalty_tokens",
+       [](ForwardBatch& b) { b.row_samples[1].spec.penalty_count = 3; },
+       "row_samples[1]: penalty tokens [1, +3) outside penalty_tokens (3)"},
+      {"penalty token outside the vocabulary", [](ForwardBatch& b) { b.penalty_tokens[2] = 50; },
+       "penalty_tokens[2] = 50 outside [0, 50)"},
   };
   for (const Case& c : cases) {
     ForwardBatch b = Valid();

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <random>
+#include <set>
 
 #include "gpu_worker/engine/backend.h"
 
@@ -60,8 +62,6 @@ TEST(SamplerTest, SeededDrawDependsOnlyOnSeedAndPosition) {
     auto a = Logits(), b = Logits();
     EXPECT_EQ(Sample(a, p, 42, pos, {}).token_id, Sample(b, p, 42, pos, {}).token_id);
   }
-  EXPECT_NE(UniformAt(1, 5), UniformAt(2, 5));
-  EXPECT_NE(UniformAt(1, 5), UniformAt(1, 6));
 }
 
 TEST(SamplerTest, TopKOneAndTinyTopPAreGreedy) {
@@ -142,63 +142,181 @@ TEST(SamplerTest, LogprobsComeFromRawLogits) {
   EXPECT_NEAR(r.logprobs.sampled.logprob, 3.0 - std::log(z), 1e-5);
 }
 
-TEST(SamplerTest, SampleableOnDeviceOnlyForGreedyOrPlainTemperatureWithNothingElse) {
-  SamplingParams p;
-  EXPECT_TRUE(SampleableOnDevice(p)) << "greedy";
-  p.top_k = 5;
-  p.top_p = 0.5f;
-  p.min_p = 0.2f;
-  EXPECT_TRUE(SampleableOnDevice(p)) << "greedy ignores truncation";
-  p = {};
-  p.temperature = 0.7f;
-  EXPECT_TRUE(SampleableOnDevice(p)) << "plain temperature";
-  p.top_k = -1;
-  EXPECT_TRUE(SampleableOnDevice(p)) << "top_k -1 is disabled";
-  for (auto change : std::vector<std::function<void(SamplingParams&)>>{
-           [](SamplingParams& q) { q.top_k = 3; }, [](SamplingParams& q) { q.top_p = 0.9f; },
-           [](SamplingParams& q) { q.min_p = 0.1f; }}) {
-    SamplingParams q = p;
-    change(q);
-    EXPECT_FALSE(DrawsByRowRule(q));
-    EXPECT_FALSE(SampleableOnDevice(q));
+// The tokens a spec can draw from `logits`, found by drawing with many seeds (temperature high
+// enough that every kept token shows up).
+std::set<int32_t> Drawn(const std::vector<float>& logits, SampleSpec spec, int draws = 3000) {
+  std::set<int32_t> out;
+  for (int s = 0; s < draws; ++s) {
+    spec.seed = 1000 + s;
+    spec.position = s % 7;
+    out.insert(SampleRowRule(logits.data(), static_cast<int>(logits.size()), spec, {}, nullptr));
   }
-  for (float t : {0.0f, 0.7f}) {
-    SamplingParams q;
-    q.temperature = t;
-    q.repetition_penalty = 1.1f;
-    EXPECT_TRUE(DrawsByRowRule(q));
-    EXPECT_FALSE(SampleableOnDevice(q)) << "the penalty needs the history, on the host";
-    q = {};
-    q.temperature = t;
-    q.logprobs = 2;
-    EXPECT_FALSE(SampleableOnDevice(q)) << "logprobs need the whole row";
+  return out;
+}
+
+std::vector<float> LogsOf(const std::vector<double>& probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(static_cast<float>(std::log(p)));
+  return l;
+}
+
+TEST(SampleRuleTest, TopKKeepsExactlyTheKBestAndEveryTieAtTheThreshold) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g(0.0f, 0.3f);
+  std::vector<float> l(64);
+  for (float& v : l) v = g(rng);
+  std::vector<int32_t> order(64);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+  SampleSpec s;
+  s.temperature = 1.5f;
+  s.top_k = 5;
+  EXPECT_EQ(Drawn(l, s), std::set<int32_t>(order.begin(), order.begin() + 5));
+  // Ties at the k-th value are all kept (vLLM's threshold rule): k = 2 of {5, 4, 4, 4, ...}.
+  std::vector<float> t = {4.0f, 5.0f, 1.0f, 4.0f, 4.0f, 0.0f};
+  s.top_k = 2;
+  EXPECT_EQ(Drawn(t, s), (std::set<int32_t>{0, 1, 3, 4}));
+  s.top_k = 6;  // == vocab: off
+  EXPECT_EQ(Drawn(t, s).size(), 6u);
+}
+
+TEST(SampleRuleTest, TopPKeepsTheSmallestTopSetReachingP) {
+  const std::vector<float> l = LogsOf({0.125, 0.5, 0.125, 0.25});
+  SampleSpec s;
+  s.temperature = 1.0f;
+  s.top_p = 0.45f;  // 0.5 alone reaches it
+  EXPECT_EQ(Drawn(l, s), (std::set<int32_t>{1}));
+  s.top_p = 0.7f;  // 0.5 + 0.25
+  EXPECT_EQ(Drawn(l, s), (std::set<int32_t>{1, 3}));
+  s.top_p = 0.8f;  // needs a 0.125: both equal ones are kept (a threshold keeps ties)
+  EXPECT_EQ(Drawn(l, s), (std::set<int32_t>{0, 1, 2, 3}));
+}
+
+TEST(SampleRuleTest, TopPCountsMassWithinWhatTopKKept) {
+  const std::vector<float> l = LogsOf({0.4, 0.3, 0.2, 0.1});
+  SampleSpec s;
+  s.temperature = 1.0f;
+  s.top_p = 0.5f;
+  EXPECT_EQ(Drawn(l, s), (std::set<int32_t>{0, 1})) << "0.4 < 0.5 of the whole";
+  s.top_k = 2;
+  EXPECT_EQ(Drawn(l, s), (std::set<int32_t>{0})) << "0.4 / 0.7 >= 0.5 of the top 2";
+}
+
+TEST(SampleRuleTest, MinPKeepsTokensAtLeastMinPTimesTheBest) {
+  const std::vector<float> l = LogsOf({0.3, 0.06, 0.16, 0.48});
+  SampleSpec s;
+  s.temperature = 1.0f;
+  s.min_p = 0.3f;  // 0.3 * 0.48 = 0.144
+  EXPECT_EQ(Drawn(l, s), (std::set<int32_t>{0, 2, 3}));
+  s.min_p = 0.5f;  // 0.24
+  EXPECT_EQ(Drawn(l, s), (std::set<int32_t>{0, 3}));
+  s.min_p = 1.0f;
+  EXPECT_EQ(Drawn(l, s), (std::set<int32_t>{3}));
+}
+
+TEST(SampleRuleTest, GreedyIgnoresFiltersButNotThePenalty) {
+  const std::vector<float> l = {1.0f, 3.0f, -0.5f, 2.9f};
+  SampleSpec s;
+  s.top_k = 3;
+  s.top_p = 0.1f;
+  s.min_p = 0.9f;
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, {}, nullptr), 1);
+  s.repetition_penalty = 2.0f;
+  const std::vector<int32_t> seen = {1, 1, 2};
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, seen, nullptr), 3) << "3.0 / 2 < 2.9";
+}
+
+TEST(SampleRuleTest, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogitsOnce) {
+  // Token 0 (-1.0) seen twice becomes -2.0, not -4.0: still above token 2 (-3.0) when greedy
+  // over {0, 2} only; token 1 (4.0) becomes 2.0.
+  const std::vector<float> l = {-1.0f, 4.0f, -3.0f, 1.9f};
+  SampleSpec s;
+  s.repetition_penalty = 2.0f;
+  const std::vector<int32_t> seen = {0, 0, 1};
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, seen, nullptr), 1) << "4.0 / 2 = 2.0 > 1.9";
+  const std::vector<float> neg = {-1.0f, -1.9f, -3.0f};
+  const std::vector<int32_t> seen0 = {0, 0};
+  EXPECT_EQ(SampleRowRule(neg.data(), 3, s, seen0, nullptr), 1) << "-1.0 * 2 = -2.0 < -1.9";
+  const std::vector<int32_t> outside = {-5, 99};
+  EXPECT_EQ(SampleRowRule(neg.data(), 3, s, outside, nullptr), 0) << "ids outside are ignored";
+}
+
+TEST(SampleRuleTest, LogprobsAreSortedNormalisedAndAccurate) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> g(0.0f, 3.0f);
+  std::vector<float> l(5000);
+  for (float& v : l) v = g(rng);
+  l[17] = l[4000] = 15.0f;  // a tie at the top: lower id first
+  SampleSpec s;
+  s.temperature = 0.8f;
+  s.top_k = 50;
+  s.logprobs = 20;
+  s.repetition_penalty = 1.5f;  // logprobs are of the raw logits all the same
+  const std::vector<int32_t> seen = {17, 3};
+  RowLogprobs lp;
+  const int32_t token = SampleRowRule(l.data(), 5000, s, seen, &lp);
+  double mx = -INFINITY, sum = 0.0;
+  for (float v : l) mx = std::max(mx, static_cast<double>(v));
+  for (float v : l) sum += std::exp(v - mx);
+  const double lse = mx + std::log(sum);
+  ASSERT_EQ(lp.num_top, 20);
+  EXPECT_EQ(lp.top_ids[0], 17);
+  EXPECT_EQ(lp.top_ids[1], 4000);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_NEAR(lp.top[i], l[lp.top_ids[i]] - lse, 2e-6) << i;
+    if (i > 0) {
+      EXPECT_GE(lp.top[i - 1], lp.top[i]) << i;
+    }
+  }
+  EXPECT_NEAR(lp.sampled, l[token] - lse, 2e-6);
+  // Normalised: exp of every token's logprob sums to 1.
+  double total = 0.0;
+  for (float v : l) total += std::exp(static_cast<double>(v) - (l[17] - lp.top[0]));
+  EXPECT_NEAR(total, 1.0, 1e-5);
+}
+
+TEST(SampleRuleTest, FilteredDrawsFollowTheRenormalisedSoftmax) {
+  const std::vector<float> l = {1.0f, 3.0f, 2.0f, 0.5f, 2.9f, -1.0f};
+  SampleSpec s;
+  s.temperature = 0.9f;
+  s.top_k = 4;     // drops 3 and 5
+  s.min_p = 0.2f;  // e^((1 - 3) / 0.9) = 0.108 < 0.2: drops 0
+  std::map<int, int> counts;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    s.seed = 3;
+    s.position = i;
+    ++counts[SampleRowRule(l.data(), 6, s, {}, nullptr)];
+  }
+  double z = 0;
+  for (int i : {1, 2, 4}) z += std::exp(l[i] / 0.9);
+  for (int i = 0; i < 6; ++i) {
+    const double expect = (i == 1 || i == 2 || i == 4) ? std::exp(l[i] / 0.9) / z : 0.0;
+    EXPECT_NEAR(counts[i] / static_cast<double>(n), expect, 0.015) << "token " << i;
   }
 }
 
-// The property the predicate exists for: a row the backend samples (SampleRow, the device's rule)
-// gets exactly the token the host sampler would draw for it.
-TEST(SamplerTest, DeviceSampleableRowsDrawTheHostSamplersToken) {
-  std::mt19937 rng(3);
-  std::normal_distribution<float> logit(0.0f, 2.0f);
-  int checked = 0;
-  for (int trial = 0; trial < 200; ++trial) {
-    std::vector<float> row(64);
-    for (float& v : row) v = logit(rng);
-    if (trial % 7 == 0) row[trial % 64] = row[(trial + 1) % 64];  // ties
-    SamplingParams p;
-    p.temperature = trial % 3 == 0 ? 0.0f : 0.2f + 0.01f * static_cast<float>(trial % 150);
-    if (trial % 5 == 1) p.top_k = -1;
-    ASSERT_TRUE(SampleableOnDevice(p));
-    const uint64_t seed = 77 + trial;
-    const int64_t position = 10 + trial;
-    std::vector<float> scratch = row;
-    const int32_t host = Sample(scratch, p, seed, position, {}).token_id;
-    const int32_t device = SampleRow(row.data(), static_cast<int>(row.size()),
-                                     RowSample{true, p.temperature, seed, position});
-    EXPECT_EQ(host, device) << "trial " << trial;
-    ++checked;
+// The rule's own ln and exp (sample_noise.h), built from rounded operations so host and device
+// agree bitwise, stay close to the true functions.
+TEST(SampleRuleTest, DeterministicLnAndExpAreAccurate) {
+  for (double d = -28.0; d <= 0.0; d += 0.01) {
+    const float f = static_cast<float>(d);
+    const double want = std::ldexp(std::exp(static_cast<double>(f)), kWeightBits);
+    // Relative error 1e-6, plus the truncation to an integer where the weight is tiny.
+    EXPECT_NEAR(static_cast<double>(FixedWeight(f)), want, 1e-6 * want + 1.0) << d;
   }
-  EXPECT_EQ(checked, 200);
+  EXPECT_EQ(FixedWeight(0.0f), uint64_t{1} << kWeightBits);
+  EXPECT_EQ(FixedWeight(-40.0f), 0u);
+  EXPECT_EQ(FixedWeight(-INFINITY), 0u);
+  for (float x : {1e-30f, 1e-7f, 0.3f, 0.70710677f, 0.9999999f, 1.0f, 1.0000001f, 2.0f, 1e20f}) {
+    const double want = std::log(static_cast<double>(x));
+    const double scale = std::max(1.0, std::fabs(want));
+    EXPECT_NEAR(DetLn(x), want, 3e-7 * scale) << x;
+    EXPECT_NEAR(DetLnD(x), want, 1e-15 * scale) << x;
+  }
+  // The noise at the extremes of the 24-bit uniform is finite.
+  EXPECT_TRUE(std::isfinite(GumbelNoise(0.5f / 16777216.0f)));
+  EXPECT_TRUE(std::isfinite(GumbelNoise((16777215.0f + 0.5f) / 16777216.0f)));
 }
 
 }  // namespace

@@ -10,11 +10,14 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "gpu_worker/backend/cpu/cpu_backend.h"
 #include "gpu_worker/backend/cuda/device.h"
+#include "gpu_worker/backend/cuda/ops.h"
+#include "gpu_worker/engine/sampler.h"
 #include "gpu_worker/model/generator.h"
 #include "gpu_worker/model/model.h"
 #include "gtest/gtest.h"
@@ -267,15 +270,30 @@ TEST(CudaBackend, DecodeGraphReplayEqualsEagerBitwise) {
     for (size_t r = 0; r < which.size(); ++r) {
       engine::RowSample rs;
       rs.on_device = r % 3 != 2;
-      rs.temperature = r % 3 == 1 ? 0.8f : 0.0f;
-      rs.seed = 100 + which[r];
-      rs.position = seqs[which[r]].len;
+      rs.spec.temperature = r % 3 == 1 ? 0.8f : 0.0f;
+      rs.spec.seed = 100 + which[r];
+      rs.spec.position = seqs[which[r]].len;
+      if (r % 4 == 1) {  // filters, a penalty and logprobs: the whole rule through the graph
+        rs.spec.top_k = 40;
+        rs.spec.top_p = 0.9f;
+        rs.spec.min_p = 0.01f;
+        rs.spec.repetition_penalty = 1.3f;
+        rs.spec.logprobs = 5;
+        rs.spec.penalty_start = static_cast<int32_t>(fb.penalty_tokens.size());
+        rs.spec.penalty_count = 3;
+        for (int t = 0; t < 3; ++t) fb.penalty_tokens.push_back((which[r] * 7 + t * 13) % 256);
+      }
       fb.row_samples.push_back(rs);
     }
     std::vector<int32_t> ta, tb;
-    ASSERT_TRUE(eager.ForwardSampled(fb, &a, &ta).ok());
-    ASSERT_TRUE(graph.ForwardSampled(fb, &b, &tb).ok());
+    std::vector<engine::RowLogprobs> la, lb;
+    ASSERT_TRUE(eager.ForwardSampled(fb, &a, &ta, &la).ok());
+    ASSERT_TRUE(graph.ForwardSampled(fb, &b, &tb, &lb).ok());
     EXPECT_EQ(ta, tb) << "step " << step;
+    ASSERT_EQ(la.size(), lb.size());
+    for (size_t r = 0; r < la.size(); ++r) {
+      EXPECT_EQ(0, std::memcmp(&la[r], &lb[r], sizeof(la[r]))) << "step " << step << " row " << r;
+    }
     ASSERT_EQ(a.size(), b.size());
     ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "step " << step;
     compared_tokens += static_cast<int>(which.size());
@@ -292,6 +310,95 @@ TEST(CudaBackend, DecodeGraphReplayEqualsEagerBitwise) {
   EXPECT_EQ(stats.small_gemm_rejected, 0) << "small-m GEMM bits differ from cuBLASLt here";
   EXPECT_GT(stats.replays, 40) << "the decode graphs were not replayed";
   EXPECT_EQ(GetCudaGraphStats(eager).replays, 0);
+}
+
+// The sampling kernel (SampleRows, what ForwardSampled runs) against the host's rule
+// (engine::SampleRowRule) on full-size rows (vocab 151936): every option alone and combined
+// (temperature, min-p, top-k, top-p, repetition penalty, logprobs), many seeds and positions,
+// rows of several shapes (narrow and wide logits, exact ties, all-equal, NaN and -inf entries).
+// Token and logprobs must be bitwise equal.
+TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
+  CASCADE_REQUIRE_GPU();
+  constexpr int kVocab = 151936, kRows = 120;
+  std::mt19937 rng(2024);
+  std::vector<float> logits(static_cast<size_t>(kRows) * kVocab);
+  std::vector<engine::SampleSpec> specs(kRows);
+  std::vector<int32_t> penalty;
+  const float temps[] = {0.3f, 0.7f, 1.0f, 1.6f};
+  const int top_ks[] = {1, 20, 50, 1000, 100000};
+  const float top_ps[] = {0.05f, 0.5f, 0.9f, 0.999f};
+  const float min_ps[] = {0.001f, 0.05f, 0.5f};
+  const int logprob_ns[] = {1, 5, 20};
+  for (int r = 0; r < kRows; ++r) {
+    float* row = logits.data() + static_cast<size_t>(r) * kVocab;
+    const float sigma = r % 3 == 0 ? 0.5f : r % 3 == 1 ? 2.0f : 6.0f;
+    std::normal_distribution<float> g(0.0f, sigma);
+    for (int v = 0; v < kVocab; ++v) row[v] = g(rng);
+    if (r % 10 == 3) {  // coarse values: many exact ties everywhere
+      for (int v = 0; v < kVocab; ++v) row[v] = std::round(row[v] * 4.0f) / 4.0f;
+    }
+    if (r % 10 == 7) {
+      row[11] = NAN, row[12] = -INFINITY, row[13] = -0.0f, row[14] = 0.0f;
+    }
+    if (r == 9 || r == 19) std::fill(row, row + kVocab, 1.5f);  // one value: ties everywhere
+    engine::SampleSpec& s = specs[r];
+    const int mode = r % 8;  // which options this row combines
+    s.temperature = r % 11 == 0 ? 0.0f : temps[r % 4];
+    if (mode == 1 || mode == 5 || mode == 7) s.top_k = top_ks[(r / 8) % 5];
+    if (mode == 2 || mode == 5 || mode == 6 || mode == 7) s.top_p = top_ps[(r / 8) % 4];
+    if (mode == 3 || mode == 6 || mode == 7) s.min_p = min_ps[(r / 8) % 3];
+    if (mode == 4 || mode == 6 || mode == 7 || r % 5 == 0) {
+      s.repetition_penalty = r % 2 ? 1.3f : 0.8f;
+      s.penalty_start = static_cast<int32_t>(penalty.size());
+      std::uniform_int_distribution<int> tok(0, kVocab - 1);
+      const int n = 1 + r * 3;
+      for (int i = 0; i < n; ++i) penalty.push_back(i % 4 == 0 ? tok(rng) % 64 : tok(rng));
+      s.penalty_count = n;
+      // The penalized tokens include the likeliest ones, so the penalty decides tokens.
+      for (int i = 0; i < 4; ++i) row[penalty[s.penalty_start + i]] += 3.0f * sigma;
+    }
+    if (r % 3 != 1 || r == 19) s.logprobs = logprob_ns[r % 3 == 0 ? (r / 3) % 3 : 2];
+    if (r == 9) s.logprobs = 20;  // 20 of 151936 equal values: the lowest ids
+    s.seed = 0x9e3779b97f4a7c15ULL * (r + 1);
+    s.position = 17 * r + (r % 5) * 100000;
+  }
+  DeviceBuffer d_logits = testing::Upload(logits), d_specs = testing::Upload(specs);
+  DeviceBuffer d_pen = testing::Upload(penalty);
+  DeviceBuffer d_tok = testing::Poisoned<int32_t>(kRows);
+  DeviceBuffer d_lp = testing::Poisoned<engine::RowLogprobs>(kRows);
+  ASSERT_TRUE(SampleRows(d_logits.as<float>(), kRows, kVocab, d_specs.as<engine::SampleSpec>(),
+                         d_pen.as<int32_t>(), d_tok.as<int32_t>(), d_lp.as<engine::RowLogprobs>(),
+                         nullptr)
+                  .ok());
+  const auto tokens = testing::Download<int32_t>(d_tok, kRows);
+  const auto lps = testing::Download<engine::RowLogprobs>(d_lp, kRows);
+  int with_logprobs = 0, not_argmax = 0;
+  for (int r = 0; r < kRows; ++r) {
+    const engine::SampleSpec& s = specs[r];
+    const float* row = logits.data() + static_cast<size_t>(r) * kVocab;
+    engine::RowLogprobs want;
+    const int32_t token = engine::SampleRowRule(
+        row, kVocab, s, std::span<const int32_t>(penalty.data() + s.penalty_start, s.penalty_count),
+        &want);
+    EXPECT_EQ(tokens[r], token) << "row " << r << " T " << s.temperature << " k " << s.top_k
+                                << " p " << s.top_p << " min_p " << s.min_p << " penalty "
+                                << s.repetition_penalty;
+    not_argmax += token != Argmax(row, kVocab);
+    if (s.logprobs == 0) continue;
+    ++with_logprobs;
+    const engine::RowLogprobs& got = lps[r];
+    ASSERT_EQ(got.num_top, want.num_top) << "row " << r;
+    EXPECT_EQ(std::memcmp(&got.sampled, &want.sampled, 4), 0)
+        << "row " << r << " " << got.sampled << " vs " << want.sampled;
+    for (int i = 0; i < want.num_top; ++i) {
+      EXPECT_EQ(got.top_ids[i], want.top_ids[i]) << "row " << r << " rank " << i;
+      EXPECT_EQ(std::memcmp(&got.top[i], &want.top[i], 4), 0)
+          << "row " << r << " rank " << i << " " << got.top[i] << " vs " << want.top[i];
+    }
+  }
+  std::printf("device == host sampler: %d rows (%d with logprobs, %d not the argmax)\n", kRows,
+              with_logprobs, not_argmax);
+  EXPECT_GT(not_argmax, kRows / 3) << "the rows should exercise the random draw";
 }
 
 TEST(CudaBackend, RejectsMalformedBatches) {

@@ -218,18 +218,24 @@ TEST_F(EngineCudaTest, DeviceArgmaxPathGivesTheHostSamplersTokens) {
   }
 }
 
-// Plain temperature rows are drawn on the device (Gumbel-max over the per-position stream):
-// alone or batched, cached or cold, a seeded request gets the same tokens; and the host applying
-// the same rule to the same logits agrees (float logf on either side; a tie within an ulp could
-// split them, so the agreement is reported and must be near total).
-TEST_F(EngineCudaTest, DeviceTemperatureSamplingIsBatchInvariantAndMatchesTheHostRule) {
+// Every row is drawn on the device by sample_rule.h's rule (temperature, min-p, top-k, top-p,
+// repetition penalty, logprobs): alone or batched, cached or cold, a seeded request gets the same
+// tokens and logprobs; and the host applying the rule to the whole logits rows (capture mode)
+// gets the same bits.
+TEST_F(EngineCudaTest, DeviceSamplingOfEveryOptionIsBatchInvariantAndEqualsTheHostRule) {
   REQUIRE_GPU_AND_MODEL();
   std::mt19937 rng(8);
   std::vector<engine::Request> reqs;
-  for (int i = 0; i < 12; ++i) {
+  for (int i = 0; i < 14; ++i) {
     engine::Request r = engine::testing::RandomRequest(rng, Vocab(), 2, 80, 16);
-    r.sampling.temperature = 0.9f;
-    r.sampling.seed = 900 + i;
+    engine::SamplingParams& p = r.sampling;
+    p.temperature = i % 7 == 6 ? 0.0f : 0.9f;
+    p.seed = 900 + i;
+    if (i % 7 == 1 || i % 7 == 5) p.top_k = 40;
+    if (i % 7 == 2 || i % 7 == 5) p.top_p = 0.9f;
+    if (i % 7 == 3 || i % 7 == 5) p.min_p = 0.05f;
+    if (i % 7 == 4 || i % 7 == 5 || i % 7 == 6) p.repetition_penalty = 1.3f;
+    if (i % 2 == 1) p.logprobs = 1 + i;
     reqs.push_back(r);
   }
   capture_logits_ = false;
@@ -240,15 +246,36 @@ TEST_F(EngineCudaTest, DeviceTemperatureSamplingIsBatchInvariantAndMatchesTheHos
   std::vector<Result> batched = RunAll(*device, reqs);
   std::vector<Result> again = RunAll(*device, reqs);  // cached prefixes now
   std::vector<Result> on_host = RunAll(*host, reqs);
-  int agree = 0;
+  auto same_logprobs = [](const Result& a, const Result& b) {
+    if (a.logprobs.size() != b.logprobs.size()) return false;
+    for (size_t t = 0; t < a.logprobs.size(); ++t) {
+      const auto &x = a.logprobs[t], &y = b.logprobs[t];
+      if (x.sampled.token_id != y.sampled.token_id ||
+          std::memcmp(&x.sampled.logprob, &y.sampled.logprob, 4) != 0 ||
+          x.top.size() != y.top.size()) {
+        return false;
+      }
+      for (size_t j = 0; j < x.top.size(); ++j) {
+        if (x.top[j].token_id != y.top[j].token_id ||
+            std::memcmp(&x.top[j].logprob, &y.top[j].logprob, 4) != 0) {
+          return false;
+        }
+      }
+    }
+    return true;
+  };
   for (size_t i = 0; i < reqs.size(); ++i) {
     Result alone = RunOne(*device_alone, reqs[i]);
     EXPECT_EQ(alone.tokens, batched[i].tokens) << "request " << i << " batched vs alone";
     EXPECT_EQ(again[i].tokens, batched[i].tokens) << "request " << i << " cached vs cold";
-    agree += on_host[i].tokens == batched[i].tokens;
+    EXPECT_EQ(on_host[i].tokens, batched[i].tokens) << "request " << i << " host vs device";
+    EXPECT_TRUE(batched[i].logits.empty()) << "rows came back whole";
+    EXPECT_EQ(batched[i].logprobs.size(),
+              reqs[i].sampling.logprobs > 0 ? batched[i].tokens.size() : 0u);
+    EXPECT_TRUE(same_logprobs(alone, batched[i])) << "request " << i;
+    EXPECT_TRUE(same_logprobs(again[i], batched[i])) << "request " << i;
+    EXPECT_TRUE(same_logprobs(on_host[i], batched[i])) << "request " << i << " host vs device";
   }
-  std::printf("device vs host Gumbel-max streams identical: %d/%zu\n", agree, reqs.size());
-  EXPECT_GE(agree, 11);
 }
 
 // One step batch holds cached and cold sequences of different lengths: each gets exactly what it

@@ -126,6 +126,7 @@ struct StepMeta {
   const int32_t* block_ids = nullptr;        // [block_table_start[num_seqs]]
   const int32_t* logits_rows = nullptr;      // [rows]
   const RowSampleParams* samples = nullptr;  // [rows] or nullptr: no device sampling
+  const int32_t* penalty = nullptr;          // the penalty tokens the samples index
   AttentionPlanView plan;
 };
 
@@ -156,21 +157,27 @@ class CudaBackend final : public engine::Backend {
   int BlockSize() const override { return o_.block_size; }
   int VocabSize() const override { return static_cast<int>(c_.vocab_size); }
   absl::Status Forward(const engine::ForwardBatch& batch, std::vector<float>* logits) override {
-    return Run(batch, /*sampled=*/false, logits, nullptr);
+    return Run(batch, /*sampled=*/false, logits, nullptr, nullptr);
   }
-  // Greedy rows are reduced to their argmax on the device: 4 bytes back instead of a
-  // vocabulary-sized float32 row (608 KB for Qwen3), which made decode host-bound.
+  // Rows are sampled on the device (sample.cu): a token id (and up to 21 logprobs) back instead
+  // of a vocabulary-sized float32 row (608 KB for Qwen3), which made decode host-bound.
   absl::Status ForwardSampled(const engine::ForwardBatch& batch, std::vector<float>* logits,
-                              std::vector<int32_t>* argmax) override {
-    return Run(batch, /*sampled=*/true, logits, argmax);
+                              std::vector<int32_t>* argmax,
+                              std::vector<engine::RowLogprobs>* logprobs) override {
+    return Run(batch, /*sampled=*/true, logits, argmax, logprobs);
   }
 
  private:
   absl::Status Check(const engine::ForwardBatch& b) const;
   absl::Status Run(const engine::ForwardBatch& b, bool sampled, std::vector<float>* logits,
-                   std::vector<int32_t>* argmax);
+                   std::vector<int32_t>* argmax, std::vector<engine::RowLogprobs>* logprobs);
   absl::Status RunEager(const engine::ForwardBatch& b, bool sampled, std::vector<float>* logits,
-                        std::vector<int32_t>* argmax);
+                        std::vector<int32_t>* argmax, std::vector<engine::RowLogprobs>* logprobs);
+  // Uploads the batch's penalty tokens (penalty_) before its sampling kernel runs.
+  absl::Status UploadPenaltyTokens(const engine::ForwardBatch& b);
+  // Copies back the logprobs of the first n rows where a device-sampled row asked for them.
+  absl::Status FetchLogprobs(const engine::ForwardBatch& b, int n,
+                             std::vector<engine::RowLogprobs>* logprobs);
   // Enqueues embedding, the decoder layers and the final norm over n rows (into x_).
   absl::Status EnqueueModel(int n, const StepMeta& m);
   // Enqueues the LM head (and device sampling if m.samples) for logits rows [r0, r0 + rows).
@@ -180,7 +187,8 @@ class CudaBackend final : public engine::Backend {
   int GraphBucket(int n) const;
   void PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, int bucket);
   absl::Status RunDecodeGraph(int n, int bucket, std::vector<float>* logits,
-                              std::vector<int32_t>* argmax);
+                              std::vector<int32_t>* argmax,
+                              std::vector<engine::RowLogprobs>* logprobs);
   absl::Status CaptureDecodeGraph(int bucket, const StepMeta& m, DecodeGraph* g);
 
   // Set at construction.
@@ -198,6 +206,9 @@ class CudaBackend final : public engine::Backend {
   DeviceBuffer residual_, x_, qkv_, attn_, delta_, gu_, act_, xl_, logits_;
   // Grown on demand.
   DeviceBuffer meta_, partial_o_, partial_ml_, argmax_, sample_params_;
+  DeviceBuffer penalty_;  // [tokens] int32: the step's penalty tokens
+  DeviceBuffer lp_;       // [rows] engine::RowLogprobs
+  std::vector<engine::RowLogprobs> lp_host_;
   std::vector<int32_t> argmax_host_;
   std::vector<RowSampleParams> sample_host_;
   std::vector<int32_t> meta_host_;
@@ -292,6 +303,10 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   RETURN_IF_ERROR(alloc(&act_, t * inter_ * 2));
   RETURN_IF_ERROR(alloc(&xl_, static_cast<size_t>(o_.max_logits_rows) * hidden_ * 2));
   RETURN_IF_ERROR(alloc(&logits_, static_cast<size_t>(o_.max_logits_rows) * c_.vocab_size * 4));
+  // Sampling: fixed pointers the decode graphs capture (penalty_ grows on demand).
+  RETURN_IF_ERROR(alloc(&penalty_, size_t{1} << 16));
+  RETURN_IF_ERROR(
+      alloc(&lp_, static_cast<size_t>(o_.max_logits_rows) * sizeof(engine::RowLogprobs)));
 
   const size_t block_bytes = static_cast<size_t>(hkv_) * o_.block_size * d_ * 2;  // K or V
   num_blocks_ = o_.num_blocks;
@@ -339,30 +354,63 @@ absl::Status CudaBackend::EnsureCapacity(DeviceBuffer* buf, size_t bytes) {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::UploadPenaltyTokens(const engine::ForwardBatch& b) {
+  if (b.penalty_tokens.empty()) return absl::OkStatus();
+  const size_t bytes = b.penalty_tokens.size() * sizeof(int32_t);
+  RETURN_IF_ERROR(EnsureCapacity(&penalty_, bytes));
+  return CopyAsync(penalty_.data(), b.penalty_tokens.data(), bytes, stream_);
+}
+
+absl::Status CudaBackend::FetchLogprobs(const engine::ForwardBatch& b, int n,
+                                        std::vector<engine::RowLogprobs>* logprobs) {
+  if (logprobs == nullptr) return absl::OkStatus();
+  logprobs->assign(n, engine::RowLogprobs{});
+  bool any = false;
+  for (int r = 0; r < n && !b.row_samples.empty(); ++r) {
+    any |= b.row_samples[r].on_device && b.row_samples[r].spec.logprobs > 0;
+  }
+  if (!any) return absl::OkStatus();
+  lp_host_.resize(n);
+  RETURN_IF_ERROR(CopyAsync(lp_host_.data(), lp_.data(), n * sizeof(engine::RowLogprobs), stream_));
+  RETURN_IF_ERROR(Synchronize(stream_));
+  for (int r = 0; r < n; ++r) {
+    if (b.row_samples[r].on_device && b.row_samples[r].spec.logprobs > 0) {
+      (*logprobs)[r] = lp_host_[r];
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
-                              std::vector<float>* logits, std::vector<int32_t>* argmax) {
+                              std::vector<float>* logits, std::vector<int32_t>* argmax,
+                              std::vector<engine::RowLogprobs>* logprobs) {
   RETURN_IF_ERROR(Check(b));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o_.device), "cudaSetDevice"));
   const int n = b.num_tokens();
   // A pure decode step: one token per sequence, logits for each (so logits_rows is 0..n-1).
   const bool decode = n > 0 && n == b.num_seqs() && static_cast<int>(b.logits_rows.size()) == n;
-  if (!decode || n > max_graph_batch_) return RunEager(b, sampled, logits, argmax);
+  if (!decode || n > max_graph_batch_) return RunEager(b, sampled, logits, argmax, logprobs);
   const int bucket = GraphBucket(n);
   PadDecodeBatch(b, sampled, bucket);
   auto it = graphs_.find(bucket);
   if (it != graphs_.end() && it->second->epoch == graph_epoch_) {
-    return RunDecodeGraph(n, bucket, logits, argmax);
+    return RunDecodeGraph(n, bucket, logits, argmax, logprobs);
   }
   // First step of this bucket (or after a reallocation): run the padded batch eagerly, which
   // also warms up every kernel and GEMM shape the capture will record, then capture.
   std::vector<int32_t> tokens;
-  RETURN_IF_ERROR(RunEager(pad_, /*sampled=*/true, logits, &tokens));
-  if (sampled) argmax->assign(tokens.begin(), tokens.begin() + n);
-  return RunDecodeGraph(n, bucket, nullptr, nullptr);  // captures; computes nothing new
+  std::vector<engine::RowLogprobs> lps;
+  RETURN_IF_ERROR(RunEager(pad_, /*sampled=*/true, logits, &tokens, &lps));
+  if (sampled) {
+    argmax->assign(tokens.begin(), tokens.begin() + n);
+    if (logprobs != nullptr) logprobs->assign(lps.begin(), lps.begin() + n);
+  }
+  return RunDecodeGraph(n, bucket, nullptr, nullptr, nullptr);  // captures; computes nothing new
 }
 
 absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
-                                   std::vector<float>* logits, std::vector<int32_t>* argmax) {
+                                   std::vector<float>* logits, std::vector<int32_t>* argmax,
+                                   std::vector<engine::RowLogprobs>* logprobs) {
   const int n = b.num_tokens();
   auto on_device = [&](size_t r) {
     return sampled && !b.row_samples.empty() && b.row_samples[r].on_device;
@@ -371,6 +419,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   for (size_t r = 0; r < b.logits_rows.size(); ++r) full_rows += on_device(r) ? 0 : 1;
   logits->resize(full_rows * c_.vocab_size);
   if (sampled) argmax->assign(b.logits_rows.size(), -1);
+  if (logprobs != nullptr) logprobs->assign(b.logits_rows.size(), engine::RowLogprobs{});
   if (n == 0) return absl::OkStatus();
 
   AttentionConfig acfg{hq_, hkv_, d_, o_.block_size, o_.cascade};
@@ -420,15 +469,17 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
     RETURN_IF_ERROR(EnsureCapacity(&argmax_, std::max(rows, 1) * sizeof(int32_t)));
     sample_host_.assign(rows, RowSampleParams{});
     for (int r = 0; r < rows && !b.row_samples.empty(); ++r) {
-      const engine::RowSample& s = b.row_samples[r];
-      sample_host_[r] = RowSampleParams{s.temperature, s.seed, s.position};
+      sample_host_[r] = b.row_samples[r].spec;
     }
     RETURN_IF_ERROR(EnsureCapacity(&sample_params_, std::max(rows, 1) * sizeof(RowSampleParams)));
+    RETURN_IF_ERROR(EnsureCapacity(&lp_, std::max(rows, 1) * sizeof(engine::RowLogprobs)));
     RETURN_IF_ERROR(CopyAsync(sample_params_.data(), sample_host_.data(),
                               rows * sizeof(RowSampleParams), stream_));
-    // Greedy and temperature rows are drawn on the device (RowSample); the per-row parameters
-    // ride in the same stream as the rest of the step's metadata.
+    RETURN_IF_ERROR(UploadPenaltyTokens(b));
+    // Rows are drawn on the device (RowSample); the per-row parameters ride in the same stream
+    // as the rest of the step's metadata.
     m.samples = sample_params_.as<RowSampleParams>();
+    m.penalty = penalty_.as<int32_t>();
   }
   size_t full_done = 0;
   for (int r0 = 0; r0 < rows; r0 += o_.max_logits_rows) {
@@ -458,6 +509,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
     for (int r = 0; r < rows; ++r) {
       if (on_device(r)) (*argmax)[r] = argmax_host_[r];
     }
+    RETURN_IF_ERROR(FetchLogprobs(b, rows, logprobs));
   }
   return Synchronize(stream_);
 }
@@ -513,8 +565,8 @@ absl::Status CudaBackend::EnqueueHead(int r0, int rows, const StepMeta& m) {
   RETURN_IF_ERROR(gemm_->Run(xl_.as<Bf16>(), lm_head_, rows, vocab, hidden_, logits_.data(),
                              GemmOut::kF32, stream_));
   if (m.samples == nullptr) return absl::OkStatus();
-  return SampleRows(logits_.as<float>(), rows, vocab, m.samples + r0, argmax_.as<int32_t>() + r0,
-                    stream_);
+  return SampleRows(logits_.as<float>(), rows, vocab, m.samples + r0, m.penalty,
+                    argmax_.as<int32_t>() + r0, lp_.as<engine::RowLogprobs>() + r0, stream_);
 }
 
 // ---- Decode graphs ----------------------------------------------------------------------------
@@ -580,7 +632,11 @@ void CudaBackend::PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, in
   pad_.block_ids = b.block_ids;
   pad_.logits_rows = b.logits_rows;
   pad_.row_samples.assign(n, engine::RowSample{});  // on_device false: the whole row comes back
-  if (sampled && !b.row_samples.empty()) pad_.row_samples = b.row_samples;
+  pad_.penalty_tokens.clear();
+  if (sampled && !b.row_samples.empty()) {
+    pad_.row_samples = b.row_samples;
+    pad_.penalty_tokens = b.penalty_tokens;
+  }
   for (int i = n; i < bucket; ++i) {
     pad_.token_ids.push_back(0);
     pad_.positions.push_back(0);
@@ -590,12 +646,13 @@ void CudaBackend::PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, in
     pad_.block_ids.push_back(0);
     pad_.block_table_start.push_back(static_cast<int32_t>(pad_.block_ids.size()));
     pad_.logits_rows.push_back(i);
-    pad_.row_samples.push_back(engine::RowSample{true, 0.0f, 0, 0});
+    pad_.row_samples.push_back(engine::RowSample{true, {}});  // greedy
   }
 }
 
 absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* logits,
-                                         std::vector<int32_t>* argmax) {
+                                         std::vector<int32_t>* argmax,
+                                         std::vector<engine::RowLogprobs>* logprobs) {
   const engine::ForwardBatch& b = pad_;
   AttentionConfig acfg{hq_, hkv_, d_, o_.block_size, o_.cascade};
   AttentionBatch ab{b.positions.data(),
@@ -634,6 +691,8 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   RETURN_IF_ERROR(ensure(&partial_o_, partials * 4 * hq_ * d_));
   RETURN_IF_ERROR(ensure(&partial_ml_, partials * 8 * hq_));
   RETURN_IF_ERROR(ensure(&argmax_, max_graph_batch_ * sizeof(int32_t)));
+  RETURN_IF_ERROR(ensure(&lp_, max_graph_batch_ * sizeof(engine::RowLogprobs)));
+  RETURN_IF_ERROR(ensure(&penalty_, b.penalty_tokens.size() * sizeof(int32_t)));
 
   // Stage this step's metadata at the fixed offsets.
   const GraphLayout l = MakeGraphLayout(max_graph_batch_, cap_blocks_, cap_items_, cap_rows_);
@@ -650,8 +709,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   h[l.count] = plan.num_split();
   auto* params = reinterpret_cast<RowSampleParams*>(h + l.samples);
   for (int r = 0; r < bucket; ++r) {
-    const engine::RowSample& s = b.row_samples[r];
-    params[r] = RowSampleParams{s.temperature, s.seed, s.position};
+    params[r] = b.row_samples[r].spec;
   }
   put(l.blk, b.block_ids);
   put(l.items, plan.split_items);
@@ -666,6 +724,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   m.block_ids = meta + l.blk;
   m.logits_rows = meta + l.lrows;
   m.samples = reinterpret_cast<const RowSampleParams*>(meta + l.samples);
+  m.penalty = penalty_.as<int32_t>();
   m.plan = AttentionPlanView{nullptr,
                              0,
                              meta + l.items,
@@ -691,6 +750,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   RETURN_IF_ERROR(CopyAsync(dm, h, (l.blk + b.block_ids.size()) * 4, stream_));
   RETURN_IF_ERROR(CopyAsync(dm + l.items, h + l.items, plan.split_items.size() * 4, stream_));
   RETURN_IF_ERROR(CopyAsync(dm + l.rows, h + l.rows, plan.item_rows.size() * 4, stream_));
+  RETURN_IF_ERROR(UploadPenaltyTokens(b));  // capacity ensured above: no reallocation here
   RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(g->exec, s), "cudaGraphLaunch"));
   ++graph_replays_;
   const int32_t* tokens = graph_tokens_host_.as<int32_t>();
@@ -720,7 +780,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
       if (b.row_samples[r].on_device) (*argmax)[r] = tokens[r];
     }
   }
-  return absl::OkStatus();
+  return FetchLogprobs(b, n, logprobs);
 }
 
 absl::Status CudaBackend::CaptureDecodeGraph(int bucket, const StepMeta& m, DecodeGraph* g) {

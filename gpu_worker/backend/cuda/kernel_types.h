@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "gpu_worker/engine/sample_rule.h"
+
 struct CUstream_st;
 
 namespace cascade::cuda {
@@ -73,10 +75,6 @@ struct AttentionArgs {
 };
 
 // Per-row sampling parameters on the device (engine::RowSample without the flag).
-struct RowSampleParams {
-  float temperature = 0.0f;  // 0: argmax
-  uint64_t seed = 0;
-  int64_t position = 0;
-};
+using RowSampleParams = engine::SampleSpec;
 
 }  // namespace cascade::cuda

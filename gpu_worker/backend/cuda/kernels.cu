@@ -9,7 +9,6 @@
 
 #include "gpu_worker/backend/cuda/launchers.h"
 #include "gpu_worker/backend/cuda/pdl.cuh"
-#include "gpu_worker/engine/sample_noise.h"
 
 namespace cascade::cuda::internal {
 namespace {
@@ -215,39 +214,12 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   if (threadIdx.x == 0) out[blockIdx.x] = best;
 }
 
-// One CTA per row: the row's score is the logit (temperature 0) or its Gumbel-max term; the
-// winner is the highest score, lowest index on ties, as engine::SampleRow picks on the host.
-__global__ void __launch_bounds__(kArgmaxThreads)
-    SampleKernel(const float* logits, int vocab, const RowSampleParams* params, int32_t* out) {
-  WaitForPriorGrids();
-  const RowSampleParams p = params[blockIdx.x];
-  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  const bool greedy = p.temperature == 0.0f;
-  const float inv_t = greedy ? 1.0f : 1.0f / p.temperature;
-  float bv = -INFINITY;
-  int bi = vocab;
-  for (int c = threadIdx.x; c < vocab; c += kArgmaxThreads) {
-    const float v =
-        greedy ? row[c]
-               : engine::GumbelScore(row[c], inv_t, engine::TokenUniform(p.seed, p.position, c));
-    if (!isnan(v) && Better(v, c, bv, bi)) bv = v, bi = c;
-  }
-  const int best = BlockBest(bv, bi, vocab);
-  if (threadIdx.x == 0) out[blockIdx.x] = best;
-}
-
 std::atomic<bool> g_programmatic_launch{true};
 
 }  // namespace
 
 bool ProgrammaticLaunchEnabled() { return g_programmatic_launch.load(std::memory_order_relaxed); }
 void SetProgrammaticLaunch(bool on) { g_programmatic_launch.store(on, std::memory_order_relaxed); }
-
-cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
-                             int32_t* out, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  return LaunchKernel(SampleKernel, n, kArgmaxThreads, 0, stream, logits, vocab, params, out);
-}
 
 cudaError_t LaunchEmbeddingGather(const Bf16* table, const int32_t* ids, int n, int hidden,
                                   float* out, cudaStream_t stream) {

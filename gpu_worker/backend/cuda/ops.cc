@@ -118,11 +118,16 @@ absl::Status GatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16*
 }
 
 absl::Status SampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
-                        int32_t* out, Stream stream) {
+                        const int32_t* penalty_tokens, int32_t* out, engine::RowLogprobs* logprobs,
+                        Stream stream) {
   if (n < 0 || vocab <= 0) return Bad("SampleRows", "bad shape");
   if (n > 0 && (!logits || !params || !out)) return Bad("SampleRows", "null pointer");
-  return CudaStatus(internal::LaunchSampleRows(logits, n, vocab, params, out, stream),
-                    "SampleRows");
+  if (n > 0 && vocab % 4 == 0 && !Aligned16(logits)) {
+    return Bad("SampleRows", "logits must be 16-byte aligned");
+  }
+  return CudaStatus(
+      internal::LaunchSampleRows(logits, n, vocab, params, penalty_tokens, out, logprobs, stream),
+      "SampleRows");
 }
 
 absl::Status SmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,

@@ -72,9 +72,14 @@ absl::Status SmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* 
 // logits: [n, vocab] f32, out: [n] int32.
 absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Stream stream);
 
-// out[r] = the token engine::SampleRow picks for row r of logits [n, vocab] (float32): the
-// argmax at temperature 0, else the Gumbel-max draw of engine/sample_noise.h.
+// out[r] = the token engine::SampleRowRule picks for row r of logits [n, vocab] (float32) with
+// params[r] (engine/sample_rule.h's rule: penalty, temperature, min-p, top-k, top-p, Gumbel-max
+// draw), and logprobs[r] its logprobs where params[r].logprobs > 0. penalty_tokens: the ids
+// params[r].penalty_start/count index (device; may be null when no row has a penalty), each in
+// [0, vocab). REQUIRES: params[r].logprobs <= engine::kMaxLogprobs; logprobs non-null if any
+// row asks for them. One CTA per row; no host synchronization (graph-capturable).
 absl::Status SampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
-                        int32_t* out, Stream stream);
+                        const int32_t* penalty_tokens, int32_t* out, engine::RowLogprobs* logprobs,
+                        Stream stream);
 
 }  // namespace cascade::cuda

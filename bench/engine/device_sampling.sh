@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call for sampling on the GPU (issue 10): builds on the GPU machine, runs every GPU
+# bitwise test (kernels, attention incl. cascade == flat, backend incl. cached == cold, graph ==
+# eager and device sampler == host rule on full-vocabulary rows, engine incl. device == host
+# sampling with every option), then times engine_bench decode for each sampler (greedy,
+# temperature, topk, topp, minp, penalty, logprobs, all) in one process.
+# Usage: bash bench/engine/device_sampling.sh [preset, default qwen3-0.6b]
+# Environment: BATCHES (default 1,64,256). Logs under $OUT (or ./device-out).
+set -uo pipefail
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+PRESET=${1:-qwen3-0.6b}
+export CASCADE_SUBDIRS="common cache_service gpu_worker/model gpu_worker/engine gpu_worker/backend/cpu gpu_worker/backend/cuda tests/gpu bench/engine"
+T="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test engine_bench"
+t0=$(date +%s)
+bash scripts/device_build.sh $T >"$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+. build-gpu/env.sh
+echo "build: $(( $(date +%s) - t0 )) s"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+fail=0
+for t in cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test; do
+  timeout 300 build-gpu/tests/$t >"$OUT/$t.log" 2>&1; rc=$?
+  [ $rc -ne 0 ] && fail=1
+  echo "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/$t.log" | tr '\n' ' ') ($(( $(date +%s) - t0 )) s)"
+  grep -E "graph == eager|device == host|identical:|cascade:" "$OUT/$t.log" | head -6
+  grep -B2 -A8 "Failure" "$OUT/$t.log" | head -60
+done
+echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
+timeout 300 build-gpu/bench/engine_bench --backend=cuda --preset=$PRESET --sections=decode \
+  --samplers=greedy,temperature,topk,topp,minp,penalty,logprobs,all \
+  --batches=${BATCHES:-1,64,256} >"$OUT/decode_sampling_$PRESET.log" 2>&1
+echo "decode rc=$? ($(( $(date +%s) - t0 )) s)"
+sed -n '/by variant/,$p' "$OUT/decode_sampling_$PRESET.log"
+echo "total: $(( $(date +%s) - t0 )) s; tests all passed: $([ $fail = 0 ] && echo yes || echo NO)"

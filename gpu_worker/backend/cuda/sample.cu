@@ -1,0 +1,387 @@
+// The device side of engine/sample_rule.h's rule: one CTA per logits row draws the row's token
+// (and its logprobs) with no row copied to the host. Thresholds (top-k, top-p) are found by
+// radix selection over the rule's order keys: each level histograms the keys of a shrinking
+// interval into 2048 bins with integer atomics (counts, or fixed-point weights for top-p), so
+// the result is exact whatever order threads add in; once an interval holds at most kCap
+// elements they are copied to shared memory and the remaining levels read only those. The top
+// logprobs come from per-thread lists merged per warp and ranked by (key desc, id asc).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+
+#include "gpu_worker/backend/cuda/launchers.h"
+#include "gpu_worker/backend/cuda/pdl.cuh"
+#include "gpu_worker/engine/sample_rule.h"
+
+namespace cascade::cuda::internal {
+namespace {
+
+using engine::SampleSpec;
+using u64 = unsigned long long;
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBins = 2048;
+constexpr int kCap = 4096;  // candidates held in shared memory
+
+// Fixed-point weights (< 2^42) are histogrammed as four 11-bit pieces in 32-bit counters, whose
+// sums cannot overflow below 2^21 tokens: 32-bit shared atomics are native, 64-bit ones are a
+// compare-and-swap loop that serializes under the contention of a flat distribution.
+constexpr int kPieceBits = 11, kPieces = 4;
+
+// Dynamic shared memory of one CTA; the penalty bitmap ([ceil(vocab / 32)] words) follows.
+struct Smem {
+  uint32_t mass[kPieces][kBins];  // weight pieces per bin (by-mass selections)
+  uint32_t cnt[kBins];
+  uint32_t cand_key[kCap];                         // SelectKey's candidates
+  uint32_t lp_key[kWarps * engine::kMaxLogprobs];  // the warps' top logprob keys
+  int32_t lp_id[kWarps * engine::kMaxLogprobs];
+  u64 red64[kWarps];
+  uint32_t red_key[kWarps];
+  int32_t red_id[kWarps];
+  float red_score[kWarps];
+  uint32_t lo, hi, pop;
+  u64 above, total;
+  int ncand;
+};
+
+__device__ __forceinline__ u64 Mass(const Smem& sh, int b) {
+  u64 m = 0;
+#pragma unroll
+  for (int p = 0; p < kPieces; ++p) m += static_cast<u64>(sh.mass[p][b]) << (p * kPieceBits);
+  return m;
+}
+
+__device__ __forceinline__ u64 BlockSum(u64 v, Smem& sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh.red64[threadIdx.x >> 5] = v;
+  __syncthreads();
+  u64 t = 0;
+  for (int w = 0; w < kWarps; ++w) t += sh.red64[w];
+  return t;
+}
+
+// Block max of (key desc, id asc); every thread gets the winner.
+__device__ __forceinline__ void BlockBestKey(uint32_t& key, int& id, Smem& sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint32_t k2 = __shfl_xor_sync(0xffffffffu, key, o);
+    const int i2 = __shfl_xor_sync(0xffffffffu, id, o);
+    if (k2 > key || (k2 == key && i2 < id)) key = k2, id = i2;
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh.red_key[threadIdx.x >> 5] = key, sh.red_id[threadIdx.x >> 5] = id;
+  __syncthreads();
+  key = sh.red_key[0], id = sh.red_id[0];
+  for (int w = 1; w < kWarps; ++w) {
+    if (sh.red_key[w] > key || (sh.red_key[w] == key && sh.red_id[w] < id)) {
+      key = sh.red_key[w], id = sh.red_id[w];
+    }
+  }
+}
+
+// Block max of (score desc, id asc) over ids >= 0 (id -1: nothing); every thread gets the winner.
+__device__ __forceinline__ int BlockBestScore(float score, int id, Smem& sh) {
+  auto better = [](float s2, int i2, float s, int i) {
+    return i2 >= 0 && (i < 0 || s2 > s || (s2 == s && i2 < i));
+  };
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float s2 = __shfl_xor_sync(0xffffffffu, score, o);
+    const int i2 = __shfl_xor_sync(0xffffffffu, id, o);
+    if (better(s2, i2, score, id)) score = s2, id = i2;
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0)
+    sh.red_score[threadIdx.x >> 5] = score, sh.red_id[threadIdx.x >> 5] = id;
+  __syncthreads();
+  score = sh.red_score[0], id = sh.red_id[0];
+  for (int w = 1; w < kWarps; ++w) {
+    if (better(sh.red_score[w], sh.red_id[w], score, id))
+      score = sh.red_score[w], id = sh.red_id[w];
+  }
+  return id;
+}
+
+// f(v, z[v]) for every token of the row, 16-byte loads where the row allows.
+template <class F>
+__device__ __forceinline__ void ForEachToken(const float* z, int vocab, F&& f) {
+  if ((vocab & 3) == 0) {
+    const float4* z4 = reinterpret_cast<const float4*>(z);
+    const int n4 = vocab >> 2;
+#pragma unroll 1
+    for (int i = threadIdx.x; i < n4; i += kThreads) {
+      const float4 q = z4[i];
+      f(4 * i, q.x);
+      f(4 * i + 1, q.y);
+      f(4 * i + 2, q.z);
+      f(4 * i + 3, q.w);
+    }
+  } else {
+    for (int v = threadIdx.x; v < vocab; v += kThreads) f(v, z[v]);
+  }
+}
+
+// The largest key t in [lo, hi] such that `above0` plus the sum of f over the row's elements
+// with key in [t, hi] reaches the target; f = 1 (count) or KeyWeight(key, m) (by_mass). The
+// target is `count_target`, or NeedMass(total mass in [lo, hi], top_p) by mass. A count target
+// above the count in [lo, hi] gives lo. key_of(v, z) is the element's key. known_pop: how many
+// elements [lo, hi] holds, or -1; *count_ge (count mode): how many have a key >= the result, or
+// -1 where not known.
+template <class KeyOf>
+__device__ uint32_t SelectKey(Smem& sh, const float* z, int vocab, KeyOf&& key_of, uint32_t lo,
+                              uint32_t hi, bool by_mass, float m, u64 count_target, float top_p,
+                              int64_t known_pop, int64_t* count_ge) {
+  *count_ge = -1;
+  bool in_smem = false, first = true;
+  bool collect = known_pop >= 0 && known_pop <= kCap;
+  int ncand = 0;
+  u64 above = 0, target = count_target;
+  while (lo < hi) {
+    const uint32_t span = hi - lo;
+    const int shift = max(0, 32 - __clz(span) - 11);
+    for (int i = threadIdx.x; i < kBins; i += kThreads) {
+      sh.cnt[i] = 0;
+      if (by_mass) {
+#pragma unroll
+        for (int p = 0; p < kPieces; ++p) sh.mass[p][i] = 0;
+      }
+    }
+    if (threadIdx.x == 0) sh.ncand = 0;
+    __syncthreads();
+    auto add = [&](uint32_t k) {
+      if (k < lo || k > hi) return;
+      const int b = (k - lo) >> shift;
+      atomicAdd(&sh.cnt[b], 1u);
+      if (by_mass) {
+        const uint64_t w = engine::KeyWeight(k, m);
+#pragma unroll
+        for (int p = 0; p < kPieces; ++p) {
+          const uint32_t piece =
+              static_cast<uint32_t>(w >> (p * kPieceBits)) & ((1u << kPieceBits) - 1);
+          if (piece != 0) atomicAdd(&sh.mass[p][b], piece);
+        }
+      }
+      if (collect) sh.cand_key[atomicAdd(&sh.ncand, 1)] = k;  // pop <= kCap of them
+    };
+    if (in_smem) {
+      for (int i = threadIdx.x; i < ncand; i += kThreads) add(sh.cand_key[i]);
+    } else {
+      ForEachToken(z, vocab, [&](int v, float x) { add(key_of(v, x)); });
+    }
+    __syncthreads();
+    if (collect) ncand = sh.ncand, in_smem = true, collect = false;
+    if (first) {
+      u64 part = 0;
+      for (int i = threadIdx.x; i < kBins; i += kThreads) part += by_mass ? Mass(sh, i) : sh.cnt[i];
+      const u64 total = BlockSum(part, sh);
+      if (by_mass) target = engine::NeedMass(total, top_p);
+      if (total < target) {  // uniform: every thread has the same total
+        *count_ge = static_cast<int64_t>(total);
+        return lo;
+      }
+      first = false;
+    }
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      u64 chunk = 0;
+      for (int b = lane * 64; b < lane * 64 + 64; ++b) chunk += by_mass ? Mass(sh, b) : sh.cnt[b];
+      u64 suffix = chunk;  // sum over lanes >= lane
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const u64 t = __shfl_down_sync(0xffffffffu, suffix, o);
+        if (lane + o < 32) suffix += t;
+      }
+      const unsigned ok = __ballot_sync(0xffffffffu, above + suffix >= target);
+      const int j = 31 - __clz(ok);  // ok != 0: the interval holds the target
+      if (lane == j) {
+        u64 acc = above + suffix - chunk;
+        int b = lane * 64 + 63;
+        for (;; --b) {
+          const u64 fb = by_mass ? Mass(sh, b) : sh.cnt[b];
+          if (acc + fb >= target || b == lane * 64) {
+            sh.above = acc;
+            break;
+          }
+          acc += fb;
+        }
+        const uint64_t nlo = uint64_t{lo} + (uint64_t{static_cast<uint32_t>(b)} << shift);
+        const uint64_t nhi = nlo + (uint64_t{1} << shift) - 1;
+        sh.lo = static_cast<uint32_t>(nlo);
+        sh.hi = static_cast<uint32_t>(nhi < hi ? nhi : hi);
+        sh.pop = sh.cnt[b];
+      }
+    }
+    __syncthreads();
+    lo = sh.lo, hi = sh.hi, above = sh.above;
+    collect = !in_smem && sh.pop <= kCap;
+    if (!by_mass) *count_ge = static_cast<int64_t>(above + sh.pop);
+    __syncthreads();  // sh.* read before the next level overwrites them
+  }
+  return lo;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    SampleKernel(const float* logits, int vocab, const SampleSpec* specs,
+                 const int32_t* penalty_tokens, int32_t* out, engine::RowLogprobs* lp_out) {
+  WaitForPriorGrids();
+  extern __shared__ uint4 smem_raw[];
+  Smem& sh = *reinterpret_cast<Smem*>(smem_raw);
+  uint32_t* bitmap = reinterpret_cast<uint32_t*>(&sh + 1);
+  const SampleSpec sp = specs[blockIdx.x];
+  const float* z = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  const bool pen = engine::UsesPenalty(sp);
+  if (pen) {
+    for (int i = threadIdx.x; i < (vocab + 31) / 32; i += kThreads) bitmap[i] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < sp.penalty_count; i += kThreads) {
+      const int t = penalty_tokens[sp.penalty_start + i];
+      atomicOr(&bitmap[t >> 5], 1u << (t & 31));
+    }
+    __syncthreads();
+  }
+  const float inv_t = engine::InvTemperature(sp);
+  auto key_of = [&](int v, float x) {
+    return engine::ScoreKey(x, pen && ((bitmap[v >> 5] >> (v & 31)) & 1u), sp, inv_t);
+  };
+  auto raw_key = [](int, float x) { return engine::OrderKey(engine::Canon(x)); };
+  const bool greedy = sp.temperature == 0.0f;
+  const bool filters = engine::HasFilters(sp, vocab);
+  const int n_lp = min(sp.logprobs, vocab);
+
+  // Pass 1: the best score key (greedy's token, the filters' max), the max raw key, and each
+  // thread's top n_lp raw keys by (key desc, id asc) (a thread meets its ids in ascending order,
+  // so an equal key never displaces an earlier one; few elements enter after the first).
+  uint32_t best_key = 0, max_raw = 0;
+  int best_id = vocab;
+  uint32_t top_key[engine::kMaxLogprobs];
+  int top_id[engine::kMaxLogprobs];
+  for (int i = 0; i < engine::kMaxLogprobs; ++i) top_key[i] = 0, top_id[i] = INT_MAX;
+  if (greedy || filters || n_lp > 0) {
+    uint32_t rk = 0;
+    ForEachToken(z, vocab, [&](int v, float x) {
+      const uint32_t k = key_of(v, x);
+      if (k > best_key || (k == best_key && v < best_id)) best_key = k, best_id = v;
+      const uint32_t r = raw_key(v, x);
+      rk = max(rk, r);
+      if (n_lp > 0 && r > top_key[n_lp - 1]) {
+        int j = n_lp - 1;
+        for (; j > 0 && top_key[j - 1] < r; --j)
+          top_key[j] = top_key[j - 1], top_id[j] = top_id[j - 1];
+        top_key[j] = r, top_id[j] = v;
+      }
+    });
+    BlockBestKey(best_key, best_id, sh);
+    int unused = 0;
+    BlockBestKey(rk, unused, sh);
+    max_raw = rk;
+  }
+  if (n_lp > 0) {
+    // Each warp merges its lanes' lists into its top n_lp (candidates [warp * n_lp, + n_lp)).
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int head = 0;
+    for (int r = 0; r < n_lp; ++r) {
+      uint32_t ck = head < n_lp ? top_key[head] : 0;
+      int ci = head < n_lp ? top_id[head] : INT_MAX, cl = lane;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const uint32_t k2 = __shfl_xor_sync(0xffffffffu, ck, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, ci, o);
+        const int l2 = __shfl_xor_sync(0xffffffffu, cl, o);
+        if (k2 > ck || (k2 == ck && (i2 < ci || (i2 == ci && l2 < cl)))) ck = k2, ci = i2, cl = l2;
+      }
+      if (cl == lane) ++head;
+      if (lane == 0) sh.lp_key[warp * n_lp + r] = ck, sh.lp_id[warp * n_lp + r] = ci;
+    }
+  }
+
+  // The filters' threshold, then the draw (in the last pass, with the logprobs' weight sum).
+  uint32_t floor_key = 0;
+  if (filters) {
+    if (sp.min_p > 0.0f) floor_key = engine::MinPKey(best_key, sp.min_p);
+    int64_t kept = -1;  // elements >= floor_key, where known
+    if (engine::HasTopK(sp, vocab)) {
+      floor_key = SelectKey(sh, z, vocab, key_of, floor_key, best_key, false, 0.0f,
+                            static_cast<u64>(sp.top_k), 1.0f, -1, &kept);
+    }
+    if (sp.top_p < 1.0f) {
+      int64_t unused = 0;  // few kept by top-k: top-p's first level already gathers them
+      floor_key = SelectKey(sh, z, vocab, key_of, floor_key, best_key, true,
+                            engine::KeyValue(best_key), 0, sp.top_p, kept, &unused);
+    }
+  }
+  const float max_z = engine::KeyValue(max_raw);
+  float best_score = 0.0f;
+  int draw_id = -1;
+  u64 weight_sum = 0;
+  if (!greedy || n_lp > 0) {
+    ForEachToken(z, vocab, [&](int v, float x) {
+      if (!greedy) {
+        const uint32_t k = key_of(v, x);
+        if (k >= floor_key) {
+          const float s =
+              engine::AddF(engine::KeyValue(k),
+                           engine::GumbelNoise(engine::TokenUniform(sp.seed, sp.position, v)));
+          if (draw_id < 0 || s > best_score) best_score = s, draw_id = v;
+        }
+      }
+      if (n_lp > 0) weight_sum += engine::KeyWeight(raw_key(v, x), max_z);
+    });
+  }
+  const int token = greedy ? best_id : BlockBestScore(best_score, draw_id, sh);
+  if (threadIdx.x == 0) out[blockIdx.x] = token;
+  if (n_lp == 0) return;
+
+  // Logprobs: lse from the exact weight sum; ranks of the warps' candidates give the top n_lp
+  // (ties of sentinel entries rank past n_lp: n_lp <= vocab real keys precede them).
+  const double lse = engine::LogSumExp(max_z, BlockSum(weight_sum, sh));
+  engine::RowLogprobs& o = lp_out[blockIdx.x];
+  const int ncand = kWarps * n_lp;
+  for (int i = threadIdx.x; i < ncand; i += kThreads) {
+    const uint32_t k = sh.lp_key[i];
+    const int id = sh.lp_id[i];
+    int rank = 0;
+    for (int j = 0; j < ncand; ++j) {
+      const uint32_t kj = sh.lp_key[j];
+      rank += kj > k || (kj == k && sh.lp_id[j] < id);
+    }
+    if (rank < n_lp) {
+      o.top_ids[rank] = id;
+      o.top[rank] = engine::LogprobOf(engine::KeyValue(k), lse);
+    }
+  }
+  if (threadIdx.x == 0) {
+    o.num_top = n_lp;
+    o.sampled = engine::LogprobOf(z[token], lse);
+  }
+}
+
+std::atomic<size_t> g_smem_set{0};
+
+}  // namespace
+
+size_t SampleRowsSmemBytes(int vocab) {
+  return sizeof(Smem) + static_cast<size_t>((vocab + 31) / 32) * 4;
+}
+
+cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const SampleSpec* specs,
+                             const int32_t* penalty_tokens, int32_t* out,
+                             engine::RowLogprobs* logprobs, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const size_t smem = SampleRowsSmemBytes(vocab);
+  if (smem > g_smem_set.load()) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        SampleKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    g_smem_set.store(smem);
+  }
+  return LaunchKernel(SampleKernel, n, kThreads, smem, stream, logits, vocab, specs, penalty_tokens,
+                      out, logprobs);
+}
+
+}  // namespace cascade::cuda::internal

@@ -1,0 +1,20 @@
+// sample_rule.h's rule applied to one logits row on the host (the CPU backend's ForwardSampled,
+// the engine's Sample(), and the reference of the CUDA kernel's tests).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "gpu_worker/engine/sample_rule.h"
+
+namespace cascade::engine {
+
+// The token of one row, and its logprobs when spec.logprobs > 0 (`logprobs` may then not be
+// null). `logits`: [vocab] float32; `penalty_tokens`: the tokens the repetition penalty applies
+// to (duplicates and ids outside the vocabulary are ignored; spec.penalty_start/count are not
+// read). Found by sorting and exact integer sums: the reference the CUDA kernel (any order of
+// reduction) must equal bitwise.
+int32_t SampleRowRule(const float* logits, int vocab, const SampleSpec& spec,
+                      std::span<const int32_t> penalty_tokens, RowLogprobs* logprobs);
+
+}  // namespace cascade::engine

@@ -1,0 +1,115 @@
+// Cascade's sampling rule, one definition for the host sampler (sampler.cc) and the CUDA kernel
+// (backend/cuda/sample.cu): plain structs and the per-token arithmetic, host+device under nvcc.
+//
+// For one logits row z[0, vocab) and a SampleSpec:
+//  1. Penalty (Hugging Face / vLLM repetition penalty): each distinct listed token's logit is
+//     divided by r when positive, multiplied by r otherwise.
+//  2. Temperature 0: the token is the argmax of the penalized logits (lowest id among ties); the
+//     filters below do not apply (vLLM's greedy). Else s_v = z'_v * (1 / T).
+//  3. Filters, each a threshold on s (ties at a threshold are all kept):
+//     min-p keeps s_v >= max_s + ln(min_p) (p_v >= min_p * p_max);
+//     top-k keeps s_v >= the k-th largest s (counted with multiplicity);
+//     top-p, over what min-p and top-k kept: weights w_v = FixedWeight(s_v - max_s) (integers,
+//     2^40 at the max), W their sum, need = max(1, floor(top_p * W)) in double; keeps
+//     s_v >= the largest value t with sum_{s_u >= t} w_u >= need (vLLM's nucleus: the smallest
+//     top set whose mass reaches top_p).
+//  4. The draw: argmax over kept v of s_v + GumbelNoise(TokenUniform(seed, position, v)), lowest
+//     id among ties: an exact sample of softmax(s) restricted to the kept set.
+//  5. Logprobs (vLLM's default, raw logprobs: of the unpenalized, untempered logits):
+//     lse = max_z + ln(sum_v FixedWeight(z_v - max_z) / 2^40) in double; logprob_v = z_v - lse
+//     rounded to float; the top `logprobs` by (z desc, id asc) and the sampled token's.
+// Every value is compared through OrderKey (NaN counts as -inf, -0 as +0), every sum is an
+// integer sum, and every float operation is correctly rounded (sample_noise.h): the result does
+// not depend on the order of any reduction, so a parallel kernel gives the host's bits.
+#pragma once
+
+#include <cstdint>
+
+#include "gpu_worker/engine/sample_noise.h"
+
+namespace cascade::engine {
+
+constexpr int kMaxLogprobs = 20;
+
+// How one row is sampled. Plain data: the device reads an array of these.
+struct SampleSpec {
+  float temperature = 0.0f;         // >= 0; 0: argmax
+  float top_p = 1.0f;               // (0, 1]; 1: off
+  int32_t top_k = 0;                // <= 0 or >= vocab: off
+  float min_p = 0.0f;               // [0, 1]; 0: off
+  float repetition_penalty = 1.0f;  // > 0; 1: off
+  int32_t logprobs = 0;             // [0, kMaxLogprobs]
+  int32_t penalty_start = 0;        // the row's distinct penalized tokens:
+  int32_t penalty_count = 0;        //   ForwardBatch::penalty_tokens[start, start + count)
+  uint64_t seed = 0;
+  int64_t position = 0;  // global position of the token being sampled
+};
+
+// Logprobs of one sampled row (step 5).
+struct RowLogprobs {
+  float sampled = 0.0f;  // the sampled token's
+  int32_t num_top = 0;
+  int32_t top_ids[kMaxLogprobs] = {};
+  float top[kMaxLogprobs] = {};
+};
+
+// Total order of floats as unsigned keys; callers pass canonical values (Canon).
+CASCADE_HD uint32_t OrderKey(float x) {
+  uint32_t b;
+  memcpy(&b, &x, 4);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+CASCADE_HD float KeyValue(uint32_t k) {
+  const uint32_t b = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+  float x;
+  memcpy(&x, &b, 4);
+  return x;
+}
+// NaN -> -inf, -0 -> +0.
+CASCADE_HD float Canon(float x) { return x != x ? -INFINITY : AddF(x, 0.0f); }
+
+CASCADE_HD float Penalize(float z, float r) { return z > 0.0f ? DivF(z, r) : MulF(z, r); }
+
+CASCADE_HD float InvTemperature(const SampleSpec& s) {
+  return s.temperature == 0.0f ? 1.0f : DivF(1.0f, s.temperature);
+}
+
+// Step 1-2's value of token v: `penalized` says whether v is among the row's penalty tokens.
+CASCADE_HD uint32_t ScoreKey(float z, bool penalized, const SampleSpec& s, float inv_t) {
+  if (penalized) z = Penalize(z, s.repetition_penalty);
+  return OrderKey(Canon(s.temperature == 0.0f ? z : MulF(z, inv_t)));
+}
+
+CASCADE_HD bool UsesPenalty(const SampleSpec& s) {
+  return s.repetition_penalty != 1.0f && s.penalty_count > 0;
+}
+CASCADE_HD bool HasTopK(const SampleSpec& s, int vocab) { return s.top_k > 0 && s.top_k < vocab; }
+// True when a temperature row has a filter (min-p, top-k or top-p) to apply before the draw.
+CASCADE_HD bool HasFilters(const SampleSpec& s, int vocab) {
+  return s.temperature != 0.0f && (s.min_p > 0.0f || HasTopK(s, vocab) || s.top_p < 1.0f);
+}
+
+// Min-p's threshold key given the row's max key.
+CASCADE_HD uint32_t MinPKey(uint32_t max_key, float min_p) {
+  return OrderKey(Canon(AddF(KeyValue(max_key), DetLn(min_p))));
+}
+
+// Weight of the value with key k when the row's max value is m (step 3).
+CASCADE_HD uint64_t KeyWeight(uint32_t k, float m) { return FixedWeight(AddF(KeyValue(k), -m)); }
+
+// Top-p's mass to reach, of total W.
+CASCADE_HD uint64_t NeedMass(uint64_t total, float top_p) {
+  const double t = MulD(U64ToD(total), static_cast<double>(top_p));
+  return t >= 1.0 ? static_cast<uint64_t>(t) : 1;
+}
+
+// Step 5: lse from max_z and the weight sum, then one token's logprob.
+CASCADE_HD double LogSumExp(float max_z, uint64_t weight_sum) {
+  return AddD(static_cast<double>(max_z),
+              AddD(DetLnD(U64ToD(weight_sum)), -kWeightBits * 0.6931471805599453));
+}
+CASCADE_HD float LogprobOf(float z, double lse) {
+  return DToF(AddD(static_cast<double>(Canon(z)), -lse));
+}
+
+}  // namespace cascade::engine
