@@ -134,6 +134,76 @@ TEST(EngineTest, EvictionUnderPressureNeverChangesOutput) {
   EXPECT_GT(tiny->Stats().prefix_cache_hits, 0);
 }
 
+// 16 tenants' prefixes cycled through GPU KV for about four of them, with a host tier for all:
+// every round after the first restores from the host, and the trace backend (which fails a step
+// reading a slot that holds the wrong position, and hashes every token it reads) sees the same
+// KV as cold. A small host tier then evicts on the host as well, with the same outputs.
+TEST(EngineTest, PrefixesCycledThroughASmallGpuTierRestoreFromTheHostExactly) {
+  std::mt19937 rng(41);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 16; ++i) {
+    Request r = RandomRequest(rng, kVocab, 1, 1, 3);
+    r.chunks[0].tokens.resize(40);
+    for (auto& t : r.chunks[0].tokens) t = static_cast<int32_t>(rng() % kVocab);
+    reqs.push_back(r);
+  }
+  std::vector<Result> cold;
+  for (const Request& r : reqs) {
+    auto fresh = MakeEngine(64);
+    cold.push_back(RunOne(*fresh, r));
+  }
+  for (int64_t host_blocks : {int64_t{16 * 5}, int64_t{64}}) {
+    EngineOptions o;
+    o.host_kv_bytes = host_blocks * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
+    auto e = MakeEngine(24, o);
+    for (int round = 0; round < 3; ++round) {
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        Result got = RunOne(*e, reqs[i]);
+        ExpectSame(cold[i], got, "round " + std::to_string(round) + " tenant " + std::to_string(i));
+        if (round > 0 && host_blocks == 80) EXPECT_EQ(got.cached_tokens, 32);  // (40 - 1) / 8
+      }
+    }
+    const EngineStats st = e->Stats();
+    EXPECT_EQ(st.host_total_blocks, host_blocks);
+    EXPECT_GT(st.host_restored_blocks, 0);
+    EXPECT_EQ(st.used_blocks, 0);
+    if (host_blocks == 80) {
+      // Each tenant is back after 15 others: always from the host, never still on the GPU.
+      EXPECT_EQ(st.prefix_cache_hits_host, 2 * 16 * 32);
+      EXPECT_EQ(st.prefix_cache_hits, 2 * 16 * 32);
+      EXPECT_EQ(st.host_evicted_blocks, 0);
+    } else {
+      EXPECT_GT(st.host_evicted_blocks, 0);
+    }
+  }
+}
+
+// RegisterChunk's eviction hints through the engine: a prefix with a higher priority stays on
+// the GPU while lower-priority prefixes cycle through it.
+TEST(EngineTest, HigherPriorityPrefixStaysOnTheGpuWhileOthersCycle) {
+  std::mt19937 rng(42);
+  auto make = [&](int32_t priority) {
+    Request r = RandomRequest(rng, kVocab, 1, 1, 1);
+    r.chunks[0].tokens.resize(33);
+    for (auto& t : r.chunks[0].tokens) t = static_cast<int32_t>(rng() % kVocab);
+    r.priority = priority;
+    return r;
+  };
+  const Request vip = make(1);
+  auto e = MakeEngine(16);
+  RunOne(*e, vip);
+  for (int i = 0; i < 6; ++i) RunOne(*e, make(0));  // 5 blocks each: the LRU would take vip's
+  EXPECT_EQ(RunOne(*e, vip).cached_tokens, 32);
+
+  // Without the priority, the same sequence of requests evicts it.
+  rng.seed(42);
+  Request plain = make(0);
+  auto e2 = MakeEngine(16);
+  RunOne(*e2, plain);
+  for (int i = 0; i < 6; ++i) RunOne(*e2, make(0));
+  EXPECT_EQ(RunOne(*e2, plain).cached_tokens, 0);
+}
+
 TEST(EngineTest, PreemptionNeverChangesOutput) {
   std::mt19937 rng(6);
   std::vector<Request> reqs;

@@ -26,12 +26,11 @@ __global__ void KvBlockCopyKernel(uint4* const* parts, int num_parts, KvBlockLis
 }  // namespace
 
 cudaError_t LaunchKvBlockCopy(void* const* parts, int num_parts, const KvBlockList& blocks, int n,
-                              int64_t part_bytes, void* stage, bool to_stage,
-                              cudaStream_t stream) {
+                              int64_t part_bytes, void* stage, bool to_stage, cudaStream_t stream) {
   const dim3 grid(num_parts, n);
   KvBlockCopyKernel<<<grid, 256, 0, stream>>>(reinterpret_cast<uint4* const*>(parts), num_parts,
-                                              blocks, part_bytes / 16,
-                                              static_cast<uint4*>(stage), to_stage);
+                                              blocks, part_bytes / 16, static_cast<uint4*>(stage),
+                                              to_stage);
   return cudaGetLastError();
 }
 
