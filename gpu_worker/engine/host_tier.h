@@ -106,7 +106,7 @@ class HostKvTier {
   std::vector<int32_t> free_;
   std::unordered_map<hash::Hash128, int32_t, hash::Hash128Hasher> slot_of_;
   std::unordered_map<hash::Hash128, int64_t, hash::Hash128Hasher> children_;  // parent -> count
-  EvictionQueue evictable_;  // host leaves
+  EvictionQueue evictable_;                                                   // host leaves
   uint64_t tick_ = 0;
   std::vector<int32_t> protected_;
   std::vector<HostCopyOp> copies_;

@@ -94,8 +94,8 @@ TEST(EvictionTest, ListenerSeesEachEvictedBlockBeforeItsKeyIsDropped) {
 
 HostKvTier MakeHost(int64_t slots, std::function<int64_t()> now = nullptr) {
   constexpr int64_t kBytes = 8;
-  auto mem = HostKvMemory(static_cast<std::byte*>(std::malloc(slots * kBytes)),
-                          HostKvDeleter{&std::free});
+  auto mem =
+      HostKvMemory(static_cast<std::byte*>(std::malloc(slots * kBytes)), HostKvDeleter{&std::free});
   return HostKvTier(slots, kBytes, std::move(mem), std::move(now));
 }
 
