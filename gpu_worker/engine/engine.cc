@@ -193,6 +193,8 @@ class EngineImpl final : public Engine {
   absl::Status host_status_;
   std::unique_ptr<HostKvTier> host_;            // null when the host tier is off
   std::vector<hash::Hash128> failed_restores_;  // restored keys whose copy failed
+  std::vector<hash::Hash128> restored_;         // keys restored this step (tier -> GPU)
+  int64_t host_copy_failures_ = 0;
   Scheduler scheduler_;
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   struct Pin {
@@ -413,7 +415,13 @@ absl::Status EngineImpl::FlushHostCopies() {
       run.clear();
     }
   }
-  if (st.ok()) return st;
+  if (st.ok()) {
+    for (const HostCopyOp& op : ops) {
+      if (!op.to_host) restored_.push_back(op.key);
+    }
+    return st;
+  }
+  ++host_copy_failures_;
   std::vector<hash::Hash128> offloaded;
   for (const HostCopyOp& op : ops) {
     (op.to_host ? offloaded : failed_restores_).push_back(op.key);
@@ -430,6 +438,7 @@ void EngineImpl::PublishHostStats() {
   stats_.host_offloaded_blocks = h.offloaded;
   stats_.host_restored_blocks = h.restored;
   stats_.host_evicted_blocks = h.evicted;
+  stats_.host_copy_failures = host_copy_failures_;
 }
 
 void EngineImpl::PublishStats() {
@@ -626,25 +635,28 @@ void EngineImpl::Started(Sequence& seq, SequenceOutput& out) {
 
 void EngineImpl::EndStep() {
   // Copies decided in a step that ended up running nothing (everything preempted) still go now.
-  const absl::Status flushed = FlushHostCopies();
+  FlushHostCopies().IgnoreError();  // a failure is counted and its keys dropped inside
   if (!failed_restores_.empty()) {
     // Their sequences failed with the step and released them; drop the keys.
     blocks_.EvictKeys(failed_restores_);
     failed_restores_.clear();
   }
   MutexLock lock(&mu_);
-  // A chunk is held while its blocks are in either tier: report keys that left the last one.
-  std::vector<hash::Hash128> gone;
+  // A chunk is held while its blocks are in either tier: report keys that left the last one,
+  // and the tier of those that moved.
+  std::vector<hash::Hash128> gone, to_host;
   for (const hash::Hash128& k : blocks_.TakeEvictedKeys()) {
-    if (host_ == nullptr || !host_->Contains(k)) gone.push_back(k);
+    (host_ != nullptr && host_->Contains(k) ? to_host : gone).push_back(k);
   }
+  residency_.OnTier(to_host, KvTier::kHost);
+  residency_.OnTier(restored_, KvTier::kGpu);
+  restored_.clear();
   if (host_ != nullptr) {
     for (const hash::Hash128& k : host_->TakeEvictedKeys()) {
       if (!blocks_.IsCachedKey(k)) gone.push_back(k);
     }
   }
   residency_.OnEvicted(gone);
-  if (!flushed.ok()) ++stats_.host_copy_failures;
   PublishStats();
 }
 

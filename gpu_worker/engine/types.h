@@ -102,6 +102,9 @@ struct SequenceOutput {
   int64_t completion_tokens = 0;
 };
 
+// Where a KV block lives (cascade.v1.KvTier values).
+enum class KvTier { kGpu = 1, kHost = 2 };
+
 // A chunk the worker now holds (or no longer holds), for the registry.
 struct ChunkEvent {
   bool stored = true;  // false = evicted
@@ -111,6 +114,7 @@ struct ChunkEvent {
   int64_t end = 0;
   int64_t held_tokens = 0;  // leading prompt tokens up to `end` held in full blocks
   int32_t kind = 0;
+  KvTier tier = KvTier::kGpu;  // of its last held block
 };
 
 struct EngineStats {
@@ -129,7 +133,7 @@ struct EngineStats {
   int64_t host_offloaded_blocks = 0;  // copied GPU -> host
   int64_t host_restored_blocks = 0;   // copied host -> GPU
   int64_t host_evicted_blocks = 0;    // host copies dropped for room
-  int64_t host_copy_failures = 0;     // steps whose block copies failed
+  int64_t host_copy_failures = 0;     // block copy batches that failed (their keys dropped)
   int64_t preemptions = 0;
   int64_t prompt_tokens_computed = 0;
   int64_t generation_tokens = 0;

@@ -59,11 +59,7 @@ std::unique_ptr<Engine> MakeTieredEngine(int64_t gpu_blocks, int64_t host_blocks
 
 // A request of one chunk of `len` random tokens.
 Request OneChunk(std::mt19937& rng, int len, int max_tokens) {
-  const int vocab = static_cast<int>(Tiny().config().vocab_size);
-  Request r = RandomRequest(rng, vocab, 1, 1, max_tokens);
-  r.chunks[0].tokens.resize(len);
-  for (auto& t : r.chunks[0].tokens) t = static_cast<int32_t>(rng() % vocab);
-  return r;
+  return OneChunkRequest(rng, static_cast<int>(Tiny().config().vocab_size), len, max_tokens);
 }
 
 Request Prefix(const Request& r, size_t chunks) {

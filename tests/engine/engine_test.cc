@@ -141,12 +141,7 @@ TEST(EngineTest, EvictionUnderPressureNeverChangesOutput) {
 TEST(EngineTest, PrefixesCycledThroughASmallGpuTierRestoreFromTheHostExactly) {
   std::mt19937 rng(41);
   std::vector<Request> reqs;
-  for (int i = 0; i < 16; ++i) {
-    Request r = RandomRequest(rng, kVocab, 1, 1, 3);
-    r.chunks[0].tokens.resize(40);
-    for (auto& t : r.chunks[0].tokens) t = static_cast<int32_t>(rng() % kVocab);
-    reqs.push_back(r);
-  }
+  for (int i = 0; i < 16; ++i) reqs.push_back(OneChunkRequest(rng, kVocab, 40, 3));
   std::vector<Result> cold;
   for (const Request& r : reqs) {
     auto fresh = MakeEngine(64);
@@ -183,9 +178,7 @@ TEST(EngineTest, PrefixesCycledThroughASmallGpuTierRestoreFromTheHostExactly) {
 TEST(EngineTest, HigherPriorityPrefixStaysOnTheGpuWhileOthersCycle) {
   std::mt19937 rng(42);
   auto make = [&](int32_t priority) {
-    Request r = RandomRequest(rng, kVocab, 1, 1, 1);
-    r.chunks[0].tokens.resize(33);
-    for (auto& t : r.chunks[0].tokens) t = static_cast<int32_t>(rng() % kVocab);
+    Request r = OneChunkRequest(rng, kVocab, 33, 1);
     r.priority = priority;
     return r;
   };
@@ -202,6 +195,88 @@ TEST(EngineTest, HigherPriorityPrefixStaysOnTheGpuWhileOthersCycle) {
   RunOne(*e2, plain);
   for (int i = 0; i < 6; ++i) RunOne(*e2, make(0));
   EXPECT_EQ(RunOne(*e2, plain).cached_tokens, 0);
+}
+
+// Residency per tier: a chunk the GPU tier evicts into the host tier is reported stored with the
+// host tier (not evicted), stored with the GPU tier again once restored, and evicted only when
+// its last copy leaves the host too.
+TEST(EngineTest, ResidencyEventsFollowAChunkBetweenTiers) {
+  std::mt19937 rng(43);
+  auto one_chunk = [&](int len) { return OneChunkRequest(rng, kVocab, len, 1); };
+  const Request a = one_chunk(33), b = one_chunk(120);
+  EngineOptions o;
+  o.host_kv_bytes = 6 * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
+  auto e = MakeEngine(16, o);
+  auto last_event_of = [&](const hash::Hash128& h) {
+    std::optional<ChunkEvent> last;
+    for (const ChunkEvent& ev : e->TakeChunkEvents()) {
+      if (ev.hash == h) last = ev;
+    }
+    return last;
+  };
+  const Result ra = RunOne(*e, a);
+  const hash::Hash128 ha = ra.chunks[0].hash;
+  std::optional<ChunkEvent> ev = last_event_of(ha);
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_TRUE(ev->stored);
+  EXPECT_EQ(ev->tier, KvTier::kGpu);
+  EXPECT_EQ(ev->held_tokens, 32);
+
+  RunOne(*e, b);  // 15 blocks: a's 4 go to the host
+  ev = last_event_of(ha);
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_TRUE(ev->stored);
+  EXPECT_EQ(ev->tier, KvTier::kHost);
+  EXPECT_EQ(ev->held_tokens, 32);
+  std::vector<ChunkEvent> held = e->HeldChunks();
+  ASSERT_EQ(
+      std::count_if(held.begin(), held.end(), [&](const ChunkEvent& c) { return c.hash == ha; }),
+      1);
+
+  EXPECT_EQ(RunOne(*e, a).cached_tokens, 32);
+  ev = last_event_of(ha);
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_EQ(ev->tier, KvTier::kGpu);
+
+  // b again: a's blocks go to the host, whose 6 slots then fill with b's copies and evict them.
+  RunOne(*e, b);
+  RunOne(*e, one_chunk(120));
+  ev = last_event_of(ha);
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_FALSE(ev->stored);
+  for (const ChunkEvent& c : e->HeldChunks()) EXPECT_NE(c.hash, ha);
+}
+
+// A restore whose copy fails ends its request with an error before any token (never a token
+// computed over KV that did not arrive); the engine goes on, and the next request for the same
+// prefix restores it cleanly and matches cold.
+TEST(EngineTest, FailedRestoreEndsTheRequestWithAnErrorAndTheNextOneMatchesCold) {
+  std::mt19937 rng(44);
+  auto one_chunk = [&](int len) { return OneChunkRequest(rng, kVocab, len, 3); };
+  const Request a = one_chunk(33), b = one_chunk(120);
+  auto fresh = MakeEngine(64);
+  const Result cold = RunOne(*fresh, a);
+  EngineOptions o;
+  o.host_kv_bytes = 64 * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
+  auto backend = std::make_unique<TraceBackend>(16, kBlock, kVocab);
+  TraceBackend* trace = backend.get();
+  o.model_name = "trace";
+  o.debug_capture_logits = true;
+  o.max_context = 100000;
+  auto e = NewEngine(o, std::move(backend));
+  RunOne(*e, a);
+  RunOne(*e, b);  // a goes to the host
+  trace->set_fail_restores(true);
+  const Result failed = RunOne(*e, a);
+  EXPECT_EQ(failed.finish, FinishReason::kError);
+  EXPECT_TRUE(failed.tokens.empty());
+  EXPECT_FALSE(failed.status.ok());
+  EXPECT_EQ(e->Stats().host_copy_failures, 1);
+  trace->set_fail_restores(false);
+  const Result again = RunOne(*e, a);
+  ExpectSame(cold, again, "after a failed restore");
+  EXPECT_EQ(again.cached_tokens, 32);
+  EXPECT_EQ(e->Stats().used_blocks, 0);
 }
 
 TEST(EngineTest, PreemptionNeverChangesOutput) {

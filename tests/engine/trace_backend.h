@@ -91,12 +91,15 @@ class TraceBackend final : public Backend {
   }
   absl::Status CopyBlocksFromHost(std::span<const BlockCopy> copies) override {
     if (absl::Status s = ValidateBlockCopies(copies, num_blocks_); !s.ok()) return s;
+    if (fail_restores_) return absl::DataLossError("injected: host copy failed");
     for (const BlockCopy& c : copies) {
       std::memcpy(kv_.data() + c.block * block_size_, c.host, KvBlockBytes());
     }
     blocks_from_host_ += static_cast<int64_t>(copies.size());
     return absl::OkStatus();
   }
+  // Fault injection: restores from the host fail (nothing is copied).
+  void set_fail_restores(bool fail) { fail_restores_ = fail; }
   int64_t blocks_to_host() const { return blocks_to_host_; }
   int64_t blocks_from_host() const { return blocks_from_host_; }
 
@@ -122,6 +125,7 @@ class TraceBackend final : public Backend {
   int64_t max_batch_tokens_ = 0;
   int64_t blocks_to_host_ = 0;
   int64_t blocks_from_host_ = 0;
+  bool fail_restores_ = false;
 };
 
 }  // namespace cascade::engine::testing
