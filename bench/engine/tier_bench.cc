@@ -57,10 +57,11 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       return false;
     }
     const std::string k = a.substr(2, eq - 2), v = a.substr(eq + 1);
-    std::map<std::string, int*> ints = {{"tenants", &f->tenants},       {"system_len", &f->system_len},
-                                        {"query_len", &f->query_len},   {"gen", &f->gen},
-                                        {"rounds", &f->rounds},         {"concurrency", &f->concurrency},
-                                        {"block_size", &f->block_size}, {"seed", &f->seed}};
+    std::map<std::string, int*> ints = {
+        {"tenants", &f->tenants},       {"system_len", &f->system_len},
+        {"query_len", &f->query_len},   {"gen", &f->gen},
+        {"rounds", &f->rounds},         {"concurrency", &f->concurrency},
+        {"block_size", &f->block_size}, {"seed", &f->seed}};
     bool ok = true;
     if (auto it = ints.find(k); it != ints.end()) {
       ok = absl::SimpleAtoi(v, it->second) && (*it->second > 0 || k == "seed");
@@ -132,9 +133,9 @@ RunResult Run(const Flags& f, const model::Model& m, bool host_on) {
   const int64_t bs = f.block_size;
   const int64_t set_blocks = int64_t{f.tenants} * ((f.system_len + bs - 1) / bs);
   const int64_t request_blocks = (f.system_len + f.query_len + f.gen + bs - 1) / bs;
-  const int64_t gpu_blocks = std::max<int64_t>(
-      static_cast<int64_t>(f.gpu_fraction * static_cast<double>(set_blocks)),
-      request_blocks * f.concurrency);
+  const int64_t gpu_blocks =
+      std::max<int64_t>(static_cast<int64_t>(f.gpu_fraction * static_cast<double>(set_blocks)),
+                        request_blocks * f.concurrency);
   std::unique_ptr<engine::Backend> backend = MakeBackend(f, m, gpu_blocks);
   if (!backend) std::exit(1);
   engine::EngineOptions eo;
@@ -143,7 +144,8 @@ RunResult Run(const Flags& f, const model::Model& m, bool host_on) {
   eo.max_num_batched_tokens = 8192;
   eo.max_context = f.system_len + f.query_len + f.gen + 1;
   eo.max_waiting = 100000;
-  eo.host_kv_bytes = host_on ? (set_blocks + request_blocks * f.concurrency) * backend->KvBlockBytes() : 0;
+  eo.host_kv_bytes =
+      host_on ? (set_blocks + request_blocks * f.concurrency) * backend->KvBlockBytes() : 0;
   auto e = engine::NewEngine(eo, std::move(backend));
   if (!e->HostTierStatus().ok()) {
     std::fprintf(stderr, "host tier: %s\n", e->HostTierStatus().ToString().c_str());
@@ -249,7 +251,8 @@ int Main(int argc, char** argv) {
       f.backend.c_str(), device.c_str(), f.preset.c_str(), f.tenants, f.system_len, f.query_len,
       f.gen, f.rounds, f.concurrency, f.gpu_fraction);
   std::printf(
-      "| host tier | GPU blocks | host blocks | hit rate | of it from host | TTFT p50 ms | TTFT p99 "
+      "| host tier | GPU blocks | host blocks | hit rate | of it from host | TTFT p50 ms | TTFT "
+      "p99 "
       "ms | cold TTFT p50 ms | req/s | out tok/s | s |\n"
       "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::map<std::string, double> p50;
@@ -264,12 +267,13 @@ int Main(int argc, char** argv) {
                                        static_cast<double>(s.prefix_cache_hits)
                                  : 0;
     p50[h] = Percentile(r.ttft_ms, 0.5);
-    std::printf("| %s | %lld | %lld | %.1f%% | %.1f%% | %.1f | %.1f | %.1f | %.2f | %.0f | %.1f |\n",
-                h.c_str(), static_cast<long long>(s.total_blocks),
-                static_cast<long long>(s.host_total_blocks), 100 * hit, 100 * from_host, p50[h],
-                Percentile(r.ttft_ms, 0.99), Percentile(r.ttft_cold_ms, 0.5),
-                f.tenants * f.rounds / r.seconds, static_cast<double>(r.output_tokens) / r.seconds,
-                r.seconds);
+    std::printf(
+        "| %s | %lld | %lld | %.1f%% | %.1f%% | %.1f | %.1f | %.1f | %.2f | %.0f | %.1f |\n",
+        h.c_str(), static_cast<long long>(s.total_blocks),
+        static_cast<long long>(s.host_total_blocks), 100 * hit, 100 * from_host, p50[h],
+        Percentile(r.ttft_ms, 0.99), Percentile(r.ttft_cold_ms, 0.5),
+        f.tenants * f.rounds / r.seconds, static_cast<double>(r.output_tokens) / r.seconds,
+        r.seconds);
     std::fflush(stdout);
   }
   if (p50.count("on") && p50.count("off") && p50["on"] > 0) {

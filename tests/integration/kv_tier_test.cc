@@ -32,12 +32,13 @@ TEST(KvTierTest, EvictedPrefixIsRestoredFromHostMemoryWithTheSameTokens) {
   ASSERT_GT(first.start.chunks_size(), 0);
   const std::optional<hash::Hash128> ha = hash::Hash128::FromHex(first.start.chunks(0).hash());
   ASSERT_TRUE(ha.has_value());
-  ASSERT_TRUE(WaitFor([&] { return HolderTier(*stack.registry(), *ha) == registry::KvTier::kGpu; }));
+  ASSERT_TRUE(
+      WaitFor([&] { return HolderTier(*stack.registry(), *ha) == registry::KvTier::kGpu; }));
 
   ASSERT_TRUE(Generate(stack.gateway(), Req(sys_b, "And tenant B?")).status.ok());
-  ASSERT_TRUE(
-      WaitFor([&] { return HolderTier(*stack.registry(), *ha) == registry::KvTier::kHost; }))
-      << "the registry never learned that the prefix moved to host memory";
+  ASSERT_TRUE(WaitFor([&] {
+    return HolderTier(*stack.registry(), *ha) == registry::KvTier::kHost;
+  })) << "the registry never learned that the prefix moved to host memory";
   cascade::v1::GenerateRequest again_req = Req(sys_a, "What is Cascade?");
   const int64_t sys_tokens = first.start.chunks(0).end() - first.start.chunks(0).start();
   EXPECT_GT(sys_tokens, 16);
