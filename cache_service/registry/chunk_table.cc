@@ -73,6 +73,7 @@ void ChunkTable::UpsertHolder(const hash::Hash128& hash, const ChunkMeta& meta, 
   for (Holder& h : e.holders) {
     if (h.worker == holder.worker) {
       h.held_tokens = holder.held_tokens;
+      h.on_host = holder.on_host;
       return;
     }
   }

@@ -28,6 +28,7 @@ namespace cascade::registry {
 struct Holder {
   uint64_t worker = 0;
   int64_t held_tokens = 0;
+  bool on_host = false;  // its last held block is in the worker's host KV tier
 };
 using HolderList = absl::InlinedVector<Holder, 4>;
 

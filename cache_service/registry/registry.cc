@@ -77,7 +77,9 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
   struct Run {
     uint64_t worker;
     int64_t max_held;
-    size_t length;  // chunks in the run
+    int64_t max_held_gpu;  // leading tokens held on the GPU tier (ancestors stay on the GPU
+                           // while a descendant is there, so this is a prefix of max_held)
+    size_t length;         // chunks in the run
     bool open;
   };
   absl::InlinedVector<Run, 8> runs;
@@ -92,7 +94,9 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
     chunks_.Touch(p.hash, ChunkMeta{prev, p.start, p.end, in.chunks[i].kind}, now, &holders);
     prev = p.hash;
     if (i == 0) {
-      for (const Holder& h : holders) runs.push_back(Run{h.worker, h.held_tokens, 1, true});
+      for (const Holder& h : holders) {
+        runs.push_back(Run{h.worker, h.held_tokens, h.on_host ? 0 : h.held_tokens, 1, true});
+      }
       continue;
     }
     for (Run& r : runs) {
@@ -103,6 +107,7 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
         r.open = false;
       } else {
         r.max_held = std::max(r.max_held, it->held_tokens);
+        if (!it->on_host) r.max_held_gpu = std::max(r.max_held_gpu, it->held_tokens);
         ++r.length;
       }
     }
@@ -112,7 +117,7 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
     MutexLock<Mutex> lock(&workers_mu_);
     for (const auto& [id, w] : workers_) {
       if (w->info.model != in.model || w->lease_expires_ms <= now) continue;
-      WorkerMatch m{w->info.worker_id, w->info.address, 0, 0, w->load};
+      WorkerMatch m{w->info.worker_id, w->info.address, 0, 0, w->load, 0};
       // (A named copy: clang 14, which builds the fuzz targets, cannot capture a structured
       // binding in a lambda.)
       const uint64_t incarnation = w->incarnation;
@@ -120,6 +125,7 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
                              [&](const Run& r) { return r.worker == incarnation; });
       if (it != runs.end()) {
         m.matched_tokens = it->max_held;
+        m.matched_host_tokens = it->max_held - std::min(it->max_held, it->max_held_gpu);
         // A chunk counts as fully held when the worker holds this prompt's tokens through its
         // end. Chunks are held cumulatively (held_tokens counts from position 0), so a chunk
         // whose last partial block is covered by a later chunk's full block counts too.
@@ -237,7 +243,8 @@ absl::StatusOr<HeartbeatResult> Registry::Heartbeat(std::string_view worker_id,
 
 void Registry::ApplyHeld(Worker& w, const HeldChunk& c) {
   chunks_.UpsertHolder(c.hash, ChunkMeta{c.parent_hash, c.start, c.end, c.kind},
-                       Holder{w.incarnation, c.held_tokens}, clock_->NowMs());
+                       Holder{w.incarnation, c.held_tokens, c.tier == KvTier::kHost},
+                       clock_->NowMs());
 }
 
 void Registry::ApplyEvicted(Worker& w, const Hash128& h) { chunks_.RemoveHolder(h, w.incarnation); }

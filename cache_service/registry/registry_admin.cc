@@ -27,7 +27,10 @@ std::vector<ChunkHolder> Registry::HolderIds(const HolderList& holders) {
   MutexLock<Mutex> lock(&workers_mu_);
   for (const Holder& h : holders) {
     auto it = by_incarnation_.find(h.worker);
-    if (it != by_incarnation_.end()) out.push_back({it->second->info.worker_id, h.held_tokens});
+    if (it != by_incarnation_.end()) {
+      out.push_back(
+          {it->second->info.worker_id, h.held_tokens, h.on_host ? KvTier::kHost : KvTier::kGpu});
+    }
   }
   std::sort(out.begin(), out.end(),
             [](const ChunkHolder& a, const ChunkHolder& b) { return a.worker_id < b.worker_id; });

@@ -16,6 +16,9 @@ using hash::Hash128;
 
 // A prompt to resolve. Views only: the caller keeps the model, salts and tokens alive for the
 // duration of the call (the service points them into the request message, no copies).
+// A worker's KV memory tier (cascade.v2.KvTier values; unspecified reads as kGpu).
+enum class KvTier : int32_t { kGpu = 1, kHost = 2 };
+
 struct ResolveInput {
   std::string_view model;
   std::string_view cache_salt;              // request-level salt
@@ -43,6 +46,7 @@ struct WorkerMatch {
   int32_t matched_chunks = 0;  // leading chunks whose every token it holds
   int64_t matched_tokens = 0;  // leading tokens it holds (may end inside a chunk)
   WorkerLoad load;
+  int64_t matched_host_tokens = 0;  // of matched_tokens, those only in its host KV tier
 };
 
 struct ResolveResult {
@@ -80,8 +84,9 @@ struct HeldChunk {
   int64_t start = 0;
   int64_t end = 0;
   int64_t held_tokens = 0;
-  Hash128 parent_hash;  // zero for a prompt's first chunk
-  int32_t kind = 0;     // cascade.v2.ChunkKind value
+  Hash128 parent_hash;         // zero for a prompt's first chunk
+  int32_t kind = 0;            // cascade.v2.ChunkKind value
+  KvTier tier = KvTier::kGpu;  // where its last held block is
 };
 
 struct ChunkEvent {
@@ -99,6 +104,7 @@ struct ReportResult {
 struct ChunkHolder {
   std::string worker_id;
   int64_t held_tokens = 0;
+  KvTier tier = KvTier::kGpu;
 };
 
 struct ChunkRecord {

@@ -62,6 +62,7 @@ void ToProto(const ResolveResult& r, v2::ResolveResponse* resp) {
     out->set_address(m.address);
     out->set_matched_chunks(m.matched_chunks);
     out->set_matched_tokens(m.matched_tokens);
+    out->set_matched_host_tokens(m.matched_host_tokens);
     ToProto(m.load, out->mutable_load());
   }
 }
@@ -76,7 +77,8 @@ absl::StatusOr<ResolveResult> FromProto(const v2::ResolveResponse& resp) {
   }
   for (const v2::WorkerMatch& m : resp.workers()) {
     r.workers.push_back(WorkerMatch{m.worker_id(), m.address(), m.matched_chunks(),
-                                    m.matched_tokens(), FromProto(m.load())});
+                                    m.matched_tokens(), FromProto(m.load()),
+                                    m.matched_host_tokens()});
   }
   return r;
 }
@@ -137,8 +139,18 @@ absl::StatusOr<HeldChunk> FromProto(const v2::HeldChunk& c, std::string_view fie
   absl::StatusOr<Hash128> parent =
       ParseOptionalHash(c.parent_hash(), absl::StrCat(AV(field), ".parent_hash"));
   if (!parent.ok()) return parent.status();
-  return HeldChunk{
-      *h, c.start(), c.end(), c.held_tokens(), *parent, static_cast<int32_t>(c.kind())};
+  if (c.tier() != v2::KV_TIER_UNSPECIFIED && c.tier() != v2::KV_TIER_GPU &&
+      c.tier() != v2::KV_TIER_HOST) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(AV(field), ".tier: ", static_cast<int>(c.tier()), " is not a KvTier"));
+  }
+  return HeldChunk{*h,
+                   c.start(),
+                   c.end(),
+                   c.held_tokens(),
+                   *parent,
+                   static_cast<int32_t>(c.kind()),
+                   c.tier() == v2::KV_TIER_HOST ? KvTier::kHost : KvTier::kGpu};
 }
 
 void ToProto(const HeldChunk& c, v2::HeldChunk* out) {
@@ -148,6 +160,7 @@ void ToProto(const HeldChunk& c, v2::HeldChunk* out) {
   out->set_held_tokens(c.held_tokens);
   if (!c.parent_hash.IsZero()) out->set_parent_hash(c.parent_hash.ToHex());
   out->set_kind(static_cast<v2::ChunkKind>(c.kind));
+  out->set_tier(c.tier == KvTier::kHost ? v2::KV_TIER_HOST : v2::KV_TIER_GPU);
 }
 
 absl::StatusOr<std::vector<ChunkEvent>> EventsFromProto(const v2::ReportEventsRequest& req) {
@@ -200,6 +213,7 @@ void ToProto(const ChunkRecord& r, v2::ChunkRecord* out) {
     v2::ChunkHolder* holder = out->add_holders();
     holder->set_worker_id(h.worker_id);
     holder->set_held_tokens(h.held_tokens);
+    holder->set_tier(h.tier == KvTier::kHost ? v2::KV_TIER_HOST : v2::KV_TIER_GPU);
   }
   out->set_pinned_until_ms(r.pinned_until_ms);
   out->set_last_used_ms(r.last_used_ms);

@@ -3,7 +3,9 @@
 // rule the GPU uses).
 #include "gpu_worker/engine/backend.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <span>
 #include <string>
 
@@ -144,6 +146,48 @@ absl::Status Backend::ForwardSampled(const ForwardBatch& batch, std::vector<floa
                         logprobs != nullptr ? &(*logprobs)[r] : &scratch);
     } else {
       logits->insert(logits->end(), row, row + vocab);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cascade::engine
+
+namespace cascade::engine {
+
+absl::StatusOr<HostKvMemory> Backend::AllocateHostKv(size_t bytes) {
+  if (KvBlockBytes() == 0) {
+    return absl::UnimplementedError(absl::StrCat(Name(), " backend has no KV block I/O"));
+  }
+  // Page-aligned, untouched until used: a large pool costs address space, not resident memory.
+  constexpr size_t kAlign = 4096;
+  void* p =
+      std::aligned_alloc(kAlign, std::max<size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign));
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes of host KV memory"));
+  }
+  return HostKvMemory(static_cast<std::byte*>(p), HostKvDeleter{&std::free});
+}
+
+absl::Status Backend::CopyBlocksToHost(std::span<const BlockCopy> copies) {
+  if (copies.empty()) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(Name(), " backend has no KV block I/O"));
+}
+
+absl::Status Backend::CopyBlocksFromHost(std::span<const BlockCopy> copies) {
+  if (copies.empty()) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(Name(), " backend has no KV block I/O"));
+}
+
+absl::Status ValidateBlockCopies(std::span<const BlockCopy> copies, int64_t num_blocks) {
+  for (size_t i = 0; i < copies.size(); ++i) {
+    if (copies[i].block < 0 || copies[i].block >= num_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat("block copy ", i, ": block ", copies[i].block,
+                                                     " outside [0, ", num_blocks, ")"));
+    }
+    if (copies[i].host == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("block copy ", i, ": null host pointer"));
     }
   }
   return absl::OkStatus();

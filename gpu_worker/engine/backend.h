@@ -2,11 +2,15 @@
 // The scheduler plans a ForwardBatch on the host; a backend runs the model over it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "gpu_worker/engine/sample_rule.h"
 
 namespace cascade::engine {
@@ -67,6 +71,24 @@ struct BatchLimits {
 // logits row.
 absl::Status ValidateForwardBatch(const ForwardBatch& batch, const BatchLimits& limits);
 
+// Host memory for KV blocks, from Backend::AllocateHostKv: page-locked on CUDA (so block copies
+// are DMA), plain memory on the CPU. `release` frees it.
+struct HostKvDeleter {
+  void (*release)(void*) = nullptr;
+  void operator()(std::byte* p) const {
+    if (p != nullptr && release != nullptr) release(p);
+  }
+};
+using HostKvMemory = std::unique_ptr<std::byte[], HostKvDeleter>;
+
+// One whole KV block (every layer, K and V) copied between the cache and host memory:
+// Backend::KvBlockBytes() bytes at `host`, in the backend's own layout (a host copy is read back
+// only by a backend of the same kind and model shape).
+struct BlockCopy {
+  int32_t block = 0;          // KV cache block id
+  std::byte* host = nullptr;  // KvBlockBytes() bytes
+};
+
 // A compute backend: owns the model weights and the paged KV cache.
 // Thread safety: Forward() is called from one engine thread at a time.
 class Backend {
@@ -98,6 +120,28 @@ class Backend {
   virtual absl::Status ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,
                                       std::vector<int32_t>* tokens,
                                       std::vector<RowLogprobs>* logprobs);
+
+  // Block I/O for the host KV tier. KvBlockBytes() is the size of one block's host copy; 0 means
+  // the backend has no block I/O (the default) and the host tier stays off.
+  virtual int64_t KvBlockBytes() const { return 0; }
+
+  // Host memory the block copies may use. ResourceExhausted when it cannot be had.
+  virtual absl::StatusOr<HostKvMemory> AllocateHostKv(size_t bytes);
+
+  // Copy whole blocks out of (ToHost) or into (FromHost) the KV cache. The copies may run
+  // asynchronously, in the order they were issued, but as if between steps: they see every
+  // Forward that returned before the call, and every later Forward runs after them. So a block
+  // whose content went to the host may be rewritten by the next Forward, and a block filled from
+  // the host may be read by it. Host memory must stay valid, and the host must not touch it,
+  // until WaitBlockCopies() returns. INVALID_ARGUMENT for a block id out of range or a null
+  // host pointer (nothing is copied then).
+  virtual absl::Status CopyBlocksToHost(std::span<const BlockCopy> copies);
+  virtual absl::Status CopyBlocksFromHost(std::span<const BlockCopy> copies);
+  // Blocks until every copy issued so far has finished.
+  virtual absl::Status WaitBlockCopies() { return absl::OkStatus(); }
 };
+
+// The check every backend's CopyBlocks* runs first: ids in [0, num_blocks), host pointers set.
+absl::Status ValidateBlockCopies(std::span<const BlockCopy> copies, int64_t num_blocks);
 
 }  // namespace cascade::engine

@@ -6,12 +6,13 @@
 
 namespace cascade::engine {
 
-BlockManager::BlockManager(int64_t num_blocks, int block_size)
+BlockManager::BlockManager(int64_t num_blocks, int block_size, std::function<int64_t()> now_ms)
     : block_size_(block_size),
+      now_ms_(std::move(now_ms)),
       ref_(num_blocks, 0),
       key_(num_blocks),
-      lru_pos_(num_blocks),
-      in_lru_(num_blocks, false) {
+      hints_(num_blocks),
+      last_use_(num_blocks, 0) {
   free_.reserve(num_blocks);
   // Hand out low block ids first (stack pops from the back).
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
@@ -29,13 +30,24 @@ int BlockManager::CountCachedPrefix(std::span<const hash::Hash128> keys) const {
 int32_t BlockManager::AcquireCached(const hash::Hash128& key) {
   auto it = by_key_.find(key);
   assert(it != by_key_.end());
-  int32_t b = it->second.block;
-  if (in_lru_[b]) {
-    lru_.erase(lru_pos_[b]);
-    in_lru_[b] = false;
-  }
-  ++ref_[b];
+  const int32_t b = it->second.block;
+  AddRef(b);
   return b;
+}
+
+void BlockManager::MaybeCandidate(int32_t block) {
+  if (ref_[block] == 0 && key_[block].has_value() && ChildCount(*key_[block]) == 0) {
+    evictable_.Add(block, hints_[block], last_use_[block]);
+  }
+}
+
+int32_t BlockManager::PickVictim() const {
+  const int32_t b = evictable_.Pick(now_ms_ ? now_ms_() : 0);
+  if (b >= 0 || num_unreferenced_ == 0) return b;
+  for (int32_t i = 0; i < num_blocks(); ++i) {
+    if (ref_[i] == 0 && key_[i].has_value()) return i;
+  }
+  return -1;
 }
 
 int32_t BlockManager::AllocateFresh() {
@@ -43,13 +55,16 @@ int32_t BlockManager::AllocateFresh() {
   if (!free_.empty()) {
     b = free_.back();
     free_.pop_back();
-  } else if (!lru_.empty()) {
-    b = lru_.front();
-    lru_.pop_front();
-    in_lru_[b] = false;
-    DropKey(b);
   } else {
-    return -1;
+    b = PickVictim();
+    if (b < 0) return -1;
+    evictable_.Remove(b);
+    --num_unreferenced_;
+    if (on_evict_) {
+      const KeyInfo& info = by_key_.at(*key_[b]);
+      on_evict_(b, *key_[b], info.parent, hints_[b]);
+    }
+    DropKey(b);
   }
   ref_[b] = 1;
   return b;
@@ -57,10 +72,10 @@ int32_t BlockManager::AllocateFresh() {
 
 void BlockManager::AddRef(int32_t block) {
   if (ref_[block] == 0) {
-    // A cached block nobody references: take it out of the evictable LRU.
-    assert(in_lru_[block]);
-    lru_.erase(lru_pos_[block]);
-    in_lru_[block] = false;
+    // A cached block nobody references stops being evictable.
+    assert(key_[block].has_value());
+    evictable_.Remove(block);
+    --num_unreferenced_;
   }
   ++ref_[block];
 }
@@ -69,9 +84,11 @@ void BlockManager::Release(int32_t block) {
   assert(ref_[block] > 0);
   if (--ref_[block] > 0) return;
   if (key_[block].has_value()) {
-    lru_pos_[block] = lru_.insert(lru_.end(), block);
-    in_lru_[block] = true;
+    ++num_unreferenced_;
+    last_use_[block] = ++tick_;
+    MaybeCandidate(block);
   } else {
+    hints_[block] = EvictionHints{};
     free_.push_back(block);
   }
 }
@@ -81,7 +98,16 @@ bool BlockManager::Commit(int32_t block, const hash::Hash128& key, const hash::H
   if (by_key_.count(key)) return false;
   key_[block] = key;
   by_key_.emplace(key, KeyInfo{block, parent});
+  if (!parent.IsZero() && children_[parent]++ == 0) {
+    // The parent is no longer a leaf.
+    if (auto p = by_key_.find(parent); p != by_key_.end()) evictable_.Remove(p->second.block);
+  }
   return true;
+}
+
+void BlockManager::RaiseHints(int32_t block, const EvictionHints& h) {
+  hints_[block].Raise(h);
+  if (evictable_.Contains(block)) evictable_.Add(block, hints_[block], last_use_[block]);
 }
 
 std::optional<int32_t> BlockManager::Lookup(const hash::Hash128& key) const {
@@ -104,9 +130,19 @@ std::vector<int32_t> BlockManager::ChainBlocks(const hash::Hash128& key) const {
 
 void BlockManager::DropKey(int32_t block) {
   if (!key_[block].has_value()) return;
-  evicted_.push_back(*key_[block]);
-  by_key_.erase(*key_[block]);
+  const hash::Hash128 key = *key_[block];
+  const hash::Hash128 parent = by_key_.at(key).parent;
+  evicted_.push_back(key);
+  by_key_.erase(key);
   key_[block].reset();
+  hints_[block] = EvictionHints{};
+  if (parent.IsZero()) return;
+  auto c = children_.find(parent);
+  if (c != children_.end() && --c->second == 0) {
+    children_.erase(c);
+    // The parent became a leaf.
+    if (auto p = by_key_.find(parent); p != by_key_.end()) MaybeCandidate(p->second.block);
+  }
 }
 
 int64_t BlockManager::EvictKeys(std::span<const hash::Hash128> keys) {
@@ -128,8 +164,8 @@ int64_t BlockManager::EvictKeys(std::span<const hash::Hash128> keys) {
     if (it == by_key_.end()) continue;
     int32_t b = it->second.block;
     if (ref_[b] > 0) continue;  // in use: a live sequence still reads it
-    lru_.erase(lru_pos_[b]);
-    in_lru_[b] = false;
+    evictable_.Remove(b);
+    --num_unreferenced_;
     DropKey(b);
     free_.push_back(b);
     ++dropped;

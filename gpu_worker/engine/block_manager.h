@@ -1,37 +1,47 @@
 // Paged KV block pool with an exact prefix cache: fixed-size blocks, reference counts, a map
-// from chained block keys to blocks, and LRU eviction of unreferenced cached blocks.
+// from chained block keys to blocks, and tree-aware eviction of unreferenced cached blocks
+// (eviction.h's order: priority, then least recently used, retention last).
 #pragma once
 
 #include <cstdint>
-#include <list>
+#include <functional>
 #include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "common/chunk_hash.h"
+#include "gpu_worker/engine/eviction.h"
 
 namespace cascade::engine {
+
+// Called when a cached block is evicted to be reused, before its key is dropped: the block's
+// content is still the key's (the host tier copies it out). Not called for EvictKeys.
+using EvictListener = std::function<void(int32_t block, const hash::Hash128& key,
+                                         const hash::Hash128& parent, const EvictionHints& hints)>;
 
 // Not thread-safe: owned by the engine and used from its step thread only.
 //
 // Invariants:
-//  - a block is in exactly one of: the free list (ref 0, no key), the evictable LRU (ref 0,
-//    has key), or in use (ref > 0, key or not);
-//  - a cached block's ancestors (the blocks its key chains through) are cached too: sequences
-//    release their blocks last-first, so an ancestor is always released no earlier than its
-//    descendants and the LRU evicts descendants first. Admin eviction keeps this by evicting
-//    unreferenced descendants with their ancestor.
+//  - a block is in exactly one of: the free list (ref 0, no key), cached and unreferenced
+//    (ref 0, has key; evictable), or in use (ref > 0, key or not);
+//  - eviction takes only leaves: unreferenced cached blocks whose key no cached block names as
+//    its parent. So a block goes only after every cached block that extends it, and a cached
+//    block's ancestors stay cached. (If no leaf is unreferenced but some cached block is, which
+//    only a private duplicate's parent can be, that block is taken.)
 class BlockManager {
  public:
-  BlockManager(int64_t num_blocks, int block_size);
+  // `now_ms`: the clock retention is measured on (null: retention never holds a block).
+  BlockManager(int64_t num_blocks, int block_size, std::function<int64_t()> now_ms = nullptr);
 
   int block_size() const { return block_size_; }
   int64_t num_blocks() const { return static_cast<int64_t>(ref_.size()); }
-  // Blocks that an allocation can take now: free plus evictable.
-  int64_t NumAvailable() const { return static_cast<int64_t>(free_.size() + lru_.size()); }
+  // Blocks that an allocation can take now: free plus cached unreferenced.
+  int64_t NumAvailable() const { return static_cast<int64_t>(free_.size()) + num_unreferenced_; }
   int64_t NumCached() const { return static_cast<int64_t>(by_key_.size()); }
   int64_t NumInUse() const { return num_blocks() - NumAvailable(); }
+
+  void set_evict_listener(EvictListener listener) { on_evict_ = std::move(listener); }
 
   // Length of the longest run of `keys` from the start that is cached. Takes no references.
   int CountCachedPrefix(std::span<const hash::Hash128> keys) const;
@@ -39,16 +49,16 @@ class BlockManager {
   // Takes a reference on the cached block for `key`. REQUIRES: the key is cached.
   int32_t AcquireCached(const hash::Hash128& key);
 
-  // Takes a fresh block, evicting the least recently released cached block if the free list is
-  // empty. Returns -1 when every block is in use.
+  // Takes a fresh block, evicting a cached unreferenced one (in eviction order) if the free list
+  // is empty. Returns -1 when every block is in use.
   int32_t AllocateFresh();
 
-  // Adds a reference to a block in use, or to a cached unreferenced one (leaving the LRU).
+  // Adds a reference to a block in use, or to a cached unreferenced one.
   // REQUIRES: the block is in use or cached (not on the free list).
   void AddRef(int32_t block);
 
-  // Drops one reference; at zero a keyed block becomes evictable (most recent), an unkeyed one
-  // free. Callers release a sequence's blocks last-first.
+  // Drops one reference; at zero a keyed block becomes evictable (most recently used), an
+  // unkeyed one free.
   void Release(int32_t block);
 
   // Registers the key of a block whose tokens' K/V are now written. `parent` is the key of the
@@ -56,6 +66,10 @@ class BlockManager {
   // sequences computed the same block at once), the existing mapping stays and this block
   // stays private. Returns true if this block now holds the key.
   bool Commit(int32_t block, const hash::Hash128& key, const hash::Hash128& parent);
+
+  // Raises a block's eviction hints (the larger priority and retention win).
+  void RaiseHints(int32_t block, const EvictionHints& hints);
+  const EvictionHints& hints(int32_t block) const { return hints_[block]; }
 
   std::optional<int32_t> Lookup(const hash::Hash128& key) const;
   // The cached blocks of `key`'s chain, root first (following parent keys); empty if the chain
@@ -67,7 +81,7 @@ class BlockManager {
   // Returns the number of blocks dropped.
   int64_t EvictKeys(std::span<const hash::Hash128> keys);
 
-  // Keys dropped from the cache since the last call (LRU or admin eviction).
+  // Keys dropped from the cache since the last call (evicted or admin-evicted).
   std::vector<hash::Hash128> TakeEvictedKeys();
 
   int32_t RefCount(int32_t block) const { return ref_[block]; }
@@ -78,16 +92,29 @@ class BlockManager {
     hash::Hash128 parent;
   };
   void DropKey(int32_t block);
+  // Makes `block` an eviction candidate if it is an unreferenced cached leaf.
+  void MaybeCandidate(int32_t block);
+  int32_t PickVictim() const;
+  int64_t ChildCount(const hash::Hash128& key) const {
+    auto it = children_.find(key);
+    return it == children_.end() ? 0 : it->second;
+  }
 
   const int block_size_;
-  std::vector<int32_t> ref_;                           // [num_blocks] reference counts
-  std::vector<std::optional<hash::Hash128>> key_;      // [num_blocks] key when cached
-  std::vector<int32_t> free_;                          // unkeyed, unreferenced blocks (stack)
-  std::list<int32_t> lru_;                             // keyed, unreferenced; front = evict first
-  std::vector<std::list<int32_t>::iterator> lru_pos_;  // [num_blocks] valid when in lru_
-  std::vector<bool> in_lru_;
+  const std::function<int64_t()> now_ms_;
+  std::vector<int32_t> ref_;                       // [num_blocks] reference counts
+  std::vector<std::optional<hash::Hash128>> key_;  // [num_blocks] key when cached
+  std::vector<EvictionHints> hints_;               // [num_blocks]
+  std::vector<uint64_t> last_use_;                 // [num_blocks] tick of the last release
+  std::vector<int32_t> free_;                      // unkeyed, unreferenced blocks (stack)
+  int64_t num_unreferenced_ = 0;                   // keyed blocks with ref 0
+  EvictionQueue evictable_;                        // the unreferenced cached leaves
+  uint64_t tick_ = 0;
   std::unordered_map<hash::Hash128, KeyInfo, hash::Hash128Hasher> by_key_;
+  // Parent key -> number of cached keys naming it.
+  std::unordered_map<hash::Hash128, int64_t, hash::Hash128Hasher> children_;
   std::vector<hash::Hash128> evicted_;
+  EvictListener on_evict_;
 };
 
 }  // namespace cascade::engine

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
 #include "gpu_worker/engine/block_manager.h"
+#include "gpu_worker/engine/host_tier.h"
 #include "gpu_worker/engine/residency.h"
 #include "gpu_worker/engine/sampler.h"
 #include "gpu_worker/engine/scheduler.h"
@@ -45,20 +46,46 @@ int64_t SteadyNowMs() {
       .count();
 }
 
+// The host tier options.host_kv_bytes asks for, or null (with why in *status when it failed).
+std::unique_ptr<HostKvTier> MakeHostTier(const EngineOptions& options, Backend& backend,
+                                         absl::Status* status) {
+  const int64_t block_bytes = backend.KvBlockBytes();
+  if (options.host_kv_bytes <= 0 || block_bytes <= 0) return nullptr;
+  const int64_t slots = options.host_kv_bytes / block_bytes;
+  if (slots < 1) {
+    *status = absl::InvalidArgumentError(absl::StrCat("host_kv_bytes ", options.host_kv_bytes,
+                                                      " is less than one KV block (", block_bytes,
+                                                      " bytes)"));
+    return nullptr;
+  }
+  absl::StatusOr<HostKvMemory> mem = backend.AllocateHostKv(slots * block_bytes);
+  if (!mem.ok()) {
+    *status = mem.status();
+    return nullptr;
+  }
+  return std::make_unique<HostKvTier>(slots, block_bytes, *std::move(mem), options.now_ms);
+}
+
 class EngineImpl final : public Engine {
  public:
   EngineImpl(const EngineOptions& options, std::unique_ptr<Backend> backend)
-      : options_(options),
+      : options_(WithClock(options)),
         backend_(std::move(backend)),
-        blocks_(backend_->NumBlocks(), backend_->BlockSize()),
+        blocks_(backend_->NumBlocks(), backend_->BlockSize(), options_.now_ms),
+        host_(MakeHostTier(options_, *backend_, &host_status_)),
         scheduler_(SchedulerOptions{options.max_num_seqs, options.max_num_batched_tokens,
                                     options.enable_prefix_cache, options.debug_capture_logits},
-                   &blocks_),
+                   &blocks_, host_.get()),
         residency_(backend_->BlockSize()),
         rng_(std::random_device{}()) {
-    if (!options_.now_ms) options_.now_ms = SteadyNowMs;
+    if (host_ != nullptr) {
+      blocks_.set_evict_listener(
+          [this](int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
+                 const EvictionHints& hints) { host_->Offload(block, key, parent, hints); });
+    }
     stats_.total_blocks = blocks_.num_blocks();
     stats_.free_blocks = blocks_.num_blocks();
+    PublishHostStats();
   }
 
   absl::StatusOr<uint64_t> AddRequest(Request req) override;
@@ -101,6 +128,7 @@ class EngineImpl final : public Engine {
     MutexLock lock(&mu_);
     return residency_.TakeEvents();
   }
+  absl::Status HostTierStatus() const override { return host_status_; }
   const EngineOptions& options() const override { return options_; }
   Backend& backend() override { return *backend_; }
 
@@ -146,13 +174,28 @@ class EngineImpl final : public Engine {
   void TakePins(Sequence& seq);
   void ReleasePin(const hash::Hash128& chunk);
   void PublishStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishHostStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Raises the eviction hints of the prompt's committed blocks to the request's.
+  void ApplyHints(Sequence& seq);
+  // Hands the host tier's recorded copies to the backend, in order. On failure the copies'
+  // keys are dropped (their bytes are not known good) once nothing references them.
+  absl::Status FlushHostCopies();
+  static EngineOptions WithClock(EngineOptions o) {
+    if (!o.now_ms) o.now_ms = SteadyNowMs;
+    return o;
+  }
 
   // Set at construction.
-  EngineOptions options_;
+  const EngineOptions options_;
   std::unique_ptr<Backend> backend_;
 
   // Owned by the step thread.
   BlockManager blocks_;
+  absl::Status host_status_;
+  std::unique_ptr<HostKvTier> host_;            // null when the host tier is off
+  std::vector<hash::Hash128> failed_restores_;  // restored keys whose copy failed
+  std::vector<hash::Hash128> restored_;         // keys restored this step (tier -> GPU)
+  int64_t host_copy_failures_ = 0;
   Scheduler scheduler_;
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   struct Pin {
@@ -212,6 +255,8 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
   seq->request_id = std::move(req.request_id);
   seq->sampling = req.sampling;
   seq->pin_ttl_ms = std::max<int64_t>(0, req.pin_ttl_ms);
+  seq->hints.priority = req.priority;
+  if (req.retention_ms > 0) seq->hints.retain_until_ms = options_.now_ms() + req.retention_ms;
   seq->prompt_len = prompt_len;
   const std::vector<hash::ChunkSpec> specs = hash::SpecsOf(req.chunks);
   seq->chunks = req.placed.size() == req.chunks.size()
@@ -315,6 +360,7 @@ void EngineImpl::PostprocessSeq(const ScheduledSeq& s, const float* logits_row,
     prompt_tokens_computed_ +=
         std::min(seq.num_computed, seq.prompt_len) - (seq.num_computed - s.num_tokens);
   CommitBlocks(seq);
+  if (was_prefill) ApplyHints(seq);
   {
     MutexLock lock(&mu_);
     residency_.Update(seq);  // before Finish() frees the blocks
@@ -354,6 +400,50 @@ void EngineImpl::PostprocessSeq(const ScheduledSeq& s, const float* logits_row,
   }
 }
 
+void EngineImpl::ApplyHints(Sequence& seq) {
+  if (seq.hints.priority == 0 && seq.hints.retain_until_ms == 0) return;
+  const int64_t n = std::min<int64_t>(seq.num_committed, seq.prompt_len / backend_->BlockSize());
+  for (int64_t j = 0; j < n; ++j) blocks_.RaiseHints(seq.block_table[j], seq.hints);
+}
+
+absl::Status EngineImpl::FlushHostCopies() {
+  if (host_ == nullptr) return absl::OkStatus();
+  const std::vector<HostCopyOp> ops = host_->TakeCopies();
+  absl::Status st;
+  std::vector<BlockCopy> run;
+  for (size_t i = 0; i < ops.size() && st.ok(); ++i) {
+    run.push_back(ops[i].copy);
+    if (i + 1 == ops.size() || ops[i + 1].to_host != ops[i].to_host) {
+      st = ops[i].to_host ? backend_->CopyBlocksToHost(run) : backend_->CopyBlocksFromHost(run);
+      run.clear();
+    }
+  }
+  if (st.ok()) {
+    for (const HostCopyOp& op : ops) {
+      if (!op.to_host) restored_.push_back(op.key);
+    }
+    return st;
+  }
+  ++host_copy_failures_;
+  std::vector<hash::Hash128> offloaded;
+  for (const HostCopyOp& op : ops) {
+    (op.to_host ? offloaded : failed_restores_).push_back(op.key);
+  }
+  host_->Erase(offloaded);
+  return st;
+}
+
+void EngineImpl::PublishHostStats() {
+  if (host_ == nullptr) return;
+  const HostTierStats h = host_->Stats();
+  stats_.host_total_blocks = h.slots;
+  stats_.host_used_blocks = h.used;
+  stats_.host_offloaded_blocks = h.offloaded;
+  stats_.host_restored_blocks = h.restored;
+  stats_.host_evicted_blocks = h.evicted;
+  stats_.host_copy_failures = host_copy_failures_;
+}
+
 void EngineImpl::PublishStats() {
   stats_.running = scheduler_.num_running();
   stats_.waiting = scheduler_.num_waiting();
@@ -363,6 +453,8 @@ void EngineImpl::PublishStats() {
   stats_.cached_blocks = blocks_.NumCached();
   stats_.prefix_cache_queries = scheduler_.prefix_queries();
   stats_.prefix_cache_hits = scheduler_.prefix_hits();
+  stats_.prefix_cache_hits_host = scheduler_.prefix_hits_host();
+  PublishHostStats();
   stats_.preemptions = scheduler_.preemptions();
   stats_.prompt_tokens_computed = prompt_tokens_computed_;
   stats_.generation_tokens = generation_tokens_;
@@ -408,7 +500,9 @@ void EngineImpl::ApplyEvictions() {
   evicts.swap(evicts_);
   for (const hash::Hash128& h : evicts) {
     ReleasePin(h);
-    blocks_.EvictKeys(residency_.BlockKeysOf(h));
+    const std::vector<hash::Hash128> keys = residency_.BlockKeysOf(h);
+    blocks_.EvictKeys(keys);
+    if (host_ != nullptr) host_->Erase(keys);
   }
 }
 
@@ -482,6 +576,8 @@ SchedulerOutput EngineImpl::Schedule(std::vector<SequenceOutput>* outputs) {
 }
 
 absl::Status EngineImpl::Run(const SchedulerOutput& plan, StepResult* result) {
+  // Offloads and restores decided while scheduling run before the step (Backend's contract).
+  if (absl::Status st = FlushHostCopies(); !st.ok()) return st;
   ForwardBatch batch;
   scheduler_.BuildBatch(plan, backend_->BlockSize(), &batch);
   return backend_->ForwardSampled(batch, &result->logits, &result->sampled, &result->logprobs);
@@ -543,8 +639,29 @@ void EngineImpl::Started(Sequence& seq, SequenceOutput& out) {
 }
 
 void EngineImpl::EndStep() {
+  // Copies decided in a step that ended up running nothing (everything preempted) still go now.
+  FlushHostCopies().IgnoreError();  // a failure is counted and its keys dropped inside
+  if (!failed_restores_.empty()) {
+    // Their sequences failed with the step and released them; drop the keys.
+    blocks_.EvictKeys(failed_restores_);
+    failed_restores_.clear();
+  }
   MutexLock lock(&mu_);
-  residency_.OnEvicted(blocks_.TakeEvictedKeys());
+  // A chunk is held while its blocks are in either tier: report keys that left the last one,
+  // and the tier of those that moved.
+  std::vector<hash::Hash128> gone, to_host;
+  for (const hash::Hash128& k : blocks_.TakeEvictedKeys()) {
+    (host_ != nullptr && host_->Contains(k) ? to_host : gone).push_back(k);
+  }
+  residency_.OnTier(to_host, KvTier::kHost);
+  residency_.OnTier(restored_, KvTier::kGpu);
+  restored_.clear();
+  if (host_ != nullptr) {
+    for (const hash::Hash128& k : host_->TakeEvictedKeys()) {
+      if (!blocks_.IsCachedKey(k)) gone.push_back(k);
+    }
+  }
+  residency_.OnEvicted(gone);
   PublishStats();
 }
 

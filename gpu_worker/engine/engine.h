@@ -23,6 +23,9 @@ struct EngineOptions {
   int32_t max_tokens_limit = 4096;  // cap on sampling.max_tokens
   int max_waiting = 1024;           // queued requests beyond this: RESOURCE_EXHAUSTED
   bool enable_prefix_cache = true;
+  // Host KV tier: bytes of host memory (Backend::AllocateHostKv) for copies of blocks the GPU
+  // tier evicts; 0 = off. Off as well when the backend has no block I/O.
+  int64_t host_kv_bytes = 0;
   std::vector<int32_t> eos_token_ids;  // from the model's config
   // Test-only fault: block keys that ignore the previous block (the design's root cause 2).
   bool debug_unchained_block_keys = false;
@@ -67,6 +70,10 @@ class Engine {
   virtual std::vector<ChunkEvent> HeldChunks() const = 0;
   // Chunk stored/evicted events since the last call, in order.
   virtual std::vector<ChunkEvent> TakeChunkEvents() = 0;
+
+  // OK, or why the host KV tier asked for by host_kv_bytes could not be set up (the engine
+  // then runs without it).
+  virtual absl::Status HostTierStatus() const = 0;
 
   virtual const EngineOptions& options() const = 0;
   virtual Backend& backend() = 0;

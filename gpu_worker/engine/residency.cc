@@ -60,6 +60,19 @@ void Residency::OnEvicted(const std::vector<hash::Hash128>& block_keys) {
   }
 }
 
+void Residency::OnTier(const std::vector<hash::Hash128>& block_keys, KvTier tier) {
+  for (const hash::Hash128& k : block_keys) {
+    auto it = by_last_.find(k);
+    if (it == by_last_.end()) continue;
+    for (const hash::Hash128& h : it->second) {
+      ChunkEvent& info = chunks_.at(h).info;
+      if (info.tier == tier) continue;
+      info.tier = tier;
+      events_.push_back(info);
+    }
+  }
+}
+
 std::vector<hash::Hash128> Residency::BlockKeysOf(const hash::Hash128& chunk) const {
   auto it = chunks_.find(chunk);
   return it == chunks_.end() ? std::vector<hash::Hash128>{} : it->second.keys;

@@ -23,6 +23,9 @@ class Residency {
   void Update(Sequence& seq);
   // Drops chunks whose last held block was evicted.
   void OnEvicted(const std::vector<hash::Hash128>& block_keys);
+  // The blocks moved to `tier` (offloaded to the host, restored to the GPU): chunks held through
+  // them are stored again with that tier.
+  void OnTier(const std::vector<hash::Hash128>& block_keys, KvTier tier);
 
   bool Contains(const hash::Hash128& chunk) const { return chunks_.count(chunk) > 0; }
   // Keys of the blocks the chunk occupies (from the block holding its first token); empty if

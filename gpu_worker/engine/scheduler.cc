@@ -10,8 +10,8 @@
 
 namespace cascade::engine {
 
-Scheduler::Scheduler(const SchedulerOptions& options, BlockManager* blocks)
-    : options_(options), blocks_(blocks), capture_logits_(options.capture_logits) {}
+Scheduler::Scheduler(const SchedulerOptions& options, BlockManager* blocks, HostKvTier* host)
+    : options_(options), blocks_(blocks), host_(host), capture_logits_(options.capture_logits) {}
 
 void Scheduler::AddWaiting(Sequence* seq) {
   seq->state = SeqState::kWaiting;
@@ -60,27 +60,55 @@ bool Scheduler::Admit(Sequence* seq, int64_t budget, ScheduledSeq* out) {
   // At least the last token is computed: its logits pick the next token. So a prompt that is
   // entirely cached still recomputes its last block's tail.
   const int64_t max_hit_blocks = (len - 1) / bs;
-  int64_t hit = 0;
+  // The cached prefix: each leading block on the GPU, or else on the host (restored into a fresh
+  // block), up to the first block in neither.
+  std::vector<bool> on_host;
   if (options_.enable_prefix_cache) {
     const int64_t known = std::min<int64_t>(max_hit_blocks, seq->block_keys.size());
-    hit = blocks_->CountCachedPrefix(std::span(seq->block_keys.data(), known));
+    for (int64_t j = 0; j < known; ++j) {
+      const hash::Hash128& k = seq->block_keys[j];
+      if (blocks_->IsCachedKey(k)) {
+        on_host.push_back(false);
+      } else if (host_ != nullptr && host_->Contains(k)) {
+        on_host.push_back(true);
+      } else {
+        break;
+      }
+    }
   }
+  const int64_t hit = static_cast<int64_t>(on_host.size());
   const int64_t n = std::min(len - hit * bs, budget);
   const int64_t need_total = (hit * bs + n + bs - 1) / bs;
-  // Hits sitting in the evictable LRU stop being available once acquired.
-  int64_t hits_in_lru = 0;
+  // Hits sitting unreferenced in the GPU cache stop being available once acquired.
+  int64_t gpu_hits = 0, hits_unreferenced = 0;
   for (int64_t j = 0; j < hit; ++j) {
-    if (blocks_->RefCount(*blocks_->Lookup(seq->block_keys[j])) == 0) ++hits_in_lru;
+    if (on_host[j]) continue;
+    ++gpu_hits;
+    if (blocks_->RefCount(*blocks_->Lookup(seq->block_keys[j])) == 0) ++hits_unreferenced;
   }
-  if (blocks_->NumAvailable() - hits_in_lru < need_total - hit) return false;
+  if (blocks_->NumAvailable() - hits_unreferenced < need_total - gpu_hits) return false;
 
-  for (int64_t j = 0; j < hit; ++j)
-    seq->block_table.push_back(blocks_->AcquireCached(seq->block_keys[j]));
+  // GPU hits first (so restoring cannot evict them), then a fresh block per host hit, whose
+  // allocation may offload other blocks to the host: the copies to restore are protected.
+  seq->block_table.assign(hit, -1);
+  for (int64_t j = 0; j < hit; ++j) {
+    if (!on_host[j]) seq->block_table[j] = blocks_->AcquireCached(seq->block_keys[j]);
+  }
+  if (gpu_hits < hit) host_->Protect(std::span(seq->block_keys.data(), hit));
+  for (int64_t j = 0; j < hit; ++j) {
+    if (!on_host[j]) continue;
+    const int32_t b = blocks_->AllocateFresh();  // cannot fail: checked above
+    seq->block_table[j] = b;
+    blocks_->RaiseHints(b, host_->Restore(seq->block_keys[j], b));
+    blocks_->Commit(b, seq->block_keys[j], j == 0 ? hash::Hash128{} : seq->block_keys[j - 1]);
+  }
+  if (gpu_hits < hit) host_->Unprotect();
   seq->num_computed = hit * bs;
   seq->num_committed = hit;
   if (!seq->started) {
     prefix_queries_ += len;
     prefix_hits_ += hit * bs;
+    prefix_hits_host_ += (hit - gpu_hits) * bs;
     seq->cached_tokens = hit * bs;
   }
   EnsureBlocks(seq, hit * bs + n);  // cannot fail: checked above

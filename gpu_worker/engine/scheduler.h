@@ -11,6 +11,7 @@
 
 #include "gpu_worker/engine/backend.h"
 #include "gpu_worker/engine/block_manager.h"
+#include "gpu_worker/engine/host_tier.h"
 #include "gpu_worker/engine/sequence.h"
 
 namespace cascade::engine {
@@ -37,7 +38,9 @@ struct SchedulerOutput {
 // Not thread-safe: the engine's step thread owns it.
 class Scheduler {
  public:
-  Scheduler(const SchedulerOptions& options, BlockManager* blocks);
+  // `host`: the host KV tier, or null when it is off. Admission restores leading blocks found
+  // there (HostKvTier::Restore records the copies; the engine runs them before the step).
+  Scheduler(const SchedulerOptions& options, BlockManager* blocks, HostKvTier* host = nullptr);
 
   void AddWaiting(Sequence* seq);
   // Removes a sequence from the queues and frees its blocks (finish, cancel, error).
@@ -55,6 +58,8 @@ class Scheduler {
   int64_t preemptions() const { return preemptions_; }
   int64_t prefix_queries() const { return prefix_queries_; }
   int64_t prefix_hits() const { return prefix_hits_; }
+  // Of prefix_hits(), the tokens restored from the host tier.
+  int64_t prefix_hits_host() const { return prefix_hits_host_; }
 
  private:
   // Makes the block table cover `num_tokens` tokens; false if blocks ran out.
@@ -66,12 +71,14 @@ class Scheduler {
 
   const SchedulerOptions options_;
   BlockManager* const blocks_;
+  HostKvTier* const host_;
   const bool capture_logits_;
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // in admission order
   int64_t preemptions_ = 0;
   int64_t prefix_queries_ = 0;
   int64_t prefix_hits_ = 0;
+  int64_t prefix_hits_host_ = 0;
 };
 
 }  // namespace cascade::engine

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/chunk_hash.h"
+#include "gpu_worker/engine/eviction.h"
 #include "gpu_worker/engine/types.h"
 
 namespace cascade::engine {
@@ -19,6 +20,7 @@ struct Sequence {
   SamplingParams sampling;
   uint64_t seed = 0;
   int64_t pin_ttl_ms = 0;
+  EvictionHints hints;  // for the prompt's blocks
 
   std::vector<int32_t> tokens;  // prompt then generated; the last one may not be in the KV yet
   int64_t prompt_len = 0;

@@ -51,6 +51,11 @@ struct Request {
   std::vector<ChunkInput> chunks;  // the prompt is their concatenation
   SamplingParams sampling;
   int64_t pin_ttl_ms = 0;  // > 0: keep the prompt's chunks cached this long
+  // Eviction hints for the prompt's blocks, in both KV tiers (eviction.h): blocks of a higher
+  // priority are evicted after lower ones; for retention_ms they are evicted only when nothing
+  // else can be.
+  int32_t priority = 0;
+  int64_t retention_ms = 0;
   // hash::PlaceChunks of `chunks` under this engine's model and `cache_salt`, when the caller
   // computed it already (the worker service does, to check the gateway's hashes); empty: the
   // engine computes it. Either way the prompt's chain is hashed once per request.
@@ -97,6 +102,9 @@ struct SequenceOutput {
   int64_t completion_tokens = 0;
 };
 
+// Where a KV block lives (cascade.v1.KvTier values).
+enum class KvTier { kGpu = 1, kHost = 2 };
+
 // A chunk the worker now holds (or no longer holds), for the registry.
 struct ChunkEvent {
   bool stored = true;  // false = evicted
@@ -106,17 +114,26 @@ struct ChunkEvent {
   int64_t end = 0;
   int64_t held_tokens = 0;  // leading prompt tokens up to `end` held in full blocks
   int32_t kind = 0;
+  KvTier tier = KvTier::kGpu;  // of its last held block
 };
 
 struct EngineStats {
   int32_t running = 0;
   int32_t waiting = 0;
   int64_t total_blocks = 0;
-  int64_t free_blocks = 0;           // never used or cached-and-unreferenced
-  int64_t used_blocks = 0;           // referenced by live sequences or pins
-  int64_t cached_blocks = 0;         // hashed, referenced or not
-  int64_t prefix_cache_queries = 0;  // prompt tokens looked up
-  int64_t prefix_cache_hits = 0;     // of those, found
+  int64_t free_blocks = 0;             // never used or cached-and-unreferenced
+  int64_t used_blocks = 0;             // referenced by live sequences or pins
+  int64_t cached_blocks = 0;           // hashed, referenced or not
+  int64_t prefix_cache_queries = 0;    // prompt tokens looked up
+  int64_t prefix_cache_hits = 0;       // of those, found (in either tier)
+  int64_t prefix_cache_hits_host = 0;  // of the hits, restored from the host tier
+  // Host KV tier (all zero when it is off).
+  int64_t host_total_blocks = 0;
+  int64_t host_used_blocks = 0;
+  int64_t host_offloaded_blocks = 0;  // copied GPU -> host
+  int64_t host_restored_blocks = 0;   // copied host -> GPU
+  int64_t host_evicted_blocks = 0;    // host copies dropped for room
+  int64_t host_copy_failures = 0;     // block copy batches that failed (their keys dropped)
   int64_t preemptions = 0;
   int64_t prompt_tokens_computed = 0;
   int64_t generation_tokens = 0;

@@ -24,6 +24,7 @@ registry::HeldChunk ToHeld(const engine::ChunkEvent& e) {
   c.held_tokens = e.held_tokens;
   c.parent_hash = e.parent;
   c.kind = e.kind;
+  c.tier = e.tier == engine::KvTier::kHost ? registry::KvTier::kHost : registry::KvTier::kGpu;
   return c;
 }
 

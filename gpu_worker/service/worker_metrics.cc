@@ -20,6 +20,17 @@ WorkerMetrics::WorkerMetrics(common::MetricsRegistry& r, const std::string& id) 
   prompt_tokens_ =
       r.GetCounter("cascade:prompt_tokens_total", "Prompt tokens computed (prefill).", l);
   generation_tokens_ = r.GetCounter("cascade:generation_tokens_total", "Tokens generated.", l);
+  const char* tier_help = "Prompt tokens found in the prefix cache, by the KV tier they came from.";
+  gpu_hits_ = r.GetCounter("cascade:prefix_cache_tier_hits_total", tier_help,
+                           {{"worker", id}, {"tier", "gpu"}});
+  host_hits_ = r.GetCounter("cascade:prefix_cache_tier_hits_total", tier_help,
+                            {{"worker", id}, {"tier", "host"}});
+  host_usage_ = r.GetGauge("cascade:host_kv_cache_usage_perc",
+                           "Fraction of the host KV tier's blocks holding a copy (0-1).", l);
+  host_offloaded_ = r.GetCounter("cascade:host_kv_offloaded_blocks_total",
+                                 "KV blocks copied GPU -> host as the GPU tier evicted them.", l);
+  host_restored_ = r.GetCounter("cascade:host_kv_restored_blocks_total",
+                                "KV blocks copied host -> GPU for prefix hits.", l);
 }
 
 void WorkerMetrics::Update(const engine::EngineStats& s) {
@@ -34,6 +45,17 @@ void WorkerMetrics::Update(const engine::EngineStats& s) {
   prompt_tokens_->Increment(
       static_cast<double>(s.prompt_tokens_computed - last_.prompt_tokens_computed));
   generation_tokens_->Increment(static_cast<double>(s.generation_tokens - last_.generation_tokens));
+  const int64_t host_hits = s.prefix_cache_hits_host - last_.prefix_cache_hits_host;
+  host_hits_->Increment(static_cast<double>(host_hits));
+  gpu_hits_->Increment(
+      static_cast<double>(s.prefix_cache_hits - last_.prefix_cache_hits - host_hits));
+  host_usage_->Set(s.host_total_blocks > 0
+                       ? static_cast<double>(s.host_used_blocks) / s.host_total_blocks
+                       : 0.0);
+  host_offloaded_->Increment(
+      static_cast<double>(s.host_offloaded_blocks - last_.host_offloaded_blocks));
+  host_restored_->Increment(
+      static_cast<double>(s.host_restored_blocks - last_.host_restored_blocks));
   last_ = s;
 }
 

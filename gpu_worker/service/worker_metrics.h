@@ -25,6 +25,11 @@ class WorkerMetrics {
   common::Counter* preemptions_;
   common::Counter* prompt_tokens_;
   common::Counter* generation_tokens_;
+  common::Counter* gpu_hits_;  // prefix-cache hit tokens by tier
+  common::Counter* host_hits_;
+  common::Gauge* host_usage_;
+  common::Counter* host_offloaded_;
+  common::Counter* host_restored_;
   engine::EngineStats last_;
 };
 

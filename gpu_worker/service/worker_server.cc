@@ -37,6 +37,9 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddDouble("kv_cache_fraction", &c->kv_cache_fraction,
                "CUDA backend without --kv_blocks: share of the GPU memory free after the weights "
                "that the KV cache takes, in (0, 1)");
+  f->AddInt64("host_kv_bytes", &c->host_kv_bytes,
+              "host KV tier: host memory for KV blocks the GPU tier evicts (pinned on CUDA); "
+              "-1: min(RAM / 5, 4 x the KV cache); 0: off");
   f->AddString("worker_id", &c->worker_id, "stable worker id; default worker-<port>");
   f->AddString("registry", &c->registry_address, "chunk registry host:port; empty: none");
   f->AddString("advertise_address", &c->advertise_address,
@@ -97,6 +100,13 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
   return cpu::NewCpuBackend(model, o);
 }
 
+int64_t HostKvBytes(int64_t flag, const engine::Backend& backend) {
+  if (flag >= 0) return flag;
+  const int64_t ram = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+  const int64_t kv = backend.NumBlocks() * backend.KvBlockBytes();
+  return std::max<int64_t>(0, std::min(ram / 5, 4 * kv));
+}
+
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerConfig& config) {
   if (config.model_dir.empty()) {
     return absl::InvalidArgumentError(
@@ -133,7 +143,14 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   eo.max_tokens_limit = static_cast<int32_t>(eo.max_context);
   eo.max_waiting = config.max_waiting;
   eo.eos_token_ids = mc.eos_token_ids;
+  eo.host_kv_bytes = HostKvBytes(config.host_kv_bytes, **backend);
   auto engine = engine::NewEngine(eo, std::move(*backend));
+  if (absl::Status s = engine->HostTierStatus(); !s.ok()) {
+    if (config.host_kv_bytes > 0) {
+      return absl::Status(s.code(), absl::StrCat("--host_kv_bytes: ", s.message()));
+    }
+    common::LogInfo("host_kv_tier_off", {{"reason", std::string(s.message())}});
+  }
 
   common::ServerOptions server = config.server;
   if (secure) server.internal_auth = {config.internal_auth, WorkerMethodPolicy()};
@@ -182,11 +199,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     if (!agent.ok()) return agent.status();
     w->agent_ = std::move(*agent);
   }
-  common::LogInfo("worker_started", {{"worker_id", id},
-                                     {"model", eo.model_name},
-                                     {"backend", w->loop_->engine().backend().Name()},
-                                     {"kv_blocks", w->loop_->engine().backend().NumBlocks()},
-                                     {"block_size", config.block_size}});
+  common::LogInfo("worker_started",
+                  {{"worker_id", id},
+                   {"model", eo.model_name},
+                   {"backend", w->loop_->engine().backend().Name()},
+                   {"kv_blocks", w->loop_->engine().backend().NumBlocks()},
+                   {"host_kv_blocks", w->loop_->engine().Stats().host_total_blocks},
+                   {"block_size", config.block_size}});
   return w;
 }
 

@@ -32,6 +32,9 @@ struct WorkerConfig {
   // CUDA backend without --kv_blocks: the share of the GPU memory free after the weights that
   // the KV cache takes (lower it when workers share a GPU).
   double kv_cache_fraction = 0.8;
+  // Host KV tier: host memory for copies of blocks the GPU tier evicts. -1: auto, the smaller of
+  // a fifth of the machine's RAM and four times the GPU tier's KV bytes; 0: off.
+  int64_t host_kv_bytes = -1;
   std::string worker_id;                  // empty: "worker-<port>"
   std::string registry_address;           // empty: run without a registry
   std::string advertise_address;          // what the gateway dials; empty: 127.0.0.1:<port>
@@ -43,6 +46,9 @@ struct WorkerConfig {
 };
 
 void RegisterWorkerFlags(common::FlagSet* flags, WorkerConfig* config);
+
+// The host KV tier's size for --host_kv_bytes=`flag` over `backend` (resolves -1, auto).
+int64_t HostKvBytes(int64_t flag, const engine::Backend& backend);
 
 class RegistryAgent;
 class WorkerMetrics;

@@ -259,6 +259,13 @@ absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
   }
   req.sampling = SamplingFromProto(r.sampling());  // the engine validates it
   req.pin_ttl_ms = std::max<int64_t>(0, r.pin_ttl_seconds()) * 1000;
+  constexpr int64_t kMaxRetentionS = 365 * 24 * 3600;
+  if (r.retention_seconds() < 0 || r.retention_seconds() > kMaxRetentionS) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "retention_seconds must be in [0, ", kMaxRetentionS, "], got ", r.retention_seconds()));
+  }
+  req.priority = r.priority();
+  req.retention_ms = r.retention_seconds() * 1000;
   return req;
 }
 
@@ -288,6 +295,12 @@ grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* c
   r->set_generation_tokens(s.generation_tokens);
   r->set_backend(loop_->engine().backend().Name());
   r->set_block_size(loop_->engine().backend().BlockSize());
+  r->set_prefix_cache_hits_host(s.prefix_cache_hits_host);
+  r->set_host_total_kv_blocks(s.host_total_blocks);
+  r->set_host_used_kv_blocks(s.host_used_blocks);
+  r->set_host_offloaded_blocks(s.host_offloaded_blocks);
+  r->set_host_restored_blocks(s.host_restored_blocks);
+  r->set_host_evicted_blocks(s.host_evicted_blocks);
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

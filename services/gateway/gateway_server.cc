@@ -61,6 +61,8 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
                "routing cost per uncached prompt token");
   f->AddDouble("route_load_weight", &g.weights.load, "routing cost per running or queued sequence");
   f->AddDouble("route_kv_weight", &g.weights.kv, "routing cost times used-KV fraction squared");
+  f->AddDouble("route_host_weight", &g.weights.host,
+               "routing cost per matched token held only in a worker's host KV tier");
   f->AddInt("route_max_waiting", &g.weights.max_waiting,
             "queued requests that mark a worker overloaded");
   f->AddString("auth_token", &g.auth_token,

@@ -102,7 +102,8 @@ std::vector<Scored> GatewayService::Route(const Prompt& prompt, const std::strin
                     m.load.waiting,
                     m.load.free_kv_blocks,
                     m.load.total_kv_blocks,
-                    pool_->Inflight(m.address)};
+                    pool_->Inflight(m.address),
+                    m.matched_host_tokens};
         cands.push_back(c);
       }
       pool_->Remember(cands);

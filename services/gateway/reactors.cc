@@ -547,6 +547,13 @@ grpc::ServerUnaryReactor* GatewayService::RegisterChunk(grpc::CallbackServerCont
     st = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                       absl::StrCat("pin_ttl_seconds must be in [0, ", options_.max_pin_ttl_s, "]"));
   }
+  constexpr int64_t kMaxRetentionS = 365 * 24 * 3600;
+  if (st.ok() &&
+      (request->retention_seconds() < 0 || request->retention_seconds() > kMaxRetentionS)) {
+    st = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("retention_seconds must be in [0, ", kMaxRetentionS, "], got ",
+                                   request->retention_seconds()));
+  }
   cascade::v2::SamplingParams one;
   one.set_max_tokens(1);
   one.set_temperature(0);
@@ -562,6 +569,8 @@ grpc::ServerUnaryReactor* GatewayService::RegisterChunk(grpc::CallbackServerCont
   }
   auto p = std::make_shared<TurnParams>(NewTurnParams(*prompt, NewRequestId(), context));
   p->request.set_pin_ttl_seconds(request->pin_ttl_seconds());
+  p->request.set_priority(request->priority());
+  p->request.set_retention_seconds(request->retention_seconds());
   const int64_t ttl_s = request->pin_ttl_seconds();
   // A unary call cannot be withdrawn from the queue; it waits at most the queue timeout.
   std::vector<Scored> ranked = Route(*prompt, "", &p->request);

@@ -45,7 +45,10 @@ std::vector<Scored> RankWorkers(const std::vector<Candidate>& candidates, int64_
     Scored s{c, 0.0};
     switch (w.policy) {
       case RoutePolicy::kCost:
-        s.cost = w.prefill * static_cast<double>(uncached) + load + w.kv * used * used;
+        s.cost = w.prefill * static_cast<double>(uncached) +
+                 w.host * static_cast<double>(
+                              std::clamp<int64_t>(c.matched_host_tokens, 0, c.matched_tokens)) +
+                 load + w.kv * used * used;
         break;
       case RoutePolicy::kLoad:
         s.cost = load;

@@ -1,6 +1,8 @@
 // Chooses the worker for a request. Each candidate gets a cost in "tokens of work":
 //
 //   cost = prefill_weight * (prompt_tokens - matched_tokens)        prefill it would have to do
+//        + host_weight    * matched_host_tokens                      copying what it holds only
+//                                                                    in host memory to the GPU
 //        + load_weight    * (running + waiting + gateway_inflight)   queue it would wait behind
 //        + kv_weight      * used_kv_fraction^2                       memory pressure (evictions
 //                                                                    and preemptions ahead)
@@ -39,6 +41,9 @@ std::string_view RoutePolicyName(RoutePolicy policy);
 struct RouteWeights {
   RoutePolicy policy = RoutePolicy::kCost;
   double prefill = 1.0;  // per uncached prompt token
+  // Per matched token held only in the worker's host KV tier: a host-to-GPU copy instead of a
+  // prefill. 0.2: restoring a block costs a fraction of computing it (docs/ARCHITECTURE.md).
+  double host = 0.2;
   double load = 256.0;   // per sequence running or queued
   double kv = 512.0;     // scales used_kv_fraction^2
   int max_waiting = 64;  // a worker with this many queued is overloaded
@@ -51,8 +56,9 @@ struct Candidate {
   int32_t running = 0;
   int32_t waiting = 0;
   int64_t free_kv_blocks = 0;
-  int64_t total_kv_blocks = 0;  // 0: unknown
-  int32_t inflight = 0;         // this gateway's open streams to it
+  int64_t total_kv_blocks = 0;      // 0: unknown
+  int32_t inflight = 0;             // this gateway's open streams to it
+  int64_t matched_host_tokens = 0;  // of matched_tokens, those only in its host KV tier
 };
 
 struct Scored {

@@ -142,6 +142,47 @@ TEST_F(InvarianceTest, MalformedBatchesAreInvalidArgument) {
   EXPECT_EQ(NewCpuBackend(*model_, {.num_blocks = 0}), nullptr);
 }
 
+// The host KV tier's backend half: blocks copied to host memory, their cache blocks overwritten,
+// and the copies written back into other blocks give a tail prefill bitwise the cold logits; the
+// same tail over the overwritten blocks does not (so the comparison sees the KV).
+TEST_F(InvarianceTest, BlocksCopiedToHostAndBackGiveBitwiseTheColdLogits) {
+  const std::vector<int32_t> tokens = Tokens(19, config_.vocab_size, 4);
+  const std::vector<int32_t> head(tokens.begin(), tokens.begin() + 16);
+  const std::vector<int32_t> tail(tokens.begin() + 16, tokens.end());
+  std::vector<float> cold = Prefill(*Backend(), tokens, {0}, {3, 9, 1, 14, 6});
+
+  auto b = Backend();
+  ASSERT_GT(b->KvBlockBytes(), 0);
+  const std::vector<int32_t> first = {3, 9, 1, 14};
+  Run(*b, {{head, 0, first}});
+  auto host = b->AllocateHostKv(first.size() * b->KvBlockBytes());
+  ASSERT_TRUE(host.ok()) << host.status();
+  std::vector<engine::BlockCopy> out;
+  for (size_t i = 0; i < first.size(); ++i) {
+    out.push_back({first[i], host->get() + i * b->KvBlockBytes()});
+  }
+  ASSERT_TRUE(b->CopyBlocksToHost(out).ok());
+  ASSERT_TRUE(b->WaitBlockCopies().ok());
+  Run(*b, {{Tokens(16, config_.vocab_size, 9), 0, first}});  // overwrites the blocks
+  std::vector<float> stale = Run(*b, {{tail, 16, {3, 9, 1, 14, 6}}});
+  EXPECT_FALSE(BitwiseEqual(cold.data(), stale.data(), cold.size()));
+
+  const std::vector<int32_t> second = {20, 21, 22, 23};
+  std::vector<engine::BlockCopy> in;
+  for (size_t i = 0; i < second.size(); ++i) in.push_back({second[i], out[i].host});
+  ASSERT_TRUE(b->CopyBlocksFromHost(in).ok());
+  std::vector<float> restored = Run(*b, {{tail, 16, {20, 21, 22, 23, 24}}});
+  EXPECT_TRUE(BitwiseEqual(cold.data(), restored.data(), cold.size()));
+
+  // Bad copies are refused before anything is copied.
+  std::vector<engine::BlockCopy> bad = {{20, out[0].host}, {64, out[1].host}};
+  absl::Status st = b->CopyBlocksFromHost(bad);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("block 64"), std::string::npos) << st;
+  bad = {{20, nullptr}};
+  EXPECT_EQ(b->CopyBlocksToHost(bad).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(InvarianceTest, Float32CheckpointGivesBitwiseTheSameLogitsAsBf16) {
   // Rewrite the bf16 weights as F32 (exact), so the backend takes its float32-weight path.
   std::string dir = ::testing::TempDir() + "/cascade_f32_XXXXXX";

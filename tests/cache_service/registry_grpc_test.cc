@@ -206,6 +206,45 @@ TEST_F(RegistryGrpcTest, ResidencyFollowsBlockKeysAndLeaseExpiryDropsTheWorker) 
   EXPECT_EQ(client->Heartbeat("w1", {}).status().code(), absl::StatusCode::kNotFound);
 }
 
+// Tiers over the wire: a host-tier chunk reported through the client comes back in Resolve as
+// host tokens and in GetChunk as the holder's tier; a tier that is not a KvTier is refused.
+TEST_F(RegistryGrpcTest, HostTierResidencyTravelsOverTheWire) {
+  Server server(&clock_);
+  auto client = std::make_unique<ClusterClient>(server.address());
+  ASSERT_TRUE(client->RegisterWorker(Info("w1")).ok());
+  std::vector<HeldChunk> held = HeldFor(two_, 16, 200);
+  held[1].tier = KvTier::kHost;
+  ASSERT_TRUE(client->ReportEvents("w1", 1, Stored(held)).ok());
+  ResolveResult r = Resolve(*client, two_);
+  ASSERT_EQ(r.workers.size(), 1u);
+  EXPECT_EQ(r.workers[0].matched_tokens, 192);
+  EXPECT_EQ(r.workers[0].matched_host_tokens, 96);
+
+  v2::GetChunkRequest get_req;
+  get_req.set_hash(held[1].hash.ToHex());
+  v2::GetChunkResponse got;
+  grpc::ClientContext c1;
+  ASSERT_TRUE(server.Stub()->GetChunk(&c1, get_req, &got).ok());
+  const v2::ChunkRecord& rec = got.chunk();
+  ASSERT_EQ(rec.holders_size(), 1);
+  EXPECT_EQ(rec.holders(0).tier(), v2::KV_TIER_HOST);
+
+  v2::ReportEventsRequest bad;
+  bad.set_worker_id("w1");
+  bad.set_seq(2);
+  v2::ChunkEvent* e = bad.add_events();
+  e->set_type(v2::ChunkEvent::TYPE_STORED);
+  e->mutable_chunk()->set_hash(held[0].hash.ToHex());
+  e->mutable_chunk()->set_end(100);
+  e->mutable_chunk()->set_tier(static_cast<v2::KvTier>(9));
+  v2::ReportEventsResponse resp;
+  grpc::ClientContext c2;
+  grpc::Status gs = server.Stub(Role::kWorker, "w1")->ReportEvents(&c2, bad, &resp);
+  EXPECT_EQ(gs.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(gs.error_message().find("events[0].chunk.tier"), std::string::npos)
+      << gs.error_message();
+}
+
 TEST_F(RegistryGrpcTest, RegistryRestartFollowedByResyncRestoresResidencyAnswers) {
   auto server = std::make_unique<Server>(&clock_);
   int port = server->port();

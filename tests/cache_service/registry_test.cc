@@ -119,6 +119,37 @@ TEST_F(RegistryTest, BlockAlignedChunksAreFullyHeldAndWalkStopsAtFirstMissingChu
   EXPECT_EQ(Find(Resolve(r, q), "w")->matched_tokens, 0);
 }
 
+// Residency per tier: a chunk whose last held block moved to the worker's host tier still
+// matches, and the match says how many of its tokens are host-only; a stored event with the GPU
+// tier moves it back; the admin view shows each holder's tier.
+TEST_F(RegistryTest, HostTierChunksMatchAndCountAsHostTokens) {
+  Registry r(Opts());
+  ASSERT_TRUE(r.RegisterWorker(Info("w")).ok());
+  std::vector<HeldChunk> held = HeldFor(two_, 16, 200);  // chunk 0: 96 tokens, chunk 1: 192
+  ASSERT_EQ(held.size(), 2u);
+  ASSERT_TRUE(r.ReportEvents("w", 1, Stored(held)).ok());
+  EXPECT_EQ(Find(Resolve(r, two_), "w")->matched_host_tokens, 0);
+
+  held[1].tier = KvTier::kHost;  // the tail went to host memory, the head stayed on the GPU
+  ASSERT_TRUE(r.ReportEvents("w", 2, Stored({held[1]})).ok());
+  const WorkerMatch* m = Find(Resolve(r, two_), "w");
+  EXPECT_EQ(m->matched_tokens, 192);
+  EXPECT_EQ(m->matched_host_tokens, 192 - 96);
+  absl::StatusOr<ChunkRecord> rec = r.GetChunk(held[1].hash);
+  ASSERT_TRUE(rec.ok());
+  ASSERT_EQ(rec->holders.size(), 1u);
+  EXPECT_EQ(rec->holders[0].tier, KvTier::kHost);
+
+  held[0].tier = KvTier::kHost;  // all of it on the host
+  ASSERT_TRUE(r.ReportEvents("w", 3, Stored({held[0]})).ok());
+  EXPECT_EQ(Find(Resolve(r, two_), "w")->matched_host_tokens, 192);
+
+  held[0].tier = held[1].tier = KvTier::kGpu;  // restored
+  ASSERT_TRUE(r.ReportEvents("w", 4, Stored(held)).ok());
+  EXPECT_EQ(Find(Resolve(r, two_), "w")->matched_host_tokens, 0);
+  EXPECT_EQ(r.GetChunk(held[1].hash)->holders[0].tier, KvTier::kGpu);
+}
+
 TEST_F(RegistryTest, LeaseExpiryDropsWorkerAndItsResidency) {
   Registry r(Opts());
   ASSERT_TRUE(r.RegisterWorker(Info("w")).ok());

@@ -33,7 +33,8 @@ const model::Model& Tiny() {
 }
 
 std::unique_ptr<Engine> MakeEngine(int64_t blocks, cpu::DebugFault fault = cpu::DebugFault::kNone,
-                                   int max_batched_tokens = 2048, bool capture_logits = true) {
+                                   int max_batched_tokens = 2048, bool capture_logits = true,
+                                   int64_t host_kv_blocks = 0) {
   cpu::CpuBackendOptions o;
   o.num_blocks = blocks;
   o.block_size = kBlock;
@@ -44,7 +45,21 @@ std::unique_ptr<Engine> MakeEngine(int64_t blocks, cpu::DebugFault fault = cpu::
   eo.debug_capture_logits = capture_logits;
   eo.max_num_batched_tokens = max_batched_tokens;
   eo.eos_token_ids = Tiny().config().eos_token_ids;
-  return NewEngine(eo, cpu::NewCpuBackend(Tiny(), o));
+  std::unique_ptr<Backend> backend = cpu::NewCpuBackend(Tiny(), o);
+  eo.host_kv_bytes = host_kv_blocks * backend->KvBlockBytes();
+  auto engine = NewEngine(eo, std::move(backend));
+  EXPECT_TRUE(engine->HostTierStatus().ok()) << engine->HostTierStatus();
+  return engine;
+}
+
+// An engine with `gpu_blocks` of KV and a host tier of `host_blocks`.
+std::unique_ptr<Engine> MakeTieredEngine(int64_t gpu_blocks, int64_t host_blocks) {
+  return MakeEngine(gpu_blocks, cpu::DebugFault::kNone, 2048, true, host_blocks);
+}
+
+// A request of one chunk of `len` random tokens.
+Request OneChunk(std::mt19937& rng, int len, int max_tokens) {
+  return OneChunkRequest(rng, static_cast<int>(Tiny().config().vocab_size), len, max_tokens);
 }
 
 Request Prefix(const Request& r, size_t chunks) {
@@ -121,6 +136,87 @@ TEST(EngineCpuTest, PreemptionAndEvictionDoNotChangeOutput) {
   std::vector<Result> together = RunAll(*small, reqs);
   EXPECT_GT(small->Stats().preemptions, 0);
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_TRUE(Same(alone[i], together[i])) << i;
+}
+
+// The host tier's acceptance test: a prefix the GPU tier evicted (to the host) and restored
+// gives logits bitwise equal to cold. Without the host tier the same run recomputes it.
+TEST(EngineCpuTest, PrefixEvictedToHostAndRestoredGivesBitwiseColdLogits) {
+  std::mt19937 rng(31);
+  const Request a = OneChunk(rng, 100, 4), b = OneChunk(rng, 252, 4);
+  auto cold_engine = MakeEngine(64);
+  const Result cold = RunOne(*cold_engine, a);
+
+  for (bool host_on : {false, true}) {
+    auto e = MakeTieredEngine(16, host_on ? 64 : 0);  // b takes all 16 blocks: a goes
+    EXPECT_TRUE(Same(RunOne(*e, a), cold));
+    RunOne(*e, b);
+    const Result again = RunOne(*e, a);
+    EXPECT_TRUE(Same(again, cold)) << "host tier " << host_on;
+    const EngineStats st = e->Stats();
+    if (host_on) {
+      EXPECT_EQ(again.cached_tokens, 96);
+      EXPECT_EQ(st.prefix_cache_hits_host, 96);
+      EXPECT_GE(st.host_restored_blocks, 6);
+      EXPECT_GE(st.host_offloaded_blocks, 6);
+    } else {
+      EXPECT_EQ(again.cached_tokens, 0);  // the scenario does evict a
+      EXPECT_EQ(st.host_total_blocks, 0);
+    }
+  }
+}
+
+// Six prefixes over 16 GPU blocks and 20 host blocks, run concurrently (preemption), then again
+// with new queries: restores happen while allocations offload other blocks and the host tier
+// evicts; every output equals that of an engine with room for all, and afterwards no block is
+// held.
+TEST(EngineCpuTest, HostTierUnderMemoryPressureKeepsOutputsAndLeaksNoBlocks) {
+  std::mt19937 rng(32);
+  const int vocab = static_cast<int>(Tiny().config().vocab_size);
+  std::vector<Request> first, second;
+  for (int i = 0; i < 6; ++i) {
+    Request r = OneChunk(rng, 64, 20);
+    ChunkInput q;
+    q.kind = 3;
+    for (int t = 0; t < 12; ++t) q.tokens.push_back(static_cast<int32_t>(rng() % vocab));
+    r.chunks.push_back(q);
+    first.push_back(r);
+    for (auto& t : r.chunks[1].tokens) t = static_cast<int32_t>(rng() % vocab);
+    second.push_back(r);
+  }
+  // The reference: an engine whose GPU KV holds everything (its cached runs equal cold ones,
+  // CachedEqualsColdBitwiseForRandomChunkedPrompts).
+  auto roomy = MakeEngine(128);
+  std::vector<Result> cold = RunAll(*roomy, first);
+  std::vector<Result> cold2 = RunAll(*roomy, second);
+  cold.insert(cold.end(), cold2.begin(), cold2.end());
+  EXPECT_EQ(roomy->Stats().preemptions, 0);
+  auto e = MakeTieredEngine(16, 20);
+  std::vector<Result> got = RunAll(*e, first);
+  std::vector<Result> got2 = RunAll(*e, second);
+  got.insert(got.end(), got2.begin(), got2.end());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(Same(got[i], cold[i])) << "request " << i;
+  const EngineStats st = e->Stats();
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_GT(st.host_restored_blocks, 0);
+  EXPECT_GT(st.host_evicted_blocks, 0);
+  EXPECT_GT(st.prefix_cache_hits_host, 0);
+  EXPECT_EQ(st.used_blocks, 0);
+  EXPECT_EQ(st.free_blocks, st.total_blocks);
+  EXPECT_LE(st.host_used_blocks, st.host_total_blocks);
+  EXPECT_EQ(st.host_copy_failures, 0);
+}
+
+TEST(EngineCpuTest, HostTierSmallerThanOneBlockIsRefusedWithAReason) {
+  cpu::CpuBackendOptions o;
+  o.num_blocks = 8;
+  o.block_size = kBlock;
+  EngineOptions eo;
+  eo.model_name = "tiny";
+  eo.host_kv_bytes = 100;
+  auto e = NewEngine(eo, cpu::NewCpuBackend(Tiny(), o));
+  EXPECT_EQ(e->HostTierStatus().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e->HostTierStatus().message().find("less than one KV block"), std::string::npos);
+  EXPECT_EQ(e->Stats().host_total_blocks, 0);
 }
 
 // Root causes 1 and 3: the same comparison with the fix removed from the backend must fail.

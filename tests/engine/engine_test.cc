@@ -134,6 +134,151 @@ TEST(EngineTest, EvictionUnderPressureNeverChangesOutput) {
   EXPECT_GT(tiny->Stats().prefix_cache_hits, 0);
 }
 
+// 16 tenants' prefixes cycled through GPU KV for about four of them, with a host tier for all:
+// every round after the first restores from the host, and the trace backend (which fails a step
+// reading a slot that holds the wrong position, and hashes every token it reads) sees the same
+// KV as cold. A small host tier then evicts on the host as well, with the same outputs.
+TEST(EngineTest, PrefixesCycledThroughASmallGpuTierRestoreFromTheHostExactly) {
+  std::mt19937 rng(41);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 16; ++i) reqs.push_back(OneChunkRequest(rng, kVocab, 40, 3));
+  std::vector<Result> cold;
+  for (const Request& r : reqs) {
+    auto fresh = MakeEngine(64);
+    cold.push_back(RunOne(*fresh, r));
+  }
+  for (int64_t host_blocks : {int64_t{16 * 5}, int64_t{64}}) {
+    EngineOptions o;
+    o.host_kv_bytes = host_blocks * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
+    auto e = MakeEngine(24, o);
+    for (int round = 0; round < 3; ++round) {
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        Result got = RunOne(*e, reqs[i]);
+        ExpectSame(cold[i], got, "round " + std::to_string(round) + " tenant " + std::to_string(i));
+        if (round > 0 && host_blocks == 80) EXPECT_EQ(got.cached_tokens, 32);  // (40 - 1) / 8
+      }
+    }
+    const EngineStats st = e->Stats();
+    EXPECT_EQ(st.host_total_blocks, host_blocks);
+    EXPECT_GT(st.host_restored_blocks, 0);
+    EXPECT_EQ(st.used_blocks, 0);
+    if (host_blocks == 80) {
+      // Each tenant is back after 15 others: always from the host, never still on the GPU.
+      EXPECT_EQ(st.prefix_cache_hits_host, 2 * 16 * 32);
+      EXPECT_EQ(st.prefix_cache_hits, 2 * 16 * 32);
+      EXPECT_EQ(st.host_evicted_blocks, 0);
+    } else {
+      EXPECT_GT(st.host_evicted_blocks, 0);
+    }
+  }
+}
+
+// RegisterChunk's eviction hints through the engine: a prefix with a higher priority stays on
+// the GPU while lower-priority prefixes cycle through it.
+TEST(EngineTest, HigherPriorityPrefixStaysOnTheGpuWhileOthersCycle) {
+  std::mt19937 rng(42);
+  auto make = [&](int32_t priority) {
+    Request r = OneChunkRequest(rng, kVocab, 33, 1);
+    r.priority = priority;
+    return r;
+  };
+  const Request vip = make(1);
+  auto e = MakeEngine(16);
+  RunOne(*e, vip);
+  for (int i = 0; i < 6; ++i) RunOne(*e, make(0));  // 5 blocks each: the LRU would take vip's
+  EXPECT_EQ(RunOne(*e, vip).cached_tokens, 32);
+
+  // Without the priority, the same sequence of requests evicts it.
+  rng.seed(42);
+  Request plain = make(0);
+  auto e2 = MakeEngine(16);
+  RunOne(*e2, plain);
+  for (int i = 0; i < 6; ++i) RunOne(*e2, make(0));
+  EXPECT_EQ(RunOne(*e2, plain).cached_tokens, 0);
+}
+
+// Residency per tier: a chunk the GPU tier evicts into the host tier is reported stored with the
+// host tier (not evicted), stored with the GPU tier again once restored, and evicted only when
+// its last copy leaves the host too.
+TEST(EngineTest, ResidencyEventsFollowAChunkBetweenTiers) {
+  std::mt19937 rng(43);
+  auto one_chunk = [&](int len) { return OneChunkRequest(rng, kVocab, len, 1); };
+  const Request a = one_chunk(33), b = one_chunk(120);
+  EngineOptions o;
+  o.host_kv_bytes = 6 * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
+  auto e = MakeEngine(16, o);
+  auto last_event_of = [&](const hash::Hash128& h) {
+    std::optional<ChunkEvent> last;
+    for (const ChunkEvent& ev : e->TakeChunkEvents()) {
+      if (ev.hash == h) last = ev;
+    }
+    return last;
+  };
+  const Result ra = RunOne(*e, a);
+  const hash::Hash128 ha = ra.chunks[0].hash;
+  std::optional<ChunkEvent> ev = last_event_of(ha);
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_TRUE(ev->stored);
+  EXPECT_EQ(ev->tier, KvTier::kGpu);
+  EXPECT_EQ(ev->held_tokens, 32);
+
+  RunOne(*e, b);  // 15 blocks: a's 4 go to the host
+  ev = last_event_of(ha);
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_TRUE(ev->stored);
+  EXPECT_EQ(ev->tier, KvTier::kHost);
+  EXPECT_EQ(ev->held_tokens, 32);
+  std::vector<ChunkEvent> held = e->HeldChunks();
+  ASSERT_EQ(
+      std::count_if(held.begin(), held.end(), [&](const ChunkEvent& c) { return c.hash == ha; }),
+      1);
+
+  EXPECT_EQ(RunOne(*e, a).cached_tokens, 32);
+  ev = last_event_of(ha);
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_EQ(ev->tier, KvTier::kGpu);
+
+  // b again: a's blocks go to the host, whose 6 slots then fill with b's copies and evict them.
+  RunOne(*e, b);
+  RunOne(*e, one_chunk(120));
+  ev = last_event_of(ha);
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_FALSE(ev->stored);
+  for (const ChunkEvent& c : e->HeldChunks()) EXPECT_NE(c.hash, ha);
+}
+
+// A restore whose copy fails ends its request with an error before any token (never a token
+// computed over KV that did not arrive); the engine goes on, and the next request for the same
+// prefix restores it cleanly and matches cold.
+TEST(EngineTest, FailedRestoreEndsTheRequestWithAnErrorAndTheNextOneMatchesCold) {
+  std::mt19937 rng(44);
+  auto one_chunk = [&](int len) { return OneChunkRequest(rng, kVocab, len, 3); };
+  const Request a = one_chunk(33), b = one_chunk(120);
+  auto fresh = MakeEngine(64);
+  const Result cold = RunOne(*fresh, a);
+  EngineOptions o;
+  o.host_kv_bytes = 64 * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
+  auto backend = std::make_unique<TraceBackend>(16, kBlock, kVocab);
+  TraceBackend* trace = backend.get();
+  o.model_name = "trace";
+  o.debug_capture_logits = true;
+  o.max_context = 100000;
+  auto e = NewEngine(o, std::move(backend));
+  RunOne(*e, a);
+  RunOne(*e, b);  // a goes to the host
+  trace->set_fail_restores(true);
+  const Result failed = RunOne(*e, a);
+  EXPECT_EQ(failed.finish, FinishReason::kError);
+  EXPECT_TRUE(failed.tokens.empty());
+  EXPECT_FALSE(failed.status.ok());
+  EXPECT_EQ(e->Stats().host_copy_failures, 1);
+  trace->set_fail_restores(false);
+  const Result again = RunOne(*e, a);
+  ExpectSame(cold, again, "after a failed restore");
+  EXPECT_EQ(again.cached_tokens, 32);
+  EXPECT_EQ(e->Stats().used_blocks, 0);
+}
+
 TEST(EngineTest, PreemptionNeverChangesOutput) {
   std::mt19937 rng(6);
   std::vector<Request> reqs;

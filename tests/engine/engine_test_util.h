@@ -80,4 +80,12 @@ inline Request RandomRequest(std::mt19937& rng, int vocab, int num_chunks, int m
   return r;
 }
 
+// A request of one chunk of `len` random tokens.
+inline Request OneChunkRequest(std::mt19937& rng, int vocab, int len, int max_tokens) {
+  Request r = RandomRequest(rng, vocab, 1, 1, max_tokens);
+  r.chunks[0].tokens.resize(len);
+  for (auto& t : r.chunks[0].tokens) t = static_cast<int32_t>(rng() % vocab);
+  return r;
+}
+
 }  // namespace cascade::engine::testing

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -76,6 +78,31 @@ class TraceBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // Block I/O: a block's host copy is its slots' (token, position) pairs, so a block restored
+  // from the wrong host copy fails the position check or changes the logits.
+  int64_t KvBlockBytes() const override { return block_size_ * int64_t{sizeof(Slot)}; }
+  absl::Status CopyBlocksToHost(std::span<const BlockCopy> copies) override {
+    if (absl::Status s = ValidateBlockCopies(copies, num_blocks_); !s.ok()) return s;
+    for (const BlockCopy& c : copies) {
+      std::memcpy(c.host, kv_.data() + c.block * block_size_, KvBlockBytes());
+    }
+    blocks_to_host_ += static_cast<int64_t>(copies.size());
+    return absl::OkStatus();
+  }
+  absl::Status CopyBlocksFromHost(std::span<const BlockCopy> copies) override {
+    if (absl::Status s = ValidateBlockCopies(copies, num_blocks_); !s.ok()) return s;
+    if (fail_restores_) return absl::DataLossError("injected: host copy failed");
+    for (const BlockCopy& c : copies) {
+      std::memcpy(kv_.data() + c.block * block_size_, c.host, KvBlockBytes());
+    }
+    blocks_from_host_ += static_cast<int64_t>(copies.size());
+    return absl::OkStatus();
+  }
+  // Fault injection: restores from the host fail (nothing is copied).
+  void set_fail_restores(bool fail) { fail_restores_ = fail; }
+  int64_t blocks_to_host() const { return blocks_to_host_; }
+  int64_t blocks_from_host() const { return blocks_from_host_; }
+
   int64_t forward_calls() const { return forward_calls_; }
   int64_t max_batch_tokens() const { return max_batch_tokens_; }
 
@@ -96,6 +123,9 @@ class TraceBackend final : public Backend {
   std::vector<Slot> kv_;
   int64_t forward_calls_ = 0;
   int64_t max_batch_tokens_ = 0;
+  int64_t blocks_to_host_ = 0;
+  int64_t blocks_from_host_ = 0;
+  bool fail_restores_ = false;
 };
 
 }  // namespace cascade::engine::testing

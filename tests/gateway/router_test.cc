@@ -64,6 +64,24 @@ TEST(RouterTest, FullKvCacheCostsMore) {
   EXPECT_EQ(RankWorkers({full, empty}, 100, {})[0].candidate.worker_id, "empty");
 }
 
+// A prefix held only in a worker's host memory costs a copy, not a prefill: such a holder beats
+// a worker that would prefill it, and loses to an equally loaded holder with it on the GPU.
+TEST(RouterTest, HostTierHitCostsLessThanPrefillAndMoreThanAGpuHit) {
+  Candidate host = Worker("host", 1000, 0, 0);
+  host.matched_host_tokens = 1000;
+  Candidate gpu = Worker("gpu", 1000, 0, 0);
+  Candidate miss = Worker("miss", 0, 0, 0);
+  std::vector<Scored> r = RankWorkers({miss, host, gpu}, 1100, {});
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].candidate.worker_id, "gpu");
+  EXPECT_EQ(r[1].candidate.worker_id, "host");
+  EXPECT_EQ(r[2].candidate.worker_id, "miss");
+  EXPECT_DOUBLE_EQ(r[1].cost - r[0].cost, 0.2 * 1000);
+  // A host count beyond the match (a stale or bad answer) is capped at the match.
+  host.matched_host_tokens = 5000;
+  EXPECT_DOUBLE_EQ(RankWorkers({host}, 1100, {})[0].cost, r[1].cost);
+}
+
 TEST(RouterTest, WeightsAreHonoured) {
   RouteWeights prefix_only;
   prefix_only.load = 0;

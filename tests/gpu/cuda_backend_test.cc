@@ -187,6 +187,64 @@ TEST(CudaBackend, CachedEqualsColdBitwise) {
   EXPECT_EQ(0, std::memcmp(cold.data(), got.data(), vocab * 4)) << "decode step != cold";
 }
 
+// Host KV tier, CUDA half: 150 blocks (more than one staging launch of kMaxKvBlocksPerCopy)
+// copied to pinned host memory on the copy stream, their cache blocks then overwritten by a
+// Forward issued right after the copy (the compute stream must wait for it), and written back
+// into other blocks: a tail prefill over the restored blocks gives the cold logits bitwise, a
+// second read of the restored blocks gives the same host bytes, and over the overwritten
+// blocks the logits differ.
+TEST(CudaBackend, BlocksCopiedToHostAndBackGiveBitwiseTheColdLogits) {
+  CASCADE_REQUIRE_GPU();
+  auto model = MakeModel("tiny", 3);
+  CudaBackendOptions go;
+  go.num_blocks = 320;
+  go.block_size = kBs;
+  go.max_num_tokens = 4096;
+  auto gpu_or = NewCudaBackend(*model, go);
+  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+  engine::Backend& gpu = **gpu_or;
+  const int vocab = gpu.VocabSize();
+  const int n = 150, len = n * kBs + 5;
+  std::mt19937 rng(11);
+  std::vector<int32_t> prompt(len), other(n * kBs);
+  for (auto& x : prompt) x = rng() % vocab;
+  for (auto& x : other) x = rng() % vocab;
+  const std::vector<int32_t> head(prompt.begin(), prompt.begin() + n * kBs);
+  const std::vector<int32_t> tail(prompt.begin() + n * kBs, prompt.end());
+
+  std::vector<float> cold, got, scratch;
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{prompt, 0, Blocks(0, n + 1)}}), &cold).ok());
+
+  const int64_t bb = gpu.KvBlockBytes();
+  ASSERT_GT(bb, 0);
+  auto host = gpu.AllocateHostKv(2 * n * bb);
+  ASSERT_TRUE(host.ok()) << host.status();
+  std::memset(host->get(), 0xA5, 2 * n * bb);
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{head, 0, Blocks(0, n)}}), &scratch).ok());
+  std::vector<engine::BlockCopy> out, in, again;
+  for (int i = 0; i < n; ++i) out.push_back({i, host->get() + i * bb});
+  ASSERT_TRUE(gpu.CopyBlocksToHost(out).ok());
+  // Overwrite the same blocks at once: this Forward must run after the copies.
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{other, 0, Blocks(0, n)}}), &scratch).ok());
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{tail, n * kBs, Blocks(0, n + 1)}}), &got).ok());
+  EXPECT_NE(0, std::memcmp(cold.data(), got.data(), vocab * 4)) << "overwrite had no effect";
+
+  for (int i = 0; i < n; ++i) in.push_back({160 + i, out[i].host});
+  ASSERT_TRUE(gpu.CopyBlocksFromHost(in).ok());
+  std::vector<int32_t> table = Blocks(160, n);
+  table.push_back(310);
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{tail, n * kBs, table}}), &got).ok());
+  EXPECT_EQ(0, std::memcmp(cold.data(), got.data(), vocab * 4)) << "restored != cold";
+
+  for (int i = 0; i < n; ++i) again.push_back({160 + i, host->get() + (n + i) * bb});
+  ASSERT_TRUE(gpu.CopyBlocksToHost(again).ok());
+  ASSERT_TRUE(gpu.WaitBlockCopies().ok());
+  EXPECT_EQ(0, std::memcmp(host->get(), host->get() + n * bb, n * bb));
+
+  std::vector<engine::BlockCopy> bad = {{320, host->get()}};
+  EXPECT_EQ(gpu.CopyBlocksToHost(bad).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Graph replay == eager, bitwise: two backends over the same model (decode graphs on and off)
 // run the same steps: prefills, then decode steps over changing subsets of 13 sequences (batch
 // sizes across the graph buckets, so most replays carry padding rows), 4 of them sharing 8

@@ -216,7 +216,8 @@ TEST(ServingTest, StreamResumesOnAnotherWorkerWithIdenticalTokens) {
 // cached under pressure that evicts it otherwise.
 TEST(ServingTest, RegistryPinKeepsAChunkOnItsHolderUnderPressure) {
   for (bool pin : {false, true}) {
-    Stack stack({.workers = 1, .kv_blocks = 24});
+    // GPU tier only: with a host tier the unpinned chunk would come back from host memory.
+    Stack stack({.workers = 1, .kv_blocks = 24, .host_kv_bytes = 0});
     auto req = Req(LongSystemPrompt(), "q", 2);
     Reply first = Generate(stack.gateway(), req);
     ASSERT_TRUE(first.status.ok());

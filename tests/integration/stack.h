@@ -55,6 +55,7 @@ struct StackOptions {
   int workers = 2;
   int64_t kv_blocks = 512;
   int block_size = 16;
+  int64_t host_kv_bytes = -1;  // the workers' --host_kv_bytes (-1: auto)
   int max_concurrent = 64;
   std::string auth_token;
   bool registry = true;
@@ -151,6 +152,7 @@ class Stack {
     w.model_dir = TinyModelDir();
     w.backend = "cpu";
     w.kv_blocks = options_.kv_blocks;
+    w.host_kv_bytes = options_.host_kv_bytes;
     w.block_size = options_.block_size;
     w.threads = 1;
     w.worker_id = "w" + std::to_string(i);

@@ -108,7 +108,44 @@ class CpuBackend final : public engine::Backend {
 
   absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) override;
 
+  // Host copy of a block: [layer][K, V][block_size, kv_heads, head_dim] float32. Copies are
+  // plain memcpy, done when the call returns.
+  int64_t KvBlockBytes() const override {
+    return 2 * config_.num_hidden_layers * BlockFloats() * int64_t{sizeof(float)};
+  }
+  absl::Status CopyBlocksToHost(std::span<const engine::BlockCopy> copies) override {
+    return CopyBlocks(copies, /*to_host=*/true);
+  }
+  absl::Status CopyBlocksFromHost(std::span<const engine::BlockCopy> copies) override {
+    return CopyBlocks(copies, /*to_host=*/false);
+  }
+
  private:
+  // Floats of one block in one layer's K (or V) cache.
+  int64_t BlockFloats() const { return int64_t{options_.block_size} * config_.kv_size(); }
+  absl::Status CopyBlocks(std::span<const engine::BlockCopy> copies, bool to_host) {
+    if (absl::Status s = engine::ValidateBlockCopies(copies, options_.num_blocks); !s.ok())
+      return s;
+    const int64_t n = BlockFloats(), layer_floats = options_.num_blocks * n;
+    for (const engine::BlockCopy& c : copies) {
+      auto* host = reinterpret_cast<float*>(c.host);
+      for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+        float* k = k_cache_.data() + l * layer_floats + c.block * n;
+        float* v = v_cache_.data() + l * layer_floats + c.block * n;
+        float* hk = host + 2 * l * n;
+        float* hv = hk + n;
+        if (to_host) {
+          std::memcpy(hk, k, n * sizeof(float));
+          std::memcpy(hv, v, n * sizeof(float));
+        } else {
+          std::memcpy(k, hk, n * sizeof(float));
+          std::memcpy(v, hv, n * sizeof(float));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // y[rows, n] = x[rows, k] . w[n, k]^T, split over output columns.
   void MatMul(const float* x, int64_t rows, int64_t k, const Matrix& w, int64_t n, float* y) {
     pool_.ParallelFor(n, 16, [&](int64_t j0, int64_t j1) {

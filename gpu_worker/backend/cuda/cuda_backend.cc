@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <numbers>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,12 @@ class CudaBackend final : public engine::Backend {
   CudaBackend(const model::ModelConfig& c, const CudaBackendOptions& o) : c_(c), o_(o) {}
   ~CudaBackend() override {
     graphs_.clear();
+    if (copy_stream_ != nullptr) {
+      cudaStreamSynchronize(copy_stream_);
+      cudaStreamDestroy(copy_stream_);
+    }
+    if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
+    if (copies_done_ != nullptr) cudaEventDestroy(copies_done_);
     if (stream_ != nullptr) cudaStreamDestroy(reinterpret_cast<cudaStream_t>(stream_));
   }
 
@@ -167,7 +174,27 @@ class CudaBackend final : public engine::Backend {
     return Run(batch, /*sampled=*/true, logits, argmax, logprobs);
   }
 
+  // Block I/O (host KV tier). A block's host copy is [layer][K, V][hkv, block_size, D] bf16.
+  int64_t KvBlockBytes() const override { return 2 * c_.num_hidden_layers * PartBytes(); }
+  absl::StatusOr<engine::HostKvMemory> AllocateHostKv(size_t bytes) override;
+  absl::Status CopyBlocksToHost(std::span<const engine::BlockCopy> copies) override {
+    return CopyBlocks(copies, /*to_host=*/true);
+  }
+  absl::Status CopyBlocksFromHost(std::span<const engine::BlockCopy> copies) override {
+    return CopyBlocks(copies, /*to_host=*/false);
+  }
+  absl::Status WaitBlockCopies() override {
+    if (copy_stream_ == nullptr) return absl::OkStatus();
+    return CudaStatus(cudaStreamSynchronize(copy_stream_), "cudaStreamSynchronize(copy)");
+  }
+
  private:
+  // Bytes of one block in one layer's K (or V) cache.
+  int64_t PartBytes() const { return int64_t{hkv_} * o_.block_size * d_ * 2; }
+  // Enqueues block copies on copy_stream_ after the compute stream's work so far; the next
+  // Run() makes the compute stream wait for them (copies_pending_).
+  absl::Status CopyBlocks(std::span<const engine::BlockCopy> copies, bool to_host);
+  absl::Status InitBlockCopies();
   absl::Status Check(const engine::ForwardBatch& b) const;
   absl::Status Run(const engine::ForwardBatch& b, bool sampled, std::vector<float>* logits,
                    std::vector<int32_t>* argmax, std::vector<engine::RowLogprobs>* logprobs);
@@ -223,7 +250,93 @@ class CudaBackend final : public engine::Backend {
   std::map<int, std::unique_ptr<DecodeGraph>> graphs_;
   engine::ForwardBatch pad_;  // the step padded to its bucket
   int64_t graph_replays_ = 0, graph_captures_ = 0;
+  // Block I/O, created on first use: a copy stream ordered against stream_ by two events, the
+  // per-layer cache bases on the device ([2 layers]: K then V of each layer) and a dense staging
+  // buffer of stage_blocks_ whole blocks.
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t compute_done_ = nullptr, copies_done_ = nullptr;
+  DeviceBuffer kv_parts_, kv_stage_;
+  int stage_blocks_ = 0;
+  bool copies_pending_ = false;  // copies enqueued that the compute stream has not waited for
 };
+
+absl::StatusOr<engine::HostKvMemory> CudaBackend::AllocateHostKv(size_t bytes) {
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o_.device), "cudaSetDevice"));
+  void* p = nullptr;
+  absl::Status st = CudaStatus(cudaMallocHost(&p, std::max<size_t>(bytes, 1)), "cudaMallocHost");
+  if (!st.ok()) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot pin ", bytes, " bytes of host KV memory: ", st.message()));
+  }
+  return engine::HostKvMemory(static_cast<std::byte*>(p),
+                              engine::HostKvDeleter{[](void* q) { cudaFreeHost(q); }});
+}
+
+absl::Status CudaBackend::InitBlockCopies() {
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "copy stream"));
+  RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming),
+                             "cudaEventCreate"));
+  RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming),
+                             "cudaEventCreate"));
+  std::vector<void*> parts;
+  for (Layer& l : layers_) {
+    parts.push_back(l.k_cache.data());
+    parts.push_back(l.v_cache.data());
+  }
+  ASSIGN_OR_RETURN(pbuf, DeviceBuffer::Allocate(parts.size() * sizeof(void*)));
+  RETURN_IF_ERROR(CopyToDevice(pbuf.data(), parts.data(), parts.size() * sizeof(void*)));
+  kv_parts_ = std::move(pbuf);
+  // About 64 MB of staging: large copies run at full PCIe bandwidth, and a launch takes at most
+  // kMaxKvBlocksPerCopy blocks anyway.
+  constexpr int64_t kStageBytes = int64_t{64} << 20;
+  stage_blocks_ =
+      static_cast<int>(std::clamp<int64_t>(kStageBytes / KvBlockBytes(), 1, kMaxKvBlocksPerCopy));
+  ASSIGN_OR_RETURN(stage, DeviceBuffer::Allocate(stage_blocks_ * KvBlockBytes()));
+  kv_stage_ = std::move(stage);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyBlocks(std::span<const engine::BlockCopy> copies, bool to_host) {
+  RETURN_IF_ERROR(engine::ValidateBlockCopies(copies, num_blocks_));
+  if (copies.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o_.device), "cudaSetDevice"));
+  if (copy_stream_ == nullptr) RETURN_IF_ERROR(InitBlockCopies());
+  // After everything the compute stream has been given (Forward synchronizes before it returns,
+  // so this is normally already done; the event makes the order explicit).
+  const auto compute = reinterpret_cast<cudaStream_t>(stream_);
+  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(compute_done_, compute), "cudaEventRecord"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamWaitEvent(copy_stream_, compute_done_, 0), "cudaStreamWaitEvent"));
+  const int64_t block_bytes = KvBlockBytes();
+  const int num_parts = 2 * static_cast<int>(layers_.size());
+  auto* stage = kv_stage_.as<std::byte>();
+  const auto kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+  for (size_t c0 = 0; c0 < copies.size(); c0 += stage_blocks_) {
+    const int n = static_cast<int>(std::min<size_t>(stage_blocks_, copies.size() - c0));
+    KvBlockList list;
+    for (int i = 0; i < n; ++i) list.ids[i] = copies[c0 + i].block;
+    if (to_host) {
+      RETURN_IF_ERROR(CopyKvBlocks(kv_parts_.as<void*>(), num_parts, list, n, PartBytes(), stage,
+                                   /*to_stage=*/true, copy_stream_));
+    }
+    for (int i = 0; i < n; ++i) {
+      std::byte* dense = stage + i * block_bytes;
+      std::byte* host = copies[c0 + i].host;
+      RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(to_host ? host : dense, to_host ? dense : host,
+                                                 block_bytes, kind, copy_stream_),
+                                 "cudaMemcpyAsync(KV block)"));
+    }
+    if (!to_host) {
+      RETURN_IF_ERROR(CopyKvBlocks(kv_parts_.as<void*>(), num_parts, list, n, PartBytes(), stage,
+                                   /*to_stage=*/false, copy_stream_));
+    }
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaEventRecord(copies_done_, copy_stream_), "cudaEventRecord"));
+  copies_pending_ = true;
+  return absl::OkStatus();
+}
 
 absl::Status CudaBackend::Init(const model::Model& m) {
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o_.device), "cudaSetDevice"));
@@ -386,6 +499,14 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
                               std::vector<engine::RowLogprobs>* logprobs) {
   RETURN_IF_ERROR(Check(b));
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o_.device), "cudaSetDevice"));
+  if (copies_pending_) {
+    // Blocks copied to the host may be rewritten by this step, and blocks filled from the host
+    // are read by it: the step runs after the copies (the host does not wait).
+    RETURN_IF_ERROR(
+        CudaStatus(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(stream_), copies_done_, 0),
+                   "cudaStreamWaitEvent"));
+    copies_pending_ = false;
+  }
   const int n = b.num_tokens();
   // A pure decode step: one token per sequence, logits for each (so logits_rows is 0..n-1).
   const bool decode = n > 0 && n == b.num_seqs() && static_cast<int>(b.logits_rows.size()) == n;

@@ -74,6 +74,13 @@ struct AttentionArgs {
   int num_q_heads = 0;
 };
 
+// Block ids of one KvBlockCopy launch, passed by value (a kernel parameter), so a copy enqueued
+// on a stream needs no host buffer that outlives the call.
+inline constexpr int kMaxKvBlocksPerCopy = 128;
+struct KvBlockList {
+  int32_t ids[kMaxKvBlocksPerCopy];
+};
+
 // Per-row sampling parameters on the device (engine::RowSample without the flag).
 using RowSampleParams = engine::SampleSpec;
 

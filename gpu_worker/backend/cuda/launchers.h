@@ -42,6 +42,9 @@ cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int* ctas);
 // See small_gemm.cu. REQUIRES: m <= 16, n % 8 == 0, k % 64 == 0.
 cudaError_t LaunchSmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,
                             bool f32_out, cudaStream_t stream);
+// See ops.h CopyKvBlocks. parts: device array [num_parts] of cache bases.
+cudaError_t LaunchKvBlockCopy(void* const* parts, int num_parts, const KvBlockList& blocks, int n,
+                              int64_t part_bytes, void* stage, bool to_stage, cudaStream_t stream);
 cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionPlanView& plan,
                             cudaStream_t stream);
 

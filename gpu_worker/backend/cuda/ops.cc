@@ -117,6 +117,19 @@ absl::Status GatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16*
   return CudaStatus(internal::LaunchGatherRows(in, rows, n, d, out, stream), "GatherRows");
 }
 
+absl::Status CopyKvBlocks(void* const* parts, int num_parts, const KvBlockList& blocks, int n,
+                          int64_t part_bytes, void* stage, bool to_stage, Stream stream) {
+  if (n < 1 || n > kMaxKvBlocksPerCopy || num_parts < 1 || part_bytes <= 0 || part_bytes % 16) {
+    return Bad("CopyKvBlocks", absl::StrCat("bad shape: n ", n, ", parts ", num_parts,
+                                            ", part_bytes ", part_bytes));
+  }
+  if (!parts || !stage || !Aligned16(stage))
+    return Bad("CopyKvBlocks", "null or unaligned pointer");
+  return CudaStatus(
+      internal::LaunchKvBlockCopy(parts, num_parts, blocks, n, part_bytes, stage, to_stage, stream),
+      "CopyKvBlocks");
+}
+
 absl::Status SampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
                         const int32_t* penalty_tokens, int32_t* out, engine::RowLogprobs* logprobs,
                         Stream stream) {

@@ -82,4 +82,13 @@ absl::Status SampleRows(const float* logits, int n, int vocab, const RowSamplePa
                         const int32_t* penalty_tokens, int32_t* out, engine::RowLogprobs* logprobs,
                         Stream stream);
 
+// Gathers whole KV blocks into a dense staging buffer (to_stage) or scatters them back.
+// parts: device array [num_parts] of per-layer cache bases (K of layer l at 2l, V at 2l + 1),
+// each [num_blocks, part_bytes]; stage: [n, num_parts, part_bytes]. Block b of the list is
+// parts[p] + blocks.ids[b] * part_bytes <-> stage + (b * num_parts + p) * part_bytes.
+// REQUIRES: 1 <= n <= kMaxKvBlocksPerCopy, part_bytes % 16 == 0, ids in range (the backend
+// checks them on the host).
+absl::Status CopyKvBlocks(void* const* parts, int num_parts, const KvBlockList& blocks, int n,
+                          int64_t part_bytes, void* stage, bool to_stage, Stream stream);
+
 }  // namespace cascade::cuda
