@@ -134,8 +134,10 @@ RunPhaseResult RunPhaseWithSamples(v2::GatewayService::StubInterface& stub, Prom
         if (max_tokens > 1 && unit(rng) < options.cancel_fraction) {
           this_call.cancel_after_tokens = 1 + static_cast<int>(rng() % (max_tokens - 1));
         }
+        const double start_s = Ms(Clock::now() - t0) / 1000.0;
         RequestSample sample = SendOne(stub, request, this_call, true);
         sample.pool_index = static_cast<int64_t>(pick);
+        sample.start_s = start_s;
         const bool refused = !sample.ok && !sample.admitted && !sample.cancelled;
         recorder.Add(std::move(sample));
         if (refused && options.reject_backoff > absl::ZeroDuration()) {

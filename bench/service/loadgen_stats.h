@@ -29,6 +29,7 @@ struct RequestSample {
   // admitted it (a start message came), whether this client cancelled it on purpose, and the
   // token ids that arrived (also those before an error or a cancel).
   int64_t pool_index = -1;
+  double start_s = -1;  // pool mode: seconds from the phase's start to sending the request
   bool admitted = false;
   bool cancelled = false;
   std::vector<int32_t> token_ids;

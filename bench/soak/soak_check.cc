@@ -28,6 +28,21 @@ std::string DescribeMismatch(const std::vector<int32_t>& got, const std::vector<
   return out;
 }
 
+KillSplit SplitByKills(const std::vector<RequestSample>& samples, const std::vector<double>& kill_s,
+                       double settle_s) {
+  KillSplit out;
+  for (const RequestSample& s : samples) {
+    bool touched = s.start_s < 0 || s.e2e_ms < 0;
+    const double end_s = s.start_s + s.e2e_ms / 1000.0;
+    for (double k : kill_s) {
+      if (touched) break;
+      touched = s.start_s <= k + settle_s && end_s >= k;
+    }
+    (touched ? out.touched : out.clear).push_back(s);
+  }
+  return out;
+}
+
 SoakTally TallySoak(const std::vector<RequestSample>& samples,
                     const std::vector<std::vector<int32_t>>& references) {
   SoakTally t;

@@ -34,6 +34,17 @@ struct SoakTally {
 SoakTally TallySoak(const std::vector<RequestSample>& samples,
                     const std::vector<std::vector<int32_t>>& references);
 
+// Splits samples into those a kill touched (in flight at a kill at `kill_s`, or sent within
+// `settle_s` after one, while the stack recovers) and the others, keeping their order. Times are
+// seconds from the phase's start (RequestSample::start_s); a sample without a start time counts as
+// touched, so nothing unmeasured lands among the clean ones.
+struct KillSplit {
+  std::vector<RequestSample> touched;
+  std::vector<RequestSample> clear;
+};
+KillSplit SplitByKills(const std::vector<RequestSample>& samples, const std::vector<double>& kill_s,
+                       double settle_s);
+
 // "3 of 40 tokens, first difference at 17 (got 5, want 9)" and the like.
 std::string DescribeMismatch(const std::vector<int32_t>& got, const std::vector<int32_t>& want);
 

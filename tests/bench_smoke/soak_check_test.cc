@@ -93,5 +93,28 @@ TEST(SoakCheckTest, ScheduleKillsWorkersInTurnAndTheRegistryOffset) {
                   .empty());
 }
 
+TEST(SoakCheckTest, SplitByKillsSeparatesStreamsAKillTouched) {
+  auto at = [](double start_s, double e2e_ms) {
+    RequestSample s = Sample(0, true, true, {1, 2, 3, 4});
+    s.start_s = start_s;
+    s.e2e_ms = e2e_ms;
+    return s;
+  };
+  // A kill at 10 s, settling for 3 s.
+  const std::vector<RequestSample> samples = {
+      at(9.0, 500),   // ended before the kill: clear
+      at(9.5, 1000),  // in flight at the kill: touched
+      at(12.0, 100),  // sent while the stack recovers: touched
+      at(13.5, 100),  // after recovery: clear
+      at(-1, 100),    // no start time: touched (never counted as clear blindly)
+  };
+  KillSplit split = SplitByKills(samples, {10.0}, 3.0);
+  ASSERT_EQ(split.clear.size(), 2u);
+  EXPECT_DOUBLE_EQ(split.clear[0].start_s, 9.0);
+  EXPECT_DOUBLE_EQ(split.clear[1].start_s, 13.5);
+  ASSERT_EQ(split.touched.size(), 3u);
+  EXPECT_EQ(SplitByKills(samples, {}, 3.0).clear.size(), 4u);
+}
+
 }  // namespace
 }  // namespace cascade::bench
