@@ -125,8 +125,9 @@ class Backend {
   // the step and may return before the device has finished it; FinishSampled waits for it and
   // returns what ForwardSampled would have returned for that batch (same bits). One step at a
   // time: LaunchSampled, then FinishSampled, then the next LaunchSampled. Between the two the
-  // caller does host work only (no Forward, no block copies); `batch` need not outlive the
-  // launch. The default runs ForwardSampled inside LaunchSampled and keeps its results.
+  // caller may issue block copies (they run after the launched step, as if between it and the
+  // next) but no Forward; `batch` need not outlive the launch. The default runs ForwardSampled
+  // inside LaunchSampled and keeps its results.
   virtual absl::Status LaunchSampled(const ForwardBatch& batch);
   virtual absl::Status FinishSampled(std::vector<float>* logits, std::vector<int32_t>* tokens,
                                      std::vector<RowLogprobs>* logprobs);

@@ -669,8 +669,8 @@ absl::Status EngineImpl::Launch(SchedulerOutput plan, ForwardBatch* batch,
   return absl::OkStatus();
 }
 
-void EngineImpl::Collect(const std::vector<uint64_t>& cancels,
-                         std::vector<SequenceOutput>* outputs, std::vector<CollectedRow>* rows) {
+void EngineImpl::Collect(const std::vector<uint64_t>& cancels, std::vector<SequenceOutput>* outputs,
+                         std::vector<CollectedRow>* rows) {
   SchedulerOutput plan = std::move(*inflight_);
   inflight_.reset();
   StepResult result;
@@ -727,8 +727,7 @@ void EngineImpl::PruneFinished(const std::vector<uint64_t>& cancels) {
   }
 }
 
-void EngineImpl::FinishRows(std::vector<CollectedRow>* rows,
-                            std::vector<SequenceOutput>* outputs) {
+void EngineImpl::FinishRows(std::vector<CollectedRow>* rows, std::vector<SequenceOutput>* outputs) {
   std::vector<uint64_t> done;
   for (CollectedRow& c : *rows) {
     // A sequence may have ended since Collect (the next step failed to launch): its outputs
@@ -743,8 +742,7 @@ void EngineImpl::FinishRows(std::vector<CollectedRow>* rows,
         MutexLock lock(&mu_);
         residency_.Update(seq);
       }
-      if (seq.pin_ttl_ms > 0 && !seq.pinned && seq.num_computed >= seq.prompt_len &&
-          c.token >= 0) {
+      if (seq.pin_ttl_ms > 0 && !seq.pinned && seq.num_computed >= seq.prompt_len && c.token >= 0) {
         TakePins(seq);
       }
     }

@@ -182,9 +182,9 @@ void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBa
       batch->logits_rows.push_back(batch->num_tokens() - 1);
       // Every row is sampled by the backend (its rule is the host's, sample_rule.h), except
       // when tests capture logits: then rows come back whole and the engine samples them.
-      batch->row_samples.push_back(RowSample{
-          !capture_logits_,
-          SpecFor(seq.sampling, seq.seed, static_cast<int64_t>(seq.tokens.size()))});
+      batch->row_samples.push_back(
+          RowSample{!capture_logits_,
+                    SpecFor(seq.sampling, seq.seed, static_cast<int64_t>(seq.tokens.size()))});
     }
     batch->query_start.push_back(batch->num_tokens());
     batch->context_lens.push_back(static_cast<int32_t>(seq.num_computed + s.num_tokens));
