@@ -322,7 +322,8 @@ TEST_F(EngineCudaTest, OverlappedScheduleGivesThePlainEnginesOutputs) {
   }
   EXPECT_EQ(stops, 3);
   EXPECT_EQ(a[1].finish, engine::FinishReason::kCancelled);
-  EXPECT_EQ(overlap->Stats().preemptions, plain->Stats().preemptions);
+  // Preemption counts may differ: the overlapped schedule plans as if every sequence in flight
+  // went on, so it can preempt where the plain one finds a block freed by a stop token.
   EXPECT_GT(GetCudaGraphStats(*overlap_backend).replays, 0) << "no decode step ran overlapped";
   std::printf(
       "overlap == plain: %zu requests (%d stops, 1 cancel, %lld preemptions), %lld graph "
