@@ -3,9 +3,11 @@
 # bitwise test (kernels, attention incl. cascade == flat, backend incl. cached == cold, graph ==
 # eager and device sampler == host rule on full-vocabulary rows, engine incl. device == host
 # sampling with every option), then times engine_bench decode for each sampler (greedy,
-# temperature, topk, topp, minp, penalty, logprobs, all) in one process.
+# temperature, topk, topp, minp, penalty, logprobs, all) in one process, for the variants default
+# and overlap (the engine's overlapped schedule), then the nano-vllm workload for both.
 # Usage: bash bench/engine/device_sampling.sh [preset, default qwen3-0.6b]
-# Environment: BATCHES (default 1,64,256). Logs under $OUT (or ./device-out).
+# Environment: BATCHES (default 1,64,256), VARIANTS (default default,overlap), NANO (default 1).
+# Logs under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -22,13 +24,20 @@ for t in cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_tes
   timeout 300 build-gpu/tests/$t >"$OUT/$t.log" 2>&1; rc=$?
   [ $rc -ne 0 ] && fail=1
   echo "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/$t.log" | tr '\n' ' ') ($(( $(date +%s) - t0 )) s)"
-  grep -E "graph == eager|device == host|identical:|cascade:" "$OUT/$t.log" | head -6
+  grep -E "graph == eager|device == host|overlap == plain|identical:|cascade:" "$OUT/$t.log" | head -6
   grep -B2 -A8 "Failure" "$OUT/$t.log" | head -60
 done
 echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 timeout 300 build-gpu/bench/engine_bench --backend=cuda --preset=$PRESET --sections=decode \
   --samplers=greedy,temperature,topk,topp,minp,penalty,logprobs,all \
-  --batches=${BATCHES:-1,64,256} >"$OUT/decode_sampling_$PRESET.log" 2>&1
+  --variants=${VARIANTS:-default,overlap} --batches=${BATCHES:-1,64,256} \
+  >"$OUT/decode_sampling_$PRESET.log" 2>&1
 echo "decode rc=$? ($(( $(date +%s) - t0 )) s)"
 sed -n '/by variant/,$p' "$OUT/decode_sampling_$PRESET.log"
+if [ "${NANO:-1}" = 1 ]; then
+  timeout 300 build-gpu/bench/engine_bench --backend=cuda --preset=$PRESET --sections=nanovllm \
+    --variants=${VARIANTS:-default,overlap} >"$OUT/nano_$PRESET.log" 2>&1
+  echo "nano rc=$? ($(( $(date +%s) - t0 )) s)"
+  grep -E "^\||^## nano" "$OUT/nano_$PRESET.log"
+fi
 echo "total: $(( $(date +%s) - t0 )) s; tests all passed: $([ $fail = 0 ] && echo yes || echo NO)"

@@ -17,7 +17,8 @@
 // graphs, verified small-m GEMMs), "eager" (no decode graphs), "cublas" (no small-m GEMMs: the
 // pinned cuBLASLt algorithm at every m), "nopdl" (kernels launched without programmatic
 // dependent launch), "heuristic" (cuBLAS heuristics per m, no pinning, graphs
-// on: the cost of determinism is default vs heuristic).
+// on: the cost of determinism is default vs heuristic), "overlap" (default with the engine's
+// overlapped schedule: step n+1 scheduled and built while step n runs).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -109,6 +110,7 @@ struct Variant {
   bool batch_invariant = true;
   bool small_m_gemm = true;
   bool pdl = true;
+  bool overlap = false;  // EngineOptions::overlap_schedule
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -117,6 +119,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "heuristic") return v->batch_invariant = false, true;
   if (name == "cublas") return v->small_m_gemm = false, true;
   if (name == "nopdl") return v->pdl = false, true;
+  if (name == "overlap") return v->overlap = true, true;
   return false;
 }
 
@@ -226,6 +229,20 @@ class TimedBackend : public engine::Backend {
     *forward_s_ += Seconds(t0, Clock::now());
     return st;
   }
+  // Overlapped schedule: the launch and the wait count as forward time.
+  absl::Status LaunchSampled(const engine::ForwardBatch& b) override {
+    const auto t0 = Clock::now();
+    absl::Status st = inner_->LaunchSampled(b);
+    *forward_s_ += Seconds(t0, Clock::now());
+    return st;
+  }
+  absl::Status FinishSampled(std::vector<float>* logits, std::vector<int32_t>* argmax,
+                             std::vector<engine::RowLogprobs>* logprobs) override {
+    const auto t0 = Clock::now();
+    absl::Status st = inner_->FinishSampled(logits, argmax, logprobs);
+    *forward_s_ += Seconds(t0, Clock::now());
+    return st;
+  }
 
  private:
   std::unique_ptr<engine::Backend> inner_;
@@ -299,6 +316,7 @@ struct Bench {
     eo.max_context = max_context;
     eo.max_tokens_limit = 4096;
     eo.max_waiting = 100000;
+    eo.overlap_schedule = variant.overlap;
     return engine::NewEngine(eo, std::make_unique<TimedBackend>(std::move(backend), &forward_s));
   }
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/engine/row_sampler.h"
@@ -191,6 +192,24 @@ absl::Status ValidateBlockCopies(std::span<const BlockCopy> copies, int64_t num_
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Backend::LaunchSampled(const ForwardBatch& batch) {
+  if (launched_.active) return absl::FailedPreconditionError("LaunchSampled: a step is in flight");
+  launched_.active = true;
+  launched_.status =
+      ForwardSampled(batch, &launched_.logits, &launched_.tokens, &launched_.logprobs);
+  return absl::OkStatus();
+}
+
+absl::Status Backend::FinishSampled(std::vector<float>* logits, std::vector<int32_t>* tokens,
+                                    std::vector<RowLogprobs>* logprobs) {
+  if (!launched_.active) return absl::FailedPreconditionError("FinishSampled: nothing in flight");
+  launched_.active = false;
+  logits->swap(launched_.logits);
+  tokens->swap(launched_.tokens);
+  if (logprobs != nullptr) logprobs->swap(launched_.logprobs);
+  return std::exchange(launched_.status, absl::OkStatus());
 }
 
 }  // namespace cascade::engine

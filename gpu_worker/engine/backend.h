@@ -121,6 +121,17 @@ class Backend {
                                       std::vector<int32_t>* tokens,
                                       std::vector<RowLogprobs>* logprobs);
 
+  // ForwardSampled in two halves, for the engine's overlapped schedule: LaunchSampled starts
+  // the step and may return before the device has finished it; FinishSampled waits for it and
+  // returns what ForwardSampled would have returned for that batch (same bits). One step at a
+  // time: LaunchSampled, then FinishSampled, then the next LaunchSampled. Between the two the
+  // caller may issue block copies (they run after the launched step, as if between it and the
+  // next) but no Forward; `batch` need not outlive the launch. The default runs ForwardSampled
+  // inside LaunchSampled and keeps its results.
+  virtual absl::Status LaunchSampled(const ForwardBatch& batch);
+  virtual absl::Status FinishSampled(std::vector<float>* logits, std::vector<int32_t>* tokens,
+                                     std::vector<RowLogprobs>* logprobs);
+
   // Block I/O for the host KV tier. KvBlockBytes() is the size of one block's host copy; 0 means
   // the backend has no block I/O (the default) and the host tier stays off.
   virtual int64_t KvBlockBytes() const { return 0; }
@@ -139,6 +150,17 @@ class Backend {
   virtual absl::Status CopyBlocksFromHost(std::span<const BlockCopy> copies);
   // Blocks until every copy issued so far has finished.
   virtual absl::Status WaitBlockCopies() { return absl::OkStatus(); }
+
+ private:
+  // The default LaunchSampled's results, until FinishSampled takes them.
+  struct Launched {
+    bool active = false;
+    absl::Status status;
+    std::vector<float> logits;
+    std::vector<int32_t> tokens;
+    std::vector<RowLogprobs> logprobs;
+  };
+  Launched launched_;
 };
 
 // The check every backend's CopyBlocks* runs first: ids in [0, num_blocks), host pointers set.

@@ -4,6 +4,7 @@
 #include "gpu_worker/engine/engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <random>
@@ -114,7 +115,7 @@ class EngineImpl final : public Engine {
   bool HasWork() const override {
     MutexLock lock(&mu_);
     return !inbox_.empty() || !cancels_.empty() || !evicts_.empty() || !pin_requests_.empty() ||
-           live_ > 0;
+           live_ > 0 || step_pending_.load();
   }
   EngineStats Stats() const override {
     MutexLock lock(&mu_);
@@ -141,15 +142,38 @@ class EngineImpl final : public Engine {
     std::vector<RowLogprobs> logprobs;  // parallel to sampled
   };
 
-  // The step's phases, in order. Intake takes what other threads queued (arrivals, cancels,
-  // evictions, pins) and lets expired pins go; Schedule plans the batch; Run hands it to the
-  // backend; Postprocess commits blocks, samples and checks stop conditions, or FailScheduled
-  // ends the step's sequences when the backend failed; EndStep publishes stats and evictions.
-  void Intake(std::vector<SequenceOutput>* outputs);
+  // The step's phases. Intake takes what other threads queued (arrivals, cancels, evictions,
+  // pins); Schedule plans a batch; Launch hands it to the backend and advances its sequences
+  // (their sampled tokens kPendingToken until collected); Collect waits for the step in flight
+  // and applies its tokens (stop and length checks, cancels), FinishRows then commits blocks and
+  // fills the outputs; FailScheduled ends a failed step's sequences; EndStep publishes stats and
+  // evictions. Without overlap a step is Schedule, Launch, Collect, FinishRows; with it, the
+  // next step is scheduled and built while the one launched runs (EngineOptions).
+  struct Prepared {
+    SchedulerOutput plan;
+    ForwardBatch batch;
+    std::vector<Scheduler::PendingInput> pending;
+  };
+  // One collected row whose output still needs FinishRows.
+  struct CollectedRow {
+    bool was_prefill = false;
+    bool finished = false;  // ended in Collect (retired after FinishRows)
+    bool has_logprobs = false;
+    int32_t token = -1;
+    RowLogprobs logprobs;
+    SequenceOutput out;
+  };
+  std::vector<uint64_t> Intake();
   SchedulerOutput Schedule(std::vector<SequenceOutput>* outputs);
-  absl::Status Run(const SchedulerOutput& plan, StepResult* result);
-  void Postprocess(const SchedulerOutput& plan, const StepResult& result,
-                   std::vector<SequenceOutput>* outputs);
+  // Builds and launches `plan`; on failure its sequences end (kError).
+  void BuildAndLaunch(SchedulerOutput plan, std::vector<SequenceOutput>* outputs);
+  absl::Status Launch(SchedulerOutput plan, ForwardBatch* batch,
+                      const std::vector<Scheduler::PendingInput>& pending);
+  void Collect(const std::vector<uint64_t>& cancels, std::vector<SequenceOutput>* outputs,
+               std::vector<CollectedRow>* rows);
+  void FinishRows(std::vector<CollectedRow>* rows, std::vector<SequenceOutput>* outputs);
+  // Drops from prepared_ the sequences that ended (or are cancelled) since it was scheduled.
+  void PruneFinished(const std::vector<uint64_t>& cancels);
   void FailScheduled(const SchedulerOutput& plan, const absl::Status& st,
                      std::vector<SequenceOutput>* outputs);
   void EndStep();
@@ -167,10 +191,9 @@ class EngineImpl final : public Engine {
   void Finish(Sequence& seq, FinishReason reason, SequenceOutput& out);
   // Fills a sequence's first output: where its chunks sit and how much came from the cache.
   void Started(Sequence& seq, SequenceOutput& out);
-  // `logits_row` is the row's logits, or null when the backend already drew the row's token
-  // `sampled_token` and its `sampled_logprobs` (see RowSample).
-  void PostprocessSeq(const ScheduledSeq& s, const float* logits_row, int32_t sampled_token,
-                      const RowLogprobs* sampled_logprobs, SequenceOutput& out);
+  // Applies one collected row's token (`logits_row`: the row's logits when the backend sent it
+  // whole, else null and `row->token` is the backend's draw).
+  void CollectRow(const ScheduledSeq& s, const float* logits_row, CollectedRow* row);
   void TakePins(Sequence& seq);
   void ReleasePin(const hash::Hash128& chunk);
   void PublishStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -203,6 +226,9 @@ class EngineImpl final : public Engine {
     int64_t expires_ms = 0;
   };
   std::unordered_map<hash::Hash128, Pin, hash::Hash128Hasher> pins_;
+  std::optional<SchedulerOutput> inflight_;  // launched, not yet collected
+  std::optional<Prepared> prepared_;         // scheduled while inflight_ runs (overlap)
+  std::atomic<bool> step_pending_{false};    // inflight_ or prepared_ set (HasWork)
   int64_t prompt_tokens_computed_ = 0;
   int64_t generation_tokens_ = 0;
   int64_t steps_ = 0;
@@ -303,7 +329,8 @@ hash::Hash128 EngineImpl::KeyFor(Sequence& seq, int64_t j) {
 
 void EngineImpl::CommitBlocks(Sequence& seq) {
   const int bs = backend_->BlockSize();
-  while ((seq.num_committed + 1) * bs <= seq.num_computed) {
+  // Tokens a step in flight is computing are not committed until it has finished.
+  while ((seq.num_committed + 1) * bs <= seq.num_computed - seq.inflight_tokens) {
     const int64_t j = seq.num_committed;
     const hash::Hash128 parent = j == 0 ? hash::Hash128{} : KeyFor(seq, j - 1);
     blocks_.Commit(seq.block_table[j], KeyFor(seq, j), parent);
@@ -350,53 +377,55 @@ void EngineImpl::Finish(Sequence& seq, FinishReason reason, SequenceOutput& out)
   scheduler_.Remove(&seq);
 }
 
-void EngineImpl::PostprocessSeq(const ScheduledSeq& s, const float* logits_row,
-                                int32_t sampled_token, const RowLogprobs* sampled_logprobs,
-                                SequenceOutput& out) {
+void EngineImpl::CollectRow(const ScheduledSeq& s, const float* logits_row, CollectedRow* row) {
   Sequence& seq = *s.seq;
-  const bool was_prefill = seq.num_computed < seq.prompt_len;
-  seq.num_computed += s.num_tokens;
-  if (was_prefill)
-    prompt_tokens_computed_ +=
-        std::min(seq.num_computed, seq.prompt_len) - (seq.num_computed - s.num_tokens);
-  CommitBlocks(seq);
-  if (was_prefill) ApplyHints(seq);
-  {
-    MutexLock lock(&mu_);
-    residency_.Update(seq);  // before Finish() frees the blocks
-  }
+  SequenceOutput& out = row->out;
   if (!s.wants_logits) return;
-
+  // The step's token stands at the end of the tokens as kPendingToken.
+  seq.tokens.pop_back();
+  seq.last_token_in_flight = false;
   const int vocab = backend_->VocabSize();
   const int64_t position = static_cast<int64_t>(seq.tokens.size());
   SampleResult r;
   if (logits_row == nullptr) {
-    r.token_id = sampled_token;
-    if (seq.sampling.logprobs > 0) r.logprobs = ToLogprobEntry(*sampled_logprobs, sampled_token);
+    r.token_id = row->token;
+    row->has_logprobs = seq.sampling.logprobs > 0;
   } else {
-    std::vector<float> row(logits_row, logits_row + vocab);
-    if (options_.debug_capture_logits) out.logits.push_back(row);
-    r = Sample(row, seq.sampling, seq.seed, position, seq.tokens);
+    std::vector<float> vrow(logits_row, logits_row + vocab);
+    if (options_.debug_capture_logits) out.logits.push_back(vrow);
+    r = Sample(vrow, seq.sampling, seq.seed, position, seq.tokens);
+    if (seq.sampling.logprobs > 0) out.logprobs.push_back(std::move(r.logprobs));
   }
   ++seq.num_generated;
   ++generation_tokens_;
   const int32_t t = r.token_id;
+  row->token = t;
   const auto& eos = options_.eos_token_ids;
   const bool is_eos = !seq.sampling.ignore_eos && std::find(eos.begin(), eos.end(), t) != eos.end();
   const auto& stops = seq.sampling.stop_token_ids;
+  auto end_here = [&](FinishReason reason) {
+    // The blocks are committed (and reported) before Finish() frees them.
+    CommitBlocks(seq);
+    if (row->was_prefill) ApplyHints(seq);
+    {
+      MutexLock lock(&mu_);
+      residency_.Update(seq);
+    }
+    Finish(seq, reason, out);
+    row->finished = true;
+  };
   if (is_eos || std::find(stops.begin(), stops.end(), t) != stops.end()) {
     out.stop_token_id = t;
-    Finish(seq, FinishReason::kStop, out);
+    row->has_logprobs = false;
+    out.logprobs.clear();
+    end_here(FinishReason::kStop);
     return;
   }
   seq.tokens.push_back(t);
   out.new_tokens.push_back(t);
-  if (seq.sampling.logprobs > 0) out.logprobs.push_back(std::move(r.logprobs));
   if (seq.num_generated >= seq.sampling.max_tokens ||
       static_cast<int64_t>(seq.tokens.size()) >= options_.max_context) {
-    Finish(seq, FinishReason::kLength, out);
-  } else if (seq.pin_ttl_ms > 0 && !seq.pinned && seq.num_computed >= seq.prompt_len) {
-    TakePins(seq);
+    end_here(FinishReason::kLength);
   }
 }
 
@@ -463,21 +492,53 @@ void EngineImpl::PublishStats() {
 
 absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
   std::vector<SequenceOutput> outputs;
-  Intake(&outputs);
-  const SchedulerOutput plan = Schedule(&outputs);
-  if (!plan.scheduled.empty()) {
-    StepResult result;
-    if (absl::Status st = Run(plan, &result); st.ok()) {
-      Postprocess(plan, result, &outputs);
-    } else {
-      FailScheduled(plan, st, &outputs);
+  const std::vector<uint64_t> cancels = Intake();
+  std::vector<CollectedRow> rows;
+  // The step in flight first, then at once the one prepared while it ran (overlap), so the
+  // device idles only for the wait, the prepared batch's last tokens and the launch.
+  if (inflight_.has_value()) Collect(cancels, &outputs, &rows);
+  if (prepared_.has_value()) PruneFinished(cancels);
+  ApplyCancels(cancels, &outputs);
+  ExpirePins();
+  std::vector<SequenceOutput> failed;  // after the collected step's outputs
+  if (prepared_.has_value()) {
+    Prepared p = std::move(*prepared_);
+    prepared_.reset();
+    if (!p.plan.scheduled.empty()) {
+      const SchedulerOutput plan = p.plan;
+      if (absl::Status st = Launch(std::move(p.plan), &p.batch, p.pending); !st.ok()) {
+        FailScheduled(plan, st, &failed);
+      }
     }
   }
+  FinishRows(&rows, &outputs);
+  for (SequenceOutput& o : failed) outputs.push_back(std::move(o));
+  if (!inflight_.has_value()) {
+    SchedulerOutput plan = Schedule(&outputs);
+    if (!plan.scheduled.empty()) BuildAndLaunch(std::move(plan), &outputs);
+  }
+  if (options_.overlap_schedule) {
+    if (inflight_.has_value()) {
+      // Scheduled as if every sequence of the step in flight went on (kPendingToken stands for
+      // its tokens); PruneFinished corrects that before the launch.
+      SchedulerOutput plan = Schedule(&outputs);
+      if (!plan.scheduled.empty()) {
+        Prepared p;
+        p.plan = std::move(plan);
+        scheduler_.BuildBatch(p.plan, backend_->BlockSize(), &p.batch, &p.pending);
+        prepared_ = std::move(p);
+      }
+    }
+  } else if (inflight_.has_value()) {
+    Collect({}, &outputs, &rows);
+    FinishRows(&rows, &outputs);
+  }
+  step_pending_.store(inflight_.has_value() || prepared_.has_value());
   EndStep();
   return outputs;
 }
 
-void EngineImpl::Intake(std::vector<SequenceOutput>* outputs) {
+std::vector<uint64_t> EngineImpl::Intake() {
   std::vector<std::unique_ptr<Sequence>> arrived;
   std::vector<uint64_t> cancels;
   {
@@ -491,8 +552,7 @@ void EngineImpl::Intake(std::vector<SequenceOutput>* outputs) {
     scheduler_.AddWaiting(seq.get());
     seqs_.emplace(seq->id, std::move(seq));
   }
-  ApplyCancels(cancels, outputs);
-  ExpirePins();
+  return cancels;
 }
 
 void EngineImpl::ApplyEvictions() {
@@ -575,12 +635,126 @@ SchedulerOutput EngineImpl::Schedule(std::vector<SequenceOutput>* outputs) {
   return plan;
 }
 
-absl::Status EngineImpl::Run(const SchedulerOutput& plan, StepResult* result) {
-  // Offloads and restores decided while scheduling run before the step (Backend's contract).
-  if (absl::Status st = FlushHostCopies(); !st.ok()) return st;
+void EngineImpl::BuildAndLaunch(SchedulerOutput plan, std::vector<SequenceOutput>* outputs) {
   ForwardBatch batch;
   scheduler_.BuildBatch(plan, backend_->BlockSize(), &batch);
-  return backend_->ForwardSampled(batch, &result->logits, &result->sampled, &result->logprobs);
+  const SchedulerOutput copy = plan;
+  if (absl::Status st = Launch(std::move(plan), &batch, {}); !st.ok()) {
+    FailScheduled(copy, st, outputs);
+  }
+}
+
+absl::Status EngineImpl::Launch(SchedulerOutput plan, ForwardBatch* batch,
+                                const std::vector<Scheduler::PendingInput>& pending) {
+  scheduler_.FillPending(plan, pending, batch);
+  // Offloads and restores decided while scheduling run before the step (Backend's contract).
+  if (absl::Status st = FlushHostCopies(); !st.ok()) return st;
+  if (absl::Status st = backend_->LaunchSampled(*batch); !st.ok()) return st;
+  for (ScheduledSeq& s : plan.scheduled) {
+    Sequence& seq = *s.seq;
+    s.was_prefill = seq.num_computed < seq.prompt_len;
+    seq.num_computed += s.num_tokens;
+    seq.inflight_tokens = s.num_tokens;
+    if (s.was_prefill) {
+      prompt_tokens_computed_ +=
+          std::min(seq.num_computed, seq.prompt_len) - (seq.num_computed - s.num_tokens);
+    }
+    if (s.wants_logits) {
+      seq.tokens.push_back(kPendingToken);
+      seq.last_token_in_flight = seq.num_generated + 1 >= seq.sampling.max_tokens ||
+                                 static_cast<int64_t>(seq.tokens.size()) >= options_.max_context;
+    }
+  }
+  inflight_ = std::move(plan);
+  return absl::OkStatus();
+}
+
+void EngineImpl::Collect(const std::vector<uint64_t>& cancels, std::vector<SequenceOutput>* outputs,
+                         std::vector<CollectedRow>* rows) {
+  SchedulerOutput plan = std::move(*inflight_);
+  inflight_.reset();
+  StepResult result;
+  const absl::Status st =
+      backend_->FinishSampled(&result.logits, &result.sampled, &result.logprobs);
+  for (const ScheduledSeq& s : plan.scheduled) s.seq->inflight_tokens = 0;
+  if (!st.ok()) {
+    for (const ScheduledSeq& s : plan.scheduled) {
+      if (s.wants_logits) s.seq->tokens.pop_back();
+      s.seq->last_token_in_flight = false;
+    }
+    prepared_.reset();  // its sequences stay running and are scheduled again
+    FailScheduled(plan, st, outputs);
+    return;
+  }
+  size_t row = 0, full_row = 0;
+  for (const ScheduledSeq& s : plan.scheduled) {
+    CollectedRow c;
+    c.was_prefill = s.was_prefill;
+    c.out.seq_id = s.seq->id;
+    if (s.newly_admitted) Started(*s.seq, c.out);
+    const float* lrow = nullptr;
+    if (s.wants_logits) {
+      c.logprobs = result.logprobs[row];
+      c.token = result.sampled[row++];
+      if (c.token < 0) lrow = result.logits.data() + (full_row++) * backend_->VocabSize();
+    }
+    if (std::find(cancels.begin(), cancels.end(), s.seq->id) != cancels.end()) {
+      // Cancelled after the step was launched: its token is dropped, as if the cancel had come
+      // first (ApplyCancels ends the sequence next).
+      if (s.wants_logits) {
+        s.seq->tokens.pop_back();
+        s.seq->last_token_in_flight = false;
+      }
+      if (c.out.started) outputs->push_back(std::move(c.out));
+      continue;
+    }
+    CollectRow(s, lrow, &c);
+    rows->push_back(std::move(c));
+  }
+  ++steps_;
+}
+
+void EngineImpl::PruneFinished(const std::vector<uint64_t>& cancels) {
+  Prepared& p = *prepared_;
+  const size_t before = p.plan.scheduled.size();
+  std::erase_if(p.plan.scheduled, [&](const ScheduledSeq& s) {
+    return s.seq->state != SeqState::kRunning ||
+           std::find(cancels.begin(), cancels.end(), s.seq->id) != cancels.end();
+  });
+  if (p.plan.scheduled.size() != before) {
+    // Rare (a stop token or a cancel): build the batch again; every input is known now.
+    scheduler_.BuildBatch(p.plan, backend_->BlockSize(), &p.batch, &p.pending);
+  }
+}
+
+void EngineImpl::FinishRows(std::vector<CollectedRow>* rows, std::vector<SequenceOutput>* outputs) {
+  std::vector<uint64_t> done;
+  for (CollectedRow& c : *rows) {
+    // A sequence may have ended since Collect (the next step failed to launch): its outputs
+    // still go first, then that step's error.
+    auto it = seqs_.find(c.out.seq_id);
+    Sequence* live = it != seqs_.end() ? it->second.get() : nullptr;
+    if (!c.finished && live != nullptr && live->state == SeqState::kRunning) {
+      Sequence& seq = *live;
+      CommitBlocks(seq);
+      if (c.was_prefill) ApplyHints(seq);
+      {
+        MutexLock lock(&mu_);
+        residency_.Update(seq);
+      }
+      if (seq.pin_ttl_ms > 0 && !seq.pinned && seq.num_computed >= seq.prompt_len && c.token >= 0) {
+        TakePins(seq);
+      }
+    }
+    if (c.has_logprobs) c.out.logprobs.push_back(ToLogprobEntry(c.logprobs, c.token));
+    SequenceOutput& out = c.out;
+    if (out.started || out.finished || !out.new_tokens.empty()) {
+      if (out.finished) done.push_back(out.seq_id);
+      outputs->push_back(std::move(out));
+    }
+  }
+  rows->clear();
+  for (uint64_t id : done) Retire(id);
 }
 
 void EngineImpl::FailScheduled(const SchedulerOutput& plan, const absl::Status& st,
@@ -598,32 +772,6 @@ void EngineImpl::FailScheduled(const SchedulerOutput& plan, const absl::Status& 
     outputs->push_back(std::move(out));
     Retire(id);
   }
-}
-
-void EngineImpl::Postprocess(const SchedulerOutput& plan, const StepResult& result,
-                             std::vector<SequenceOutput>* outputs) {
-  size_t row = 0, full_row = 0;
-  std::vector<uint64_t> done;
-  for (const ScheduledSeq& s : plan.scheduled) {
-    SequenceOutput out;
-    out.seq_id = s.seq->id;
-    if (s.newly_admitted) Started(*s.seq, out);
-    const float* lrow = nullptr;
-    const RowLogprobs* lp = nullptr;
-    int32_t token = -1;
-    if (s.wants_logits) {
-      lp = &result.logprobs[row];
-      token = result.sampled[row++];
-      if (token < 0) lrow = result.logits.data() + (full_row++) * backend_->VocabSize();
-    }
-    PostprocessSeq(s, lrow, token, lp, out);
-    if (out.started || out.finished || !out.new_tokens.empty()) {
-      if (out.finished) done.push_back(out.seq_id);
-      outputs->push_back(std::move(out));
-    }
-  }
-  for (uint64_t id : done) Retire(id);
-  ++steps_;
 }
 
 void EngineImpl::Started(Sequence& seq, SequenceOutput& out) {

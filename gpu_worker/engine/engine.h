@@ -27,6 +27,13 @@ struct EngineOptions {
   // tier evicts; 0 = off. Off as well when the backend has no block I/O.
   int64_t host_kv_bytes = 0;
   std::vector<int32_t> eos_token_ids;  // from the model's config
+  // Overlapped scheduling (SGLang's overlap scheduler, vLLM's async scheduling): while the
+  // backend runs step n, the host finishes step n-1's outputs and schedules step n+1 and builds
+  // its batch, so the host's work hides behind the device's. Step n+1 is scheduled as if every
+  // sequence of step n went on; one that ends there (a stop token, a cancel) is dropped from it
+  // before it is launched. The tokens are the same as without; each Step() returns the outputs
+  // of the step launched by the call before it.
+  bool overlap_schedule = false;
   // Test-only fault: block keys that ignore the previous block (the design's root cause 2).
   bool debug_unchained_block_keys = false;
   // Test-only: return each sampled position's raw logits in SequenceOutput::logits.

@@ -26,6 +26,7 @@ void Scheduler::FreeBlocks(Sequence* seq) {
   seq->block_table.clear();
   seq->num_computed = 0;
   seq->num_committed = 0;
+  seq->inflight_tokens = 0;
 }
 
 void Scheduler::Remove(Sequence* seq) {
@@ -126,6 +127,7 @@ SchedulerOutput Scheduler::Schedule() {
   for (Sequence* seq : order) {
     if (budget <= 0) break;
     if (seq->state != SeqState::kRunning) continue;  // preempted earlier in this loop
+    if (seq->last_token_in_flight) continue;         // the step in flight ends it
     const int64_t n = std::min(seq->pending(), budget);
     if (n <= 0) continue;
     bool ok = EnsureBlocks(seq, seq->num_computed + n);
@@ -159,13 +161,18 @@ SchedulerOutput Scheduler::Schedule() {
   return out;
 }
 
-void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBatch* batch) const {
+void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBatch* batch,
+                           std::vector<PendingInput>* pending) const {
   *batch = ForwardBatch{};
+  if (pending != nullptr) pending->clear();
   batch->query_start.push_back(0);
   batch->block_table_start.push_back(0);
   for (const ScheduledSeq& s : out.scheduled) {
     const Sequence& seq = *s.seq;
     for (int64_t p = seq.num_computed; p < seq.num_computed + s.num_tokens; ++p) {
+      if (seq.tokens[p] == kPendingToken) {
+        pending->push_back({batch->num_tokens(), s.seq, p});
+      }
       batch->token_ids.push_back(seq.tokens[p]);
       batch->positions.push_back(static_cast<int32_t>(p));
       batch->slot_mapping.push_back(seq.block_table[p / block_size] * block_size +
@@ -175,26 +182,43 @@ void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBa
       batch->logits_rows.push_back(batch->num_tokens() - 1);
       // Every row is sampled by the backend (its rule is the host's, sample_rule.h), except
       // when tests capture logits: then rows come back whole and the engine samples them.
-      RowSample rs{!capture_logits_,
-                   SpecFor(seq.sampling, seq.seed, static_cast<int64_t>(seq.tokens.size()))};
-      if (seq.sampling.repetition_penalty != 1.0f) {
-        Sequence& mut = *s.seq;
-        for (; mut.distinct_upto < mut.tokens.size(); ++mut.distinct_upto) {
-          const int32_t t = mut.tokens[mut.distinct_upto];
-          if (mut.distinct_seen.insert(t).second) mut.distinct_tokens.push_back(t);
-        }
-        rs.spec.penalty_start = static_cast<int32_t>(batch->penalty_tokens.size());
-        rs.spec.penalty_count = static_cast<int32_t>(mut.distinct_tokens.size());
-        batch->penalty_tokens.insert(batch->penalty_tokens.end(), mut.distinct_tokens.begin(),
-                                     mut.distinct_tokens.end());
-      }
-      batch->row_samples.push_back(rs);
+      batch->row_samples.push_back(
+          RowSample{!capture_logits_,
+                    SpecFor(seq.sampling, seq.seed, static_cast<int64_t>(seq.tokens.size()))});
     }
     batch->query_start.push_back(batch->num_tokens());
     batch->context_lens.push_back(static_cast<int32_t>(seq.num_computed + s.num_tokens));
     batch->block_ids.insert(batch->block_ids.end(), seq.block_table.begin(), seq.block_table.end());
     batch->block_table_start.push_back(static_cast<int32_t>(batch->block_ids.size()));
   }
+  FillPenalties(out, batch);
+}
+
+void Scheduler::FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) const {
+  batch->penalty_tokens.clear();
+  size_t row = 0;
+  for (const ScheduledSeq& s : out.scheduled) {
+    if (!s.wants_logits) continue;
+    SampleSpec& spec = batch->row_samples[row++].spec;
+    Sequence& seq = *s.seq;
+    if (seq.sampling.repetition_penalty == 1.0f) continue;
+    for (; seq.distinct_upto < seq.tokens.size() && seq.tokens[seq.distinct_upto] != kPendingToken;
+         ++seq.distinct_upto) {
+      const int32_t t = seq.tokens[seq.distinct_upto];
+      if (seq.distinct_seen.insert(t).second) seq.distinct_tokens.push_back(t);
+    }
+    spec.penalty_start = static_cast<int32_t>(batch->penalty_tokens.size());
+    spec.penalty_count = static_cast<int32_t>(seq.distinct_tokens.size());
+    batch->penalty_tokens.insert(batch->penalty_tokens.end(), seq.distinct_tokens.begin(),
+                                 seq.distinct_tokens.end());
+  }
+}
+
+void Scheduler::FillPending(const SchedulerOutput& out, const std::vector<PendingInput>& pending,
+                            ForwardBatch* batch) const {
+  if (pending.empty()) return;
+  for (const PendingInput& p : pending) batch->token_ids[p.index] = p.seq->tokens[p.position];
+  FillPenalties(out, batch);
 }
 
 }  // namespace cascade::engine

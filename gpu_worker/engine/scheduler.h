@@ -28,6 +28,7 @@ struct ScheduledSeq {
   int64_t num_tokens = 0;     // tokens computed this step, from seq->num_computed
   bool wants_logits = false;  // the step reaches the end of the known tokens
   bool newly_admitted = false;
+  bool was_prefill = false;  // set by the engine when the step is launched
 };
 
 struct SchedulerOutput {
@@ -48,8 +49,21 @@ class Scheduler {
 
   SchedulerOutput Schedule();
 
-  // Fills `batch` for the scheduled work; slots and block tables come from the sequences.
-  void BuildBatch(const SchedulerOutput& out, int block_size, ForwardBatch* batch) const;
+  // Fills `batch` for the scheduled work; slots and block tables come from the sequences. Input
+  // tokens still kPendingToken (a step in flight samples them) are left so and listed in
+  // `pending` (batch.token_ids index, sequence, position); FillPending then puts in their values
+  // once they are known. REQUIRES: pending != null if any is kPendingToken.
+  struct PendingInput {
+    int32_t index = 0;
+    Sequence* seq = nullptr;
+    int64_t position = 0;
+  };
+  void BuildBatch(const SchedulerOutput& out, int block_size, ForwardBatch* batch,
+                  std::vector<PendingInput>* pending = nullptr) const;
+  // Puts the now known tokens into the batch's inputs and redoes its penalty token lists (which
+  // include them). REQUIRES: every listed position's token is known.
+  void FillPending(const SchedulerOutput& out, const std::vector<PendingInput>& pending,
+                   ForwardBatch* batch) const;
 
   // REQUIRES: num_waiting() > 0.
   Sequence* waiting_front() const { return waiting_.front(); }
@@ -66,6 +80,9 @@ class Scheduler {
   bool EnsureBlocks(Sequence* seq, int64_t num_tokens);
   void FreeBlocks(Sequence* seq);
   void Preempt(Sequence* seq);
+  // Sets each sampled row's penalty token range (and batch.penalty_tokens) from the sequences'
+  // distinct known tokens. Rows are batch.row_samples in plan order.
+  void FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) const;
   // Admits the head of the waiting queue with at most `budget` tokens; false if it does not fit.
   bool Admit(Sequence* seq, int64_t budget, ScheduledSeq* out);
 

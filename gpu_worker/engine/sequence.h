@@ -14,6 +14,9 @@ namespace cascade::engine {
 
 enum class SeqState { kWaiting, kRunning, kFinished };
 
+// Stands for a token a step in flight is sampling (overlapped schedule); never sent to a backend.
+constexpr int32_t kPendingToken = -1;
+
 struct Sequence {
   uint64_t id = 0;
   std::string request_id;
@@ -48,6 +51,13 @@ struct Sequence {
   std::vector<int32_t> distinct_tokens;
   std::unordered_set<int32_t> distinct_seen;
   size_t distinct_upto = 0;  // tokens[0, distinct_upto) are folded in
+
+  // Overlapped schedule (EngineOptions::overlap_schedule): tokens[0, num_computed) whose K/V a
+  // step still in flight is computing (not yet committed), and whether that step's token is
+  // this sequence's last (max_tokens or the context limit), so nothing is scheduled after it.
+  // While a step that samples this sequence is in flight, tokens.back() is kPendingToken.
+  int64_t inflight_tokens = 0;
+  bool last_token_in_flight = false;
 
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
 };

@@ -34,7 +34,7 @@ const model::Model& Tiny() {
 
 std::unique_ptr<Engine> MakeEngine(int64_t blocks, cpu::DebugFault fault = cpu::DebugFault::kNone,
                                    int max_batched_tokens = 2048, bool capture_logits = true,
-                                   int64_t host_kv_blocks = 0) {
+                                   int64_t host_kv_blocks = 0, bool overlap = false) {
   cpu::CpuBackendOptions o;
   o.num_blocks = blocks;
   o.block_size = kBlock;
@@ -45,6 +45,7 @@ std::unique_ptr<Engine> MakeEngine(int64_t blocks, cpu::DebugFault fault = cpu::
   eo.debug_capture_logits = capture_logits;
   eo.max_num_batched_tokens = max_batched_tokens;
   eo.eos_token_ids = Tiny().config().eos_token_ids;
+  eo.overlap_schedule = overlap;
   std::unique_ptr<Backend> backend = cpu::NewCpuBackend(Tiny(), o);
   eo.host_kv_bytes = host_kv_blocks * backend->KvBlockBytes();
   auto engine = NewEngine(eo, std::move(backend));
@@ -284,6 +285,61 @@ TEST(EngineCpuTest, ChunkedPrefillGivesTheSameLogitsAsOneShot) {
   auto a = MakeEngine(64);
   auto b = MakeEngine(64, cpu::DebugFault::kNone, /*max_batched_tokens=*/7);
   EXPECT_TRUE(Same(RunOne(*a, req), RunOne(*b, req)));
+}
+
+// The overlapped schedule (step n+1 scheduled and built while step n runs) shows every request
+// the same tokens, logprobs and finish as the plain engine: sequences added mid-run, stop tokens
+// that end a sequence the next step was already scheduled for, a cancel, preemption and
+// eviction in a KV cache too small for the batch, shared prefixes, with and without the host
+// tier. Every option is sampled by the backend (ForwardSampled), as in production.
+TEST(EngineCpuTest, OverlappedScheduleGivesThePlainEnginesOutputs) {
+  std::mt19937 rng(41);
+  const int vocab = static_cast<int>(Tiny().config().vocab_size);
+  const Request shared = OneChunk(rng, 40, 1);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 10; ++i) {
+    Request r = RandomRequest(rng, vocab, 2, 24, 9 + i % 5);
+    if (i % 3 == 0) r.chunks.insert(r.chunks.begin(), shared.chunks[0]);  // a shared prefix
+    SamplingParams& sp = r.sampling;
+    sp.seed = 1000 + i;
+    if (i % 2 == 1) sp.temperature = 0.9f;
+    if (i % 4 == 1) sp.top_k = 20, sp.repetition_penalty = 1.3f;
+    if (i % 4 == 3) sp.top_p = 0.8f, sp.logprobs = 3;
+    if (i == 6) sp.min_p = 0.1f, sp.temperature = 1.0f;
+    reqs.push_back(std::move(r));
+  }
+  // Stop tokens that fire: requests 2, 5 and 7 stop at the token a first run gave them at
+  // index 3 (or earlier, where it came before).
+  {
+    auto ref = MakeEngine(256, cpu::DebugFault::kNone, 2048, /*capture_logits=*/false);
+    const std::vector<Result> first = RunAll(*ref, reqs);
+    for (int i : {2, 5, 7}) {
+      ASSERT_GT(first[i].tokens.size(), 3u);
+      reqs[i].sampling.stop_token_ids = {first[i].tokens[3]};
+    }
+  }
+  for (const int64_t host_blocks : {int64_t{0}, int64_t{32}}) {
+    // 10 blocks of 16 tokens for up to ten sequences of up to 75: preempts and evicts.
+    auto plain = MakeEngine(10, cpu::DebugFault::kNone, 64, false, host_blocks, false);
+    auto overlap = MakeEngine(10, cpu::DebugFault::kNone, 64, false, host_blocks, true);
+    const std::vector<Seen> a = RunScripted(*plain, reqs);
+    const std::vector<Seen> b = RunScripted(*overlap, reqs);
+    int stops = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_TRUE(a[i] == b[i]) << "host blocks " << host_blocks << ", request " << i << ": "
+                                << a[i].tokens.size() << " vs " << b[i].tokens.size()
+                                << " tokens, finish " << FinishReasonName(a[i].finish) << " vs "
+                                << FinishReasonName(b[i].finish);
+      stops += a[i].finish == FinishReason::kStop;
+    }
+    EXPECT_EQ(stops, 3);
+    EXPECT_EQ(a[1].finish, FinishReason::kCancelled);
+    EXPECT_EQ(a[1].tokens.size(), 4u);
+    EXPECT_GT(plain->Stats().preemptions, 0);
+    EXPECT_GT(overlap->Stats().preemptions, 0);
+    EXPECT_FALSE(overlap->HasWork());
+    EXPECT_EQ(overlap->Stats().free_blocks, plain->Stats().free_blocks);
+  }
 }
 
 }  // namespace

@@ -88,4 +88,73 @@ inline Request OneChunkRequest(std::mt19937& rng, int vocab, int len, int max_to
   return r;
 }
 
+// What a client saw of one request.
+struct Seen {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;  // sampled and top values, in order
+  std::vector<int32_t> logprob_ids;
+  FinishReason finish = FinishReason::kNone;
+  int32_t stop_token_id = -1;
+  bool operator==(const Seen&) const = default;
+};
+
+// Drives an engine the way a client would: the first half of `reqs` up front, the rest once 12
+// tokens have been seen; request 1 cancelled once it has shown 4 tokens; request 0's chunks
+// evicted once it has finished. Every trigger depends only on what the client has seen, so an
+// engine with and without overlap must show the same.
+inline std::vector<Seen> RunScripted(Engine& e, const std::vector<Request>& reqs) {
+  std::map<uint64_t, size_t> index;
+  auto add = [&](size_t i) {
+    auto id = e.AddRequest(reqs[i]);
+    ASSERT_TRUE(id.ok()) << id.status();
+    index[*id] = i;
+  };
+  const size_t half = reqs.size() / 2;
+  for (size_t i = 0; i < half; ++i) add(i);
+  std::vector<Seen> seen(reqs.size());
+  std::vector<hash::Hash128> chunks0;
+  size_t total = 0, done = 0;
+  bool added = false, cancelled = false;
+  for (int step = 0; step < 10000 && done < reqs.size(); ++step) {
+    auto outs = e.Step();
+    EXPECT_TRUE(outs.ok()) << outs.status();
+    if (!outs.ok()) break;
+    for (const SequenceOutput& o : *outs) {
+      const size_t i = index.at(o.seq_id);
+      Seen& r = seen[i];
+      if (o.started && i == 0) {
+        for (const ChunkPlacement& c : o.chunks) chunks0.push_back(c.hash);
+      }
+      r.tokens.insert(r.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+      total += o.new_tokens.size();
+      for (const LogprobEntry& l : o.logprobs) {
+        r.logprobs.push_back(l.sampled.logprob);
+        for (const TokenLogprob& t : l.top) {
+          r.logprobs.push_back(t.logprob);
+          r.logprob_ids.push_back(t.token_id);
+        }
+      }
+      EXPECT_TRUE(o.status.ok()) << o.status;
+      if (o.finished) {
+        r.finish = o.finish_reason;
+        r.stop_token_id = o.stop_token_id;
+        ++done;
+        if (i == 0) e.EvictChunks(chunks0);
+      }
+    }
+    if (!added && total >= 12) {
+      for (size_t i = half; i < reqs.size(); ++i) add(i);
+      added = true;
+    }
+    for (const auto& [id, i] : index) {
+      if (i == 1 && !cancelled && seen[1].tokens.size() >= 4) {
+        e.Cancel(id);
+        cancelled = true;
+      }
+    }
+  }
+  EXPECT_EQ(done, reqs.size());
+  return seen;
+}
+
 }  // namespace cascade::engine::testing

@@ -420,42 +420,64 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
     s.seed = 0x9e3779b97f4a7c15ULL * (r + 1);
     s.position = 17 * r + (r % 5) * 100000;
   }
-  DeviceBuffer d_logits = testing::Upload(logits), d_specs = testing::Upload(specs);
+  // The rows twice over, so that launches of 1, 40, 120 and 240 rows split a row over 8, 4, 2
+  // and 1 CTAs on an H100 (132 SMs): every split must give the host's bits.
+  std::vector<float> logits2(logits);
+  logits2.insert(logits2.end(), logits.begin(), logits.end());
+  std::vector<engine::SampleSpec> specs2(specs);
+  specs2.insert(specs2.end(), specs.begin(), specs.end());
+  DeviceBuffer d_logits = testing::Upload(logits2), d_specs = testing::Upload(specs2);
   DeviceBuffer d_pen = testing::Upload(penalty);
-  DeviceBuffer d_tok = testing::Poisoned<int32_t>(kRows);
-  DeviceBuffer d_lp = testing::Poisoned<engine::RowLogprobs>(kRows);
-  ASSERT_TRUE(SampleRows(d_logits.as<float>(), kRows, kVocab, d_specs.as<engine::SampleSpec>(),
-                         d_pen.as<int32_t>(), d_tok.as<int32_t>(), d_lp.as<engine::RowLogprobs>(),
-                         nullptr)
-                  .ok());
-  const auto tokens = testing::Download<int32_t>(d_tok, kRows);
-  const auto lps = testing::Download<engine::RowLogprobs>(d_lp, kRows);
+  std::vector<int32_t> want_tokens(kRows);
+  std::vector<engine::RowLogprobs> want_lps(kRows);
   int with_logprobs = 0, not_argmax = 0;
   for (int r = 0; r < kRows; ++r) {
     const engine::SampleSpec& s = specs[r];
     const float* row = logits.data() + static_cast<size_t>(r) * kVocab;
-    engine::RowLogprobs want;
-    const int32_t token = engine::SampleRowRule(
+    want_tokens[r] = engine::SampleRowRule(
         row, kVocab, s, std::span<const int32_t>(penalty.data() + s.penalty_start, s.penalty_count),
-        &want);
-    EXPECT_EQ(tokens[r], token) << "row " << r << " T " << s.temperature << " k " << s.top_k
-                                << " p " << s.top_p << " min_p " << s.min_p << " penalty "
-                                << s.repetition_penalty;
-    not_argmax += token != Argmax(row, kVocab);
-    if (s.logprobs == 0) continue;
-    ++with_logprobs;
-    const engine::RowLogprobs& got = lps[r];
-    ASSERT_EQ(got.num_top, want.num_top) << "row " << r;
-    EXPECT_EQ(std::memcmp(&got.sampled, &want.sampled, 4), 0)
-        << "row " << r << " " << got.sampled << " vs " << want.sampled;
-    for (int i = 0; i < want.num_top; ++i) {
-      EXPECT_EQ(got.top_ids[i], want.top_ids[i]) << "row " << r << " rank " << i;
-      EXPECT_EQ(std::memcmp(&got.top[i], &want.top[i], 4), 0)
-          << "row " << r << " rank " << i << " " << got.top[i] << " vs " << want.top[i];
+        &want_lps[r]);
+    not_argmax += want_tokens[r] != Argmax(row, kVocab);
+    with_logprobs += s.logprobs > 0;
+  }
+  for (const int per_launch : {1, 40, kRows, 2 * kRows}) {
+    const int total = per_launch == 2 * kRows ? 2 * kRows : kRows;
+    DeviceBuffer d_tok = testing::Poisoned<int32_t>(total);
+    DeviceBuffer d_lp = testing::Poisoned<engine::RowLogprobs>(total);
+    for (int r0 = 0; r0 < total; r0 += per_launch) {
+      ASSERT_TRUE(SampleRows(d_logits.as<float>() + static_cast<size_t>(r0) * kVocab, per_launch,
+                             kVocab, d_specs.as<engine::SampleSpec>() + r0, d_pen.as<int32_t>(),
+                             d_tok.as<int32_t>() + r0, d_lp.as<engine::RowLogprobs>() + r0, nullptr)
+                      .ok());
+    }
+    const auto tokens = testing::Download<int32_t>(d_tok, total);
+    const auto lps = testing::Download<engine::RowLogprobs>(d_lp, total);
+    for (int i = 0; i < total; ++i) {
+      const int r = i % kRows;
+      const engine::SampleSpec& s = specs[r];
+      EXPECT_EQ(tokens[i], want_tokens[r])
+          << "rows per launch " << per_launch << " row " << r << " T " << s.temperature << " k "
+          << s.top_k << " p " << s.top_p << " min_p " << s.min_p << " penalty "
+          << s.repetition_penalty;
+      if (s.logprobs == 0) continue;
+      const engine::RowLogprobs& got = lps[i];
+      const engine::RowLogprobs& want = want_lps[r];
+      ASSERT_EQ(got.num_top, want.num_top) << "row " << r;
+      EXPECT_EQ(std::memcmp(&got.sampled, &want.sampled, 4), 0)
+          << "rows per launch " << per_launch << " row " << r << " " << got.sampled << " vs "
+          << want.sampled;
+      for (int k = 0; k < want.num_top; ++k) {
+        EXPECT_EQ(got.top_ids[k], want.top_ids[k]) << "row " << r << " rank " << k;
+        EXPECT_EQ(std::memcmp(&got.top[k], &want.top[k], 4), 0)
+            << "rows per launch " << per_launch << " row " << r << " rank " << k << " "
+            << got.top[k] << " vs " << want.top[k];
+      }
     }
   }
-  std::printf("device == host sampler: %d rows (%d with logprobs, %d not the argmax)\n", kRows,
-              with_logprobs, not_argmax);
+  std::printf(
+      "device == host sampler: %d rows (%d with logprobs, %d not the argmax), launched 1, 40, "
+      "120 and 240 rows at a time\n",
+      kRows, with_logprobs, not_argmax);
   EXPECT_GT(not_argmax, kRows / 3) << "the rows should exercise the random draw";
 }
 

@@ -174,6 +174,31 @@ class CudaBackend final : public engine::Backend {
     return Run(batch, /*sampled=*/true, logits, argmax, logprobs);
   }
 
+  // Overlapped schedule: a decode step that replays a captured graph (every row sampled on the
+  // device) returns once it is enqueued, its token ids and logprobs copied on the stream into
+  // pinned buffers; FinishSampled waits for them. Any other step runs whole in LaunchSampled.
+  absl::Status LaunchSampled(const engine::ForwardBatch& batch) override {
+    if (async_.active) return absl::FailedPreconditionError("LaunchSampled: a step is in flight");
+    async_ = Async{};
+    async_.active = true;
+    defer_sync_ = true;
+    async_.status = Run(batch, /*sampled=*/true, &async_.logits, &async_.tokens, &async_.logprobs);
+    defer_sync_ = false;
+    return absl::OkStatus();
+  }
+  absl::Status FinishSampled(std::vector<float>* logits, std::vector<int32_t>* tokens,
+                             std::vector<engine::RowLogprobs>* logprobs) override {
+    if (!async_.active) return absl::FailedPreconditionError("FinishSampled: nothing in flight");
+    async_.active = false;
+    if (async_.status.ok() && async_.deferred_rows >= 0) {
+      async_.status = CompleteDeferred(async_.deferred_rows, &async_.tokens, &async_.logprobs);
+    }
+    logits->swap(async_.logits);
+    tokens->swap(async_.tokens);
+    if (logprobs != nullptr) logprobs->swap(async_.logprobs);
+    return async_.status;
+  }
+
   // Block I/O (host KV tier). A block's host copy is [layer][K, V][hkv, block_size, D] bf16.
   int64_t KvBlockBytes() const override { return 2 * c_.num_hidden_layers * PartBytes(); }
   absl::StatusOr<engine::HostKvMemory> AllocateHostKv(size_t bytes) override;
@@ -217,6 +242,9 @@ class CudaBackend final : public engine::Backend {
                               std::vector<int32_t>* argmax,
                               std::vector<engine::RowLogprobs>* logprobs);
   absl::Status CaptureDecodeGraph(int bucket, const StepMeta& m, DecodeGraph* g);
+  // The host half of a decode graph step LaunchSampled left in flight (n rows of pad_).
+  absl::Status CompleteDeferred(int n, std::vector<int32_t>* tokens,
+                                std::vector<engine::RowLogprobs>* logprobs);
 
   // Set at construction.
   const model::ModelConfig c_;
@@ -250,6 +278,18 @@ class CudaBackend final : public engine::Backend {
   std::map<int, std::unique_ptr<DecodeGraph>> graphs_;
   engine::ForwardBatch pad_;  // the step padded to its bucket
   int64_t graph_replays_ = 0, graph_captures_ = 0;
+  // LaunchSampled's step: its results, or (deferred_rows >= 0) a graph step still in flight.
+  struct Async {
+    bool active = false;
+    int deferred_rows = -1;
+    absl::Status status;
+    std::vector<float> logits;
+    std::vector<int32_t> tokens;
+    std::vector<engine::RowLogprobs> logprobs;
+  };
+  Async async_;
+  bool defer_sync_ = false;  // inside LaunchSampled: a graph step may return unfinished
+  PinnedBuffer lp_pinned_;   // [max_graph_batch] engine::RowLogprobs, for deferred steps
   // Block I/O, created on first use: a copy stream ordered against stream_ by two events, the
   // per-layer cache bases on the device ([2 layers]: K then V of each layer) and a dense staging
   // buffer of stage_blocks_ whole blocks.
@@ -894,6 +934,18 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
     done += j - i;
     i = j;
   }
+  if (defer_sync_ && full == 0 && argmax != nullptr) {
+    bool any_lp = false;
+    for (int r = 0; r < n; ++r) any_lp |= b.row_samples[r].spec.logprobs > 0;
+    if (any_lp) {
+      const size_t bytes = max_graph_batch_ * sizeof(engine::RowLogprobs);
+      if (lp_pinned_.size() < bytes) RETURN_IF_ERROR(lp_pinned_.Resize(bytes));
+      RETURN_IF_ERROR(CopyAsync(lp_pinned_.as<int32_t>(), lp_.data(),
+                                n * sizeof(engine::RowLogprobs), stream_));
+    }
+    async_.deferred_rows = n;
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(Synchronize(stream_));
   if (argmax != nullptr) {
     argmax->assign(n, -1);
@@ -902,6 +954,19 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
     }
   }
   return FetchLogprobs(b, n, logprobs);
+}
+
+absl::Status CudaBackend::CompleteDeferred(int n, std::vector<int32_t>* tokens,
+                                           std::vector<engine::RowLogprobs>* logprobs) {
+  RETURN_IF_ERROR(Synchronize(stream_));
+  const int32_t* t = graph_tokens_host_.as<int32_t>();
+  tokens->assign(t, t + n);
+  logprobs->assign(n, engine::RowLogprobs{});
+  const auto* lp = reinterpret_cast<const engine::RowLogprobs*>(lp_pinned_.as<int32_t>());
+  for (int r = 0; r < n; ++r) {
+    if (pad_.row_samples[r].spec.logprobs > 0) (*logprobs)[r] = lp[r];
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::CaptureDecodeGraph(int bucket, const StepMeta& m, DecodeGraph* g) {

@@ -1,10 +1,16 @@
-// The device side of engine/sample_rule.h's rule: one CTA per logits row draws the row's token
-// (and its logprobs) with no row copied to the host. Thresholds (top-k, top-p) are found by
-// radix selection over the rule's order keys: each level histograms the keys of a shrinking
-// interval into 2048 bins with integer atomics (counts, or fixed-point weights for top-p), so
-// the result is exact whatever order threads add in; once an interval holds at most kCap
-// elements they are copied to shared memory and the remaining levels read only those. The top
-// logprobs come from per-thread lists merged per warp and ranked by (key desc, id asc).
+// The device side of engine/sample_rule.h's rule: a cluster of CTAs per logits row draws the row's
+// token (and its logprobs) with no row copied to the host. When the batch is small a row is split
+// over up to 8 CTAs (one thread block cluster, each CTA a contiguous slice of the vocabulary), so
+// the per-token work of a few rows does not sit on a few SMs; the CTAs combine through
+// distributed shared memory, and every combined value is an integer sum or a (key, id) maximum,
+// so the result does not depend on the split. Thresholds (top-k, top-p) are found by radix
+// selection over the rule's order keys: each level histograms the keys of a shrinking interval
+// into 2048 bins with integer atomics (counts, or fixed-point weights for top-p), summed over the
+// cluster in a fixed order, so the result is exact whatever order threads add in; once an
+// interval holds at most kCap elements each CTA copies its own to shared memory and the
+// remaining levels read only those. The top logprobs come from per-thread lists merged per warp,
+// ranked per CTA and then over the cluster by (key desc, id asc).
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,13 +25,16 @@
 namespace cascade::cuda::internal {
 namespace {
 
+namespace cg = cooperative_groups;
 using engine::SampleSpec;
 using u64 = unsigned long long;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2048;
-constexpr int kCap = 4096;  // candidates held in shared memory
+constexpr int kCap = 4096;    // candidates held in shared memory (per CTA)
+constexpr int kMaxSplit = 8;  // CTAs per row at most (a portable cluster size)
+constexpr int kLp = engine::kMaxLogprobs;
 
 // Fixed-point weights (< 2^42) are histogrammed as four 11-bit pieces in 32-bit counters, whose
 // sums cannot overflow below 2^21 tokens: 32-bit shared atomics are native, 64-bit ones are a
@@ -33,18 +42,28 @@ constexpr int kCap = 4096;  // candidates held in shared memory
 constexpr int kPieceBits = 11, kPieces = 4;
 
 // Dynamic shared memory of one CTA; the penalty bitmap ([ceil(vocab / 32)] words) follows.
+// Fields marked (cluster) are read or written by the other CTAs of the row's cluster.
 struct Smem {
-  uint32_t mass[kPieces][kBins];  // weight pieces per bin (by-mass selections)
-  uint32_t cnt[kBins];
-  uint32_t cand_key[kCap];                         // SelectKey's candidates
-  uint32_t lp_key[kWarps * engine::kMaxLogprobs];  // the warps' top logprob keys
-  int32_t lp_id[kWarps * engine::kMaxLogprobs];
+  uint32_t mass[kPieces][kBins];  // (cluster) this CTA's weight pieces per bin
+  uint32_t cnt[kBins];            // (cluster) this CTA's counts per bin
+  uint32_t tot_cnt[kBins];        // (cluster) the row's counts per bin, summed over the cluster
+  u64 tot_mass[kBins];            // (cluster) the row's weights per bin
+  uint32_t cand_key[kCap];        // SelectKey's candidates of this CTA's slice
+  uint32_t lp_key[kWarps * kLp];  // the warps' top logprob keys; on rank 0, then the cluster's
+  int32_t lp_id[kWarps * kLp];
+  uint32_t top_key[kLp];  // (cluster) this CTA's top logprob keys, ranked
+  int32_t top_id[kLp];
   u64 red64[kWarps];
   uint32_t red_key[kWarps];
   int32_t red_id[kWarps];
   float red_score[kWarps];
+  // (cluster) each CTA's partial results, written once per launch.
+  uint32_t x_best_key, x_max_raw;
+  int32_t x_best_id, x_draw_id;
+  float x_draw_score;
+  u64 x_weight_sum;
   uint32_t lo, hi, pop;
-  u64 above, total;
+  u64 above;
   int ncand;
 };
 
@@ -66,35 +85,39 @@ __device__ __forceinline__ u64 BlockSum(u64 v, Smem& sh) {
   return t;
 }
 
+__device__ __forceinline__ bool KeyBefore(uint32_t k2, int i2, uint32_t k, int i) {
+  return k2 > k || (k2 == k && i2 < i);
+}
+
 // Block max of (key desc, id asc); every thread gets the winner.
 __device__ __forceinline__ void BlockBestKey(uint32_t& key, int& id, Smem& sh) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const uint32_t k2 = __shfl_xor_sync(0xffffffffu, key, o);
     const int i2 = __shfl_xor_sync(0xffffffffu, id, o);
-    if (k2 > key || (k2 == key && i2 < id)) key = k2, id = i2;
+    if (KeyBefore(k2, i2, key, id)) key = k2, id = i2;
   }
   __syncthreads();
   if ((threadIdx.x & 31) == 0) sh.red_key[threadIdx.x >> 5] = key, sh.red_id[threadIdx.x >> 5] = id;
   __syncthreads();
   key = sh.red_key[0], id = sh.red_id[0];
   for (int w = 1; w < kWarps; ++w) {
-    if (sh.red_key[w] > key || (sh.red_key[w] == key && sh.red_id[w] < id)) {
-      key = sh.red_key[w], id = sh.red_id[w];
-    }
+    if (KeyBefore(sh.red_key[w], sh.red_id[w], key, id)) key = sh.red_key[w], id = sh.red_id[w];
   }
 }
 
-// Block max of (score desc, id asc) over ids >= 0 (id -1: nothing); every thread gets the winner.
-__device__ __forceinline__ int BlockBestScore(float score, int id, Smem& sh) {
-  auto better = [](float s2, int i2, float s, int i) {
-    return i2 >= 0 && (i < 0 || s2 > s || (s2 == s && i2 < i));
-  };
+// (score desc, id asc) over ids >= 0 (id -1: nothing).
+__device__ __forceinline__ bool ScoreBefore(float s2, int i2, float s, int i) {
+  return i2 >= 0 && (i < 0 || s2 > s || (s2 == s && i2 < i));
+}
+
+// Block max of (score desc, id asc); every thread gets the winner.
+__device__ __forceinline__ void BlockBestScore(float& score, int& id, Smem& sh) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float s2 = __shfl_xor_sync(0xffffffffu, score, o);
     const int i2 = __shfl_xor_sync(0xffffffffu, id, o);
-    if (better(s2, i2, score, id)) score = s2, id = i2;
+    if (ScoreBefore(s2, i2, score, id)) score = s2, id = i2;
   }
   __syncthreads();
   if ((threadIdx.x & 31) == 0)
@@ -102,20 +125,30 @@ __device__ __forceinline__ int BlockBestScore(float score, int id, Smem& sh) {
   __syncthreads();
   score = sh.red_score[0], id = sh.red_id[0];
   for (int w = 1; w < kWarps; ++w) {
-    if (better(sh.red_score[w], sh.red_id[w], score, id))
+    if (ScoreBefore(sh.red_score[w], sh.red_id[w], score, id))
       score = sh.red_score[w], id = sh.red_id[w];
   }
-  return id;
 }
 
-// f(v, z[v]) for every token of the row, 16-byte loads where the row allows.
+// This CTA's slice of the row: tokens [begin, end) (multiples of 4 where the row is read as
+// float4). f(v, z[v]) for each, 16-byte loads where the row allows; a thread meets its ids in
+// ascending order.
+struct Slice {
+  int begin, end;
+};
+__device__ __forceinline__ Slice SliceOf(int vocab, int part, int parts) {
+  const int units = (vocab & 3) == 0 ? vocab >> 2 : vocab;
+  const int scale = (vocab & 3) == 0 ? 4 : 1;
+  const int b = static_cast<int>(static_cast<int64_t>(units) * part / parts);
+  const int e = static_cast<int>(static_cast<int64_t>(units) * (part + 1) / parts);
+  return {b * scale, e * scale};
+}
 template <class F>
-__device__ __forceinline__ void ForEachToken(const float* z, int vocab, F&& f) {
+__device__ __forceinline__ void ForEachToken(const float* z, int vocab, Slice sl, F&& f) {
   if ((vocab & 3) == 0) {
     const float4* z4 = reinterpret_cast<const float4*>(z);
-    const int n4 = vocab >> 2;
 #pragma unroll 1
-    for (int i = threadIdx.x; i < n4; i += kThreads) {
+    for (int i = (sl.begin >> 2) + threadIdx.x; i < (sl.end >> 2); i += kThreads) {
       const float4 q = z4[i];
       f(4 * i, q.x);
       f(4 * i + 1, q.y);
@@ -123,20 +156,47 @@ __device__ __forceinline__ void ForEachToken(const float* z, int vocab, F&& f) {
       f(4 * i + 3, q.w);
     }
   } else {
-    for (int v = threadIdx.x; v < vocab; v += kThreads) f(v, z[v]);
+    for (int v = sl.begin + threadIdx.x; v < sl.end; v += kThreads) f(v, z[v]);
   }
+}
+
+// Sums every CTA's histogram into every CTA's tot_cnt (and tot_mass): CTA r adds up bins
+// [r * kBins / C, (r + 1) * kBins / C) over the ranks in order and stores the sums in each CTA.
+// REQUIRES: every CTA's cnt/mass complete (the first cluster sync makes them visible); after
+// the second, every CTA may read tot_* and overwrite its own cnt/mass.
+__device__ void MergeHistograms(Smem& sh, bool by_mass, cg::cluster_group& cl) {
+  const int parts = static_cast<int>(cl.num_blocks()), rank = static_cast<int>(cl.block_rank());
+  cl.sync();
+  const int per = kBins / parts;
+  for (int i = threadIdx.x; i < per; i += kThreads) {
+    const int b = rank * per + i;
+    uint32_t c = 0;
+    u64 m = 0;
+    for (int r = 0; r < parts; ++r) {
+      const Smem* o = cl.map_shared_rank(&sh, r);
+      c += o->cnt[b];
+      if (by_mass) m += Mass(*o, b);
+    }
+    for (int r = 0; r < parts; ++r) {
+      Smem* o = cl.map_shared_rank(&sh, r);
+      o->tot_cnt[b] = c;
+      if (by_mass) o->tot_mass[b] = m;
+    }
+  }
+  cl.sync();
 }
 
 // The largest key t in [lo, hi] such that `above0` plus the sum of f over the row's elements
 // with key in [t, hi] reaches the target; f = 1 (count) or KeyWeight(key, m) (by_mass). The
 // target is `count_target`, or NeedMass(total mass in [lo, hi], top_p) by mass. A count target
 // above the count in [lo, hi] gives lo. key_of(v, z) is the element's key. known_pop: how many
-// elements [lo, hi] holds, or -1; *count_ge (count mode): how many have a key >= the result, or
-// -1 where not known.
+// elements [lo, hi] holds in the whole row, or -1; *count_ge (count mode): how many have a key
+// >= the result, or -1 where not known. Every CTA of the cluster calls it alike and gets the
+// same result (the decisions read only the merged histograms).
 template <class KeyOf>
-__device__ uint32_t SelectKey(Smem& sh, const float* z, int vocab, KeyOf&& key_of, uint32_t lo,
-                              uint32_t hi, bool by_mass, float m, u64 count_target, float top_p,
-                              int64_t known_pop, int64_t* count_ge) {
+__device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, int vocab, Slice sl,
+                              KeyOf&& key_of, uint32_t lo, uint32_t hi, bool by_mass, float m,
+                              u64 count_target, float top_p, int64_t known_pop, int64_t* count_ge) {
   *count_ge = -1;
   bool in_smem = false, first = true;
   bool collect = known_pop >= 0 && known_pop <= kCap;
@@ -172,16 +232,17 @@ __device__ uint32_t SelectKey(Smem& sh, const float* z, int vocab, KeyOf&& key_o
     if (in_smem) {
       for (int i = threadIdx.x; i < ncand; i += kThreads) add(sh.cand_key[i]);
     } else {
-      ForEachToken(z, vocab, [&](int v, float x) { add(key_of(v, x)); });
+      ForEachToken(z, vocab, sl, [&](int v, float x) { add(key_of(v, x)); });
     }
-    __syncthreads();
+    MergeHistograms(sh, by_mass, cl);
     if (collect) ncand = sh.ncand, in_smem = true, collect = false;
     if (first) {
       u64 part = 0;
-      for (int i = threadIdx.x; i < kBins; i += kThreads) part += by_mass ? Mass(sh, i) : sh.cnt[i];
+      for (int i = threadIdx.x; i < kBins; i += kThreads)
+        part += by_mass ? sh.tot_mass[i] : sh.tot_cnt[i];
       const u64 total = BlockSum(part, sh);
       if (by_mass) target = engine::NeedMass(total, top_p);
-      if (total < target) {  // uniform: every thread has the same total
+      if (total < target) {  // uniform over the cluster: every thread has the same total
         *count_ge = static_cast<int64_t>(total);
         return lo;
       }
@@ -190,7 +251,8 @@ __device__ uint32_t SelectKey(Smem& sh, const float* z, int vocab, KeyOf&& key_o
     if (threadIdx.x < 32) {
       const int lane = threadIdx.x;
       u64 chunk = 0;
-      for (int b = lane * 64; b < lane * 64 + 64; ++b) chunk += by_mass ? Mass(sh, b) : sh.cnt[b];
+      for (int b = lane * 64; b < lane * 64 + 64; ++b)
+        chunk += by_mass ? sh.tot_mass[b] : sh.tot_cnt[b];
       u64 suffix = chunk;  // sum over lanes >= lane
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
@@ -203,7 +265,7 @@ __device__ uint32_t SelectKey(Smem& sh, const float* z, int vocab, KeyOf&& key_o
         u64 acc = above + suffix - chunk;
         int b = lane * 64 + 63;
         for (;; --b) {
-          const u64 fb = by_mass ? Mass(sh, b) : sh.cnt[b];
+          const u64 fb = by_mass ? sh.tot_mass[b] : sh.tot_cnt[b];
           if (acc + fb >= target || b == lane * 64) {
             sh.above = acc;
             break;
@@ -214,7 +276,7 @@ __device__ uint32_t SelectKey(Smem& sh, const float* z, int vocab, KeyOf&& key_o
         const uint64_t nhi = nlo + (uint64_t{1} << shift) - 1;
         sh.lo = static_cast<uint32_t>(nlo);
         sh.hi = static_cast<uint32_t>(nhi < hi ? nhi : hi);
-        sh.pop = sh.cnt[b];
+        sh.pop = sh.tot_cnt[b];
       }
     }
     __syncthreads();
@@ -226,6 +288,23 @@ __device__ uint32_t SelectKey(Smem& sh, const float* z, int vocab, KeyOf&& key_o
   return lo;
 }
 
+// Ranks n candidates (keys[i], ids[i]) by (key desc, id asc) and calls put(rank, i) for those
+// ranked below n_lp. Sentinel entries (key 0, id INT_MAX) may tie with each other; they rank
+// past every real key (a real key is > 0).
+template <class Put>
+__device__ __forceinline__ void RankTop(const uint32_t* keys, const int32_t* ids, int n, int n_lp,
+                                        Put&& put) {
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const uint32_t k = keys[i];
+    const int id = ids[i];
+    int rank = 0;
+    for (int j = 0; j < n; ++j) rank += KeyBefore(keys[j], ids[j], k, id);
+    if (rank < n_lp) put(rank, i);
+  }
+}
+
+// Grid: rows * split CTAs in clusters of `split`; the cluster of row r is CTAs
+// [r * split, (r + 1) * split).
 __global__ void __launch_bounds__(kThreads)
     SampleKernel(const float* logits, int vocab, const SampleSpec* specs,
                  const int32_t* penalty_tokens, int32_t* out, engine::RowLogprobs* lp_out) {
@@ -233,10 +312,14 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ uint4 smem_raw[];
   Smem& sh = *reinterpret_cast<Smem*>(smem_raw);
   uint32_t* bitmap = reinterpret_cast<uint32_t*>(&sh + 1);
-  const SampleSpec sp = specs[blockIdx.x];
-  const float* z = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  cg::cluster_group cl = cg::this_cluster();
+  const int parts = static_cast<int>(cl.num_blocks()), rank = static_cast<int>(cl.block_rank());
+  const int row = blockIdx.x / parts;
+  const Slice sl = SliceOf(vocab, rank, parts);
+  const SampleSpec sp = specs[row];
+  const float* z = logits + static_cast<int64_t>(row) * vocab;
   const bool pen = engine::UsesPenalty(sp);
-  if (pen) {
+  if (pen) {  // the whole row's bitmap (a slice may hold any listed token)
     for (int i = threadIdx.x; i < (vocab + 31) / 32; i += kThreads) bitmap[i] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < sp.penalty_count; i += kThreads) {
@@ -259,12 +342,12 @@ __global__ void __launch_bounds__(kThreads)
   // so an equal key never displaces an earlier one; few elements enter after the first).
   uint32_t best_key = 0, max_raw = 0;
   int best_id = vocab;
-  uint32_t top_key[engine::kMaxLogprobs];
-  int top_id[engine::kMaxLogprobs];
-  for (int i = 0; i < engine::kMaxLogprobs; ++i) top_key[i] = 0, top_id[i] = INT_MAX;
+  uint32_t top_key[kLp];
+  int top_id[kLp];
+  for (int i = 0; i < kLp; ++i) top_key[i] = 0, top_id[i] = INT_MAX;
   if (greedy || filters || n_lp > 0) {
     uint32_t rk = 0;
-    ForEachToken(z, vocab, [&](int v, float x) {
+    ForEachToken(z, vocab, sl, [&](int v, float x) {
       const uint32_t k = key_of(v, x);
       if (k > best_key || (k == best_key && v < best_id)) best_key = k, best_id = v;
       const uint32_t r = raw_key(v, x);
@@ -282,22 +365,37 @@ __global__ void __launch_bounds__(kThreads)
     max_raw = rk;
   }
   if (n_lp > 0) {
-    // Each warp merges its lanes' lists into its top n_lp (candidates [warp * n_lp, + n_lp)).
+    // Each warp merges its lanes' lists into its top n_lp (candidates [warp * n_lp, + n_lp)),
+    // then the CTA ranks its warps' candidates into top_key/top_id.
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int head = 0;
     for (int r = 0; r < n_lp; ++r) {
       uint32_t ck = head < n_lp ? top_key[head] : 0;
-      int ci = head < n_lp ? top_id[head] : INT_MAX, cl = lane;
+      int ci = head < n_lp ? top_id[head] : INT_MAX, cl_lane = lane;
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) {
         const uint32_t k2 = __shfl_xor_sync(0xffffffffu, ck, o);
         const int i2 = __shfl_xor_sync(0xffffffffu, ci, o);
-        const int l2 = __shfl_xor_sync(0xffffffffu, cl, o);
-        if (k2 > ck || (k2 == ck && (i2 < ci || (i2 == ci && l2 < cl)))) ck = k2, ci = i2, cl = l2;
+        const int l2 = __shfl_xor_sync(0xffffffffu, cl_lane, o);
+        if (k2 > ck || (k2 == ck && (i2 < ci || (i2 == ci && l2 < cl_lane))))
+          ck = k2, ci = i2, cl_lane = l2;
       }
-      if (cl == lane) ++head;
+      if (cl_lane == lane) ++head;
       if (lane == 0) sh.lp_key[warp * n_lp + r] = ck, sh.lp_id[warp * n_lp + r] = ci;
     }
+    if (threadIdx.x < n_lp) sh.top_key[threadIdx.x] = 0, sh.top_id[threadIdx.x] = INT_MAX;
+    __syncthreads();
+    RankTop(sh.lp_key, sh.lp_id, kWarps * n_lp, n_lp,
+            [&](int rk, int i) { sh.top_key[rk] = sh.lp_key[i], sh.top_id[rk] = sh.lp_id[i]; });
+  }
+  // The cluster's best and max (every CTA reads every CTA's, in rank order).
+  if (threadIdx.x == 0) sh.x_best_key = best_key, sh.x_best_id = best_id, sh.x_max_raw = max_raw;
+  cl.sync();
+  for (int r = 0; r < parts; ++r) {
+    const Smem* o = cl.map_shared_rank(&sh, r);
+    if (KeyBefore(o->x_best_key, o->x_best_id, best_key, best_id))
+      best_key = o->x_best_key, best_id = o->x_best_id;
+    max_raw = max(max_raw, o->x_max_raw);
   }
 
   // The filters' threshold, then the draw (in the last pass, with the logprobs' weight sum).
@@ -306,12 +404,12 @@ __global__ void __launch_bounds__(kThreads)
     if (sp.min_p > 0.0f) floor_key = engine::MinPKey(best_key, sp.min_p);
     int64_t kept = -1;  // elements >= floor_key, where known
     if (engine::HasTopK(sp, vocab)) {
-      floor_key = SelectKey(sh, z, vocab, key_of, floor_key, best_key, false, 0.0f,
+      floor_key = SelectKey(sh, cl, z, vocab, sl, key_of, floor_key, best_key, false, 0.0f,
                             static_cast<u64>(sp.top_k), 1.0f, -1, &kept);
     }
     if (sp.top_p < 1.0f) {
       int64_t unused = 0;  // few kept by top-k: top-p's first level already gathers them
-      floor_key = SelectKey(sh, z, vocab, key_of, floor_key, best_key, true,
+      floor_key = SelectKey(sh, cl, z, vocab, sl, key_of, floor_key, best_key, true,
                             engine::KeyValue(best_key), 0, sp.top_p, kept, &unused);
     }
   }
@@ -320,7 +418,7 @@ __global__ void __launch_bounds__(kThreads)
   int draw_id = -1;
   u64 weight_sum = 0;
   if (!greedy || n_lp > 0) {
-    ForEachToken(z, vocab, [&](int v, float x) {
+    ForEachToken(z, vocab, sl, [&](int v, float x) {
       if (!greedy) {
         const uint32_t k = key_of(v, x);
         if (k >= floor_key) {
@@ -333,35 +431,98 @@ __global__ void __launch_bounds__(kThreads)
       if (n_lp > 0) weight_sum += engine::KeyWeight(raw_key(v, x), max_z);
     });
   }
-  const int token = greedy ? best_id : BlockBestScore(best_score, draw_id, sh);
-  if (threadIdx.x == 0) out[blockIdx.x] = token;
-  if (n_lp == 0) return;
-
-  // Logprobs: lse from the exact weight sum; ranks of the warps' candidates give the top n_lp
-  // (ties of sentinel entries rank past n_lp: n_lp <= vocab real keys precede them).
-  const double lse = engine::LogSumExp(max_z, BlockSum(weight_sum, sh));
-  engine::RowLogprobs& o = lp_out[blockIdx.x];
-  const int ncand = kWarps * n_lp;
-  for (int i = threadIdx.x; i < ncand; i += kThreads) {
-    const uint32_t k = sh.lp_key[i];
-    const int id = sh.lp_id[i];
-    int rank = 0;
-    for (int j = 0; j < ncand; ++j) {
-      const uint32_t kj = sh.lp_key[j];
-      rank += kj > k || (kj == k && sh.lp_id[j] < id);
-    }
-    if (rank < n_lp) {
-      o.top_ids[rank] = id;
-      o.top[rank] = engine::LogprobOf(engine::KeyValue(k), lse);
-    }
-  }
+  if (!greedy) BlockBestScore(best_score, draw_id, sh);
+  if (n_lp > 0) weight_sum = BlockSum(weight_sum, sh);
   if (threadIdx.x == 0) {
-    o.num_top = n_lp;
-    o.sampled = engine::LogprobOf(z[token], lse);
+    sh.x_draw_score = best_score, sh.x_draw_id = draw_id, sh.x_weight_sum = weight_sum;
+  }
+  cl.sync();
+  if (rank == 0) {
+    // Rank 0 combines the cluster's draws, weight sums and top logprob lists and writes the row.
+    int token = best_id;
+    u64 wsum = 0;
+    if (!greedy) {
+      best_score = 0.0f, token = -1;
+      for (int r = 0; r < parts; ++r) {
+        const Smem* o = cl.map_shared_rank(&sh, r);
+        if (ScoreBefore(o->x_draw_score, o->x_draw_id, best_score, token))
+          best_score = o->x_draw_score, token = o->x_draw_id;
+      }
+    }
+    if (threadIdx.x == 0) out[row] = token;
+    if (n_lp > 0) {
+      for (int r = 0; r < parts; ++r) wsum += cl.map_shared_rank(&sh, r)->x_weight_sum;
+      for (int i = threadIdx.x; i < parts * n_lp; i += kThreads) {
+        const Smem* o = cl.map_shared_rank(&sh, i / n_lp);
+        sh.lp_key[i] = o->top_key[i % n_lp], sh.lp_id[i] = o->top_id[i % n_lp];
+      }
+    }
+    cl.sync();  // the other CTAs may exit now
+    if (n_lp > 0) {
+      // Logprobs: lse from the exact weight sum; the cluster's candidates ranked give the top
+      // n_lp (sentinels rank past them: n_lp <= vocab real keys precede them).
+      const double lse = engine::LogSumExp(max_z, wsum);
+      engine::RowLogprobs& o = lp_out[row];
+      RankTop(sh.lp_key, sh.lp_id, parts * n_lp, n_lp, [&](int rk, int i) {
+        o.top_ids[rk] = sh.lp_id[i];
+        o.top[rk] = engine::LogprobOf(engine::KeyValue(sh.lp_key[i]), lse);
+      });
+      if (threadIdx.x == 0) {
+        o.num_top = n_lp;
+        o.sampled = engine::LogprobOf(z[token], lse);
+      }
+    }
+  } else {
+    cl.sync();  // rank 0 has read this CTA's shared memory
   }
 }
 
 std::atomic<size_t> g_smem_set{0};
+std::atomic<int> g_sms{0};
+std::atomic<int> g_max_split{0};  // the largest cluster size that fits, 0: not known yet
+
+// CTAs per row: up to two CTAs per SM over all rows (this kernel's occupancy), at most the
+// largest cluster that fits. The result does not depend on it.
+int SplitFor(int n) {
+  int split = g_max_split.load();
+  while (split > 1 && n * split > 2 * g_sms.load()) split /= 2;
+  return split;
+}
+
+cudaError_t EnsureSetUp(size_t smem) {
+  if (smem <= g_smem_set.load() && g_max_split.load() > 0) return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute(SampleKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  int device = 0, sms = 0;
+  if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
+  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
+    return e;
+  int split = kMaxSplit;
+  for (; split > 1; split /= 2) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(split);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr = {};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = split;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, SampleKernel, &config) == cudaSuccess &&
+        clusters > 0) {
+      break;
+    }
+    cudaGetLastError();  // a size that does not fit is not an error of the launch
+  }
+  g_sms.store(sms);
+  g_max_split.store(split);
+  g_smem_set.store(smem);
+  return cudaSuccess;
+}
 
 }  // namespace
 
@@ -374,14 +535,25 @@ cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const Sample
                              engine::RowLogprobs* logprobs, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const size_t smem = SampleRowsSmemBytes(vocab);
-  if (smem > g_smem_set.load()) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        SampleKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
-    g_smem_set.store(smem);
-  }
-  return LaunchKernel(SampleKernel, n, kThreads, smem, stream, logits, vocab, specs, penalty_tokens,
-                      out, logprobs);
+  if (cudaError_t e = EnsureSetUp(smem); e != cudaSuccess) return e;
+  const int split = SplitFor(n);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(n * split);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[2] = {};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = split;
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attrs;
+  config.numAttrs = ProgrammaticLaunchEnabled() ? 2 : 1;
+  const cudaError_t err = cudaLaunchKernelEx(&config, SampleKernel, logits, vocab, specs,
+                                             penalty_tokens, out, logprobs);
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 }  // namespace cascade::cuda::internal
