@@ -10,10 +10,25 @@
 #include "cache_service/client/registry_client.h"
 #include "common/flags.h"
 #include "common/server_runner.h"
+#include "gpu_worker/model/config.h"
 #include "services/gateway/gateway_service.h"
 #include "services/gateway/openai_http.h"
 
 namespace cascade::gateway {
+
+// The measurements peer fetch routing is derived from (router.h): a fetched token costs
+// prefill_tokens_per_s * kv_bytes_per_token / bandwidth prefilled tokens, a fetch overhead_ms *
+// prefill_tokens_per_s more. Off while either rate is 0.
+struct FetchMeasurements {
+  double bandwidth = 0.0;             // bytes/s of a worker-to-worker fetch
+  double prefill_tokens_per_s = 0.0;  // of this model on the workers
+  double overhead_ms = 0.0;
+};
+
+// Sets weights->fetch and fetch_overhead from `m` for a model of config `mc` (bf16 KV, as the
+// CUDA workers keep it).
+void FetchCostModel(const FetchMeasurements& m, const model::ModelConfig& mc,
+                    RouteWeights* weights);
 
 struct GatewayConfig {
   common::ServerOptions server;
@@ -30,6 +45,7 @@ struct GatewayConfig {
   common::InternalAuthOptions internal_auth;
   int http_port = -1;     // the OpenAI-compatible HTTP front: -1 off, 0 a free port
   int http_threads = 64;  // its concurrent requests (a stream holds one)
+  FetchMeasurements fetch;
 };
 
 void RegisterGatewayFlags(common::FlagSet* flags, GatewayConfig* config);
