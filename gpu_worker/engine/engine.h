@@ -41,7 +41,8 @@ struct EngineOptions {
 };
 
 // Thread safety: AddRequest, Cancel, EvictChunks, ExportBlocks, HeldPrefixTokens, Stats,
-// HeldChunks and TakeChunkEvents may be called from any thread; Step() from one thread at a time (the worker's engine loop).
+// HeldChunks and TakeChunkEvents may be called from any thread; Step() from one thread at a time
+// (the worker's engine loop).
 class Engine {
  public:
   virtual ~Engine() = default;

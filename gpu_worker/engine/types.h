@@ -61,8 +61,8 @@ struct ExportedBlock {
   std::string bytes;  // Backend::KvBlockBytes() bytes
 };
 struct ExportBatch {
-  absl::Status status;  // not OK: nothing could be copied (e.g. the backend failed)
-  int64_t held = 0;     // leading keys of the request held now in either tier
+  absl::Status status;                // not OK: nothing could be copied (e.g. the backend failed)
+  int64_t held = 0;                   // leading keys of the request held now in either tier
   std::vector<ExportedBlock> blocks;  // the first of those, in order (bounded by max_bytes)
 };
 

@@ -144,9 +144,9 @@ class FetchKvReactor final : public grpc::ServerWriteReactor<FetchKvResponse> {
   std::deque<FetchKvResponse> queue_ ABSL_GUARDED_BY(mu_);
   FetchKvResponse current_ ABSL_GUARDED_BY(mu_);
   grpc::Status error_ ABSL_GUARDED_BY(mu_) = grpc::Status::OK;
-  int64_t total_ ABSL_GUARDED_BY(mu_) = 0;   // blocks announced
-  int64_t asked_ ABSL_GUARDED_BY(mu_) = 0;   // blocks received from the engine
-  int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;    // blocks written (or being written)
+  int64_t total_ ABSL_GUARDED_BY(mu_) = 0;  // blocks announced
+  int64_t asked_ ABSL_GUARDED_BY(mu_) = 0;  // blocks received from the engine
+  int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;   // blocks written (or being written)
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool header_sent_ ABSL_GUARDED_BY(mu_) = false;
   bool exporting_ ABSL_GUARDED_BY(mu_) = false;  // an export request is with the engine
@@ -199,8 +199,8 @@ grpc::Status Check(engine::Engine& engine, const cascade::v2::FetchKvRequest& r,
 }  // namespace
 
 grpc::ServerWriteReactor<FetchKvResponse>* StartFetchKv(engine::EngineLoop* loop,
-                                                       const cascade::v2::FetchKvRequest& request,
-                                                       FetchFaults faults) {
+                                                        const cascade::v2::FetchKvRequest& request,
+                                                        FetchFaults faults) {
   std::vector<hash::Hash128> keys;
   if (grpc::Status st = Check(loop->engine(), request, &keys); !st.ok()) {
     return new RefusedReactor(st);

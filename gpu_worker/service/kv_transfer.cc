@@ -137,15 +137,14 @@ bool FetchVerifier::OnBlock(int64_t index, std::string_view key_hex, std::string
   const int64_t i = static_cast<int64_t>(out_.blocks.size());
   if (!have_header_) return Fail(FetchResult::kWrongKey, "a block before the header");
   if (index != i || i >= announced_) {
-    return Fail(FetchResult::kWrongKey,
-                absl::StrCat("block index ", index, " where ", i, " was due (", announced_,
-                             " announced)"));
+    return Fail(FetchResult::kWrongKey, absl::StrCat("block index ", index, " where ", i,
+                                                     " was due (", announced_, " announced)"));
   }
   const std::optional<hash::Hash128> key = hash::Hash128::FromHex(key_hex);
   if (!key || *key != keys_[i]) {
-    return Fail(FetchResult::kWrongKey, absl::StrCat("block ", i, " carries key '",
-                                                     std::string(key_hex.substr(0, 32)), "', expected ",
-                                                     keys_[i].ToHex()));
+    return Fail(FetchResult::kWrongKey,
+                absl::StrCat("block ", i, " carries key '", std::string(key_hex.substr(0, 32)),
+                             "', expected ", keys_[i].ToHex()));
   }
   if (static_cast<int64_t>(data.size()) != block_bytes_) {
     return Fail(FetchResult::kBadSize,

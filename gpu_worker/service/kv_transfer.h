@@ -39,14 +39,14 @@ enum class FetchResult {
 };
 std::string_view FetchResultName(FetchResult r);
 inline constexpr FetchResult kAllFetchResults[] = {
-    FetchResult::kOk,        FetchResult::kNotHeld,   FetchResult::kChecksum,
-    FetchResult::kWrongKey,  FetchResult::kBadSize,   FetchResult::kTruncated,
-    FetchResult::kDeadline,  FetchResult::kUnavailable, FetchResult::kRefused,
+    FetchResult::kOk,       FetchResult::kNotHeld,     FetchResult::kChecksum,
+    FetchResult::kWrongKey, FetchResult::kBadSize,     FetchResult::kTruncated,
+    FetchResult::kDeadline, FetchResult::kUnavailable, FetchResult::kRefused,
     FetchResult::kCancelled};
 
 struct FetchOutcome {
   FetchResult result = FetchResult::kOk;
-  std::string detail;                    // what failed, for the log
+  std::string detail;                     // what failed, for the log
   std::vector<engine::PeerBlock> blocks;  // verified, in order; empty unless kOk
   int64_t bytes = 0;                      // block bytes received
 };

@@ -1,6 +1,8 @@
 // The FetchKv client; see peer_fetch.h.
 #include "gpu_worker/service/peer_fetch.h"
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 
@@ -35,7 +37,10 @@ class GrpcFetchCall final : public PeerFetchCall,
     StartCall();
   }
 
-  void Cancel() override { ctx_.TryCancel(); }
+  void Cancel() override {
+    cancelled_here_ = true;
+    ctx_.TryCancel();
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows with the status
@@ -54,7 +59,12 @@ class GrpcFetchCall final : public PeerFetchCall,
   }
 
   void OnDone(const grpc::Status& status) override {
-    done_(std::move(verifier_).Finish(common::FromGrpc(status)));
+    absl::Status st = common::FromGrpc(status);
+    // CANCELLED that this side did not ask for: the holder ended the call (it shut down).
+    if (absl::IsCancelled(st) && !cancelled_here_) {
+      st = absl::UnavailableError(absl::StrCat("the holder ended the transfer: ", st.message()));
+    }
+    done_(std::move(verifier_).Finish(st));
     self_.reset();  // may delete this
   }
 
@@ -66,6 +76,7 @@ class GrpcFetchCall final : public PeerFetchCall,
   grpc::ClientContext ctx_;
   FetchKvResponse msg_;
   std::shared_ptr<GrpcFetchCall> self_;
+  std::atomic<bool> cancelled_here_{false};
 };
 
 class FailedCall final : public PeerFetchCall {
@@ -87,8 +98,8 @@ std::shared_ptr<cascade::v2::WorkerService::Stub> PeerFetcher::StubFor(const std
     return nullptr;
   }
   if (stubs_.size() >= kMaxChannels) stubs_.erase(stubs_.begin());
-  auto stub = std::shared_ptr<cascade::v2::WorkerService::Stub>(
-      cascade::v2::WorkerService::NewStub(*ch));
+  auto stub =
+      std::shared_ptr<cascade::v2::WorkerService::Stub>(cascade::v2::WorkerService::NewStub(*ch));
   stubs_.emplace(address, stub);
   return stub;
 }
@@ -105,7 +116,8 @@ std::shared_ptr<PeerFetchCall> PeerFetcher::Fetch(FetchPlan plan,
     done(std::move(o));
     return std::make_shared<FailedCall>();
   }
-  const auto limit = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.timeout);
+  const auto limit =
+      std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.timeout);
   auto call = std::make_shared<GrpcFetchCall>(std::move(plan), std::move(done));
   call->Start(std::move(stub), std::min(deadline, limit));
   return call;

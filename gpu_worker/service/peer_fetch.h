@@ -53,8 +53,8 @@ class PeerFetcher {
 
   // Starts a fetch; `done` runs exactly once, on a gRPC thread (or inline when the channel
   // cannot be made), with the outcome. `deadline` bounds it besides options().timeout.
-  std::shared_ptr<PeerFetchCall> Fetch(FetchPlan plan, std::chrono::system_clock::time_point
-                                                           deadline,
+  std::shared_ptr<PeerFetchCall> Fetch(FetchPlan plan,
+                                       std::chrono::system_clock::time_point deadline,
                                        std::function<void(FetchOutcome)> done);
 
  private:

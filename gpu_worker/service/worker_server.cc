@@ -183,8 +183,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   PeerFetchOptions peer = config.peer_fetch;
   peer.tls = secure ? common::InternalClientTls(config.internal_auth, common::kWorkerServerName)
                     : common::ClientTlsOptions{};
-  w->service_ = std::make_unique<WorkerService>(id, w->loop_.get(), std::move(peer),
-                                                w->metrics_.get());
+  w->service_ =
+      std::make_unique<WorkerService>(id, w->loop_.get(), std::move(peer), w->metrics_.get());
   runner->AddService({w->service_.get(), cascade::v2::WorkerService::service_full_name()});
   runner->AddDrainCallback([self] {
     if (self->agent_) self->agent_->Deregister();

@@ -13,9 +13,9 @@
 #include "common/bounded_text.h"
 #include "common/chunk_hash.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "common/mutex.h"
 #include "common/write_queue.h"
-#include "common/log.h"
 #include "gpu_worker/engine/sampling_wire.h"
 #include "gpu_worker/service/worker_metrics.h"
 
@@ -157,6 +157,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerServiceGenerateRes
       fetching_ = false;
       fetch_.reset();
       if (cancelled_ && !done_) {
+        o.result = FetchResult::kCancelled;  // neither used nor a fallback
+        service->CountFetch(o);
         MaybeWriteLocked();  // finishes CANCELLED: nothing was submitted
         return;
       }
@@ -264,8 +266,8 @@ common::MethodPolicy WorkerMethodPolicy() {
           {prefix + "FetchKv", {Role::kWorker}}};
 }
 
-WorkerService::WorkerService(std::string worker_id, engine::EngineLoop* loop,
-                             PeerFetchOptions peer, WorkerMetrics* metrics)
+WorkerService::WorkerService(std::string worker_id, engine::EngineLoop* loop, PeerFetchOptions peer,
+                             WorkerMetrics* metrics)
     : worker_id_(std::move(worker_id)),
       loop_(loop),
       fetcher_(peer.enabled ? std::make_unique<PeerFetcher>(std::move(peer)) : nullptr),
@@ -284,18 +286,19 @@ std::optional<FetchPlan> WorkerService::PlanFetch(
   if (block_bytes <= 0 || stats.host_total_blocks <= 0) return std::nullopt;  // lands on host
   const int bs = backend.BlockSize();
   int64_t prompt_len = 0;
-  for (const engine::ChunkInput& c : req.chunks) prompt_len += static_cast<int64_t>(c.tokens.size());
+  for (const engine::ChunkInput& c : req.chunks)
+    prompt_len += static_cast<int64_t>(c.tokens.size());
   // The engine computes at least the prompt's last token, and shares whole blocks only.
   const int64_t first = engine.HeldPrefixTokens(req.placed) / bs;
   int64_t last = std::min<int64_t>(r.peer().tokens(), prompt_len - 1) / bs;
-  const int64_t cap = std::min<int64_t>(fetcher_->options().max_bytes / block_bytes,
-                                        std::min<int64_t>(stats.host_total_blocks,
-                                                          kMaxFetchBlocks));
+  const int64_t cap =
+      std::min<int64_t>(fetcher_->options().max_bytes / block_bytes,
+                        std::min<int64_t>(stats.host_total_blocks, kMaxFetchBlocks));
   last = std::min(last, first + cap);
   if (last <= first) return std::nullopt;
   const std::vector<hash::ChunkSpec> specs = hash::SpecsOf(req.chunks);
-  const std::vector<hash::Hash128> keys = hash::BlockKeys(engine.options().model_name, req.placed,
-                                                          specs, bs);
+  const std::vector<hash::Hash128> keys =
+      hash::BlockKeys(engine.options().model_name, req.placed, specs, bs);
   if (static_cast<int64_t>(keys.size()) < last) return std::nullopt;
   FetchPlan plan;
   plan.address = r.peer().address();
@@ -309,11 +312,12 @@ std::optional<FetchPlan> WorkerService::PlanFetch(
 }
 
 void WorkerService::CountFetch(const FetchOutcome& o) {
-  (o.result == FetchResult::kOk ? fetches_ok_ : fetch_fallbacks_).fetch_add(1);
   if (metrics_ != nullptr) metrics_->CountFetch(o.result, o.bytes);
+  if (o.result == FetchResult::kCancelled) return;
+  (o.result == FetchResult::kOk ? fetches_ok_ : fetch_fallbacks_).fetch_add(1);
   if (o.result != FetchResult::kOk) {
-    common::LogInfo("peer_fetch_fallback", {{"result", std::string(FetchResultName(o.result))},
-                                            {"detail", o.detail}});
+    common::LogInfo("peer_fetch_fallback",
+                    {{"result", std::string(FetchResultName(o.result))}, {"detail", o.detail}});
   }
 }
 

@@ -39,8 +39,8 @@ double BestFetch(const Candidate& c, const std::vector<Candidate>& all, int64_t 
   for (const Candidate& p : all) {
     if (p.worker_id == c.worker_id || p.waiting >= w.max_waiting) continue;
     // The worker computes the prompt's last token itself, so that one is never fetched.
-    const int64_t fetched =
-        std::min<int64_t>(p.matched_tokens, prompt_tokens - 1) - std::max<int64_t>(c.matched_tokens, 0);
+    const int64_t fetched = std::min<int64_t>(p.matched_tokens, prompt_tokens - 1) -
+                            std::max<int64_t>(c.matched_tokens, 0);
     if (fetched <= 0) continue;
     const double cost = w.prefill * (w.fetch * static_cast<double>(fetched) + w.fetch_overhead) +
                         w.fetch_holder * static_cast<double>(p.running + p.waiting + p.inflight);

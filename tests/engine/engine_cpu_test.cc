@@ -34,8 +34,7 @@ const model::Model& Tiny() {
 
 std::unique_ptr<Engine> MakeEngine(int64_t blocks, cpu::DebugFault fault = cpu::DebugFault::kNone,
                                    int max_batched_tokens = 2048, bool capture_logits = true,
-                                   int64_t host_kv_blocks = 0,
-                                   int64_t import_bytes_per_step = 0) {
+                                   int64_t host_kv_blocks = 0, int64_t import_bytes_per_step = 0) {
   cpu::CpuBackendOptions o;
   o.num_blocks = blocks;
   o.block_size = kBlock;

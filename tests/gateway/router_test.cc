@@ -167,8 +167,7 @@ TEST(RouterTest, SpilledRequestFetchesFromTheHolderWhenTransferIsCheaper) {
   EXPECT_EQ(r[0].peer.tokens, 8192);
   const auto prefill_only = RankWorkers(busy, 8300, {});
   EXPECT_TRUE(prefill_only[0].peer.worker_id.empty());
-  EXPECT_NEAR(prefill_only[0].cost - r[0].cost,
-              8192 - (0.25 * 8192 + 200 + 64.0 * (6 + 40)), 1e-6);
+  EXPECT_NEAR(prefill_only[0].cost - r[0].cost, 8192 - (0.25 * 8192 + 200 + 64.0 * (6 + 40)), 1e-6);
 }
 
 TEST(RouterTest, NoFetchWhenPrefillIsCheaperOrTheOverheadEatsTheSaving) {
