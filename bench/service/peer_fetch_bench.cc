@@ -38,8 +38,8 @@ struct Options {
   std::string model_dir;  // empty: /tmp/cascade_peer_<preset>, generated when missing
   std::string lengths = "2048,8192,32768";
   int reps = 3;
-  int64_t kv_blocks = 0;             // per worker; 0: enough for the longest prompt
-  int64_t receiver_host_bytes = 0;   // 0: enough for the longest prompt
+  int64_t kv_blocks = 0;            // per worker; 0: enough for the longest prompt
+  int64_t receiver_host_bytes = 0;  // 0: enough for the longest prompt
   int max_batched_tokens = 8192;
 };
 
@@ -117,8 +117,7 @@ int Run(const Options& o) {
     std::fprintf(stderr, "%s\n", cfg.status().ToString().c_str());
     return 2;
   }
-  const std::string dir =
-      o.model_dir.empty() ? "/tmp/cascade_peer_" + o.preset : o.model_dir;
+  const std::string dir = o.model_dir.empty() ? "/tmp/cascade_peer_" + o.preset : o.model_dir;
   if (!std::filesystem::exists(dir + "/config.json")) {
     if (absl::Status s = model::WriteRandomModel(dir, *cfg, 1, ""); !s.ok()) {
       std::fprintf(stderr, "mkmodel: %s\n", s.ToString().c_str());
@@ -135,8 +134,8 @@ int Run(const Options& o) {
   }
   const int bs = 16;
   const int64_t blocks = o.kv_blocks > 0 ? o.kv_blocks : (longest + 64) / bs + 64;
-  const int64_t bytes_per_token = 2 * cfg->num_hidden_layers * cfg->kv_size() *
-                                  (o.backend == "cpu" ? 4 : 2);
+  const int64_t bytes_per_token =
+      2 * cfg->num_hidden_layers * cfg->kv_size() * (o.backend == "cpu" ? 4 : 2);
   const int64_t host_bytes = o.receiver_host_bytes > 0
                                  ? o.receiver_host_bytes
                                  : (longest + 64) * bytes_per_token + (int64_t{64} << 20);
@@ -172,22 +171,24 @@ int Run(const Options& o) {
     common::InternalAuthOptions gw{.ca_file = certs->ca(),
                                    .cert_file = certs->cert("gateway"),
                                    .key_file = certs->key("gateway")};
-    auto ch = common::MakeChannel(
-        w->address(), common::InternalClientTls(gw, common::kWorkerServerName));
+    auto ch =
+        common::MakeChannel(w->address(), common::InternalClientTls(gw, common::kWorkerServerName));
     if (!ch.ok()) return 1;
     stubs.push_back(cascade::v2::WorkerService::NewStub(*ch));
   }
   const std::string device = workers[0]->loop().engine().backend().Name();
-  std::printf("# peer_fetch_bench: backend %s, preset %s, %d reps per length, KV %lld blocks of "
-              "%d tokens per worker, %lld KV bytes per token, two workers in one process over "
-              "loopback gRPC with internal mTLS\n\n",
-              device.c_str(), o.preset.c_str(), o.reps, static_cast<long long>(blocks), bs,
-              static_cast<long long>(bytes_per_token));
+  std::printf(
+      "# peer_fetch_bench: backend %s, preset %s, %d reps per length, KV %lld blocks of "
+      "%d tokens per worker, %lld KV bytes per token, two workers in one process over "
+      "loopback gRPC with internal mTLS\n\n",
+      device.c_str(), o.preset.c_str(), o.reps, static_cast<long long>(blocks), bs,
+      static_cast<long long>(bytes_per_token));
   // Warm both (first-call setup, graph captures): a short prompt each, not timed.
   for (int i = 0; i < 2; ++i) Generate(*stubs[i], Prompt(64, 999 + i));
 
-  std::printf("| prefix tokens | KV MB | re-prefill ms | peer fetch ms | fetch GB/s | speedup "
-              "| cached tokens | fetched == cold |\n|---:|---:|---:|---:|---:|---:|---:|---|\n");
+  std::printf(
+      "| prefix tokens | KV MB | re-prefill ms | peer fetch ms | fetch GB/s | speedup "
+      "| cached tokens | fetched == cold |\n|---:|---:|---:|---:|---:|---:|---:|---|\n");
   struct Row {
     int len;
     double prefill_ms, fetch_ms;
@@ -217,9 +218,9 @@ int Run(const Options& o) {
       equal = equal && same;
       cached = got.cached;
       if (after.peer_imported_blocks - before.peer_imported_blocks != len / bs) {
-        std::fprintf(stderr, "len %d: the fetch fell back (%lld blocks imported)\n", len,
-                     static_cast<long long>(after.peer_imported_blocks -
-                                            before.peer_imported_blocks));
+        std::fprintf(
+            stderr, "len %d: the fetch fell back (%lld blocks imported)\n", len,
+            static_cast<long long>(after.peer_imported_blocks - before.peer_imported_blocks));
         equal = false;
       }
       prefill.push_back(cold.ms);
@@ -256,9 +257,10 @@ int Run(const Options& o) {
                 r.len, tps, ratio, ratio < 1 ? "wins" : "loses");
   }
   const Row& last = rows.back();
-  std::printf("router flags: --route_fetch_bandwidth=%.3g --route_prefill_tokens_per_s=%.0f "
-              "--route_fetch_overhead_ms=%.0f\n",
-              bandwidth, last.len / (last.prefill_ms / 1000.0), std::max(0.0, a));
+  std::printf(
+      "router flags: --route_fetch_bandwidth=%.3g --route_prefill_tokens_per_s=%.0f "
+      "--route_fetch_overhead_ms=%.0f\n",
+      bandwidth, last.len / (last.prefill_ms / 1000.0), std::max(0.0, a));
   std::printf("fetched == cold (tokens and logprob bits) in every call: %s\n",
               all_equal ? "OK" : "FAILED");
   for (auto& w : workers) w->Shutdown(absl::Seconds(1));

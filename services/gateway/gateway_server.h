@@ -19,10 +19,13 @@ namespace cascade::gateway {
 // The measurements peer fetch routing is derived from (router.h): a fetched token costs
 // prefill_tokens_per_s * kv_bytes_per_token / bandwidth prefilled tokens, a fetch overhead_ms *
 // prefill_tokens_per_s more. Off while either rate is 0.
+// The defaults are the H100 measurement (bench/service/RESULTS.md: qwen3-8b shape, two CUDA
+// workers, gRPC with internal mTLS over loopback); prefill speed is per model and GPU, so it has
+// no default and peer fetch stays off until it is set.
 struct FetchMeasurements {
-  double bandwidth = 0.0;             // bytes/s of a worker-to-worker fetch
+  double bandwidth = 5.9e8;           // bytes/s of a worker-to-worker fetch, end to end
   double prefill_tokens_per_s = 0.0;  // of this model on the workers
-  double overhead_ms = 0.0;
+  double overhead_ms = 265.0;         // a fetch's fixed cost
 };
 
 // Sets weights->fetch and fetch_overhead from `m` for a model of config `mc` (bf16 KV, as the

@@ -237,11 +237,10 @@ TEST(PeerFetchTest, HolderRefusesAnotherLayoutAndTheGatewaysRole) {
   const WorkerReply cold = CallWorker(s, 0, Prompt(5));
   ASSERT_TRUE(cold.status.ok());
   // A peer asking with another block layout (as a CUDA worker's bf16 blocks would be) is refused.
-  auto ch = common::MakeChannel(
-      s.worker(0).address(),
-      common::InternalClientTls(common::testing::TestCerts::Default().For(common::Role::kWorker,
-                                                                          "w1"),
-                                common::kWorkerServerName));
+  auto ch = common::MakeChannel(s.worker(0).address(),
+                                common::InternalClientTls(common::testing::TestCerts::Default().For(
+                                                              common::Role::kWorker, "w1"),
+                                                          common::kWorkerServerName));
   ASSERT_TRUE(ch.ok()) << ch.status();
   auto stub = cascade::v2::WorkerService::NewStub(*ch);
   cascade::v2::FetchKvRequest req;
@@ -273,6 +272,7 @@ TEST(PeerFetchTest, RouterSendsTheFetchPlanToTheWorkerItChooses) {
   o.tweak_gateway = [](gateway::GatewayConfig* g) {
     g->fetch.bandwidth = 1e9;  // the tiny model's KV: a fetched token costs ~0.001 of a prefill
     g->fetch.prefill_tokens_per_s = 1000;
+    g->fetch.overhead_ms = 0;
   };
   Stack s(o);
   const std::string sys = LongSystemPrompt();
