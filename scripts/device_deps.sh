@@ -21,6 +21,8 @@ PACKAGES=(
   libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1
   # prometheus-cpp: the metrics' storage and text exposition (common/metrics.h)
   prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
+  # ... whose CMake config asks for civetweb (pull) and CURL (push) even though only core links
+  civetweb libcivetweb-dev libcivetweb1 libcurl4-openssl-dev libcurl4
 )
 mkdir -p .devdeps
 cd .devdeps

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <optional>
 #include <random>
 #include <unordered_map>
@@ -15,6 +16,7 @@
 #include "common/mutex.h"
 #include "gpu_worker/engine/block_manager.h"
 #include "gpu_worker/engine/host_tier.h"
+#include "gpu_worker/engine/peer_blocks.h"
 #include "gpu_worker/engine/residency.h"
 #include "gpu_worker/engine/sampler.h"
 #include "gpu_worker/engine/scheduler.h"
@@ -111,11 +113,27 @@ class EngineImpl final : public Engine {
     }
     return found;
   }
+  void ExportBlocks(std::vector<hash::Hash128> keys, int64_t max_bytes,
+                    std::function<void(ExportBatch)> done) override {
+    MutexLock lock(&mu_);
+    exports_.push_back({std::move(keys), max_bytes, std::move(done)});
+  }
+  int64_t HeldPrefixTokens(const std::vector<hash::PlacedChunk>& placed) const override {
+    MutexLock lock(&mu_);
+    int64_t held = 0;
+    for (const hash::PlacedChunk& c : placed) {
+      const int64_t h = residency_.HeldTokens(c.hash);
+      if (h <= held) break;
+      held = h;
+      if (h < c.end) break;  // held only partly: nothing after it is
+    }
+    return held;
+  }
   absl::StatusOr<std::vector<SequenceOutput>> Step() override;
   bool HasWork() const override {
     MutexLock lock(&mu_);
     return !inbox_.empty() || !cancels_.empty() || !evicts_.empty() || !pin_requests_.empty() ||
-           live_ > 0 || step_pending_.load();
+           !exports_.empty() || live_ > 0 || step_pending_.load();
   }
   EngineStats Stats() const override {
     MutexLock lock(&mu_);
@@ -183,6 +201,11 @@ class EngineImpl final : public Engine {
   void ApplyPinRequests() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyCancels(const std::vector<uint64_t>& cancels, std::vector<SequenceOutput>* outputs);
   void ExpirePins();
+  // Peer fetch: writes arrived sequences' peer blocks into the host tier (within the step's
+  // import budget; a sequence waits for admission until its blocks are in), and answers peers'
+  // export requests (within the export budget).
+  void ImportPeerBlocks();
+  void ServeExports();
   // Forgets a finished sequence.
   void Retire(uint64_t seq_id);
 
@@ -219,6 +242,10 @@ class EngineImpl final : public Engine {
   std::vector<hash::Hash128> failed_restores_;  // restored keys whose copy failed
   std::vector<hash::Hash128> restored_;         // keys restored this step (tier -> GPU)
   int64_t host_copy_failures_ = 0;
+  // Sequences whose peer blocks are being imported (ids, in arrival order), and their progress.
+  std::deque<uint64_t> importing_;
+  int64_t peer_imported_ = 0;
+  int64_t peer_exported_ = 0;
   Scheduler scheduler_;
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   struct Pin {
@@ -238,6 +265,7 @@ class EngineImpl final : public Engine {
   std::vector<uint64_t> cancels_ ABSL_GUARDED_BY(mu_);
   std::vector<hash::Hash128> evicts_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<hash::Hash128, int64_t>> pin_requests_ ABSL_GUARDED_BY(mu_);
+  std::deque<ExportRequest> exports_ ABSL_GUARDED_BY(mu_);
   Residency residency_ ABSL_GUARDED_BY(mu_);
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
   int64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // admitted, not yet finished
@@ -289,6 +317,7 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
                     ? std::move(req.placed)
                     : hash::PlaceChunks(options_.model_name, req.cache_salt, specs);
   seq->tail_salt = seq->chunks.back().salt_state;
+  seq->peer_blocks = std::move(req.peer_blocks);
   if (options_.debug_unchained_block_keys) {
     for (int64_t j = 0; j + 1 <= prompt_len / bs; ++j) {
       size_t c = 0;
@@ -484,6 +513,8 @@ void EngineImpl::PublishStats() {
   stats_.prefix_cache_hits = scheduler_.prefix_hits();
   stats_.prefix_cache_hits_host = scheduler_.prefix_hits_host();
   PublishHostStats();
+  stats_.peer_imported_blocks = peer_imported_;
+  stats_.peer_exported_blocks = peer_exported_;
   stats_.preemptions = scheduler_.preemptions();
   stats_.prompt_tokens_computed = prompt_tokens_computed_;
   stats_.generation_tokens = generation_tokens_;
@@ -499,6 +530,8 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
   if (inflight_.has_value()) Collect(cancels, &outputs, &rows);
   if (prepared_.has_value()) PruneFinished(cancels);
   ApplyCancels(cancels, &outputs);
+  ImportPeerBlocks();
+  ServeExports();
   ExpirePins();
   std::vector<SequenceOutput> failed;  // after the collected step's outputs
   if (prepared_.has_value()) {
@@ -549,10 +582,64 @@ std::vector<uint64_t> EngineImpl::Intake() {
     ApplyPinRequests();
   }
   for (auto& seq : arrived) {
-    scheduler_.AddWaiting(seq.get());
+    Sequence* s = seq.get();
     seqs_.emplace(seq->id, std::move(seq));
+    if (s->peer_blocks.empty() || host_ == nullptr) {
+      s->peer_blocks.clear();
+      scheduler_.AddWaiting(s);
+    } else {
+      // By id: a cancel in the same intake retires the sequence before its import starts.
+      importing_.push_back(s->id);
+    }
   }
   return cancels;
+}
+
+void EngineImpl::ImportPeerBlocks() {
+  if (importing_.empty()) return;
+  // Host slots may be read or written by copies still in flight.
+  if (absl::Status st = backend_->WaitBlockCopies(); !st.ok()) return;  // retried next step
+  int64_t budget = options_.import_bytes_per_step;
+  while (!importing_.empty()) {
+    auto it = seqs_.find(importing_.front());
+    if (it == seqs_.end() || it->second->state == SeqState::kFinished) {
+      importing_.pop_front();  // cancelled meanwhile
+      continue;
+    }
+    Sequence& seq = *it->second;
+    if (budget <= 0) break;
+    std::vector<hash::Hash128> keys;
+    for (const PeerBlock& b : seq.peer_blocks) keys.push_back(b.key);
+    // The sequence's own blocks must not evict one another.
+    host_->Protect(keys);
+    peer_imported_ +=
+        ImportBlocks(seq.peer_blocks, &seq.peer_next, &budget, blocks_, host_.get(), seq.hints);
+    host_->Unprotect();
+    if (seq.peer_next < seq.peer_blocks.size()) break;  // budget spent: next step
+    seq.peer_blocks.clear();
+    seq.peer_blocks.shrink_to_fit();
+    scheduler_.AddWaiting(&seq);
+    importing_.pop_front();
+  }
+}
+
+void EngineImpl::ServeExports() {
+  std::vector<ExportRequest> batch;
+  {
+    MutexLock lock(&mu_);
+    int64_t budget = options_.export_bytes_per_step;
+    while (!exports_.empty() && budget > 0) {
+      budget -= std::max<int64_t>(exports_.front().max_bytes, 1);
+      batch.push_back(std::move(exports_.front()));
+      exports_.pop_front();
+    }
+  }
+  if (batch.empty()) return;
+  std::vector<ExportBatch> out = CopyOutBlocks(batch, blocks_, host_.get(), *backend_);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    peer_exported_ += static_cast<int64_t>(out[i].blocks.size());
+    batch[i].done(std::move(out[i]));
+  }
 }
 
 void EngineImpl::ApplyEvictions() {

@@ -38,12 +38,18 @@ struct EngineOptions {
   bool debug_unchained_block_keys = false;
   // Test-only: return each sampled position's raw logits in SequenceOutput::logits.
   bool debug_capture_logits = false;
+  // Peer fetch: bytes of blocks copied out for peers per step at most (ExportBlocks), and of
+  // peer blocks written into the host tier per step (Request::peer_blocks), so neither stalls
+  // the step loop for long.
+  int64_t export_bytes_per_step = int64_t{64} << 20;
+  int64_t import_bytes_per_step = int64_t{256} << 20;
   // Milliseconds on a steady clock; injectable for pin expiry tests.
   std::function<int64_t()> now_ms;
 };
 
-// Thread safety: AddRequest, Cancel, EvictChunks, Stats, HeldChunks and TakeChunkEvents may be
-// called from any thread; Step() from one thread at a time (the worker's engine loop).
+// Thread safety: AddRequest, Cancel, EvictChunks, ExportBlocks, HeldPrefixTokens, Stats,
+// HeldChunks and TakeChunkEvents may be called from any thread; Step() from one thread at a time
+// (the worker's engine loop).
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -64,6 +70,18 @@ class Engine {
   // their blocks: the registry's pinned chunks, renewed with every heartbeat. Applied at the next
   // step; chunks not held are ignored. Returns the number found.
   virtual int PinChunks(const std::vector<hash::Hash128>& chunk_hashes, int64_t ttl_ms) = 0;
+
+  // Copies out, at a coming step, the blocks of the leading run of `keys` (a chain of block
+  // keys, root first) that this engine holds in either tier, at most `max_bytes` of them (at
+  // least one block); `done` gets them on the step thread and must not block. Requests are
+  // answered in order within export_bytes_per_step per step, between steps, so the engine keeps
+  // serving while a peer reads; blocks are copied, never held, so nothing stays referenced.
+  virtual void ExportBlocks(std::vector<hash::Hash128> keys, int64_t max_bytes,
+                            std::function<void(ExportBatch)> done) = 0;
+
+  // Leading tokens of a prompt placed as `placed` that this engine holds (in full blocks, either
+  // tier), by its chunk records: what a peer fetch need not bring.
+  virtual int64_t HeldPrefixTokens(const std::vector<hash::PlacedChunk>& placed) const = 0;
 
   // Runs one step. Returns the outputs of every sequence that produced something. A backend
   // failure ends that step's sequences with kError (why in `status`), not the engine.

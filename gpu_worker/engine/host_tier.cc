@@ -2,6 +2,7 @@
 #include "gpu_worker/engine/host_tier.h"
 
 #include <cassert>
+#include <cstring>
 #include <unordered_set>
 
 namespace cascade::engine {
@@ -42,23 +43,16 @@ void HostKvTier::Unprotect() {
   protected_.clear();
 }
 
-void HostKvTier::Offload(int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
-                         const EvictionHints& hints) {
-  if (auto it = slot_of_.find(key); it != slot_of_.end()) {
-    Entry& e = slots_[it->second];
-    e.hints.Raise(hints);
-    e.last_use = ++tick_;
-    if (evictable_.Contains(it->second)) evictable_.Add(it->second, e.hints, e.last_use);
-    return;
-  }
-  if (slots_.empty()) return;
+int32_t HostKvTier::TakeSlot(const hash::Hash128& key, const hash::Hash128& parent,
+                             const EvictionHints& hints) {
+  if (slots_.empty()) return -1;
   int32_t slot;
   if (!free_.empty()) {
     slot = free_.back();
     free_.pop_back();
   } else {
     slot = evictable_.Pick(now_ms_ ? now_ms_() : 0);
-    if (slot < 0) return;  // every leaf is protected: this block is not kept
+    if (slot < 0) return -1;  // every leaf is protected: this block is not kept
     ++stats_.evicted;
     Drop(slot);
     free_.pop_back();  // Drop returned it to the free list
@@ -70,8 +64,33 @@ void HostKvTier::Offload(int32_t block, const hash::Hash128& key, const hash::Ha
     if (auto p = slot_of_.find(parent); p != slot_of_.end()) evictable_.Remove(p->second);
   }
   MaybeCandidate(slot);
+  return slot;
+}
+
+void HostKvTier::Offload(int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
+                         const EvictionHints& hints) {
+  if (auto it = slot_of_.find(key); it != slot_of_.end()) {
+    Entry& e = slots_[it->second];
+    e.hints.Raise(hints);
+    e.last_use = ++tick_;
+    if (evictable_.Contains(it->second)) evictable_.Add(it->second, e.hints, e.last_use);
+    return;
+  }
+  const int32_t slot = TakeSlot(key, parent, hints);
+  if (slot < 0) return;
   copies_.push_back({true, BlockCopy{block, SlotData(slot)}, key});
   ++stats_.offloaded;
+}
+
+bool HostKvTier::Import(const hash::Hash128& key, const hash::Hash128& parent,
+                        const EvictionHints& hints, std::span<const std::byte> bytes) {
+  if (static_cast<int64_t>(bytes.size()) != block_bytes_) return false;
+  if (slot_of_.count(key)) return true;
+  const int32_t slot = TakeSlot(key, parent, hints);
+  if (slot < 0) return false;
+  std::memcpy(SlotData(slot), bytes.data(), bytes.size());
+  ++stats_.imported;
+  return true;
 }
 
 EvictionHints HostKvTier::Restore(const hash::Hash128& key, int32_t block) {

@@ -32,6 +32,7 @@ struct HostTierStats {
   int64_t offloaded = 0;  // blocks copied GPU -> host
   int64_t restored = 0;   // blocks copied host -> GPU
   int64_t evicted = 0;    // host copies dropped to make room
+  int64_t imported = 0;   // blocks written from a peer's bytes (Import)
 };
 
 // Not thread-safe: the engine's step thread owns it.
@@ -52,6 +53,13 @@ class HostKvTier {
   // its hints and recency are updated.
   void Offload(int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
                const EvictionHints& hints);
+
+  // Writes a block received from a peer into a host slot (evicting host copies if needed) and
+  // returns true, or false when no slot could be had or `bytes` is not one block. A key already
+  // on the host is left as it is (true). REQUIRES: no recorded copy is in flight
+  // (Backend::WaitBlockCopies), since the slot taken may be one a copy reads or writes.
+  bool Import(const hash::Hash128& key, const hash::Hash128& parent, const EvictionHints& hints,
+              std::span<const std::byte> bytes);
 
   // Records a copy of `key`'s host copy into GPU block `block` and returns its hints. The host
   // copy stays (a later GPU eviction of the block then needs no copy). REQUIRES: Contains(key).
@@ -91,6 +99,9 @@ class HostKvTier {
   };
   std::byte* SlotData(int32_t slot) const { return memory_.get() + slot * block_bytes_; }
   void Drop(int32_t slot);
+  // A slot for `key` (free, or an evicted leaf's), entered in the maps; -1 if none.
+  int32_t TakeSlot(const hash::Hash128& key, const hash::Hash128& parent,
+                   const EvictionHints& hints);
   void MaybeCandidate(int32_t slot);
   int64_t ChildCount(const hash::Hash128& key) const {
     auto it = children_.find(key);

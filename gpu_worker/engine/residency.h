@@ -28,6 +28,11 @@ class Residency {
   void OnTier(const std::vector<hash::Hash128>& block_keys, KvTier tier);
 
   bool Contains(const hash::Hash128& chunk) const { return chunks_.count(chunk) > 0; }
+  // Leading prompt tokens held through this chunk (0 if not held).
+  int64_t HeldTokens(const hash::Hash128& chunk) const {
+    auto it = chunks_.find(chunk);
+    return it == chunks_.end() ? 0 : it->second.info.held_tokens;
+  }
   // Keys of the blocks the chunk occupies (from the block holding its first token); empty if
   // unknown.
   std::vector<hash::Hash128> BlockKeysOf(const hash::Hash128& chunk) const;

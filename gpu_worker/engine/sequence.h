@@ -37,6 +37,11 @@ struct Sequence {
   int64_t num_computed = 0;          // fill length: tokens whose K/V are in the cache
   int64_t num_committed = 0;         // leading blocks whose key is registered in the cache
 
+  // Blocks fetched from a peer, written into the host tier before admission (peer_next of them
+  // so far); emptied once they are.
+  std::vector<PeerBlock> peer_blocks;
+  size_t peer_next = 0;
+
   SeqState state = SeqState::kWaiting;
   bool started = false;       // the start output (cached tokens) was emitted
   int64_t cached_tokens = 0;  // prefix-cache hit at first admission

@@ -45,6 +45,27 @@ struct ChunkInput {
   std::string cache_salt;  // per-chunk salt; empty = inherit
 };
 
+// One KV block fetched from a peer worker, already verified by the caller (its key is the key
+// this prompt gives the block, its bytes passed the transfer's checksum). The engine writes it
+// into its host KV tier before the request is scheduled, so admission finds it there and restores
+// it like any host hit.
+struct PeerBlock {
+  hash::Hash128 key;
+  hash::Hash128 parent;  // the previous block's key; zero for the first block
+  std::string bytes;     // Backend::KvBlockBytes() bytes in the backend's layout
+};
+
+// Blocks copied out of this engine for a peer (Engine::ExportBlocks).
+struct ExportedBlock {
+  hash::Hash128 key;
+  std::string bytes;  // Backend::KvBlockBytes() bytes
+};
+struct ExportBatch {
+  absl::Status status;                // not OK: nothing could be copied (e.g. the backend failed)
+  int64_t held = 0;                   // leading keys of the request held now in either tier
+  std::vector<ExportedBlock> blocks;  // the first of those, in order (bounded by max_bytes)
+};
+
 struct Request {
   std::string request_id;
   std::string cache_salt;          // request-level salt
@@ -60,6 +81,9 @@ struct Request {
   // computed it already (the worker service does, to check the gateway's hashes); empty: the
   // engine computes it. Either way the prompt's chain is hashed once per request.
   std::vector<hash::PlacedChunk> placed;
+  // Leading prompt blocks fetched from a peer (keys in prompt order, without gaps); imported into
+  // the host tier before the request is scheduled. Ignored without a host tier.
+  std::vector<PeerBlock> peer_blocks;
 };
 
 // Per chunk of an admitted request: where it sits and how much came from cache.
@@ -134,6 +158,8 @@ struct EngineStats {
   int64_t host_restored_blocks = 0;   // copied host -> GPU
   int64_t host_evicted_blocks = 0;    // host copies dropped for room
   int64_t host_copy_failures = 0;     // block copy batches that failed (their keys dropped)
+  int64_t peer_imported_blocks = 0;   // blocks from peers written into the host tier
+  int64_t peer_exported_blocks = 0;   // blocks copied out for peers
   int64_t preemptions = 0;
   int64_t prompt_tokens_computed = 0;
   int64_t generation_tokens = 0;

@@ -31,6 +31,23 @@ WorkerMetrics::WorkerMetrics(common::MetricsRegistry& r, const std::string& id) 
                                  "KV blocks copied GPU -> host as the GPU tier evicted them.", l);
   host_restored_ = r.GetCounter("cascade:host_kv_restored_blocks_total",
                                 "KV blocks copied host -> GPU for prefix hits.", l);
+  for (FetchResult f : kAllFetchResults) {
+    fetches_[static_cast<size_t>(f)] = r.GetCounter(
+        "cascade:peer_fetches_total",
+        "Peer KV fetches by result: ok (used), or why the prompt was prefilled instead.",
+        {{"worker", id}, {"result", std::string(FetchResultName(f))}});
+  }
+  fetch_bytes_ = r.GetCounter("cascade:peer_fetch_bytes_total",
+                              "KV block bytes received from peers (verified or not).", l);
+  peer_imported_ = r.GetCounter("cascade:peer_fetched_blocks_total",
+                                "KV blocks fetched from peers and written into the host tier.", l);
+  peer_exported_ =
+      r.GetCounter("cascade:peer_served_blocks_total", "KV blocks sent to peers (FetchKv).", l);
+}
+
+void WorkerMetrics::CountFetch(FetchResult result, int64_t bytes) {
+  fetches_[static_cast<size_t>(result)]->Increment();
+  fetch_bytes_->Increment(static_cast<double>(bytes));
 }
 
 void WorkerMetrics::Update(const engine::EngineStats& s) {
@@ -56,6 +73,10 @@ void WorkerMetrics::Update(const engine::EngineStats& s) {
       static_cast<double>(s.host_offloaded_blocks - last_.host_offloaded_blocks));
   host_restored_->Increment(
       static_cast<double>(s.host_restored_blocks - last_.host_restored_blocks));
+  peer_imported_->Increment(
+      static_cast<double>(s.peer_imported_blocks - last_.peer_imported_blocks));
+  peer_exported_->Increment(
+      static_cast<double>(s.peer_exported_blocks - last_.peer_exported_blocks));
   last_ = s;
 }
 

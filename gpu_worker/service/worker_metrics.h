@@ -6,6 +6,7 @@
 
 #include "common/metrics.h"
 #include "gpu_worker/engine/types.h"
+#include "gpu_worker/service/kv_transfer.h"
 
 namespace cascade::worker {
 
@@ -14,6 +15,8 @@ class WorkerMetrics {
   WorkerMetrics(common::MetricsRegistry& r, const std::string& worker_id);
   // Publishes `s`; counters advance by the difference from the last call. Engine-thread only.
   void Update(const engine::EngineStats& s);
+  // A peer fetch ended with `result` after bringing `bytes` (verified or not). Thread-safe.
+  void CountFetch(FetchResult result, int64_t bytes);
 
  private:
   common::Gauge* running_;
@@ -30,6 +33,10 @@ class WorkerMetrics {
   common::Gauge* host_usage_;
   common::Counter* host_offloaded_;
   common::Counter* host_restored_;
+  common::Counter* fetches_[std::size(kAllFetchResults)];  // by FetchResult
+  common::Counter* fetch_bytes_;
+  common::Counter* peer_imported_;
+  common::Counter* peer_exported_;
   engine::EngineStats last_;
 };
 

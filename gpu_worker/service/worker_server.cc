@@ -10,7 +10,6 @@
 #include "gpu_worker/backend/cpu/cpu_backend.h"
 #include "gpu_worker/service/registry_agent.h"
 #include "gpu_worker/service/worker_metrics.h"
-#include "gpu_worker/service/worker_service.h"
 #ifdef CASCADE_HAVE_CUDA
 #include "gpu_worker/backend/cuda/cuda_backend.h"
 #include "gpu_worker/backend/cuda/device.h"
@@ -45,6 +44,13 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddString("advertise_address", &c->advertise_address,
                "host:port the gateway dials; default 127.0.0.1:<port>");
   f->AddInt64("heartbeat_ms", &c->heartbeat_ms, "registry heartbeat interval");
+  f->AddBool("peer_fetch", &c->peer_fetch.enabled,
+             "fetch the KV of a prefix from the peer the gateway names (FetchKv) instead of "
+             "prefilling it; needs the host KV tier");
+  f->AddDuration("peer_fetch_timeout", &c->peer_fetch.timeout,
+                 "a peer fetch's deadline; past it the prompt is prefilled");
+  f->AddInt64("peer_fetch_max_bytes", &c->peer_fetch.max_bytes,
+              "KV bytes one peer fetch may bring at most");
   common::RegisterInternalAuthFlags(f, &c->internal_auth);
 }
 
@@ -174,7 +180,11 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   w->worker_id_ = id;
   w->metrics_ = std::make_unique<WorkerMetrics>(
       config.server.metrics ? *config.server.metrics : common::MetricsRegistry::Default(), id);
-  w->service_ = std::make_unique<WorkerService>(id, w->loop_.get());
+  PeerFetchOptions peer = config.peer_fetch;
+  peer.tls = secure ? common::InternalClientTls(config.internal_auth, common::kWorkerServerName)
+                    : common::ClientTlsOptions{};
+  w->service_ =
+      std::make_unique<WorkerService>(id, w->loop_.get(), std::move(peer), w->metrics_.get());
   runner->AddService({w->service_.get(), cascade::v2::WorkerService::service_full_name()});
   runner->AddDrainCallback([self] {
     if (self->agent_) self->agent_->Deregister();

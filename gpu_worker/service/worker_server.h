@@ -12,6 +12,7 @@
 #include "common/server_runner.h"
 #include "gpu_worker/engine/engine_loop.h"
 #include "gpu_worker/model/model.h"
+#include "gpu_worker/service/worker_service.h"
 
 namespace cascade::worker {
 
@@ -43,6 +44,9 @@ struct WorkerConfig {
   // dialed with it too. REQUIRED unless internal_auth.insecure.
   common::InternalAuthOptions internal_auth;
   int64_t heartbeat_ms = 1000;
+  // Peer fetch (the receiving side): pull the KV of a prefix a peer holds when the route names
+  // one. tls is filled from internal_auth at start.
+  PeerFetchOptions peer_fetch;
 };
 
 void RegisterWorkerFlags(common::FlagSet* flags, WorkerConfig* config);
@@ -64,6 +68,7 @@ class WorkerServer {
   std::string address() const;
   engine::EngineLoop& loop() { return *loop_; }
   common::ServerRunner& runner() { return *runner_; }
+  WorkerService& service() { return *service_; }
 
   // Blocks until SIGTERM/SIGINT or RequestShutdown(), then drains.
   void Wait();
@@ -77,7 +82,7 @@ class WorkerServer {
   std::string worker_id_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<engine::EngineLoop> loop_;
-  std::unique_ptr<grpc::Service> service_;
+  std::unique_ptr<WorkerService> service_;
   std::unique_ptr<RegistryAgent> agent_;
   std::unique_ptr<WorkerMetrics> metrics_;
   std::unique_ptr<common::ServerRunner> runner_;

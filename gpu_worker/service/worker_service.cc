@@ -13,9 +13,11 @@
 #include "common/bounded_text.h"
 #include "common/chunk_hash.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "common/mutex.h"
 #include "common/write_queue.h"
 #include "gpu_worker/engine/sampling_wire.h"
+#include "gpu_worker/service/worker_metrics.h"
 
 namespace cascade::worker {
 namespace {
@@ -78,7 +80,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerServiceGenerateRes
       return;
     }
     MutexLock lock(&mu_);
-    // The sink keeps the reactor alive through `self_` until the final output is queued.
+    // The sink keeps the reactor alive (see OnDone) until the final output is queued.
     auto id =
         loop_->Submit(std::move(*req), [this](const engine::SequenceOutput& o) { OnOutput(o); });
     if (!id.ok()) {
@@ -89,17 +91,42 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerServiceGenerateRes
     }
     seq_id_ = *id;
     submitted_ = true;
+    if (cancelled_) loop_->Cancel(seq_id_);  // cancelled while a peer fetch ran
+  }
+
+  // Pulls the plan's blocks from the peer first; the sequence starts when the fetch ends, with
+  // the verified blocks, or without them (prefilling them) whatever went wrong.
+  void BeginWithFetch(engine::Request req, FetchPlan plan, WorkerService* service,
+                      std::chrono::system_clock::time_point deadline) {
+    {
+      MutexLock lock(&mu_);
+      pending_ = std::move(req);
+      fetching_ = true;
+    }
+    // Not under mu_: the callback may run inline.
+    std::shared_ptr<PeerFetchCall> call = service->fetcher()->Fetch(
+        std::move(plan), deadline,
+        [this, service](FetchOutcome o) { OnFetched(service, std::move(o)); });
+    bool cancel;
+    {
+      MutexLock lock(&mu_);
+      fetch_ = call;
+      cancel = cancelled_;
+    }
+    if (cancel) call->Cancel();
   }
 
   void OnCancel() override {
     uint64_t id = 0;
+    std::shared_ptr<PeerFetchCall> fetch;
     {
       MutexLock lock(&mu_);
       cancelled_ = true;
-      if (!submitted_ || finished_) return;
-      id = seq_id_;
+      if (fetching_) fetch = fetch_;
+      if (submitted_ && !finished_) id = seq_id_;
     }
-    loop_->Cancel(id);
+    if (fetch) fetch->Cancel();  // OnFetched then finishes the RPC
+    if (id != 0) loop_->Cancel(id);
   }
 
   void OnWriteDone(bool ok) override {
@@ -115,13 +142,37 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerServiceGenerateRes
     {
       MutexLock lock(&mu_);
       done_ = true;
-      release = !submitted_ || finished_;
+      release = (!submitted_ || finished_) && !fetching_;
     }
-    // The engine may still hold the sink; the last of OnDone and the final output deletes.
+    // The engine may still hold the sink, or a fetch its callback; the last of OnDone, the
+    // final output and the fetch's end deletes.
     if (release) delete this;
   }
 
  private:
+  void OnFetched(WorkerService* service, FetchOutcome o) {
+    engine::Request req;
+    {
+      MutexLock lock(&mu_);
+      fetching_ = false;
+      fetch_.reset();
+      if (cancelled_ && !done_) {
+        o.result = FetchResult::kCancelled;  // neither used nor a fallback
+        service->CountFetch(o);
+        MaybeWriteLocked();  // finishes CANCELLED: nothing was submitted
+        return;
+      }
+      if (!done_) req = std::move(pending_);
+    }
+    if (req.chunks.empty()) {  // OnDone ran (Finish cannot precede this; be safe): the last one
+      delete this;
+      return;
+    }
+    service->CountFetch(o);
+    if (o.result == FetchResult::kOk) req.peer_blocks = std::move(o.blocks);
+    Begin(std::move(req));
+  }
+
   void OnOutput(const engine::SequenceOutput& o) {
     bool del = false;
     {
@@ -197,6 +248,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerServiceGenerateRes
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;  // Finish() called on the RPC
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone ran
+  // A peer fetch before the sequence starts (BeginWithFetch).
+  engine::Request pending_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<PeerFetchCall> fetch_ ABSL_GUARDED_BY(mu_);
+  bool fetching_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -207,11 +262,64 @@ common::MethodPolicy WorkerMethodPolicy() {
       std::string("/") + cascade::v2::WorkerService::service_full_name() + "/";
   return {{prefix + "Generate", {Role::kGateway}},
           {prefix + "GetStats", {Role::kAdmin}},
-          {prefix + "EvictChunks", {Role::kAdmin}}};
+          {prefix + "EvictChunks", {Role::kAdmin}},
+          {prefix + "FetchKv", {Role::kWorker}}};
 }
 
-WorkerService::WorkerService(std::string worker_id, engine::EngineLoop* loop)
-    : worker_id_(std::move(worker_id)), loop_(loop) {}
+WorkerService::WorkerService(std::string worker_id, engine::EngineLoop* loop, PeerFetchOptions peer,
+                             WorkerMetrics* metrics)
+    : worker_id_(std::move(worker_id)),
+      loop_(loop),
+      fetcher_(peer.enabled ? std::make_unique<PeerFetcher>(std::move(peer)) : nullptr),
+      metrics_(metrics) {}
+
+std::optional<FetchPlan> WorkerService::PlanFetch(
+    const cascade::v2::WorkerServiceGenerateRequest& r, const engine::Request& req) const {
+  if (fetcher_ == nullptr || !r.has_peer() || r.peer().address().empty() ||
+      r.peer().worker_id() == worker_id_ || r.peer().tokens() <= 0) {
+    return std::nullopt;
+  }
+  engine::Engine& engine = loop_->engine();
+  engine::Backend& backend = engine.backend();
+  const int64_t block_bytes = backend.KvBlockBytes();
+  const engine::EngineStats stats = engine.Stats();
+  if (block_bytes <= 0 || stats.host_total_blocks <= 0) return std::nullopt;  // lands on host
+  const int bs = backend.BlockSize();
+  int64_t prompt_len = 0;
+  for (const engine::ChunkInput& c : req.chunks)
+    prompt_len += static_cast<int64_t>(c.tokens.size());
+  // The engine computes at least the prompt's last token, and shares whole blocks only.
+  const int64_t first = engine.HeldPrefixTokens(req.placed) / bs;
+  int64_t last = std::min<int64_t>(r.peer().tokens(), prompt_len - 1) / bs;
+  const int64_t cap =
+      std::min<int64_t>(fetcher_->options().max_bytes / block_bytes,
+                        std::min<int64_t>(stats.host_total_blocks, kMaxFetchBlocks));
+  last = std::min(last, first + cap);
+  if (last <= first) return std::nullopt;
+  const std::vector<hash::ChunkSpec> specs = hash::SpecsOf(req.chunks);
+  const std::vector<hash::Hash128> keys =
+      hash::BlockKeys(engine.options().model_name, req.placed, specs, bs);
+  if (static_cast<int64_t>(keys.size()) < last) return std::nullopt;
+  FetchPlan plan;
+  plan.address = r.peer().address();
+  plan.model = engine.options().model_name;
+  plan.backend = backend.Name();
+  plan.block_bytes = block_bytes;
+  plan.block_size = bs;
+  plan.keys.assign(keys.begin() + first, keys.begin() + last);
+  plan.first_parent = first == 0 ? hash::Hash128{} : keys[first - 1];
+  return plan;
+}
+
+void WorkerService::CountFetch(const FetchOutcome& o) {
+  if (metrics_ != nullptr) metrics_->CountFetch(o.result, o.bytes);
+  if (o.result == FetchResult::kCancelled) return;
+  (o.result == FetchResult::kOk ? fetches_ok_ : fetch_fallbacks_).fetch_add(1);
+  if (o.result != FetchResult::kOk) {
+    common::LogInfo("peer_fetch_fallback",
+                    {{"result", std::string(FetchResultName(o.result))}, {"detail", o.detail}});
+  }
+}
 
 absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
     const cascade::v2::WorkerServiceGenerateRequest& r) const {
@@ -273,7 +381,14 @@ grpc::ServerWriteReactor<cascade::v2::WorkerServiceGenerateResponse>* WorkerServ
     grpc::CallbackServerContext* context,
     const cascade::v2::WorkerServiceGenerateRequest* request) {
   auto* reactor = new GenerateReactor(worker_id_, loop_);
-  reactor->Begin(ToEngineRequest(*request));
+  absl::StatusOr<engine::Request> req = ToEngineRequest(*request);
+  std::optional<FetchPlan> plan;
+  if (req.ok()) plan = PlanFetch(*request, *req);
+  if (plan) {
+    reactor->BeginWithFetch(*std::move(req), *std::move(plan), this, context->deadline());
+  } else {
+    reactor->Begin(std::move(req));
+  }
   return reactor;
 }
 
@@ -301,6 +416,10 @@ grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* c
   r->set_host_offloaded_blocks(s.host_offloaded_blocks);
   r->set_host_restored_blocks(s.host_restored_blocks);
   r->set_host_evicted_blocks(s.host_evicted_blocks);
+  r->set_peer_fetches(fetches_ok_.load());
+  r->set_peer_fetch_fallbacks(fetch_fallbacks_.load());
+  r->set_peer_fetched_blocks(s.peer_imported_blocks);
+  r->set_peer_served_blocks(s.peer_exported_blocks);
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -324,6 +443,20 @@ grpc::ServerUnaryReactor* WorkerService::EvictChunks(grpc::CallbackServerContext
   loop_->Wake();
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+}  // namespace cascade::worker
+
+namespace cascade::worker {
+
+grpc::ServerWriteReactor<cascade::v2::FetchKvResponse>* WorkerService::FetchKv(
+    grpc::CallbackServerContext* context, const cascade::v2::FetchKvRequest* request) {
+  FetchFaults faults;
+  {
+    MutexLock lock(&faults_mu_);
+    faults = faults_;
+  }
+  return StartFetchKv(loop_, *request, faults);
 }
 
 }  // namespace cascade::worker

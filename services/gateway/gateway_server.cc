@@ -65,6 +65,16 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
                "routing cost per matched token held only in a worker's host KV tier");
   f->AddInt("route_max_waiting", &g.weights.max_waiting,
             "queued requests that mark a worker overloaded");
+  f->AddDouble("route_fetch_bandwidth", &c->fetch.bandwidth,
+               "peer KV fetch: measured bytes/s of a worker-to-worker fetch (bench/service/"
+               "RESULTS.md); 0: never fetch, always prefill");
+  f->AddDouble("route_prefill_tokens_per_s", &c->fetch.prefill_tokens_per_s,
+               "peer KV fetch: measured prefill tokens/s of this model on the workers; 0: never "
+               "fetch");
+  f->AddDouble("route_fetch_overhead_ms", &c->fetch.overhead_ms,
+               "peer KV fetch: a fetch's fixed cost (connection, first block, import) in ms");
+  f->AddDouble("route_fetch_holder_weight", &g.weights.fetch_holder,
+               "peer KV fetch: routing cost per sequence running or queued on the holder");
   f->AddString("auth_token", &g.auth_token,
                "require 'authorization: Bearer <token>' on public RPCs");
   f->AddString("auth_token_file", &c->auth_token_file, "read the bearer token from this file");
@@ -74,6 +84,18 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
   f->AddInt("http_threads", &c->http_threads,
             "concurrent HTTP requests at most (each stream holds one)");
   common::RegisterInternalAuthFlags(f, &c->internal_auth);
+}
+
+void FetchCostModel(const FetchMeasurements& m, const model::ModelConfig& mc,
+                    RouteWeights* weights) {
+  if (m.bandwidth <= 0 || m.prefill_tokens_per_s <= 0) {
+    weights->fetch = 0.0;
+    return;
+  }
+  const double kv_bytes_per_token = 2.0 * static_cast<double>(mc.num_hidden_layers) *
+                                    static_cast<double>(mc.kv_size()) * 2.0;  // K and V, bf16
+  weights->fetch = m.prefill_tokens_per_s * kv_bytes_per_token / m.bandwidth;
+  weights->fetch_overhead = m.prefill_tokens_per_s * m.overhead_ms / 1000.0;
 }
 
 absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const GatewayConfig& config) {
@@ -115,6 +137,7 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
     }
   }
   opts.limits.vocab_size = mc->vocab_size;
+  FetchCostModel(config.fetch, *mc, &opts.weights);
   if (opts.limits.max_context <= 0 || opts.limits.max_context == 4096) {
     opts.limits.max_context = mc->max_position_embeddings;
   }

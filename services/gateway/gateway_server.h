@@ -10,10 +10,28 @@
 #include "cache_service/client/registry_client.h"
 #include "common/flags.h"
 #include "common/server_runner.h"
+#include "gpu_worker/model/config.h"
 #include "services/gateway/gateway_service.h"
 #include "services/gateway/openai_http.h"
 
 namespace cascade::gateway {
+
+// The measurements peer fetch routing is derived from (router.h): a fetched token costs
+// prefill_tokens_per_s * kv_bytes_per_token / bandwidth prefilled tokens, a fetch overhead_ms *
+// prefill_tokens_per_s more. Off while either rate is 0.
+// The defaults are the H100 measurement (bench/service/RESULTS.md: qwen3-8b shape, two CUDA
+// workers, gRPC with internal mTLS over loopback); prefill speed is per model and GPU, so it has
+// no default and peer fetch stays off until it is set.
+struct FetchMeasurements {
+  double bandwidth = 5.9e8;           // bytes/s of a worker-to-worker fetch, end to end
+  double prefill_tokens_per_s = 0.0;  // of this model on the workers
+  double overhead_ms = 265.0;         // a fetch's fixed cost
+};
+
+// Sets weights->fetch and fetch_overhead from `m` for a model of config `mc` (bf16 KV, as the
+// CUDA workers keep it).
+void FetchCostModel(const FetchMeasurements& m, const model::ModelConfig& mc,
+                    RouteWeights* weights);
 
 struct GatewayConfig {
   common::ServerOptions server;
@@ -30,6 +48,7 @@ struct GatewayConfig {
   common::InternalAuthOptions internal_auth;
   int http_port = -1;     // the OpenAI-compatible HTTP front: -1 off, 0 a free port
   int http_threads = 64;  // its concurrent requests (a stream holds one)
+  FetchMeasurements fetch;
 };
 
 void RegisterGatewayFlags(common::FlagSet* flags, GatewayConfig* config);

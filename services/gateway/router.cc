@@ -30,6 +30,31 @@ std::string_view RoutePolicyName(RoutePolicy policy) {
   return "unknown";
 }
 
+namespace {
+
+// The holder `c` would best fetch from and what that saves, in cost units (<= 0: none).
+double BestFetch(const Candidate& c, const std::vector<Candidate>& all, int64_t prompt_tokens,
+                 const RouteWeights& w, PeerPlan* plan) {
+  double best = 0.0;
+  for (const Candidate& p : all) {
+    if (p.worker_id == c.worker_id || p.waiting >= w.max_waiting) continue;
+    // The worker computes the prompt's last token itself, so that one is never fetched.
+    const int64_t fetched = std::min<int64_t>(p.matched_tokens, prompt_tokens - 1) -
+                            std::max<int64_t>(c.matched_tokens, 0);
+    if (fetched <= 0) continue;
+    const double cost = w.prefill * (w.fetch * static_cast<double>(fetched) + w.fetch_overhead) +
+                        w.fetch_holder * static_cast<double>(p.running + p.waiting + p.inflight);
+    const double saved = w.prefill * static_cast<double>(fetched) - cost;
+    if (saved > best) {
+      best = saved;
+      *plan = PeerPlan{p.worker_id, p.address, p.matched_tokens};
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
 std::vector<Scored> RankWorkers(const std::vector<Candidate>& candidates, int64_t prompt_tokens,
                                 const RouteWeights& w, uint64_t ticket) {
   std::vector<Scored> out;
@@ -49,6 +74,7 @@ std::vector<Scored> RankWorkers(const std::vector<Candidate>& candidates, int64_
                  w.host * static_cast<double>(
                               std::clamp<int64_t>(c.matched_host_tokens, 0, c.matched_tokens)) +
                  load + w.kv * used * used;
+        if (w.fetch > 0) s.cost -= BestFetch(c, candidates, prompt_tokens, w, &s.peer);
         break;
       case RoutePolicy::kLoad:
         s.cost = load;

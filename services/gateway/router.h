@@ -7,6 +7,19 @@
 //        + kv_weight      * used_kv_fraction^2                       memory pressure (evictions
 //                                                                    and preemptions ahead)
 //
+// Peer fetch (when configured: RouteWeights::fetch > 0): a candidate that holds less of the prompt
+// than another worker may pull the difference from that holder instead of prefilling it. For the
+// holder p that saves it the most, the fetched tokens cost
+//
+//   prefill_weight * (fetch * fetched_tokens + fetch_overhead)  +  fetch_holder * holder_load
+//
+// instead of prefill_weight * fetched_tokens, where `fetch` is the measured time to move one
+// token's KV over the time to prefill one (prefill tokens/s x KV bytes per token / fetch
+// bandwidth, gateway flags), `fetch_overhead` a fetch's fixed cost in prefill tokens, and the
+// holder's load (running + waiting + this gateway's streams to it) slows its export, which runs
+// between its engine steps. An overloaded holder is never fetched from. The plan rides on the
+// candidate (Scored::peer) and reaches that worker as WorkerServiceGenerateRequest.peer.
+//
 // and the cheapest wins (ties: fewer in flight, then id). With the defaults a worker holding a
 // 1000-token prefix stays preferred until it has about 4 more sequences queued than an idle
 // peer, so a hot prefix spreads once its holder is busy, and a miss goes to the least-loaded
@@ -47,6 +60,11 @@ struct RouteWeights {
   double load = 256.0;   // per sequence running or queued
   double kv = 512.0;     // scales used_kv_fraction^2
   int max_waiting = 64;  // a worker with this many queued is overloaded
+  // Peer fetch (see above); fetch <= 0 turns it off. Set from measurement by the gateway's
+  // --route_fetch_* flags (README, bench/service/RESULTS.md).
+  double fetch = 0.0;
+  double fetch_overhead = 0.0;  // prefill tokens
+  double fetch_holder = 64.0;   // per sequence on the holder
 };
 
 struct Candidate {
@@ -61,9 +79,17 @@ struct Candidate {
   int64_t matched_host_tokens = 0;  // of matched_tokens, those only in its host KV tier
 };
 
+// A holder to fetch the prompt's prefix from.
+struct PeerPlan {
+  std::string worker_id;  // empty: no fetch
+  std::string address;
+  int64_t tokens = 0;  // leading prompt tokens it holds
+};
+
 struct Scored {
   Candidate candidate;
   double cost = 0.0;
+  PeerPlan peer;  // set when fetching from it is cheaper than prefilling (kCost only)
 };
 
 // Candidates ordered best first (the caller tries them in order on failure). `ticket` numbers

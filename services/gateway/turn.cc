@@ -82,9 +82,18 @@ Turn::~Turn() = default;
 std::shared_ptr<Turn::Upstream> Turn::PrepareAttemptLocked() {
   while (attempt_ < params_.workers.size() &&
          attempt_ < static_cast<size_t>(params_.max_attempts)) {
-    const Candidate& c = params_.workers[attempt_++].candidate;
+    const Scored& chosen = params_.workers[attempt_++];
+    const Candidate& c = chosen.candidate;
     std::shared_ptr<WorkerHandle> handle = pool_->Get(c.address);
     if (!handle) continue;
+    // The route's peer fetch plan goes to this worker only (another candidate has its own).
+    if (chosen.peer.worker_id.empty()) {
+      request_.clear_peer();
+    } else {
+      request_.mutable_peer()->set_worker_id(chosen.peer.worker_id);
+      request_.mutable_peer()->set_address(chosen.peer.address);
+      request_.mutable_peer()->set_tokens(chosen.peer.tokens);
+    }
     result_.worker_id = c.worker_id;
     result_.worker_address = c.address;
     // The slot follows the request, so a survivor's limit counts the streams that fail over

@@ -34,7 +34,8 @@ const model::Model& Tiny() {
 
 std::unique_ptr<Engine> MakeEngine(int64_t blocks, cpu::DebugFault fault = cpu::DebugFault::kNone,
                                    int max_batched_tokens = 2048, bool capture_logits = true,
-                                   int64_t host_kv_blocks = 0, bool overlap = false) {
+                                   int64_t host_kv_blocks = 0, bool overlap = false,
+                                   int64_t import_bytes_per_step = 0) {
   cpu::CpuBackendOptions o;
   o.num_blocks = blocks;
   o.block_size = kBlock;
@@ -46,6 +47,7 @@ std::unique_ptr<Engine> MakeEngine(int64_t blocks, cpu::DebugFault fault = cpu::
   eo.max_num_batched_tokens = max_batched_tokens;
   eo.eos_token_ids = Tiny().config().eos_token_ids;
   eo.overlap_schedule = overlap;
+  if (import_bytes_per_step > 0) eo.import_bytes_per_step = import_bytes_per_step;
   std::unique_ptr<Backend> backend = cpu::NewCpuBackend(Tiny(), o);
   eo.host_kv_bytes = host_kv_blocks * backend->KvBlockBytes();
   auto engine = NewEngine(eo, std::move(backend));
@@ -340,6 +342,94 @@ TEST(EngineCpuTest, OverlappedScheduleGivesThePlainEnginesOutputs) {
     EXPECT_FALSE(overlap->HasWork());
     EXPECT_EQ(overlap->Stats().free_blocks, plain->Stats().free_blocks);
   }
+}
+
+// Peer fetch at the engine: the blocks one engine exports (from its GPU tier, and again from its
+// host tier after they were evicted there: the same bytes) and another imports give that engine
+// the cold run's logits bit for bit, also when the import spans steps; a flipped byte in an
+// imported block changes the logits, so the comparison does see the fetched bytes.
+std::vector<ExportedBlock> ExportAll(Engine& e, const std::vector<hash::Hash128>& keys,
+                                     int64_t max_bytes) {
+  std::vector<ExportedBlock> got;
+  while (got.size() < keys.size()) {
+    bool answered = false;
+    int64_t held = 0;
+    e.ExportBlocks({keys.begin() + got.size(), keys.end()}, max_bytes, [&](ExportBatch b) {
+      EXPECT_TRUE(b.status.ok()) << b.status;
+      held = b.held;
+      for (auto& x : b.blocks) got.push_back(std::move(x));
+      answered = true;
+    });
+    EXPECT_TRUE(e.HasWork());
+    EXPECT_TRUE(e.Step().ok());
+    EXPECT_TRUE(answered);
+    if (!answered || held == 0) break;
+  }
+  return got;
+}
+
+std::vector<PeerBlock> AsPeerBlocks(const std::vector<ExportedBlock>& blocks) {
+  std::vector<PeerBlock> out;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    out.push_back({blocks[i].key, i == 0 ? hash::Hash128{} : blocks[i - 1].key, blocks[i].bytes});
+  }
+  return out;
+}
+
+TEST(EngineCpuTest, PeerExportedBlocksImportedElsewhereGiveBitwiseColdLogits) {
+  std::mt19937 rng(33);
+  const Request a = OneChunk(rng, 100, 4), b = OneChunk(rng, 252, 4);
+  const std::vector<hash::Hash128> keys =
+      hash::BlockKeys("tiny", "", hash::SpecsOf(a.chunks), kBlock);
+  ASSERT_EQ(keys.size(), 6u);
+  auto holder = MakeTieredEngine(16, 64);
+  const Result cold = RunOne(*holder, a);
+  const int64_t block_bytes = holder->backend().KvBlockBytes();
+  const std::vector<ExportedBlock> from_gpu = ExportAll(*holder, keys, 2 * block_bytes);
+  RunOne(*holder, b);  // takes every GPU block: a's go to the host tier
+  const std::vector<ExportedBlock> from_host = ExportAll(*holder, keys, 4 * block_bytes);
+  ASSERT_EQ(from_gpu.size(), 6u);
+  ASSERT_EQ(from_host.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(from_gpu[i].key, keys[i]);
+    EXPECT_EQ(from_gpu[i].bytes, from_host[i].bytes) << "block " << i;
+  }
+  EXPECT_EQ(holder->Stats().peer_exported_blocks, 12);
+  EXPECT_EQ(holder->Stats().used_blocks, 0);  // exports hold nothing
+
+  for (int64_t per_step : {int64_t{1} << 30, block_bytes}) {
+    auto e = MakeEngine(64, cpu::DebugFault::kNone, 2048, true, 64, /*overlap=*/false, per_step);
+    Request r = a;
+    r.peer_blocks = AsPeerBlocks(from_host);
+    const Result got = RunOne(*e, r);
+    EXPECT_TRUE(Same(got, cold)) << "import budget " << per_step;
+    EXPECT_EQ(got.cached_tokens, 96);
+    EXPECT_EQ(e->Stats().peer_imported_blocks, 6);
+    EXPECT_EQ(e->Stats().prefix_cache_hits_host, 96);
+    EXPECT_EQ(e->Stats().prompt_tokens_computed, 4);
+  }
+  {
+    auto e = MakeTieredEngine(64, 64);
+    Request r = a;
+    r.peer_blocks = AsPeerBlocks(from_gpu);
+    r.peer_blocks[5].bytes[r.peer_blocks[5].bytes.size() / 2] ^= 0x40;
+    const Result got = RunOne(*e, r);
+    EXPECT_EQ(got.cached_tokens, 96);
+    EXPECT_NE(got.logits, cold.logits) << "a corrupt imported block went unseen";
+  }
+}
+
+// A holder that lacks part of the chain exports only the leading run it holds.
+TEST(EngineCpuTest, ExportStopsAtTheFirstBlockNotHeld) {
+  std::mt19937 rng(34);
+  const Request a = OneChunk(rng, 100, 1);
+  std::vector<hash::Hash128> keys = hash::BlockKeys("tiny", "", hash::SpecsOf(a.chunks), kBlock);
+  auto holder = MakeTieredEngine(64, 0);
+  RunOne(*holder, a);
+  keys[3].lo ^= 1;
+  EXPECT_EQ(ExportAll(*holder, keys, int64_t{1} << 30).size(), 3u);
+  keys[0].lo ^= 1;
+  EXPECT_TRUE(ExportAll(*holder, keys, int64_t{1} << 30).empty());
 }
 
 }  // namespace

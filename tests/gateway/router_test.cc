@@ -143,6 +143,61 @@ TEST(RouterTest, EveryPolicyPutsOverloadedWorkersLast) {
   }
 }
 
+// Peer fetch: with the holder busy, a spilled request fetches the prefix from it when moving a
+// token's KV costs less than prefilling it (fetch < 1), and prefills when it does not (fetch > 1)
+// or when the saving does not cover the fixed overhead; an overloaded holder is never used.
+RouteWeights FetchWeights(double fetch, double overhead) {
+  RouteWeights w;
+  w.fetch = fetch;
+  w.fetch_overhead = overhead;
+  return w;
+}
+
+TEST(RouterTest, SpilledRequestFetchesFromTheHolderWhenTransferIsCheaper) {
+  const std::vector<Candidate> ws = {Worker("holder", 8192, 6, 0), Worker("idle", 0, 0, 0)};
+  auto r = RankWorkers(ws, 8300, FetchWeights(0.25, 200));
+  ASSERT_EQ(r[0].candidate.worker_id, "holder") << "fetching must not beat holding it";
+  // The holder is busier: the idle worker takes it, fetching 8192 tokens for ~2k tokens' cost.
+  std::vector<Candidate> busy = ws;
+  busy[0].waiting = 40;
+  r = RankWorkers(busy, 8300, FetchWeights(0.25, 200));
+  ASSERT_EQ(r[0].candidate.worker_id, "idle");
+  EXPECT_EQ(r[0].peer.worker_id, "holder");
+  EXPECT_EQ(r[0].peer.address, "holder:1");
+  EXPECT_EQ(r[0].peer.tokens, 8192);
+  const auto prefill_only = RankWorkers(busy, 8300, {});
+  EXPECT_TRUE(prefill_only[0].peer.worker_id.empty());
+  EXPECT_NEAR(prefill_only[0].cost - r[0].cost, 8192 - (0.25 * 8192 + 200 + 64.0 * (6 + 40)), 1e-6);
+}
+
+TEST(RouterTest, NoFetchWhenPrefillIsCheaperOrTheOverheadEatsTheSaving) {
+  const std::vector<Candidate> ws = {Worker("holder", 512, 0, 3), Worker("idle", 0, 0, 0)};
+  EXPECT_TRUE(RankWorkers(ws, 600, FetchWeights(1.5, 0))[1].peer.worker_id.empty());
+  EXPECT_TRUE(RankWorkers(ws, 600, FetchWeights(1.5, 0))[0].peer.worker_id.empty());
+  for (const Scored& s : RankWorkers(ws, 600, FetchWeights(0.1, 5000))) {
+    EXPECT_TRUE(s.peer.worker_id.empty()) << s.candidate.worker_id;
+  }
+  // A short prefix the overhead does not swamp is fetched.
+  EXPECT_FALSE(RankWorkers(ws, 600, FetchWeights(0.1, 100))[0].peer.worker_id.empty());
+}
+
+TEST(RouterTest, OverloadedHolderIsNeverFetchedFrom) {
+  RouteWeights w = FetchWeights(0.1, 0);
+  w.max_waiting = 8;
+  const std::vector<Candidate> ws = {Worker("holder", 4096, 0, 8), Worker("idle", 0, 0, 0)};
+  for (const Scored& s : RankWorkers(ws, 5000, w)) EXPECT_TRUE(s.peer.worker_id.empty());
+}
+
+TEST(RouterTest, FetchBringsOnlyWhatTheCandidateLacks) {
+  // "part" holds 2048 of the prefix already: it fetches the rest from "holder".
+  const std::vector<Candidate> ws = {Worker("holder", 8192, 0, 50), Worker("part", 2048, 0, 0)};
+  const auto r = RankWorkers(ws, 9000, FetchWeights(0.2, 0));
+  ASSERT_EQ(r[0].candidate.worker_id, "part");
+  EXPECT_EQ(r[0].peer.worker_id, "holder");
+  const auto none = RankWorkers(ws, 9000, {});
+  EXPECT_NEAR(none[0].cost - r[0].cost, 0.8 * (8192 - 2048) - 64.0 * 50, 1e-6);
+}
+
 TEST(RouterTest, ParsesPolicyNames) {
   for (RoutePolicy p :
        {RoutePolicy::kCost, RoutePolicy::kLoad, RoutePolicy::kRoundRobin, RoutePolicy::kRandom}) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -69,6 +70,9 @@ struct StackOptions {
   int32_t default_max_tokens = 16;
   // Internal RPCs run with mTLS and roles (common::testing::TestCerts) unless this is set.
   bool insecure_internal = false;
+  // Last changes to worker i's and the gateway's configuration, when set.
+  std::function<void(int, worker::WorkerConfig*)> tweak_worker;
+  std::function<void(gateway::GatewayConfig*)> tweak_gateway;
 };
 
 // --internal_* for a component of the test stack, or --insecure_internal.
@@ -107,6 +111,7 @@ class Stack {
     if (o.default_max_tokens > 0) g.gateway.limits.default_max_tokens = o.default_max_tokens;
     g.internal_auth = StackAuth(o.insecure_internal, common::Role::kGateway);
     if (o.metrics) g.server.metrics_port = 0;
+    if (o.tweak_gateway) o.tweak_gateway(&g);
     return g;
   }
   ~Stack() {
@@ -160,6 +165,7 @@ class Stack {
     w.heartbeat_ms = 100;
     if (options_.registry) w.registry_address = registry_address_;
     w.internal_auth = StackAuth(options_.insecure_internal, common::Role::kWorker, w.worker_id);
+    if (options_.tweak_worker) options_.tweak_worker(i, &w);
     auto s = worker::WorkerServer::Start(w);
     ASSERT_TRUE(s.ok()) << s.status();
     workers_.push_back(std::move(*s));

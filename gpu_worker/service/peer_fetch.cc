@@ -1,0 +1,126 @@
+// The FetchKv client; see peer_fetch.h.
+#include "gpu_worker/service/peer_fetch.h"
+
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace cascade::worker {
+namespace {
+
+using cascade::v2::FetchKvResponse;
+
+// Peers a worker keeps channels to at most (a cluster's workers; the oldest-named go first).
+constexpr size_t kMaxChannels = 256;
+
+class GrpcFetchCall final : public PeerFetchCall,
+                            public grpc::ClientReadReactor<FetchKvResponse>,
+                            public std::enable_shared_from_this<GrpcFetchCall> {
+ public:
+  GrpcFetchCall(FetchPlan plan, std::function<void(FetchOutcome)> done)
+      : verifier_(plan.keys, plan.first_parent, plan.block_bytes), done_(std::move(done)) {
+    request_.set_model(plan.model);
+    request_.set_backend(plan.backend);
+    request_.set_block_bytes(plan.block_bytes);
+    request_.set_block_size(plan.block_size);
+    for (const hash::Hash128& k : plan.keys) request_.add_block_keys(k.ToHex());
+  }
+
+  void Start(std::shared_ptr<cascade::v2::WorkerService::Stub> stub,
+             std::chrono::system_clock::time_point deadline) {
+    stub_ = std::move(stub);  // held for the call's life (with it, the channel)
+    ctx_.set_deadline(deadline);
+    stub_->async()->FetchKv(&ctx_, &request_, this);
+    self_ = shared_from_this();  // until OnDone
+    StartRead(&msg_);
+    StartCall();
+  }
+
+  void Cancel() override {
+    cancelled_here_ = true;
+    ctx_.TryCancel();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows with the status
+    bool go_on = false;
+    if (msg_.has_header()) {
+      go_on = verifier_.OnHeader(msg_.header().blocks(), msg_.header().block_bytes());
+    } else if (msg_.has_block()) {
+      cascade::v2::FetchKvBlock* b = msg_.mutable_block();
+      go_on = verifier_.OnBlock(b->index(), b->key(), std::move(*b->mutable_data()), b->crc32c());
+    }
+    if (!go_on) {
+      ctx_.TryCancel();  // the holder stops sending; OnDone reports the verifier's reason
+      return;
+    }
+    StartRead(&msg_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::Status st = common::FromGrpc(status);
+    // CANCELLED that this side did not ask for: the holder ended the call (it shut down).
+    if (absl::IsCancelled(st) && !cancelled_here_) {
+      st = absl::UnavailableError(absl::StrCat("the holder ended the transfer: ", st.message()));
+    }
+    done_(std::move(verifier_).Finish(st));
+    self_.reset();  // may delete this
+  }
+
+ private:
+  std::shared_ptr<cascade::v2::WorkerService::Stub> stub_;
+  cascade::v2::FetchKvRequest request_;
+  FetchVerifier verifier_;
+  std::function<void(FetchOutcome)> done_;
+  grpc::ClientContext ctx_;
+  FetchKvResponse msg_;
+  std::shared_ptr<GrpcFetchCall> self_;
+  std::atomic<bool> cancelled_here_{false};
+};
+
+class FailedCall final : public PeerFetchCall {
+ public:
+  void Cancel() override {}
+};
+
+}  // namespace
+
+std::shared_ptr<cascade::v2::WorkerService::Stub> PeerFetcher::StubFor(const std::string& address,
+                                                                       absl::Status* status) {
+  MutexLock lock(&mu_);
+  if (auto it = stubs_.find(address); it != stubs_.end()) return it->second;
+  common::ClientChannelOptions o;
+  o.tls = options_.tls;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> ch = common::MakeChannel(address, o);
+  if (!ch.ok()) {
+    *status = ch.status();
+    return nullptr;
+  }
+  if (stubs_.size() >= kMaxChannels) stubs_.erase(stubs_.begin());
+  auto stub =
+      std::shared_ptr<cascade::v2::WorkerService::Stub>(cascade::v2::WorkerService::NewStub(*ch));
+  stubs_.emplace(address, stub);
+  return stub;
+}
+
+std::shared_ptr<PeerFetchCall> PeerFetcher::Fetch(FetchPlan plan,
+                                                  std::chrono::system_clock::time_point deadline,
+                                                  std::function<void(FetchOutcome)> done) {
+  absl::Status st;
+  std::shared_ptr<cascade::v2::WorkerService::Stub> stub = StubFor(plan.address, &st);
+  if (stub == nullptr) {
+    FetchOutcome o;
+    o.result = FetchResult::kUnavailable;
+    o.detail = absl::StrCat("cannot dial ", plan.address, ": ", st.ToString());
+    done(std::move(o));
+    return std::make_shared<FailedCall>();
+  }
+  const auto limit =
+      std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.timeout);
+  auto call = std::make_shared<GrpcFetchCall>(std::move(plan), std::move(done));
+  call->Start(std::move(stub), std::min(deadline, limit));
+  return call;
+}
+
+}  // namespace cascade::worker
