@@ -39,6 +39,9 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddInt64("host_kv_bytes", &c->host_kv_bytes,
               "host KV tier: host memory for KV blocks the GPU tier evicts (pinned on CUDA); "
               "-1: min(RAM / 5, 4 x the KV cache); 0: off");
+  f->AddBool("overlap_schedule", &c->overlap_schedule,
+             "schedule and build the next step while the current one runs on the device "
+             "(same tokens; hides the host's work)");
   f->AddString("worker_id", &c->worker_id, "stable worker id; default worker-<port>");
   f->AddString("registry", &c->registry_address, "chunk registry host:port; empty: none");
   f->AddString("advertise_address", &c->advertise_address,
@@ -150,6 +153,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   eo.max_waiting = config.max_waiting;
   eo.eos_token_ids = mc.eos_token_ids;
   eo.host_kv_bytes = HostKvBytes(config.host_kv_bytes, **backend);
+  eo.overlap_schedule = config.overlap_schedule;
   auto engine = engine::NewEngine(eo, std::move(*backend));
   if (absl::Status s = engine->HostTierStatus(); !s.ok()) {
     if (config.host_kv_bytes > 0) {

@@ -36,6 +36,9 @@ struct WorkerConfig {
   // Host KV tier: host memory for copies of blocks the GPU tier evicts. -1: auto, the smaller of
   // a fifth of the machine's RAM and four times the GPU tier's KV bytes; 0: off.
   int64_t host_kv_bytes = -1;
+  // Schedule and build step n+1 while step n runs (engine::EngineOptions::overlap_schedule):
+  // the same tokens, the host's work hidden behind the GPU's.
+  bool overlap_schedule = false;
   std::string worker_id;                  // empty: "worker-<port>"
   std::string registry_address;           // empty: run without a registry
   std::string advertise_address;          // what the gateway dials; empty: 127.0.0.1:<port>

@@ -59,6 +59,45 @@ TEST(ServingTest, SecondRequestWithSameSystemChunkHitsCacheOnTheHolderWithSameTo
   EXPECT_EQ(other.tokens, cold.tokens);
 }
 
+// A worker started with --overlap_schedule (step n+1 scheduled while step n runs) streams the
+// same tokens as one without, for concurrent greedy and seeded requests over real gRPC.
+TEST(ServingTest, OverlappedScheduleWorkerStreamsThePlainWorkersTokens) {
+  auto run = [](bool overlap) {
+    Stack stack({.workers = 1, .tweak_worker = [overlap](int, worker::WorkerConfig* w) {
+                   w->overlap_schedule = overlap;
+                 }});
+    std::vector<cascade::v2::GenerateRequest> reqs;
+    for (int i = 0; i < 6; ++i) {
+      auto r = Req(LongSystemPrompt(), "Question " + std::to_string(i), 10 + i);
+      r.mutable_sampling()->set_ignore_eos(true);
+      if (i % 2 == 1) {
+        r.mutable_sampling()->set_temperature(0.8f);
+        r.mutable_sampling()->set_seed(100 + i);
+      }
+      reqs.push_back(r);
+    }
+    std::vector<Reply> replies(reqs.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      threads.emplace_back([&, i] { replies[i] = Generate(stack.gateway(), reqs[i]); });
+    }
+    for (std::thread& t : threads) t.join();
+    std::vector<std::vector<int32_t>> tokens;
+    for (const Reply& r : replies) {
+      EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+      tokens.push_back(r.tokens);
+    }
+    return tokens;
+  };
+  const auto plain = run(false);
+  const auto overlap = run(true);
+  ASSERT_EQ(plain.size(), overlap.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(plain[i].size(), 10 + i);
+    EXPECT_EQ(overlap[i], plain[i]) << "request " << i;
+  }
+}
+
 TEST(ServingTest, ListModelsCountsRegisteredWorkersBeforeAnyRequest) {
   Stack stack({.workers = 2, .static_workers = false});  // only the registry knows them
   ASSERT_TRUE(WaitFor([&] { return stack.registry()->ListWorkers().size() == 2; }));
