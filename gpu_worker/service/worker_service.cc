@@ -152,6 +152,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerServiceGenerateRes
  private:
   void OnFetched(WorkerService* service, FetchOutcome o) {
     engine::Request req;
+    bool gone;  // OnDone ran (Finish cannot precede this; be safe): this is the last owner
     {
       MutexLock lock(&mu_);
       fetching_ = false;
@@ -162,9 +163,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerServiceGenerateRes
         MaybeWriteLocked();  // finishes CANCELLED: nothing was submitted
         return;
       }
-      if (!done_) req = std::move(pending_);
+      gone = done_;
+      if (!gone) req = std::move(pending_);
     }
-    if (req.chunks.empty()) {  // OnDone ran (Finish cannot precede this; be safe): the last one
+    if (gone) {
       delete this;
       return;
     }
