@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/metrics.h"
+#include "gpu_worker/service/kv_serve.h"
 #include "tests/integration/stack.h"
 
 namespace cascade::testing {
@@ -261,6 +262,63 @@ TEST(PeerFetchTest, HolderRefusesAnotherLayoutAndTheGatewaysRole) {
   auto greader = gw->FetchKv(&gctx, req);
   EXPECT_FALSE(greader->Read(&m));
   EXPECT_EQ(greader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+}
+
+// Malformed FetchKv requests get a clear status with a bounded message and no blocks: another
+// model, no keys, too many keys, a key that is not 32 hex characters; the holder serves on.
+TEST(PeerFetchTest, HolderRefusesMalformedRequestsWithBoundedMessages) {
+  PeerStack p;
+  Stack& s = *p.stack;
+  ASSERT_TRUE(CallWorker(s, 0, Prompt(6)).status.ok());
+  auto ch = common::MakeChannel(s.worker(0).address(),
+                                common::InternalClientTls(common::testing::TestCerts::Default().For(
+                                                              common::Role::kWorker, "w1"),
+                                                          common::kWorkerServerName));
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  auto stub = cascade::v2::WorkerService::NewStub(*ch);
+  engine::Engine& engine = s.worker(0).loop().engine();
+  auto valid = [&] {
+    cascade::v2::FetchKvRequest r;
+    r.set_model(engine.options().model_name);
+    r.set_backend(engine.backend().Name());
+    r.set_block_bytes(engine.backend().KvBlockBytes());
+    r.set_block_size(engine.backend().BlockSize());
+    r.add_block_keys(std::string(32, '0'));
+    return r;
+  };
+  auto refused = [&](const cascade::v2::FetchKvRequest& r) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto reader = stub->FetchKv(&ctx, r);
+    cascade::v2::FetchKvResponse m;
+    EXPECT_FALSE(reader->Read(&m)) << "a malformed request got a message";
+    return reader->Finish();
+  };
+  cascade::v2::FetchKvRequest r = valid();
+  r.set_model(std::string(100000, 'm'));
+  grpc::Status st = refused(r);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_LT(st.error_message().size(), 1024u) << "the model name was echoed unbounded";
+
+  r = valid();
+  r.clear_block_keys();
+  st = refused(r);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("block_keys"), std::string::npos) << st.error_message();
+
+  r = valid();
+  for (int i = 0; i < worker::kMaxFetchBlocks; ++i) r.add_block_keys(std::string(32, '0'));
+  st = refused(r);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+
+  r = valid();
+  r.add_block_keys(std::string(32, 'z'));
+  st = refused(r);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("block_keys[1]"), std::string::npos) << st.error_message();
+
+  // The holder still serves requests.
+  EXPECT_TRUE(CallWorker(s, 0, Prompt(7)).status.ok());
 }
 
 // Through the gateway: the holder is busy, so the router sends the request to the idle worker
