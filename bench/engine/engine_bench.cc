@@ -18,7 +18,9 @@
 // pinned cuBLASLt algorithm at every m), "nopdl" (kernels launched without programmatic
 // dependent launch), "heuristic" (cuBLAS heuristics per m, no pinning, graphs
 // on: the cost of determinism is default vs heuristic), "overlap" (default with the engine's
-// overlapped schedule: step n+1 scheduled and built while step n runs).
+// overlapped schedule: step n+1 scheduled and built while step n runs), "nosplit" (no
+// batch-invariant split-K: every GEMM one k loop), "split2" / "split4" / "split8" (that many
+// k slices for every GEMM whose k allows it, the LM head excepted).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -111,6 +113,7 @@ struct Variant {
   bool small_m_gemm = true;
   bool pdl = true;
   bool overlap = false;  // EngineOptions::overlap_schedule
+  int split_k = 0;       // CudaBackendOptions::split_k
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -120,6 +123,10 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "cublas") return v->small_m_gemm = false, true;
   if (name == "nopdl") return v->pdl = false, true;
   if (name == "overlap") return v->overlap = true, true;
+  if (name == "nosplit") return v->split_k = 1, true;
+  if (name == "split2") return v->split_k = 2, true;
+  if (name == "split4") return v->split_k = 4, true;
+  if (name == "split8") return v->split_k = 8, true;
   return false;
 }
 
@@ -265,9 +272,9 @@ struct Bench {
     const cuda::CudaGraphStats st = cuda::GetCudaGraphStats(*backend);
     std::printf(
         "\n(decode graphs: %lld captured, %lld replays; small-m GEMM shapes: %d verified "
-        "bitwise, %d rejected)\n",
+        "bitwise, %d rejected; split-K slices o_proj %d, down_proj %d)\n",
         static_cast<long long>(st.captures), static_cast<long long>(st.replays),
-        st.small_gemm_verified, st.small_gemm_rejected);
+        st.small_gemm_verified, st.small_gemm_rejected, st.o_proj_splits, st.down_proj_splits);
 #endif
   }
 
@@ -291,6 +298,7 @@ struct Bench {
       o.cuda_graphs = variant.graphs;
       o.batch_invariant = variant.batch_invariant;
       o.small_m_gemm = variant.small_m_gemm;
+      o.split_k = variant.split_k;
       o.programmatic_launch = variant.pdl;
       auto b = cuda::NewCudaBackend(model, o);
       if (!b.ok()) {

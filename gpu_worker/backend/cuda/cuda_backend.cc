@@ -158,7 +158,8 @@ class CudaBackend final : public engine::Backend {
 
   std::string Name() const override { return "cuda"; }
   CudaGraphStats graph_stats() const {
-    return {graph_captures_, graph_replays_, gemm_->small_verified(), gemm_->small_rejected()};
+    return {graph_captures_, graph_replays_, gemm_->small_verified(), gemm_->small_rejected(),
+            o_splits_, down_splits_};
   }
   int64_t NumBlocks() const override { return num_blocks_; }
   int BlockSize() const override { return o_.block_size; }
@@ -250,6 +251,7 @@ class CudaBackend final : public engine::Backend {
   const model::ModelConfig c_;
   const CudaBackendOptions o_;
   int hq_ = 0, hkv_ = 0, d_ = 0, hidden_ = 0, inter_ = 0, qkv_cols_ = 0;
+  int o_splits_ = 1, down_splits_ = 1;  // Gemm::Splits of o_proj and down_proj
   int64_t num_blocks_ = 0;
   Stream stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
@@ -399,8 +401,11 @@ absl::Status CudaBackend::Init(const model::Model& m) {
         "multiples of 8");
   }
   SetProgrammaticLaunch(o_.programmatic_launch);
-  ASSIGN_OR_RETURN(gemm, Gemm::Create(o_.batch_invariant, /*reference_m=*/256, o_.small_m_gemm));
+  ASSIGN_OR_RETURN(
+      gemm, Gemm::Create(o_.batch_invariant, /*reference_m=*/256, o_.small_m_gemm, o_.split_k));
   gemm_ = std::move(gemm);
+  o_splits_ = gemm_->Splits(hidden_, hq_ * d_);
+  down_splits_ = gemm_->Splits(hidden_, inter_);
 
   ASSIGN_OR_RETURN(embed, UploadBf16(m, {"model.embed_tokens.weight"}));
   embed_ = std::move(embed);
@@ -451,7 +456,9 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   RETURN_IF_ERROR(alloc(&x_, t * hidden_ * 2));
   RETURN_IF_ERROR(alloc(&qkv_, t * qkv_cols_ * 2));
   RETURN_IF_ERROR(alloc(&attn_, t * hq_ * d_ * 2));
-  RETURN_IF_ERROR(alloc(&delta_, t * hidden_ * 2));
+  // delta_: o_proj / down_proj output, bf16, or their split-K partials [S, t, hidden] f32.
+  RETURN_IF_ERROR(
+      alloc(&delta_, t * hidden_ * std::max<size_t>(2, 4 * std::max(o_splits_, down_splits_))));
   RETURN_IF_ERROR(alloc(&gu_, t * 2 * inter_ * 2));
   RETURN_IF_ERROR(alloc(&act_, t * inter_ * 2));
   RETURN_IF_ERROR(alloc(&xl_, static_cast<size_t>(o_.max_logits_rows) * hidden_ * 2));
@@ -681,10 +688,27 @@ absl::Status CudaBackend::EnqueueModel(int n, const StepMeta& m) {
   Bf16* xm = x_.as<Bf16>();
   float* res = residual_.as<float>();
   RETURN_IF_ERROR(EmbeddingGather(embed_.as<Bf16>(), m.tokens, n, hidden_, res, stream_));
-  const Bf16* pending = nullptr;  // delta not yet added to the residual
+  // The delta not yet added to the residual (none, or o_proj's / down_proj's output in delta_:
+  // bf16, or `splits` f32 partials whose sum the norm takes), added by the next norm.
+  int pending = 0;
+  // o_proj and down_proj into delta_, as bf16 or as split-K partials.
+  auto narrow = [&](const Bf16* in, const Bf16* w, int k, int splits) -> absl::Status {
+    pending = splits;
+    if (splits == 1) {
+      return gemm_->Run(in, w, n, hidden_, k, delta_.data(), GemmOut::kBf16, stream_);
+    }
+    return gemm_->RunPartials(in, w, n, hidden_, k, delta_.as<float>(), stream_);
+  };
+  auto add_norm = [&](const DeviceBuffer& weight) -> absl::Status {
+    if (pending > 1) {
+      return AddRmsNormSplit(res, delta_.as<float>(), pending, weight.as<Bf16>(), eps, n, hidden_,
+                             xm, stream_);
+    }
+    return AddRmsNorm(res, pending == 1 ? delta_.as<Bf16>() : nullptr, weight.as<Bf16>(), eps, n,
+                      hidden_, xm, stream_);
+  };
   for (Layer& l : layers_) {
-    RETURN_IF_ERROR(
-        AddRmsNorm(res, pending, l.input_norm.as<Bf16>(), eps, n, hidden_, xm, stream_));
+    RETURN_IF_ERROR(add_norm(l.input_norm));
     RETURN_IF_ERROR(gemm_->Run(x, l.wqkv.as<Bf16>(), n, qkv_cols_, hidden_, qkv_.data(),
                                GemmOut::kBf16, stream_));
     KvCacheView cache{
@@ -705,18 +729,14 @@ absl::Status CudaBackend::EnqueueModel(int n, const StepMeta& m) {
                        1.f / std::sqrt(static_cast<float>(d_)),
                        hq_};
     RETURN_IF_ERROR(Attention(args, m.plan, stream_));
-    RETURN_IF_ERROR(gemm_->Run(attn_.as<Bf16>(), l.wo.as<Bf16>(), n, hidden_, hq_ * d_,
-                               delta_.data(), GemmOut::kBf16, stream_));
-    RETURN_IF_ERROR(
-        AddRmsNorm(res, delta_.as<Bf16>(), l.post_norm.as<Bf16>(), eps, n, hidden_, xm, stream_));
+    RETURN_IF_ERROR(narrow(attn_.as<Bf16>(), l.wo.as<Bf16>(), hq_ * d_, o_splits_));
+    RETURN_IF_ERROR(add_norm(l.post_norm));
     RETURN_IF_ERROR(gemm_->Run(x, l.wgu.as<Bf16>(), n, 2 * inter_, hidden_, gu_.data(),
                                GemmOut::kBf16, stream_));
     RETURN_IF_ERROR(SiluMul(gu_.as<Bf16>(), n, inter_, act_.as<Bf16>(), stream_));
-    RETURN_IF_ERROR(gemm_->Run(act_.as<Bf16>(), l.wd.as<Bf16>(), n, hidden_, inter_, delta_.data(),
-                               GemmOut::kBf16, stream_));
-    pending = delta_.as<Bf16>();
+    RETURN_IF_ERROR(narrow(act_.as<Bf16>(), l.wd.as<Bf16>(), inter_, down_splits_));
   }
-  return AddRmsNorm(res, pending, final_norm_.as<Bf16>(), eps, n, hidden_, xm, stream_);
+  return add_norm(final_norm_);
 }
 
 absl::Status CudaBackend::EnqueueHead(int r0, int rows, const StepMeta& m) {
@@ -1002,7 +1022,7 @@ absl::Status ValidateCudaBackendOptions(const CudaBackendOptions& o) {
   }
   if (o.num_blocks < 0 || o.max_num_tokens <= 0 || o.max_logits_rows <= 0 ||
       o.max_graph_batch < 0 || !(o.kv_cache_fraction > 0 && o.kv_cache_fraction < 1) ||
-      o.device < 0) {
+      o.device < 0 || o.split_k < 0) {
     return absl::InvalidArgumentError("cuda backend: bad options");
   }
   return absl::OkStatus();

@@ -33,6 +33,11 @@ struct CudaBackendOptions {
   // to the pinned algorithm's (gemm.h), since the pinned large-tile kernels stream weights far
   // below bandwidth at decode-sized m.
   bool small_m_gemm = true;
+  // Deterministic mode only: batch-invariant split-K (gemm.h): 0 = the built-in rule (k of narrow
+  // GEMMs such as o_proj / down_proj cut into slices fixed per shape), 1 = off, S > 1 = S slices
+  // for every GEMM whose k allows it (benchmarks). o_proj's and down_proj's partials are summed
+  // inside the residual add + RMSNorm that follows them.
+  int split_k = 0;
   // Programmatic dependent launch for the backend's own kernels (ops.h SetProgrammaticLaunch):
   // a kernel's launch overlaps the previous kernel's tail; it waits for it before touching
   // memory. Process-wide: the last backend created sets it.
@@ -60,6 +65,7 @@ struct CudaGraphStats {
   int64_t replays = 0;
   int small_gemm_verified = 0;  // weight shapes whose small-m GEMM matched the pinned one
   int small_gemm_rejected = 0;  // shapes that did not (they stay on cuBLASLt)
+  int o_proj_splits = 1, down_proj_splits = 1;  // split-K slices (gemm.h Splits)
 };
 CudaGraphStats GetCudaGraphStats(const engine::Backend& backend);
 

@@ -4,7 +4,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -13,13 +15,25 @@ namespace cascade::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32 << 20;
+// Run()'s fp32 partials of split shapes: [S, rows, n] per row chunk.
+constexpr size_t kSplitWorkspaceBytes = 64 << 20;
+// The built-in rule splits k until S n reaches this many output columns (gemm.h).
+constexpr int kSplitColumns = 4096;
+
+#define RETURN_IF_ERROR(expr)  \
+  do {                         \
+    absl::Status s_ = (expr);  \
+    if (!s_.ok()) return s_;   \
+  } while (0)
 
 absl::Status LtStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   return absl::InternalError(absl::StrCat("cuBLASLt ", what, ": ", cublasGetStatusString(s)));
 }
 
-// Column-major view of the row-major problem: Y^T[n, m] = W[k, n]^T * X^T[k, m].
+// Column-major view of the row-major problem: Y^T[n, m] = W[k, n]^T * X^T[k, m]. With S > 1
+// slices, a strided batch of S problems: batch s reads k columns [s ks, (s + 1) ks) of W and X
+// (row stride k, batch offset ks elements) and writes Y_s at s m n.
 struct Problem {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -29,32 +43,44 @@ struct Problem {
     if (b) cublasLtMatrixLayoutDestroy(b);
     if (c) cublasLtMatrixLayoutDestroy(c);
   }
-  absl::Status Init(int m, int n, int k, GemmOut out) {
-    if (auto s = LtStatus(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
-        !s.ok()) {
-      return s;
-    }
+  absl::Status Init(int m, int n, int k, GemmOut out, int splits) {
+    RETURN_IF_ERROR(
+        LtStatus(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
     cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
     const cudaDataType_t ct = out == GemmOut::kBf16 ? CUDA_R_16BF : CUDA_R_32F;
-    if (auto s = LtStatus(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, n, k), "layout A");
-        !s.ok()) {
-      return s;
+    const int ks = k / splits;
+    RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, ks, n, k), "layout A"));
+    RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, ks, m, k), "layout B"));
+    RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&c, ct, n, m, n), "layout C"));
+    if (splits > 1) {
+      const int32_t count = splits;
+      const int64_t in_offset = ks, out_offset = static_cast<int64_t>(m) * n;
+      for (auto [l, offset] : {std::pair{a, in_offset}, std::pair{b, in_offset},
+                               std::pair{c, out_offset}}) {
+        RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutSetAttribute(
+                                     l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+                                 "batch count"));
+        RETURN_IF_ERROR(
+            LtStatus(cublasLtMatrixLayoutSetAttribute(
+                         l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offset, sizeof(offset)),
+                     "batch offset"));
+      }
     }
-    if (auto s = LtStatus(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, m, k), "layout B");
-        !s.ok()) {
-      return s;
-    }
-    return LtStatus(cublasLtMatrixLayoutCreate(&c, ct, n, m, n), "layout C");
+    return absl::OkStatus();
   }
 };
 
 // Where SmallGemm beats the pinned algorithm (cuda_gemm_bench, H200: it streams big weight
 // matrices faster at m = 1-2, and vocabulary-sized ones (the LM head) up to m = 16; for narrow
-// outputs such as o_proj and down_proj at 0.6B, n = 1024, the pinned kernel is faster). Both give
-// the same bits, so this is only a speed choice.
-bool SmallWins(int m, int n) { return m <= Gemm::kSmallM && (n >= 65536 || (m <= 2 && n >= 3072)); }
+// outputs such as o_proj and down_proj at 0.6B, n = 1024, the pinned kernel is faster unsplit).
+// Split shapes give it S times the warps. Both paths give the same bits, so this is only a
+// speed choice.
+bool SmallWins(int m, int n, int splits) {
+  if (splits > 1) return m <= 8;
+  return m <= Gemm::kSmallM && (n >= 65536 || (m <= 2 && n >= 3072));
+}
 
 }  // namespace
 
@@ -63,17 +89,23 @@ struct Gemm::Algo {
 };
 
 absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(bool batch_invariant, int reference_m,
-                                                   bool small_m) {
+                                                   bool small_m, int split_k) {
   std::unique_ptr<Gemm> g(new Gemm());
   g->batch_invariant_ = batch_invariant;
   g->small_m_ = batch_invariant && small_m;
   g->reference_m_ = reference_m;
+  g->split_k_ = split_k;
   cublasLtHandle_t h;
   if (auto s = LtStatus(cublasLtCreate(&h), "create"); !s.ok()) return s;
   g->handle_ = h;
   absl::StatusOr<DeviceBuffer> ws = DeviceBuffer::Allocate(kWorkspaceBytes);
   if (!ws.ok()) return ws.status();
   g->workspace_ = std::move(*ws);
+  if (batch_invariant && split_k != 1) {
+    absl::StatusOr<DeviceBuffer> sw = DeviceBuffer::Allocate(kSplitWorkspaceBytes);
+    if (!sw.ok()) return sw.status();
+    g->split_ws_ = std::move(*sw);
+  }
   return g;
 }
 
@@ -81,11 +113,27 @@ Gemm::~Gemm() {
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-absl::StatusOr<const Gemm::Algo*> Gemm::FindAlgo(int m, int n, int k, GemmOut out) {
-  const auto key = std::make_tuple(m, n, k, static_cast<int>(out));
+int Gemm::Splits(int n, int k) {
+  if (!batch_invariant_ || split_k_ == 1) return 1;
+  auto [it, fresh] = splits_.try_emplace(std::pair{n, k}, 1);
+  if (!fresh) return it->second;
+  int s = 1;
+  if (split_k_ > 1) {  // forced (not for vocabulary-sized outputs: wide enough unsplit)
+    while (n < 65536 && 2 * s <= split_k_ && k % (128 * s) == 0) s *= 2;
+  } else {
+    while (2 * s * n <= kSplitColumns && k % (128 * s) == 0) s *= 2;
+  }
+  // The strided-batched problem needs an algorithm; decided once per shape, so never per m.
+  if (s > 1 && !FindAlgo(reference_m_, n, k, GemmOut::kF32, s).ok()) s = 1;
+  it->second = s;
+  return s;
+}
+
+absl::StatusOr<const Gemm::Algo*> Gemm::FindAlgo(int m, int n, int k, GemmOut out, int splits) {
+  const auto key = std::make_tuple(m, n, k, static_cast<int>(out), splits);
   if (auto it = algos_.find(key); it != algos_.end()) return it->second.get();
   Problem p;
-  if (auto s = p.Init(m, n, k, out); !s.ok()) return s;
+  if (auto s = p.Init(m, n, k, out, splits); !s.ok()) return s;
   cublasLtMatmulPreference_t pref;
   if (auto s = LtStatus(cublasLtMatmulPreferenceCreate(&pref), "preference"); !s.ok()) return s;
   const uint64_t ws = kWorkspaceBytes;
@@ -132,43 +180,80 @@ absl::Status Gemm::Run(const Bf16* x, const Bf16* w, int m, int n, int k, void* 
   if (!aligned(x) || !aligned(w) || !aligned(y)) {
     return absl::InvalidArgumentError("Gemm: pointers must be 16-byte aligned");
   }
-  if (small_m_ && SmallWins(m, n) && k % 64 == 0) {
-    const auto key = std::make_tuple(n, k, static_cast<int>(out));
+  const int s = Splits(n, k);
+  if (s == 1) return RunSlices(x, w, m, n, k, 1, y, out, stream);
+  // Partials of a chunk of rows in the workspace, then their slice-order sum into y.
+  const size_t ob = out == GemmOut::kF32 ? 4 : 2;
+  int64_t rows = split_ws_.size() / (static_cast<size_t>(s) * n * 4);
+  if (rows >= 256) rows -= rows % 128;
+  if (rows < 1) return absl::InternalError("Gemm: split workspace too small");
+  for (int64_t r0 = 0; r0 < m; r0 += rows) {
+    const int mc = static_cast<int>(std::min<int64_t>(rows, m - r0));
+    RETURN_IF_ERROR(RunSlices(x + r0 * k, w, mc, n, k, s, split_ws_.data(), GemmOut::kF32, stream));
+    RETURN_IF_ERROR(SplitReduce(split_ws_.as<float>(), s, mc, n,
+                                static_cast<char*>(y) + r0 * n * ob, out == GemmOut::kF32,
+                                stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Gemm::RunPartials(const Bf16* x, const Bf16* w, int m, int n, int k, float* partials,
+                               Stream stream) {
+  if (m < 0 || n <= 0 || k <= 0 || n % 8 || k % 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemm: bad shape m=", m, " n=", n, " k=", k, " (n, k multiples of 8)"));
+  }
+  if (m == 0) return absl::OkStatus();
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!aligned(x) || !aligned(w) || !aligned(partials)) {
+    return absl::InvalidArgumentError("Gemm: pointers must be 16-byte aligned");
+  }
+  return RunSlices(x, w, m, n, k, Splits(n, k), partials, GemmOut::kF32, stream);
+}
+
+absl::Status Gemm::RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, int splits,
+                             void* y, GemmOut out, Stream stream) {
+  const bool f32 = out == GemmOut::kF32;
+  if (small_m_ && SmallWins(m, n, splits) && k % (64 * splits) == 0) {
+    const auto key = std::make_tuple(n, k, static_cast<int>(out), splits);
     auto it = small_ok_.find(key);
     if (it != small_ok_.end() && it->second) {
-      return SmallGemm(x, w, m, n, k, y, out == GemmOut::kF32, stream);
+      return SmallGemm(x, w, m, n, k, y, f32, stream, splits);
     }
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (it == small_ok_.end() && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
         capture == cudaStreamCaptureStatusNone) {
       // First call of this shape: both paths on the same data, compared bit for bit.
-      const size_t bytes = static_cast<size_t>(m) * n * (out == GemmOut::kF32 ? 4 : 2);
+      const size_t bytes = static_cast<size_t>(splits) * m * n * (f32 ? 4 : 2);
       absl::StatusOr<DeviceBuffer> ref = DeviceBuffer::Allocate(bytes);
       if (!ref.ok()) return ref.status();
-      small_m_ = false;  // the reference below runs the pinned algorithm
-      absl::Status st = Run(x, w, m, n, k, ref->data(), out, stream);
-      small_m_ = true;
-      if (!st.ok()) return st;
-      if (st = SmallGemm(x, w, m, n, k, y, out == GemmOut::kF32, stream); !st.ok()) return st;
+      RETURN_IF_ERROR(RunCublas(x, w, m, n, k, splits, ref->data(), out, stream));
+      RETURN_IF_ERROR(SmallGemm(x, w, m, n, k, y, f32, stream, splits));
       std::vector<uint8_t> a(bytes), b(bytes);
-      if (st = Synchronize(stream); !st.ok()) return st;
-      if (st = CopyToHost(a.data(), ref->data(), bytes); !st.ok()) return st;
-      if (st = CopyToHost(b.data(), y, bytes); !st.ok()) return st;
+      RETURN_IF_ERROR(Synchronize(stream));
+      RETURN_IF_ERROR(CopyToHost(a.data(), ref->data(), bytes));
+      RETURN_IF_ERROR(CopyToHost(b.data(), y, bytes));
       const bool equal = std::memcmp(a.data(), b.data(), bytes) == 0;
       small_ok_[key] = equal;
       ++(equal ? small_verified_ : small_rejected_);
       if (equal) return absl::OkStatus();
-      return CopyAsync(y, ref->data(), bytes, stream);  // the pinned algorithm's result stands
+      RETURN_IF_ERROR(CopyAsync(y, ref->data(), bytes, stream));  // cuBLASLt's result stands
+      return Synchronize(stream);  // `ref` is freed on return
     }
   }
+  return RunCublas(x, w, m, n, k, splits, y, out, stream);
+}
+
+absl::Status Gemm::RunCublas(const Bf16* x, const Bf16* w, int m, int n, int k, int splits,
+                             void* y, GemmOut out, Stream stream) {
   Problem p;
-  if (auto s = p.Init(m, n, k, out); !s.ok()) return s;
+  RETURN_IF_ERROR(p.Init(m, n, k, out, splits));
   const auto handle = static_cast<cublasLtHandle_t>(handle_);
   const Algo* algo = nullptr;
   if (batch_invariant_) {
-    absl::StatusOr<const Algo*> pinned = FindAlgo(reference_m_, n, k, out);
+    absl::StatusOr<const Algo*> pinned = FindAlgo(reference_m_, n, k, out, splits);
     if (!pinned.ok()) return pinned.status();
-    const auto ck = std::make_tuple(m, n, k, static_cast<int>(out));
+    const auto ck = std::make_tuple(m, n, k, static_cast<int>(out), splits);
     bool ok = checked_.count(ck) > 0;
     if (!ok) {
       cublasLtMatmulHeuristicResult_t r;
@@ -184,7 +269,7 @@ absl::Status Gemm::Run(const Bf16* x, const Bf16* w, int m, int n, int k, void* 
     }
   }
   if (algo == nullptr) {
-    absl::StatusOr<const Algo*> a = FindAlgo(m, n, k, out);
+    absl::StatusOr<const Algo*> a = FindAlgo(m, n, k, out, splits);
     if (!a.ok()) return a.status();
     algo = *a;
   }

@@ -15,6 +15,17 @@
 // accumulation a non-split-K tensor-core GEMM does. It is used for a shape (n, k, output type)
 // only after its first call compared its output bitwise with the pinned algorithm's on the same
 // data (outside graph capture); a shape that differs stays on cuBLASLt (small_rejected()).
+//
+// Batch-invariant split-K: a narrow GEMM (few output tiles, e.g. o_proj / down_proj with n =
+// hidden) leaves most of the chip idle at small m. So k is cut into S equal slices, S = Splits(n,
+// k) chosen from the shape alone (never from m), each slice's product accumulated from zero into
+// an fp32 partial, and the partials summed in slice order: y = out(((p0 + p1) + p2) + ...).
+// Every m runs the same slices and the same sum, so a row's bits still do not depend on m. The
+// partials come from one strided-batched cuBLASLt call (batch = slice, algorithm pinned per (n,
+// k, S) like the unsplit ones) or, at decode-sized m, from SmallGemm's split variant after the
+// same first-use bitwise comparison. Run() reduces them itself (SplitReduce, through a fixed
+// workspace, in row chunks: rows never mix, so chunking changes no bits); RunPartials() hands
+// them to the caller, who fuses the sum into its next pass (AddRmsNormSplit).
 #pragma once
 
 #include <cstdint>
@@ -34,9 +45,11 @@ enum class GemmOut { kBf16, kF32 };
 
 class Gemm {
  public:
-  // reference_m: the m at which pinned algorithms are chosen.
+  // reference_m: the m at which pinned algorithms are chosen. split_k: 0 = the built-in rule
+  // (Splits), 1 = never split, S > 1 = S slices wherever k allows (benchmarks, tests).
+  // Batch-invariant mode only; heuristic mode leaves split-K to cuBLAS.
   static absl::StatusOr<std::unique_ptr<Gemm>> Create(bool batch_invariant, int reference_m = 256,
-                                                      bool small_m = true);
+                                                      bool small_m = true, int split_k = 0);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -47,6 +60,16 @@ class Gemm {
   absl::Status Run(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, GemmOut out,
                    Stream stream);
 
+  // Slices of k for the shape: a function of (n, k) and the options only (1: not split). Fixed
+  // for the life of this object. A power of two with k % (64 S) == 0.
+  int Splits(int n, int k);
+
+  // The Splits(n, k) = S partial products of y = x w^T, unreduced: partials: [S, m, n] f32,
+  // partials[s] = x[:, s k/S : (s+1) k/S] w[:, same]^T, each accumulated from zero. For S = 1
+  // that is the f32 product itself. REQUIRES: as Run.
+  absl::Status RunPartials(const Bf16* x, const Bf16* w, int m, int n, int k, float* partials,
+                           Stream stream);
+
   int64_t fallbacks() const { return fallbacks_; }
   // Shapes verified bitwise and served by SmallGemm at m <= kSmallM; shapes that differed.
   int small_verified() const { return small_verified_; }
@@ -56,17 +79,27 @@ class Gemm {
  private:
   struct Algo;
   Gemm() = default;
-  absl::StatusOr<const Algo*> FindAlgo(int m, int n, int k, GemmOut out);
+  absl::StatusOr<const Algo*> FindAlgo(int m, int n, int k, GemmOut out, int splits);
+  // S == 1: y = x w^T in `out`; S > 1: f32 partials [S, m, n] into y. SmallGemm or cuBLASLt.
+  absl::Status RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
+                         GemmOut out, Stream stream);
+  absl::Status RunCublas(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
+                         GemmOut out, Stream stream);
 
   bool batch_invariant_ = true;
   int reference_m_ = 256;
   void* handle_ = nullptr;  // cublasLtHandle_t
   DeviceBuffer workspace_;
-  std::map<std::tuple<int, int, int, int>, std::unique_ptr<Algo>> algos_;  // (m or -1, n, k, out)
-  std::set<std::tuple<int, int, int, int>> checked_;  // (m, n, k, out) verified for a pinned algo
+  int split_k_ = 0;
+  DeviceBuffer split_ws_;  // Run's partials of split shapes, [S, rows, n] f32 per row chunk
+  // (m, n, k, out, splits) -> algorithm; m = reference_m_ for the pinned ones.
+  std::map<std::tuple<int, int, int, int, int>, std::unique_ptr<Algo>> algos_;
+  // (m, n, k, out, splits) verified for a pinned algorithm.
+  std::set<std::tuple<int, int, int, int, int>> checked_;
+  std::map<std::pair<int, int>, int> splits_;  // (n, k) -> S
   int64_t fallbacks_ = 0;
   bool small_m_ = true;
-  std::map<std::tuple<int, int, int>, bool> small_ok_;  // (n, k, out) -> verified equal
+  std::map<std::tuple<int, int, int, int>, bool> small_ok_;  // (n, k, out, S) -> verified equal
   int small_verified_ = 0, small_rejected_ = 0;
 };
 

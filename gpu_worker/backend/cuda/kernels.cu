@@ -37,9 +37,27 @@ __global__ void EmbeddingKernel(const Bf16* table, const int32_t* ids, int hidde
 
 constexpr int kNormThreads = 256;
 
+// The residual's increment at element i: a bf16 delta, or the bf16 rounding of the fp32 partial
+// products of a split-K GEMM summed in slice order (the bits SplitReduce writes for a bf16 output).
+struct Bf16Delta {
+  const Bf16* p;
+  __device__ __forceinline__ float operator()(int64_t i) const { return Bf(p, i); }
+};
+struct SplitDelta {
+  const float* p;
+  int splits;
+  int64_t stride;  // elements between slices: n * d
+  __device__ __forceinline__ float operator()(int64_t i) const {
+    float s = p[i];
+    for (int j = 1; j < splits; ++j) s += p[j * stride + i];
+    return __bfloat162float(__float2bfloat16(s));
+  }
+};
+
 // One block per row; thread sums are combined by warp butterflies, then warp sums in warp order.
+template <typename Delta>
 __global__ void __launch_bounds__(kNormThreads)
-    AddRmsNormKernel(float* residual, const Bf16* delta, const Bf16* weight, float eps, int d,
+    AddRmsNormKernel(float* residual, Delta delta, bool add, const Bf16* weight, float eps, int d,
                      Bf16* out) {
   WaitForPriorGrids();
   __shared__ float warp_sums[kNormThreads / 32];
@@ -47,8 +65,8 @@ __global__ void __launch_bounds__(kNormThreads)
   float ss = 0.f;
   for (int c = threadIdx.x; c < d; c += kNormThreads) {
     float x = residual[base + c];
-    if (delta != nullptr) {
-      x += Bf(delta, base + c);
+    if (add) {
+      x += delta(base + c);
       residual[base + c] = x;
     }
     ss = fmaf(x, x, ss);
@@ -230,8 +248,17 @@ cudaError_t LaunchEmbeddingGather(const Bf16* table, const int32_t* ids, int n, 
 cudaError_t LaunchAddRmsNorm(float* residual, const Bf16* delta, const Bf16* weight, float eps,
                              int n, int d, Bf16* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  return LaunchKernel(AddRmsNormKernel, n, kNormThreads, 0, stream, residual, delta, weight, eps, d,
-                      out);
+  return LaunchKernel(AddRmsNormKernel<Bf16Delta>, n, kNormThreads, 0, stream, residual,
+                      Bf16Delta{delta}, delta != nullptr, weight, eps, d, out);
+}
+
+cudaError_t LaunchAddRmsNormSplit(float* residual, const float* partials, int splits,
+                                  const Bf16* weight, float eps, int n, int d, Bf16* out,
+                                  cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return LaunchKernel(AddRmsNormKernel<SplitDelta>, n, kNormThreads, 0, stream, residual,
+                      SplitDelta{partials, splits, static_cast<int64_t>(n) * d}, true, weight, eps,
+                      d, out);
 }
 
 namespace {

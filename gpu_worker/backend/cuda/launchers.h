@@ -16,6 +16,11 @@ cudaError_t LaunchEmbeddingGather(const Bf16* table, const int32_t* ids, int n, 
                                   float* out, cudaStream_t stream);
 cudaError_t LaunchAddRmsNorm(float* residual, const Bf16* delta, const Bf16* weight, float eps,
                              int n, int d, Bf16* out, cudaStream_t stream);
+// AddRmsNorm whose delta is the slice-order sum of split-K partials [splits, n, d] f32, rounded to
+// bf16 (ops.h AddRmsNormSplit).
+cudaError_t LaunchAddRmsNormSplit(float* residual, const float* partials, int splits,
+                                  const Bf16* weight, float eps, int n, int d, Bf16* out,
+                                  cudaStream_t stream);
 cudaError_t LaunchQkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
                              const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
                              float eps, const float* inv_freq, cudaStream_t stream);
@@ -39,9 +44,13 @@ cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const RowSam
 size_t SampleRowsSmemBytes(int vocab);
 // CTAs per kv head that fill exactly one wave of the split attention kernel on the current device.
 cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int* ctas);
-// See small_gemm.cu. REQUIRES: m <= 16, n % 8 == 0, k % 64 == 0.
-cudaError_t LaunchSmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,
+// See small_gemm.cu. REQUIRES: m <= 16, n % 8 == 0, k % (64 splits) == 0; splits > 1: f32_out
+// (y: [splits, m, n] partials).
+cudaError_t LaunchSmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
                             bool f32_out, cudaStream_t stream);
+// y[i] = sum over s in order of partials[s count + i], as bf16 or f32. REQUIRES: count % 4 == 0.
+cudaError_t LaunchSplitReduce(const float* partials, int splits, int64_t count, void* y,
+                              bool f32_out, cudaStream_t stream);
 // See ops.h CopyKvBlocks. parts: device array [num_parts] of cache bases.
 cudaError_t LaunchKvBlockCopy(void* const* parts, int num_parts, const KvBlockList& blocks, int n,
                               int64_t part_bytes, void* stage, bool to_stage, cudaStream_t stream);

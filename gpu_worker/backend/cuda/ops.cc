@@ -38,6 +38,19 @@ absl::Status AddRmsNorm(float* residual, const Bf16* delta, const Bf16* weight, 
                     "AddRmsNorm");
 }
 
+absl::Status AddRmsNormSplit(float* residual, const float* partials, int splits, const Bf16* weight,
+                             float eps, int n, int d, Bf16* out, Stream stream) {
+  if (n < 0 || d <= 0 || splits < 1 || !(eps >= 0)) {
+    return Bad("AddRmsNormSplit", "bad shape, splits or eps");
+  }
+  if (n > 0 && (!residual || !partials || !weight || !out)) {
+    return Bad("AddRmsNormSplit", "null pointer");
+  }
+  return CudaStatus(internal::LaunchAddRmsNormSplit(residual, partials, splits, weight, eps, n, d,
+                                                    out, stream),
+                    "AddRmsNormSplit");
+}
+
 absl::Status QkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
                         const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm, float eps,
                         const float* inv_freq, Stream stream) {
@@ -144,12 +157,27 @@ absl::Status SampleRows(const float* logits, int n, int vocab, const RowSamplePa
 }
 
 absl::Status SmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,
-                       Stream stream) {
-  if (m < 0 || m > 16 || n <= 0 || k <= 0 || n % 8 || k % 64) {
-    return Bad("SmallGemm", absl::StrCat("bad shape m=", m, " n=", n, " k=", k));
+                       Stream stream, int splits) {
+  if (m < 0 || m > 16 || n <= 0 || k <= 0 || n % 8 || splits < 1 || k % (64 * splits)) {
+    return Bad("SmallGemm",
+               absl::StrCat("bad shape m=", m, " n=", n, " k=", k, " splits=", splits));
   }
+  if (splits > 1 && !f32_out) return Bad("SmallGemm", "split partials are f32");
   if (m > 0 && (!x || !w || !y)) return Bad("SmallGemm", "null pointer");
-  return CudaStatus(internal::LaunchSmallGemm(x, w, m, n, k, y, f32_out, stream), "SmallGemm");
+  return CudaStatus(internal::LaunchSmallGemm(x, w, m, n, k, splits, y, f32_out, stream),
+                    "SmallGemm");
+}
+
+absl::Status SplitReduce(const float* partials, int splits, int m, int n, void* y, bool f32_out,
+                         Stream stream) {
+  const int64_t count = static_cast<int64_t>(m) * n;
+  if (m < 0 || n <= 0 || splits < 1 || count % 4) {
+    return Bad("SplitReduce", absl::StrCat("bad shape m=", m, " n=", n, " splits=", splits));
+  }
+  if (count > 0 && (!partials || !y)) return Bad("SplitReduce", "null pointer");
+  if (!Aligned16(partials) || !Aligned16(y)) return Bad("SplitReduce", "unaligned pointer");
+  return CudaStatus(internal::LaunchSplitReduce(partials, splits, count, y, f32_out, stream),
+                    "SplitReduce");
 }
 
 absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Stream stream) {

@@ -27,6 +27,12 @@ absl::Status EmbeddingGather(const Bf16* table, const int32_t* ids, int n, int h
 absl::Status AddRmsNorm(float* residual, const Bf16* delta, const Bf16* weight, float eps, int n,
                         int d, Bf16* out, Stream stream);
 
+// AddRmsNorm with delta = bf16(((p[0] + p[1]) + ...) + p[splits - 1]), the slice-order sum of the
+// fp32 partial products of a split-K GEMM (Gemm::RunPartials): the same bits as SplitReduce to
+// bf16 followed by AddRmsNorm, in one pass. partials: [splits, n, d] f32.
+absl::Status AddRmsNormSplit(float* residual, const float* partials, int splits, const Bf16* weight,
+                             float eps, int n, int d, Bf16* out, Stream stream);
+
 // Per-head RMSNorm (optional) and rotary embedding, in place, on the q and k heads of a fused
 // QKV buffer. qkv: [n, row_stride] bf16 whose row holds num_q_heads q heads then num_kv_heads
 // k heads (then v heads, untouched), each head_dim wide. positions: [n] global positions.
@@ -64,9 +70,17 @@ absl::Status GatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16*
 // y[m, n] = x[m, k] * w[n, k]^T for m <= 16 rows (bf16 in, f32 or bf16 out), each element one
 // fp32 accumulator over k ascending in m16n8k16 tensor-core steps (small_gemm.cu). Gemm uses it
 // for decode-sized m only where it verified the bits against its pinned cuBLASLt algorithm.
-// REQUIRES: n % 8 == 0, k % 64 == 0, 4-byte aligned x and w.
+// splits > 1: the split-K partial products instead, y: [splits, m, n] f32, slice s = k columns
+// [s k / splits, (s + 1) k / splits) accumulated from zero (f32_out must be true).
+// REQUIRES: n % 8 == 0, k % (64 splits) == 0, 4-byte aligned x and w.
 absl::Status SmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,
-                       Stream stream);
+                       Stream stream, int splits = 1);
+
+// y[r, c] = sum over s = 0, 1, .. of partials[s, r, c], added in that order in fp32, then stored
+// as bf16 (round to nearest even) or f32. partials: [splits, m, n] f32; y: [m, n].
+// REQUIRES: m n % 4 == 0, 16-byte aligned pointers.
+absl::Status SplitReduce(const float* partials, int splits, int m, int n, void* y, bool f32_out,
+                         Stream stream);
 
 // out[i] = argmax_j logits[i, j] (lowest index among ties; NaN never wins).
 // logits: [n, vocab] f32, out: [n] int32.
