@@ -526,20 +526,24 @@ void NanoVllmSection(Bench& b) {
 void PrefillSection(Bench& b) {
   std::printf("\n## Prefill (cold prompts, 1 generated token, %d tokens per measurement)\n\n",
               b.flags.prefill_tokens);
-  std::printf("| prompt len | seqs | prefill tok/s | s |\n|---:|---:|---:|---:|\n");
-  auto e = b.MakeEngine(true);
-  std::mt19937 rng(b.flags.seed + 2);
-  RunBatch(b, *e, {MakeRequest({{1, b.RandomTokens(rng, 256), ""}}, 1)});  // warm-up
-  for (int len : b.flags.prefill_lens) {
-    if (len + 1 > b.max_context) continue;
-    const int seqs = std::max(1, b.flags.prefill_tokens / len);
-    std::vector<engine::Request> reqs;
-    for (int i = 0; i < seqs; ++i)
-      reqs.push_back(MakeRequest({{1, b.RandomTokens(rng, len), ""}}, 1));
-    PhaseResult r = RunBatch(b, *e, reqs);
-    std::printf("| %d | %d | %.0f | %.3f |\n", len, seqs, r.prompt_tokens_computed / r.total_s,
-                r.total_s);
-    std::fflush(stdout);
+  std::printf("| variant | prompt len | seqs | prefill tok/s | s |\n|---|---:|---:|---:|---:|\n");
+  for (const std::string& name : b.flags.variants) {  // same prompts for every variant
+    Variant variant;
+    ParseVariant(name, &variant);
+    auto e = b.MakeEngine(true, variant);
+    std::mt19937 rng(b.flags.seed + 2);
+    RunBatch(b, *e, {MakeRequest({{1, b.RandomTokens(rng, 256), ""}}, 1)});  // warm-up
+    for (int len : b.flags.prefill_lens) {
+      if (len + 1 > b.max_context) continue;
+      const int seqs = std::max(1, b.flags.prefill_tokens / len);
+      std::vector<engine::Request> reqs;
+      for (int i = 0; i < seqs; ++i)
+        reqs.push_back(MakeRequest({{1, b.RandomTokens(rng, len), ""}}, 1));
+      PhaseResult r = RunBatch(b, *e, reqs);
+      std::printf("| %s | %d | %d | %.0f | %.3f |\n", name.c_str(), len, seqs,
+                  r.prompt_tokens_computed / r.total_s, r.total_s);
+      std::fflush(stdout);
+    }
   }
 }
 

@@ -1,14 +1,25 @@
-// Kernel harness for decode-sized GEMMs: the pinned cuBLASLt algorithm (gemm.h, chosen at
-// m = 256, split-K off) against SmallGemm (small_gemm.cu) on the projection shapes of the
-// benchmark presets. For each shape: are SmallGemm's rows bitwise equal to the pinned GEMM's
-// rows of the same inputs computed at m = 256 (the prefill case), for m = 1..16 on fresh random
-// data; and the time of each at m = 1, 2, 4, 16 (median of 50 event-timed samples of 20
-// back-to-back calls, weights rotated over >= 200 MB of copies so they come from HBM, not L2),
-// against the weight-bytes floor (bytes / 4.2 TB/s).
-//   cuda_gemm_bench
+// Kernel harness for batch-invariant GEMMs (gemm.h) on the projection shapes of the benchmark
+// presets: the pinned cuBLASLt algorithm unsplit and with k cut into S = 2, 4, 8 slices (a
+// strided-batched call, partials summed in slice order), SmallGemm's split partials, and
+// cuBLASLt's heuristics (unpinned: the cost of determinism).
+//
+// Bitwise, per shape and S, on fresh random data: "inv" counts the m in {1..8, 13, 16, 64, 256}
+// whose partial products are bitwise the rows of the same inputs computed in a 1024-row call
+// (row invariance of the pinned call); "small" counts the m <= 16 whose SmallGemm partials are
+// bitwise those rows too (the small path equals the cuBLAS path).
+// Timing: us per call (median of 15 event-timed samples of 10 back-to-back calls, weights rotated
+// over >= 200 MB of copies so they come from HBM, not L2): Run() (bf16 out; S > 1 includes the
+// SplitReduce pass), and for S > 1 also RunPartials() alone ("partials": what o_proj / down_proj
+// cost, their sum being fused into the next norm), at m = 1 .. 2048; floor = weight bytes /
+// 3.35 TB/s (H100; 4.2 on an H200).
+// Option (a) probe: cuBLASLt's own split-K (CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 4, reduction in
+// the compute type) on the pinned unsplit algorithm: supported? rows at m = 1 equal to m = 256?
+//   cuda_gemm_bench [--quick]
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -45,17 +56,16 @@ DeviceBuffer RandomBf16(size_t n, std::mt19937* rng, float scale) {
   return b;
 }
 
-// Launches per timed sample: back to back, so host launch gaps overlap the kernels.
-constexpr int kBackToBack = 20;
+constexpr int kBackToBack = 10;
 
 template <typename F>
 double MedianUs(F fn) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  for (int i = 0; i < 5; ++i) fn(i);
+  for (int i = 0; i < 3; ++i) fn(i);
   std::vector<double> t;
-  for (int i = 0; i < 50; ++i) {
+  for (int i = 0; i < 15; ++i) {
     cudaEventRecord(a);
     for (int j = 0; j < kBackToBack; ++j) fn(i * kBackToBack + j);
     cudaEventRecord(b);
@@ -66,17 +76,114 @@ double MedianUs(F fn) {
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
+  CHECK_OK(CudaStatus(cudaGetLastError(), "timing"));
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+std::vector<uint8_t> Host(const void* p, size_t bytes) {
+  std::vector<uint8_t> h(bytes);
+  CHECK_OK(Synchronize(nullptr));
+  CHECK_OK(CopyToHost(h.data(), p, bytes));
+  return h;
 }
 
 struct Shape {
   std::string name;
   int n, k;
-  bool f32;
 };
 
-int Main() {
+// Option (a): the pinned unsplit algorithm with cuBLASLt's own split-K. Returns a table cell.
+std::string ProbeLtSplitK(int n, int k, const Bf16* x, const Bf16* w) {
+  cublasLtHandle_t h;
+  if (cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) return "no handle";
+  DeviceBuffer ws = Alloc(64 << 20);
+  auto layouts = [&](int m, cublasLtMatmulDesc_t* desc, cublasLtMatrixLayout_t* a,
+                     cublasLtMatrixLayout_t* b, cublasLtMatrixLayout_t* c) {
+    cublasLtMatmulDescCreate(desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    cublasLtMatrixLayoutCreate(a, CUDA_R_16BF, k, n, k);
+    cublasLtMatrixLayoutCreate(b, CUDA_R_16BF, k, m, k);
+    cublasLtMatrixLayoutCreate(c, CUDA_R_32F, n, m, n);
+  };
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t a, b, c;
+  layouts(256, &desc, &a, &b, &c);
+  cublasLtMatmulPreference_t pref;
+  cublasLtMatmulPreferenceCreate(&pref);
+  const uint64_t wsb = 64 << 20;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                       sizeof(wsb));
+  const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
+                                       sizeof(mask));
+  cublasLtMatmulHeuristicResult_t r[1];
+  int found = 0;
+  cublasLtMatmulAlgoGetHeuristic(h, desc, a, b, c, c, pref, 1, r, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  std::string cell;
+  if (found == 0) {
+    cell = "no algo";
+  } else {
+    cublasLtMatmulAlgo_t algo = r[0].algo;
+    int32_t splitk_cap = 0, algo_id = 0;
+    uint32_t schemes = 0;
+    size_t got = 0;
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splitk_cap,
+                                      sizeof(splitk_cap), &got);
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes,
+                                      sizeof(schemes), &got);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &algo_id, sizeof(algo_id),
+                                         &got);
+    cell = "algo " + std::to_string(algo_id) + ", splitK cap " + std::to_string(splitk_cap) +
+           ", schemes 0x" + [&] {
+             char s[16];
+             std::snprintf(s, sizeof(s), "%x", schemes);
+             return std::string(s);
+           }();
+    const int32_t four = 4;
+    const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &four,
+                                         sizeof(four));
+    cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                         sizeof(scheme));
+    std::vector<std::vector<uint8_t>> rows;
+    for (int m : {256, 1}) {
+      cublasLtMatmulDesc_t d2;
+      cublasLtMatrixLayout_t a2, b2, c2;
+      layouts(m, &d2, &a2, &b2, &c2);
+      cublasLtMatmulHeuristicResult_t chk;
+      DeviceBuffer y = Alloc(static_cast<size_t>(m) * n * 4);
+      const float alpha = 1.f, beta = 0.f;
+      cublasStatus_t st = cublasLtMatmulAlgoCheck(h, d2, a2, b2, c2, c2, &algo, &chk);
+      if (st == CUBLAS_STATUS_SUCCESS) {
+        st = cublasLtMatmul(h, d2, &alpha, w, a2, x, b2, &beta, y.data(), c2, y.data(), c2, &algo,
+                            ws.data(), wsb, nullptr);
+      }
+      if (st != CUBLAS_STATUS_SUCCESS) {
+        cell += std::string("; m=") + std::to_string(m) + " rejected (" +
+                cublasGetStatusString(st) + ")";
+      } else {
+        rows.push_back(Host(y.data(), static_cast<size_t>(n) * 4));  // row 0
+      }
+      cublasLtMatmulDescDestroy(d2);
+      cublasLtMatrixLayoutDestroy(a2);
+      cublasLtMatrixLayoutDestroy(b2);
+      cublasLtMatrixLayoutDestroy(c2);
+    }
+    if (rows.size() == 2) cell += rows[0] == rows[1] ? "; row m=1 == m=256" : "; row m=1 DIFFERS";
+  }
+  cublasLtMatmulDescDestroy(desc);
+  cublasLtMatrixLayoutDestroy(a);
+  cublasLtMatrixLayoutDestroy(b);
+  cublasLtMatrixLayoutDestroy(c);
+  cublasLtDestroy(h);
+  return cell;
+}
+
+int Main(bool quick) {
   auto dev = DeviceName(0);
   std::printf("# cuda_gemm_bench on %s\n\n", dev.ok() ? dev->c_str() : "?");
   std::vector<Shape> shapes;
@@ -85,22 +192,26 @@ int Main() {
     const int h = c.hidden_size, d = c.head_dim, hq = c.num_attention_heads,
               hkv = c.num_key_value_heads, in = c.intermediate_size;
     const std::string p = std::string(preset) + " ";
-    shapes.push_back({p + "qkv", (hq + 2 * hkv) * d, h, false});
-    shapes.push_back({p + "o", h, hq * d, false});
-    shapes.push_back({p + "gate_up", 2 * in, h, false});
-    shapes.push_back({p + "down", h, in, false});
-    shapes.push_back({p + "lm_head", static_cast<int>(c.vocab_size), h, true});
+    shapes.push_back({p + "qkv", (hq + 2 * hkv) * d, h});
+    shapes.push_back({p + "o", h, hq * d});
+    shapes.push_back({p + "gate_up", 2 * in, h});
+    shapes.push_back({p + "down", h, in});
   }
-  auto gemm = Gemm::Create(/*batch_invariant=*/true, 256, /*small_m=*/false);  // cuBLASLt only
-  CHECK_OK(gemm.status());
+  const std::vector<int> time_ms =
+      quick ? std::vector<int>{1, 16, 64, 256} : std::vector<int>{1, 4, 8, 16, 64, 128, 256, 2048};
+  std::vector<int> check_ms = {1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 64, 256};
+  constexpr int kRefM = 1024;
+  auto heuristic = Gemm::Create(/*batch_invariant=*/false, 256, false);
+  CHECK_OK(heuristic.status());
   std::mt19937 rng(1);
-  std::printf(
-      "| shape | n | k | bitwise rows equal (m 1..16) | floor us | cuBLAS m=1 | small m=1 | "
-      "cuBLAS m=2 | small m=2 | cuBLAS m=4 | small m=4 | cuBLAS m=16 | small m=16 |\n"
-      "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| shape | n | k | floor us | variant | inv | small |");
+  for (int m : time_ms) std::printf(" m=%d |", m);
+  std::printf("\n|---|---:|---:|---:|---|---|---|");
+  for (size_t i = 0; i < time_ms.size(); ++i) std::printf("---:|");
+  std::printf("\n");
+  std::vector<std::string> probes;
   for (const Shape& s : shapes) {
     const size_t wn = static_cast<size_t>(s.n) * s.k;
-    // Enough weight copies (>= 200 MB, 4x the L2) that every timed call reads from HBM.
     const int copies = static_cast<int>(std::max<size_t>(4, (200u << 20) / (wn * 2) + 1));
     std::vector<DeviceBuffer> ws;
     ws.push_back(RandomBf16(wn, &rng, 1.f / std::sqrt(s.k)));
@@ -109,53 +220,113 @@ int Main() {
       CHECK_OK(CudaStatus(
           cudaMemcpy(ws.back().data(), ws[0].data(), wn * 2, cudaMemcpyDeviceToDevice), "copy"));
     }
-    const int ref_m = 256;
-    DeviceBuffer x = RandomBf16(static_cast<size_t>(ref_m) * s.k, &rng, 1.f);
-    const size_t ob = s.f32 ? 4 : 2;
-    DeviceBuffer y_ref = Alloc(static_cast<size_t>(ref_m) * s.n * ob);
-    DeviceBuffer y = Alloc(static_cast<size_t>(16) * s.n * ob);
-    const GemmOut out = s.f32 ? GemmOut::kF32 : GemmOut::kBf16;
-    CHECK_OK(
-        (*gemm)->Run(x.as<Bf16>(), ws[0].as<Bf16>(), ref_m, s.n, s.k, y_ref.data(), out, nullptr));
-    std::vector<uint8_t> want(static_cast<size_t>(16) * s.n * ob), got(want.size());
-    CHECK_OK(CopyToHost(want.data(), y_ref.data(), want.size()));
-    int equal = 0;
-    for (int m = 1; m <= 16; ++m) {
-      CHECK_OK(FillBytes(y.data(), 0xff, got.size()));
-      CHECK_OK(SmallGemm(x.as<Bf16>(), ws[0].as<Bf16>(), m, s.n, s.k, y.data(), s.f32, nullptr));
-      CHECK_OK(CopyToHost(got.data(), y.data(), static_cast<size_t>(m) * s.n * ob));
-      equal += std::memcmp(want.data(), got.data(), static_cast<size_t>(m) * s.n * ob) == 0;
+    const int max_m = std::max(kRefM, time_ms.back());
+    DeviceBuffer x = RandomBf16(static_cast<size_t>(max_m) * s.k, &rng, 1.f);
+    const double floor_us = wn * 2 / 3.35e12 * 1e6;
+    auto row = [&](const std::string& variant, const std::string& inv, const std::string& small,
+                   const std::vector<std::string>& cells) {
+      std::printf("| %s | %d | %d | %.1f | %s | %s | %s |", s.name.c_str(), s.n, s.k, floor_us,
+                  variant.c_str(), inv.c_str(), small.c_str());
+      for (const std::string& c : cells) std::printf(" %s |", c.c_str());
+      std::printf("\n");
+      std::fflush(stdout);
+    };
+    auto fmt = [](double us) {
+      char b[32];
+      std::snprintf(b, sizeof(b), "%.1f", us);
+      return std::string(b);
+    };
+    DeviceBuffer y = Alloc(static_cast<size_t>(max_m) * s.n * 2);
+    {
+      std::vector<std::string> cells;
+      for (int m : time_ms) {
+        cells.push_back(fmt(MedianUs([&](int i) {
+          CHECK_OK((*heuristic)
+                       ->Run(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k, y.data(),
+                             GemmOut::kBf16, nullptr));
+        })));
+      }
+      row("heuristic", "-", "-", cells);
     }
-    // First mismatch at m = 1, for the notes.
-    std::string first;
-    if (equal < 16) {
-      CHECK_OK(SmallGemm(x.as<Bf16>(), ws[0].as<Bf16>(), 1, s.n, s.k, y.data(), s.f32, nullptr));
-      CHECK_OK(CopyToHost(got.data(), y.data(), s.n * ob));
-      int diff = 0;
-      for (int i = 0; i < s.n; ++i) diff += std::memcmp(&want[i * ob], &got[i * ob], ob) != 0;
-      first = " (m=1: " + std::to_string(diff) + "/" + std::to_string(s.n) + " differ)";
+    for (int S : {1, 2, 4, 8}) {
+      if (s.k % (64 * S) != 0) continue;
+      auto gemm = Gemm::Create(/*batch_invariant=*/true, 256, /*small_m=*/false, S == 1 ? 1 : S);
+      CHECK_OK(gemm.status());
+      Gemm& g = **gemm;
+      if (g.Splits(s.n, s.k) != S) {
+        row("pinned S=" + std::to_string(S), "no batched algorithm", "-", {});
+        continue;
+      }
+      // Bitwise: partials of m rows vs the same rows of a kRefM-row call.
+      const size_t ref_count = static_cast<size_t>(kRefM) * s.n;
+      DeviceBuffer pref = Alloc(S * ref_count * 4), p = Alloc(S * ref_count * 4);
+      CHECK_OK(g.RunPartials(x.as<Bf16>(), ws[0].as<Bf16>(), kRefM, s.n, s.k, pref.as<float>(),
+                             nullptr));
+      const std::vector<uint8_t> want = Host(pref.data(), S * ref_count * 4);
+      int inv = 0, small = 0, small_total = 0;
+      for (int m : check_ms) {
+        const size_t cnt = static_cast<size_t>(m) * s.n;
+        auto same = [&]() {
+          const std::vector<uint8_t> got = Host(p.data(), S * cnt * 4);
+          for (int j = 0; j < S; ++j) {
+            if (std::memcmp(got.data() + j * cnt * 4, want.data() + j * ref_count * 4, cnt * 4))
+              return false;
+          }
+          return true;
+        };
+        CHECK_OK(FillBytes(p.data(), 0xff, S * cnt * 4));
+        CHECK_OK(
+            g.RunPartials(x.as<Bf16>(), ws[0].as<Bf16>(), m, s.n, s.k, p.as<float>(), nullptr));
+        inv += same();
+        if (m <= 16) {
+          ++small_total;
+          CHECK_OK(FillBytes(p.data(), 0xff, S * cnt * 4));
+          CHECK_OK(
+              SmallGemm(x.as<Bf16>(), ws[0].as<Bf16>(), m, s.n, s.k, p.data(), true, nullptr, S));
+          small += same();
+        }
+      }
+      const std::string inv_s = std::to_string(inv) + "/" + std::to_string(check_ms.size());
+      const std::string small_s = std::to_string(small) + "/" + std::to_string(small_total);
+      std::vector<std::string> run_cells, part_cells, small_cells;
+      DeviceBuffer pt = Alloc(S * static_cast<size_t>(time_ms.back()) * s.n * 4);
+      for (int m : time_ms) {
+        run_cells.push_back(fmt(MedianUs([&](int i) {
+          CHECK_OK(g.Run(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k, y.data(),
+                         GemmOut::kBf16, nullptr));
+        })));
+        if (S > 1) {
+          part_cells.push_back(fmt(MedianUs([&](int i) {
+            CHECK_OK(g.RunPartials(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k,
+                                   pt.as<float>(), nullptr));
+          })));
+        }
+        small_cells.push_back(m > 16 ? "-" : fmt(MedianUs([&](int i) {
+          CHECK_OK(SmallGemm(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k, pt.data(),
+                             /*f32_out=*/true, nullptr, S));
+        })));
+      }
+      const std::string sn = "S=" + std::to_string(S);
+      row("pinned " + sn + (S > 1 ? " + reduce" : ""), inv_s, small_s, run_cells);
+      if (S > 1) row("pinned " + sn + " partials", "", "", part_cells);
+      row("small " + sn + (S > 1 ? " partials" : " f32"), "", "", small_cells);
     }
-    const double floor_us = wn * 2 / 4.2e12 * 1e6;
-    std::printf("| %s | %d | %d | %d/16%s | %.1f |", s.name.c_str(), s.n, s.k, equal, first.c_str(),
-                floor_us);
-    for (int m : {1, 2, 4, 16}) {
-      const double tc = MedianUs([&](int i) {
-        CHECK_OK((*gemm)->Run(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k, y.data(), out,
-                              nullptr));
-      });
-      const double ts = MedianUs([&](int i) {
-        CHECK_OK(SmallGemm(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k, y.data(), s.f32,
-                           nullptr));
-      });
-      std::printf(" %.1f | %.1f |", tc, ts);
+    if (!quick && s.k % 256 == 0) {
+      probes.push_back("| " + s.name + " | " +
+                       ProbeLtSplitK(s.n, s.k, x.as<Bf16>(), ws[0].as<Bf16>()) + " |");
     }
-    std::printf("\n");
-    std::fflush(stdout);
   }
+  std::printf(
+      "\n## Option (a): cuBLASLt split-K (4, compute-type reduction) on the pinned algo\n\n");
+  std::printf("| shape | probe |\n|---|---|\n");
+  for (const std::string& p : probes) std::printf("%s\n", p.c_str());
   return 0;
 }
 
 }  // namespace
 }  // namespace cascade::cuda
 
-int main() { return cascade::cuda::Main(); }
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  return cascade::cuda::Main(quick);
+}

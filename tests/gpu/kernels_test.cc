@@ -231,6 +231,125 @@ TEST(CudaKernels, SmallGemmRowsEqualThePinnedGemmsRowsBitwise) {
   }
 }
 
+// Batch-invariant split-K (gemm.h): k cut into S slices fixed per shape, partials summed in slice
+// order. Every row of the result is bitwise the same whether it is computed in a call of 1..16,
+// 64, 256, 1000 or 8192 rows (a decode step, a batch, a chunk of rows, a long prefill), through
+// SmallGemm's split partials (m <= 8, used only once verified against cuBLASLt) or the
+// strided-batched cuBLASLt call, reduced by Run (bf16 and f32 outputs, in row chunks at 8192) or
+// handed out by RunPartials; and it is the product (float64 reference, bf16 tolerance).
+TEST(CudaKernels, SplitKGemmRowsAreBitwiseTheSameForEveryM) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(16);
+  struct Case {
+    int n, k, split_k;  // split_k 0: the built-in rule (splits these narrow shapes)
+  };
+  for (Case c :
+       {Case{1024, 3072, 0}, Case{1024, 2048, 0}, Case{256, 512, 2}, Case{4096, 1024, 4}}) {
+    const int n = c.n, k = c.k;
+    auto gemm = Gemm::Create(/*batch_invariant=*/true, 256, /*small_m=*/true, c.split_k);
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    Gemm& g = **gemm;
+    const int S = g.Splits(n, k);
+    if (c.split_k == 0) {
+      EXPECT_GT(S, 1) << "the rule leaves n " << n << " k " << k << " unsplit";
+    } else {
+      EXPECT_EQ(S, c.split_k);
+    }
+    const int big = 8192;
+    std::vector<float> x = RandomNormal(static_cast<size_t>(big) * k, &rng);
+    std::vector<float> w = RandomNormal(static_cast<size_t>(n) * k, &rng, 1.f / std::sqrt(k));
+    DeviceBuffer d_x = Upload(RoundToBf16(&x)), d_w = Upload(RoundToBf16(&w));
+    const size_t rows_big = static_cast<size_t>(big) * n;
+    DeviceBuffer d_ref = Poisoned<Bf16>(rows_big), d_ref32 = Poisoned<float>(rows_big);
+    DeviceBuffer d_pref = Poisoned<float>(S * rows_big);
+    ASSERT_TRUE(
+        g.Run(d_x.as<Bf16>(), d_w.as<Bf16>(), big, n, k, d_ref.data(), GemmOut::kBf16, nullptr)
+            .ok());
+    ASSERT_TRUE(
+        g.Run(d_x.as<Bf16>(), d_w.as<Bf16>(), big, n, k, d_ref32.data(), GemmOut::kF32, nullptr)
+            .ok());
+    ASSERT_TRUE(
+        g.RunPartials(d_x.as<Bf16>(), d_w.as<Bf16>(), big, n, k, d_pref.as<float>(), nullptr).ok());
+    const std::vector<uint16_t> want = Download<uint16_t>(d_ref, rows_big);
+    const std::vector<float> want32 = Download<float>(d_ref32, rows_big);
+    const std::vector<float> wantp = Download<float>(d_pref, S * rows_big);
+    // The result is the product: rows 0..3 against float64.
+    for (int r = 0; r < 4; ++r) {
+      std::vector<double> ref(n);
+      for (int j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int i = 0; i < k; ++i)
+          acc += double{x[r * static_cast<size_t>(k) + i]} * w[j * static_cast<size_t>(k) + i];
+        ref[j] = acc;
+      }
+      ExpectCloseBf16(std::vector<uint16_t>(want.begin() + r * n, want.begin() + (r + 1) * n), ref);
+    }
+    std::vector<int> ms;
+    for (int m = 1; m <= 16; ++m) ms.push_back(m);
+    for (int m : {64, 256, 1000}) ms.push_back(m);
+    for (int m : ms) {
+      const size_t cnt = static_cast<size_t>(m) * n;
+      DeviceBuffer d_y = Poisoned<Bf16>(cnt), d_y32 = Poisoned<float>(cnt);
+      DeviceBuffer d_p = Poisoned<float>(S * cnt);
+      ASSERT_TRUE(
+          g.Run(d_x.as<Bf16>(), d_w.as<Bf16>(), m, n, k, d_y.data(), GemmOut::kBf16, nullptr).ok());
+      ASSERT_TRUE(
+          g.Run(d_x.as<Bf16>(), d_w.as<Bf16>(), m, n, k, d_y32.data(), GemmOut::kF32, nullptr)
+              .ok());
+      ASSERT_TRUE(
+          g.RunPartials(d_x.as<Bf16>(), d_w.as<Bf16>(), m, n, k, d_p.as<float>(), nullptr).ok());
+      const std::vector<uint16_t> y = Download<uint16_t>(d_y, cnt);
+      const std::vector<float> y32 = Download<float>(d_y32, cnt);
+      const std::vector<float> p = Download<float>(d_p, S * cnt);
+      EXPECT_EQ(0, std::memcmp(y.data(), want.data(), cnt * 2))
+          << "n " << n << " k " << k << " m " << m << " bf16";
+      EXPECT_EQ(0, std::memcmp(y32.data(), want32.data(), cnt * 4))
+          << "n " << n << " k " << k << " m " << m << " f32";
+      for (int s = 0; s < S; ++s) {
+        EXPECT_EQ(0, std::memcmp(p.data() + s * cnt, wantp.data() + s * rows_big, cnt * 4))
+            << "n " << n << " k " << k << " m " << m << " slice " << s;
+      }
+    }
+    // m <= 8 took the small-m kernel's partials, verified bitwise at their first call.
+    EXPECT_GT(g.small_verified(), 0);
+    EXPECT_EQ(g.small_rejected(), 0) << "SmallGemm's split partials differ from cuBLASLt's";
+    EXPECT_EQ(g.fallbacks(), 0);
+  }
+}
+
+// The fused norm's delta is the bf16 rounding of the slice-order sum: bitwise SplitReduce to bf16
+// followed by AddRmsNorm (residual and output).
+TEST(CudaKernels, AddRmsNormSplitIsSplitReduceThenAddRmsNorm) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  for (int S : {2, 3, 4, 8}) {
+    const int n = 37, d = 1024;
+    std::vector<float> res = RandomNormal(static_cast<size_t>(n) * d, &rng);
+    std::vector<float> part = RandomNormal(static_cast<size_t>(S) * n * d, &rng, 0.3f);
+    std::vector<float> wt = RandomNormal(d, &rng);
+    DeviceBuffer d_part = Upload(part), d_w = Upload(RoundToBf16(&wt));
+    DeviceBuffer d_ra = Upload(res), d_rb = Upload(res);
+    DeviceBuffer d_delta = Poisoned<Bf16>(n * d);
+    DeviceBuffer d_oa = Poisoned<Bf16>(n * d), d_ob = Poisoned<Bf16>(n * d);
+    ASSERT_TRUE(SplitReduce(d_part.as<float>(), S, n, d, d_delta.data(), false, nullptr).ok());
+    ASSERT_TRUE(AddRmsNorm(d_ra.as<float>(), d_delta.as<Bf16>(), d_w.as<Bf16>(), 1e-6f, n, d,
+                           d_oa.as<Bf16>(), nullptr)
+                    .ok());
+    ASSERT_TRUE(AddRmsNormSplit(d_rb.as<float>(), d_part.as<float>(), S, d_w.as<Bf16>(), 1e-6f, n,
+                                d, d_ob.as<Bf16>(), nullptr)
+                    .ok());
+    EXPECT_EQ(Download<float>(d_ra, n * d), Download<float>(d_rb, n * d)) << "residual, S " << S;
+    EXPECT_EQ(Download<uint16_t>(d_oa, n * d), Download<uint16_t>(d_ob, n * d)) << "out, S " << S;
+    // And SplitReduce sums in slice order in fp32.
+    const std::vector<uint16_t> delta = Download<uint16_t>(d_delta, n * d);
+    for (size_t i = 0; i < static_cast<size_t>(n) * d; i += 97) {
+      float s = part[i];
+      for (int j = 1; j < S; ++j) s += part[j * static_cast<size_t>(n) * d + i];
+      ASSERT_EQ(delta[i], testing::ToBf16(s)) << "element " << i << ", S " << S;
+    }
+  }
+}
+
 TEST(CudaKernels, KvAppendWritesExactlyTheMappedSlots) {
   CASCADE_REQUIRE_GPU();
   std::mt19937 rng(4);

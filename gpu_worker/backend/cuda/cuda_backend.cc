@@ -158,8 +158,11 @@ class CudaBackend final : public engine::Backend {
 
   std::string Name() const override { return "cuda"; }
   CudaGraphStats graph_stats() const {
-    return {graph_captures_, graph_replays_, gemm_->small_verified(), gemm_->small_rejected(),
-            o_splits_, down_splits_};
+    CudaGraphStats st{graph_captures_, graph_replays_, gemm_->small_verified(),
+                      gemm_->small_rejected()};
+    st.o_proj_splits = o_splits_;
+    st.down_proj_splits = down_splits_;
+    return st;
   }
   int64_t NumBlocks() const override { return num_blocks_; }
   int BlockSize() const override { return o_.block_size; }
@@ -457,8 +460,8 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   RETURN_IF_ERROR(alloc(&qkv_, t * qkv_cols_ * 2));
   RETURN_IF_ERROR(alloc(&attn_, t * hq_ * d_ * 2));
   // delta_: o_proj / down_proj output, bf16, or their split-K partials [S, t, hidden] f32.
-  RETURN_IF_ERROR(
-      alloc(&delta_, t * hidden_ * std::max<size_t>(2, 4 * std::max(o_splits_, down_splits_))));
+  const int max_splits = std::max(o_splits_, down_splits_);
+  RETURN_IF_ERROR(alloc(&delta_, t * hidden_ * (max_splits > 1 ? 4 * max_splits : 2)));
   RETURN_IF_ERROR(alloc(&gu_, t * 2 * inter_ * 2));
   RETURN_IF_ERROR(alloc(&act_, t * inter_ * 2));
   RETURN_IF_ERROR(alloc(&xl_, static_cast<size_t>(o_.max_logits_rows) * hidden_ * 2));

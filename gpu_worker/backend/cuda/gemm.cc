@@ -20,10 +20,10 @@ constexpr size_t kSplitWorkspaceBytes = 64 << 20;
 // The built-in rule splits k until S n reaches this many output columns (gemm.h).
 constexpr int kSplitColumns = 4096;
 
-#define RETURN_IF_ERROR(expr)  \
-  do {                         \
-    absl::Status s_ = (expr);  \
-    if (!s_.ok()) return s_;   \
+#define RETURN_IF_ERROR(expr) \
+  do {                        \
+    absl::Status s_ = (expr); \
+    if (!s_.ok()) return s_;  \
   } while (0)
 
 absl::Status LtStatus(cublasStatus_t s, const char* what) {
@@ -57,8 +57,8 @@ struct Problem {
     if (splits > 1) {
       const int32_t count = splits;
       const int64_t in_offset = ks, out_offset = static_cast<int64_t>(m) * n;
-      for (auto [l, offset] : {std::pair{a, in_offset}, std::pair{b, in_offset},
-                               std::pair{c, out_offset}}) {
+      for (auto [l, offset] :
+           {std::pair{a, in_offset}, std::pair{b, in_offset}, std::pair{c, out_offset}}) {
         RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutSetAttribute(
                                      l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
                                  "batch count"));
@@ -191,8 +191,7 @@ absl::Status Gemm::Run(const Bf16* x, const Bf16* w, int m, int n, int k, void* 
     const int mc = static_cast<int>(std::min<int64_t>(rows, m - r0));
     RETURN_IF_ERROR(RunSlices(x + r0 * k, w, mc, n, k, s, split_ws_.data(), GemmOut::kF32, stream));
     RETURN_IF_ERROR(SplitReduce(split_ws_.as<float>(), s, mc, n,
-                                static_cast<char*>(y) + r0 * n * ob, out == GemmOut::kF32,
-                                stream));
+                                static_cast<char*>(y) + r0 * n * ob, out == GemmOut::kF32, stream));
   }
   return absl::OkStatus();
 }
@@ -211,8 +210,8 @@ absl::Status Gemm::RunPartials(const Bf16* x, const Bf16* w, int m, int n, int k
   return RunSlices(x, w, m, n, k, Splits(n, k), partials, GemmOut::kF32, stream);
 }
 
-absl::Status Gemm::RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, int splits,
-                             void* y, GemmOut out, Stream stream) {
+absl::Status Gemm::RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
+                             GemmOut out, Stream stream) {
   const bool f32 = out == GemmOut::kF32;
   if (small_m_ && SmallWins(m, n, splits) && k % (64 * splits) == 0) {
     const auto key = std::make_tuple(n, k, static_cast<int>(out), splits);
@@ -237,15 +236,16 @@ absl::Status Gemm::RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, 
       small_ok_[key] = equal;
       ++(equal ? small_verified_ : small_rejected_);
       if (equal) return absl::OkStatus();
-      RETURN_IF_ERROR(CopyAsync(y, ref->data(), bytes, stream));  // cuBLASLt's result stands
-      return Synchronize(stream);  // `ref` is freed on return
+      // cuBLASLt's result stands; `ref` is freed on return, so the copy must be done by then.
+      RETURN_IF_ERROR(CopyAsync(y, ref->data(), bytes, stream));
+      return Synchronize(stream);
     }
   }
   return RunCublas(x, w, m, n, k, splits, y, out, stream);
 }
 
-absl::Status Gemm::RunCublas(const Bf16* x, const Bf16* w, int m, int n, int k, int splits,
-                             void* y, GemmOut out, Stream stream) {
+absl::Status Gemm::RunCublas(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
+                             GemmOut out, Stream stream) {
   Problem p;
   RETURN_IF_ERROR(p.Init(m, n, k, out, splits));
   const auto handle = static_cast<cublasLtHandle_t>(handle_);

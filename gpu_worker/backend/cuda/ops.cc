@@ -46,9 +46,9 @@ absl::Status AddRmsNormSplit(float* residual, const float* partials, int splits,
   if (n > 0 && (!residual || !partials || !weight || !out)) {
     return Bad("AddRmsNormSplit", "null pointer");
   }
-  return CudaStatus(internal::LaunchAddRmsNormSplit(residual, partials, splits, weight, eps, n, d,
-                                                    out, stream),
-                    "AddRmsNormSplit");
+  return CudaStatus(
+      internal::LaunchAddRmsNormSplit(residual, partials, splits, weight, eps, n, d, out, stream),
+      "AddRmsNormSplit");
 }
 
 absl::Status QkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape,

@@ -203,8 +203,8 @@ cudaError_t LaunchSplitReduce(const float* partials, int splits, int64_t count, 
   if (count % 4 != 0 || splits < 1) return cudaErrorInvalidValue;
   const int64_t threads = count / 4;
   const int blocks = static_cast<int>((threads + kReduceThreads - 1) / kReduceThreads);
-  return f32_out ? LaunchKernel(SplitReduceKernel<true>, blocks, kReduceThreads, 0, stream, partials,
-                                splits, count, y)
+  return f32_out ? LaunchKernel(SplitReduceKernel<true>, blocks, kReduceThreads, 0, stream,
+                                partials, splits, count, y)
                  : LaunchKernel(SplitReduceKernel<false>, blocks, kReduceThreads, 0, stream,
                                 partials, splits, count, y);
 }
