@@ -4,7 +4,8 @@
 # == cold and graph == eager, engine incl. device == host sampler; attention_plan_test), then
 # cuda_gemm_bench (per shape: pinned unsplit / S = 2, 4, 8 vs heuristics, bitwise and timed), then
 # engine_bench decode (and prefill) per preset with the variants in one process.
-# Usage: bash bench/engine/device_splitk.sh [presets, default qwen3-0.6b]
+# Usage: bash bench/engine/device_splitk.sh [preset[:variants] ..., default qwen3-0.6b]
+#   e.g. qwen3-0.6b:default,nosplit,heuristic qwen3-8b:nosplit,split2,heuristic
 # Environment: SECTIONS (default "tests gemm decode"; also "prefill"), VARIANTS, BATCHES,
 # PREFILL_VARIANTS. Logs under $OUT (or ./device-out).
 set -uo pipefail
@@ -15,19 +16,20 @@ PRESETS=${*:-qwen3-0.6b}
 export CASCADE_SUBDIRS="common cache_service gpu_worker/model gpu_worker/engine gpu_worker/backend/cpu gpu_worker/backend/cuda tests/gpu tests/backend_cuda bench/kernels bench/engine"
 TESTS="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test attention_plan_test"
 t0=$(date +%s)
-bash scripts/device_build.sh $TESTS engine_bench cuda_gemm_bench >"$OUT/build.log" 2>&1 ||
-  { tail -60 "$OUT/build.log"; exit 1; }
+bash scripts/device_build.sh $TESTS engine_bench cuda_gemm_bench >/tmp/splitk_build.log 2>&1 ||
+  { tail -60 /tmp/splitk_build.log; exit 1; }
 . build-gpu/env.sh
 echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD)"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader
 fail=0
 if [[ " $SECTIONS " == *" tests "* ]]; then
   for t in $TESTS; do
-    timeout 300 build-gpu/tests/$t >"$OUT/$t.log" 2>&1; rc=$?
+    timeout 300 build-gpu/tests/$t >/tmp/$t.log 2>&1; rc=$?
     [ $rc -ne 0 ] && fail=1
-    echo "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/$t.log" | tr '\n' ' ')"
-    grep -E "graph == eager|identical:|cascade:" "$OUT/$t.log" | head -4
-    grep -B2 -A10 "Failure" "$OUT/$t.log" | head -40
+    { echo "===== $t rc=$rc"; cat /tmp/$t.log; } >>"$OUT/tests.log"  # at most 8 files come back
+    echo "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' /tmp/$t.log | tr '\n' ' ')"
+    grep -E "graph == eager|identical:|cascade:" /tmp/$t.log | head -4
+    grep -B2 -A10 "Failure" /tmp/$t.log | head -40
   done
   echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 fi
@@ -38,10 +40,12 @@ if [[ " $SECTIONS " == *" gemm "* ]]; then
 fi
 B="--backend=cuda"
 if [[ " $SECTIONS " == *" decode "* ]]; then
-  for p in $PRESETS; do
+  for spec in $PRESETS; do
+    p=${spec%%:*}
+    v=${VARIANTS:-default,nosplit,heuristic}
+    [[ $spec == *:* ]] && v=${spec#*:}
     timeout 300 build-gpu/bench/engine_bench $B --preset=$p --sections=decode \
-      --variants=${VARIANTS:-default,nosplit,heuristic} --batches=${BATCHES:-1,8,64,256} \
-      >"$OUT/decode_$p.log" 2>&1
+      --variants=$v --batches=${BATCHES:-1,8,64,256} >"$OUT/decode_$p.log" 2>&1
     echo "decode $p rc=$? ($(( $(date +%s) - t0 )) s)"
     grep "split-K slices" "$OUT/decode_$p.log" | sort | uniq -c
     sed -n '/by variant/,$p' "$OUT/decode_$p.log"
