@@ -18,9 +18,10 @@
 // pinned cuBLASLt algorithm at every m), "nopdl" (kernels launched without programmatic
 // dependent launch), "heuristic" (cuBLAS heuristics per m, no pinning, graphs
 // on: the cost of determinism is default vs heuristic), "overlap" (default with the engine's
-// overlapped schedule: step n+1 scheduled and built while step n runs), "nosplit" (no
-// batch-invariant split-K: every GEMM one k loop), "split2" / "split4" / "split8" (that many
-// k slices for every GEMM whose k allows it, the LM head excepted).
+// overlapped schedule: step n+1 scheduled and built while step n runs), "splitk" (the
+// batch-invariant split-K rule of gemm.h: o_proj / down_proj of narrow models in k slices),
+// "nosplit" (no split-K: the default since run 8), "split2" / "split4" / "split8" (that many k
+// slices for every GEMM whose k allows it, the LM head excepted).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -113,7 +114,7 @@ struct Variant {
   bool small_m_gemm = true;
   bool pdl = true;
   bool overlap = false;  // EngineOptions::overlap_schedule
-  int split_k = 0;       // CudaBackendOptions::split_k
+  int split_k = 1;       // CudaBackendOptions::split_k (1: off)
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -124,6 +125,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "nopdl") return v->pdl = false, true;
   if (name == "overlap") return v->overlap = true, true;
   if (name == "nosplit") return v->split_k = 1, true;
+  if (name == "splitk") return v->split_k = 0, true;
   if (name == "split2") return v->split_k = 2, true;
   if (name == "split4") return v->split_k = 4, true;
   if (name == "split8") return v->split_k = 8, true;

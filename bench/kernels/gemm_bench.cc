@@ -7,13 +7,15 @@
 // whose partial products are bitwise the rows of the same inputs computed in a 1024-row call
 // (row invariance of the pinned call); "small" counts the m <= 16 whose SmallGemm partials are
 // bitwise those rows too (the small path equals the cuBLAS path).
-// Timing: us per call (median of 15 event-timed samples of 10 back-to-back calls, weights rotated
-// over >= 200 MB of copies so they come from HBM, not L2): Run() (bf16 out; S > 1 includes the
-// SplitReduce pass), and for S > 1 also RunPartials() alone ("partials": what o_proj / down_proj
-// cost, their sum being fused into the next norm), at m = 1 .. 2048; floor = weight bytes /
-// 3.35 TB/s (H100; 4.2 on an H200).
-// Option (a) probe: cuBLASLt's own split-K (CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 4, reduction in
-// the compute type) on the pinned unsplit algorithm: supported? rows at m = 1 equal to m = 256?
+// Timing: us per call (median of 15 event-timed replays of one CUDA graph of >= 10 back-to-back
+// calls, so no host launch cost, as in decode graphs; weights rotated over >= 200 MB of copies
+// so they come from HBM, not L2; the H100 run of NOTES.md run 8 timed eager launches instead,
+// which made every cuBLASLt call at small m cost its ~8 us of host work): Run() (bf16 out; S > 1
+// includes the SplitReduce pass), and for S > 1 also RunPartials() alone ("partials": what o_proj /
+// down_proj cost, their sum being fused into the next norm), at m = 1 .. 2048; floor = weight bytes
+// / 3.35 TB/s (H100; 4.2 on an H200). Option (a) probe: cuBLASLt's own split-K
+// (CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 4, reduction in the compute type) on the pinned unsplit
+// algorithm: supported? rows at m = 1 equal to m = 256?
 //   cuda_gemm_bench [--quick]
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -56,26 +58,44 @@ DeviceBuffer RandomBf16(size_t n, std::mt19937* rng, float scale) {
   return b;
 }
 
+// Calls per timed sample: captured back to back in one CUDA graph (at least 10, and one per
+// weight copy), so host launch costs are out of the numbers as in the engine's decode graphs.
 constexpr int kBackToBack = 10;
 
+// Median us per call of fn(i, stream), i = 0 .. calls - 1, over 15 replays of a graph of all
+// `calls` calls (first run eagerly, outside the capture, so lookups and first-use work are done).
 template <typename F>
-double MedianUs(F fn) {
+double MedianUs(int calls, F fn) {
+  static cudaStream_t s = [] {
+    cudaStream_t t;
+    CHECK_OK(CudaStatus(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking), "stream"));
+    return t;
+  }();
+  for (int i = 0; i < 2; ++i) fn(i, s);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_OK(CudaStatus(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture"));
+  for (int i = 0; i < calls; ++i) fn(i, s);
+  CHECK_OK(CudaStatus(cudaStreamEndCapture(s, &graph), "end capture"));
+  CHECK_OK(CudaStatus(cudaGraphInstantiate(&exec, graph, 0), "instantiate"));
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) fn(i);
+  CHECK_OK(CudaStatus(cudaGraphLaunch(exec, s), "warm-up replay"));
   std::vector<double> t;
   for (int i = 0; i < 15; ++i) {
-    cudaEventRecord(a);
-    for (int j = 0; j < kBackToBack; ++j) fn(i * kBackToBack + j);
-    cudaEventRecord(b);
+    cudaEventRecord(a, s);
+    cudaGraphLaunch(exec, s);
+    cudaEventRecord(b, s);
     cudaEventSynchronize(b);
     float ms = 0;
     cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms * 1e3 / kBackToBack);
+    t.push_back(ms * 1e3 / calls);
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
   CHECK_OK(CudaStatus(cudaGetLastError(), "timing"));
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
@@ -213,6 +233,7 @@ int Main(bool quick) {
   for (const Shape& s : shapes) {
     const size_t wn = static_cast<size_t>(s.n) * s.k;
     const int copies = static_cast<int>(std::max<size_t>(4, (200u << 20) / (wn * 2) + 1));
+    const int calls = std::max(kBackToBack, copies);
     std::vector<DeviceBuffer> ws;
     ws.push_back(RandomBf16(wn, &rng, 1.f / std::sqrt(s.k)));
     for (int i = 1; i < copies; ++i) {  // same values, other addresses
@@ -240,10 +261,10 @@ int Main(bool quick) {
     {
       std::vector<std::string> cells;
       for (int m : time_ms) {
-        cells.push_back(fmt(MedianUs([&](int i) {
+        cells.push_back(fmt(MedianUs(calls, [&](int i, cudaStream_t st) {
           CHECK_OK((*heuristic)
                        ->Run(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k, y.data(),
-                             GemmOut::kBf16, nullptr));
+                             GemmOut::kBf16, st));
         })));
       }
       row("heuristic", "-", "-", cells);
@@ -291,19 +312,19 @@ int Main(bool quick) {
       std::vector<std::string> run_cells, part_cells, small_cells;
       DeviceBuffer pt = Alloc(S * static_cast<size_t>(time_ms.back()) * s.n * 4);
       for (int m : time_ms) {
-        run_cells.push_back(fmt(MedianUs([&](int i) {
+        run_cells.push_back(fmt(MedianUs(calls, [&](int i, cudaStream_t st) {
           CHECK_OK(g.Run(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k, y.data(),
-                         GemmOut::kBf16, nullptr));
+                         GemmOut::kBf16, st));
         })));
         if (S > 1) {
-          part_cells.push_back(fmt(MedianUs([&](int i) {
+          part_cells.push_back(fmt(MedianUs(calls, [&](int i, cudaStream_t st) {
             CHECK_OK(g.RunPartials(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k,
-                                   pt.as<float>(), nullptr));
+                                   pt.as<float>(), st));
           })));
         }
-        small_cells.push_back(m > 16 ? "-" : fmt(MedianUs([&](int i) {
+        small_cells.push_back(m > 16 ? "-" : fmt(MedianUs(calls, [&](int i, cudaStream_t st) {
           CHECK_OK(SmallGemm(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k, pt.data(),
-                             /*f32_out=*/true, nullptr, S));
+                             /*f32_out=*/true, st, S));
         })));
       }
       const std::string sn = "S=" + std::to_string(S);

@@ -148,10 +148,20 @@ INSTANTIATE_TEST_SUITE_P(Presets, CudaVsCpu, ::testing::Values("tiny", "llama-ti
 // Cached == cold, bitwise: the logits of a prompt's last token are the same bits whether the
 // prompt is prefilled in one step, or its first 96 tokens come from earlier steps (prefix cache),
 // or its last token is a decode step, with or without other sequences in the batch.
-TEST(CudaBackend, CachedEqualsColdBitwise) {
+// The bitwise backend tests run without and with the batch-invariant split-K (CudaBackendOptions::
+// split_k: 1 = off, the default; 0 = the built-in rule, which cuts every GEMM of the tiny model
+// but the LM head into 2 k slices, through both the fused-norm and the SplitReduce paths).
+class CudaBackendSplitK : public ::testing::TestWithParam<int> {};
+INSTANTIATE_TEST_SUITE_P(SplitK, CudaBackendSplitK, ::testing::Values(1, 0),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return i.param == 1 ? std::string("Off") : std::string("Rule");
+                         });
+
+TEST_P(CudaBackendSplitK, CachedEqualsColdBitwise) {
   CASCADE_REQUIRE_GPU();
   auto model = MakeModel("tiny", 3);
   CudaBackendOptions go;
+  go.split_k = GetParam();
   go.num_blocks = 128;
   go.block_size = kBs;
   go.max_num_tokens = 1024;
@@ -251,10 +261,11 @@ TEST(CudaBackend, BlocksCopiedToHostAndBackGiveBitwiseTheColdLogits) {
 // prefix blocks (cascade groups), contexts crossing 64-token tiles and new blocks. Whole logits
 // rows (Forward, and ForwardSampled rows left to the host) are bitwise equal, and rows sampled
 // on the device (greedy and seeded temperature) give the same tokens.
-TEST(CudaBackend, DecodeGraphReplayEqualsEagerBitwise) {
+TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   CASCADE_REQUIRE_GPU();
   auto model = MakeModel("tiny", 6);
   CudaBackendOptions go;
+  go.split_k = GetParam();
   go.num_blocks = 256;
   go.block_size = kBs;
   go.max_num_tokens = 1024;
@@ -367,6 +378,9 @@ TEST(CudaBackend, DecodeGraphReplayEqualsEagerBitwise) {
   EXPECT_GT(stats.small_gemm_verified, 0);
   EXPECT_EQ(stats.small_gemm_rejected, 0) << "small-m GEMM bits differ from cuBLASLt here";
   EXPECT_GT(stats.replays, 40) << "the decode graphs were not replayed";
+  if (GetParam() == 0) {
+    EXPECT_EQ(stats.o_proj_splits, 2) << "tiny's o_proj was not split";
+  }
   EXPECT_EQ(GetCudaGraphStats(eager).replays, 0);
 }
 

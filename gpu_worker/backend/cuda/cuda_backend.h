@@ -33,11 +33,13 @@ struct CudaBackendOptions {
   // to the pinned algorithm's (gemm.h), since the pinned large-tile kernels stream weights far
   // below bandwidth at decode-sized m.
   bool small_m_gemm = true;
-  // Deterministic mode only: batch-invariant split-K (gemm.h): 0 = the built-in rule (k of narrow
-  // GEMMs such as o_proj / down_proj cut into slices fixed per shape), 1 = off, S > 1 = S slices
-  // for every GEMM whose k allows it (benchmarks). o_proj's and down_proj's partials are summed
-  // inside the residual add + RMSNorm that follows them.
-  int split_k = 0;
+  // Deterministic mode only: batch-invariant split-K (gemm.h): 1 = off (default), 0 = the
+  // built-in rule (k of narrow GEMMs such as o_proj / down_proj cut into slices fixed per shape),
+  // S > 1 = S slices for every GEMM but the LM head whose k allows it (benchmarks). o_proj's and
+  // down_proj's partials are summed inside the residual add + RMSNorm that follows them. Off by
+  // default: exact on every shape measured, but on an H100 (bench/engine/NOTES.md run 8) the rule
+  // gained 4-7% at batch 1 and lost up to 3% at batch 64-256 (9% at llama-3.2-1b batch 8).
+  int split_k = 1;
   // Programmatic dependent launch for the backend's own kernels (ops.h SetProgrammaticLaunch):
   // a kernel's launch overlaps the previous kernel's tail; it waits for it before touching
   // memory. Process-wide: the last backend created sets it.

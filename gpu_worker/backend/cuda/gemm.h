@@ -45,11 +45,11 @@ enum class GemmOut { kBf16, kF32 };
 
 class Gemm {
  public:
-  // reference_m: the m at which pinned algorithms are chosen. split_k: 0 = the built-in rule
-  // (Splits), 1 = never split, S > 1 = S slices wherever k allows (benchmarks, tests).
-  // Batch-invariant mode only; heuristic mode leaves split-K to cuBLAS.
+  // reference_m: the m at which pinned algorithms are chosen. split_k: 1 = never split
+  // (default), 0 = the built-in rule (Splits), S > 1 = S slices wherever k allows (benchmarks,
+  // tests). Batch-invariant mode only; heuristic mode leaves split-K to cuBLAS.
   static absl::StatusOr<std::unique_ptr<Gemm>> Create(bool batch_invariant, int reference_m = 256,
-                                                      bool small_m = true, int split_k = 0);
+                                                      bool small_m = true, int split_k = 1);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
