@@ -5,7 +5,7 @@
 # cuda_gemm_bench (per shape: pinned unsplit / S = 2, 4, 8 vs heuristics, bitwise and timed), then
 # engine_bench decode (and prefill) per preset with the variants in one process.
 # Usage: bash bench/engine/device_splitk.sh [preset[:variants] ..., default qwen3-0.6b]
-#   e.g. qwen3-0.6b:default,nosplit,heuristic qwen3-8b:nosplit,split2,heuristic
+#   e.g. qwen3-0.6b:default,splitk,heuristic qwen3-8b:default,split2,heuristic
 # Environment: SECTIONS (default "tests gemm decode"; also "prefill"), VARIANTS, BATCHES,
 # PREFILL_VARIANTS. Logs under $OUT (or ./device-out).
 set -uo pipefail
@@ -42,7 +42,7 @@ B="--backend=cuda"
 if [[ " $SECTIONS " == *" decode "* ]]; then
   for spec in $PRESETS; do
     p=${spec%%:*}
-    v=${VARIANTS:-default,nosplit,heuristic}
+    v=${VARIANTS:-default,splitk,heuristic}
     [[ $spec == *:* ]] && v=${spec#*:}
     timeout 300 build-gpu/bench/engine_bench $B --preset=$p --sections=decode \
       --variants=$v --batches=${BATCHES:-1,8,64,256} >"$OUT/decode_$p.log" 2>&1
@@ -53,7 +53,7 @@ if [[ " $SECTIONS " == *" decode "* ]]; then
 fi
 if [[ " $SECTIONS " == *" prefill "* ]]; then
   timeout 200 build-gpu/bench/engine_bench $B --preset=qwen3-0.6b --sections=prefill \
-    --variants=${PREFILL_VARIANTS:-default,nosplit} >"$OUT/prefill.log" 2>&1
+    --variants=${PREFILL_VARIANTS:-default,splitk} >"$OUT/prefill.log" 2>&1
   echo "prefill rc=$? ($(( $(date +%s) - t0 )) s)"
   grep -E "^\|" "$OUT/prefill.log"
 fi

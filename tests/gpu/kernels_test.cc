@@ -235,7 +235,7 @@ TEST(CudaKernels, SmallGemmRowsEqualThePinnedGemmsRowsBitwise) {
 // Batch-invariant split-K (gemm.h): k cut into S slices fixed per shape, partials summed in slice
 // order. Every row of the result is bitwise the same whether it is computed in a call of 1..16,
 // 64, 256, 1000 or 8192 rows (a decode step, a batch, a chunk of rows, a long prefill), through
-// SmallGemm's split partials (m <= 8, used only once verified against cuBLASLt) or the
+// SmallGemm's split partials (m <= 2, used only once verified against cuBLASLt) or the
 // strided-batched cuBLASLt call, reduced by Run (bf16 and f32 outputs, in row chunks at 8192) or
 // handed out by RunPartials; and it is the product (float64 reference, bf16 tolerance).
 TEST(CudaKernels, SplitKGemmRowsAreBitwiseTheSameForEveryM) {
@@ -311,7 +311,7 @@ TEST(CudaKernels, SplitKGemmRowsAreBitwiseTheSameForEveryM) {
             << "n " << n << " k " << k << " m " << m << " slice " << s;
       }
     }
-    // m <= 8 took the small-m kernel's partials, verified bitwise at their first call.
+    // m <= 2 took the small-m kernel's partials, verified bitwise at their first call.
     EXPECT_GT(g.small_verified(), 0);
     EXPECT_EQ(g.small_rejected(), 0) << "SmallGemm's split partials differ from cuBLASLt's";
     EXPECT_EQ(g.fallbacks(), 0);

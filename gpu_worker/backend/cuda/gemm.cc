@@ -75,10 +75,11 @@ struct Problem {
 // Where SmallGemm beats the pinned algorithm (cuda_gemm_bench, H200: it streams big weight
 // matrices faster at m = 1-2, and vocabulary-sized ones (the LM head) up to m = 16; for narrow
 // outputs such as o_proj and down_proj at 0.6B, n = 1024, the pinned kernel is faster unsplit).
-// Split shapes give it S times the warps. Both paths give the same bits, so this is only a
-// speed choice.
+// Split shapes give it S times the warps; at m = 8 that still lost to the batched cuBLASLt call
+// (H100: llama-3.2-1b batch 8 9% slower with it, NOTES.md run 8), so m <= 2 there too (not yet
+// measured). Both paths give the same bits, so this is only a speed choice.
 bool SmallWins(int m, int n, int splits) {
-  if (splits > 1) return m <= 8;
+  if (splits > 1) return m <= 2;
   return m <= Gemm::kSmallM && (n >= 65536 || (m <= 2 && n >= 3072));
 }
 

@@ -25,7 +25,8 @@
 // k, S) like the unsplit ones) or, at decode-sized m, from SmallGemm's split variant after the
 // same first-use bitwise comparison. Run() reduces them itself (SplitReduce, through a fixed
 // workspace, in row chunks: rows never mix, so chunking changes no bits); RunPartials() hands
-// them to the caller, who fuses the sum into its next pass (AddRmsNormSplit).
+// them to the caller, who fuses the sum into its next pass (AddRmsNormSplit). Off unless asked
+// for (split_k): exact on every shape measured, but not yet faster overall (NOTES.md run 8).
 #pragma once
 
 #include <cstdint>
