@@ -161,6 +161,8 @@ std::vector<v2::GenerateRequest> MakePool(const SoakFlags& f) {
   return pool;
 }
 
+constexpr absl::Duration kMemorySampleInterval = absl::Seconds(30);
+
 struct ProcessMemory {
   std::string role;
   pid_t pid = -1;
@@ -353,11 +355,28 @@ int Run(int argc, char** argv) {
   std::atomic<bool> stop_chaos{false};
   std::vector<ChaosRecord> kills;
   std::thread chaos([&] { kills = RunChaos(up_pid, schedule, stop_chaos, std::cerr); });
+  // The processes no kill restarts, sampled through the loaded phase: a leak grows steadily, an
+  // allocator warming up levels off.
+  std::vector<std::pair<double, std::vector<ProcessMemory>>> memory_trace;
+  std::thread memory_sampler([&] {
+    const absl::Time start = absl::Now();
+    absl::Time next = start + kMemorySampleInterval;
+    while (!stop_chaos) {
+      if (absl::Now() < next) {
+        absl::SleepFor(absl::Milliseconds(100));
+        continue;
+      }
+      memory_trace.emplace_back(absl::ToDoubleSeconds(absl::Now() - start),
+                                SnapshotMemory(up_pid, flags.workers));
+      next += kMemorySampleInterval;
+    }
+  });
   PhaseOptions loaded_options =
       PoolPhase(flags, pool, clients, flags.duration, flags.cancel_fraction, flags.seed + 2);
   RunPhaseResult loaded = RunPhaseWithSamples(*stub, ids, loaded_options, &std::cerr);
   stop_chaos = true;
   chaos.join();
+  memory_sampler.join();
   const SoakTally loaded_tally = TallySoak(loaded.samples, references);
 
   // Every killed child should be back before memory is read at the end.
@@ -368,6 +387,15 @@ int Run(int argc, char** argv) {
     absl::SleepFor(absl::Milliseconds(200));
   }
   const std::vector<ProcessMemory> memory_end = SnapshotMemory(up_pid, flags.workers);
+
+  // Unloaded again after the storm: the stack is back to its baseline (and the baseline itself
+  // was not a fluke of the moment it was taken).
+  std::cerr << "unloaded phase after the load: " << flags.unloaded_concurrency << " client(s) for "
+            << absl::FormatDuration(flags.unloaded_duration) << "\n";
+  PhaseOptions after_options = PoolPhase(flags, pool, flags.unloaded_concurrency,
+                                         flags.unloaded_duration, 0, flags.seed + 3);
+  RunPhaseResult after = RunPhaseWithSamples(*stub, ids, after_options, &std::cerr);
+  const SoakTally after_tally = TallySoak(after.samples, references);
   stub.reset();
   channel->reset();
   const bool up_running = (*up)->Running();
@@ -390,6 +418,8 @@ int Run(int argc, char** argv) {
   PrintTallyRow("unloaded", flags.unloaded_concurrency, unloaded.summary.wall_s, unloaded_tally,
                 out);
   PrintTallyRow("loaded + kills", clients, loaded.summary.wall_s, loaded_tally, out);
+  PrintTallyRow("unloaded, after", flags.unloaded_concurrency, after.summary.wall_s, after_tally,
+                out);
   if (short_references > 0) {
     out << "\nnote: " << short_references << " of " << pool.size()
         << " cold references got fewer tokens than max_tokens (tokens the gateway did not "
@@ -435,15 +465,31 @@ int Run(int argc, char** argv) {
                            memory_start[i].pid, Mib(memory_start[i].rss), memory_end[i].pid,
                            Mib(memory_end[i].rss));
   }
+  // RSS over the loaded phase of the processes that live through it (the first and last rows of
+  // the table above are the ends).
+  out << "\nRSS MiB through the loaded phase (start, then every "
+      << absl::ToInt64Seconds(kMemorySampleInterval) << " s):\n";
+  for (size_t row = 0; row < memory_start.size(); ++row) {
+    const std::string& role = memory_start[row].role;
+    if (role != "cascade up" && role != "gateway" && role != "cascade-soak (clients)") continue;
+    out << "  " << role << ": " << Mib(memory_start[row].rss);
+    for (const auto& [at_s, snapshot] : memory_trace) {
+      if (row < snapshot.size() && snapshot[row].pid == memory_start[row].pid) {
+        out << absl::StrFormat(" %s@%.0fs", Mib(snapshot[row].rss), at_s);
+      }
+    }
+    out << "\n";
+  }
   std::vector<std::string> examples = unloaded_tally.examples;
   examples.insert(examples.end(), loaded_tally.examples.begin(), loaded_tally.examples.end());
+  examples.insert(examples.end(), after_tally.examples.begin(), after_tally.examples.end());
   if (!examples.empty()) {
     out << "\nlost or wrong streams (first ones):\n";
     for (const std::string& e : examples) out << "  " << e << "\n";
   }
   if (!loaded_tally.lost_by.empty())
     out << "lost by code: " << FormatErrors(loaded_tally.lost_by) << "\n";
-  const bool clean = unloaded_tally.clean() && loaded_tally.clean();
+  const bool clean = unloaded_tally.clean() && loaded_tally.clean() && after_tally.clean();
   const bool up_ok = up_running && up_exit == "exited with code 0";
   out << "\nverdict: " << (clean ? "0 lost, 0 wrong" : "LOST OR WRONG STREAMS")
       << (up_ok ? "" : "; cascade up did not run to the end and exit 0") << "\n";
