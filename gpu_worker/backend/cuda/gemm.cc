@@ -76,8 +76,8 @@ struct Problem {
 // matrices faster at m = 1-2, and vocabulary-sized ones (the LM head) up to m = 16; for narrow
 // outputs such as o_proj and down_proj at 0.6B, n = 1024, the pinned kernel is faster unsplit).
 // Split shapes give it S times the warps; at m = 8 that still lost to the batched cuBLASLt call
-// (H100: llama-3.2-1b batch 8 9% slower with it, NOTES.md run 8), so m <= 2 there too (not yet
-// measured). Both paths give the same bits, so this is only a speed choice.
+// (H100: llama-3.2-1b batch 8 9% slower with it, NOTES.md run 8), so m <= 2 there too (second
+// call: llama batch 8 1.06x faster than unsplit). Both paths give the same bits: a speed choice.
 bool SmallWins(int m, int n, int splits) {
   if (splits > 1) return m <= 2;
   return m <= Gemm::kSmallM && (n >= 65536 || (m <= 2 && n >= 3072));
@@ -170,17 +170,28 @@ absl::StatusOr<const Gemm::Algo*> Gemm::FindAlgo(int m, int n, int k, GemmOut ou
   return raw;
 }
 
-absl::Status Gemm::Run(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, GemmOut out,
-                       Stream stream) {
+namespace {
+
+// Shapes the kernels take (m >= 0; n, k multiples of 8) and, unless m = 0, 16-byte aligned
+// operands.
+absl::Status CheckArgs(const void* x, const void* w, int m, int n, int k, const void* y) {
   if (m < 0 || n <= 0 || k <= 0 || n % 8 || k % 8) {
     return absl::InvalidArgumentError(
         absl::StrCat("Gemm: bad shape m=", m, " n=", n, " k=", k, " (n, k multiples of 8)"));
   }
-  if (m == 0) return absl::OkStatus();
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (!aligned(x) || !aligned(w) || !aligned(y)) {
+  if (m > 0 && (!aligned(x) || !aligned(w) || !aligned(y))) {
     return absl::InvalidArgumentError("Gemm: pointers must be 16-byte aligned");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Gemm::Run(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, GemmOut out,
+                       Stream stream) {
+  RETURN_IF_ERROR(CheckArgs(x, w, m, n, k, y));
+  if (m == 0) return absl::OkStatus();
   const int s = Splits(n, k);
   if (s == 1) return RunSlices(x, w, m, n, k, 1, y, out, stream);
   // Partials of a chunk of rows in the workspace, then their slice-order sum into y.
@@ -199,15 +210,8 @@ absl::Status Gemm::Run(const Bf16* x, const Bf16* w, int m, int n, int k, void* 
 
 absl::Status Gemm::RunPartials(const Bf16* x, const Bf16* w, int m, int n, int k, float* partials,
                                Stream stream) {
-  if (m < 0 || n <= 0 || k <= 0 || n % 8 || k % 8) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Gemm: bad shape m=", m, " n=", n, " k=", k, " (n, k multiples of 8)"));
-  }
+  RETURN_IF_ERROR(CheckArgs(x, w, m, n, k, partials));
   if (m == 0) return absl::OkStatus();
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (!aligned(x) || !aligned(w) || !aligned(partials)) {
-    return absl::InvalidArgumentError("Gemm: pointers must be 16-byte aligned");
-  }
   return RunSlices(x, w, m, n, k, Splits(n, k), partials, GemmOut::kF32, stream);
 }
 
