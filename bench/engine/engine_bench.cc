@@ -21,7 +21,8 @@
 // overlapped schedule: step n+1 scheduled and built while step n runs), "splitk" (the
 // batch-invariant split-K rule of gemm.h: o_proj / down_proj of narrow models in k slices),
 // "nosplit" (no split-K: the default since run 8), "split2" / "split4" / "split8" (that many k
-// slices for every GEMM whose k allows it, the LM head excepted).
+// slices for every GEMM whose k allows it, the LM head excepted), "refN" (the pinned GEMM
+// algorithms picked by cuBLASLt's heuristic at m = N instead of 256, e.g. ref1024).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -48,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "gpu_worker/backend/cpu/cpu_backend.h"
@@ -115,6 +117,7 @@ struct Variant {
   bool pdl = true;
   bool overlap = false;  // EngineOptions::overlap_schedule
   int split_k = 1;       // CudaBackendOptions::split_k (1: off)
+  int reference_m = 256;  // CudaBackendOptions::gemm_reference_m
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -129,6 +132,10 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "split2") return v->split_k = 2, true;
   if (name == "split4") return v->split_k = 4, true;
   if (name == "split8") return v->split_k = 8, true;
+  if (absl::StartsWith(name, "ref")) {  // refN: pinned GEMM algorithms chosen at m = N
+    return absl::SimpleAtoi(name.substr(3), &v->reference_m) && v->reference_m > 0 &&
+           v->reference_m <= 65536;
+  }
   return false;
 }
 
@@ -301,6 +308,7 @@ struct Bench {
       o.batch_invariant = variant.batch_invariant;
       o.small_m_gemm = variant.small_m_gemm;
       o.split_k = variant.split_k;
+      o.gemm_reference_m = variant.reference_m;
       o.programmatic_launch = variant.pdl;
       auto b = cuda::NewCudaBackend(model, o);
       if (!b.ok()) {

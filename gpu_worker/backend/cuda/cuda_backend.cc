@@ -405,7 +405,7 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   }
   SetProgrammaticLaunch(o_.programmatic_launch);
   ASSIGN_OR_RETURN(
-      gemm, Gemm::Create(o_.batch_invariant, /*reference_m=*/256, o_.small_m_gemm, o_.split_k));
+      gemm, Gemm::Create(o_.batch_invariant, o_.gemm_reference_m, o_.small_m_gemm, o_.split_k));
   gemm_ = std::move(gemm);
   o_splits_ = gemm_->Splits(hidden_, hq_ * d_);
   down_splits_ = gemm_->Splits(hidden_, inter_);
@@ -1025,7 +1025,7 @@ absl::Status ValidateCudaBackendOptions(const CudaBackendOptions& o) {
   }
   if (o.num_blocks < 0 || o.max_num_tokens <= 0 || o.max_logits_rows <= 0 ||
       o.max_graph_batch < 0 || !(o.kv_cache_fraction > 0 && o.kv_cache_fraction < 1) ||
-      o.device < 0 || o.split_k < 0) {
+      o.device < 0 || o.split_k < 0 || o.gemm_reference_m <= 0) {
     return absl::InvalidArgumentError("cuda backend: bad options");
   }
   return absl::OkStatus();

@@ -40,6 +40,12 @@ struct CudaBackendOptions {
   // default: exact on every shape measured, but on an H100 (bench/engine/NOTES.md run 8) the rule
   // gained 4-7% at batch 1 and lost up to 3% at batch 64-256 (9% at llama-3.2-1b batch 8).
   int split_k = 1;
+  // Deterministic mode only: the m at which cuBLASLt's heuristic picks the algorithm pinned for
+  // every m of a weight shape (gemm.h). 256 by default; on an H100 those picks run 15-20% behind
+  // the heuristic's own at m = 4-16 on qwen3-8b and up to 2.6x behind at m = 2048 (NOTES.md run
+  // 8), so benchmarks compare other values (engine_bench variants refN). Every worker of a
+  // deployment must use the same value: another algorithm gives other bits.
+  int gemm_reference_m = 256;
   // Programmatic dependent launch for the backend's own kernels (ops.h SetProgrammaticLaunch):
   // a kernel's launch overlaps the previous kernel's tail; it waits for it before touching
   // memory. Process-wide: the last backend created sets it.
