@@ -44,6 +44,7 @@ struct Options {
   int64_t kv_blocks = 0;            // per worker; 0: enough for the longest prompt
   int64_t receiver_host_bytes = 0;  // 0: enough for the longest prompt
   int max_batched_tokens = 8192;
+  bool keep_buffers = true;  // worker::KeepKvBuffersMapped, as the worker binary does
   // "e2e": re-prefill vs a Generate that fetches (exactness checked); "transport": FetchKv
   // alone, from a holder whose host tier was seeded with random blocks (no prefill).
   std::string mode = "e2e";
@@ -412,6 +413,8 @@ int main(int argc, char** argv) {
   f.AddInt64("receiver_host_bytes", &o.receiver_host_bytes,
              "the receiver's host KV tier; 0: enough for the longest");
   f.AddInt("max_batched_tokens", &o.max_batched_tokens, "prefill chunk (tokens per step)");
+  f.AddBool("keep_buffers", &o.keep_buffers,
+            "keep freed KV buffers mapped (worker::KeepKvBuffersMapped), as cascade-worker does");
   f.AddString("mode", &o.mode,
               "e2e (re-prefill vs a fetching Generate) or transport (FetchKv alone, seeded "
               "holder)");
@@ -422,6 +425,9 @@ int main(int argc, char** argv) {
   if (f.help_requested()) {
     std::printf("%s", f.Usage().c_str());
     return 0;
+  }
+  if (o.keep_buffers && !cascade::worker::KeepKvBuffersMapped()) {
+    std::fprintf(stderr, "KeepKvBuffersMapped: not applied (not glibc?)\n");
   }
   return cascade::Run(o);
 }
