@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <future>
 #include <random>
@@ -109,6 +110,13 @@ double Median(std::vector<double> v) {
 }
 
 
+// CPU time of the whole process (both workers, every thread), in ms.
+double ProcessCpuMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
 double MsSince(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
@@ -138,17 +146,20 @@ int RunTransport(const Options& o, const std::vector<int>& lengths, worker::Work
     plan.block_size = bs;
     plan.keys = keys;
     std::promise<worker::FetchOutcome> p;
+    const double cpu0 = ProcessCpuMs();
     const auto t0 = Clock::now();
     auto call = fetcher.Fetch(std::move(plan),
                               std::chrono::system_clock::now() + std::chrono::seconds(120),
                               [&p](worker::FetchOutcome out) { p.set_value(std::move(out)); });
     worker::FetchOutcome out = p.get_future().get();
-    return std::make_pair(MsSince(t0), std::move(out));
+    const double ms = MsSince(t0);
+    return std::make_tuple(ms, ProcessCpuMs() - cpu0, std::move(out));
   };
   std::printf(
-      "| prefix tokens | blocks | KV MB | fetch ms | GB/s | header ms | first block ms | "
+      "| prefix tokens | blocks | KV MB | fetch ms | GB/s | CPU ms | CPU ms/MB | header ms | "
+      "first block ms | "
       "last block ms | end ms | verify ms | messages |\n"
-      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::vector<std::pair<double, double>> points;  // (MB, ms)
   bool ok = true;
   for (int len : lengths) {
@@ -175,10 +186,10 @@ int RunTransport(const Options& o, const std::vector<int>& lengths, worker::Work
       return 1;
     }
     seeded.get_future().get();
-    std::vector<double> ms;
+    std::vector<double> ms, cpu;
     worker::FetchTimings t;
     for (int rep = 0; rep < o.reps; ++rep) {
-      auto [m, out] = fetch(keys);
+      auto [m, c, out] = fetch(keys);
       if (out.result != worker::FetchResult::kOk || static_cast<int64_t>(out.blocks.size()) != n) {
         std::fprintf(stderr, "len %d: fetch %s: %s (%zu blocks)\n", len,
                      std::string(worker::FetchResultName(out.result)).c_str(), out.detail.c_str(),
@@ -187,15 +198,19 @@ int RunTransport(const Options& o, const std::vector<int>& lengths, worker::Work
         break;
       }
       ms.push_back(m);
+      cpu.push_back(c);
       if (rep == 0 || m <= *std::min_element(ms.begin(), ms.end())) t = out.timings;
     }
     if (ms.empty()) continue;
     const double mb = static_cast<double>(n * block_bytes) / 1e6;
     const double med = Median(ms);
     points.push_back({mb, med});
-    std::printf("| %d | %lld | %.0f | %.1f | %.3f | %.1f | %.1f | %.1f | %.1f | %.1f | %lld |\n",
-                len, static_cast<long long>(n), mb, med, mb / med, t.header_ms, t.first_block_ms,
-                t.last_block_ms, t.end_ms, t.verify_ms, static_cast<long long>(t.messages));
+    const double cpu_med = Median(cpu);
+    std::printf(
+        "| %d | %lld | %.0f | %.1f | %.3f | %.0f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %lld "
+        "|\n",
+        len, static_cast<long long>(n), mb, med, mb / med, cpu_med, cpu_med / mb, t.header_ms,
+        t.first_block_ms, t.last_block_ms, t.end_ms, t.verify_ms, static_cast<long long>(t.messages));
     std::fflush(stdout);
   }
   if (points.size() > 1) {
