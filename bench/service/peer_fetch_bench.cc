@@ -109,7 +109,6 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-
 // CPU time of the whole process (both workers, every thread), in ms.
 double ProcessCpuMs() {
   timespec ts{};
@@ -148,9 +147,9 @@ int RunTransport(const Options& o, const std::vector<int>& lengths, worker::Work
     std::promise<worker::FetchOutcome> p;
     const double cpu0 = ProcessCpuMs();
     const auto t0 = Clock::now();
-    auto call = fetcher.Fetch(std::move(plan),
-                              std::chrono::system_clock::now() + std::chrono::seconds(120),
-                              [&p](worker::FetchOutcome out) { p.set_value(std::move(out)); });
+    auto call =
+        fetcher.Fetch(std::move(plan), std::chrono::system_clock::now() + std::chrono::seconds(120),
+                      [&p](worker::FetchOutcome out) { p.set_value(std::move(out)); });
     worker::FetchOutcome out = p.get_future().get();
     const double ms = MsSince(t0);
     return std::make_tuple(ms, ProcessCpuMs() - cpu0, std::move(out));
@@ -210,7 +209,8 @@ int RunTransport(const Options& o, const std::vector<int>& lengths, worker::Work
         "| %d | %lld | %.0f | %.1f | %.3f | %.0f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %lld "
         "|\n",
         len, static_cast<long long>(n), mb, med, mb / med, cpu_med, cpu_med / mb, t.header_ms,
-        t.first_block_ms, t.last_block_ms, t.end_ms, t.verify_ms, static_cast<long long>(t.messages));
+        t.first_block_ms, t.last_block_ms, t.end_ms, t.verify_ms,
+        static_cast<long long>(t.messages));
     std::fflush(stdout);
   }
   if (points.size() > 1) {
@@ -223,8 +223,8 @@ int RunTransport(const Options& o, const std::vector<int>& lengths, worker::Work
     }
     const double k = static_cast<double>(points.size());
     const double b = (k * sxy - sx * sy) / (k * sxx - sx * sx);
-    std::printf("\nfit: fetch ms = %.1f + %.3f x MB (%.3f GB/s marginal)\n", (sy - b * sx) / k,
-                b, 1.0 / b);
+    std::printf("\nfit: fetch ms = %.1f + %.3f x MB (%.3f GB/s marginal)\n", (sy - b * sx) / k, b,
+                1.0 / b);
   }
   return ok ? 0 : 1;
 }
@@ -300,9 +300,10 @@ int Run(const Options& o) {
     workers.push_back(std::move(*s));
   }
   if (transport) {
-    std::printf("# peer_fetch_bench --mode=transport: backend %s, preset %s, %d fetches per length "
-                "(median), loopback gRPC with internal mTLS\n\n",
-                workers[0]->loop().engine().backend().Name().c_str(), o.preset.c_str(), o.reps);
+    std::printf(
+        "# peer_fetch_bench --mode=transport: backend %s, preset %s, %d fetches per length "
+        "(median), loopback gRPC with internal mTLS\n\n",
+        workers[0]->loop().engine().backend().Name().c_str(), o.preset.c_str(), o.reps);
     const int rc = RunTransport(o, lengths, *workers[0],
                                 {.ca_file = certs->ca(),
                                  .cert_file = certs->worker_cert("w1"),

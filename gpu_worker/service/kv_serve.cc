@@ -132,10 +132,10 @@ class FetchKvReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void Push(engine::ExportedBlock x) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t i = asked_++;
     const uint32_t crc = BlockChecksum(x.key, std::as_bytes(std::span(x.bytes)));
-    std::string key = (i == faults_.wrong_key_block && i + 1 < static_cast<int64_t>(keys_.size())
-                           ? keys_[i + 1]
-                           : x.key)
-                          .ToHex();
+    std::string key =
+        (i == faults_.wrong_key_block && i + 1 < static_cast<int64_t>(keys_.size()) ? keys_[i + 1]
+                                                                                    : x.key)
+            .ToHex();
     if (i == faults_.corrupt_block) x.bytes[x.bytes.size() / 3] ^= 0x01;
     const auto n = static_cast<int64_t>(x.bytes.size());
     queued_bytes_ += n;
@@ -265,10 +265,10 @@ grpc::ByteBuffer BlockMessage(int64_t index, std::string key_hex, uint32_t crc32
   head.push_back(0x1a);
   AppendVarint(n, &head);
   auto* owned = new std::string(std::move(data));
-  grpc::Slice slices[2] = {
-      grpc::Slice(head),
-      grpc::Slice(owned->data(), owned->size(),
-                  [](void* p) { delete static_cast<std::string*>(p); }, owned)};
+  grpc::Slice slices[2] = {grpc::Slice(head),
+                           grpc::Slice(
+                               owned->data(), owned->size(),
+                               [](void* p) { delete static_cast<std::string*>(p); }, owned)};
   return grpc::ByteBuffer(slices, 2);
 }
 

@@ -19,9 +19,8 @@ class WorkerMetrics;
 
 // Thread-safe; the loop must outlive the service and any RPC in flight.
 // FetchKv is served raw (kv_serve.h: block bytes are handed to gRPC without a copy).
-class WorkerService final
-    : public cascade::v2::WorkerService::WithRawCallbackMethod_FetchKv<
-          cascade::v2::WorkerService::CallbackService> {
+class WorkerService final : public cascade::v2::WorkerService::WithRawCallbackMethod_FetchKv<
+                                cascade::v2::WorkerService::CallbackService> {
  public:
   // `peer`: how this worker fetches KV from the peer a request names (PeerKv); fetching is off
   // without a host KV tier (fetched blocks land there). `metrics` (optional) counts fetches.
