@@ -34,8 +34,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetchKv(engine::EngineLoop* loo
                                                          FetchFaults faults);
 
 // One serialized FetchKvResponse holding `block` with these fields. `data` is not copied: it
-// becomes the buffer's last but one slice and is freed when gRPC is done with it. Parses as
-// the FetchKvResponse protobuf would write (the block's fields in the order 1, 2, 4, 3).
+// becomes the buffer's last slice and is freed when gRPC is done with it. Parses as the
+// FetchKvResponse protobuf would write (the block's fields in the order 1, 2, 4, 3).
 grpc::ByteBuffer BlockMessage(int64_t index, std::string key_hex, uint32_t crc32c,
                               std::string data);
 
