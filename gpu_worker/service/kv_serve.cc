@@ -17,31 +17,7 @@ namespace {
 
 using cascade::v2::FetchKvResponse;
 
-void AppendVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
-
-// A message waiting to be written, and the block bytes it holds.
-struct Outgoing {
-  grpc::ByteBuffer buffer;
-  int64_t data_bytes = 0;
-  bool is_block = false;
-};
-
-class FetchKvReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+class FetchKvReactor final : public grpc::ServerWriteReactor<FetchKvResponse> {
  public:
   FetchKvReactor(engine::EngineLoop* loop, std::vector<hash::Hash128> keys, FetchFaults faults)
       : loop_(loop), keys_(std::move(keys)), faults_(faults), t0_(Clock::now()) {}
@@ -117,9 +93,7 @@ class FetchKvReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
           FetchKvResponse m;
           m.mutable_header()->set_blocks(total_);
           m.mutable_header()->set_block_bytes(loop_->engine().backend().KvBlockBytes());
-          const std::string bytes = m.SerializeAsString();
-          grpc::Slice slice(bytes);
-          queue_.push_back({grpc::ByteBuffer(&slice, 1), 0, false});
+          queue_.push_back(std::move(m));
         }
         for (engine::ExportedBlock& x : b.blocks) Push(std::move(x));
         if (b.blocks.empty() || asked_ >= total_) end_ = true;
@@ -131,15 +105,18 @@ class FetchKvReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void Push(engine::ExportedBlock x) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t i = asked_++;
-    const uint32_t crc = BlockChecksum(x.key, std::as_bytes(std::span(x.bytes)));
-    std::string key =
-        (i == faults_.wrong_key_block && i + 1 < static_cast<int64_t>(keys_.size()) ? keys_[i + 1]
-                                                                                    : x.key)
-            .ToHex();
+    FetchKvResponse m;
+    cascade::v2::FetchKvBlock* blk = m.mutable_block();
+    blk->set_index(i);
+    blk->set_crc32c(BlockChecksum(x.key, std::as_bytes(std::span(x.bytes))));
+    blk->set_key((i == faults_.wrong_key_block && i + 1 < static_cast<int64_t>(keys_.size())
+                      ? keys_[i + 1]
+                      : x.key)
+                     .ToHex());
     if (i == faults_.corrupt_block) x.bytes[x.bytes.size() / 3] ^= 0x01;
-    const auto n = static_cast<int64_t>(x.bytes.size());
-    queued_bytes_ += n;
-    queue_.push_back({BlockMessage(i, std::move(key), crc, std::move(x.bytes)), n, true});
+    queued_bytes_ += static_cast<int64_t>(x.bytes.size());
+    *blk->mutable_data() = std::move(x.bytes);
+    queue_.push_back(std::move(m));
   }
 
   void MaybeWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -153,13 +130,12 @@ class FetchKvReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     const bool stalled = faults_.stall_after >= 0 && sent_ >= faults_.stall_after;
     const bool truncated = faults_.truncate_after >= 0 && sent_ >= faults_.truncate_after;
     if (!queue_.empty() && !stalled && !truncated) {
-      Outgoing next = std::move(queue_.front());
+      current_ = std::move(queue_.front());
       queue_.pop_front();
-      if (next.is_block) {
+      if (current_.has_block()) {
         ++sent_;
-        queued_bytes_ -= next.data_bytes;
+        queued_bytes_ -= static_cast<int64_t>(current_.block().data().size());
       }
-      current_ = std::move(next.buffer);
       writing_ = true;
       StartWrite(&current_);
       // Keep the next batch coming while this one drains (two batches at most in memory).
@@ -185,8 +161,8 @@ class FetchKvReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   Clock::time_point asked_at_ ABSL_GUARDED_BY(mu_);  // the export request with the engine
   int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
   double export_wait_ms_ ABSL_GUARDED_BY(mu_) = 0;  // asked to answered, summed
-  std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
-  grpc::ByteBuffer current_ ABSL_GUARDED_BY(mu_);  // being written
+  std::deque<FetchKvResponse> queue_ ABSL_GUARDED_BY(mu_);
+  FetchKvResponse current_ ABSL_GUARDED_BY(mu_);
   grpc::Status error_ ABSL_GUARDED_BY(mu_) = grpc::Status::OK;
   int64_t total_ ABSL_GUARDED_BY(mu_) = 0;  // blocks announced
   int64_t asked_ ABSL_GUARDED_BY(mu_) = 0;  // blocks received from the engine
@@ -202,7 +178,7 @@ class FetchKvReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-class RefusedReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+class RefusedReactor final : public grpc::ServerWriteReactor<FetchKvResponse> {
  public:
   explicit RefusedReactor(grpc::Status st) { Finish(st); }
   void OnDone() override { delete this; }
@@ -242,48 +218,9 @@ grpc::Status Check(engine::Engine& engine, const cascade::v2::FetchKvRequest& r,
 
 }  // namespace
 
-grpc::ByteBuffer BlockMessage(int64_t index, std::string key_hex, uint32_t crc32c,
-                              std::string data) {
-  cascade::v2::FetchKvBlock small;  // every field but the data
-  small.set_index(index);
-  small.set_key(std::move(key_hex));
-  small.set_crc32c(crc32c);
-  const std::string fields = small.SerializeAsString();
-  const size_t n = data.size();
-  // FetchKvResponse.block (field 2, length-delimited) = the small fields, then data (field 3,
-  // length-delimited) when not empty, as protobuf writes an empty bytes field: not at all.
-  const size_t block_len = fields.size() + (n > 0 ? 1 + VarintSize(n) + n : 0);
-  std::string head;
-  head.reserve(fields.size() + 24);
-  head.push_back(0x12);
-  AppendVarint(block_len, &head);
-  head += fields;
-  if (n == 0) {
-    grpc::Slice only(head);
-    return grpc::ByteBuffer(&only, 1);
-  }
-  head.push_back(0x1a);
-  AppendVarint(n, &head);
-  auto* owned = new std::string(std::move(data));
-  grpc::Slice slices[2] = {grpc::Slice(head),
-                           grpc::Slice(
-                               owned->data(), owned->size(),
-                               [](void* p) { delete static_cast<std::string*>(p); }, owned)};
-  return grpc::ByteBuffer(slices, 2);
-}
-
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetchKv(engine::EngineLoop* loop,
-                                                         const grpc::ByteBuffer& raw,
-                                                         FetchFaults faults) {
-  cascade::v2::FetchKvRequest request;
-  {
-    grpc::ByteBuffer copy(raw);  // shares the slices; parsing consumes the copy
-    if (!grpc::SerializationTraits<cascade::v2::FetchKvRequest>::Deserialize(&copy, &request)
-             .ok()) {
-      return new RefusedReactor(
-          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "FetchKvRequest does not parse"));
-    }
-  }
+grpc::ServerWriteReactor<FetchKvResponse>* StartFetchKv(engine::EngineLoop* loop,
+                                                        const cascade::v2::FetchKvRequest& request,
+                                                        FetchFaults faults) {
   std::vector<hash::Hash128> keys;
   if (grpc::Status st = Check(loop->engine(), request, &keys); !st.ok()) {
     return new RefusedReactor(st);

@@ -451,8 +451,8 @@ grpc::ServerUnaryReactor* WorkerService::EvictChunks(grpc::CallbackServerContext
 
 namespace cascade::worker {
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* WorkerService::FetchKv(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+grpc::ServerWriteReactor<cascade::v2::FetchKvResponse>* WorkerService::FetchKv(
+    grpc::CallbackServerContext* context, const cascade::v2::FetchKvRequest* request) {
   FetchFaults faults;
   {
     MutexLock lock(&faults_mu_);

@@ -18,9 +18,7 @@ namespace cascade::worker {
 class WorkerMetrics;
 
 // Thread-safe; the loop must outlive the service and any RPC in flight.
-// FetchKv is served raw (kv_serve.h: block bytes are handed to gRPC without a copy).
-class WorkerService final : public cascade::v2::WorkerService::WithRawCallbackMethod_FetchKv<
-                                cascade::v2::WorkerService::CallbackService> {
+class WorkerService final : public cascade::v2::WorkerService::CallbackService {
  public:
   // `peer`: how this worker fetches KV from the peer a request names (PeerKv); fetching is off
   // without a host KV tier (fetched blocks land there). `metrics` (optional) counts fetches.
@@ -36,8 +34,8 @@ class WorkerService final : public cascade::v2::WorkerService::WithRawCallbackMe
   grpc::ServerUnaryReactor* EvictChunks(grpc::CallbackServerContext* context,
                                         const cascade::v2::EvictChunksRequest* request,
                                         cascade::v2::EvictChunksResponse* response) override;
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchKv(grpc::CallbackServerContext* context,
-                                                      const grpc::ByteBuffer* request) override;
+  grpc::ServerWriteReactor<cascade::v2::FetchKvResponse>* FetchKv(
+      grpc::CallbackServerContext* context, const cascade::v2::FetchKvRequest* request) override;
 
   // Converts the request; INVALID_ARGUMENT names the field (e.g. a chunk hash that does not
   // match the worker's own hashing).
