@@ -12,7 +12,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <future>
 #include <random>
 #include <string>
 #include <vector>
@@ -23,8 +25,10 @@
 #include "common/cert_gen.h"
 #include "common/flags.h"
 #include "common/internal_auth.h"
+#include "common/log.h"
 #include "gpu_worker/model/config.h"
 #include "gpu_worker/model/generator.h"
+#include "gpu_worker/service/peer_fetch.h"
 #include "gpu_worker/service/worker_server.h"
 
 namespace cascade {
@@ -41,6 +45,10 @@ struct Options {
   int64_t kv_blocks = 0;            // per worker; 0: enough for the longest prompt
   int64_t receiver_host_bytes = 0;  // 0: enough for the longest prompt
   int max_batched_tokens = 8192;
+  bool keep_buffers = true;  // worker::KeepKvBuffersMapped, as the worker binary does
+  // "e2e": re-prefill vs a Generate that fetches (exactness checked); "transport": FetchKv
+  // alone, from a holder whose host tier was seeded with random blocks (no prefill).
+  std::string mode = "e2e";
 };
 
 struct Call {
@@ -101,6 +109,126 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// CPU time of the whole process (both workers, every thread), in ms.
+double ProcessCpuMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+double MsSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// Transport alone: worker 0's host tier holds random blocks under a random key chain (written
+// by a request carrying them as peer blocks, as a receiver's import does); a PeerFetcher with
+// worker 1's identity fetches them over loopback mTLS, and each fetch is timed from the call to
+// the verified outcome (its header, first block and checks from FetchTimings). No import.
+int RunTransport(const Options& o, const std::vector<int>& lengths, worker::WorkerServer& holder,
+                 const common::InternalAuthOptions& client_auth) {
+  engine::Engine& engine = holder.loop().engine();
+  const int64_t block_bytes = engine.backend().KvBlockBytes();
+  const int bs = engine.backend().BlockSize();
+  std::mt19937_64 rng(7);
+  worker::PeerFetchOptions po;
+  po.tls = common::InternalClientTls(client_auth, common::kWorkerServerName);
+  po.timeout = absl::Seconds(120);
+  po.max_bytes = int64_t{1} << 40;
+  worker::PeerFetcher fetcher(po);
+  common::SetLogLevel(common::LogLevel::kDebug);  // the holder's fetch_kv_served lines
+  const auto fetch = [&](const std::vector<hash::Hash128>& keys) {
+    worker::FetchPlan plan;
+    plan.address = holder.address();
+    plan.model = engine.options().model_name;
+    plan.backend = engine.backend().Name();
+    plan.block_bytes = block_bytes;
+    plan.block_size = bs;
+    plan.keys = keys;
+    std::promise<worker::FetchOutcome> p;
+    const double cpu0 = ProcessCpuMs();
+    const auto t0 = Clock::now();
+    auto call =
+        fetcher.Fetch(std::move(plan), std::chrono::system_clock::now() + std::chrono::seconds(120),
+                      [&p](worker::FetchOutcome out) { p.set_value(std::move(out)); });
+    worker::FetchOutcome out = p.get_future().get();
+    const double ms = MsSince(t0);
+    return std::make_tuple(ms, ProcessCpuMs() - cpu0, std::move(out));
+  };
+  std::printf(
+      "| prefix tokens | blocks | KV MB | fetch ms | GB/s | CPU ms | CPU ms/MB | header ms | "
+      "first block ms | "
+      "last block ms | end ms | verify ms | messages |\n"
+      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::vector<std::pair<double, double>> points;  // (MB, ms)
+  bool ok = true;
+  for (int len : lengths) {
+    const int64_t n = len / bs;
+    engine::Request seed;
+    seed.request_id = "seed-" + std::to_string(len);
+    seed.chunks.push_back({.kind = 1, .tokens = std::vector<int32_t>(16, 1000 + len % 1000)});
+    seed.sampling.max_tokens = 1;
+    std::vector<hash::Hash128> keys;
+    hash::Hash128 parent;
+    for (int64_t i = 0; i < n; ++i) {
+      engine::PeerBlock b{{rng(), rng()}, parent, std::string(block_bytes, '\0')};
+      for (char& c : b.bytes) c = static_cast<char>(rng());
+      parent = b.key;
+      keys.push_back(b.key);
+      seed.peer_blocks.push_back(std::move(b));
+    }
+    std::promise<void> seeded;
+    auto sub = holder.loop().Submit(std::move(seed), [&seeded](const engine::SequenceOutput& s) {
+      if (s.finished) seeded.set_value();
+    });
+    if (!sub.ok()) {
+      std::fprintf(stderr, "seed: %s\n", sub.status().ToString().c_str());
+      return 1;
+    }
+    seeded.get_future().get();
+    std::vector<double> ms, cpu;
+    worker::FetchTimings t;
+    for (int rep = 0; rep < o.reps; ++rep) {
+      auto [m, c, out] = fetch(keys);
+      if (out.result != worker::FetchResult::kOk || static_cast<int64_t>(out.blocks.size()) != n) {
+        std::fprintf(stderr, "len %d: fetch %s: %s (%zu blocks)\n", len,
+                     std::string(worker::FetchResultName(out.result)).c_str(), out.detail.c_str(),
+                     out.blocks.size());
+        ok = false;
+        break;
+      }
+      ms.push_back(m);
+      cpu.push_back(c);
+      if (rep == 0 || m <= *std::min_element(ms.begin(), ms.end())) t = out.timings;
+    }
+    if (ms.empty()) continue;
+    const double mb = static_cast<double>(n * block_bytes) / 1e6;
+    const double med = Median(ms);
+    points.push_back({mb, med});
+    const double cpu_med = Median(cpu);
+    std::printf(
+        "| %d | %lld | %.0f | %.1f | %.3f | %.0f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f | %lld "
+        "|\n",
+        len, static_cast<long long>(n), mb, med, mb / med, cpu_med, cpu_med / mb, t.header_ms,
+        t.first_block_ms, t.last_block_ms, t.end_ms, t.verify_ms,
+        static_cast<long long>(t.messages));
+    std::fflush(stdout);
+  }
+  if (points.size() > 1) {
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (auto [x, y] : points) {
+      sx += x;
+      sy += y;
+      sxx += x * x;
+      sxy += x * y;
+    }
+    const double k = static_cast<double>(points.size());
+    const double b = (k * sxy - sx * sy) / (k * sxx - sx * sx);
+    std::printf("\nfit: fetch ms = %.1f + %.3f x MB (%.3f GB/s marginal)\n", (sy - b * sx) / k, b,
+                1.0 / b);
+  }
+  return ok ? 0 : 1;
+}
+
 int Run(const Options& o) {
   std::vector<int> lengths;
   for (absl::string_view s : absl::StrSplit(o.lengths, ',')) {
@@ -139,8 +267,13 @@ int Run(const Options& o) {
   const int64_t host_bytes = o.receiver_host_bytes > 0
                                  ? o.receiver_host_bytes
                                  : (longest + 64) * bytes_per_token + (int64_t{64} << 20);
+  const bool transport = o.mode == "transport";
+  if (!transport && o.mode != "e2e") {
+    std::fprintf(stderr, "bad --mode\n");
+    return 2;
+  }
   std::vector<std::unique_ptr<worker::WorkerServer>> workers;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < (transport ? 1 : 2); ++i) {
     worker::WorkerConfig w;
     w.server.host = "127.0.0.1";
     w.server.port = 0;
@@ -152,7 +285,7 @@ int Run(const Options& o) {
     w.block_size = bs;
     w.max_batched_tokens = o.max_batched_tokens;
     w.max_context = longest + 256;
-    w.host_kv_bytes = i == 1 ? host_bytes : (int64_t{64} << 20);
+    w.host_kv_bytes = i == 1 || transport ? host_bytes : (int64_t{64} << 20);
     w.worker_id = "w" + std::to_string(i);
     w.internal_auth = {.ca_file = certs->ca(),
                        .cert_file = certs->worker_cert(w.worker_id),
@@ -165,6 +298,19 @@ int Run(const Options& o) {
       return 1;
     }
     workers.push_back(std::move(*s));
+  }
+  if (transport) {
+    std::printf(
+        "# peer_fetch_bench --mode=transport: backend %s, preset %s, %d fetches per length "
+        "(median), loopback gRPC with internal mTLS\n\n",
+        workers[0]->loop().engine().backend().Name().c_str(), o.preset.c_str(), o.reps);
+    const int rc = RunTransport(o, lengths, *workers[0],
+                                {.ca_file = certs->ca(),
+                                 .cert_file = certs->worker_cert("w1"),
+                                 .key_file = certs->worker_key("w1")});
+    for (auto& w : workers) w->Shutdown(absl::Seconds(1));
+    std::filesystem::remove_all(cert_dir);
+    return rc;
   }
   std::vector<std::unique_ptr<cascade::v2::WorkerService::Stub>> stubs;
   for (auto& w : workers) {
@@ -283,6 +429,11 @@ int main(int argc, char** argv) {
   f.AddInt64("receiver_host_bytes", &o.receiver_host_bytes,
              "the receiver's host KV tier; 0: enough for the longest");
   f.AddInt("max_batched_tokens", &o.max_batched_tokens, "prefill chunk (tokens per step)");
+  f.AddBool("keep_buffers", &o.keep_buffers,
+            "keep freed KV buffers mapped (worker::KeepKvBuffersMapped), as cascade-worker does");
+  f.AddString("mode", &o.mode,
+              "e2e (re-prefill vs a fetching Generate) or transport (FetchKv alone, seeded "
+              "holder)");
   if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 2;
@@ -290,6 +441,9 @@ int main(int argc, char** argv) {
   if (f.help_requested()) {
     std::printf("%s", f.Usage().c_str());
     return 0;
+  }
+  if (o.keep_buffers && !cascade::worker::KeepKvBuffersMapped()) {
+    std::fprintf(stderr, "KeepKvBuffersMapped: not applied (not glibc?)\n");
   }
   return cascade::Run(o);
 }

@@ -3,10 +3,12 @@
 // and an export answer in flight.
 #include "gpu_worker/service/kv_serve.h"
 
+#include <chrono>
 #include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "common/mutex.h"
 #include "gpu_worker/service/kv_transfer.h"
 
@@ -18,7 +20,7 @@ using cascade::v2::FetchKvResponse;
 class FetchKvReactor final : public grpc::ServerWriteReactor<FetchKvResponse> {
  public:
   FetchKvReactor(engine::EngineLoop* loop, std::vector<hash::Hash128> keys, FetchFaults faults)
-      : loop_(loop), keys_(std::move(keys)), faults_(faults) {}
+      : loop_(loop), keys_(std::move(keys)), faults_(faults), t0_(Clock::now()) {}
 
   void Begin() {
     MutexLock lock(&mu_);
@@ -45,14 +47,26 @@ class FetchKvReactor final : public grpc::ServerWriteReactor<FetchKvResponse> {
     {
       MutexLock lock(&mu_);
       done_ = true;
+      if (common::LogEnabled(common::LogLevel::kDebug)) {
+        common::LogDebug("fetch_kv_served", {{"blocks", sent_},
+                                             {"ms", MsSince(t0_)},
+                                             {"batches", batches_},
+                                             {"export_wait_ms", export_wait_ms_}});
+      }
       release = !exporting_;
     }
     if (release) delete this;
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  static double MsSince(Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  }
+
   void RequestBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     exporting_ = true;
+    asked_at_ = Clock::now();
     std::vector<hash::Hash128> rest(keys_.begin() + asked_, keys_.end());
     loop_->engine().ExportBlocks(std::move(rest), kFetchBatchBytes,
                                  [this](engine::ExportBatch b) { OnBatch(std::move(b)); });
@@ -65,6 +79,8 @@ class FetchKvReactor final : public grpc::ServerWriteReactor<FetchKvResponse> {
     {
       MutexLock lock(&mu_);
       exporting_ = false;
+      ++batches_;
+      export_wait_ms_ += MsSince(asked_at_);
       if (done_) {
         del = true;
       } else if (!b.status.ok()) {
@@ -139,8 +155,12 @@ class FetchKvReactor final : public grpc::ServerWriteReactor<FetchKvResponse> {
   engine::EngineLoop* const loop_;
   const std::vector<hash::Hash128> keys_;
   const FetchFaults faults_;
+  const Clock::time_point t0_;
 
   Mutex mu_;
+  Clock::time_point asked_at_ ABSL_GUARDED_BY(mu_);  // the export request with the engine
+  int64_t batches_ ABSL_GUARDED_BY(mu_) = 0;
+  double export_wait_ms_ ABSL_GUARDED_BY(mu_) = 0;  // asked to answered, summed
   std::deque<FetchKvResponse> queue_ ABSL_GUARDED_BY(mu_);
   FetchKvResponse current_ ABSL_GUARDED_BY(mu_);
   grpc::Status error_ ABSL_GUARDED_BY(mu_) = grpc::Status::OK;

@@ -44,11 +44,23 @@ inline constexpr FetchResult kAllFetchResults[] = {
     FetchResult::kDeadline, FetchResult::kUnavailable, FetchResult::kRefused,
     FetchResult::kCancelled};
 
+// Where a fetch's time went, on the receiver's clock (ms from the call's start), for the log and
+// benchmarks.
+struct FetchTimings {
+  double header_ms = 0;       // the header arrived
+  double first_block_ms = 0;  // the first block arrived
+  double last_block_ms = 0;   // the last block arrived
+  double end_ms = 0;          // the stream ended
+  double verify_ms = 0;       // spent in the checks (key, size, CRC-32C), summed
+  int64_t messages = 0;       // messages read
+};
+
 struct FetchOutcome {
   FetchResult result = FetchResult::kOk;
   std::string detail;                     // what failed, for the log
   std::vector<engine::PeerBlock> blocks;  // verified, in order; empty unless kOk
   int64_t bytes = 0;                      // block bytes received
+  FetchTimings timings;
 };
 
 // Not thread-safe: one per fetch, fed by its reader in stream order.

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   cascade::common::RegisterServerFlags(&flags, &config.server);
   cascade::worker::RegisterWorkerFlags(&flags, &config);
   if (auto code = cascade::common::ParseFlags(flags, argc, argv)) return *code;
+  cascade::worker::KeepKvBuffersMapped();
   auto server = cascade::worker::WorkerServer::Start(config);
   if (!server.ok()) {
     std::cerr << "cascade-worker: " << server.status().message() << "\n";

@@ -2,6 +2,7 @@
 #include "gpu_worker/service/peer_fetch.h"
 
 #include <atomic>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -30,6 +31,7 @@ class GrpcFetchCall final : public PeerFetchCall,
   void Start(std::shared_ptr<cascade::v2::WorkerService::Stub> stub,
              std::chrono::system_clock::time_point deadline) {
     stub_ = std::move(stub);  // held for the call's life (with it, the channel)
+    t0_ = std::chrono::steady_clock::now();
     ctx_.set_deadline(deadline);
     stub_->async()->FetchKv(&ctx_, &request_, this);
     self_ = shared_from_this();  // until OnDone
@@ -45,12 +47,18 @@ class GrpcFetchCall final : public PeerFetchCall,
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows with the status
     bool go_on = false;
+    const double at = Ms();
+    ++timings_.messages;
     if (msg_.has_header()) {
+      timings_.header_ms = at;
       go_on = verifier_.OnHeader(msg_.header().blocks(), msg_.header().block_bytes());
     } else if (msg_.has_block()) {
+      if (timings_.first_block_ms == 0) timings_.first_block_ms = at;
+      timings_.last_block_ms = at;
       cascade::v2::FetchKvBlock* b = msg_.mutable_block();
       go_on = verifier_.OnBlock(b->index(), b->key(), std::move(*b->mutable_data()), b->crc32c());
     }
+    timings_.verify_ms += Ms() - at;
     if (!go_on) {
       ctx_.TryCancel();  // the holder stops sending; OnDone reports the verifier's reason
       return;
@@ -64,12 +72,22 @@ class GrpcFetchCall final : public PeerFetchCall,
     if (absl::IsCancelled(st) && !cancelled_here_) {
       st = absl::UnavailableError(absl::StrCat("the holder ended the transfer: ", st.message()));
     }
-    done_(std::move(verifier_).Finish(st));
+    timings_.end_ms = Ms();
+    FetchOutcome out = std::move(verifier_).Finish(st);
+    out.timings = timings_;
+    done_(std::move(out));
     self_.reset();  // may delete this
   }
 
  private:
+  double Ms() const {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_)
+        .count();
+  }
+
   std::shared_ptr<cascade::v2::WorkerService::Stub> stub_;
+  std::chrono::steady_clock::time_point t0_;
+  FetchTimings timings_;  // the reactor's callbacks run one at a time
   cascade::v2::FetchKvRequest request_;
   FetchVerifier verifier_;
   std::function<void(FetchOutcome)> done_;

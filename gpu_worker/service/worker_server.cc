@@ -2,6 +2,9 @@
 #include "gpu_worker/service/worker_server.h"
 
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <atomic>
 
@@ -237,6 +240,16 @@ void WorkerServer::Shutdown(absl::Duration drain) {
   runner_->Shutdown(drain);
   if (agent_) agent_->Stop();
   if (loop_) loop_->Stop();
+}
+
+bool KeepKvBuffersMapped() {
+#if defined(__GLIBC__)
+  // 32 MB is the largest mmap threshold glibc accepts on 64-bit; setting it also stops glibc's
+  // own adjustment of both thresholds.
+  return mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, 256 << 20) == 1;
+#else
+  return false;
+#endif
 }
 
 }  // namespace cascade::worker

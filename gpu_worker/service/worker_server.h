@@ -96,4 +96,12 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
                                                              const model::Model& model,
                                                              const WorkerConfig& config);
 
+// Process-wide, once, before serving (the worker binary and benchmarks call it): keeps freed
+// multi-MB buffers (KV blocks in transit: 2-4 MB each, allocated and freed per block by a peer
+// fetch on both ends) in the heap instead of returning them to the OS, so the next block does
+// not fault its pages in again. Page faults were the largest single cost of a fetch
+// (bench/service/NOTES.md). Buffers up to 32 MB come from the heap; up to 256 MB of free heap
+// top stays mapped per arena. Returns false where the allocator is not glibc's.
+bool KeepKvBuffersMapped();
+
 }  // namespace cascade::worker
