@@ -115,8 +115,8 @@ struct Variant {
   bool batch_invariant = true;
   bool small_m_gemm = true;
   bool pdl = true;
-  bool overlap = false;  // EngineOptions::overlap_schedule
-  int split_k = 1;       // CudaBackendOptions::split_k (1: off)
+  bool overlap = false;   // EngineOptions::overlap_schedule
+  int split_k = 1;        // CudaBackendOptions::split_k (1: off)
   int reference_m = 256;  // CudaBackendOptions::gemm_reference_m
 };
 bool ParseVariant(const std::string& name, Variant* v) {

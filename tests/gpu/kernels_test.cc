@@ -244,15 +244,15 @@ TEST(CudaKernels, SplitKGemmRowsAreBitwiseTheSameForEveryM) {
   CASCADE_REQUIRE_GPU();
   std::mt19937 rng(16);
   struct Case {
-    int n, k, split_k;  // split_k 0: the built-in rule (splits these narrow shapes)
+    int n, k, split_k;      // split_k 0: the built-in rule (splits these narrow shapes)
     int reference_m = 256;  // where the pinned algorithm is picked (gemm_reference_m)
   };
   // The last two: unsplit, with the algorithms cuBLASLt picks at m = 2048 (engine_bench refN).
   for (Case c : {Case{1024, 3072, 0}, Case{1024, 2048, 0}, Case{256, 512, 2}, Case{4096, 1024, 4},
                  Case{1024, 3072, 1, 2048}, Case{6144, 1024, 1, 2048}}) {
     const int n = c.n, k = c.k;
-    SCOPED_TRACE(absl::StrCat("n ", n, " k ", k, " split_k ", c.split_k, " reference_m ",
-                              c.reference_m));
+    SCOPED_TRACE(
+        absl::StrCat("n ", n, " k ", k, " split_k ", c.split_k, " reference_m ", c.reference_m));
     auto gemm = Gemm::Create(/*batch_invariant=*/true, c.reference_m, /*small_m=*/true, c.split_k);
     ASSERT_TRUE(gemm.ok()) << gemm.status();
     Gemm& g = **gemm;
