@@ -30,14 +30,7 @@ if [ "$GPUS" -lt 2 ]; then
 fi
 fail=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  for t in "${TESTS[@]}"; do
-    timeout 240 build-gpu-full/tests/$t >"$OUT/$t.tmp" 2>&1
-    rc=$?
-    cat "$OUT/$t.tmp" >>"$OUT/gpu_tests.log"
-    [ $rc -ne 0 ] && fail=1
-    echo "$t rc=$rc: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$t.tmp" | tr '\n' ' ')"
-    rm -f "$OUT/$t.tmp"
-  done
+  bash scripts/device_gpu_tests.sh build-gpu-full || fail=1
   echo "tests: $(( $(date +%s) - t0 )) s, failures: $fail"
 fi
 for spec in "${SPECS[@]}"; do

@@ -20,15 +20,7 @@ echo "build: $(( $(date +%s) - t0 )) s"
 . build-gpu-full/env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 fail=0
-for t in "${TESTS[@]}"; do
-  echo "===== $t" >>"$OUT/gpu_tests.log"
-  timeout 240 build-gpu-full/tests/$t >"$OUT/$t.tmp" 2>&1
-  rc=$?
-  cat "$OUT/$t.tmp" >>"$OUT/gpu_tests.log"
-  [ $rc -ne 0 ] && fail=1
-  echo "$t rc=$rc: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$t.tmp" | tr '\n' ' ')"
-  rm -f "$OUT/$t.tmp"
-done
+bash scripts/device_gpu_tests.sh build-gpu-full || fail=1
 echo "tests: $(( $(date +%s) - t0 )) s, failures: $fail"
 for p in "${PRESETS[@]}"; do
   timeout 300 build-gpu-full/bench/cascade_peer_fetch_bench --backend=cuda --preset="$p" \
