@@ -15,6 +15,7 @@
 #include <ctime>
 #include <filesystem>
 #include <future>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -434,14 +435,7 @@ int main(int argc, char** argv) {
   f.AddString("mode", &o.mode,
               "e2e (re-prefill vs a fetching Generate) or transport (FetchKv alone, seeded "
               "holder)");
-  if (absl::Status s = f.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  }
-  if (f.help_requested()) {
-    std::printf("%s", f.Usage().c_str());
-    return 0;
-  }
+  if (std::optional<int> code = cascade::common::ParseFlags(f, argc, argv)) return *code;
   if (o.keep_buffers && !cascade::worker::KeepKvBuffersMapped()) {
     std::fprintf(stderr, "KeepKvBuffersMapped: not applied (not glibc?)\n");
   }
