@@ -495,6 +495,23 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
   EXPECT_GT(not_argmax, kRows / 3) << "the rows should exercise the random draw";
 }
 
+// Options are checked before any device work, so this runs without a GPU: out-of-range values
+// are refused with InvalidArgument, the defaults pass.
+TEST(CudaBackend, OutOfRangeOptionsAreRefused) {
+  EXPECT_TRUE(ValidateCudaBackendOptions(CudaBackendOptions{}).ok());
+  auto refused = [](auto change) {
+    CudaBackendOptions o;
+    change(o);
+    return absl::IsInvalidArgument(ValidateCudaBackendOptions(o));
+  };
+  EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.split_k = -1; }));
+  EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.gemm_reference_m = 0; }));
+  EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.gemm_reference_m = -256; }));
+  EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.block_size = 7; }));
+  EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.kv_cache_fraction = 1.5; }));
+  EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.device = -1; }));
+}
+
 TEST(CudaBackend, RejectsMalformedBatches) {
   CASCADE_REQUIRE_GPU();
   auto model = MakeModel("tiny", 4);
