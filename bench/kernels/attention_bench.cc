@@ -145,10 +145,12 @@ std::vector<std::vector<int32_t>> PrefixTables(const std::vector<int>& ctx, int 
 double TimeAttention(const std::vector<int>& q_len, const std::vector<int>& ctx,
                      const std::vector<std::vector<int32_t>>& tables, int64_t blocks_per_set,
                      int rot, int64_t num_blocks, const KvCacheView& cache,
-                     const AttentionConfig& config, AttentionPlan* plan) {
+                     const AttentionConfig& config, AttentionPlan* plan,
+                     PrefillPath prefill_path = PrefillPath::kAuto) {
   std::vector<Setup> sets(rot);
   for (int r = 0; r < rot; ++r) {
     Build(&sets[r], q_len, ctx, tables, r * blocks_per_set, num_blocks, cache, config);
+    sets[r].args.prefill_path = prefill_path;
   }
   *plan = sets[0].plan;
   return TimeMs(
@@ -306,16 +308,27 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     std::printf("tree: every tile %.2fx faster than single-level, %.2fx its floor\n",
                 single_ms / every_ms, every_ms * 1e-3 / (token_bytes * tokens / bw));
   }
-  // Prefill: one sequence of N tokens from position 0 (causal), TFLOP/s.
+  // Prefill: one sequence of N tokens from position 0 (causal), TFLOP/s, on the mma.sync kernel
+  // and (Hopper) the wgmma kernel; both give the same bits (cuda_attention_test).
   if (cascade_only) return 0;
-  std::printf("\n%-34s %9s %10s\n", "prefill (causal, 1 seq)", "time_us", "TFLOP/s");
+  absl::StatusOr<bool> wgmma = WgmmaPrefillAvailable();
+  CHECK_OK(wgmma.status());
+  std::printf("\n%-26s %12s %10s %12s %10s %8s\n", "prefill (causal, 1 seq)", "mma.sync_us",
+              "TFLOP/s", "wgmma_us", "TFLOP/s", "speedup");
   for (int n : {512, 2048, 4096, 8192}) {
     int64_t blocks = 0;
     const auto tables = PrefixTables({n}, 0, &blocks);
-    const double ms = TimeAttention({n}, {n}, tables, blocks, 1, num_blocks, cache, every, &plan);
     const double flops = 4.0 * kD * kHq * (static_cast<double>(n) * (n + 1) / 2);
-    std::printf("%-34s %9.1f %10.2f\n", ("prefill N=" + std::to_string(n)).c_str(), ms * 1e3,
+    const double ms = TimeAttention({n}, {n}, tables, blocks, 1, num_blocks, cache, every, &plan,
+                                    PrefillPath::kMmaSync);
+    std::printf("%-26s %12.1f %10.2f", ("prefill N=" + std::to_string(n)).c_str(), ms * 1e3,
                 flops / (ms * 1e-3) / 1e12);
+    if (*wgmma) {
+      const double wg = TimeAttention({n}, {n}, tables, blocks, 1, num_blocks, cache, every, &plan,
+                                      PrefillPath::kWgmma);
+      std::printf(" %12.1f %10.2f %7.2fx", wg * 1e3, flops / (wg * 1e-3) / 1e12, ms / wg);
+    }
+    std::printf("\n");
   }
   return 0;
 }

@@ -19,7 +19,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu -
 obj=$(find build-gpu -name attention.cu.o | head -1)
 cuobjdump -res-usage "$obj" 2>&1 | grep --no-group-separator -A1 "Function" | paste - - |
   sed -E 's/.*(Prefill|Split|Merge)Kernel(ILi([0-9]+)E)?.*(REG:[0-9]+ STACK:[0-9]+).*(LOCAL:[0-9]+).*/\1 \3 \4 \5/' | grep -v Function
-echo "HMMA in attention.cu.o: $(cuobjdump -sass "$obj" | grep -c HMMA)"
+sass=$(cuobjdump -sass "$obj")
+echo "attention.cu.o: HMMA $(grep -c HMMA <<<"$sass"), HGMMA $(grep -c HGMMA <<<"$sass")"
 fail=0
 for t in cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test; do
   timeout 240 build-gpu/tests/$t >"$OUT/$t.log" 2>&1

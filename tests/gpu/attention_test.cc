@@ -83,7 +83,8 @@ Batch MakeBatch(const std::vector<Seq>& seqs) {
 std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector<uint16_t>& q,
                                    bool cascade, AttentionPlan* plan_out = nullptr,
                                    CascadeGrouping grouping = CascadeGrouping::kEveryTile,
-                                   int tiles_per_item = 0) {
+                                   int tiles_per_item = 0,
+                                   PrefillPath prefill_path = PrefillPath::kAuto) {
   AttentionConfig cfg{h.hq, h.hkv, h.D, h.bs, cascade, grouping, tiles_per_item};
   AttentionBatch ab{b.positions.data(),
                     b.num_tokens(),
@@ -114,6 +115,7 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
   args.partial_ml = d_pl.as<float>();
   args.scale = 1.f / std::sqrt(static_cast<float>(h.D));
   args.num_q_heads = h.hq;
+  args.prefill_path = prefill_path;
   AttentionPlanView view{d_fi.as<int32_t>(),    plan.num_final(),     d_si.as<int32_t>(),
                          plan.num_split(),      d_rows.as<int32_t>(), d_base.as<int32_t>(),
                          d_merge.as<int32_t>(), plan.num_merge(),     plan.max_final_rows,
@@ -290,6 +292,43 @@ TEST(Attention, ThreeLevelTreeCascadeEqualsFlatBitwise) {
     out_some.insert(out_some.end(), out.begin() + r * row, out.begin() + (r + 1) * row);
   }
   ExpectClose(out_some, Reference(h, some, MakeBatch(some), q_some));
+}
+
+// The Hopper prefill kernel (wgmma) and the mma.sync prefill kernel give the same bits for every
+// row: prefills from position 0 over many items, from mid-tile and mid-block offsets (a cached
+// prefix), short items, GQA groups 1, 2 and 4, blocks of 16, 32 and 64, next to decode rows.
+// With CachedPrefillEqualsColdPrefillBitwise (default path: wgmma on Hopper == the split kernel)
+// this keeps prefill == decode for a row whichever kernel runs it.
+TEST(Attention, PrefillKernelsAgreeBitwise) {
+  CASCADE_REQUIRE_GPU();
+  absl::StatusOr<bool> wgmma = WgmmaPrefillAvailable();
+  ASSERT_TRUE(wgmma.ok()) << wgmma.status();
+  if (!*wgmma) GTEST_SKIP() << "the wgmma prefill kernel needs a compute capability 9.0 GPU";
+  bool checked_reference = false;
+  for (const Shape sh : {Shape{16, 8, 128, 16}, Shape{32, 8, 128, 16}, Shape{8, 8, 128, 32},
+                         Shape{16, 4, 128, 64}}) {
+    std::mt19937 rng(300 + sh.hq + sh.bs);
+    Harness h(sh.hq, sh.hkv, sh.D, sh.bs, 6000 / sh.bs, &rng);
+    std::vector<Seq> seqs = {{1000, 1000, {}}, {45, 300, {}}, {3, 3, {}},     {130, 700, {}},
+                             {1, 90, {}},      {64, 64, {}},  {200, 520, {}}, {17, 129, {}}};
+    for (Seq& s : seqs) h.Fill(&s);
+    Batch b = MakeBatch(seqs);
+    std::vector<float> q = RandomNormal(static_cast<size_t>(b.num_tokens()) * sh.hq * sh.D, &rng);
+    auto q_bits = RoundToBf16(&q);
+    auto mma = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                            PrefillPath::kMmaSync);
+    auto wg = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                           PrefillPath::kWgmma);
+    ASSERT_EQ(mma.size(), wg.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < mma.size(); ++i) differ += mma[i] != wg[i];
+    EXPECT_EQ(differ, 0u) << "wgmma prefill != mma.sync prefill, shape hq " << sh.hq << " hkv "
+                          << sh.hkv << " block " << sh.bs;
+    if (!checked_reference) {
+      ExpectClose(wg, Reference(h, seqs, b, q));
+      checked_reference = true;
+    }
+  }
 }
 
 // The same query row computed by a cold prefill, by a prefill of the uncached tail (causal offset),

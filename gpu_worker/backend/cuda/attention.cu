@@ -11,6 +11,7 @@
 
 #include "gpu_worker/backend/cuda/launchers.h"
 #include "gpu_worker/backend/cuda/pdl.cuh"
+#include "gpu_worker/backend/cuda/wgmma.cuh"
 
 namespace cascade::cuda::internal {
 namespace {
@@ -424,6 +425,242 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
 }
 
 // ---------------------------------------------------------------------------------------------
+// Prefill on Hopper tensor cores (wgmma, sm_90a; head_dim 128): the same items, rows and
+// arithmetic as PrefillKernel, one CTA of two warpgroups per (item, kv head). Warpgroup wg owns
+// q-rows [64 wg, 64 wg + 64) (warp w of it rows 16 w .. 16 w + 15, the mma.sync layout), so every
+// per-row step below is PrefillTile's: S = Q K^T as 8 wgmma k16 steps from +0 (k over D
+// ascending), RowSoftmax in the same lanes and key order, P rounded to bf16 as the register A
+// operand of O_t = P V (4 k16 steps over the tile's keys, from +0), and the same Fold. wgmma's
+// k16 step gives the bits of mma.sync m16n8k16's (WgmmaMatchesMmaSyncBitwise in
+// cuda_attention_test), so this kernel, PrefillKernel and the split kernel agree bit for bit.
+// Q and the K/V tiles sit in shared memory in the 128-byte swizzled layout of wgmma.cuh, K/V
+// streamed through three stages with cp.async (paged blocks of 16 tokens rule out one bulk
+// tensor copy per tile).
+constexpr int kWgD = 128;
+constexpr int kWgRows = 128;  // q-rows per CTA (== PrefillQueriesPerCta(128))
+constexpr int kWgStages = 3;
+constexpr int kWgRowBytes = kWgD * 2;
+constexpr int kWgTileBytes = kT * kWgRowBytes;  // one K or V tile
+constexpr size_t kWgSmemBytes =
+    1024 + static_cast<size_t>(kWgRows) * kWgRowBytes + 2 * kWgStages * kWgTileBytes;
+static_assert(PrefillQueriesPerCta(kWgD) == kWgRows, "wgmma prefill rows");
+
+// One 64-key tile for one warpgroup (see PrefillTile for the arithmetic).
+template <bool kMask>
+__device__ __forceinline__ void PrefillTileWg(uint32_t q_smem, uint32_t k_smem, uint32_t v_smem,
+                                              int ts, const int (&pos)[2], float scale_log2,
+                                              float (&m)[2], float (&l)[2], float (&o)[64],
+                                              int lane) {
+  const int t4 = lane & 3;
+  float s[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] = 0.f;
+  FenceRegs(s);
+  WgmmaFence();
+#pragma unroll
+  for (int kc = 0; kc < kWgD / 16; ++kc) {
+    const uint32_t half = (kc >> 2), kb = (kc & 3) * 32;
+    Wgmma64x64SS(s, WgmmaDesc(q_smem + half * kWgRows * 128 + kb, 16, 1024),
+                 WgmmaDesc(k_smem + half * kT * 128 + kb, 16, 1024));
+  }
+  WgmmaCommit();
+  WgmmaWait<0>();
+  FenceRegs(s);
+  FoldWeights w[2];
+  bool valid[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float x[16];
+#pragma unroll
+    for (int n = 0; n < kT / 8; ++n) {
+      x[2 * n] = s[4 * n + 2 * h];
+      x[2 * n + 1] = s[4 * n + 2 * h + 1];
+    }
+    float ms, lt;
+    RowSoftmax<kMask>(x, pos[h] + 1 - ts, t4, scale_log2, ms, lt);
+#pragma unroll
+    for (int n = 0; n < kT / 8; ++n) {
+      s[4 * n + 2 * h] = x[2 * n];
+      s[4 * n + 2 * h + 1] = x[2 * n + 1];
+    }
+    valid[h] = !kMask || ms != -INFINITY;
+    w[h] = Fold(m[h], ms);
+    if (valid[h]) {
+      l[h] = FoldElem(l[h], w[h], lt);
+      m[h] = w[h].m;
+    }
+  }
+  uint32_t pa[kT / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kT / 16; ++kk) {
+    pa[kk][0] = PackBf16(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = PackBf16(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = PackBf16(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = PackBf16(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+  float ot[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) ot[i] = 0.f;
+  FenceRegs(ot);
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < kT / 16; ++kk) {
+    Wgmma64x128RS(ot, pa[kk], WgmmaDesc(v_smem + kk * 2048, kT * 128, 1024));
+  }
+  WgmmaCommit();
+  WgmmaWait<0>();
+  FenceRegs(ot);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int h = (i >> 1) & 1;
+    if (valid[h]) o[i] = FoldElem(o[i], w[h], ot[i]);
+  }
+}
+
+__global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  WaitForPriorGrids();
+  constexpr int D = kWgD, kThr = 256, C = D / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);  // 1024-byte aligned atoms
+  unsigned char* Qs = smem;                                          // [kWgRows] rows, swizzled
+  unsigned char* KVs = Qs + kWgRows * kWgRowBytes;  // stage s: K at 2 s, V at 2 s + 1 (tiles)
+  const uint32_t qs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(Qs));
+  const uint32_t kv_addr = static_cast<uint32_t>(__cvta_generic_to_shared(KVs));
+  __shared__ int wg_pos[2][2];  // per warpgroup: lowest, highest row position
+
+  const AttentionArgs& a = k.a;
+  const KvCacheView& cache = a.cache;
+  const int hq = a.num_q_heads, hkv = cache.num_kv_heads, G = hq / hkv, bs = cache.block_size;
+  const int32_t* it = k.items + static_cast<int64_t>(blockIdx.x) * kItemFields;
+  const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
+  const int row_count = it[4], kv_len = it[5];
+  const int kvh = blockIdx.y;
+  const int nq = row_count * G;  // <= kWgRows
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, g = lane >> 2;
+
+  if (tid < 4) wg_pos[tid >> 1][tid & 1] = (tid & 1) ? -1 : INT_MAX;
+  const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(a.q);
+  for (int i = tid; i < kWgRows * C; i += kThr) {
+    const int qi = i / C, c = i % C;
+    const __nv_bfloat16* src = q;
+    if (qi < nq) {
+      const int row = k.item_rows[row_begin + qi / G];
+      src = q + static_cast<int64_t>(row) * a.q_row_stride + (kvh * G + qi % G) * D + c * 8;
+    }
+    CpAsync16Z(Qs + SwizzleOffset(kWgRows, qi, c), src, qi < nq ? 16 : 0);
+  }
+  // K/V tile loads: thread tid copies chunk tid % C of keys tid / C + 16 r, r < 4.
+  constexpr int kRowsPerPass = kThr / C, kR = kT / kRowsPerPass;
+  const int cchunk = tid % C, j0 = tid / C;
+  const __nv_bfloat16* kc = reinterpret_cast<const __nv_bfloat16*>(cache.k) + cchunk * 8;
+  const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v) + cchunk * 8;
+  int ids[kR];
+  auto load_ids = [&](int t) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int tok = t * kT + j0 + r * kRowsPerPass;
+      ids[r] = -1;
+      if (tok < kv_len) ids[r] = (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
+    }
+  };
+  auto issue_tile = [&](int stage) {
+    unsigned char* Kd = KVs + 2 * stage * kWgTileBytes;
+    unsigned char* Vd = Kd + kWgTileBytes;
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int off = SwizzleOffset(kT, j0 + r * kRowsPerPass, cchunk);
+      const int64_t src = ids[r] < 0 ? 0 : static_cast<int64_t>(ids[r]) * D;
+      const int bytes = ids[r] < 0 ? 0 : 16;
+      CpAsync16Z(Kd + off, kc + src, bytes);
+      CpAsync16Z(Vd + off, vc + src, bytes);
+    }
+  };
+
+  int pos[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int qi = warp * 16 + g + 8 * h;
+    pos[h] = qi < nq ? a.positions[k.item_rows[row_begin + qi / G]] : -1;
+  }
+  int wmin = pos[0] < 0 ? INT_MAX : pos[0], wmax = max(pos[0], pos[1]);
+  if (pos[1] >= 0) wmin = min(wmin, pos[1]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, off));
+    wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
+  }
+  __syncthreads();  // wg_pos initialized
+  if (lane == 0) {
+    atomicMin(&wg_pos[wg][0], wmin);
+    atomicMax(&wg_pos[wg][1], wmax);
+  }
+
+  float o[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  const uint32_t q_wg = qs_addr + wg * 64 * 128;  // 64 rows = 8 atoms of 1024 bytes
+
+  // Three stages, one barrier per tile: after the barrier that publishes tile t every warpgroup
+  // is done with tile t - 1 (its wgmma waited), so tile t + 2 may be copied into that stage.
+  load_ids(tile_begin);
+  issue_tile(0);
+  CpAsyncCommit();  // with Q
+  if (tile_begin + 1 < tile_end) {
+    load_ids(tile_begin + 1);
+    issue_tile(1);
+  }
+  CpAsyncCommit();
+  if (tile_begin + 2 < tile_end) load_ids(tile_begin + 2);
+  int lo = INT_MAX, hi = -1;
+  for (int t = tile_begin; t < tile_end; ++t) {
+    const int i = t - tile_begin;
+    CpAsyncWait<1>();
+    FenceProxyAsync();  // cp.async writes, read next by wgmma (the async proxy)
+    __syncthreads();
+    if (i == 0) {
+      lo = wg_pos[wg][0];
+      hi = wg_pos[wg][1];
+    }
+    if (t + 2 < tile_end) {
+      issue_tile((i + 2) % kWgStages);
+      if (t + 3 < tile_end) load_ids(t + 3);
+    }
+    CpAsyncCommit();
+    const int ts = t * kT;
+    const uint32_t ks = kv_addr + 2 * ((i % kWgStages) * kWgTileBytes);
+    const uint32_t vs = ks + kWgTileBytes;
+    if (ts <= hi) {  // warpgroup-uniform: some row of the warpgroup sees a key of the tile
+      if (ts + kT - 1 <= lo) {
+        PrefillTileWg<false>(q_wg, ks, vs, ts, pos, k.scale_log2, m, l, o, lane);
+      } else {
+        PrefillTileWg<true>(q_wg, ks, vs, ts, pos, k.scale_log2, m, l, o, lane);
+      }
+    }
+  }
+  CpAsyncWait<0>();
+
+  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int qi = warp * 16 + g + 8 * h;
+    if (qi >= nq) continue;
+    const int row = k.item_rows[row_begin + qi / G];
+    const float inv = __frcp_rn(l[h]);
+    __nv_bfloat16* dst = out + static_cast<int64_t>(row) * hq * D + (kvh * G + qi % G) * D;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * (lane & 3)) =
+          PackBf16(__fmul_rn(o[4 * n + 2 * h], inv), __fmul_rn(o[4 * n + 2 * h + 1], inv));
+    }
+  }
+#else
+  __trap();  // launched only on devices with sm_90a machine code (PrefillWgmmaAvailable)
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
 // Split items (decode rows, cascade tiles): one CTA (kThreads threads, kv head blockIdx.y) per
 // item writes one partial per (row, query head, tile): O_t = P V unnormalized (f32) and
 // (ms, l) (see RowSoftmax and Fold). S = Q K^T and O_t = P V on tensor cores with the prefill
@@ -637,12 +874,19 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
   TileKernelArgs k{args, nullptr, plan.item_rows, plan.partial_base, args.scale * kLog2e, nullptr};
   if (plan.num_final > 0) {
     k.items = plan.final_items;
-    constexpr size_t smem = PrefillSmemBytes<D>();
+    bool wgmma = false;
+    if (D == kWgD && args.prefill_path != PrefillPath::kMmaSync) {
+      const cudaError_t err = WgmmaAvailable(&wgmma);
+      if (err != cudaSuccess) return err;
+    }
+    if (args.prefill_path == PrefillPath::kWgmma && !wgmma) return cudaErrorNotSupported;
+    auto kernel = wgmma ? PrefillWgmmaKernel : PrefillKernel<D>;
+    const size_t smem = wgmma ? kWgSmemBytes : PrefillSmemBytes<D>();
     cudaError_t err =
-        cudaFuncSetAttribute(PrefillKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
-    err = LaunchKernel(PrefillKernel<D>, dim3(plan.num_final, args.cache.num_kv_heads),
-                       PrefillWarps<D>() * 32, smem, stream, k);
+    err = LaunchKernel(kernel, dim3(plan.num_final, args.cache.num_kv_heads),
+                       wgmma ? 256 : PrefillWarps<D>() * 32, smem, stream, k);
     if (err != cudaSuccess) return err;
   }
   if (plan.num_split > 0) {
@@ -665,6 +909,21 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
 }
 
 }  // namespace
+
+// Compute capability 9.0 (H100, H200) runs this library's sm_90a machine code; newer GPUs run the
+// compute_90 PTX, which has no wgmma.
+cudaError_t WgmmaAvailable(bool* available) {
+  int device = 0, major = 0, minor = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  }
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  }
+  *available = err == cudaSuccess && major == 9 && minor == 0;
+  return err;
+}
 
 cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int* ctas) {
   auto per_sm = [&](auto kernel, int e) {

@@ -110,4 +110,9 @@ absl::StatusOr<int> SplitCtasPerWave(int head_dim, int num_kv_heads);
 // allocation: graph-capturable). Rows not covered by the plan are left untouched.
 absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan, Stream stream);
 
+// Whether prefill items of head_dim 128 can run on the Hopper wgmma kernel on the current device
+// (compute capability 9.0); PrefillPath::kAuto picks it then. FailedPrecondition from Attention
+// when kWgmma is asked for where it cannot run.
+absl::StatusOr<bool> WgmmaPrefillAvailable();
+
 }  // namespace cascade::cuda

@@ -58,6 +58,10 @@ struct AttentionPlanView {
   const int32_t* split_count = nullptr;
 };
 
+// The kernel that runs prefill items of head_dim 128 (every choice gives the same bits).
+// kAuto: wgmma on a GPU with sm_90a machine code (Hopper), else mma.sync.
+enum class PrefillPath : int32_t { kAuto = 0, kMmaSync = 1, kWgmma = 2 };
+
 struct AttentionArgs {
   const Bf16* q = nullptr;  // [num_tokens, q_row_stride] bf16, query head h at column h*head_dim
   int q_row_stride = 0;
@@ -72,6 +76,7 @@ struct AttentionArgs {
   float* partial_ml = nullptr;
   float scale = 0;  // softmax scale, usually 1/sqrt(head_dim)
   int num_q_heads = 0;
+  PrefillPath prefill_path = PrefillPath::kAuto;
 };
 
 // Block ids of one KvBlockCopy launch, passed by value (a kernel parameter), so a copy enqueued

@@ -56,5 +56,7 @@ cudaError_t LaunchKvBlockCopy(void* const* parts, int num_parts, const KvBlockLi
                               int64_t part_bytes, void* stage, bool to_stage, cudaStream_t stream);
 cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionPlanView& plan,
                             cudaStream_t stream);
+// Whether the current device runs the sm_90a machine code (the wgmma prefill kernel).
+cudaError_t WgmmaAvailable(bool* available);
 
 }  // namespace cascade::cuda::internal

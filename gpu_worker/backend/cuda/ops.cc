@@ -226,7 +226,23 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
     return Bad("Attention", "split items need the partial workspace");
   }
   if (!args.out || !args.positions || !args.block_ids) return Bad("Attention", "null pointer");
+  if (args.prefill_path == PrefillPath::kWgmma && plan.num_final > 0) {
+    absl::StatusOr<bool> wgmma = WgmmaPrefillAvailable();
+    if (!wgmma.ok()) return wgmma.status();
+    if (!*wgmma || c.head_dim != 128) {
+      return absl::FailedPreconditionError(
+          "Attention: the wgmma prefill kernel needs head_dim 128 on a compute capability 9.0 GPU "
+          "(H100, H200); use PrefillPath::kAuto");
+    }
+  }
   return CudaStatus(internal::LaunchAttention(args, plan, stream), "Attention");
+}
+
+absl::StatusOr<bool> WgmmaPrefillAvailable() {
+  bool available = false;
+  absl::Status st = CudaStatus(internal::WgmmaAvailable(&available), "WgmmaPrefillAvailable");
+  if (!st.ok()) return st;
+  return available;
 }
 
 }  // namespace cascade::cuda
