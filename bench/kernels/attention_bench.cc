@@ -18,6 +18,7 @@
 #include "bench/kernels/check_ok.h"
 #include "gpu_worker/backend/cuda/attention.h"
 #include "gpu_worker/backend/cuda/device.h"
+#include "gpu_worker/backend/cuda/launchers.h"
 
 namespace cascade::cuda {
 namespace {
@@ -309,25 +310,29 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
                 single_ms / every_ms, every_ms * 1e-3 / (token_bytes * tokens / bw));
   }
   // Prefill: one sequence of N tokens from position 0 (causal), TFLOP/s, on the mma.sync kernel
-  // and (Hopper) the wgmma kernel; both give the same bits (cuda_attention_test).
+  // and (Hopper) the wgmma kernels; all give the same bits (cuda_attention_test).
   if (cascade_only) return 0;
   absl::StatusOr<bool> wgmma = WgmmaPrefillAvailable();
   CHECK_OK(wgmma.status());
-  std::printf("\n%-26s %12s %10s %12s %10s %8s\n", "prefill (causal, 1 seq)", "mma.sync_us",
-              "TFLOP/s", "wgmma_us", "TFLOP/s", "speedup");
+  std::printf("\nprefill (causal, 1 seq): time_us (TFLOP/s); x = speedup over mma.sync\n");
+  std::printf("%-16s %18s %24s %24s %24s\n", "case", "mma.sync", "wgmma 2wg (v7)", "wgmma ws (v8)",
+              "wgmma ws pingpong (v8)");
   for (int n : {512, 2048, 4096, 8192}) {
     int64_t blocks = 0;
     const auto tables = PrefixTables({n}, 0, &blocks);
     const double flops = 4.0 * kD * kHq * (static_cast<double>(n) * (n + 1) / 2);
     const double ms = TimeAttention({n}, {n}, tables, blocks, 1, num_blocks, cache, every, &plan,
                                     PrefillPath::kMmaSync);
-    std::printf("%-26s %12.1f %10.2f", ("prefill N=" + std::to_string(n)).c_str(), ms * 1e3,
+    std::printf("%-16s %9.1f (%6.1f)", ("prefill N=" + std::to_string(n)).c_str(), ms * 1e3,
                 flops / (ms * 1e-3) / 1e12);
-    if (*wgmma) {
+    for (int variant : {2, 1, 0}) {
+      if (!*wgmma) break;
+      internal::SetWgmmaPrefillVariant(variant);
       const double wg = TimeAttention({n}, {n}, tables, blocks, 1, num_blocks, cache, every, &plan,
                                       PrefillPath::kWgmma);
-      std::printf(" %12.1f %10.2f %7.2fx", wg * 1e3, flops / (wg * 1e-3) / 1e12, ms / wg);
+      std::printf(" %9.1f (%6.1f) %5.2fx", wg * 1e3, flops / (wg * 1e-3) / 1e12, ms / wg);
     }
+    internal::SetWgmmaPrefillVariant(0);
     std::printf("\n");
   }
   return 0;

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "gpu_worker/backend/cuda/device.h"
+#include "gpu_worker/backend/cuda/launchers.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/test_util.h"
 
@@ -294,9 +295,11 @@ TEST(Attention, ThreeLevelTreeCascadeEqualsFlatBitwise) {
   ExpectClose(out_some, Reference(h, some, MakeBatch(some), q_some));
 }
 
-// The Hopper prefill kernel (wgmma) and the mma.sync prefill kernel give the same bits for every
-// row: prefills from position 0 over many items, from mid-tile and mid-block offsets (a cached
-// prefix), short items, GQA groups 1, 2 and 4, blocks of 16, 32 and 64, next to decode rows.
+// The Hopper prefill kernels (wgmma: warp-specialized with TMA, with and without the ping-pong
+// schedule, and the two-warpgroup form) and the mma.sync prefill kernel give the same bits for
+// every row: prefills from position 0 over many items, from mid-tile and mid-block offsets (a
+// cached prefix), short items, GQA groups 1, 2 and 4, blocks of 8, 16, 32 and 64 (8: no TMA
+// pieces), sequence ends mid-piece, next to decode rows.
 // With CachedPrefillEqualsColdPrefillBitwise (default path: wgmma on Hopper == the split kernel)
 // this keeps prefill == decode for a row whichever kernel runs it.
 TEST(Attention, PrefillKernelsAgreeBitwise) {
@@ -306,7 +309,7 @@ TEST(Attention, PrefillKernelsAgreeBitwise) {
   if (!*wgmma) GTEST_SKIP() << "the wgmma prefill kernel needs a compute capability 9.0 GPU";
   bool checked_reference = false;
   for (const Shape sh : {Shape{16, 8, 128, 16}, Shape{32, 8, 128, 16}, Shape{8, 8, 128, 32},
-                         Shape{16, 4, 128, 64}}) {
+                         Shape{16, 4, 128, 64}, Shape{16, 8, 128, 8}}) {
     std::mt19937 rng(300 + sh.hq + sh.bs);
     Harness h(sh.hq, sh.hkv, sh.D, sh.bs, 6000 / sh.bs, &rng);
     std::vector<Seq> seqs = {{1000, 1000, {}}, {45, 300, {}}, {3, 3, {}},     {130, 700, {}},
@@ -317,13 +320,18 @@ TEST(Attention, PrefillKernelsAgreeBitwise) {
     auto q_bits = RoundToBf16(&q);
     auto mma = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
                             PrefillPath::kMmaSync);
-    auto wg = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
-                           PrefillPath::kWgmma);
-    ASSERT_EQ(mma.size(), wg.size());
-    size_t differ = 0;
-    for (size_t i = 0; i < mma.size(); ++i) differ += mma[i] != wg[i];
-    EXPECT_EQ(differ, 0u) << "wgmma prefill != mma.sync prefill, shape hq " << sh.hq << " hkv "
-                          << sh.hkv << " block " << sh.bs;
+    std::vector<uint16_t> wg;
+    for (int variant : {2, 1, 0}) {  // the two-warpgroup kernel, then warp-specialized (TMA)
+      internal::SetWgmmaPrefillVariant(variant);
+      wg = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                        PrefillPath::kWgmma);
+      ASSERT_EQ(mma.size(), wg.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < mma.size(); ++i) differ += mma[i] != wg[i];
+      EXPECT_EQ(differ, 0u) << "wgmma prefill (variant " << variant
+                            << ") != mma.sync prefill, shape hq " << sh.hq << " hkv " << sh.hkv
+                            << " block " << sh.bs;
+    }
     if (!checked_reference) {
       ExpectClose(wg, Reference(h, seqs, b, q));
       checked_reference = true;

@@ -3,6 +3,8 @@
 // Every floating-point step of a tile's partial state and of the merge is written with explicit
 // round-to-nearest intrinsics (__fmaf_rn, __fadd_rn, ...), which the compiler never contracts or
 // reorders, so the same partial is computed bit for bit by whichever kernel or CTA shape runs it.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -660,6 +662,325 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
 #endif
 }
 
+// The warp-specialized form (v8): warpgroup 0 loads (its warp 0; the other three only give their
+// registers back), warpgroups 1 and 2 compute (q-rows as above). K/V pieces of 16 tokens (one
+// paged block, or a 16-token part of a larger one) come by bulk tensor copy (TMA, 128-byte
+// swizzle: the layout of wgmma.cuh) into kWsStages stages, each with a `full` mbarrier (the
+// copies' bytes) and an `empty` one (one arrival per consumer warp when its wgmma reads of the
+// stage are done). Rows at or past kv_len's last 16-token boundary (only in an item's last tile)
+// are copied by the load warp's lanes, zeros past kv_len, as PrefillKernel has them. A tile a
+// warpgroup needs is one of a prefix of the item's tiles (positions grow with rows); per such
+// tile it issues S_t = Q K_t^T together with the previous tile's O_{t-1} = P_{t-1} V_{t-1}, then
+// folds O_{t-1} and runs tile t's softmax: the fold order and every operation are PrefillTile's,
+// only the schedule differs. kPingPong: the two warpgroups take turns issuing their MMAs (named
+// barriers 2 and 3), so one's softmax overlaps the other's tensor-core work.
+constexpr int kWsStages = 4;
+constexpr int kWsThreads = 384;
+constexpr size_t kWsSmemBytes =
+    1024 + static_cast<size_t>(kWgRows) * kWgRowBytes + 2 * kWsStages * kWgTileBytes;
+constexpr int kPieceTokens = 16;
+constexpr uint32_t kPieceBytes = 2 * 2 * kPieceTokens * 128;  // K and V, two column halves
+
+struct WsBarriers {
+  uint64_t full[kWsStages];
+  uint64_t empty[kWsStages];
+};
+
+template <int kRegs>
+__device__ __forceinline__ void SetMaxRegsInc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void SetMaxRegsDec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// S = Q K^T for one warpgroup (accumulators from +0, k over D ascending).
+__device__ __forceinline__ void IssueQk(float (&sc)[32], uint32_t q_wg, uint32_t ks) {
+#pragma unroll
+  for (int kc = 0; kc < kWgD / 16; ++kc) {
+    const uint32_t half = kc >> 2, kb = (kc & 3) * 32;
+    Wgmma64x64SS(sc, WgmmaDesc(q_wg + half * kWgRows * 128 + kb, 16, 1024),
+                 WgmmaDesc(ks + half * kT * 128 + kb, 16, 1024));
+  }
+}
+// O_t = P V for one warpgroup (from +0, k over the tile's keys ascending).
+__device__ __forceinline__ void IssuePv(float (&ot)[64], const uint32_t (&pa)[kT / 16][4],
+                                        uint32_t vs) {
+#pragma unroll
+  for (int kk = 0; kk < kT / 16; ++kk) {
+    Wgmma64x128RS(ot, pa[kk], WgmmaDesc(vs + kk * 2048, kT * 128, 1024));
+  }
+}
+template <int N>
+__device__ __forceinline__ void Zero(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) r[i] = 0.f;
+}
+
+template <bool kPingPong>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    PrefillWsKernel(const TileKernelArgs k, const __grid_constant__ CUtensorMap tk,
+                    const __grid_constant__ CUtensorMap tv) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  WaitForPriorGrids();
+  constexpr int D = kWgD, C = D / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ WsBarriers bars;
+  __shared__ int wg_pos[2][2];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
+  unsigned char* Qs = smem;
+  unsigned char* KVs = Qs + kWgRows * kWgRowBytes;  // stage s: K tile, then V tile
+  const uint32_t qs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(Qs));
+  const uint32_t kv_addr = static_cast<uint32_t>(__cvta_generic_to_shared(KVs));
+  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars.full[0]));
+  const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars.empty[0]));
+
+  const AttentionArgs& a = k.a;
+  const KvCacheView& cache = a.cache;
+  const int hq = a.num_q_heads, hkv = cache.num_kv_heads, G = hq / hkv, bs = cache.block_size;
+  const int32_t* it = k.items + static_cast<int64_t>(blockIdx.x) * kItemFields;
+  const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
+  const int row_count = it[4], kv_len = it[5];
+  const int kvh = blockIdx.y;
+  const int nq = row_count * G;
+  const int ntiles = tile_end - tile_begin;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  if (tid == 0) {
+    for (int s = 0; s < kWsStages; ++s) {
+      MbarInit(full0 + 8 * s, 1);
+      MbarInit(empty0 + 8 * s, 8);
+    }
+    MbarInitFence();
+  }
+  if (tid < 4) wg_pos[tid >> 1][tid & 1] = (tid & 1) ? -1 : INT_MAX;
+  __syncthreads();
+
+  if (warp < 4) {  // ------------------------------------------------------------------- loads
+    SetMaxRegsDec<40>();
+    if (warp != 0) return;
+    const __nv_bfloat16* kg = reinterpret_cast<const __nv_bfloat16*>(cache.k);
+    const __nv_bfloat16* vg = reinterpret_cast<const __nv_bfloat16*>(cache.v);
+    for (int i = 0; i < ntiles; ++i) {
+      const int s = i % kWsStages, ts = (tile_begin + i) * kT;
+      if (i >= kWsStages) MbarWait(empty0 + 8 * s, ((i / kWsStages) - 1) & 1);
+      const uint32_t ks = kv_addr + 2 * s * kWgTileBytes, vs = ks + kWgTileBytes;
+      const int npf = max(0, min(kT / kPieceTokens, (kv_len - ts) / kPieceTokens));  // TMA pieces
+      int prow = 0;  // cache row of lane p's piece (p < npf)
+      if (lane < npf) {
+        const int tok = ts + lane * kPieceTokens;
+        prow = (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
+      }
+      if (npf < kT / kPieceTokens) {  // the item's last tile: rows from 16 npf copied by lanes
+        unsigned char* Kd = KVs + 2 * s * kWgTileBytes;
+        unsigned char* Vd = Kd + kWgTileBytes;
+        const int j0 = npf * kPieceTokens;
+        for (int idx = lane; idx < (kT - j0) * C; idx += 32) {
+          const int j = j0 + idx / C, c = idx % C, tok = ts + j;
+          uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
+          if (tok < kv_len) {
+            const int64_t row =
+                (static_cast<int64_t>(a.block_ids[table_offset + tok / bs]) * hkv + kvh) * bs +
+                tok % bs;
+            kx = *reinterpret_cast<const uint4*>(kg + row * D + c * 8);
+            vx = *reinterpret_cast<const uint4*>(vg + row * D + c * 8);
+          }
+          *reinterpret_cast<uint4*>(Kd + SwizzleOffset(kT, j, c)) = kx;
+          *reinterpret_cast<uint4*>(Vd + SwizzleOffset(kT, j, c)) = vx;
+        }
+        FenceProxyAsync();  // these st.shared are read by wgmma (the async proxy)
+        __syncwarp();
+      }
+      if (lane == 0) MbarArriveExpectTx(full0 + 8 * s, npf * kPieceBytes);
+      for (int p = 0; p < npf; ++p) {
+        const int row = __shfl_sync(0xffffffffu, prow, p);
+        if (lane == 0) {
+          const uint32_t off = p * kPieceTokens * 128;
+          TmaLoad2d(ks + off, &tk, 0, row, full0 + 8 * s);
+          TmaLoad2d(ks + kT * 128 + off, &tk, 64, row, full0 + 8 * s);
+          TmaLoad2d(vs + off, &tv, 0, row, full0 + 8 * s);
+          TmaLoad2d(vs + kT * 128 + off, &tv, 64, row, full0 + 8 * s);
+        }
+      }
+    }
+  } else {  // --------------------------------------------------------------------- consumers
+    SetMaxRegsInc<232>();
+    const int cw = warp - 4, wg = cw >> 2, g = lane >> 2, t4 = lane & 3;
+    const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(a.q);
+    for (int i = tid - 128; i < kWgRows * C; i += 256) {
+      const int qi = i / C, c = i % C;
+      const __nv_bfloat16* src = q;
+      if (qi < nq) {
+        const int row = k.item_rows[row_begin + qi / G];
+        src = q + static_cast<int64_t>(row) * a.q_row_stride + (kvh * G + qi % G) * D + c * 8;
+      }
+      CpAsync16Z(Qs + SwizzleOffset(kWgRows, qi, c), src, qi < nq ? 16 : 0);
+    }
+    CpAsyncCommit();
+    int pos[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int qi = cw * 16 + g + 8 * h;
+      pos[h] = qi < nq ? a.positions[k.item_rows[row_begin + qi / G]] : -1;
+    }
+    int wmin = pos[0] < 0 ? INT_MAX : pos[0], wmax = max(pos[0], pos[1]);
+    if (pos[1] >= 0) wmin = min(wmin, pos[1]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, off));
+      wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
+    }
+    if (lane == 0) {
+      atomicMin(&wg_pos[wg][0], wmin);
+      atomicMax(&wg_pos[wg][1], wmax);
+    }
+    CpAsyncWait<0>();
+    FenceProxyAsync();
+    NamedBarSync(1, 256);  // Q and wg_pos ready for both consumer warpgroups
+    const int lo = wg_pos[wg][0], hi = wg_pos[wg][1];
+    // Tiles this warpgroup reads: a prefix of the item's (ts <= hi).
+    const int nact = hi < 0 ? 0 : min(ntiles, max(0, (hi / kT) - tile_begin + 1));
+    const uint32_t q_wg = qs_addr + wg * 64 * 128;
+    const float scale_log2 = k.scale_log2;
+
+    float o[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    Zero(o);
+    uint32_t pa[kT / 16][4];
+    FoldWeights wp[2];
+    bool vp[2] = {false, false};
+    auto stage_k = [&](int i) { return kv_addr + 2 * (i % kWsStages) * kWgTileBytes; };
+    auto release = [&](int i) {
+      __syncwarp();
+      if (lane == 0) MbarArrive(empty0 + 8 * (i % kWsStages));
+    };
+    auto turn_begin = [&]() {
+      if (kPingPong) NamedBarSync(2 + wg, 256);
+    };
+    auto turn_end = [&](int i) {
+      if (kPingPong && !(wg == 1 && i == ntiles - 1)) NamedBarArrive(2 + (1 - wg), 256);
+    };
+    // Tile i's softmax on its scores: P (bf16) into pa, the fold weights into wp / vp.
+    auto softmax = [&](float(&sc)[32], int i) {
+      const int ts = (tile_begin + i) * kT;
+      const bool mask = ts + kT - 1 > lo;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float x[16];
+#pragma unroll
+        for (int n = 0; n < kT / 8; ++n) {
+          x[2 * n] = sc[4 * n + 2 * h];
+          x[2 * n + 1] = sc[4 * n + 2 * h + 1];
+        }
+        float ms, lt;
+        if (mask) {
+          RowSoftmax<true>(x, pos[h] + 1 - ts, t4, scale_log2, ms, lt);
+        } else {
+          RowSoftmax<false>(x, pos[h] + 1 - ts, t4, scale_log2, ms, lt);
+        }
+#pragma unroll
+        for (int n = 0; n < kT / 8; ++n) {
+          sc[4 * n + 2 * h] = x[2 * n];
+          sc[4 * n + 2 * h + 1] = x[2 * n + 1];
+        }
+        vp[h] = !mask || ms != -INFINITY;
+        wp[h] = Fold(m[h], ms);
+        if (vp[h]) {
+          l[h] = FoldElem(l[h], wp[h], lt);
+          m[h] = wp[h].m;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kT / 16; ++kk) {
+        pa[kk][0] = PackBf16(sc[8 * kk + 0], sc[8 * kk + 1]);
+        pa[kk][1] = PackBf16(sc[8 * kk + 2], sc[8 * kk + 3]);
+        pa[kk][2] = PackBf16(sc[8 * kk + 4], sc[8 * kk + 5]);
+        pa[kk][3] = PackBf16(sc[8 * kk + 6], sc[8 * kk + 7]);
+      }
+    };
+    auto fold = [&](const float(&ot)[64]) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int h = (i >> 1) & 1;
+        if (vp[h]) o[i] = FoldElem(o[i], wp[h], ot[i]);
+      }
+    };
+
+    if (kPingPong && wg == 1) NamedBarArrive(2, 256);  // warpgroup 0 issues first
+    if (nact > 0) {                                    // tile 0: S only
+      MbarWait(full0, 0);
+      float sc[32];
+      Zero(sc);
+      FenceRegs(sc);
+      turn_begin();
+      WgmmaFence();
+      IssueQk(sc, q_wg, stage_k(0));
+      WgmmaCommit();
+      turn_end(0);
+      WgmmaWait<0>();
+      FenceRegs(sc);
+      softmax(sc, 0);
+    }
+    for (int i = 1; i < nact; ++i) {  // S of tile i with P.V of tile i - 1
+      MbarWait(full0 + 8 * (i % kWsStages), (i / kWsStages) & 1);
+      float sc[32], ot[64];
+      Zero(sc);
+      Zero(ot);
+      FenceRegs(sc);
+      FenceRegs(ot);
+      turn_begin();
+      WgmmaFence();
+      IssueQk(sc, q_wg, stage_k(i));
+      IssuePv(ot, pa, stage_k(i - 1) + kWgTileBytes);
+      WgmmaCommit();
+      turn_end(i);
+      WgmmaWait<0>();
+      FenceRegs(sc);
+      FenceRegs(ot);
+      fold(ot);
+      release(i - 1);
+      softmax(sc, i);
+    }
+    if (nact > 0) {  // P.V of the last tile read
+      float ot[64];
+      Zero(ot);
+      FenceRegs(ot);
+      WgmmaFence();
+      IssuePv(ot, pa, stage_k(nact - 1) + kWgTileBytes);
+      WgmmaCommit();
+      WgmmaWait<0>();
+      FenceRegs(ot);
+      fold(ot);
+      release(nact - 1);
+    }
+    for (int i = nact; i < ntiles; ++i) {  // tiles past this warpgroup's rows
+      MbarWait(full0 + 8 * (i % kWsStages), (i / kWsStages) & 1);
+      turn_begin();
+      turn_end(i);
+      release(i);
+    }
+
+    __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int qi = cw * 16 + g + 8 * h;
+      if (qi >= nq) continue;
+      const int row = k.item_rows[row_begin + qi / G];
+      const float inv = __frcp_rn(l[h]);
+      __nv_bfloat16* dst = out + static_cast<int64_t>(row) * hq * D + (kvh * G + qi % G) * D;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * (lane & 3)) =
+            PackBf16(__fmul_rn(o[4 * n + 2 * h], inv), __fmul_rn(o[4 * n + 2 * h + 1], inv));
+      }
+    }
+  }
+#else
+  __trap();  // launched only on devices with sm_90a machine code (WgmmaAvailable)
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // Split items (decode rows, cascade tiles): one CTA (kThreads threads, kv head blockIdx.y) per
 // item writes one partial per (row, query head, tile): O_t = P V unnormalized (f32) and
@@ -863,6 +1184,34 @@ size_t SplitSmemBytes(int d) {
          kMaxQ * LDS * sizeof(float) + 2 * kMaxQ * sizeof(float);
 }
 
+int g_wgmma_variant = 0;
+int WgmmaVariant() { return g_wgmma_variant; }
+
+// A tensor map over one layer's K or V cache as rows of 128 bf16 ([num_blocks * kv heads *
+// block_size, 128]), boxes of 16 rows x 64 columns (one column half of a 16-token piece), 128-byte
+// swizzle. cuTensorMapEncodeTiled comes through the runtime's driver entry point (no -lcuda).
+cudaError_t EncodeKvMap(const void* base, int64_t rows, CUtensorMap* map) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                             cudaEnableDefault, &found);
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
+               : nullptr;
+  }();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kWgD), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {kWgRowBytes};
+  const cuuint32_t box[2] = {64, kPieceTokens};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
+             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 template <int E>
 cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& plan,
                          cudaStream_t stream) {
@@ -880,14 +1229,28 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
       if (err != cudaSuccess) return err;
     }
     if (args.prefill_path == PrefillPath::kWgmma && !wgmma) return cudaErrorNotSupported;
-    auto kernel = wgmma ? PrefillWgmmaKernel : PrefillKernel<D>;
-    const size_t smem = wgmma ? kWgSmemBytes : PrefillSmemBytes<D>();
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-    err = LaunchKernel(kernel, dim3(plan.num_final, args.cache.num_kv_heads),
-                       wgmma ? 256 : PrefillWarps<D>() * 32, smem, stream, k);
-    if (err != cudaSuccess) return err;
+    if (wgmma && WgmmaVariant() != 2 && args.cache.block_size % kPieceTokens == 0) {
+      CUtensorMap tk, tv;
+      const int64_t rows = args.cache.num_blocks * args.cache.num_kv_heads * args.cache.block_size;
+      cudaError_t err = EncodeKvMap(args.cache.k, rows, &tk);
+      if (err == cudaSuccess) err = EncodeKvMap(args.cache.v, rows, &tv);
+      if (err != cudaSuccess) return err;
+      auto kernel = WgmmaVariant() == 1 ? PrefillWsKernel<false> : PrefillWsKernel<true>;
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes);
+      if (err != cudaSuccess) return err;
+      err = LaunchKernel(kernel, dim3(plan.num_final, args.cache.num_kv_heads), kWsThreads,
+                         kWsSmemBytes, stream, k, tk, tv);
+      if (err != cudaSuccess) return err;
+    } else {
+      auto kernel = wgmma ? PrefillWgmmaKernel : PrefillKernel<D>;
+      const size_t smem = wgmma ? kWgSmemBytes : PrefillSmemBytes<D>();
+      cudaError_t err =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+      err = LaunchKernel(kernel, dim3(plan.num_final, args.cache.num_kv_heads),
+                         wgmma ? 256 : PrefillWarps<D>() * 32, smem, stream, k);
+      if (err != cudaSuccess) return err;
+    }
   }
   if (plan.num_split > 0) {
     k.items = plan.split_items;
@@ -912,6 +1275,8 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
 
 // Compute capability 9.0 (H100, H200) runs this library's sm_90a machine code; newer GPUs run the
 // compute_90 PTX, which has no wgmma.
+void SetWgmmaPrefillVariant(int variant) { g_wgmma_variant = variant; }
+
 cudaError_t WgmmaAvailable(bool* available) {
   int device = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&device);

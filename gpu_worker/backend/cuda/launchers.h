@@ -58,5 +58,8 @@ cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionPlanView& 
                             cudaStream_t stream);
 // Whether the current device runs the sm_90a machine code (the wgmma prefill kernel).
 cudaError_t WgmmaAvailable(bool* available);
+// Benchmark knob (process-wide) for the wgmma prefill: 0 warp-specialized with ping-pong (the
+// default), 1 warp-specialized without, 2 the two-warpgroup kernel. Every one gives the same bits.
+void SetWgmmaPrefillVariant(int variant);
 
 }  // namespace cascade::cuda::internal
