@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/kernels/check_ok.h"
@@ -315,8 +316,13 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   absl::StatusOr<bool> wgmma = WgmmaPrefillAvailable();
   CHECK_OK(wgmma.status());
   std::printf("\nprefill (causal, 1 seq): time_us (TFLOP/s); x = speedup over mma.sync\n");
-  std::printf("%-16s %18s %24s %24s %24s\n", "case", "mma.sync", "wgmma 2wg (v7)", "wgmma ws (v8)",
-              "wgmma ws pingpong (v8)");
+  // Variants (internal::SetWgmmaPrefillVariant): 2 two warpgroups (v7); warp-specialized with TMA
+  // (v8): 0 the default, 1 with the ping-pong schedule.
+  const std::vector<std::pair<int, const char*>> variants = {
+      {2, "v7 2wg"}, {0, "v8 ws (default)"}, {1, "v8 ws+pingpong"}};
+  std::printf("%-16s %18s", "case", "mma.sync");
+  for (const auto& [v, name] : variants) std::printf(" %24s", name);
+  std::printf("\n");
   for (int n : {512, 2048, 4096, 8192}) {
     int64_t blocks = 0;
     const auto tables = PrefixTables({n}, 0, &blocks);
@@ -325,7 +331,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
                                     PrefillPath::kMmaSync);
     std::printf("%-16s %9.1f (%6.1f)", ("prefill N=" + std::to_string(n)).c_str(), ms * 1e3,
                 flops / (ms * 1e-3) / 1e12);
-    for (int variant : {2, 1, 0}) {
+    for (const auto& [variant, name] : variants) {
       if (!*wgmma) break;
       internal::SetWgmmaPrefillVariant(variant);
       const double wg = TimeAttention({n}, {n}, tables, blocks, 1, num_blocks, cache, every, &plan,

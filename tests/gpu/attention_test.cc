@@ -321,7 +321,9 @@ TEST(Attention, PrefillKernelsAgreeBitwise) {
     auto mma = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
                             PrefillPath::kMmaSync);
     std::vector<uint16_t> wg;
-    for (int variant : {2, 1, 0}) {  // the two-warpgroup kernel, then warp-specialized (TMA)
+    // The two-warpgroup kernel, then warp-specialized (TMA) with and without ping-pong (0 last:
+    // the default).
+    for (int variant : {2, 1, 0}) {
       internal::SetWgmmaPrefillVariant(variant);
       wg = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
                         PrefillPath::kWgmma);

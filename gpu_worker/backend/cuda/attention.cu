@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "gpu_worker/backend/cuda/launchers.h"
 #include "gpu_worker/backend/cuda/pdl.cuh"
@@ -36,28 +37,47 @@ __device__ __forceinline__ float Ex2(float x) {
 // for n-tile n = i / 2 and column c = i % 2.
 __device__ __forceinline__ int Key(int i, int t4) { return 8 * (i >> 1) + 2 * t4 + (i & 1); }
 
-// The tile softmax of one row, shared by the prefill kernel and the split kernel. x: the thread's
+// The tile softmax of one row, shared by the prefill kernels and the split kernel. x: the thread's
 // 16 raw scores S = q.k (canonical order), overwritten by p = 2^(S*scale_log2 - ms) (f32, not
 // yet rounded to bf16; p = 0 for keys >= lim, which are masked when kMask). ms: the tile's max
-// in scaled log2 units (-inf when the row sees no key of the tile); l: the sum of the f32 p,
-// sequential over the thread's keys in canonical order, then over the 4 lanes by an xor
-// butterfly ((l0 + l1) + (l2 + l3) on every lane). Every lane of the warp must call it.
+// in scaled log2 units (-inf when the row sees no key of the tile; a max is exact in any order);
+// l: the sum of the f32 p as a fixed pairwise tree over the thread's keys in canonical order
+// (((p0 + p1) + (p2 + p3)) + ...), then over the 4 lanes by an xor butterfly ((l0 + l1) + (l2 +
+// l3) on every lane): short dependency chains, the same order on every path. Every lane of the
+// warp must call it.
 template <bool kMask>
 __device__ __forceinline__ void RowSoftmax(float (&x)[16], int lim, int t4, float scale_log2,
                                            float& ms, float& l) {
-  float mx = -INFINITY;
+  float mx[8];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) mx = fmaxf(mx, !kMask || Key(i, t4) < lim ? x[i] : -INFINITY);
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  ms = __fmul_rn(mx, scale_log2);
-  l = 0.f;
+  for (int i = 0; i < 8; ++i) {
+    const float a = !kMask || Key(2 * i, t4) < lim ? x[2 * i] : -INFINITY;
+    const float b = !kMask || Key(2 * i + 1, t4) < lim ? x[2 * i + 1] : -INFINITY;
+    mx[i] = fmaxf(a, b);
+  }
+#pragma unroll
+  for (int w = 4; w > 0; w >>= 1) {
+#pragma unroll
+    for (int i = 0; i < w; ++i) mx[i] = fmaxf(mx[i], mx[i + w]);
+  }
+  float m = mx[0];
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+  ms = __fmul_rn(m, scale_log2);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float e = Ex2(__fmaf_rn(x[i], scale_log2, -ms));
     x[i] = !kMask || Key(i, t4) < lim ? e : 0.f;
-    l = __fadd_rn(l, x[i]);
   }
+  float s[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] = __fadd_rn(x[2 * i], x[2 * i + 1]);
+#pragma unroll
+  for (int w = 1; w < 8; w <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 8; i += 2 * w) s[i] = __fadd_rn(s[i], s[i + w]);
+  }
+  l = s[0];
   l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 1));
   l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 2));
 }
@@ -665,7 +685,7 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
 // The warp-specialized form (v8): warpgroup 0 loads (its warp 0; the other three only give their
 // registers back), warpgroups 1 and 2 compute (q-rows as above). K/V pieces of 16 tokens (one
 // paged block, or a 16-token part of a larger one) come by bulk tensor copy (TMA, 128-byte
-// swizzle: the layout of wgmma.cuh) into kWsStages stages, each with a `full` mbarrier (the
+// swizzle: the layout of wgmma.cuh) into kStages stages, each with a `full` mbarrier (the
 // copies' bytes) and an `empty` one (one arrival per consumer warp when its wgmma reads of the
 // stage are done). Rows at or past kv_len's last 16-token boundary (only in an item's last tile)
 // are copied by the load warp's lanes, zeros past kv_len, as PrefillKernel has them. A tile a
@@ -674,10 +694,11 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
 // folds O_{t-1} and runs tile t's softmax: the fold order and every operation are PrefillTile's,
 // only the schedule differs. kPingPong: the two warpgroups take turns issuing their MMAs (named
 // barriers 2 and 3), so one's softmax overlaps the other's tensor-core work.
-constexpr int kWsStages = 4;
+constexpr int kWsStages = 4;  // 6 measured no faster (H100, bench/kernels/NOTES.md)
 constexpr int kWsThreads = 384;
-constexpr size_t kWsSmemBytes =
-    1024 + static_cast<size_t>(kWgRows) * kWgRowBytes + 2 * kWsStages * kWgTileBytes;
+constexpr size_t WsSmemBytes(int stages) {
+  return 1024 + static_cast<size_t>(kWgRows) * kWgRowBytes + 2 * stages * kWgTileBytes;
+}
 constexpr int kPieceTokens = 16;
 constexpr uint32_t kPieceBytes = 2 * 2 * kPieceTokens * 128;  // K and V, two column halves
 
@@ -695,22 +716,22 @@ __device__ __forceinline__ void SetMaxRegsDec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
-// S = Q K^T for one warpgroup (accumulators from +0, k over D ascending).
-__device__ __forceinline__ void IssueQk(float (&sc)[32], uint32_t q_wg, uint32_t ks) {
+// S = Q K^T for one warpgroup (accumulators from +0, k over D ascending). dq, dk: descriptors of
+// the warpgroup's Q rows and of the K tile; a k16 step or column half moves a descriptor's start
+// address field by (byte offset) / 16 (offsets stay inside shared memory's 14-bit field).
+__device__ __forceinline__ void IssueQk(float (&sc)[32], uint64_t dq, uint64_t dk) {
 #pragma unroll
   for (int kc = 0; kc < kWgD / 16; ++kc) {
     const uint32_t half = kc >> 2, kb = (kc & 3) * 32;
-    Wgmma64x64SS(sc, WgmmaDesc(q_wg + half * kWgRows * 128 + kb, 16, 1024),
-                 WgmmaDesc(ks + half * kT * 128 + kb, 16, 1024));
+    Wgmma64x64SS(sc, dq + ((half * kWgRows * 128 + kb) >> 4), dk + ((half * kT * 128 + kb) >> 4));
   }
 }
-// O_t = P V for one warpgroup (from +0, k over the tile's keys ascending).
+// O_t = P V for one warpgroup (from +0, k over the tile's keys ascending); dv: the V tile's
+// descriptor as an MN-major operand.
 __device__ __forceinline__ void IssuePv(float (&ot)[64], const uint32_t (&pa)[kT / 16][4],
-                                        uint32_t vs) {
+                                        uint64_t dv) {
 #pragma unroll
-  for (int kk = 0; kk < kT / 16; ++kk) {
-    Wgmma64x128RS(ot, pa[kk], WgmmaDesc(vs + kk * 2048, kT * 128, 1024));
-  }
+  for (int kk = 0; kk < kT / 16; ++kk) Wgmma64x128RS(ot, pa[kk], dv + ((kk * 2048) >> 4));
 }
 template <int N>
 __device__ __forceinline__ void Zero(float (&r)[N]) {
@@ -718,7 +739,7 @@ __device__ __forceinline__ void Zero(float (&r)[N]) {
   for (int i = 0; i < N; ++i) r[i] = 0.f;
 }
 
-template <bool kPingPong>
+template <bool kPingPong, int kStages>
 __global__ void __launch_bounds__(kWsThreads, 1)
     PrefillWsKernel(const TileKernelArgs k, const __grid_constant__ CUtensorMap tk,
                     const __grid_constant__ CUtensorMap tv) {
@@ -749,7 +770,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   if (tid == 0) {
-    for (int s = 0; s < kWsStages; ++s) {
+    for (int s = 0; s < kStages; ++s) {
       MbarInit(full0 + 8 * s, 1);
       MbarInit(empty0 + 8 * s, 8);
     }
@@ -759,20 +780,27 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   __syncthreads();
 
   if (warp < 4) {  // ------------------------------------------------------------------- loads
-    SetMaxRegsDec<40>();
+    SetMaxRegsDec<24>();
     if (warp != 0) return;
     const __nv_bfloat16* kg = reinterpret_cast<const __nv_bfloat16*>(cache.k);
     const __nv_bfloat16* vg = reinterpret_cast<const __nv_bfloat16*>(cache.v);
+    // Cache row of lane p's piece (p < the tile's TMA pieces), read one tile ahead so that a
+    // freed stage is refilled without waiting on a global load.
+    auto piece_row = [&](int i) {
+      const int ts = (tile_begin + i) * kT;
+      const int npf = max(0, min(kT / kPieceTokens, (kv_len - ts) / kPieceTokens));
+      if (i >= ntiles || lane >= npf) return 0;
+      const int tok = ts + lane * kPieceTokens;
+      return (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
+    };
+    int next_row = piece_row(0);
     for (int i = 0; i < ntiles; ++i) {
-      const int s = i % kWsStages, ts = (tile_begin + i) * kT;
-      if (i >= kWsStages) MbarWait(empty0 + 8 * s, ((i / kWsStages) - 1) & 1);
+      const int s = i % kStages, ts = (tile_begin + i) * kT;
+      const int prow = next_row;
+      next_row = piece_row(i + 1);
+      if (i >= kStages) MbarWait(empty0 + 8 * s, ((i / kStages) - 1) & 1);
       const uint32_t ks = kv_addr + 2 * s * kWgTileBytes, vs = ks + kWgTileBytes;
       const int npf = max(0, min(kT / kPieceTokens, (kv_len - ts) / kPieceTokens));  // TMA pieces
-      int prow = 0;  // cache row of lane p's piece (p < npf)
-      if (lane < npf) {
-        const int tok = ts + lane * kPieceTokens;
-        prow = (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
-      }
       if (npf < kT / kPieceTokens) {  // the item's last tile: rows from 16 npf copied by lanes
         unsigned char* Kd = KVs + 2 * s * kWgTileBytes;
         unsigned char* Vd = Kd + kWgTileBytes;
@@ -806,7 +834,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
     }
   } else {  // --------------------------------------------------------------------- consumers
-    SetMaxRegsInc<232>();
+    SetMaxRegsInc<240>();
     const int cw = warp - 4, wg = cw >> 2, g = lane >> 2, t4 = lane & 3;
     const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(a.q);
     for (int i = tid - 128; i < kWgRows * C; i += 256) {
@@ -850,21 +878,31 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     uint32_t pa[kT / 16][4];
     FoldWeights wp[2];
     bool vp[2] = {false, false};
-    auto stage_k = [&](int i) { return kv_addr + 2 * (i % kWsStages) * kWgTileBytes; };
+    const uint64_t dq = WgmmaDesc(q_wg, 16, 1024);
+    auto issue_qk = [&](float(&sc)[32], uint64_t dk) { IssueQk(sc, dq, dk); };
+    auto desc_k = [&](int i) {
+      return WgmmaDesc(kv_addr + 2 * (i % kStages) * kWgTileBytes, 16, 1024);
+    };
+    auto desc_v = [&](int i) {
+      return WgmmaDesc(kv_addr + (2 * (i % kStages) + 1) * kWgTileBytes, kT * 128, 1024);
+    };
     auto release = [&](int i) {
       __syncwarp();
-      if (lane == 0) MbarArrive(empty0 + 8 * (i % kWsStages));
+      if (lane == 0) MbarArrive(empty0 + 8 * (i % kStages));
     };
+    // Ping-pong turns: one per tile for each warpgroup, warpgroup 0 first; the last arrival of
+    // warpgroup 1 would have no turn to open, so it is left out.
     auto turn_begin = [&]() {
       if (kPingPong) NamedBarSync(2 + wg, 256);
     };
     auto turn_end = [&](int i) {
       if (kPingPong && !(wg == 1 && i == ntiles - 1)) NamedBarArrive(2 + (1 - wg), 256);
     };
-    // Tile i's softmax on its scores: P (bf16) into pa, the fold weights into wp / vp.
-    auto softmax = [&](float(&sc)[32], int i) {
+    // Tile i's softmax on its scores: P (bf16) into pa, the fold weights into wp / vp. kMask: some
+    // key of the tile is past some row's position (the diagonal and the sequence's last tile).
+    auto softmax = [&](auto mask_tag, float(&sc)[32], int i) {
+      constexpr bool kMask = decltype(mask_tag)::value;
       const int ts = (tile_begin + i) * kT;
-      const bool mask = ts + kT - 1 > lo;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float x[16];
@@ -874,17 +912,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           x[2 * n + 1] = sc[4 * n + 2 * h + 1];
         }
         float ms, lt;
-        if (mask) {
-          RowSoftmax<true>(x, pos[h] + 1 - ts, t4, scale_log2, ms, lt);
-        } else {
-          RowSoftmax<false>(x, pos[h] + 1 - ts, t4, scale_log2, ms, lt);
-        }
+        RowSoftmax<kMask>(x, pos[h] + 1 - ts, t4, scale_log2, ms, lt);
 #pragma unroll
         for (int n = 0; n < kT / 8; ++n) {
           sc[4 * n + 2 * h] = x[2 * n];
           sc[4 * n + 2 * h + 1] = x[2 * n + 1];
         }
-        vp[h] = !mask || ms != -INFINITY;
+        vp[h] = !kMask || ms != -INFINITY;
         wp[h] = Fold(m[h], ms);
         if (vp[h]) {
           l[h] = FoldElem(l[h], wp[h], lt);
@@ -899,13 +933,20 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         pa[kk][3] = PackBf16(sc[8 * kk + 6], sc[8 * kk + 7]);
       }
     };
-    auto fold = [&](const float(&ot)[64]) {
+    // Folds O_t of the tile whose softmax set wp / vp; kCheck: that tile was masked, so a row
+    // may have seen none of its keys (skipped, a bitwise no-op).
+    auto fold = [&](auto check_tag, const float(&ot)[64]) {
+      constexpr bool kCheck = decltype(check_tag)::value;
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
         const int h = (i >> 1) & 1;
-        if (vp[h]) o[i] = FoldElem(o[i], wp[h], ot[i]);
+        if (!kCheck || vp[h]) o[i] = FoldElem(o[i], wp[h], ot[i]);
       }
     };
+    using Masked = std::true_type;
+    using Unmasked = std::false_type;
+    // Tiles [0, nfull) are fully visible to every row of the warpgroup (ts + 63 <= lo).
+    const int nfull = min(nact, max(0, (lo + 1) / kT - tile_begin));
 
     if (kPingPong && wg == 1) NamedBarArrive(2, 256);  // warpgroup 0 issues first
     if (nact > 0) {                                    // tile 0: S only
@@ -915,15 +956,22 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       FenceRegs(sc);
       turn_begin();
       WgmmaFence();
-      IssueQk(sc, q_wg, stage_k(0));
+      issue_qk(sc, desc_k(0));
       WgmmaCommit();
       turn_end(0);
       WgmmaWait<0>();
       FenceRegs(sc);
-      softmax(sc, 0);
+      if (nfull > 0) {
+        softmax(Unmasked{}, sc, 0);
+      } else {
+        softmax(Masked{}, sc, 0);
+      }
     }
-    for (int i = 1; i < nact; ++i) {  // S of tile i with P.V of tile i - 1
-      MbarWait(full0 + 8 * (i % kWsStages), (i / kWsStages) & 1);
+    // Tile i: S_i issued with P_{i-1} V_{i-1}; then the fold of tile i - 1 and the softmax of
+    // tile i (one basic block, so the fold's independent FMAs fill the softmax's latencies),
+    // then tile i - 1's stage goes back to the load warp.
+    auto step = [&](auto prev_tag, auto cur_tag, int i) {
+      MbarWait(full0 + 8 * (i % kStages), (i / kStages) & 1);
       float sc[32], ot[64];
       Zero(sc);
       Zero(ot);
@@ -931,36 +979,43 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       FenceRegs(ot);
       turn_begin();
       WgmmaFence();
-      IssueQk(sc, q_wg, stage_k(i));
-      IssuePv(ot, pa, stage_k(i - 1) + kWgTileBytes);
+      issue_qk(sc, desc_k(i));
+      IssuePv(ot, pa, desc_v(i - 1));
       WgmmaCommit();
       turn_end(i);
       WgmmaWait<0>();
       FenceRegs(sc);
       FenceRegs(ot);
-      fold(ot);
+      fold(prev_tag, ot);
+      softmax(cur_tag, sc, i);
       release(i - 1);
-      softmax(sc, i);
-    }
+    };
+    int i = 1;
+    for (; i < nfull; ++i) step(Unmasked{}, Unmasked{}, i);
+    if (i < nact && i == nfull) step(Unmasked{}, Masked{}, i++);
+    for (; i < nact; ++i) step(Masked{}, Masked{}, i);
     if (nact > 0) {  // P.V of the last tile read
       float ot[64];
       Zero(ot);
       FenceRegs(ot);
       WgmmaFence();
-      IssuePv(ot, pa, stage_k(nact - 1) + kWgTileBytes);
+      IssuePv(ot, pa, desc_v(nact - 1));
       WgmmaCommit();
       WgmmaWait<0>();
       FenceRegs(ot);
-      fold(ot);
+      if (nact > nfull) {
+        fold(Masked{}, ot);
+      } else {
+        fold(Unmasked{}, ot);
+      }
       release(nact - 1);
     }
-    for (int i = nact; i < ntiles; ++i) {  // tiles past this warpgroup's rows
-      MbarWait(full0 + 8 * (i % kWsStages), (i / kWsStages) & 1);
+    for (int j = nact; j < ntiles; ++j) {  // tiles past this warpgroup's rows
+      MbarWait(full0 + 8 * (j % kStages), (j / kStages) & 1);
       turn_begin();
-      turn_end(i);
-      release(i);
+      turn_end(j);
+      release(j);
     }
-
     __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -1235,11 +1290,14 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
       cudaError_t err = EncodeKvMap(args.cache.k, rows, &tk);
       if (err == cudaSuccess) err = EncodeKvMap(args.cache.v, rows, &tv);
       if (err != cudaSuccess) return err;
-      auto kernel = WgmmaVariant() == 1 ? PrefillWsKernel<false> : PrefillWsKernel<true>;
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes);
+      const int v = WgmmaVariant();
+      // Variant 1: the ping-pong schedule (measured slower on an H100, kept for comparison).
+      auto kernel = v == 1 ? PrefillWsKernel<true, kWsStages> : PrefillWsKernel<false, kWsStages>;
+      const size_t smem = WsSmemBytes(kWsStages);
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (err != cudaSuccess) return err;
-      err = LaunchKernel(kernel, dim3(plan.num_final, args.cache.num_kv_heads), kWsThreads,
-                         kWsSmemBytes, stream, k, tk, tv);
+      err = LaunchKernel(kernel, dim3(plan.num_final, args.cache.num_kv_heads), kWsThreads, smem,
+                         stream, k, tk, tv);
       if (err != cudaSuccess) return err;
     } else {
       auto kernel = wgmma ? PrefillWgmmaKernel : PrefillKernel<D>;

@@ -58,8 +58,9 @@ cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionPlanView& 
                             cudaStream_t stream);
 // Whether the current device runs the sm_90a machine code (the wgmma prefill kernel).
 cudaError_t WgmmaAvailable(bool* available);
-// Benchmark knob (process-wide) for the wgmma prefill: 0 warp-specialized with ping-pong (the
-// default), 1 warp-specialized without, 2 the two-warpgroup kernel. Every one gives the same bits.
+// Benchmark knob (process-wide) for the wgmma prefill: the warp-specialized kernel (0, the
+// default), the same with the ping-pong schedule (1), the two-warpgroup kernel (2, also the kernel
+// for block sizes that are not a multiple of 16). Every one gives the same bits.
 void SetWgmmaPrefillVariant(int variant);
 
 }  // namespace cascade::cuda::internal

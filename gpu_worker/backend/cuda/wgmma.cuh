@@ -127,6 +127,26 @@ __device__ __forceinline__ void Wgmma64x64SS(float (&d)[32], uint64_t a, uint64_
   __trap();
 #endif
 }
+// d (64 x 64, f32) += A (64 x 16 bf16, registers: the mma.sync A fragment of each warp's 16 rows)
+// * B (16 x 64 as 64 rows K-major, smem).
+__device__ __forceinline__ void Wgmma64x64RS(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%"
+      "25,%26,%27,%28,%29,%30,%31}, {%32, %33, %34, %35}, %36, p, "
+      "1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+#else
+  __trap();
+#endif
+}
 // d (64 x 128, f32) += A (64 x 16 bf16, registers: the mma.sync A fragment of each warp's 16
 // rows) * B (16 x 128, MN-major in smem: rows = K).
 __device__ __forceinline__ void Wgmma64x128RS(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
