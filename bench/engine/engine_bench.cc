@@ -22,7 +22,9 @@
 // batch-invariant split-K rule of gemm.h: o_proj / down_proj of narrow models in k slices),
 // "nosplit" (no split-K: the default since run 8), "split2" / "split4" / "split8" (that many k
 // slices for every GEMM whose k allows it, the LM head excepted), "refN" (the pinned GEMM
-// algorithms picked by cuBLASLt's heuristic at m = N instead of 256, e.g. ref1024).
+// algorithms picked by cuBLASLt's heuristic at m = N instead of 256, e.g. ref1024), "block32" /
+// "block64" (KV blocks of 32 / 64 tokens instead of 16: coarser prefix sharing, fewer and larger
+// copies for the Hopper prefill kernel).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -118,6 +120,7 @@ struct Variant {
   bool overlap = false;   // EngineOptions::overlap_schedule
   int split_k = 1;        // CudaBackendOptions::split_k (1: off)
   int reference_m = 256;  // CudaBackendOptions::gemm_reference_m
+  int block_size = 16;    // CudaBackendOptions::block_size
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -132,6 +135,8 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "split2") return v->split_k = 2, true;
   if (name == "split4") return v->split_k = 4, true;
   if (name == "split8") return v->split_k = 8, true;
+  if (name == "block32") return v->block_size = 32, true;  // KV blocks of 32 / 64 tokens
+  if (name == "block64") return v->block_size = 64, true;
   if (absl::StartsWith(name, "ref")) {  // refN: pinned GEMM algorithms chosen at m = N
     return absl::SimpleAtoi(name.substr(3), &v->reference_m) && v->reference_m > 0 &&
            v->reference_m <= 65536;
@@ -309,6 +314,7 @@ struct Bench {
       o.small_m_gemm = variant.small_m_gemm;
       o.split_k = variant.split_k;
       o.gemm_reference_m = variant.reference_m;
+      o.block_size = variant.block_size;
       o.programmatic_launch = variant.pdl;
       auto b = cuda::NewCudaBackend(model, o);
       if (!b.ok()) {

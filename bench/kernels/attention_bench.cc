@@ -2,13 +2,15 @@
 // read / measured device copy bandwidth), shared-prefix decode with cascade on vs off, a
 // three-level prefix tree (flat vs single-level grouping vs every-tile cascade), and prefill
 // attention in TFLOP/s. Prints one table; see bench/kernels/RESULTS.md.
-//   cuda_attention_bench [--quick | --cascade-only | --prefill-only]
+//   cuda_attention_bench [--quick | --cascade-only | --prefill-only] [--block=16 (tokens per KV
+//   block)]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -55,7 +57,8 @@ double TimeMs(F fn, int reps = 20) {
   return t[t.size() / 2];
 }
 
-constexpr int kHq = 16, kHkv = 8, kD = 128, kBs = 16;  // Qwen3-0.6B attention shape
+constexpr int kHq = 16, kHkv = 8, kD = 128;  // Qwen3-0.6B attention shape
+int g_block = 16;                            // tokens per KV block (--block)
 
 // n bf16 values uniform in [-2, 2) (random data: tensor-core timings on constants run fast).
 std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
@@ -136,7 +139,7 @@ std::vector<std::vector<int32_t>> PrefixTables(const std::vector<int>& ctx, int 
   std::vector<std::vector<int32_t>> tables(ctx.size());
   int32_t next = shared_blocks;
   for (size_t i = 0; i < ctx.size(); ++i) {
-    for (int b = 0; b < (ctx[i] + kBs - 1) / kBs; ++b)
+    for (int b = 0; b < (ctx[i] + g_block - 1) / g_block; ++b)
       tables[i].push_back(b < shared_blocks ? b : next++);
   }
   *blocks = next;
@@ -200,29 +203,29 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   // KV cache: 4 GiB each for K and V (full run); constant non-zero bf16 except the first 8192
   // tokens' blocks (random, below; decode time hardly depends on the values).
   const int64_t num_blocks = quick ? 16384 : 131072;
-  const size_t cache_elems = static_cast<size_t>(num_blocks) * kHkv * kBs * kD;
+  const size_t cache_elems = static_cast<size_t>(num_blocks) * kHkv * g_block * kD;
   auto k = DeviceBuffer::Allocate(cache_elems * 2), v = DeviceBuffer::Allocate(cache_elems * 2);
   CHECK_OK(k.status());
   CHECK_OK(v.status());
   CHECK_OK(FillBytes(k->data(), 0x3c, cache_elems * 2));  // bf16 0x3c3c ~ 0.0115
   CHECK_OK(FillBytes(v->data(), 0x3d, cache_elems * 2));
   // The blocks the prefill cases read (from block 0) hold random values.
-  const size_t random_elems = static_cast<size_t>(8192 / kBs) * kHkv * kBs * kD;
+  const size_t random_elems = static_cast<size_t>(8192 / g_block) * kHkv * g_block * kD;
   CHECK_OK(CopyToDevice(k->data(), RandomBf16(random_elems, 1).data(), random_elems * 2));
   CHECK_OK(CopyToDevice(v->data(), RandomBf16(random_elems, 2).data(), random_elems * 2));
-  KvCacheView cache{k->as<Bf16>(), v->as<Bf16>(), num_blocks, kBs, kHkv, kD};
+  KvCacheView cache{k->as<Bf16>(), v->as<Bf16>(), num_blocks, g_block, kHkv, kD};
   const double token_bytes = 2.0 * kHkv * kD * 2;  // K + V bytes per token
 
   std::printf("device: %s\ncopy bandwidth (read+write): %.0f GB/s\n", name->c_str(), bw / 1e9);
   std::printf("shape: %d q heads, %d kv heads, head_dim %d, block %d, tile %d\n\n", kHq, kHkv, kD,
-              kBs, kTileTokens);
+              g_block, kTileTokens);
   std::printf("%-34s %9s %10s %9s %8s\n", "case", "time_us", "KV_MB", "GB/s", "%floor");
   auto row = [&](const std::string& c, double ms, double bytes) {
     std::printf("%-34s %9.1f %10.1f %9.0f %7.0f%%\n", c.c_str(), ms * 1e3, bytes / 1e6,
                 bytes / (ms * 1e-3) / 1e9, 100.0 * (bytes / bw) / (ms * 1e-3));
   };
   AttentionPlan plan;
-  AttentionConfig every{kHq, kHkv, kD, kBs, true};
+  AttentionConfig every{kHq, kHkv, kD, g_block, true};
   AttentionConfig one = every, single = every, flat = every;
   one.tiles_per_item = 1;  // one tile per split item (before multi-tile items)
   single.grouping = CascadeGrouping::kLeadingTiles;
@@ -253,7 +256,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     const int P = 4096, S = 128;
     const std::vector<int> ctx(batch, P + S);
     int64_t blocks = 0;
-    const auto tables = PrefixTables(ctx, P / kBs, &blocks);
+    const auto tables = PrefixTables(ctx, P / g_block, &blocks);
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
     for (const AttentionConfig* c : {&flat, &one, &every}) {
       const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
@@ -272,18 +275,19 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     constexpr int kSystem = 2048, kContext = 1024, kContexts = 8, kQueries = 32;
     std::vector<int> ctx;
     std::vector<std::vector<int32_t>> tables;
-    int32_t next = kSystem / kBs;
+    int32_t next = kSystem / g_block;
     double tokens = kSystem + kContexts * kContext;
     for (int c = 0; c < kContexts; ++c) {
-      std::vector<int32_t> context(kSystem / kBs);
+      std::vector<int32_t> context(kSystem / g_block);
       std::iota(context.begin(), context.end(), 0);
-      while (static_cast<int>(context.size()) * kBs < kSystem + kContext) context.push_back(next++);
+      while (static_cast<int>(context.size()) * g_block < kSystem + kContext)
+        context.push_back(next++);
       for (int i = 0; i < kQueries; ++i) {
         const int own = 1 + (c * kQueries + i) * 37 % 128;
         ctx.push_back(kSystem + kContext + own);
         tokens += own;
         tables.push_back(context);
-        while (static_cast<int>(tables.back().size()) * kBs < ctx.back()) {
+        while (static_cast<int>(tables.back().size()) * g_block < ctx.back()) {
           tables.back().push_back(next++);
         }
       }
@@ -352,6 +356,18 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device; nothing to benchmark\n");
     return 0;
   }
-  const std::string flag = argc > 1 ? argv[1] : "";
+  std::string flag;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--block=", 0) == 0) {
+      cascade::cuda::g_block = std::atoi(arg.c_str() + 8);
+      if (cascade::cuda::g_block <= 0 || 64 % cascade::cuda::g_block != 0) {
+        std::fprintf(stderr, "--block must divide 64 (got %s)\n", arg.c_str() + 8);
+        return 2;
+      }
+    } else {
+      flag = arg;
+    }
+  }
   return cascade::cuda::Main(flag == "--quick", flag == "--cascade-only", flag == "--prefill-only");
 }

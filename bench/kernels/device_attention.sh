@@ -2,7 +2,8 @@
 # One device call for an attention kernel change (see docs/GPU.md): builds on the GPU machine,
 # prints the kernels' registers/spills and tensor-core instruction counts, runs every GPU bitwise
 # test (cuda_kernels_test, cuda_attention_test, cuda_backend_test, engine_cuda_test), then times
-# cuda_attention_bench and PyTorch SDPA (bench/kernels/sdpa_bench.py) in the same call, and with
+# cuda_attention_bench (and its prefill with 64-token blocks) and PyTorch SDPA
+# (bench/kernels/sdpa_bench.py) in the same call, and with
 # ENGINE=1 the engine's prefill section on qwen3-0.6b. Logs go to $OUT (or ./device-out).
 # Usage: bash bench/kernels/device_attention.sh [--quick]   (--quick: attention bench's quick mode)
 set -uo pipefail
@@ -31,10 +32,14 @@ for t in cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_tes
 done
 echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 timeout 150 build-gpu/bench/cuda_attention_bench "$@" >"$OUT/attn.log" 2>&1 || echo "attention bench rc=$?"
+# Prefill again with 64-token KV blocks (one TMA box per K/V column half per tile).
+{ echo; echo "== prefill with --block=64"; } >>"$OUT/attn.log"
+timeout 60 build-gpu/bench/cuda_attention_bench --prefill-only --block=64 2>&1 | tail -6 >>"$OUT/attn.log" ||
+  echo "attention bench --block=64 rc=$?"
 timeout 120 python3 bench/kernels/sdpa_bench.py >"$OUT/sdpa.log" 2>&1 || echo "sdpa rc=$?"
 if [ "${ENGINE:-0}" = 1 ]; then
   timeout 200 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=prefill \
-    >"$OUT/engine.log" 2>&1 || echo "engine bench rc=$?"
+    --variants=default,block64 >"$OUT/engine.log" 2>&1 || echo "engine bench rc=$?"
 fi
 echo "== cuda_attention_bench"; cat "$OUT/attn.log"
 echo "== sdpa"; cat "$OUT/sdpa.log"

@@ -683,24 +683,24 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
 }
 
 // The warp-specialized form (v8): warpgroup 0 loads (its warp 0; the other three only give their
-// registers back), warpgroups 1 and 2 compute (q-rows as above). K/V pieces of 16 tokens (one
-// paged block, or a 16-token part of a larger one) come by bulk tensor copy (TMA, 128-byte
-// swizzle: the layout of wgmma.cuh) into kStages stages, each with a `full` mbarrier (the
-// copies' bytes) and an `empty` one (one arrival per consumer warp when its wgmma reads of the
-// stage are done). Rows at or past kv_len's last 16-token boundary (only in an item's last tile)
-// are copied by the load warp's lanes, zeros past kv_len, as PrefillKernel has them. A tile a
-// warpgroup needs is one of a prefix of the item's tiles (positions grow with rows); per such
-// tile it issues S_t = Q K_t^T together with the previous tile's O_{t-1} = P_{t-1} V_{t-1}, then
-// folds O_{t-1} and runs tile t's softmax: the fold order and every operation are PrefillTile's,
-// only the schedule differs. kPingPong: the two warpgroups take turns issuing their MMAs (named
-// barriers 2 and 3), so one's softmax overlaps the other's tensor-core work.
+// registers back), warpgroups 1 and 2 compute (q-rows as above). K/V pieces of kPiece tokens (16:
+// a paged block of 16 or part of one of 32; 64: a whole tile of a 64-token block) come by bulk
+// tensor copy (TMA, 128-byte swizzle: the layout of wgmma.cuh) into kStages stages, each with a
+// `full` mbarrier (the copies' bytes) and an `empty` one (one arrival per consumer warp when its
+// wgmma reads of the stage are done). Rows at or past kv_len's last 16-token boundary (only in an
+// item's last tile) are copied by the load warp's lanes, zeros past kv_len, as PrefillKernel has
+// them. A tile a warpgroup needs is one of a prefix of the item's tiles (positions grow with rows);
+// per such tile it issues S_t = Q K_t^T together with the previous tile's O_{t-1} = P_{t-1}
+// V_{t-1}, then folds O_{t-1} and runs tile t's softmax: the fold order and every operation are
+// PrefillTile's, only the schedule differs. kPingPong: the two warpgroups take turns issuing their
+// MMAs (named barriers 2 and 3), so one's softmax overlaps the other's tensor-core work.
 constexpr int kWsStages = 4;  // 6 measured no faster (H100, bench/kernels/NOTES.md)
 constexpr int kWsThreads = 384;
 constexpr size_t WsSmemBytes(int stages) {
   return 1024 + static_cast<size_t>(kWgRows) * kWgRowBytes + 2 * stages * kWgTileBytes;
 }
-constexpr int kPieceTokens = 16;
-constexpr uint32_t kPieceBytes = 2 * 2 * kPieceTokens * 128;  // K and V, two column halves
+constexpr int kPieceTokens =
+    16;  // the copy unit for blocks of 16 or 32 tokens; 64 for blocks of 64
 
 struct WsBarriers {
   uint64_t full[kWsStages];
@@ -739,7 +739,7 @@ __device__ __forceinline__ void Zero(float (&r)[N]) {
   for (int i = 0; i < N; ++i) r[i] = 0.f;
 }
 
-template <bool kPingPong, int kStages>
+template <bool kPingPong, int kStages, int kPiece>
 __global__ void __launch_bounds__(kWsThreads, 1)
     PrefillWsKernel(const TileKernelArgs k, const __grid_constant__ CUtensorMap tk,
                     const __grid_constant__ CUtensorMap tv) {
@@ -784,13 +784,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     if (warp != 0) return;
     const __nv_bfloat16* kg = reinterpret_cast<const __nv_bfloat16*>(cache.k);
     const __nv_bfloat16* vg = reinterpret_cast<const __nv_bfloat16*>(cache.v);
-    // Cache row of lane p's piece (p < the tile's TMA pieces), read one tile ahead so that a
-    // freed stage is refilled without waiting on a global load.
+    // Lane p copies piece p of a tile (p < the tile's TMA pieces; four boxes: K and V, two column
+    // halves), so the pieces' copies are issued side by side (one lane per box measured slower);
+    // its piece's cache row is read one tile ahead, so that a freed stage is refilled without
+    // waiting on a global load.
     auto piece_row = [&](int i) {
       const int ts = (tile_begin + i) * kT;
-      const int npf = max(0, min(kT / kPieceTokens, (kv_len - ts) / kPieceTokens));
+      const int npf = max(0, min(kT / kPiece, (kv_len - ts) / kPiece));
       if (i >= ntiles || lane >= npf) return 0;
-      const int tok = ts + lane * kPieceTokens;
+      const int tok = ts + lane * kPiece;
       return (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
     };
     int next_row = piece_row(0);
@@ -800,11 +802,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       next_row = piece_row(i + 1);
       if (i >= kStages) MbarWait(empty0 + 8 * s, ((i / kStages) - 1) & 1);
       const uint32_t ks = kv_addr + 2 * s * kWgTileBytes, vs = ks + kWgTileBytes;
-      const int npf = max(0, min(kT / kPieceTokens, (kv_len - ts) / kPieceTokens));  // TMA pieces
-      if (npf < kT / kPieceTokens) {  // the item's last tile: rows from 16 npf copied by lanes
+      const int npf = max(0, min(kT / kPiece, (kv_len - ts) / kPiece));  // TMA pieces
+      if (npf < kT / kPiece) {  // the item's last tile: rows from kPiece * npf copied by lanes
         unsigned char* Kd = KVs + 2 * s * kWgTileBytes;
         unsigned char* Vd = Kd + kWgTileBytes;
-        const int j0 = npf * kPieceTokens;
+        const int j0 = npf * kPiece;
         for (int idx = lane; idx < (kT - j0) * C; idx += 32) {
           const int j = j0 + idx / C, c = idx % C, tok = ts + j;
           uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
@@ -821,16 +823,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         FenceProxyAsync();  // these st.shared are read by wgmma (the async proxy)
         __syncwarp();
       }
-      if (lane == 0) MbarArriveExpectTx(full0 + 8 * s, npf * kPieceBytes);
-      for (int p = 0; p < npf; ++p) {
-        const int row = __shfl_sync(0xffffffffu, prow, p);
-        if (lane == 0) {
-          const uint32_t off = p * kPieceTokens * 128;
-          TmaLoad2d(ks + off, &tk, 0, row, full0 + 8 * s);
-          TmaLoad2d(ks + kT * 128 + off, &tk, 64, row, full0 + 8 * s);
-          TmaLoad2d(vs + off, &tv, 0, row, full0 + 8 * s);
-          TmaLoad2d(vs + kT * 128 + off, &tv, 64, row, full0 + 8 * s);
-        }
+      if (lane == 0) MbarArriveExpectTx(full0 + 8 * s, npf * (2 * 2 * kPiece * 128));
+      __syncwarp();
+      if (lane < npf) {
+        const uint32_t off = lane * kPiece * 128;
+        TmaLoad2d(ks + off, &tk, 0, prow, full0 + 8 * s);
+        TmaLoad2d(ks + kT * 128 + off, &tk, 64, prow, full0 + 8 * s);
+        TmaLoad2d(vs + off, &tv, 0, prow, full0 + 8 * s);
+        TmaLoad2d(vs + kT * 128 + off, &tv, 64, prow, full0 + 8 * s);
       }
     }
   } else {  // --------------------------------------------------------------------- consumers
@@ -1245,7 +1245,7 @@ int WgmmaVariant() { return g_wgmma_variant; }
 // A tensor map over one layer's K or V cache as rows of 128 bf16 ([num_blocks * kv heads *
 // block_size, 128]), boxes of 16 rows x 64 columns (one column half of a 16-token piece), 128-byte
 // swizzle. cuTensorMapEncodeTiled comes through the runtime's driver entry point (no -lcuda).
-cudaError_t EncodeKvMap(const void* base, int64_t rows, CUtensorMap* map) {
+cudaError_t EncodeKvMap(const void* base, int64_t rows, int piece, CUtensorMap* map) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -1258,7 +1258,7 @@ cudaError_t EncodeKvMap(const void* base, int64_t rows, CUtensorMap* map) {
   if (encode == nullptr) return cudaErrorNotSupported;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kWgD), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {kWgRowBytes};
-  const cuuint32_t box[2] = {64, kPieceTokens};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(piece)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r =
       encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
@@ -1287,12 +1287,16 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     if (wgmma && WgmmaVariant() != 2 && args.cache.block_size % kPieceTokens == 0) {
       CUtensorMap tk, tv;
       const int64_t rows = args.cache.num_blocks * args.cache.num_kv_heads * args.cache.block_size;
-      cudaError_t err = EncodeKvMap(args.cache.k, rows, &tk);
-      if (err == cudaSuccess) err = EncodeKvMap(args.cache.v, rows, &tv);
-      if (err != cudaSuccess) return err;
       const int v = WgmmaVariant();
+      // Blocks of 64 tokens copy a whole tile per TMA box (4 copies per tile instead of 16).
+      const int piece = v == 0 && args.cache.block_size % kT == 0 ? kT : kPieceTokens;
+      cudaError_t err = EncodeKvMap(args.cache.k, rows, piece, &tk);
+      if (err == cudaSuccess) err = EncodeKvMap(args.cache.v, rows, piece, &tv);
+      if (err != cudaSuccess) return err;
       // Variant 1: the ping-pong schedule (measured slower on an H100, kept for comparison).
-      auto kernel = v == 1 ? PrefillWsKernel<true, kWsStages> : PrefillWsKernel<false, kWsStages>;
+      auto kernel = v == 1        ? PrefillWsKernel<true, kWsStages, kPieceTokens>
+                    : piece == kT ? PrefillWsKernel<false, kWsStages, kT>
+                                  : PrefillWsKernel<false, kWsStages, kPieceTokens>;
       const size_t smem = WsSmemBytes(kWsStages);
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (err != cudaSuccess) return err;
