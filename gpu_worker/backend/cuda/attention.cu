@@ -154,6 +154,20 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Cache rows (of head_dim elements) of the keys t * kT + j0 + r * kStep (r < R) of the sequence
+// whose block table starts at table_offset; -1 for keys past kv_len.
+template <int R, int kStep>
+__device__ __forceinline__ void TileKeyRows(const AttentionArgs& a, int table_offset, int kv_len,
+                                            int kvh, int t, int j0, int (&ids)[R]) {
+  const int hkv = a.cache.num_kv_heads, bs = a.cache.block_size;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int tok = t * kT + j0 + r * kStep;
+    ids[r] = -1;
+    if (tok < kv_len) ids[r] = (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
+  }
+}
+
 struct TileKernelArgs {
   AttentionArgs a;
   const int32_t* items;
@@ -162,6 +176,19 @@ struct TileKernelArgs {
   float scale_log2;
   const int32_t* item_count;  // device [1] or nullptr (see AttentionTileKernel)
 };
+
+// Chunk c (16 bytes) of q-row qi of an item (item row qi / G, query head kvh * G + qi % G), or
+// nullptr for rows past nq.
+template <int D>
+__device__ __forceinline__ const __nv_bfloat16* QChunk(const TileKernelArgs& k, int row_begin,
+                                                       int nq, int kvh, int qi, int c) {
+  if (qi >= nq) return nullptr;
+  const AttentionArgs& a = k.a;
+  const int G = a.num_q_heads / a.cache.num_kv_heads;
+  const int row = k.item_rows[row_begin + qi / G];
+  return reinterpret_cast<const __nv_bfloat16*>(a.q) + static_cast<int64_t>(row) * a.q_row_stride +
+         (kvh * G + qi % G) * D + c * 8;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Prefill (final items): one CTA per (item, kv head) folds every tile of its rows in registers.
@@ -309,7 +336,7 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
   extern __shared__ __align__(16) unsigned char smem[];
   const AttentionArgs& a = k.a;
   const KvCacheView& cache = a.cache;
-  const int hq = a.num_q_heads, hkv = cache.num_kv_heads, G = hq / hkv, bs = cache.block_size;
+  const int hq = a.num_q_heads, hkv = cache.num_kv_heads, G = hq / hkv;
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRows, LD]
   __nv_bfloat16* KVs = Qs + kRows * LD;                        // stage s: K, V [kT, LD] each
 
@@ -320,15 +347,11 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
   const int nq = row_count * G;  // <= kRows (the planner's rows per item)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2;
 
-  const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(a.q);
   for (int i = tid; i < kRows * C; i += kThr) {
     const int qi = i / C, c = i % C;
-    const __nv_bfloat16* src = q;
-    if (qi < nq) {
-      const int row = k.item_rows[row_begin + qi / G];
-      src = q + static_cast<int64_t>(row) * a.q_row_stride + (kvh * G + qi % G) * D + c * 8;
-    }
-    CpAsync16Z(Qs + qi * LD + c * 8, src, qi < nq ? 16 : 0);
+    const __nv_bfloat16* src = QChunk<D>(k, row_begin, nq, kvh, qi, c);
+    CpAsync16Z(Qs + qi * LD + c * 8, src ? src : reinterpret_cast<const __nv_bfloat16*>(a.q),
+               src ? 16 : 0);
   }
   // K/V tile loads: thread tid copies the 16-byte chunk tid % C of rows j = tid / C + r *
   // kRowsPerPass (r < kR). The block ids of the next tile are loaded one tile ahead, so that
@@ -340,12 +363,7 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
   const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v) + cchunk * 8;
   int ids[kR];  // cache row (of D elements) of each row's key, -1: past kv_len
   auto load_ids = [&](int t) {
-#pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      const int tok = t * kT + j0 + r * kRowsPerPass;
-      ids[r] = -1;
-      if (tok < kv_len) ids[r] = (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
-    }
+    TileKeyRows<kR, kRowsPerPass>(a, table_offset, kv_len, kvh, t, j0, ids);
   };
   auto issue_tile = [&](int stage) {
     __nv_bfloat16* Kd = KVs + stage * 2 * kT * LD + j0 * LD + cchunk * 8;
@@ -467,43 +485,53 @@ constexpr size_t kWgSmemBytes =
     1024 + static_cast<size_t>(kWgRows) * kWgRowBytes + 2 * kWgStages * kWgTileBytes;
 static_assert(PrefillQueriesPerCta(kWgD) == kWgRows, "wgmma prefill rows");
 
-// One 64-key tile for one warpgroup (see PrefillTile for the arithmetic).
-template <bool kMask>
-__device__ __forceinline__ void PrefillTileWg(uint32_t q_smem, uint32_t k_smem, uint32_t v_smem,
-                                              int ts, const int (&pos)[2], float scale_log2,
-                                              float (&m)[2], float (&l)[2], float (&o)[64],
-                                              int lane) {
-  const int t4 = lane & 3;
-  float s[32];
-#pragma unroll
-  for (int i = 0; i < 32; ++i) s[i] = 0.f;
-  FenceRegs(s);
-  WgmmaFence();
+// The warpgroup helpers of the wgmma kernels (their bodies are compiled for sm_90a only).
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// S = Q K^T for one warpgroup (accumulators from +0, k over D ascending). dq, dk: descriptors of
+// the warpgroup's Q rows and of the K tile; a k16 step or column half moves a descriptor's start
+// address field by (byte offset) / 16 (offsets stay inside shared memory's 14-bit field).
+__device__ __forceinline__ void IssueQk(float (&sc)[32], uint64_t dq, uint64_t dk) {
 #pragma unroll
   for (int kc = 0; kc < kWgD / 16; ++kc) {
-    const uint32_t half = (kc >> 2), kb = (kc & 3) * 32;
-    Wgmma64x64SS(s, WgmmaDesc(q_smem + half * kWgRows * 128 + kb, 16, 1024),
-                 WgmmaDesc(k_smem + half * kT * 128 + kb, 16, 1024));
+    const uint32_t half = kc >> 2, kb = (kc & 3) * 32;
+    Wgmma64x64SS(sc, dq + ((half * kWgRows * 128 + kb) >> 4), dk + ((half * kT * 128 + kb) >> 4));
   }
-  WgmmaCommit();
-  WgmmaWait<0>();
-  FenceRegs(s);
-  FoldWeights w[2];
-  bool valid[2];
+}
+// O_t = P V for one warpgroup (from +0, k over the tile's keys ascending); dv: the V tile's
+// descriptor as an MN-major operand.
+__device__ __forceinline__ void IssuePv(float (&ot)[64], const uint32_t (&pa)[kT / 16][4],
+                                        uint64_t dv) {
+#pragma unroll
+  for (int kk = 0; kk < kT / 16; ++kk) Wgmma64x128RS(ot, pa[kk], dv + ((kk * 2048) >> 4));
+}
+template <int N>
+__device__ __forceinline__ void Zero(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) r[i] = 0.f;
+}
+
+// Tile softmax of a warpgroup's 64 x 64 scores (the wgmma accumulator layout: rows g and g + 8
+// of each warp): RowSoftmax per row and the running (m, l) update, P rounded to bf16 into pa (the
+// register A operand of P V), and the weights (w, valid) that fold the tile's O_t (WgFold).
+template <bool kMask>
+__device__ __forceinline__ void WgSoftmax(float (&sc)[32], const int (&pos)[2], int ts, int t4,
+                                          float scale_log2, float (&m)[2], float (&l)[2],
+                                          FoldWeights (&w)[2], bool (&valid)[2],
+                                          uint32_t (&pa)[kT / 16][4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float x[16];
 #pragma unroll
     for (int n = 0; n < kT / 8; ++n) {
-      x[2 * n] = s[4 * n + 2 * h];
-      x[2 * n + 1] = s[4 * n + 2 * h + 1];
+      x[2 * n] = sc[4 * n + 2 * h];
+      x[2 * n + 1] = sc[4 * n + 2 * h + 1];
     }
     float ms, lt;
     RowSoftmax<kMask>(x, pos[h] + 1 - ts, t4, scale_log2, ms, lt);
 #pragma unroll
     for (int n = 0; n < kT / 8; ++n) {
-      s[4 * n + 2 * h] = x[2 * n];
-      s[4 * n + 2 * h + 1] = x[2 * n + 1];
+      sc[4 * n + 2 * h] = x[2 * n];
+      sc[4 * n + 2 * h + 1] = x[2 * n + 1];
     }
     valid[h] = !kMask || ms != -INFINITY;
     w[h] = Fold(m[h], ms);
@@ -512,32 +540,110 @@ __device__ __forceinline__ void PrefillTileWg(uint32_t q_smem, uint32_t k_smem, 
       m[h] = w[h].m;
     }
   }
-  uint32_t pa[kT / 16][4];
 #pragma unroll
   for (int kk = 0; kk < kT / 16; ++kk) {
-    pa[kk][0] = PackBf16(s[8 * kk + 0], s[8 * kk + 1]);
-    pa[kk][1] = PackBf16(s[8 * kk + 2], s[8 * kk + 3]);
-    pa[kk][2] = PackBf16(s[8 * kk + 4], s[8 * kk + 5]);
-    pa[kk][3] = PackBf16(s[8 * kk + 6], s[8 * kk + 7]);
+    pa[kk][0] = PackBf16(sc[8 * kk + 0], sc[8 * kk + 1]);
+    pa[kk][1] = PackBf16(sc[8 * kk + 2], sc[8 * kk + 3]);
+    pa[kk][2] = PackBf16(sc[8 * kk + 4], sc[8 * kk + 5]);
+    pa[kk][3] = PackBf16(sc[8 * kk + 6], sc[8 * kk + 7]);
   }
-  float ot[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) ot[i] = 0.f;
-  FenceRegs(ot);
-  WgmmaFence();
-#pragma unroll
-  for (int kk = 0; kk < kT / 16; ++kk) {
-    Wgmma64x128RS(ot, pa[kk], WgmmaDesc(v_smem + kk * 2048, kT * 128, 1024));
-  }
-  WgmmaCommit();
-  WgmmaWait<0>();
-  FenceRegs(ot);
+}
+// Folds a tile's O_t into o with WgSoftmax's weights; kCheck: the tile was masked, so a row may
+// have seen none of its keys (skipped: a bitwise no-op).
+template <bool kCheck>
+__device__ __forceinline__ void WgFold(float (&o)[64], const float (&ot)[64],
+                                       const FoldWeights (&w)[2], const bool (&valid)[2]) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int h = (i >> 1) & 1;
-    if (valid[h]) o[i] = FoldElem(o[i], w[h], ot[i]);
+    if (!kCheck || valid[h]) o[i] = FoldElem(o[i], w[h], ot[i]);
   }
 }
+// Copies the item's Q rows (q-row qi: item row qi / G, head kvh * G + qi % G) into the swizzled
+// Q tile; rows past nq are zeros. Threads t = first, first + stride, ... share the copies.
+__device__ __forceinline__ void WgLoadQ(const TileKernelArgs& k, unsigned char* Qs, int row_begin,
+                                        int nq, int kvh, int first, int stride) {
+  constexpr int C = kWgD / 8;
+  for (int i = first; i < kWgRows * C; i += stride) {
+    const int qi = i / C, c = i % C;
+    const __nv_bfloat16* src = QChunk<kWgD>(k, row_begin, nq, kvh, qi, c);
+    CpAsync16Z(Qs + SwizzleOffset(kWgRows, qi, c),
+               src ? src : reinterpret_cast<const __nv_bfloat16*>(k.a.q), src ? 16 : 0);
+  }
+}
+// Positions of this lane's two rows of the warp's 16 q-rows from qi0 (-1 past nq), and the
+// warp's lowest and highest position (INT_MAX / -1 when it has no row).
+__device__ __forceinline__ void WgRowPositions(const TileKernelArgs& k, int row_begin, int nq,
+                                               int qi0, int lane, int (&pos)[2], int& wmin,
+                                               int& wmax) {
+  const int G = k.a.num_q_heads / k.a.cache.num_kv_heads;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int qi = qi0 + (lane >> 2) + 8 * h;
+    pos[h] = qi < nq ? k.a.positions[k.item_rows[row_begin + qi / G]] : -1;
+  }
+  wmin = pos[0] < 0 ? INT_MAX : pos[0];
+  wmax = max(pos[0], pos[1]);
+  if (pos[1] >= 0) wmin = min(wmin, pos[1]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, off));
+    wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
+  }
+}
+// Writes this lane's rows of a warp's 16 q-rows (from q-row qi0) as bf16 o / l.
+__device__ __forceinline__ void WgStoreRows(const TileKernelArgs& k, int row_begin, int nq, int kvh,
+                                            int qi0, int lane, const float (&o)[64],
+                                            const float (&l)[2]) {
+  const AttentionArgs& a = k.a;
+  const int G = a.num_q_heads / a.cache.num_kv_heads;
+  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int qi = qi0 + (lane >> 2) + 8 * h;
+    if (qi >= nq) continue;
+    const int row = k.item_rows[row_begin + qi / G];
+    const float inv = __frcp_rn(l[h]);
+    __nv_bfloat16* dst =
+        out + static_cast<int64_t>(row) * a.num_q_heads * kWgD + (kvh * G + qi % G) * kWgD;
+#pragma unroll
+    for (int n = 0; n < kWgD / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * (lane & 3)) =
+          PackBf16(__fmul_rn(o[4 * n + 2 * h], inv), __fmul_rn(o[4 * n + 2 * h + 1], inv));
+    }
+  }
+}
+
+// One 64-key tile for one warpgroup (see PrefillTile for the arithmetic).
+template <bool kMask>
+__device__ __forceinline__ void PrefillTileWg(uint32_t q_smem, uint32_t k_smem, uint32_t v_smem,
+                                              int ts, const int (&pos)[2], float scale_log2,
+                                              float (&m)[2], float (&l)[2], float (&o)[64],
+                                              int lane) {
+  float s[32];
+  Zero(s);
+  FenceRegs(s);
+  WgmmaFence();
+  IssueQk(s, WgmmaDesc(q_smem, 16, 1024), WgmmaDesc(k_smem, 16, 1024));
+  WgmmaCommit();
+  WgmmaWait<0>();
+  FenceRegs(s);
+  FoldWeights w[2];
+  bool valid[2];
+  uint32_t pa[kT / 16][4];
+  WgSoftmax<kMask>(s, pos, ts, lane & 3, scale_log2, m, l, w, valid, pa);
+  float ot[64];
+  Zero(ot);
+  FenceRegs(ot);
+  WgmmaFence();
+  IssuePv(ot, pa, WgmmaDesc(v_smem, kT * 128, 1024));
+  WgmmaCommit();
+  WgmmaWait<0>();
+  FenceRegs(ot);
+  WgFold<kMask>(o, ot, w, valid);
+}
+
+#endif  // sm_90a
 
 __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -554,25 +660,16 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
 
   const AttentionArgs& a = k.a;
   const KvCacheView& cache = a.cache;
-  const int hq = a.num_q_heads, hkv = cache.num_kv_heads, G = hq / hkv, bs = cache.block_size;
+  const int hq = a.num_q_heads, hkv = cache.num_kv_heads, G = hq / hkv;
   const int32_t* it = k.items + static_cast<int64_t>(blockIdx.x) * kItemFields;
   const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
   const int row_count = it[4], kv_len = it[5];
   const int kvh = blockIdx.y;
   const int nq = row_count * G;  // <= kWgRows
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, g = lane >> 2;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
 
   if (tid < 4) wg_pos[tid >> 1][tid & 1] = (tid & 1) ? -1 : INT_MAX;
-  const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(a.q);
-  for (int i = tid; i < kWgRows * C; i += kThr) {
-    const int qi = i / C, c = i % C;
-    const __nv_bfloat16* src = q;
-    if (qi < nq) {
-      const int row = k.item_rows[row_begin + qi / G];
-      src = q + static_cast<int64_t>(row) * a.q_row_stride + (kvh * G + qi % G) * D + c * 8;
-    }
-    CpAsync16Z(Qs + SwizzleOffset(kWgRows, qi, c), src, qi < nq ? 16 : 0);
-  }
+  WgLoadQ(k, Qs, row_begin, nq, kvh, tid, kThr);
   // K/V tile loads: thread tid copies chunk tid % C of keys tid / C + 16 r, r < 4.
   constexpr int kRowsPerPass = kThr / C, kR = kT / kRowsPerPass;
   const int cchunk = tid % C, j0 = tid / C;
@@ -580,12 +677,7 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
   const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v) + cchunk * 8;
   int ids[kR];
   auto load_ids = [&](int t) {
-#pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      const int tok = t * kT + j0 + r * kRowsPerPass;
-      ids[r] = -1;
-      if (tok < kv_len) ids[r] = (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
-    }
+    TileKeyRows<kR, kRowsPerPass>(a, table_offset, kv_len, kvh, t, j0, ids);
   };
   auto issue_tile = [&](int stage) {
     unsigned char* Kd = KVs + 2 * stage * kWgTileBytes;
@@ -600,19 +692,8 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
     }
   };
 
-  int pos[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int qi = warp * 16 + g + 8 * h;
-    pos[h] = qi < nq ? a.positions[k.item_rows[row_begin + qi / G]] : -1;
-  }
-  int wmin = pos[0] < 0 ? INT_MAX : pos[0], wmax = max(pos[0], pos[1]);
-  if (pos[1] >= 0) wmin = min(wmin, pos[1]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, off));
-    wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
-  }
+  int pos[2], wmin, wmax;
+  WgRowPositions(k, row_begin, nq, warp * 16, lane, pos, wmin, wmax);
   __syncthreads();  // wg_pos initialized
   if (lane == 0) {
     atomicMin(&wg_pos[wg][0], wmin);
@@ -662,21 +743,7 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
     }
   }
   CpAsyncWait<0>();
-
-  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int qi = warp * 16 + g + 8 * h;
-    if (qi >= nq) continue;
-    const int row = k.item_rows[row_begin + qi / G];
-    const float inv = __frcp_rn(l[h]);
-    __nv_bfloat16* dst = out + static_cast<int64_t>(row) * hq * D + (kvh * G + qi % G) * D;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * (lane & 3)) =
-          PackBf16(__fmul_rn(o[4 * n + 2 * h], inv), __fmul_rn(o[4 * n + 2 * h + 1], inv));
-    }
-  }
+  WgStoreRows(k, row_begin, nq, kvh, warp * 16, lane, o, l);
 #else
   __trap();  // launched only on devices with sm_90a machine code (PrefillWgmmaAvailable)
 #endif
@@ -714,29 +781,6 @@ __device__ __forceinline__ void SetMaxRegsInc() {
 template <int kRegs>
 __device__ __forceinline__ void SetMaxRegsDec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-
-// S = Q K^T for one warpgroup (accumulators from +0, k over D ascending). dq, dk: descriptors of
-// the warpgroup's Q rows and of the K tile; a k16 step or column half moves a descriptor's start
-// address field by (byte offset) / 16 (offsets stay inside shared memory's 14-bit field).
-__device__ __forceinline__ void IssueQk(float (&sc)[32], uint64_t dq, uint64_t dk) {
-#pragma unroll
-  for (int kc = 0; kc < kWgD / 16; ++kc) {
-    const uint32_t half = kc >> 2, kb = (kc & 3) * 32;
-    Wgmma64x64SS(sc, dq + ((half * kWgRows * 128 + kb) >> 4), dk + ((half * kT * 128 + kb) >> 4));
-  }
-}
-// O_t = P V for one warpgroup (from +0, k over the tile's keys ascending); dv: the V tile's
-// descriptor as an MN-major operand.
-__device__ __forceinline__ void IssuePv(float (&ot)[64], const uint32_t (&pa)[kT / 16][4],
-                                        uint64_t dv) {
-#pragma unroll
-  for (int kk = 0; kk < kT / 16; ++kk) Wgmma64x128RS(ot, pa[kk], dv + ((kk * 2048) >> 4));
-}
-template <int N>
-__device__ __forceinline__ void Zero(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) r[i] = 0.f;
 }
 
 template <bool kPingPong, int kStages, int kPiece>
@@ -835,31 +879,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     }
   } else {  // --------------------------------------------------------------------- consumers
     SetMaxRegsInc<240>();
-    const int cw = warp - 4, wg = cw >> 2, g = lane >> 2, t4 = lane & 3;
-    const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(a.q);
-    for (int i = tid - 128; i < kWgRows * C; i += 256) {
-      const int qi = i / C, c = i % C;
-      const __nv_bfloat16* src = q;
-      if (qi < nq) {
-        const int row = k.item_rows[row_begin + qi / G];
-        src = q + static_cast<int64_t>(row) * a.q_row_stride + (kvh * G + qi % G) * D + c * 8;
-      }
-      CpAsync16Z(Qs + SwizzleOffset(kWgRows, qi, c), src, qi < nq ? 16 : 0);
-    }
+    const int cw = warp - 4, wg = cw >> 2, t4 = lane & 3;
+    WgLoadQ(k, Qs, row_begin, nq, kvh, tid - 128, 256);
     CpAsyncCommit();
-    int pos[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int qi = cw * 16 + g + 8 * h;
-      pos[h] = qi < nq ? a.positions[k.item_rows[row_begin + qi / G]] : -1;
-    }
-    int wmin = pos[0] < 0 ? INT_MAX : pos[0], wmax = max(pos[0], pos[1]);
-    if (pos[1] >= 0) wmin = min(wmin, pos[1]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, off));
-      wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
-    }
+    int pos[2], wmin, wmax;
+    WgRowPositions(k, row_begin, nq, cw * 16, lane, pos, wmin, wmax);
     if (lane == 0) {
       atomicMin(&wg_pos[wg][0], wmin);
       atomicMax(&wg_pos[wg][1], wmax);
@@ -898,50 +922,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     auto turn_end = [&](int i) {
       if (kPingPong && !(wg == 1 && i == ntiles - 1)) NamedBarArrive(2 + (1 - wg), 256);
     };
-    // Tile i's softmax on its scores: P (bf16) into pa, the fold weights into wp / vp. kMask: some
-    // key of the tile is past some row's position (the diagonal and the sequence's last tile).
+    // Tile i's softmax (P into pa, fold weights into wp / vp); mask_tag: std::true_type when some
+    // key of the tile is past some row's position (the diagonal, the sequence's last tile).
     auto softmax = [&](auto mask_tag, float(&sc)[32], int i) {
-      constexpr bool kMask = decltype(mask_tag)::value;
-      const int ts = (tile_begin + i) * kT;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float x[16];
-#pragma unroll
-        for (int n = 0; n < kT / 8; ++n) {
-          x[2 * n] = sc[4 * n + 2 * h];
-          x[2 * n + 1] = sc[4 * n + 2 * h + 1];
-        }
-        float ms, lt;
-        RowSoftmax<kMask>(x, pos[h] + 1 - ts, t4, scale_log2, ms, lt);
-#pragma unroll
-        for (int n = 0; n < kT / 8; ++n) {
-          sc[4 * n + 2 * h] = x[2 * n];
-          sc[4 * n + 2 * h + 1] = x[2 * n + 1];
-        }
-        vp[h] = !kMask || ms != -INFINITY;
-        wp[h] = Fold(m[h], ms);
-        if (vp[h]) {
-          l[h] = FoldElem(l[h], wp[h], lt);
-          m[h] = wp[h].m;
-        }
-      }
-#pragma unroll
-      for (int kk = 0; kk < kT / 16; ++kk) {
-        pa[kk][0] = PackBf16(sc[8 * kk + 0], sc[8 * kk + 1]);
-        pa[kk][1] = PackBf16(sc[8 * kk + 2], sc[8 * kk + 3]);
-        pa[kk][2] = PackBf16(sc[8 * kk + 4], sc[8 * kk + 5]);
-        pa[kk][3] = PackBf16(sc[8 * kk + 6], sc[8 * kk + 7]);
-      }
+      WgSoftmax<decltype(mask_tag)::value>(sc, pos, (tile_begin + i) * kT, t4, scale_log2, m, l, wp,
+                                           vp, pa);
     };
-    // Folds O_t of the tile whose softmax set wp / vp; kCheck: that tile was masked, so a row
-    // may have seen none of its keys (skipped, a bitwise no-op).
     auto fold = [&](auto check_tag, const float(&ot)[64]) {
-      constexpr bool kCheck = decltype(check_tag)::value;
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        const int h = (i >> 1) & 1;
-        if (!kCheck || vp[h]) o[i] = FoldElem(o[i], wp[h], ot[i]);
-      }
+      WgFold<decltype(check_tag)::value>(o, ot, wp, vp);
     };
     using Masked = std::true_type;
     using Unmasked = std::false_type;
@@ -1016,20 +1004,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       turn_end(j);
       release(j);
     }
-    __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int qi = cw * 16 + g + 8 * h;
-      if (qi >= nq) continue;
-      const int row = k.item_rows[row_begin + qi / G];
-      const float inv = __frcp_rn(l[h]);
-      __nv_bfloat16* dst = out + static_cast<int64_t>(row) * hq * D + (kvh * G + qi % G) * D;
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * (lane & 3)) =
-            PackBf16(__fmul_rn(o[4 * n + 2 * h], inv), __fmul_rn(o[4 * n + 2 * h + 1], inv));
-      }
-    }
+    WgStoreRows(k, row_begin, nq, kvh, cw * 16, lane, o, l);
   }
 #else
   __trap();  // launched only on devices with sm_90a machine code (WgmmaAvailable)
