@@ -371,8 +371,9 @@ TEST(Attention, CachedPrefillEqualsColdPrefillBitwise) {
 }
 
 // Argument checks run before any launch (no GPU needed): a plan whose prefill items hold more
-// (row, head) pairs than the prefill CTA, a GQA group past the split kernel's 32 queries, and a
-// cache whose (block, head, slot) rows overflow the kernels' 32-bit row index.
+// (row, head) pairs than the prefill CTA, a GQA group past the split kernel's 32 queries, a
+// cache whose (block, head, slot) rows overflow the kernels' 32-bit row index, and the wgmma
+// prefill kernel asked for where it cannot run.
 TEST(Attention, RejectsPlansAndCachesTheKernelsCannotRun) {
   alignas(16) static uint16_t buf[64];
   int32_t dummy[4] = {0, 0, 0, 0};
@@ -403,6 +404,12 @@ TEST(Attention, RejectsPlansAndCachesTheKernelsCannotRun) {
   st = Attention(args, plan, nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("2^31"), std::string::npos) << st;
+  // The wgmma prefill kernel asked for on a head_dim it does not serve (64 here).
+  args.cache.num_blocks = 16;
+  args.prefill_path = PrefillPath::kWgmma;
+  st = Attention(args, plan, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("head_dim 128"), std::string::npos) << st;
 }
 
 }  // namespace

@@ -1218,7 +1218,7 @@ int g_wgmma_variant = 0;
 int WgmmaVariant() { return g_wgmma_variant; }
 
 // A tensor map over one layer's K or V cache as rows of 128 bf16 ([num_blocks * kv heads *
-// block_size, 128]), boxes of 16 rows x 64 columns (one column half of a 16-token piece), 128-byte
+// block_size, 128]), boxes of `piece` rows x 64 columns (one column half of a piece), 128-byte
 // swizzle. cuTensorMapEncodeTiled comes through the runtime's driver entry point (no -lcuda).
 cudaError_t EncodeKvMap(const void* base, int64_t rows, int piece, CUtensorMap* map) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
@@ -1259,10 +1259,10 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
       if (err != cudaSuccess) return err;
     }
     if (args.prefill_path == PrefillPath::kWgmma && !wgmma) return cudaErrorNotSupported;
-    if (wgmma && WgmmaVariant() != 2 && args.cache.block_size % kPieceTokens == 0) {
+    const int v = WgmmaVariant();
+    if (wgmma && v != 2 && args.cache.block_size % kPieceTokens == 0) {
       CUtensorMap tk, tv;
       const int64_t rows = args.cache.num_blocks * args.cache.num_kv_heads * args.cache.block_size;
-      const int v = WgmmaVariant();
       // Blocks of 64 tokens copy a whole tile per TMA box (4 copies per tile instead of 16).
       const int piece = v == 0 && args.cache.block_size % kT == 0 ? kT : kPieceTokens;
       cudaError_t err = EncodeKvMap(args.cache.k, rows, piece, &tk);
@@ -1310,10 +1310,10 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
 
 }  // namespace
 
-// Compute capability 9.0 (H100, H200) runs this library's sm_90a machine code; newer GPUs run the
-// compute_90 PTX, which has no wgmma.
 void SetWgmmaPrefillVariant(int variant) { g_wgmma_variant = variant; }
 
+// Compute capability 9.0 (H100, H200) runs this library's sm_90a machine code; newer GPUs run the
+// compute_90 PTX, which has no wgmma.
 cudaError_t WgmmaAvailable(bool* available) {
   int device = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&device);

@@ -227,13 +227,13 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
   }
   if (!args.out || !args.positions || !args.block_ids) return Bad("Attention", "null pointer");
   if (args.prefill_path == PrefillPath::kWgmma && plan.num_final > 0) {
+    constexpr char kNeeds[] =
+        "Attention: the wgmma prefill kernel needs head_dim 128 on a compute capability 9.0 GPU "
+        "(H100, H200); use PrefillPath::kAuto";
+    if (c.head_dim != 128) return absl::FailedPreconditionError(kNeeds);
     absl::StatusOr<bool> wgmma = WgmmaPrefillAvailable();
     if (!wgmma.ok()) return wgmma.status();
-    if (!*wgmma || c.head_dim != 128) {
-      return absl::FailedPreconditionError(
-          "Attention: the wgmma prefill kernel needs head_dim 128 on a compute capability 9.0 GPU "
-          "(H100, H200); use PrefillPath::kAuto");
-    }
+    if (!*wgmma) return absl::FailedPreconditionError(kNeeds);
   }
   return CudaStatus(internal::LaunchAttention(args, plan, stream), "Attention");
 }
