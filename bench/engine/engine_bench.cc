@@ -24,7 +24,8 @@
 // slices for every GEMM whose k allows it, the LM head excepted), "refN" (the pinned GEMM
 // algorithms picked by cuBLASLt's heuristic at m = N instead of 256, e.g. ref1024), "block32" /
 // "block64" (KV blocks of 32 / 64 tokens instead of 16: coarser prefix sharing, fewer and larger
-// copies for the Hopper prefill kernel).
+// copies for the Hopper prefill kernel), "nofold" (no attention fold items: every split item
+// writes one partial per tile, as before fold items; the same bits).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -121,6 +122,7 @@ struct Variant {
   int split_k = 1;        // CudaBackendOptions::split_k (1: off)
   int reference_m = 256;  // CudaBackendOptions::gemm_reference_m
   int block_size = 16;    // CudaBackendOptions::block_size
+  int lead_tiles = 0;     // CudaBackendOptions::attention_lead_tiles
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -137,6 +139,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "split8") return v->split_k = 8, true;
   if (name == "block32") return v->block_size = 32, true;  // KV blocks of 32 / 64 tokens
   if (name == "block64") return v->block_size = 64, true;
+  if (name == "nofold") return v->lead_tiles = -1, true;
   if (absl::StartsWith(name, "ref")) {  // refN: pinned GEMM algorithms chosen at m = N
     return absl::SimpleAtoi(name.substr(3), &v->reference_m) && v->reference_m > 0 &&
            v->reference_m <= 65536;
@@ -315,6 +318,7 @@ struct Bench {
       o.split_k = variant.split_k;
       o.gemm_reference_m = variant.reference_m;
       o.block_size = variant.block_size;
+      o.attention_lead_tiles = variant.lead_tiles;
       o.programmatic_launch = variant.pdl;
       auto b = cuda::NewCudaBackend(model, o);
       if (!b.ok()) {

@@ -3,7 +3,8 @@
 // three-level prefix tree (flat vs single-level grouping vs every-tile cascade), and prefill
 // attention in TFLOP/s. Prints one table; see bench/kernels/RESULTS.md.
 //   cuda_attention_bench [--quick | --cascade-only | --prefill-only] [--block=16 (tokens per KV
-//   block)]
+//   block)] [--decode=B,CTX (only the decode rows of that shape: for a profiler)]
+//   [--shared=B (only the shared-prefix rows of batch B, 16 or 64)]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -130,6 +131,7 @@ void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx,
                               s->plan.num_split(),    s->rows.as<int32_t>(), s->base.as<int32_t>(),
                               s->merge.as<int32_t>(), s->plan.num_merge(),   s->plan.max_final_rows,
                               s->plan.max_split_rows};
+  s->view.split_form = SplitForm(s->plan, kD);
 }
 
 // Block tables: the first `shared_blocks` blocks of every sequence are the same blocks (a shared
@@ -187,6 +189,9 @@ double PlanUs(const std::vector<int>& ctx, const std::vector<std::vector<int32_t
   return us[us.size() / 2];
 }
 
+int g_only_batch = 0, g_only_ctx = 0;  // --decode=B,CTX
+int g_shared_batch = 0;                // --shared=B
+
 int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto name = DeviceName(0);
   CHECK_OK(name.status());
@@ -226,48 +231,85 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   };
   AttentionPlan plan;
   AttentionConfig every{kHq, kHkv, kD, g_block, true};
-  AttentionConfig one = every, single = every, flat = every;
-  one.tiles_per_item = 1;  // one tile per split item (before multi-tile items)
+  auto ctas = SplitCtasPerWave(kD, kHkv);
+  CHECK_OK(ctas.status());
+  every.split_ctas = *ctas;
+  AttentionConfig nofold = every, whole = every, single = every, flat = every;
+  nofold.lead_tiles = -1;      // every split item writes a partial per tile (before fold items)
+  whole.lead_tiles = 1 << 20;  // a decode row's every tile in one fold item
+  // Cascade: fold items of 8 / 16 / 32 tiles from tile 0 (a group's leading run of the shared
+  // prefix or system chunk), whatever the planner would pick.
+  AttentionConfig lead8 = every, lead16 = every, lead32 = every;
+  AttentionConfig smem = every;  // timed on the shared-memory split kernel (variant 2)
+  // (the default picks the register form for the cascade cases: SplitForm)
+  lead8.lead_tiles = 8;
+  lead16.lead_tiles = 16;
+  lead32.lead_tiles = 32;
   single.grouping = CascadeGrouping::kLeadingTiles;
   flat.cascade = false;
-  // Decode, distinct sequences: the planner's tiles per item (4 from 1024 decode tiles) and one
-  // tile per item (the same bits).
+  auto suffix = [&](const AttentionConfig* c) -> std::string {
+    return c == &nofold   ? " nofold"
+           : c == &whole  ? " whole"
+           : c == &lead8  ? " lead8"
+           : c == &lead16 ? " lead16"
+           : c == &lead32 ? " lead32"
+           : c == &smem   ? " smem"
+                          : "";
+  };
+  // Decode, distinct sequences: without fold items, the default (the plan's split form: the
+  // shared-memory one here, no tile is shared), the register form (split variant 3), whole rows
+  // folded on the default and on the register form; all give the same bits.
+  struct Decode {
+    const char* name;
+    const AttentionConfig* config;
+    int split_variant;  // internal::SetSplitVariant
+  };
+  const std::vector<Decode> decodes = {{" nofold", &nofold, 0},
+                                       {"", &every, 0},
+                                       {" reg", &every, 3},
+                                       {" whole", &whole, 0},
+                                       {" whole reg", &whole, 3}};
   for (int ctx : {1024, 4096}) {
-    if (cascade_only || prefill_only) break;
+    if (cascade_only || prefill_only || g_shared_batch > 0) break;
     for (int batch : {1, 16, 64, 256}) {
       if (quick && batch > 64) continue;
+      if (g_only_batch > 0 && (batch != g_only_batch || ctx != g_only_ctx)) continue;
       int64_t blocks = 0;
       const auto tables = PrefixTables(std::vector<int>(batch, ctx), 0, &blocks);
       if (blocks * 2 > num_blocks) continue;
       const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
-      for (const AttentionConfig* c : {&one, &every}) {
+      for (const Decode& d : decodes) {
+        internal::SetSplitVariant(d.split_variant);
         const double ms = TimeAttention(std::vector<int>(batch, 1), std::vector<int>(batch, ctx),
-                                        tables, blocks, rot, num_blocks, cache, *c, &plan);
-        row("decode B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) +
-                (c == &one ? " x1" : ""),
-            ms, token_bytes * batch * ctx);
+                                        tables, blocks, rot, num_blocks, cache, *d.config, &plan);
+        internal::SetSplitVariant(0);
+        row("decode B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) + d.name, ms,
+            token_bytes * batch * ctx);
       }
     }
   }
+  if (g_only_batch > 0) return 0;
   // Shared prefix: B requests, prefix P shared, own suffix S. Floor counts the prefix once.
   std::printf("\n");
   for (int batch : {16, 64}) {
     if ((cascade_only && batch != 64) || prefill_only) continue;
+    if (g_shared_batch > 0 && batch != g_shared_batch) continue;
     const int P = 4096, S = 128;
     const std::vector<int> ctx(batch, P + S);
     int64_t blocks = 0;
     const auto tables = PrefixTables(ctx, P / g_block, &blocks);
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
-    for (const AttentionConfig* c : {&flat, &one, &every}) {
+    for (const AttentionConfig* c : {&flat, &nofold, &every, &lead8, &lead16, &smem}) {
+      internal::SetSplitVariant(c == &smem ? 2 : 0);
       const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
                                       num_blocks, cache, *c, &plan);
-      row("shared P=4096 S=128 B=" + std::to_string(batch) +
-              (c == &flat  ? " flat"
-               : c == &one ? " cascade x1"
-                           : " cascade"),
+      internal::SetSplitVariant(0);
+      row("shared P=4096 S=128 B=" + std::to_string(batch) + (c == &flat ? " flat" : " cascade") +
+              suffix(c),
           ms, token_bytes * (P + static_cast<double>(batch) * S));
     }
   }
+  if (g_shared_batch > 0) return 0;
   // Three-level tree: a system chunk of 2048 tokens for all 256 rows, 8 contexts of 1024 for 32
   // rows each, each row's own query of 1..128 tokens (mid-block and mid-tile ends). Floor: every
   // token's K/V once (the system and each context once, each query once).
@@ -295,13 +337,15 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / next));
     std::printf("\n");
     double every_ms = 0, single_ms = 0;
-    for (const AttentionConfig* c : {&flat, &single, &one, &every}) {
+    for (const AttentionConfig* c :
+         {&flat, &single, &nofold, &every, &lead8, &lead16, &lead32, &smem}) {
+      internal::SetSplitVariant(c == &smem ? 2 : 0);
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
                                       num_blocks, cache, *c, &plan);
-      const char* name = c == &flat     ? "flat"
-                         : c == &single ? "single-level"
-                         : c == &one    ? "every tile x1"
-                                        : "every tile";
+      internal::SetSplitVariant(0);
+      const std::string name = c == &flat     ? "flat"
+                               : c == &single ? "single-level"
+                                              : "every tile" + suffix(c);
       row(std::string("tree 2048+8x1024+q B=256 ") + name, ms, token_bytes * tokens);
       std::printf(
           "    plan: %d split items, %d tile reads, %d shared tiles in %d groups, %.1f us "
@@ -363,6 +407,19 @@ int main(int argc, char** argv) {
       cascade::cuda::g_block = std::atoi(arg.c_str() + 8);
       if (cascade::cuda::g_block <= 0 || 64 % cascade::cuda::g_block != 0) {
         std::fprintf(stderr, "--block must divide 64 (got %s)\n", arg.c_str() + 8);
+        return 2;
+      }
+    } else if (arg.rfind("--shared=", 0) == 0) {
+      cascade::cuda::g_shared_batch = std::atoi(arg.c_str() + 9);
+      if (cascade::cuda::g_shared_batch != 16 && cascade::cuda::g_shared_batch != 64) {
+        std::fprintf(stderr, "--shared=B: B is 16 or 64\n");
+        return 2;
+      }
+    } else if (arg.rfind("--decode=", 0) == 0) {
+      if (std::sscanf(arg.c_str() + 9, "%d,%d", &cascade::cuda::g_only_batch,
+                      &cascade::cuda::g_only_ctx) != 2 ||
+          (cascade::cuda::g_only_ctx != 1024 && cascade::cuda::g_only_ctx != 4096)) {
+        std::fprintf(stderr, "--decode=B,CTX: B in 1, 16, 64, 256; CTX 1024 or 4096\n");
         return 2;
       }
     } else {

@@ -4,7 +4,8 @@
 # test (cuda_kernels_test, cuda_attention_test, cuda_backend_test, engine_cuda_test), then times
 # cuda_attention_bench (and its prefill with 64-token blocks) and PyTorch SDPA
 # (bench/kernels/sdpa_bench.py) in the same call, and with
-# ENGINE=1 the engine's prefill section on qwen3-0.6b. Logs go to $OUT (or ./device-out).
+# ENGINE=1 engine_bench on qwen3-0.6b: its ENGINE_SECTIONS (default prefill) for ENGINE_VARIANTS
+# (default "default,block64"). Logs go to $OUT (or ./device-out).
 # Usage: bash bench/kernels/device_attention.sh [--quick]   (--quick: attention bench's quick mode)
 set -uo pipefail
 OUT=${OUT:-device-out}
@@ -38,10 +39,11 @@ timeout 60 build-gpu/bench/cuda_attention_bench --prefill-only --block=64 2>&1 |
   echo "attention bench --block=64 rc=$?"
 timeout 120 python3 bench/kernels/sdpa_bench.py >"$OUT/sdpa.log" 2>&1 || echo "sdpa rc=$?"
 if [ "${ENGINE:-0}" = 1 ]; then
-  timeout 200 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=prefill \
-    --variants=default,block64 >"$OUT/engine.log" 2>&1 || echo "engine bench rc=$?"
+  timeout 300 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b \
+    --sections="${ENGINE_SECTIONS:-prefill}" --variants="${ENGINE_VARIANTS:-default,block64}" \
+    >"$OUT/engine.log" 2>&1 || echo "engine bench rc=$?"
 fi
 echo "== cuda_attention_bench"; cat "$OUT/attn.log"
 echo "== sdpa"; cat "$OUT/sdpa.log"
-[ "${ENGINE:-0}" = 1 ] && { echo "== engine prefill"; grep -E "^\||^#" "$OUT/engine.log"; }
+[ "${ENGINE:-0}" = 1 ] && { echo "== engine"; grep -E "^\||^#" "$OUT/engine.log"; }
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -67,18 +67,34 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
   for (size_t s = 0; s < b.seqs.size(); ++s) {
     if (b.query_start[s + 1] - b.query_start[s] == 1) decode_seq[b.query_start[s]] = s;
   }
-  // Merge list: one entry per decode row, base == partial_base, disjoint slot ranges.
+  // Fold items: from tile 0, and the tiles they fold (per row).
+  std::map<int, int> folded;  // row -> tiles of its fold item
+  for (int i = 0; i < plan.num_split(); ++i) {
+    const int32_t* it = &plan.split_items[i * kItemFields];
+    EXPECT_TRUE(it[6] == 0 || it[6] == 1) << "fold flag " << it[6];
+    if (it[6] == 0) continue;
+    EXPECT_EQ(it[1], 0) << "a fold item starts at tile 0";
+    for (int k = it[3]; k < it[3] + it[4]; ++k) {
+      EXPECT_FALSE(folded.count(plan.item_rows[k])) << "two fold items for one row";
+      folded[plan.item_rows[k]] = it[2];
+    }
+  }
+  for (int i = 0; i < plan.num_final(); ++i) EXPECT_EQ(plan.final_items[i * kItemFields + 6], 0);
+  // Merge list: one entry per decode row, a slot per tile past its fold item and one for the
+  // fold item (at the slot of its last tile), disjoint slot ranges.
   EXPECT_EQ(plan.num_merge(), static_cast<int>(decode_seq.size()));
   std::vector<bool> slot_used(plan.num_partials, false);
   int row_tiles = 0;
   for (int e = 0; e < plan.num_merge(); ++e) {
     const int row = plan.merge_list[3 * e], base = plan.merge_list[3 * e + 1];
-    const int tiles = plan.merge_list[3 * e + 2];
+    const int slots = plan.merge_list[3 * e + 2];
     EXPECT_TRUE(decode_seq.count(row)) << "merge of a non-decode row " << row;
-    EXPECT_EQ(base, plan.partial_base[row]);
-    EXPECT_EQ(tiles, CeilDiv(b.positions[row] + 1, kTileTokens)) << "row " << row;
+    const int skipped = folded.count(row) ? folded[row] - 1 : 0;
+    EXPECT_EQ(base, plan.partial_base[row] + skipped);
+    const int tiles = CeilDiv(b.positions[row] + 1, kTileTokens);
+    EXPECT_EQ(slots, tiles - skipped) << "row " << row;
     row_tiles += tiles;
-    for (int t = 0; t < tiles; ++t) {
+    for (int t = 0; t < slots; ++t) {
       EXPECT_FALSE(slot_used.at(base + t)) << "partial slot used twice";
       slot_used[base + t] = true;
     }
@@ -95,8 +111,12 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
     EXPECT_LT(t0, t1);
     EXPECT_GE(n, 1);
     EXPECT_LE(n, rows_per_cta) << "item past the CTA's rows";
-    EXPECT_LE(t1 - t0, cfg.tiles_per_item > 0 ? cfg.tiles_per_item : 4)
-        << "an item holds at most tiles_per_item tiles";
+    const int per_item = cfg.tiles_per_item > 0 ? cfg.tiles_per_item : 4;
+    if (it[6] == 0 || cfg.lead_tiles < 0) {
+      EXPECT_LE(t1 - t0, per_item) << "an item holds at most tiles_per_item tiles";
+    } else if (cfg.lead_tiles > 0) {
+      EXPECT_LE(t1 - t0, std::max(per_item, cfg.lead_tiles)) << "a fold item past lead_tiles";
+    }
     max_rows = std::max(max_rows, n);
     tile_reads += t1 - t0;
     for (int k = row_begin; k < row_begin + n; ++k) {
@@ -209,6 +229,7 @@ TEST(AttentionPlanTest, ThreeLevelTreeGivesOneItemPerSharedTileAndRowChunk) {
   const Batch b = MakeBatch(Tree(2048, 1024, 8, 32, 16, QueryLens(256, 1)));
   AttentionConfig one = kQwen3;
   one.tiles_per_item = 1;
+  one.lead_tiles = -1;  // no fold items: one item per tile and row chunk
   const AttentionPlan plan = Plan(one, b);
   const auto reads = CheckPlan(one, b, plan);
   EXPECT_EQ(reads, BruteForceShared(kQwen3, b));
@@ -229,9 +250,12 @@ TEST(AttentionPlanTest, ThreeLevelTreeGivesOneItemPerSharedTileAndRowChunk) {
   for (size_t s = 0; s < b.seqs.size(); ++s) own += CeilDiv(b.seqs[s].ctx, kTileTokens) - 48;
   EXPECT_EQ(plan.split_tile_reads, 32 * 256 / 16 + 8 * 16 * 32 / 16 + own);
   EXPECT_EQ(plan.decode_row_tiles, 256 * 48 + own);
-  // The default (this many tiles: 4 per item) reads the same tiles in runs of 4 per row chunk.
-  const AttentionPlan runs = Plan(kQwen3, b);
-  EXPECT_EQ(CheckPlan(kQwen3, b, runs), reads);
+  // The planner's tiles per item (this many tiles: 4 per item), no fold items: the same tiles in
+  // runs of 4 per row chunk.
+  AttentionConfig four = kQwen3;
+  four.lead_tiles = -1;
+  const AttentionPlan runs = Plan(four, b);
+  EXPECT_EQ(CheckPlan(four, b, runs), reads);
   EXPECT_EQ(runs.split_tile_reads, plan.split_tile_reads);
   EXPECT_EQ(runs.cascade_groups, 9);
   EXPECT_EQ(runs.cascade_shared_tiles, 32 + 8 * 16);
@@ -354,6 +378,13 @@ TEST(AttentionPlanTest, RandomForestsMatchBruteForceUnderEveryShape) {
     EXPECT_EQ(CheckPlan(cfg, b, merged), reads);
     EXPECT_EQ(merged.split_tile_reads, every.split_tile_reads);
     EXPECT_LE(merged.num_split(), every.num_split());
+    for (int lead : {-1, 1 + trial % 7, 1000}) {
+      cfg.lead_tiles = lead;
+      const AttentionPlan folded = Plan(cfg, b);
+      EXPECT_EQ(CheckPlan(cfg, b, folded), reads) << "lead " << lead;
+      EXPECT_EQ(folded.split_tile_reads, every.split_tile_reads) << "lead " << lead;
+    }
+    cfg.lead_tiles = 0;
     cfg.grouping = CascadeGrouping::kLeadingTiles;
     const AttentionPlan leading = Plan(cfg, b);
     CheckPlan(cfg, b, leading);
@@ -380,6 +411,53 @@ TEST(AttentionPlanTest, OwnTilesMergeIntoFewerItemsOfTheSameTiles) {
   CheckPlan(cfg, filled, plan);
   EXPECT_EQ(plan.num_split(), 4 + 1 + 1);  // 16 tiles in items of 4; 1 tile; 2 tiles in one
   EXPECT_EQ(plan.split_tile_reads, 16 + 1 + 2);
+}
+
+// Fold items: a decode row's first item folds its tiles into one partial. With enough rows of
+// long context to fill the CTAs the planner folds whole rows (one item, one partial each, no
+// merge traffic); with fewer, only the first item (a whole row would run on alone); at batch 1
+// the first tile. An explicit lead_tiles folds that many.
+TEST(AttentionPlanTest, FoldItemsGrowWithTheStepsWork) {
+  std::vector<Seq> seqs(256, Seq{1, 4096, {}});
+  int next = 0;
+  for (Seq& s : seqs) {
+    while (static_cast<int>(s.blocks.size()) * 16 < s.ctx) s.blocks.push_back(next++);
+  }
+  const Batch b = MakeBatch(seqs);
+  AttentionConfig cfg = kQwen3;
+  cfg.split_ctas = 64;  // 256 fold items in 4 waves of 64 CTAs: 4 * 64 tiles <= 16384 / 64
+  const AttentionPlan whole = Plan(cfg, b);
+  CheckPlan(cfg, b, whole);
+  EXPECT_EQ(whole.num_split(), 256);
+  EXPECT_EQ(whole.num_partials, 256);
+  for (int e = 0; e < whole.num_merge(); ++e) EXPECT_EQ(whole.merge_list[3 * e + 2], 1);
+  cfg.split_ctas = 1000;  // one wave of 64 tiles > 16384 / 1000: only the first 4 tiles fold
+  const AttentionPlan first = Plan(cfg, b);
+  CheckPlan(cfg, b, first);
+  EXPECT_EQ(first.num_split(), 256 * 16);
+  EXPECT_EQ(first.num_partials, 256 * (1 + 60));
+  cfg.lead_tiles = 16;  // explicit: 16 tiles folded, then items of 4, longest first
+  const AttentionPlan runs = Plan(cfg, b);
+  CheckPlan(cfg, b, runs);
+  EXPECT_EQ(runs.num_split(), 256 * (1 + 48 / 4));
+  EXPECT_EQ(runs.num_partials, 256 * (1 + 48));
+  for (int i = 0; i < runs.num_split(); ++i) {
+    const int32_t* it = &runs.split_items[i * kItemFields];
+    EXPECT_EQ(it[2] - it[1], i < 256 ? 16 : 4) << "item " << i;
+    EXPECT_EQ(it[6], i < 256 ? 1 : 0) << "item " << i;
+  }
+  cfg.lead_tiles = -1;
+  const AttentionPlan none = Plan(cfg, b);
+  CheckPlan(cfg, b, none);
+  EXPECT_EQ(none.num_partials, 256 * 64);
+  EXPECT_EQ(none.split_tile_reads, whole.split_tile_reads);
+  // Batch 1: one tile per item, the first one a (one-tile) fold item.
+  const Batch one = MakeBatch({seqs[0]});
+  const AttentionPlan single = Plan(kQwen3, one);
+  CheckPlan(kQwen3, one, single);
+  EXPECT_EQ(single.num_split(), 64);
+  EXPECT_EQ(single.num_partials, 64);
+  EXPECT_EQ(single.split_items[6], 1);
 }
 
 TEST(AttentionPlanTest, RejectsPositionsOutsideContextAndBadShapes) {

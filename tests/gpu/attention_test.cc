@@ -85,8 +85,9 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
                                    bool cascade, AttentionPlan* plan_out = nullptr,
                                    CascadeGrouping grouping = CascadeGrouping::kEveryTile,
                                    int tiles_per_item = 0,
-                                   PrefillPath prefill_path = PrefillPath::kAuto) {
-  AttentionConfig cfg{h.hq, h.hkv, h.D, h.bs, cascade, grouping, tiles_per_item};
+                                   PrefillPath prefill_path = PrefillPath::kAuto,
+                                   int lead_tiles = 0) {
+  AttentionConfig cfg{h.hq, h.hkv, h.D, h.bs, cascade, grouping, tiles_per_item, lead_tiles};
   AttentionBatch ab{b.positions.data(),
                     b.num_tokens(),
                     b.query_start.data(),
@@ -121,6 +122,7 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
                          plan.num_split(),      d_rows.as<int32_t>(), d_base.as<int32_t>(),
                          d_merge.as<int32_t>(), plan.num_merge(),     plan.max_final_rows,
                          plan.max_split_rows};
+  view.split_form = SplitForm(plan, h.D);
   st = Attention(args, view, nullptr);
   EXPECT_TRUE(st.ok()) << st;
   if (plan_out) *plan_out = plan;
@@ -234,11 +236,30 @@ TEST(Attention, CascadeEqualsNonCascadeBitwise) {
   EXPECT_EQ(plan_on.cascade_groups, 2);
   EXPECT_EQ(plan_on.cascade_shared_tiles, 4);
   EXPECT_EQ(plan_off.cascade_groups, 0);
-  EXPECT_LT(plan_on.num_split(), plan_off.num_split());
+  EXPECT_LT(plan_on.split_tile_reads, plan_off.split_tile_reads);
   ASSERT_EQ(on.size(), off.size());
   EXPECT_EQ(0, std::memcmp(on.data(), off.data(), on.size() * sizeof(uint16_t)))
       << "cascade changed a result";
   ExpectClose(on, Reference(h, seqs, b, q));
+  // Fold items (a row's first tiles folded in the CTA into one partial): none, short, whole rows.
+  for (int lead : {-1, 2, 1000}) {
+    for (bool cascade : {true, false}) {
+      auto folded = RunAttention(h, b, q_bits, cascade, nullptr, CascadeGrouping::kEveryTile, 0,
+                                 PrefillPath::kAuto, lead);
+      EXPECT_EQ(0, std::memcmp(folded.data(), off.data(), off.size() * sizeof(uint16_t)))
+          << "fold items of " << lead << " tiles (cascade " << cascade << ") changed a result";
+    }
+  }
+  for (int variant : {1, 2, 3}) {  // shared-memory form with / without prefetch, register form
+    for (int lead : {-1, 0, 1000}) {
+      internal::SetSplitVariant(variant);
+      auto other = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                                PrefillPath::kAuto, lead);
+      internal::SetSplitVariant(0);
+      EXPECT_EQ(0, std::memcmp(other.data(), off.data(), off.size() * sizeof(uint16_t)))
+          << "split kernel variant " << variant << " (fold items " << lead << ") changed a result";
+    }
+  }
 }
 
 // The product's tree: a system chunk of 2048 tokens shared by 256 requests, 8 context chunks of
@@ -274,6 +295,12 @@ TEST(Attention, ThreeLevelTreeCascadeEqualsFlatBitwise) {
   EXPECT_EQ(leading.cascade_shared_tiles, 32);
   auto one = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 1);
   auto merged = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 3);
+  auto nofold = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                             PrefillPath::kAuto, -1);
+  auto whole = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                            PrefillPath::kAuto, 1000);
+  auto flat_whole = RunAttention(h, b, q_bits, false, nullptr, CascadeGrouping::kEveryTile, 0,
+                                 PrefillPath::kAuto, 1000);
   auto flat = RunAttention(h, b, q_bits, false, &off);
   EXPECT_LT(every.split_tile_reads * 4, off.split_tile_reads);
   const size_t bytes = out.size() * sizeof(uint16_t);
@@ -281,6 +308,9 @@ TEST(Attention, ThreeLevelTreeCascadeEqualsFlatBitwise) {
   EXPECT_EQ(0, std::memcmp(single.data(), flat.data(), bytes)) << "single-level cascade != flat";
   EXPECT_EQ(0, std::memcmp(one.data(), flat.data(), bytes)) << "one tile per item != flat";
   EXPECT_EQ(0, std::memcmp(merged.data(), flat.data(), bytes)) << "3 tiles per item != flat";
+  EXPECT_EQ(0, std::memcmp(nofold.data(), flat.data(), bytes)) << "no fold items != flat";
+  EXPECT_EQ(0, std::memcmp(whole.data(), flat.data(), bytes)) << "system folded whole != flat";
+  EXPECT_EQ(0, std::memcmp(flat_whole.data(), flat.data(), bytes)) << "rows folded whole != flat";
   // The float64 reference on one row of each context (the rest are the same computation).
   std::vector<Seq> some;
   std::vector<float> q_some;
@@ -363,10 +393,13 @@ TEST(Attention, CachedPrefillEqualsColdPrefillBitwise) {
     std::vector<uint16_t> qb(other.q_len * row);
     for (auto& x : qb) x = testing::ToBf16(0.5f);
     qb.insert(qb.end(), q_bits.begin() + (N - tail) * row, q_bits.end());
-    auto out = RunAttention(h, b, qb, true);
-    EXPECT_EQ(0, std::memcmp(out.data() + other.q_len * row, cold_out.data() + (N - tail) * row,
-                             tail * row * sizeof(uint16_t)))
-        << "tail " << tail << " differs from the cold prefill";
+    for (int lead : {0, -1, 1000}) {  // a one-token step: fold items of 1 tile, none, the row
+      auto out = RunAttention(h, b, qb, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                              PrefillPath::kAuto, lead);
+      EXPECT_EQ(0, std::memcmp(out.data() + other.q_len * row, cold_out.data() + (N - tail) * row,
+                               tail * row * sizeof(uint16_t)))
+          << "tail " << tail << " (fold items " << lead << ") differs from the cold prefill";
+    }
   }
 }
 

@@ -110,17 +110,6 @@ __device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], 
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// A fragment of the 16x16 block at (r0, k0) of a row-major bf16 matrix with row stride ld.
-__device__ __forceinline__ void LoadA(const __nv_bfloat16* m, int ld, int r0, int k0, int lane,
-                                      uint32_t (&a)[4]) {
-  const int g = lane >> 2, t = lane & 3;
-  const __nv_bfloat16* p = m + (r0 + g) * ld + k0 + 2 * t;
-  a[0] = *reinterpret_cast<const uint32_t*>(p);
-  a[1] = *reinterpret_cast<const uint32_t*>(p + 8 * ld);
-  a[2] = *reinterpret_cast<const uint32_t*>(p + 8);
-  a[3] = *reinterpret_cast<const uint32_t*>(p + 8 * ld + 8);
-}
-
 // ldmatrix: four 8x8 b16 matrices; lane l gives the row address of matrix l / 8, row l % 8.
 __device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], const void* p) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -133,6 +122,20 @@ __device__ __forceinline__ void Ldsm4T(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
+}
+// The same from a 32-bit shared-memory address (one register instead of a generic pointer's two).
+__device__ __forceinline__ void Ldsm4At(uint32_t (&r)[4], uint32_t s) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void Ldsm4TAt(uint32_t (&r)[4], uint32_t s) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -327,6 +330,40 @@ __device__ __forceinline__ void PrefillTile(const __nv_bfloat16* Qw, const __nv_
   }
 }
 
+// K/V tile copies of the two-stage kernels (PrefillKernel, SplitRegKernel): thread tid copies the
+// 16-byte chunk tid % C of rows tid / C + r * kRowsPerPass (r < kR) of a tile into a stage. The
+// block ids of a tile are loaded (LoadIds) a tile ahead of its copies (Issue), so that issuing
+// never waits on a global load.
+template <int D, int kThr>
+struct TileCopier {
+  static constexpr int LD = D + 8, C = D / 8, kRowsPerPass = kThr / C, kR = kT / kRowsPerPass;
+  static_assert(kThr % C == 0 && kT % kRowsPerPass == 0, "tile load shape");
+  const AttentionArgs& a;
+  int table_offset, kv_len, kvh, j0, cchunk;
+  int ids[kR];  // cache row (of D elements) of each row's key, -1: past kv_len
+
+  __device__ TileCopier(const AttentionArgs& args, int table, int len, int head, int tid)
+      : a(args), table_offset(table), kv_len(len), kvh(head), j0(tid / C), cchunk(tid % C) {}
+  __device__ __forceinline__ void LoadIds(int t) {
+    TileKeyRows<kR, kRowsPerPass>(a, table_offset, kv_len, kvh, t, j0, ids);
+  }
+  // Copies the tile whose ids are loaded into K and V [kT, LD] at `kv` (V at kv + kT * LD).
+  __device__ __forceinline__ void Issue(__nv_bfloat16* kv) const {
+    const __nv_bfloat16* kc = reinterpret_cast<const __nv_bfloat16*>(a.cache.k) + cchunk * 8;
+    const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(a.cache.v) + cchunk * 8;
+    __nv_bfloat16* Kd = kv + j0 * LD + cchunk * 8;
+    __nv_bfloat16* Vd = Kd + kT * LD;
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      // Keys past kv_len are zeros (P is 0 there, and 0 * garbage could be NaN).
+      const int64_t src = ids[r] < 0 ? 0 : static_cast<int64_t>(ids[r]) * D;
+      const int bytes = ids[r] < 0 ? 0 : 16;
+      CpAsync16Z(Kd + r * kRowsPerPass * LD, kc + src, bytes);
+      CpAsync16Z(Vd + r * kRowsPerPass * LD, vc + src, bytes);
+    }
+  }
+};
+
 template <int D>
 __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileKernelArgs k) {
   WaitForPriorGrids();
@@ -353,30 +390,9 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
     CpAsync16Z(Qs + qi * LD + c * 8, src ? src : reinterpret_cast<const __nv_bfloat16*>(a.q),
                src ? 16 : 0);
   }
-  // K/V tile loads: thread tid copies the 16-byte chunk tid % C of rows j = tid / C + r *
-  // kRowsPerPass (r < kR). The block ids of the next tile are loaded one tile ahead, so that
-  // issuing a tile's copies never waits on a global load.
-  constexpr int kRowsPerPass = kThr / C, kR = kT / kRowsPerPass;
-  static_assert(kThr % C == 0 && kT % kRowsPerPass == 0, "tile load shape");
-  const int cchunk = tid % C, j0 = tid / C;
-  const __nv_bfloat16* kc = reinterpret_cast<const __nv_bfloat16*>(cache.k) + cchunk * 8;
-  const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v) + cchunk * 8;
-  int ids[kR];  // cache row (of D elements) of each row's key, -1: past kv_len
-  auto load_ids = [&](int t) {
-    TileKeyRows<kR, kRowsPerPass>(a, table_offset, kv_len, kvh, t, j0, ids);
-  };
-  auto issue_tile = [&](int stage) {
-    __nv_bfloat16* Kd = KVs + stage * 2 * kT * LD + j0 * LD + cchunk * 8;
-    __nv_bfloat16* Vd = Kd + kT * LD;
-#pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      // Keys past kv_len are zeros (P is 0 there, and 0 * garbage could be NaN).
-      const int64_t src = ids[r] < 0 ? 0 : static_cast<int64_t>(ids[r]) * D;
-      const int bytes = ids[r] < 0 ? 0 : 16;
-      CpAsync16Z(Kd + r * kRowsPerPass * LD, kc + src, bytes);
-      CpAsync16Z(Vd + r * kRowsPerPass * LD, vc + src, bytes);
-    }
-  };
+  TileCopier<D, kThr> copier(a, table_offset, kv_len, kvh, tid);
+  auto load_ids = [&](int t) { copier.LoadIds(t); };
+  auto issue_tile = [&](int stage) { copier.Issue(KVs + stage * 2 * kT * LD); };
 
   // This lane's rows; the warp's lowest and highest position (rows past nq excluded).
   int pos[MT][2];
@@ -1017,10 +1033,23 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 // (ms, l) (see RowSoftmax and Fold). S = Q K^T and O_t = P V on tensor cores with the prefill
 // kernel's accumulation chains; the softmax runs 4 lanes per query in the prefill kernel's
 // register layout and order (RowSoftmax), so a tile's partial is bitwise the prefill kernel's.
-// Up to kMaxQ (row, head) pairs share the K/V tile load.
-template <int E>
+// Up to kMaxQ (row, head) pairs share the K/V tile load. A fold item (item field 6, only for
+// tiles [0, tile_end) of its rows: a row's first tiles) instead folds its tiles' partials in tile
+// order from the empty state, as the merge kernel would, and writes that state once, as the
+// partial of its last tile; the merge starts from it (folding a state into the empty state is a
+// copy), so the row's bits do not change and its partial traffic shrinks.
+// K/V stream with cp.async into one K and one V buffer: with kPrefetch, tile t + 1's K is copied
+// while tile t's softmax and P V run, its V while tile t + 1's S runs; else (the default: the
+// prefetch measured no faster on an H100) each tile's K and V are copied at the start of its step,
+// S waiting for K and P V for V.
+template <int E, bool kPrefetch>
 __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
   constexpr int D = E * 32, LD = D + 8;
+  // P V jobs (an m16 tile x two n8 tiles) per warp at most (mq = kMaxQ); the fold item's running
+  // O sits in the registers of the job's lanes.
+  constexpr int kPairs =
+      (kMaxQ / 16) * (D / 16) / kWarps > 0 ? (kMaxQ / 16) * (D / 16) / kWarps : 1;
+  static_assert(kPairs * kWarps >= (kMaxQ / 16) * (D / 16), "fold registers cover every job");
   extern __shared__ __align__(16) unsigned char smem[];
   const AttentionArgs& a = k.a;
   const KvCacheView& cache = a.cache;
@@ -1032,15 +1061,44 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
   float* Ss = reinterpret_cast<float*>(Ps + kMaxQ * LDP);      // [kMaxQ, LDS]
   float* row_l = Ss + kMaxQ * LDS;                             // [kMaxQ]
   float* row_ms = row_l + kMaxQ;                               // [kMaxQ], -inf: no visible key
+  // Fold items: the tile's Fold weights of q-row qi sit in the padding of its score row.
+  float* fold_a = Ss + kT;  // fold_a[qi * LDS]
+  float* fold_b = Ss + kT + 1;
 
   const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
   const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
   const int row_count = it[4], kv_len = it[5];
+  const bool fold = it[6] != 0;
   const int kvh = blockIdx.y;
   const int nq = row_count * G;        // <= kMaxQ (the planner's rows_per_cta)
   const int mq = (nq + 15) / 16 * 16;  // MMA rows; rows [nq, mq) are zero
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
+
+  const __nv_bfloat16* kc = reinterpret_cast<const __nv_bfloat16*>(cache.k);
+  const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v);
+  // Copies tile t of the K or V cache into dst (zeros past kv_len) as one cp.async group; past
+  // the item's tiles an empty group, so every thread counts the same groups.
+  auto load = [&](int t, __nv_bfloat16* dst, const __nv_bfloat16* src_cache) {
+    if (t < tile_end) {
+      const int ts = t * kT, n_load = min(kT, kv_len - ts);
+      for (int i = tid; i < kT * (D / 8); i += kThreads) {
+        const int j = i / (D / 8), c = i % (D / 8);
+        const int tok = ts + j;
+        int64_t src = 0;
+        if (j < n_load) {
+          const int64_t blk = a.block_ids[table_offset + tok / bs];
+          src = ((blk * hkv + kvh) * bs + tok % bs) * D + c * 8;
+        }
+        CpAsync16Z(dst + j * LD + c * 8, src_cache + src, j < n_load ? 16 : 0);
+      }
+    }
+    CpAsyncCommit();
+  };
+  if (kPrefetch) {
+    load(tile_begin, Ks, kc);
+    load(tile_begin, Vs, vc);
+  }
 
   for (int i = tid; i < mq * (D / 8); i += kThreads) {
     const int qi = i / (D / 8), c = i % (D / 8);
@@ -1055,45 +1113,53 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
     *reinterpret_cast<uint4*>(Qs + qi * LD + c * 8) = raw;
   }
   for (int i = tid; i < mq * LDP; i += kThreads) Ps[i] = __float2bfloat16(0.f);
+  // Fold items: the running (m, l) of q-row qi in the lane that runs its softmax (t4 = 0 of lane
+  // group qi % 8 of warp qi / 8: one softmax pass covers the kMaxQ rows), O in the P V lanes.
+  static_assert(kWarps * 8 >= kMaxQ, "one softmax pass");
+  float run_m = -INFINITY, run_l = 0.f;
+  float run_o[kPairs][2][4];
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) run_o[j][0][i] = run_o[j][1][i] = 0.f;
+  }
+  // ldmatrix row addresses of this lane (PrefillTile's): A fragments of Q and P, B fragments of
+  // K (one n8 tile, two k16 steps) and of V (transposed: two n8 tiles, one k16 step).
+  const uint32_t qp = SmemAddr(Qs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4));
+  const uint32_t pp = SmemAddr(Ps + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LDP + 8 * (lane >> 4));
+  const uint32_t kp = SmemAddr(Ks + (lane & 7) * LD + 8 * (lane >> 3));
+  const uint32_t vp = SmemAddr(Vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4));
+  constexpr uint32_t kB = sizeof(__nv_bfloat16);  // bytes per element
 
-  const __nv_bfloat16* kc = reinterpret_cast<const __nv_bfloat16*>(cache.k);
-  const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v);
-  const uint16_t* Vu = reinterpret_cast<const uint16_t*>(Vs);
   for (int t = tile_begin; t < tile_end; ++t) {
     const int ts = t * kT;
     const int n_load = min(kT, kv_len - ts);
-    __syncthreads();  // previous tile's readers are done (and q is initialized)
-    for (int i = tid; i < kT * (D / 8); i += kThreads) {
-      const int j = i / (D / 8), c = i % (D / 8);
-      const int tok = ts + j;
-      int64_t src = 0;
-      if (j < n_load) {
-        const int64_t blk = a.block_ids[table_offset + tok / bs];
-        src = ((blk * hkv + kvh) * bs + tok % bs) * D + c * 8;
-      }
-      CpAsync16Z(Ks + j * LD + c * 8, kc + src, j < n_load ? 16 : 0);
-      CpAsync16Z(Vs + j * LD + c * 8, vc + src, j < n_load ? 16 : 0);
+    if (!kPrefetch) {
+      if (t != tile_begin) __syncthreads();  // the previous tile's readers are done
+      load(t, Ks, kc);
+      load(t, Vs, vc);
     }
-    CpAsyncCommit();
-    CpAsyncWait<0>();
-    __syncthreads();
+    CpAsyncWait<1>();  // K_t has landed (V_t may still be in flight)
+    __syncthreads();   // ... for every thread; Q, P and the fold state are initialized
 
-    // S = Q K^T: fragment f = (m tile f / (kT/8), n tile f % (kT/8)), k over D in order.
+    // S = Q K^T: job f = (m tile f / (kT/8), n tile f % (kT/8)), k over D in order.
     for (int f = warp; f < (mq / 16) * (kT / 8); f += kWarps) {
       const int m0 = (f / (kT / 8)) * 16, n0 = (f % (kT / 8)) * 8;
       float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int k0 = 0; k0 < D; k0 += 16) {
-        uint32_t af[4];
-        LoadA(Qs, LD, m0, k0, lane, af);
-        const __nv_bfloat16* kp = Ks + (n0 + g) * LD + k0 + 2 * t4;
-        Mma16816(c, af, *reinterpret_cast<const uint32_t*>(kp),
-                 *reinterpret_cast<const uint32_t*>(kp + 8));
+      for (int k0 = 0; k0 < D; k0 += 32) {
+        uint32_t af[4], bf[4];
+        Ldsm4At(bf, kp + (n0 * LD + k0) * kB);
+        Ldsm4At(af, qp + (m0 * LD + k0) * kB);
+        Mma16816(c, af, bf[0], bf[1]);
+        Ldsm4At(af, qp + (m0 * LD + k0 + 16) * kB);
+        Mma16816(c, af, bf[2], bf[3]);
       }
       *reinterpret_cast<float2*>(Ss + (m0 + g) * LDS + n0 + 2 * t4) = make_float2(c[0], c[1]);
       *reinterpret_cast<float2*>(Ss + (m0 + g + 8) * LDS + n0 + 2 * t4) = make_float2(c[2], c[3]);
     }
-    __syncthreads();
+    __syncthreads();  // Ks is read: the next tile's K may come in
+    if (kPrefetch) load(t + 1, Ks, kc);
 
     // Softmax: 8 queries per warp pass, 4 lanes per query (lane t4 holds keys Key(i, t4)).
     for (int q0 = warp * 8; q0 < nq; q0 += kWarps * 8) {  // warp-uniform
@@ -1111,60 +1177,260 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
         if (t4 == 0) {
           row_l[qi] = lt;
           row_ms[qi] = ms;
+          if (fold && ms != -INFINITY) {  // the merge kernel's fold, in its order
+            const FoldWeights w = Fold(run_m, ms);
+            fold_a[qi * LDS] = w.a;
+            fold_b[qi * LDS] = w.b;
+            run_l = FoldElem(run_l, w, lt);
+            run_m = w.m;
+          }
         }
       }
     }
+    if (kPrefetch) {
+      CpAsyncWait<1>();  // V_t has landed (K_{t+1} may still be in flight)
+    } else {
+      CpAsyncWait<0>();
+    }
     __syncthreads();
 
-    // O_t = P V: fragment f = (m tile f / (D/8), n tile f % (D/8)), k over the tile's keys.
-    for (int f = warp; f < (mq / 16) * (D / 8); f += kWarps) {
-      const int m0 = (f / (D / 8)) * 16, n0 = (f % (D / 8)) * 8;
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
+    // O_t = P V: job p = (m tile p / (D/16), n tiles 2 (p % (D/16)) and + 1), k over the tile's
+    // keys in order.
 #pragma unroll
-      for (int k0 = 0; k0 < kT; k0 += 16) {
-        uint32_t af[4];
-        LoadA(Ps, LDP, m0, k0, lane, af);
-        const uint16_t* vp = Vu + (k0 + 2 * t4) * LD + n0 + g;
-        const uint32_t b0 = vp[0] | (static_cast<uint32_t>(vp[LD]) << 16);
-        const uint32_t b1 = vp[8 * LD] | (static_cast<uint32_t>(vp[9 * LD]) << 16);
-        Mma16816(c, af, b0, b1);
+    for (int j = 0; j < kPairs; ++j) {
+      const int p = warp + j * kWarps;
+      if (p >= (mq / 16) * (D / 16)) break;
+      const int m0 = (p / (D / 16)) * 16, nd = p % (D / 16);
+      float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+      for (int kk = 0; kk < kT / 16; ++kk) {
+        uint32_t af[4], bf[4];
+        Ldsm4At(af, pp + (m0 * LDP + kk * 16) * kB);
+        Ldsm4TAt(bf, vp + (kk * 16 * LD + nd * 16) * kB);
+        Mma16816(c[0], af, bf[0], bf[1]);
+        Mma16816(c[1], af, bf[2], bf[3]);
       }
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int qi = m0 + g + 8 * h;
-        if (qi >= nq || row_ms[qi] == -INFINITY) continue;
+      for (int hf = 0; hf < 2; ++hf) {
+        const int n0 = nd * 16 + 8 * hf;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int qi = m0 + g + 8 * h;
+          if (qi >= nq || row_ms[qi] == -INFINITY) continue;
+          if (fold) {
+            const FoldWeights w{fold_a[qi * LDS], fold_b[qi * LDS], 0.f};
+            run_o[j][hf][2 * h] = FoldElem(run_o[j][hf][2 * h], w, c[hf][2 * h]);
+            run_o[j][hf][2 * h + 1] = FoldElem(run_o[j][hf][2 * h + 1], w, c[hf][2 * h + 1]);
+            continue;
+          }
+          const int row = k.item_rows[row_begin + qi / G];
+          const int qh = kvh * G + qi % G;
+          const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + qh;
+          *reinterpret_cast<float2*>(a.partial_o + slot * D + n0 + 2 * t4) =
+              make_float2(c[hf][2 * h], c[hf][2 * h + 1]);
+        }
+      }
+    }
+    if (!fold) {
+      for (int qi = tid; qi < nq; qi += kThreads) {
         const int row = k.item_rows[row_begin + qi / G];
         const int qh = kvh * G + qi % G;
         const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + qh;
-        *reinterpret_cast<float2*>(a.partial_o + slot * D + n0 + 2 * t4) =
-            make_float2(c[2 * h], c[2 * h + 1]);
+        a.partial_ml[2 * slot] = row_ms[qi];
+        a.partial_ml[2 * slot + 1] = row_l[qi];
       }
     }
-    for (int qi = tid; qi < nq; qi += kThreads) {
+    __syncthreads();  // Vs, Ps and the row state are read: the next tile's V may come in
+    if (kPrefetch) load(t + 1, Vs, vc);
+  }
+  if (fold) {  // the state after the item's last tile, as that tile's partial
+    const int t = tile_end - 1;
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const int p = warp + j * kWarps;
+      if (p >= (mq / 16) * (D / 16)) break;
+      const int m0 = (p / (D / 16)) * 16, nd = p % (D / 16);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int qi = m0 + g + 8 * h;
+          if (qi >= nq) continue;
+          const int row = k.item_rows[row_begin + qi / G];
+          const int64_t slot =
+              static_cast<int64_t>(k.partial_base[row] + t) * hq + kvh * G + qi % G;
+          *reinterpret_cast<float2*>(a.partial_o + slot * D + nd * 16 + 8 * hf + 2 * t4) =
+              make_float2(run_o[j][hf][2 * h], run_o[j][hf][2 * h + 1]);
+        }
+      }
+    }
+    const int qi = warp * 8 + g;  // the lane that holds q-row qi's running (m, l)
+    if (t4 == 0 && qi < nq) {
       const int row = k.item_rows[row_begin + qi / G];
-      const int qh = kvh * G + qi % G;
-      const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + qh;
-      a.partial_ml[2 * slot] = row_ms[qi];
-      a.partial_ml[2 * slot + 1] = row_l[qi];
+      const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + kvh * G + qi % G;
+      a.partial_ml[2 * slot] = run_m;
+      a.partial_ml[2 * slot + 1] = run_l;
     }
   }
 }
 
-// grid: (CTAs, num_kv_heads). Each CTA runs items blockIdx.x, blockIdx.x + gridDim.x, ... below
-// the item count: gridDim.x itself (one item per CTA), or, for a launch inside a CUDA graph, a
-// count read on the device, so the same fixed grid serves every step. An item's arithmetic does
-// not depend on which CTA runs it.
-template <int E>
-__global__ void __launch_bounds__(kThreads) SplitKernel(TileKernelArgs k) {
+// Split items, register form (head_dim <= 128; the default): one CTA of kRegWarps warps per
+// item, warp w owning q-rows [16 w, 16 w + 16) with its Q fragments in registers, every tile
+// computed by PrefillTile (S, softmax, P V and the fold in registers), K/V streaming through two
+// shared-memory stages with one barrier per tile, as PrefillKernel does. A tile's partial is
+// PrefillTile's fold of that tile into the empty state, which is the tile's (ms, l, O_t)
+// exactly (2^(-inf) = 0, 2^0 = 1, and O_t is never -0), so the bits are SplitItem's; a fold item
+// keeps the state across its tiles and writes it once, as SplitItem does.
+constexpr int kRegWarps = kMaxQ / 16;
+constexpr int kRegThreads = kRegWarps * 32;
+template <int D>
+constexpr size_t SplitRegSmemBytes() {
+  return static_cast<size_t>(2 * kStages * kT) * (D + 8) * sizeof(__nv_bfloat16);
+}
+
+template <int D>
+__device__ __forceinline__ void SplitRegItem(const TileKernelArgs& k, int item) {
+  constexpr int LD = D + 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const AttentionArgs& a = k.a;
+  const KvCacheView& cache = a.cache;
+  const int hq = a.num_q_heads, hkv = cache.num_kv_heads, G = hq / hkv;
+  __nv_bfloat16* KVs = reinterpret_cast<__nv_bfloat16*>(smem);  // stage s: K, V [kT, LD] each
+
+  const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
+  const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
+  const int row_count = it[4], kv_len = it[5];
+  const bool fold = it[6] != 0;
+  const int kvh = blockIdx.y;
+  const int nq = row_count * G;  // <= kMaxQ
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+
+  TileCopier<D, kRegThreads> copier(a, table_offset, kv_len, kvh, tid);
+  auto load_ids = [&](int t) { copier.LoadIds(t); };
+  auto issue_tile = [&](int stage) { copier.Issue(KVs + stage * 2 * kT * LD); };
+  load_ids(tile_begin);
+  issue_tile(0);
+  CpAsyncCommit();
+  if (tile_begin + 1 < tile_end) load_ids(tile_begin + 1);
+
+  // This lane's two q-rows: Q fragments (the m16n8k16 A layout, zeros past nq) and positions (-1
+  // past nq: no key visible); the warp's lowest and highest position.
+  int pos[1][2];
+  const __nv_bfloat16* qrow[2];
+  int wmin = INT_MAX, wmax = -1;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int qi = warp * 16 + g + 8 * h;
+    qrow[h] = QChunk<D>(k, row_begin, nq, kvh, qi, 0);
+    pos[0][h] = qi < nq ? a.positions[k.item_rows[row_begin + qi / G]] : -1;
+    if (qi < nq) wmin = min(wmin, pos[0][h]);
+    wmax = max(wmax, pos[0][h]);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, off));
+    wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
+  }
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kc2 = 0; kc2 < D / 16; ++kc2) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __nv_bfloat16* q = qrow[i & 1];
+      qf[kc2][i] = q == nullptr
+                       ? 0u
+                       : *reinterpret_cast<const uint32_t*>(q + kc2 * 16 + 8 * (i >> 1) + 2 * t4);
+    }
+  }
+
+  float o[1][D / 8][4];
+  float m[1][2], l[1][2];
+  auto reset = [&] {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[0][n][0] = o[0][n][1] = o[0][n][2] = o[0][n][3] = 0.f;
+    m[0][0] = m[0][1] = -INFINITY;
+    l[0][0] = l[0][1] = 0.f;
+  };
+  // The state (m, l, o) of this lane's rows as the partial of tile t.
+  auto write = [&](int t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int qi = warp * 16 + g + 8 * h;
+      if (qi >= nq) continue;
+      const int row = k.item_rows[row_begin + qi / G];
+      const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + kvh * G + qi % G;
+      if (m[0][h] != -INFINITY) {
+        float* po = a.partial_o + slot * D + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o[0][n][2 * h], o[0][n][2 * h + 1]);
+        }
+      }
+      if (t4 == 0) {
+        a.partial_ml[2 * slot] = m[0][h];
+        a.partial_ml[2 * slot + 1] = l[0][h];
+      }
+    }
+  };
+  reset();
+
+  for (int t = tile_begin; t < tile_end; ++t) {
+    const int i = t - tile_begin;
+    CpAsyncWait<0>();
+    __syncthreads();  // tile t is in; every warp is done with tile t - 1's stage
+    if (t + 1 < tile_end) {
+      issue_tile((i + 1) % kStages);
+      CpAsyncCommit();
+      if (t + 2 < tile_end) load_ids(t + 2);
+    }
+    if (!fold && i > 0) reset();
+    const int ts = t * kT;
+    const __nv_bfloat16* Ks = KVs + (i % kStages) * 2 * kT * LD;
+    const __nv_bfloat16* Vs = Ks + kT * LD;
+    if (ts <= wmax) {  // warp-uniform: some row of the warp sees a key of the tile
+      if (ts + kT - 1 <= wmin) {
+        PrefillTile<D, 1, false, true>(nullptr, Ks, Vs, qf, ts, pos, k.scale_log2, m, l, o, lane);
+      } else {
+        PrefillTile<D, 1, true, true>(nullptr, Ks, Vs, qf, ts, pos, k.scale_log2, m, l, o, lane);
+      }
+    }
+    if (!fold) write(t);
+  }
+  if (fold) write(tile_end - 1);  // the state after the item's last tile
+}
+
+// The split items of this CTA: blockIdx.x, blockIdx.x + gridDim.x, ... below the item count:
+// gridDim.x itself (one item per CTA), or, for a launch inside a CUDA graph, a count read on the
+// device, so the same fixed grid serves every step. An item's arithmetic does not depend on which
+// CTA runs it.
+template <class RunItem>
+__device__ __forceinline__ void ForEachSplitItem(const TileKernelArgs& k, RunItem run) {
   WaitForPriorGrids();
   const int count = k.item_count != nullptr ? *k.item_count : static_cast<int>(gridDim.x);
   for (int item = blockIdx.x; item < count; item += gridDim.x) {
     if (item != static_cast<int>(blockIdx.x)) __syncthreads();  // the last item's readers are done
-    SplitItem<E>(k, item);
+    run(item);
   }
 }
 
-// One warp per (split row, query head): the Fold of the row's tile partials in tile order.
+// grid: (CTAs, num_kv_heads); items as ForEachSplitItem.
+template <int D>
+__global__ void __launch_bounds__(kRegThreads) SplitRegKernel(TileKernelArgs k) {
+  ForEachSplitItem(k, [&](int item) { SplitRegItem<D>(k, item); });
+}
+
+// grid: (CTAs, num_kv_heads); items as ForEachSplitItem.
+// 4 CTAs per SM (64 registers, shared memory for 4) where head_dim <= 128; head_dim 256's shared
+// memory allows 2.
+template <int E, bool kPrefetch>
+__global__ void __launch_bounds__(kThreads, E == 8 ? 2 : 4) SplitKernel(TileKernelArgs k) {
+  ForEachSplitItem(k, [&](int item) { SplitItem<E, kPrefetch>(k, item); });
+}
+
+// One warp per (split row, query head, 32 of the head's dims; lane: one dim): the Fold of the
+// row's partials in tile order (a fold item's state stands for the tiles it folded). Every
+// element's fold is the same sequence of operations whichever warp holds it; slicing the head
+// puts E times the warps (and loads) in flight as one warp per head would.
 template <int E>
 __global__ void __launch_bounds__(kThreads)
     MergeKernel(AttentionArgs a, const int32_t* merge_list, int num_merge) {
@@ -1172,41 +1438,40 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int D = E * 32;
   const int hq = a.num_q_heads;
   const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  const int entry = gw / hq, qh = gw % hq;
+  const int entry = gw / (hq * E), qh = gw / E % hq, dim = gw % E * 32 + lane;
   if (entry >= num_merge) return;
   const int row = merge_list[entry * 3], base = merge_list[entry * 3 + 1];
   const int tiles = merge_list[entry * 3 + 2];
-  float o[E], m = -INFINITY, l = 0.f;
-#pragma unroll
-  for (int e = 0; e < E; ++e) o[e] = 0.f;
+  float o = 0.f, m = -INFINITY, l = 0.f;
   // Loads run kBatch tiles ahead of the (strictly sequential) folds.
-  constexpr int kBatch = 8;
+  constexpr int kBatch = 16;
   for (int t0 = 0; t0 < tiles; t0 += kBatch) {
-    float ob[kBatch][E], mb[kBatch], lb[kBatch];
+    float ob[kBatch], mb[kBatch], lb[kBatch];
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int64_t slot = static_cast<int64_t>(base + t0 + i) * hq + qh;
       const bool in = t0 + i < tiles;
       mb[i] = in ? a.partial_ml[2 * slot] : -INFINITY;
       lb[i] = in ? a.partial_ml[2 * slot + 1] : 0.f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) ob[i][e] = in ? a.partial_o[slot * D + lane * E + e] : 0.f;
+      ob[i] = in ? a.partial_o[slot * D + dim] : 0.f;
     }
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       if (mb[i] == -INFINITY) continue;
+      if (m == -INFINITY) {  // the first state is taken as is (a fold item's state: exactly)
+        m = mb[i];
+        l = lb[i];
+        o = ob[i];
+        continue;
+      }
       const FoldWeights w = Fold(m, mb[i]);
       l = FoldElem(l, w, lb[i]);
-#pragma unroll
-      for (int e = 0; e < E; ++e) o[e] = FoldElem(o[e], w, ob[i][e]);
+      o = FoldElem(o, w, ob[i]);
       m = w.m;
     }
   }
-  const float inv = __frcp_rn(l);
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out) + static_cast<int64_t>(row) * hq * D;
-#pragma unroll
-  for (int e = 0; e < E; ++e)
-    out[qh * D + lane * E + e] = __float2bfloat16_rn(__fmul_rn(o[e], inv));
+  out[qh * D + dim] = __float2bfloat16_rn(__fmul_rn(o, __frcp_rn(l)));
 }
 
 size_t SplitSmemBytes(int d) {
@@ -1216,6 +1481,7 @@ size_t SplitSmemBytes(int d) {
 
 int g_wgmma_variant = 0;
 int WgmmaVariant() { return g_wgmma_variant; }
+int g_split_variant = 0;
 
 // A tensor map over one layer's K or V cache as rows of 128 bf16 ([num_blocks * kv heads *
 // block_size, 128]), boxes of `piece` rows x 64 columns (one column half of a piece), 128-byte
@@ -1292,16 +1558,31 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
   if (plan.num_split > 0) {
     k.items = plan.split_items;
     k.item_count = plan.split_count;
-    const size_t smem = SplitSmemBytes(D);
-    cudaError_t err =
-        cudaFuncSetAttribute(SplitKernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-    err = LaunchKernel(SplitKernel<E>, dim3(plan.num_split, args.cache.num_kv_heads), kThreads,
-                       smem, stream, k);
+    // The plan's form (variant 0; the register form only for head_dim <= 128), or the one a
+    // benchmark variant forces (SetSplitVariant).
+    auto launch = [&](auto kernel, size_t smem, int threads) {
+      const cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e != cudaSuccess) return e;
+      return LaunchKernel(kernel, dim3(plan.num_split, args.cache.num_kv_heads), threads, smem,
+                          stream, k);
+    };
+    cudaError_t err = cudaSuccess;
+    bool launched = false;
+    if constexpr (D <= 128) {
+      if (g_split_variant == 3 || (g_split_variant == 0 && plan.split_form == 1)) {
+        err = launch(SplitRegKernel<D>, SplitRegSmemBytes<D>(), kRegThreads);
+        launched = true;
+      }
+    }
+    if (!launched) {
+      err = launch(g_split_variant == 1 ? SplitKernel<E, true> : SplitKernel<E, false>,
+                   SplitSmemBytes(D), kThreads);
+    }
     if (err != cudaSuccess) return err;
   }
   if (plan.num_merge > 0) {
-    const int warps = plan.num_merge * args.num_q_heads;
+    const int warps = plan.num_merge * args.num_q_heads * E;
     return LaunchKernel(MergeKernel<E>, (warps + kWarps - 1) / kWarps, kThreads, 0, stream, args,
                         plan.merge_list, plan.num_merge);
   }
@@ -1311,6 +1592,7 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
 }  // namespace
 
 void SetWgmmaPrefillVariant(int variant) { g_wgmma_variant = variant; }
+void SetSplitVariant(int variant) { g_split_variant = variant; }
 
 // Compute capability 9.0 (H100, H200) runs this library's sm_90a machine code; newer GPUs run the
 // compute_90 PTX, which has no wgmma.
@@ -1327,14 +1609,13 @@ cudaError_t WgmmaAvailable(bool* available) {
   return err;
 }
 
-cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int* ctas) {
-  auto per_sm = [&](auto kernel, int e) {
-    const size_t smem = SplitSmemBytes(e * 32);
+cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int split_form, int* ctas) {
+  auto per_sm = [&](auto kernel, size_t smem, int threads) {
     int blocks = 0, device = 0, sms = 0;
     cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err == cudaSuccess)
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem);
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem);
     if (err == cudaSuccess) err = cudaGetDevice(&device);
     if (err == cudaSuccess)
       err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -1343,13 +1624,16 @@ cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int* ctas) {
   };
   switch (head_dim) {
     case 32:
-      return per_sm(SplitKernel<1>, 1);
+      return split_form == 1 ? per_sm(SplitRegKernel<32>, SplitRegSmemBytes<32>(), kRegThreads)
+                             : per_sm(SplitKernel<1, false>, SplitSmemBytes(32), kThreads);
     case 64:
-      return per_sm(SplitKernel<2>, 2);
+      return split_form == 1 ? per_sm(SplitRegKernel<64>, SplitRegSmemBytes<64>(), kRegThreads)
+                             : per_sm(SplitKernel<2, false>, SplitSmemBytes(64), kThreads);
     case 128:
-      return per_sm(SplitKernel<4>, 4);
+      return split_form == 1 ? per_sm(SplitRegKernel<128>, SplitRegSmemBytes<128>(), kRegThreads)
+                             : per_sm(SplitKernel<4, false>, SplitSmemBytes(128), kThreads);
     case 256:
-      return per_sm(SplitKernel<8>, 8);
+      return per_sm(SplitKernel<8, false>, SplitSmemBytes(256), kThreads);
     default:
       return cudaErrorInvalidValue;
   }

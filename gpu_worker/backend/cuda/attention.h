@@ -45,6 +45,15 @@ struct AttentionConfig {
   // partial per tile as with one tile per item, so results do not change); 0: chosen by the
   // planner from the step's number of decode tiles.
   int tiles_per_item = 0;
+  // Tiles of a decode row's first split item, which folds them inside its CTA and writes one
+  // partial (the same bits as one partial per tile folded by the merge; less partial traffic):
+  // 0: chosen by the planner (whole runs from tile 0 when the fold items' waves end within about
+  // the step's tile reads per CTA, else tiles_per_item); > 0: this many (at least
+  // tiles_per_item); < 0: no fold items.
+  int lead_tiles = 0;
+  // Split CTAs per kv head in one wave on the device (SplitCtasPerWave), which sizes fold items;
+  // 0: 66 (an H100's or H200's 132 SMs at 4 split CTAs each over 8 kv heads).
+  int split_ctas = 0;
 };
 
 // Host views of the batch's attention metadata (see engine::ForwardBatch for the meaning).
@@ -61,16 +70,19 @@ struct AttentionBatch {
 // Work partition of one batch, made on the host once per step and shared by all layers.
 // A work item is one CTA per kv head: {table_offset (into block_ids, of the sequence whose block
 // table is read), tile_begin, tile_end, row_begin (into item_rows), row_count, kv_len (keys
-// [0, kv_len) may be read)}.
+// [0, kv_len) may be read), fold (split items only: 1 when tile_begin is 0 and the item folds
+// its tiles into one partial, written at its last tile's slot)}.
 struct AttentionPlan {
   // Items whose rows fold all their tiles inside the CTA and write the output (prefill chunks).
   std::vector<int32_t> final_items;  // [num_final * kItemFields]
-  // Items that write one partial state per (row, tile) for the merge kernel (decode rows).
+  // Items that write one partial state per (row, tile) for the merge kernel (decode rows), or
+  // one per row for a fold item's tiles.
   std::vector<int32_t> split_items;  // [num_split * kItemFields]
   std::vector<int32_t> item_rows;    // token rows of the items, concatenated
-  // [num_tokens] first partial slot of a split row (slot of tile t = base + t); -1 for others.
+  // [num_tokens] for a split row, the slot of its tile t is base + t (t past its fold item, whose
+  // state sits at the slot of the fold item's last tile); -1 for other rows.
   std::vector<int32_t> partial_base;
-  // [num_merge * 3] {row, base slot, num_tiles} for each split row.
+  // [num_merge * 3] {row, first slot, slots} for each split row: its slots are consecutive.
   std::vector<int32_t> merge_list;
   int num_partials = 0;    // partial slots; each holds [num_q_heads, head_dim] f32 + lse
   int max_final_rows = 0;  // most rows in one final item (sizes shared memory)
@@ -104,7 +116,15 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
 
 // CTAs per kv head that fill one wave of the split kernel on the current device: the grid of a
 // graph-captured split launch (AttentionPlanView::split_count).
-absl::StatusOr<int> SplitCtasPerWave(int head_dim, int num_kv_heads);
+absl::StatusOr<int> SplitCtasPerWave(int head_dim, int num_kv_heads, int split_form = 0);
+
+// The split kernel form for a plan (AttentionPlanView::split_form): the register form where the
+// plan reads a tile once for several rows (measured faster on cascade steps: its one barrier
+// per tile and register-resident tiles make a shared tile's serial chain short), the
+// shared-memory form otherwise (faster on distinct rows: more warps and loads in flight).
+inline int SplitForm(const AttentionPlan& plan, int head_dim) {
+  return head_dim <= 128 && plan.cascade_shared_tiles > 0 ? 1 : 0;
+}
 
 // Runs the plan: final items, split items, then the merge (three launches, no host sync, no
 // allocation: graph-capturable). Rows not covered by the plan are left untouched.

@@ -18,9 +18,25 @@ int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 // tiles_per_item = 0).
 constexpr int kAutoMultiTileFrom = 1024;
 
+// Split CTAs per kv head in one wave when the config does not say (an H100's or H200's 132 SMs
+// at 4 split CTAs each over 8 kv heads).
+constexpr int kDefaultSplitCtas = 66;
+
 void AddItem(std::vector<int32_t>* items, int table_offset, int tile_begin, int tile_end,
-             int row_begin, int row_count, int kv_len) {
-  items->insert(items->end(), {table_offset, tile_begin, tile_end, row_begin, row_count, kv_len});
+             int row_begin, int row_count, int kv_len, bool fold = false) {
+  items->insert(items->end(),
+                {table_offset, tile_begin, tile_end, row_begin, row_count, kv_len, fold ? 1 : 0});
+}
+
+// Reorders items (kItemFields each) longest first (stable), so that a launch's last wave is its
+// shortest items. The order changes no result: each CTA computes its own rows (and a split item
+// writes its own partial slots).
+void SortLongestFirst(std::vector<int32_t>* flat) {
+  std::vector<std::array<int32_t, kItemFields>> items(flat->size() / kItemFields);
+  std::memcpy(items.data(), flat->data(), flat->size() * sizeof(int32_t));
+  std::stable_sort(items.begin(), items.end(),
+                   [](const auto& x, const auto& y) { return x[2] - x[1] > y[2] - y[1]; });
+  std::memcpy(flat->data(), items.data(), flat->size() * sizeof(int32_t));
 }
 
 struct DecodeRow {
@@ -79,29 +95,39 @@ class TileGrouper {
 // Emits the split items of decode rows into a plan.
 class DecodePlanner {
  public:
+  // lead_tiles: the length of a fold item (a row's first item, from tile 0, folded in the CTA);
+  // < 0: no fold items.
   DecodePlanner(const AttentionBatch& batch, int rows_per_cta, int blocks_per_tile,
-                int tiles_per_item, AttentionPlan* plan)
+                int tiles_per_item, int lead_tiles, AttentionPlan* plan)
       : batch_(batch),
         rows_per_cta_(rows_per_cta),
         blocks_per_tile_(blocks_per_tile),
         per_item_(std::max(1, tiles_per_item)),
+        lead_(lead_tiles < 0 ? -1 : std::max(lead_tiles, per_item_)),
         plan_(plan) {}
 
-  // Tiles [tile_begin, tile_end) of `d`, read for it alone: items of up to per_item_ tiles.
+  // Tiles in an item that starts at tile t.
+  int ItemTiles(int t) const { return t == 0 && lead_ > 0 ? lead_ : per_item_; }
+
+  // Tiles [tile_begin, tile_end) of `d`, read for it alone: items of up to per_item_ tiles (a
+  // fold item of up to lead_ from tile 0).
   void AddOwn(const DecodeRow& d, int tile_begin, int tile_end) {
     if (tile_begin >= tile_end) return;
     const int row_begin = static_cast<int>(plan_->item_rows.size());
     plan_->item_rows.push_back(d.row);
-    for (int t = tile_begin; t < tile_end; t += per_item_) {
-      const int t_end = std::min(tile_end, t + per_item_);
-      AddItem(&plan_->split_items, d.table_offset, t, t_end, row_begin, 1, d.pos + 1);
+    for (int t = tile_begin; t < tile_end;) {
+      const int t_end = std::min(tile_end, t + ItemTiles(t));
+      AddItem(&plan_->split_items, d.table_offset, t, t_end, row_begin, 1, d.pos + 1,
+              t == 0 && lead_ > 0);
       plan_->split_tile_reads += t_end - t;
+      t = t_end;
     }
     plan_->max_split_rows = std::max(plan_->max_split_rows, 1);
   }
 
   // Tiles [tile_begin, tile_end), all full for every row of `members` (indices into rows) and
-  // the same blocks for all: one item per chunk of rows_per_cta rows and per_item_ tiles.
+  // the same blocks for all: one item per chunk of rows_per_cta rows and per_item_ tiles (a fold
+  // item of up to lead_ from tile 0).
   void AddShared(const std::vector<DecodeRow>& rows, const int* members, int count, int tile_begin,
                  int tile_end) {
     if (tile_begin >= tile_end) return;
@@ -110,11 +136,12 @@ class DecodePlanner {
       const int n = std::min(rows_per_cta_, count - c);
       const int row_begin = static_cast<int>(plan_->item_rows.size());
       for (int k = c; k < c + n; ++k) plan_->item_rows.push_back(rows[members[k]].row);
-      for (int t = tile_begin; t < tile_end; t += per_item_) {
-        const int t_end = std::min(tile_end, t + per_item_);
-        AddItem(&plan_->split_items, lead.table_offset, t, t_end, row_begin, n,
-                t_end * kTileTokens);
+      for (int t = tile_begin; t < tile_end;) {
+        const int t_end = std::min(tile_end, t + ItemTiles(t));
+        AddItem(&plan_->split_items, lead.table_offset, t, t_end, row_begin, n, t_end * kTileTokens,
+                t == 0 && lead_ > 0);
         plan_->split_tile_reads += t_end - t;
+        t = t_end;
       }
       plan_->max_split_rows = std::max(plan_->max_split_rows, n);
     }
@@ -245,7 +272,7 @@ class DecodePlanner {
           own_begin[i] = -1;
           node[i] = id;
         }
-        if (t + 1 - node_begin[id] == per_item_) {  // a full item's worth: emit it now
+        if (t + 1 - node_begin[id] == ItemTiles(node_begin[id])) {  // a full item: emit it now
           AddShared(rows, m, count, node_begin[id], t + 1);
           node_begin[id] = t + 1;
         }
@@ -270,7 +297,7 @@ class DecodePlanner {
 
  private:
   const AttentionBatch& batch_;
-  const int rows_per_cta_, blocks_per_tile_, per_item_;
+  const int rows_per_cta_, blocks_per_tile_, per_item_, lead_;
   AttentionPlan* plan_;
 };
 
@@ -333,39 +360,73 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
     }
   }
 
-  // Longest prefill items first, so that a launch's last wave is its shortest items (the order of
-  // items changes no result: each CTA computes its own rows).
-  {
-    std::vector<std::array<int32_t, kItemFields>> items(plan->num_final());
-    std::memcpy(items.data(), plan->final_items.data(), plan->final_items.size() * sizeof(int32_t));
-    std::stable_sort(items.begin(), items.end(),
-                     [](const auto& x, const auto& y) { return x[2] - x[1] > y[2] - y[1]; });
-    std::memcpy(plan->final_items.data(), items.data(), plan->final_items.size() * sizeof(int32_t));
-  }
+  SortLongestFirst(&plan->final_items);
 
-  // Decode rows: one partial slot per tile, then a merge of the row's slots in tile order.
-  for (const DecodeRow& d : decode_rows) {
-    const int tiles = d.tiles();
-    plan->partial_base[d.row] = plan->num_partials;
-    plan->merge_list.insert(plan->merge_list.end(), {d.row, plan->num_partials, tiles});
-    plan->num_partials += tiles;
-    plan->decode_row_tiles += tiles;
-  }
+  for (const DecodeRow& d : decode_rows) plan->decode_row_tiles += d.tiles();
   // Items of several tiles (one Q load, one CTA for a run of tiles) pay off once a step has
   // enough tiles to fill the GPU several times over: measured on an H100 (bench/kernels/
   // RESULTS.md), 4 tiles per item from 1024 decode tiles on.
   int tiles_per_item = config.tiles_per_item;
   if (tiles_per_item <= 0) tiles_per_item = plan->decode_row_tiles >= kAutoMultiTileFrom ? 4 : 1;
-  plan->split_items.reserve(static_cast<size_t>(plan->decode_row_tiles) * kItemFields +
-                            plan->final_items.size());
+  const size_t final_rows = plan->item_rows.size();
+  auto plan_decode = [&](int lead_tiles) {
+    plan->split_items.clear();
+    plan->item_rows.resize(final_rows);
+    plan->max_split_rows = plan->cascade_groups = plan->cascade_shared_tiles = 0;
+    plan->split_tile_reads = 0;
+    DecodePlanner planner(batch, rows_per_cta, blocks_per_tile, tiles_per_item, lead_tiles, plan);
+    if (!config.cascade || rows_per_cta < 2) {  // a tile read per row either way
+      for (const DecodeRow& d : decode_rows) planner.AddOwn(d, 0, d.tiles());
+    } else if (config.grouping == CascadeGrouping::kLeadingTiles) {
+      planner.PlanLeadingTiles(decode_rows);
+    } else {
+      planner.PlanEveryTile(decode_rows);
+    }
+  };
+  plan->split_items.reserve(static_cast<size_t>(plan->decode_row_tiles) * kItemFields);
   plan->item_rows.reserve(plan->item_rows.size() + 2 * plan->decode_row_tiles);
-  DecodePlanner planner(batch, rows_per_cta, blocks_per_tile, tiles_per_item, plan);
-  if (!config.cascade || rows_per_cta < 2) {  // a tile read per row either way
-    for (const DecodeRow& d : decode_rows) planner.AddOwn(d, 0, d.tiles());
-  } else if (config.grouping == CascadeGrouping::kLeadingTiles) {
-    planner.PlanLeadingTiles(decode_rows);
-  } else {
-    planner.PlanEveryTile(decode_rows);
+  // Fold items: a row's first item folds its tiles in the CTA (one partial instead of one per
+  // tile: the same bits, less partial traffic). The first item always folds. Whole runs from
+  // tile 0 (a row's every tile, a group's shared run) fold when the fold items, started first
+  // (longest first below) in as few waves of CTAs as their count needs, end within about the
+  // step's tile reads per CTA; else a long fold item would run on after the other CTAs are done
+  // (measured on an H100, bench/kernels/RESULTS.md: runs shorter than whole rows lost to no
+  // folding at all, whole rows won from batch 64 on). That takes a second plan once the reads
+  // and the fold items are counted.
+  int lead = config.lead_tiles;
+  plan_decode(lead == 0 ? tiles_per_item : lead);
+  if (lead == 0) {
+    const int slots = config.split_ctas > 0 ? config.split_ctas : kDefaultSplitCtas;
+    int fold_items = 0, longest = 0;
+    for (int i = 0; i < plan->num_split(); ++i) {
+      fold_items += plan->split_items[static_cast<size_t>(i) * kItemFields + 6];
+    }
+    for (const DecodeRow& d : decode_rows) longest = std::max(longest, d.tiles());
+    const int64_t waves = std::max(1, CeilDiv(fold_items, slots));
+    // waves * longest <= 1.1 * reads / slots, in integers.
+    if (longest > tiles_per_item &&
+        10 * waves * longest * slots <= 11 * static_cast<int64_t>(plan->split_tile_reads)) {
+      lead = longest;
+      plan_decode(lead);
+    }
+  }
+  if (lead > tiles_per_item) SortLongestFirst(&plan->split_items);  // the fold items lead
+
+  // Partial slots: one per tile, but a fold item's tiles [0, f) share one, tile f - 1's (slot of
+  // tile t = partial_base + t, so slot f - 1 is the row's first); then the merge of the row's
+  // slots in tile order.
+  std::vector<int> folded(batch.num_tokens, 0);
+  for (int i = 0; i < plan->num_split(); ++i) {
+    const int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
+    if (it[6] == 0) continue;
+    for (int k = it[3]; k < it[3] + it[4]; ++k) folded[plan->item_rows[k]] = it[2];
+  }
+  for (const DecodeRow& d : decode_rows) {
+    const int skipped = std::max(folded[d.row], 1) - 1;  // tiles without a slot of their own
+    const int slots = d.tiles() - skipped;
+    plan->partial_base[d.row] = plan->num_partials - skipped;
+    plan->merge_list.insert(plan->merge_list.end(), {d.row, plan->num_partials, slots});
+    plan->num_partials += slots;
   }
   return absl::OkStatus();
 }

@@ -132,11 +132,17 @@ struct StepMeta {
 };
 
 // One captured decode step: a graph over `bucket` rows and the buffers it was captured with.
+// One per split kernel form (AttentionPlanView::split_form), captured when a step first needs it.
 struct DecodeGraph {
-  cudaGraphExec_t exec = nullptr;
-  uint64_t epoch = 0;  // CudaBackend::graph_epoch_ at capture
+  cudaGraphExec_t exec[2] = {nullptr, nullptr};
+  uint64_t epoch[2] = {0, 0};  // CudaBackend::graph_epoch_ at capture
+  bool Current(uint64_t e) const {
+    return (exec[0] != nullptr && epoch[0] == e) || (exec[1] != nullptr && epoch[1] == e);
+  }
   ~DecodeGraph() {
-    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    for (cudaGraphExec_t x : exec) {
+      if (x != nullptr) cudaGraphExecDestroy(x);
+    }
   }
 };
 
@@ -245,7 +251,7 @@ class CudaBackend final : public engine::Backend {
   absl::Status RunDecodeGraph(int n, int bucket, std::vector<float>* logits,
                               std::vector<int32_t>* argmax,
                               std::vector<engine::RowLogprobs>* logprobs);
-  absl::Status CaptureDecodeGraph(int bucket, const StepMeta& m, DecodeGraph* g);
+  absl::Status CaptureDecodeGraph(int bucket, int form, const StepMeta& m, DecodeGraph* g);
   // The host half of a decode graph step LaunchSampled left in flight (n rows of pad_).
   absl::Status CompleteDeferred(int n, std::vector<int32_t>* tokens,
                                 std::vector<engine::RowLogprobs>* logprobs);
@@ -275,7 +281,7 @@ class CudaBackend final : public engine::Backend {
   // Decode graphs: fixed-layout metadata (int32 units; segments in GraphLayout order), its
   // pinned host staging, the captured graphs by bucket. graph_epoch_ moves whenever a buffer a
   // graph reads or writes is reallocated; graphs of older epochs are re-captured.
-  int max_graph_batch_ = 0, split_ctas_ = 0;
+  int max_graph_batch_ = 0, split_ctas_ = 0, split_ctas_reg_ = 0;
   int64_t cap_blocks_ = 0, cap_items_ = 0, cap_rows_ = 0;
   DeviceBuffer graph_meta_;
   PinnedBuffer graph_host_, graph_tokens_host_;
@@ -485,11 +491,15 @@ absl::Status CudaBackend::Init(const model::Model& m) {
     RETURN_IF_ERROR(alloc(&l.v_cache, num_blocks_ * block_bytes));
   }
 
+  // One full wave of split CTAs: the graphs' split grid (a CTA beyond the wave would run its share
+  // of items late) and what the planner sizes fold items by.
+  // (Both forms' queries also set their kernels' shared-memory limits before any capture.)
+  ASSIGN_OR_RETURN(ctas, SplitCtasPerWave(d_, hkv_, 0));
+  split_ctas_ = ctas;
+  ASSIGN_OR_RETURN(ctas_reg, SplitCtasPerWave(d_, hkv_, d_ <= 128 ? 1 : 0));
+  split_ctas_reg_ = ctas_reg;
   if (o_.cuda_graphs) {
     max_graph_batch_ = std::min({o_.max_graph_batch, o_.max_logits_rows, o_.max_num_tokens});
-    // One full wave of split CTAs (a CTA beyond the wave would run its share of items late).
-    ASSIGN_OR_RETURN(ctas, SplitCtasPerWave(d_, hkv_));
-    split_ctas_ = ctas;
     // Room for every row at 2048 tokens of context before a regrowth re-captures the graphs.
     const int64_t tiles = 2048 / kTileTokens;
     cap_blocks_ = 2048 / o_.block_size * static_cast<int64_t>(max_graph_batch_);
@@ -564,7 +574,7 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
   const int bucket = GraphBucket(n);
   PadDecodeBatch(b, sampled, bucket);
   auto it = graphs_.find(bucket);
-  if (it != graphs_.end() && it->second->epoch == graph_epoch_) {
+  if (it != graphs_.end() && it->second->Current(graph_epoch_)) {
     return RunDecodeGraph(n, bucket, logits, argmax, logprobs);
   }
   // First step of this bucket (or after a reallocation): run the padded batch eagerly, which
@@ -594,6 +604,8 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   if (n == 0) return absl::OkStatus();
 
   AttentionConfig acfg{hq_, hkv_, d_, o_.block_size, o_.cascade};
+  acfg.lead_tiles = o_.attention_lead_tiles;
+  acfg.split_ctas = split_ctas_;
   AttentionBatch ab{b.positions.data(),
                     n,
                     b.query_start.data(),
@@ -632,6 +644,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   m.plan = AttentionPlanView{
       meta + o_fi,   plan.num_final(), meta + o_si,      plan.num_split(),    meta + o_rows,
       meta + o_base, meta + o_merge,   plan.num_merge(), plan.max_final_rows, plan.max_split_rows};
+  m.plan.split_form = SplitForm(plan, d_);
   RETURN_IF_ERROR(EnqueueModel(n, m));
 
   const int rows = static_cast<int>(b.logits_rows.size());
@@ -839,6 +852,8 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
                                          std::vector<engine::RowLogprobs>* logprobs) {
   const engine::ForwardBatch& b = pad_;
   AttentionConfig acfg{hq_, hkv_, d_, o_.block_size, o_.cascade};
+  acfg.lead_tiles = o_.attention_lead_tiles;
+  acfg.split_ctas = split_ctas_;
   AttentionBatch ab{b.positions.data(),
                     bucket,
                     b.query_start.data(),
@@ -920,11 +935,14 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
                              0,
                              std::max(1, kMaxQueriesPerCta / group),
                              meta + l.count};
+  const int form = SplitForm(plan, d_);
+  m.plan.split_form = form;
+  if (form == 1) m.plan.num_split = split_ctas_reg_;
 
   std::unique_ptr<DecodeGraph>& g = graphs_[bucket];
-  if (g == nullptr || g->epoch != graph_epoch_) {
+  if (g == nullptr || g->exec[form] == nullptr || g->epoch[form] != graph_epoch_) {
     if (g == nullptr) g = std::make_unique<DecodeGraph>();
-    RETURN_IF_ERROR(CaptureDecodeGraph(bucket, m, g.get()));
+    RETURN_IF_ERROR(CaptureDecodeGraph(bucket, form, m, g.get()));
   }
   if (logits == nullptr) return absl::OkStatus();  // capture only (the step ran eagerly)
 
@@ -935,7 +953,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   RETURN_IF_ERROR(CopyAsync(dm + l.items, h + l.items, plan.split_items.size() * 4, stream_));
   RETURN_IF_ERROR(CopyAsync(dm + l.rows, h + l.rows, plan.item_rows.size() * 4, stream_));
   RETURN_IF_ERROR(UploadPenaltyTokens(b));  // capacity ensured above: no reallocation here
-  RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(g->exec, s), "cudaGraphLaunch"));
+  RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(g->exec[form], s), "cudaGraphLaunch"));
   ++graph_replays_;
   const int32_t* tokens = graph_tokens_host_.as<int32_t>();
   RETURN_IF_ERROR(CopyAsync(graph_tokens_host_.as<int32_t>(), argmax_.data(), n * 4, stream_));
@@ -992,7 +1010,8 @@ absl::Status CudaBackend::CompleteDeferred(int n, std::vector<int32_t>* tokens,
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::CaptureDecodeGraph(int bucket, const StepMeta& m, DecodeGraph* g) {
+absl::Status CudaBackend::CaptureDecodeGraph(int bucket, int form, const StepMeta& m,
+                                             DecodeGraph* g) {
   const auto s = reinterpret_cast<cudaStream_t>(stream_);
   RETURN_IF_ERROR(
       CudaStatus(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture"));
@@ -1009,9 +1028,9 @@ absl::Status CudaBackend::CaptureDecodeGraph(int bucket, const StepMeta& m, Deco
   const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   RETURN_IF_ERROR(CudaStatus(inst, "cudaGraphInstantiate"));
-  if (g->exec != nullptr) cudaGraphExecDestroy(g->exec);
-  g->exec = exec;
-  g->epoch = graph_epoch_;
+  if (g->exec[form] != nullptr) cudaGraphExecDestroy(g->exec[form]);
+  g->exec[form] = exec;
+  g->epoch[form] = graph_epoch_;
   ++graph_captures_;
   return absl::OkStatus();
 }

@@ -46,6 +46,10 @@ struct CudaBackendOptions {
   // 8), so benchmarks compare other values (engine_bench variants refN). Every worker of a
   // deployment must use the same value: another algorithm gives other bits.
   int gemm_reference_m = 256;
+  // AttentionConfig::lead_tiles: 0 (default) lets the planner size fold items (a decode row's
+  // first tiles folded into one partial inside the split CTA); < 0 turns them off (benchmarks).
+  // Every value gives the same bits.
+  int attention_lead_tiles = 0;
   // Programmatic dependent launch for the backend's own kernels (ops.h SetProgrammaticLaunch):
   // a kernel's launch overlaps the previous kernel's tail; it waits for it before touching
   // memory. Process-wide: the last backend created sets it.

@@ -21,8 +21,8 @@ inline constexpr int kMaxQueriesPerCta = 32;
 // (row, query head) pairs of one prefill CTA (16 per warp; head_dim 256 keeps half the rows so
 // that its registers and K/V stages fit).
 constexpr int PrefillQueriesPerCta(int head_dim) { return head_dim > 128 ? 64 : 128; }
-// Fields of one work item in AttentionPlan::*_items.
-inline constexpr int kItemFields = 6;
+// Fields of one work item in AttentionPlan::*_items (see AttentionPlan).
+inline constexpr int kItemFields = 7;
 
 struct HeadShape {
   int num_q_heads = 0;
@@ -56,6 +56,9 @@ struct AttentionPlanView {
   // Graph mode: [1] device count of split items; a fixed grid of num_split CTAs loops over them,
   // so one captured launch serves every step whatever its number of items. nullptr: eager.
   const int32_t* split_count = nullptr;
+  // The split kernel's form (SplitForm of the plan; the same bits either way): 0 the shared-memory
+  // form, 1 the register form (head_dim <= 128).
+  int split_form = 0;
 };
 
 // The kernel that runs prefill items of head_dim 128 (every choice gives the same bits).

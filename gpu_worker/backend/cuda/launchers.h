@@ -43,7 +43,7 @@ cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const RowSam
                              engine::RowLogprobs* logprobs, cudaStream_t stream);
 size_t SampleRowsSmemBytes(int vocab);
 // CTAs per kv head that fill exactly one wave of the split attention kernel on the current device.
-cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int* ctas);
+cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int split_form, int* ctas);
 // See small_gemm.cu. REQUIRES: m <= 16, n % 8 == 0, k % (64 splits) == 0; splits > 1: f32_out
 // (y: [splits, m, n] partials).
 cudaError_t LaunchSmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
@@ -62,5 +62,10 @@ cudaError_t WgmmaAvailable(bool* available);
 // default), the same with the ping-pong schedule (1), the two-warpgroup kernel (2, also the kernel
 // for block sizes that are not a multiple of 16). Every one gives the same bits.
 void SetWgmmaPrefillVariant(int variant);
+// Benchmarks only: the split kernel. 0 (default): the plan's AttentionPlanView::split_form; 1:
+// the shared-memory form with tile t + 1's K and V copied while tile t is computed; 2: the
+// shared-memory form, each tile's K and V copied at the start of its step; 3: the register form
+// (head_dim <= 128; else as 2). Every variant gives the same bits.
+void SetSplitVariant(int variant);
 
 }  // namespace cascade::cuda::internal

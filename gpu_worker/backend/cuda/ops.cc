@@ -186,11 +186,11 @@ absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Str
   return CudaStatus(internal::LaunchArgmaxRows(logits, n, vocab, out, stream), "ArgmaxRows");
 }
 
-absl::StatusOr<int> SplitCtasPerWave(int head_dim, int num_kv_heads) {
+absl::StatusOr<int> SplitCtasPerWave(int head_dim, int num_kv_heads, int split_form) {
   if (!SupportedHeadDim(head_dim) || num_kv_heads <= 0) return Bad("SplitCtasPerWave", "bad shape");
   int ctas = 0;
-  absl::Status st =
-      CudaStatus(internal::SplitCtasPerWave(head_dim, num_kv_heads, &ctas), "SplitCtasPerWave");
+  absl::Status st = CudaStatus(
+      internal::SplitCtasPerWave(head_dim, num_kv_heads, split_form, &ctas), "SplitCtasPerWave");
   if (!st.ok()) return st;
   return ctas;
 }
