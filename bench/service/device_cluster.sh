@@ -9,7 +9,11 @@
 #   default: qwen3-0.6b=4,8,16. One preset per call fits the 10-minute limit (4 policies x 3
 #   rates x DURATION plus a stack start each); qwen3-8b=1,2,4 in a second call.
 #   Environment: DURATION (30s), CUSTOMERS (150), CONTEXT_WORDS (4000), POLICIES
-#   (cost,load,round_robin,random), SKIP_TESTS=1 to skip the GPU tests (only in a second call).
+#   (cost,load,round_robin,random), KV_CACHE_BYTES per worker (0: the worker's default share of
+#   its GPU; set it below the customers' total KV to put the cache under pressure, as llm-d's
+#   benchmark does), WORKER_FLAGS (extra worker flags, e.g. "--host_kv_bytes=0"), MAX_REQUESTS
+#   per rate (100000), SKIP_TESTS=1 to neither build nor run the
+#   GPU tests (only where the same tree passed them in an earlier call).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -17,6 +21,7 @@ export CASCADE_DEVICE_GRPC=1 CASCADE_BUILD_DIR=build-gpu-full
 SPECS=("$@")
 [ ${#SPECS[@]} -eq 0 ] && SPECS=(qwen3-0.6b=4,8,16)
 TESTS=(cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test attention_plan_test)
+[ "${SKIP_TESTS:-0}" = 1 ] && TESTS=()
 t0=$(date +%s)
 bash scripts/device_build.sh "${TESTS[@]}" cascade cascade-registry cascade-worker cascade-gateway \
   cascade-loadgen >"$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
@@ -44,6 +49,8 @@ for spec in "${SPECS[@]}"; do
     --model_dir="$dir" --qps="$qps" --duration="${DURATION:-30s}" \
     --customers="${CUSTOMERS:-150}" --context_words="${CONTEXT_WORDS:-4000}" \
     --route_policies="${POLICIES:-cost,load,round_robin,random}" --max_tokens=64 \
+    --kv_cache_bytes="${KV_CACHE_BYTES:-0}" --max_requests="${MAX_REQUESTS:-100000}" \
+    --progress_interval=5s --worker_flags="${WORKER_FLAGS:-}" \
     2>"$OUT/loadgen_$preset.err" | tee "$OUT/cluster_$preset.md"
   echo "$preset rc=${PIPESTATUS[0]}: $(( $(date +%s) - t0 )) s"
   tail -3 "$OUT/loadgen_$preset.err"

@@ -37,6 +37,7 @@ struct LoadgenFlags {
   std::string preset = "tiny";
   int worker_threads = 0;
   int64_t kv_cache_bytes = 0;
+  std::string worker_flags;  // --local: extra worker flags, space-separated
   std::string log_dir;
   std::string concurrency = "1,4";
   std::string workloads = "miss,hit";
@@ -71,6 +72,9 @@ void RegisterFlags(common::FlagSet* f, LoadgenFlags* o) {
   f->AddString("preset", &o->preset, "--local: model preset generated when there is no model");
   f->AddInt("worker_threads", &o->worker_threads, "--local: CPU threads per worker; 0: cores/N");
   f->AddInt64("kv_cache_bytes", &o->kv_cache_bytes, "--local: KV bytes per worker; 0: default");
+  f->AddString("worker_flags", &o->worker_flags,
+               "--local: extra flags for every worker, space-separated (e.g. "
+               "\"--host_kv_bytes=0 --max_batch=128\")");
   f->AddString("log_dir", &o->log_dir,
                "--local: servers' logs; default: a temporary directory, removed after a clean run");
   f->AddString("concurrency", &o->concurrency, "comma-separated client concurrency levels");
@@ -225,6 +229,9 @@ absl::StatusOr<std::unique_ptr<cli::LocalStack>> StartLocalStack(
   so.backend = flags.backend;
   so.worker_threads = flags.worker_threads;
   so.kv_cache_bytes = flags.kv_cache_bytes;
+  for (absl::string_view f : absl::StrSplit(flags.worker_flags, ' ', absl::SkipWhitespace())) {
+    so.worker_flags.emplace_back(f);
+  }
   so.log_dir = flags.log_dir;
   so.gateway_flags = std::move(gateway_flags);
   absl::StatusOr<std::unique_ptr<cli::LocalStack>> started = cli::LocalStack::Start(so, &std::cerr);
@@ -333,6 +340,13 @@ int RunCluster(const LoadgenFlags& flags) {
       std::cerr << absl::StrFormat("policy %s, %.2f qps (bounds: %s, %d requests)\n", policy, qps,
                                    absl::FormatDuration(flags.duration), flags.max_requests);
       runs.push_back(RunOpenLoop(*stub, prompts, oo, flags.local ? flags.workers : 1, &std::cerr));
+      // One line per (policy, rate) as it ends, so a run stopped part-way keeps what it measured.
+      const PhaseSummary& p = runs.back().phase;
+      std::cerr << absl::StrFormat(
+          "  [%s %.2f qps] %d/%d ok, TTFT p50 / p90 / p99 %.1f / %.1f / %.1f ms, %.1f output "
+          "tok/s, hit rate %.3f, imbalance %.2f\n",
+          policy, qps, p.ok, p.requests, p.ttft_ms.p50, p.ttft_ms.p90, p.ttft_ms.p99,
+          p.output_tokens_per_s, runs.back().hit_rate, runs.back().imbalance);
       ok += runs.back().phase.ok;
       failed += runs.back().phase.requests - runs.back().phase.ok;
     }

@@ -25,7 +25,9 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddString("model_name", &c->model_name,
                "model name clients use; default: the directory's name");
   f->AddString("backend", &c->backend, "cpu, cuda, or auto (cuda when built and a GPU is present)");
-  f->AddInt64("kv_cache_bytes", &c->kv_cache_bytes, "KV cache memory budget in bytes");
+  f->AddInt64("kv_cache_bytes", &c->kv_cache_bytes,
+              "KV cache memory budget in bytes; 0: the backend's default (CPU 256 MiB, CUDA "
+              "--kv_cache_fraction of the GPU memory free after the weights)");
   f->AddInt64("kv_blocks", &c->kv_blocks, "KV cache size in blocks; overrides --kv_cache_bytes");
   f->AddInt("block_size", &c->block_size, "tokens per KV block (prefix sharing granularity)");
   f->AddInt("max_batch", &c->max_num_seqs, "sequences running at once at most");
@@ -37,8 +39,8 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
       "cuda_device", &c->cuda_device,
       "CUDA backend: the GPU to run on (an index among the visible ones); one worker per GPU");
   f->AddDouble("kv_cache_fraction", &c->kv_cache_fraction,
-               "CUDA backend without --kv_blocks: share of the GPU memory free after the weights "
-               "that the KV cache takes, in (0, 1)");
+               "CUDA backend without --kv_blocks or --kv_cache_bytes: share of the GPU memory free "
+               "after the weights that the KV cache takes, in (0, 1)");
   f->AddInt64("host_kv_bytes", &c->host_kv_bytes,
               "host KV tier: host memory for KV blocks the GPU tier evicts (pinned on CUDA); "
               "-1: min(RAM / 5, 4 x the KV cache); 0: off");
@@ -60,6 +62,20 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   common::RegisterInternalAuthFlags(f, &c->internal_auth);
 }
 
+int64_t KvCacheBlocks(const WorkerConfig& config, const model::ModelConfig& model,
+                      const std::string& kind) {
+  if (config.kv_blocks > 0) return config.kv_blocks;
+  int64_t bytes = config.kv_cache_bytes;
+  if (bytes <= 0) {
+    if (kind != "cpu") return 0;
+    bytes = int64_t{256} << 20;
+  }
+  // CPU keeps float32 K and V; CUDA keeps bf16, so the same budget holds twice the tokens.
+  const int64_t bytes_per_elem = kind == "cpu" ? 4 : 2;
+  const int64_t per_token = 2 * model.num_hidden_layers * model.kv_size() * bytes_per_elem;
+  return std::max<int64_t>(1, bytes / (per_token * config.block_size));
+}
+
 absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& kind,
                                                              const model::Model& model,
                                                              const WorkerConfig& config) {
@@ -67,13 +83,6 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
   if (kind != "cpu" && kind != "cuda" && kind != "auto") {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend must be cpu, cuda or auto, not '", kind, "'"));
-  }
-  int64_t blocks = config.kv_blocks;
-  if (blocks <= 0) {
-    // CPU keeps float32 K and V; CUDA keeps bf16, so the same budget holds twice the tokens.
-    const int64_t bytes_per_elem = kind == "cpu" ? 4 : 2;
-    const int64_t per_token = 2 * mc.num_hidden_layers * mc.kv_size() * bytes_per_elem;
-    blocks = std::max<int64_t>(1, config.kv_cache_bytes / (per_token * config.block_size));
   }
 #ifdef CASCADE_HAVE_CUDA
   if (kind == "cuda" || (kind == "auto" && cuda::DeviceCount() > 0)) {
@@ -91,7 +100,7 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     cuda::CudaBackendOptions o;
     o.device = config.cuda_device;
     o.kv_cache_fraction = config.kv_cache_fraction;
-    o.num_blocks = config.kv_blocks;  // 0: the CUDA backend sizes the cache from free memory
+    o.num_blocks = KvCacheBlocks(config, mc, "cuda");  // 0: sized from free memory
     o.block_size = config.block_size;
     o.max_num_tokens = std::max(config.max_batched_tokens, 256);
     auto b = cuda::NewCudaBackend(model, o);
@@ -105,7 +114,7 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
   }
 #endif
   cpu::CpuBackendOptions o;
-  o.num_blocks = blocks;
+  o.num_blocks = KvCacheBlocks(config, mc, "cpu");
   o.block_size = config.block_size;
   o.num_threads = config.threads;
   if (absl::Status s = cpu::ValidateCpuBackendOptions(o); !s.ok()) return s;

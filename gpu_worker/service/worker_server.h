@@ -19,10 +19,12 @@ namespace cascade::worker {
 struct WorkerConfig {
   common::ServerOptions server;
   std::string model_dir;
-  std::string model_name;                // empty: the model directory's name
-  std::string backend = "auto";          // cpu | cuda | auto (cuda when built and a GPU is present)
-  int64_t kv_cache_bytes = 256ll << 20;  // KV memory budget (per-token size from the model)
-  int64_t kv_blocks = 0;                 // > 0 overrides kv_cache_bytes
+  std::string model_name;        // empty: the model directory's name
+  std::string backend = "auto";  // cpu | cuda | auto (cuda when built and a GPU is present)
+  // KV memory budget (per-token size from the model); 0: the backend's default (CPU 256 MiB;
+  // CUDA kv_cache_fraction of the GPU memory free after the weights).
+  int64_t kv_cache_bytes = 0;
+  int64_t kv_blocks = 0;  // > 0 overrides kv_cache_bytes
   int block_size = 16;
   int max_num_seqs = 64;
   int max_batched_tokens = 2048;
@@ -30,8 +32,8 @@ struct WorkerConfig {
   int64_t max_context = 0;  // 0: the model's max_position_embeddings
   int threads = 0;          // CPU backend threads; 0 = all cores
   int cuda_device = 0;      // CUDA backend: which visible GPU (one worker per GPU)
-  // CUDA backend without --kv_blocks: the share of the GPU memory free after the weights that
-  // the KV cache takes (lower it when workers share a GPU).
+  // CUDA backend without --kv_blocks or --kv_cache_bytes: the share of the GPU memory free after
+  // the weights that the KV cache takes (lower it when workers share a GPU).
   double kv_cache_fraction = 0.8;
   // Host KV tier: host memory for copies of blocks the GPU tier evicts. -1: auto, the smaller of
   // a fifth of the machine's RAM and four times the GPU tier's KV bytes; 0: off.
@@ -53,6 +55,13 @@ struct WorkerConfig {
 };
 
 void RegisterWorkerFlags(common::FlagSet* flags, WorkerConfig* config);
+
+// KV blocks for `config` on a backend of `kind` ("cpu" or "cuda") over a model of `model`:
+// --kv_blocks, else --kv_cache_bytes over the per-block bytes (f32 K/V on the CPU, bf16 on CUDA),
+// else the CPU's 256 MiB default; 0 on CUDA when neither is given (the CUDA backend then sizes
+// the cache from --kv_cache_fraction of its free memory).
+int64_t KvCacheBlocks(const WorkerConfig& config, const model::ModelConfig& model,
+                      const std::string& kind);
 
 // The host KV tier's size for --host_kv_bytes=`flag` over `backend` (resolves -1, auto).
 int64_t HostKvBytes(int64_t flag, const engine::Backend& backend);

@@ -1,0 +1,63 @@
+// The worker's KV cache sizing from its flags: --kv_blocks wins, --kv_cache_bytes is honoured by
+// both backends (f32 K/V on the CPU, bf16 on CUDA), and without either the CPU takes 256 MiB
+// while CUDA is left to size itself from --kv_cache_fraction (0 blocks).
+#include <gtest/gtest.h>
+
+#include "common/flags.h"
+#include "gpu_worker/model/config.h"
+#include "gpu_worker/service/worker_server.h"
+
+namespace cascade::worker {
+namespace {
+
+model::ModelConfig Qwen3Small() {
+  model::ModelConfig m;
+  m.num_hidden_layers = 28;
+  m.num_key_value_heads = 8;
+  m.head_dim = 128;
+  return m;
+}
+
+TEST(WorkerConfigTest, KvBlocksFlagWinsOnEveryBackend) {
+  WorkerConfig c;
+  c.kv_blocks = 123;
+  c.kv_cache_bytes = int64_t{1} << 40;
+  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cpu"), 123);
+  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cuda"), 123);
+}
+
+TEST(WorkerConfigTest, KvCacheBytesIsHonouredByCuda) {
+  // 28 layers x 8 kv heads x 128 dims x (K, V) = 57344 elements per token; bf16 on CUDA:
+  // 114688 bytes per token, 1835008 per 16-token block.
+  WorkerConfig c;
+  c.block_size = 16;
+  c.kv_cache_bytes = int64_t{40} << 30;
+  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cuda"), (int64_t{40} << 30) / 1835008);
+  // The CPU keeps f32: half the blocks for the same budget.
+  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cpu"), (int64_t{40} << 30) / (2 * 1835008));
+  c.block_size = 64;
+  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cuda"), (int64_t{40} << 30) / (4 * 1835008));
+  // A budget below one block still gives one block.
+  c.kv_cache_bytes = 1;
+  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cuda"), 1);
+}
+
+TEST(WorkerConfigTest, DefaultsCpu256MiBAndCudaSizesItself) {
+  WorkerConfig c;
+  ASSERT_EQ(c.kv_cache_bytes, 0);
+  ASSERT_EQ(c.kv_blocks, 0);
+  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cpu"), (int64_t{256} << 20) / (2 * 1835008));
+  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cuda"), 0);
+}
+
+TEST(WorkerConfigTest, KvCacheBytesFlagParses) {
+  WorkerConfig c;
+  common::FlagSet flags("cascade-worker", "test");
+  RegisterWorkerFlags(&flags, &c);
+  const char* argv[] = {"cascade-worker", "--kv_cache_bytes=4096", "--kv_blocks=0"};
+  ASSERT_FALSE(common::ParseFlags(flags, 3, argv).has_value());
+  EXPECT_EQ(c.kv_cache_bytes, 4096);
+}
+
+}  // namespace
+}  // namespace cascade::worker
