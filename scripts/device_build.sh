@@ -46,7 +46,7 @@ inert() {
   done
 }
 if [ -n "${CASCADE_SUBDIRS:-}" ]; then
-  SRC=/tmp/cascade-shadow-src
+  SRC=/tmp/cascade-shadow-src-$(basename "$BUILD_DIR")  # one per build folder (device_attention.sh BASE_SRC)
   rm -rf "$SRC"
   mkdir -p "$SRC"
   ln -s "$ROOT/CMakeLists.txt" "$ROOT/cmake" "$SRC/"

@@ -6,6 +6,9 @@
 # (bench/kernels/sdpa_bench.py) in the same call, and with
 # ENGINE=1 engine_bench on qwen3-0.6b: its ENGINE_SECTIONS (default prefill) for ENGINE_VARIANTS
 # (default "default,block64"). Logs go to $OUT (or ./device-out).
+# BASE_SRC=<folder>: a baseline source tree (e.g. `git archive <rev> | tar -x -C base_src`, listed in
+# .git/info/exclude and carried) whose cuda_attention_bench (and engine_bench with ENGINE=1) is
+# built in build-base and timed in the same call, after this tree's (logs *_base.log).
 # Usage: bash bench/kernels/device_attention.sh [--quick]   (--quick: attention bench's quick mode)
 set -uo pipefail
 OUT=${OUT:-device-out}
@@ -42,6 +45,22 @@ if [ "${ENGINE:-0}" = 1 ]; then
   timeout 300 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b \
     --sections="${ENGINE_SECTIONS:-prefill}" --variants="${ENGINE_VARIANTS:-default,block64}" \
     >"$OUT/engine.log" 2>&1 || echo "engine bench rc=$?"
+fi
+if [ -n "${BASE_SRC:-}" ] && [ $fail = 0 ]; then  # a baseline only where every test passed
+  tb=$(date +%s)
+  BT="cuda_attention_bench"
+  [ "${ENGINE:-0}" = 1 ] && BT="$BT engine_bench"
+  CASCADE_BUILD_DIR=$PWD/build-base bash "$BASE_SRC/scripts/device_build.sh" $BT >"$OUT/build_base.log" 2>&1 ||
+    { echo "baseline build failed"; tail -30 "$OUT/build_base.log"; }
+  echo "baseline build: $(( $(date +%s) - tb )) s"
+  timeout 150 build-base/bench/cuda_attention_bench "$@" >"$OUT/attn_base.log" 2>&1 || echo "base attention bench rc=$?"
+  if [ "${ENGINE:-0}" = 1 ]; then
+    timeout 300 build-base/bench/engine_bench --backend=cuda --preset=qwen3-0.6b \
+      --sections="${ENGINE_SECTIONS:-prefill}" --variants=default >"$OUT/engine_base.log" 2>&1 ||
+      echo "base engine bench rc=$?"
+  fi
+  echo "== cuda_attention_bench (baseline $BASE_SRC)"; cat "$OUT/attn_base.log"
+  [ "${ENGINE:-0}" = 1 ] && { echo "== engine (baseline)"; grep -E "^\||^#" "$OUT/engine_base.log"; }
 fi
 echo "== cuda_attention_bench"; cat "$OUT/attn.log"
 echo "== sdpa"; cat "$OUT/sdpa.log"
