@@ -62,8 +62,14 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   common::RegisterInternalAuthFlags(f, &c->internal_auth);
 }
 
-int64_t KvCacheBlocks(const WorkerConfig& config, const model::ModelConfig& model,
-                      const std::string& kind) {
+absl::StatusOr<int64_t> KvCacheBlocks(const WorkerConfig& config, const model::ModelConfig& model,
+                                      const std::string& kind) {
+  if (config.kv_blocks < 0 || config.kv_cache_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_blocks=", config.kv_blocks, " --kv_cache_bytes=", config.kv_cache_bytes,
+        ": KV cache sizes must be >= 0 (0: the backend's default; e.g. --kv_cache_bytes=",
+        int64_t{40} << 30, " for 40 GiB)"));
+  }
   if (config.kv_blocks > 0) return config.kv_blocks;
   int64_t bytes = config.kv_cache_bytes;
   if (bytes <= 0) {
@@ -100,7 +106,9 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     cuda::CudaBackendOptions o;
     o.device = config.cuda_device;
     o.kv_cache_fraction = config.kv_cache_fraction;
-    o.num_blocks = KvCacheBlocks(config, mc, "cuda");  // 0: sized from free memory
+    absl::StatusOr<int64_t> blocks = KvCacheBlocks(config, mc, "cuda");
+    if (!blocks.ok()) return blocks.status();
+    o.num_blocks = *blocks;  // 0: sized from free memory
     o.block_size = config.block_size;
     o.max_num_tokens = std::max(config.max_batched_tokens, 256);
     auto b = cuda::NewCudaBackend(model, o);
@@ -114,7 +122,9 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
   }
 #endif
   cpu::CpuBackendOptions o;
-  o.num_blocks = KvCacheBlocks(config, mc, "cpu");
+  absl::StatusOr<int64_t> blocks = KvCacheBlocks(config, mc, "cpu");
+  if (!blocks.ok()) return blocks.status();
+  o.num_blocks = *blocks;
   o.block_size = config.block_size;
   o.num_threads = config.threads;
   if (absl::Status s = cpu::ValidateCpuBackendOptions(o); !s.ok()) return s;

@@ -59,9 +59,10 @@ void RegisterWorkerFlags(common::FlagSet* flags, WorkerConfig* config);
 // KV blocks for `config` on a backend of `kind` ("cpu" or "cuda") over a model of `model`:
 // --kv_blocks, else --kv_cache_bytes over the per-block bytes (f32 K/V on the CPU, bf16 on CUDA),
 // else the CPU's 256 MiB default; 0 on CUDA when neither is given (the CUDA backend then sizes
-// the cache from --kv_cache_fraction of its free memory).
-int64_t KvCacheBlocks(const WorkerConfig& config, const model::ModelConfig& model,
-                      const std::string& kind);
+// the cache from --kv_cache_fraction of its free memory). InvalidArgument for a negative
+// --kv_blocks or --kv_cache_bytes (0 is the default).
+absl::StatusOr<int64_t> KvCacheBlocks(const WorkerConfig& config, const model::ModelConfig& model,
+                                      const std::string& kind);
 
 // The host KV tier's size for --host_kv_bytes=`flag` over `backend` (resolves -1, auto).
 int64_t HostKvBytes(int64_t flag, const engine::Backend& backend);

@@ -1,6 +1,7 @@
 // The worker's KV cache sizing from its flags: --kv_blocks wins, --kv_cache_bytes is honoured by
 // both backends (f32 K/V on the CPU, bf16 on CUDA), and without either the CPU takes 256 MiB
-// while CUDA is left to size itself from --kv_cache_fraction (0 blocks).
+// while CUDA is left to size itself from --kv_cache_fraction (0 blocks); negative sizes are
+// refused at start, not read as the default.
 #include <gtest/gtest.h>
 
 #include "common/flags.h"
@@ -22,8 +23,8 @@ TEST(WorkerConfigTest, KvBlocksFlagWinsOnEveryBackend) {
   WorkerConfig c;
   c.kv_blocks = 123;
   c.kv_cache_bytes = int64_t{1} << 40;
-  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cpu"), 123);
-  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cuda"), 123);
+  EXPECT_EQ(*KvCacheBlocks(c, Qwen3Small(), "cpu"), 123);
+  EXPECT_EQ(*KvCacheBlocks(c, Qwen3Small(), "cuda"), 123);
 }
 
 TEST(WorkerConfigTest, KvCacheBytesIsHonouredByCuda) {
@@ -32,22 +33,40 @@ TEST(WorkerConfigTest, KvCacheBytesIsHonouredByCuda) {
   WorkerConfig c;
   c.block_size = 16;
   c.kv_cache_bytes = int64_t{40} << 30;
-  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cuda"), (int64_t{40} << 30) / 1835008);
+  EXPECT_EQ(*KvCacheBlocks(c, Qwen3Small(), "cuda"), (int64_t{40} << 30) / 1835008);
   // The CPU keeps f32: half the blocks for the same budget.
-  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cpu"), (int64_t{40} << 30) / (2 * 1835008));
+  EXPECT_EQ(*KvCacheBlocks(c, Qwen3Small(), "cpu"), (int64_t{40} << 30) / (2 * 1835008));
   c.block_size = 64;
-  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cuda"), (int64_t{40} << 30) / (4 * 1835008));
+  EXPECT_EQ(*KvCacheBlocks(c, Qwen3Small(), "cuda"), (int64_t{40} << 30) / (4 * 1835008));
   // A budget below one block still gives one block.
   c.kv_cache_bytes = 1;
-  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cuda"), 1);
+  EXPECT_EQ(*KvCacheBlocks(c, Qwen3Small(), "cuda"), 1);
 }
 
 TEST(WorkerConfigTest, DefaultsCpu256MiBAndCudaSizesItself) {
   WorkerConfig c;
   ASSERT_EQ(c.kv_cache_bytes, 0);
   ASSERT_EQ(c.kv_blocks, 0);
-  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cpu"), (int64_t{256} << 20) / (2 * 1835008));
-  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cuda"), 0);
+  EXPECT_EQ(*KvCacheBlocks(c, Qwen3Small(), "cpu"), (int64_t{256} << 20) / (2 * 1835008));
+  EXPECT_EQ(*KvCacheBlocks(c, Qwen3Small(), "cuda"), 0);
+}
+
+TEST(WorkerConfigTest, NegativeSizesAreRefusedWithWhatToDo) {
+  WorkerConfig c;
+  c.kv_cache_bytes = -1;
+  for (const char* kind : {"cpu", "cuda"}) {
+    absl::StatusOr<int64_t> blocks = KvCacheBlocks(c, Qwen3Small(), kind);
+    EXPECT_EQ(blocks.status().code(), absl::StatusCode::kInvalidArgument) << kind;
+    EXPECT_NE(blocks.status().message().find("must be >= 0"), std::string::npos) << blocks.status();
+  }
+  c.kv_cache_bytes = 0;
+  c.kv_blocks = -5;  // not silently "the default"
+  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cpu").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  c.kv_blocks = -5;
+  c.kv_cache_bytes = int64_t{1} << 30;  // a valid budget does not excuse a bad block count
+  EXPECT_EQ(KvCacheBlocks(c, Qwen3Small(), "cuda").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(WorkerConfigTest, KvCacheBytesFlagParses) {
