@@ -13,7 +13,9 @@
 #   its GPU; set it below the customers' total KV to put the cache under pressure, as llm-d's
 #   benchmark does), WORKER_FLAGS (extra worker flags, e.g. "--host_kv_bytes=0"), MAX_REQUESTS
 #   per rate (100000), SKIP_TESTS=1 to neither build nor run the
-#   GPU tests (only where the same tree passed them in an earlier call).
+#   GPU tests (only where the same tree passed them in an earlier call). The servers' logs come
+#   back as logs_<preset>.tgz (a folder per policy), with a count of the gateway's admission
+#   limit decreases printed per policy.
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -50,9 +52,14 @@ for spec in "${SPECS[@]}"; do
     --customers="${CUSTOMERS:-150}" --context_words="${CONTEXT_WORDS:-4000}" \
     --route_policies="${POLICIES:-cost,load,round_robin,random}" --max_tokens=64 \
     --kv_cache_bytes="${KV_CACHE_BYTES:-0}" --max_requests="${MAX_REQUESTS:-100000}" \
-    --progress_interval=5s --worker_flags="${WORKER_FLAGS:-}" \
+    --progress_interval=5s --worker_flags="${WORKER_FLAGS:-}" --log_dir="/tmp/cluster-logs/$preset" \
     2>"$OUT/loadgen_$preset.err" | tee "$OUT/cluster_$preset.md"
   echo "$preset rc=${PIPESTATUS[0]}: $(( $(date +%s) - t0 )) s"
   tail -3 "$OUT/loadgen_$preset.err"
+  for d in /tmp/cluster-logs/"$preset"/*/; do
+    echo "$(basename "$d"): $(cat "$d"gateway*.log 2>/dev/null | grep -c admission_limit_down) admission_limit_down lines"
+    cat "$d"gateway*.log 2>/dev/null | grep admission_limit_down | tail -2
+  done
+  tar czf "$OUT/logs_$preset.tgz" -C /tmp/cluster-logs "$preset" 2>/dev/null
 done
 echo "total: $(( $(date +%s) - t0 )) s; GPU tests failed: $fail"

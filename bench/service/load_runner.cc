@@ -62,6 +62,7 @@ RequestSample SendOne(v2::GatewayService::StubInterface& stub, const v2::Generat
   sample.e2e_ms = Ms(Clock::now() - t0);
   if (!result.ok()) {
     sample.error_code = absl::StatusCodeToString(result.status().code());
+    sample.error_message = std::string(result.status().message());
     // RunGenerate cancels exactly when the count is reached; a CANCELLED before that is not ours.
     sample.cancelled = call.cancel_after_tokens > 0 && tokens >= call.cancel_after_tokens &&
                        result.status().code() == absl::StatusCode::kCancelled;

@@ -59,7 +59,11 @@ PhaseSummary PhaseRecorder::Summarize(const std::string& workload, int concurren
   double cached_fraction_sum = 0;
   for (const RequestSample& r : samples_) {
     if (!r.ok) {
-      ++s.errors[r.error_code.empty() ? "UNKNOWN" : r.error_code];
+      const std::string code = r.error_code.empty() ? "UNKNOWN" : r.error_code;
+      ++s.errors[code];
+      if (!r.error_message.empty() && !s.error_examples.count(code)) {
+        s.error_examples[code] = r.error_message.substr(0, kMaxErrorExample);
+      }
       continue;
     }
     ++s.ok;

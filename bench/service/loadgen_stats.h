@@ -15,8 +15,9 @@ namespace cascade::bench {
 // One finished request, as the client saw it.
 struct RequestSample {
   bool ok = false;
-  std::string error_code;  // "UNAVAILABLE", ...; empty when ok
-  double ttft_ms = -1;     // request sent -> first delta carrying a token; -1: no token came
+  std::string error_code;     // "UNAVAILABLE", ...; empty when ok
+  std::string error_message;  // the status message that came with it
+  double ttft_ms = -1;        // request sent -> first delta carrying a token; -1: no token came
   // Gaps between token arrivals after the first token, one entry per token. A delta carrying k
   // tokens that arrives g ms after the previous one contributes k entries of g / k.
   std::vector<double> itl_ms;
@@ -64,8 +65,13 @@ struct PhaseSummary {
   Percentiles itl_ms;
   Percentiles e2e_ms;
   std::map<std::string, int64_t> errors;  // by status code name
-  std::string stopped_by;                 // "time", "requests"
+  // The first message seen for each code in `errors` (what refused: e.g. which admission limit),
+  // cut to kMaxErrorExample bytes.
+  std::map<std::string, std::string> error_examples;
+  std::string stopped_by;  // "time", "requests"
 };
+
+inline constexpr size_t kMaxErrorExample = 240;
 
 // Collects the samples of one phase from many client threads. Thread-safe.
 class PhaseRecorder {

@@ -76,7 +76,8 @@ void RegisterFlags(common::FlagSet* f, LoadgenFlags* o) {
                "--local: extra flags for every worker, space-separated (e.g. "
                "\"--host_kv_bytes=0 --max_batch=128\")");
   f->AddString("log_dir", &o->log_dir,
-               "--local: servers' logs; default: a temporary directory, removed after a clean run");
+               "--local: servers' logs (with --qps, a sub-folder per route policy); default: a "
+               "temporary directory, removed after a clean run");
   f->AddString("concurrency", &o->concurrency, "comma-separated client concurrency levels");
   f->AddString("workloads", &o->workloads, "comma-separated phases per level: miss, hit");
   f->AddDuration("duration", &o->duration, "time bound per phase (no new request after it)");
@@ -209,9 +210,11 @@ absl::Status Prewarm(v2::GatewayService::Stub& stub, const PromptSource& prompts
   return absl::OkStatus();
 }
 
-// Starts the --local stack (registry, workers, gateway with `gateway_flags` added).
+// Starts the --local stack (registry, workers, gateway with `gateway_flags` added); its logs go
+// to --log_dir/`log_subdir` when --log_dir is set.
 absl::StatusOr<std::unique_ptr<cli::LocalStack>> StartLocalStack(
-    const LoadgenFlags& flags, std::vector<std::string> gateway_flags) {
+    const LoadgenFlags& flags, std::vector<std::string> gateway_flags,
+    const std::string& log_subdir) {
   absl::StatusOr<std::string> self = cli::SelfBinaryDir();
   if (!self.ok()) return self.status();
   absl::StatusOr<std::string> model_dir =
@@ -232,7 +235,9 @@ absl::StatusOr<std::unique_ptr<cli::LocalStack>> StartLocalStack(
   for (absl::string_view f : absl::StrSplit(flags.worker_flags, ' ', absl::SkipWhitespace())) {
     so.worker_flags.emplace_back(f);
   }
-  so.log_dir = flags.log_dir;
+  so.log_dir = flags.log_dir.empty() || log_subdir.empty()
+                   ? flags.log_dir
+                   : (std::filesystem::path(flags.log_dir) / log_subdir).string();
   so.gateway_flags = std::move(gateway_flags);
   absl::StatusOr<std::unique_ptr<cli::LocalStack>> started = cli::LocalStack::Start(so, &std::cerr);
   if (!started.ok()) {
@@ -263,12 +268,13 @@ struct Target {
 
 // Errors: InvalidArgument for a bad address (exit 2), others for a stack or gateway that does
 // not come up (exit 1).
-absl::StatusOr<Target> Connect(const LoadgenFlags& flags, std::vector<std::string> gateway_flags) {
+absl::StatusOr<Target> Connect(const LoadgenFlags& flags, std::vector<std::string> gateway_flags,
+                               const std::string& log_subdir = "") {
   Target t;
   t.address = flags.gateway;
   if (flags.local) {
     absl::StatusOr<std::unique_ptr<cli::LocalStack>> started =
-        StartLocalStack(flags, std::move(gateway_flags));
+        StartLocalStack(flags, std::move(gateway_flags), log_subdir);
     if (!started.ok()) return absl::UnavailableError(started.status().message());
     t.stack = std::move(*started);
     t.address = t.stack->gateway().address;
@@ -320,7 +326,7 @@ int RunCluster(const LoadgenFlags& flags) {
   int64_t failed = 0, ok = 0;
   for (const std::string& policy : policies) {
     if (flags.local) std::cerr << "policy " << policy << ": starting a fresh stack\n";
-    absl::StatusOr<Target> target = Connect(flags, {"--route_policy=" + policy});
+    absl::StatusOr<Target> target = Connect(flags, {"--route_policy=" + policy}, policy);
     if (!target.ok()) return ConnectFailed(target.status());
     v2::GatewayService::Stub* stub = target->stub.get();
     // The same texts for every policy (the run tag is fixed), so each stack sees one workload.

@@ -104,6 +104,7 @@ OpenLoopSummary RunOpenLoop(v2::GatewayService::StubInterface& stub, PromptSourc
     if (inflight.load() >= options.max_inflight) {
       RequestSample refused;
       refused.error_code = "CLIENT_BACKLOG";
+      refused.error_message = "the load generator's --max_inflight requests were in flight";
       recorder.Add(std::move(refused));
       continue;
     }
@@ -152,6 +153,18 @@ void PrintClusterReport(const std::vector<OpenLoopSummary>& runs, std::ostream& 
         Ms(p.ttft_ms, p.ttft_ms.p50), Ms(p.ttft_ms, p.ttft_ms.p90), Ms(p.ttft_ms, p.ttft_ms.p99),
         Ms(p.itl_ms, p.itl_ms.p50), Ms(p.itl_ms, p.itl_ms.p99), r.hit_rate, r.imbalance,
         absl::StrJoin(workers, ", "), FormatErrors(p.errors));
+  }
+  // What refused: the first message of each error code, per run.
+  bool errors_header = false;
+  for (const OpenLoopSummary& r : runs) {
+    for (const auto& [code, message] : r.phase.error_examples) {
+      if (!errors_header) {
+        out << "\nErrors, the first message of each code:\n\n";
+        errors_header = true;
+      }
+      out << absl::StrFormat("- %s at %.2f qps, %s x%d: %s\n", r.policy, r.offered_qps, code,
+                             r.phase.errors.count(code) ? r.phase.errors.at(code) : 0, message);
+    }
   }
   // Each policy against the first one run at the same rate (the cost router when it leads).
   bool header = false;

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace cascade::gateway {
 
@@ -127,11 +128,11 @@ void Admission::ObserveTokens(const std::string& address, int tokens, double sec
   const absl::Time now = now_();
   if (static_cast<int>(w.window.size()) >= options_.window_samples &&
       now - w.window_start >= options_.window) {
-    CloseWindowLocked(w, now);
+    CloseWindowLocked(address, w, now);
   }
 }
 
-void Admission::CloseWindowLocked(Worker& w, absl::Time now) {
+void Admission::CloseWindowLocked(const std::string& address, Worker& w, absl::Time now) {
   auto mid = w.window.begin() + static_cast<std::ptrdiff_t>(w.window.size() / 2);
   std::nth_element(w.window.begin(), mid, w.window.end());
   const double tpot = *mid;  // the window's median time per token
@@ -143,6 +144,19 @@ void Admission::CloseWindowLocked(Worker& w, absl::Time now) {
     const int floor_limit = std::max(1, static_cast<int>(w.limit));
     if (tpot > options_.latency_tolerance * w.baseline) {
       w.limit = std::max<double>(options_.min_limit, w.limit * options_.decrease_factor);
+      ++w.unlogged_decreases;
+      if (now - w.decrease_logged >= absl::Seconds(5)) {
+        common::LogInfo("admission_limit_down",
+                        {{"worker", address},
+                         {"limit", w.limit},
+                         {"inflight", static_cast<long>(w.inflight)},
+                         {"median_tpot_ms", tpot * 1e3},
+                         {"unloaded_tpot_ms", w.baseline * 1e3},
+                         {"tolerance", options_.latency_tolerance},
+                         {"decreases", static_cast<long>(w.unlogged_decreases)}});
+        w.unlogged_decreases = 0;
+        w.decrease_logged = now;
+      }
     } else if (w.peak >= floor_limit) {
       // Full and still fast enough: probe for more, in proportion, so that a worker that
       // batches well (a GPU) reaches its capacity in a few windows.

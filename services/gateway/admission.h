@@ -121,6 +121,10 @@ class Admission {
     std::vector<double> window;  // seconds per token of each sample in the open window
     absl::Time window_start;
     absl::Time down_until = absl::InfinitePast();
+    // Limit decreases not yet logged, and when the last log line for them went out (one line
+    // per worker per kDecreaseLogEvery at most).
+    int unlogged_decreases = 0;
+    absl::Time decrease_logged = absl::InfinitePast();
   };
   struct Waiter {
     uint64_t ticket;
@@ -138,7 +142,11 @@ class Admission {
   // A grant if some candidate has room (the slot is taken), else nullopt.
   std::optional<Grant> TryGrantLocked(const std::vector<Scored>& ranked)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CloseWindowLocked(Worker& w, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes `w`'s latency window: updates its limit; a decrease is logged (admission_limit_down,
+  // at most one line per worker per 5 s, with the count since the last line) so that an operator
+  // can see why requests are refused.
+  void CloseWindowLocked(const std::string& address, Worker& w, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool OverloadedLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Grants and refusals due now, in queue order (FIFO, or newest first when overloaded).
   void ServeQueueLocked(absl::Time now, std::vector<Outcome>* out)

@@ -52,10 +52,13 @@ TEST(LoadgenStats, SummaryCountsOnlyOkRequestsInRatesAndGroupsErrorsByCode) {
   b.cached_tokens = 0;
   RequestSample err;
   err.error_code = "UNAVAILABLE";
+  err.error_message = "worker down";
+  RequestSample err2 = err;
+  err2.error_message = std::string(1000, 'x');  // only the first message per code is kept
   rec.Add(a);
   rec.Add(b);
   rec.Add(err);
-  rec.Add(err);
+  rec.Add(err2);
   EXPECT_EQ(rec.finished(), 4);
   EXPECT_EQ(rec.failed(), 2);
   PhaseSummary s = rec.Summarize("hit", 4, 2.0);
@@ -69,6 +72,7 @@ TEST(LoadgenStats, SummaryCountsOnlyOkRequestsInRatesAndGroupsErrorsByCode) {
   EXPECT_EQ(s.itl_ms.count, 4);
   EXPECT_EQ(s.errors.at("UNAVAILABLE"), 2);
   EXPECT_EQ(FormatErrors(s.errors), "UNAVAILABLE:2");
+  EXPECT_EQ(s.error_examples.at("UNAVAILABLE"), "worker down");
 }
 
 TEST(LoadgenWorkload, HitSharesTheSystemChunkAndMissNeverDoes) {
@@ -154,6 +158,7 @@ TEST(LoadgenOpenLoop, SummaryCountsPerWorkerHitRateAndImbalance) {
   samples.push_back(ok("b", 100, 90));
   RequestSample refused;
   refused.error_code = "CLIENT_BACKLOG";
+  refused.error_message = "backlog";
   samples.push_back(refused);
   OpenLoopOptions o;
   o.qps = 2;
@@ -175,6 +180,8 @@ TEST(LoadgenOpenLoop, SummaryCountsPerWorkerHitRateAndImbalance) {
   s.phase.ttft_ms.p90 = 10;
   PrintClusterReport({s, other}, out);
   EXPECT_NE(out.str().find("| 2.00 | random | 3.00x |"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("- cost at 2.00 qps, CLIENT_BACKLOG x1: backlog"), std::string::npos)
+      << out.str();
 }
 
 TEST(LoadgenLoopback, AcceptsOnlyLoopbackHosts) {

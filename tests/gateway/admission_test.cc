@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "common/log.h"
 
 namespace cascade::gateway {
 namespace {
@@ -249,6 +250,45 @@ TEST(AdmissionTest, TheLimitShrinksWhenTokensSlowDownAndGrowsWhileFullAndFast) {
   EXPECT_EQ(limit(), 3);
   window(0.010);  // fast but idle: no evidence that more would stay fast
   EXPECT_EQ(limit(), 3);
+}
+
+// A decrease says why in the log (the numbers an operator needs to read a refusal), at most one
+// line per worker per 5 s with the count of decreases it stands for.
+TEST(AdmissionTest, LimitDecreasesAreLoggedWithTheirReasonAndThrottled) {
+  std::vector<std::string> lines;
+  absl::Mutex lines_mu;
+  common::SetLogSink([&](std::string_view line) {
+    absl::MutexLock lock(&lines_mu);
+    if (line.find("admission_limit_down") != std::string_view::npos) lines.emplace_back(line);
+  });
+  {
+    Outcomes out;  // outlives `a`, whose destructor answers every waiter
+    FakeClock clock;
+    AdmissionOptions o;
+    o.initial_limit = 64;
+    o.window_samples = 2;
+    o.latency_tolerance = 2.0;
+    Admission a(o, [&] { return clock.Now(); });
+    auto window = [&](double seconds_per_token) {
+      clock.Advance(absl::Milliseconds(100));
+      a.ObserveTokens("w:7", 1, seconds_per_token);
+      a.ObserveTokens("w:7", 1, seconds_per_token);
+    };
+    a.Acquire(Ranked({"w:7"}), clock.Now() + absl::Hours(1), out.For(0));
+    ASSERT_TRUE(out.WaitFor(1));
+    window(0.002);  // unloaded: 2 ms a token
+    window(0.010);  // 5x: down, logged
+    window(0.010);  // down again within 5 s: counted, not logged
+    clock.Advance(absl::Seconds(5));
+    window(0.010);  // logged, standing for two decreases
+    a.Release("w:7");
+  }
+  common::SetLogSink(nullptr);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("w:7"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("median_tpot_ms"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("unloaded_tpot_ms"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("decreases=2"), std::string::npos) << lines[1];
 }
 
 TEST(AdmissionTest, PrefillSpikesDoNotShrinkTheLimitButSlowerDecodeDoes) {
