@@ -142,7 +142,9 @@ void Admission::CloseWindowLocked(const std::string& address, Worker& w, absl::T
   if (w.baseline == 0 || tpot < w.baseline) w.baseline = tpot;
   if (options_.adaptive) {
     const int floor_limit = std::max(1, static_cast<int>(w.limit));
-    if (tpot > options_.latency_tolerance * w.baseline) {
+    const double slow = std::max(options_.latency_tolerance * w.baseline,
+                                 absl::ToDoubleSeconds(options_.tpot_target));
+    if (tpot > slow) {
       w.limit = std::max<double>(options_.min_limit, w.limit * options_.decrease_factor);
       ++w.unlogged_decreases;
       if (now - w.decrease_logged >= absl::Seconds(5)) {
@@ -153,6 +155,7 @@ void Admission::CloseWindowLocked(const std::string& address, Worker& w, absl::T
                          {"median_tpot_ms", tpot * 1e3},
                          {"unloaded_tpot_ms", w.baseline * 1e3},
                          {"tolerance", options_.latency_tolerance},
+                         {"tpot_target_ms", absl::ToDoubleMilliseconds(options_.tpot_target)},
                          {"decreases", static_cast<long>(w.unlogged_decreases)}});
         w.unlogged_decreases = 0;
         w.decrease_logged = now;

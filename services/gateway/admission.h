@@ -45,8 +45,15 @@ struct AdmissionOptions {
   int initial_limit = 16;  // a worker's concurrency limit before anything is measured
   int min_limit = 1;
   int max_limit = 256;  // per worker (its engine's max_num_seqs bounds it anyway)
-  // Time per output token allowed over the worker's unloaded time before its limit shrinks.
+  // Time per output token allowed over the worker's unloaded time before its limit shrinks...
   double latency_tolerance = 2.0;
+  // ... and never below this: a worker streaming each request's tokens faster than this is
+  // serving well, whatever its unloaded time. A GPU's time per token rises with its batch and
+  // with the prefill chunks mixed into its steps long before it is full (measured on two H100s,
+  // qwen3-0.6b, prompts of ~7k tokens: 2.8 ms unloaded, 6-7 ms at 8 requests a worker, so a
+  // tolerance alone held each worker to ~6 requests and refused half the load at 3% of its
+  // throughput). Zero: the tolerance alone.
+  absl::Duration tpot_target = absl::Milliseconds(50);
   // A latency window closes after this long and at least `window_samples` samples.
   absl::Duration window = absl::Milliseconds(100);
   int window_samples = 8;

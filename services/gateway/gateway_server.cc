@@ -36,6 +36,9 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
             "a worker's concurrency limit before it is measured (the fixed limit without "
             "--adaptive_admission)");
   f->AddInt("admission_max_limit", &g.admission.max_limit, "a worker's concurrency limit at most");
+  f->AddDuration("admission_tpot_target", &g.admission.tpot_target,
+                 "a worker's limit does not shrink while its median time per output token is "
+                 "under this (0: --admission_latency_tolerance alone)");
   f->AddDouble("admission_latency_tolerance", &g.admission.latency_tolerance,
                "time per output token allowed, as a multiple of the worker's unloaded time");
   f->AddInt64("max_prompt_bytes", &g.limits.max_prompt_bytes,
@@ -104,11 +107,11 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
   }
   const AdmissionOptions& a = config.gateway.admission;
   if (a.queue_timeout < absl::ZeroDuration() || a.overload_queue_timeout < absl::ZeroDuration() ||
-      a.standing_queue < absl::ZeroDuration() || a.initial_limit < 1 ||
-      a.max_limit < a.initial_limit || !(a.latency_tolerance > 1.0)) {
+      a.standing_queue < absl::ZeroDuration() || a.tpot_target < absl::ZeroDuration() ||
+      a.initial_limit < 1 || a.max_limit < a.initial_limit || !(a.latency_tolerance > 1.0)) {
     return absl::InvalidArgumentError(
-        "admission flags: need --queue_timeout, --overload_queue_timeout and --standing_queue "
-        ">= 0, --admission_initial_limit >= 1, "
+        "admission flags: need --queue_timeout, --overload_queue_timeout, --standing_queue "
+        "and --admission_tpot_target >= 0, --admission_initial_limit >= 1, "
         "--admission_max_limit >= --admission_initial_limit and "
         "--admission_latency_tolerance > 1");
   }

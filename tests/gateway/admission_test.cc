@@ -227,7 +227,8 @@ TEST(AdmissionTest, TheLimitShrinksWhenTokensSlowDownAndGrowsWhileFullAndFast) {
   o.window_samples = 4;
   o.latency_tolerance = 2.0;
   o.decrease_factor = 0.5;
-  o.increase_fraction = 0.0;  // one at a time, to read the steps
+  o.increase_fraction = 0.0;             // one at a time, to read the steps
+  o.tpot_target = absl::ZeroDuration();  // the tolerance alone
   Admission a(o, [&] { return clock.Now(); });
   const absl::Time far = clock.Now() + absl::Hours(1);
   for (int i = 0; i < 4; ++i) a.Acquire(Ranked({"w:1"}), far, out.For(i));
@@ -268,6 +269,7 @@ TEST(AdmissionTest, LimitDecreasesAreLoggedWithTheirReasonAndThrottled) {
     o.initial_limit = 64;
     o.window_samples = 2;
     o.latency_tolerance = 2.0;
+    o.tpot_target = absl::ZeroDuration();
     Admission a(o, [&] { return clock.Now(); });
     auto window = [&](double seconds_per_token) {
       clock.Advance(absl::Milliseconds(100));
@@ -291,6 +293,39 @@ TEST(AdmissionTest, LimitDecreasesAreLoggedWithTheirReasonAndThrottled) {
   EXPECT_NE(lines[1].find("decreases=2"), std::string::npos) << lines[1];
 }
 
+// A GPU's time per token doubles with its batch long before it is full: under the target time
+// per token the limit keeps growing while full, above it the limit shrinks.
+TEST(AdmissionTest, TheLimitDoesNotShrinkWhileTokensComeFasterThanTheTarget) {
+  Outcomes out;  // outlives `a`, whose destructor answers every waiter
+  FakeClock clock;
+  AdmissionOptions o;
+  o.initial_limit = 2;
+  o.window_samples = 2;
+  o.latency_tolerance = 2.0;
+  o.increase_fraction = 0.0;
+  o.tpot_target = absl::Milliseconds(50);
+  Admission a(o, [&] { return clock.Now(); });
+  const absl::Time far = clock.Now() + absl::Hours(1);
+  auto window = [&](double seconds_per_token) {
+    clock.Advance(absl::Milliseconds(100));
+    a.ObserveTokens("w:1", 1, seconds_per_token);
+    a.ObserveTokens("w:1", 1, seconds_per_token);
+  };
+  auto limit = [&] { return a.Workers().at(0).limit; };
+  a.Acquire(Ranked({"w:1"}), far, out.For(0));
+  a.Acquire(Ranked({"w:1"}), far, out.For(1));
+  ASSERT_TRUE(out.WaitFor(2));
+  window(0.003);  // unloaded 3 ms a token, full: grows
+  EXPECT_EQ(limit(), 3);
+  a.Acquire(Ranked({"w:1"}), far, out.For(2));
+  ASSERT_TRUE(out.WaitFor(3));
+  window(0.020);  // 6.7x the unloaded time but under 50 ms: still full and fast enough
+  EXPECT_EQ(limit(), 4);
+  window(0.080);  // past the target: shrinks
+  EXPECT_EQ(limit(), 3);
+  for (int i = 0; i < 3; ++i) a.Release("w:1");
+}
+
 TEST(AdmissionTest, PrefillSpikesDoNotShrinkTheLimitButSlowerDecodeDoes) {
   Outcomes out;  // outlives `a`, whose destructor answers every waiter
   FakeClock clock;
@@ -298,6 +333,7 @@ TEST(AdmissionTest, PrefillSpikesDoNotShrinkTheLimitButSlowerDecodeDoes) {
   o.initial_limit = 8;
   o.window_samples = 10;
   o.latency_tolerance = 1.5;
+  o.tpot_target = absl::ZeroDuration();
   Admission a(o, [&] { return clock.Now(); });
   const absl::Time far = clock.Now() + absl::Hours(1);
   a.Acquire(Ranked({"w:1"}), far, out.For(0));

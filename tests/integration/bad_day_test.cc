@@ -264,6 +264,7 @@ TEST(BadDayTest, BadAdmissionFlagsAreRefusedAtStartWithTheirNames) {
   for (auto mutate : std::vector<std::function<void(gateway::AdmissionOptions&)>>{
            [](auto& a) { a.initial_limit = 0; }, [](auto& a) { a.latency_tolerance = 1.0; },
            [](auto& a) { a.queue_timeout = absl::Seconds(-1); },
+           [](auto& a) { a.tpot_target = absl::Milliseconds(-1); },
            [](auto& a) { a.max_limit = 2; }}) {
     gateway::GatewayConfig g;
     g.server = TestServerOptions("cascade-gateway");
