@@ -155,14 +155,16 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
   if (http_port > 0) options.gateway_flags.push_back(absl::StrCat("--http_port=", http_port));
   if (options.backend == "cpu") {
     // CPU workers batch poorly (each sequence adds almost its whole cost to a step), so their
-    // admission limits start low and hold decode within 1.3x of unloaded, and a request waits
+    // admission limits start low and hold decode within 1.3x of unloaded (with no absolute time
+    // per token under which the limit may grow regardless), and a request waits
     // for room only briefly (a CPU request's whole life is a few hundred ms); the gateway's
     // defaults suit GPU workers, whose steps barely slow with batch size. Flags given with
     // --gateway_flag come later and win.
     options.gateway_flags.insert(
         options.gateway_flags.begin(),
         {"--admission_initial_limit=4", "--admission_latency_tolerance=1.3",
-         "--queue_timeout=100ms", "--standing_queue=200ms", "--overload_queue_timeout=20ms"});
+         "--admission_tpot_target=0", "--queue_timeout=100ms", "--standing_queue=200ms",
+         "--overload_queue_timeout=20ms"});
   }
   if (options.workers < 1 || options.workers > 64) {
     err << "cascade up: --workers must be in [1, 64]\n";
