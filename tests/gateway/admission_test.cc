@@ -75,6 +75,16 @@ class Outcomes {
   std::map<int, absl::StatusOr<Grant>> results_ ABSL_GUARDED_BY(mu_);
 };
 
+// Adaptive limits under the relative rule alone (no absolute time-per-token target).
+AdmissionOptions RelativeOnly(int initial_limit, int window_samples, double tolerance) {
+  AdmissionOptions o;
+  o.initial_limit = initial_limit;
+  o.window_samples = window_samples;
+  o.latency_tolerance = tolerance;
+  o.tpot_target = absl::ZeroDuration();
+  return o;
+}
+
 AdmissionOptions Fixed(int limit) {
   AdmissionOptions o;
   o.initial_limit = limit;
@@ -265,12 +275,7 @@ TEST(AdmissionTest, LimitDecreasesAreLoggedWithTheirReasonAndThrottled) {
   {
     Outcomes out;  // outlives `a`, whose destructor answers every waiter
     FakeClock clock;
-    AdmissionOptions o;
-    o.initial_limit = 64;
-    o.window_samples = 2;
-    o.latency_tolerance = 2.0;
-    o.tpot_target = absl::ZeroDuration();
-    Admission a(o, [&] { return clock.Now(); });
+    Admission a(RelativeOnly(64, 2, 2.0), [&] { return clock.Now(); });
     auto window = [&](double seconds_per_token) {
       clock.Advance(absl::Milliseconds(100));
       a.ObserveTokens("w:7", 1, seconds_per_token);
@@ -329,12 +334,7 @@ TEST(AdmissionTest, TheLimitDoesNotShrinkWhileTokensComeFasterThanTheTarget) {
 TEST(AdmissionTest, PrefillSpikesDoNotShrinkTheLimitButSlowerDecodeDoes) {
   Outcomes out;  // outlives `a`, whose destructor answers every waiter
   FakeClock clock;
-  AdmissionOptions o;
-  o.initial_limit = 8;
-  o.window_samples = 10;
-  o.latency_tolerance = 1.5;
-  o.tpot_target = absl::ZeroDuration();
-  Admission a(o, [&] { return clock.Now(); });
+  Admission a(RelativeOnly(8, 10, 1.5), [&] { return clock.Now(); });
   const absl::Time far = clock.Now() + absl::Hours(1);
   a.Acquire(Ranked({"w:1"}), far, out.For(0));
   ASSERT_TRUE(out.WaitFor(1));
