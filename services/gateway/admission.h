@@ -2,8 +2,8 @@
 // otherwise it waits in a FIFO queue until one does or its queue deadline passes
 // (RESOURCE_EXHAUSTED). A worker's room is an adaptive concurrency limit, set from what it
 // serves: the limit grows while the worker's median time per output token stays within
-// `latency_tolerance` times its unloaded time, and shrinks when it goes beyond (AIMD on latency,
-// the idea of Envoy's adaptive concurrency filter). The median, not the mean: a prefill in the
+// `latency_tolerance` times its unloaded time or under `tpot_target`, and shrinks when it goes
+// beyond both (AIMD on latency, the idea of Envoy's adaptive concurrency filter). The median, not the mean: a prefill in the
 // batch delays one step for everyone, a spike that says nothing about the decode rate (on a GPU
 // the mean of a window with prefills is often 2x its median while decode barely slows). A fixed
 // count of open streams admits far more than a worker can serve at a useful speed; this admits what
