@@ -3,12 +3,12 @@
 // (RESOURCE_EXHAUSTED). A worker's room is an adaptive concurrency limit, set from what it
 // serves: the limit grows while the worker's median time per output token stays within
 // `latency_tolerance` times its unloaded time or under `tpot_target`, and shrinks when it goes
-// beyond both (AIMD on latency, the idea of Envoy's adaptive concurrency filter). The median, not the mean: a prefill in the
-// batch delays one step for everyone, a spike that says nothing about the decode rate (on a GPU
-// the mean of a window with prefills is often 2x its median while decode barely slows). A fixed
-// count of open streams admits far more than a worker can serve at a useful speed; this admits what
-// the workers can actually serve, so admitted requests keep their latency under overload and the
-// rest are refused quickly.
+// beyond both (AIMD on latency, the idea of Envoy's adaptive concurrency filter). The median, not
+// the mean: a prefill in the batch delays one step for everyone, a spike that says nothing about
+// the decode rate (on a GPU the mean of a window with prefills is often 2x its median while decode
+// barely slows). A fixed count of open streams admits far more than a worker can serve at a useful
+// speed; this admits what the workers can actually serve, so admitted requests keep their latency
+// under overload and the rest are refused quickly.
 //
 // Plain C++ (no gRPC): the clock is injected and grants are delivered on the controller's own
 // thread, so callers never get a callback inline while holding their locks.
