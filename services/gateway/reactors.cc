@@ -86,8 +86,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     if (st.ok() && svc_->admission()->full()) {  // refused anyway: skip tokenizing and routing
       svc_->metrics()->rejected->Increment();
       st = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        "the gateway has its limit of requests admitted or queued "
-                        "(--max_concurrent); retry later");
+                        absl::StrCat("the gateway has ", svc_->options().max_concurrent,
+                                     " requests admitted or queued, its limit "
+                                     "(--max_concurrent); retry later"));
     }
     if (st.ok()) {
       prompt = BuildPrompt(req.chunks(), req.sampling(), req.cache_salt(),
