@@ -162,8 +162,9 @@ void PrintClusterReport(const std::vector<OpenLoopSummary>& runs, std::ostream& 
         out << "\nErrors, the first message of each code:\n\n";
         errors_header = true;
       }
+      // error_examples holds only codes that `errors` counts.
       out << absl::StrFormat("- %s at %.2f qps, %s x%d: %s\n", r.policy, r.offered_qps, code,
-                             r.phase.errors.count(code) ? r.phase.errors.at(code) : 0, message);
+                             r.phase.errors.at(code), message);
     }
   }
   // Each policy against the first one run at the same rate (the cost router when it leads).

@@ -8,6 +8,12 @@
 #include "common/log.h"
 
 namespace cascade::gateway {
+namespace {
+
+// At most one admission_limit_down line per worker this often (the rest are counted).
+constexpr absl::Duration kDecreaseLogEvery = absl::Seconds(5);
+
+}  // namespace
 
 Admission::Admission(AdmissionOptions options, NowFn now)
     : options_(std::move(options)), now_(now ? std::move(now) : NowFn([] { return absl::Now(); })) {
@@ -147,7 +153,7 @@ void Admission::CloseWindowLocked(const std::string& address, Worker& w, absl::T
     if (tpot > slow) {
       w.limit = std::max<double>(options_.min_limit, w.limit * options_.decrease_factor);
       ++w.unlogged_decreases;
-      if (now - w.decrease_logged >= absl::Seconds(5)) {
+      if (now - w.decrease_logged >= kDecreaseLogEvery) {
         common::LogInfo("admission_limit_down",
                         {{"worker", address},
                          {"limit", w.limit},
