@@ -25,7 +25,8 @@
 // algorithms picked by cuBLASLt's heuristic at m = N instead of 256, e.g. ref1024), "block32" /
 // "block64" (KV blocks of 32 / 64 tokens instead of 16: coarser prefix sharing, fewer and larger
 // copies for the Hopper prefill kernel), "nofold" (no attention fold items: every split item
-// writes one partial per tile, as before fold items; the same bits).
+// writes one partial per tile, as before fold items; the same bits), "nofinish" (fold items
+// never write a row's output themselves: every decode row goes through the merge; the same bits).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -118,11 +119,12 @@ struct Variant {
   bool batch_invariant = true;
   bool small_m_gemm = true;
   bool pdl = true;
-  bool overlap = false;   // EngineOptions::overlap_schedule
-  int split_k = 1;        // CudaBackendOptions::split_k (1: off)
-  int reference_m = 256;  // CudaBackendOptions::gemm_reference_m
-  int block_size = 16;    // CudaBackendOptions::block_size
-  int lead_tiles = 0;     // CudaBackendOptions::attention_lead_tiles
+  bool overlap = false;     // EngineOptions::overlap_schedule
+  int split_k = 1;          // CudaBackendOptions::split_k (1: off)
+  int reference_m = 256;    // CudaBackendOptions::gemm_reference_m
+  int block_size = 16;      // CudaBackendOptions::block_size
+  int lead_tiles = 0;       // CudaBackendOptions::attention_lead_tiles
+  bool finish_rows = true;  // CudaBackendOptions::attention_finish_rows
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -140,6 +142,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "block32") return v->block_size = 32, true;  // KV blocks of 32 / 64 tokens
   if (name == "block64") return v->block_size = 64, true;
   if (name == "nofold") return v->lead_tiles = -1, true;
+  if (name == "nofinish") return v->finish_rows = false, true;
   if (absl::StartsWith(name, "ref")) {  // refN: pinned GEMM algorithms chosen at m = N
     return absl::SimpleAtoi(name.substr(3), &v->reference_m) && v->reference_m > 0 &&
            v->reference_m <= 65536;
@@ -319,6 +322,7 @@ struct Bench {
       o.gemm_reference_m = variant.reference_m;
       o.block_size = variant.block_size;
       o.attention_lead_tiles = variant.lead_tiles;
+      o.attention_finish_rows = variant.finish_rows;
       o.programmatic_launch = variant.pdl;
       auto b = cuda::NewCudaBackend(model, o);
       if (!b.ok()) {

@@ -67,17 +67,27 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
   for (size_t s = 0; s < b.seqs.size(); ++s) {
     if (b.query_start[s + 1] - b.query_start[s] == 1) decode_seq[b.query_start[s]] = s;
   }
-  // Fold items: from tile 0, and the tiles they fold (per row).
+  // Fold items: from tile 0, and the tiles they fold (per row). A finishing one (kFoldFinish)
+  // holds every tile of each of its rows, and a fold item that does is a finishing one (unless
+  // the config turns that off).
   std::map<int, int> folded;  // row -> tiles of its fold item
+  std::set<int> finished;     // rows whose fold item writes their output
   for (int i = 0; i < plan.num_split(); ++i) {
     const int32_t* it = &plan.split_items[i * kItemFields];
-    EXPECT_TRUE(it[6] == 0 || it[6] == 1) << "fold flag " << it[6];
-    if (it[6] == 0) continue;
+    EXPECT_TRUE(it[6] == kFoldNone || it[6] == kFoldPartial || it[6] == kFoldFinish)
+        << "fold flag " << it[6];
+    if (it[6] == kFoldNone) continue;
     EXPECT_EQ(it[1], 0) << "a fold item starts at tile 0";
+    bool whole = true;
     for (int k = it[3]; k < it[3] + it[4]; ++k) {
-      EXPECT_FALSE(folded.count(plan.item_rows[k])) << "two fold items for one row";
-      folded[plan.item_rows[k]] = it[2];
+      const int row = plan.item_rows[k];
+      EXPECT_FALSE(folded.count(row)) << "two fold items for one row";
+      folded[row] = it[2];
+      whole = whole && CeilDiv(b.positions[row] + 1, kTileTokens) == it[2];
+      if (it[6] == kFoldFinish) finished.insert(row);
     }
+    EXPECT_EQ(it[6] == kFoldFinish, whole && cfg.finish_rows && SplitForm(plan, cfg.head_dim) == 0)
+        << "item " << i;
   }
   for (int i = 0; i < plan.num_final(); ++i) EXPECT_EQ(plan.final_items[i * kItemFields + 6], 0);
   // Merge list: one entry per decode row, a slot per tile past its fold item and one for the
@@ -89,11 +99,16 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
     const int row = plan.merge_list[3 * e], base = plan.merge_list[3 * e + 1];
     const int slots = plan.merge_list[3 * e + 2];
     EXPECT_TRUE(decode_seq.count(row)) << "merge of a non-decode row " << row;
+    row_tiles += CeilDiv(b.positions[row] + 1, kTileTokens);
+    if (finished.count(row)) {  // no slot: its output is written by its fold item
+      EXPECT_EQ(slots, 0) << "row " << row;
+      EXPECT_EQ(plan.partial_base[row], -1) << "row " << row;
+      continue;
+    }
     const int skipped = folded.count(row) ? folded[row] - 1 : 0;
     EXPECT_EQ(base, plan.partial_base[row] + skipped);
     const int tiles = CeilDiv(b.positions[row] + 1, kTileTokens);
     EXPECT_EQ(slots, tiles - skipped) << "row " << row;
-    row_tiles += tiles;
     for (int t = 0; t < slots; ++t) {
       EXPECT_FALSE(slot_used.at(base + t)) << "partial slot used twice";
       slot_used[base + t] = true;
@@ -112,7 +127,7 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
     EXPECT_GE(n, 1);
     EXPECT_LE(n, rows_per_cta) << "item past the CTA's rows";
     const int per_item = cfg.tiles_per_item > 0 ? cfg.tiles_per_item : 4;
-    if (it[6] == 0 || cfg.lead_tiles < 0) {
+    if (it[6] == kFoldNone || cfg.lead_tiles < 0) {
       EXPECT_LE(t1 - t0, per_item) << "an item holds at most tiles_per_item tiles";
     } else if (cfg.lead_tiles > 0) {
       EXPECT_LE(t1 - t0, std::max(per_item, cfg.lead_tiles)) << "a fold item past lead_tiles";
@@ -429,8 +444,18 @@ TEST(AttentionPlanTest, FoldItemsGrowWithTheStepsWork) {
   const AttentionPlan whole = Plan(cfg, b);
   CheckPlan(cfg, b, whole);
   EXPECT_EQ(whole.num_split(), 256);
-  EXPECT_EQ(whole.num_partials, 256);
-  for (int e = 0; e < whole.num_merge(); ++e) EXPECT_EQ(whole.merge_list[3 * e + 2], 1);
+  // Each fold item is a whole row: it writes the row's output, no partial, nothing to merge.
+  EXPECT_EQ(whole.num_partials, 0);
+  for (int e = 0; e < whole.num_merge(); ++e) EXPECT_EQ(whole.merge_list[3 * e + 2], 0);
+  for (int i = 0; i < whole.num_split(); ++i) {
+    EXPECT_EQ(whole.split_items[i * kItemFields + 6], kFoldFinish);
+  }
+  AttentionConfig through_merge = cfg;
+  through_merge.finish_rows = false;  // one partial per row, merged
+  const AttentionPlan merged = Plan(through_merge, b);
+  CheckPlan(through_merge, b, merged);
+  EXPECT_EQ(merged.num_partials, 256);
+  for (int e = 0; e < merged.num_merge(); ++e) EXPECT_EQ(merged.merge_list[3 * e + 2], 1);
   cfg.split_ctas = 1000;  // one wave of 64 tiles > 16384 / 1000: only the first 4 tiles fold
   const AttentionPlan first = Plan(cfg, b);
   CheckPlan(cfg, b, first);
@@ -444,7 +469,7 @@ TEST(AttentionPlanTest, FoldItemsGrowWithTheStepsWork) {
   for (int i = 0; i < runs.num_split(); ++i) {
     const int32_t* it = &runs.split_items[i * kItemFields];
     EXPECT_EQ(it[2] - it[1], i < 256 ? 16 : 4) << "item " << i;
-    EXPECT_EQ(it[6], i < 256 ? 1 : 0) << "item " << i;
+    EXPECT_EQ(it[6], i < 256 ? kFoldPartial : kFoldNone) << "item " << i;
   }
   cfg.lead_tiles = -1;
   const AttentionPlan none = Plan(cfg, b);
@@ -457,7 +482,7 @@ TEST(AttentionPlanTest, FoldItemsGrowWithTheStepsWork) {
   CheckPlan(kQwen3, one, single);
   EXPECT_EQ(single.num_split(), 64);
   EXPECT_EQ(single.num_partials, 64);
-  EXPECT_EQ(single.split_items[6], 1);
+  EXPECT_EQ(single.split_items[6], kFoldPartial);
 }
 
 TEST(AttentionPlanTest, RejectsPositionsOutsideContextAndBadShapes) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gpu_worker/backend/cuda/device.h"
 #include "gpu_worker/backend/cuda/gemm.h"
+#include "gpu_worker/backend/cuda/launchers.h"
 #include "gpu_worker/backend/cuda/ops.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/test_util.h"
@@ -87,6 +88,39 @@ TEST(CudaKernels, AddRmsNormMatchesFloat64Reference) {
         for (int c = 0; c < d; ++c) ref[i * d + c] = x[c] * inv * w[c];
       }
       ExpectCloseBf16(out, ref);
+    }
+  }
+}
+
+// The register-resident norm kernel (d <= 4096) and the element loop (any d) give the same bits:
+// the same per-thread order of squares, the same reduction, the same products.
+TEST(CudaKernels, AddRmsNormRegisterRowsMatchTheElementLoop) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  for (int d : {64, 1000, 1024, 2048, 4096}) {
+    for (bool with_delta : {false, true}) {
+      const int n = 9;
+      std::vector<float> res = RandomNormal(n * d, &rng, 3.f);
+      std::vector<float> delta = RandomNormal(n * d, &rng);
+      std::vector<float> w = RandomNormal(d, &rng, 0.1f);
+      auto delta_bits = RoundToBf16(&delta);
+      auto w_bits = RoundToBf16(&w);
+      DeviceBuffer d_delta = Upload(delta_bits), d_w = Upload(w_bits);
+      std::vector<Bf16> outs[2];
+      std::vector<float> residuals[2];
+      for (int regs = 0; regs < 2; ++regs) {
+        DeviceBuffer d_res = Upload(res);
+        DeviceBuffer d_out = Poisoned<Bf16>(n * d);
+        ASSERT_EQ(internal::LaunchAddRmsNorm(
+                      d_res.as<float>(), with_delta ? d_delta.as<Bf16>() : nullptr, d_w.as<Bf16>(),
+                      1e-6f, n, d, d_out.as<Bf16>(), nullptr, regs == 1),
+                  cudaSuccess);
+        outs[regs] = Download<Bf16>(d_out, n * d);
+        residuals[regs] = Download<float>(d_res, n * d);
+      }
+      EXPECT_EQ(outs[0], outs[1]) << "d=" << d << " delta=" << with_delta;
+      EXPECT_EQ(0, std::memcmp(residuals[0].data(), residuals[1].data(), n * d * sizeof(float)))
+          << "d=" << d << " delta=" << with_delta;
     }
   }
 }

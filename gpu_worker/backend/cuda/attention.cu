@@ -99,6 +99,35 @@ __device__ __forceinline__ float FoldElem(float o, const FoldWeights& w, float o
   return __fmaf_rn(o, w.a, __fmul_rn(ot, w.b));
 }
 
+// A row's output element from its final state: o / l as o * rcp(l), rounded to bf16. The merge
+// kernel and a split CTA that finishes its rows (kFoldFinish) write it the same way; `inv` is
+// __frcp_rn(l), computed once per row (a correctly rounded reciprocal is a call-like sequence
+// that costs registers when repeated inside a register-heavy epilogue).
+__device__ __forceinline__ __nv_bfloat16 OutElem(float o, float inv) {
+  return __float2bfloat16_rn(__fmul_rn(o, inv));
+}
+__device__ __forceinline__ void StoreOutPair(__nv_bfloat16* dst, float o0, float o1, float inv) {
+  __nv_bfloat162 v;
+  v.x = OutElem(o0, inv);
+  v.y = OutElem(o1, inv);
+  *reinterpret_cast<__nv_bfloat162*>(dst) = v;
+}
+// Item field 6 (the fold mode) of split item `item`, read afresh: a kernel at its register cap
+// reads it again after its tile loop instead of holding it through the loop (ptxas spilled).
+__device__ __forceinline__ int ReloadFoldMode(const int32_t* items, int item) {
+  int mode;
+  asm volatile("ld.global.nc.b32 %0, [%1];\n"
+               : "=r"(mode)
+               : "l"(items + static_cast<int64_t>(item) * kItemFields + 6));
+  return mode;
+}
+
+// The output row of (token row, query head).
+__device__ __forceinline__ __nv_bfloat16* OutRow(const AttentionArgs& a, int row, int qh, int d) {
+  return reinterpret_cast<__nv_bfloat16*>(a.out) +
+         (static_cast<int64_t>(row) * a.num_q_heads + qh) * d;
+}
+
 // Tensor cores: D = A * B + C with A 16x16 bf16 (row-major fragments), B 16x8 bf16 (column
 // fragments), C/D 16x8 f32. Each output element's accumulation is fixed by the instruction and
 // depends only on its row of A and column of B, never on the other rows: a query's result does
@@ -1068,7 +1097,7 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
   const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
   const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
   const int row_count = it[4], kv_len = it[5];
-  const bool fold = it[6] != 0;
+  const bool fold = it[6] != kFoldNone;
   const int kvh = blockIdx.y;
   const int nq = row_count * G;        // <= kMaxQ (the planner's rows_per_cta)
   const int mq = (nq + 15) / 16 * 16;  // MMA rows; rows [nq, mq) are zero
@@ -1243,8 +1272,14 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
     __syncthreads();  // Vs, Ps and the row state are read: the next tile's V may come in
     if (kPrefetch) load(t + 1, Vs, vc);
   }
-  if (fold) {  // the state after the item's last tile, as that tile's partial
+  if (fold) {  // the state after the item's last tile, as that tile's partial (or the output)
     const int t = tile_end - 1;
+    const bool finish = ReloadFoldMode(k.items, item) == kFoldFinish;
+    const int qs = warp * 8 + g;  // the lane that holds q-row qs's running (m, l)
+    if (finish) {  // rcp of the running l to the P V lanes (the last tile's row_l readers are done)
+      if (t4 == 0 && qs < nq) row_l[qs] = __frcp_rn(run_l);  // 1 / l for the P V lanes
+      __syncthreads();
+    }
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
       const int p = warp + j * kWarps;
@@ -1257,15 +1292,21 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
           const int qi = m0 + g + 8 * h;
           if (qi >= nq) continue;
           const int row = k.item_rows[row_begin + qi / G];
+          const int dim = nd * 16 + 8 * hf + 2 * t4;
+          if (finish) {
+            StoreOutPair(OutRow(a, row, kvh * G + qi % G, D) + dim, run_o[j][hf][2 * h],
+                         run_o[j][hf][2 * h + 1], row_l[qi]);
+            continue;
+          }
           const int64_t slot =
               static_cast<int64_t>(k.partial_base[row] + t) * hq + kvh * G + qi % G;
-          *reinterpret_cast<float2*>(a.partial_o + slot * D + nd * 16 + 8 * hf + 2 * t4) =
+          *reinterpret_cast<float2*>(a.partial_o + slot * D + dim) =
               make_float2(run_o[j][hf][2 * h], run_o[j][hf][2 * h + 1]);
         }
       }
     }
-    const int qi = warp * 8 + g;  // the lane that holds q-row qi's running (m, l)
-    if (t4 == 0 && qi < nq) {
+    const int qi = qs;
+    if (!finish && t4 == 0 && qi < nq) {
       const int row = k.item_rows[row_begin + qi / G];
       const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + kvh * G + qi % G;
       a.partial_ml[2 * slot] = run_m;
@@ -1288,7 +1329,11 @@ constexpr size_t SplitRegSmemBytes() {
   return static_cast<size_t>(2 * kStages * kT) * (D + 8) * sizeof(__nv_bfloat16);
 }
 
-template <int D>
+// kFinish: the instance that also runs kFoldFinish items (through shared memory, see the end);
+// plans of the register form have none (PlanAttention finishes rows only for the shared-memory
+// form), so only a form forced by SetSplitVariant runs it (held in registers through the loop,
+// the mode alone made this 255-register kernel spill).
+template <int D, bool kFinish>
 __device__ __forceinline__ void SplitRegItem(const TileKernelArgs& k, int item) {
   constexpr int LD = D + 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1300,7 +1345,7 @@ __device__ __forceinline__ void SplitRegItem(const TileKernelArgs& k, int item) 
   const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
   const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
   const int row_count = it[4], kv_len = it[5];
-  const bool fold = it[6] != 0;
+  const bool fold = it[6] != kFoldNone;
   const int kvh = blockIdx.y;
   const int nq = row_count * G;  // <= kMaxQ
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
@@ -1396,7 +1441,35 @@ __device__ __forceinline__ void SplitRegItem(const TileKernelArgs& k, int item) 
     }
     if (!fold) write(t);
   }
-  if (fold) write(tile_end - 1);  // the state after the item's last tile
+  if (kFinish && ReloadFoldMode(k.items, item) == kFoldFinish) {  // the rows end here
+    // Through shared memory (the K/V stages are free once every warp is done with them): the
+    // state leaves the registers as write() stores it, and a plain loop writes o * rcp(l) (done
+    // in the registers' epilogue, it made ptxas spill in this 255-register kernel).
+    static_assert(SplitRegSmemBytes<D>() >= (kMaxQ * D + kMaxQ) * sizeof(float), "state fits");
+    __syncthreads();
+    float* so = reinterpret_cast<float*>(smem);  // [kMaxQ, D] f32, then l [kMaxQ]
+    float* sl = so + kMaxQ * D;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int qi = warp * 16 + g + 8 * h;
+      if (qi >= nq) continue;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<float2*>(so + qi * D + 8 * n + 2 * t4) =
+            make_float2(o[0][n][2 * h], o[0][n][2 * h + 1]);
+      }
+      if (t4 == 0) sl[qi] = l[0][h];
+    }
+    __syncthreads();
+    for (int i = tid; i < nq * (D / 2); i += kRegThreads) {
+      const int qi = i / (D / 2), c = 2 * (i % (D / 2));
+      const int row = k.item_rows[row_begin + qi / G];
+      StoreOutPair(OutRow(a, row, kvh * G + qi % G, D) + c, so[qi * D + c], so[qi * D + c + 1],
+                   __frcp_rn(sl[qi]));
+    }
+  } else if (fold) {
+    write(tile_end - 1);  // the state after the item's last tile
+  }
 }
 
 // The split items of this CTA: blockIdx.x, blockIdx.x + gridDim.x, ... below the item count:
@@ -1414,9 +1487,9 @@ __device__ __forceinline__ void ForEachSplitItem(const TileKernelArgs& k, RunIte
 }
 
 // grid: (CTAs, num_kv_heads); items as ForEachSplitItem.
-template <int D>
+template <int D, bool kFinish>
 __global__ void __launch_bounds__(kRegThreads) SplitRegKernel(TileKernelArgs k) {
-  ForEachSplitItem(k, [&](int item) { SplitRegItem<D>(k, item); });
+  ForEachSplitItem(k, [&](int item) { SplitRegItem<D, kFinish>(k, item); });
 }
 
 // grid: (CTAs, num_kv_heads); items as ForEachSplitItem.
@@ -1442,6 +1515,7 @@ __global__ void __launch_bounds__(kThreads)
   if (entry >= num_merge) return;
   const int row = merge_list[entry * 3], base = merge_list[entry * 3 + 1];
   const int tiles = merge_list[entry * 3 + 2];
+  if (tiles == 0) return;  // finished by its fold item (kFoldFinish)
   float o = 0.f, m = -INFINITY, l = 0.f;
   // Loads run kBatch tiles ahead of the (strictly sequential) folds.
   constexpr int kBatch = 16;
@@ -1470,8 +1544,7 @@ __global__ void __launch_bounds__(kThreads)
       m = w.m;
     }
   }
-  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out) + static_cast<int64_t>(row) * hq * D;
-  out[qh * D + dim] = __float2bfloat16_rn(__fmul_rn(o, __frcp_rn(l)));
+  OutRow(a, row, qh, D)[dim] = OutElem(o, __frcp_rn(l));
 }
 
 size_t SplitSmemBytes(int d) {
@@ -1571,7 +1644,8 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     bool launched = false;
     if constexpr (D <= 128) {
       if (g_split_variant == 3 || (g_split_variant == 0 && plan.split_form == 1)) {
-        err = launch(SplitRegKernel<D>, SplitRegSmemBytes<D>(), kRegThreads);
+        err = launch(g_split_variant == 3 ? SplitRegKernel<D, true> : SplitRegKernel<D, false>,
+                     SplitRegSmemBytes<D>(), kRegThreads);
         launched = true;
       }
     }
@@ -1624,14 +1698,17 @@ cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int split_form, int
   };
   switch (head_dim) {
     case 32:
-      return split_form == 1 ? per_sm(SplitRegKernel<32>, SplitRegSmemBytes<32>(), kRegThreads)
-                             : per_sm(SplitKernel<1, false>, SplitSmemBytes(32), kThreads);
+      return split_form == 1
+                 ? per_sm(SplitRegKernel<32, false>, SplitRegSmemBytes<32>(), kRegThreads)
+                 : per_sm(SplitKernel<1, false>, SplitSmemBytes(32), kThreads);
     case 64:
-      return split_form == 1 ? per_sm(SplitRegKernel<64>, SplitRegSmemBytes<64>(), kRegThreads)
-                             : per_sm(SplitKernel<2, false>, SplitSmemBytes(64), kThreads);
+      return split_form == 1
+                 ? per_sm(SplitRegKernel<64, false>, SplitRegSmemBytes<64>(), kRegThreads)
+                 : per_sm(SplitKernel<2, false>, SplitSmemBytes(64), kThreads);
     case 128:
-      return split_form == 1 ? per_sm(SplitRegKernel<128>, SplitRegSmemBytes<128>(), kRegThreads)
-                             : per_sm(SplitKernel<4, false>, SplitSmemBytes(128), kThreads);
+      return split_form == 1
+                 ? per_sm(SplitRegKernel<128, false>, SplitRegSmemBytes<128>(), kRegThreads)
+                 : per_sm(SplitKernel<4, false>, SplitSmemBytes(128), kThreads);
     case 256:
       return per_sm(SplitKernel<8, false>, SplitSmemBytes(256), kThreads);
     default:

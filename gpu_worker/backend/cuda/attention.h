@@ -54,6 +54,10 @@ struct AttentionConfig {
   // Split CTAs per kv head in one wave on the device (SplitCtasPerWave), which sizes fold items;
   // 0: 66 (an H100's or H200's 132 SMs at 4 split CTAs each over 8 kv heads).
   int split_ctas = 0;
+  // A fold item that holds every tile of its rows writes their outputs (kFoldFinish) instead of
+  // a partial for the merge (the same bits; one pass less over a row's state), in plans of the
+  // shared-memory split form (SplitForm 0); false: always a partial (benchmarks).
+  bool finish_rows = true;
 };
 
 // Host views of the batch's attention metadata (see engine::ForwardBatch for the meaning).
@@ -70,8 +74,9 @@ struct AttentionBatch {
 // Work partition of one batch, made on the host once per step and shared by all layers.
 // A work item is one CTA per kv head: {table_offset (into block_ids, of the sequence whose block
 // table is read), tile_begin, tile_end, row_begin (into item_rows), row_count, kv_len (keys
-// [0, kv_len) may be read), fold (split items only: 1 when tile_begin is 0 and the item folds
-// its tiles into one partial, written at its last tile's slot)}.
+// [0, kv_len) may be read), fold (split items only, kernel_types.h: kFoldPartial when tile_begin
+// is 0 and the item folds its tiles into one partial, written at its last tile's slot;
+// kFoldFinish when that fold is every tile of its rows, whose outputs it writes)}.
 struct AttentionPlan {
   // Items whose rows fold all their tiles inside the CTA and write the output (prefill chunks).
   std::vector<int32_t> final_items;  // [num_final * kItemFields]
@@ -80,9 +85,11 @@ struct AttentionPlan {
   std::vector<int32_t> split_items;  // [num_split * kItemFields]
   std::vector<int32_t> item_rows;    // token rows of the items, concatenated
   // [num_tokens] for a split row, the slot of its tile t is base + t (t past its fold item, whose
-  // state sits at the slot of the fold item's last tile); -1 for other rows.
+  // state sits at the slot of the fold item's last tile); -1 for other rows and for rows a
+  // kFoldFinish item completes.
   std::vector<int32_t> partial_base;
-  // [num_merge * 3] {row, first slot, slots} for each split row: its slots are consecutive.
+  // [num_merge * 3] {row, first slot, slots} for each split row: its slots are consecutive; no
+  // slot for a row its kFoldFinish item completes (the merge leaves its output alone).
   std::vector<int32_t> merge_list;
   int num_partials = 0;    // partial slots; each holds [num_q_heads, head_dim] f32 + lse
   int max_final_rows = 0;  // most rows in one final item (sizes shared memory)

@@ -24,8 +24,8 @@ constexpr int kDefaultSplitCtas = 66;
 
 void AddItem(std::vector<int32_t>* items, int table_offset, int tile_begin, int tile_end,
              int row_begin, int row_count, int kv_len, bool fold = false) {
-  items->insert(items->end(),
-                {table_offset, tile_begin, tile_end, row_begin, row_count, kv_len, fold ? 1 : 0});
+  items->insert(items->end(), {table_offset, tile_begin, tile_end, row_begin, row_count, kv_len,
+                               fold ? kFoldPartial : kFoldNone});
 }
 
 // Reorders items (kItemFields each) longest first (stable), so that a launch's last wave is its
@@ -414,14 +414,33 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
 
   // Partial slots: one per tile, but a fold item's tiles [0, f) share one, tile f - 1's (slot of
   // tile t = partial_base + t, so slot f - 1 is the row's first); then the merge of the row's
-  // slots in tile order.
+  // slots in tile order. A fold item whose every row ends at its last tile holds those rows'
+  // final states: it writes their outputs itself (kFoldFinish, the merge's o * rcp(l) of a lone
+  // state: the same bits), and their merge entries have no slot (the merge skips them). Only in
+  // plans of the shared-memory split form: the register form's kernel is at its register cap.
   std::vector<int> folded(batch.num_tokens, 0);
+  std::vector<int> tiles_of(batch.num_tokens, 0);
+  const bool finish = config.finish_rows && SplitForm(*plan, config.head_dim) == 0;
+  for (const DecodeRow& d : decode_rows) tiles_of[d.row] = d.tiles();
   for (int i = 0; i < plan->num_split(); ++i) {
-    const int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
-    if (it[6] == 0) continue;
-    for (int k = it[3]; k < it[3] + it[4]; ++k) folded[plan->item_rows[k]] = it[2];
+    int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
+    if (it[6] == kFoldNone) continue;
+    bool whole = finish;
+    for (int k = it[3]; k < it[3] + it[4]; ++k) {
+      folded[plan->item_rows[k]] = it[2];
+      whole = whole && tiles_of[plan->item_rows[k]] == it[2];
+    }
+    if (whole) {
+      it[6] = kFoldFinish;
+      for (int k = it[3]; k < it[3] + it[4]; ++k) folded[plan->item_rows[k]] = -1;
+    }
   }
   for (const DecodeRow& d : decode_rows) {
+    if (folded[d.row] < 0) {  // finished by its fold item
+      plan->partial_base[d.row] = -1;
+      plan->merge_list.insert(plan->merge_list.end(), {d.row, plan->num_partials, 0});
+      continue;
+    }
     const int skipped = std::max(folded[d.row], 1) - 1;  // tiles without a slot of their own
     const int slots = d.tiles() - skipped;
     plan->partial_base[d.row] = plan->num_partials - skipped;

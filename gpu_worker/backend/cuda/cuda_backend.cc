@@ -605,6 +605,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
 
   AttentionConfig acfg{hq_, hkv_, d_, o_.block_size, o_.cascade};
   acfg.lead_tiles = o_.attention_lead_tiles;
+  acfg.finish_rows = o_.attention_finish_rows;
   acfg.split_ctas = split_ctas_;
   AttentionBatch ab{b.positions.data(),
                     n,
@@ -853,6 +854,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   const engine::ForwardBatch& b = pad_;
   AttentionConfig acfg{hq_, hkv_, d_, o_.block_size, o_.cascade};
   acfg.lead_tiles = o_.attention_lead_tiles;
+  acfg.finish_rows = o_.attention_finish_rows;
   acfg.split_ctas = split_ctas_;
   AttentionBatch ab{b.positions.data(),
                     bucket,

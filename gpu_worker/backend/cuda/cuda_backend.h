@@ -50,6 +50,9 @@ struct CudaBackendOptions {
   // first tiles folded into one partial inside the split CTA); < 0 turns them off (benchmarks).
   // Every value gives the same bits.
   int attention_lead_tiles = 0;
+  // AttentionConfig::finish_rows: a fold item that holds every tile of its rows writes their
+  // outputs (no merge pass for them); false: through the merge (benchmarks). The same bits.
+  bool attention_finish_rows = true;
   // Programmatic dependent launch for the backend's own kernels (ops.h SetProgrammaticLaunch):
   // a kernel's launch overlaps the previous kernel's tail; it waits for it before touching
   // memory. Process-wide: the last backend created sets it.

@@ -23,6 +23,12 @@ inline constexpr int kMaxQueriesPerCta = 32;
 constexpr int PrefillQueriesPerCta(int head_dim) { return head_dim > 128 ? 64 : 128; }
 // Fields of one work item in AttentionPlan::*_items (see AttentionPlan).
 inline constexpr int kItemFields = 7;
+// Item field 6 (split items): kFoldNone, one partial per (row, tile); kFoldPartial, the item's
+// tiles (a row's first) folded in the CTA into one partial; kFoldFinish, as kFoldPartial for rows
+// that have no tile past the item, whose outputs the CTA writes itself (the merge skips them).
+inline constexpr int kFoldNone = 0;
+inline constexpr int kFoldPartial = 1;
+inline constexpr int kFoldFinish = 2;
 
 struct HeadShape {
   int num_q_heads = 0;

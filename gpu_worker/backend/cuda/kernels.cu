@@ -55,7 +55,11 @@ struct SplitDelta {
 };
 
 // One block per row; thread sums are combined by warp butterflies, then warp sums in warp order.
-template <typename Delta>
+// Thread t owns elements t, t + kNormThreads, ... and sums their squares in that order. kPer > 0:
+// d <= kPer * kNormThreads, the row's values stay in registers, every load is issued before the
+// first store (one memory round trip instead of one per element and a second pass over the
+// residual); kPer == 0: any d, element by element. Both give the same bits.
+template <typename Delta, int kPer>
 __global__ void __launch_bounds__(kNormThreads)
     AddRmsNormKernel(float* residual, Delta delta, bool add, const Bf16* weight, float eps, int d,
                      Bf16* out) {
@@ -63,13 +67,35 @@ __global__ void __launch_bounds__(kNormThreads)
   __shared__ float warp_sums[kNormThreads / 32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * d;
   float ss = 0.f;
-  for (int c = threadIdx.x; c < d; c += kNormThreads) {
-    float x = residual[base + c];
-    if (add) {
-      x += delta(base + c);
-      residual[base + c] = x;
+  constexpr int kRegs = kPer > 0 ? kPer : 1;
+  float xs[kRegs];
+  if constexpr (kPer > 0) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int c = threadIdx.x + i * kNormThreads;
+      if (c < d) {
+        float x = residual[base + c];
+        if (add) x += delta(base + c);
+        xs[i] = x;
+      }
     }
-    ss = fmaf(x, x, ss);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int c = threadIdx.x + i * kNormThreads;
+      if (c < d) {
+        if (add) residual[base + c] = xs[i];
+        ss = fmaf(xs[i], xs[i], ss);
+      }
+    }
+  } else {
+    for (int c = threadIdx.x; c < d; c += kNormThreads) {
+      float x = residual[base + c];
+      if (add) {
+        x += delta(base + c);
+        residual[base + c] = x;
+      }
+      ss = fmaf(x, x, ss);
+    }
   }
   ss = WarpSum(ss);
   if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = ss;
@@ -78,9 +104,26 @@ __global__ void __launch_bounds__(kNormThreads)
 #pragma unroll
   for (int w = 0; w < kNormThreads / 32; ++w) total += warp_sums[w];
   const float inv = rsqrtf(total / d + eps);
-  for (int c = threadIdx.x; c < d; c += kNormThreads) {
-    StoreBf(out, base + c, residual[base + c] * inv * Bf(weight, c));
+  if constexpr (kPer > 0) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int c = threadIdx.x + i * kNormThreads;
+      if (c < d) StoreBf(out, base + c, xs[i] * inv * Bf(weight, c));
+    }
+  } else {
+    for (int c = threadIdx.x; c < d; c += kNormThreads) {
+      StoreBf(out, base + c, residual[base + c] * inv * Bf(weight, c));
+    }
   }
+}
+
+// The AddRmsNormKernel instance for rows of d elements.
+template <typename Delta>
+auto NormKernelFor(int d) {
+  return d <= 4 * kNormThreads    ? AddRmsNormKernel<Delta, 4>
+         : d <= 8 * kNormThreads  ? AddRmsNormKernel<Delta, 8>
+         : d <= 16 * kNormThreads ? AddRmsNormKernel<Delta, 16>
+                                  : AddRmsNormKernel<Delta, 0>;
 }
 
 // One warp per (token, head) over the q and k heads. Lane holds elements lane + 32 * k, so the
@@ -246,17 +289,18 @@ cudaError_t LaunchEmbeddingGather(const Bf16* table, const int32_t* ids, int n, 
 }
 
 cudaError_t LaunchAddRmsNorm(float* residual, const Bf16* delta, const Bf16* weight, float eps,
-                             int n, int d, Bf16* out, cudaStream_t stream) {
+                             int n, int d, Bf16* out, cudaStream_t stream, bool in_registers) {
   if (n == 0) return cudaSuccess;
-  return LaunchKernel(AddRmsNormKernel<Bf16Delta>, n, kNormThreads, 0, stream, residual,
-                      Bf16Delta{delta}, delta != nullptr, weight, eps, d, out);
+  return LaunchKernel(in_registers ? NormKernelFor<Bf16Delta>(d) : AddRmsNormKernel<Bf16Delta, 0>,
+                      n, kNormThreads, 0, stream, residual, Bf16Delta{delta}, delta != nullptr,
+                      weight, eps, d, out);
 }
 
 cudaError_t LaunchAddRmsNormSplit(float* residual, const float* partials, int splits,
                                   const Bf16* weight, float eps, int n, int d, Bf16* out,
                                   cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  return LaunchKernel(AddRmsNormKernel<SplitDelta>, n, kNormThreads, 0, stream, residual,
+  return LaunchKernel(NormKernelFor<SplitDelta>(d), n, kNormThreads, 0, stream, residual,
                       SplitDelta{partials, splits, static_cast<int64_t>(n) * d}, true, weight, eps,
                       d, out);
 }

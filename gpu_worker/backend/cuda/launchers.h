@@ -14,8 +14,11 @@ namespace cascade::cuda::internal {
 void SetProgrammaticLaunch(bool on);  // see ops.h (defined in kernels.cu)
 cudaError_t LaunchEmbeddingGather(const Bf16* table, const int32_t* ids, int n, int hidden,
                                   float* out, cudaStream_t stream);
+// in_registers: the kernel that keeps a row in registers (d <= 4096); false: the element loop
+// (any d). The same bits either way (CudaKernels.AddRmsNormRegisterRowsMatchTheElementLoop).
 cudaError_t LaunchAddRmsNorm(float* residual, const Bf16* delta, const Bf16* weight, float eps,
-                             int n, int d, Bf16* out, cudaStream_t stream);
+                             int n, int d, Bf16* out, cudaStream_t stream,
+                             bool in_registers = true);
 // AddRmsNorm whose delta is the slice-order sum of split-K partials [splits, n, d] f32, rounded to
 // bf16 (ops.h AddRmsNormSplit).
 cudaError_t LaunchAddRmsNormSplit(float* residual, const float* partials, int splits,
