@@ -10,7 +10,7 @@
 //                [--sections=decode,prefill,shared,nanovllm] [--num_blocks=N] [--seed=0]
 //                [--variants=default,eager,heuristic] [--temperature=T]
 //                [--samplers=greedy,temperature,topk,topp,minp,penalty,logprobs,all]
-//                [--nano_seqs=256] [--nano_min_len=100] [--nano_max_len=1024]
+//                [--nano_seqs=256] [--nano_min_len=100] [--nano_max_len=1024] [--tune_log=1]
 //
 // Decode variants (CUDA backend), run one after another in the same process so they compare
 // on the same device state: "default" (deterministic: pinned GEMM algorithms, decode CUDA
@@ -26,7 +26,9 @@
 // "block64" (KV blocks of 32 / 64 tokens instead of 16: coarser prefix sharing, fewer and larger
 // copies for the Hopper prefill kernel), "nofold" (no attention fold items: every split item
 // writes one partial per tile, as before fold items; the same bits), "nofinish" (fold items
-// never write a row's output themselves: every decode row goes through the merge; the same bits).
+// never write a row's output themselves: every decode row goes through the merge; the same bits),
+// "untuned" (the pinned GEMM algorithms at every decode graph bucket, no tuning: the default),
+// "tuned" / "tuneN" (GEMMs tuned at the decode buckets up to m = 64 / N, gemm.h; the same bits).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -96,6 +98,7 @@ struct Flags {
   int nano_seqs = 256;
   int nano_min_len = 100;
   int nano_max_len = 1024;
+  bool tune_log = false;  // print each GEMM tuning (gemm.h SetTuneSizes)
 };
 
 // Sets the sampling options of --samplers name `n` on p (p null: only checks the name).
@@ -125,6 +128,8 @@ struct Variant {
   int block_size = 16;      // CudaBackendOptions::block_size
   int lead_tiles = 0;       // CudaBackendOptions::attention_lead_tiles
   bool finish_rows = true;  // CudaBackendOptions::attention_finish_rows
+  bool gemm_tune = false;   // CudaBackendOptions::gemm_tune
+  int tune_max_m = 64;      // CudaBackendOptions::gemm_tune_max_m
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -143,6 +148,12 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "block64") return v->block_size = 64, true;
   if (name == "nofold") return v->lead_tiles = -1, true;
   if (name == "nofinish") return v->finish_rows = false, true;
+  if (name == "untuned") return v->gemm_tune = false, true;
+  if (name == "tuned") return v->gemm_tune = true, true;
+  if (absl::StartsWith(name, "tune")) {  // tuneN: GEMMs tuned at buckets up to m = N
+    v->gemm_tune = true;
+    return absl::SimpleAtoi(name.substr(4), &v->tune_max_m) && v->tune_max_m > 0;
+  }
   if (absl::StartsWith(name, "ref")) {  // refN: pinned GEMM algorithms chosen at m = N
     return absl::SimpleAtoi(name.substr(3), &v->reference_m) && v->reference_m > 0 &&
            v->reference_m <= 65536;
@@ -216,6 +227,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       int_flag(&f->nano_min_len);
     else if (k == "nano_max_len")
       int_flag(&f->nano_max_len);
+    else if (k == "tune_log")
+      f->tune_log = v == "1" || v == "true";
     else {
       std::fprintf(stderr, "unknown flag --%s\n", k.c_str());
       return false;
@@ -295,6 +308,15 @@ struct Bench {
         "bitwise, %d rejected; split-K slices o_proj %d, down_proj %d)\n",
         static_cast<long long>(st.captures), static_cast<long long>(st.replays),
         st.small_gemm_verified, st.small_gemm_rejected, st.o_proj_splits, st.down_proj_splits);
+    if (st.gemm_tuned > 0) {
+      std::printf(
+          "(GEMMs tuned at the decode buckets: %d, %d replaced by a faster bitwise-equal "
+          "algorithm; decode graphs with them kept %d, dropped for the pinned %d)\n",
+          st.gemm_tuned, st.gemm_replaced, st.graphs_tuned_kept, st.graphs_tuned_dropped);
+      if (flags.tune_log) {
+        for (const std::string& line : st.gemm_tune_log) std::printf("  tune %s\n", line.c_str());
+      }
+    }
 #endif
   }
 
@@ -323,6 +345,8 @@ struct Bench {
       o.block_size = variant.block_size;
       o.attention_lead_tiles = variant.lead_tiles;
       o.attention_finish_rows = variant.finish_rows;
+      o.gemm_tune = variant.gemm_tune;
+      o.gemm_tune_max_m = variant.tune_max_m;
       o.programmatic_launch = variant.pdl;
       auto b = cuda::NewCudaBackend(model, o);
       if (!b.ok()) {
@@ -464,11 +488,14 @@ void DecodeSection(Bench& b) {
         RunBatch(b, *e, w);
       }
       for (int batch : b.flags.batches) {
-        std::vector<engine::Request> reqs;
+        std::vector<engine::Request> reqs, warm;
         for (int i = 0; i < batch; ++i) {
           reqs.push_back(
               MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, b.flags.decode_len));
+          warm.push_back(MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, 3));
         }
+        // The batch's graph bucket once first (its capture and GEMM tuning are first-use costs).
+        RunBatch(b, *e, warm);
         PhaseResult r = RunBatch(b, *e, reqs);
         const double step_ms = 1e3 * r.decode_s / std::max(1, r.decode_steps);
         ms[column][batch] = step_ms;

@@ -41,6 +41,9 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddDouble("kv_cache_fraction", &c->kv_cache_fraction,
                "CUDA backend without --kv_blocks or --kv_cache_bytes: share of the GPU memory free "
                "after the weights that the KV cache takes, in (0, 1)");
+  f->AddBool("gemm_tune", &c->gemm_tune,
+             "CUDA backend: at each decode batch bucket up to 64, use the fastest cuBLASLt GEMM "
+             "whose output is bitwise the pinned one's (same tokens; faster on large models)");
   f->AddInt64("host_kv_bytes", &c->host_kv_bytes,
               "host KV tier: host memory for KV blocks the GPU tier evicts (pinned on CUDA); "
               "-1: min(RAM / 5, 4 x the KV cache); 0: off");
@@ -111,6 +114,7 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     o.num_blocks = *blocks;  // 0: sized from free memory
     o.block_size = config.block_size;
     o.max_num_tokens = std::max(config.max_batched_tokens, 256);
+    o.gemm_tune = config.gemm_tune;
     auto b = cuda::NewCudaBackend(model, o);
     if (!b.ok()) return b.status();
     return std::move(*b);

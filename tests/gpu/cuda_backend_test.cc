@@ -273,6 +273,9 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   go.cuda_graphs = false;
   auto eager_or = NewCudaBackend(*model, go);
   go.cuda_graphs = true;
+  // Without split-K the graphs also run GEMMs tuned at their buckets (gemm.h SetTuneSizes; the
+  // eager backend runs the pinned algorithms): the same bits either way.
+  go.gemm_tune = GetParam() == 1;
   auto graph_or = NewCudaBackend(*model, go);
   ASSERT_TRUE(eager_or.ok()) << eager_or.status();
   ASSERT_TRUE(graph_or.ok()) << graph_or.status();
@@ -380,6 +383,10 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   EXPECT_GT(stats.replays, 40) << "the decode graphs were not replayed";
   if (GetParam() == 0) {
     EXPECT_EQ(stats.o_proj_splits, 2) << "tiny's o_proj was not split";
+  } else {
+    EXPECT_GT(stats.gemm_tuned, 0) << "no GEMM was tuned at a decode bucket";
+    std::printf("tuned GEMMs: %d, %d replaced; graphs kept %d, dropped %d\n", stats.gemm_tuned,
+                stats.gemm_replaced, stats.graphs_tuned_kept, stats.graphs_tuned_dropped);
   }
   EXPECT_EQ(GetCudaGraphStats(eager).replays, 0);
 }

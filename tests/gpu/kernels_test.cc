@@ -359,6 +359,58 @@ TEST(CudaKernels, SplitKGemmRowsAreBitwiseTheSameForEveryM) {
   }
 }
 
+// Tuned decode sizes (gemm.h SetTuneSizes): at a tune size the first call tunes (and returns the
+// pinned result), later calls run the picked algorithm; every call's rows are bitwise the rows a
+// pinned Gemm computes for the same inputs at m = 1024, for qwen3-0.6b's and llama-3.2-1b's shapes.
+TEST(CudaKernels, TunedGemmGivesThePinnedRowsBitwise) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(41);
+  const std::vector<std::pair<int, int>> shapes = {{4096, 1024}, {1024, 2048}, {6144, 1024},
+                                                   {1024, 3072}, {3072, 2048}, {2048, 8192}};
+  const std::vector<int> sizes = {8, 24, 64, 128, 256};
+  absl::StatusOr<std::unique_ptr<Gemm>> pinned = Gemm::Create(true);
+  absl::StatusOr<std::unique_ptr<Gemm>> tuned = Gemm::Create(true);
+  ASSERT_TRUE(pinned.ok() && tuned.ok());
+  (*tuned)->SetTuneSizes(sizes);
+  const int rows = 1024;
+  for (auto [n, k] : shapes) {
+    std::vector<float> x = RandomNormal(static_cast<size_t>(rows) * k, &rng);
+    std::vector<float> w = RandomNormal(static_cast<size_t>(n) * k, &rng, 0.05f);
+    DeviceBuffer d_x = Upload(RoundToBf16(&x)), d_w = Upload(RoundToBf16(&w));
+    for (GemmOut out : {GemmOut::kBf16, GemmOut::kF32}) {
+      const size_t es = out == GemmOut::kF32 ? 4 : 2;
+      DeviceBuffer d_want = Poisoned<float>(static_cast<size_t>(rows) * n);
+      ASSERT_TRUE((*pinned)
+                      ->Run(d_x.as<Bf16>(), d_w.as<Bf16>(), rows, n, k, d_want.data(), out, nullptr)
+                      .ok());
+      const std::vector<uint8_t> want = Download<uint8_t>(d_want, rows * n * es);
+      for (int m : sizes) {
+        for (int call = 0; call < 2; ++call) {  // the tuning call, then the tuned algorithm
+          DeviceBuffer d_y = Poisoned<float>(static_cast<size_t>(m) * n);
+          ASSERT_TRUE((*tuned)
+                          ->Run(d_x.as<Bf16>(), d_w.as<Bf16>(), m, n, k, d_y.data(), out, nullptr)
+                          .ok());
+          const std::vector<uint8_t> y = Download<uint8_t>(d_y, m * n * es);
+          EXPECT_EQ(0, std::memcmp(y.data(), want.data(), y.size()))
+              << "n " << n << " k " << k << " m " << m << " call " << call << " f32 "
+              << (out == GemmOut::kF32);
+        }
+      }
+    }
+  }
+  int replaced = 0;
+  for (const Gemm::TuneRecord& r : (*tuned)->tune_log()) {
+    replaced += r.replaced;
+    std::printf("tune m=%d n=%d k=%d %s: %d candidates, %d equal, pinned %.1f us, best %.1f us%s\n",
+                r.m, r.n, r.k, r.f32 ? "f32" : "bf16", r.candidates, r.equal, r.pinned_us,
+                r.best_us, r.replaced ? " (replaced)" : "");
+  }
+  EXPECT_GT((*tuned)->tune_log().size(), 0u);
+  std::printf("%d of %zu tunings replaced the pinned algorithm\n", replaced,
+              (*tuned)->tune_log().size());
+  EXPECT_EQ((*tuned)->fallbacks(), 0);
+}
+
 // The fused norm's delta is the bf16 rounding of the slice-order sum: bitwise SplitReduce to bf16
 // followed by AddRmsNorm (residual and output).
 TEST(CudaKernels, AddRmsNormSplitIsSplitReduceThenAddRmsNorm) {

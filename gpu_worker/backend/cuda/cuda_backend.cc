@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gpu_worker/backend/cuda/attention.h"
 #include "gpu_worker/backend/cuda/device.h"
 #include "gpu_worker/backend/cuda/gemm.h"
@@ -136,11 +137,17 @@ struct StepMeta {
 struct DecodeGraph {
   cudaGraphExec_t exec[2] = {nullptr, nullptr};
   uint64_t epoch[2] = {0, 0};  // CudaBackend::graph_epoch_ at capture
+  // Just captured, the same step with the pinned GEMM algorithms where exec holds tuned ones
+  // (gemm.h): both are timed on the step's first replay and the slower is dropped.
+  cudaGraphExec_t pinned[2] = {nullptr, nullptr};
   bool Current(uint64_t e) const {
     return (exec[0] != nullptr && epoch[0] == e) || (exec[1] != nullptr && epoch[1] == e);
   }
   ~DecodeGraph() {
     for (cudaGraphExec_t x : exec) {
+      if (x != nullptr) cudaGraphExecDestroy(x);
+    }
+    for (cudaGraphExec_t x : pinned) {
       if (x != nullptr) cudaGraphExecDestroy(x);
     }
   }
@@ -168,6 +175,17 @@ class CudaBackend final : public engine::Backend {
                       gemm_->small_rejected()};
     st.o_proj_splits = o_splits_;
     st.down_proj_splits = down_splits_;
+    st.graphs_tuned_kept = tuned_kept_;
+    st.graphs_tuned_dropped = tuned_dropped_;
+    for (const Gemm::TuneRecord& r : gemm_->tune_log()) {
+      ++st.gemm_tuned;
+      st.gemm_replaced += r.replaced ? 1 : 0;
+      st.gemm_tune_log.push_back(absl::StrFormat(
+          "m=%d n=%d k=%d %s: %d candidates, %d bitwise equal, pinned %.1f us (%s), best equal "
+          "%.1f us (%s)%s",
+          r.m, r.n, r.k, r.f32 ? "f32" : "bf16", r.candidates, r.equal, r.pinned_us, r.pinned_algo,
+          r.best_us, r.best_algo, r.replaced ? " (replaced)" : ""));
+    }
     return st;
   }
   int64_t NumBlocks() const override { return num_blocks_; }
@@ -252,6 +270,9 @@ class CudaBackend final : public engine::Backend {
                               std::vector<int32_t>* argmax,
                               std::vector<engine::RowLogprobs>* logprobs);
   absl::Status CaptureDecodeGraph(int bucket, int form, const StepMeta& m, DecodeGraph* g);
+  // A graph captured with tuned GEMMs beside one with the pinned algorithms: times replays of
+  // both (the step's metadata staged) and keeps the faster.
+  absl::Status PickTunedOrPinned(DecodeGraph* g, int form);
   // The host half of a decode graph step LaunchSampled left in flight (n rows of pad_).
   absl::Status CompleteDeferred(int n, std::vector<int32_t>* tokens,
                                 std::vector<engine::RowLogprobs>* logprobs);
@@ -282,6 +303,7 @@ class CudaBackend final : public engine::Backend {
   // pinned host staging, the captured graphs by bucket. graph_epoch_ moves whenever a buffer a
   // graph reads or writes is reallocated; graphs of older epochs are re-captured.
   int max_graph_batch_ = 0, split_ctas_ = 0, split_ctas_reg_ = 0;
+  int tuned_kept_ = 0, tuned_dropped_ = 0;  // PickTunedOrPinned's verdicts
   int64_t cap_blocks_ = 0, cap_items_ = 0, cap_rows_ = 0;
   DeviceBuffer graph_meta_;
   PinnedBuffer graph_host_, graph_tokens_host_;
@@ -507,6 +529,13 @@ absl::Status CudaBackend::Init(const model::Model& m) {
     RETURN_IF_ERROR(alloc(&partial_o_, tiles * max_graph_batch_ * size_t{4} * hq_ * d_));
     RETURN_IF_ERROR(alloc(&partial_ml_, tiles * max_graph_batch_ * size_t{8} * hq_));
     RETURN_IF_ERROR(graph_tokens_host_.Resize(std::max(1, max_graph_batch_) * sizeof(int32_t)));
+    if (o_.gemm_tune) {  // the m of every graph bucket (its first step runs eagerly at that m)
+      std::vector<int> buckets;
+      for (int n = 1; n <= std::min(max_graph_batch_, o_.gemm_tune_max_m); ++n) {
+        if (buckets.empty() || buckets.back() != GraphBucket(n)) buckets.push_back(GraphBucket(n));
+      }
+      gemm_->SetTuneSizes(buckets);
+    }
   }
   return absl::OkStatus();
 }
@@ -946,7 +975,8 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
     if (g == nullptr) g = std::make_unique<DecodeGraph>();
     RETURN_IF_ERROR(CaptureDecodeGraph(bucket, form, m, g.get()));
   }
-  if (logits == nullptr) return absl::OkStatus();  // capture only (the step ran eagerly)
+  // Capture only (the step ran eagerly), unless tuned and pinned graphs are to be timed.
+  if (logits == nullptr && g->pinned[form] == nullptr) return absl::OkStatus();
 
   const auto s = reinterpret_cast<cudaStream_t>(stream_);
   // The used parts of the variable segments only.
@@ -955,6 +985,8 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   RETURN_IF_ERROR(CopyAsync(dm + l.items, h + l.items, plan.split_items.size() * 4, stream_));
   RETURN_IF_ERROR(CopyAsync(dm + l.rows, h + l.rows, plan.item_rows.size() * 4, stream_));
   RETURN_IF_ERROR(UploadPenaltyTokens(b));  // capacity ensured above: no reallocation here
+  if (g->pinned[form] != nullptr) RETURN_IF_ERROR(PickTunedOrPinned(g.get(), form));
+  if (logits == nullptr) return Synchronize(stream_);
   RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(g->exec[form], s), "cudaGraphLaunch"));
   ++graph_replays_;
   const int32_t* tokens = graph_tokens_host_.as<int32_t>();
@@ -1015,25 +1047,75 @@ absl::Status CudaBackend::CompleteDeferred(int n, std::vector<int32_t>* tokens,
 absl::Status CudaBackend::CaptureDecodeGraph(int bucket, int form, const StepMeta& m,
                                              DecodeGraph* g) {
   const auto s = reinterpret_cast<cudaStream_t>(stream_);
-  RETURN_IF_ERROR(
-      CudaStatus(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture"));
-  absl::Status st = EnqueueModel(bucket, m);
-  if (st.ok()) st = EnqueueHead(0, bucket, m);
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(s, &graph);
-  if (!st.ok()) {
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    return st;
+  auto capture = [&](cudaGraphExec_t* exec) {
+    RETURN_IF_ERROR(
+        CudaStatus(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture"));
+    absl::Status st = EnqueueModel(bucket, m);
+    if (st.ok()) st = EnqueueHead(0, bucket, m);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(s, &graph);
+    if (!st.ok()) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      return st;
+    }
+    RETURN_IF_ERROR(CudaStatus(end, "cudaStreamEndCapture"));
+    const cudaError_t inst = cudaGraphInstantiate(exec, graph, 0);
+    cudaGraphDestroy(graph);
+    return CudaStatus(inst, "cudaGraphInstantiate");
+  };
+  cudaGraphExec_t exec = nullptr, pinned = nullptr;
+  RETURN_IF_ERROR(capture(&exec));
+  if (gemm_->Replaced(bucket)) {  // the pinned algorithms' step too, timed against it at replay
+    gemm_->set_use_tuned(false);
+    const absl::Status st = capture(&pinned);
+    gemm_->set_use_tuned(true);
+    if (!st.ok()) {
+      cudaGraphExecDestroy(exec);
+      return st;
+    }
   }
-  RETURN_IF_ERROR(CudaStatus(end, "cudaStreamEndCapture"));
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  RETURN_IF_ERROR(CudaStatus(inst, "cudaGraphInstantiate"));
   if (g->exec[form] != nullptr) cudaGraphExecDestroy(g->exec[form]);
+  if (g->pinned[form] != nullptr) cudaGraphExecDestroy(g->pinned[form]);
   g->exec[form] = exec;
+  g->pinned[form] = pinned;
   g->epoch[form] = graph_epoch_;
   ++graph_captures_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::PickTunedOrPinned(DecodeGraph* g, int form) {
+  const auto s = reinterpret_cast<cudaStream_t>(stream_);
+  cudaEvent_t ev[3] = {nullptr, nullptr, nullptr};
+  for (cudaEvent_t& e : ev) RETURN_IF_ERROR(CudaStatus(cudaEventCreate(&e), "cudaEventCreate"));
+  // Replays recompute this step from the same inputs: the same bits into the same buffers (the
+  // KV slots get the values they already hold). Alternating rounds, the first one a warm-up.
+  float tuned_ms = 0, pinned_ms = 0;
+  absl::Status st;
+  for (int round = 0; round < 4 && st.ok(); ++round) {
+    float a = 0, b = 0;
+    st = CudaStatus(cudaEventRecord(ev[0], s), "cudaEventRecord");
+    if (st.ok()) st = CudaStatus(cudaGraphLaunch(g->exec[form], s), "cudaGraphLaunch");
+    if (st.ok()) st = CudaStatus(cudaEventRecord(ev[1], s), "cudaEventRecord");
+    if (st.ok()) st = CudaStatus(cudaGraphLaunch(g->pinned[form], s), "cudaGraphLaunch");
+    if (st.ok()) st = CudaStatus(cudaEventRecord(ev[2], s), "cudaEventRecord");
+    if (st.ok()) st = CudaStatus(cudaEventSynchronize(ev[2]), "cudaEventSynchronize");
+    if (st.ok()) st = CudaStatus(cudaEventElapsedTime(&a, ev[0], ev[1]), "cudaEventElapsedTime");
+    if (st.ok()) st = CudaStatus(cudaEventElapsedTime(&b, ev[1], ev[2]), "cudaEventElapsedTime");
+    if (round > 0) {
+      tuned_ms += a;
+      pinned_ms += b;
+    }
+  }
+  for (cudaEvent_t e : ev) cudaEventDestroy(e);
+  RETURN_IF_ERROR(st);
+  if (pinned_ms < tuned_ms) {
+    std::swap(g->exec[form], g->pinned[form]);
+    ++tuned_dropped_;
+  } else {
+    ++tuned_kept_;
+  }
+  cudaGraphExecDestroy(g->pinned[form]);
+  g->pinned[form] = nullptr;
   return absl::OkStatus();
 }
 

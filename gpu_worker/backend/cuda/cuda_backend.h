@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "gpu_worker/engine/backend.h"
@@ -50,6 +52,15 @@ struct CudaBackendOptions {
   // first tiles folded into one partial inside the split CTA); < 0 turns them off (benchmarks).
   // Every value gives the same bits.
   int attention_lead_tiles = 0;
+  // Deterministic mode with decode graphs: tune the GEMMs at each graph bucket's m up to
+  // gemm_tune_max_m (gemm.h SetTuneSizes: the fastest cuBLASLt algorithm whose output is bitwise
+  // the pinned one's, found on the first eager step of the bucket). The bits do not change. Off by
+  // default: on an H100 (qwen3-0.6b, bench/engine/NOTES.md run 10) it made short-context decode
+  // steps 3-4% faster at batch 8-64 but the nano-vllm workload 3.5% slower, and buckets of m 128 /
+  // 256 1.1-1.7x slower per step, although each tuned GEMM timed faster alone and a back-to-back
+  // replay of the tuned graph did not time slower than the pinned one (cause not found).
+  bool gemm_tune = false;
+  int gemm_tune_max_m = 64;
   // AttentionConfig::finish_rows: a fold item that holds every tile of its rows writes their
   // outputs (no merge pass for them); false: through the merge (benchmarks). The same bits.
   bool attention_finish_rows = true;
@@ -81,6 +92,13 @@ struct CudaGraphStats {
   int small_gemm_verified = 0;  // weight shapes whose small-m GEMM matched the pinned one
   int small_gemm_rejected = 0;  // shapes that did not (they stay on cuBLASLt)
   int o_proj_splits = 1, down_proj_splits = 1;  // split-K slices (gemm.h Splits)
+  // Tuned decode-sized GEMMs (gemm.h SetTuneSizes): (m, n, k) tuned, and those where a
+  // bitwise-equal algorithm faster than the pinned one replaced it; one line per tuning.
+  int gemm_tuned = 0, gemm_replaced = 0;
+  // Decode graphs with tuned GEMMs timed against the pinned algorithms' graph at capture: kept,
+  // or dropped for the pinned one (slower as a whole step).
+  int graphs_tuned_kept = 0, graphs_tuned_dropped = 0;
+  std::vector<std::string> gemm_tune_log;
 };
 CudaGraphStats GetCudaGraphStats(const engine::Backend& backend);
 

@@ -83,6 +83,15 @@ bool SmallWins(int m, int n, int splits) {
   return m <= Gemm::kSmallM && (n >= 65536 || (m <= 2 && n >= 3072));
 }
 
+// Split-K off: one k loop per output element, no reduction (what batch invariance pins).
+void NoSplitK(cublasLtMatmulAlgo_t* algo) {
+  const int32_t one = 1;
+  const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+  cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one));
+  cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
+                                       sizeof(none));
+}
+
 }  // namespace
 
 struct Gemm::Algo {
@@ -157,14 +166,7 @@ absl::StatusOr<const Gemm::Algo*> Gemm::FindAlgo(int m, int n, int k, GemmOut ou
   }
   auto algo = std::make_unique<Algo>();
   algo->algo = result[0].algo;
-  if (batch_invariant_) {
-    const int32_t one = 1;
-    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
-    cublasLtMatmulAlgoConfigSetAttribute(&algo->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
-                                         sizeof(one));
-    cublasLtMatmulAlgoConfigSetAttribute(&algo->algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
-                                         sizeof(none));
-  }
+  if (batch_invariant_) NoSplitK(&algo->algo);
   const Algo* raw = algo.get();
   algos_.emplace(key, std::move(algo));
   return raw;
@@ -249,25 +251,191 @@ absl::Status Gemm::RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, 
   return RunCublas(x, w, m, n, k, splits, y, out, stream);
 }
 
+absl::StatusOr<const Gemm::Algo*> Gemm::PinnedFor(int m, int n, int k, GemmOut out, int splits) {
+  absl::StatusOr<const Algo*> pinned = FindAlgo(reference_m_, n, k, out, splits);
+  if (!pinned.ok()) return pinned.status();
+  const auto ck = std::make_tuple(m, n, k, static_cast<int>(out), splits);
+  if (checked_.count(ck) > 0) return *pinned;
+  Problem p;
+  RETURN_IF_ERROR(p.Init(m, n, k, out, splits));
+  cublasLtMatmulHeuristicResult_t r;
+  const bool ok =
+      cublasLtMatmulAlgoCheck(static_cast<cublasLtHandle_t>(handle_), p.desc, p.a, p.b, p.c, p.c,
+                              &(*pinned)->algo, &r) == CUBLAS_STATUS_SUCCESS &&
+      r.workspaceSize <= kWorkspaceBytes;
+  if (!ok) return nullptr;
+  checked_.insert(ck);
+  return *pinned;
+}
+
+bool Gemm::Replaced(int m) const {
+  for (const auto& [key, algo] : tuned_) {
+    if (std::get<0>(key) == m && algo != nullptr) return true;
+  }
+  return false;
+}
+
+void Gemm::SetTuneSizes(const std::vector<int>& sizes) {
+  tune_sizes_.clear();
+  if (batch_invariant_) tune_sizes_.insert(sizes.begin(), sizes.end());
+}
+
+namespace {
+
+bool IsCapturing(Stream stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &capture) != cudaSuccess ||
+         capture != cudaStreamCaptureStatusNone;
+}
+
+// "id 66 tile 18 stages 23 cluster 2 swizzle 0": what tells cuBLASLt algorithms apart.
+std::string Describe(const cublasLtMatmulAlgo_t& algo) {
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
+    int32_t v = -1;
+    size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written);
+    return v;
+  };
+  return absl::StrCat(
+      "id ", get(CUBLASLT_ALGO_CONFIG_ID), " tile ", get(CUBLASLT_ALGO_CONFIG_TILE_ID), " stages ",
+      get(CUBLASLT_ALGO_CONFIG_STAGES_ID), " cluster ", get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+      " swizzle ", get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
+}
+
+// Outputs at most this large are tuned (their bitwise check copies them to the host); the
+// vocabulary-sized LM head is left to the pinned algorithm and SmallGemm.
+constexpr size_t kTuneMaxOutBytes = 8 << 20;
+constexpr int kTuneCandidates = 16;
+constexpr int kTuneRuns = 7;
+// A candidate replaces the pinned algorithm only if this much faster (timing noise).
+constexpr double kTuneMargin = 0.95;
+
+}  // namespace
+
+absl::Status Gemm::Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, GemmOut out,
+                        Stream stream) {
+  const auto key = std::make_tuple(m, n, k, static_cast<int>(out));
+  const auto handle = static_cast<cublasLtHandle_t>(handle_);
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  absl::StatusOr<const Algo*> pinned_or = PinnedFor(m, n, k, out, 1);
+  if (!pinned_or.ok()) return pinned_or.status();
+  const Algo* pinned = *pinned_or;
+  Problem p;
+  RETURN_IF_ERROR(p.Init(m, n, k, out, 1));
+  const float alpha = 1.f, beta = 0.f;
+  auto launch = [&](const cublasLtMatmulAlgo_t& algo, void* dst) {
+    return cublasLtMatmul(handle, p.desc, &alpha, w, p.a, x, p.b, &beta, dst, p.c, dst, p.c, &algo,
+                          workspace_.data(), kWorkspaceBytes, s);
+  };
+  if (pinned == nullptr) {  // nothing to compare with: the heuristic's pick, as RunCublas does
+    tuned_.emplace(key, nullptr);
+    return RunCublas(x, w, m, n, k, 1, y, out, stream);
+  }
+  RETURN_IF_ERROR(LtStatus(launch(pinned->algo, y), "matmul"));
+  const size_t bytes = static_cast<size_t>(m) * n * (out == GemmOut::kF32 ? 4 : 2);
+  // Tuning is an optimization: where its buffers do not fit, the pinned algorithm stays.
+  absl::StatusOr<DeviceBuffer> tmp = DeviceBuffer::Allocate(bytes);
+  absl::StatusOr<DeviceBuffer> flush = DeviceBuffer::Allocate(64 << 20);  // > an H100's L2
+  cudaEvent_t ev[2] = {nullptr, nullptr};
+  const bool events =
+      cudaEventCreate(&ev[0]) == cudaSuccess && cudaEventCreate(&ev[1]) == cudaSuccess;
+  TuneRecord rec{m, n, k, out == GemmOut::kF32};
+  rec.pinned_algo = Describe(pinned->algo);
+  std::unique_ptr<Algo> best;
+  if (tmp.ok() && flush.ok() && events) {
+    std::vector<uint8_t> ref(bytes), got(bytes);
+    RETURN_IF_ERROR(Synchronize(stream));
+    RETURN_IF_ERROR(CopyToHost(ref.data(), y, bytes));
+    // Microseconds of the fastest of kTuneRuns runs, each after the weights were pushed out of
+    // L2 (as in a step, where each layer's weights come from HBM); < 0 on a failed launch. The
+    // minimum, not the mean: a first run's one-time costs must not make an algorithm look slow
+    // (the same algorithm timed twice differed by 50% with means).
+    auto time = [&](const cublasLtMatmulAlgo_t& algo) {
+      float best_ms = 1e30f;
+      for (int r = 0; r < kTuneRuns; ++r) {
+        float ms = 0;
+        if (cudaMemsetAsync(flush->data(), r, flush->size(), s) != cudaSuccess ||
+            cudaEventRecord(ev[0], s) != cudaSuccess ||
+            launch(algo, tmp->data()) != CUBLAS_STATUS_SUCCESS ||
+            cudaEventRecord(ev[1], s) != cudaSuccess ||
+            cudaEventSynchronize(ev[1]) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, ev[0], ev[1]) != cudaSuccess) {
+          return -1.0;
+        }
+        best_ms = std::min(best_ms, ms);
+      }
+      return 1000.0 * best_ms;
+    };
+    time(pinned->algo);  // warm-up: first launches of the shape
+    rec.pinned_us = rec.best_us = time(pinned->algo);
+    cublasLtMatmulPreference_t pref;
+    RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "preference"));
+    const uint64_t ws = kWorkspaceBytes;
+    const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof(ws));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
+                                         sizeof(mask));
+    cublasLtMatmulHeuristicResult_t result[kTuneCandidates];
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c,
+                                                             pref, kTuneCandidates, result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found && rec.pinned_us > 0; ++i) {
+      cublasLtMatmulAlgo_t algo = result[i].algo;
+      NoSplitK(&algo);
+      cublasLtMatmulHeuristicResult_t r;
+      if (cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c, &algo, &r) !=
+              CUBLAS_STATUS_SUCCESS ||
+          r.workspaceSize > kWorkspaceBytes) {
+        continue;
+      }
+      ++rec.candidates;
+      if (launch(algo, tmp->data()) != CUBLAS_STATUS_SUCCESS) continue;
+      RETURN_IF_ERROR(Synchronize(stream));
+      RETURN_IF_ERROR(CopyToHost(got.data(), tmp->data(), bytes));
+      if (std::memcmp(ref.data(), got.data(), bytes) != 0) continue;  // other bits: never used
+      ++rec.equal;
+      const double us = time(algo);
+      if (us > 0 && us < rec.best_us) {
+        rec.best_us = us;
+        rec.best_algo = Describe(algo);
+        if (us < kTuneMargin * rec.pinned_us) {
+          best = std::make_unique<Algo>();
+          best->algo = algo;
+        }
+      }
+    }
+  }
+  for (cudaEvent_t e : ev) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+  rec.replaced = best != nullptr;
+  tune_log_.push_back(rec);
+  tuned_.emplace(key, std::move(best));
+  // The temporaries are freed on return: nothing may still use them.
+  return Synchronize(stream);
+}
+
 absl::Status Gemm::RunCublas(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
                              GemmOut out, Stream stream) {
   Problem p;
   RETURN_IF_ERROR(p.Init(m, n, k, out, splits));
   const auto handle = static_cast<cublasLtHandle_t>(handle_);
   const Algo* algo = nullptr;
-  if (batch_invariant_) {
-    absl::StatusOr<const Algo*> pinned = FindAlgo(reference_m_, n, k, out, splits);
-    if (!pinned.ok()) return pinned.status();
-    const auto ck = std::make_tuple(m, n, k, static_cast<int>(out), splits);
-    bool ok = checked_.count(ck) > 0;
-    if (!ok) {
-      cublasLtMatmulHeuristicResult_t r;
-      ok = cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c, &(*pinned)->algo, &r) ==
-               CUBLAS_STATUS_SUCCESS &&
-           r.workspaceSize <= kWorkspaceBytes;
-      if (ok) checked_.insert(ck);
+  if (batch_invariant_ && use_tuned_ && splits == 1 && tune_sizes_.count(m) > 0 &&
+      static_cast<size_t>(m) * n * 4 <= kTuneMaxOutBytes) {
+    auto it = tuned_.find(std::make_tuple(m, n, k, static_cast<int>(out)));
+    if (it == tuned_.end()) {
+      if (!IsCapturing(stream)) return Tune(x, w, m, n, k, y, out, stream);
+    } else {
+      algo = it->second.get();  // nullptr: the pinned one below
     }
-    if (ok) {
+  }
+  if (batch_invariant_ && algo == nullptr) {
+    absl::StatusOr<const Algo*> pinned = PinnedFor(m, n, k, out, splits);
+    if (!pinned.ok()) return pinned.status();
+    if (*pinned != nullptr) {
       algo = *pinned;
     } else {
       ++fallbacks_;

@@ -27,13 +27,26 @@
 // workspace, in row chunks: rows never mix, so chunking changes no bits); RunPartials() hands
 // them to the caller, who fuses the sum into its next pass (AddRmsNormSplit). Off unless asked
 // for (split_k): exact on every shape measured, but not yet faster overall (NOTES.md run 8).
+//
+// Tuned decode sizes: the pinned algorithm (picked at m = 256) is far from the weights'
+// bandwidth at decode-sized m (an H100 profile of a batch-64 step: 8-11 us per GEMM against a
+// 1.3-3.8 us bytes floor). For the m values given to SetTuneSizes (the decode graph buckets), the
+// first call with such an m (outside graph capture) runs cuBLASLt's candidates for that m (split-K
+// off) on the call's own data, keeps those whose output is bitwise the pinned algorithm's, times
+// them and the pinned one (weights flushed from L2 before each run), and uses the fastest for that
+// (m, n, k, output type) from then on. A row's bits therefore never depend on the choice: an
+// algorithm is used only at the m where it gave the pinned algorithm's bits on real data. A GEMM
+// timed alone is not a step: the backend also times its decode graph with and without the tuned
+// algorithms and keeps the faster (cuda_backend.cc CaptureDecodeGraph).
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -71,6 +84,25 @@ class Gemm {
   absl::Status RunPartials(const Bf16* x, const Bf16* w, int m, int n, int k, float* partials,
                            Stream stream);
 
+  // Decode-sized m at which Run may use a tuned algorithm (see above); none by default.
+  void SetTuneSizes(const std::vector<int>& sizes);
+  // One line per tuned (m, n, k, output): candidates run, bitwise equal, the pinned and the best
+  // equal time (us), and whether the pick replaced the pinned algorithm.
+  struct TuneRecord {
+    int m = 0, n = 0, k = 0;
+    bool f32 = false;
+    int candidates = 0, equal = 0;
+    double pinned_us = 0, best_us = 0;
+    bool replaced = false;
+    std::string pinned_algo, best_algo;  // cuBLASLt algorithm id, tile, stages, cluster shape
+  };
+  const std::vector<TuneRecord>& tune_log() const { return tune_log_; }
+  // Whether some GEMM at this m runs a tuned algorithm instead of the pinned one.
+  bool Replaced(int m) const;
+  // false: every call takes the pinned algorithm (and tunes nothing), e.g. to capture a graph of
+  // the pinned algorithms beside the tuned one. True by default.
+  void set_use_tuned(bool on) { use_tuned_ = on; }
+
   int64_t fallbacks() const { return fallbacks_; }
   // Shapes verified bitwise and served by SmallGemm at m <= kSmallM; shapes that differed.
   int small_verified() const { return small_verified_; }
@@ -86,6 +118,11 @@ class Gemm {
                          GemmOut out, Stream stream);
   absl::Status RunCublas(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
                          GemmOut out, Stream stream);
+  // The pinned algorithm for this call's m (nullptr: cuBLASLt rejects it there).
+  absl::StatusOr<const Algo*> PinnedFor(int m, int n, int k, GemmOut out, int splits);
+  // First call at a tune size: y = the pinned result; picks the algorithm for (m, n, k, out).
+  absl::Status Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, GemmOut out,
+                    Stream stream);
 
   bool batch_invariant_ = true;
   int reference_m_ = 256;
@@ -101,6 +138,11 @@ class Gemm {
   int64_t fallbacks_ = 0;
   bool small_m_ = true;
   std::map<std::tuple<int, int, int, int>, bool> small_ok_;  // (n, k, out, S) -> verified equal
+  std::set<int> tune_sizes_;
+  bool use_tuned_ = true;
+  // (m, n, k, out) -> the tuned algorithm; nullptr: the pinned one stays.
+  std::map<std::tuple<int, int, int, int>, std::unique_ptr<Algo>> tuned_;
+  std::vector<TuneRecord> tune_log_;
   int small_verified_ = 0, small_rejected_ = 0;
 };
 
