@@ -485,6 +485,54 @@ TEST(AttentionPlanTest, FoldItemsGrowWithTheStepsWork) {
   EXPECT_EQ(single.split_items[6], kFoldPartial);
 }
 
+// Rows of different lengths (the nano-vllm workload's shape): whole rows fold when the CTAs,
+// taking the items longest first in snake rounds, stay within 1.1x of the even share of the
+// tile reads; one row much longer than the step's share keeps it from folding whole.
+TEST(AttentionPlanTest, RaggedRowsFoldWholeWhenSnakeRoundsBalanceThem) {
+  auto make = [](const std::vector<int>& tiles) {
+    std::vector<Seq> seqs;
+    int next = 0;
+    for (int t : tiles) {
+      Seq s{1, t * kTileTokens - 5, {}};
+      while (static_cast<int>(s.blocks.size()) * 16 < s.ctx) s.blocks.push_back(next++);
+      seqs.push_back(s);
+    }
+    return seqs;
+  };
+  std::vector<int> ragged;
+  for (int i = 0; i < 256; ++i) ragged.push_back(7 + (i * 7) % 26);  // 7..32 tiles
+  const Batch b = MakeBatch(make(ragged));
+  AttentionConfig cfg = kQwen3;
+  cfg.split_ctas = 66;
+  const AttentionPlan plan = Plan(cfg, b);
+  CheckPlan(cfg, b, plan);
+  EXPECT_EQ(plan.num_split(), 256) << "one whole-row item per row";
+  EXPECT_EQ(plan.num_partials, 0) << "every row finished by its fold item";
+  // The CTAs' loads: within 1.1x of the even share (round-robin over the planned order).
+  std::vector<int> load(66, 0);
+  int total = 0;
+  for (int i = 0; i < plan.num_split(); ++i) {
+    const int32_t* it = &plan.split_items[i * kItemFields];
+    load[i % 66] += it[2] - it[1];
+    total += it[2] - it[1];
+  }
+  EXPECT_LE(10 * *std::max_element(load.begin(), load.end()), 11 * CeilDiv(total, 66));
+  // One row of 400 tiles beside 255 short ones: folding it whole would leave its CTA running
+  // long after the others, so only first items fold.
+  std::vector<int> skewed(255, 4);
+  skewed.push_back(400);
+  const Batch b2 = MakeBatch(make(skewed));
+  const AttentionPlan plan2 = Plan(cfg, b2);
+  CheckPlan(cfg, b2, plan2);
+  EXPECT_GT(plan2.num_split(), 256);
+  int longest = 0;
+  for (int i = 0; i < plan2.num_split(); ++i) {
+    longest = std::max(
+        longest, plan2.split_items[i * kItemFields + 2] - plan2.split_items[i * kItemFields + 1]);
+  }
+  EXPECT_LE(longest, 4) << "a fold item longer than tiles_per_item";
+}
+
 TEST(AttentionPlanTest, RejectsPositionsOutsideContextAndBadShapes) {
   std::vector<int32_t> pos = {5}, qs = {0, 1}, ctx = {5}, ts = {0, 1}, blocks = {0};
   AttentionBatch b{pos.data(), 1, qs.data(), ctx.data(), ts.data(), blocks.data(), 1};

@@ -39,6 +39,30 @@ void SortLongestFirst(std::vector<int32_t>* flat) {
   std::memcpy(flat->data(), items.data(), flat->size() * sizeof(int32_t));
 }
 
+// Reorders items already sorted longest first so that a fixed grid of `slots` CTAs taking them
+// round-robin (CTA c runs items c, c + slots, ...: ForEachSplitItem in a decode graph) gets them
+// as a snake: odd rounds reversed, so the CTA that took one round's longest item takes the next
+// round's shortest. Balances rows of different lengths; the order changes no result.
+void SnakeRounds(std::vector<int32_t>* flat, int slots) {
+  const int n = static_cast<int>(flat->size()) / kItemFields;
+  for (int begin = slots; begin < n; begin += 2 * slots) {
+    const int end = std::min(n, begin + slots);
+    for (int i = begin, j = end - 1; i < j; ++i, --j) {
+      std::swap_ranges(flat->begin() + i * kItemFields, flat->begin() + (i + 1) * kItemFields,
+                       flat->begin() + j * kItemFields);
+    }
+  }
+}
+
+// The most tiles one CTA reads when `slots` CTAs take the items round-robin.
+int64_t RoundRobinSpan(const std::vector<int32_t>& flat, int slots) {
+  std::vector<int64_t> load(slots, 0);
+  for (size_t i = 0; i < flat.size() / kItemFields; ++i) {
+    load[i % slots] += flat[i * kItemFields + 2] - flat[i * kItemFields + 1];
+  }
+  return *std::max_element(load.begin(), load.end());
+}
+
 struct DecodeRow {
   int row, pos, table_offset;
   int full_tiles() const { return (pos + 1) / kTileTokens; }  // tiles of 64 visible keys
@@ -387,30 +411,44 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   plan->item_rows.reserve(plan->item_rows.size() + 2 * plan->decode_row_tiles);
   // Fold items: a row's first item folds its tiles in the CTA (one partial instead of one per
   // tile: the same bits, less partial traffic). The first item always folds. Whole runs from
-  // tile 0 (a row's every tile, a group's shared run) fold when the fold items, started first
-  // (longest first below) in as few waves of CTAs as their count needs, end within about the
-  // step's tile reads per CTA; else a long fold item would run on after the other CTAs are done
-  // (measured on an H100, bench/kernels/RESULTS.md: runs shorter than whole rows lost to no
-  // folding at all, whole rows won from batch 64 on). That takes a second plan once the reads
-  // and the fold items are counted.
+  // tile 0 (a row's every tile, a group's shared run) fold when the CTAs, taking the items
+  // longest first in snake rounds (SnakeRounds), end within about the step's tile reads per CTA;
+  // else a long fold item would run on after the other CTAs are done (measured on an H100,
+  // bench/kernels/RESULTS.md: runs shorter than whole rows lost to no folding at all, whole rows
+  // won from batch 64 on). That takes a second plan, kept or dropped once its span is known.
   int lead = config.lead_tiles;
+  const int slots = config.split_ctas > 0 ? config.split_ctas : kDefaultSplitCtas;
   plan_decode(lead == 0 ? tiles_per_item : lead);
   if (lead == 0) {
-    const int slots = config.split_ctas > 0 ? config.split_ctas : kDefaultSplitCtas;
-    int fold_items = 0, longest = 0;
-    for (int i = 0; i < plan->num_split(); ++i) {
-      fold_items += plan->split_items[static_cast<size_t>(i) * kItemFields + 6];
-    }
+    int longest = 0;
     for (const DecodeRow& d : decode_rows) longest = std::max(longest, d.tiles());
-    const int64_t waves = std::max(1, CeilDiv(fold_items, slots));
-    // waves * longest <= 1.1 * reads / slots, in integers.
-    if (longest > tiles_per_item &&
-        10 * waves * longest * slots <= 11 * static_cast<int64_t>(plan->split_tile_reads)) {
-      lead = longest;
-      plan_decode(lead);
+    const int64_t share = CeilDiv(plan->split_tile_reads, slots);  // tiles per CTA, evenly
+    // A row longer than 1.1x the share would keep its CTA running after the others if folded
+    // whole: no second plan then (it would be dropped, and planning twice costs host time).
+    if (longest > tiles_per_item && 10 * static_cast<int64_t>(longest) <= 11 * share) {
+      const int64_t reads = plan->split_tile_reads;
+      std::vector<int32_t> items = plan->split_items, rows = plan->item_rows;
+      const int max_rows = plan->max_split_rows, groups = plan->cascade_groups;
+      const int shared = plan->cascade_shared_tiles;
+      plan_decode(longest);
+      SortLongestFirst(&plan->split_items);
+      SnakeRounds(&plan->split_items, slots);
+      // span <= 1.1 * reads / slots, in integers.
+      if (10 * RoundRobinSpan(plan->split_items, slots) <= 11 * share) {
+        lead = longest;
+      } else {  // back to the first plan
+        plan->split_items = std::move(items);
+        plan->item_rows = std::move(rows);
+        plan->max_split_rows = max_rows;
+        plan->cascade_groups = groups;
+        plan->cascade_shared_tiles = shared;
+        plan->split_tile_reads = static_cast<int>(reads);
+      }
     }
+  } else if (lead > tiles_per_item) {  // the fold items lead
+    SortLongestFirst(&plan->split_items);
+    SnakeRounds(&plan->split_items, slots);
   }
-  if (lead > tiles_per_item) SortLongestFirst(&plan->split_items);  // the fold items lead
 
   // Partial slots: one per tile, but a fold item's tiles [0, f) share one, tile f - 1's (slot of
   // tile t = partial_base + t, so slot f - 1 is the row's first); then the merge of the row's
