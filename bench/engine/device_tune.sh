@@ -3,7 +3,8 @@
 # GPU test binary (cuda_kernels_test prints each tuning of TunedGemmGivesThePinnedRowsBitwise),
 # then engine_bench decode of PRESET (qwen3-0.6b) for VARIANTS (default "untuned,tuned") at
 # BATCHES with the tuning log; NANO=1: the nano-vllm workload for NANO_VARIANTS; SAMPLERS=a,b:
-# qwen3-0.6b decode per sampler at SAMPLER_BATCHES. Logs under $OUT.
+# qwen3-0.6b decode per sampler at SAMPLER_BATCHES; HF=1: hf_decode_bench.py on the same weights
+# at HF_BATCHES. Logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
 export CASCADE_SUBDIRS="common cache_service gpu_worker/model gpu_worker/engine gpu_worker/backend/cpu gpu_worker/backend/cuda tests/gpu bench/engine bench/kernels"
@@ -21,6 +22,10 @@ grep "^tune\|replaced the pinned" "$OUT/cuda_kernels_test.log" | head -70
 timeout 300 build-gpu/bench/engine_bench --backend=cuda --preset=${PRESET:-qwen3-0.6b} --sections=decode --variants=${VARIANTS:-untuned,tuned} --batches=${BATCHES:-1,8,32,64,128,256} --tune_log=1 >"$OUT/engine.log" 2>&1 || echo "engine rc=$?"
 [ "${NANO:-0}" = 1 ] && { timeout 200 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=nanovllm --variants=${NANO_VARIANTS:-untuned,tuned} >"$OUT/nano.log" 2>&1 || echo "nano rc=$?"; grep -E "^\||^#" "$OUT/nano.log"; }
 grep -v "^  tune" "$OUT/engine.log" | grep -E "^\||^#|^\(" ; grep "^  tune" "$OUT/engine.log" | head -${TUNE_LINES:-40}
+if [ "${HF:-0}" = 1 ]; then  # the Hugging Face + CUDA-graph baseline on the same weights, same call
+  timeout 200 python3 bench/engine/hf_decode_bench.py --model_dir /tmp/cascade_bench_${PRESET:-qwen3-0.6b} --batches ${HF_BATCHES:-1,64,256} >"$OUT/hf.log" 2>&1 || echo "hf rc=$?"
+  grep -E "^\||^#" "$OUT/hf.log" | tail -8
+fi
 if [ -n "${SAMPLERS:-}" ]; then  # decode rate per sampler on qwen3-0.6b (issue 10: within 10% of greedy)
   timeout 200 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=decode --samplers=$SAMPLERS --batches=${SAMPLER_BATCHES:-1,64,256} >"$OUT/samplers.log" 2>&1 || echo "samplers rc=$?"
   grep -A20 "by variant" "$OUT/samplers.log"
