@@ -187,8 +187,10 @@ __device__ __forceinline__ void CpAsyncWait() {
 }
 
 // Cache rows (of head_dim elements) of the keys t * kT + j0 + r * kStep (r < R) of the sequence
-// whose block table starts at table_offset; -1 for keys past kv_len.
-template <int R, int kStep>
+// whose block table starts at table_offset; -1 for keys past kv_len. kShift: block_size divides
+// kTileTokens, so it is a power of two: shifts instead of divisions (the shared-memory split
+// kernel; the 255-register kernels keep the divisions, with which ptxas does not spill there).
+template <int R, int kStep, bool kShift = false>
 __device__ __forceinline__ void TileKeyRows(const AttentionArgs& a, int table_offset, int kv_len,
                                             int kvh, int t, int j0, int (&ids)[R]) {
   const int hkv = a.cache.num_kv_heads, bs = a.cache.block_size;
@@ -196,7 +198,14 @@ __device__ __forceinline__ void TileKeyRows(const AttentionArgs& a, int table_of
   for (int r = 0; r < R; ++r) {
     const int tok = t * kT + j0 + r * kStep;
     ids[r] = -1;
-    if (tok < kv_len) ids[r] = (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
+    if (tok >= kv_len) continue;
+    if (kShift) {
+      const int shift = __ffs(bs) - 1;
+      ids[r] =
+          ((a.block_ids[table_offset + (tok >> shift)] * hkv + kvh) << shift) | (tok & (bs - 1));
+    } else {
+      ids[r] = (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
+    }
   }
 }
 
@@ -1082,7 +1091,7 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
   extern __shared__ __align__(16) unsigned char smem[];
   const AttentionArgs& a = k.a;
   const KvCacheView& cache = a.cache;
-  const int hq = a.num_q_heads, hkv = cache.num_kv_heads, G = hq / hkv, bs = cache.block_size;
+  const int hq = a.num_q_heads, G = hq / cache.num_kv_heads;
   __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);  // [kT, LD]
   __nv_bfloat16* Vs = Ks + kT * LD;                            // [kT, LD]
   __nv_bfloat16* Qs = Vs + kT * LD;                            // [kMaxQ, LD]
@@ -1104,27 +1113,33 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
 
-  const __nv_bfloat16* kc = reinterpret_cast<const __nv_bfloat16*>(cache.k);
-  const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v);
-  // Copies tile t of the K or V cache into dst (zeros past kv_len) as one cp.async group; past
-  // the item's tiles an empty group, so every thread counts the same groups.
+  // This thread's part of a tile copy (TileCopier's shape): 16-byte chunk cc of rows j0 + r *
+  // kRowsPerPass. The rows' cache ids are found once per tile (TileKeyRows) for K and V.
+  constexpr int kC = D / 8, kRowsPerPass = kThreads / kC, kR = kT / kRowsPerPass;
+  static_assert(kThreads % kC == 0 && kT % kRowsPerPass == 0, "tile load shape");
+  const int j0 = tid / kC, cc = tid % kC;
+  int ids[kR];
+  auto load_ids = [&](int t) {
+    if (t < tile_end) TileKeyRows<kR, kRowsPerPass, true>(a, table_offset, kv_len, kvh, t, j0, ids);
+  };
+  const __nv_bfloat16* kc = reinterpret_cast<const __nv_bfloat16*>(cache.k) + cc * 8;
+  const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v) + cc * 8;
+  // Copies tile t (its ids loaded) of the K or V cache into dst (zeros past kv_len: P is 0 there,
+  // and 0 * garbage could be NaN) as one cp.async group; past the item's tiles an empty group, so
+  // every thread counts the same groups.
   auto load = [&](int t, __nv_bfloat16* dst, const __nv_bfloat16* src_cache) {
     if (t < tile_end) {
-      const int ts = t * kT, n_load = min(kT, kv_len - ts);
-      for (int i = tid; i < kT * (D / 8); i += kThreads) {
-        const int j = i / (D / 8), c = i % (D / 8);
-        const int tok = ts + j;
-        int64_t src = 0;
-        if (j < n_load) {
-          const int64_t blk = a.block_ids[table_offset + tok / bs];
-          src = ((blk * hkv + kvh) * bs + tok % bs) * D + c * 8;
-        }
-        CpAsync16Z(dst + j * LD + c * 8, src_cache + src, j < n_load ? 16 : 0);
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        const int64_t src = ids[r] < 0 ? 0 : static_cast<int64_t>(ids[r]) * D;
+        CpAsync16Z(dst + (j0 + r * kRowsPerPass) * LD + cc * 8, src_cache + src,
+                   ids[r] < 0 ? 0 : 16);
       }
     }
     CpAsyncCommit();
   };
   if (kPrefetch) {
+    load_ids(tile_begin);
     load(tile_begin, Ks, kc);
     load(tile_begin, Vs, vc);
   }
@@ -1164,6 +1179,7 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
     const int ts = t * kT;
     const int n_load = min(kT, kv_len - ts);
     if (!kPrefetch) {
+      load_ids(t);  // before the barrier: its global loads overlap the other warps' tail
       if (t != tile_begin) __syncthreads();  // the previous tile's readers are done
       load(t, Ks, kc);
       load(t, Vs, vc);
@@ -1188,7 +1204,10 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
       *reinterpret_cast<float2*>(Ss + (m0 + g + 8) * LDS + n0 + 2 * t4) = make_float2(c[2], c[3]);
     }
     __syncthreads();  // Ks is read: the next tile's K may come in
-    if (kPrefetch) load(t + 1, Ks, kc);
+    if (kPrefetch) {
+      load_ids(t + 1);  // tile t's copies are all issued: ids may move on
+      load(t + 1, Ks, kc);
+    }
 
     // Softmax: 8 queries per warp pass, 4 lanes per query (lane t4 holds keys Key(i, t4)).
     for (int q0 = warp * 8; q0 < nq; q0 += kWarps * 8) {  // warp-uniform
