@@ -336,7 +336,15 @@ absl::Status Gemm::Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void*
   // Tuning is an optimization: where its buffers do not fit, the pinned algorithm stays.
   absl::StatusOr<DeviceBuffer> tmp = DeviceBuffer::Allocate(bytes);
   absl::StatusOr<DeviceBuffer> flush = DeviceBuffer::Allocate(64 << 20);  // > an H100's L2
-  cudaEvent_t ev[2] = {nullptr, nullptr};
+  struct Events {  // destroyed on every return
+    cudaEvent_t e[2] = {nullptr, nullptr};
+    ~Events() {
+      for (cudaEvent_t x : e) {
+        if (x != nullptr) cudaEventDestroy(x);
+      }
+    }
+  } events_owner;
+  cudaEvent_t* ev = events_owner.e;
   const bool events =
       cudaEventCreate(&ev[0]) == cudaSuccess && cudaEventCreate(&ev[1]) == cudaSuccess;
   TuneRecord rec{m, n, k, out == GemmOut::kF32};
@@ -406,9 +414,6 @@ absl::Status Gemm::Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void*
         }
       }
     }
-  }
-  for (cudaEvent_t e : ev) {
-    if (e != nullptr) cudaEventDestroy(e);
   }
   rec.replaced = best != nullptr;
   tune_log_.push_back(rec);
