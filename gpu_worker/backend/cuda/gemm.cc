@@ -288,18 +288,24 @@ bool IsCapturing(Stream stream) {
          capture != cudaStreamCaptureStatusNone;
 }
 
-// "id 66 tile 18 stages 23 cluster 2 swizzle 0": what tells cuBLASLt algorithms apart.
+// "id 66 tile 18 stages 35 inner 2 cluster 2 swizzle 0 custom 0": what tells cuBLASLt
+// algorithms apart (inner shape and cluster shape are 16-bit attributes, the rest 32-bit).
 std::string Describe(const cublasLtMatmulAlgo_t& algo) {
-  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
-    int32_t v = -1;
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr, auto zero) {
+    decltype(zero) v = zero;
     size_t written = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written);
-    return v;
+    return cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) ==
+                   CUBLAS_STATUS_SUCCESS
+               ? static_cast<int64_t>(v)
+               : int64_t{-1};
   };
-  return absl::StrCat(
-      "id ", get(CUBLASLT_ALGO_CONFIG_ID), " tile ", get(CUBLASLT_ALGO_CONFIG_TILE_ID), " stages ",
-      get(CUBLASLT_ALGO_CONFIG_STAGES_ID), " cluster ", get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
-      " swizzle ", get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
+  return absl::StrCat("id ", get(CUBLASLT_ALGO_CONFIG_ID, int32_t{0}), " tile ",
+                      get(CUBLASLT_ALGO_CONFIG_TILE_ID, uint32_t{0}), " stages ",
+                      get(CUBLASLT_ALGO_CONFIG_STAGES_ID, uint32_t{0}), " inner ",
+                      get(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, uint16_t{0}), " cluster ",
+                      get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, uint16_t{0}), " swizzle ",
+                      get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, uint32_t{0}), " custom ",
+                      get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, uint32_t{0}));
 }
 
 // Outputs at most this large are tuned (their bitwise check copies them to the host); the
