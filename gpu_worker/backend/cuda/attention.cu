@@ -1324,10 +1324,9 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
         }
       }
     }
-    const int qi = qs;
-    if (!finish && t4 == 0 && qi < nq) {
-      const int row = k.item_rows[row_begin + qi / G];
-      const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + kvh * G + qi % G;
+    if (!finish && t4 == 0 && qs < nq) {
+      const int row = k.item_rows[row_begin + qs / G];
+      const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + kvh * G + qs % G;
       a.partial_ml[2 * slot] = run_m;
       a.partial_ml[2 * slot + 1] = run_l;
     }

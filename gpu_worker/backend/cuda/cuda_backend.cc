@@ -532,7 +532,8 @@ absl::Status CudaBackend::Init(const model::Model& m) {
     if (o_.gemm_tune) {  // the m of every graph bucket (its first step runs eagerly at that m)
       std::vector<int> buckets;
       for (int n = 1; n <= std::min(max_graph_batch_, o_.gemm_tune_max_m); ++n) {
-        if (buckets.empty() || buckets.back() != GraphBucket(n)) buckets.push_back(GraphBucket(n));
+        const int bucket = GraphBucket(n);
+        if (buckets.empty() || buckets.back() != bucket) buckets.push_back(bucket);
       }
       gemm_->SetTuneSizes(buckets);
     }
