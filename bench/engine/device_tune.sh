@@ -4,12 +4,14 @@
 # then engine_bench decode of PRESET (qwen3-0.6b) for VARIANTS (default "untuned,tuned") at
 # BATCHES with the tuning log; NANO=1: the nano-vllm workload for NANO_VARIANTS; SAMPLERS=a,b:
 # qwen3-0.6b decode per sampler at SAMPLER_BATCHES; HF=1: hf_decode_bench.py on the same weights
-# at HF_BATCHES. Logs under $OUT.
+# at HF_BATCHES; GEMM=1: cuda_gemm_bench --quick after the tests (DecodeGemm, SmallGemm, pinned, heuristic
+# per projection shape). Logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
 export CASCADE_SUBDIRS="common cache_service gpu_worker/model gpu_worker/engine gpu_worker/backend/cpu gpu_worker/backend/cuda tests/gpu bench/engine bench/kernels"
 t0=$(date +%s)
-bash scripts/device_build.sh cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test engine_bench >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+extra=""; [ "${GEMM:-0}" = 1 ] && extra=cuda_gemm_bench
+bash scripts/device_build.sh cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test engine_bench $extra >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 . build-gpu/env.sh; echo "build $(( $(date +%s) - t0 )) s"
 fail=0
 for t in cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test; do
@@ -18,7 +20,11 @@ for t in cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_tes
   grep -B2 -A8 "Failure" "$OUT/$t.log" | head -20
 done
 echo "all passed: $([ $fail = 0 ] && echo yes || echo NO) ($(( $(date +%s) - t0 )) s)"
-grep "^tune\|replaced the pinned" "$OUT/cuda_kernels_test.log" | head -70
+grep "^tune\|replaced the pinned" "$OUT/cuda_kernels_test.log" | head -${TUNE_LINES:-70}
+if [ "${GEMM:-0}" = 1 ]; then
+  timeout 300 build-gpu/bench/cuda_gemm_bench --quick >"$OUT/gemm.log" 2>&1 || echo "gemm bench rc=$?"
+  grep -E "^\| .*(pinned S=1 |decode|small S=1 f32|heuristic)|decode sweep" "$OUT/gemm.log"
+fi
 timeout 300 build-gpu/bench/engine_bench --backend=cuda --preset=${PRESET:-qwen3-0.6b} --sections=decode --variants=${VARIANTS:-untuned,tuned} --batches=${BATCHES:-1,8,32,64,128,256} --tune_log=1 >"$OUT/engine.log" 2>&1 || echo "engine rc=$?"
 [ "${NANO:-0}" = 1 ] && { timeout 200 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=nanovllm --variants=${NANO_VARIANTS:-untuned,tuned} >"$OUT/nano.log" 2>&1 || echo "nano rc=$?"; grep -E "^\||^#" "$OUT/nano.log"; }
 grep -v "^  tune" "$OUT/engine.log" | grep -E "^\||^#|^\(" ; grep "^  tune" "$OUT/engine.log" | head -${TUNE_LINES:-40}

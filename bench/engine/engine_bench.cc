@@ -14,21 +14,22 @@
 //
 // Decode variants (CUDA backend), run one after another in the same process so they compare
 // on the same device state: "default" (deterministic: pinned GEMM algorithms, decode CUDA
-// graphs, verified small-m GEMMs), "eager" (no decode graphs), "cublas" (no small-m GEMMs: the
-// pinned cuBLASLt algorithm at every m), "nopdl" (kernels launched without programmatic
-// dependent launch), "heuristic" (cuBLAS heuristics per m, no pinning, graphs
-// on: the cost of determinism is default vs heuristic), "overlap" (default with the engine's
-// overlapped schedule: step n+1 scheduled and built while step n runs), "splitk" (the
-// batch-invariant split-K rule of gemm.h: o_proj / down_proj of narrow models in k slices),
-// "nosplit" (no split-K: the default since run 8), "split2" / "split4" / "split8" (that many k
-// slices for every GEMM whose k allows it, the LM head excepted), "refN" (the pinned GEMM
-// algorithms picked by cuBLASLt's heuristic at m = N instead of 256, e.g. ref1024), "block32" /
-// "block64" (KV blocks of 32 / 64 tokens instead of 16: coarser prefix sharing, fewer and larger
-// copies for the Hopper prefill kernel), "nofold" (no attention fold items: every split item
-// writes one partial per tile, as before fold items; the same bits), "nofinish" (fold items
-// never write a row's output themselves: every decode row goes through the merge; the same bits),
-// "untuned" (the pinned GEMM algorithms at every decode graph bucket, no tuning: the default),
-// "tuned" / "tuneN" (GEMMs tuned at the decode buckets up to m = 64 / N, gemm.h; the same bits).
+// graphs, verified small-m and decode GEMMs), "eager" (no decode graphs), "cublas" (no small-m
+// or decode GEMMs: the pinned cuBLASLt algorithm at every m), "nodecodegemm" (no DecodeGemm:
+// SmallGemm and cuBLASLt as before it; the same bits), "nopdl" (kernels launched without
+// programmatic dependent launch), "heuristic" (cuBLAS heuristics per m, no pinning, graphs on: the
+// cost of determinism is default vs heuristic), "overlap" (default with the engine's overlapped
+// schedule: step n+1 scheduled and built while step n runs), "splitk" (the batch-invariant split-K
+// rule of gemm.h: o_proj / down_proj of narrow models in k slices), "nosplit" (no split-K: the
+// default since run 8), "split2" / "split4" / "split8" (that many k slices for every GEMM whose k
+// allows it, the LM head excepted), "refN" (the pinned GEMM algorithms picked by cuBLASLt's
+// heuristic at m = N instead of 256, e.g. ref1024), "block32" / "block64" (KV blocks of 32 / 64
+// tokens instead of 16: coarser prefix sharing, fewer and larger copies for the Hopper prefill
+// kernel), "nofold" (no attention fold items: every split item writes one partial per tile, as
+// before fold items; the same bits), "nofinish" (fold items never write a row's output themselves:
+// every decode row goes through the merge; the same bits), "untuned" (the pinned GEMM algorithms at
+// every decode graph bucket, no tuning: the default), "tuned" / "tuneN" (GEMMs tuned at the decode
+// buckets up to m = 64 / N, gemm.h; the same bits).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -98,7 +99,7 @@ struct Flags {
   int nano_seqs = 256;
   int nano_min_len = 100;
   int nano_max_len = 1024;
-  bool tune_log = false;  // print each GEMM tuning (gemm.h SetTuneSizes)
+  bool tune_log = false;  // print each GEMM tuning and decode-sized kernel choice (gemm.h)
 };
 
 // Sets the sampling options of --samplers name `n` on p (p null: only checks the name).
@@ -121,6 +122,7 @@ struct Variant {
   bool graphs = true;
   bool batch_invariant = true;
   bool small_m_gemm = true;
+  int decode_gemm_max_m = 64;  // CudaBackendOptions::decode_gemm_max_m
   bool pdl = true;
   bool overlap = false;     // EngineOptions::overlap_schedule
   int split_k = 1;          // CudaBackendOptions::split_k (1: off)
@@ -136,7 +138,8 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "default") return true;
   if (name == "eager") return v->graphs = false, true;
   if (name == "heuristic") return v->batch_invariant = false, true;
-  if (name == "cublas") return v->small_m_gemm = false, true;
+  if (name == "cublas") return v->small_m_gemm = false, v->decode_gemm_max_m = 0, true;
+  if (name == "nodecodegemm") return v->decode_gemm_max_m = 0, true;
   if (name == "nopdl") return v->pdl = false, true;
   if (name == "overlap") return v->overlap = true, true;
   if (name == "nosplit") return v->split_k = 1, true;
@@ -317,6 +320,9 @@ struct Bench {
         for (const std::string& line : st.gemm_tune_log) std::printf("  tune %s\n", line.c_str());
       }
     }
+    if (flags.tune_log) {
+      for (const std::string& line : st.gemm_decode_log) std::printf("  decode %s\n", line.c_str());
+    }
 #endif
   }
 
@@ -340,6 +346,7 @@ struct Bench {
       o.cuda_graphs = variant.graphs;
       o.batch_invariant = variant.batch_invariant;
       o.small_m_gemm = variant.small_m_gemm;
+      o.decode_gemm_max_m = variant.decode_gemm_max_m;
       o.split_k = variant.split_k;
       o.gemm_reference_m = variant.reference_m;
       o.block_size = variant.block_size;

@@ -203,6 +203,64 @@ std::string ProbeLtSplitK(int n, int k, const Bf16* x, const Bf16* w) {
   return cell;
 }
 
+// DecodeGemm (ops.h) on an unsplit shape: "inv" counts the m in 1..64 whose bf16 rows are bitwise
+// the pinned kRefM-row call's (want: that call's f32 partial = its f32 product, so bf16 rows are
+// compared against a bf16 call made here); then us per call at the built-in CTA shape and, at
+// m = 1 / 16 / 64, per (features per CTA, stages).
+template <typename RowFn, typename FmtFn>
+void DecodeRows(const Shape& s, const DeviceBuffer& x, const std::vector<DeviceBuffer>& ws,
+                int calls, const std::vector<uint8_t>& want_f32, const std::vector<int>& time_ms,
+                RowFn row, FmtFn fmt) {
+  const int copies = static_cast<int>(ws.size());
+  const std::vector<int> check = {1, 2, 3, 5, 8, 13, 16, 17, 24, 31, 32, 33, 48, 63, 64};
+  DeviceBuffer y = Alloc(static_cast<size_t>(64) * s.n * 4);
+  int same = 0;
+  std::string err;
+  for (int m : check) {
+    const size_t cnt = static_cast<size_t>(m) * s.n;
+    CHECK_OK(FillBytes(y.data(), 0xff, cnt * 4));
+    const absl::Status st =
+        DecodeGemm(x.as<Bf16>(), ws[0].as<Bf16>(), m, s.n, s.k, y.data(), true, nullptr);
+    if (!st.ok()) {
+      err = std::string(st.message());
+      break;
+    }
+    same += Host(y.data(), cnt * 4) ==
+            std::vector<uint8_t>(want_f32.begin(), want_f32.begin() + cnt * 4);
+  }
+  if (!err.empty()) {
+    row("decode", err, "", {});
+    return;
+  }
+  std::vector<std::string> cells;
+  for (int m : time_ms) {
+    cells.push_back(m > 64 ? "-" : fmt(MedianUs(calls, [&](int i, cudaStream_t st) {
+      CHECK_OK(
+          DecodeGemm(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k, y.data(), false, st));
+    })));
+  }
+  row("decode (f32 rows == pinned: inv)", std::to_string(same) + "/" + std::to_string(check.size()),
+      "", cells);
+  std::string sweep;
+  for (int m : {1, 16, 64}) {
+    for (int cols : {8, 16, 32}) {
+      for (int stages : {4, 8, 16}) {
+        if (s.n % cols != 0) continue;
+        bool ok = true;
+        const double us = MedianUs(calls, [&](int i, cudaStream_t st) {
+          ok = ok && DecodeGemm(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k, y.data(),
+                                false, st, cols, stages)
+                         .ok();
+        });
+        if (ok)
+          sweep += " m" + std::to_string(m) + "/c" + std::to_string(cols) + "/s" +
+                   std::to_string(stages) + " " + fmt(us);
+      }
+    }
+  }
+  std::printf("  decode sweep %s:%s\n", s.name.c_str(), sweep.c_str());
+}
+
 int Main(bool quick) {
   auto dev = DeviceName(0);
   std::printf("# cuda_gemm_bench on %s\n\n", dev.ok() ? dev->c_str() : "?");
@@ -216,9 +274,11 @@ int Main(bool quick) {
     shapes.push_back({p + "o", h, hq * d});
     shapes.push_back({p + "gate_up", 2 * in, h});
     shapes.push_back({p + "down", h, in});
+    if (std::string(preset) == "qwen3-0.6b")
+      shapes.push_back({p + "lm_head", static_cast<int>(c.vocab_size), h});
   }
-  const std::vector<int> time_ms =
-      quick ? std::vector<int>{1, 16, 64, 256} : std::vector<int>{1, 4, 8, 16, 64, 128, 256, 2048};
+  const std::vector<int> time_ms = quick ? std::vector<int>{1, 8, 16, 32, 64, 256}
+                                         : std::vector<int>{1, 4, 8, 16, 32, 64, 128, 256, 2048};
   std::vector<int> check_ms = {1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 64, 256};
   constexpr int kRefM = 1024;
   auto heuristic = Gemm::Create(/*batch_invariant=*/false, 256, false);
@@ -331,6 +391,7 @@ int Main(bool quick) {
       row("pinned " + sn + (S > 1 ? " + reduce" : ""), inv_s, small_s, run_cells);
       if (S > 1) row("pinned " + sn + " partials", "", "", part_cells);
       row("small " + sn + (S > 1 ? " partials" : " f32"), "", "", small_cells);
+      if (S == 1 && s.k % 128 == 0) DecodeRows(s, x, ws, calls, want, time_ms, row, fmt);
     }
     if (!quick && s.k % 256 == 0) {
       probes.push_back("| " + s.name + " | " +

@@ -186,6 +186,7 @@ class CudaBackend final : public engine::Backend {
           r.m, r.n, r.k, r.f32 ? "f32" : "bf16", r.candidates, r.equal, r.pinned_us, r.pinned_algo,
           r.best_us, r.best_algo, r.replaced ? " (replaced)" : ""));
     }
+    st.gemm_decode_log = gemm_->decode_log();
     return st;
   }
   int64_t NumBlocks() const override { return num_blocks_; }
@@ -435,6 +436,7 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   ASSIGN_OR_RETURN(
       gemm, Gemm::Create(o_.batch_invariant, o_.gemm_reference_m, o_.small_m_gemm, o_.split_k));
   gemm_ = std::move(gemm);
+  gemm_->set_decode_max_m(o_.decode_gemm_max_m);
   o_splits_ = gemm_->Splits(hidden_, hq_ * d_);
   down_splits_ = gemm_->Splits(hidden_, inter_);
 

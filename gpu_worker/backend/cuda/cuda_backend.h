@@ -35,6 +35,10 @@ struct CudaBackendOptions {
   // to the pinned algorithm's (gemm.h), since the pinned large-tile kernels stream weights far
   // below bandwidth at decode-sized m.
   bool small_m_gemm = true;
+  // Deterministic mode only: unsplit GEMMs of up to this many rows (<= 64; 0: none) use DecodeGemm
+  // (gemm.h: one warpgroup per 8-32 output features, wgmma) where its bits were verified equal to
+  // the pinned algorithm's; decode steps are such GEMMs.
+  int decode_gemm_max_m = 64;
   // Deterministic mode only: batch-invariant split-K (gemm.h): 1 = off (default), 0 = the
   // built-in rule (k of narrow GEMMs such as o_proj / down_proj cut into slices fixed per shape),
   // S > 1 = S slices for every GEMM but the LM head whose k allows it (benchmarks). o_proj's and
@@ -99,6 +103,8 @@ struct CudaGraphStats {
   // or dropped for the pinned one (slower as a whole step).
   int graphs_tuned_kept = 0, graphs_tuned_dropped = 0;
   std::vector<std::string> gemm_tune_log;
+  // Decode-sized GEMM kernel choices (gemm.h set_decode_max_m), one line per (bucket, shape).
+  std::vector<std::string> gemm_decode_log;
 };
 CudaGraphStats GetCudaGraphStats(const engine::Backend& backend);
 

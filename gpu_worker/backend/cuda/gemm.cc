@@ -78,6 +78,10 @@ struct Problem {
 // Split shapes give it S times the warps; at m = 8 that still lost to the batched cuBLASLt call
 // (H100: llama-3.2-1b batch 8 9% slower with it, NOTES.md run 8), so m <= 2 there too (second
 // call: llama batch 8 1.06x faster than unsplit). Both paths give the same bits: a speed choice.
+// Decode-sized m share a kernel choice per bucket (1, 2, 4, then multiples of 8: the decode graph
+// buckets), made at the bucket's first call.
+int DecodeBucket(int m) { return m <= 2 ? m : m <= 4 ? 4 : (m + 7) / 8 * 8; }
+
 bool SmallWins(int m, int n, int splits) {
   if (splits > 1) return m <= 2;
   return m <= Gemm::kSmallM && (n >= 65536 || (m <= 2 && n >= 3072));
@@ -220,33 +224,45 @@ absl::Status Gemm::RunPartials(const Bf16* x, const Bf16* w, int m, int n, int k
 absl::Status Gemm::RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
                              GemmOut out, Stream stream) {
   const bool f32 = out == GemmOut::kF32;
-  if (small_m_ && SmallWins(m, n, splits) && k % (64 * splits) == 0) {
-    const auto key = std::make_tuple(n, k, static_cast<int>(out), splits);
-    auto it = small_ok_.find(key);
-    if (it != small_ok_.end() && it->second) {
-      return SmallGemm(x, w, m, n, k, y, f32, stream, splits);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const bool capturing = cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+                         capture != cudaStreamCaptureStatusNone;
+  if (batch_invariant_ && splits == 1 && m <= decode_max_m_ && k % 128 == 0 && n < 65536) {
+    // Decode-sized: the kernel chosen for this (n, k, out, m) at its first call, outside capture.
+    auto it = decode_choice_.find(std::make_tuple(n, k, static_cast<int>(out), DecodeBucket(m)));
+    if (it == decode_choice_.end()) {
+      if (!capturing) return ChooseDecode(x, w, m, n, k, y, out, stream);
+    } else if (it->second.kind == 2) {
+      return DecodeGemm(x, w, m, n, k, y, f32, stream, it->second.cols, it->second.stages);
+    } else if (it->second.kind == 1) {
+      return SmallGemm(x, w, m, n, k, y, f32, stream);
     }
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (it == small_ok_.end() && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
-        capture == cudaStreamCaptureStatusNone) {
-      // First call of this shape: both paths on the same data, compared bit for bit.
-      const size_t bytes = static_cast<size_t>(splits) * m * n * (f32 ? 4 : 2);
-      absl::StatusOr<DeviceBuffer> ref = DeviceBuffer::Allocate(bytes);
-      if (!ref.ok()) return ref.status();
-      RETURN_IF_ERROR(RunCublas(x, w, m, n, k, splits, ref->data(), out, stream));
-      RETURN_IF_ERROR(SmallGemm(x, w, m, n, k, y, f32, stream, splits));
-      std::vector<uint8_t> a(bytes), b(bytes);
-      RETURN_IF_ERROR(Synchronize(stream));
-      RETURN_IF_ERROR(CopyToHost(a.data(), ref->data(), bytes));
-      RETURN_IF_ERROR(CopyToHost(b.data(), y, bytes));
-      const bool equal = std::memcmp(a.data(), b.data(), bytes) == 0;
-      small_ok_[key] = equal;
-      ++(equal ? small_verified_ : small_rejected_);
-      if (equal) return absl::OkStatus();
-      // cuBLASLt's result stands; `ref` is freed on return, so the copy must be done by then.
-      RETURN_IF_ERROR(CopyAsync(y, ref->data(), bytes, stream));
-      return Synchronize(stream);
-    }
+    return RunCublas(x, w, m, n, k, splits, y, out, stream);
+  }
+  if (!(small_m_ && SmallWins(m, n, splits) && k % (64 * splits) == 0)) {
+    return RunCublas(x, w, m, n, k, splits, y, out, stream);
+  }
+  const auto key = std::make_tuple(n, k, static_cast<int>(out), splits);
+  auto it = small_ok_.find(key);
+  if (it != small_ok_.end() && it->second) return SmallGemm(x, w, m, n, k, y, f32, stream, splits);
+  if (it == small_ok_.end() && !capturing) {
+    // First call of this shape: both paths on the same data, compared bit for bit.
+    const size_t bytes = static_cast<size_t>(splits) * m * n * (f32 ? 4 : 2);
+    absl::StatusOr<DeviceBuffer> ref = DeviceBuffer::Allocate(bytes);
+    if (!ref.ok()) return ref.status();
+    RETURN_IF_ERROR(RunCublas(x, w, m, n, k, splits, ref->data(), out, stream));
+    RETURN_IF_ERROR(SmallGemm(x, w, m, n, k, y, f32, stream, splits));
+    std::vector<uint8_t> a(bytes), b(bytes);
+    RETURN_IF_ERROR(Synchronize(stream));
+    RETURN_IF_ERROR(CopyToHost(a.data(), ref->data(), bytes));
+    RETURN_IF_ERROR(CopyToHost(b.data(), y, bytes));
+    const bool equal = std::memcmp(a.data(), b.data(), bytes) == 0;
+    small_ok_[key] = equal;
+    ++(equal ? small_verified_ : small_rejected_);
+    if (equal) return absl::OkStatus();
+    // cuBLASLt's result stands; `ref` is freed on return, so the copy must be done by then.
+    RETURN_IF_ERROR(CopyAsync(y, ref->data(), bytes, stream));
+    return Synchronize(stream);
   }
   return RunCublas(x, w, m, n, k, splits, y, out, stream);
 }
@@ -316,7 +332,110 @@ constexpr int kTuneRuns = 7;
 // A candidate replaces the pinned algorithm only if this much faster (timing noise).
 constexpr double kTuneMargin = 0.95;
 
+// Times launches the way Tune and the DecodeGemm choice compare kernels: microseconds of the
+// fastest of kTuneRuns runs, each after the weights were pushed out of L2 (as in a step, where
+// each layer's weights come from HBM); < 0 on a failed launch. The minimum, not the mean: a first
+// run's one-time costs must not make a kernel look slow (the same algorithm timed twice differed
+// by 50% with means).
+class KernelTimer {
+ public:
+  explicit KernelTimer(cudaStream_t s) : s_(s) {
+    absl::StatusOr<DeviceBuffer> flush = DeviceBuffer::Allocate(64 << 20);  // > an H100's L2
+    if (flush.ok()) flush_ = std::move(*flush);
+    ok_ = flush.ok() && cudaEventCreate(&ev_[0]) == cudaSuccess &&
+          cudaEventCreate(&ev_[1]) == cudaSuccess;
+  }
+  ~KernelTimer() {
+    for (cudaEvent_t e : ev_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+  }
+  bool ok() const { return ok_; }
+  template <typename Launch>  // bool launch(): enqueues one run on the stream
+  double MinUs(Launch launch) {
+    float best_ms = 1e30f;
+    for (int r = 0; r < kTuneRuns; ++r) {
+      float ms = 0;
+      if (cudaMemsetAsync(flush_.data(), r, flush_.size(), s_) != cudaSuccess ||
+          cudaEventRecord(ev_[0], s_) != cudaSuccess || !launch() ||
+          cudaEventRecord(ev_[1], s_) != cudaSuccess ||
+          cudaEventSynchronize(ev_[1]) != cudaSuccess ||
+          cudaEventElapsedTime(&ms, ev_[0], ev_[1]) != cudaSuccess) {
+        return -1.0;
+      }
+      best_ms = std::min(best_ms, ms);
+    }
+    return 1000.0 * best_ms;
+  }
+
+ private:
+  cudaStream_t s_;
+  DeviceBuffer flush_;
+  cudaEvent_t ev_[2] = {nullptr, nullptr};
+  bool ok_ = false;
+};
+
 }  // namespace
+
+absl::Status Gemm::ChooseDecode(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,
+                                GemmOut out, Stream stream) {
+  const bool f32 = out == GemmOut::kF32;
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  DecodeChoice& choice =
+      decode_choice_[std::make_tuple(n, k, static_cast<int>(out), DecodeBucket(m))];
+  RETURN_IF_ERROR(RunCublas(x, w, m, n, k, 1, y, out, stream));  // the reference bits
+  const size_t bytes = static_cast<size_t>(m) * n * (f32 ? 4 : 2);
+  // The choice is an optimization: where its buffers do not fit, the pinned algorithm stays.
+  absl::StatusOr<DeviceBuffer> tmp = DeviceBuffer::Allocate(bytes);
+  KernelTimer timer(s);
+  if (!tmp.ok() || !timer.ok()) return Synchronize(stream);
+  std::vector<uint8_t> ref(bytes), got(bytes);
+  RETURN_IF_ERROR(Synchronize(stream));
+  RETURN_IF_ERROR(CopyToHost(ref.data(), y, bytes));
+  auto pinned = [&] { return RunCublas(x, w, m, n, k, 1, tmp->data(), out, stream).ok(); };
+  timer.MinUs(pinned);  // warm-up
+  const double pinned_us = timer.MinUs(pinned);
+  double best_us = pinned_us;
+  DecodeChoice best;
+  bool decode_equal = false, decode_differs = false;
+  std::vector<DecodeChoice> candidates;
+  if (small_m_ && m <= kSmallM && k % 64 == 0) candidates.push_back({1, 0, 0});
+  for (auto [cols, stages] :
+       {std::pair{8, 8}, std::pair{16, 8}, std::pair{32, 8}, std::pair{32, 4}}) {
+    if (n % cols == 0) candidates.push_back({2, cols, stages});
+  }
+  for (const DecodeChoice& c : candidates) {
+    auto run = [&] {
+      return (c.kind == 1 ? SmallGemm(x, w, m, n, k, tmp->data(), f32, stream)
+                          : DecodeGemm(x, w, m, n, k, tmp->data(), f32, stream, c.cols, c.stages))
+          .ok();
+    };
+    if (!run()) continue;  // that CTA shape does not fit, or no wgmma on this GPU
+    RETURN_IF_ERROR(Synchronize(stream));
+    RETURN_IF_ERROR(CopyToHost(got.data(), tmp->data(), bytes));
+    const bool equal = std::memcmp(ref.data(), got.data(), bytes) == 0;
+    if (c.kind == 2) (equal ? decode_equal : decode_differs) = true;
+    if (!equal) continue;  // other bits: never used
+    timer.MinUs(run);      // warm-up
+    const double us = timer.MinUs(run);
+    if (us > 0 && us < best_us && (best.kind != 0 || us < kTuneMargin * pinned_us)) {
+      best_us = us;
+      best = c;
+    }
+  }
+  if (decode_equal || decode_differs) ++(decode_differs ? small_rejected_ : small_verified_);
+  choice = best;
+  decode_log_.push_back(absl::StrCat(
+      "m=", m, " (bucket ", DecodeBucket(m), ") n=", n, " k=", k, f32 ? " f32" : " bf16",
+      ": pinned ", static_cast<int>(pinned_us * 10) / 10.0, " us, chosen ",
+      best.kind == 0 ? std::string("pinned")
+      : best.kind == 1
+          ? std::string("SmallGemm")
+          : absl::StrCat("DecodeGemm ", best.cols, " features x ", best.stages, " stages"),
+      " ", static_cast<int>(best_us * 10) / 10.0, " us"));
+  // The temporaries are freed on return: nothing may still use them.
+  return Synchronize(stream);
+}
 
 absl::Status Gemm::Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, GemmOut out,
                         Stream stream) {
@@ -341,44 +460,16 @@ absl::Status Gemm::Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void*
   const size_t bytes = static_cast<size_t>(m) * n * (out == GemmOut::kF32 ? 4 : 2);
   // Tuning is an optimization: where its buffers do not fit, the pinned algorithm stays.
   absl::StatusOr<DeviceBuffer> tmp = DeviceBuffer::Allocate(bytes);
-  absl::StatusOr<DeviceBuffer> flush = DeviceBuffer::Allocate(64 << 20);  // > an H100's L2
-  struct Events {  // destroyed on every return
-    cudaEvent_t e[2] = {nullptr, nullptr};
-    ~Events() {
-      for (cudaEvent_t x : e) {
-        if (x != nullptr) cudaEventDestroy(x);
-      }
-    }
-  } events_owner;
-  cudaEvent_t* ev = events_owner.e;
-  const bool events =
-      cudaEventCreate(&ev[0]) == cudaSuccess && cudaEventCreate(&ev[1]) == cudaSuccess;
+  KernelTimer timer(s);
   TuneRecord rec{m, n, k, out == GemmOut::kF32};
   rec.pinned_algo = Describe(pinned->algo);
   std::unique_ptr<Algo> best;
-  if (tmp.ok() && flush.ok() && events) {
+  if (tmp.ok() && timer.ok()) {
     std::vector<uint8_t> ref(bytes), got(bytes);
     RETURN_IF_ERROR(Synchronize(stream));
     RETURN_IF_ERROR(CopyToHost(ref.data(), y, bytes));
-    // Microseconds of the fastest of kTuneRuns runs, each after the weights were pushed out of
-    // L2 (as in a step, where each layer's weights come from HBM); < 0 on a failed launch. The
-    // minimum, not the mean: a first run's one-time costs must not make an algorithm look slow
-    // (the same algorithm timed twice differed by 50% with means).
     auto time = [&](const cublasLtMatmulAlgo_t& algo) {
-      float best_ms = 1e30f;
-      for (int r = 0; r < kTuneRuns; ++r) {
-        float ms = 0;
-        if (cudaMemsetAsync(flush->data(), r, flush->size(), s) != cudaSuccess ||
-            cudaEventRecord(ev[0], s) != cudaSuccess ||
-            launch(algo, tmp->data()) != CUBLAS_STATUS_SUCCESS ||
-            cudaEventRecord(ev[1], s) != cudaSuccess ||
-            cudaEventSynchronize(ev[1]) != cudaSuccess ||
-            cudaEventElapsedTime(&ms, ev[0], ev[1]) != cudaSuccess) {
-          return -1.0;
-        }
-        best_ms = std::min(best_ms, ms);
-      }
-      return 1000.0 * best_ms;
+      return timer.MinUs([&] { return launch(algo, tmp->data()) == CUBLAS_STATUS_SUCCESS; });
     };
     time(pinned->algo);  // warm-up: first launches of the shape
     rec.pinned_us = rec.best_us = time(pinned->algo);

@@ -16,6 +16,18 @@
 // only after its first call compared its output bitwise with the pinned algorithm's on the same
 // data (outside graph capture); a shape that differs stays on cuBLASLt (small_rejected()).
 //
+// Decode GEMM: with set_decode_max_m, an unsplit call of up to that many rows (<= 64) takes the
+// kernel chosen at the first call of its (n, k, output type, bucket of m: 1, 2, 4, then multiples
+// of 8, the decode graph buckets), outside graph capture: the pinned
+// algorithm, SmallGemm, or DecodeGemm (ops.h, decode_gemm.cu: one warpgroup per 8-32 output
+// features over the whole k loop, the same k16-step chain on wgmma) in one of a few CTA shapes.
+// Every candidate runs on the call's own data; only those bitwise equal to the pinned algorithm's
+// output are timed (as Tune times: weights flushed from L2, fastest of 7), and an alternative is
+// kept only if >= 5% faster than the pinned algorithm. A row's bits never depend on the choice.
+// (An H100 measured DecodeGemm 20-35% faster than the pinned kernels on qwen3-8b's projections at
+// m <= 32 and slower on qwen3-0.6b's n = 1024 ones, where its k16 chain bounds a CTA: NOTES
+// run 11.)
+//
 // Batch-invariant split-K: a narrow GEMM (few output tiles, e.g. o_proj / down_proj with n =
 // hidden) leaves most of the chip idle at small m. So k is cut into S equal slices, S = Splits(n,
 // k) chosen from the shape alone (never from m), each slice's product accumulated from zero into
@@ -40,6 +52,7 @@
 // algorithms and keeps the faster (cuda_backend.cc CaptureDecodeGraph).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -103,8 +116,15 @@ class Gemm {
   // the pinned algorithms beside the tuned one. True by default.
   void set_use_tuned(bool on) { use_tuned_ = on; }
 
+  // Decode-sized calls (m <= max_m <= 64, unsplit, k % 128 == 0, n < 65536) on DecodeGemm (ops.h:
+  // wgmma, every feature's k loop in one CTA), each (n, k, output, 16-row groups) after the same
+  // first-use bitwise comparison with the pinned algorithm as SmallGemm's; 0 (the default): off.
+  void set_decode_max_m(int max_m) { decode_max_m_ = batch_invariant_ ? std::min(max_m, 64) : 0; }
+  // One line per decode-sized (bucket of m, n, k, output): the pinned time and the kernel kept.
+  const std::vector<std::string>& decode_log() const { return decode_log_; }
+
   int64_t fallbacks() const { return fallbacks_; }
-  // Shapes verified bitwise and served by SmallGemm at m <= kSmallM; shapes that differed.
+  // Shapes verified bitwise and served by SmallGemm or DecodeGemm; shapes that differed.
   int small_verified() const { return small_verified_; }
   int small_rejected() const { return small_rejected_; }
   static constexpr int kSmallM = 16;
@@ -120,6 +140,11 @@ class Gemm {
                          GemmOut out, Stream stream);
   // The pinned algorithm for this call's m (nullptr: cuBLASLt rejects it there).
   absl::StatusOr<const Algo*> PinnedFor(int m, int n, int k, GemmOut out, int splits);
+  // First decode-sized call of (n, k, out, bucket of m): y = the pinned result; times the pinned
+  // algorithm, SmallGemm and DecodeGemm CTA shapes whose outputs are bitwise the pinned one's,
+  // keeps the fastest (an alternative only if >= 5% faster than the pinned algorithm).
+  absl::Status ChooseDecode(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, GemmOut out,
+                            Stream stream);
   // First call at a tune size: y = the pinned result; picks the algorithm for (m, n, k, out).
   absl::Status Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, GemmOut out,
                     Stream stream);
@@ -138,6 +163,14 @@ class Gemm {
   int64_t fallbacks_ = 0;
   bool small_m_ = true;
   std::map<std::tuple<int, int, int, int>, bool> small_ok_;  // (n, k, out, S) -> verified equal
+  int decode_max_m_ = 0;
+  struct DecodeChoice {
+    int kind = 0;  // 0: the pinned algorithm, 1: SmallGemm, 2: DecodeGemm (cols, stages)
+    int cols = 0, stages = 0;
+  };
+  // (n, k, out, bucket of m: 1, 2, 4, then multiples of 8) -> the kernel
+  std::map<std::tuple<int, int, int, int>, DecodeChoice> decode_choice_;
+  std::vector<std::string> decode_log_;
   std::set<int> tune_sizes_;
   bool use_tuned_ = true;
   // (m, n, k, out) -> the tuned algorithm; nullptr: the pinned one stays.

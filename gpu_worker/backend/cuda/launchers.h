@@ -51,6 +51,17 @@ cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int split_form, int
 // (y: [splits, m, n] partials).
 cudaError_t LaunchSmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
                             bool f32_out, cudaStream_t stream);
+// See decode_gemm.cu: y = x w^T for m <= 64 on wgmma (sm_90a). j: 8 j output features per CTA (1,
+// 2 or 4), stages: 4, 8 or 16 (0, 0: DecodeGemmPick's choice). REQUIRES: k % 128 == 0,
+// n % (8 j) == 0, 16-byte aligned x and w. cudaErrorNotSupported where wgmma is not available.
+struct DecodeGemmShape {
+  int j = 0, stages = 0;
+};
+DecodeGemmShape DecodeGemmPick(int m, int n, int k);
+// Dynamic shared memory of a launch (at most 227 KB fit a CTA).
+size_t DecodeGemmSmemBytes(int m, DecodeGemmShape shape);
+cudaError_t LaunchDecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,
+                             bool f32_out, DecodeGemmShape shape, cudaStream_t stream);
 // y[i] = sum over s in order of partials[s count + i], as bf16 or f32. REQUIRES: count % 4 == 0.
 cudaError_t LaunchSplitReduce(const float* partials, int splits, int64_t count, void* y,
                               bool f32_out, cudaStream_t stream);

@@ -168,6 +168,34 @@ absl::Status SmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* 
                     "SmallGemm");
 }
 
+absl::Status DecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,
+                        Stream stream, int cols_per_cta, int stages) {
+  const int j = cols_per_cta / 8;
+  if (m < 0 || m > 64 || n <= 0 || k <= 0 || k % 128 || n % 8 || cols_per_cta % 8 ||
+      (j != 0 && j != 1 && j != 2 && j != 4) || (j != 0 && n % cols_per_cta) ||
+      (stages != 0 && stages != 4 && stages != 8 && stages != 16)) {
+    return Bad("DecodeGemm", absl::StrCat("bad shape m=", m, " n=", n, " k=", k,
+                                          " cols_per_cta=", cols_per_cta, " stages=", stages));
+  }
+  if (m > 0 && (!x || !w || !y)) return Bad("DecodeGemm", "null pointer");
+  if (m > 0 && (!Aligned16(x) || !Aligned16(w) || !Aligned16(y))) {
+    return Bad("DecodeGemm", "pointers must be 16-byte aligned");
+  }
+  const internal::DecodeGemmShape pick = internal::DecodeGemmPick(m, n, k);
+  internal::DecodeGemmShape shape;
+  shape.j = j != 0 ? j : pick.j;
+  shape.stages = stages != 0 ? stages : pick.stages;
+  if (internal::DecodeGemmSmemBytes(m, shape) > (227u << 10)) {
+    return Bad("DecodeGemm", absl::StrCat(stages, " stages of ", cols_per_cta,
+                                          " features do not fit a CTA's shared memory at m=", m));
+  }
+  const cudaError_t err = internal::LaunchDecodeGemm(x, w, m, n, k, y, f32_out, shape, stream);
+  if (err == cudaErrorNotSupported) {
+    return absl::UnimplementedError("DecodeGemm: this GPU has no wgmma (sm_90a) machine code");
+  }
+  return CudaStatus(err, "DecodeGemm");
+}
+
 absl::Status SplitReduce(const float* partials, int splits, int m, int n, void* y, bool f32_out,
                          Stream stream) {
   const int64_t count = static_cast<int64_t>(m) * n;

@@ -76,6 +76,15 @@ absl::Status GatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16*
 absl::Status SmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,
                        Stream stream, int splits = 1);
 
+// y = x w^T (the Hugging Face Linear: x [m, k], w [n, k], y [m, n] bf16 or f32) for m <= 64 on
+// Hopper's warpgroup MMA, each element one fp32 accumulator over k ascending in k16 steps (the
+// accumulation of SmallGemm and of the pinned cuBLASLt kernels; gemm.cc checks the bits per shape
+// before it uses this). cols_per_cta (8, 16 or 32) and stages (4, 8, 16): the CTA shape, 0 for
+// the built-in choice. REQUIRES: k % 128 == 0, n % cols_per_cta == 0, 16-byte aligned x and w.
+// kUnimplemented where the device lacks wgmma (not an sm_90 GPU).
+absl::Status DecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,
+                        Stream stream, int cols_per_cta = 0, int stages = 0);
+
 // y[r, c] = sum over s = 0, 1, .. of partials[s, r, c], added in that order in fp32, then stored
 // as bf16 (round to nearest even) or f32. partials: [splits, m, n] f32; y: [m, n].
 // REQUIRES: m n % 4 == 0, 16-byte aligned pointers.
