@@ -281,6 +281,13 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   ASSERT_TRUE(graph_or.ok()) << graph_or.status();
   engine::Backend& eager = **eager_or;
   engine::Backend& graph = **graph_or;
+  // Each backend chose its decode-sized GEMM kernels at load time by timing (gemm.h): the two may
+  // differ, and the bits must not.
+  for (const engine::Backend* b : {&eager, &graph}) {
+    for (const std::string& line : GetCudaGraphStats(*b).gemm_decode_log) {
+      std::printf("%s: decode GEMM %s\n", b == &eager ? "eager" : "graph", line.c_str());
+    }
+  }
   const int vocab = eager.VocabSize();
   std::mt19937 rng(11);
   auto random_tokens = [&](int n) {

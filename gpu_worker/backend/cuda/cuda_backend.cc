@@ -540,6 +540,19 @@ absl::Status CudaBackend::Init(const model::Model& m) {
       gemm_->SetTuneSizes(buckets);
     }
   }
+  // The decode-sized GEMM kernels of every bucket chosen now (gemm.h PrepareDecode; the layers
+  // share their shapes), so no request pays for the choice's timing runs.
+  if (!layers_.empty()) {
+    const Layer& l = layers_[0];
+    RETURN_IF_ERROR(
+        gemm_->PrepareDecode(l.wqkv.as<Bf16>(), qkv_cols_, hidden_, GemmOut::kBf16, stream_));
+    RETURN_IF_ERROR(
+        gemm_->PrepareDecode(l.wo.as<Bf16>(), hidden_, hq_ * d_, GemmOut::kBf16, stream_));
+    RETURN_IF_ERROR(
+        gemm_->PrepareDecode(l.wgu.as<Bf16>(), 2 * inter_, hidden_, GemmOut::kBf16, stream_));
+    RETURN_IF_ERROR(
+        gemm_->PrepareDecode(l.wd.as<Bf16>(), hidden_, inter_, GemmOut::kBf16, stream_));
+  }
   return absl::OkStatus();
 }
 

@@ -5,7 +5,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -80,6 +82,8 @@ struct Problem {
 // call: llama batch 8 1.06x faster than unsplit). Both paths give the same bits: a speed choice.
 // Decode-sized m share a kernel choice per bucket (1, 2, 4, then multiples of 8: the decode graph
 // buckets), made at the bucket's first call.
+constexpr int kVerifyRows = 64;  // rows PrepareDecode compares each candidate on
+
 int DecodeBucket(int m) { return m <= 2 ? m : m <= 4 ? 4 : (m + 7) / 8 * 8; }
 
 bool SmallWins(int m, int n, int splits) {
@@ -231,7 +235,7 @@ absl::Status Gemm::RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, 
     // Decode-sized: the kernel chosen for this (n, k, out, m) at its first call, outside capture.
     auto it = decode_choice_.find(std::make_tuple(n, k, static_cast<int>(out), DecodeBucket(m)));
     if (it == decode_choice_.end()) {
-      if (!capturing) return ChooseDecode(x, w, m, n, k, y, out, stream);
+      if (!capturing) return ChooseDecode(x, m, w, m, n, k, y, out, stream);
     } else if (it->second.kind == 2) {
       return DecodeGemm(x, w, m, n, k, y, f32, stream, it->second.cols, it->second.stages);
     } else if (it->second.kind == 1) {
@@ -337,13 +341,17 @@ constexpr double kTuneMargin = 0.95;
 // each layer's weights come from HBM); < 0 on a failed launch. The minimum, not the mean: a first
 // run's one-time costs must not make a kernel look slow (the same algorithm timed twice differed
 // by 50% with means).
+// `flush` (allocated here at its first use, then kept by the caller: allocating and freeing
+// 64 MB per timing made the first steps of a run measurably slower) is overwritten before each run.
 class KernelTimer {
  public:
-  explicit KernelTimer(cudaStream_t s) : s_(s) {
-    absl::StatusOr<DeviceBuffer> flush = DeviceBuffer::Allocate(64 << 20);  // > an H100's L2
-    if (flush.ok()) flush_ = std::move(*flush);
-    ok_ = flush.ok() && cudaEventCreate(&ev_[0]) == cudaSuccess &&
-          cudaEventCreate(&ev_[1]) == cudaSuccess;
+  KernelTimer(cudaStream_t s, DeviceBuffer* flush) : s_(s), flush_(*flush) {
+    if (flush->size() == 0) {
+      absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(64 << 20);  // > an H100's L2
+      if (!b.ok()) return;
+      *flush = std::move(*b);
+    }
+    ok_ = cudaEventCreate(&ev_[0]) == cudaSuccess && cudaEventCreate(&ev_[1]) == cudaSuccess;
   }
   ~KernelTimer() {
     for (cudaEvent_t e : ev_) {
@@ -370,25 +378,45 @@ class KernelTimer {
 
  private:
   cudaStream_t s_;
-  DeviceBuffer flush_;
+  DeviceBuffer& flush_;
   cudaEvent_t ev_[2] = {nullptr, nullptr};
   bool ok_ = false;
 };
 
 }  // namespace
 
-absl::Status Gemm::ChooseDecode(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,
-                                GemmOut out, Stream stream) {
+absl::Status Gemm::ChooseDecode(const Bf16* x, int x_rows, const Bf16* w, int m, int n, int k,
+                                void* y, GemmOut out, Stream stream) {
   const bool f32 = out == GemmOut::kF32;
+  const size_t es = f32 ? 4 : 2;
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   DecodeChoice& choice =
       decode_choice_[std::make_tuple(n, k, static_cast<int>(out), DecodeBucket(m))];
-  RETURN_IF_ERROR(RunCublas(x, w, m, n, k, 1, y, out, stream));  // the reference bits
-  const size_t bytes = static_cast<size_t>(m) * n * (f32 ? 4 : 2);
+  // The pinned algorithm itself is the reference and the baseline: nothing is tuned here (a tuned
+  // algorithm is checked on the data of its own first call, SetTuneSizes).
+  const bool use_tuned = use_tuned_;
+  use_tuned_ = false;
+  struct Restore {
+    bool& flag;
+    bool value;
+    ~Restore() { flag = value; }
+  } restore{use_tuned_, use_tuned};
+  // Bits are compared on all x_rows rows (>= m; the pinned algorithm's rows do not depend on how
+  // many there are), times taken at m. y holds x_rows rows of the pinned result on return.
+  const int vm = std::max(m, x_rows);
+  RETURN_IF_ERROR(RunCublas(x, w, vm, n, k, 1, y, out, stream));  // the reference bits
+  const size_t bytes = static_cast<size_t>(vm) * n * es;
   // The choice is an optimization: where its buffers do not fit, the pinned algorithm stays.
-  absl::StatusOr<DeviceBuffer> tmp = DeviceBuffer::Allocate(bytes);
-  KernelTimer timer(s);
-  if (!tmp.ok() || !timer.ok()) return Synchronize(stream);
+  if (choice_out_.size() < bytes) {
+    RETURN_IF_ERROR(Synchronize(stream));
+    choice_out_ = DeviceBuffer();
+    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(bytes);
+    if (!b.ok()) return Synchronize(stream);
+    choice_out_ = std::move(*b);
+  }
+  DeviceBuffer* tmp = &choice_out_;
+  KernelTimer timer(s, &timing_flush_);
+  if (!timer.ok()) return Synchronize(stream);
   std::vector<uint8_t> ref(bytes), got(bytes);
   RETURN_IF_ERROR(Synchronize(stream));
   RETURN_IF_ERROR(CopyToHost(ref.data(), y, bytes));
@@ -405,19 +433,22 @@ absl::Status Gemm::ChooseDecode(const Bf16* x, const Bf16* w, int m, int n, int 
     if (n % cols == 0) candidates.push_back({2, cols, stages});
   }
   for (const DecodeChoice& c : candidates) {
-    auto run = [&] {
-      return (c.kind == 1 ? SmallGemm(x, w, m, n, k, tmp->data(), f32, stream)
-                          : DecodeGemm(x, w, m, n, k, tmp->data(), f32, stream, c.cols, c.stages))
+    auto run = [&](int rows) {
+      return (c.kind == 1
+                  ? SmallGemm(x, w, rows, n, k, tmp->data(), f32, stream)
+                  : DecodeGemm(x, w, rows, n, k, tmp->data(), f32, stream, c.cols, c.stages))
           .ok();
     };
-    if (!run()) continue;  // that CTA shape does not fit, or no wgmma on this GPU
+    const int cm = c.kind == 1 ? std::min(vm, kSmallM) : std::min(vm, 64);
+    if (!run(cm)) continue;  // that CTA shape does not fit, or no wgmma on this GPU
+    const size_t cbytes = static_cast<size_t>(cm) * n * es;
     RETURN_IF_ERROR(Synchronize(stream));
-    RETURN_IF_ERROR(CopyToHost(got.data(), tmp->data(), bytes));
-    const bool equal = std::memcmp(ref.data(), got.data(), bytes) == 0;
+    RETURN_IF_ERROR(CopyToHost(got.data(), tmp->data(), cbytes));
+    const bool equal = std::memcmp(ref.data(), got.data(), cbytes) == 0;
     if (c.kind == 2) (equal ? decode_equal : decode_differs) = true;
-    if (!equal) continue;  // other bits: never used
-    timer.MinUs(run);      // warm-up
-    const double us = timer.MinUs(run);
+    if (!equal) continue;                 // other bits: never used
+    timer.MinUs([&] { return run(m); });  // warm-up
+    const double us = timer.MinUs([&] { return run(m); });
     if (us > 0 && us < best_us && (best.kind != 0 || us < kTuneMargin * pinned_us)) {
       best_us = us;
       best = c;
@@ -432,9 +463,40 @@ absl::Status Gemm::ChooseDecode(const Bf16* x, const Bf16* w, int m, int n, int 
       : best.kind == 1
           ? std::string("SmallGemm")
           : absl::StrCat("DecodeGemm ", best.cols, " features x ", best.stages, " stages"),
-      " ", static_cast<int>(best_us * 10) / 10.0, " us"));
-  // The temporaries are freed on return: nothing may still use them.
+      " ", static_cast<int>(best_us * 10) / 10.0, " us",
+      decode_differs ? " (DecodeGemm's bits differed)" : ""));
   return Synchronize(stream);
+}
+
+absl::Status Gemm::PrepareDecode(const Bf16* w, int n, int k, GemmOut out, Stream stream) {
+  if (decode_max_m_ == 0 || k % 128 != 0 || n >= 65536 || Splits(n, k) != 1) {
+    return absl::OkStatus();
+  }
+  // x: 64 pseudo-random rows of standard normal bf16 values, every candidate compared on all of
+  // them: terms of similar size, so a different summation order shows in many outputs.
+  std::vector<uint16_t> hx(static_cast<size_t>(kVerifyRows) * k);
+  std::mt19937 rng(static_cast<uint32_t>(n * 131 + k));
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (uint16_t& v : hx) {
+    const float f = normal(rng);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    v = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // round to nearest even
+  }
+  absl::StatusOr<DeviceBuffer> x = DeviceBuffer::Allocate(hx.size() * 2);
+  if (!x.ok()) return x.status();
+  RETURN_IF_ERROR(CopyToDevice(x->data(), hx.data(), hx.size() * 2));
+  absl::StatusOr<DeviceBuffer> y = DeviceBuffer::Allocate(static_cast<size_t>(decode_max_m_) * n *
+                                                          (out == GemmOut::kF32 ? 4 : 2));
+  if (!y.ok()) return y.status();
+  for (int m = 1; m <= decode_max_m_; ++m) {
+    if (m != DecodeBucket(m) ||
+        decode_choice_.count(std::make_tuple(n, k, static_cast<int>(out), m)) > 0) {
+      continue;
+    }
+    RETURN_IF_ERROR(ChooseDecode(x->as<Bf16>(), kVerifyRows, w, m, n, k, y->data(), out, stream));
+  }
+  return Synchronize(stream);  // x and y are freed on return
 }
 
 absl::Status Gemm::Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, GemmOut out,
@@ -460,7 +522,7 @@ absl::Status Gemm::Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void*
   const size_t bytes = static_cast<size_t>(m) * n * (out == GemmOut::kF32 ? 4 : 2);
   // Tuning is an optimization: where its buffers do not fit, the pinned algorithm stays.
   absl::StatusOr<DeviceBuffer> tmp = DeviceBuffer::Allocate(bytes);
-  KernelTimer timer(s);
+  KernelTimer timer(s, &timing_flush_);
   TuneRecord rec{m, n, k, out == GemmOut::kF32};
   rec.pinned_algo = Describe(pinned->algo);
   std::unique_ptr<Algo> best;

@@ -120,6 +120,10 @@ class Gemm {
   // wgmma, every feature's k loop in one CTA), each (n, k, output, 16-row groups) after the same
   // first-use bitwise comparison with the pinned algorithm as SmallGemm's; 0 (the default): off.
   void set_decode_max_m(int max_m) { decode_max_m_ = batch_invariant_ ? std::min(max_m, 64) : 0; }
+  // Makes the decode-sized kernel choice of every bucket up to the decode max m for weights w
+  // ([n, k]) now, on pseudo-random rows as x (a backend calls it at load time, so no request pays
+  // the choice's timing runs). No-op for shapes the decode path does not serve.
+  absl::Status PrepareDecode(const Bf16* w, int n, int k, GemmOut out, Stream stream);
   // One line per decode-sized (bucket of m, n, k, output): the pinned time and the kernel kept.
   const std::vector<std::string>& decode_log() const { return decode_log_; }
 
@@ -143,8 +147,10 @@ class Gemm {
   // First decode-sized call of (n, k, out, bucket of m): y = the pinned result; times the pinned
   // algorithm, SmallGemm and DecodeGemm CTA shapes whose outputs are bitwise the pinned one's,
   // keeps the fastest (an alternative only if >= 5% faster than the pinned algorithm).
-  absl::Status ChooseDecode(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, GemmOut out,
-                            Stream stream);
+  // x has x_rows >= m rows: the bits are compared on all of them, the times taken at m; y receives
+  // the pinned result of all x_rows rows.
+  absl::Status ChooseDecode(const Bf16* x, int x_rows, const Bf16* w, int m, int n, int k, void* y,
+                            GemmOut out, Stream stream);
   // First call at a tune size: y = the pinned result; picks the algorithm for (m, n, k, out).
   absl::Status Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, GemmOut out,
                     Stream stream);
@@ -171,6 +177,7 @@ class Gemm {
   // (n, k, out, bucket of m: 1, 2, 4, then multiples of 8) -> the kernel
   std::map<std::tuple<int, int, int, int>, DecodeChoice> decode_choice_;
   std::vector<std::string> decode_log_;
+  DeviceBuffer timing_flush_, choice_out_;  // kept between timings (see KernelTimer)
   std::set<int> tune_sizes_;
   bool use_tuned_ = true;
   // (m, n, k, out) -> the tuned algorithm; nullptr: the pinned one stays.

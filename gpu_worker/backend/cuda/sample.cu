@@ -467,6 +467,12 @@ __global__ void __launch_bounds__(kThreads)
         o.top_ids[rk] = sh.lp_id[i];
         o.top[rk] = engine::LogprobOf(engine::KeyValue(sh.lp_key[i]), lse);
       });
+      // Slots past n_lp are zero, as in the host rule's result: the row's bytes are defined (the
+      // buffer's stale bytes would otherwise differ between two runs of the same row).
+      for (int i = n_lp + static_cast<int>(threadIdx.x); i < engine::kMaxLogprobs; i += kThreads) {
+        o.top_ids[i] = 0;
+        o.top[i] = 0.0f;
+      }
       if (threadIdx.x == 0) {
         o.num_top = n_lp;
         o.sampled = engine::LogprobOf(z[token], lse);
