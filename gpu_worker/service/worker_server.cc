@@ -44,6 +44,9 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddBool("gemm_tune", &c->gemm_tune,
              "CUDA backend: at each decode batch bucket up to 64, use the fastest cuBLASLt GEMM "
              "whose output is bitwise the pinned one's (same tokens; faster on large models)");
+  f->AddInt("decode_gemm_max_m", &c->decode_gemm_max_m,
+            "CUDA backend: GEMMs of up to this many rows (<= 64; 0: off) run the kernel measured "
+            "fastest per decode batch bucket at load time, each bitwise the pinned one's");
   f->AddInt64("host_kv_bytes", &c->host_kv_bytes,
               "host KV tier: host memory for KV blocks the GPU tier evicts (pinned on CUDA); "
               "-1: min(RAM / 5, 4 x the KV cache); 0: off");
@@ -106,6 +109,10 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
       return absl::InvalidArgumentError(
           absl::StrCat("--kv_cache_fraction=", config.kv_cache_fraction, ": must be in (0, 1)"));
     }
+    if (config.decode_gemm_max_m < 0 || config.decode_gemm_max_m > 64) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--decode_gemm_max_m=", config.decode_gemm_max_m, ": must be in [0, 64] (0: off)"));
+    }
     cuda::CudaBackendOptions o;
     o.device = config.cuda_device;
     o.kv_cache_fraction = config.kv_cache_fraction;
@@ -115,6 +122,7 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     o.block_size = config.block_size;
     o.max_num_tokens = std::max(config.max_batched_tokens, 256);
     o.gemm_tune = config.gemm_tune;
+    o.decode_gemm_max_m = config.decode_gemm_max_m;
     auto b = cuda::NewCudaBackend(model, o);
     if (!b.ok()) return b.status();
     return std::move(*b);

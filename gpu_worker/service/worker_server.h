@@ -39,6 +39,10 @@ struct WorkerConfig {
   // gemm_tune: faster cuBLASLt algorithms with the pinned algorithm's bits; measured 9-18% faster
   // decode at batch 8-64 on qwen3-8b, 3.6% slower on the nano-vllm workload on qwen3-0.6b).
   bool gemm_tune = false;
+  // CUDA backend: decode-sized GEMMs (up to this many rows, <= 64; 0: off) on the kernel measured
+  // fastest per batch bucket at load time among the pinned algorithm, SmallGemm and DecodeGemm,
+  // each bitwise the pinned one's (CudaBackendOptions::decode_gemm_max_m; the same tokens).
+  int decode_gemm_max_m = 64;
   // Host KV tier: host memory for copies of blocks the GPU tier evicts. -1: auto, the smaller of
   // a fifth of the machine's RAM and four times the GPU tier's KV bytes; 0: off.
   int64_t host_kv_bytes = -1;

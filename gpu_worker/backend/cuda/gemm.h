@@ -119,7 +119,9 @@ class Gemm {
   // Decode-sized calls (m <= max_m <= 64, unsplit, k % 128 == 0, n < 65536) on DecodeGemm (ops.h:
   // wgmma, every feature's k loop in one CTA), each (n, k, output, 16-row groups) after the same
   // first-use bitwise comparison with the pinned algorithm as SmallGemm's; 0 (the default): off.
-  void set_decode_max_m(int max_m) { decode_max_m_ = batch_invariant_ ? std::min(max_m, 64) : 0; }
+  void set_decode_max_m(int max_m) {
+    decode_max_m_ = batch_invariant_ ? std::clamp(max_m, 0, 64) : 0;
+  }
   // Makes the decode-sized kernel choice of every bucket up to the decode max m for weights w
   // ([n, k]) now, on pseudo-random rows as x (a backend calls it at load time, so no request pays
   // the choice's timing runs). No-op for shapes the decode path does not serve.
