@@ -7,8 +7,11 @@
 // Why: at decode sizes the pinned large-tile algorithm runs a handful of CTAs per GEMM (an n = 1024
 // projection at m = 64: ~8 CTAs streaming 0.5 MB each), 8-11 us against a 1.3-3.8 us bytes floor.
 // Here one CTA (one warpgroup) owns N = 8 J output features for all m rows and the whole k loop, so
-// an n = 1024 GEMM runs 128 CTAs; the k loop cannot be split (that would change the bits), and
-// wgmma pipelines its chain of dependent k16 steps (mma.sync waits ~30 cycles per step).
+// an n = 1024 GEMM runs 128 CTAs; the k loop cannot be split (that would change the bits). wgmma
+// issues its chain of dependent k16 steps back to back, yet on long k the chain still bounds a
+// CTA (qwen3-0.6b's n = 1024 projections, k 2048-3072, are no faster than the pinned kernel), and
+// at m = 32-64 every CTA reading all of x costs: gemm.cc times it against the pinned algorithm
+// per weight shape and batch bucket and uses it only where it wins.
 //
 // Per stage (128 k): x's m rows (A) and the CTA's 8 J weight rows (B), both in the 128-byte
 // swizzled K-major layout of wgmma.cuh, as two 64-k halves. The MMA is m64nNk16 with A and B

@@ -74,18 +74,17 @@ struct Problem {
   }
 };
 
+// Decode-sized m share a kernel choice per bucket (1, 2, 4, then multiples of 8: the decode graph
+// buckets), made at load time (PrepareDecode) or else at the bucket's first call.
+int DecodeBucket(int m) { return m <= 2 ? m : m <= 4 ? 4 : (m + 7) / 8 * 8; }
+constexpr int kVerifyRows = 64;  // rows PrepareDecode compares each candidate on
+
 // Where SmallGemm beats the pinned algorithm (cuda_gemm_bench, H200: it streams big weight
 // matrices faster at m = 1-2, and vocabulary-sized ones (the LM head) up to m = 16; for narrow
 // outputs such as o_proj and down_proj at 0.6B, n = 1024, the pinned kernel is faster unsplit).
 // Split shapes give it S times the warps; at m = 8 that still lost to the batched cuBLASLt call
 // (H100: llama-3.2-1b batch 8 9% slower with it, NOTES.md run 8), so m <= 2 there too (second
 // call: llama batch 8 1.06x faster than unsplit). Both paths give the same bits: a speed choice.
-// Decode-sized m share a kernel choice per bucket (1, 2, 4, then multiples of 8: the decode graph
-// buckets), made at the bucket's first call.
-constexpr int kVerifyRows = 64;  // rows PrepareDecode compares each candidate on
-
-int DecodeBucket(int m) { return m <= 2 ? m : m <= 4 ? 4 : (m + 7) / 8 * 8; }
-
 bool SmallWins(int m, int n, int splits) {
   if (splits > 1) return m <= 2;
   return m <= Gemm::kSmallM && (n >= 65536 || (m <= 2 && n >= 3072));
@@ -232,7 +231,8 @@ absl::Status Gemm::RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, 
   const bool capturing = cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
                          capture != cudaStreamCaptureStatusNone;
   if (batch_invariant_ && splits == 1 && m <= decode_max_m_ && k % 128 == 0 && n < 65536) {
-    // Decode-sized: the kernel chosen for this (n, k, out, m) at its first call, outside capture.
+    // Decode-sized: the kernel chosen for (n, k, out, bucket of m) at load time (PrepareDecode),
+    // or else now, at the bucket's first call outside graph capture (the pinned one in capture).
     auto it = decode_choice_.find(std::make_tuple(n, k, static_cast<int>(out), DecodeBucket(m)));
     if (it == decode_choice_.end()) {
       if (!capturing) return ChooseDecode(x, m, w, m, n, k, y, out, stream);
