@@ -1070,11 +1070,10 @@ absl::Status CudaBackend::CaptureDecodeGraph(int bucket, int form, const StepMet
     if (st.ok()) st = EnqueueHead(0, bucket, m);
     cudaGraph_t graph = nullptr;
     const cudaError_t end = cudaStreamEndCapture(s, &graph);
-    if (!st.ok()) {
+    if (!st.ok() || end != cudaSuccess) {  // whatever graph the capture returned is freed
       if (graph != nullptr) cudaGraphDestroy(graph);
-      return st;
+      return st.ok() ? CudaStatus(end, "cudaStreamEndCapture") : st;
     }
-    RETURN_IF_ERROR(CudaStatus(end, "cudaStreamEndCapture"));
     const cudaError_t inst = cudaGraphInstantiate(exec, graph, 0);
     cudaGraphDestroy(graph);
     return CudaStatus(inst, "cudaGraphInstantiate");
