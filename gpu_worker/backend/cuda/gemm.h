@@ -126,6 +126,10 @@ class Gemm {
   // ([n, k]) now, on pseudo-random rows as x (a backend calls it at load time, so no request pays
   // the choice's timing runs). No-op for shapes the decode path does not serve.
   absl::Status PrepareDecode(const Bf16* w, int n, int k, GemmOut out, Stream stream);
+  // Frees the buffers kept between timings (a 64 MB L2 flush buffer and a scratch output), e.g.
+  // once the load-time choices are made; a later timing allocates them again. REQUIRES: no work
+  // using them is pending (every timing synchronizes before it returns).
+  void ReleaseTimingBuffers();
   // One line per decode-sized (bucket of m, n, k, output): the pinned time and the kernel kept.
   const std::vector<std::string>& decode_log() const { return decode_log_; }
 
