@@ -16,17 +16,18 @@
 // only after its first call compared its output bitwise with the pinned algorithm's on the same
 // data (outside graph capture); a shape that differs stays on cuBLASLt (small_rejected()).
 //
-// Decode GEMM: with set_decode_max_m, an unsplit call of up to that many rows (<= 64) takes the
-// kernel chosen at the first call of its (n, k, output type, bucket of m: 1, 2, 4, then multiples
-// of 8, the decode graph buckets), outside graph capture: the pinned
-// algorithm, SmallGemm, or DecodeGemm (ops.h, decode_gemm.cu: one warpgroup per 8-32 output
-// features over the whole k loop, the same k16-step chain on wgmma) in one of a few CTA shapes.
-// Every candidate runs on the call's own data; only those bitwise equal to the pinned algorithm's
-// output are timed (as Tune times: weights flushed from L2, fastest of 7), and an alternative is
-// kept only if >= 5% faster than the pinned algorithm. A row's bits never depend on the choice.
-// (An H100 measured DecodeGemm 20-35% faster than the pinned kernels on qwen3-8b's projections at
-// m <= 32 and slower on qwen3-0.6b's n = 1024 ones, where its k16 chain bounds a CTA: NOTES
-// run 11.)
+// Decode GEMM: with set_decode_max_m, an unsplit call of up to that many rows (<= 64) runs the
+// kernel chosen for its (n, k, output type, bucket of m: 1, 2, 4, then multiples of 8, the decode
+// graph buckets): the pinned algorithm, SmallGemm, or DecodeGemm (ops.h, decode_gemm.cu: one
+// warpgroup per 8-32 output features over the whole k loop, the same k16-step chain on wgmma) in
+// one of a few CTA shapes. The choice is made by PrepareDecode when a backend loads its weights
+// (on 64 rows of normal pseudo-random x), or else at the bucket's first call outside graph
+// capture (on that call's x; during capture an unchosen bucket takes the pinned algorithm).
+// Every candidate's rows are compared bitwise with the pinned algorithm's; only equal ones are
+// timed (as Tune times: weights flushed from L2, fastest of 7), and an alternative is kept only
+// if >= 5% faster than the pinned algorithm. A row's bits never depend on the choice. (An H100
+// measured DecodeGemm 20-35% faster than the pinned kernels on qwen3-8b's projections at m <= 32
+// and slower on qwen3-0.6b's n = 1024 ones, where its k16 chain bounds a CTA: engine NOTES run 11.)
 //
 // Batch-invariant split-K: a narrow GEMM (few output tiles, e.g. o_proj / down_proj with n =
 // hidden) leaves most of the chip idle at small m. So k is cut into S equal slices, S = Splits(n,
@@ -116,9 +117,8 @@ class Gemm {
   // the pinned algorithms beside the tuned one. True by default.
   void set_use_tuned(bool on) { use_tuned_ = on; }
 
-  // Decode-sized calls (m <= max_m <= 64, unsplit, k % 128 == 0, n < 65536) on DecodeGemm (ops.h:
-  // wgmma, every feature's k loop in one CTA), each (n, k, output, 16-row groups) after the same
-  // first-use bitwise comparison with the pinned algorithm as SmallGemm's; 0 (the default): off.
+  // Decode-sized calls (m <= max_m <= 64, unsplit, k % 128 == 0, n < 65536) on the kernel chosen
+  // per (n, k, output, bucket of m) as described above; 0 (the default): off.
   void set_decode_max_m(int max_m) {
     decode_max_m_ = batch_invariant_ ? std::clamp(max_m, 0, 64) : 0;
   }
