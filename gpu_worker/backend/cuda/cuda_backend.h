@@ -35,9 +35,10 @@ struct CudaBackendOptions {
   // to the pinned algorithm's (gemm.h), since the pinned large-tile kernels stream weights far
   // below bandwidth at decode-sized m.
   bool small_m_gemm = true;
-  // Deterministic mode only: unsplit GEMMs of up to this many rows (<= 64; 0: none) use DecodeGemm
-  // (gemm.h: one warpgroup per 8-32 output features, wgmma) where its bits were verified equal to
-  // the pinned algorithm's; decode steps are such GEMMs.
+  // Deterministic mode only: unsplit GEMMs of up to this many rows (<= 64; 0: none), the
+  // projections of decode steps, run the kernel chosen per weight shape and batch bucket at load
+  // time (gemm.h PrepareDecode): the pinned algorithm, SmallGemm or DecodeGemm (wgmma), whichever
+  // timed fastest among those whose rows are bitwise the pinned algorithm's. The same bits.
   int decode_gemm_max_m = 64;
   // Deterministic mode only: batch-invariant split-K (gemm.h): 1 = off (default), 0 = the
   // built-in rule (k of narrow GEMMs such as o_proj / down_proj cut into slices fixed per shape),
