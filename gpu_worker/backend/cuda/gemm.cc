@@ -5,13 +5,13 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <random>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gpu_worker/model/safetensors.h"
 
 namespace cascade::cuda {
 namespace {
@@ -73,6 +73,13 @@ struct Problem {
     return absl::OkStatus();
   }
 };
+
+// Whether work on `stream` is being captured into a graph (first-use work must not be).
+bool IsCapturing(Stream stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &capture) != cudaSuccess ||
+         capture != cudaStreamCaptureStatusNone;
+}
 
 // Decode-sized m share a kernel choice per bucket (1, 2, 4, then multiples of 8: the decode graph
 // buckets), made at load time (PrepareDecode) or else at the bucket's first call.
@@ -227,15 +234,12 @@ absl::Status Gemm::RunPartials(const Bf16* x, const Bf16* w, int m, int n, int k
 absl::Status Gemm::RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
                              GemmOut out, Stream stream) {
   const bool f32 = out == GemmOut::kF32;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  const bool capturing = cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
-                         capture != cudaStreamCaptureStatusNone;
   if (batch_invariant_ && splits == 1 && m <= decode_max_m_ && k % 128 == 0 && n < 65536) {
     // Decode-sized: the kernel chosen for (n, k, out, bucket of m) at load time (PrepareDecode),
     // or else now, at the bucket's first call outside graph capture (the pinned one in capture).
     auto it = decode_choice_.find(std::make_tuple(n, k, static_cast<int>(out), DecodeBucket(m)));
     if (it == decode_choice_.end()) {
-      if (!capturing) return ChooseDecode(x, m, w, m, n, k, y, out, stream);
+      if (!IsCapturing(stream)) return ChooseDecode(x, m, w, m, n, k, y, out, stream);
     } else if (it->second.kind == 2) {
       return DecodeGemm(x, w, m, n, k, y, f32, stream, it->second.cols, it->second.stages);
     } else if (it->second.kind == 1) {
@@ -249,7 +253,7 @@ absl::Status Gemm::RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, 
   const auto key = std::make_tuple(n, k, static_cast<int>(out), splits);
   auto it = small_ok_.find(key);
   if (it != small_ok_.end() && it->second) return SmallGemm(x, w, m, n, k, y, f32, stream, splits);
-  if (it == small_ok_.end() && !capturing) {
+  if (it == small_ok_.end() && !IsCapturing(stream)) {
     // First call of this shape: both paths on the same data, compared bit for bit.
     const size_t bytes = static_cast<size_t>(splits) * m * n * (f32 ? 4 : 2);
     absl::StatusOr<DeviceBuffer> ref = DeviceBuffer::Allocate(bytes);
@@ -301,12 +305,6 @@ void Gemm::SetTuneSizes(const std::vector<int>& sizes) {
 }
 
 namespace {
-
-bool IsCapturing(Stream stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &capture) != cudaSuccess ||
-         capture != cudaStreamCaptureStatusNone;
-}
 
 // "id 66 tile 18 stages 35 inner 2 cluster 2 swizzle 0 custom 0": what tells cuBLASLt
 // algorithms apart (inner shape and cluster shape are 16-bit attributes, the rest 32-bit).
@@ -477,12 +475,7 @@ absl::Status Gemm::PrepareDecode(const Bf16* w, int n, int k, GemmOut out, Strea
   std::vector<uint16_t> hx(static_cast<size_t>(kVerifyRows) * k);
   std::mt19937 rng(static_cast<uint32_t>(n * 131 + k));
   std::normal_distribution<float> normal(0.f, 1.f);
-  for (uint16_t& v : hx) {
-    const float f = normal(rng);
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    v = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // round to nearest even
-  }
+  for (uint16_t& v : hx) v = model::FloatToBf16(normal(rng));
   // y: the pinned result of all kVerifyRows rows (ChooseDecode compares on every row of x). The
   // choice is an optimization: where these buffers do not fit, the shape keeps its first-call
   // choice (or the pinned algorithm) and the backend still loads.
