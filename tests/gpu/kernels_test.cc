@@ -409,7 +409,9 @@ TEST(CudaKernels, SplitKGemmRowsAreBitwiseTheSameForEveryM) {
     }
     // m <= 2 took the small-m kernel's partials (split shapes, or unsplit ones of n >= 3072:
     // gemm.cc SmallWins), verified bitwise at their first call.
-    if (S > 1 || n >= 3072) EXPECT_GT(g.small_verified(), 0);
+    if (S > 1 || n >= 3072) {
+      EXPECT_GT(g.small_verified(), 0);
+    }
     EXPECT_EQ(g.small_rejected(), 0) << "SmallGemm's split partials differ from cuBLASLt's";
     EXPECT_EQ(g.fallbacks(), 0);
   }
