@@ -96,6 +96,11 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     return absl::InvalidArgumentError(
         absl::StrCat("--backend must be cpu, cuda or auto, not '", kind, "'"));
   }
+  // A CUDA setting, refused on every backend: a bad value is a mistake wherever it is given.
+  if (config.decode_gemm_max_m < 0 || config.decode_gemm_max_m > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("--decode_gemm_max_m=", config.decode_gemm_max_m,
+                                                   ": must be in [0, 64] (0: off)"));
+  }
 #ifdef CASCADE_HAVE_CUDA
   if (kind == "cuda" || (kind == "auto" && cuda::DeviceCount() > 0)) {
     const int devices = cuda::DeviceCount();
@@ -108,10 +113,6 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     if (!(config.kv_cache_fraction > 0 && config.kv_cache_fraction < 1)) {
       return absl::InvalidArgumentError(
           absl::StrCat("--kv_cache_fraction=", config.kv_cache_fraction, ": must be in (0, 1)"));
-    }
-    if (config.decode_gemm_max_m < 0 || config.decode_gemm_max_m > 64) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--decode_gemm_max_m=", config.decode_gemm_max_m, ": must be in [0, 64] (0: off)"));
     }
     cuda::CudaBackendOptions o;
     o.device = config.cuda_device;

@@ -7,6 +7,7 @@
 #include "common/flags.h"
 #include "gpu_worker/model/config.h"
 #include "gpu_worker/service/worker_server.h"
+#include "tests/backend_cpu/test_util.h"
 
 namespace cascade::worker {
 namespace {
@@ -76,6 +77,31 @@ TEST(WorkerConfigTest, KvCacheBytesFlagParses) {
   const char* argv[] = {"cascade-worker", "--kv_cache_bytes=4096", "--kv_blocks=0"};
   ASSERT_FALSE(common::ParseFlags(flags, 3, argv).has_value());
   EXPECT_EQ(c.kv_cache_bytes, 4096);
+}
+
+// --decode_gemm_max_m outside [0, 64] is refused with the flag, the value and the range, on
+// every backend (it is a CUDA setting, but a bad value is a mistake wherever it is given); the
+// bounds themselves load.
+TEST(WorkerConfigTest, DecodeGemmMaxMOutsideItsRangeIsRefused) {
+  std::unique_ptr<model::Model> model =
+      cpu::testing_util::MakeModel(cpu::testing_util::SmallVocab("tiny"), 3);
+  ASSERT_NE(model, nullptr);
+  WorkerConfig c;
+  c.kv_blocks = 16;
+  for (int bad : {-1, 65, 1 << 30}) {
+    c.decode_gemm_max_m = bad;
+    auto b = MakeBackend("cpu", *model, c);
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(b.status().message().find("--decode_gemm_max_m=" + std::to_string(bad) +
+                                        ": must be in [0, 64]"),
+              std::string::npos)
+        << b.status();
+  }
+  for (int good : {0, 64}) {
+    c.decode_gemm_max_m = good;
+    EXPECT_TRUE(MakeBackend("cpu", *model, c).ok()) << good;
+  }
 }
 
 }  // namespace
