@@ -5,7 +5,9 @@
 # BATCHES with the tuning log; NANO=1: the nano-vllm workload for NANO_VARIANTS; SAMPLERS=a,b:
 # qwen3-0.6b decode per sampler at SAMPLER_BATCHES; HF=1: hf_decode_bench.py on the same weights
 # at HF_BATCHES; GEMM=1: cuda_gemm_bench --quick after the tests (DecodeGemm, SmallGemm, pinned, heuristic
-# per projection shape). Logs under $OUT.
+# per projection shape); BASE_SRC=<folder> (a baseline tree, e.g. `git archive main | tar -x -C
+# base_src`, in .git/info/exclude and carried): its engine_bench's default decode table, then this
+# tree's again. Logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
 export CASCADE_SUBDIRS="common cache_service gpu_worker/model gpu_worker/engine gpu_worker/backend/cpu gpu_worker/backend/cuda tests/gpu bench/engine bench/kernels"
@@ -35,5 +37,15 @@ fi
 if [ -n "${SAMPLERS:-}" ]; then  # decode rate per sampler on qwen3-0.6b (issue 10: within 10% of greedy)
   timeout 200 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=decode --samplers=$SAMPLERS --batches=${SAMPLER_BATCHES:-1,64,256} >"$OUT/samplers.log" 2>&1 || echo "samplers rc=$?"
   grep -A20 "by variant" "$OUT/samplers.log"
+fi
+if [ -n "${BASE_SRC:-}" ] && [ $fail = 0 ]; then  # the decode table of a baseline tree, same machine
+  CASCADE_BUILD_DIR=$PWD/build-base bash "$BASE_SRC/scripts/device_build.sh" engine_bench >"$OUT/build_base.log" 2>&1 ||
+    { echo "baseline build failed"; tail -20 "$OUT/build_base.log"; }
+  for run in base again; do  # baseline, then this tree's default again (A B A: drift shows)
+    bin=build-gpu/bench/engine_bench; [ $run = base ] && bin=build-base/bench/engine_bench
+    timeout 200 $bin --backend=cuda --preset=${PRESET:-qwen3-0.6b} --sections=decode --variants=default --batches=${BATCHES:-1,8,32,64,128,256} >"$OUT/engine_$run.log" 2>&1 || echo "$run engine rc=$?"
+    echo "== $run ($([ $run = base ] && echo "$BASE_SRC" || echo "this tree")): ms/step by batch"
+    grep -E "^\| [0-9]" "$OUT/engine_$run.log" | awk -F'|' '{printf "%s:%s ", $2, $4} END {print ""}'
+  done
 fi
 echo "total $(( $(date +%s) - t0 )) s"

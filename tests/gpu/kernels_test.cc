@@ -300,16 +300,23 @@ TEST(CudaKernels, DecodeGemmRowsEqualThePinnedGemmsRowsBitwise) {
           EXPECT_EQ(0, std::memcmp(want.data(), got.data(), bytes))
               << what << ": n " << n << " k " << k << " m " << m << (f32 ? " f32" : " bf16");
         };
+        // Weight chunks copied before the wait for the previous kernel: none, one, the default
+        // two, and more than the ring's stages allow (clamped).
+        const int early[] = {0, 1, 2, 99};
+        int shape_index = 0;
         for (auto [cols, stages] : {std::pair{0, 0}, std::pair{8, 4}, std::pair{16, 8},
                                     std::pair{32, 4}, std::pair{8, 16}}) {
           if (cols != 0 && n % cols != 0) continue;
+          const int e = early[(shape_index++ + m) % 4];
+          SetDecodeGemmEarlyChunks(e);
           DeviceBuffer d_y = Poisoned<float>(static_cast<size_t>(m) * n);
           const absl::Status st = DecodeGemm(d_x.as<Bf16>(), d_w.as<Bf16>(), m, n, k, d_y.data(),
                                              f32, nullptr, cols, stages);
+          SetDecodeGemmEarlyChunks(2);
           if (absl::IsInvalidArgument(st)) continue;  // that CTA shape's stages do not fit
           ASSERT_TRUE(st.ok()) << st;
-          check(d_y,
-                "DecodeGemm cols " + std::to_string(cols) + " stages " + std::to_string(stages));
+          check(d_y, "DecodeGemm cols " + std::to_string(cols) + " stages " +
+                         std::to_string(stages) + " early chunks " + std::to_string(e));
         }
         DeviceBuffer d_y = Poisoned<float>(static_cast<size_t>(m) * n);
         ASSERT_TRUE(

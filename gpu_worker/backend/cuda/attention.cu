@@ -1494,10 +1494,12 @@ __device__ __forceinline__ void SplitRegItem(const TileKernelArgs& k, int item) 
 // gridDim.x itself (one item per CTA), or, for a launch inside a CUDA graph, a count read on the
 // device, so the same fixed grid serves every step. An item's arithmetic does not depend on which
 // CTA runs it.
+// The count is read before the wait for the previous kernel: like every plan array it is copied
+// from the host ahead of the step's first kernel, never written by a kernel.
 template <class RunItem>
 __device__ __forceinline__ void ForEachSplitItem(const TileKernelArgs& k, RunItem run) {
-  WaitForPriorGrids();
   const int count = k.item_count != nullptr ? *k.item_count : static_cast<int>(gridDim.x);
+  WaitForPriorGrids();
   for (int item = blockIdx.x; item < count; item += gridDim.x) {
     if (item != static_cast<int>(blockIdx.x)) __syncthreads();  // the last item's readers are done
     run(item);
@@ -1525,15 +1527,20 @@ __global__ void __launch_bounds__(kThreads, E == 8 ? 2 : 4) SplitKernel(TileKern
 template <int E>
 __global__ void __launch_bounds__(kThreads)
     MergeKernel(AttentionArgs a, const int32_t* merge_list, int num_merge) {
-  WaitForPriorGrids();
   constexpr int D = E * 32;
   const int hq = a.num_q_heads;
   const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   const int entry = gw / (hq * E), qh = gw / E % hq, dim = gw % E * 32 + lane;
-  if (entry >= num_merge) return;
-  const int row = merge_list[entry * 3], base = merge_list[entry * 3 + 1];
-  const int tiles = merge_list[entry * 3 + 2];
-  if (tiles == 0) return;  // finished by its fold item (kFoldFinish)
+  // The merge list is read before the wait for the previous kernel (the split kernel): it is
+  // copied from the host ahead of the step's first kernel, never written by a kernel.
+  int row = 0, base = 0, tiles = 0;
+  if (entry < num_merge) {
+    row = merge_list[entry * 3];
+    base = merge_list[entry * 3 + 1];
+    tiles = merge_list[entry * 3 + 2];
+  }
+  WaitForPriorGrids();
+  if (tiles == 0) return;  // past the list, or finished by its fold item (kFoldFinish)
   float o = 0.f, m = -INFINITY, l = 0.f;
   // Loads run kBatch tiles ahead of the (strictly sequential) folds.
   constexpr int kBatch = 16;

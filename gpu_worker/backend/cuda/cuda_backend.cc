@@ -433,6 +433,7 @@ absl::Status CudaBackend::Init(const model::Model& m) {
         "multiples of 8");
   }
   SetProgrammaticLaunch(o_.programmatic_launch);
+  SetDecodeGemmEarlyChunks(o_.decode_gemm_early_chunks);
   ASSIGN_OR_RETURN(
       gemm, Gemm::Create(o_.batch_invariant, o_.gemm_reference_m, o_.small_m_gemm, o_.split_k));
   gemm_ = std::move(gemm);
@@ -1144,7 +1145,7 @@ absl::Status ValidateCudaBackendOptions(const CudaBackendOptions& o) {
   }
   if (o.num_blocks < 0 || o.max_num_tokens <= 0 || o.max_logits_rows <= 0 ||
       o.max_graph_batch < 0 || !(o.kv_cache_fraction > 0 && o.kv_cache_fraction < 1) ||
-      o.device < 0 || o.split_k < 0 || o.gemm_reference_m <= 0) {
+      o.device < 0 || o.split_k < 0 || o.gemm_reference_m <= 0 || o.decode_gemm_early_chunks < 0) {
     return absl::InvalidArgumentError("cuda backend: bad options");
   }
   return absl::OkStatus();

@@ -40,6 +40,9 @@ struct CudaBackendOptions {
   // time (gemm.h PrepareDecode): the pinned algorithm, SmallGemm or DecodeGemm (wgmma), whichever
   // timed fastest among those whose rows are bitwise the pinned algorithm's. The same bits.
   int decode_gemm_max_m = 64;
+  // DecodeGemm CTAs copy this many chunks of their weights before waiting for the previous kernel
+  // (ops.h SetDecodeGemmEarlyChunks; process-wide: the last backend created sets it). Same bits.
+  int decode_gemm_early_chunks = 2;
   // Deterministic mode only: batch-invariant split-K (gemm.h): 1 = off (default), 0 = the
   // built-in rule (k of narrow GEMMs such as o_proj / down_proj cut into slices fixed per shape),
   // S > 1 = S slices for every GEMM but the LM head whose k allows it (benchmarks). o_proj's and

@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "gpu_worker/backend/cuda/launchers.h"
@@ -92,13 +93,14 @@ __device__ __forceinline__ void WgmmaSS<4>(float (&d)[4][4], uint64_t a, uint64_
 }
 #endif
 
+std::atomic<int> g_early_chunks{2};
+
 template <int J, int S, bool kF32Out>
 __global__ void __launch_bounds__(kThreads)
     DecodeGemmKernel(const Bf16* __restrict__ x, const Bf16* __restrict__ w, int m, int n, int k,
-                     void* __restrict__ y) {
+                     void* __restrict__ y, int early) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(S >= 3, "a stage loads while one is read and one drains");
-  WaitForPriorGrids();
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -111,25 +113,45 @@ __global__ void __launch_bounds__(kThreads)
     const int q = p & 7;
     return (p >> 3) * half_bytes + (r >> 3) * 1024 + (r & 7) * 128 + ((q ^ (r & 7)) << 4);
   };
-  auto issue = [&](int c) {
-    if (c < chunks) {
-      const uint32_t st = base + (c % S) * stage_bytes;
-      const int64_t k0 = static_cast<int64_t>(c) * kKc;
-      for (int idx = tid; idx < m * 16; idx += kThreads) {  // x: m rows x 16 pieces
-        const int r = idx >> 4, p = idx & 15;
-        CpAsync16(st + at(xhalf, r, p), x + static_cast<int64_t>(r) * k + k0 + p * 8);
-      }
-      const uint32_t ws = st + 2 * xhalf;
+  auto issue_x = [&](int c) {
+    const uint32_t st = base + (c % S) * stage_bytes;
+    const int64_t k0 = static_cast<int64_t>(c) * kKc;
+    for (int idx = tid; idx < m * 16; idx += kThreads) {  // x: m rows x 16 pieces
+      const int r = idx >> 4, p = idx & 15;
+      CpAsync16(st + at(xhalf, r, p), x + static_cast<int64_t>(r) * k + k0 + p * 8);
+    }
+  };
+  auto issue_w = [&](int c) {
+    const uint32_t ws = base + (c % S) * stage_bytes + 2 * xhalf;
+    const int64_t k0 = static_cast<int64_t>(c) * kKc;
 #pragma unroll
-      for (int i = 0; i < J; ++i) {  // weights: 8 J rows x 16 pieces
-        const int idx = tid + kThreads * i, r = idx >> 4, p = idx & 15;
-        CpAsync16(ws + at(1024 * J, r, p), w + static_cast<int64_t>(f0 + r) * k + k0 + p * 8);
-      }
+    for (int i = 0; i < J; ++i) {  // weights: 8 J rows x 16 pieces
+      const int idx = tid + kThreads * i, r = idx >> 4, p = idx & 15;
+      CpAsync16(ws + at(1024 * J, r, p), w + static_cast<int64_t>(f0 + r) * k + k0 + p * 8);
+    }
+  };
+  // The weights of the first `early` chunks are copied before the wait for the previous kernel
+  // (no kernel writes weights; under programmatic launch this CTA may start while that kernel
+  // runs), so chunk 0's MMAs wait for x, which that kernel just wrote (L2), not for device memory.
+  // Early chunks join chunk 0's copy group; the rest of the ring is issued as before.
+  early = early < S - 2 ? (early < chunks ? early : chunks) : S - 2;
+  for (int c = 0; c < early; ++c) issue_w(c);
+  WaitForPriorGrids();
+#pragma unroll
+  for (int c = 0; c < S - 2; ++c) {
+    if (c < chunks) {
+      issue_x(c);
+      if (c >= early) issue_w(c);
     }
     CpAsyncCommit();  // an empty group past the end keeps the wait count uniform
+  }
+  auto issue = [&](int c) {
+    if (c < chunks) {
+      issue_x(c);
+      issue_w(c);
+    }
+    CpAsyncCommit();
   };
-#pragma unroll
-  for (int c = 0; c < S - 2; ++c) issue(c);
 
   float acc[J][4];
 #pragma unroll
@@ -186,7 +208,7 @@ cudaError_t Launch(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,
       static_cast<int>(std::min(SmemBytes(J, S, kMaxM), kMaxSmem)));
   if (err != cudaSuccess) return err;
   return LaunchKernel(DecodeGemmKernel<J, S, kF32Out>, dim3(n / (8 * J)), kThreads, smem, stream, x,
-                      w, m, n, k, y);
+                      w, m, n, k, y, g_early_chunks.load(std::memory_order_relaxed));
 }
 
 template <int J, bool kF32Out>
@@ -216,6 +238,10 @@ cudaError_t LaunchJ(const Bf16* x, const Bf16* w, int m, int n, int k, int j, in
 }
 
 }  // namespace
+
+void SetDecodeGemmEarlyChunks(int chunks) {
+  g_early_chunks.store(chunks < 0 ? 0 : chunks, std::memory_order_relaxed);
+}
 
 DecodeGemmShape DecodeGemmPick(int m, int n, int k) {
   DecodeGemmShape p;

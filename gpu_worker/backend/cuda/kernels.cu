@@ -63,11 +63,21 @@ template <typename Delta, int kPer>
 __global__ void __launch_bounds__(kNormThreads)
     AddRmsNormKernel(float* residual, Delta delta, bool add, const Bf16* weight, float eps, int d,
                      Bf16* out) {
+  constexpr int kRegs = kPer > 0 ? kPer : 1;
+  // The norm weight is read before the wait: no kernel writes weights, so its load overlaps the
+  // previous kernel instead of adding a round trip after the reduction.
+  float ws[kRegs];
+  if constexpr (kPer > 0) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int c = threadIdx.x + i * kNormThreads;
+      ws[i] = c < d ? Bf(weight, c) : 0.f;
+    }
+  }
   WaitForPriorGrids();
   __shared__ float warp_sums[kNormThreads / 32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * d;
   float ss = 0.f;
-  constexpr int kRegs = kPer > 0 ? kPer : 1;
   float xs[kRegs];
   if constexpr (kPer > 0) {
 #pragma unroll
@@ -108,7 +118,7 @@ __global__ void __launch_bounds__(kNormThreads)
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int c = threadIdx.x + i * kNormThreads;
-      if (c < d) StoreBf(out, base + c, xs[i] * inv * Bf(weight, c));
+      if (c < d) StoreBf(out, base + c, xs[i] * inv * ws[i]);
     }
   } else {
     for (int c = threadIdx.x; c < d; c += kNormThreads) {
@@ -137,18 +147,34 @@ __global__ void QkNormRopeKernel(Bf16* qkv, int n, int row_stride, int hq, int h
                                  const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
                                  float eps, const float* inv_freq, const int32_t* slots,
                                  KvCacheView cache) {
-  WaitForPriorGrids();
   constexpr int D = E * 32;
   const int64_t gw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   const int heads = kAppend ? hq + 2 * hkv : hq + hkv;
-  if (gw >= static_cast<int64_t>(n) * heads) return;
+  const bool active = gw < static_cast<int64_t>(n) * heads;
   const int row = static_cast<int>(gw / heads), head = static_cast<int>(gw % heads);
+  // Read before the wait, so these loads overlap the previous kernel: the head's norm weights and
+  // the rotary frequencies (no kernel writes them), the row's position and KV slot (step metadata,
+  // copied from the host ahead of the step's first kernel, never written by a kernel).
+  const Bf16* w = head < hq ? q_norm : k_norm;
+  float wn[E], freq[E];
+  int position = 0, slot = -1;
+  if (active && head < hq + hkv) {
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+      const int i = lane + 32 * k;
+      wn[k] = w != nullptr ? Bf(w, i) : 0.f;
+      freq[k] = inv_freq[i < D / 2 ? i : i - D / 2];
+    }
+    position = positions[row];
+  }
+  if (kAppend && active && head >= hq) slot = slots[row];
+  WaitForPriorGrids();
+  if (!active) return;
   const int64_t base = static_cast<int64_t>(row) * row_stride + head * D;
   // Cache element of (this kv head, lane + 32 k) at the row's slot; -1: no cache write.
   int64_t dst = -1;
   if (kAppend && head >= hq) {
-    const int slot = slots[row];
     const int kvh = head < hq + hkv ? head - hq : head - hq - hkv;
     if (slot >= 0) {
       const int64_t blk = slot / cache.block_size, off = slot % cache.block_size;
@@ -162,7 +188,6 @@ __global__ void QkNormRopeKernel(Bf16* qkv, int n, int row_stride, int hq, int h
       return;
     }
   }
-  const Bf16* w = head < hq ? q_norm : k_norm;
   float x[E];
 #pragma unroll
   for (int k = 0; k < E; ++k) x[k] = Bf(qkv, base + lane + 32 * k);
@@ -172,9 +197,9 @@ __global__ void QkNormRopeKernel(Bf16* qkv, int n, int row_stride, int hq, int h
     for (int k = 0; k < E; ++k) ss = fmaf(x[k], x[k], ss);
     const float inv = rsqrtf(WarpSum(ss) / D + eps);
 #pragma unroll
-    for (int k = 0; k < E; ++k) x[k] = x[k] * inv * Bf(w, lane + 32 * k);
+    for (int k = 0; k < E; ++k) x[k] = x[k] * inv * wn[k];
   }
-  const float pos = static_cast<float>(positions[row]);
+  const float pos = static_cast<float>(position);
   float y[E];
 #pragma unroll
   for (int k = 0; k < E; ++k) {
@@ -187,7 +212,7 @@ __global__ void QkNormRopeKernel(Bf16* qkv, int n, int row_stride, int hq, int h
       partner = low ? x[k + E / 2] : x[k - E / 2];
     }
     float s, c;
-    sincosf(pos * inv_freq[low ? i : i - D / 2], &s, &c);
+    sincosf(pos * freq[k], &s, &c);
     y[k] = low ? x[k] * c - partner * s : x[k] * c + partner * s;
   }
 #pragma unroll

@@ -58,6 +58,7 @@ struct DecodeGemmShape {
   int j = 0, stages = 0;
 };
 DecodeGemmShape DecodeGemmPick(int m, int n, int k);
+void SetDecodeGemmEarlyChunks(int chunks);  // see ops.h
 // Dynamic shared memory of a launch (at most 227 KB fit a CTA).
 size_t DecodeGemmSmemBytes(int m, DecodeGemmShape shape);
 cudaError_t LaunchDecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,

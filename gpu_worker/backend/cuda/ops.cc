@@ -21,6 +21,7 @@ absl::Status Bad(const char* op, const std::string& why) {
 }  // namespace
 
 void SetProgrammaticLaunch(bool on) { internal::SetProgrammaticLaunch(on); }
+void SetDecodeGemmEarlyChunks(int chunks) { internal::SetDecodeGemmEarlyChunks(chunks); }
 
 absl::Status EmbeddingGather(const Bf16* table, const int32_t* ids, int n, int hidden, float* out,
                              Stream stream) {

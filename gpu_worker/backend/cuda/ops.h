@@ -12,6 +12,11 @@
 namespace cascade::cuda {
 
 // Programmatic dependent launch for every kernel of this library (pdl.cuh): on by default.
+// A kernel may then start while the previous kernel in the stream still runs, and it reads what
+// no kernel writes before it waits for that kernel: weights (norm weights, rotary frequencies,
+// GEMM weights) and step metadata (positions, KV slots, attention plan arrays). So metadata must
+// reach the device by a copy (or by a kernel at least two launches earlier), never by the kernel
+// launched just before the op that reads it.
 // Process-wide (it is how the kernels are launched, not what they compute; results are the same
 // either way); set it before work is enqueued, e.g. when a backend is created.
 void SetProgrammaticLaunch(bool on);
@@ -84,6 +89,13 @@ absl::Status SmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* 
 // kUnimplemented where the device lacks wgmma (not an sm_90 GPU).
 absl::Status DecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,
                         Stream stream, int cols_per_cta = 0, int stages = 0);
+// How many of its first 128-k chunks of weights a DecodeGemm CTA copies before it waits for the
+// previous kernel (programmatic launch lets it start while that kernel runs): 2 by default, 0 to
+// copy nothing early, at most the CTA's stages - 2. Weights only (no kernel writes them). Two
+// chunks measured 2-3% faster decode steps than none at batch 1-64 on an H100; all S - 2 of them
+// (bulk traffic beside the previous kernel) 5% slower (bench/engine/NOTES.md run 12).
+// Process-wide, like SetProgrammaticLaunch; the same bits.
+void SetDecodeGemmEarlyChunks(int chunks);
 
 // y[r, c] = sum over s = 0, 1, .. of partials[s, r, c], added in that order in fp32, then stored
 // as bf16 (round to nearest even) or f32. partials: [splits, m, n] f32; y: [m, n].
