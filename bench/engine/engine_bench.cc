@@ -30,7 +30,8 @@
 // every decode row goes through the merge; the same bits), "untuned" (the pinned GEMM algorithms at
 // every decode graph bucket, no tuning: the default), "tuned" / "tuneN" (GEMMs tuned at the decode
 // buckets up to m = 64 / N, gemm.h; the same bits), "earlyN" (DecodeGemm CTAs copy N chunks of
-// weights before waiting for the previous kernel instead of 2; early0: none; the same bits).
+// weights before waiting for the previous kernel instead of 2; early0: none; the same bits),
+// "nofusesilu" (SiluMul as its own kernel after gate_up's DecodeGemm; the same bits).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -134,6 +135,7 @@ struct Variant {
   bool gemm_tune = false;   // CudaBackendOptions::gemm_tune
   int tune_max_m = 64;      // CudaBackendOptions::gemm_tune_max_m
   int early_chunks = 2;     // CudaBackendOptions::decode_gemm_early_chunks
+  bool fuse_silu = true;    // CudaBackendOptions::fuse_silu
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -142,6 +144,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "heuristic") return v->batch_invariant = false, true;
   if (name == "cublas") return v->small_m_gemm = false, v->decode_gemm_max_m = 0, true;
   if (name == "nodecodegemm") return v->decode_gemm_max_m = 0, true;
+  if (name == "nofusesilu") return v->fuse_silu = false, true;
   if (absl::StartsWith(name, "early")) {  // earlyN: DecodeGemm copies N weight chunks early
     return absl::SimpleAtoi(name.substr(5), &v->early_chunks) && v->early_chunks >= 0;
   }
@@ -353,6 +356,7 @@ struct Bench {
       o.small_m_gemm = variant.small_m_gemm;
       o.decode_gemm_max_m = variant.decode_gemm_max_m;
       o.decode_gemm_early_chunks = variant.early_chunks;
+      o.fuse_silu = variant.fuse_silu;
       o.split_k = variant.split_k;
       o.gemm_reference_m = variant.reference_m;
       o.block_size = variant.block_size;

@@ -557,11 +557,55 @@ TEST(CudaKernels, SiluMulMatchesReference) {
   ASSERT_TRUE(SiluMul(d_gu.as<Bf16>(), n, inter, d_out.as<Bf16>(), nullptr).ok());
   std::vector<double> ref(n * inter);
   for (int r = 0; r < n; ++r)
-    for (int c = 0; c < inter; ++c) {
-      const double g = gu[r * 2 * inter + c], u = gu[r * 2 * inter + inter + c];
+    for (int c = 0; c < inter; ++c) {  // gate c at column c / 8 * 16 + c % 8, up 8 columns on
+      const int gc = c / 8 * 16 + c % 8;
+      const double g = gu[r * 2 * inter + gc], u = gu[r * 2 * inter + gc + 8];
       ref[r * inter + c] = g / (1 + std::exp(-g)) * u;
     }
   ExpectCloseBf16(Download<Bf16>(d_out, n * inter), ref);
+  EXPECT_EQ(SiluMul(d_gu.as<Bf16>(), n, 12, d_out.as<Bf16>(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // inter not a multiple of 8
+}
+
+// DecodeGemm with SiluMul in its epilogue stores bitwise what DecodeGemm to bf16 then SiluMul
+// store (every m 1..64 shape class, 16 and 32 features per CTA, every stage count, both ends of
+// the early weight copies), and refuses a CTA of 8 features (no room for a gate/up pair).
+TEST(CudaKernels, DecodeGemmSiluMulEqualsDecodeGemmThenSiluMulBitwise) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(61);
+  const int rows = 64;
+  for (auto [inter, k] : {std::pair{3072, 1024}, std::pair{384, 2048}}) {
+    const int n = 2 * inter;
+    std::vector<float> x = RandomNormal(static_cast<size_t>(rows) * k, &rng);
+    std::vector<float> w = RandomNormal(static_cast<size_t>(n) * k, &rng, 1.f / std::sqrt(k));
+    DeviceBuffer d_x = Upload(RoundToBf16(&x)), d_w = Upload(RoundToBf16(&w));
+    for (int m : {1, 3, 16, 29, 64}) {
+      for (auto [cols, stages] : {std::pair{16, 8}, std::pair{32, 4}, std::pair{32, 16}}) {
+        DeviceBuffer d_gu = Poisoned<Bf16>(static_cast<size_t>(m) * n);
+        DeviceBuffer d_want = Poisoned<Bf16>(static_cast<size_t>(m) * inter);
+        DeviceBuffer d_got = Poisoned<Bf16>(static_cast<size_t>(m) * inter);
+        const absl::Status plain = DecodeGemm(d_x.as<Bf16>(), d_w.as<Bf16>(), m, n, k, d_gu.data(),
+                                              false, nullptr, cols, stages);
+        if (absl::IsInvalidArgument(plain)) continue;  // those stages do not fit at this m
+        ASSERT_TRUE(plain.ok()) << plain;
+        ASSERT_TRUE(SiluMul(d_gu.as<Bf16>(), m, inter, d_want.as<Bf16>(), nullptr).ok());
+        SetDecodeGemmEarlyChunks(m % 2 == 0 ? 0 : 99);
+        const absl::Status st = DecodeGemmSiluMul(d_x.as<Bf16>(), d_w.as<Bf16>(), m, n, k,
+                                                  d_got.as<Bf16>(), nullptr, cols, stages);
+        SetDecodeGemmEarlyChunks(2);
+        ASSERT_TRUE(st.ok()) << st;
+        const std::vector<Bf16> want = Download<Bf16>(d_want, static_cast<size_t>(m) * inter);
+        const std::vector<Bf16> got = Download<Bf16>(d_got, static_cast<size_t>(m) * inter);
+        EXPECT_EQ(want, got) << "inter " << inter << " k " << k << " m " << m << " cols " << cols
+                             << " stages " << stages;
+      }
+    }
+    DeviceBuffer d_act = Poisoned<Bf16>(static_cast<size_t>(rows) * inter);
+    EXPECT_EQ(
+        DecodeGemmSiluMul(d_x.as<Bf16>(), d_w.as<Bf16>(), 4, n, k, d_act.as<Bf16>(), nullptr, 8, 8)
+            .code(),
+        absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(CudaKernels, ArgmaxPicksLowestIndexAmongTiesAndIgnoresNaN) {

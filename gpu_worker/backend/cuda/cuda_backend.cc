@@ -83,11 +83,35 @@ absl::StatusOr<DeviceBuffer> UploadBf16(const model::Model& m,
   return buf;
 }
 
+// The fused gate_up weight [2 I, H]: rows in blocks of 8 gate rows then the same 8 up rows (the
+// layout SiluMul and DecodeGemmSiluMul read, ops.h), so a GEMM output row holds each feature's
+// gate and up values 8 columns apart and a DecodeGemm CTA of 16 or 32 rows holds whole pairs.
+absl::StatusOr<DeviceBuffer> UploadGateUp(const model::Model& m, const std::string& gate,
+                                          const std::string& up, int64_t inter, int64_t hidden) {
+  std::vector<uint16_t> g, u;
+  RETURN_IF_ERROR(AppendBf16(m, gate, &g));
+  RETURN_IF_ERROR(AppendBf16(m, up, &u));
+  if (static_cast<int64_t>(g.size()) != inter * hidden || g.size() != u.size() || inter % 8) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda backend: ", gate, " / ", up,
+                                                   " are not two [", inter, ", ", hidden,
+                                                   "] weights with ", inter, " a multiple of 8"));
+  }
+  std::vector<uint16_t> host(g.size() * 2);
+  const size_t block = 8 * static_cast<size_t>(hidden);
+  for (size_t b = 0; b * block < g.size(); ++b) {
+    std::copy_n(g.begin() + b * block, block, host.begin() + 2 * b * block);
+    std::copy_n(u.begin() + b * block, block, host.begin() + (2 * b + 1) * block);
+  }
+  ASSIGN_OR_RETURN(buf, DeviceBuffer::Allocate(host.size() * 2));
+  RETURN_IF_ERROR(CopyToDevice(buf.data(), host.data(), host.size() * 2));
+  return buf;
+}
+
 struct Layer {
   DeviceBuffer input_norm, post_norm, q_norm, k_norm;
   DeviceBuffer wqkv;  // [(hq + 2 hkv) D, H]: q, k, v projections stacked
   DeviceBuffer wo;    // [H, hq D]
-  DeviceBuffer wgu;   // [2 I, H]: gate then up
+  DeviceBuffer wgu;   // [2 I, H]: blocks of 8 gate rows, then the same 8 up rows (UploadGateUp)
   DeviceBuffer wd;    // [H, I]
   DeviceBuffer k_cache, v_cache;
 };
@@ -474,7 +498,9 @@ absl::Status CudaBackend::Init(const model::Model& m) {
     UPLOAD(wqkv, p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
            p + "self_attn.v_proj.weight");
     UPLOAD(wo, p + "self_attn.o_proj.weight");
-    UPLOAD(wgu, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight");
+    ASSIGN_OR_RETURN(gate_up, UploadGateUp(m, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
+                                           inter_, hidden_));
+    l.wgu = std::move(gate_up);
     UPLOAD(wd, p + "mlp.down_proj.weight");
 #undef UPLOAD
     layers_.push_back(std::move(l));
@@ -795,9 +821,18 @@ absl::Status CudaBackend::EnqueueModel(int n, const StepMeta& m) {
     RETURN_IF_ERROR(Attention(args, m.plan, stream_));
     RETURN_IF_ERROR(narrow(attn_.as<Bf16>(), l.wo.as<Bf16>(), hq_ * d_, o_splits_));
     RETURN_IF_ERROR(add_norm(l.post_norm));
-    RETURN_IF_ERROR(gemm_->Run(x, l.wgu.as<Bf16>(), n, 2 * inter_, hidden_, gu_.data(),
-                               GemmOut::kBf16, stream_));
-    RETURN_IF_ERROR(SiluMul(gu_.as<Bf16>(), n, inter_, act_.as<Bf16>(), stream_));
+    int cols = 0, stages = 0;
+    if (o_.fuse_silu &&
+        gemm_->DecodeGemmFor(n, 2 * inter_, hidden_, GemmOut::kBf16, &cols, &stages) &&
+        cols >= 16) {
+      // The kernel Run would use, with SiluMul in its epilogue: the same bits in act_, one launch.
+      RETURN_IF_ERROR(DecodeGemmSiluMul(x, l.wgu.as<Bf16>(), n, 2 * inter_, hidden_,
+                                        act_.as<Bf16>(), stream_, cols, stages));
+    } else {
+      RETURN_IF_ERROR(gemm_->Run(x, l.wgu.as<Bf16>(), n, 2 * inter_, hidden_, gu_.data(),
+                                 GemmOut::kBf16, stream_));
+      RETURN_IF_ERROR(SiluMul(gu_.as<Bf16>(), n, inter_, act_.as<Bf16>(), stream_));
+    }
     RETURN_IF_ERROR(narrow(act_.as<Bf16>(), l.wd.as<Bf16>(), inter_, down_splits_));
   }
   return add_norm(final_norm_);

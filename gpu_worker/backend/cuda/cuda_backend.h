@@ -43,6 +43,9 @@ struct CudaBackendOptions {
   // DecodeGemm CTAs copy this many chunks of their weights before waiting for the previous kernel
   // (ops.h SetDecodeGemmEarlyChunks; process-wide: the last backend created sets it). Same bits.
   int decode_gemm_early_chunks = 2;
+  // Where gate_up runs DecodeGemm with 16 or 32 features per CTA (decode steps), SiluMul runs in
+  // its epilogue (ops.h DecodeGemmSiluMul): one launch less per layer, the same bits.
+  bool fuse_silu = true;
   // Deterministic mode only: batch-invariant split-K (gemm.h): 1 = off (default), 0 = the
   // built-in rule (k of narrow GEMMs such as o_proj / down_proj cut into slices fixed per shape),
   // S > 1 = S slices for every GEMM but the LM head whose k allows it (benchmarks). o_proj's and

@@ -27,6 +27,7 @@
 
 #include "gpu_worker/backend/cuda/launchers.h"
 #include "gpu_worker/backend/cuda/pdl.cuh"
+#include "gpu_worker/backend/cuda/swiglu.cuh"
 #include "gpu_worker/backend/cuda/wgmma.cuh"
 
 namespace cascade::cuda::internal {
@@ -95,7 +96,12 @@ __device__ __forceinline__ void WgmmaSS<4>(float (&d)[4][4], uint64_t a, uint64_
 
 std::atomic<int> g_early_chunks{2};
 
-template <int J, int S, bool kF32Out>
+// Epilogues: bf16 or f32 y [m, n]; or kSiluMul: w is a gate_up weight in 8-row blocks
+// (swiglu.cuh), y is act [m, n / 2] bf16 = SiluTimes of the bf16-rounded gate and up outputs,
+// which a CTA of J >= 2 holds side by side (acc[j] gate, acc[j + 1] up for even j).
+enum Out { kBf16Out = 0, kF32Out = 1, kSiluMul = 2 };
+
+template <int J, int S, int kOut>
 __global__ void __launch_bounds__(kThreads)
     DecodeGemmKernel(const Bf16* __restrict__ x, const Bf16* __restrict__ w, int m, int n, int k,
                      void* __restrict__ y, int early) {
@@ -134,7 +140,8 @@ __global__ void __launch_bounds__(kThreads)
   // (no kernel writes weights; under programmatic launch this CTA may start while that kernel
   // runs), so chunk 0's MMAs wait for x, which that kernel just wrote (L2), not for device memory.
   // Early chunks join chunk 0's copy group; the rest of the ring is issued as before.
-  early = early < S - 2 ? (early < chunks ? early : chunks) : S - 2;
+  early = early < S - 2 ? early : S - 2;  // the ring's first stages, and k's chunks at most
+  early = early < chunks ? early : chunks;
   for (int c = 0; c < early; ++c) issue_w(c);
   WaitForPriorGrids();
 #pragma unroll
@@ -177,20 +184,38 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < J; ++j) FenceRegs(acc[j]);
   // acc[j][0], [1]: row 16 warp + g, features f0 + 8 j + 2 t, + 1; acc[j][2], [3]: row + 8.
   const int g = lane >> 2, t = lane & 3;
+  if constexpr (kOut == kSiluMul) {
+    static_assert(J % 2 == 0, "a CTA holds gate and up blocks in pairs");
+    auto bf = [](float v) { return __bfloat162float(__float2bfloat16_rn(v)); };
 #pragma unroll
-  for (int j = 0; j < J; ++j) {
-    const int f = f0 + 8 * j + 2 * t;
+    for (int j = 0; j < J; j += 2) {
+      const int f = f0 / 2 + 4 * j + 2 * t;  // act feature of acc[j][2 h], gate block j / 2
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = 16 * warp + g + 8 * h;
-      if (row >= m) continue;
-      const int64_t o = static_cast<int64_t>(row) * n + f;
-      if (kF32Out) {
-        *reinterpret_cast<float2*>(static_cast<float*>(y) + o) =
-            make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
-      } else {
+      for (int h = 0; h < 2; ++h) {
+        const int row = 16 * warp + g + 8 * h;
+        if (row >= m) continue;
+        const int64_t o = static_cast<int64_t>(row) * (n / 2) + f;
         *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(y) + o) =
-            __floats2bfloat162_rn(acc[j][2 * h], acc[j][2 * h + 1]);
+            __floats2bfloat162_rn(SiluTimes(bf(acc[j][2 * h]), bf(acc[j + 1][2 * h])),
+                                  SiluTimes(bf(acc[j][2 * h + 1]), bf(acc[j + 1][2 * h + 1])));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int f = f0 + 8 * j + 2 * t;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = 16 * warp + g + 8 * h;
+        if (row >= m) continue;
+        const int64_t o = static_cast<int64_t>(row) * n + f;
+        if (kOut == kF32Out) {
+          *reinterpret_cast<float2*>(static_cast<float*>(y) + o) =
+              make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+        } else {
+          *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(y) + o) =
+              __floats2bfloat162_rn(acc[j][2 * h], acc[j][2 * h + 1]);
+        }
       }
     }
   }
@@ -199,41 +224,45 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-template <int J, int S, bool kF32Out>
+template <int J, int S, int kOut>
 cudaError_t Launch(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,
                    cudaStream_t stream) {
   const size_t smem = SmemBytes(J, S, m);
   cudaError_t err = cudaFuncSetAttribute(
-      DecodeGemmKernel<J, S, kF32Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      DecodeGemmKernel<J, S, kOut>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       static_cast<int>(std::min(SmemBytes(J, S, kMaxM), kMaxSmem)));
   if (err != cudaSuccess) return err;
-  return LaunchKernel(DecodeGemmKernel<J, S, kF32Out>, dim3(n / (8 * J)), kThreads, smem, stream, x,
-                      w, m, n, k, y, g_early_chunks.load(std::memory_order_relaxed));
+  return LaunchKernel(DecodeGemmKernel<J, S, kOut>, dim3(n / (8 * J)), kThreads, smem, stream, x, w,
+                      m, n, k, y, g_early_chunks.load(std::memory_order_relaxed));
 }
 
-template <int J, bool kF32Out>
+template <int J, int kOut>
 cudaError_t LaunchStages(const Bf16* x, const Bf16* w, int m, int n, int k, int stages, void* y,
                          cudaStream_t stream) {
   switch (stages) {
     case 4:
-      return Launch<J, 4, kF32Out>(x, w, m, n, k, y, stream);
+      return Launch<J, 4, kOut>(x, w, m, n, k, y, stream);
     case 8:
-      return Launch<J, 8, kF32Out>(x, w, m, n, k, y, stream);
+      return Launch<J, 8, kOut>(x, w, m, n, k, y, stream);
     default:
-      return Launch<J, 16, kF32Out>(x, w, m, n, k, y, stream);
+      return Launch<J, 16, kOut>(x, w, m, n, k, y, stream);
   }
 }
 
-template <bool kF32Out>
+template <int kOut>
 cudaError_t LaunchJ(const Bf16* x, const Bf16* w, int m, int n, int k, int j, int stages, void* y,
                     cudaStream_t stream) {
   switch (j) {
     case 1:
-      return LaunchStages<1, kF32Out>(x, w, m, n, k, stages, y, stream);
+      if constexpr (kOut == kSiluMul) {
+        return cudaErrorInvalidValue;  // 8 rows: a gate block without its up block
+      } else {
+        return LaunchStages<1, kOut>(x, w, m, n, k, stages, y, stream);
+      }
     case 2:
-      return LaunchStages<2, kF32Out>(x, w, m, n, k, stages, y, stream);
+      return LaunchStages<2, kOut>(x, w, m, n, k, stages, y, stream);
     default:
-      return LaunchStages<4, kF32Out>(x, w, m, n, k, stages, y, stream);
+      return LaunchStages<4, kOut>(x, w, m, n, k, stages, y, stream);
   }
 }
 
@@ -272,7 +301,7 @@ size_t DecodeGemmSmemBytes(int m, DecodeGemmShape shape) {
 }
 
 cudaError_t LaunchDecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,
-                             bool f32_out, DecodeGemmShape shape, cudaStream_t stream) {
+                             DecodeGemmOut out, DecodeGemmShape shape, cudaStream_t stream) {
   if (m == 0) return cudaSuccess;
   if (shape.j == 0) shape = DecodeGemmPick(m, n, k);
   if (m < 0 || m > kMaxM || k % kKc != 0 || (shape.j != 1 && shape.j != 2 && shape.j != 4) ||
@@ -285,8 +314,14 @@ cudaError_t LaunchDecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, 
     return WgmmaAvailable(&available) == cudaSuccess && available;
   }();
   if (!wgmma) return cudaErrorNotSupported;
-  return f32_out ? LaunchJ<true>(x, w, m, n, k, shape.j, shape.stages, y, stream)
-                 : LaunchJ<false>(x, w, m, n, k, shape.j, shape.stages, y, stream);
+  switch (out) {
+    case DecodeGemmOut::kF32:
+      return LaunchJ<kF32Out>(x, w, m, n, k, shape.j, shape.stages, y, stream);
+    case DecodeGemmOut::kSiluMul:
+      return LaunchJ<kSiluMul>(x, w, m, n, k, shape.j, shape.stages, y, stream);
+    default:
+      return LaunchJ<kBf16Out>(x, w, m, n, k, shape.j, shape.stages, y, stream);
+  }
 }
 
 }  // namespace cascade::cuda::internal

@@ -231,6 +231,19 @@ absl::Status Gemm::RunPartials(const Bf16* x, const Bf16* w, int m, int n, int k
   return RunSlices(x, w, m, n, k, Splits(n, k), partials, GemmOut::kF32, stream);
 }
 
+bool Gemm::DecodeGemmFor(int m, int n, int k, GemmOut out, int* cols, int* stages) {
+  if (!(batch_invariant_ && m >= 1 && m <= decode_max_m_ && k % 128 == 0 && n < 65536 &&
+        Splits(n, k) == 1)) {
+    return false;
+  }
+  const auto it =
+      decode_choice_.find(std::make_tuple(n, k, static_cast<int>(out), DecodeBucket(m)));
+  if (it == decode_choice_.end() || it->second.kind != 2) return false;
+  *cols = it->second.cols;
+  *stages = it->second.stages;
+  return true;
+}
+
 absl::Status Gemm::RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
                              GemmOut out, Stream stream) {
   const bool f32 = out == GemmOut::kF32;

@@ -130,6 +130,11 @@ class Gemm {
   // once the load-time choices are made; a later timing allocates them again. REQUIRES: no work
   // using them is pending (every timing synchronizes before it returns).
   void ReleaseTimingBuffers();
+  // Whether Run of m rows of weights [n, k] with output `out` uses DecodeGemm (the kernel chosen
+  // for m's bucket by PrepareDecode), and then its CTA shape; false for the pinned algorithm,
+  // SmallGemm or a bucket not chosen yet. A caller may then run DecodeGemm itself with a fused
+  // epilogue (ops.h DecodeGemmSiluMul), whose rows carry the bits Run's would.
+  bool DecodeGemmFor(int m, int n, int k, GemmOut out, int* cols, int* stages);
   // One line per decode-sized (bucket of m, n, k, output): the pinned time and the kernel kept.
   const std::vector<std::string>& decode_log() const { return decode_log_; }
 

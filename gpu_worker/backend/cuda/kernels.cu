@@ -9,6 +9,7 @@
 
 #include "gpu_worker/backend/cuda/launchers.h"
 #include "gpu_worker/backend/cuda/pdl.cuh"
+#include "gpu_worker/backend/cuda/swiglu.cuh"
 
 namespace cascade::cuda::internal {
 namespace {
@@ -247,9 +248,9 @@ __global__ void SiluMulKernel(const Bf16* gu, int n, int inter, Bf16* out) {
   WaitForPriorGrids();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<int64_t>(n) * inter) return;
-  const int64_t r = i / inter, c = i % inter;
-  const float g = Bf(gu, r * 2 * inter + c), u = Bf(gu, r * 2 * inter + inter + c);
-  StoreBf(out, i, g / (1.f + expf(-g)) * u);
+  const int64_t r = i / inter, c = GateCol(i % inter);
+  const float g = Bf(gu, r * 2 * inter + c), u = Bf(gu, r * 2 * inter + c + kGateUpBlock);
+  StoreBf(out, i, SiluTimes(g, u));
 }
 
 __global__ void GatherRowsKernel(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out) {

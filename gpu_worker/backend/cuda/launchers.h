@@ -61,8 +61,11 @@ DecodeGemmShape DecodeGemmPick(int m, int n, int k);
 void SetDecodeGemmEarlyChunks(int chunks);  // see ops.h
 // Dynamic shared memory of a launch (at most 227 KB fit a CTA).
 size_t DecodeGemmSmemBytes(int m, DecodeGemmShape shape);
+// y: bf16 or f32 [m, n]; or kSiluMul: w a gate_up weight in 8-row blocks (swiglu.cuh), y the
+// bf16 SwiGLU activation [m, n / 2] (ops.h DecodeGemmSiluMul; shape.j must be 2 or 4).
+enum class DecodeGemmOut { kBf16 = 0, kF32 = 1, kSiluMul = 2 };
 cudaError_t LaunchDecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,
-                             bool f32_out, DecodeGemmShape shape, cudaStream_t stream);
+                             DecodeGemmOut out, DecodeGemmShape shape, cudaStream_t stream);
 // y[i] = sum over s in order of partials[s count + i], as bf16 or f32. REQUIRES: count % 4 == 0.
 cudaError_t LaunchSplitReduce(const float* partials, int splits, int64_t count, void* y,
                               bool f32_out, cudaStream_t stream);

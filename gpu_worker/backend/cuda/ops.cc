@@ -119,7 +119,7 @@ absl::Status KvAppend(const Bf16* qkv, int n, int row_stride, int k_offset, int 
 }
 
 absl::Status SiluMul(const Bf16* gu, int n, int inter, Bf16* out, Stream stream) {
-  if (n < 0 || inter <= 0) return Bad("SiluMul", "bad shape");
+  if (n < 0 || inter <= 0 || inter % 8) return Bad("SiluMul", "bad shape");
   if (n > 0 && (!gu || !out)) return Bad("SiluMul", "null pointer");
   return CudaStatus(internal::LaunchSiluMul(gu, n, inter, out, stream), "SiluMul");
 }
@@ -169,32 +169,56 @@ absl::Status SmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* 
                     "SmallGemm");
 }
 
-absl::Status DecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,
-                        Stream stream, int cols_per_cta, int stages) {
+namespace {
+
+absl::Status RunDecodeGemm(const char* op, const Bf16* x, const Bf16* w, int m, int n, int k,
+                           void* y, internal::DecodeGemmOut out, Stream stream, int cols_per_cta,
+                           int stages) {
   const int j = cols_per_cta / 8;
   if (m < 0 || m > 64 || n <= 0 || k <= 0 || k % 128 || n % 8 || cols_per_cta % 8 ||
       (j != 0 && j != 1 && j != 2 && j != 4) || (j != 0 && n % cols_per_cta) ||
       (stages != 0 && stages != 4 && stages != 8 && stages != 16)) {
-    return Bad("DecodeGemm", absl::StrCat("bad shape m=", m, " n=", n, " k=", k,
-                                          " cols_per_cta=", cols_per_cta, " stages=", stages));
+    return Bad(op, absl::StrCat("bad shape m=", m, " n=", n, " k=", k,
+                                " cols_per_cta=", cols_per_cta, " stages=", stages));
   }
-  if (m > 0 && (!x || !w || !y)) return Bad("DecodeGemm", "null pointer");
+  if (m > 0 && (!x || !w || !y)) return Bad(op, "null pointer");
   if (m > 0 && (!Aligned16(x) || !Aligned16(w) || !Aligned16(y))) {
-    return Bad("DecodeGemm", "pointers must be 16-byte aligned");
+    return Bad(op, "pointers must be 16-byte aligned");
   }
   const internal::DecodeGemmShape pick = internal::DecodeGemmPick(m, n, k);
   internal::DecodeGemmShape shape;
   shape.j = j != 0 ? j : pick.j;
   shape.stages = stages != 0 ? stages : pick.stages;
+  if (out == internal::DecodeGemmOut::kSiluMul && (shape.j == 1 || n % 16 != 0)) {
+    return Bad(
+        op, absl::StrCat("a CTA of ", 8 * shape.j,
+                         " features cannot hold gate and up blocks (16 or 32 needed; n=", n, ")"));
+  }
   if (internal::DecodeGemmSmemBytes(m, shape) > (227u << 10)) {
-    return Bad("DecodeGemm", absl::StrCat(stages, " stages of ", cols_per_cta,
-                                          " features do not fit a CTA's shared memory at m=", m));
+    return Bad(op, absl::StrCat(stages, " stages of ", cols_per_cta,
+                                " features do not fit a CTA's shared memory at m=", m));
   }
-  const cudaError_t err = internal::LaunchDecodeGemm(x, w, m, n, k, y, f32_out, shape, stream);
+  const cudaError_t err = internal::LaunchDecodeGemm(x, w, m, n, k, y, out, shape, stream);
   if (err == cudaErrorNotSupported) {
-    return absl::UnimplementedError("DecodeGemm: this GPU has no wgmma (sm_90a) machine code");
+    return absl::UnimplementedError(
+        absl::StrCat(op, ": this GPU has no wgmma (sm_90a) machine code"));
   }
-  return CudaStatus(err, "DecodeGemm");
+  return CudaStatus(err, op);
+}
+
+}  // namespace
+
+absl::Status DecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,
+                        Stream stream, int cols_per_cta, int stages) {
+  return RunDecodeGemm("DecodeGemm", x, w, m, n, k, y,
+                       f32_out ? internal::DecodeGemmOut::kF32 : internal::DecodeGemmOut::kBf16,
+                       stream, cols_per_cta, stages);
+}
+
+absl::Status DecodeGemmSiluMul(const Bf16* x, const Bf16* w_gate_up, int m, int n, int k, Bf16* act,
+                               Stream stream, int cols_per_cta, int stages) {
+  return RunDecodeGemm("DecodeGemmSiluMul", x, w_gate_up, m, n, k, act,
+                       internal::DecodeGemmOut::kSiluMul, stream, cols_per_cta, stages);
 }
 
 absl::Status SplitReduce(const float* partials, int splits, int m, int n, void* y, bool f32_out,

@@ -64,8 +64,10 @@ absl::Status QkNormRopeAppend(Bf16* qkv, int n, int row_stride, const HeadShape&
 absl::Status KvAppend(const Bf16* qkv, int n, int row_stride, int k_offset, int v_offset,
                       const int32_t* slot_mapping, const KvCacheView& cache, Stream stream);
 
-// out[i, :] = bf16(silu(gu[i, 0:inter]) * gu[i, inter:2*inter]).  gu: [n, 2*inter] bf16 (gate
-// then up, as the fused gate_up GEMM writes them), out: [n, inter] bf16.
+// out[i, c] = bf16(silu(gate) * up) for the gate and up columns of intermediate feature c in
+// gu[i, :]: gu is [n, 2*inter] bf16 as the fused gate_up GEMM writes it, its columns in blocks
+// of 8 gate then 8 up features (gate c at c / 8 * 16 + c % 8, up 8 columns on; the backend
+// interleaves the gate_up weight rows so), out: [n, inter] bf16. REQUIRES: inter % 8 == 0.
 absl::Status SiluMul(const Bf16* gu, int n, int inter, Bf16* out, Stream stream);
 
 // Copies rows: out[i, :] = in[rows[i], :]. in: [*, d] bf16, rows: [n], out: [n, d] bf16.
@@ -89,6 +91,14 @@ absl::Status SmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* 
 // kUnimplemented where the device lacks wgmma (not an sm_90 GPU).
 absl::Status DecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,
                         Stream stream, int cols_per_cta = 0, int stages = 0);
+// DecodeGemm with SiluMul fused into its epilogue: act [m, n / 2] bf16 = SiluMul(x w^T), bitwise
+// what DecodeGemm to bf16 followed by SiluMul gives (the same bf16 rounding of each gate and up
+// value, the same silu expression), without the [m, n] intermediate or the second launch.
+// w_gate_up: [n, k] rows in SiluMul's blocks of 8 gate then 8 up rows. cols_per_cta 16 or 32
+// (or 0: the built-in choice, which must give 16 or 32); otherwise as DecodeGemm.
+absl::Status DecodeGemmSiluMul(const Bf16* x, const Bf16* w_gate_up, int m, int n, int k, Bf16* act,
+                               Stream stream, int cols_per_cta = 0, int stages = 0);
+
 // How many of its first 128-k chunks of weights a DecodeGemm CTA copies before it waits for the
 // previous kernel (programmatic launch lets it start while that kernel runs): 2 by default, 0 to
 // copy nothing early, at most the CTA's stages - 2. Weights only (no kernel writes them). Two
