@@ -524,6 +524,7 @@ TEST(CudaBackend, OutOfRangeOptionsAreRefused) {
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.block_size = 7; }));
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.kv_cache_fraction = 1.5; }));
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.device = -1; }));
+  EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.decode_gemm_early_chunks = -1; }));
 }
 
 TEST(CudaBackend, RejectsMalformedBatches) {

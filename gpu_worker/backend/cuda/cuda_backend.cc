@@ -74,13 +74,17 @@ absl::Status AppendBf16(const model::Model& m, const std::string& name,
   return absl::OkStatus();
 }
 
+absl::StatusOr<DeviceBuffer> ToDevice(const std::vector<uint16_t>& host) {
+  ASSIGN_OR_RETURN(buf, DeviceBuffer::Allocate(host.size() * 2));
+  RETURN_IF_ERROR(CopyToDevice(buf.data(), host.data(), host.size() * 2));
+  return buf;
+}
+
 absl::StatusOr<DeviceBuffer> UploadBf16(const model::Model& m,
                                         const std::vector<std::string>& names) {
   std::vector<uint16_t> host;
   for (const std::string& n : names) RETURN_IF_ERROR(AppendBf16(m, n, &host));
-  ASSIGN_OR_RETURN(buf, DeviceBuffer::Allocate(host.size() * 2));
-  RETURN_IF_ERROR(CopyToDevice(buf.data(), host.data(), host.size() * 2));
-  return buf;
+  return ToDevice(host);
 }
 
 // The fused gate_up weight [2 I, H]: rows in blocks of 8 gate rows then the same 8 up rows (the
@@ -102,9 +106,7 @@ absl::StatusOr<DeviceBuffer> UploadGateUp(const model::Model& m, const std::stri
     std::copy_n(g.begin() + b * block, block, host.begin() + 2 * b * block);
     std::copy_n(u.begin() + b * block, block, host.begin() + (2 * b + 1) * block);
   }
-  ASSIGN_OR_RETURN(buf, DeviceBuffer::Allocate(host.size() * 2));
-  RETURN_IF_ERROR(CopyToDevice(buf.data(), host.data(), host.size() * 2));
-  return buf;
+  return ToDevice(host);
 }
 
 struct Layer {
