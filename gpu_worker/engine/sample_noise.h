@@ -180,11 +180,15 @@ CASCADE_HD uint64_t SplitMix64(uint64_t x) {
 }
 
 // Uniform in (0, 1) with 24 bits, never 0 or 1, for token `v` at `position` of stream `seed`.
+// The j-th of the 2^24 values TokenUniform gives, j in [0, 2^24).
+CASCADE_HD float UniformOf(uint32_t j) {
+  return (static_cast<float>(j) + 0.5f) * (1.0f / 16777216.0f);
+}
 CASCADE_HD float TokenUniform(uint64_t seed, int64_t position, int32_t v) {
   const uint64_t x =
       SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(position) * 0x100000001b3ULL +
                                    static_cast<uint64_t>(v)));
-  return (static_cast<float>(x >> 40) + 0.5f) * (1.0f / 16777216.0f);
+  return UniformOf(static_cast<uint32_t>(x >> 40));
 }
 
 // Standard Gumbel noise -ln(-ln u). argmax over v of (s_v + GumbelNoise(u_v)) is an exact sample

@@ -509,6 +509,17 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
   EXPECT_GT(not_argmax, kRows / 3) << "the rows should exercise the random draw";
 }
 
+// The sampling kernel's draw skips a token's exact Gumbel noise when a bound shows it cannot win;
+// the bounds must hold for every value the random stream can give (2^24 of them, checked on this
+// device: the bound uses the GPU's fast logarithm). A violation would make SampleRows differ
+// from the host rule for some seed.
+TEST(CudaBackend, GumbelBoundsHoldForEveryUniform) {
+  CASCADE_REQUIRE_GPU();
+  DeviceBuffer d_count = testing::Poisoned<unsigned long long>(1);
+  ASSERT_TRUE(CountGumbelBoundViolations(d_count.as<unsigned long long>(), nullptr).ok());
+  EXPECT_EQ(testing::Download<unsigned long long>(d_count, 1)[0], 0u);
+}
+
 // Options are checked before any device work, so this runs without a GPU: out-of-range values
 // are refused with InvalidArgument, the defaults pass.
 TEST(CudaBackend, OutOfRangeOptionsAreRefused) {

@@ -45,6 +45,7 @@ cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const RowSam
                              const int32_t* penalty_tokens, int32_t* out,
                              engine::RowLogprobs* logprobs, cudaStream_t stream);
 size_t SampleRowsSmemBytes(int vocab);
+cudaError_t LaunchGumbelBoundCheck(unsigned long long* violations, cudaStream_t stream);
 // CTAs per kv head that fill exactly one wave of the split attention kernel on the current device.
 cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int split_form, int* ctas);
 // See small_gemm.cu. REQUIRES: m <= 16, n % 8 == 0, k % (64 splits) == 0; splits > 1: f32_out

@@ -157,6 +157,12 @@ absl::Status SampleRows(const float* logits, int n, int vocab, const RowSamplePa
       "SampleRows");
 }
 
+absl::Status CountGumbelBoundViolations(unsigned long long* violations, Stream stream) {
+  if (!violations) return Bad("CountGumbelBoundViolations", "null pointer");
+  return CudaStatus(internal::LaunchGumbelBoundCheck(violations, stream),
+                    "CountGumbelBoundViolations");
+}
+
 absl::Status SmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,
                        Stream stream, int splits) {
   if (m < 0 || m > 16 || n <= 0 || k <= 0 || n % 8 || splits < 1 || k % (64 * splits)) {

@@ -122,10 +122,15 @@ absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Str
 // draw), and logprobs[r] its logprobs where params[r].logprobs > 0. penalty_tokens: the ids
 // params[r].penalty_start/count index (device; may be null when no row has a penalty), each in
 // [0, vocab). REQUIRES: params[r].logprobs <= engine::kMaxLogprobs; logprobs non-null if any
-// row asks for them. One CTA per row; no host synchronization (graph-capturable).
+// row asks for them. A cluster of 1-8 CTAs per row; no host synchronization (graph-capturable).
 absl::Status SampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
                         const int32_t* penalty_tokens, int32_t* out, engine::RowLogprobs* logprobs,
                         Stream stream);
+
+// *violations (device, one counter; the call zeroes it) = how many of the 2^24 uniforms
+// engine::TokenUniform gives (engine::UniformOf) have a Gumbel noise above the bounds SampleRows'
+// draw prunes with (sample.cu). Must be 0 for SampleRows to equal the host rule.
+absl::Status CountGumbelBoundViolations(unsigned long long* violations, Stream stream);
 
 // Gathers whole KV blocks into a dense staging buffer (to_stage) or scatters them back.
 // parts: device array [num_parts] of per-layer cache bases (K of layer l at 2l, V at 2l + 1),

@@ -6,10 +6,13 @@
 // so the result does not depend on the split. Thresholds (top-k, top-p) are found by radix
 // selection over the rule's order keys: each level histograms the keys of a shrinking interval
 // into 2048 bins with integer atomics (counts, or fixed-point weights for top-p), summed over the
-// cluster in a fixed order, so the result is exact whatever order threads add in; once an
-// interval holds at most kCap elements each CTA copies its own to shared memory and the
-// remaining levels read only those. The top logprobs come from per-thread lists merged per warp,
-// ranked per CTA and then over the cluster by (key desc, id asc).
+// cluster in a fixed order, so the result is exact whatever order threads add in. The first
+// level's bins are even in value over the row's range (at most 30 below the max: lower values
+// weigh nothing and share bin 0), later ones even in key; once a CTA's share of the interval
+// fits kCap it copies it to shared memory and reads only that. The draw skips the exact Gumbel
+// noise of a token that a bound shows cannot beat the thread's best (GumbelUpper; the bound is
+// checked for every value of the stream by a test). The top logprobs come from per-thread lists
+// merged per warp, ranked per CTA and then over the cluster by (key desc, id asc).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -58,11 +61,12 @@ struct Smem {
   int32_t red_id[kWarps];
   float red_score[kWarps];
   // (cluster) each CTA's partial results, written once per launch.
-  uint32_t x_best_key, x_max_raw;
+  uint32_t x_best_key, x_max_raw, x_min_key;
   int32_t x_best_id, x_draw_id;
   float x_draw_score;
   u64 x_weight_sum;
   uint32_t lo, hi, pop;
+  int bin;
   u64 above;
   int ncand;
 };
@@ -130,6 +134,18 @@ __device__ __forceinline__ void BlockBestScore(float& score, int& id, Smem& sh) 
   }
 }
 
+// Bounds on the rule's Gumbel noise (engine::GumbelNoise) for the draw's pruning: kGumbelMax is
+// above the noise of every u the stream gives ((j + 0.5) / 2^24: at most ~17.33), GumbelUpper(u)
+// above that u's noise (the fast logarithms' error, ~1e-5 here, is far inside the slack; from
+// u > 0.99 -ln u is too small for the fast log's absolute error, so no bound is claimed). The
+// test GumbelBoundsHoldForEveryUniform checks both for all 2^24 values on the device.
+constexpr float kGumbelMax = 17.5f;
+constexpr float kGumbelSlack = 1.0f / 256.0f;
+__device__ __forceinline__ float GumbelUpper(float u) {
+  if (u > 0.99f) return INFINITY;
+  return __fadd_ru(-__logf(-__logf(u)), kGumbelSlack);
+}
+
 // This CTA's slice of the row: tokens [begin, end) (multiples of 4 where the row is read as
 // float4). f(v, z[v]) for each, 16-byte loads where the row allows; a thread meets its ids in
 // ascending order.
@@ -160,6 +176,68 @@ __device__ __forceinline__ void ForEachToken(const float* z, int vocab, Slice sl
   }
 }
 
+// The same tokens with the lanes of each warp in step: f(v, x, ok) for each, ok false (x 0) for
+// lanes past the slice's end, then step() once per round, so both may use warp collectives. A
+// thread still meets its ids in ascending order.
+template <class F, class Step>
+__device__ __forceinline__ void ForEachTokenWarp(const float* z, int vocab, Slice sl, F&& f,
+                                                 Step&& step) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int first = static_cast<int>(threadIdx.x) - lane;
+  if ((vocab & 3) == 0) {
+    const float4* z4 = reinterpret_cast<const float4*>(z);
+    const int end = sl.end >> 2;
+#pragma unroll 1
+    for (int i0 = (sl.begin >> 2) + first; i0 < end; i0 += kThreads) {
+      const int i = i0 + lane;
+      const bool ok = i < end;
+      const float4 q = ok ? z4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      f(4 * i, q.x, ok);
+      f(4 * i + 1, q.y, ok);
+      f(4 * i + 2, q.z, ok);
+      f(4 * i + 3, q.w, ok);
+      step();
+    }
+  } else {
+#pragma unroll 1
+    for (int v0 = sl.begin + first; v0 < sl.end; v0 += kThreads) {
+      const int v = v0 + lane;
+      const bool ok = v < sl.end;
+      f(v, ok ? z[v] : 0.0f, ok);
+      step();
+    }
+  }
+}
+
+// A warp's top n (<= 32) (key, id) pairs by (key desc, id asc), held one per lane: lane l < n
+// has rank l (sentinels: key 0, id INT_MAX, past every real key). Every lane calls Offer alike;
+// the pairs offered enter in lane order, and the list does not depend on the order they come in.
+struct WarpTop {
+  uint32_t key = 0, last_key = 0;  // last_*: rank n - 1's pair, in every lane
+  int id = INT_MAX, last_id = INT_MAX;
+  __device__ __forceinline__ void Offer(uint32_t k, int v, bool ok, int n) {
+    unsigned want = __ballot_sync(0xffffffffu, ok && KeyBefore(k, v, last_key, last_id));
+    const int lane = static_cast<int>(threadIdx.x & 31);
+    while (want != 0) {
+      const int src = __ffs(want) - 1;
+      want &= want - 1;
+      const uint32_t nk = __shfl_sync(0xffffffffu, k, src);
+      const int nv = __shfl_sync(0xffffffffu, v, src);
+      if (!KeyBefore(nk, nv, last_key, last_id)) continue;  // an earlier one raised the bar
+      const int pos = __popc(__ballot_sync(0xffffffffu, lane < n && KeyBefore(key, id, nk, nv)));
+      const uint32_t up_key = __shfl_up_sync(0xffffffffu, key, 1);
+      const int up_id = __shfl_up_sync(0xffffffffu, id, 1);
+      if (lane == pos) {
+        key = nk, id = nv;
+      } else if (lane > pos && lane < n) {
+        key = up_key, id = up_id;
+      }
+      last_key = __shfl_sync(0xffffffffu, key, n - 1);
+      last_id = __shfl_sync(0xffffffffu, id, n - 1);
+    }
+  }
+};
+
 // Sums every CTA's histogram into every CTA's tot_cnt (and tot_mass): CTA r adds up bins
 // [r * kBins / C, (r + 1) * kBins / C) over the ranks in order and stores the sums in each CTA.
 // REQUIRES: every CTA's cnt/mass complete (the first cluster sync makes them visible); after
@@ -186,25 +264,70 @@ __device__ void MergeHistograms(Smem& sh, bool by_mass, cg::cluster_group& cl) {
   cl.sync();
 }
 
+// A level's bins, each one key interval (the bin is monotone in the key): even in key, (k - lo) >>
+// shift, or even in value over [base, base + kBins / scale], values below base in bin 0. Keys of
+// NaN (only below -inf's) fall in bin 0 as well.
+struct Binning {
+  uint32_t lo = 0;
+  int shift = 0;
+  bool by_value = false;
+  float base = 0.0f, scale = 0.0f;
+  __device__ __forceinline__ int Of(uint32_t k) const {
+    if (!by_value) return static_cast<int>((k - lo) >> shift);
+    const float f = engine::MulF(engine::AddF(engine::KeyValue(k), -base), scale);
+    if (!(f >= 1.0f)) return 0;
+    return f >= static_cast<float>(kBins - 1) ? kBins - 1 : static_cast<int>(f);
+  }
+};
+
+// The smallest key in [lo, hi] whose bin is >= b, or hi + 1 where none (a binary search).
+__device__ uint64_t FirstKeyOfBin(const Binning& bins, uint32_t lo, uint32_t hi, int b) {
+  uint64_t l = lo, h = uint64_t{hi} + 1;
+  while (l < h) {
+    const uint64_t mid = (l + h) >> 1;
+    if (bins.Of(static_cast<uint32_t>(mid)) >= b) {
+      h = mid;
+    } else {
+      l = mid + 1;
+    }
+  }
+  return l;
+}
+
 // The largest key t in [lo, hi] such that `above0` plus the sum of f over the row's elements
 // with key in [t, hi] reaches the target; f = 1 (count) or KeyWeight(key, m) (by_mass). The
 // target is `count_target`, or NeedMass(total mass in [lo, hi], top_p) by mass. A count target
 // above the count in [lo, hi] gives lo. key_of(v, z) is the element's key. known_pop: how many
 // elements [lo, hi] holds in the whole row, or -1; *count_ge (count mode): how many have a key
-// >= the result, or -1 where not known. Every CTA of the cluster calls it alike and gets the
-// same result (the decisions read only the merged histograms).
+// >= the result, or -1 where not known. min_value: the row's least value (bins of the first
+// level start there). Every CTA of the cluster calls it alike and gets the same result (the
+// decisions read only the merged histograms); which CTAs read shared memory instead of the row
+// may differ (each decides by its own count), not what they add.
 template <class KeyOf>
 __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, int vocab, Slice sl,
                               KeyOf&& key_of, uint32_t lo, uint32_t hi, bool by_mass, float m,
-                              u64 count_target, float top_p, int64_t known_pop, int64_t* count_ge) {
+                              u64 count_target, float top_p, int64_t known_pop, float min_value,
+                              int64_t* count_ge) {
   *count_ge = -1;
   bool in_smem = false, first = true;
   bool collect = known_pop >= 0 && known_pop <= kCap;
   int ncand = 0;
   u64 above = 0, target = count_target;
   while (lo < hi) {
-    const uint32_t span = hi - lo;
-    const int shift = max(0, 32 - __clz(span) - 11);
+    Binning bins;
+    bins.lo = lo;
+    bins.shift = max(0, 32 - __clz(hi - lo) - 11);
+    if (first) {  // even in value over [max(min, lo, max - 30), max] where that is finite
+      const float top = engine::KeyValue(hi);
+      float base = fmaxf(engine::AddF(top, -30.0f), min_value);
+      const float lo_value = engine::KeyValue(lo);  // NaN for NaN keys: fmaxf skips it
+      base = fmaxf(base, lo_value);
+      const float width = engine::AddF(top, -base);
+      const float scale = engine::DivF(static_cast<float>(kBins), width);
+      if (isfinite(top) && isfinite(base) && width > 0.0f && isfinite(scale)) {
+        bins.by_value = true, bins.base = base, bins.scale = scale;
+      }
+    }
     for (int i = threadIdx.x; i < kBins; i += kThreads) {
       sh.cnt[i] = 0;
       if (by_mass) {
@@ -216,7 +339,7 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
     __syncthreads();
     auto add = [&](uint32_t k) {
       if (k < lo || k > hi) return;
-      const int b = (k - lo) >> shift;
+      const int b = bins.Of(k);
       atomicAdd(&sh.cnt[b], 1u);
       if (by_mass) {
         const uint64_t w = engine::KeyWeight(k, m);
@@ -272,16 +395,23 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
           }
           acc += fb;
         }
-        const uint64_t nlo = uint64_t{lo} + (uint64_t{static_cast<uint32_t>(b)} << shift);
-        const uint64_t nhi = nlo + (uint64_t{1} << shift) - 1;
+        uint64_t nlo, nhi;
+        if (bins.by_value) {
+          nlo = FirstKeyOfBin(bins, lo, hi, b);
+          nhi = b + 1 < kBins ? FirstKeyOfBin(bins, lo, hi, b + 1) - 1 : hi;
+        } else {
+          nlo = uint64_t{lo} + (uint64_t{static_cast<uint32_t>(b)} << bins.shift);
+          nhi = nlo + (uint64_t{1} << bins.shift) - 1;
+        }
         sh.lo = static_cast<uint32_t>(nlo);
         sh.hi = static_cast<uint32_t>(nhi < hi ? nhi : hi);
         sh.pop = sh.tot_cnt[b];
+        sh.bin = b;
       }
     }
     __syncthreads();
     lo = sh.lo, hi = sh.hi, above = sh.above;
-    collect = !in_smem && sh.pop <= kCap;
+    collect = !in_smem && sh.cnt[sh.bin] <= kCap;  // this CTA's share of the next interval
     if (!by_mass) *count_ge = static_cast<int64_t>(above + sh.pop);
     __syncthreads();  // sh.* read before the next level overwrites them
   }
@@ -305,7 +435,7 @@ __device__ __forceinline__ void RankTop(const uint32_t* keys, const int32_t* ids
 
 // Grid: rows * split CTAs in clusters of `split`; the cluster of row r is CTAs
 // [r * split, (r + 1) * split).
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     SampleKernel(const float* logits, int vocab, const SampleSpec* specs,
                  const int32_t* penalty_tokens, int32_t* out, engine::RowLogprobs* lp_out) {
   WaitForPriorGrids();
@@ -337,66 +467,62 @@ __global__ void __launch_bounds__(kThreads)
   const bool filters = engine::HasFilters(sp, vocab);
   const int n_lp = min(sp.logprobs, vocab);
 
-  // Pass 1: the best score key (greedy's token, the filters' max), the max raw key, and each
-  // thread's top n_lp raw keys by (key desc, id asc) (a thread meets its ids in ascending order,
-  // so an equal key never displaces an earlier one; few elements enter after the first).
-  uint32_t best_key = 0, max_raw = 0;
+  // Pass 1: the best score key (greedy's token, the filters' max), the least score key (where the
+  // filters' bins start), the max raw key, and each warp's top n_lp raw keys by (key desc, id
+  // asc) (few tokens enter the warp's list once it has seen a few hundred).
+  uint32_t best_key = 0, max_raw = 0, min_key = UINT32_MAX;
   int best_id = vocab;
-  uint32_t top_key[kLp];
-  int top_id[kLp];
-  for (int i = 0; i < kLp; ++i) top_key[i] = 0, top_id[i] = INT_MAX;
+  WarpTop top;
   if (greedy || filters || n_lp > 0) {
     uint32_t rk = 0;
-    ForEachToken(z, vocab, sl, [&](int v, float x) {
-      const uint32_t k = key_of(v, x);
-      if (k > best_key || (k == best_key && v < best_id)) best_key = k, best_id = v;
-      const uint32_t r = raw_key(v, x);
-      rk = max(rk, r);
-      if (n_lp > 0 && r > top_key[n_lp - 1]) {
-        int j = n_lp - 1;
-        for (; j > 0 && top_key[j - 1] < r; --j)
-          top_key[j] = top_key[j - 1], top_id[j] = top_id[j - 1];
-        top_key[j] = r, top_id[j] = v;
-      }
-    });
+    ForEachTokenWarp(
+        z, vocab, sl,
+        [&](int v, float x, bool ok) {
+          uint32_t r = 0;
+          if (ok) {
+            const uint32_t k = key_of(v, x);
+            if (k > best_key || (k == best_key && v < best_id)) best_key = k, best_id = v;
+            min_key = min(min_key, k);
+            r = raw_key(v, x);
+            rk = max(rk, r);
+          }
+          if (n_lp > 0) top.Offer(r, v, ok, n_lp);
+        },
+        [] {});
     BlockBestKey(best_key, best_id, sh);
     int unused = 0;
     BlockBestKey(rk, unused, sh);
     max_raw = rk;
+    if (filters) {
+      uint32_t neg_min = ~min_key;
+      BlockBestKey(neg_min, unused, sh);
+      min_key = ~neg_min;
+    }
   }
   if (n_lp > 0) {
-    // Each warp merges its lanes' lists into its top n_lp (candidates [warp * n_lp, + n_lp)),
-    // then the CTA ranks its warps' candidates into top_key/top_id.
+    // The warps' lists are the candidates [warp * n_lp, + n_lp); the CTA ranks them into
+    // top_key/top_id.
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int head = 0;
-    for (int r = 0; r < n_lp; ++r) {
-      uint32_t ck = head < n_lp ? top_key[head] : 0;
-      int ci = head < n_lp ? top_id[head] : INT_MAX, cl_lane = lane;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const uint32_t k2 = __shfl_xor_sync(0xffffffffu, ck, o);
-        const int i2 = __shfl_xor_sync(0xffffffffu, ci, o);
-        const int l2 = __shfl_xor_sync(0xffffffffu, cl_lane, o);
-        if (k2 > ck || (k2 == ck && (i2 < ci || (i2 == ci && l2 < cl_lane))))
-          ck = k2, ci = i2, cl_lane = l2;
-      }
-      if (cl_lane == lane) ++head;
-      if (lane == 0) sh.lp_key[warp * n_lp + r] = ck, sh.lp_id[warp * n_lp + r] = ci;
-    }
+    if (lane < n_lp) sh.lp_key[warp * n_lp + lane] = top.key, sh.lp_id[warp * n_lp + lane] = top.id;
     if (threadIdx.x < n_lp) sh.top_key[threadIdx.x] = 0, sh.top_id[threadIdx.x] = INT_MAX;
     __syncthreads();
     RankTop(sh.lp_key, sh.lp_id, kWarps * n_lp, n_lp,
             [&](int rk, int i) { sh.top_key[rk] = sh.lp_key[i], sh.top_id[rk] = sh.lp_id[i]; });
   }
   // The cluster's best and max (every CTA reads every CTA's, in rank order).
-  if (threadIdx.x == 0) sh.x_best_key = best_key, sh.x_best_id = best_id, sh.x_max_raw = max_raw;
+  if (threadIdx.x == 0) {
+    sh.x_best_key = best_key, sh.x_best_id = best_id, sh.x_max_raw = max_raw;
+    sh.x_min_key = min_key;
+  }
   cl.sync();
   for (int r = 0; r < parts; ++r) {
     const Smem* o = cl.map_shared_rank(&sh, r);
     if (KeyBefore(o->x_best_key, o->x_best_id, best_key, best_id))
       best_key = o->x_best_key, best_id = o->x_best_id;
     max_raw = max(max_raw, o->x_max_raw);
+    min_key = min(min_key, o->x_min_key);
   }
+  const float min_value = engine::KeyValue(min_key);
 
   // The filters' threshold, then the draw (in the last pass, with the logprobs' weight sum).
   uint32_t floor_key = 0;
@@ -405,12 +531,12 @@ __global__ void __launch_bounds__(kThreads)
     int64_t kept = -1;  // elements >= floor_key, where known
     if (engine::HasTopK(sp, vocab)) {
       floor_key = SelectKey(sh, cl, z, vocab, sl, key_of, floor_key, best_key, false, 0.0f,
-                            static_cast<u64>(sp.top_k), 1.0f, -1, &kept);
+                            static_cast<u64>(sp.top_k), 1.0f, -1, min_value, &kept);
     }
     if (sp.top_p < 1.0f) {
       int64_t unused = 0;  // few kept by top-k: top-p's first level already gathers them
       floor_key = SelectKey(sh, cl, z, vocab, sl, key_of, floor_key, best_key, true,
-                            engine::KeyValue(best_key), 0, sp.top_p, kept, &unused);
+                            engine::KeyValue(best_key), 0, sp.top_p, kept, min_value, &unused);
     }
   }
   const float max_z = engine::KeyValue(max_raw);
@@ -418,18 +544,36 @@ __global__ void __launch_bounds__(kThreads)
   int draw_id = -1;
   u64 weight_sum = 0;
   if (!greedy || n_lp > 0) {
-    ForEachToken(z, vocab, sl, [&](int v, float x) {
-      if (!greedy) {
-        const uint32_t k = key_of(v, x);
-        if (k >= floor_key) {
-          const float s =
-              engine::AddF(engine::KeyValue(k),
-                           engine::GumbelNoise(engine::TokenUniform(sp.seed, sp.position, v)));
-          if (draw_id < 0 || s > best_score) best_score = s, draw_id = v;
-        }
-      }
-      if (n_lp > 0) weight_sum += engine::KeyWeight(raw_key(v, x), max_z);
-    });
+    // bar: the best exact score of the warp so far (its order key; 0: none yet). A token whose
+    // score plus the largest noise, or plus a bound on its own noise, is below it cannot be
+    // drawn (its exact score is lower still), so its exact noise is not computed: same result,
+    // and after the first rounds few lanes of a warp compute one.
+    uint32_t bar = 0;
+    ForEachTokenWarp(
+        z, vocab, sl,
+        [&](int v, float x, bool ok) {
+          if (!ok) return;
+          if (!greedy) {
+            const uint32_t k = key_of(v, x);
+            if (k >= floor_key) {
+              const float value = engine::KeyValue(k);
+              const float best = engine::KeyValue(bar);
+              if (bar == 0 || !(engine::AddF(value, kGumbelMax) < best)) {
+                const float u = engine::TokenUniform(sp.seed, sp.position, v);
+                if (bar == 0 || !(engine::AddF(value, GumbelUpper(u)) < best)) {
+                  const float s = engine::AddF(value, engine::GumbelNoise(u));
+                  if (draw_id < 0 || s > best_score) best_score = s, draw_id = v;
+                }
+              }
+            }
+          }
+          if (n_lp > 0) weight_sum += engine::KeyWeight(raw_key(v, x), max_z);
+        },
+        [&] {
+          if (!greedy) {
+            bar = __reduce_max_sync(0xffffffffu, draw_id >= 0 ? engine::OrderKey(best_score) : 0u);
+          }
+        });
   }
   if (!greedy) BlockBestScore(best_score, draw_id, sh);
   if (n_lp > 0) weight_sum = BlockSum(weight_sum, sh);
@@ -483,6 +627,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One thread per uniform j: counts those whose noise exceeds kGumbelMax or GumbelUpper.
+__global__ void GumbelBoundKernel(unsigned long long* violations) {
+  const uint32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+  const float u = engine::UniformOf(j);
+  const float g = engine::GumbelNoise(u);
+  if (!(g <= kGumbelMax) || !(g <= GumbelUpper(u))) atomicAdd(violations, 1ull);
+}
+
 std::atomic<size_t> g_smem_set{0};
 std::atomic<int> g_sms{0};
 std::atomic<int> g_max_split{0};  // the largest cluster size that fits, 0: not known yet
@@ -531,6 +683,13 @@ cudaError_t EnsureSetUp(size_t smem) {
 }
 
 }  // namespace
+
+cudaError_t LaunchGumbelBoundCheck(unsigned long long* violations, cudaStream_t stream) {
+  if (cudaError_t e = cudaMemsetAsync(violations, 0, sizeof(*violations), stream); e != cudaSuccess)
+    return e;
+  GumbelBoundKernel<<<(1u << 24) / 256, 256, 0, stream>>>(violations);
+  return cudaGetLastError();
+}
 
 size_t SampleRowsSmemBytes(int vocab) {
   return sizeof(Smem) + static_cast<size_t>((vocab + 31) / 32) * 4;

@@ -1,0 +1,67 @@
+"""Reads ncu's `--page source --print-source sass --csv` export of one kernel and prints the
+instructions with the most warp stall samples (with their address and share) and the samples
+summed per opcode. Usage: sass_hot.py FILE.csv [TOP]."""
+import collections
+import csv
+import sys
+
+
+def main():
+    path, top = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 40
+    lines = [l for l in open(path, errors="replace") if l.startswith('"')]
+    rows = list(csv.reader(lines))
+    start = next(i for i, r in enumerate(rows) if "Address" in r and "Source" in r)
+    rows = rows[start:]  # ncu writes the kernel's name on a row of its own first
+    head = rows[0]
+
+    def col(*names):
+        for n in names:
+            for i, h in enumerate(head):
+                if h.strip() == n:
+                    return i
+        for n in names:
+            for i, h in enumerate(head):
+                if n.lower() in h.lower():
+                    return i
+        return None
+
+    src = col("Source")
+    addr = col("Address")
+    samp = col("Warp Stall Sampling (All Samples)", "Warp Stall Sampling")
+    execd = col("Instructions Executed")
+    if src is None or samp is None:
+        print("columns:", head)
+        return
+    data = []
+    for r in rows[1:]:
+        try:
+            s = float(r[samp].replace(",", "") or 0)
+        except ValueError:
+            continue
+        e = 0.0
+        if execd is not None:
+            try:
+                e = float(r[execd].replace(",", "") or 0)
+            except ValueError:
+                pass
+        data.append((s, e, r[addr] if addr is not None else "", r[src].strip()))
+    total = sum(d[0] for d in data) or 1.0
+    total_e = sum(d[1] for d in data) or 1.0
+    print(f"{len(data)} instructions, {total:.0f} stall samples, {total_e:.0f} warp instructions executed")
+    for s, e, a, t in sorted(data, reverse=True)[:top]:
+        print(f"{100 * s / total:5.1f}% {e:10.0f}  {a}  {t}")
+    by_op = collections.Counter()
+    by_op_e = collections.Counter()
+    for s, e, a, t in data:
+        op = t.split()[0] if t else "?"
+        if op.startswith("@"):
+            op = t.split()[1] if len(t.split()) > 1 else op
+        op = op.split(".")[0]
+        by_op[op] += s
+        by_op_e[op] += e
+    print("by opcode (stall samples %, executed %):")
+    for op, s in by_op.most_common(25):
+        print(f"  {op:10s} {100 * s / total:5.1f}% {100 * by_op_e[op] / total_e:5.1f}%")
+
+
+main()
