@@ -60,6 +60,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gpu_worker/backend/cpu/cpu_backend.h"
 #include "gpu_worker/engine/engine.h"
@@ -488,7 +489,10 @@ void DecodeSection(Bench& b) {
     auto e = b.MakeEngine(true, variant);
     for (const std::string& sampler : b.flags.samplers) {
       g_sampler = sampler;
-      const std::string column = b.flags.samplers.size() > 1 ? name + "/" + sampler : name;
+      std::string column = b.flags.samplers.size() > 1 ? name + "/" + sampler : name;
+      for (int k = 2; ms.count(column) != 0; ++k) {  // a repeated name: name#2, #3, ...
+        column = absl::StrCat(b.flags.samplers.size() > 1 ? name + "/" + sampler : name, "#", k);
+      }
       columns.push_back(column);
       std::printf(
           "\n## Decode, variant %s, sampler %s (prompt %d tokens, %d generated, "
@@ -525,9 +529,20 @@ void DecodeSection(Bench& b) {
     g_sampler = "greedy";
   }
   if (columns.size() < 2) return;
+  // The ratios' base: the first column, or the mean of its runs where it was repeated (e.g.
+  // --samplers=greedy,topp,greedy: the first variant of a process can run a few percent slow).
   const std::string& base = columns[0];
-  std::printf("\n## Decode ms/step by variant (same process; ratio = column / %s)\n\n| batch |",
-              base.c_str());
+  std::vector<std::string> base_runs;
+  for (const std::string& c : columns) {
+    if (c == base || absl::StartsWith(c, base + "#")) base_runs.push_back(c);
+  }
+  auto base_ms = [&](int batch) {
+    double sum = 0;
+    for (const std::string& c : base_runs) sum += ms[c][batch];
+    return sum / static_cast<double>(base_runs.size());
+  };
+  std::printf("\n## Decode ms/step by variant (same process; ratio = column / %s%s)\n\n| batch |",
+              base.c_str(), base_runs.size() > 1 ? ", the mean of its runs" : "");
   for (const std::string& v : columns) std::printf(" %s |", v.c_str());
   for (size_t i = 1; i < columns.size(); ++i) {
     std::printf(" %s / %s |", columns[i].c_str(), base.c_str());
@@ -539,7 +554,7 @@ void DecodeSection(Bench& b) {
     std::printf("| %d |", batch);
     for (const std::string& v : columns) std::printf(" %.3f |", ms[v][batch]);
     for (size_t i = 1; i < columns.size(); ++i) {
-      std::printf(" %.3f |", ms[columns[i]][batch] / ms[base][batch]);
+      std::printf(" %.3f |", ms[columns[i]][batch] / base_ms(batch));
     }
     std::printf("\n");
   }

@@ -50,6 +50,27 @@ def main():
     print(f"{len(data)} instructions, {total:.0f} stall samples, {total_e:.0f} warp instructions executed")
     for s, e, a, t in sorted(data, reverse=True)[:top]:
         print(f"{100 * s / total:5.1f}% {e:10.0f}  {a}  {t}")
+    # Hot regions in address order (runs of instructions executed >= 1/4 of the busiest one's
+    # count, gaps up to 8 instructions): which loop of the kernel the work is in.
+    hot = max(d[1] for d in data) / 4 if data else 0
+    regions, cur = [], None
+    for i, (s, e, a, t) in enumerate(data):
+        if e >= hot:
+            if cur is None or i - cur[1] > 8:
+                if cur:
+                    regions.append(cur)
+                cur = [i, i, 0.0, 0.0, e]
+            cur[1] = i
+        if cur is not None and i - cur[1] <= 8:
+            cur[2] += e
+            cur[3] += s
+            cur[4] = max(cur[4], e)
+    if cur:
+        regions.append(cur)
+    print("hot regions (instruction index range, executed %, stall %, max count, first instruction):")
+    for a, b, e, s, m in regions:
+        if e / total_e > 0.005:
+            print(f"  {a:5d}-{b:5d} {100 * e / total_e:5.1f}% {100 * s / total:5.1f}% {m:9.0f}  {data[a][3][:60]}")
     by_op = collections.Counter()
     by_op_e = collections.Counter()
     for s, e, a, t in data:

@@ -98,10 +98,10 @@ int32_t SampleRowRule(const float* logits, int vocab, const SampleSpec& spec,
     }
     float best = 0.0f;
     token = -1;
+    const uint64_t start = StreamStart(spec.seed, spec.position);
     for (int v = 0; v < vocab; ++v) {
       if (keys[v] < floor_key) continue;
-      const float score =
-          AddF(KeyValue(keys[v]), GumbelNoise(TokenUniform(spec.seed, spec.position, v)));
+      const float score = AddF(KeyValue(keys[v]), GumbelNoise(TokenUniformAt(start, v)));
       if (token < 0 || score > best) best = score, token = v;
     }
   }

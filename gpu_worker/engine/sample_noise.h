@@ -149,11 +149,14 @@ CASCADE_HD double DetLnD(double x) {
 // round-down(2^40 * e^d) up to the polynomial's ~1e-7 relative error; 0 below e^-28 (2^-41),
 // exactly 2^40 at d = 0. An integer, so sums of weights are exact and order-independent.
 constexpr int kWeightBits = 40;
+// Written without branches (the weight of x < -41 is computed on 0 and then dropped) so that a
+// GPU thread can interleave several of them; integer steps in 32 bits where the value fits.
 CASCADE_HD uint64_t FixedWeight(float d) {
-  const float x = MulF(d, 1.44269504f);  // log2(e)
-  if (!(x >= -41.0f)) return 0;          // also NaN
-  const float n = FloorF(x);             // [-41, 0]
-  const float f = AddF(x, -n);           // [0, 1), exact
+  const float x0 = MulF(d, 1.44269504f);  // log2(e)
+  const bool live = x0 >= -41.0f;         // false for NaN too
+  const float x = live ? x0 : 0.0f;
+  const float n = FloorF(x);    // [-41, 0]
+  const float f = AddF(x, -n);  // [0, 1), exact
   // 2^f = sum (f ln 2)^k / k!, k <= 9 (truncation < 1e-8).
   float p = 1.01780860e-07f;
   p = AddF(MulF(p, f), 1.32154868e-06f);
@@ -165,30 +168,44 @@ CASCADE_HD uint64_t FixedWeight(float d) {
   p = AddF(MulF(p, f), 0.240226507f);
   p = AddF(MulF(p, f), 0.693147181f);
   p = AddF(MulF(p, f), 1.0f);
-  const uint64_t q = static_cast<uint64_t>(MulF(p, 8388608.0f));  // p in [1, 2]: an integer
-  const int shift = static_cast<int>(n) + (kWeightBits - 23);
-  return shift >= 0 ? q << shift : q >> -shift;
+  const uint32_t q = static_cast<uint32_t>(MulF(p, 8388608.0f));  // p in [1, 2]: < 2^25
+  const int shift = static_cast<int>(n) + (kWeightBits - 23);     // [-24, 17]
+  const uint64_t w = shift >= 0 ? uint64_t{q} << shift : uint64_t{q >> -shift};
+  return live ? w : 0;
 }
 
 // ---- The random stream ------------------------------------------------------------------------
 
-CASCADE_HD uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;  // SplitMix64's increment
+
+// SplitMix64's output function: a bijective 64-bit mix.
+CASCADE_HD uint64_t Mix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
 }
+CASCADE_HD uint64_t SplitMix64(uint64_t x) { return Mix64(x + kGolden); }
 
-// Uniform in (0, 1) with 24 bits, never 0 or 1, for token `v` at `position` of stream `seed`.
 // The j-th of the 2^24 values TokenUniform gives, j in [0, 2^24).
 CASCADE_HD float UniformOf(uint32_t j) {
   return (static_cast<float>(j) + 0.5f) * (1.0f / 16777216.0f);
 }
-CASCADE_HD float TokenUniform(uint64_t seed, int64_t position, int32_t v) {
-  const uint64_t x =
-      SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(position) * 0x100000001b3ULL +
-                                   static_cast<uint64_t>(v)));
+
+// Where the stream of the token at `position` of seed `seed` starts (a hash of both).
+CASCADE_HD uint64_t StreamStart(uint64_t seed, int64_t position) {
+  return SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(position) * 0x100000001b3ULL));
+}
+
+// Uniform in (0, 1) with 24 bits, never 0 or 1, for vocabulary entry v: value v + 1 of the
+// SplitMix64 generator started at `start` (one mix per entry; the start is per row).
+CASCADE_HD float TokenUniformAt(uint64_t start, int32_t v) {
+  const uint64_t x = Mix64(start + (static_cast<uint64_t>(static_cast<uint32_t>(v)) + 1) * kGolden);
   return UniformOf(static_cast<uint32_t>(x >> 40));
+}
+
+// The same for token `v` at `position` of stream `seed`.
+CASCADE_HD float TokenUniform(uint64_t seed, int64_t position, int32_t v) {
+  return TokenUniformAt(StreamStart(seed, position), v);
 }
 
 // Standard Gumbel noise -ln(-ln u). argmax over v of (s_v + GumbelNoise(u_v)) is an exact sample

@@ -35,7 +35,7 @@ using u64 = unsigned long long;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2048;
-constexpr int kCap = 4096;    // candidates held in shared memory (per CTA)
+constexpr int kCap = 2048;    // candidates held in shared memory (per CTA)
 constexpr int kMaxSplit = 8;  // CTAs per row at most (a portable cluster size)
 constexpr int kLp = engine::kMaxLogprobs;
 
@@ -51,7 +51,8 @@ struct Smem {
   uint32_t cnt[kBins];            // (cluster) this CTA's counts per bin
   uint32_t tot_cnt[kBins];        // (cluster) the row's counts per bin, summed over the cluster
   u64 tot_mass[kBins];            // (cluster) the row's weights per bin
-  uint32_t cand_key[kCap];        // SelectKey's candidates of this CTA's slice
+  uint32_t cand_key[kCap];        // SelectKey's candidates of this CTA's slice: keys and ids
+  int32_t cand_id[kCap];
   uint32_t lp_key[kWarps * kLp];  // the warps' top logprob keys; on rank 0, then the cluster's
   int32_t lp_id[kWarps * kLp];
   uint32_t top_key[kLp];  // (cluster) this CTA's top logprob keys, ranked
@@ -142,8 +143,8 @@ __device__ __forceinline__ void BlockBestScore(float& score, int& id, Smem& sh) 
 constexpr float kGumbelMax = 17.5f;
 constexpr float kGumbelSlack = 1.0f / 256.0f;
 __device__ __forceinline__ float GumbelUpper(float u) {
-  if (u > 0.99f) return INFINITY;
-  return __fadd_ru(-__logf(-__logf(u)), kGumbelSlack);
+  const float g = __fadd_ru(-__logf(-__logf(u)), kGumbelSlack);
+  return u > 0.99f ? INFINITY : g;
 }
 
 // This CTA's slice of the row: tokens [begin, end) (multiples of 4 where the row is read as
@@ -159,55 +160,89 @@ __device__ __forceinline__ Slice SliceOf(int vocab, int part, int parts) {
   const int e = static_cast<int>(static_cast<int64_t>(units) * (part + 1) / parts);
   return {b * scale, e * scale};
 }
-template <class F>
-__device__ __forceinline__ void ForEachToken(const float* z, int vocab, Slice sl, F&& f) {
-  if ((vocab & 3) == 0) {
-    const float4* z4 = reinterpret_cast<const float4*>(z);
-#pragma unroll 1
-    for (int i = (sl.begin >> 2) + threadIdx.x; i < (sl.end >> 2); i += kThreads) {
-      const float4 q = z4[i];
-      f(4 * i, q.x);
-      f(4 * i + 1, q.y);
-      f(4 * i + 2, q.z);
-      f(4 * i + 3, q.w);
-    }
-  } else {
-    for (int v = sl.begin + threadIdx.x; v < sl.end; v += kThreads) f(v, z[v]);
-  }
-}
-
-// The same tokens with the lanes of each warp in step: f(v, x, ok) for each, ok false (x 0) for
-// lanes past the slice's end, then step() once per round, so both may use warp collectives. A
-// thread still meets its ids in ascending order.
+// Calls f(v0, q, n) for the slice's tokens a quad at a time: tokens v0 .. v0 + 3 with values
+// q.x .. q.w where the row is read as float4 (n = 4), else one token (v0, q.x) (n = 1); n = 0 for
+// lanes past the slice's end, so the lanes of a warp stay in step and f and step() (once per
+// round) may use warp collectives. A thread meets its ids in ascending order. Handing f four
+// tokens at once lets it interleave their independent arithmetic.
 template <class F, class Step>
-__device__ __forceinline__ void ForEachTokenWarp(const float* z, int vocab, Slice sl, F&& f,
-                                                 Step&& step) {
+__device__ __forceinline__ void ForEachQuad(const float* z, int vocab, Slice sl, F&& f,
+                                            Step&& step) {
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int first = static_cast<int>(threadIdx.x) - lane;
   if ((vocab & 3) == 0) {
     const float4* z4 = reinterpret_cast<const float4*>(z);
     const int end = sl.end >> 2;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int i = (sl.begin >> 2) + first + lane;
+    float4 q = i < end ? z4[i] : zero;  // the next round's quad is loaded before f runs
 #pragma unroll 1
-    for (int i0 = (sl.begin >> 2) + first; i0 < end; i0 += kThreads) {
-      const int i = i0 + lane;
-      const bool ok = i < end;
-      const float4 q = ok ? z4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      f(4 * i, q.x, ok);
-      f(4 * i + 1, q.y, ok);
-      f(4 * i + 2, q.z, ok);
-      f(4 * i + 3, q.w, ok);
+    for (int i0 = (sl.begin >> 2) + first; i0 < end; i0 += kThreads, i += kThreads) {
+      const float4 next = i + kThreads < end ? z4[i + kThreads] : zero;
+      f(4 * i, q, i < end ? 4 : 0);
       step();
+      q = next;
     }
   } else {
 #pragma unroll 1
     for (int v0 = sl.begin + first; v0 < sl.end; v0 += kThreads) {
       const int v = v0 + lane;
       const bool ok = v < sl.end;
-      f(v, ok ? z[v] : 0.0f, ok);
+      f(v, make_float4(ok ? z[v] : 0.0f, 0.0f, 0.0f, 0.0f), ok ? 1 : 0);
       step();
     }
   }
 }
+__device__ __forceinline__ float QuadAt(const float4& q, int j) {
+  return j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w;
+}
+
+// A thread's part of the draw (rule step 4): the best (score desc, id asc) of the tokens offered,
+// score = value + GumbelNoise(TokenUniformAt(start, id)). bar is the best exact score of the warp
+// so far (its order key; 0: none yet; Step() refreshes it, every lane in step): a token whose
+// value plus the largest noise, or plus a bound on its own noise, is below it cannot be drawn
+// (its exact score is lower still), so its exact noise is not computed: the same result, and
+// after the first rounds few lanes of a warp compute one. Every token offered must be kept.
+struct Draw {
+  uint64_t start = 0;
+  float best_score = 0.0f;
+  int draw_id = -1;
+  uint32_t bar = 0;
+  __device__ __forceinline__ void Take(int v, float s) {
+    if (draw_id < 0 || s > best_score || (s == best_score && v < draw_id))
+      best_score = s, draw_id = v;
+  }
+  // Tokens v0 + j with score keys k[j], where keep[j].
+  __device__ __forceinline__ void Quad(int v0, const uint32_t (&k)[4], const bool (&keep)[4]) {
+    const float best = engine::KeyValue(bar);
+    float value[4];
+    bool need[4], any = false;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      value[j] = engine::KeyValue(k[j]);
+      need[j] = keep[j] && (bar == 0 || !(engine::AddF(value[j], kGumbelMax) < best));
+      any = any || need[j];
+    }
+    if (!any) return;
+    float u[4];  // the quad's uniforms side by side, then the rare exact noise
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      u[j] = engine::TokenUniformAt(start, v0 + j);
+      need[j] = need[j] && (bar == 0 || !(engine::AddF(value[j], GumbelUpper(u[j])) < best));
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (need[j]) Take(v0 + j, engine::AddF(value[j], engine::GumbelNoise(u[j])));
+    }
+  }
+  __device__ __forceinline__ void One(int v, uint32_t k) {
+    Take(v,
+         engine::AddF(engine::KeyValue(k), engine::GumbelNoise(engine::TokenUniformAt(start, v))));
+  }
+  __device__ __forceinline__ void Step() {
+    bar = __reduce_max_sync(0xffffffffu, draw_id >= 0 ? engine::OrderKey(best_score) : 0u);
+  }
+};
 
 // A warp's top n (<= 32) (key, id) pairs by (key desc, id asc), held one per lane: lane l < n
 // has rank l (sentinels: key 0, id INT_MAX, past every real key). Every lane calls Offer alike;
@@ -303,12 +338,19 @@ __device__ uint64_t FirstKeyOfBin(const Binning& bins, uint32_t lo, uint32_t hi,
 // level start there). Every CTA of the cluster calls it alike and gets the same result (the
 // decisions read only the merged histograms); which CTAs read shared memory instead of the row
 // may differ (each decides by its own count), not what they add.
-template <class KeyOf>
+// Visiting (may_visit): the pass in which this CTA copies its share of [lo, hi] (keys and ids)
+// to shared memory also calls visit(v0, q, n, k, hi) for each quad of the slice (k: the keys)
+// and visit_step() once per round: the result will be <= that hi, so the caller can draw from
+// the keys above it there, and later from the copied candidates (*ncand of them) at or above
+// the result. *visited says whether that happened (per CTA; not when the result came first).
+template <class KeyOf, class Visit, class VisitStep>
 __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, int vocab, Slice sl,
                               KeyOf&& key_of, uint32_t lo, uint32_t hi, bool by_mass, float m,
                               u64 count_target, float top_p, int64_t known_pop, float min_value,
-                              int64_t* count_ge) {
+                              int64_t* count_ge, bool may_visit, Visit&& visit,
+                              VisitStep&& visit_step, bool* visited, int* ncand_out) {
   *count_ge = -1;
+  *visited = false;
   bool in_smem = false, first = true;
   bool collect = known_pop >= 0 && known_pop <= kCap;
   int ncand = 0;
@@ -337,28 +379,65 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
     }
     if (threadIdx.x == 0) sh.ncand = 0;
     __syncthreads();
-    auto add = [&](uint32_t k) {
-      if (k < lo || k > hi) return;
-      const int b = bins.Of(k);
-      atomicAdd(&sh.cnt[b], 1u);
-      if (by_mass) {
-        const uint64_t w = engine::KeyWeight(k, m);
+    // Adds keys k[0, n) (n <= 4): their bins and weights first (independent of each other and
+    // branch-free, so they interleave), then the atomics.
+    auto add = [&](const uint32_t(&k)[4], int v0, int n) {
+      bool in[4], any = false;
+      int b[4];
+      uint64_t w[4];
 #pragma unroll
-        for (int p = 0; p < kPieces; ++p) {
-          const uint32_t piece =
-              static_cast<uint32_t>(w >> (p * kPieceBits)) & ((1u << kPieceBits) - 1);
-          if (piece != 0) atomicAdd(&sh.mass[p][b], piece);
+      for (int j = 0; j < 4; ++j) {
+        in[j] = j < n && k[j] >= lo && k[j] <= hi;
+        any = any || in[j];
+      }
+      if (!any) return;  // most tokens after the first level
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        b[j] = in[j] ? bins.Of(k[j]) : 0;
+        w[j] = by_mass && in[j] ? engine::KeyWeight(k[j], m) : 0;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (!in[j]) continue;
+        atomicAdd(&sh.cnt[b[j]], 1u);
+        if (by_mass) {
+#pragma unroll
+          for (int p = 0; p < kPieces; ++p) {
+            const uint32_t piece =
+                static_cast<uint32_t>(w[j] >> (p * kPieceBits)) & ((1u << kPieceBits) - 1);
+            if (piece != 0) atomicAdd(&sh.mass[p][b[j]], piece);
+          }
+        }
+        if (collect) {  // this CTA's share: <= kCap of them
+          const int slot = atomicAdd(&sh.ncand, 1);
+          sh.cand_key[slot] = k[j];
+          sh.cand_id[slot] = v0 + j;
         }
       }
-      if (collect) sh.cand_key[atomicAdd(&sh.ncand, 1)] = k;  // pop <= kCap of them
     };
     if (in_smem) {
-      for (int i = threadIdx.x; i < ncand; i += kThreads) add(sh.cand_key[i]);
+      for (int i = threadIdx.x; i < ncand; i += kThreads) {
+        const uint32_t k[4] = {sh.cand_key[i], 0, 0, 0};
+        add(k, 0, 1);
+      }
     } else {
-      ForEachToken(z, vocab, sl, [&](int v, float x) { add(key_of(v, x)); });
+      const bool visiting = may_visit && collect;  // uniform over the CTA
+      ForEachQuad(
+          z, vocab, sl,
+          [&](int v0, float4 q, int n) {
+            uint32_t k[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) k[j] = j < n ? key_of(v0 + j, QuadAt(q, j)) : 0;
+            add(k, v0, n);
+            if (visiting) visit(v0, q, n, k, hi);
+          },
+          [&] {
+            if (visiting) visit_step();
+          });
+      if (visiting) *visited = true;
     }
     MergeHistograms(sh, by_mass, cl);
-    if (collect) ncand = sh.ncand, in_smem = true, collect = false;
+    if (collect) ncand = sh.ncand, in_smem = true, collect = false, *ncand_out = ncand;
     if (first) {
       u64 part = 0;
       for (int i = threadIdx.x; i < kBins; i += kThreads)
@@ -475,18 +554,25 @@ __global__ void __launch_bounds__(kThreads, 2)
   WarpTop top;
   if (greedy || filters || n_lp > 0) {
     uint32_t rk = 0;
-    ForEachTokenWarp(
+    const int per = (vocab & 3) == 0 ? 4 : 1;  // tokens per quad (uniform)
+    ForEachQuad(
         z, vocab, sl,
-        [&](int v, float x, bool ok) {
-          uint32_t r = 0;
-          if (ok) {
-            const uint32_t k = key_of(v, x);
-            if (k > best_key || (k == best_key && v < best_id)) best_key = k, best_id = v;
-            min_key = min(min_key, k);
-            r = raw_key(v, x);
-            rk = max(rk, r);
+        [&](int v0, float4 q, int n) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            if (j >= per) break;
+            const bool ok = j < n;
+            const int v = v0 + j;
+            uint32_t r = 0;
+            if (ok) {
+              const uint32_t k = key_of(v, QuadAt(q, j));
+              if (k > best_key || (k == best_key && v < best_id)) best_key = k, best_id = v;
+              min_key = min(min_key, k);
+              r = raw_key(v, QuadAt(q, j));
+              rk = max(rk, r);
+            }
+            if (n_lp > 0) top.Offer(r, v, ok, n_lp);
           }
-          if (n_lp > 0) top.Offer(r, v, ok, n_lp);
         },
         [] {});
     BlockBestKey(best_key, best_id, sh);
@@ -524,57 +610,72 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   const float min_value = engine::KeyValue(min_key);
 
-  // The filters' threshold, then the draw (in the last pass, with the logprobs' weight sum).
+  // The filters' threshold, then the draw with the logprobs' weight sum: in the pass where the
+  // last filter's SelectKey copies this CTA's candidates (its tokens above them, all kept, and
+  // every token's weight), then from the candidates; else in a pass of its own.
+  const float max_z = engine::KeyValue(max_raw);
+  Draw draw;
+  draw.start = engine::StreamStart(sp.seed, sp.position);
+  u64 weight_sum = 0;
+  auto add_weights = [&](int v0, float4 q, int n) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (j < n) weight_sum += engine::KeyWeight(raw_key(v0 + j, QuadAt(q, j)), max_z);
+    }
+  };
+  auto visit = [&](int v0, float4 q, int n, const uint32_t(&k)[4], uint32_t hi) {
+    bool keep[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) keep[j] = j < n && k[j] > hi;
+    draw.Quad(v0, k, keep);
+    if (n_lp > 0) add_weights(v0, q, n);
+  };
+  auto visit_step = [&] { draw.Step(); };
   uint32_t floor_key = 0;
-  if (filters) {
+  bool visited = false;
+  int ncand = 0;
+  if (filters) {  // (temperature rows only: greedy has none)
     if (sp.min_p > 0.0f) floor_key = engine::MinPKey(best_key, sp.min_p);
     int64_t kept = -1;  // elements >= floor_key, where known
+    const bool top_p = sp.top_p < 1.0f;
     if (engine::HasTopK(sp, vocab)) {
       floor_key = SelectKey(sh, cl, z, vocab, sl, key_of, floor_key, best_key, false, 0.0f,
-                            static_cast<u64>(sp.top_k), 1.0f, -1, min_value, &kept);
+                            static_cast<u64>(sp.top_k), 1.0f, -1, min_value, &kept, !top_p, visit,
+                            visit_step, &visited, &ncand);
     }
-    if (sp.top_p < 1.0f) {
+    if (top_p) {
       int64_t unused = 0;  // few kept by top-k: top-p's first level already gathers them
       floor_key = SelectKey(sh, cl, z, vocab, sl, key_of, floor_key, best_key, true,
-                            engine::KeyValue(best_key), 0, sp.top_p, kept, min_value, &unused);
+                            engine::KeyValue(best_key), 0, sp.top_p, kept, min_value, &unused, true,
+                            visit, visit_step, &visited, &ncand);
     }
   }
-  const float max_z = engine::KeyValue(max_raw);
-  float best_score = 0.0f;
-  int draw_id = -1;
-  u64 weight_sum = 0;
-  if (!greedy || n_lp > 0) {
-    // bar: the best exact score of the warp so far (its order key; 0: none yet). A token whose
-    // score plus the largest noise, or plus a bound on its own noise, is below it cannot be
-    // drawn (its exact score is lower still), so its exact noise is not computed: same result,
-    // and after the first rounds few lanes of a warp compute one.
-    uint32_t bar = 0;
-    ForEachTokenWarp(
+  if (visited) {
+    for (int i = threadIdx.x; i < ncand; i += kThreads) {
+      if (sh.cand_key[i] >= floor_key) draw.One(sh.cand_id[i], sh.cand_key[i]);
+    }
+  } else if (!greedy || n_lp > 0) {
+    ForEachQuad(
         z, vocab, sl,
-        [&](int v, float x, bool ok) {
-          if (!ok) return;
+        [&](int v0, float4 q, int n) {
           if (!greedy) {
-            const uint32_t k = key_of(v, x);
-            if (k >= floor_key) {
-              const float value = engine::KeyValue(k);
-              const float best = engine::KeyValue(bar);
-              if (bar == 0 || !(engine::AddF(value, kGumbelMax) < best)) {
-                const float u = engine::TokenUniform(sp.seed, sp.position, v);
-                if (bar == 0 || !(engine::AddF(value, GumbelUpper(u)) < best)) {
-                  const float s = engine::AddF(value, engine::GumbelNoise(u));
-                  if (draw_id < 0 || s > best_score) best_score = s, draw_id = v;
-                }
-              }
+            uint32_t k[4];
+            bool keep[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              k[j] = j < n ? key_of(v0 + j, QuadAt(q, j)) : 0;
+              keep[j] = j < n && k[j] >= floor_key;
             }
+            draw.Quad(v0, k, keep);
           }
-          if (n_lp > 0) weight_sum += engine::KeyWeight(raw_key(v, x), max_z);
+          if (n_lp > 0) add_weights(v0, q, n);
         },
         [&] {
-          if (!greedy) {
-            bar = __reduce_max_sync(0xffffffffu, draw_id >= 0 ? engine::OrderKey(best_score) : 0u);
-          }
+          if (!greedy) draw.Step();
         });
   }
+  float best_score = draw.best_score;
+  int draw_id = draw.draw_id;
   if (!greedy) BlockBestScore(best_score, draw_id, sh);
   if (n_lp > 0) weight_sum = BlockSum(weight_sum, sh);
   if (threadIdx.x == 0) {
