@@ -31,7 +31,7 @@ us = [float(r[vi].replace(",", "")) * {"ns": 1e-3, "us": 1, "usecond": 1, "nseco
 print(f"{sys.argv[2]}: {len(us)} SampleKernel launches, median {statistics.median(us):.1f} us, min {min(us):.1f} us")
 PY
 }
-for B in $(tr ',' ' ' <<<"${BATCHES:-64}"); do
+for B in $([ "${NCU:-1}" = 1 ] && tr ',' ' ' <<<"${BATCHES:-64}"); do  # NCU=0: none
   for build in build-gpu $([ -n "${BASE_SRC:-}" ] && echo build-base); do
     E="$build/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=decode --variants=default --batches=$B --decode_len=16"
     for s in $(tr ',' ' ' <<<"${SAMPLERS:-greedy,topp,logprobs}"); do

@@ -202,15 +202,14 @@ void Scheduler::FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) c
     SampleSpec& spec = batch->row_samples[row++].spec;
     Sequence& seq = *s.seq;
     if (seq.sampling.repetition_penalty == 1.0f) continue;
-    for (; seq.distinct_upto < seq.tokens.size() && seq.tokens[seq.distinct_upto] != kPendingToken;
-         ++seq.distinct_upto) {
-      const int32_t t = seq.tokens[seq.distinct_upto];
-      if (seq.distinct_seen.insert(t).second) seq.distinct_tokens.push_back(t);
-    }
+    AdvanceDistinct(seq);
     spec.penalty_start = static_cast<int32_t>(batch->penalty_tokens.size());
     spec.penalty_count = static_cast<int32_t>(seq.distinct_tokens.size());
     batch->penalty_tokens.insert(batch->penalty_tokens.end(), seq.distinct_tokens.begin(),
                                  seq.distinct_tokens.end());
+    // Room for the tokens still in flight (0 is a valid token id; the count leaves it out).
+    batch->penalty_tokens.resize(batch->penalty_tokens.size() +
+                                 (seq.tokens.size() - seq.distinct_upto));
   }
 }
 
@@ -218,7 +217,27 @@ void Scheduler::FillPending(const SchedulerOutput& out, const std::vector<Pendin
                             ForwardBatch* batch) const {
   if (pending.empty()) return;
   for (const PendingInput& p : pending) batch->token_ids[p.index] = p.seq->tokens[p.position];
-  FillPenalties(out, batch);
+  size_t row = 0;
+  for (const ScheduledSeq& s : out.scheduled) {
+    if (!s.wants_logits) continue;
+    SampleSpec& spec = batch->row_samples[row++].spec;
+    Sequence& seq = *s.seq;
+    if (seq.sampling.repetition_penalty == 1.0f) continue;
+    const size_t known = seq.distinct_tokens.size();
+    AdvanceDistinct(seq);  // at most the room FillPenalties left: the tokens then in flight
+    for (size_t i = known; i < seq.distinct_tokens.size(); ++i) {
+      batch->penalty_tokens[static_cast<size_t>(spec.penalty_start + spec.penalty_count++)] =
+          seq.distinct_tokens[i];
+    }
+  }
+}
+
+void Scheduler::AdvanceDistinct(Sequence& seq) {
+  for (; seq.distinct_upto < seq.tokens.size() && seq.tokens[seq.distinct_upto] != kPendingToken;
+       ++seq.distinct_upto) {
+    const int32_t t = seq.tokens[seq.distinct_upto];
+    if (seq.distinct_seen.insert(t).second) seq.distinct_tokens.push_back(t);
+  }
 }
 
 }  // namespace cascade::engine

@@ -280,8 +280,8 @@ class CudaBackend final : public engine::Backend {
                    std::vector<int32_t>* argmax, std::vector<engine::RowLogprobs>* logprobs);
   absl::Status RunEager(const engine::ForwardBatch& b, bool sampled, std::vector<float>* logits,
                         std::vector<int32_t>* argmax, std::vector<engine::RowLogprobs>* logprobs);
-  // Uploads the batch's penalty tokens (penalty_) before its sampling kernel runs.
-  absl::Status UploadPenaltyTokens(const engine::ForwardBatch& b);
+  // Uploads a step's penalty tokens (to penalty_) before its sampling kernel runs.
+  absl::Status UploadPenaltyTokens(const std::vector<int32_t>& tokens);
   // Copies back the logprobs of the first n rows where a device-sampled row asked for them.
   absl::Status FetchLogprobs(const engine::ForwardBatch& b, int n,
                              std::vector<engine::RowLogprobs>* logprobs);
@@ -336,7 +336,8 @@ class CudaBackend final : public engine::Backend {
   PinnedBuffer graph_host_, graph_tokens_host_;
   uint64_t graph_epoch_ = 1;
   std::map<int, std::unique_ptr<DecodeGraph>> graphs_;
-  engine::ForwardBatch pad_;  // the step padded to its bucket
+  engine::ForwardBatch pad_;  // the step padded to its bucket (without its penalty tokens:)
+  const std::vector<int32_t>* pad_penalty_ = nullptr;  // the caller's, for the graph step
   int64_t graph_replays_ = 0, graph_captures_ = 0;
   // LaunchSampled's step: its results, or (deferred_rows >= 0) a graph step still in flight.
   struct Async {
@@ -602,11 +603,11 @@ absl::Status CudaBackend::EnsureCapacity(DeviceBuffer* buf, size_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::UploadPenaltyTokens(const engine::ForwardBatch& b) {
-  if (b.penalty_tokens.empty()) return absl::OkStatus();
-  const size_t bytes = b.penalty_tokens.size() * sizeof(int32_t);
+absl::Status CudaBackend::UploadPenaltyTokens(const std::vector<int32_t>& tokens) {
+  if (tokens.empty()) return absl::OkStatus();
+  const size_t bytes = tokens.size() * sizeof(int32_t);
   RETURN_IF_ERROR(EnsureCapacity(&penalty_, bytes));
-  return CopyAsync(penalty_.data(), b.penalty_tokens.data(), bytes, stream_);
+  return CopyAsync(penalty_.data(), tokens.data(), bytes, stream_);
 }
 
 absl::Status CudaBackend::FetchLogprobs(const engine::ForwardBatch& b, int n,
@@ -656,6 +657,8 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
   // also warms up every kernel and GEMM shape the capture will record, then capture.
   std::vector<int32_t> tokens;
   std::vector<engine::RowLogprobs> lps;
+  pad_.penalty_tokens = *pad_penalty_;
+  pad_penalty_ = &pad_.penalty_tokens;
   RETURN_IF_ERROR(RunEager(pad_, /*sampled=*/true, logits, &tokens, &lps));
   if (sampled) {
     argmax->assign(tokens.begin(), tokens.begin() + n);
@@ -735,7 +738,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
     RETURN_IF_ERROR(EnsureCapacity(&lp_, std::max(rows, 1) * sizeof(engine::RowLogprobs)));
     RETURN_IF_ERROR(CopyAsync(sample_params_.data(), sample_host_.data(),
                               rows * sizeof(RowSampleParams), stream_));
-    RETURN_IF_ERROR(UploadPenaltyTokens(b));
+    RETURN_IF_ERROR(UploadPenaltyTokens(b.penalty_tokens));
     // Rows are drawn on the device (RowSample); the per-row parameters ride in the same stream
     // as the rest of the step's metadata.
     m.samples = sample_params_.as<RowSampleParams>();
@@ -914,10 +917,11 @@ void CudaBackend::PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, in
   pad_.block_ids = b.block_ids;
   pad_.logits_rows = b.logits_rows;
   pad_.row_samples.assign(n, engine::RowSample{});  // on_device false: the whole row comes back
-  pad_.penalty_tokens.clear();
+  pad_.penalty_tokens.clear();  // (not copied: tens of thousands at large batches)
+  pad_penalty_ = &pad_.penalty_tokens;
   if (sampled && !b.row_samples.empty()) {
     pad_.row_samples = b.row_samples;
-    pad_.penalty_tokens = b.penalty_tokens;
+    pad_penalty_ = &b.penalty_tokens;
   }
   for (int i = n; i < bucket; ++i) {
     pad_.token_ids.push_back(0);
@@ -977,7 +981,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   RETURN_IF_ERROR(ensure(&partial_ml_, partials * 8 * hq_));
   RETURN_IF_ERROR(ensure(&argmax_, max_graph_batch_ * sizeof(int32_t)));
   RETURN_IF_ERROR(ensure(&lp_, max_graph_batch_ * sizeof(engine::RowLogprobs)));
-  RETURN_IF_ERROR(ensure(&penalty_, b.penalty_tokens.size() * sizeof(int32_t)));
+  RETURN_IF_ERROR(ensure(&penalty_, pad_penalty_->size() * sizeof(int32_t)));
 
   // Stage this step's metadata at the fixed offsets.
   const GraphLayout l = MakeGraphLayout(max_graph_batch_, cap_blocks_, cap_items_, cap_rows_);
@@ -1039,7 +1043,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   RETURN_IF_ERROR(CopyAsync(dm, h, (l.blk + b.block_ids.size()) * 4, stream_));
   RETURN_IF_ERROR(CopyAsync(dm + l.items, h + l.items, plan.split_items.size() * 4, stream_));
   RETURN_IF_ERROR(CopyAsync(dm + l.rows, h + l.rows, plan.item_rows.size() * 4, stream_));
-  RETURN_IF_ERROR(UploadPenaltyTokens(b));  // capacity ensured above: no reallocation here
+  RETURN_IF_ERROR(UploadPenaltyTokens(*pad_penalty_));  // capacity ensured above: no reallocation
   if (g->pinned[form] != nullptr) RETURN_IF_ERROR(PickTunedOrPinned(g.get(), form));
   if (logits == nullptr) return Synchronize(stream_);
   RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(g->exec[form], s), "cudaGraphLaunch"));

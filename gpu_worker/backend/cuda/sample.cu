@@ -338,22 +338,33 @@ __device__ uint64_t FirstKeyOfBin(const Binning& bins, uint32_t lo, uint32_t hi,
 // level start there). Every CTA of the cluster calls it alike and gets the same result (the
 // decisions read only the merged histograms); which CTAs read shared memory instead of the row
 // may differ (each decides by its own count), not what they add.
-// Visiting (may_visit): the pass in which this CTA copies its share of [lo, hi] (keys and ids)
-// to shared memory also calls visit(v0, q, n, k, hi) for each quad of the slice (k: the keys)
-// and visit_step() once per round: the result will be <= that hi, so the caller can draw from
-// the keys above it there, and later from the copied candidates (*ncand of them) at or above
-// the result. *visited says whether that happened (per CTA; not when the result came first).
+// How the pass that copies this CTA's candidates (keys and ids) to shared memory serves the
+// caller, per CTA (see SelectKey).
+struct Copy {
+  bool visit = false;   // in: that pass calls visit(v0, q, n, k, hi, gathering) per quad of the
+                        // slice (k: the keys) and visit_step() once per round
+  bool gather = false;  // in (count mode): copy every key >= lo there, not only [lo, hi],
+                        // where the row's count above the interval leaves room
+  bool start_in_smem = false;  // in: the candidates (ncand) already hold all of [lo, hi]
+  int ncand = 0;               // in/out: how many candidates
+  bool visited = false;        // out: visit was called
+  bool gathered = false;       // out: the candidates hold every key >= the result
+};
+
+// With cp.visit, the pass in which a CTA copies its share of [lo, hi] also visits: the result is
+// <= that hi, so the caller can draw from the keys above it there (all kept) and later from the
+// candidates at or above the result. With cp.gather the copy takes every key >= lo, so the
+// candidates at or above the result are all of this CTA's (visit says so with gathering).
 template <class KeyOf, class Visit, class VisitStep>
 __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, int vocab, Slice sl,
                               KeyOf&& key_of, uint32_t lo, uint32_t hi, bool by_mass, float m,
                               u64 count_target, float top_p, int64_t known_pop, float min_value,
-                              int64_t* count_ge, bool may_visit, Visit&& visit,
-                              VisitStep&& visit_step, bool* visited, int* ncand_out) {
+                              int64_t* count_ge, Copy& cp, Visit&& visit, VisitStep&& visit_step) {
   *count_ge = -1;
-  *visited = false;
-  bool in_smem = false, first = true;
-  bool collect = known_pop >= 0 && known_pop <= kCap;
-  int ncand = 0;
+  cp.visited = cp.gathered = false;
+  bool in_smem = cp.start_in_smem, first = true;
+  bool collect = !in_smem && known_pop >= 0 && known_pop <= kCap, gathering = false;
+  int ncand = in_smem ? cp.ncand : 0;
   u64 above = 0, target = count_target;
   while (lo < hi) {
     Binning bins;
@@ -382,13 +393,14 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
     // Adds keys k[0, n) (n <= 4): their bins and weights first (independent of each other and
     // branch-free, so they interleave), then the atomics.
     auto add = [&](const uint32_t(&k)[4], int v0, int n) {
-      bool in[4], any = false;
+      bool in[4], take[4], any = false;
       int b[4];
       uint64_t w[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         in[j] = j < n && k[j] >= lo && k[j] <= hi;
-        any = any || in[j];
+        take[j] = collect && (gathering ? j < n && k[j] >= lo : in[j]);
+        any = any || in[j] || take[j];
       }
       if (!any) return;  // most tokens after the first level
 #pragma unroll
@@ -398,6 +410,11 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
+        if (take[j]) {  // this CTA's share: <= kCap of them
+          const int slot = atomicAdd(&sh.ncand, 1);
+          sh.cand_key[slot] = k[j];
+          sh.cand_id[slot] = v0 + j;
+        }
         if (!in[j]) continue;
         atomicAdd(&sh.cnt[b[j]], 1u);
         if (by_mass) {
@@ -408,11 +425,6 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
             if (piece != 0) atomicAdd(&sh.mass[p][b[j]], piece);
           }
         }
-        if (collect) {  // this CTA's share: <= kCap of them
-          const int slot = atomicAdd(&sh.ncand, 1);
-          sh.cand_key[slot] = k[j];
-          sh.cand_id[slot] = v0 + j;
-        }
       }
     };
     if (in_smem) {
@@ -421,7 +433,7 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
         add(k, 0, 1);
       }
     } else {
-      const bool visiting = may_visit && collect;  // uniform over the CTA
+      const bool visiting = cp.visit && collect;  // uniform over the CTA
       ForEachQuad(
           z, vocab, sl,
           [&](int v0, float4 q, int n) {
@@ -429,15 +441,19 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
 #pragma unroll
             for (int j = 0; j < 4; ++j) k[j] = j < n ? key_of(v0 + j, QuadAt(q, j)) : 0;
             add(k, v0, n);
-            if (visiting) visit(v0, q, n, k, hi);
+            if (visiting) visit(v0, q, n, k, hi, gathering);
           },
           [&] {
             if (visiting) visit_step();
           });
-      if (visiting) *visited = true;
+      cp.visited = cp.visited || visiting;
     }
     MergeHistograms(sh, by_mass, cl);
-    if (collect) ncand = sh.ncand, in_smem = true, collect = false, *ncand_out = ncand;
+    if (collect) {
+      ncand = cp.ncand = sh.ncand;
+      cp.gathered = gathering;
+      in_smem = true, collect = false;
+    }
     if (first) {
       u64 part = 0;
       for (int i = threadIdx.x; i < kBins; i += kThreads)
@@ -491,6 +507,8 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
     __syncthreads();
     lo = sh.lo, hi = sh.hi, above = sh.above;
     collect = !in_smem && sh.cnt[sh.bin] <= kCap;  // this CTA's share of the next interval
+    // ... or with the keys above it, which the row holds `above` of (count mode).
+    gathering = collect && cp.gather && !by_mass && above + sh.cnt[sh.bin] <= kCap;
     if (!by_mass) *count_ge = static_cast<int64_t>(above + sh.pop);
     __syncthreads();  // sh.* read before the next level overwrites them
   }
@@ -610,9 +628,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   const float min_value = engine::KeyValue(min_key);
 
-  // The filters' threshold, then the draw with the logprobs' weight sum: in the pass where the
-  // last filter's SelectKey copies this CTA's candidates (its tokens above them, all kept, and
-  // every token's weight), then from the candidates; else in a pass of its own.
+  // The filters' threshold, then the draw with the logprobs' weight sum. The pass in which a
+  // filter's SelectKey copies this CTA's candidates also does what it can of both: the weights
+  // of every token, and the draw from the tokens above the candidates (all kept) where no later
+  // filter may still drop them; top-k copies every key above its interval too where they fit,
+  // so that top-p then starts from them. The kept candidates are drawn afterwards; a pass of its
+  // own does what is left (min-p alone, or a CTA whose candidates never fitted).
   const float max_z = engine::KeyValue(max_raw);
   Draw draw;
   draw.start = engine::StreamStart(sp.seed, sp.position);
@@ -623,42 +644,57 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (j < n) weight_sum += engine::KeyWeight(raw_key(v0 + j, QuadAt(q, j)), max_z);
     }
   };
-  auto visit = [&](int v0, float4 q, int n, const uint32_t(&k)[4], uint32_t hi) {
-    bool keep[4];
+  bool visit_draw = false, visit_weights = false;  // what the next SelectKey's visit does
+  auto visit = [&](int v0, float4 q, int n, const uint32_t(&k)[4], uint32_t hi, bool gathering) {
+    if (visit_draw && !gathering) {
+      bool keep[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) keep[j] = j < n && k[j] > hi;
-    draw.Quad(v0, k, keep);
-    if (n_lp > 0) add_weights(v0, q, n);
+      for (int j = 0; j < 4; ++j) keep[j] = j < n && k[j] > hi;
+      draw.Quad(v0, k, keep);
+    }
+    if (visit_weights) add_weights(v0, q, n);
   };
-  auto visit_step = [&] { draw.Step(); };
+  auto visit_step = [&] {
+    if (visit_draw) draw.Step();
+  };
   uint32_t floor_key = 0;
-  bool visited = false;
-  int ncand = 0;
+  bool weights_done = false, cands_cover = false;  // cands_cover: candidates + drawn = kept
+  Copy cp;
   if (filters) {  // (temperature rows only: greedy has none)
     if (sp.min_p > 0.0f) floor_key = engine::MinPKey(best_key, sp.min_p);
     int64_t kept = -1;  // elements >= floor_key, where known
     const bool top_p = sp.top_p < 1.0f;
     if (engine::HasTopK(sp, vocab)) {
-      floor_key = SelectKey(sh, cl, z, vocab, sl, key_of, floor_key, best_key, false, 0.0f,
-                            static_cast<u64>(sp.top_k), 1.0f, -1, min_value, &kept, !top_p, visit,
-                            visit_step, &visited, &ncand);
+      visit_draw = !top_p, visit_weights = n_lp > 0;
+      cp.visit = true, cp.gather = true;
+      floor_key =
+          SelectKey(sh, cl, z, vocab, sl, key_of, floor_key, best_key, false, 0.0f,
+                    static_cast<u64>(sp.top_k), 1.0f, -1, min_value, &kept, cp, visit, visit_step);
+      weights_done = cp.visited && visit_weights;
+      cands_cover = cp.gathered || (cp.visited && visit_draw);
     }
     if (top_p) {
       int64_t unused = 0;  // few kept by top-k: top-p's first level already gathers them
+      visit_draw = true, visit_weights = n_lp > 0 && !weights_done;
+      cp.visit = true, cp.gather = false, cp.start_in_smem = cp.gathered;
       floor_key = SelectKey(sh, cl, z, vocab, sl, key_of, floor_key, best_key, true,
-                            engine::KeyValue(best_key), 0, sp.top_p, kept, min_value, &unused, true,
-                            visit, visit_step, &visited, &ncand);
+                            engine::KeyValue(best_key), 0, sp.top_p, kept, min_value, &unused, cp,
+                            visit, visit_step);
+      weights_done = weights_done || (cp.visited && visit_weights);
+      cands_cover = cp.start_in_smem || cp.visited;
     }
   }
-  if (visited) {
-    for (int i = threadIdx.x; i < ncand; i += kThreads) {
+  if (cands_cover) {
+    for (int i = threadIdx.x; i < cp.ncand; i += kThreads) {
       if (sh.cand_key[i] >= floor_key) draw.One(sh.cand_id[i], sh.cand_key[i]);
     }
-  } else if (!greedy || n_lp > 0) {
+  }
+  const bool draw_pass = !greedy && !cands_cover, weights_pass = n_lp > 0 && !weights_done;
+  if (draw_pass || weights_pass) {
     ForEachQuad(
         z, vocab, sl,
         [&](int v0, float4 q, int n) {
-          if (!greedy) {
+          if (draw_pass) {
             uint32_t k[4];
             bool keep[4];
 #pragma unroll
@@ -668,10 +704,10 @@ __global__ void __launch_bounds__(kThreads, 2)
             }
             draw.Quad(v0, k, keep);
           }
-          if (n_lp > 0) add_weights(v0, q, n);
+          if (weights_pass) add_weights(v0, q, n);
         },
         [&] {
-          if (!greedy) draw.Step();
+          if (draw_pass) draw.Step();
         });
   }
   float best_score = draw.best_score;
