@@ -3,7 +3,7 @@
 // with cascade attention on and off in the same run. Prints markdown tables; numbers go to
 // bench/engine/RESULTS.md.
 //
-//   engine_bench [--backend=cuda|cpu] [--preset=tiny|qwen3-0.6b|...] [--model_dir=DIR]
+//   engine_bench [--backend=cuda|cpu|null] [--preset=tiny|qwen3-0.6b|...] [--model_dir=DIR]
 //                [--batches=1,8,32,64,128,256] [--prompt_len=128] [--decode_len=64]
 //                [--prefill_lens=512,2048,8192] [--prefill_tokens=8192]
 //                [--shared_len=2048] [--queries=16,64,256] [--query_len=32] [--shared_gen=64]
@@ -64,6 +64,7 @@
 #include "absl/strings/str_split.h"
 #include "gpu_worker/backend/cpu/cpu_backend.h"
 #include "gpu_worker/engine/engine.h"
+#include "gpu_worker/engine/sample_noise.h"
 #include "gpu_worker/model/generator.h"
 #include "gpu_worker/model/model.h"
 #ifdef CASCADE_HAVE_CUDA
@@ -250,8 +251,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       return false;
     }
   }
-  if (f->backend != "cuda" && f->backend != "cpu") {
-    std::fprintf(stderr, "--backend must be cuda or cpu\n");
+  if (f->backend != "cuda" && f->backend != "cpu" && f->backend != "null") {
+    std::fprintf(stderr, "--backend must be cuda, cpu or null\n");
     return false;
   }
   return true;
@@ -301,6 +302,55 @@ class TimedBackend : public engine::Backend {
   double* forward_s_;
 };
 
+// --backend=null: no model work. Each batch is checked as every backend checks it, and every row
+// comes back at once as a token (a hash of the row's seed and position) with empty logprob lists,
+// so engine_bench times the engine's own host work per step: scheduling, building batches and
+// penalty lists, collecting and emitting outputs. The rows must be sampled in the backend (they
+// are unless logits are captured).
+class NullBackend final : public engine::Backend {
+ public:
+  NullBackend(int64_t num_blocks, int block_size, int vocab, int64_t max_num_tokens)
+      : num_blocks_(num_blocks),
+        block_size_(block_size),
+        vocab_(vocab),
+        max_tokens_(max_num_tokens) {}
+  std::string Name() const override { return "null"; }
+  int64_t NumBlocks() const override { return num_blocks_; }
+  int BlockSize() const override { return block_size_; }
+  int VocabSize() const override { return vocab_; }
+  absl::Status Forward(const engine::ForwardBatch&, std::vector<float>*) override {
+    return absl::UnimplementedError("the null backend only samples (ForwardSampled)");
+  }
+  absl::Status ForwardSampled(const engine::ForwardBatch& b, std::vector<float>* logits,
+                              std::vector<int32_t>* tokens,
+                              std::vector<engine::RowLogprobs>* logprobs) override {
+    if (absl::Status st = engine::ValidateForwardBatch(b, {.vocab_size = vocab_,
+                                                           .num_blocks = num_blocks_,
+                                                           .block_size = block_size_,
+                                                           .max_num_tokens = max_tokens_});
+        !st.ok()) {
+      return st;
+    }
+    const size_t rows = b.logits_rows.size();
+    logits->clear();
+    tokens->assign(rows, 0);
+    if (logprobs != nullptr) logprobs->assign(rows, engine::RowLogprobs{});
+    for (size_t r = 0; r < rows; ++r) {
+      const engine::SampleSpec& s = b.row_samples[r].spec;
+      (*tokens)[r] =
+          static_cast<int32_t>(engine::SplitMix64(s.seed ^ static_cast<uint64_t>(s.position)) %
+                               static_cast<uint64_t>(vocab_));
+      if (logprobs != nullptr) (*logprobs)[r].num_top = s.logprobs;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int64_t num_blocks_;
+  int block_size_, vocab_;
+  int64_t max_tokens_;
+};
+
 struct Bench {
   const Flags& flags;
   const model::Model& model;
@@ -343,6 +393,10 @@ struct Bench {
       cpu::CpuBackendOptions o;
       o.num_blocks = blocks > 0 ? blocks : 4096;
       backend = cpu::NewCpuBackend(model, o);
+    } else if (flags.backend == "null") {
+      backend = std::make_unique<NullBackend>(blocks > 0 ? blocks : 8192, 16,
+                                              static_cast<int>(model.config().vocab_size),
+                                              max_batched_tokens);
     } else {
 #ifdef CASCADE_HAVE_CUDA
       cuda::CudaBackendOptions o;

@@ -5,6 +5,7 @@
 #include "gpu_worker/engine/scheduler.h"
 
 #include <algorithm>
+#include <bit>
 
 #include "gpu_worker/engine/sampler.h"
 
@@ -196,6 +197,16 @@ void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBa
 
 void Scheduler::FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) const {
   batch->penalty_tokens.clear();
+  // One allocation, of a power-of-two size: the lists grow a little every step, and growing
+  // allocations of hundreds of KB would each take fresh pages from the OS (malloc's mmap
+  // threshold follows the last size freed), a page fault per 4 KB on every step.
+  size_t total = 0;
+  for (const ScheduledSeq& s : out.scheduled) {
+    if (s.wants_logits && s.seq->sampling.repetition_penalty != 1.0f) {
+      total += s.seq->tokens.size();  // >= its distinct tokens and room
+    }
+  }
+  if (total > 0) batch->penalty_tokens.reserve(std::bit_ceil(total));
   size_t row = 0;
   for (const ScheduledSeq& s : out.scheduled) {
     if (!s.wants_logits) continue;
