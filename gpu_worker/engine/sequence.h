@@ -3,9 +3,9 @@
 
 #include <cstdint>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "common/chunk_hash.h"
 #include "gpu_worker/engine/eviction.h"
 #include "gpu_worker/engine/types.h"
@@ -54,8 +54,8 @@ struct Sequence {
   // date incrementally by the scheduler (only for requests with a penalty), so a step costs
   // O(new tokens), not O(context).
   std::vector<int32_t> distinct_tokens;
-  std::unordered_set<int32_t> distinct_seen;
-  size_t distinct_upto = 0;  // tokens[0, distinct_upto) are folded in
+  absl::flat_hash_set<int32_t> distinct_seen;  // (open addressing: no allocation per token)
+  size_t distinct_upto = 0;                    // tokens[0, distinct_upto) are folded in
 
   // Overlapped schedule (EngineOptions::overlap_schedule): tokens[0, num_computed) whose K/V a
   // step still in flight is computing (not yet committed), and whether that step's token is
