@@ -9,10 +9,13 @@
 // cluster in a fixed order, so the result is exact whatever order threads add in. The first
 // level's bins are even in value over the row's range (at most 30 below the max: lower values
 // weigh nothing and share bin 0), later ones even in key; once a CTA's share of the interval
-// fits kCap it copies it to shared memory and reads only that. The draw skips the exact Gumbel
-// noise of a token that a bound shows cannot beat the thread's best (GumbelUpper; the bound is
-// checked for every value of the stream by a test). The top logprobs come from per-thread lists
-// merged per warp, ranked per CTA and then over the cluster by (key desc, id asc).
+// fits kCap it copies it (keys and ids) to shared memory and reads only that. The pass that
+// copies also draws from the tokens above the interval (kept whatever the threshold) and adds
+// the logprobs' weights, so the draw ends on the kept candidates (Copy). The draw skips the
+// exact Gumbel noise of a token that a bound shows cannot beat its warp's best (GumbelUpper; the
+// bound is checked for every value of the stream by a test). Passes hand four tokens at a time
+// (ForEachQuad) so their independent arithmetic interleaves. The top logprobs come from one
+// list per warp (WarpTop), ranked per CTA and then over the cluster by (key desc, id asc).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
