@@ -4,6 +4,7 @@
 #include "gpu_worker/engine/backend.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <span>
@@ -117,10 +118,20 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const BatchLimits& limi
     }
   }
   // Every step carries every penalized row's tokens (tens of thousands at large batches): one
-  // branch-free pass over them, the offender looked for only when there is one.
-  int32_t lo = 0, hi = 0;
-  for (const int32_t t : b.penalty_tokens) lo = std::min(lo, t), hi = std::max(hi, t);
-  if (lo < 0 || hi >= limits.vocab_size) {
+  // branch-free pass over them in blocks of 16 (which the compiler turns into vector compares;
+  // negative ids wrap above the limit), the offender looked for only when there is one.
+  const int32_t* pt = b.penalty_tokens.data();
+  const size_t np = b.penalty_tokens.size();
+  const uint32_t limit = static_cast<uint32_t>(std::min<int64_t>(limits.vocab_size, INT32_MAX));
+  uint32_t out = 0;
+  size_t i0 = 0;
+  for (; i0 + 16 <= np; i0 += 16) {
+    uint32_t block = 0;
+    for (size_t j = 0; j < 16; ++j) block |= static_cast<uint32_t>(pt[i0 + j]) >= limit;
+    out |= block;
+  }
+  for (; i0 < np; ++i0) out |= static_cast<uint32_t>(pt[i0]) >= limit;
+  if (out != 0) {
     for (size_t i = 0; i < b.penalty_tokens.size(); ++i) {
       if (b.penalty_tokens[i] < 0 || b.penalty_tokens[i] >= limits.vocab_size) {
         return Bad(absl::StrCat("penalty_tokens[", i, "] = ", b.penalty_tokens[i], " outside [0, ",

@@ -116,6 +116,18 @@ TEST(ValidateForwardBatch, RejectsEachBrokenRuleByName) {
        "row_samples[1]: penalty tokens [1, +3) outside penalty_tokens (3)"},
       {"penalty token outside the vocabulary", [](ForwardBatch& b) { b.penalty_tokens[2] = 50; },
        "penalty_tokens[2] = 50 outside [0, 50)"},
+      {"negative penalty token in a long list (the blocked check)",
+       [](ForwardBatch& b) {
+         b.penalty_tokens.resize(40, 7);
+         b.penalty_tokens[21] = -3;
+       },
+       "penalty_tokens[21] = -3 outside [0, 50)"},
+      {"penalty token past the vocabulary in a long list's last block",
+       [](ForwardBatch& b) {
+         b.penalty_tokens.resize(32, 7);
+         b.penalty_tokens[31] = 1 << 30;
+       },
+       "penalty_tokens[31] = 1073741824 outside [0, 50)"},
   };
   for (const Case& c : cases) {
     ForwardBatch b = Valid();
