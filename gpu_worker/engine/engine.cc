@@ -774,6 +774,7 @@ void EngineImpl::Collect(const std::vector<uint64_t>& cancels, std::vector<Seque
     return;
   }
   size_t row = 0, full_row = 0;
+  rows->reserve(rows->size() + plan.scheduled.size());  // (a row is ~0.5 KB: no regrowth)
   for (const ScheduledSeq& s : plan.scheduled) {
     CollectedRow c;
     c.was_prefill = s.was_prefill;
@@ -816,6 +817,7 @@ void EngineImpl::PruneFinished(const std::vector<uint64_t>& cancels) {
 
 void EngineImpl::FinishRows(std::vector<CollectedRow>* rows, std::vector<SequenceOutput>* outputs) {
   std::vector<uint64_t> done;
+  outputs->reserve(outputs->size() + rows->size());
   for (CollectedRow& c : *rows) {
     // A sequence may have ended since Collect (the next step failed to launch): its outputs
     // still go first, then that step's error.
