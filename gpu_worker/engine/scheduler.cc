@@ -195,24 +195,33 @@ void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBa
   FillPenalties(out, batch);
 }
 
+namespace {
+
+// f(seq, spec) for each sampled row with a repetition penalty: the row's sequence and its
+// SampleSpec (rows are batch.row_samples in plan order).
+template <class F>
+void ForEachPenalizedRow(const SchedulerOutput& out, ForwardBatch* batch, F&& f) {
+  size_t row = 0;
+  for (const ScheduledSeq& s : out.scheduled) {
+    if (!s.wants_logits) continue;
+    SampleSpec& spec = batch->row_samples[row++].spec;
+    if (s.seq->sampling.repetition_penalty != 1.0f) f(*s.seq, spec);
+  }
+}
+
+}  // namespace
+
 void Scheduler::FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) const {
   batch->penalty_tokens.clear();
   // One allocation, of a power-of-two size: the lists grow a little every step, and growing
   // allocations of hundreds of KB would each take fresh pages from the OS (malloc's mmap
   // threshold follows the last size freed), a page fault per 4 KB on every step.
   size_t total = 0;
-  for (const ScheduledSeq& s : out.scheduled) {
-    if (s.wants_logits && s.seq->sampling.repetition_penalty != 1.0f) {
-      total += s.seq->tokens.size();  // >= its distinct tokens and room
-    }
-  }
+  ForEachPenalizedRow(out, batch, [&](const Sequence& seq, SampleSpec&) {
+    total += seq.tokens.size();  // >= its distinct tokens and room
+  });
   if (total > 0) batch->penalty_tokens.reserve(std::bit_ceil(total));
-  size_t row = 0;
-  for (const ScheduledSeq& s : out.scheduled) {
-    if (!s.wants_logits) continue;
-    SampleSpec& spec = batch->row_samples[row++].spec;
-    Sequence& seq = *s.seq;
-    if (seq.sampling.repetition_penalty == 1.0f) continue;
+  ForEachPenalizedRow(out, batch, [&](Sequence& seq, SampleSpec& spec) {
     AdvanceDistinct(seq);
     spec.penalty_start = static_cast<int32_t>(batch->penalty_tokens.size());
     spec.penalty_count = static_cast<int32_t>(seq.distinct_tokens.size());
@@ -221,26 +230,21 @@ void Scheduler::FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) c
     // Room for the tokens still in flight (0 is a valid token id; the count leaves it out).
     batch->penalty_tokens.resize(batch->penalty_tokens.size() +
                                  (seq.tokens.size() - seq.distinct_upto));
-  }
+  });
 }
 
 void Scheduler::FillPending(const SchedulerOutput& out, const std::vector<PendingInput>& pending,
                             ForwardBatch* batch) const {
   if (pending.empty()) return;
   for (const PendingInput& p : pending) batch->token_ids[p.index] = p.seq->tokens[p.position];
-  size_t row = 0;
-  for (const ScheduledSeq& s : out.scheduled) {
-    if (!s.wants_logits) continue;
-    SampleSpec& spec = batch->row_samples[row++].spec;
-    Sequence& seq = *s.seq;
-    if (seq.sampling.repetition_penalty == 1.0f) continue;
+  ForEachPenalizedRow(out, batch, [&](Sequence& seq, SampleSpec& spec) {
     const size_t known = seq.distinct_tokens.size();
     AdvanceDistinct(seq);  // at most the room FillPenalties left: the tokens then in flight
     for (size_t i = known; i < seq.distinct_tokens.size(); ++i) {
       batch->penalty_tokens[static_cast<size_t>(spec.penalty_start + spec.penalty_count++)] =
           seq.distinct_tokens[i];
     }
-  }
+  });
 }
 
 void Scheduler::AdvanceDistinct(Sequence& seq) {
