@@ -28,10 +28,10 @@
 // kernel), "nofold" (no attention fold items: every split item writes one partial per tile, as
 // before fold items; the same bits), "nofinish" (fold items never write a row's output themselves:
 // every decode row goes through the merge; the same bits), "untuned" (the pinned GEMM algorithms at
-// every decode graph bucket, no tuning: the default), "tuned" / "tuneN" (GEMMs tuned at the decode
-// buckets up to m = 64 / N, gemm.h; the same bits), "earlyN" (DecodeGemm CTAs copy N chunks of
-// weights before waiting for the previous kernel instead of 2; early0: none; the same bits),
-// "nofusesilu" (SiluMul as its own kernel after gate_up's DecodeGemm; the same bits).
+// every decode graph bucket, no tuning: the default below hidden 2048), "tuned" / "tuneN" (GEMMs
+// tuned at the decode buckets up to m = 64 / N, gemm.h; the same bits), "earlyN" (DecodeGemm CTAs
+// copy N chunks of weights before waiting for the previous kernel instead of 2; early0: none; the
+// same bits), "nofusesilu" (SiluMul as its own kernel after gate_up's DecodeGemm; the same bits).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -128,16 +128,17 @@ struct Variant {
   bool small_m_gemm = true;
   int decode_gemm_max_m = 64;  // CudaBackendOptions::decode_gemm_max_m
   bool pdl = true;
-  bool overlap = false;     // EngineOptions::overlap_schedule
-  int split_k = 1;          // CudaBackendOptions::split_k (1: off)
-  int reference_m = 256;    // CudaBackendOptions::gemm_reference_m
-  int block_size = 16;      // CudaBackendOptions::block_size
-  int lead_tiles = 0;       // CudaBackendOptions::attention_lead_tiles
-  bool finish_rows = true;  // CudaBackendOptions::attention_finish_rows
-  bool gemm_tune = false;   // CudaBackendOptions::gemm_tune
-  int tune_max_m = 64;      // CudaBackendOptions::gemm_tune_max_m
-  int early_chunks = 2;     // CudaBackendOptions::decode_gemm_early_chunks
-  bool fuse_silu = true;    // CudaBackendOptions::fuse_silu
+  bool overlap = false;        // EngineOptions::overlap_schedule
+  int split_k = 1;             // CudaBackendOptions::split_k (1: off)
+  int reference_m = 256;       // CudaBackendOptions::gemm_reference_m
+  int block_size = 16;         // CudaBackendOptions::block_size
+  int lead_tiles = 0;          // CudaBackendOptions::attention_lead_tiles
+  bool finish_rows = true;     // CudaBackendOptions::attention_finish_rows
+  bool gemm_tune = false;      // CudaBackendOptions::gemm_tune
+  int tune_min_hidden = 2048;  // CudaBackendOptions::gemm_tune_min_hidden
+  int tune_max_m = 64;         // CudaBackendOptions::gemm_tune_max_m
+  int early_chunks = 2;        // CudaBackendOptions::decode_gemm_early_chunks
+  bool fuse_silu = true;       // CudaBackendOptions::fuse_silu
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -161,7 +162,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "block64") return v->block_size = 64, true;
   if (name == "nofold") return v->lead_tiles = -1, true;
   if (name == "nofinish") return v->finish_rows = false, true;
-  if (name == "untuned") return v->gemm_tune = false, true;
+  if (name == "untuned") return v->gemm_tune = false, v->tune_min_hidden = 0, true;
   if (name == "tuned") return v->gemm_tune = true, true;
   if (absl::StartsWith(name, "tune")) {  // tuneN: GEMMs tuned at buckets up to m = N
     v->gemm_tune = true;
@@ -418,6 +419,7 @@ struct Bench {
       o.attention_lead_tiles = variant.lead_tiles;
       o.attention_finish_rows = variant.finish_rows;
       o.gemm_tune = variant.gemm_tune;
+      o.gemm_tune_min_hidden = variant.tune_min_hidden;
       o.gemm_tune_max_m = variant.tune_max_m;
       o.programmatic_launch = variant.pdl;
       auto b = cuda::NewCudaBackend(model, o);

@@ -36,9 +36,12 @@ struct WorkerConfig {
   // the weights that the KV cache takes (lower it when workers share a GPU).
   double kv_cache_fraction = 0.8;
   // CUDA backend: tune the decode GEMMs at each graph bucket up to m = 64 (CudaBackendOptions::
-  // gemm_tune: faster cuBLASLt algorithms with the pinned algorithm's bits; measured 9-18% faster
-  // decode at batch 8-64 on qwen3-8b, 3.6% slower on the nano-vllm workload on qwen3-0.6b).
+  // gemm_tune: faster cuBLASLt algorithms with the pinned algorithm's bits; measured 9-22% faster
+  // decode at batch 8-64 on qwen3-8b, 1.6-3.6% slower on the nano-vllm workload on qwen3-0.6b):
+  // gemm_tune for every model, by default for models of hidden size >= gemm_tune_min_hidden
+  // (2048: llama-3.2-1b and larger).
   bool gemm_tune = false;
+  int gemm_tune_min_hidden = 2048;
   // CUDA backend: decode-sized GEMMs (up to this many rows, <= 64; 0: off) on the kernel measured
   // fastest per batch bucket at load time among the pinned algorithm, SmallGemm and DecodeGemm,
   // each bitwise the pinned one's (CudaBackendOptions::decode_gemm_max_m; the same tokens).

@@ -536,6 +536,7 @@ TEST(CudaBackend, OutOfRangeOptionsAreRefused) {
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.kv_cache_fraction = 1.5; }));
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.device = -1; }));
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.decode_gemm_early_chunks = -1; }));
+  EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.gemm_tune_min_hidden = -1; }));
 }
 
 TEST(CudaBackend, RejectsMalformedBatches) {

@@ -79,10 +79,10 @@ TEST(WorkerConfigTest, KvCacheBytesFlagParses) {
   EXPECT_EQ(c.kv_cache_bytes, 4096);
 }
 
-// --decode_gemm_max_m outside [0, 64] is refused with the flag, the value and the range, on
-// every backend (it is a CUDA setting, but a bad value is a mistake wherever it is given); the
-// bounds themselves load.
-TEST(WorkerConfigTest, DecodeGemmMaxMOutsideItsRangeIsRefused) {
+// --decode_gemm_max_m outside [0, 64] (and --gemm_tune_min_hidden below 0) is refused with the
+// flag, the value and the range, on every backend (it is a CUDA setting, but a bad value is a
+// mistake wherever it is given); the bounds themselves load.
+TEST(WorkerConfigTest, CudaGemmSettingsOutsideTheirRangeAreRefused) {
   std::unique_ptr<model::Model> model =
       cpu::testing_util::MakeModel(cpu::testing_util::SmallVocab("tiny"), 3);
   ASSERT_NE(model, nullptr);
@@ -102,6 +102,15 @@ TEST(WorkerConfigTest, DecodeGemmMaxMOutsideItsRangeIsRefused) {
     c.decode_gemm_max_m = good;
     EXPECT_TRUE(MakeBackend("cpu", *model, c).ok()) << good;
   }
+  // --gemm_tune_min_hidden below 0 the same way; 0 (never tuned by default) loads.
+  c.gemm_tune_min_hidden = -1;
+  auto b = MakeBackend("cpu", *model, c);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(b.status().message().find("--gemm_tune_min_hidden=-1: must be >= 0"), std::string::npos)
+      << b.status();
+  c.gemm_tune_min_hidden = 0;
+  EXPECT_TRUE(MakeBackend("cpu", *model, c).ok());
 }
 
 }  // namespace

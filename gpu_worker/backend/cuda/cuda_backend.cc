@@ -561,7 +561,9 @@ absl::Status CudaBackend::Init(const model::Model& m) {
     RETURN_IF_ERROR(alloc(&partial_o_, tiles * max_graph_batch_ * size_t{4} * hq_ * d_));
     RETURN_IF_ERROR(alloc(&partial_ml_, tiles * max_graph_batch_ * size_t{8} * hq_));
     RETURN_IF_ERROR(graph_tokens_host_.Resize(std::max(1, max_graph_batch_) * sizeof(int32_t)));
-    if (o_.gemm_tune) {  // the m of every graph bucket (its first step runs eagerly at that m)
+    const bool tune =
+        o_.gemm_tune || (o_.gemm_tune_min_hidden > 0 && hidden_ >= o_.gemm_tune_min_hidden);
+    if (tune) {  // the m of every graph bucket (its first step runs eagerly at that m)
       std::vector<int> buckets;
       for (int n = 1; n <= std::min(max_graph_batch_, o_.gemm_tune_max_m); ++n) {
         const int bucket = GraphBucket(n);
@@ -1186,7 +1188,8 @@ absl::Status ValidateCudaBackendOptions(const CudaBackendOptions& o) {
   }
   if (o.num_blocks < 0 || o.max_num_tokens <= 0 || o.max_logits_rows <= 0 ||
       o.max_graph_batch < 0 || !(o.kv_cache_fraction > 0 && o.kv_cache_fraction < 1) ||
-      o.device < 0 || o.split_k < 0 || o.gemm_reference_m <= 0 || o.decode_gemm_early_chunks < 0) {
+      o.device < 0 || o.split_k < 0 || o.gemm_reference_m <= 0 || o.decode_gemm_early_chunks < 0 ||
+      o.gemm_tune_min_hidden < 0) {
     return absl::InvalidArgumentError("cuda backend: bad options");
   }
   return absl::OkStatus();

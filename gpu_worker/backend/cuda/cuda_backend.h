@@ -65,12 +65,17 @@ struct CudaBackendOptions {
   int attention_lead_tiles = 0;
   // Deterministic mode with decode graphs: tune the GEMMs at each graph bucket's m up to
   // gemm_tune_max_m (gemm.h SetTuneSizes: the fastest cuBLASLt algorithm whose output is bitwise
-  // the pinned one's, found on the first eager step of the bucket). The bits do not change. Off by
-  // default: on an H100 (qwen3-0.6b, bench/engine/NOTES.md run 10) it made short-context decode
-  // steps 3-4% faster at batch 8-64 but the nano-vllm workload 3.5% slower, and buckets of m 128 /
-  // 256 1.1-1.7x slower per step, although each tuned GEMM timed faster alone and a back-to-back
-  // replay of the tuned graph did not time slower than the pinned one (cause not found).
+  // the pinned one's, found on the first eager step of the bucket). The bits do not change.
+  // gemm_tune: for every model. gemm_tune_min_hidden: by default for models of at least this
+  // hidden size (0: none). Measured on an H100 (bench/engine/NOTES.md runs 10-11, 14): tuned,
+  // qwen3-8b (hidden 4096) decode is 1.19x faster at batch 64 and llama-3.2-1b (hidden 2048)
+  // 1.04-1.08x at batch 1-64, which brings both within 5% of cuBLAS's non-deterministic heuristic
+  // at every batch (untuned they were 7-10% and 17% behind it); qwen3-0.6b (hidden 1024) is
+  // within 5% untuned, and tuned its nano-vllm workload ran 1.6-3.6% slower: it stays untuned.
+  // Buckets of m 128 / 256 ran 1.1-1.7x slower per step tuned (cause not found), hence tuning only
+  // up to 64.
   bool gemm_tune = false;
+  int gemm_tune_min_hidden = 2048;
   int gemm_tune_max_m = 64;
   // AttentionConfig::finish_rows: a fold item that holds every tile of its rows writes their
   // outputs (no merge pass for them); false: through the merge (benchmarks). The same bits.
