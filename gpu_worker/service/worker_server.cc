@@ -56,7 +56,7 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
               "-1: min(RAM / 5, 4 x the KV cache); 0: off");
   f->AddBool("overlap_schedule", &c->overlap_schedule,
              "schedule and build the next step while the current one runs on the device "
-             "(same tokens; hides the host's work)");
+             "(same tokens; hides the host's work; on by default, =false to turn it off)");
   f->AddString("worker_id", &c->worker_id, "stable worker id; default worker-<port>");
   f->AddString("registry", &c->registry_address, "chunk registry host:port; empty: none");
   f->AddString("advertise_address", &c->advertise_address,
