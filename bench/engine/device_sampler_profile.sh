@@ -8,7 +8,7 @@
 # RATE_BATCHES (default BATCHES) for RATE_SAMPLERS (default SAMPLERS) (ratio to greedy, issue 10's bar). Logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
-export CASCADE_SUBDIRS="common cache_service gpu_worker/model gpu_worker/engine gpu_worker/backend/cpu gpu_worker/backend/cuda tests/gpu bench/engine bench/kernels"
+. scripts/device_gpu_subdirs.sh
 export GPU_TESTS="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test"
 T=engine_bench; [ "${TESTS:-0}" = 1 ] && T="$T $GPU_TESTS"
 t0=$(date +%s)

@@ -5,7 +5,7 @@
 # by opcode (bench/engine/sass_hot.py). Logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
-export CASCADE_SUBDIRS="common cache_service gpu_worker/model gpu_worker/engine gpu_worker/backend/cpu gpu_worker/backend/cuda tests/gpu bench/engine bench/kernels"
+. scripts/device_gpu_subdirs.sh
 bash scripts/device_build.sh engine_bench >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 . build-gpu/env.sh
 E="build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=decode --variants=default --batches=${BATCH:-64} --decode_len=16"

@@ -10,7 +10,7 @@
 # tree's again. Logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
-export CASCADE_SUBDIRS="common cache_service gpu_worker/model gpu_worker/engine gpu_worker/backend/cpu gpu_worker/backend/cuda tests/gpu bench/engine bench/kernels"
+. scripts/device_gpu_subdirs.sh
 t0=$(date +%s)
 extra=""; [ "${GEMM:-0}" = 1 ] && extra=cuda_gemm_bench
 bash scripts/device_build.sh cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test engine_bench $extra >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }

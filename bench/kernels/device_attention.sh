@@ -13,7 +13,7 @@
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
-export CASCADE_SUBDIRS="common cache_service gpu_worker/model gpu_worker/engine gpu_worker/backend/cpu gpu_worker/backend/cuda tests/gpu bench/engine bench/kernels"
+. scripts/device_gpu_subdirs.sh
 T="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test cuda_attention_bench"
 [ "${ENGINE:-0}" = 1 ] && T="$T engine_bench"
 t0=$(date +%s)

@@ -8,7 +8,7 @@
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
-export CASCADE_SUBDIRS="common cache_service gpu_worker/model gpu_worker/engine gpu_worker/backend/cpu gpu_worker/backend/cuda tests/gpu bench/engine bench/kernels"
+. scripts/device_gpu_subdirs.sh
 bash scripts/device_build.sh cuda_attention_bench >"$OUT/variant_build.log" 2>&1 || { tail -40 "$OUT/variant_build.log"; exit 1; }
 . build-gpu/env.sh
 AT=gpu_worker/backend/cuda/attention.cu
