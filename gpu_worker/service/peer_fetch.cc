@@ -6,21 +6,22 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 
 namespace cascade::worker {
 namespace {
 
 using cascade::v2::FetchKvResponse;
 
-// Peers a worker keeps channels to at most (a cluster's workers; the oldest-named go first).
-constexpr size_t kMaxChannels = 256;
-
 class GrpcFetchCall final : public PeerFetchCall,
                             public grpc::ClientReadReactor<FetchKvResponse>,
                             public std::enable_shared_from_this<GrpcFetchCall> {
  public:
-  GrpcFetchCall(FetchPlan plan, std::function<void(FetchOutcome)> done)
-      : verifier_(plan.keys, plan.first_parent, plan.block_bytes), done_(std::move(done)) {
+  GrpcFetchCall(common::ClientCalls::Token token, FetchPlan plan,
+                std::function<void(FetchOutcome)> done)
+      : token_(std::move(token)),
+        verifier_(plan.keys, plan.first_parent, plan.block_bytes),
+        done_(std::move(done)) {
     request_.set_model(plan.model);
     request_.set_backend(plan.backend);
     request_.set_block_bytes(plan.block_bytes);
@@ -28,12 +29,12 @@ class GrpcFetchCall final : public PeerFetchCall,
     for (const hash::Hash128& k : plan.keys) request_.add_block_keys(k.ToHex());
   }
 
-  void Start(std::shared_ptr<cascade::v2::WorkerService::Stub> stub,
+  // The context holds the channel for the call's life; the fetcher keeps it beyond (token_).
+  void Start(cascade::v2::WorkerService::Stub* stub,
              std::chrono::system_clock::time_point deadline) {
-    stub_ = std::move(stub);  // held for the call's life (with it, the channel)
     t0_ = std::chrono::steady_clock::now();
     ctx_.set_deadline(deadline);
-    stub_->async()->FetchKv(&ctx_, &request_, this);
+    stub->async()->FetchKv(&ctx_, &request_, this);
     self_ = shared_from_this();  // until OnDone
     StartRead(&msg_);
     StartCall();
@@ -85,7 +86,7 @@ class GrpcFetchCall final : public PeerFetchCall,
         .count();
   }
 
-  std::shared_ptr<cascade::v2::WorkerService::Stub> stub_;
+  common::ClientCalls::Token token_;  // first: released after ctx_ (client_calls.h)
   std::chrono::steady_clock::time_point t0_;
   FetchTimings timings_;  // the reactor's callbacks run one at a time
   cascade::v2::FetchKvRequest request_;
@@ -104,10 +105,31 @@ class FailedCall final : public PeerFetchCall {
 
 }  // namespace
 
-std::shared_ptr<cascade::v2::WorkerService::Stub> PeerFetcher::StubFor(const std::string& address,
-                                                                       absl::Status* status) {
+PeerFetcher::~PeerFetcher() {
   MutexLock lock(&mu_);
-  if (auto it = stubs_.find(address); it != stubs_.end()) return it->second;
+  for (auto& [address, peer] : peers_) {
+    if (peer->calls.WaitForNone(std::chrono::seconds(30))) continue;
+    common::LogError("peer_fetch_calls_linger",
+                     {{"peer", address}, {"live", static_cast<long>(peer->calls.live())}});
+    new std::shared_ptr<Peer>(peer);  // deliberately kept: its channel must not die in a callback
+  }
+}
+
+std::vector<std::string> PeerFetcher::peers() {
+  MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [address, peer] : peers_) out.push_back(address);
+  return out;
+}
+
+std::shared_ptr<PeerFetcher::Peer> PeerFetcher::PeerFor(const std::string& address,
+                                                        common::ClientCalls::Token* token,
+                                                        absl::Status* status) {
+  MutexLock lock(&mu_);
+  if (auto it = peers_.find(address); it != peers_.end()) {
+    *token = it->second->calls.Add();
+    return it->second;
+  }
   common::ClientChannelOptions o;
   o.tls = options_.tls;
   absl::StatusOr<std::shared_ptr<grpc::Channel>> ch = common::MakeChannel(address, o);
@@ -115,19 +137,30 @@ std::shared_ptr<cascade::v2::WorkerService::Stub> PeerFetcher::StubFor(const std
     *status = ch.status();
     return nullptr;
   }
-  if (stubs_.size() >= kMaxChannels) stubs_.erase(stubs_.begin());
-  auto stub =
-      std::shared_ptr<cascade::v2::WorkerService::Stub>(cascade::v2::WorkerService::NewStub(*ch));
-  stubs_.emplace(address, stub);
-  return stub;
+  // Over the bound, let go of the first-named idle channel (a call's token goes after its
+  // context, so an idle one's last reference is the map's, dropped here).
+  if (peers_.size() >= kMaxPeerChannels) {
+    for (auto it = peers_.begin(); it != peers_.end(); ++it) {
+      if (it->second->calls.live() == 0) {
+        peers_.erase(it);
+        break;
+      }
+    }
+  }
+  auto peer = std::make_shared<Peer>();
+  peer->stub = cascade::v2::WorkerService::NewStub(*ch);
+  *token = peer->calls.Add();
+  peers_.emplace(address, peer);
+  return peer;
 }
 
 std::shared_ptr<PeerFetchCall> PeerFetcher::Fetch(FetchPlan plan,
                                                   std::chrono::system_clock::time_point deadline,
                                                   std::function<void(FetchOutcome)> done) {
   absl::Status st;
-  std::shared_ptr<cascade::v2::WorkerService::Stub> stub = StubFor(plan.address, &st);
-  if (stub == nullptr) {
+  common::ClientCalls::Token token;
+  std::shared_ptr<Peer> peer = PeerFor(plan.address, &token, &st);
+  if (peer == nullptr) {
     FetchOutcome o;
     o.result = FetchResult::kUnavailable;
     o.detail = absl::StrCat("cannot dial ", plan.address, ": ", st.ToString());
@@ -136,8 +169,8 @@ std::shared_ptr<PeerFetchCall> PeerFetcher::Fetch(FetchPlan plan,
   }
   const auto limit =
       std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.timeout);
-  auto call = std::make_shared<GrpcFetchCall>(std::move(plan), std::move(done));
-  call->Start(std::move(stub), std::min(deadline, limit));
+  auto call = std::make_shared<GrpcFetchCall>(std::move(token), std::move(plan), std::move(done));
+  call->Start(peer->stub.get(), std::min(deadline, limit));
   return call;
 }
 

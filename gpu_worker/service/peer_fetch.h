@@ -12,6 +12,7 @@
 
 #include "absl/time/time.h"
 #include "cascade/v2/worker.grpc.pb.h"
+#include "common/client_calls.h"
 #include "common/mutex.h"
 #include "common/transport.h"
 #include "gpu_worker/service/kv_transfer.h"
@@ -44,10 +45,17 @@ class PeerFetchCall {
   virtual void Cancel() = 0;
 };
 
-// Thread-safe. Keeps one channel (and stub) per peer address.
+// Thread-safe. Keeps one channel (and stub) per peer address, at most kMaxPeerChannels of them
+// beyond those with a fetch in flight. A channel is let go of only when none of its fetches is
+// live, on the thread that calls Fetch or destroys the fetcher: never in a fetch's callback,
+// where dropping its last reference corrupts gRPC (common/client_calls.h).
 class PeerFetcher {
  public:
+  static constexpr size_t kMaxPeerChannels = 256;
+
   explicit PeerFetcher(PeerFetchOptions options) : options_(std::move(options)) {}
+  // Waits for the fetches in flight to end (they have deadlines; the worker cancels them first).
+  ~PeerFetcher();
 
   const PeerFetchOptions& options() const { return options_; }
 
@@ -57,14 +65,21 @@ class PeerFetcher {
                                        std::chrono::system_clock::time_point deadline,
                                        std::function<void(FetchOutcome)> done);
 
+  // The addresses it keeps a channel to, in order (for tests).
+  std::vector<std::string> peers();
+
  private:
-  std::shared_ptr<cascade::v2::WorkerService::Stub> StubFor(const std::string& address,
-                                                            absl::Status* status);
+  struct Peer {
+    std::unique_ptr<cascade::v2::WorkerService::Stub> stub;  // holds the channel
+    common::ClientCalls calls;
+  };
+  // The peer's stub and a token for one more call on it; null when it cannot be dialled.
+  std::shared_ptr<Peer> PeerFor(const std::string& address, common::ClientCalls::Token* token,
+                                absl::Status* status);
 
   const PeerFetchOptions options_;
   Mutex mu_;
-  std::map<std::string, std::shared_ptr<cascade::v2::WorkerService::Stub>> stubs_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cascade::worker

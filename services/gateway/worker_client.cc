@@ -2,6 +2,8 @@
 #include "services/gateway/worker_client.h"
 
 #include "common/bounded_text.h"
+#include "common/client_calls.h"
+#include "common/log.h"
 
 namespace cascade::gateway {
 namespace {
@@ -13,10 +15,10 @@ class GrpcWorkerCall final : public WorkerCall,
                              public grpc::ClientReadReactor<WorkerServiceGenerateResponse>,
                              public std::enable_shared_from_this<GrpcWorkerCall> {
  public:
-  GrpcWorkerCall(cascade::v2::WorkerService::Stub* stub,
+  GrpcWorkerCall(cascade::v2::WorkerService::Stub* stub, common::ClientCalls::Token token,
                  const WorkerServiceGenerateRequest& request, const WorkerCallOptions& options,
                  WorkerCallObserver* observer)
-      : observer_(observer) {
+      : token_(std::move(token)), observer_(observer) {
     ctx_.set_deadline(options.deadline);
     // Ids are checked where they enter (CheckIdField); an invalid metadata value would abort
     // the process inside gRPC, so one that slipped through is not sent.
@@ -47,6 +49,7 @@ class GrpcWorkerCall final : public WorkerCall,
   }
 
  private:
+  common::ClientCalls::Token token_;  // first: released after ctx_ (client_calls.h)
   WorkerCallObserver* const observer_;
   grpc::ClientContext ctx_;
   WorkerServiceGenerateResponse msg_;
@@ -56,16 +59,27 @@ class GrpcWorkerCall final : public WorkerCall,
 class GrpcWorkerClient final : public WorkerClient {
  public:
   explicit GrpcWorkerClient(std::shared_ptr<grpc::Channel> channel)
-      : stub_(cascade::v2::WorkerService::NewStub(std::move(channel))) {}
+      : channel_(std::move(channel)), stub_(cascade::v2::WorkerService::NewStub(channel_)) {}
+
+  // Waits for the calls to be gone, so the channel's last reference goes here and not in a
+  // call's OnDone (client_calls.h). Their streams have deadlines and the gateway's drain has
+  // cancelled them by now, so this is short; if one still lingers the channel is left alive.
+  ~GrpcWorkerClient() override {
+    if (calls_.WaitForNone(std::chrono::seconds(30))) return;
+    common::LogError("worker_client_calls_linger", {{"live", static_cast<long>(calls_.live())}});
+    new std::shared_ptr<grpc::Channel>(std::move(channel_));  // deliberately kept: see above
+  }
 
   std::shared_ptr<WorkerCall> Generate(const WorkerServiceGenerateRequest& request,
                                        const WorkerCallOptions& options,
                                        WorkerCallObserver* observer) override {
-    return std::make_shared<GrpcWorkerCall>(stub_.get(), request, options, observer);
+    return std::make_shared<GrpcWorkerCall>(stub_.get(), calls_.Add(), request, options, observer);
   }
 
  private:
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<cascade::v2::WorkerService::Stub> stub_;
+  common::ClientCalls calls_;
 };
 
 }  // namespace

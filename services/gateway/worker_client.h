@@ -48,6 +48,8 @@ class WorkerCall {
 // One worker's endpoint. Thread-safe.
 class WorkerClient {
  public:
+  // The gRPC client's waits until its calls are gone (client_calls.h): destroy it on a thread
+  // of your own, never from a call's callback.
   virtual ~WorkerClient() = default;
   // A stream for `request`, not yet started. REQUIRES: `request` and `observer` stay valid and
   // `request` unchanged until the observer's OnDone returns.

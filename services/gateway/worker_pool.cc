@@ -17,6 +17,15 @@ WorkerPool::WorkerPool(common::ClientChannelOptions channel_options,
 WorkerPool::WorkerPool(WorkerClientFactory factory, std::vector<std::string> static_workers)
     : factory_(std::move(factory)), static_workers_(std::move(static_workers)) {}
 
+WorkerPool::~WorkerPool() {
+  std::map<std::string, std::shared_ptr<WorkerHandle>> handles;
+  {
+    MutexLock lock(&mu_);
+    handles.swap(handles_);
+  }
+  for (auto& [address, h] : handles) h->client.reset();
+}
+
 std::shared_ptr<WorkerHandle> WorkerPool::Get(const std::string& address) {
   MutexLock lock(&mu_);
   auto it = handles_.find(address);

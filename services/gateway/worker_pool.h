@@ -32,6 +32,9 @@ class WorkerPool {
   WorkerPool(common::ClientChannelOptions channel_options, std::vector<std::string> static_workers);
   // Clients from `factory` (tests: scripted fakes).
   WorkerPool(WorkerClientFactory factory, std::vector<std::string> static_workers);
+  // Destroys the clients here, on the caller's thread, while handles may still be held by
+  // attempts finishing on gRPC threads (their last reference must not end a client there).
+  ~WorkerPool();
 
   // The handle for an address, made lazily; never null for a well-formed address.
   std::shared_ptr<WorkerHandle> Get(const std::string& address);

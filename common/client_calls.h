@@ -1,0 +1,82 @@
+// The live client calls (gRPC callback API) of one owner, so the owner can outlive them.
+//
+// Why: gRPC 1.51 (Debian's) corrupts memory when a channel's last reference is dropped inside one
+// of that channel's own callbacks: a refcount underflow ("ref_counted.h: assertion failed:
+// prior > 0") or a double free, upstream grpc/grpc#37858 ("do not destroy the channel inside of
+// an application callback"). A client reactor that deletes itself in OnDone drops its
+// ClientContext's channel reference right there, so it is the last one whenever the owner of the
+// channel let go first. An owner that keeps the channel, counts its calls here and waits for them
+// before letting go drops the last reference on its own thread.
+//
+// A call takes a Token when it is made and keeps it as its FIRST member, so the token goes after
+// the ClientContext (members are destroyed in reverse order). Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "common/mutex.h"
+
+namespace cascade::common {
+
+class ClientCalls {
+  struct State {
+    Mutex mu;
+    CondVar cv;
+    int live ABSL_GUARDED_BY(mu) = 0;
+  };
+
+ public:
+  class Token {
+   public:
+    Token() = default;
+    Token(Token&& o) noexcept : state_(std::move(o.state_)) {}
+    Token& operator=(Token&& o) noexcept {
+      Release();
+      state_ = std::move(o.state_);
+      return *this;
+    }
+    Token(const Token&) = delete;
+    Token& operator=(const Token&) = delete;
+    ~Token() { Release(); }
+
+   private:
+    friend class ClientCalls;
+    explicit Token(std::shared_ptr<State> s) : state_(std::move(s)) {}
+    void Release() {
+      if (state_ == nullptr) return;
+      {
+        MutexLock lock(&state_->mu);
+        if (--state_->live == 0) state_->cv.SignalAll();
+      }
+      state_.reset();
+    }
+    std::shared_ptr<State> state_;  // outlives the ClientCalls if the owner is gone
+  };
+
+  // One more live call, until the token is destroyed.
+  Token Add() {
+    MutexLock lock(&state_->mu);
+    ++state_->live;
+    return Token(state_);
+  }
+
+  int live() const {
+    MutexLock lock(&state_->mu);
+    return state_->live;
+  }
+
+  // Blocks until no call is live or `timeout` passed; returns whether none is. Must not run on
+  // one of the calls' own callback threads (it would wait for itself).
+  bool WaitForNone(std::chrono::milliseconds timeout) {
+    State* s = state_.get();
+    MutexLock lock(&s->mu);
+    return s->cv.WaitFor(&s->mu, timeout,
+                         [s]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->live == 0; });
+  }
+
+ private:
+  const std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+}  // namespace cascade::common
