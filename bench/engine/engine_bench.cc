@@ -63,6 +63,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gpu_worker/backend/cpu/cpu_backend.h"
+#include "gpu_worker/backend/cuda/cuda_defaults.h"
 #include "gpu_worker/engine/engine.h"
 #include "gpu_worker/engine/sample_noise.h"
 #include "gpu_worker/model/generator.h"
@@ -126,19 +127,20 @@ struct Variant {
   bool graphs = true;
   bool batch_invariant = true;
   bool small_m_gemm = true;
-  int decode_gemm_max_m = 64;  // CudaBackendOptions::decode_gemm_max_m
+  int decode_gemm_max_m = cuda::kDefaultDecodeGemmMaxM;
   bool pdl = true;
-  bool overlap = false;        // EngineOptions::overlap_schedule
-  int split_k = 1;             // CudaBackendOptions::split_k (1: off)
-  int reference_m = 256;       // CudaBackendOptions::gemm_reference_m
-  int block_size = 16;         // CudaBackendOptions::block_size
-  int lead_tiles = 0;          // CudaBackendOptions::attention_lead_tiles
-  bool finish_rows = true;     // CudaBackendOptions::attention_finish_rows
-  bool gemm_tune = false;      // CudaBackendOptions::gemm_tune
-  int tune_min_hidden = 2048;  // CudaBackendOptions::gemm_tune_min_hidden
-  int tune_max_m = 64;         // CudaBackendOptions::gemm_tune_max_m
-  int early_chunks = 2;        // CudaBackendOptions::decode_gemm_early_chunks
-  bool fuse_silu = true;       // CudaBackendOptions::fuse_silu
+  bool overlap = false;     // EngineOptions::overlap_schedule
+  int split_k = 1;          // CudaBackendOptions::split_k (1: off)
+  int reference_m = 256;    // CudaBackendOptions::gemm_reference_m
+  int block_size = 16;      // CudaBackendOptions::block_size
+  int lead_tiles = 0;       // CudaBackendOptions::attention_lead_tiles
+  bool finish_rows = true;  // CudaBackendOptions::attention_finish_rows
+  bool gemm_tune = false;   // CudaBackendOptions::gemm_tune
+  // CudaBackendOptions::gemm_tune_min_hidden
+  int tune_min_hidden = cuda::kDefaultGemmTuneMinHidden;
+  int tune_max_m = 64;    // CudaBackendOptions::gemm_tune_max_m
+  int early_chunks = 2;   // CudaBackendOptions::decode_gemm_early_chunks
+  bool fuse_silu = true;  // CudaBackendOptions::fuse_silu
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};

@@ -10,6 +10,7 @@
 #include "common/flags.h"
 #include "common/internal_auth.h"
 #include "common/server_runner.h"
+#include "gpu_worker/backend/cuda/cuda_defaults.h"
 #include "gpu_worker/engine/engine_loop.h"
 #include "gpu_worker/model/model.h"
 #include "gpu_worker/service/worker_service.h"
@@ -41,11 +42,11 @@ struct WorkerConfig {
   // gemm_tune for every model, by default for models of hidden size >= gemm_tune_min_hidden
   // (2048: llama-3.2-1b and larger).
   bool gemm_tune = false;
-  int gemm_tune_min_hidden = 2048;
+  int gemm_tune_min_hidden = cuda::kDefaultGemmTuneMinHidden;
   // CUDA backend: decode-sized GEMMs (up to this many rows, <= 64; 0: off) on the kernel measured
   // fastest per batch bucket at load time among the pinned algorithm, SmallGemm and DecodeGemm,
   // each bitwise the pinned one's (CudaBackendOptions::decode_gemm_max_m; the same tokens).
-  int decode_gemm_max_m = 64;
+  int decode_gemm_max_m = cuda::kDefaultDecodeGemmMaxM;
   // Host KV tier: host memory for copies of blocks the GPU tier evicts. -1: auto, the smaller of
   // a fifth of the machine's RAM and four times the GPU tier's KV bytes; 0: off.
   int64_t host_kv_bytes = -1;

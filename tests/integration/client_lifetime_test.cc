@@ -118,8 +118,7 @@ TEST(ClientLifetimeTest, TheWorkerPoolOutlivesItsCallsOnAnotherThread) {
     auto handle = pool->Get(worker.address());
     ASSERT_NE(handle, nullptr);
     auto call = handle->client->Generate(
-        req,
-        {std::chrono::system_clock::now() + std::chrono::seconds(20), "lifetime-1"},
+        req, {std::chrono::system_clock::now() + std::chrono::seconds(20), "lifetime-1"},
         &observer);
     call->Start();
   }  // the call keeps itself (and with its context, the channel) until OnDone

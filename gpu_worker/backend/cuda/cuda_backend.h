@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "gpu_worker/backend/cuda/cuda_defaults.h"
 #include "gpu_worker/engine/backend.h"
 #include "gpu_worker/model/model.h"
 
@@ -39,7 +40,7 @@ struct CudaBackendOptions {
   // projections of decode steps, run the kernel chosen per weight shape and batch bucket at load
   // time (gemm.h PrepareDecode): the pinned algorithm, SmallGemm or DecodeGemm (wgmma), whichever
   // timed fastest among those whose rows are bitwise the pinned algorithm's. The same bits.
-  int decode_gemm_max_m = 64;
+  int decode_gemm_max_m = kDefaultDecodeGemmMaxM;
   // DecodeGemm CTAs copy this many chunks of their weights before waiting for the previous kernel
   // (ops.h SetDecodeGemmEarlyChunks; process-wide: the last backend created sets it). Same bits.
   int decode_gemm_early_chunks = 2;
@@ -75,7 +76,7 @@ struct CudaBackendOptions {
   // Buckets of m 128 / 256 ran 1.1-1.7x slower per step tuned (cause not found), hence tuning only
   // up to 64.
   bool gemm_tune = false;
-  int gemm_tune_min_hidden = 2048;
+  int gemm_tune_min_hidden = kDefaultGemmTuneMinHidden;
   int gemm_tune_max_m = 64;
   // AttentionConfig::finish_rows: a fold item that holds every tile of its rows writes their
   // outputs (no merge pass for them); false: through the merge (benchmarks). The same bits.

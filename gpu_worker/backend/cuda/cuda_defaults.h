@@ -1,0 +1,15 @@
+// The CUDA backend's defaults that the worker's flags and engine_bench repeat: one definition,
+// in a header that includes nothing of CUDA, so builds without the CUDA backend (the worker's
+// flags on a CPU-only machine) share it. CudaBackendOptions documents what each one means.
+#pragma once
+
+namespace cascade::cuda {
+
+// CudaBackendOptions::gemm_tune_min_hidden: the GEMMs are tuned at the decode buckets by default
+// for models of at least this hidden size (llama-3.2-1b and larger).
+inline constexpr int kDefaultGemmTuneMinHidden = 2048;
+// CudaBackendOptions::decode_gemm_max_m: decode-sized GEMMs up to this many rows run the kernel
+// chosen per batch bucket at load time.
+inline constexpr int kDefaultDecodeGemmMaxM = 64;
+
+}  // namespace cascade::cuda
