@@ -1,6 +1,10 @@
 // Worker clients; see worker_pool.h.
 #include "services/gateway/worker_pool.h"
 
+#include <algorithm>
+
+#include "common/log.h"
+
 namespace cascade::gateway {
 
 WorkerPool::WorkerPool(common::ClientChannelOptions channel_options,
@@ -28,6 +32,7 @@ WorkerPool::~WorkerPool() {
 
 std::shared_ptr<WorkerHandle> WorkerPool::Get(const std::string& address) {
   MutexLock lock(&mu_);
+  used_at_[address] = std::chrono::steady_clock::now();
   auto it = handles_.find(address);
   if (it != handles_.end()) return it->second;
   std::unique_ptr<WorkerClient> client = factory_(address);
@@ -40,9 +45,49 @@ std::shared_ptr<WorkerHandle> WorkerPool::Get(const std::string& address) {
 }
 
 void WorkerPool::Remember(const std::vector<Candidate>& live) {
+  std::vector<std::shared_ptr<WorkerHandle>> gone;  // destroyed after the lock is released
+  {
+    MutexLock lock(&mu_);
+    const auto now = std::chrono::steady_clock::now();
+    last_seen_.clear();
+    for (const Candidate& c : live) {
+      last_seen_[c.address] = c;
+      if (handles_.count(c.address) > 0) used_at_[c.address] = now;
+    }
+    for (auto it = handles_.begin(); it != handles_.end();) {
+      const std::string& a = it->first;
+      // use_count 1: no attempt holds it, and none can take it while mu_ is held (Get).
+      const bool idle =
+          it->second.use_count() == 1 && last_seen_.count(a) == 0 &&
+          std::find(static_workers_.begin(), static_workers_.end(), a) == static_workers_.end() &&
+          now - used_at_[a] >= evict_after_;
+      if (!idle) {
+        ++it;
+        continue;
+      }
+      gone.push_back(std::move(it->second));
+      used_at_.erase(a);
+      it = handles_.erase(it);
+    }
+  }
+  // A finished attempt's call may still be returning from OnDone: the client waits for it, here
+  // (not on that call's thread), so the channel's last reference goes here (client_calls.h).
+  for (std::shared_ptr<WorkerHandle>& h : gone) {
+    common::LogInfo("worker_client_released", {{"worker", h->address}});
+    h.reset();
+  }
+}
+
+void WorkerPool::set_evict_after(std::chrono::steady_clock::duration d) {
   MutexLock lock(&mu_);
-  last_seen_.clear();
-  for (const Candidate& c : live) last_seen_[c.address] = c;
+  evict_after_ = d;
+}
+
+std::vector<std::string> WorkerPool::Clients() {
+  MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [a, h] : handles_) out.push_back(a);
+  return out;
 }
 
 std::vector<Candidate> WorkerPool::KnownWorkers() {

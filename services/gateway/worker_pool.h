@@ -1,8 +1,12 @@
 // Clients of workers, by address, with this gateway's count of open streams to each, and the
 // workers the gateway knows about when the registry is away (last seen, plus --workers).
+// A client (and its channel) whose worker the registry has not listed for evict_after, that is
+// not in --workers and that no attempt holds, is let go of: worker pods come back under new
+// addresses, and a long-running gateway would otherwise keep a channel per address ever seen.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -39,8 +43,13 @@ class WorkerPool {
   // The handle for an address, made lazily; never null for a well-formed address.
   std::shared_ptr<WorkerHandle> Get(const std::string& address);
 
-  // Remembers the registry's live workers (for load-only routing while it is away).
+  // Remembers the registry's live workers (for load-only routing while it is away), and lets go
+  // of the clients of workers gone longer than evict_after (see above).
   void Remember(const std::vector<Candidate>& live);
+  // 5 minutes by default: a worker missing a few heartbeats keeps its channel.
+  void set_evict_after(std::chrono::steady_clock::duration d);
+  // The addresses it holds a client for, in order.
+  std::vector<std::string> Clients();
   // Everyone known: last seen from the registry plus the static list, without match info.
   std::vector<Candidate> KnownWorkers();
   int32_t Inflight(const std::string& address);
@@ -53,6 +62,9 @@ class WorkerPool {
   Mutex mu_;
   std::map<std::string, std::shared_ptr<WorkerHandle>> handles_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Candidate> last_seen_ ABSL_GUARDED_BY(mu_);
+  // When each handle's address was last listed live or asked for.
+  std::map<std::string, std::chrono::steady_clock::time_point> used_at_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::duration evict_after_ ABSL_GUARDED_BY(mu_) = std::chrono::minutes(5);
 };
 
 }  // namespace cascade::gateway

@@ -161,6 +161,34 @@ TEST(ClientLifetimeTest, PoolsDestroyedRightAfterTheirCallsStartNeverCrash) {
   }
 }
 
+TEST(ClientLifetimeTest, ClientsEvictedWhileTheirCallsFinishNeverCrash) {
+  // The pool lets go of a worker's client as soon as no attempt holds it (evict_after 0), while
+  // its calls may still be returning from OnDone on gRPC's threads.
+  gateway::WorkerPool pool(common::ClientChannelOptions{}, std::vector<std::string>{});
+  pool.set_evict_after(std::chrono::seconds(0));
+  WorkerServiceGenerateRequest req;
+  std::atomic<int> done{0};
+  class Count final : public gateway::WorkerCallObserver {
+   public:
+    explicit Count(std::atomic<int>* n) : n_(n) {}
+    bool OnMessage(const WorkerServiceGenerateResponse&) override { return true; }
+    void OnDone(const grpc::Status&) override { ++*n_; }
+    std::atomic<int>* n_;
+  } observer(&done);
+  for (int round = 0; round < 300; ++round) {
+    auto handle = pool.Get("127.0.0.1:1");
+    ASSERT_NE(handle, nullptr);
+    handle->client
+        ->Generate(req, {std::chrono::system_clock::now() + std::chrono::seconds(20), "r"},
+                   &observer)
+        ->Start();
+    handle.reset();
+    pool.Remember({});
+    EXPECT_TRUE(pool.Clients().empty());
+    EXPECT_EQ(done, round + 1);  // the eviction waited for the call
+  }
+}
+
 worker::FetchPlan PlanFor(const std::string& address) {
   worker::FetchPlan p;
   p.address = address;
