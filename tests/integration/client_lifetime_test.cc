@@ -133,6 +133,17 @@ TEST(ClientLifetimeTest, TheWorkerPoolOutlivesItsCallsOnAnotherThread) {
   releaser.join();
 }
 
+// Counts OnDone.
+class CountingObserver final : public gateway::WorkerCallObserver {
+ public:
+  explicit CountingObserver(std::atomic<int>* n) : n_(n) {}
+  bool OnMessage(const WorkerServiceGenerateResponse&) override { return true; }
+  void OnDone(const grpc::Status&) override { ++*n_; }
+
+ private:
+  std::atomic<int>* const n_;
+};
+
 TEST(ClientLifetimeTest, PoolsDestroyedRightAfterTheirCallsStartNeverCrash) {
   // A closed port: each call fails on its own, racing the pool's destruction.
   for (int round = 0; round < 300; ++round) {
@@ -140,13 +151,7 @@ TEST(ClientLifetimeTest, PoolsDestroyedRightAfterTheirCallsStartNeverCrash) {
                                                       std::vector<std::string>{});
     WorkerServiceGenerateRequest req;
     std::atomic<int> done{0};
-    class Count final : public gateway::WorkerCallObserver {
-     public:
-      explicit Count(std::atomic<int>* n) : n_(n) {}
-      bool OnMessage(const WorkerServiceGenerateResponse&) override { return true; }
-      void OnDone(const grpc::Status&) override { ++*n_; }
-      std::atomic<int>* n_;
-    } observer(&done);
+    CountingObserver observer(&done);
     auto handle = pool->Get("127.0.0.1:1");
     ASSERT_NE(handle, nullptr);
     for (int i = 0; i < 2; ++i) {
@@ -168,13 +173,7 @@ TEST(ClientLifetimeTest, ClientsEvictedWhileTheirCallsFinishNeverCrash) {
   pool.set_evict_after(std::chrono::seconds(0));
   WorkerServiceGenerateRequest req;
   std::atomic<int> done{0};
-  class Count final : public gateway::WorkerCallObserver {
-   public:
-    explicit Count(std::atomic<int>* n) : n_(n) {}
-    bool OnMessage(const WorkerServiceGenerateResponse&) override { return true; }
-    void OnDone(const grpc::Status&) override { ++*n_; }
-    std::atomic<int>* n_;
-  } observer(&done);
+  CountingObserver observer(&done);
   for (int round = 0; round < 300; ++round) {
     auto handle = pool.Get("127.0.0.1:1");
     ASSERT_NE(handle, nullptr);
