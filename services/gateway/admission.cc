@@ -30,13 +30,29 @@ Admission::~Admission() {
 }
 
 Admission::Worker& Admission::WorkerLocked(const std::string& address) {
+  const absl::Time now = now_();
+  ForgetIdleLocked(now);
   auto [it, inserted] = workers_.try_emplace(address);
   if (inserted) {
     it->second.limit = std::clamp(options_.initial_limit, std::max(1, options_.min_limit),
                                   std::max(1, options_.max_limit));
-    it->second.window_start = now_();
+    it->second.window_start = now;
   }
+  it->second.used = now;
   return it->second;
+}
+
+void Admission::ForgetIdleLocked(absl::Time now) {
+  if (now - swept_ < absl::Minutes(1)) return;
+  swept_ = now;
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    const Worker& w = it->second;
+    if (w.inflight == 0 && w.down_until <= now && now - w.used >= options_.forget_after) {
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 std::optional<Grant> Admission::TryGrantLocked(const std::vector<Scored>& ranked) {
@@ -103,6 +119,7 @@ void Admission::Release(const std::string& address) {
   auto it = workers_.find(address);
   if (it == workers_.end() || it->second.inflight == 0) return;
   --it->second.inflight;
+  it->second.used = now_();
   KickLocked();
 }
 
@@ -132,6 +149,7 @@ void Admission::ObserveTokens(const std::string& address, int tokens, double sec
   w.down_until = absl::InfinitePast();  // it streams: it is up
   w.window.push_back(seconds / tokens);
   const absl::Time now = now_();
+  w.used = now;
   if (static_cast<int>(w.window.size()) >= options_.window_samples &&
       now - w.window_start >= options_.window) {
     CloseWindowLocked(address, w, now);

@@ -61,6 +61,10 @@ struct AdmissionOptions {
   double increase_fraction = 0.25;  // growth per full, fast window: max(1, this x the limit)
   bool adaptive = true;             // false: each worker's limit stays at initial_limit
   absl::Duration down_for = absl::Seconds(2);  // MarkDown's length (a restart takes ~2 s)
+  // A worker no request has touched for this long, with none in flight, is forgotten (its limit
+  // and times are learned again if it returns): worker pods come back under new addresses, and
+  // the table would otherwise keep every address ever seen.
+  absl::Duration forget_after = absl::Minutes(10);
 };
 
 // A granted slot: the request runs on `ranked[0]` (the best-ranked candidate with room; the
@@ -132,6 +136,7 @@ class Admission {
     // per worker per kDecreaseLogEvery at most).
     int unlogged_decreases = 0;
     absl::Time decrease_logged = absl::InfinitePast();
+    absl::Time used;  // last asked for (granted, released, observed, marked down)
   };
   struct Waiter {
     uint64_t ticket;
@@ -146,6 +151,8 @@ class Admission {
   };
 
   Worker& WorkerLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the workers idle past forget_after (at most one sweep a minute).
+  void ForgetIdleLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A grant if some candidate has room (the slot is taken), else nullopt.
   std::optional<Grant> TryGrantLocked(const std::vector<Scored>& ranked)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -178,6 +185,7 @@ class Admission {
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   bool kick_ ABSL_GUARDED_BY(mu_) = false;  // something changed: the thread looks again
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time swept_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // last ForgetIdleLocked
   std::thread thread_;
 };
 

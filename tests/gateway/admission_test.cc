@@ -115,6 +115,33 @@ TEST(AdmissionTest, AWorkerGetsAtMostItsLimitAndTheRestWaitInOrder) {
   EXPECT_EQ(out.Get(2)->address, "w:1");
 }
 
+TEST(AdmissionTest, WorkersIdlePastForgetAfterAreForgottenButNotOnesInUse) {
+  Outcomes out;  // outlives `a`, whose destructor answers every waiter
+  FakeClock clock;
+  Admission a(Fixed(2), [&] { return clock.Now(); });
+  const absl::Time far = clock.Now() + absl::Hours(1);
+  a.Acquire(Ranked({"gone:1"}), far, out.For(0));
+  a.Acquire(Ranked({"busy:1"}), far, out.For(1));  // held: still in flight
+  ASSERT_TRUE(out.WaitFor(2));
+  a.Release("gone:1");
+  auto addresses = [&] {
+    std::vector<std::string> v;
+    for (const Admission::WorkerView& w : a.Workers()) v.push_back(w.address);
+    return v;
+  };
+  clock.Advance(absl::Minutes(9));  // under the 10-minute default
+  a.Acquire(Ranked({"new:1"}), far, out.For(2));
+  ASSERT_TRUE(out.WaitFor(3));
+  EXPECT_EQ(addresses(), (std::vector<std::string>{"busy:1", "gone:1", "new:1"}));
+  a.Release("new:1");
+  clock.Advance(absl::Minutes(2));  // gone:1 idle 11 minutes, new:1 2 minutes
+  a.Acquire(Ranked({"other:1"}), far, out.For(3));
+  ASSERT_TRUE(out.WaitFor(4));
+  EXPECT_EQ(addresses(), (std::vector<std::string>{"busy:1", "new:1", "other:1"}));
+  a.Release("busy:1");
+  a.Release("other:1");
+}
+
 TEST(AdmissionTest, AFullWorkerSpillsToTheNextCandidateWithRoom) {
   Outcomes out;  // outlives `a`, whose destructor answers every waiter
   FakeClock clock;
