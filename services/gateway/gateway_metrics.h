@@ -35,6 +35,9 @@ struct TurnMetrics {
                                   common::DefaultLatencyBuckets())),
         registry_errors(r.GetCounter("cascade:registry_errors_total",
                                      "Resolve calls that failed (load-only routing used).")),
+        registry_skipped(r.GetCounter(
+            "cascade:registry_skipped_total",
+            "Registry calls skipped while its breaker was open (load-only routing used).")),
         registry_(r) {}
 
   common::Counter* Finished(const std::string& reason) {
@@ -55,6 +58,7 @@ struct TurnMetrics {
   common::Counter* rejected;
   common::Histogram* queue_wait;
   common::Counter* registry_errors;
+  common::Counter* registry_skipped;
 
  private:
   common::MetricsRegistry& registry_;

@@ -77,14 +77,29 @@ std::chrono::system_clock::time_point GatewayService::DeadlineFor(
   return d < fallback ? d : fallback;
 }
 
+bool GatewayService::RegistryAllow() {
+  if (registry_breaker_.Allow()) return true;
+  metrics_->registry_skipped->Increment();
+  return false;
+}
+
+void GatewayService::RegistryDone(const absl::Status& status) {
+  // The registry's fault, not the request's: it is unreachable, slow or failing.
+  const bool failed = absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
+                      absl::IsResourceExhausted(status) || absl::IsInternal(status) ||
+                      absl::IsUnknown(status);
+  registry_breaker_.Record(failed, failed ? status.ToString() : "");
+}
+
 std::vector<Scored> GatewayService::Route(const Prompt& prompt, const std::string& sticky,
                                           cascade::v2::WorkerServiceGenerateRequest* request) {
   std::vector<Candidate> cands;
   bool resolved = false;
-  if (registry_ != nullptr) {
+  if (registry_ != nullptr && RegistryAllow()) {
     const std::vector<hash::ChunkSpec> specs = ChunkSpecs(prompt);
     registry::ResolveInput in{options_.limits.model_name, prompt.cache_salt, specs};
     auto r = registry_->Resolve(in);
+    RegistryDone(r.status());
     if (r.ok()) {
       resolved = true;
       // The registry hashed the chain; the worker checks these instead of trusting them blind
@@ -202,10 +217,11 @@ grpc::ServerUnaryReactor* GatewayService::ListModels(grpc::CallbackServerContext
   m->set_vocab_size(tokenizer_->vocab_size());
   // Live workers: ask the registry (a one-token resolve lists every live worker of the model)
   // so the count is right before the first request; without it, the workers last seen.
-  if (registry_ != nullptr) {
+  if (registry_ != nullptr && RegistryAllow()) {
     const std::vector<int32_t> probe = {0};
     const std::vector<hash::ChunkSpec> specs = {{cascade::v2::CHUNK_KIND_RAW, probe, ""}};
     auto r = registry_->Resolve({options_.limits.model_name, "", specs});
+    RegistryDone(r.status());
     if (r.ok()) {
       std::vector<Candidate> live;
       for (const registry::WorkerMatch& w : r->workers) {

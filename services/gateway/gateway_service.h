@@ -12,6 +12,7 @@
 #include "cascade/v2/gateway.grpc.pb.h"
 #include "common/grpc_status.h"
 #include "services/gateway/admission.h"
+#include "services/gateway/breaker.h"
 #include "services/gateway/gateway_metrics.h"
 #include "services/gateway/prompt.h"
 #include "services/gateway/router.h"
@@ -99,6 +100,10 @@ class GatewayService final : public GatewayBase {
   const tokenizer::Tokenizer& tokenizer() const { return *tokenizer_; }
   WorkerPool* pool() { return pool_; }
   TurnMetrics* metrics() { return metrics_; }
+  // The registry through its breaker (breaker.h): false while calls to it are skipped (the
+  // caller routes without it); after a true, RegistryDone reports the call's status.
+  bool RegistryAllow();
+  void RegistryDone(const absl::Status& status);
 
  private:
   const GatewayOptions options_;
@@ -107,6 +112,7 @@ class GatewayService final : public GatewayBase {
   WorkerPool* const pool_;
   TurnMetrics* const metrics_;
   std::unique_ptr<Admission> admission_;
+  Breaker registry_breaker_{"registry", {}};
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> route_ticket_{0};  // numbers requests for --route_policy round_robin/random
 };

@@ -498,7 +498,9 @@ class RegisterSink final : public TurnSink {
         held.end = c.end();
         held.kind = c.kind();
         if (auto p = hash::Hash128::FromHex(parent)) held.parent_hash = *p;
-        registry_->PinChunk(*h, ttl_s_, held).IgnoreError();  // routing hint only
+        if (svc_->RegistryAllow()) {  // a routing hint only: skipped while the registry fails
+          svc_->RegistryDone(registry_->PinChunk(*h, ttl_s_, held).status());
+        }
         parent = c.hash();
       }
     }

@@ -11,6 +11,7 @@
 #include <functional>
 #include <mutex>
 
+#include "cache_service/server/registry_service.h"
 #include "gpu_worker/service/worker_service.h"
 #include "tests/integration/stack.h"
 
@@ -331,6 +332,53 @@ TEST(BadDayTest, OverloadIsRefusedAndAWorkerNeverRunsMoreThanItsLimit) {
   EXPECT_GE(ok, 2);
   EXPECT_GE(refused, 1) << "12 requests of 40 tokens on a limit of 2 within 300 ms";
   EXPECT_LE(peak.load(), 2) << "the worker ran more requests than its admission limit";
+}
+
+// A registry that accepts connections and answers nothing (a hung process, a black-holed
+// network): each Resolve waits for its caller's deadline.
+class HungRegistry final : public cascade::v2::ChunkRegistryService::Service {
+ public:
+  HungRegistry() {
+    grpc::ServerBuilder b;
+    auto creds = common::MakeInternalServerCredentials(
+        {StackAuth(false, common::Role::kRegistry), registry::RegistryMethodPolicy()});
+    EXPECT_TRUE(creds.ok()) << creds.status();
+    b.AddListeningPort("127.0.0.1:0", *creds, &port_);
+    b.RegisterService(this);
+    server_ = b.BuildAndStart();
+  }
+  ~HungRegistry() override { server_->Shutdown(std::chrono::system_clock::now()); }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  int calls() const { return calls_; }
+
+  grpc::Status Resolve(grpc::ServerContext* ctx, const cascade::v2::ResolveRequest*,
+                       cascade::v2::ResolveResponse*) override {
+    ++calls_;
+    while (!ctx->IsCancelled()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return grpc::Status(grpc::StatusCode::CANCELLED, "gone");
+  }
+
+ private:
+  int port_ = 0;
+  std::atomic<int> calls_{0};
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST(BadDayTest, AHungRegistryCostsOneTimeoutNotOneARequest) {
+  HungRegistry registry;
+  Stack stack({.workers = 1, .registry = false, .tweak_gateway = [&](gateway::GatewayConfig* g) {
+                 g->registry_address = registry.address();
+               }});
+  // Each Resolve waits 500 ms (the gateway's resolve timeout) on a gRPC thread of the gateway;
+  // after the first, the registry's breaker skips it for 1 s (then one probe, then 2 s), and the
+  // requests route on load alone, at once.
+  constexpr int kRequests = 12;
+  for (int i = 0; i < kRequests; ++i) {
+    Reply r = Generate(stack.gateway(), Req("sys", "q" + std::to_string(i), 2));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+  EXPECT_GE(registry.calls(), 1);
+  EXPECT_LE(registry.calls(), 4) << "every request waited for the hung registry";
 }
 
 }  // namespace
