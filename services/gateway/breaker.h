@@ -41,7 +41,7 @@ class Breaker {
   bool open_ ABSL_GUARDED_BY(mu_) = false;
   bool probing_ ABSL_GUARDED_BY(mu_) = false;  // the one call let through after the backoff
   absl::Duration backoff_ ABSL_GUARDED_BY(mu_);
-  absl::Time until_ ABSL_GUARDED_BY(mu_);  // open: calls skip until then
+  absl::Time until_ ABSL_GUARDED_BY(mu_);     // open: calls skip until then
   int64_t skipped_ ABSL_GUARDED_BY(mu_) = 0;  // since it opened (logged when it closes)
 };
 
