@@ -26,6 +26,7 @@ bool Breaker::Allow() {
 
 void Breaker::Record(bool failed, const std::string& error) {
   MutexLock lock(&mu_);
+  const bool probe = probing_;
   probing_ = false;
   if (!failed) {
     if (open_) {
@@ -36,7 +37,10 @@ void Breaker::Record(bool failed, const std::string& error) {
     skipped_ = 0;
     return;
   }
-  // A failure while open (the probe, or a call made before it opened) doubles the backoff.
+  // A call made before it opened (in flight with the one that opened it; the resolve timeout is
+  // shorter than the backoff, so it ends before the probe starts) changes nothing; a failed
+  // probe doubles the backoff.
+  if (open_ && !probe) return;
   backoff_ = open_ ? std::min(2 * backoff_, options_.max_backoff) : options_.initial_backoff;
   until_ = now_() + backoff_;
   open_ = true;

@@ -37,6 +37,19 @@ TEST_F(BreakerTest, ClosedUntilAFailureThenSkipsForTheBackoff) {
   EXPECT_TRUE(b_.Allow());
 }
 
+TEST_F(BreakerTest, CallsInFlightWhenItOpenedDoNotExtendTheBackoff) {
+  ASSERT_TRUE(b_.Allow());
+  ASSERT_TRUE(b_.Allow());
+  ASSERT_TRUE(b_.Allow());
+  b_.Record(true);  // open for 1 s
+  b_.Record(true);  // the other two were sent before it opened
+  b_.Record(true);
+  now_ += absl::Seconds(1);
+  EXPECT_TRUE(b_.Allow()) << "still the initial backoff";
+  b_.Record(false);
+  EXPECT_FALSE(b_.open());
+}
+
 TEST_F(BreakerTest, FailedProbesDoubleTheBackoffUpToItsCapAndASuccessResetsIt) {
   ASSERT_TRUE(b_.Allow());
   b_.Record(true);  // open for 1 s
