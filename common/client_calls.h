@@ -14,7 +14,9 @@
 
 #include <chrono>
 #include <memory>
+#include <string_view>
 
+#include "common/log.h"
 #include "common/mutex.h"
 
 namespace cascade::common {
@@ -73,6 +75,17 @@ class ClientCalls {
     MutexLock lock(&s->mu);
     return s->cv.WaitFor(&s->mu, timeout,
                          [s]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->live == 0; });
+  }
+
+  // What an owner runs before letting go of `channel` (whatever holds the channel its calls
+  // use): waits for the calls; if some still live after `timeout`, logs that (`owner` names it)
+  // and keeps `channel` alive for good. At shutdown a kept channel is better than gRPC's
+  // corruption. Same rule as WaitForNone about threads.
+  void WaitOrKeep(std::shared_ptr<void> channel, std::string_view owner,
+                  std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    if (WaitForNone(timeout)) return;
+    LogError("client_calls_linger", {{"owner", owner}, {"live", static_cast<long>(live())}});
+    new std::shared_ptr<void>(std::move(channel));  // deliberately never freed
   }
 
  private:

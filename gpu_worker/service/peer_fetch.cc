@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
-#include "common/log.h"
 
 namespace cascade::worker {
 namespace {
@@ -107,12 +106,7 @@ class FailedCall final : public PeerFetchCall {
 
 PeerFetcher::~PeerFetcher() {
   MutexLock lock(&mu_);
-  for (auto& [address, peer] : peers_) {
-    if (peer->calls.WaitForNone(std::chrono::seconds(30))) continue;
-    common::LogError("peer_fetch_calls_linger",
-                     {{"peer", address}, {"live", static_cast<long>(peer->calls.live())}});
-    new std::shared_ptr<Peer>(peer);  // deliberately kept: its channel must not die in a callback
-  }
+  for (auto& [address, peer] : peers_) peer->calls.WaitOrKeep(peer, "peer fetch of " + address);
 }
 
 std::vector<std::string> PeerFetcher::peers() {

@@ -3,7 +3,6 @@
 
 #include "common/bounded_text.h"
 #include "common/client_calls.h"
-#include "common/log.h"
 
 namespace cascade::gateway {
 namespace {
@@ -64,11 +63,7 @@ class GrpcWorkerClient final : public WorkerClient {
   // Waits for the calls to be gone, so the channel's last reference goes here and not in a
   // call's OnDone (client_calls.h). Their streams have deadlines and the gateway's drain has
   // cancelled them by now, so this is short; if one still lingers the channel is left alive.
-  ~GrpcWorkerClient() override {
-    if (calls_.WaitForNone(std::chrono::seconds(30))) return;
-    common::LogError("worker_client_calls_linger", {{"live", static_cast<long>(calls_.live())}});
-    new std::shared_ptr<grpc::Channel>(std::move(channel_));  // deliberately kept: see above
-  }
+  ~GrpcWorkerClient() override { calls_.WaitOrKeep(std::move(channel_), "gateway worker client"); }
 
   std::shared_ptr<WorkerCall> Generate(const WorkerServiceGenerateRequest& request,
                                        const WorkerCallOptions& options,

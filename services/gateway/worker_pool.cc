@@ -22,25 +22,28 @@ WorkerPool::WorkerPool(WorkerClientFactory factory, std::vector<std::string> sta
     : factory_(std::move(factory)), static_workers_(std::move(static_workers)) {}
 
 WorkerPool::~WorkerPool() {
-  std::map<std::string, std::shared_ptr<WorkerHandle>> handles;
+  std::map<std::string, Entry> handles;
   {
     MutexLock lock(&mu_);
     handles.swap(handles_);
   }
-  for (auto& [address, h] : handles) h->client.reset();
+  for (auto& [address, e] : handles) e.handle->client.reset();
 }
 
 std::shared_ptr<WorkerHandle> WorkerPool::Get(const std::string& address) {
   MutexLock lock(&mu_);
-  used_at_[address] = std::chrono::steady_clock::now();
+  const auto now = std::chrono::steady_clock::now();
   auto it = handles_.find(address);
-  if (it != handles_.end()) return it->second;
+  if (it != handles_.end()) {
+    it->second.used_at = now;
+    return it->second.handle;
+  }
   std::unique_ptr<WorkerClient> client = factory_(address);
   if (client == nullptr) return nullptr;
   auto h = std::make_shared<WorkerHandle>();
   h->address = address;
   h->client = std::move(client);
-  handles_[address] = h;
+  handles_[address] = Entry{h, now};
   return h;
 }
 
@@ -52,21 +55,20 @@ void WorkerPool::Remember(const std::vector<Candidate>& live) {
     last_seen_.clear();
     for (const Candidate& c : live) {
       last_seen_[c.address] = c;
-      if (handles_.count(c.address) > 0) used_at_[c.address] = now;
+      if (auto it = handles_.find(c.address); it != handles_.end()) it->second.used_at = now;
     }
     for (auto it = handles_.begin(); it != handles_.end();) {
       const std::string& a = it->first;
       // use_count 1: no attempt holds it, and none can take it while mu_ is held (Get).
       const bool idle =
-          it->second.use_count() == 1 && last_seen_.count(a) == 0 &&
+          it->second.handle.use_count() == 1 && last_seen_.count(a) == 0 &&
           std::find(static_workers_.begin(), static_workers_.end(), a) == static_workers_.end() &&
-          now - used_at_[a] >= evict_after_;
+          now - it->second.used_at >= evict_after_;
       if (!idle) {
         ++it;
         continue;
       }
-      gone.push_back(std::move(it->second));
-      used_at_.erase(a);
+      gone.push_back(std::move(it->second.handle));
       it = handles_.erase(it);
     }
   }
@@ -86,7 +88,7 @@ void WorkerPool::set_evict_after(std::chrono::steady_clock::duration d) {
 std::vector<std::string> WorkerPool::Clients() {
   MutexLock lock(&mu_);
   std::vector<std::string> out;
-  for (const auto& [a, h] : handles_) out.push_back(a);
+  for (const auto& [a, e] : handles_) out.push_back(a);
   return out;
 }
 
@@ -100,7 +102,7 @@ std::vector<Candidate> WorkerPool::KnownWorkers() {
   for (auto& [addr, c] : all) {
     c.matched_tokens = 0;
     auto h = handles_.find(addr);
-    c.inflight = h == handles_.end() ? 0 : h->second->inflight.load();
+    c.inflight = h == handles_.end() ? 0 : h->second.handle->inflight.load();
     out.push_back(c);
   }
   return out;
@@ -109,7 +111,7 @@ std::vector<Candidate> WorkerPool::KnownWorkers() {
 int32_t WorkerPool::Inflight(const std::string& address) {
   MutexLock lock(&mu_);
   auto it = handles_.find(address);
-  return it == handles_.end() ? 0 : it->second->inflight.load();
+  return it == handles_.end() ? 0 : it->second.handle->inflight.load();
 }
 
 }  // namespace cascade::gateway

@@ -59,11 +59,14 @@ class WorkerPool {
   const WorkerClientFactory factory_;
   const std::vector<std::string> static_workers_;
 
+  struct Entry {
+    std::shared_ptr<WorkerHandle> handle;
+    std::chrono::steady_clock::time_point used_at;  // last listed live or asked for
+  };
+
   Mutex mu_;
-  std::map<std::string, std::shared_ptr<WorkerHandle>> handles_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Entry> handles_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Candidate> last_seen_ ABSL_GUARDED_BY(mu_);
-  // When each handle's address was last listed live or asked for.
-  std::map<std::string, std::chrono::steady_clock::time_point> used_at_ ABSL_GUARDED_BY(mu_);
   std::chrono::steady_clock::duration evict_after_ ABSL_GUARDED_BY(mu_) = std::chrono::minutes(5);
 };
 

@@ -95,6 +95,19 @@ TEST(ClientCallsTest, WaitsForEveryTokenAndTimesOutWhileOneLives) {
   t.join();
 }
 
+TEST(ClientCallsTest, WaitOrKeepKeepsTheChannelOnlyWhileACallLingers) {
+  common::ClientCalls calls;
+  auto channel = std::make_shared<int>(1);  // stands for what holds the channel
+  std::weak_ptr<int> seen = channel;
+  calls.WaitOrKeep(std::move(channel), "test", std::chrono::milliseconds(10));
+  EXPECT_TRUE(seen.expired()) << "no call: the owner's reference was the last";
+  common::ClientCalls::Token lingering = calls.Add();
+  channel = std::make_shared<int>(2);
+  seen = channel;
+  calls.WaitOrKeep(std::move(channel), "test", std::chrono::milliseconds(10));
+  EXPECT_FALSE(seen.expired()) << "a call still lives: the channel is kept for good";
+}
+
 // Records OnDone, and lingers in it so that a destructor that does not wait returns first.
 class SlowObserver final : public gateway::WorkerCallObserver {
  public:
