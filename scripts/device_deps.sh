@@ -19,6 +19,9 @@ PACKAGES=(
   protobuf-compiler-grpc libre2-9 libre2-dev zlib1g-dev
   # cpp-httplib, for the gateway's OpenAI-compatible HTTP front
   libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1
+  # libevent (evhttp): the OpenAI HTTP front's event loops
+  libevent-dev libevent-2.1-7 libevent-core-2.1-7 libevent-extra-2.1-7 libevent-pthreads-2.1-7
+  libevent-openssl-2.1-7
   # prometheus-cpp: the metrics' storage and text exposition (common/metrics.h)
   prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
   # ... whose CMake config asks for civetweb (pull) and CURL (push) even though only core links

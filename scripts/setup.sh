@@ -11,7 +11,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libssl-dev libpcre2-dev libutf8proc-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcpp-httplib-dev prometheus-cpp-dev clang-format-14 curl python3 python3-grpcio python3-protobuf python3-yaml
+  libcpp-httplib-dev libevent-dev prometheus-cpp-dev clang-format-14 curl python3 python3-grpcio python3-protobuf python3-yaml
 )
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -85,7 +85,8 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
             "OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models) on "
             "this port; -1 off, 0 a free one");
   f->AddInt("http_threads", &c->http_threads,
-            "concurrent HTTP requests at most (each stream holds one)");
+            "event-loop threads of the HTTP API (open streams hold none; --max_concurrent "
+            "bounds them)");
   common::RegisterInternalAuthFlags(f, &c->internal_auth);
 }
 
@@ -218,8 +219,11 @@ void GatewayServer::Wait() {
 }
 
 void GatewayServer::Shutdown(absl::Duration drain) {
-  http_.reset();  // no new HTTP requests; open HTTP streams end with their gRPC calls
+  // New HTTP requests get 503; open HTTP streams are gRPC calls on the in-process channel, so the
+  // server's drain ends them; the front then stops.
+  if (http_) http_->StopAccepting();
   if (runner_) runner_->Shutdown(drain);
+  http_.reset();
 }
 
 }  // namespace cascade::gateway

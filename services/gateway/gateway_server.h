@@ -46,8 +46,8 @@ struct GatewayConfig {
   // CA the registry's and workers' certificates must chain to. REQUIRED unless insecure. The
   // public port is not internal: it keeps --tls_cert and --auth_token.
   common::InternalAuthOptions internal_auth;
-  int http_port = -1;     // the OpenAI-compatible HTTP front: -1 off, 0 a free port
-  int http_threads = 64;  // its concurrent requests (a stream holds one)
+  int http_port = -1;    // the OpenAI-compatible HTTP front: -1 off, 0 a free port
+  int http_threads = 2;  // its event loops (a stream holds no thread)
   FetchMeasurements fetch;
 };
 

@@ -1,13 +1,41 @@
 // OpenAI-compatible HTTP front; see openai_http.h.
+//
+// Threads: each loop (an event_base with its evhttp) owns the requests it accepted, and only its
+// thread touches them. gRPC callbacks never touch a request: they post a task to its loop. A
+// request's gRPC call carries a hold (ClientReadReactor::AddHold), so the call outlives every use
+// the loop makes of it; the loop removes the hold once it will touch the call no more, and the
+// call's OnDone then posts the end.
+//
+// libevent rules this leans on (evhttp 2.1): a request is answered exactly once
+// (evhttp_send_reply, or evhttp_send_reply_end after _start), even after its connection failed:
+// the failure detaches the request from the connection, and the answer then just frees it. The
+// connection's close callback is how a failed connection is seen; it is cleared before answering.
 #include "services/gateway/openai_http.h"
 
-#include <httplib.h>
+#include <arpa/inet.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/thread.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+#include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/strings/str_cat.h"
+#include "common/client_calls.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "services/gateway/openai_api.h"
 
 namespace cascade::gateway {
@@ -15,174 +43,471 @@ namespace {
 
 using nlohmann::json;
 
-void SendError(httplib::Response& res, const absl::Status& s) {
-  res.status = openai::HttpStatusFor(s);
-  res.set_content(openai::ErrorBody(s).dump(), "application/json");
-}
-
-std::string SseLine(const json& j) { return absl::StrCat("data: ", j.dump(), "\n\n"); }
-
 int64_t UnixNow() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
-// The gRPC call for one HTTP request, with the client's Authorization forwarded.
-std::unique_ptr<grpc::ClientContext> CallContext(const httplib::Request& req) {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  if (req.has_header("Authorization")) {
-    ctx->AddMetadata("authorization", req.get_header_value("Authorization"));
+void Reply(evhttp_request* req, int code, const std::string& body, const char* content_type) {
+  evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", content_type);
+  evbuffer* buf = evbuffer_new();
+  evbuffer_add(buf, body.data(), body.size());
+  evhttp_send_reply(req, code, nullptr, buf);
+  evbuffer_free(buf);
+}
+
+void ReplyError(evhttp_request* req, const absl::Status& s) {
+  Reply(req, openai::HttpStatusFor(s), openai::ErrorBody(s).dump(), "application/json");
+}
+
+std::string SseLine(const json& j) { return absl::StrCat("data: ", j.dump(), "\n\n"); }
+
+// One event loop: its thread runs the loop and the tasks other threads post to it.
+struct Loop {
+  OpenAiHttpServer::Impl* impl = nullptr;
+  event_base* base = nullptr;
+  evhttp* http = nullptr;
+  evhttp_bound_socket* listener = nullptr;
+  event* wake = nullptr;
+  std::thread thread;
+  Mutex mu;
+  std::vector<absl::AnyInvocable<void() &&>> tasks ABSL_GUARDED_BY(mu);
+  std::unordered_set<class Exchange*> open;  // loop thread only
+
+  // Thread-safe (libevent's pthread locking is on).
+  void Post(absl::AnyInvocable<void() &&> task) {
+    {
+      MutexLock lock(&mu);
+      tasks.push_back(std::move(task));
+    }
+    event_active(wake, EV_READ, 0);
   }
-  return ctx;
+  static void OnWake(evutil_socket_t, short, void* arg) {
+    auto* loop = static_cast<Loop*>(arg);
+    std::vector<absl::AnyInvocable<void() &&>> run;
+    {
+      MutexLock lock(&loop->mu);
+      run.swap(loop->tasks);
+    }
+    for (auto& task : run) std::move(task)();
+  }
+};
+
+}  // namespace
+
+struct OpenAiHttpServer::Impl {
+  OpenAiHttpOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<cascade::v2::GatewayService::Stub> stub;
+  std::vector<std::unique_ptr<Loop>> loops;
+  common::ClientCalls calls;
+  std::atomic<bool> stopping{false};
+  bool shut_down = false;  // Shutdown's own (one caller)
+  Mutex mu;
+  CondVar cv;
+  int open ABSL_GUARDED_BY(mu) = 0;
+
+  void Handle(Loop* loop, evhttp_request* req);
+  void Opened() {
+    MutexLock lock(&mu);
+    ++open;
+  }
+  void Closed() {
+    MutexLock lock(&mu);
+    if (--open == 0) cv.SignalAll();
+  }
+  bool WaitForNone(absl::Duration timeout) {
+    MutexLock lock(&mu);
+    return cv.WaitFor(&mu, absl::ToChronoMilliseconds(timeout),
+                      [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return open == 0; });
+  }
+};
+
+namespace {
+
+// A Generate call: its callbacks only post to the loop (see the file comment).
+class GenerateCall final : public grpc::ClientReadReactor<cascade::v2::GenerateResponse> {
+ public:
+  GenerateCall(common::ClientCalls::Token token, Loop* loop, class Exchange* ex)
+      : token(std::move(token)), loop_(loop), ex_(ex) {}
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status& s) override;
+
+  common::ClientCalls::Token token;  // first, so destroyed last: see client_calls.h
+  grpc::ClientContext ctx;
+  cascade::v2::GenerateRequest request;
+  cascade::v2::GenerateResponse msg;
+
+ private:
+  Loop* const loop_;
+  class Exchange* const ex_;
+};
+
+// One HTTP request answered through Generate; lives on its loop until answered.
+class Exchange {
+ public:
+  Exchange(OpenAiHttpServer::Impl* impl, Loop* loop, evhttp_request* req, openai::RequestMeta meta)
+      : impl_(impl),
+        loop_(loop),
+        req_(req),
+        conn_(evhttp_request_get_connection(req)),
+        stream_(meta.stream),
+        include_usage_(meta.include_usage),
+        builder_(meta, impl->options.model_name, UnixNow()) {
+    impl_->Opened();
+    loop_->open.insert(this);
+    evhttp_connection_set_closecb(conn_, &Exchange::OnConnClosed, this);
+    // While a reply is written, evhttp reads the socket only to see it close, into a buffer
+    // nothing drains: bound it, or a client could send gigabytes alongside its stream.
+    bufferevent_setwatermark(evhttp_connection_get_bufferevent(conn_), EV_READ, 0, 1 << 20);
+  }
+
+  void Start(cascade::v2::GenerateRequest request, const std::string& authorization) {
+    call_ = new GenerateCall(impl_->calls.Add(), loop_, this);
+    call_->request = std::move(request);
+    if (!authorization.empty()) call_->ctx.AddMetadata("authorization", authorization);
+    impl_->stub->async()->Generate(&call_->ctx, &call_->request, call_);
+    call_->AddHold();
+    Read();
+    call_->StartCall();
+  }
+
+  // Loop thread, from here on.
+  void OnEvent(const cascade::v2::GenerateResponse& e) {
+    reading_ = false;
+    if (cancelled_) return Release();
+    std::vector<json> chunks = builder_.OnEvent(e);
+    if (!stream_) return Read();
+    if (!started_) {
+      evkeyvalq* h = evhttp_request_get_output_headers(req_);
+      evhttp_add_header(h, "Content-Type", "text/event-stream");
+      evhttp_add_header(h, "Cache-Control", "no-cache");
+      evhttp_send_reply_start(req_, 200, "OK");
+      started_ = true;
+    }
+    std::string lines;
+    for (const json& c : chunks) lines += SseLine(c);
+    if (lines.empty()) return Read();
+    // The next message is read once this one is on the socket (the callback).
+    flushing_ = true;
+    Send(lines, &Exchange::OnFlushed);
+  }
+  void OnEnd() {  // the stream has no more messages
+    reading_ = false;
+    Release();
+  }
+  void OnDone(const grpc::Status& st) {
+    const absl::Status s = common::FromGrpc(st);
+    if (conn_ != nullptr) evhttp_connection_set_closecb(conn_, nullptr, nullptr);
+    Finish(s);
+    loop_->open.erase(this);
+    OpenAiHttpServer::Impl* impl = impl_;
+    delete this;
+    impl->Closed();
+  }
+  // Shutdown: end the generation; the client gets what was made and an error.
+  void Cancel() {
+    if (cancelled_) return;
+    cancelled_ = true;
+    if (call_ != nullptr) call_->ctx.TryCancel();
+    if (!reading_ && !flushing_) Release();
+  }
+
+ private:
+  static void OnConnClosed(evhttp_connection*, void* arg) {
+    auto* ex = static_cast<Exchange*>(arg);
+    ex->conn_ = nullptr;  // freed; the request is detached (answering it just frees it)
+    ex->flushing_ = false;
+    ex->Cancel();
+  }
+  static void OnFlushed(evhttp_connection*, void* arg) {
+    auto* ex = static_cast<Exchange*>(arg);
+    ex->flushing_ = false;
+    if (ex->cancelled_) return ex->Release();
+    ex->Read();
+  }
+  void Read() {
+    reading_ = true;
+    call_->StartRead(&call_->msg);
+  }
+  // No more use of the call: its OnDone may come.
+  void Release() {
+    if (call_ == nullptr) return;
+    GenerateCall* c = call_;
+    call_ = nullptr;
+    c->RemoveHold();
+  }
+  void Send(const std::string& data, void (*flushed)(evhttp_connection*, void*)) {
+    evbuffer* buf = evbuffer_new();
+    evbuffer_add(buf, data.data(), data.size());
+    evhttp_send_reply_chunk_with_cb(req_, buf, flushed, flushed ? this : nullptr);
+    evbuffer_free(buf);
+  }
+  void Finish(const absl::Status& s) {
+    if (!stream_) {
+      if (s.ok()) {
+        Reply(req_, 200, builder_.Final().dump(), "application/json");
+      } else {
+        ReplyError(req_, s);
+      }
+      return;
+    }
+    if (!started_) {  // refused before any token: a real HTTP status, not a 200 stream
+      ReplyError(req_, s.ok() ? absl::InternalError("the stream ended without an answer") : s);
+      return;
+    }
+    std::string tail;
+    if (!s.ok()) {
+      tail = SseLine(openai::ErrorBody(s));
+    } else if (include_usage_) {
+      tail = SseLine(builder_.UsageChunk());
+    }
+    tail += "data: [DONE]\n\n";
+    Send(tail, nullptr);
+    evhttp_send_reply_end(req_);
+  }
+
+  OpenAiHttpServer::Impl* const impl_;
+  Loop* const loop_;
+  evhttp_request* const req_;
+  evhttp_connection* conn_;  // null once the connection is gone
+  const bool stream_;
+  const bool include_usage_;
+  openai::ResponseBuilder builder_;
+  GenerateCall* call_ = nullptr;  // null once released
+  bool started_ = false;          // the 200 and its headers are sent
+  bool reading_ = false;          // a StartRead is outstanding
+  bool flushing_ = false;         // waiting for a chunk to reach the socket
+  bool cancelled_ = false;
+};
+
+void GenerateCall::OnReadDone(bool ok) {
+  if (!ok) {
+    loop_->Post([ex = ex_] { ex->OnEnd(); });
+    return;
+  }
+  loop_->Post([ex = ex_, m = std::move(msg)] { ex->OnEvent(m); });
+}
+
+void GenerateCall::OnDone(const grpc::Status& s) {
+  loop_->Post([ex = ex_, s] { ex->OnDone(s); });
+  delete this;
+}
+
+// GET /v1/models: the gateway's ListModels, answered on the loop.
+void ServeModels(OpenAiHttpServer::Impl* impl, Loop* loop, evhttp_request* req,
+                 const std::string& authorization) {
+  struct Call {
+    explicit Call(common::ClientCalls::Token t) : token(std::move(t)) {}
+    common::ClientCalls::Token token;  // destroyed last: see client_calls.h
+    grpc::ClientContext ctx;
+    cascade::v2::ListModelsRequest request;
+    cascade::v2::ListModelsResponse response;
+  };
+  auto* call = new Call(impl->calls.Add());
+  if (!authorization.empty()) call->ctx.AddMetadata("authorization", authorization);
+  call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  impl->Opened();
+  // A unary call's connection is not watched: it ends within its 5 s deadline.
+  impl->stub->async()->ListModels(
+      &call->ctx, &call->request, &call->response, [impl, loop, req, call](grpc::Status st) {
+        loop->Post([impl, req, call, st] {
+          if (!st.ok()) {
+            ReplyError(req, common::FromGrpc(st));
+          } else {
+            json data = json::array();
+            for (const auto& m : call->response.models()) {
+              data.push_back({{"id", m.name()},
+                              {"object", "model"},
+                              {"created", 0},
+                              {"owned_by", "cascade"},
+                              {"max_model_len", m.max_context()}});
+            }
+            Reply(req, 200, json{{"object", "list"}, {"data", data}}.dump(), "application/json");
+          }
+          delete call;
+          impl->Closed();
+        });
+      });
+}
+
+const char* Header(evhttp_request* req, const char* name) {
+  return evhttp_find_header(evhttp_request_get_input_headers(req), name);
 }
 
 }  // namespace
 
+void OpenAiHttpServer::Impl::Handle(Loop* loop, evhttp_request* req) {
+  if (stopping.load()) {
+    ReplyError(req, absl::UnavailableError("the gateway is shutting down; retry elsewhere"));
+    return;
+  }
+  const evhttp_uri* uri = evhttp_request_get_evhttp_uri(req);
+  const char* raw_path = uri != nullptr ? evhttp_uri_get_path(uri) : nullptr;
+  const std::string path = raw_path != nullptr ? raw_path : "";
+  const evhttp_cmd_type cmd = evhttp_request_get_command(req);
+  const char* auth = Header(req, "Authorization");
+  const std::string authorization = auth != nullptr ? auth : "";
+  auto wrong_method = [&](const char* allow) {
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", allow);
+    Reply(
+        req, 405,
+        openai::ErrorBody(absl::InvalidArgumentError(absl::StrCat(path, " takes ", allow))).dump(),
+        "application/json");
+  };
+
+  if (path == "/health") {
+    if (cmd != EVHTTP_REQ_GET) return wrong_method("GET");
+    Reply(req, 200, "ok\n", "text/plain");
+    return;
+  }
+  if (path == "/v1/models") {
+    if (cmd != EVHTTP_REQ_GET) return wrong_method("GET");
+    ServeModels(this, loop, req, authorization);
+    return;
+  }
+  openai::Endpoint endpoint;
+  if (path == "/v1/completions") {
+    endpoint = openai::Endpoint::kCompletions;
+  } else if (path == "/v1/chat/completions") {
+    endpoint = openai::Endpoint::kChat;
+  } else {
+    ReplyError(req, absl::NotFoundError("no such route; the API is under /v1"));
+    return;
+  }
+  if (cmd != EVHTTP_REQ_POST) return wrong_method("POST");
+  evbuffer* in = evhttp_request_get_input_buffer(req);
+  std::string body(evbuffer_get_length(in), '\0');
+  evbuffer_copyout(in, body.data(), body.size());
+  json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) {
+    ReplyError(req, absl::InvalidArgumentError("the request body is not valid JSON"));
+    return;
+  }
+  absl::StatusOr<openai::Translated> t =
+      openai::TranslateRequest(parsed, endpoint, options.model_name);
+  if (!t.ok()) {
+    ReplyError(req, t.status());
+    return;
+  }
+  auto* ex = new Exchange(this, loop, req, t->meta);
+  ex->Start(std::move(t->request), authorization);
+}
+
 absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
     const OpenAiHttpOptions& options, std::shared_ptr<grpc::Channel> channel) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    evthread_use_pthreads();  // before any event_base: loops are woken from gRPC's threads
+    // A write to a connection its client closed must fail with EPIPE (which ends that request),
+    // not kill the process; libevent writes without MSG_NOSIGNAL.
+    std::signal(SIGPIPE, SIG_IGN);
+  });
   std::unique_ptr<OpenAiHttpServer> s(new OpenAiHttpServer());
-  s->options_ = options;
-  s->stub_ = cascade::v2::GatewayService::NewStub(channel);
-  s->server_ = std::make_unique<httplib::Server>();
-  const int threads = std::max(1, options.threads);
-  s->server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  s->server_->set_payload_max_length(options.max_body_bytes);
-  // A client that sends nothing (or drips) is dropped after this long, freeing its thread.
-  s->server_->set_read_timeout(10);
-  s->server_->set_keep_alive_timeout(5);
-  s->Routes();
-  const int port = options.port == 0
-                       ? s->server_->bind_to_any_port(options.host)
-                       : (s->server_->bind_to_port(options.host, options.port) ? options.port : -1);
-  if (port <= 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.host, ":", options.port,
-                                               " for the OpenAI HTTP front (port in use?)"));
+  s->impl_ = std::make_unique<Impl>();
+  Impl* impl = s->impl_.get();
+  impl->options = options;
+  impl->channel = channel;
+  impl->stub = cascade::v2::GatewayService::NewStub(channel);
+  const int n = std::max(1, options.threads);
+  evutil_socket_t fd = -1;
+  for (int i = 0; i < n; ++i) {
+    auto loop = std::make_unique<Loop>();
+    loop->base = event_base_new();
+    loop->http = loop->base != nullptr ? evhttp_new(loop->base) : nullptr;
+    if (loop->http == nullptr) return absl::InternalError("libevent: cannot make an event loop");
+    loop->wake = event_new(loop->base, -1, EV_PERSIST, &Loop::OnWake, loop.get());
+    evhttp_set_max_body_size(loop->http, static_cast<ev_ssize_t>(options.max_body_bytes));
+    evhttp_set_timeout(loop->http, std::max(1, options.io_timeout_s));
+    evhttp_set_allowed_methods(loop->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
+                                               EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
+                                               EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
+    loop->impl = impl;
+    evhttp_set_gencb(
+        loop->http,
+        [](evhttp_request* req, void* arg) {
+          auto* l = static_cast<Loop*>(arg);
+          l->impl->Handle(l, req);
+        },
+        loop.get());
+    if (i == 0) {
+      loop->listener = evhttp_bind_socket_with_handle(loop->http, options.host.c_str(),
+                                                      static_cast<uint16_t>(options.port));
+      if (loop->listener == nullptr) {
+        evhttp_free(loop->http);
+        event_free(loop->wake);
+        event_base_free(loop->base);
+        return absl::UnavailableError(absl::StrCat("cannot listen on ", options.host, ":",
+                                                   options.port,
+                                                   " for the OpenAI HTTP front (port in use?)"));
+      }
+      fd = evhttp_bound_socket_get_fd(loop->listener);
+    } else {
+      // The loops share the socket; whichever wakes first accepts.
+      loop->listener = evhttp_accept_socket_with_handle(loop->http, dup(fd));
+    }
+    impl->loops.push_back(std::move(loop));
   }
-  s->port_ = port;
-  s->thread_ = std::thread([srv = s->server_.get()] { srv->listen_after_bind(); });
-  common::LogInfo("openai_http_started", {{"port", static_cast<long>(port)}});
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  s->port_ = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                        : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  for (auto& loop : impl->loops) {
+    loop->thread =
+        std::thread([base = loop->base] { event_base_loop(base, EVLOOP_NO_EXIT_ON_EMPTY); });
+  }
+  common::LogInfo("openai_http_started",
+                  {{"port", static_cast<long>(s->port_)}, {"threads", static_cast<long>(n)}});
   return s;
 }
 
-OpenAiHttpServer::~OpenAiHttpServer() {
-  if (server_) server_->stop();
-  if (thread_.joinable()) thread_.join();
+OpenAiHttpServer::~OpenAiHttpServer() { Shutdown(absl::ZeroDuration()); }
+
+int OpenAiHttpServer::open_requests() const {
+  MutexLock lock(&impl_->mu);
+  return impl_->open;
 }
 
-void OpenAiHttpServer::Routes() {
-  server_->set_error_handler([](const httplib::Request&, httplib::Response& res) {
-    if (!res.body.empty()) return;  // a handler wrote its own error
-    absl::Status s =
-        res.status == 413   ? absl::ResourceExhaustedError("the request body is too large")
-        : res.status == 404 ? absl::NotFoundError("no such route; the API is under /v1")
-                            : absl::InvalidArgumentError("bad request");
-    res.set_content(openai::ErrorBody(s).dump(), "application/json");
-  });
-  server_->set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-        SendError(res, absl::InternalError("internal error while handling the request"));
+void OpenAiHttpServer::StopAccepting() {
+  if (impl_->stopping.exchange(true)) return;
+  for (auto& loop : impl_->loops) {
+    loop->Post([l = loop.get()] {
+      if (l->listener != nullptr) evhttp_del_accept_socket(l->http, l->listener);
+      l->listener = nullptr;
+    });
+  }
+}
+
+void OpenAiHttpServer::Shutdown(absl::Duration drain) {
+  if (impl_ == nullptr || impl_->shut_down) return;
+  impl_->shut_down = true;
+  StopAccepting();
+  if (!impl_->WaitForNone(drain)) {
+    for (auto& loop : impl_->loops) {
+      loop->Post([l = loop.get()] {
+        for (Exchange* ex : l->open) ex->Cancel();
       });
-
-  server_->Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("ok\n", "text/plain");
-  });
-  server_->Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    // ListModels checks the bearer token like every other RPC.
-    auto ctx = CallContext(req);
-    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    cascade::v2::ListModelsResponse models;
-    grpc::Status st = stub_->ListModels(ctx.get(), {}, &models);
-    if (!st.ok()) {
-      SendError(res, common::FromGrpc(st));
-      return;
     }
-    json data = json::array();
-    for (const auto& m : models.models()) {
-      data.push_back({{"id", m.name()},
-                      {"object", "model"},
-                      {"created", 0},
-                      {"owned_by", "cascade"},
-                      {"max_model_len", m.max_context()}});
+    // A cancelled stream ends at once, or when its client takes its bytes (io_timeout_s).
+    while (!impl_->WaitForNone(absl::Seconds(5))) {
+      common::LogWarn("openai_http_draining", {{"open", static_cast<long>(open_requests())}});
     }
-    res.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
-  });
-
-  auto generate = [this](openai::Endpoint endpoint) {
-    return [this, endpoint](const httplib::Request& req, httplib::Response& res) {
-      json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-      if (body.is_discarded()) {
-        SendError(res, absl::InvalidArgumentError("the request body is not valid JSON"));
-        return;
-      }
-      absl::StatusOr<openai::Translated> t =
-          openai::TranslateRequest(body, endpoint, options_.model_name);
-      if (!t.ok()) {
-        SendError(res, t.status());
-        return;
-      }
-      auto ctx = CallContext(req);
-      auto reader = stub_->Generate(ctx.get(), t->request);
-      auto builder =
-          std::make_shared<openai::ResponseBuilder>(t->meta, options_.model_name, UnixNow());
-      cascade::v2::GenerateResponse ev;
-      if (!t->meta.stream) {
-        while (reader->Read(&ev)) builder->OnEvent(ev);
-        grpc::Status st = reader->Finish();
-        if (!st.ok()) {
-          SendError(res, common::FromGrpc(st));
-          return;
-        }
-        res.set_content(builder->Final().dump(), "application/json");
-        return;
-      }
-      // Streaming: wait for the first event, so that a refused request (bad input, no room,
-      // no auth) still gets its HTTP status and error object instead of a 200 stream.
-      if (!reader->Read(&ev)) {
-        SendError(res, common::FromGrpc(reader->Finish()));
-        return;
-      }
-      const bool include_usage = t->meta.include_usage;
-      struct Call {
-        std::unique_ptr<grpc::ClientContext> ctx;
-        std::unique_ptr<grpc::ClientReader<cascade::v2::GenerateResponse>> reader;
-        cascade::v2::GenerateResponse first;
-      };
-      auto call = std::make_shared<Call>(Call{std::move(ctx), std::move(reader), ev});
-      res.set_header("Cache-Control", "no-cache");
-      res.set_chunked_content_provider(
-          "text/event-stream", [call, builder, include_usage](size_t, httplib::DataSink& sink) {
-            auto send = [&](const cascade::v2::GenerateResponse& e) {
-              for (const json& chunk : builder->OnEvent(e)) {
-                const std::string line = SseLine(chunk);
-                if (!sink.write(line.data(), line.size())) return false;
-              }
-              return true;
-            };
-            bool ok = send(call->first);
-            cascade::v2::GenerateResponse e;
-            while (ok && call->reader->Read(&e)) ok = send(e);
-            if (!ok) {  // the HTTP client went away: stop the generation
-              call->ctx->TryCancel();
-              call->reader->Finish();
-              return false;
-            }
-            grpc::Status st = call->reader->Finish();
-            std::string tail;
-            if (!st.ok()) {
-              tail = SseLine(openai::ErrorBody(common::FromGrpc(st)));
-            } else if (include_usage) {
-              tail = SseLine(builder->UsageChunk());
-            }
-            tail += "data: [DONE]\n\n";
-            sink.write(tail.data(), tail.size());
-            sink.done();
-            return true;
-          });
-    };
-  };
-  server_->Post("/v1/completions", generate(openai::Endpoint::kCompletions));
-  server_->Post("/v1/chat/completions", generate(openai::Endpoint::kChat));
+  }
+  for (auto& loop : impl_->loops) {
+    // From the loop itself: a break asked before the loop started would be forgotten.
+    loop->Post([base = loop->base] { event_base_loopbreak(base); });
+    if (loop->thread.joinable()) loop->thread.join();
+  }
+  for (auto& loop : impl_->loops) {
+    evhttp_free(loop->http);  // closes idle keep-alive connections
+    event_free(loop->wake);
+    event_base_free(loop->base);
+  }
+  impl_->loops.clear();
+  impl_->stub.reset();
+  impl_->calls.WaitOrKeep(std::move(impl_->channel), "openai_http");
 }
 
 }  // namespace cascade::gateway

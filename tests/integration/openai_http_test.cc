@@ -1,9 +1,14 @@
 // The OpenAI-compatible HTTP front over a real stack: completions and chat, streamed as
 // server-sent events and whole, cached tokens reported on a repeat, the same tokens as the gRPC
-// Generate for the same prompt, and bad input answered in OpenAI's error shape with its status.
+// Generate for the same prompt, bad input answered in OpenAI's error shape with its status, many
+// open streams on one loop thread, and a closed connection ending its generation.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -35,6 +40,58 @@ std::vector<std::string> SseData(const std::string& body) {
   }
   return out;
 }
+
+// A streaming request on a raw socket, so a test decides when to read and when to hang up.
+class RawStream {
+ public:
+  RawStream(int port, const json& body)
+      : RawStream(port, PostHead(body.dump().size()) + body.dump()) {}
+  // `raw`: the bytes to send, as they are.
+  RawStream(int port, const std::string& raw) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    if (connected_) {
+      connected_ =
+          send(fd_, raw.data(), raw.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(raw.size());
+    }
+  }
+  static std::string PostHead(size_t content_length) {
+    return "POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+           "Content-Length: " +
+           std::to_string(content_length) + "\r\n\r\n";
+  }
+  ~RawStream() { Close(); }
+  // Reads until `what` arrived or `ms` passed.
+  bool ReadUntil(const std::string& what, int ms) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (connected_ && got_.find(what) == std::string::npos) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          end - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) return false;
+      got_.append(buf, static_cast<size_t>(n));
+    }
+    return connected_;
+  }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+  const std::string& got() const { return got_; }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+  std::string got_;
+};
 
 json ChatBody(const std::string& system, const std::string& user, int max_tokens) {
   return json{{"model", "tiny"},
@@ -162,6 +219,73 @@ TEST(OpenAiHttpTest, BadInputGetsOpenAiErrorsWithTheRightStatus) {
   ASSERT_TRUE(models);
   ASSERT_EQ(models->status, 200) << models->body;
   EXPECT_EQ(json::parse(models->body)["data"][0]["object"], "model");
+}
+
+TEST(OpenAiHttpTest, OneLoopThreadKeepsManyStreamsOpenAndAHangUpEndsItsGeneration) {
+  // One event-loop thread: a thread-per-stream front would serve the first stream only, the
+  // others waiting for its 3000 tokens.
+  Stack stack({.workers = 1, .http_port = 0, .tweak_gateway = [](gateway::GatewayConfig* g) {
+                 g->http_threads = 1;
+               }});
+  const int port = stack.gateway_server().http_port();
+  const json body = {{"prompt", "talk forever"},
+                     {"max_tokens", 3000},
+                     {"ignore_eos", true},
+                     {"temperature", 0},
+                     {"stream", true}};
+  constexpr int kStreams = 12;
+  std::vector<std::unique_ptr<RawStream>> streams;
+  for (int i = 0; i < kStreams; ++i) streams.push_back(std::make_unique<RawStream>(port, body));
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(streams[i]->ReadUntil("data: ", 30000))
+        << "stream " << i << " got no event while the others are open: " << streams[i]->got();
+    EXPECT_THAT(streams[i]->got(), HasSubstr("200 OK"));
+    EXPECT_THAT(streams[i]->got(), ::testing::Not(HasSubstr("[DONE]")));
+  }
+  // All of them generate at once (a front with a thread per stream would have one at a time).
+  auto st = stack.WorkerStats(0);
+  EXPECT_EQ(st.running() + st.waiting(), kStreams);
+  // Hang up: every generation ends and gives its KV blocks back (it would run for 3000 tokens).
+  for (auto& s : streams) s->Close();
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto st = stack.WorkerStats(0);
+        return st.running() == 0 && st.used_kv_blocks() == 0;
+      },
+      15000))
+      << "closed HTTP connections left generations running";
+  // The front serves on.
+  Http http(port);
+  auto ok = http.Post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}});
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+TEST(OpenAiHttpTest, UnknownRoutesWrongMethodsAndHugeBodiesGetHttpErrors) {
+  // A 256 KiB prompt limit makes the HTTP body limit about 0.5 MiB (JSON escapes may double it).
+  Stack stack({.workers = 1, .http_port = 0, .tweak_gateway = [](gateway::GatewayConfig* g) {
+                 g->gateway.limits.max_prompt_bytes = 256 << 10;
+               }});
+  Http http(stack.gateway_server().http_port());
+  auto missing = http.client.Get("/v2/nothing");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_THAT(json::parse(missing->body)["error"]["message"].get<std::string>(), HasSubstr("/v1"));
+  auto wrong = http.client.Get("/v1/completions");
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 405);
+  EXPECT_EQ(wrong->get_header_value("Allow"), "POST");
+  EXPECT_TRUE(json::parse(wrong->body).contains("error"));
+  auto health = http.client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  // Announcing a body over the limit is refused before the body is read.
+  RawStream big(stack.gateway_server().http_port(), RawStream::PostHead(4 << 20) + "{\"prompt\"");
+  EXPECT_TRUE(big.ReadUntil("\r\n\r\n", 10000)) << big.got();
+  EXPECT_THAT(big.got(), HasSubstr("HTTP/1.1 413"));
+  auto after = http.Post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}});
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->status, 200) << after->body;
 }
 
 }  // namespace
