@@ -82,15 +82,16 @@ TEST(ClientCallsTest, WaitsForEveryTokenAndTimesOutWhileOneLives) {
   EXPECT_FALSE(calls.WaitForNone(std::chrono::milliseconds(20)));
   common::ClientCalls::Token moved = std::move(b);  // a move is still one call
   EXPECT_EQ(calls.live(), 2);
-  std::atomic<bool> released{false};
+  // Set before the last token goes, so the wait cannot return without seeing it.
+  std::atomic<bool> first_released{false};
   std::thread t([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     a.reset();
+    first_released = true;
     moved = common::ClientCalls::Token();  // assigning over a token releases it
-    released = true;
   });
   EXPECT_TRUE(calls.WaitForNone(std::chrono::seconds(20)));
-  EXPECT_TRUE(released);
+  EXPECT_TRUE(first_released);
   EXPECT_EQ(calls.live(), 0);
   t.join();
 }
