@@ -1,4 +1,5 @@
-// RegistryClient over the cascade.v2.ChunkRegistryService stub (synchronous calls with deadlines).
+// RegistryClient over the cascade.v2.ChunkRegistryService stub: synchronous calls with deadlines,
+// and Resolve also on gRPC's callback API (ResolveAsync).
 #include "cache_service/client/grpc_registry_client.h"
 
 #include <grpcpp/create_channel.h>
@@ -7,6 +8,7 @@
 
 #include "cache_service/wire/registry_wire.h"
 #include "cascade/v2/registry.grpc.pb.h"
+#include "common/client_calls.h"
 
 namespace cascade::registry {
 namespace {
@@ -17,7 +19,10 @@ class GrpcRegistryClient final : public RegistryClient {
  public:
   GrpcRegistryClient(std::shared_ptr<grpc::Channel> channel, GrpcRegistryClientOptions options)
       : options_(std::move(options)),
+        channel_(channel),
         stub_(v2::ChunkRegistryService::NewStub(std::move(channel))) {}
+  // Async calls may still be returning from their callbacks: they keep the channel until then.
+  ~GrpcRegistryClient() override { calls_.WaitOrKeep(channel_, "registry_client"); }
 
   absl::StatusOr<ResolveResult> Resolve(const ResolveInput& in) override {
     v2::ResolveRequest req;
@@ -28,6 +33,30 @@ class GrpcRegistryClient final : public RegistryClient {
     absl::Status s = wire::FromGrpc(stub_->Resolve(&ctx, req, &resp));
     if (!s.ok()) return s;
     return wire::FromProto(resp);
+  }
+
+  void ResolveAsync(const ResolveInput& in, ResolveDone done) override {
+    struct Call {
+      explicit Call(common::ClientCalls::Token t) : token(std::move(t)) {}
+      common::ClientCalls::Token token;  // first, so destroyed last: see client_calls.h
+      grpc::ClientContext ctx;
+      v2::ResolveRequest req;
+      v2::ResolveResponse resp;
+      ResolveDone done;
+    };
+    auto* call = new Call(calls_.Add());
+    wire::ToProto(in, &call->req);
+    call->done = std::move(done);
+    SetDeadline(&call->ctx, options_.resolve_timeout_ms);
+    stub_->async()->Resolve(&call->ctx, &call->req, &call->resp, [call](grpc::Status st) {
+      absl::Status s = wire::FromGrpc(st);
+      if (s.ok()) {
+        std::move(call->done)(wire::FromProto(call->resp));
+      } else {
+        std::move(call->done)(std::move(s));
+      }
+      delete call;
+    });
   }
 
   absl::StatusOr<int64_t> PinChunk(const Hash128& hash, int64_t ttl_s,
@@ -109,7 +138,9 @@ class GrpcRegistryClient final : public RegistryClient {
   }
 
   const GrpcRegistryClientOptions options_;
+  const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v2::ChunkRegistryService::Stub> stub_;
+  common::ClientCalls calls_;  // ResolveAsync's
 };
 
 }  // namespace

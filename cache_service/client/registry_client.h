@@ -9,6 +9,7 @@
 #include <span>
 #include <string_view>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cache_service/registry/types.h"
@@ -27,6 +28,13 @@ class RegistryClient {
 
   // Gateway.
   virtual absl::StatusOr<ResolveResult> Resolve(const ResolveInput& in) = 0;
+  // Resolve without holding the caller's thread (the gateway calls it from gRPC's reaction
+  // threads, a handful for the whole process). `done` runs exactly once, on another thread or,
+  // when the answer is at hand (the in-process registry), inline. Thread-safe.
+  using ResolveDone = absl::AnyInvocable<void(absl::StatusOr<ResolveResult>) &&>;
+  virtual void ResolveAsync(const ResolveInput& in, ResolveDone done) {
+    std::move(done)(Resolve(in));
+  }
   // Pins a chunk for `ttl_s` seconds (RegisterChunk); `chunk_if_unknown` lets it be pinned
   // before any worker has reported it. Returns the pin deadline in unix ms.
   virtual absl::StatusOr<int64_t> PinChunk(const Hash128& hash, int64_t ttl_s,

@@ -69,10 +69,12 @@ class GatewayServer {
   GatewayServer() = default;
 
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
-  std::unique_ptr<registry::RegistryClient> registry_;
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<TurnMetrics> metrics_;
   std::unique_ptr<GatewayService> service_;
+  // After service_, so it goes first: it waits for its async Resolves, whose callbacks run in
+  // the service.
+  std::unique_ptr<registry::RegistryClient> registry_;
   std::unique_ptr<common::ServerRunner> runner_;
   std::unique_ptr<OpenAiHttpServer> http_;  // after runner_: stopped before it
   absl::Duration drain_;

@@ -91,25 +91,40 @@ void GatewayService::RegistryDone(const absl::Status& status) {
   registry_breaker_.Record(failed, failed ? status.ToString() : "");
 }
 
-std::vector<Scored> GatewayService::Route(const Prompt& prompt, const std::string& sticky,
-                                          cascade::v2::WorkerServiceGenerateRequest* request) {
+void GatewayService::Route(const Prompt& prompt, std::string sticky,
+                           cascade::v2::WorkerServiceGenerateRequest* request, RouteDone done) {
+  const int64_t num_tokens = prompt.num_tokens;
+  if (registry_ == nullptr || !RegistryAllow()) {
+    std::move(done)(Rank(nullptr, num_tokens, sticky, request));
+    return;
+  }
+  const std::vector<hash::ChunkSpec> specs = ChunkSpecs(prompt);
+  registry_->ResolveAsync(
+      registry::ResolveInput{options_.limits.model_name, prompt.cache_salt, specs},
+      [this, num_tokens, sticky = std::move(sticky), request,
+       done = std::move(done)](absl::StatusOr<registry::ResolveResult> r) mutable {
+        RegistryDone(r.status());
+        std::move(done)(Rank(&r, num_tokens, sticky, request));
+      });
+}
+
+std::vector<Scored> GatewayService::Rank(const absl::StatusOr<registry::ResolveResult>* r,
+                                         int64_t num_tokens, const std::string& sticky,
+                                         cascade::v2::WorkerServiceGenerateRequest* request) {
   std::vector<Candidate> cands;
   bool resolved = false;
-  if (registry_ != nullptr && RegistryAllow()) {
-    const std::vector<hash::ChunkSpec> specs = ChunkSpecs(prompt);
-    registry::ResolveInput in{options_.limits.model_name, prompt.cache_salt, specs};
-    auto r = registry_->Resolve(in);
-    RegistryDone(r.status());
-    if (r.ok()) {
+  if (r != nullptr) {
+    if (r->ok()) {
       resolved = true;
       // The registry hashed the chain; the worker checks these instead of trusting them blind
       // and keeps its own pass for its cache (worker_service.cc).
-      if (request != nullptr && r->chunks.size() == static_cast<size_t>(request->chunks_size())) {
-        for (size_t i = 0; i < r->chunks.size(); ++i) {
-          request->mutable_chunks(static_cast<int>(i))->set_hash(r->chunks[i].hash.ToHex());
+      if (request != nullptr &&
+          (*r)->chunks.size() == static_cast<size_t>(request->chunks_size())) {
+        for (size_t i = 0; i < (*r)->chunks.size(); ++i) {
+          request->mutable_chunks(static_cast<int>(i))->set_hash((*r)->chunks[i].hash.ToHex());
         }
       }
-      for (const registry::WorkerMatch& m : r->workers) {
+      for (const registry::WorkerMatch& m : (*r)->workers) {
         Candidate c{m.worker_id,
                     m.address,
                     m.matched_tokens,
@@ -125,11 +140,11 @@ std::vector<Scored> GatewayService::Route(const Prompt& prompt, const std::strin
     } else {
       metrics_->registry_errors->Increment();
       common::LogWarn("registry_resolve_failed",
-                      {{"error", r.status().ToString()}, {"routing", "load-only"}});
+                      {{"error", r->status().ToString()}, {"routing", "load-only"}});
     }
   }
   if (!resolved || cands.empty()) cands = pool_->KnownWorkers();
-  std::vector<Scored> ranked = RankWorkers(cands, prompt.num_tokens, options_.weights,
+  std::vector<Scored> ranked = RankWorkers(cands, num_tokens, options_.weights,
                                            route_ticket_.fetch_add(1, std::memory_order_relaxed));
   if (common::LogEnabled(common::LogLevel::kDebug)) {
     for (const Scored& s : ranked) {
@@ -220,16 +235,22 @@ grpc::ServerUnaryReactor* GatewayService::ListModels(grpc::CallbackServerContext
   if (registry_ != nullptr && RegistryAllow()) {
     const std::vector<int32_t> probe = {0};
     const std::vector<hash::ChunkSpec> specs = {{cascade::v2::CHUNK_KIND_RAW, probe, ""}};
-    auto r = registry_->Resolve({options_.limits.model_name, "", specs});
-    RegistryDone(r.status());
-    if (r.ok()) {
-      std::vector<Candidate> live;
-      for (const registry::WorkerMatch& w : r->workers) {
-        live.push_back(Candidate{w.worker_id, w.address, 0, w.load.running, w.load.waiting,
-                                 w.load.free_kv_blocks, w.load.total_kv_blocks, 0});
-      }
-      pool_->Remember(live);
-    }
+    registry_->ResolveAsync(
+        {options_.limits.model_name, "", specs},
+        [this, reactor, m](absl::StatusOr<registry::ResolveResult> r) {
+          RegistryDone(r.status());
+          if (r.ok()) {
+            std::vector<Candidate> live;
+            for (const registry::WorkerMatch& w : r->workers) {
+              live.push_back(Candidate{w.worker_id, w.address, 0, w.load.running, w.load.waiting,
+                                       w.load.free_kv_blocks, w.load.total_kv_blocks, 0});
+            }
+            pool_->Remember(live);
+          }
+          m->set_workers(static_cast<int32_t>(pool_->KnownWorkers().size()));
+          reactor->Finish(grpc::Status::OK);
+        });
+    return reactor;
   }
   m->set_workers(static_cast<int32_t>(pool_->KnownWorkers().size()));
   reactor->Finish(grpc::Status::OK);

@@ -77,12 +77,15 @@ class GatewayService final : public GatewayBase {
   bool CancelAdmission(uint64_t ticket) { return admission_->Cancel(ticket); }
   void Release(const Grant& grant) { admission_->Release(grant.address); }
   Admission* admission() { return admission_.get(); }
-  // Candidates for a prompt, best first: registry matches when it answers, else every known
-  // worker by load alone. `sticky` (chat) is tried first when it is among them. When the
-  // registry answers, `request` (the prompt's worker request, if given) gets its chunk hashes,
-  // which the worker checks.
-  std::vector<Scored> Route(const Prompt& prompt, const std::string& sticky = "",
-                            cascade::v2::WorkerServiceGenerateRequest* request = nullptr);
+  // Candidates for a prompt, best first, given to `done`: registry matches when it answers,
+  // else every known worker by load alone. `sticky` (chat) is tried first when it is among them.
+  // When the registry answers, `request` (the prompt's worker request, if given; it must live
+  // until `done`) gets its chunk hashes, which the worker checks. The registry is asked without
+  // holding the calling thread (a gRPC reaction thread): `done` runs once, on a gRPC client
+  // thread or inline (no registry, its breaker open, or in-process), and must not block.
+  using RouteDone = absl::AnyInvocable<void(std::vector<Scored>) &&>;
+  void Route(const Prompt& prompt, std::string sticky,
+             cascade::v2::WorkerServiceGenerateRequest* request, RouteDone done);
   std::chrono::system_clock::time_point DeadlineFor(const grpc::CallbackServerContext* c) const;
   // A turn's parameters for `prompt` from the options and the call's deadline; the caller
   // adds the candidates once admitted.
@@ -93,6 +96,10 @@ class GatewayService final : public GatewayBase {
  private:
   grpc::Status DoTokenize(const cascade::v2::TokenizeRequest& request,
                           cascade::v2::TokenizeResponse* response);
+  // Route's second half: `resolved` is the registry's answer, or null when it was not asked.
+  std::vector<Scored> Rank(const absl::StatusOr<registry::ResolveResult>* resolved,
+                           int64_t num_tokens, const std::string& sticky,
+                           cascade::v2::WorkerServiceGenerateRequest* request);
 
  public:
   const GatewayOptions& options() const { return options_; }

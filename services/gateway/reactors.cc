@@ -104,9 +104,22 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     }
     params_ = svc_->NewTurnParams(
         *prompt, req.request_id().empty() ? svc_->NewRequestId() : req.request_id(), ctx_);
-    std::vector<Scored> ranked = svc_->Route(*prompt, "", &params_.request);
-    // The grant arrives on the admission thread, never inline, so mu_ may be held here.
+    // The answer may come on a gRPC client thread; nothing finishes the RPC meanwhile, and the
+    // ReactorRef keeps this alive until the callback is done with it.
+    auto hold = std::make_shared<ReactorRef<GenerateReactor>>(this);
+    svc_->Route(*prompt, "", &params_.request,
+                [this, hold](std::vector<Scored> ranked) { OnRouted(std::move(ranked)); });
+  }
+
+  void OnRouted(std::vector<Scored> ranked) {
+    PendingFinish<GenerateReactor> fin(this);
     MutexLock lock(&mu_);
+    if (ctx_->IsCancelled()) {  // gone while routing (OnCancel had nothing to withdraw)
+      EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"),
+                &fin);
+      return;
+    }
+    // The grant arrives on the admission thread, never inline, so mu_ may be held here.
     waiting_ = true;
     ticket_ = svc_->Admit(std::move(ranked), params_.deadline,
                           [this](absl::StatusOr<Grant> g) { OnAdmitted(std::move(g)); });
@@ -250,23 +263,41 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   }
 
   void OnReadDone(bool ok) override {
+    absl::StatusOr<Prompt> full = absl::InternalError("unset");
+    {
+      PendingFinish<ChatReactor> fin(this);
+      MutexLock lock(&mu_);
+      if (!ok) {  // the client closed its side: finish once the last turn's events are written
+        EndLocked(grpc::Status::OK, &fin);
+        return;
+      }
+      absl::StatusOr<cascade::v2::ChatRequest> parsed =
+          ParseRawRequest<cascade::v2::ChatRequest>(raw_req_, svc_->max_request_bytes());
+      if (!parsed.ok()) {
+        EndLocked(ToGrpc(parsed.status()), &fin);
+        return;
+      }
+      req_ = std::move(*parsed);
+      full = PrepareTurnLocked();
+      if (!full.ok()) {
+        EndLocked(ToGrpc(full.status()), &fin);
+        return;
+      }
+    }
+    // Not under mu_ (the answer may come inline). The turn is active, so nothing finishes the
+    // RPC while routing; the ReactorRef keeps this alive until the callback is done with it.
+    auto hold = std::make_shared<ReactorRef<ChatReactor>>(this);
+    svc_->Route(*full, sticky_, &params_.request,
+                [this, hold](std::vector<Scored> ranked) { OnRouted(std::move(ranked)); });
+  }
+
+  void OnRouted(std::vector<Scored> ranked) {
     PendingFinish<ChatReactor> fin(this);
     MutexLock lock(&mu_);
-    if (!ok) {  // the client closed its side: finish once the last turn's events are written
-      EndLocked(grpc::Status::OK, &fin);
-      return;
-    }
-    absl::StatusOr<cascade::v2::ChatRequest> parsed =
-        ParseRawRequest<cascade::v2::ChatRequest>(raw_req_, svc_->max_request_bytes());
-    if (!parsed.ok()) {
-      EndLocked(ToGrpc(parsed.status()), &fin);
-      return;
-    }
-    req_ = std::move(*parsed);
-    std::vector<Scored> ranked;
-    absl::Status st = PrepareTurnLocked(&ranked);
-    if (!st.ok()) {
-      EndLocked(ToGrpc(st), &fin);
+    if (ctx_->IsCancelled()) {  // gone while routing (OnCancel had nothing to withdraw)
+      AbandonTurnLocked();
+      EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"),
+                &fin);
       return;
     }
     // The grant arrives on the admission thread, never inline, so mu_ may be held here.
@@ -389,8 +420,9 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     turn_active_ = false;
   }
 
-  // Validates the message and sets params_ for the next turn and `ranked` for admission.
-  absl::Status PrepareTurnLocked(std::vector<Scored>* ranked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Validates the message, sets params_ for the next turn and returns the session's whole
+  // prompt (history and this turn), which is routed.
+  absl::StatusOr<Prompt> PrepareTurnLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (turn_index_ == 0) {
       absl::Status st = CheckModel(req_.model(), svc_->options().limits);
       if (st.ok()) st = common::CheckIdField("session_id", req_.session_id());
@@ -418,9 +450,8 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     full.num_tokens = history_tokens_;
 
     params_ = svc_->NewTurnParams(full, absl::StrCat(session_id_, "/", turn_index_), ctx_);
-    *ranked = svc_->Route(full, sticky_, &params_.request);
     turn_active_ = true;
-    return absl::OkStatus();
+    return full;
   }
 
   void EndLocked(const grpc::Status& st, PendingFinish<ChatReactor>* fin)
@@ -576,17 +607,18 @@ grpc::ServerUnaryReactor* GatewayService::RegisterChunk(grpc::CallbackServerCont
   p->request.set_retention_seconds(request->retention_seconds());
   const int64_t ttl_s = request->pin_ttl_seconds();
   // A unary call cannot be withdrawn from the queue; it waits at most the queue timeout.
-  std::vector<Scored> ranked = Route(*prompt, "", &p->request);
-  Admit(std::move(ranked), p->deadline,
-        [this, reactor, response, ttl_s, p](absl::StatusOr<Grant> g) {
-          if (!g.ok()) {
-            reactor->Finish(ToGrpc(g.status()));
-            return;
-          }
-          p->workers = g->ranked;
-          auto* sink = new RegisterSink(reactor, response, registry_, ttl_s, this, std::move(*g));
-          Turn::Start(std::move(*p), pool_, *tokenizer_, sink, metrics_);
-        });
+  Route(*prompt, "", &p->request, [this, reactor, response, ttl_s, p](std::vector<Scored> ranked) {
+    Admit(std::move(ranked), p->deadline,
+          [this, reactor, response, ttl_s, p](absl::StatusOr<Grant> g) {
+            if (!g.ok()) {
+              reactor->Finish(ToGrpc(g.status()));
+              return;
+            }
+            p->workers = g->ranked;
+            auto* sink = new RegisterSink(reactor, response, registry_, ttl_s, this, std::move(*g));
+            Turn::Start(std::move(*p), pool_, *tokenizer_, sink, metrics_);
+          });
+  });
   return reactor;
 }
 

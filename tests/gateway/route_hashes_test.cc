@@ -43,7 +43,9 @@ TEST_F(RouteHashesTest, TheWorkerRequestGetsTheRegistrysChunkHashes) {
   std::unique_ptr<registry::RegistryClient> client = registry::NewInProcessRegistryClient(&reg);
   GatewayService svc(options_, tok_, client.get(), &pool_, &metrics_);
   cascade::v2::WorkerServiceGenerateRequest req = ToWorkerRequest(prompt_, "r1", "tiny");
-  svc.Route(prompt_, "", &req);
+  bool routed = false;  // the in-process registry answers inline
+  svc.Route(prompt_, "", &req, [&](std::vector<Scored>) { routed = true; });
+  ASSERT_TRUE(routed);
   const std::vector<hash::PlacedChunk> want =
       hash::PlaceChunks("tiny", "tenant", ChunkSpecs(prompt_));
   ASSERT_EQ(req.chunks_size(), static_cast<int>(want.size()));
@@ -55,7 +57,8 @@ TEST_F(RouteHashesTest, TheWorkerRequestGetsTheRegistrysChunkHashes) {
 TEST_F(RouteHashesTest, WithoutARegistryTheChunksGoUnhashedAndRoutingUsesTheKnownWorkers) {
   GatewayService svc(options_, tok_, nullptr, &pool_, &metrics_);
   cascade::v2::WorkerServiceGenerateRequest req = ToWorkerRequest(prompt_, "r1", "tiny");
-  std::vector<Scored> ranked = svc.Route(prompt_, "", &req);
+  std::vector<Scored> ranked;
+  svc.Route(prompt_, "", &req, [&](std::vector<Scored> r) { ranked = std::move(r); });
   ASSERT_EQ(ranked.size(), 1u);
   EXPECT_EQ(ranked[0].candidate.address, "127.0.0.1:1");
   for (const auto& c : req.chunks()) EXPECT_TRUE(c.hash().empty());

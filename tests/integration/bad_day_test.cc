@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
 
@@ -334,19 +335,22 @@ TEST(BadDayTest, OverloadIsRefusedAndAWorkerNeverRunsMoreThanItsLimit) {
   EXPECT_LE(peak.load(), 2) << "the worker ran more requests than its admission limit";
 }
 
+// Serves `service` as the registry (the gateway's mTLS role checks pass); sets `*port`.
+std::unique_ptr<grpc::Server> StartFakeRegistry(grpc::Service* service, int* port) {
+  grpc::ServerBuilder b;
+  auto creds = common::MakeInternalServerCredentials(
+      {StackAuth(false, common::Role::kRegistry), registry::RegistryMethodPolicy()});
+  EXPECT_TRUE(creds.ok()) << creds.status();
+  b.AddListeningPort("127.0.0.1:0", *creds, port);
+  b.RegisterService(service);
+  return b.BuildAndStart();
+}
+
 // A registry that accepts connections and answers nothing (a hung process, a black-holed
 // network): each Resolve waits for its caller's deadline.
 class HungRegistry final : public cascade::v2::ChunkRegistryService::Service {
  public:
-  HungRegistry() {
-    grpc::ServerBuilder b;
-    auto creds = common::MakeInternalServerCredentials(
-        {StackAuth(false, common::Role::kRegistry), registry::RegistryMethodPolicy()});
-    EXPECT_TRUE(creds.ok()) << creds.status();
-    b.AddListeningPort("127.0.0.1:0", *creds, &port_);
-    b.RegisterService(this);
-    server_ = b.BuildAndStart();
-  }
+  HungRegistry() : server_(StartFakeRegistry(this, &port_)) {}
   ~HungRegistry() override { server_->Shutdown(std::chrono::system_clock::now()); }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   int calls() const { return calls_; }
@@ -379,6 +383,57 @@ TEST(BadDayTest, AHungRegistryCostsOneTimeoutNotOneARequest) {
   }
   EXPECT_GE(registry.calls(), 1);
   EXPECT_LE(registry.calls(), 4) << "every request waited for the hung registry";
+}
+
+// A registry that answers, slowly: each Resolve waits until `want` of them are in flight at
+// once (or 400 ms, under the gateway's 500 ms resolve timeout), then answers with no matches.
+class SlowRegistry final : public cascade::v2::ChunkRegistryService::Service {
+ public:
+  explicit SlowRegistry(int want) : want_(want), server_(StartFakeRegistry(this, &port_)) {}
+  ~SlowRegistry() override { server_->Shutdown(std::chrono::system_clock::now()); }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  int peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_;
+  }
+
+  grpc::Status Resolve(grpc::ServerContext*, const cascade::v2::ResolveRequest*,
+                       cascade::v2::ResolveResponse*) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    peak_ = std::max(peak_, ++inflight_);
+    cv_.notify_all();
+    cv_.wait_for(lock, std::chrono::milliseconds(400), [&] { return peak_ >= want_; });
+    --inflight_;
+    return grpc::Status::OK;
+  }
+
+ private:
+  const int want_;
+  int port_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int inflight_ = 0, peak_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST(BadDayTest, ASlowRegistryHoldsNoGatewayThread) {
+  // The gateway asked the registry synchronously on gRPC's reaction threads (two on a 2-core
+  // machine), so a registry taking 300 ms capped it near 7 requests/s, token relay included.
+  constexpr int kRequests = 16;
+  SlowRegistry registry(kRequests);
+  Stack stack({.workers = 1, .registry = false, .tweak_gateway = [&](gateway::GatewayConfig* g) {
+                 g->registry_address = registry.address();
+               }});
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < kRequests; ++i) {
+    clients.emplace_back([&, i] {
+      ok += Generate(stack.gateway(), Req("sys", "q" + std::to_string(i), 2)).status.ok();
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(ok.load(), kRequests);
+  EXPECT_EQ(registry.peak(), kRequests) << "the gateway's Resolve calls queued behind each other";
 }
 
 }  // namespace
