@@ -168,7 +168,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   void TurnDone(const grpc::Status& status, const TurnResult& result) override {
     PendingFinish<GenerateReactor> fin(this);
     MutexLock lock(&mu_);
-    if (grant_) grant_->address = result.slot_address;  // where the slot moved with the turn
+    if (grant_) {
+      grant_->address = result.slot_address;  // where the slot moved with the turn
+      // Given back before the client hears the end (OnDone comes after), so the client's next
+      // request finds the room its last one left.
+      svc_->Release(*grant_);
+      grant_.reset();
+    }
     EndLocked(status, &fin);
   }
 
@@ -237,7 +243,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   TurnParams params_;                          // built in Begin, moved into the turn once admitted
   bool waiting_ ABSL_GUARDED_BY(mu_) = false;  // queued for admission under ticket_
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
-  // The admission slot, given back in OnDone (when no other thread touches the reactor).
+  // The admission slot, given back when the turn ends, else in OnDone (when no other thread
+  // touches the reactor; a TurnDone before it happened before the Finish that led to it).
   std::optional<Grant> grant_;
   std::shared_ptr<Turn> turn_ ABSL_GUARDED_BY(mu_);
   WriteQueue<GenerateResponse> writes_ ABSL_GUARDED_BY(mu_);

@@ -147,9 +147,10 @@ TEST(ScaleTest, TwoGatewaysBehindOneRegistrySendAPrefixToTheSameHolder) {
   // different workers as load allows; then both gateways must send it to its holder.
   std::map<std::string, std::string> holder;
   for (int p = 0; p < 4; ++p) {
-    // About 800 tokens: a gateway counts its last call to a worker until that call's OnDone,
-    // which may come just after the client saw the reply, and one such call outweighed the
-    // match of a 200-token prefix (the next request then went elsewhere, 4 runs in 10).
+    // About 800 tokens. With 200, one load signal lagging the last reply by a moment outweighed
+    // the match and the next request went elsewhere: 4 runs in 10 while the admission slot came
+    // back in the reactor's OnDone (after the client had its answer), 1 in 10 since it comes
+    // back when the turn ends.
     const std::string system = LongSystemPrompt() + LongSystemPrompt() + LongSystemPrompt() +
                                LongSystemPrompt() + " Tenant " + std::to_string(p) + ".";
     ASSERT_TRUE(stack.WaitForIdleLoad());
