@@ -224,8 +224,12 @@ TEST(OpenAiHttpTest, BadInputGetsOpenAiErrorsWithTheRightStatus) {
 TEST(OpenAiHttpTest, OneLoopThreadKeepsManyStreamsOpenAndAHangUpEndsItsGeneration) {
   // One event-loop thread: a thread-per-stream front would serve the first stream only, the
   // others waiting for its 3000 tokens.
+  constexpr int kStreams = 12;
   Stack stack({.workers = 1, .http_port = 0, .tweak_gateway = [](gateway::GatewayConfig* g) {
                  g->http_threads = 1;
+                 // Admission must not queue any of them (a slow CI machine's time per token
+                 // could shrink the worker's limit while they arrive).
+                 g->gateway.admission.min_limit = kStreams;
                }});
   const int port = stack.gateway_server().http_port();
   const json body = {{"prompt", "talk forever"},
@@ -233,7 +237,6 @@ TEST(OpenAiHttpTest, OneLoopThreadKeepsManyStreamsOpenAndAHangUpEndsItsGeneratio
                      {"ignore_eos", true},
                      {"temperature", 0},
                      {"stream", true}};
-  constexpr int kStreams = 12;
   std::vector<std::unique_ptr<RawStream>> streams;
   for (int i = 0; i < kStreams; ++i) streams.push_back(std::make_unique<RawStream>(port, body));
   for (int i = 0; i < kStreams; ++i) {
