@@ -104,24 +104,11 @@ struct OpenAiHttpServer::Impl {
   common::ClientCalls calls;
   std::atomic<bool> stopping{false};
   bool shut_down = false;  // Shutdown's own (one caller)
-  Mutex mu;
-  CondVar cv;
-  int open ABSL_GUARDED_BY(mu) = 0;
+  // The requests being answered (a token each, released once answered), counted and waited
+  // for the way `calls` counts their gRPC calls.
+  common::ClientCalls answering;
 
   void Handle(Loop* loop, evhttp_request* req);
-  void Opened() {
-    MutexLock lock(&mu);
-    ++open;
-  }
-  void Closed() {
-    MutexLock lock(&mu);
-    if (--open == 0) cv.SignalAll();
-  }
-  bool WaitForNone(absl::Duration timeout) {
-    MutexLock lock(&mu);
-    return cv.WaitFor(&mu, absl::ToChronoMilliseconds(timeout),
-                      [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return open == 0; });
-  }
 };
 
 namespace {
@@ -148,14 +135,14 @@ class GenerateCall final : public grpc::ClientReadReactor<cascade::v2::GenerateR
 class Exchange {
  public:
   Exchange(OpenAiHttpServer::Impl* impl, Loop* loop, evhttp_request* req, openai::RequestMeta meta)
-      : impl_(impl),
+      : answering_(impl->answering.Add()),
+        impl_(impl),
         loop_(loop),
         req_(req),
         conn_(evhttp_request_get_connection(req)),
         stream_(meta.stream),
         include_usage_(meta.include_usage),
         builder_(meta, impl->options.model_name, UnixNow()) {
-    impl_->Opened();
     loop_->open.insert(this);
     evhttp_connection_set_closecb(conn_, &Exchange::OnConnClosed, this);
     // While a reply is written, evhttp reads the socket only to see it close, into a buffer
@@ -202,9 +189,7 @@ class Exchange {
     if (conn_ != nullptr) evhttp_connection_set_closecb(conn_, nullptr, nullptr);
     Finish(s);
     loop_->open.erase(this);
-    OpenAiHttpServer::Impl* impl = impl_;
     delete this;
-    impl->Closed();
   }
   // Shutdown: end the generation; the client gets what was made and an error.
   void Cancel() {
@@ -268,6 +253,7 @@ class Exchange {
     evhttp_send_reply_end(req_);
   }
 
+  common::ClientCalls::Token answering_;  // until answered
   OpenAiHttpServer::Impl* const impl_;
   Loop* const loop_;
   evhttp_request* const req_;
@@ -299,20 +285,21 @@ void GenerateCall::OnDone(const grpc::Status& s) {
 void ServeModels(OpenAiHttpServer::Impl* impl, Loop* loop, evhttp_request* req,
                  const std::string& authorization) {
   struct Call {
-    explicit Call(common::ClientCalls::Token t) : token(std::move(t)) {}
+    Call(common::ClientCalls::Token t, common::ClientCalls::Token a)
+        : token(std::move(t)), answering(std::move(a)) {}
     common::ClientCalls::Token token;  // destroyed last: see client_calls.h
+    common::ClientCalls::Token answering;
     grpc::ClientContext ctx;
     cascade::v2::ListModelsRequest request;
     cascade::v2::ListModelsResponse response;
   };
-  auto* call = new Call(impl->calls.Add());
+  auto* call = new Call(impl->calls.Add(), impl->answering.Add());
   if (!authorization.empty()) call->ctx.AddMetadata("authorization", authorization);
   call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  impl->Opened();
   // A unary call's connection is not watched: it ends within its 5 s deadline.
   impl->stub->async()->ListModels(
-      &call->ctx, &call->request, &call->response, [impl, loop, req, call](grpc::Status st) {
-        loop->Post([impl, req, call, st] {
+      &call->ctx, &call->request, &call->response, [loop, req, call](grpc::Status st) {
+        loop->Post([req, call, st] {
           if (!st.ok()) {
             ReplyError(req, common::FromGrpc(st));
           } else {
@@ -327,7 +314,6 @@ void ServeModels(OpenAiHttpServer::Impl* impl, Loop* loop, evhttp_request* req,
             Reply(req, 200, json{{"object", "list"}, {"data", data}}.dump(), "application/json");
           }
           delete call;
-          impl->Closed();
         });
       });
 }
@@ -465,10 +451,7 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
 
 OpenAiHttpServer::~OpenAiHttpServer() { Shutdown(absl::ZeroDuration()); }
 
-int OpenAiHttpServer::open_requests() const {
-  MutexLock lock(&impl_->mu);
-  return impl_->open;
-}
+int OpenAiHttpServer::open_requests() const { return impl_->answering.live(); }
 
 void OpenAiHttpServer::StopAccepting() {
   if (impl_->stopping.exchange(true)) return;
@@ -484,14 +467,14 @@ void OpenAiHttpServer::Shutdown(absl::Duration drain) {
   if (impl_ == nullptr || impl_->shut_down) return;
   impl_->shut_down = true;
   StopAccepting();
-  if (!impl_->WaitForNone(drain)) {
+  if (!impl_->answering.WaitForNone(absl::ToChronoMilliseconds(drain))) {
     for (auto& loop : impl_->loops) {
       loop->Post([l = loop.get()] {
         for (Exchange* ex : l->open) ex->Cancel();
       });
     }
     // A cancelled stream ends at once, or when its client takes its bytes (io_timeout_s).
-    while (!impl_->WaitForNone(absl::Seconds(5))) {
+    while (!impl_->answering.WaitForNone(std::chrono::seconds(5))) {
       common::LogWarn("openai_http_draining", {{"open", static_cast<long>(open_requests())}});
     }
   }
