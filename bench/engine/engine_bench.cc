@@ -424,11 +424,15 @@ struct Bench {
       o.gemm_tune_min_hidden = variant.tune_min_hidden;
       o.gemm_tune_max_m = variant.tune_max_m;
       o.programmatic_launch = variant.pdl;
+      const Clock::time_point load_start = Clock::now();
       auto b = cuda::NewCudaBackend(model, o);
       if (!b.ok()) {
         std::fprintf(stderr, "cuda backend: %s\n", b.status().ToString().c_str());
         std::exit(1);
       }
+      // Load includes the load-time GEMM choices and tunings (gemm.h PrepareDecode, PrepareTune).
+      std::printf("(cuda backend loaded in %.2f s, %d GEMMs tuned at load)\n",
+                  Seconds(load_start, Clock::now()), cuda::GetCudaGraphStats(**b).gemm_tuned);
       backend = std::move(*b);
       this->backend = backend.get();
 #else

@@ -584,6 +584,17 @@ absl::Status CudaBackend::Init(const model::Model& m) {
         gemm_->PrepareDecode(l.wgu.as<Bf16>(), 2 * inter_, hidden_, GemmOut::kBf16, stream_));
     RETURN_IF_ERROR(
         gemm_->PrepareDecode(l.wd.as<Bf16>(), hidden_, inter_, GemmOut::kBf16, stream_));
+    // The tuned algorithms of every decode bucket (when tuning is on) found now too: the first
+    // eager step of each bucket tuned them before, a one-off delay on an early request.
+    RETURN_IF_ERROR(
+        gemm_->PrepareTune(l.wqkv.as<Bf16>(), qkv_cols_, hidden_, GemmOut::kBf16, stream_));
+    RETURN_IF_ERROR(
+        gemm_->PrepareTune(l.wo.as<Bf16>(), hidden_, hq_ * d_, GemmOut::kBf16, stream_));
+    RETURN_IF_ERROR(
+        gemm_->PrepareTune(l.wgu.as<Bf16>(), 2 * inter_, hidden_, GemmOut::kBf16, stream_));
+    RETURN_IF_ERROR(gemm_->PrepareTune(l.wd.as<Bf16>(), hidden_, inter_, GemmOut::kBf16, stream_));
+    RETURN_IF_ERROR(gemm_->PrepareTune(lm_head_, static_cast<int>(c_.vocab_size), hidden_,
+                                       GemmOut::kF32, stream_));
     gemm_->ReleaseTimingBuffers();  // 64 MB the serving loop does not need
   }
   return absl::OkStatus();

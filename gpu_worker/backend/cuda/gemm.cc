@@ -507,6 +507,26 @@ absl::Status Gemm::PrepareDecode(const Bf16* w, int n, int k, GemmOut out, Strea
   return Synchronize(stream);  // x and y are freed on return
 }
 
+absl::Status Gemm::PrepareTune(const Bf16* w, int n, int k, GemmOut out, Stream stream) {
+  if (!batch_invariant_ || !use_tuned_ || tune_sizes_.empty()) return absl::OkStatus();
+  const int max_m = *tune_sizes_.rbegin();
+  // x: pseudo-random standard normal rows as PrepareDecode's (the tuning compares candidates'
+  // bits on them); y: the largest size's output.
+  std::vector<uint16_t> hx(static_cast<size_t>(max_m) * k);
+  std::mt19937 rng(static_cast<uint32_t>(n * 131 + k + 1));
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (uint16_t& v : hx) v = model::FloatToBf16(normal(rng));
+  absl::StatusOr<DeviceBuffer> x = DeviceBuffer::Allocate(hx.size() * 2);
+  absl::StatusOr<DeviceBuffer> y =
+      DeviceBuffer::Allocate(static_cast<size_t>(max_m) * n * (out == GemmOut::kF32 ? 4 : 2));
+  if (!x.ok() || !y.ok()) return absl::OkStatus();
+  RETURN_IF_ERROR(CopyToDevice(x->data(), hx.data(), hx.size() * 2));
+  for (int m : tune_sizes_) {
+    RETURN_IF_ERROR(Run(x->as<Bf16>(), w, m, n, k, y->data(), out, stream));
+  }
+  return Synchronize(stream);  // x and y are freed on return
+}
+
 void Gemm::ReleaseTimingBuffers() {
   timing_flush_ = DeviceBuffer();
   choice_out_ = DeviceBuffer();

@@ -126,6 +126,11 @@ class Gemm {
   // ([n, k]) now, on pseudo-random rows as x (a backend calls it at load time, so no request pays
   // the choice's timing runs). No-op for shapes the decode path does not serve.
   absl::Status PrepareDecode(const Bf16* w, int n, int k, GemmOut out, Stream stream);
+  // Runs weights w ([n, k]) once at every tune size on pseudo-random rows, so that whatever the
+  // first call of a size does (tune the cuBLASLt algorithm, verify SmallGemm's bits) is done now,
+  // at load time, and not on a request's step. Call after PrepareDecode. No-op without tune
+  // sizes; where its buffers do not fit, the first call of each size does it as before.
+  absl::Status PrepareTune(const Bf16* w, int n, int k, GemmOut out, Stream stream);
   // Frees the buffers kept between timings (a 64 MB L2 flush buffer and a scratch output), e.g.
   // once the load-time choices are made; a later timing allocates them again. REQUIRES: no work
   // using them is pending (every timing synchronizes before it returns).
