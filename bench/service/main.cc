@@ -248,14 +248,9 @@ absl::StatusOr<std::unique_ptr<cli::LocalStack>> StartLocalStack(
 }
 
 // Stops a --local stack; keeps its logs when something failed (a temporary directory goes).
-void StopLocalStack(cli::LocalStack& stack, const LoadgenFlags& flags, bool failed) {
+void StopLocalStack(cli::LocalStack& stack, bool failed) {
   stack.Stop(&std::cerr);
-  if (flags.log_dir.empty() && !failed) {
-    std::error_code ec;
-    std::filesystem::remove_all(stack.log_dir(), ec);
-  } else {
-    std::cerr << "servers' logs: " << stack.log_dir() << "\n";
-  }
+  if (failed || !stack.RemoveOwnLogDir()) std::cerr << "servers' logs: " << stack.log_dir() << "\n";
 }
 
 // What a phase loads: the --local stack (started with `gateway_flags` added) or --gateway, and a
@@ -356,7 +351,7 @@ int RunCluster(const LoadgenFlags& flags) {
       ok += runs.back().phase.ok;
       failed += runs.back().phase.requests - runs.back().phase.ok;
     }
-    if (target->stack) StopLocalStack(*target->stack, flags, failed > 0);
+    if (target->stack) StopLocalStack(*target->stack, failed > 0);
   }
   std::cout << "machine: " << DescribeMachine() << "\n"
             << "target: "
@@ -467,7 +462,7 @@ int Run(int argc, char** argv) {
     ok += p.ok;
     failed += p.requests - p.ok;
   }
-  if (stack) StopLocalStack(*stack, flags, failed > 0);
+  if (stack) StopLocalStack(*stack, failed > 0);
   if (ok == 0) {
     std::cerr << "cascade-loadgen: no request succeeded\n";
     return 1;

@@ -40,7 +40,7 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::string backend = "cuda";
   std::string preset = "qwen3-0.6b";
-  std::string model_dir;  // empty: /tmp/cascade_peer_<preset>, generated when missing
+  std::string model_dir;  // empty: $TMPDIR/cascade_peer_<preset>, generated when missing
   std::string lengths = "2048,8192,32768";
   int reps = 3;
   int64_t kv_blocks = 0;            // per worker; 0: enough for the longest prompt
@@ -246,7 +246,9 @@ int Run(const Options& o) {
     std::fprintf(stderr, "%s\n", cfg.status().ToString().c_str());
     return 2;
   }
-  const std::string dir = o.model_dir.empty() ? "/tmp/cascade_peer_" + o.preset : o.model_dir;
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path();
+  const std::string dir =
+      o.model_dir.empty() ? (tmp / ("cascade_peer_" + o.preset)).string() : o.model_dir;
   if (!std::filesystem::exists(dir + "/config.json")) {
     if (absl::Status s = model::WriteRandomModel(dir, *cfg, 1, ""); !s.ok()) {
       std::fprintf(stderr, "mkmodel: %s\n", s.ToString().c_str());
@@ -254,7 +256,7 @@ int Run(const Options& o) {
     }
   }
   // Internal mTLS as in production: a throwaway CA, a certificate per worker and the client's.
-  const std::string cert_dir = "/tmp/cascade_peer_certs_" + std::to_string(getpid());
+  const std::string cert_dir = (tmp / ("cascade_peer_certs_" + std::to_string(getpid()))).string();
   absl::StatusOr<common::StackCertPaths> certs =
       common::WriteStackCerts(cert_dir, {.worker_ids = {"w0", "w1"}});
   if (!certs.ok()) {
@@ -423,7 +425,8 @@ int main(int argc, char** argv) {
   cascade::common::FlagSet f("cascade_peer_fetch_bench", "peer KV fetch vs re-prefill");
   f.AddString("backend", &o.backend, "cpu or cuda");
   f.AddString("preset", &o.preset, "model shape (mkmodel preset)");
-  f.AddString("model_dir", &o.model_dir, "model directory; empty: generated under /tmp");
+  f.AddString("model_dir", &o.model_dir,
+              "model directory; empty: generated under $TMPDIR (else /tmp)");
   f.AddString("lengths", &o.lengths, "prefix lengths in tokens, comma-separated");
   f.AddInt("reps", &o.reps, "prompts per length (medians reported)");
   f.AddInt64("kv_blocks", &o.kv_blocks, "KV blocks per worker; 0: enough for the longest");

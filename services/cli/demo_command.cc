@@ -3,7 +3,6 @@
 // per-request numbers and the workers' cache counters, and checks that the cached answer and the
 // cold answers are the same tokens. Every number printed comes from the running servers.
 #include <algorithm>
-#include <filesystem>
 #include <iostream>
 #include <map>
 #include <thread>
@@ -353,10 +352,7 @@ int RunDemoCommand(const std::vector<std::string>& args, std::ostream& out, std:
   stub.reset();
   channel->reset();
   (*stack)->Stop(&err);
-  if (ok) {
-    std::error_code ec;
-    std::filesystem::remove_all((*stack)->log_dir(), ec);
-  } else {
+  if (!ok || !(*stack)->RemoveOwnLogDir()) {
     err << "cascade demo: the servers' logs are in " << (*stack)->log_dir() << "/" << std::endl;
   }
   return ok ? kExitOk : kExitFailed;

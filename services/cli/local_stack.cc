@@ -170,6 +170,7 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
                                  fs::temp_directory_path().string());
     }
     o.log_dir = tmpl;
+    stack->own_log_dir_ = true;
   } else {
     std::error_code ec;
     fs::create_directories(o.log_dir, ec);
@@ -433,6 +434,14 @@ common::ClientTlsOptions LocalStack::AdminTls(std::string_view server_name) cons
                                     .cert_file = certs_->cert("admin"),
                                     .key_file = certs_->key("admin")};
   return common::InternalClientTls(admin, server_name);
+}
+
+bool LocalStack::RemoveOwnLogDir() {
+  if (!own_log_dir_) return false;
+  std::error_code ec;
+  fs::remove_all(log_dir_, ec);
+  own_log_dir_ = false;
+  return !ec;
 }
 
 LocalStack::~LocalStack() { Stop(nullptr); }

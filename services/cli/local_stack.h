@@ -34,7 +34,7 @@ struct StackOptions {
   int worker_threads = 0;        // CPU backend threads per worker; 0: cores / workers
   int registry_port = 0;         // 0: a free one
   int worker_base_port = 0;      // > 0: worker i listens on base + i; 0: free ports
-  std::string log_dir;           // children's logs; empty: a new /tmp/cascade-XXXXXX
+  std::string log_dir;  // children's logs; empty: a new $TMPDIR/cascade-XXXXXX (RemoveOwnLogDir)
   absl::Duration ready_timeout = absl::Seconds(120);
   absl::Duration stop_grace = absl::Seconds(15);  // per child, before SIGKILL
   RestartOptions restart;                         // what Supervise() does with a dead child
@@ -109,6 +109,10 @@ class LocalStack {
   const StackMember& gateway() const { return gateway_; }
   int gateway_port() const { return PortOf(gateway_.address); }
   const std::string& log_dir() const { return log_dir_; }
+  // Removes the log directory when Start() made it (StackOptions::log_dir empty), with the
+  // children's logs and the certificates in it; one the caller named stays. Call it after Stop(),
+  // when the run went well: the logs of a failed one are the evidence. True when it removed it.
+  bool RemoveOwnLogDir();
   // The stack's internal certificates; nullopt with insecure_internal.
   const std::optional<common::StackCertPaths>& certs() const { return certs_; }
   // Client TLS as admin to an internal server named `server_name` (plaintext when insecure).
@@ -130,6 +134,7 @@ class LocalStack {
 
   StackOptions options_;
   std::string log_dir_;
+  bool own_log_dir_ = false;  // made by Start() under the temp dir
   std::optional<common::StackCertPaths> certs_;
   StackMember registry_;
   std::vector<StackMember> workers_;

@@ -122,7 +122,9 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
   flags.AddInt("registry_port", &options.registry_port, "registry port; 0: a free one");
   flags.AddInt("worker_base_port", &options.worker_base_port,
                "worker i listens on this + i; 0: free ports");
-  flags.AddString("log_dir", &options.log_dir, "children's logs; empty: a new /tmp/cascade-*");
+  flags.AddString("log_dir", &options.log_dir,
+                  "children's logs; empty: a new $TMPDIR/cascade-* (else /tmp), removed when "
+                  "cascade up stops and no child died");
   flags.AddString("certs_dir", &options.certs_dir,
                   "where the throwaway internal CA and certificates go; empty: <log_dir>/certs");
   flags.AddBool("insecure_internal", &options.insecure_internal,
@@ -206,7 +208,15 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
       break;
     }
   }
+  // The logs of a run in which a child died are kept: they say why. A clean run leaves nothing.
+  bool died = false;
+  for (const ChildState& s : (*stack)->States()) {
+    died |= s.restarts > 0 || s.phase != ChildState::Phase::kServing;
+  }
   (*stack)->Stop(&err);
+  if (died || code != kExitOk || !(*stack)->RemoveOwnLogDir()) {
+    err << "cascade up: the children's logs are in " << (*stack)->log_dir() << "/" << std::endl;
+  }
   return code;
 }
 

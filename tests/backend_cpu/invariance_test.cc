@@ -6,10 +6,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "gpu_worker/backend/cpu/cpu_backend.h"
+#include "gpu_worker/model/config.h"
 #include "gtest/gtest.h"
 #include "tests/backend_cpu/test_util.h"
 
@@ -185,9 +186,9 @@ TEST_F(InvarianceTest, BlocksCopiedToHostAndBackGiveBitwiseTheColdLogits) {
 
 TEST_F(InvarianceTest, Float32CheckpointGivesBitwiseTheSameLogitsAsBf16) {
   // Rewrite the bf16 weights as F32 (exact), so the backend takes its float32-weight path.
-  std::string dir = ::testing::TempDir() + "/cascade_f32_XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  std::filesystem::copy_file(model_->dir() + "/config.json", dir + "/config.json");
+  test_support::ScratchDir scratch("cascade_f32");
+  const std::string& dir = scratch.path();
+  std::ofstream(dir + "/config.json") << model::ModelConfigToJson(config_);
   std::vector<model::TensorSpec> specs;
   for (const model::ExpectedTensor& e : model::ExpectedTensors(config_)) {
     specs.push_back({e.name, model::DType::kF32, e.shape});

@@ -2,8 +2,6 @@
 // ForwardBatches the way the engine's scheduler does.
 #pragma once
 
-#include <stdlib.h>
-
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,15 +10,19 @@
 #include "gpu_worker/model/generator.h"
 #include "gpu_worker/model/model.h"
 #include "gtest/gtest.h"
+#include "tests/common/scratch_dir.h"
 
 namespace cascade::cpu::testing_util {
 
+// A model with `config` and seeded random weights (nullptr, with a test failure, if it does not
+// load). Its directory is gone when this returns: the weights stay readable through the model's
+// memory mappings (Linux keeps a deleted file while it is mapped), and nothing reads the
+// directory again (model->dir() names a directory that no longer exists).
 inline std::unique_ptr<model::Model> MakeModel(const model::ModelConfig& config, uint64_t seed) {
-  std::string dir = ::testing::TempDir() + "/cascade_cpu_XXXXXX";
-  if (mkdtemp(dir.data()) == nullptr) return nullptr;
-  absl::Status s = model::WriteRandomModel(dir, config, seed, /*tokenizer_dir=*/"");
+  test_support::ScratchDir dir("cascade_cpu");
+  absl::Status s = model::WriteRandomModel(dir.path(), config, seed, /*tokenizer_dir=*/"");
   EXPECT_TRUE(s.ok()) << s;
-  absl::StatusOr<std::unique_ptr<model::Model>> m = model::LoadModel(dir);
+  absl::StatusOr<std::unique_ptr<model::Model>> m = model::LoadModel(dir.path());
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? *std::move(m) : nullptr;
 }

@@ -2,7 +2,8 @@
 // CPU backend): SIGKILL of the worker serving a long greedy stream costs that stream nothing (it
 // resumes on the other worker with exactly the tokens of an uninterrupted cold run), a stream on
 // the other worker is untouched, and the killed worker is restarted on its port and registers
-// again. A child that keeps dying is given up on while the rest keep serving.
+// again. A child that keeps dying is given up on while the rest keep serving. The log directory
+// `cascade up` makes itself goes when it stops cleanly and stays when a child died.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -56,7 +57,6 @@ std::string ReadAll(const std::string& path) {
   return ss.str();
 }
 
-// `cascade up` as a user runs it, as a child process of the test, on free ports.
 // Admin client TLS with the certificates `cascade up --log_dir=<dir>/logs` made.
 common::ClientTlsOptions AdminTls(const TempDir& dir, std::string_view server_name) {
   common::StackCertPaths certs{dir.path() + "/logs/certs"};
@@ -65,23 +65,44 @@ common::ClientTlsOptions AdminTls(const TempDir& dir, std::string_view server_na
       server_name);
 }
 
+// Where `cascade up` makes its own log directory when run with `own_log_dir` (its $TMPDIR).
+std::string UpTmpDir(const TempDir& dir) { return dir.path() + "/tmp"; }
+
+// The entries of `dir`.
+std::vector<std::string> List(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    names.push_back(e.path().filename().string());
+  }
+  return names;
+}
+
+// `cascade up` as a user runs it, as a child process of the test, on free ports.
 class UpProcess {
  public:
-  explicit UpProcess(const TempDir& dir, std::vector<std::string> extra = {}) : dir_(dir) {
+  // `own_log_dir`: no --log_dir, so `cascade up` makes one under UpTmpDir(dir); otherwise its logs
+  // go to <dir>/logs.
+  explicit UpProcess(const TempDir& dir, std::vector<std::string> extra = {},
+                     bool own_log_dir = false)
+      : dir_(dir) {
     std::ostringstream progress;
     const std::string model_dir = dir.path() + "/tiny";
-    ok_ = EnsureModel(model_dir, "tiny", &progress).ok();
-    std::vector<std::string> args = {"up",
+    ok_ = EnsureModel(model_dir, "tiny", &progress).ok() && fs::create_directories(UpTmpDir(dir));
+    // Through env(1), which execs `cascade` in the same process, to set its TMPDIR.
+    std::vector<std::string> args = {"TMPDIR=" + UpTmpDir(dir),
+                                     BinDir() + "/cascade",
+                                     "up",
                                      "--port=0",
                                      "--workers=2",
                                      "--backend=cpu",
                                      "--worker_threads=1",
                                      "--model_dir=" + model_dir,
-                                     "--log_dir=" + dir.path() + "/logs",
                                      "--ready_timeout=60s"};
+    if (!own_log_dir) args.push_back("--log_dir=" + dir.path() + "/logs");
     args.insert(args.end(), extra.begin(), extra.end());
     // `cascade up` prints "  gateway   HOST:PORT  (...)" on stdout once everything is ready.
-    ChildSpec spec{"cascade", BinDir() + "/cascade", args, dir.path() + "/up.log", "  gateway   "};
+    ChildSpec spec{"cascade", "/usr/bin/env", args, dir.path() + "/up.log", "  gateway   "};
     absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Spawn(spec);
     if (!child.ok()) {
       error_ = child.status().ToString();
@@ -318,10 +339,27 @@ class PortBlocker {
   bool held_ = false;
 };
 
+// Without --log_dir, `cascade up` logs to a directory of its own under $TMPDIR, which a clean stop
+// removes (certificates included): runs of `cascade up` leave nothing behind.
+TEST(SuperviseTest, CleanStopRemovesTheLogDirectoryItMade) {
+  ASSERT_FALSE(BinDir().empty()) << "run through ctest (it sets CASCADE_BINARY_DIR)";
+  TempDir dir;
+  UpProcess up(dir, {}, /*own_log_dir=*/true);
+  ASSERT_TRUE(up.ready()) << up.error() << "\n" << up.log();
+  const std::vector<std::string> made = List(UpTmpDir(dir));
+  ASSERT_EQ(made.size(), 1u) << up.log();
+  EXPECT_TRUE(absl::StartsWith(made[0], "cascade-")) << made[0];
+  EXPECT_TRUE(fs::exists(UpTmpDir(dir) + "/" + made[0] + "/certs/admin.key")) << up.log();
+  EXPECT_EQ(up.process().Stop(absl::Seconds(30)), "exited with code 0") << up.log();
+  EXPECT_TRUE(List(UpTmpDir(dir)).empty()) << up.log();
+}
+
+// A child that keeps dying is given up on; the others serve on. The logs, which say why it died,
+// outlive the stack even in a log directory `cascade up` made itself.
 TEST(SuperviseTest, CrashLoopingWorkerIsGivenUpOnAndTheRestServe) {
   ASSERT_FALSE(BinDir().empty()) << "run through ctest (it sets CASCADE_BINARY_DIR)";
   TempDir dir;
-  UpProcess up(dir, {"--restart_backoff=1s", "--max_restarts=2"});
+  UpProcess up(dir, {"--restart_backoff=1s", "--max_restarts=2"}, /*own_log_dir=*/true);
   ASSERT_TRUE(up.ready()) << up.error() << "\n" << up.log();
   const std::string address = up.ListedAddress("worker-1");
   ASSERT_GT(PortOf(address), 0) << up.log();
@@ -357,6 +395,12 @@ TEST(SuperviseTest, CrashLoopingWorkerIsGivenUpOnAndTheRestServe) {
   const std::string how = up.process().Stop(absl::Seconds(30));
   EXPECT_EQ(how, "exited with code 0") << up.log();
   EXPECT_TRUE(absl::StrContains(up.log(), "worker-1 given up on earlier")) << up.log();
+  const std::vector<std::string> kept = List(UpTmpDir(dir));
+  ASSERT_EQ(kept.size(), 1u) << up.log();
+  const std::string log_dir = UpTmpDir(dir) + "/" + kept[0];
+  EXPECT_TRUE(fs::exists(log_dir + "/worker-1.log"));
+  EXPECT_TRUE(absl::StrContains(up.log(), "the children's logs are in " + log_dir + "/"))
+      << up.log();
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +14,7 @@
 
 #include "common/cert_gen.h"
 #include "common/transport.h"
+#include "tests/common/scratch_dir.h"
 
 namespace cascade::common {
 namespace {
@@ -35,20 +35,15 @@ int RunShell(const std::string& cmd, std::string* out) {
 class CertsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string((std::filesystem::temp_directory_path() /
-                            ("cascade_internal_auth_test_" + std::to_string(getpid())))
-                               .string());
-    auto paths = WriteStackCerts(*dir_, {.worker_ids = {"w0", "cascade-worker-1"}});
+    dir_ = new test_support::ScratchDir("cascade_internal_auth_test");
+    auto paths = WriteStackCerts(dir_->path(), {.worker_ids = {"w0", "cascade-worker-1"}});
     ASSERT_TRUE(paths.ok()) << paths.status();
   }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*dir_);
-    delete dir_;
-  }
-  static StackCertPaths Paths() { return StackCertPaths{*dir_}; }
-  static std::string* dir_;
+  static void TearDownTestSuite() { delete dir_; }
+  static StackCertPaths Paths() { return StackCertPaths{dir_->path()}; }
+  static test_support::ScratchDir* dir_;
 };
-std::string* CertsTest::dir_ = nullptr;
+test_support::ScratchDir* CertsTest::dir_ = nullptr;
 
 TEST_F(CertsTest, OpensslVerifiesEachCertificateAgainstTheCaForItsPurpose) {
   StackCertPaths p = Paths();
@@ -100,7 +95,7 @@ TEST_F(CertsTest, KeysAreReadableByTheOwnerOnly) {
     ASSERT_EQ(stat(key.c_str(), &st), 0) << key;
     EXPECT_EQ(st.st_mode & 0777, 0600u) << key;
   }
-  EXPECT_FALSE(std::filesystem::exists(*dir_ + "/ca.key"));  // not written unless asked
+  EXPECT_FALSE(std::filesystem::exists(dir_->path() + "/ca.key"));  // not written unless asked
 }
 
 TEST_F(CertsTest, CheckOwnIdentityRefusesAnotherRolesCertificate) {
@@ -148,9 +143,11 @@ TEST(InternalAuthTest, WorkerIdsThatCannotNameACertificateAreRefused) {
     EXPECT_EQ(ValidateWorkerIdForCert(id).code(), absl::StatusCode::kInvalidArgument) << id;
   }
   EXPECT_TRUE(ValidateWorkerIdForCert("cascade-worker-0").ok());
-  auto r = WriteStackCerts("/tmp/cascade-never-written", {.worker_ids = {"a/b"}});
+  test_support::ScratchDir scratch("cascade_internal_auth_test");
+  const std::string never = scratch.path() + "/never-written";
+  auto r = WriteStackCerts(never, {.worker_ids = {"a/b"}});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_FALSE(std::filesystem::exists("/tmp/cascade-never-written"));
+  EXPECT_FALSE(std::filesystem::exists(never));
 }
 
 }  // namespace

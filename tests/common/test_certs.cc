@@ -1,11 +1,10 @@
 // Test certificates: see test_certs.h.
 #include "tests/common/test_certs.h"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
+
+#include "tests/common/scratch_dir.h"
 
 namespace cascade::common::testing {
 namespace {
@@ -20,10 +19,11 @@ std::vector<std::string> DefaultWorkerIds() {
   return ids;
 }
 
+// <scratch>/<name>: one scratch directory per test binary, removed when it exits (the servers a
+// test starts read the files whenever they start).
 std::string TempDir(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("cascade-certs-" + std::to_string(::getpid())) /
-          name)
-      .string();
+  static const test_support::ScratchDir scratch("cascade-certs");
+  return scratch.path() + "/" + name;
 }
 
 }  // namespace

@@ -1,15 +1,13 @@
 // TLS and mutual TLS with a self-signed certificate made at test time by the openssl CLI: a
 // client that trusts it gets through, a plaintext client does not, and under mTLS a client
 // without a certificate is refused. Skipped, with a message, where openssl is missing.
-#include <unistd.h>
-
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 
 #include "common/server_runner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/scratch_dir.h"
 #include "tests/common/test_util.h"
 
 namespace cascade::common {
@@ -20,26 +18,21 @@ using grpc::health::v1::HealthCheckResponse;
 class TlsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(std::filesystem::temp_directory_path() /
-                           ("cascade_tls_test_" + std::to_string(::getpid())));
-    std::filesystem::create_directories(*dir_);
+    dir_ = new test_support::ScratchDir("cascade_tls_test");
     // EC keys keep generation fast; SANs so that "localhost" and 127.0.0.1 both verify.
     std::string cmd =
         "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
         "-nodes -days 1 -subj /CN=localhost "
         "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 "
         "-keyout " +
-        *dir_ + "/key.pem -out " + *dir_ + "/cert.pem >/dev/null 2>&1";
+        Path("key.pem") + " -out " + Path("cert.pem") + " >/dev/null 2>&1";
     have_cert_ = std::system(cmd.c_str()) == 0;
   }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*dir_);
-    delete dir_;
-  }
+  static void TearDownTestSuite() { delete dir_; }
   void SetUp() override {
     if (!have_cert_) GTEST_SKIP() << "openssl could not make a test certificate; skipping TLS";
   }
-  static std::string Path(const std::string& name) { return *dir_ + "/" + name; }
+  static std::string Path(const std::string& name) { return dir_->path() + "/" + name; }
 
   std::unique_ptr<ServerRunner> StartServer(bool mutual) {
     ServerOptions o;
@@ -60,10 +53,10 @@ class TlsTest : public ::testing::Test {
     return testing::CheckHealth(*channel, "", &s, absl::Seconds(3));
   }
 
-  static std::string* dir_;
+  static test_support::ScratchDir* dir_;
   static bool have_cert_;
 };
-std::string* TlsTest::dir_ = nullptr;
+test_support::ScratchDir* TlsTest::dir_ = nullptr;
 bool TlsTest::have_cert_ = false;
 
 TEST_F(TlsTest, TrustingClientConnectsAndPlaintextClientFails) {

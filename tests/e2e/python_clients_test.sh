@@ -18,9 +18,9 @@ for b in cascade cascade-registry cascade-worker cascade-gateway; do
   [[ -x "$BIN/$b" ]] || fail "$BIN/$b is not built"
 done
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/cascade-python-e2e.XXXXXX")"
-bash "$ROOT/clients/python/generate_stubs.sh" "$TMP/stubs" >/dev/null || fail "generating the stubs failed"
 HTTP_PORT="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-. "$HERE/up_stack.sh"
+. "$HERE/up_stack.sh"  # from here on, exiting removes $TMP
+bash "$ROOT/clients/python/generate_stubs.sh" "$TMP/stubs" >/dev/null || fail "generating the stubs failed"
 "$PY" "$ROOT/clients/python/cascade_client.py" --gateway "$GATEWAY" --stubs "$TMP/stubs" ||
   fail "clients/python/cascade_client.py failed"
 "$PY" "$ROOT/clients/python/openai_http_client.py" --base "http://127.0.0.1:$HTTP_PORT/v1" ||

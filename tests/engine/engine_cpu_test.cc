@@ -5,12 +5,10 @@
 // injected into the backend are caught by exactly these comparisons.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-
 #include "gpu_worker/backend/cpu/cpu_backend.h"
 #include "gpu_worker/model/config.h"
-#include "gpu_worker/model/generator.h"
 #include "gpu_worker/model/model.h"
+#include "tests/backend_cpu/test_util.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace cascade::engine::testing {
@@ -19,16 +17,8 @@ namespace {
 constexpr int kBlock = 16;
 
 const model::Model& Tiny() {
-  static const model::Model* m = [] {
-    const std::string dir = (std::filesystem::temp_directory_path() /
-                             ("cascade-engine-cpu-" + std::to_string(getpid())))
-                                .string();
-    absl::Status s = model::WriteRandomModel(dir, model::PresetConfig("tiny"), 11, "");
-    EXPECT_TRUE(s.ok()) << s;
-    auto loaded = model::LoadModel(dir);
-    EXPECT_TRUE(loaded.ok()) << loaded.status();
-    return loaded->release();
-  }();
+  static const model::Model* m =
+      cpu::testing_util::MakeModel(model::PresetConfig("tiny"), 11).release();
   return *m;
 }
 

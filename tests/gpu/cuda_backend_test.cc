@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <span>
 #include <string>
@@ -18,9 +17,10 @@
 #include "gpu_worker/backend/cuda/device.h"
 #include "gpu_worker/backend/cuda/ops.h"
 #include "gpu_worker/engine/sampler.h"
-#include "gpu_worker/model/generator.h"
+#include "gpu_worker/model/config.h"
 #include "gpu_worker/model/model.h"
 #include "gtest/gtest.h"
+#include "tests/backend_cpu/test_util.h"
 #include "tests/gpu/test_util.h"
 
 namespace cascade::cuda {
@@ -62,12 +62,7 @@ std::vector<int32_t> Blocks(int first, int count) {
 }
 
 std::unique_ptr<model::Model> MakeModel(const std::string& preset, uint64_t seed) {
-  const std::string dir = ::testing::TempDir() + "/cascade_cuda_" + preset;
-  std::filesystem::remove_all(dir);
-  EXPECT_TRUE(model::WriteRandomModel(dir, model::PresetConfig(preset), seed, "").ok());
-  auto m = model::LoadModel(dir);
-  EXPECT_TRUE(m.ok()) << m.status();
-  return std::move(*m);
+  return cpu::testing_util::MakeModel(model::PresetConfig(preset), seed);
 }
 
 int Argmax(const float* v, int n) {

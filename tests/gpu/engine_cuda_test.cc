@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -16,9 +15,10 @@
 #include "gpu_worker/backend/cuda/attention.h"
 #include "gpu_worker/backend/cuda/cuda_backend.h"
 #include "gpu_worker/engine/engine.h"
-#include "gpu_worker/model/generator.h"
+#include "gpu_worker/model/config.h"
 #include "gpu_worker/model/model.h"
 #include "gtest/gtest.h"
+#include "tests/backend_cpu/test_util.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/gpu/test_util.h"
 
@@ -71,13 +71,8 @@ class EngineCudaTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (DeviceCount() == 0) return;
-    const std::string dir = ::testing::TempDir() + "/cascade_engine_cuda_tiny";
-    std::filesystem::remove_all(dir);
-    absl::Status st = model::WriteRandomModel(dir, model::PresetConfig("tiny"), 21, "");
-    ASSERT_TRUE(st.ok()) << st;
-    auto m = model::LoadModel(dir);
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = m->release();
+    model_ = cpu::testing_util::MakeModel(model::PresetConfig("tiny"), 21).release();
+    ASSERT_NE(model_, nullptr);
   }
   static void TearDownTestSuite() {
     shared_.reset();

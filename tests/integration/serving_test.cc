@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "services/tokenizer/tokenizer.h"
+#include "tests/common/scratch_dir.h"
 #include "tests/common/test_util.h"
 #include "tests/integration/stack.h"
 
@@ -509,12 +510,13 @@ TEST(ServingTest, MetricsPassPromtoolCheck) {
   Stack stack({.workers = 1, .metrics = true});
   ASSERT_TRUE(Generate(stack.gateway(), Req(LongSystemPrompt(), "q", 4)).status.ok());
   ASSERT_TRUE(Generate(stack.gateway(), Req(LongSystemPrompt(), "q", 4)).status.ok());
+  const test_support::ScratchDir scratch("cascade_metrics");
   for (int port :
        {stack.worker(0).runner().metrics_port(), stack.gateway_server().runner().metrics_port()}) {
     const std::string page = common::testing::HttpGet(port, "/metrics");
     const size_t body = page.find("\r\n\r\n");
     ASSERT_NE(body, std::string::npos) << page;
-    const std::string path = ::testing::TempDir() + "/metrics_" + std::to_string(port) + ".txt";
+    const std::string path = scratch.path() + "/metrics_" + std::to_string(port) + ".txt";
     {
       std::ofstream out(path);
       out << page.substr(body + 4);
@@ -537,7 +539,6 @@ TEST(ServingTest, MetricsPassPromtoolCheck) {
     EXPECT_EQ(other, 0) << "promtool check metrics on " << port << ":\n" << report;
     EXPECT_GT(findings, 10) << report;  // the accepted lint proves promtool read the page
     EXPECT_TRUE(rc == 0 || findings > 0) << report;
-    std::remove(path.c_str());
   }
 }
 

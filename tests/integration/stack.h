@@ -5,7 +5,6 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,16 +20,17 @@
 #include "gpu_worker/model/generator.h"
 #include "gpu_worker/service/worker_server.h"
 #include "services/gateway/gateway_server.h"
+#include "tests/common/scratch_dir.h"
 #include "tests/common/test_certs.h"
 
 namespace cascade::testing {
 
-// Generates the tiny model once per test binary.
+// Generates the tiny model once per test binary, in a directory removed when the binary exits
+// (workers load it by path and the gateway reads its tokenizer, whenever a test starts them).
 inline const std::string& TinyModelDir() {
+  static const test_support::ScratchDir scratch("cascade-it");
   static const std::string dir = [] {
-    std::string d = (std::filesystem::temp_directory_path() /
-                     ("cascade-it-" + std::to_string(getpid())) / "tiny")
-                        .string();
+    std::string d = scratch.path() + "/tiny";
     auto cfg = model::PresetConfig("tiny");
     absl::Status s = model::WriteRandomModel(d, cfg, 7, model::DefaultTokenizerDir());
     if (!s.ok()) {

@@ -1,9 +1,6 @@
 // Safetensors and model loading: valid single-file and sharded models load the same tensors,
 // and each kind of broken model directory is rejected with a message naming file and tensor.
 // Also the generator's determinism, tokenizer copy and the mkmodel entry point.
-#include <stdlib.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +10,7 @@
 #include "gpu_worker/model/generator.h"
 #include "gpu_worker/model/model.h"
 #include "gtest/gtest.h"
+#include "tests/common/scratch_dir.h"
 
 namespace cascade::model {
 namespace {
@@ -21,12 +19,10 @@ namespace fs = std::filesystem;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-std::string NewTempDir() {
-  std::string tmpl = testing::TempDir() + "/cascade_model_XXXXXX";
-  char* d = mkdtemp(tmpl.data());
-  EXPECT_NE(d, nullptr);
-  return tmpl;
-}
+// A model directory of its own for each test, removed after it.
+struct TempDir : test_support::ScratchDir {
+  TempDir() : ScratchDir("cascade_model") {}
+};
 
 // Small enough that every test writes its own model in milliseconds.
 ModelConfig SmallConfig() {
@@ -62,12 +58,10 @@ void WriteRawSafetensors(const std::string& path, const std::string& header, siz
 
 class ModelLoadTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = NewTempDir();
-    ASSERT_TRUE(WriteRandomModel(dir_, SmallConfig(), 7, "").ok());
-  }
+  void SetUp() override { ASSERT_TRUE(WriteRandomModel(dir_, SmallConfig(), 7, "").ok()); }
   absl::Status Load() { return LoadModel(dir_).status(); }
-  std::string dir_;
+  TempDir scratch_;
+  const std::string dir_ = scratch_.path();
 };
 
 TEST_F(ModelLoadTest, LoadsEveryExpectedTensorWithItsShape) {
@@ -102,7 +96,8 @@ TEST_F(ModelLoadTest, GeneratedWeightsAreSaneAndNormsNearOne) {
 }
 
 TEST_F(ModelLoadTest, ShardedLoadEqualsSingleFileLoad) {
-  std::string sharded = NewTempDir();
+  TempDir sharded_dir;
+  const std::string& sharded = sharded_dir.path();
   ASSERT_TRUE(WriteRandomModel(sharded, SmallConfig(), 7, "", 3).ok());
   EXPECT_FALSE(fs::exists(sharded + "/model.safetensors"));
   EXPECT_TRUE(fs::exists(sharded + "/model-00003-of-00003.safetensors"));
@@ -119,12 +114,12 @@ TEST_F(ModelLoadTest, ShardedLoadEqualsSingleFileLoad) {
 }
 
 TEST_F(ModelLoadTest, SameSeedSameBytesOtherSeedOtherBytes) {
-  std::string again = NewTempDir(), other = NewTempDir();
-  ASSERT_TRUE(WriteRandomModel(again, SmallConfig(), 7, "").ok());
-  ASSERT_TRUE(WriteRandomModel(other, SmallConfig(), 8, "").ok());
+  TempDir again, other;
+  ASSERT_TRUE(WriteRandomModel(again.path(), SmallConfig(), 7, "").ok());
+  ASSERT_TRUE(WriteRandomModel(other.path(), SmallConfig(), 8, "").ok());
   std::string base = ReadAll(dir_ + "/model.safetensors");
-  EXPECT_EQ(base, ReadAll(again + "/model.safetensors"));
-  EXPECT_NE(base, ReadAll(other + "/model.safetensors"));
+  EXPECT_EQ(base, ReadAll(again.path() + "/model.safetensors"));
+  EXPECT_NE(base, ReadAll(other.path() + "/model.safetensors"));
 }
 
 TEST_F(ModelLoadTest, MissingConfigIsNotFound) {
@@ -234,7 +229,8 @@ TEST_F(ModelLoadTest, BadHeadersAreInvalidArgument) {
 }
 
 TEST_F(ModelLoadTest, MissingShardIsNotFoundNamingTheShard) {
-  std::string sharded = NewTempDir();
+  TempDir sharded_dir;
+  const std::string& sharded = sharded_dir.path();
   ASSERT_TRUE(WriteRandomModel(sharded, SmallConfig(), 7, "", 3).ok());
   fs::remove(sharded + "/model-00002-of-00003.safetensors");
   absl::Status s = LoadModel(sharded).status();
@@ -268,7 +264,8 @@ TEST(SafetensorsTest, HalfAndBfloatConvertExactly) {
 TEST(GeneratorTest, TinyPresetCopiesTheQwen3TokenizerAndLoads) {
   std::string tok = DefaultTokenizerDir();
   if (!fs::exists(tok + "/tokenizer.json")) GTEST_SKIP() << tok << " missing: run scripts/setup.sh";
-  std::string dir = NewTempDir() + "/tiny";
+  TempDir scratch;
+  const std::string dir = scratch.path() + "/tiny";
   ASSERT_TRUE(RunMkmodel({"--preset", "tiny", "--out", dir, "--seed=3"}).ok());
   EXPECT_TRUE(fs::exists(dir + "/tokenizer.json"));
   EXPECT_TRUE(fs::exists(dir + "/tokenizer_config.json"));
@@ -279,15 +276,18 @@ TEST(GeneratorTest, TinyPresetCopiesTheQwen3TokenizerAndLoads) {
   EXPECT_EQ((*m)->config().vocab_size, 151936);
 }
 
-TEST(GeneratorTest, MkmodelRejectsBadFlags) {
+TEST(GeneratorTest, MkmodelRejectsBadFlagsAndWritesNothing) {
+  TempDir scratch;
+  const std::string out = scratch.path() + "/x";
   EXPECT_EQ(RunMkmodel(std::vector<std::string>{"--preset", "tiny"}).code(),
             absl::StatusCode::kInvalidArgument);  // no --out
   EXPECT_EQ(RunMkmodel(std::vector<std::string>{"--bogus", "1"}).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(RunMkmodel(std::vector<std::string>{"--preset", "nope", "--out", "/tmp/x"}).code(),
+  EXPECT_EQ(RunMkmodel(std::vector<std::string>{"--preset", "nope", "--out", out}).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(RunMkmodel(std::vector<std::string>{"--seed", "abc", "--out", "/tmp/x"}).code(),
+  EXPECT_EQ(RunMkmodel(std::vector<std::string>{"--seed", "abc", "--out", out}).code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(out));
 }
 
 }  // namespace

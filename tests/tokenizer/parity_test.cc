@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "services/tokenizer/tokenizer.h"
+#include "tests/common/scratch_dir.h"
 #include "tests/tokenizer/qwen3_tokenizer.h"
 
 namespace cascade::tokenizer {
@@ -156,15 +157,14 @@ void ExpectParityWith(const std::string& oracle, const std::string& oracle_comma
   const size_t corpus_lines = lines.size();
   for (const std::string& t : FuzzTexts(2000)) lines.push_back(json(t).dump());
 
-  const std::string prefix = ::testing::TempDir() + "/cascade_tokenizer_parity_" + oracle;
-  const std::string in_path = prefix + "_in.jsonl";
-  const std::string out_path = prefix + "_out.jsonl";
+  const test_support::ScratchDir scratch("cascade_tokenizer_parity_" + oracle);
+  const std::string in_path = scratch.path() + "/in.jsonl";
+  const std::string out_path = scratch.path() + "/out.jsonl";
   {
     std::ofstream in(in_path, std::ios::binary | std::ios::trunc);
     for (const std::string& l : lines) in << l << "\n";
     ASSERT_TRUE(in.good()) << "cannot write " << in_path;
   }
-  std::remove(out_path.c_str());
   std::string output;
   ASSERT_EQ(RunShell(oracle_command + " '" + in_path + "' '" + out_path + "'", &output), 0)
       << "the " << oracle << " tokenizer failed:\n"
