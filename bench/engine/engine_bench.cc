@@ -31,7 +31,9 @@
 // every decode graph bucket, no tuning: the default below hidden 2048), "tuned" / "tuneN" (GEMMs
 // tuned at the decode buckets up to m = 64 / N, gemm.h; the same bits), "earlyN" (DecodeGemm CTAs
 // copy N chunks of weights before waiting for the previous kernel instead of 2; early0: none; the
-// same bits), "nofusesilu" (SiluMul as its own kernel after gate_up's DecodeGemm; the same bits).
+// same bits), "nofusesilu" (SiluMul as its own kernel after gate_up's DecodeGemm; the same bits),
+// "splitprefetch" / "splitsmem" / "splitreg" (every plan's split attention items on that form of
+// the split kernel, launchers.h SetSplitVariant, instead of the plan's choice; the same bits).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -71,6 +73,7 @@
 #ifdef CASCADE_HAVE_CUDA
 #include "gpu_worker/backend/cuda/cuda_backend.h"
 #include "gpu_worker/backend/cuda/device.h"
+#include "gpu_worker/backend/cuda/launchers.h"
 #endif
 
 namespace cascade::bench {
@@ -141,6 +144,7 @@ struct Variant {
   int tune_max_m = 64;    // CudaBackendOptions::gemm_tune_max_m
   int early_chunks = 2;   // CudaBackendOptions::decode_gemm_early_chunks
   bool fuse_silu = true;  // CudaBackendOptions::fuse_silu
+  int split_variant = 0;  // internal::SetSplitVariant (process-wide, set when the backend loads)
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -150,6 +154,11 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "cublas") return v->small_m_gemm = false, v->decode_gemm_max_m = 0, true;
   if (name == "nodecodegemm") return v->decode_gemm_max_m = 0, true;
   if (name == "nofusesilu") return v->fuse_silu = false, true;
+  // The split attention kernel's form for every plan (launchers.h SetSplitVariant): shared-memory
+  // form with tile t + 1 copied during tile t, shared-memory form, register form.
+  if (name == "splitprefetch") return v->split_variant = 1, true;
+  if (name == "splitsmem") return v->split_variant = 2, true;
+  if (name == "splitreg") return v->split_variant = 3, true;
   if (absl::StartsWith(name, "early")) {  // earlyN: DecodeGemm copies N weight chunks early
     return absl::SimpleAtoi(name.substr(5), &v->early_chunks) && v->early_chunks >= 0;
   }
@@ -424,6 +433,7 @@ struct Bench {
       o.gemm_tune_min_hidden = variant.tune_min_hidden;
       o.gemm_tune_max_m = variant.tune_max_m;
       o.programmatic_launch = variant.pdl;
+      cuda::internal::SetSplitVariant(variant.split_variant);
       const Clock::time_point load_start = Clock::now();
       auto b = cuda::NewCudaBackend(model, o);
       if (!b.ok()) {
