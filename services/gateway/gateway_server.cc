@@ -116,6 +116,11 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
         "--admission_max_limit >= --admission_initial_limit and "
         "--admission_latency_tolerance > 1");
   }
+  if (config.http_port >= 0 && (config.http_threads < 1 || config.http_threads > kMaxHttpThreads)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--http_threads ", config.http_threads, ": need 1..", kMaxHttpThreads,
+        " event-loop threads (each serves any number of open streams; 2 is plenty for most)"));
+  }
   absl::StatusOr<common::PeerIdentity> self_id =
       common::CheckOwnIdentity(config.internal_auth, common::Role::kGateway);
   if (!self_id.ok()) return self_id.status();

@@ -33,6 +33,9 @@ struct FetchMeasurements {
 void FetchCostModel(const FetchMeasurements& m, const model::ModelConfig& mc,
                     RouteWeights* weights);
 
+// The most HTTP event-loop threads --http_threads may ask for (Start refuses more).
+inline constexpr int kMaxHttpThreads = 256;
+
 struct GatewayConfig {
   common::ServerOptions server;
   GatewayOptions gateway;
@@ -47,7 +50,7 @@ struct GatewayConfig {
   // public port is not internal: it keeps --tls_cert and --auth_token.
   common::InternalAuthOptions internal_auth;
   int http_port = -1;    // the OpenAI-compatible HTTP front: -1 off, 0 a free port
-  int http_threads = 2;  // its event loops (a stream holds no thread)
+  int http_threads = 2;  // its event loops (a stream holds no thread), 1..kMaxHttpThreads
   FetchMeasurements fetch;
 };
 

@@ -280,6 +280,31 @@ TEST(BadDayTest, BadAdmissionFlagsAreRefusedAtStartWithTheirNames) {
   }
 }
 
+TEST(BadDayTest, BadHttpThreadsAreRefusedAtStartWithTheFlagsName) {
+  for (int threads : {0, -3, gateway::kMaxHttpThreads + 1, 1 << 20}) {
+    gateway::GatewayConfig g;
+    g.server = TestServerOptions("cascade-gateway");
+    g.model_dir = TinyModelDir();
+    g.workers = "127.0.0.1:1";
+    g.http_port = 0;
+    g.http_threads = threads;
+    auto gw = gateway::GatewayServer::Start(g);
+    ASSERT_FALSE(gw.ok()) << threads;
+    EXPECT_TRUE(absl::IsInvalidArgument(gw.status()));
+    EXPECT_THAT(std::string(gw.status().message()), HasSubstr("--http_threads"));
+  }
+  // With the HTTP API off, the flag is not looked at.
+  gateway::GatewayConfig g;
+  g.server = TestServerOptions("cascade-gateway");
+  g.model_dir = TinyModelDir();
+  g.workers = "127.0.0.1:1";
+  g.internal_auth = StackAuth(false, common::Role::kGateway);
+  g.http_port = -1;
+  g.http_threads = 0;
+  auto gw = gateway::GatewayServer::Start(g);
+  ASSERT_TRUE(gw.ok()) << gw.status();
+}
+
 TEST(BadDayTest, AClientMayResendAnIdWithNoText) {
   Stack stack({.workers = 1});
   cascade::v2::GenerateRequest r;
