@@ -202,7 +202,10 @@ class Stack {
     return st;
   }
   // Waits until the registry sees every worker idle, so routing is decided by the prefix alone
-  // (a busy holder is passed over on purpose: see router.h).
+  // (a busy holder is passed over on purpose: see router.h). The registry's load is what the
+  // last heartbeat said, so zero there is not enough: a heartbeat sent while the previous request
+  // ran can land after it, and the next Resolve would see that worker busy. So: every worker
+  // idle by its own account first, then a heartbeat from each after that, reporting zero.
   bool WaitForIdleLoad(int ms = 5000);
 
   int WorkerIndex(const std::string& worker_id) {
@@ -245,14 +248,36 @@ bool WaitFor(Pred pred, int ms = 5000) {
 }
 
 inline bool Stack::WaitForIdleLoad(int ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  auto left = [&] {
+    return static_cast<int>(std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                 std::chrono::steady_clock::now())
+               .count()));
+  };
+  const bool idle = WaitFor(
+      [&] {
+        for (int i = 0; i < num_workers(); ++i) {
+          if (workers_[i] == nullptr) continue;  // stopped by the test
+          const auto st = WorkerStats(i);
+          if (st.running() + st.waiting() != 0) return false;
+        }
+        return true;
+      },
+      left());
+  if (!idle) return false;
+  // A heartbeat renews the worker's lease: a later expiry is a heartbeat that arrived after now.
+  std::map<std::string, int64_t> lease;
+  for (const auto& w : registry_->ListWorkers()) lease[w.info.worker_id] = w.lease_expires_ms;
   return WaitFor(
       [&] {
         for (const auto& w : registry_->ListWorkers()) {
+          if (w.lease_expires_ms <= lease[w.info.worker_id]) return false;
           if (w.load.running + w.load.waiting != 0) return false;
         }
         return true;
       },
-      ms);
+      left());
 }
 
 // A finished Generate stream, gathered.
