@@ -1,5 +1,5 @@
 // RegistryClient over the cascade.v2.ChunkRegistryService stub: synchronous calls with deadlines,
-// and Resolve also on gRPC's callback API (ResolveAsync).
+// and Resolve and PinChunk also on gRPC's callback API (ResolveAsync, PinChunkAsync).
 #include "cache_service/client/grpc_registry_client.h"
 
 #include <grpcpp/create_channel.h>
@@ -36,39 +36,39 @@ class GrpcRegistryClient final : public RegistryClient {
   }
 
   void ResolveAsync(const ResolveInput& in, ResolveDone done) override {
-    struct Call {
-      explicit Call(common::ClientCalls::Token t) : token(std::move(t)) {}
-      common::ClientCalls::Token token;  // first, so destroyed last: see client_calls.h
-      grpc::ClientContext ctx;
-      v2::ResolveRequest req;
-      v2::ResolveResponse resp;
-      ResolveDone done;
-    };
-    auto* call = new Call(calls_.Add());
-    wire::ToProto(in, &call->req);
-    call->done = std::move(done);
-    SetDeadline(&call->ctx, options_.resolve_timeout_ms);
-    stub_->async()->Resolve(&call->ctx, &call->req, &call->resp, [call](grpc::Status st) {
-      absl::Status s = wire::FromGrpc(st);
-      if (s.ok()) {
-        std::move(call->done)(wire::FromProto(call->resp));
-      } else {
-        std::move(call->done)(std::move(s));
-      }
-      delete call;
-    });
+    v2::ResolveRequest req;
+    wire::ToProto(in, &req);
+    CallAsync<v2::ResolveRequest, v2::ResolveResponse, ResolveResult>(
+        std::move(req), options_.resolve_timeout_ms,
+        [](Stub::async_interface* a, grpc::ClientContext* c, const v2::ResolveRequest* q,
+           v2::ResolveResponse* r,
+           std::function<void(grpc::Status)> f) { a->Resolve(c, q, r, std::move(f)); },
+        [](const v2::ResolveResponse& r) { return wire::FromProto(r); }, std::move(done));
   }
 
   absl::StatusOr<int64_t> PinChunk(const Hash128& hash, int64_t ttl_s,
                                    const std::optional<HeldChunk>& chunk_if_unknown) override {
     v2::PinChunkRequest req;
-    req.set_hash(hash.ToHex());
-    req.set_ttl_seconds(ttl_s);
-    if (chunk_if_unknown.has_value()) wire::ToProto(*chunk_if_unknown, req.mutable_chunk());
+    PinRequest(hash, ttl_s, chunk_if_unknown, &req);
     v2::PinChunkResponse resp;
     absl::Status s = Call(&v2::ChunkRegistryService::Stub::PinChunk, req, &resp);
     if (!s.ok()) return s;
     return resp.pinned_until_ms();
+  }
+
+  void PinChunkAsync(const Hash128& hash, int64_t ttl_s,
+                     const std::optional<HeldChunk>& chunk_if_unknown, PinDone done) override {
+    v2::PinChunkRequest req;
+    PinRequest(hash, ttl_s, chunk_if_unknown, &req);
+    CallAsync<v2::PinChunkRequest, v2::PinChunkResponse, int64_t>(
+        std::move(req), options_.timeout_ms,
+        [](Stub::async_interface* a, grpc::ClientContext* c, const v2::PinChunkRequest* q,
+           v2::PinChunkResponse* r,
+           std::function<void(grpc::Status)> f) { a->PinChunk(c, q, r, std::move(f)); },
+        [](const v2::PinChunkResponse& r) -> absl::StatusOr<int64_t> {
+          return r.pinned_until_ms();
+        },
+        std::move(done));
   }
 
   absl::StatusOr<RegisterResult> RegisterWorker(const WorkerInfo& info) override {
@@ -124,6 +124,48 @@ class GrpcRegistryClient final : public RegistryClient {
   }
 
  private:
+  using Stub = v2::ChunkRegistryService::Stub;
+
+  // One unary call on gRPC's callback API: `start` issues it, `convert` turns the response into
+  // the value `done` gets (or the call's error). The call holds a token of calls_ until it is
+  // gone, so the destructor can wait for it (client_calls.h).
+  template <typename Req, typename Resp, typename Value>
+  void CallAsync(Req req, int64_t timeout_ms,
+                 void (*start)(Stub::async_interface*, grpc::ClientContext*, const Req*, Resp*,
+                               std::function<void(grpc::Status)>),
+                 absl::StatusOr<Value> (*convert)(const Resp&),
+                 absl::AnyInvocable<void(absl::StatusOr<Value>) &&> done) {
+    struct Call {
+      explicit Call(common::ClientCalls::Token t) : token(std::move(t)) {}
+      common::ClientCalls::Token token;  // first, so destroyed last: see client_calls.h
+      grpc::ClientContext ctx;
+      Req req;
+      Resp resp;
+      absl::AnyInvocable<void(absl::StatusOr<Value>) &&> done;
+    };
+    auto* call = new Call(calls_.Add());
+    call->req = std::move(req);
+    call->done = std::move(done);
+    SetDeadline(&call->ctx, timeout_ms);
+    start(stub_->async(), &call->ctx, &call->req, &call->resp, [call, convert](grpc::Status st) {
+      absl::Status s = wire::FromGrpc(st);
+      if (s.ok()) {
+        std::move(call->done)(convert(call->resp));
+      } else {
+        std::move(call->done)(std::move(s));
+      }
+      delete call;
+    });
+  }
+
+  static void PinRequest(const Hash128& hash, int64_t ttl_s,
+                         const std::optional<HeldChunk>& chunk_if_unknown,
+                         v2::PinChunkRequest* req) {
+    req->set_hash(hash.ToHex());
+    req->set_ttl_seconds(ttl_s);
+    if (chunk_if_unknown.has_value()) wire::ToProto(*chunk_if_unknown, req->mutable_chunk());
+  }
+
   static void SetDeadline(grpc::ClientContext* ctx, int64_t timeout_ms) {
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
   }
@@ -140,7 +182,7 @@ class GrpcRegistryClient final : public RegistryClient {
   const GrpcRegistryClientOptions options_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v2::ChunkRegistryService::Stub> stub_;
-  common::ClientCalls calls_;  // ResolveAsync's
+  common::ClientCalls calls_;  // ResolveAsync's and PinChunkAsync's
 };
 
 }  // namespace

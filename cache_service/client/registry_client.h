@@ -39,6 +39,12 @@ class RegistryClient {
   // before any worker has reported it. Returns the pin deadline in unix ms.
   virtual absl::StatusOr<int64_t> PinChunk(const Hash128& hash, int64_t ttl_s,
                                            const std::optional<HeldChunk>& chunk_if_unknown) = 0;
+  // PinChunk without holding the caller's thread, as ResolveAsync. `done` runs exactly once.
+  using PinDone = absl::AnyInvocable<void(absl::StatusOr<int64_t>) &&>;
+  virtual void PinChunkAsync(const Hash128& hash, int64_t ttl_s,
+                             const std::optional<HeldChunk>& chunk_if_unknown, PinDone done) {
+    std::move(done)(PinChunk(hash, ttl_s, chunk_if_unknown));
+  }
 
   // Workers. A new registry_epoch in a response means the registry restarted: RegisterWorker
   // and Resync.

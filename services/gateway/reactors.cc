@@ -5,6 +5,7 @@
 #include <atomic>
 #include <deque>
 #include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/bounded_text.h"
@@ -506,6 +507,8 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 };
 
 // RegisterChunk: prefill the chunks with a one-token turn on the chosen worker, pinned there.
+// The pins go to the registry at once, asynchronously (TurnDone runs on a worker call's callback
+// thread, which a slow registry must not hold); the reply goes out when the last one answers.
 class RegisterSink final : public TurnSink {
  public:
   RegisterSink(grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* out,
@@ -525,6 +528,10 @@ class RegisterSink final : public TurnSink {
 
   void TurnDone(const grpc::Status& status, const TurnResult& result) override {
     grant_.address = result.slot_address;
+    status_ = status;
+    // The worker's slot goes back now; the pins only wait for the registry.
+    svc_->Release(grant_);
+    std::vector<registry::HeldChunk> pins;
     if (status.ok() && registry_ != nullptr && ttl_s_ > 0) {
       std::string parent;
       for (const auto& c : response_.chunks()) {
@@ -536,16 +543,19 @@ class RegisterSink final : public TurnSink {
         held.end = c.end();
         held.kind = c.kind();
         if (auto p = hash::Hash128::FromHex(parent)) held.parent_hash = *p;
-        if (svc_->RegistryAllow()) {  // a routing hint only: skipped while the registry fails
-          svc_->RegistryDone(registry_->PinChunk(*h, ttl_s_, held).status());
-        }
+        // A routing hint only: skipped while the registry fails.
+        if (svc_->RegistryAllow()) pins.push_back(held);
         parent = c.hash();
       }
     }
-    svc_->Release(grant_);
-    if (status.ok()) SerializeToByteBuffer(response_, out_);
-    reactor_->Finish(status);
-    delete this;
+    pending_.store(static_cast<int>(pins.size()) + 1);
+    for (const registry::HeldChunk& held : pins) {
+      registry_->PinChunkAsync(held.hash, ttl_s_, held, [this](absl::StatusOr<int64_t> r) {
+        svc_->RegistryDone(r.status());
+        Arrive();
+      });
+    }
+    Arrive();
   }
 
  private:
@@ -554,8 +564,18 @@ class RegisterSink final : public TurnSink {
   cascade::v2::RegisterChunkResponse response_;
   registry::RegistryClient* const registry_;
   const int64_t ttl_s_;
+  // One more pin answered (or TurnDone's own share): the last one sends the reply.
+  void Arrive() {
+    if (pending_.fetch_sub(1) != 1) return;
+    if (status_.ok()) SerializeToByteBuffer(response_, out_);
+    reactor_->Finish(status_);
+    delete this;
+  }
+
   GatewayService* const svc_;
   Grant grant_;
+  grpc::Status status_;
+  std::atomic<int> pending_{0};  // pins outstanding + 1 until TurnDone has issued them all
 };
 
 }  // namespace

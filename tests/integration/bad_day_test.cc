@@ -431,15 +431,39 @@ class SlowRegistry final : public cascade::v2::ChunkRegistryService::Service {
     --inflight_;
     return grpc::Status::OK;
   }
+  // PinChunk likewise, counted apart, waiting up to 2.5 s (under the client's 3 s deadline).
+  int pin_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pin_peak_;
+  }
+  grpc::Status PinChunk(grpc::ServerContext*, const cascade::v2::PinChunkRequest*,
+                        cascade::v2::PinChunkResponse* resp) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    pin_peak_ = std::max(pin_peak_, ++pin_inflight_);
+    cv_.notify_all();
+    cv_.wait_for(lock, std::chrono::milliseconds(2500), [&] { return pin_peak_ >= want_; });
+    --pin_inflight_;
+    resp->set_pinned_until_ms(1);
+    return grpc::Status::OK;
+  }
 
  private:
   const int want_;
   int port_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
-  int inflight_ = 0, peak_ = 0;
+  int inflight_ = 0, peak_ = 0, pin_inflight_ = 0, pin_peak_ = 0;
   std::unique_ptr<grpc::Server> server_;
 };
+
+// Runs call(i) for i in [0, n) on n threads at once; how many returned true.
+int RunAtOnce(int n, const std::function<bool(int)>& call) {
+  std::vector<std::thread> clients;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < n; ++i) clients.emplace_back([&, i] { ok += call(i); });
+  for (std::thread& t : clients) t.join();
+  return ok.load();
+}
 
 TEST(BadDayTest, ASlowRegistryHoldsNoGatewayThread) {
   // The gateway asked the registry synchronously on gRPC's reaction threads (two on a 2-core
@@ -449,16 +473,39 @@ TEST(BadDayTest, ASlowRegistryHoldsNoGatewayThread) {
   Stack stack({.workers = 1, .registry = false, .tweak_gateway = [&](gateway::GatewayConfig* g) {
                  g->registry_address = registry.address();
                }});
-  std::vector<std::thread> clients;
-  std::atomic<int> ok{0};
-  for (int i = 0; i < kRequests; ++i) {
-    clients.emplace_back([&, i] {
-      ok += Generate(stack.gateway(), Req("sys", "q" + std::to_string(i), 2)).status.ok();
-    });
-  }
-  for (std::thread& t : clients) t.join();
-  EXPECT_EQ(ok.load(), kRequests);
+  EXPECT_EQ(
+      RunAtOnce(
+          kRequests,
+          [&](int i) {
+            return Generate(stack.gateway(), Req("sys", "q" + std::to_string(i), 2)).status.ok();
+          }),
+      kRequests);
   EXPECT_EQ(registry.peak(), kRequests) << "the gateway's Resolve calls queued behind each other";
+}
+
+TEST(BadDayTest, RegisterChunkPinsWithoutHoldingAThread) {
+  // RegisterChunk's pins ran synchronously on the callback thread of the worker call that ended
+  // its turn (a few threads for the whole gateway), so a slow registry had only a few in flight.
+  constexpr int kRequests = 16;
+  SlowRegistry registry(kRequests);
+  Stack stack({.workers = 1, .registry = false, .tweak_gateway = [&](gateway::GatewayConfig* g) {
+                 g->registry_address = registry.address();
+               }});
+  auto register_chunk = [&](int i) {
+    cascade::v2::RegisterChunkRequest req;
+    auto* c = req.add_chunks();
+    c->set_kind(cascade::v2::CHUNK_KIND_SYSTEM);
+    c->set_text("system prompt number " + std::to_string(i));
+    req.set_pin_ttl_seconds(60);
+    cascade::v2::RegisterChunkResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    const grpc::Status st = stack.gateway().RegisterChunk(&ctx, req, &resp);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return st.ok() && resp.chunks_size() == 1;
+  };
+  EXPECT_EQ(RunAtOnce(kRequests, register_chunk), kRequests);
+  EXPECT_EQ(registry.pin_peak(), kRequests) << "the gateway's pins queued behind each other";
 }
 
 }  // namespace
