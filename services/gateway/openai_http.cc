@@ -10,9 +10,14 @@
 // (evhttp_send_reply, or evhttp_send_reply_end after _start), even after its connection failed:
 // the failure detaches the request from the connection, and the answer then just frees it. The
 // connection's close callback is how a failed connection is seen; it is cleared before answering.
+// evhttp does not read a connection while its request waits for the answer, so a client that
+// hangs up before the first byte of the reply (a non-streamed request, or a stream still waiting
+// for its first token) is seen by peeking at the socket every kWatchMs, as nginx does for a
+// proxied request: end of stream or an error there cancels the generation.
 #include "services/gateway/openai_http.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
@@ -42,6 +47,8 @@ namespace cascade::gateway {
 namespace {
 
 using nlohmann::json;
+
+constexpr int kWatchMs = 500;  // how often a request waiting for its answer checks its client
 
 int64_t UnixNow() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -145,6 +152,9 @@ class Exchange {
         builder_(meta, impl->options.model_name, UnixNow()) {
     loop_->open.insert(this);
     evhttp_connection_set_closecb(conn_, &Exchange::OnConnClosed, this);
+    watch_ = event_new(loop_->base, -1, EV_PERSIST, &Exchange::OnWatch, this);
+    const timeval every{0, kWatchMs * 1000};
+    if (watch_ != nullptr) event_add(watch_, &every);
     // While a reply is written, evhttp reads the socket only to see it close, into a buffer
     // nothing drains: bound it, or a client could send gigabytes alongside its stream.
     bufferevent_setwatermark(evhttp_connection_get_bufferevent(conn_), EV_READ, 0, 1 << 20);
@@ -187,6 +197,8 @@ class Exchange {
   void OnDone(const grpc::Status& st) {
     const absl::Status s = common::FromGrpc(st);
     if (conn_ != nullptr) evhttp_connection_set_closecb(conn_, nullptr, nullptr);
+    if (watch_ != nullptr) event_free(watch_);
+    watch_ = nullptr;
     Finish(s);
     loop_->open.erase(this);
     delete this;
@@ -205,6 +217,18 @@ class Exchange {
     ex->conn_ = nullptr;  // freed; the request is detached (answering it just frees it)
     ex->flushing_ = false;
     ex->Cancel();
+  }
+  // The client's side of the socket, peeked (nothing consumed): 0 bytes is its end of stream.
+  static void OnWatch(evutil_socket_t, short, void* arg) {
+    auto* ex = static_cast<Exchange*>(arg);
+    if (ex->cancelled_ || ex->conn_ == nullptr || ex->started_) return;  // writes see it then
+    const evutil_socket_t fd = bufferevent_getfd(evhttp_connection_get_bufferevent(ex->conn_));
+    if (fd < 0) return;
+    char c = 0;
+    const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      ex->Cancel();
+    }
   }
   static void OnFlushed(evhttp_connection*, void* arg) {
     auto* ex = static_cast<Exchange*>(arg);
@@ -258,6 +282,7 @@ class Exchange {
   Loop* const loop_;
   evhttp_request* const req_;
   evhttp_connection* conn_;  // null once the connection is gone
+  event* watch_ = nullptr;   // OnWatch's timer, until OnDone
   const bool stream_;
   const bool include_usage_;
   openai::ResponseBuilder builder_;

@@ -93,6 +93,16 @@ class RawStream {
   std::string got_;
 };
 
+// Waits until worker 0 runs nothing and holds no KV block for a live sequence.
+bool WaitForDrained(Stack& stack, int ms) {
+  return WaitFor(
+      [&] {
+        auto st = stack.WorkerStats(0);
+        return st.running() == 0 && st.used_kv_blocks() == 0;
+      },
+      ms);
+}
+
 json ChatBody(const std::string& system, const std::string& user, int max_tokens) {
   return json{{"model", "tiny"},
               {"messages",
@@ -250,13 +260,31 @@ TEST(OpenAiHttpTest, OneLoopThreadKeepsManyStreamsOpenAndAHangUpEndsItsGeneratio
   EXPECT_EQ(st.running() + st.waiting(), kStreams);
   // Hang up: every generation ends and gives its KV blocks back (it would run for 3000 tokens).
   for (auto& s : streams) s->Close();
-  EXPECT_TRUE(WaitFor(
-      [&] {
-        auto st = stack.WorkerStats(0);
-        return st.running() == 0 && st.used_kv_blocks() == 0;
-      },
-      15000))
-      << "closed HTTP connections left generations running";
+  EXPECT_TRUE(WaitForDrained(stack, 15000)) << "closed HTTP connections left generations running";
+  // The front serves on.
+  Http http(port);
+  auto ok = http.Post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}});
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+TEST(OpenAiHttpTest, AHangUpBeforeTheAnswerEndsTheGeneration) {
+  // A non-streamed request gets no byte until its generation ends, so no write can fail: the
+  // front has to notice the closed socket itself.
+  Stack stack({.workers = 1, .http_port = 0});
+  const int port = stack.gateway_server().http_port();
+  constexpr int kMaxTokens = 3000;
+  const int64_t before = stack.WorkerStats(0).generation_tokens();
+  auto client = std::make_unique<RawStream>(port, json{{"prompt", "talk forever"},
+                                                       {"max_tokens", kMaxTokens},
+                                                       {"ignore_eos", true},
+                                                       {"temperature", 0}});
+  ASSERT_TRUE(WaitFor([&] { return stack.WorkerStats(0).running() == 1; }, 10000));
+  client->Close();
+  EXPECT_TRUE(WaitForDrained(stack, 30000)) << "the generation of a closed connection kept running";
+  const int64_t generated = stack.WorkerStats(0).generation_tokens() - before;
+  std::cerr << "generated " << generated << " of " << kMaxTokens << " tokens before the cancel\n";
+  EXPECT_LT(generated, kMaxTokens) << "the generation ran to its end: the hang-up went unseen";
   // The front serves on.
   Http http(port);
   auto ok = http.Post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}});
