@@ -269,7 +269,8 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
                                        {" reg", &every, 3},
                                        {" whole", &whole, 0},
                                        {" whole reg", &whole, 3}};
-  for (int ctx : {1024, 4096}) {
+  // ctx 160: the engine benchmark's decode rows (prompt 128, up to 64 generated), items of 3 tiles.
+  for (int ctx : {160, 1024, 4096}) {
     if (cascade_only || prefill_only || g_shared_batch > 0) break;
     for (int batch : {1, 16, 64, 256}) {
       if (quick && batch > 64) continue;
@@ -418,8 +419,9 @@ int main(int argc, char** argv) {
     } else if (arg.rfind("--decode=", 0) == 0) {
       if (std::sscanf(arg.c_str() + 9, "%d,%d", &cascade::cuda::g_only_batch,
                       &cascade::cuda::g_only_ctx) != 2 ||
-          (cascade::cuda::g_only_ctx != 1024 && cascade::cuda::g_only_ctx != 4096)) {
-        std::fprintf(stderr, "--decode=B,CTX: B in 1, 16, 64, 256; CTX 1024 or 4096\n");
+          (cascade::cuda::g_only_ctx != 160 && cascade::cuda::g_only_ctx != 1024 &&
+           cascade::cuda::g_only_ctx != 4096)) {
+        std::fprintf(stderr, "--decode=B,CTX: B in 1, 16, 64, 256; CTX 160, 1024 or 4096\n");
         return 2;
       }
     } else {
