@@ -182,6 +182,7 @@ class Exchange {
       evhttp_add_header(h, "Cache-Control", "no-cache");
       evhttp_send_reply_start(req_, 200, "OK");
       started_ = true;
+      if (watch_ != nullptr) event_del(watch_);  // writes see a hang-up from here on
     }
     std::string lines;
     for (const json& c : chunks) lines += SseLine(c);
@@ -221,7 +222,7 @@ class Exchange {
   // The client's side of the socket, peeked (nothing consumed): 0 bytes is its end of stream.
   static void OnWatch(evutil_socket_t, short, void* arg) {
     auto* ex = static_cast<Exchange*>(arg);
-    if (ex->cancelled_ || ex->conn_ == nullptr || ex->started_) return;  // writes see it then
+    if (ex->cancelled_ || ex->conn_ == nullptr) return;
     const evutil_socket_t fd = bufferevent_getfd(evhttp_connection_get_bufferevent(ex->conn_));
     if (fd < 0) return;
     char c = 0;

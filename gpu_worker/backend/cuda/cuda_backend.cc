@@ -576,23 +576,24 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   // share their shapes), so no request pays for the choice's timing runs.
   if (!layers_.empty()) {
     const Layer& l = layers_[0];
-    RETURN_IF_ERROR(
-        gemm_->PrepareDecode(l.wqkv.as<Bf16>(), qkv_cols_, hidden_, GemmOut::kBf16, stream_));
-    RETURN_IF_ERROR(
-        gemm_->PrepareDecode(l.wo.as<Bf16>(), hidden_, hq_ * d_, GemmOut::kBf16, stream_));
-    RETURN_IF_ERROR(
-        gemm_->PrepareDecode(l.wgu.as<Bf16>(), 2 * inter_, hidden_, GemmOut::kBf16, stream_));
-    RETURN_IF_ERROR(
-        gemm_->PrepareDecode(l.wd.as<Bf16>(), hidden_, inter_, GemmOut::kBf16, stream_));
-    // The tuned algorithms of every decode bucket (when tuning is on) found now too: the first
-    // eager step of each bucket tuned them before, a one-off delay on an early request.
-    RETURN_IF_ERROR(
-        gemm_->PrepareTune(l.wqkv.as<Bf16>(), qkv_cols_, hidden_, GemmOut::kBf16, stream_));
-    RETURN_IF_ERROR(
-        gemm_->PrepareTune(l.wo.as<Bf16>(), hidden_, hq_ * d_, GemmOut::kBf16, stream_));
-    RETURN_IF_ERROR(
-        gemm_->PrepareTune(l.wgu.as<Bf16>(), 2 * inter_, hidden_, GemmOut::kBf16, stream_));
-    RETURN_IF_ERROR(gemm_->PrepareTune(l.wd.as<Bf16>(), hidden_, inter_, GemmOut::kBf16, stream_));
+    struct Shape {
+      const Bf16* w;
+      int n, k;
+      GemmOut out;
+    };
+    const Shape projections[] = {{l.wqkv.as<Bf16>(), qkv_cols_, hidden_, GemmOut::kBf16},
+                                 {l.wo.as<Bf16>(), hidden_, hq_ * d_, GemmOut::kBf16},
+                                 {l.wgu.as<Bf16>(), 2 * inter_, hidden_, GemmOut::kBf16},
+                                 {l.wd.as<Bf16>(), hidden_, inter_, GemmOut::kBf16}};
+    for (const Shape& s : projections) {
+      RETURN_IF_ERROR(gemm_->PrepareDecode(s.w, s.n, s.k, s.out, stream_));
+    }
+    // The tuned algorithms of every decode bucket (when tuning is on) found now too, LM head
+    // included: the first eager step of each bucket tuned them before, a one-off delay on an
+    // early request.
+    for (const Shape& s : projections) {
+      RETURN_IF_ERROR(gemm_->PrepareTune(s.w, s.n, s.k, s.out, stream_));
+    }
     RETURN_IF_ERROR(gemm_->PrepareTune(lm_head_, static_cast<int>(c_.vocab_size), hidden_,
                                        GemmOut::kF32, stream_));
     gemm_->ReleaseTimingBuffers();  // 64 MB the serving loop does not need

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -479,24 +480,44 @@ absl::Status Gemm::ChooseDecode(const Bf16* x, int x_rows, const Bf16* w, int m,
   return Synchronize(stream);
 }
 
+namespace {
+
+// The load-time runs' buffers: x, `rows` pseudo-random rows of standard normal bf16 values over k
+// (terms of similar size, so a different summation order shows in many outputs), seeded by
+// `seed`; y, room for `rows` rows of n outputs. An optimization's buffers: where they do not fit,
+// the caller skips its work (the backend still loads). Synchronous upload.
+struct PrepareBuffers {
+  DeviceBuffer x, y;
+};
+absl::StatusOr<std::optional<PrepareBuffers>> MakePrepareBuffers(int rows, int n, int k,
+                                                                 GemmOut out, uint32_t seed) {
+  std::vector<uint16_t> hx(static_cast<size_t>(rows) * k);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (uint16_t& v : hx) v = model::FloatToBf16(normal(rng));
+  absl::StatusOr<DeviceBuffer> x = DeviceBuffer::Allocate(hx.size() * 2);
+  absl::StatusOr<DeviceBuffer> y =
+      DeviceBuffer::Allocate(static_cast<size_t>(rows) * n * (out == GemmOut::kF32 ? 4 : 2));
+  if (!x.ok() || !y.ok()) return std::nullopt;
+  RETURN_IF_ERROR(CopyToDevice(x->data(), hx.data(), hx.size() * 2));
+  return PrepareBuffers{std::move(*x), std::move(*y)};
+}
+
+}  // namespace
+
 absl::Status Gemm::PrepareDecode(const Bf16* w, int n, int k, GemmOut out, Stream stream) {
   if (decode_max_m_ == 0 || k % 128 != 0 || n >= 65536 || Splits(n, k) != 1) {
     return absl::OkStatus();
   }
-  // x: 64 pseudo-random rows of standard normal bf16 values, every candidate compared on all of
-  // them: terms of similar size, so a different summation order shows in many outputs.
-  std::vector<uint16_t> hx(static_cast<size_t>(kVerifyRows) * k);
-  std::mt19937 rng(static_cast<uint32_t>(n * 131 + k));
-  std::normal_distribution<float> normal(0.f, 1.f);
-  for (uint16_t& v : hx) v = model::FloatToBf16(normal(rng));
-  // y: the pinned result of all kVerifyRows rows (ChooseDecode compares on every row of x). The
-  // choice is an optimization: where these buffers do not fit, the shape keeps its first-call
-  // choice (or the pinned algorithm) and the backend still loads.
-  absl::StatusOr<DeviceBuffer> x = DeviceBuffer::Allocate(hx.size() * 2);
-  absl::StatusOr<DeviceBuffer> y =
-      DeviceBuffer::Allocate(static_cast<size_t>(kVerifyRows) * n * (out == GemmOut::kF32 ? 4 : 2));
-  if (!x.ok() || !y.ok()) return absl::OkStatus();
-  RETURN_IF_ERROR(CopyToDevice(x->data(), hx.data(), hx.size() * 2));
+  // x: kVerifyRows rows, every candidate compared on all of them; y: the pinned result of all of
+  // them (ChooseDecode compares on every row of x). Where these do not fit, the shape keeps its
+  // first-call choice (or the pinned algorithm).
+  absl::StatusOr<std::optional<PrepareBuffers>> bufs =
+      MakePrepareBuffers(kVerifyRows, n, k, out, static_cast<uint32_t>(n * 131 + k));
+  if (!bufs.ok()) return bufs.status();
+  if (!bufs->has_value()) return absl::OkStatus();
+  DeviceBuffer* x = &(*bufs)->x;
+  DeviceBuffer* y = &(*bufs)->y;
   for (int m = 1; m <= decode_max_m_; ++m) {
     if (m != DecodeBucket(m) ||
         decode_choice_.count(std::make_tuple(n, k, static_cast<int>(out), m)) > 0) {
@@ -509,18 +530,14 @@ absl::Status Gemm::PrepareDecode(const Bf16* w, int n, int k, GemmOut out, Strea
 
 absl::Status Gemm::PrepareTune(const Bf16* w, int n, int k, GemmOut out, Stream stream) {
   if (!batch_invariant_ || !use_tuned_ || tune_sizes_.empty()) return absl::OkStatus();
-  const int max_m = *tune_sizes_.rbegin();
-  // x: pseudo-random standard normal rows as PrepareDecode's (the tuning compares candidates'
-  // bits on them); y: the largest size's output.
-  std::vector<uint16_t> hx(static_cast<size_t>(max_m) * k);
-  std::mt19937 rng(static_cast<uint32_t>(n * 131 + k + 1));
-  std::normal_distribution<float> normal(0.f, 1.f);
-  for (uint16_t& v : hx) v = model::FloatToBf16(normal(rng));
-  absl::StatusOr<DeviceBuffer> x = DeviceBuffer::Allocate(hx.size() * 2);
-  absl::StatusOr<DeviceBuffer> y =
-      DeviceBuffer::Allocate(static_cast<size_t>(max_m) * n * (out == GemmOut::kF32 ? 4 : 2));
-  if (!x.ok() || !y.ok()) return absl::OkStatus();
-  RETURN_IF_ERROR(CopyToDevice(x->data(), hx.data(), hx.size() * 2));
+  // x: rows as PrepareDecode's (the tuning compares candidates' bits on them), as many as the
+  // largest size; y: that size's output.
+  absl::StatusOr<std::optional<PrepareBuffers>> bufs =
+      MakePrepareBuffers(*tune_sizes_.rbegin(), n, k, out, static_cast<uint32_t>(n * 131 + k + 1));
+  if (!bufs.ok()) return bufs.status();
+  if (!bufs->has_value()) return absl::OkStatus();
+  DeviceBuffer* x = &(*bufs)->x;
+  DeviceBuffer* y = &(*bufs)->y;
   for (int m : tune_sizes_) {
     RETURN_IF_ERROR(Run(x->as<Bf16>(), w, m, n, k, y->data(), out, stream));
   }
