@@ -131,7 +131,7 @@ void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx,
                               s->plan.num_split(),    s->rows.as<int32_t>(), s->base.as<int32_t>(),
                               s->merge.as<int32_t>(), s->plan.num_merge(),   s->plan.max_final_rows,
                               s->plan.max_split_rows};
-  s->view.split_form = SplitForm(s->plan, kD);
+  s->view.split_form = SplitForm(s->plan, kD, kHq / kHkv);
 }
 
 // Block tables: the first `shared_blocks` blocks of every sequence are the same blocks (a shared
@@ -256,9 +256,10 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
            : c == &smem   ? " smem"
                           : "";
   };
-  // Decode, distinct sequences: without fold items, the default (the plan's split form: the
-  // shared-memory one here, no tile is shared), the register form (split variant 3), whole rows
-  // folded on the default and on the register form; all give the same bits.
+  // Decode, distinct sequences: without fold items, the default (the plan's split form: where
+  // every item is a whole row, form 2, the persistent warp-specialized kernel; else the
+  // shared-memory one, no tile being shared), the shared-memory form forced (split variant 2),
+  // whole rows folded (form 2) and on the shared-memory form; all give the same bits.
   struct Decode {
     const char* name;
     const AttentionConfig* config;
@@ -266,9 +267,9 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   };
   const std::vector<Decode> decodes = {{" nofold", &nofold, 0},
                                        {"", &every, 0},
-                                       {" reg", &every, 3},
+                                       {" smem", &every, 2},
                                        {" whole", &whole, 0},
-                                       {" whole reg", &whole, 3}};
+                                       {" whole smem", &whole, 2}};
   // ctx 160: the engine benchmark's decode rows (prompt 128, up to 64 generated), items of 3 tiles.
   for (int ctx : {160, 1024, 4096}) {
     if (cascade_only || prefill_only || g_shared_batch > 0) break;
@@ -284,7 +285,11 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
         const double ms = TimeAttention(std::vector<int>(batch, 1), std::vector<int>(batch, ctx),
                                         tables, blocks, rot, num_blocks, cache, *d.config, &plan);
         internal::SetSplitVariant(0);
-        row("decode B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) + d.name, ms,
+        // " [ws]": the plan's form ran the persistent decode kernel (split form 2).
+        const bool ws = d.split_variant == 0 && SplitForm(plan, kD, kHq / kHkv) == 2;
+        row("decode B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) + d.name +
+                (ws ? " [ws]" : ""),
+            ms,
             token_bytes * batch * ctx);
       }
     }

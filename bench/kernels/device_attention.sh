@@ -23,7 +23,7 @@ echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader
 obj=$(find build-gpu -name attention.cu.o | head -1)
 cuobjdump -res-usage "$obj" 2>&1 | grep --no-group-separator -A1 "Function" | paste - - |
-  sed -E 's/.*(Prefill|Split|Merge)Kernel(ILi([0-9]+)E)?.*(REG:[0-9]+ STACK:[0-9]+).*(LOCAL:[0-9]+).*/\1 \3 \4 \5/' | grep -v Function
+  sed -E 's/.*(Prefill|Split|Merge|Decode)(Ws)?Kernel(ILi([0-9]+)E)?.*(REG:[0-9]+ STACK:[0-9]+).*(LOCAL:[0-9]+).*/\1\2 \4 \5 \6/' | grep -v Function
 sass=$(cuobjdump -sass "$obj")
 echo "attention.cu.o: HMMA $(grep -c HMMA <<<"$sass"), HGMMA $(grep -c HGMMA <<<"$sass")"
 fail=0

@@ -86,7 +86,9 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
       whole = whole && CeilDiv(b.positions[row] + 1, kTileTokens) == it[2];
       if (it[6] == kFoldFinish) finished.insert(row);
     }
-    EXPECT_EQ(it[6] == kFoldFinish, whole && cfg.finish_rows && SplitForm(plan, cfg.head_dim) == 0)
+    EXPECT_EQ(it[6] == kFoldFinish,
+              whole && cfg.finish_rows &&
+                  !(cfg.head_dim <= 128 && plan.cascade_shared_tiles > 0))
         << "item " << i;
   }
   for (int i = 0; i < plan.num_final(); ++i) EXPECT_EQ(plan.final_items[i * kItemFields + 6], 0);
@@ -450,17 +452,25 @@ TEST(AttentionPlanTest, FoldItemsGrowWithTheStepsWork) {
   for (int i = 0; i < whole.num_split(); ++i) {
     EXPECT_EQ(whole.split_items[i * kItemFields + 6], kFoldFinish);
   }
+  // Every item a whole row of 2 q-rows at head_dim 128: the persistent decode form (2), which
+  // skips the merge; up to 8 q-rows a row, not beyond; not at other head dims.
+  EXPECT_EQ(SplitForm(whole, 128, 2), 2);
+  EXPECT_EQ(SplitForm(whole, 128, 8), 2);
+  EXPECT_EQ(SplitForm(whole, 128, 16), 0);
+  EXPECT_EQ(SplitForm(whole, 64, 2), 0);
   AttentionConfig through_merge = cfg;
   through_merge.finish_rows = false;  // one partial per row, merged
   const AttentionPlan merged = Plan(through_merge, b);
   CheckPlan(through_merge, b, merged);
   EXPECT_EQ(merged.num_partials, 256);
   for (int e = 0; e < merged.num_merge(); ++e) EXPECT_EQ(merged.merge_list[3 * e + 2], 1);
+  EXPECT_EQ(SplitForm(merged, 128, 2), 0) << "rows left to the merge";
   cfg.split_ctas = 1000;  // one wave of 64 tiles > 16384 / 1000: only the first 4 tiles fold
   const AttentionPlan first = Plan(cfg, b);
   CheckPlan(cfg, b, first);
   EXPECT_EQ(first.num_split(), 256 * 16);
   EXPECT_EQ(first.num_partials, 256 * (1 + 60));
+  EXPECT_EQ(SplitForm(first, 128, 2), 0) << "rows of several items";
   cfg.lead_tiles = 16;  // explicit: 16 tiles folded, then items of 4, longest first
   const AttentionPlan runs = Plan(cfg, b);
   CheckPlan(cfg, b, runs);

@@ -122,7 +122,7 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
                          plan.num_split(),      d_rows.as<int32_t>(), d_base.as<int32_t>(),
                          d_merge.as<int32_t>(), plan.num_merge(),     plan.max_final_rows,
                          plan.max_split_rows};
-  view.split_form = SplitForm(plan, h.D);
+  view.split_form = SplitForm(plan, h.D, h.hq / h.hkv);
   st = Attention(args, view, nullptr);
   EXPECT_TRUE(st.ok()) << st;
   if (plan_out) *plan_out = plan;
@@ -401,6 +401,55 @@ TEST(Attention, CachedPrefillEqualsColdPrefillBitwise) {
           << "tail " << tail << " (fold items " << lead << ") differs from the cold prefill";
     }
   }
+}
+
+// Split form 2 (whole decode rows of <= 8 q-rows: the persistent warp-specialized kernel on
+// Hopper, no merge) against the shared-memory split form and the float64 reference: rows of 1 to
+// 1100 keys (ends mid-block, mid-tile, on tile boundaries), GQA groups 1, 2, 4 and 8, blocks of
+// 16, 32 and 64 (16-token TMA pieces and whole-tile ones), beside a prefill sequence; on the
+// default grid and on 3 CTAs, where each consumer runs hundreds of items and its stage and Q
+// rings wrap many times.
+TEST(Attention, PersistentDecodeFormEqualsSplitFormsBitwise) {
+  CASCADE_REQUIRE_GPU();
+  bool hopper = false;
+  ASSERT_EQ(internal::WgmmaAvailable(&hopper), cudaSuccess);
+  bool checked_reference = false;
+  for (const Shape sh : {Shape{16, 8, 128, 16}, Shape{32, 8, 128, 32}, Shape{8, 8, 128, 16},
+                         Shape{64, 8, 128, 64}, Shape{16, 2, 128, 16}}) {
+    std::mt19937 rng(500 + sh.hq + sh.hkv + sh.bs);
+    Harness h(sh.hq, sh.hkv, sh.D, sh.bs, 36000 / sh.bs + 200, &rng);
+    const std::vector<int> lens = {1,  2,   15,  16,  17,  31,  63,  64,  65,   100, 127,
+                                   128, 129, 160, 191, 192, 193, 250, 500, 1000, 1100};
+    std::vector<Seq> seqs = {{37, 200, {}}};  // a prefill item beside the decode rows
+    for (int i = 0; i < 150; ++i) seqs.push_back(Seq{1, lens[i % lens.size()] + i / 50, {}});
+    for (Seq& s : seqs) h.Fill(&s);
+    Batch b = MakeBatch(seqs);
+    std::vector<float> q = RandomNormal(static_cast<size_t>(b.num_tokens()) * sh.hq * sh.D, &rng);
+    auto q_bits = RoundToBf16(&q);
+    AttentionPlan plan;
+    auto run = [&] {
+      return RunAttention(h, b, q_bits, false, &plan, CascadeGrouping::kEveryTile, 0,
+                          PrefillPath::kAuto, 1000);
+    };
+    const auto ws = run();
+    ASSERT_EQ(SplitForm(plan, sh.D, sh.hq / sh.hkv), 2) << "every split item a whole row";
+    internal::SetDecodeWsCtas(3);
+    const auto few = run();
+    internal::SetDecodeWsCtas(0);
+    internal::SetSplitVariant(2);
+    const auto smem = run();
+    internal::SetSplitVariant(0);
+    const size_t bytes = ws.size() * sizeof(uint16_t);
+    const std::string shape = "hq " + std::to_string(sh.hq) + " hkv " + std::to_string(sh.hkv) +
+                              " block " + std::to_string(sh.bs);
+    EXPECT_EQ(0, std::memcmp(ws.data(), smem.data(), bytes)) << "form 2 != shared-memory, " << shape;
+    EXPECT_EQ(0, std::memcmp(few.data(), smem.data(), bytes)) << "form 2 on 3 CTAs, " << shape;
+    if (!checked_reference) {
+      ExpectClose(ws, Reference(h, seqs, b, q));
+      checked_reference = true;
+    }
+  }
+  if (!hopper) GTEST_SKIP() << "no sm_90a device: form 2 ran on the shared-memory kernel";
 }
 
 // Argument checks run before any launch (no GPU needed): a plan whose prefill items hold more

@@ -544,11 +544,13 @@ static_assert(PrefillQueriesPerCta(kWgD) == kWgRows, "wgmma prefill rows");
 // S = Q K^T for one warpgroup (accumulators from +0, k over D ascending). dq, dk: descriptors of
 // the warpgroup's Q rows and of the K tile; a k16 step or column half moves a descriptor's start
 // address field by (byte offset) / 16 (offsets stay inside shared memory's 14-bit field).
+// kQRows: the Q buffer's rows a column half (its second half starts kQRows * 128 bytes on).
+template <int kQRows = kWgRows>
 __device__ __forceinline__ void IssueQk(float (&sc)[32], uint64_t dq, uint64_t dk) {
 #pragma unroll
   for (int kc = 0; kc < kWgD / 16; ++kc) {
     const uint32_t half = kc >> 2, kb = (kc & 3) * 32;
-    Wgmma64x64SS(sc, dq + ((half * kWgRows * 128 + kb) >> 4), dk + ((half * kT * 128 + kb) >> 4));
+    Wgmma64x64SS(sc, dq + ((half * kQRows * 128 + kb) >> 4), dk + ((half * kT * 128 + kb) >> 4));
   }
 }
 // O_t = P V for one warpgroup (from +0, k over the tile's keys ascending); dv: the V tile's
@@ -808,13 +810,8 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
 // a paged block of 16 or part of one of 32; 64: a whole tile of a 64-token block) come by bulk
 // tensor copy (TMA, 128-byte swizzle: the layout of wgmma.cuh) into kStages stages, each with a
 // `full` mbarrier (the copies' bytes) and an `empty` one (one arrival per consumer warp when its
-// wgmma reads of the stage are done). Rows at or past kv_len's last 16-token boundary (only in an
-// item's last tile) are copied by the load warp's lanes, zeros past kv_len, as PrefillKernel has
-// them. A tile a warpgroup needs is one of a prefix of the item's tiles (positions grow with rows);
-// per such tile it issues S_t = Q K_t^T together with the previous tile's O_{t-1} = P_{t-1}
-// V_{t-1}, then folds O_{t-1} and runs tile t's softmax: the fold order and every operation are
-// PrefillTile's, only the schedule differs. kPingPong: the two warpgroups take turns issuing their
-// MMAs (named barriers 2 and 3), so one's softmax overlaps the other's tensor-core work.
+// wgmma reads of the stage are done). The load warp runs WsLoadTiles, each consumer warpgroup
+// WsFoldTiles (below).
 constexpr int kWsStages = 4;  // 6 measured no faster (H100, bench/kernels/NOTES.md)
 constexpr int kWsThreads = 384;
 constexpr size_t WsSmemBytes(int stages) {
@@ -837,13 +834,217 @@ __device__ __forceinline__ void SetMaxRegsDec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// The K/V stage ring of a warp-specialized kernel. The n-th tile through it (n counts every tile
+// the ring has carried, across items) sits in stage n % kStages (K, then V: 2 * kWgTileBytes a
+// stage from kv0); it has landed when the stage's `full` barrier completes phase
+// (n / kStages) & 1, and the stage is free again when its `empty` barrier completes that phase.
+struct WsRing {
+  uint32_t full0;     // shared address of full[0] (barriers 8 bytes apart)
+  uint32_t empty0;    // shared address of empty[0]
+  uint32_t kv0;       // shared address of stage 0
+  unsigned char* kv;  // the same, generic (the load warp's lane copies)
+};
+
+// The load warp's part: tiles [tile_begin, tile_begin + ntiles) of an item (kv head kvh) into the
+// ring as its tiles n0, n0 + 1, ... Lane p copies piece p of a tile (p < the tile's TMA pieces;
+// four boxes: K and V, two column halves), so the pieces' copies are issued side by side (one
+// lane per box measured slower); its piece's cache row is read one tile ahead, so that a freed
+// stage is refilled without waiting on a global load. Rows at or past kv_len's last kPiece-token
+// boundary (only in an item's last tile) are copied by the lanes, zeros past kv_len, as
+// PrefillKernel has them.
+template <int kStages, int kPiece>
+__device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtensorMap* tk,
+                                            const CUtensorMap* tv, const WsRing& ring, int n0,
+                                            int table_offset, int tile_begin, int ntiles,
+                                            int kv_len, int kvh, int lane) {
+  constexpr int D = kWgD, C = D / 8;
+  const KvCacheView& cache = a.cache;
+  const int hkv = cache.num_kv_heads, bs = cache.block_size;
+  const __nv_bfloat16* kg = reinterpret_cast<const __nv_bfloat16*>(cache.k);
+  const __nv_bfloat16* vg = reinterpret_cast<const __nv_bfloat16*>(cache.v);
+  auto piece_row = [&](int i) {
+    const int ts = (tile_begin + i) * kT;
+    const int npf = max(0, min(kT / kPiece, (kv_len - ts) / kPiece));
+    if (i >= ntiles || lane >= npf) return 0;
+    const int tok = ts + lane * kPiece;
+    return (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
+  };
+  int next_row = piece_row(0);
+  for (int i = 0; i < ntiles; ++i) {
+    const int n = n0 + i, s = n % kStages, ts = (tile_begin + i) * kT;
+    const int prow = next_row;
+    next_row = piece_row(i + 1);
+    if (n >= kStages) MbarWait(ring.empty0 + 8 * s, ((n / kStages) - 1) & 1);
+    const uint32_t ks = ring.kv0 + 2 * s * kWgTileBytes, vs = ks + kWgTileBytes;
+    const uint32_t full = ring.full0 + 8 * s;
+    const int npf = max(0, min(kT / kPiece, (kv_len - ts) / kPiece));  // TMA pieces
+    if (npf < kT / kPiece) {  // the item's last tile: rows from kPiece * npf copied by lanes
+      unsigned char* Kd = ring.kv + 2 * s * kWgTileBytes;
+      unsigned char* Vd = Kd + kWgTileBytes;
+      const int j0 = npf * kPiece;
+      for (int idx = lane; idx < (kT - j0) * C; idx += 32) {
+        const int j = j0 + idx / C, c = idx % C, tok = ts + j;
+        uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
+        if (tok < kv_len) {
+          const int64_t row =
+              (static_cast<int64_t>(a.block_ids[table_offset + tok / bs]) * hkv + kvh) * bs +
+              tok % bs;
+          kx = *reinterpret_cast<const uint4*>(kg + row * D + c * 8);
+          vx = *reinterpret_cast<const uint4*>(vg + row * D + c * 8);
+        }
+        *reinterpret_cast<uint4*>(Kd + SwizzleOffset(kT, j, c)) = kx;
+        *reinterpret_cast<uint4*>(Vd + SwizzleOffset(kT, j, c)) = vx;
+      }
+      FenceProxyAsync();  // these st.shared are read by wgmma (the async proxy)
+      __syncwarp();
+    }
+    if (lane == 0) MbarArriveExpectTx(full, npf * (2 * 2 * kPiece * 128));
+    __syncwarp();
+    if (lane < npf) {
+      const uint32_t off = lane * kPiece * 128;
+      TmaLoad2d(ks + off, tk, 0, prow, full);
+      TmaLoad2d(ks + kT * 128 + off, tk, 64, prow, full);
+      TmaLoad2d(vs + off, tv, 0, prow, full);
+      TmaLoad2d(vs + kT * 128 + off, tv, 64, prow, full);
+    }
+  }
+}
+
+// A consumer warpgroup's part: the item's tiles, its ring tiles n0, n0 + 1, ..., folded into
+// (o, l) from the empty state. Q: the warpgroup's q-rows at shared address q_addr, kQRows rows a
+// column half, 8-row groups q_sbo bytes apart; lo / hi: the warpgroup's lowest and highest row
+// position (INT_MAX / -1 without rows); pos: this lane's two rows' positions (-1: none). A tile
+// the warpgroup needs is one of a prefix of the item's tiles (positions grow with rows); per
+// such tile it issues S_t = Q K_t^T together with the previous tile's O_{t-1} = P_{t-1} V_{t-1},
+// then folds O_{t-1} and runs tile t's softmax: the fold order and every operation are
+// PrefillTile's, only the schedule differs. Each stage read goes back to the load warp (one
+// arrival per warp). kPingPong: the two warpgroups (wg 0 and 1) take turns issuing their MMAs
+// (named barriers 2 and 3), so one's softmax overlaps the other's tensor-core work.
+template <bool kPingPong, int kStages, int kQRows>
+__device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t q_addr,
+                                            uint32_t q_sbo, int tile_begin, int ntiles, int lo,
+                                            int hi, const int (&pos)[2], int wg, int lane,
+                                            float scale_log2, float (&o)[64], float (&l)[2]) {
+  const int t4 = lane & 3;
+  // Tiles this warpgroup reads: a prefix of the item's (ts <= hi).
+  const int nact = hi < 0 ? 0 : min(ntiles, max(0, (hi / kT) - tile_begin + 1));
+  float m[2] = {-INFINITY, -INFINITY};
+  l[0] = l[1] = 0.f;
+  Zero(o);
+  uint32_t pa[kT / 16][4];
+  FoldWeights wp[2];
+  bool vp[2] = {false, false};
+  const uint64_t dq = WgmmaDesc(q_addr, 16, q_sbo);
+  auto issue_qk = [&](float(&sc)[32], uint64_t dk) { IssueQk<kQRows>(sc, dq, dk); };
+  auto stage = [&](int i) { return (n0 + i) % kStages; };
+  auto wait_full = [&](int i) { MbarWait(ring.full0 + 8 * stage(i), ((n0 + i) / kStages) & 1); };
+  auto desc_k = [&](int i) { return WgmmaDesc(ring.kv0 + 2 * stage(i) * kWgTileBytes, 16, 1024); };
+  auto desc_v = [&](int i) {
+    return WgmmaDesc(ring.kv0 + (2 * stage(i) + 1) * kWgTileBytes, kT * 128, 1024);
+  };
+  auto release = [&](int i) {
+    __syncwarp();
+    if (lane == 0) MbarArrive(ring.empty0 + 8 * stage(i));
+  };
+  // Ping-pong turns: one per tile for each warpgroup, warpgroup 0 first; the last arrival of
+  // warpgroup 1 would have no turn to open, so it is left out.
+  auto turn_begin = [&]() {
+    if (kPingPong) NamedBarSync(2 + wg, 256);
+  };
+  auto turn_end = [&](int i) {
+    if (kPingPong && !(wg == 1 && i == ntiles - 1)) NamedBarArrive(2 + (1 - wg), 256);
+  };
+  // Tile i's softmax (P into pa, fold weights into wp / vp); mask_tag: std::true_type when some
+  // key of the tile is past some row's position (the diagonal, the sequence's last tile).
+  auto softmax = [&](auto mask_tag, float(&sc)[32], int i) {
+    WgSoftmax<decltype(mask_tag)::value>(sc, pos, (tile_begin + i) * kT, t4, scale_log2, m, l, wp,
+                                         vp, pa);
+  };
+  auto fold = [&](auto check_tag, const float(&ot)[64]) {
+    WgFold<decltype(check_tag)::value>(o, ot, wp, vp);
+  };
+  using Masked = std::true_type;
+  using Unmasked = std::false_type;
+  // Tiles [0, nfull) are fully visible to every row of the warpgroup (ts + 63 <= lo).
+  const int nfull = min(nact, max(0, (lo + 1) / kT - tile_begin));
+
+  if (kPingPong && wg == 1) NamedBarArrive(2, 256);  // warpgroup 0 issues first
+  if (nact > 0) {                                    // tile 0: S only
+    wait_full(0);
+    float sc[32];
+    Zero(sc);
+    FenceRegs(sc);
+    turn_begin();
+    WgmmaFence();
+    issue_qk(sc, desc_k(0));
+    WgmmaCommit();
+    turn_end(0);
+    WgmmaWait<0>();
+    FenceRegs(sc);
+    if (nfull > 0) {
+      softmax(Unmasked{}, sc, 0);
+    } else {
+      softmax(Masked{}, sc, 0);
+    }
+  }
+  // Tile i: S_i issued with P_{i-1} V_{i-1}; then the fold of tile i - 1 and the softmax of
+  // tile i (one basic block, so the fold's independent FMAs fill the softmax's latencies),
+  // then tile i - 1's stage goes back to the load warp.
+  auto step = [&](auto prev_tag, auto cur_tag, int i) {
+    wait_full(i);
+    float sc[32], ot[64];
+    Zero(sc);
+    Zero(ot);
+    FenceRegs(sc);
+    FenceRegs(ot);
+    turn_begin();
+    WgmmaFence();
+    issue_qk(sc, desc_k(i));
+    IssuePv(ot, pa, desc_v(i - 1));
+    WgmmaCommit();
+    turn_end(i);
+    WgmmaWait<0>();
+    FenceRegs(sc);
+    FenceRegs(ot);
+    fold(prev_tag, ot);
+    softmax(cur_tag, sc, i);
+    release(i - 1);
+  };
+  int i = 1;
+  for (; i < nfull; ++i) step(Unmasked{}, Unmasked{}, i);
+  if (i < nact && i == nfull) step(Unmasked{}, Masked{}, i++);
+  for (; i < nact; ++i) step(Masked{}, Masked{}, i);
+  if (nact > 0) {  // P.V of the last tile read
+    float ot[64];
+    Zero(ot);
+    FenceRegs(ot);
+    WgmmaFence();
+    IssuePv(ot, pa, desc_v(nact - 1));
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceRegs(ot);
+    if (nact > nfull) {
+      fold(Masked{}, ot);
+    } else {
+      fold(Unmasked{}, ot);
+    }
+    release(nact - 1);
+  }
+  for (int j = nact; j < ntiles; ++j) {  // tiles past this warpgroup's rows
+    wait_full(j);
+    turn_begin();
+    turn_end(j);
+    release(j);
+  }
+}
+
+// The warp-specialized prefill form (v8, described above): one CTA per (item, kv head).
 template <bool kPingPong, int kStages, int kPiece>
 __global__ void __launch_bounds__(kWsThreads, 1)
     PrefillWsKernel(const TileKernelArgs k, const __grid_constant__ CUtensorMap tk,
                     const __grid_constant__ CUtensorMap tv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   WaitForPriorGrids();
-  constexpr int D = kWgD, C = D / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ WsBarriers bars;
   __shared__ int wg_pos[2][2];
@@ -852,13 +1053,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   unsigned char* Qs = smem;
   unsigned char* KVs = Qs + kWgRows * kWgRowBytes;  // stage s: K tile, then V tile
   const uint32_t qs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(Qs));
-  const uint32_t kv_addr = static_cast<uint32_t>(__cvta_generic_to_shared(KVs));
   const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars.full[0]));
   const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars.empty[0]));
+  const WsRing ring{full0, empty0, static_cast<uint32_t>(__cvta_generic_to_shared(KVs)), KVs};
 
   const AttentionArgs& a = k.a;
-  const KvCacheView& cache = a.cache;
-  const int hq = a.num_q_heads, hkv = cache.num_kv_heads, G = hq / hkv, bs = cache.block_size;
+  const int G = a.num_q_heads / a.cache.num_kv_heads;
   const int32_t* it = k.items + static_cast<int64_t>(blockIdx.x) * kItemFields;
   const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
   const int row_count = it[4], kv_len = it[5];
@@ -880,60 +1080,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (warp < 4) {  // ------------------------------------------------------------------- loads
     SetMaxRegsDec<24>();
     if (warp != 0) return;
-    const __nv_bfloat16* kg = reinterpret_cast<const __nv_bfloat16*>(cache.k);
-    const __nv_bfloat16* vg = reinterpret_cast<const __nv_bfloat16*>(cache.v);
-    // Lane p copies piece p of a tile (p < the tile's TMA pieces; four boxes: K and V, two column
-    // halves), so the pieces' copies are issued side by side (one lane per box measured slower);
-    // its piece's cache row is read one tile ahead, so that a freed stage is refilled without
-    // waiting on a global load.
-    auto piece_row = [&](int i) {
-      const int ts = (tile_begin + i) * kT;
-      const int npf = max(0, min(kT / kPiece, (kv_len - ts) / kPiece));
-      if (i >= ntiles || lane >= npf) return 0;
-      const int tok = ts + lane * kPiece;
-      return (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
-    };
-    int next_row = piece_row(0);
-    for (int i = 0; i < ntiles; ++i) {
-      const int s = i % kStages, ts = (tile_begin + i) * kT;
-      const int prow = next_row;
-      next_row = piece_row(i + 1);
-      if (i >= kStages) MbarWait(empty0 + 8 * s, ((i / kStages) - 1) & 1);
-      const uint32_t ks = kv_addr + 2 * s * kWgTileBytes, vs = ks + kWgTileBytes;
-      const int npf = max(0, min(kT / kPiece, (kv_len - ts) / kPiece));  // TMA pieces
-      if (npf < kT / kPiece) {  // the item's last tile: rows from kPiece * npf copied by lanes
-        unsigned char* Kd = KVs + 2 * s * kWgTileBytes;
-        unsigned char* Vd = Kd + kWgTileBytes;
-        const int j0 = npf * kPiece;
-        for (int idx = lane; idx < (kT - j0) * C; idx += 32) {
-          const int j = j0 + idx / C, c = idx % C, tok = ts + j;
-          uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
-          if (tok < kv_len) {
-            const int64_t row =
-                (static_cast<int64_t>(a.block_ids[table_offset + tok / bs]) * hkv + kvh) * bs +
-                tok % bs;
-            kx = *reinterpret_cast<const uint4*>(kg + row * D + c * 8);
-            vx = *reinterpret_cast<const uint4*>(vg + row * D + c * 8);
-          }
-          *reinterpret_cast<uint4*>(Kd + SwizzleOffset(kT, j, c)) = kx;
-          *reinterpret_cast<uint4*>(Vd + SwizzleOffset(kT, j, c)) = vx;
-        }
-        FenceProxyAsync();  // these st.shared are read by wgmma (the async proxy)
-        __syncwarp();
-      }
-      if (lane == 0) MbarArriveExpectTx(full0 + 8 * s, npf * (2 * 2 * kPiece * 128));
-      __syncwarp();
-      if (lane < npf) {
-        const uint32_t off = lane * kPiece * 128;
-        TmaLoad2d(ks + off, &tk, 0, prow, full0 + 8 * s);
-        TmaLoad2d(ks + kT * 128 + off, &tk, 64, prow, full0 + 8 * s);
-        TmaLoad2d(vs + off, &tv, 0, prow, full0 + 8 * s);
-        TmaLoad2d(vs + kT * 128 + off, &tv, 64, prow, full0 + 8 * s);
-      }
-    }
+    WsLoadTiles<kStages, kPiece>(a, &tk, &tv, ring, 0, table_offset, tile_begin, ntiles, kv_len,
+                                 kvh, lane);
   } else {  // --------------------------------------------------------------------- consumers
     SetMaxRegsInc<240>();
-    const int cw = warp - 4, wg = cw >> 2, t4 = lane & 3;
+    const int cw = warp - 4, wg = cw >> 2;
     WgLoadQ(k, Qs, row_begin, nq, kvh, tid - 128, 256);
     CpAsyncCommit();
     int pos[2], wmin, wmax;
@@ -945,123 +1096,152 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     CpAsyncWait<0>();
     FenceProxyAsync();
     NamedBarSync(1, 256);  // Q and wg_pos ready for both consumer warpgroups
-    const int lo = wg_pos[wg][0], hi = wg_pos[wg][1];
-    // Tiles this warpgroup reads: a prefix of the item's (ts <= hi).
-    const int nact = hi < 0 ? 0 : min(ntiles, max(0, (hi / kT) - tile_begin + 1));
-    const uint32_t q_wg = qs_addr + wg * 64 * 128;
-    const float scale_log2 = k.scale_log2;
-
-    float o[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    Zero(o);
-    uint32_t pa[kT / 16][4];
-    FoldWeights wp[2];
-    bool vp[2] = {false, false};
-    const uint64_t dq = WgmmaDesc(q_wg, 16, 1024);
-    auto issue_qk = [&](float(&sc)[32], uint64_t dk) { IssueQk(sc, dq, dk); };
-    auto desc_k = [&](int i) {
-      return WgmmaDesc(kv_addr + 2 * (i % kStages) * kWgTileBytes, 16, 1024);
-    };
-    auto desc_v = [&](int i) {
-      return WgmmaDesc(kv_addr + (2 * (i % kStages) + 1) * kWgTileBytes, kT * 128, 1024);
-    };
-    auto release = [&](int i) {
-      __syncwarp();
-      if (lane == 0) MbarArrive(empty0 + 8 * (i % kStages));
-    };
-    // Ping-pong turns: one per tile for each warpgroup, warpgroup 0 first; the last arrival of
-    // warpgroup 1 would have no turn to open, so it is left out.
-    auto turn_begin = [&]() {
-      if (kPingPong) NamedBarSync(2 + wg, 256);
-    };
-    auto turn_end = [&](int i) {
-      if (kPingPong && !(wg == 1 && i == ntiles - 1)) NamedBarArrive(2 + (1 - wg), 256);
-    };
-    // Tile i's softmax (P into pa, fold weights into wp / vp); mask_tag: std::true_type when some
-    // key of the tile is past some row's position (the diagonal, the sequence's last tile).
-    auto softmax = [&](auto mask_tag, float(&sc)[32], int i) {
-      WgSoftmax<decltype(mask_tag)::value>(sc, pos, (tile_begin + i) * kT, t4, scale_log2, m, l, wp,
-                                           vp, pa);
-    };
-    auto fold = [&](auto check_tag, const float(&ot)[64]) {
-      WgFold<decltype(check_tag)::value>(o, ot, wp, vp);
-    };
-    using Masked = std::true_type;
-    using Unmasked = std::false_type;
-    // Tiles [0, nfull) are fully visible to every row of the warpgroup (ts + 63 <= lo).
-    const int nfull = min(nact, max(0, (lo + 1) / kT - tile_begin));
-
-    if (kPingPong && wg == 1) NamedBarArrive(2, 256);  // warpgroup 0 issues first
-    if (nact > 0) {                                    // tile 0: S only
-      MbarWait(full0, 0);
-      float sc[32];
-      Zero(sc);
-      FenceRegs(sc);
-      turn_begin();
-      WgmmaFence();
-      issue_qk(sc, desc_k(0));
-      WgmmaCommit();
-      turn_end(0);
-      WgmmaWait<0>();
-      FenceRegs(sc);
-      if (nfull > 0) {
-        softmax(Unmasked{}, sc, 0);
-      } else {
-        softmax(Masked{}, sc, 0);
-      }
-    }
-    // Tile i: S_i issued with P_{i-1} V_{i-1}; then the fold of tile i - 1 and the softmax of
-    // tile i (one basic block, so the fold's independent FMAs fill the softmax's latencies),
-    // then tile i - 1's stage goes back to the load warp.
-    auto step = [&](auto prev_tag, auto cur_tag, int i) {
-      MbarWait(full0 + 8 * (i % kStages), (i / kStages) & 1);
-      float sc[32], ot[64];
-      Zero(sc);
-      Zero(ot);
-      FenceRegs(sc);
-      FenceRegs(ot);
-      turn_begin();
-      WgmmaFence();
-      issue_qk(sc, desc_k(i));
-      IssuePv(ot, pa, desc_v(i - 1));
-      WgmmaCommit();
-      turn_end(i);
-      WgmmaWait<0>();
-      FenceRegs(sc);
-      FenceRegs(ot);
-      fold(prev_tag, ot);
-      softmax(cur_tag, sc, i);
-      release(i - 1);
-    };
-    int i = 1;
-    for (; i < nfull; ++i) step(Unmasked{}, Unmasked{}, i);
-    if (i < nact && i == nfull) step(Unmasked{}, Masked{}, i++);
-    for (; i < nact; ++i) step(Masked{}, Masked{}, i);
-    if (nact > 0) {  // P.V of the last tile read
-      float ot[64];
-      Zero(ot);
-      FenceRegs(ot);
-      WgmmaFence();
-      IssuePv(ot, pa, desc_v(nact - 1));
-      WgmmaCommit();
-      WgmmaWait<0>();
-      FenceRegs(ot);
-      if (nact > nfull) {
-        fold(Masked{}, ot);
-      } else {
-        fold(Unmasked{}, ot);
-      }
-      release(nact - 1);
-    }
-    for (int j = nact; j < ntiles; ++j) {  // tiles past this warpgroup's rows
-      MbarWait(full0 + 8 * (j % kStages), (j / kStages) & 1);
-      turn_begin();
-      turn_end(j);
-      release(j);
-    }
+    float o[64], l[2];
+    WsFoldTiles<kPingPong, kStages, kWgRows>(ring, 0, qs_addr + wg * 64 * 128, 1024, tile_begin,
+                                             ntiles, wg_pos[wg][0], wg_pos[wg][1], pos, wg, lane,
+                                             k.scale_log2, o, l);
     WgStoreRows(k, row_begin, nq, kvh, cw * 16, lane, o, l);
   }
 #else
   __trap();  // launched only on devices with sm_90a machine code (WgmmaAvailable)
+#endif
+}
+
+// Decode rows on Hopper (sm_90a, head_dim 128): split form 2 (SplitForm), plans whose split
+// items are all whole decode rows of at most kDwQRows q-rows (one row each, group <= 8,
+// kFoldFinish from tile 0). The shared-memory split form copies each tile and then waits for it,
+// so at short contexts it reads at 43-67% of the copy bandwidth (bench/kernels/RESULTS.md, ctx
+// 160). Here a fixed grid (one CTA per SM) runs the items (x kv heads) persistently: each CTA's
+// two consumer warpgroups take work items in turn, each fed by its own load warp through its own
+// ring of kDwStages K/V stages that runs on into the consumer's next item while it computes the
+// current one. Per item the consumer runs PrefillWsKernel's tile loop (WsFoldTiles) from the
+// empty state and writes the outputs: a row's bits are the prefill kernel's, which are the split
+// kernel's (cuda_attention_test: PrefillKernelsAgreeBitwise, CachedPrefillEqualsColdPrefill...).
+// Q: an item's q-rows sit in an 8-row swizzled buffer (two per consumer, filled by its load warp
+// with the rows' positions) read with an 8-row-group stride of 0, so the warpgroup's 64 MMA rows
+// repeat those 8; rows past nq have position -1 (every key masked) and are never stored.
+constexpr int kDwStages = 3;
+constexpr int kDwQRows = 8;
+constexpr int kDwQBytes = kDwQRows * kWgRowBytes;
+constexpr size_t kDwSmemBytes = 1024 + 2 * (2 * kDwQBytes + 2 * kDwStages * kWgTileBytes);
+
+struct DwBarriers {
+  uint64_t full[2][kDwStages];
+  uint64_t empty[2][kDwStages];
+  uint64_t q_full[2][2];
+  uint64_t q_empty[2][2];
+};
+
+template <int kPiece>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    DecodeWsKernel(const TileKernelArgs k, int items, const __grid_constant__ CUtensorMap tk,
+                   const __grid_constant__ CUtensorMap tv) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // The count is read before the wait for the previous kernel (as in ForEachSplitItem).
+  const int count = k.item_count != nullptr ? *k.item_count : items;
+  WaitForPriorGrids();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ DwBarriers bars;
+  __shared__ int q_pos[2][2][kDwQRows];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
+  const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  // Consumer c's Q buffer b at (2 c + b) * kDwQBytes; its stages after the four Q buffers.
+  auto q_offset = [](int c, int b) { return (2 * c + b) * kDwQBytes; };
+  auto ring_of = [&](int c) {
+    const int off = 4 * kDwQBytes + c * 2 * kDwStages * kWgTileBytes;
+    return WsRing{static_cast<uint32_t>(__cvta_generic_to_shared(&bars.full[c][0])),
+                  static_cast<uint32_t>(__cvta_generic_to_shared(&bars.empty[c][0])),
+                  smem_addr + off, smem + off};
+  };
+  auto bar = [](uint64_t& b) { return static_cast<uint32_t>(__cvta_generic_to_shared(&b)); };
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) {
+    for (int c = 0; c < 2; ++c) {
+      for (int s = 0; s < kDwStages; ++s) {
+        MbarInit(bar(bars.full[c][s]), 1);
+        MbarInit(bar(bars.empty[c][s]), 4);
+      }
+      for (int b = 0; b < 2; ++b) {
+        MbarInit(bar(bars.q_full[c][b]), 1);
+        MbarInit(bar(bars.q_empty[c][b]), 4);
+      }
+    }
+    MbarInitFence();
+  }
+  // Q buffers start as zeros: rows past an item's q-rows are multiplied, never stored.
+  for (int i = tid; i < 4 * kDwQBytes / 16; i += kWsThreads) {
+    reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
+  }
+  FenceProxyAsync();
+  __syncthreads();
+
+  const AttentionArgs& a = k.a;
+  const int hkv = a.cache.num_kv_heads, G = a.num_q_heads / hkv;
+  const int works = count * hkv;  // (item, kv head) pairs, kv head fastest
+  if (warp < 4) {                 // ------------------------------------------------ loads
+    // 56 / 224 registers (ptxas: fewer for the load warps, which walk items too, spill them; 4
+    // bytes spilled at 224 for the consumers); 56 * 128 + 224 * 256 <= 64K.
+    SetMaxRegsDec<56>();
+    if (warp >= 2) return;
+    const int c = warp;  // the consumer warpgroup this warp feeds
+    const WsRing ring = ring_of(c);
+    int n = 0, j = 0;
+    for (int w = 2 * blockIdx.x + c; w < works; w += 2 * gridDim.x, ++j) {
+      const int item = w / hkv, kvh = w % hkv;
+      const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
+      const int tile_begin = it[1], ntiles = it[2] - it[1], row_begin = it[3], nq = it[4] * G;
+      const int b = j & 1;
+      if (j >= 2) MbarWait(bar(bars.q_empty[c][b]), ((j >> 1) - 1) & 1);
+      unsigned char* qbuf = smem + q_offset(c, b);
+      for (int idx = lane; idx < nq * (kWgD / 8); idx += 32) {
+        const int qi = idx / (kWgD / 8), cc = idx % (kWgD / 8);
+        *reinterpret_cast<uint4*>(qbuf + SwizzleOffset(kDwQRows, qi, cc)) =
+            *reinterpret_cast<const uint4*>(QChunk<kWgD>(k, row_begin, nq, kvh, qi, cc));
+      }
+      if (lane < kDwQRows) {
+        q_pos[c][b][lane] = lane < nq ? a.positions[k.item_rows[row_begin + lane / G]] : -1;
+      }
+      FenceProxyAsync();  // the Q rows are read by wgmma (the async proxy)
+      __syncwarp();
+      if (lane == 0) MbarArrive(bar(bars.q_full[c][b]));
+      WsLoadTiles<kDwStages, kPiece>(a, &tk, &tv, ring, n, it[0], tile_begin, ntiles, it[5], kvh,
+                                     lane);
+      n += ntiles;
+    }
+  } else {  // --------------------------------------------------------------------- consumers
+    SetMaxRegsInc<224>();
+    const int c = (warp - 4) >> 2, cw = (warp - 4) & 3;
+    const WsRing ring = ring_of(c);
+    int n = 0, j = 0;
+    for (int w = 2 * blockIdx.x + c; w < works; w += 2 * gridDim.x, ++j) {
+      const int item = w / hkv, kvh = w % hkv;
+      const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
+      const int tile_begin = it[1], ntiles = it[2] - it[1], row_begin = it[3], nq = it[4] * G;
+      const int b = j & 1;
+      MbarWait(bar(bars.q_full[c][b]), (j >> 1) & 1);
+      int pos[2], lo = INT_MAX, hi = -1;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int qi = cw * 16 + (lane >> 2) + 8 * h;
+        pos[h] = qi < kDwQRows ? q_pos[c][b][qi] : -1;
+      }
+      for (int r = 0; r < nq; ++r) {
+        lo = min(lo, q_pos[c][b][r]);
+        hi = max(hi, q_pos[c][b][r]);
+      }
+      float o[64], l[2];
+      WsFoldTiles<false, kDwStages, kDwQRows>(ring, n, smem_addr + q_offset(c, b), 0, tile_begin,
+                                              ntiles, lo, hi, pos, c, lane, k.scale_log2, o, l);
+      // Every S of the item has completed (WsFoldTiles waited on each): Q buffer b may refill.
+      __syncwarp();
+      if (lane == 0) MbarArrive(bar(bars.q_empty[c][b]));
+      WgStoreRows(k, row_begin, nq, kvh, cw * 16, lane, o, l);
+      n += ntiles;
+    }
+  }
+#else
+  __trap();  // launched only on devices with sm_90a machine code (SplitForm 2 plans, WgmmaAvailable)
 #endif
 }
 
@@ -1606,6 +1786,50 @@ cudaError_t EncodeKvMap(const void* base, int64_t rows, int piece, CUtensorMap* 
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// Blocks of 64 tokens copy a whole tile per TMA box (4 copies per tile instead of 16).
+int KvPiece(const KvCacheView& cache) {
+  return cache.block_size % kT == 0 ? kT : kPieceTokens;
+}
+// The tensor maps of one layer's K and V caches in pieces of `piece` rows (EncodeKvMap).
+cudaError_t EncodeKvMaps(const KvCacheView& cache, int piece, CUtensorMap* tk, CUtensorMap* tv) {
+  const int64_t rows = cache.num_blocks * cache.num_kv_heads * cache.block_size;
+  const cudaError_t err = EncodeKvMap(cache.k, rows, piece, tk);
+  return err == cudaSuccess ? EncodeKvMap(cache.v, rows, piece, tv) : err;
+}
+
+int g_decode_ws_ctas = 0;
+
+// Split form 2 on DecodeWsKernel: one CTA per SM (or SetDecodeWsCtas's count), at most one per two
+// work items. *launched: false where the device has no sm_90a code or the blocks no 16-token
+// pieces (the shared-memory form runs the same items then).
+cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& plan,
+                           cudaStream_t stream, bool* launched) {
+  const KvCacheView& cache = k.a.cache;
+  *launched = false;
+  bool wgmma = false;
+  cudaError_t err = WgmmaAvailable(&wgmma);
+  if (err != cudaSuccess || !wgmma || cache.block_size % kPieceTokens != 0) return err;
+  int device = 0, sms = 0;
+  err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const int piece = KvPiece(cache);
+  CUtensorMap tk, tv;
+  err = EncodeKvMaps(cache, piece, &tk, &tv);
+  if (err != cudaSuccess) return err;
+  auto kernel = piece == kT ? DecodeWsKernel<kT> : DecodeWsKernel<kPieceTokens>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDwSmemBytes);
+  if (err != cudaSuccess) return err;
+  // plan.num_split: the items, or with split_count the form-0 grid (which bounds them).
+  const int64_t works = static_cast<int64_t>(plan.num_split) * cache.num_kv_heads;
+  const int ctas = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(g_decode_ws_ctas > 0 ? g_decode_ws_ctas : sms,
+                                             (works + 1) / 2)));
+  *launched = true;
+  return LaunchKernel(kernel, dim3(ctas), kWsThreads, kDwSmemBytes, stream, k, plan.num_split, tk,
+                      tv);
+}
+
 template <int E>
 cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& plan,
                          cudaStream_t stream) {
@@ -1626,11 +1850,8 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     const int v = WgmmaVariant();
     if (wgmma && v != 2 && args.cache.block_size % kPieceTokens == 0) {
       CUtensorMap tk, tv;
-      const int64_t rows = args.cache.num_blocks * args.cache.num_kv_heads * args.cache.block_size;
-      // Blocks of 64 tokens copy a whole tile per TMA box (4 copies per tile instead of 16).
-      const int piece = v == 0 && args.cache.block_size % kT == 0 ? kT : kPieceTokens;
-      cudaError_t err = EncodeKvMap(args.cache.k, rows, piece, &tk);
-      if (err == cudaSuccess) err = EncodeKvMap(args.cache.v, rows, piece, &tv);
+      const int piece = v == 0 ? KvPiece(args.cache) : kPieceTokens;
+      cudaError_t err = EncodeKvMaps(args.cache, piece, &tk, &tv);
       if (err != cudaSuccess) return err;
       // Variant 1: the ping-pong schedule (measured slower on an H100, kept for comparison).
       auto kernel = v == 1        ? PrefillWsKernel<true, kWsStages, kPieceTokens>
@@ -1667,8 +1888,12 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     };
     cudaError_t err = cudaSuccess;
     bool launched = false;
+    if constexpr (D == kWgD) {
+      if (g_split_variant == 0 && plan.split_form == 2) err = LaunchDecodeWs(k, plan, stream, &launched);
+      if (err != cudaSuccess) return err;
+    }
     if constexpr (D <= 128) {
-      if (g_split_variant == 3 || (g_split_variant == 0 && plan.split_form == 1)) {
+      if (!launched && (g_split_variant == 3 || (g_split_variant == 0 && plan.split_form == 1))) {
         err = launch(g_split_variant == 3 ? SplitRegKernel<D, true> : SplitRegKernel<D, false>,
                      SplitRegSmemBytes<D>(), kRegThreads);
         launched = true;
@@ -1680,7 +1905,8 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     }
     if (err != cudaSuccess) return err;
   }
-  if (plan.num_merge > 0) {
+  // Form 2: every split row was finished by its item (kFoldFinish): nothing to merge.
+  if (plan.num_merge > 0 && plan.split_form != 2) {
     const int warps = plan.num_merge * args.num_q_heads * E;
     return LaunchKernel(MergeKernel<E>, (warps + kWarps - 1) / kWarps, kThreads, 0, stream, args,
                         plan.merge_list, plan.num_merge);
@@ -1692,6 +1918,7 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
 
 void SetWgmmaPrefillVariant(int variant) { g_wgmma_variant = variant; }
 void SetSplitVariant(int variant) { g_split_variant = variant; }
+void SetDecodeWsCtas(int ctas) { g_decode_ws_ctas = ctas; }
 
 // Compute capability 9.0 (H100, H200) runs this library's sm_90a machine code; newer GPUs run the
 // compute_90 PTX, which has no wgmma.

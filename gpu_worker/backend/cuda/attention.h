@@ -125,12 +125,21 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
 // graph-captured split launch (AttentionPlanView::split_count).
 absl::StatusOr<int> SplitCtasPerWave(int head_dim, int num_kv_heads, int split_form = 0);
 
-// The split kernel form for a plan (AttentionPlanView::split_form): the register form where the
-// plan reads a tile once for several rows (measured faster on cascade steps: its one barrier
-// per tile and register-resident tiles make a shared tile's serial chain short), the
-// shared-memory form otherwise (faster on distinct rows: more warps and loads in flight).
-inline int SplitForm(const AttentionPlan& plan, int head_dim) {
-  return head_dim <= 128 && plan.cascade_shared_tiles > 0 ? 1 : 0;
+// The split kernel form for a plan (AttentionPlanView::split_form): 1, the register form, where
+// the plan reads a tile once for several rows (measured faster on cascade steps: its one barrier
+// per tile and register-resident tiles make a shared tile's serial chain short); 2 where every
+// split item is one whole decode row (kFoldFinish from tile 0) of at most 8 q-rows at head_dim
+// 128 (`group` = query heads per kv head): the persistent warp-specialized decode kernel on
+// Hopper (the shared-memory form elsewhere), and no merge, since each item finishes its row;
+// else 0, the shared-memory form (faster on distinct rows: more warps and loads in flight).
+inline int SplitForm(const AttentionPlan& plan, int head_dim, int group) {
+  if (head_dim <= 128 && plan.cascade_shared_tiles > 0) return 1;
+  if (head_dim != 128 || group > 8 || plan.num_split() == 0) return 0;
+  for (int i = 0; i < plan.num_split(); ++i) {
+    const int32_t* it = &plan.split_items[static_cast<size_t>(i) * kItemFields];
+    if (it[6] != kFoldFinish || it[1] != 0 || it[4] != 1) return 0;
+  }
+  return 2;
 }
 
 // Runs the plan: final items, split items, then the merge (three launches, no host sync, no

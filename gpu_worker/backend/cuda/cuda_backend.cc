@@ -161,13 +161,17 @@ struct StepMeta {
 // One captured decode step: a graph over `bucket` rows and the buffers it was captured with.
 // One per split kernel form (AttentionPlanView::split_form), captured when a step first needs it.
 struct DecodeGraph {
-  cudaGraphExec_t exec[2] = {nullptr, nullptr};
-  uint64_t epoch[2] = {0, 0};  // CudaBackend::graph_epoch_ at capture
+  static constexpr int kForms = 3;
+  cudaGraphExec_t exec[kForms] = {};
+  uint64_t epoch[kForms] = {};  // CudaBackend::graph_epoch_ at capture
   // Just captured, the same step with the pinned GEMM algorithms where exec holds tuned ones
   // (gemm.h): both are timed on the step's first replay and the slower is dropped.
-  cudaGraphExec_t pinned[2] = {nullptr, nullptr};
+  cudaGraphExec_t pinned[kForms] = {};
   bool Current(uint64_t e) const {
-    return (exec[0] != nullptr && epoch[0] == e) || (exec[1] != nullptr && epoch[1] == e);
+    for (int f = 0; f < kForms; ++f) {
+      if (exec[f] != nullptr && epoch[f] == e) return true;
+    }
+    return false;
   }
   ~DecodeGraph() {
     for (cudaGraphExec_t x : exec) {
@@ -737,7 +741,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   m.plan = AttentionPlanView{
       meta + o_fi,   plan.num_final(), meta + o_si,      plan.num_split(),    meta + o_rows,
       meta + o_base, meta + o_merge,   plan.num_merge(), plan.max_final_rows, plan.max_split_rows};
-  m.plan.split_form = SplitForm(plan, d_);
+  m.plan.split_form = SplitForm(plan, d_, hq_ / hkv_);
   RETURN_IF_ERROR(EnqueueModel(n, m));
 
   const int rows = static_cast<int>(b.logits_rows.size());
@@ -1039,7 +1043,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
                              0,
                              std::max(1, kMaxQueriesPerCta / group),
                              meta + l.count};
-  const int form = SplitForm(plan, d_);
+  const int form = SplitForm(plan, d_, hq_ / hkv_);
   m.plan.split_form = form;
   if (form == 1) m.plan.num_split = split_ctas_reg_;
 

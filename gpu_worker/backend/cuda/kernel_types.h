@@ -63,7 +63,8 @@ struct AttentionPlanView {
   // so one captured launch serves every step whatever its number of items. nullptr: eager.
   const int32_t* split_count = nullptr;
   // The split kernel's form (SplitForm of the plan; the same bits either way): 0 the shared-memory
-  // form, 1 the register form (head_dim <= 128).
+  // form, 1 the register form (head_dim <= 128), 2 the persistent decode kernel (whole rows,
+  // head_dim 128, Hopper; no merge launch).
   int split_form = 0;
 };
 
