@@ -33,7 +33,9 @@
 // copy N chunks of weights before waiting for the previous kernel instead of 2; early0: none; the
 // same bits), "nofusesilu" (SiluMul as its own kernel after gate_up's DecodeGemm; the same bits),
 // "splitprefetch" / "splitsmem" / "splitreg" (every plan's split attention items on that form of
-// the split kernel, launchers.h SetSplitVariant, instead of the plan's choice; the same bits).
+// the split kernel, launchers.h SetSplitVariant, instead of the plan's choice; the same bits),
+// "ws" / "nows" (plans of whole decode rows on the persistent decode kernel at any row length /
+// never: attention.h SetDecodeWsMinTiles; the same bits).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -50,6 +52,7 @@
 // step time spent inside Backend::Forward (device work + logits copy); the rest is the engine's
 // host work (scheduling, sampling, output).
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -71,6 +74,7 @@
 #include "gpu_worker/model/generator.h"
 #include "gpu_worker/model/model.h"
 #ifdef CASCADE_HAVE_CUDA
+#include "gpu_worker/backend/cuda/attention.h"
 #include "gpu_worker/backend/cuda/cuda_backend.h"
 #include "gpu_worker/backend/cuda/device.h"
 #include "gpu_worker/backend/cuda/launchers.h"
@@ -145,6 +149,7 @@ struct Variant {
   int early_chunks = 2;   // CudaBackendOptions::decode_gemm_early_chunks
   bool fuse_silu = true;  // CudaBackendOptions::fuse_silu
   int split_variant = 0;  // internal::SetSplitVariant (process-wide, set when the backend loads)
+  int ws_min_tiles = -1;  // cuda::SetDecodeWsMinTiles (likewise; -1: its default)
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -159,6 +164,10 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "splitprefetch") return v->split_variant = 1, true;
   if (name == "splitsmem") return v->split_variant = 2, true;
   if (name == "splitreg") return v->split_variant = 3, true;
+  // Whole-row decode plans on the persistent decode kernel (split form 3) whatever the rows'
+  // length, or never (form 2: the shared-memory kernel without the merge).
+  if (name == "ws") return v->ws_min_tiles = 0, true;
+  if (name == "nows") return v->ws_min_tiles = std::numeric_limits<int>::max(), true;
   if (absl::StartsWith(name, "early")) {  // earlyN: DecodeGemm copies N weight chunks early
     return absl::SimpleAtoi(name.substr(5), &v->early_chunks) && v->early_chunks >= 0;
   }
@@ -434,6 +443,8 @@ struct Bench {
       o.gemm_tune_max_m = variant.tune_max_m;
       o.programmatic_launch = variant.pdl;
       cuda::internal::SetSplitVariant(variant.split_variant);
+      cuda::SetDecodeWsMinTiles(variant.ws_min_tiles >= 0 ? variant.ws_min_tiles
+                                                          : cuda::kDefaultDecodeWsMinTiles);
       const Clock::time_point load_start = Clock::now();
       auto b = cuda::NewCudaBackend(model, o);
       if (!b.ok()) {

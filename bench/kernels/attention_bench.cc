@@ -256,22 +256,26 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
            : c == &smem   ? " smem"
                           : "";
   };
-  // Decode, distinct sequences: without fold items, the default (the plan's split form: where
-  // every item is a whole row, form 2, the persistent warp-specialized kernel; else the
-  // shared-memory one, no tile being shared), the shared-memory form forced (split variant 2),
-  // whole rows folded (form 2) and on the shared-memory form; all give the same bits.
+  // Decode, distinct sequences: without fold items; the default (the plan's split form: where
+  // every item is a whole row of DecodeWsMinTiles() tiles or more on average, form 3, the
+  // persistent warp-specialized kernel, tagged [ws]; whole rows of fewer, form 2, the
+  // shared-memory kernel without the merge, tagged [f2]; else the shared-memory kernel, no tile
+  // being shared); the shared-memory kernel forced (split variant 2); whole rows folded on the
+  // persistent kernel whatever their length and on the shared-memory kernel. Same bits.
   struct Decode {
     const char* name;
     const AttentionConfig* config;
     int split_variant;  // internal::SetSplitVariant
+    int ws_min_tiles;   // SetDecodeWsMinTiles for the row (-1: the default)
   };
-  const std::vector<Decode> decodes = {{" nofold", &nofold, 0},
-                                       {"", &every, 0},
-                                       {" smem", &every, 2},
-                                       {" whole", &whole, 0},
-                                       {" whole smem", &whole, 2}};
-  // ctx 160: the engine benchmark's decode rows (prompt 128, up to 64 generated), items of 3 tiles.
-  for (int ctx : {160, 1024, 4096}) {
+  const std::vector<Decode> decodes = {{" nofold", &nofold, 0, -1},
+                                       {"", &every, 0, -1},
+                                       {" smem", &every, 2, -1},
+                                       {" whole ws", &whole, 0, 0},
+                                       {" whole smem", &whole, 2, -1}};
+  // ctx 160: the engine benchmark's decode rows (prompt 128, up to 64 generated), items of 3 tiles;
+  // 384: 6 tiles (the persistent decode kernel's default threshold, DecodeWsMinTiles).
+  for (int ctx : {160, 384, 1024, 4096}) {
     if (cascade_only || prefill_only || g_shared_batch > 0) break;
     for (int batch : {1, 16, 64, 256}) {
       if (quick && batch > 64) continue;
@@ -282,13 +286,15 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
       for (const Decode& d : decodes) {
         internal::SetSplitVariant(d.split_variant);
+        const int min_tiles = DecodeWsMinTiles();
+        if (d.ws_min_tiles >= 0) SetDecodeWsMinTiles(d.ws_min_tiles);
         const double ms = TimeAttention(std::vector<int>(batch, 1), std::vector<int>(batch, ctx),
                                         tables, blocks, rot, num_blocks, cache, *d.config, &plan);
+        const int form = SplitForm(plan, kD, kHq / kHkv);
+        SetDecodeWsMinTiles(min_tiles);
         internal::SetSplitVariant(0);
-        // " [ws]": the plan's form ran the persistent decode kernel (split form 2).
-        const bool ws = d.split_variant == 0 && SplitForm(plan, kD, kHq / kHkv) == 2;
-        row("decode B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) + d.name +
-                (ws ? " [ws]" : ""),
+        const char* tag = d.split_variant != 0 ? "" : form == 3 ? " [ws]" : form == 2 ? " [f2]" : "";
+        row("decode B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) + d.name + tag,
             ms,
             token_bytes * batch * ctx);
       }
@@ -426,7 +432,7 @@ int main(int argc, char** argv) {
                       &cascade::cuda::g_only_ctx) != 2 ||
           (cascade::cuda::g_only_ctx != 160 && cascade::cuda::g_only_ctx != 1024 &&
            cascade::cuda::g_only_ctx != 4096)) {
-        std::fprintf(stderr, "--decode=B,CTX: B in 1, 16, 64, 256; CTX 160, 1024 or 4096\n");
+        std::fprintf(stderr, "--decode=B,CTX: B in 1, 16, 64, 256; CTX 160, 384, 1024 or 4096\n");
         return 2;
       }
     } else {

@@ -452,12 +452,17 @@ TEST(AttentionPlanTest, FoldItemsGrowWithTheStepsWork) {
   for (int i = 0; i < whole.num_split(); ++i) {
     EXPECT_EQ(whole.split_items[i * kItemFields + 6], kFoldFinish);
   }
-  // Every item a whole row of 2 q-rows at head_dim 128: the persistent decode form (2), which
-  // skips the merge; up to 8 q-rows a row, not beyond; not at other head dims.
+  // Every item a whole row: no merge (forms 2 and 3). Rows of up to 8 q-rows at head_dim 128 and
+  // of DecodeWsMinTiles() tiles or more: the persistent decode kernel (3); else the
+  // shared-memory kernel (2).
+  EXPECT_EQ(SplitForm(whole, 128, 2), 3);
+  EXPECT_EQ(SplitForm(whole, 128, 8), 3);
+  EXPECT_EQ(SplitForm(whole, 128, 16), 2);
+  EXPECT_EQ(SplitForm(whole, 64, 2), 2);
+  const int min_tiles = DecodeWsMinTiles();
+  SetDecodeWsMinTiles(65);  // rows of 64 tiles are too short then
   EXPECT_EQ(SplitForm(whole, 128, 2), 2);
-  EXPECT_EQ(SplitForm(whole, 128, 8), 2);
-  EXPECT_EQ(SplitForm(whole, 128, 16), 0);
-  EXPECT_EQ(SplitForm(whole, 64, 2), 0);
+  SetDecodeWsMinTiles(min_tiles);
   AttentionConfig through_merge = cfg;
   through_merge.finish_rows = false;  // one partial per row, merged
   const AttentionPlan merged = Plan(through_merge, b);

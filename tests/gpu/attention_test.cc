@@ -403,7 +403,7 @@ TEST(Attention, CachedPrefillEqualsColdPrefillBitwise) {
   }
 }
 
-// Split form 2 (whole decode rows of <= 8 q-rows: the persistent warp-specialized kernel on
+// Split form 3 (whole decode rows of <= 8 q-rows: the persistent warp-specialized kernel on
 // Hopper, no merge) against the shared-memory split form and the float64 reference: rows of 1 to
 // 1100 keys (ends mid-block, mid-tile, on tile boundaries), GQA groups 1, 2, 4 and 8, blocks of
 // 16, 32 and 64 (16-token TMA pieces and whole-tile ones), beside a prefill sequence; on the
@@ -431,25 +431,28 @@ TEST(Attention, PersistentDecodeFormEqualsSplitFormsBitwise) {
       return RunAttention(h, b, q_bits, false, &plan, CascadeGrouping::kEveryTile, 0,
                           PrefillPath::kAuto, 1000);
     };
+    const int min_tiles = DecodeWsMinTiles();
+    SetDecodeWsMinTiles(0);  // form 3 whatever the rows' length
     const auto ws = run();
-    ASSERT_EQ(SplitForm(plan, sh.D, sh.hq / sh.hkv), 2) << "every split item a whole row";
+    ASSERT_EQ(SplitForm(plan, sh.D, sh.hq / sh.hkv), 3) << "every split item a whole row";
     internal::SetDecodeWsCtas(3);
     const auto few = run();
     internal::SetDecodeWsCtas(0);
-    internal::SetSplitVariant(2);
+    internal::SetSplitVariant(2);  // the same plan (form 3: no merge) on the shared-memory kernel
     const auto smem = run();
     internal::SetSplitVariant(0);
+    SetDecodeWsMinTiles(min_tiles);
     const size_t bytes = ws.size() * sizeof(uint16_t);
     const std::string shape = "hq " + std::to_string(sh.hq) + " hkv " + std::to_string(sh.hkv) +
                               " block " + std::to_string(sh.bs);
-    EXPECT_EQ(0, std::memcmp(ws.data(), smem.data(), bytes)) << "form 2 != shared-memory, " << shape;
-    EXPECT_EQ(0, std::memcmp(few.data(), smem.data(), bytes)) << "form 2 on 3 CTAs, " << shape;
+    EXPECT_EQ(0, std::memcmp(ws.data(), smem.data(), bytes)) << "form 3 != shared-memory, " << shape;
+    EXPECT_EQ(0, std::memcmp(few.data(), smem.data(), bytes)) << "form 3 on 3 CTAs, " << shape;
     if (!checked_reference) {
       ExpectClose(ws, Reference(h, seqs, b, q));
       checked_reference = true;
     }
   }
-  if (!hopper) GTEST_SKIP() << "no sm_90a device: form 2 ran on the shared-memory kernel";
+  if (!hopper) GTEST_SKIP() << "no sm_90a device: form 3 ran on the shared-memory kernel";
 }
 
 // Argument checks run before any launch (no GPU needed): a plan whose prefill items hold more

@@ -647,18 +647,19 @@ __device__ __forceinline__ void WgRowPositions(const TileKernelArgs& k, int row_
     wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
   }
 }
-// Writes this lane's rows of a warp's 16 q-rows (from q-row qi0) as bf16 o / l.
-__device__ __forceinline__ void WgStoreRows(const TileKernelArgs& k, int row_begin, int nq, int kvh,
-                                            int qi0, int lane, const float (&o)[64],
-                                            const float (&l)[2]) {
-  const AttentionArgs& a = k.a;
+// Writes this lane's rows of a warp's 16 q-rows (from q-row qi0) as bf16 o / l; row_of(qi): the
+// token row of q-row qi.
+template <class RowOf>
+__device__ __forceinline__ void WgStoreRowsBy(const AttentionArgs& a, int nq, int kvh, int qi0,
+                                              int lane, const float (&o)[64], const float (&l)[2],
+                                              RowOf row_of) {
   const int G = a.num_q_heads / a.cache.num_kv_heads;
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int qi = qi0 + (lane >> 2) + 8 * h;
     if (qi >= nq) continue;
-    const int row = k.item_rows[row_begin + qi / G];
+    const int row = row_of(qi);
     const float inv = __frcp_rn(l[h]);
     __nv_bfloat16* dst =
         out + static_cast<int64_t>(row) * a.num_q_heads * kWgD + (kvh * G + qi % G) * kWgD;
@@ -668,6 +669,14 @@ __device__ __forceinline__ void WgStoreRows(const TileKernelArgs& k, int row_beg
           PackBf16(__fmul_rn(o[4 * n + 2 * h], inv), __fmul_rn(o[4 * n + 2 * h + 1], inv));
     }
   }
+}
+// The item's rows (q-row qi: item row qi / G).
+__device__ __forceinline__ void WgStoreRows(const TileKernelArgs& k, int row_begin, int nq, int kvh,
+                                            int qi0, int lane, const float (&o)[64],
+                                            const float (&l)[2]) {
+  const int G = k.a.num_q_heads / k.a.cache.num_kv_heads;
+  WgStoreRowsBy(k.a, nq, kvh, qi0, lane, o, l,
+                [&](int qi) { return k.item_rows[row_begin + qi / G]; });
 }
 
 // One 64-key tile for one warpgroup (see PrefillTile for the arithmetic).
@@ -852,24 +861,34 @@ struct WsRing {
 // stage is refilled without waiting on a global load. Rows at or past kv_len's last kPiece-token
 // boundary (only in an item's last tile) are copied by the lanes, zeros past kv_len, as
 // PrefillKernel has them.
+// The cache row (of the [blocks * kv heads * block_size, 128] tensor maps) where lane `lane`'s TMA
+// piece of the item's tile i starts; 0 where the lane copies no piece of it.
+template <int kPiece>
+__device__ __forceinline__ int WsPieceRow(const AttentionArgs& a, int table_offset, int tile_begin,
+                                          int ntiles, int kv_len, int kvh, int lane, int i) {
+  const int hkv = a.cache.num_kv_heads, bs = a.cache.block_size;
+  const int ts = (tile_begin + i) * kT;
+  const int npf = max(0, min(kT / kPiece, (kv_len - ts) / kPiece));
+  if (i >= ntiles || lane >= npf) return 0;
+  const int tok = ts + lane * kPiece;
+  return (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
+}
+
+// first_row: this lane's WsPieceRow of tile 0 (found by the caller, maybe ahead of time).
 template <int kStages, int kPiece>
 __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtensorMap* tk,
                                             const CUtensorMap* tv, const WsRing& ring, int n0,
                                             int table_offset, int tile_begin, int ntiles,
-                                            int kv_len, int kvh, int lane) {
+                                            int kv_len, int kvh, int lane, int first_row) {
   constexpr int D = kWgD, C = D / 8;
   const KvCacheView& cache = a.cache;
   const int hkv = cache.num_kv_heads, bs = cache.block_size;
   const __nv_bfloat16* kg = reinterpret_cast<const __nv_bfloat16*>(cache.k);
   const __nv_bfloat16* vg = reinterpret_cast<const __nv_bfloat16*>(cache.v);
   auto piece_row = [&](int i) {
-    const int ts = (tile_begin + i) * kT;
-    const int npf = max(0, min(kT / kPiece, (kv_len - ts) / kPiece));
-    if (i >= ntiles || lane >= npf) return 0;
-    const int tok = ts + lane * kPiece;
-    return (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
+    return WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, i);
   };
-  int next_row = piece_row(0);
+  int next_row = first_row;
   for (int i = 0; i < ntiles; ++i) {
     const int n = n0 + i, s = n % kStages, ts = (tile_begin + i) * kT;
     const int prow = next_row;
@@ -1080,8 +1099,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (warp < 4) {  // ------------------------------------------------------------------- loads
     SetMaxRegsDec<24>();
     if (warp != 0) return;
-    WsLoadTiles<kStages, kPiece>(a, &tk, &tv, ring, 0, table_offset, tile_begin, ntiles, kv_len,
-                                 kvh, lane);
+    WsLoadTiles<kStages, kPiece>(
+        a, &tk, &tv, ring, 0, table_offset, tile_begin, ntiles, kv_len, kvh, lane,
+        WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, 0));
   } else {  // --------------------------------------------------------------------- consumers
     SetMaxRegsInc<240>();
     const int cw = warp - 4, wg = cw >> 2;
@@ -1107,29 +1127,39 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #endif
 }
 
-// Decode rows on Hopper (sm_90a, head_dim 128): split form 2 (SplitForm), plans whose split
+// Decode rows on Hopper (sm_90a, head_dim 128): split form 3 (SplitForm), plans whose split
 // items are all whole decode rows of at most kDwQRows q-rows (one row each, group <= 8,
 // kFoldFinish from tile 0). The shared-memory split form copies each tile and then waits for it,
-// so at short contexts it reads at 43-67% of the copy bandwidth (bench/kernels/RESULTS.md, ctx
-// 160). Here a fixed grid (one CTA per SM) runs the items (x kv heads) persistently: each CTA's
-// two consumer warpgroups take work items in turn, each fed by its own load warp through its own
-// ring of kDwStages K/V stages that runs on into the consumer's next item while it computes the
-// current one. Per item the consumer runs PrefillWsKernel's tile loop (WsFoldTiles) from the
-// empty state and writes the outputs: a row's bits are the prefill kernel's, which are the split
-// kernel's (cuda_attention_test: PrefillKernelsAgreeBitwise, CachedPrefillEqualsColdPrefill...).
-// Q: an item's q-rows sit in an 8-row swizzled buffer (two per consumer, filled by its load warp
-// with the rows' positions) read with an 8-row-group stride of 0, so the warpgroup's 64 MMA rows
-// repeat those 8; rows past nq have position -1 (every key masked) and are never stored.
+// so it reads at 83-96% of the copy bandwidth at contexts of 1k-4k (bench/kernels/RESULTS.md).
+// Here a fixed grid (one CTA per SM) runs the items (x kv heads) persistently: each CTA's two
+// consumer warpgroups take work items in turn, each fed by two warps of its own: an item warp
+// that puts the next items' Q rows (into one of two 8-row swizzled buffers), positions, output
+// rows, fields and first-tile cache rows into shared memory up to two items ahead, and a load
+// warp whose ring of kDwStages K/V stages runs on into the next item while the consumer
+// computes the current one. Per item the consumer runs PrefillWsKernel's tile loop
+// (WsFoldTiles) from the empty state and writes the outputs: a row's bits are the prefill
+// kernel's, which are the split kernel's (cuda_attention_test: PrefillKernelsAgreeBitwise,
+// CachedPrefillEqualsColdPrefillBitwise, PersistentDecodeFormEqualsSplitFormsBitwise). Q is read
+// with an 8-row-group stride of 0, so the warpgroup's 64 MMA rows repeat the buffer's 8; rows
+// past nq have position -1 (every key masked) and are never stored.
 constexpr int kDwStages = 3;
 constexpr int kDwQRows = 8;
 constexpr int kDwQBytes = kDwQRows * kWgRowBytes;
 constexpr size_t kDwSmemBytes = 1024 + 2 * (2 * kDwQBytes + 2 * kDwStages * kWgTileBytes);
 
-struct DwBarriers {
+// An item as its item warp leaves it in shared memory for the load warp and the consumer.
+struct DwItem {
+  int table_offset, tile_begin, ntiles, kv_len, nq;
+  int pos[kDwQRows];             // q-row positions, -1 past nq
+  int row[kDwQRows];             // q-row qi's token row (output row)
+  int first_row[kT / 16];        // lane p's WsPieceRow of tile 0
+};
+struct DwShared {
   uint64_t full[2][kDwStages];
   uint64_t empty[2][kDwStages];
-  uint64_t q_full[2][2];
-  uint64_t q_empty[2][2];
+  uint64_t item_full[2][2];   // consumer c's item buffer b filled (its item warp, one arrival)
+  uint64_t item_empty[2][2];  // ... and done with (its consumer's four warps)
+  DwItem item[2][2];
 };
 
 template <int kPiece>
@@ -1137,34 +1167,32 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     DecodeWsKernel(const TileKernelArgs k, int items, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(kT / kPiece <= kT / 16, "first_row holds a tile's pieces");
   // The count is read before the wait for the previous kernel (as in ForEachSplitItem).
   const int count = k.item_count != nullptr ? *k.item_count : items;
   WaitForPriorGrids();
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ DwBarriers bars;
-  __shared__ int q_pos[2][2][kDwQRows];
+  __shared__ DwShared sh;
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
   const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   // Consumer c's Q buffer b at (2 c + b) * kDwQBytes; its stages after the four Q buffers.
   auto q_offset = [](int c, int b) { return (2 * c + b) * kDwQBytes; };
+  auto bar = [](uint64_t& b) { return static_cast<uint32_t>(__cvta_generic_to_shared(&b)); };
   auto ring_of = [&](int c) {
     const int off = 4 * kDwQBytes + c * 2 * kDwStages * kWgTileBytes;
-    return WsRing{static_cast<uint32_t>(__cvta_generic_to_shared(&bars.full[c][0])),
-                  static_cast<uint32_t>(__cvta_generic_to_shared(&bars.empty[c][0])),
-                  smem_addr + off, smem + off};
+    return WsRing{bar(sh.full[c][0]), bar(sh.empty[c][0]), smem_addr + off, smem + off};
   };
-  auto bar = [](uint64_t& b) { return static_cast<uint32_t>(__cvta_generic_to_shared(&b)); };
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (tid == 0) {
     for (int c = 0; c < 2; ++c) {
       for (int s = 0; s < kDwStages; ++s) {
-        MbarInit(bar(bars.full[c][s]), 1);
-        MbarInit(bar(bars.empty[c][s]), 4);
+        MbarInit(bar(sh.full[c][s]), 1);
+        MbarInit(bar(sh.empty[c][s]), 4);
       }
       for (int b = 0; b < 2; ++b) {
-        MbarInit(bar(bars.q_full[c][b]), 1);
-        MbarInit(bar(bars.q_empty[c][b]), 4);
+        MbarInit(bar(sh.item_full[c][b]), 1);
+        MbarInit(bar(sh.item_empty[c][b]), 4);
       }
     }
     MbarInitFence();
@@ -1179,35 +1207,62 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const AttentionArgs& a = k.a;
   const int hkv = a.cache.num_kv_heads, G = a.num_q_heads / hkv;
   const int works = count * hkv;  // (item, kv head) pairs, kv head fastest
-  if (warp < 4) {                 // ------------------------------------------------ loads
-    // 56 / 224 registers (ptxas: fewer for the load warps, which walk items too, spill them; 4
-    // bytes spilled at 224 for the consumers); 56 * 128 + 224 * 256 <= 64K.
+  // Consumer c (and its two warps) take works 2 * blockIdx.x + c, + 2 * gridDim.x, ...
+  if (warp < 4) {  // --------------------------------------------------- item and load warps
+    // 56 / 224 registers (ptxas: fewer for these warps, which walk items too, spill them; 4 bytes
+    // spilled at 224 for the consumers); 56 * 128 + 224 * 256 <= 64K.
     SetMaxRegsDec<56>();
-    if (warp >= 2) return;
-    const int c = warp;  // the consumer warpgroup this warp feeds
-    const WsRing ring = ring_of(c);
-    int n = 0, j = 0;
-    for (int w = 2 * blockIdx.x + c; w < works; w += 2 * gridDim.x, ++j) {
-      const int item = w / hkv, kvh = w % hkv;
-      const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
-      const int tile_begin = it[1], ntiles = it[2] - it[1], row_begin = it[3], nq = it[4] * G;
-      const int b = j & 1;
-      if (j >= 2) MbarWait(bar(bars.q_empty[c][b]), ((j >> 1) - 1) & 1);
-      unsigned char* qbuf = smem + q_offset(c, b);
-      for (int idx = lane; idx < nq * (kWgD / 8); idx += 32) {
-        const int qi = idx / (kWgD / 8), cc = idx % (kWgD / 8);
-        *reinterpret_cast<uint4*>(qbuf + SwizzleOffset(kDwQRows, qi, cc)) =
-            *reinterpret_cast<const uint4*>(QChunk<kWgD>(k, row_begin, nq, kvh, qi, cc));
+    const int c = warp & 1;
+    if (warp >= 2) {  // item warp of consumer c
+      int j = 0;
+      for (int w = 2 * blockIdx.x + c; w < works; w += 2 * gridDim.x, ++j) {
+        const int b = j & 1, item = w / hkv, kvh = w % hkv;
+        const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
+        const int table_offset = it[0], tile_begin = it[1], ntiles = it[2] - it[1];
+        const int row_begin = it[3], nq = it[4] * G, kv_len = it[5];
+        if (j >= 2) MbarWait(bar(sh.item_empty[c][b]), ((j >> 1) - 1) & 1);
+        DwItem& d = sh.item[c][b];
+        unsigned char* qbuf = smem + q_offset(c, b);
+        for (int idx = lane; idx < nq * (kWgD / 8); idx += 32) {
+          const int qi = idx / (kWgD / 8), cc = idx % (kWgD / 8);
+          CpAsync16Z(qbuf + SwizzleOffset(kDwQRows, qi, cc),
+                     QChunk<kWgD>(k, row_begin, nq, kvh, qi, cc), 16);
+        }
+        CpAsyncCommit();
+        if (lane < kDwQRows) {
+          const int row = lane < nq ? k.item_rows[row_begin + lane / G] : 0;
+          d.row[lane] = row;
+          d.pos[lane] = lane < nq ? a.positions[row] : -1;
+        }
+        if (lane < kT / 16) {
+          d.first_row[lane] =
+              WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, 0);
+        }
+        if (lane == 0) {
+          d.table_offset = table_offset;
+          d.tile_begin = tile_begin;
+          d.ntiles = ntiles;
+          d.kv_len = kv_len;
+          d.nq = nq;
+        }
+        CpAsyncWait<0>();
+        FenceProxyAsync();  // the Q rows are read by wgmma (the async proxy)
+        __syncwarp();
+        if (lane == 0) MbarArrive(bar(sh.item_full[c][b]));
       }
-      if (lane < kDwQRows) {
-        q_pos[c][b][lane] = lane < nq ? a.positions[k.item_rows[row_begin + lane / G]] : -1;
+    } else {  // load warp of consumer c
+      const WsRing ring = ring_of(c);
+      int n = 0, j = 0;
+      for (int w = 2 * blockIdx.x + c; w < works; w += 2 * gridDim.x, ++j) {
+        const int b = j & 1;
+        MbarWait(bar(sh.item_full[c][b]), (j >> 1) & 1);
+        const DwItem& d = sh.item[c][b];
+        const int ntiles = d.ntiles;
+        WsLoadTiles<kDwStages, kPiece>(a, &tk, &tv, ring, n, d.table_offset, d.tile_begin, ntiles,
+                                       d.kv_len, w % hkv, lane,
+                                       lane < kT / 16 ? d.first_row[lane] : 0);
+        n += ntiles;
       }
-      FenceProxyAsync();  // the Q rows are read by wgmma (the async proxy)
-      __syncwarp();
-      if (lane == 0) MbarArrive(bar(bars.q_full[c][b]));
-      WsLoadTiles<kDwStages, kPiece>(a, &tk, &tv, ring, n, it[0], tile_begin, ntiles, it[5], kvh,
-                                     lane);
-      n += ntiles;
     }
   } else {  // --------------------------------------------------------------------- consumers
     SetMaxRegsInc<224>();
@@ -1215,33 +1270,40 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const WsRing ring = ring_of(c);
     int n = 0, j = 0;
     for (int w = 2 * blockIdx.x + c; w < works; w += 2 * gridDim.x, ++j) {
-      const int item = w / hkv, kvh = w % hkv;
-      const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
-      const int tile_begin = it[1], ntiles = it[2] - it[1], row_begin = it[3], nq = it[4] * G;
       const int b = j & 1;
-      MbarWait(bar(bars.q_full[c][b]), (j >> 1) & 1);
+      MbarWait(bar(sh.item_full[c][b]), (j >> 1) & 1);
+      const DwItem& d = sh.item[c][b];
+      const int tile_begin = d.tile_begin, ntiles = d.ntiles, nq = d.nq;
       int pos[2], lo = INT_MAX, hi = -1;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int qi = cw * 16 + (lane >> 2) + 8 * h;
-        pos[h] = qi < kDwQRows ? q_pos[c][b][qi] : -1;
+        pos[h] = qi < kDwQRows ? d.pos[qi] : -1;
       }
       for (int r = 0; r < nq; ++r) {
-        lo = min(lo, q_pos[c][b][r]);
-        hi = max(hi, q_pos[c][b][r]);
+        lo = min(lo, d.pos[r]);
+        hi = max(hi, d.pos[r]);
       }
       float o[64], l[2];
       WsFoldTiles<false, kDwStages, kDwQRows>(ring, n, smem_addr + q_offset(c, b), 0, tile_begin,
                                               ntiles, lo, hi, pos, c, lane, k.scale_log2, o, l);
-      // Every S of the item has completed (WsFoldTiles waited on each): Q buffer b may refill.
+      int rows[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int qi = cw * 16 + (lane >> 2) + 8 * h;
+        rows[h] = qi < kDwQRows ? d.row[qi] : 0;
+      }
+      // Every S of the item has completed (WsFoldTiles waited on each) and its fields are read:
+      // the item buffer may refill.
       __syncwarp();
-      if (lane == 0) MbarArrive(bar(bars.q_empty[c][b]));
-      WgStoreRows(k, row_begin, nq, kvh, cw * 16, lane, o, l);
+      if (lane == 0) MbarArrive(bar(sh.item_empty[c][b]));
+      WgStoreRowsBy(a, nq, w % hkv, cw * 16, lane, o, l,
+                    [&](int qi) { return rows[(qi >> 3) & 1]; });
       n += ntiles;
     }
   }
 #else
-  __trap();  // launched only on devices with sm_90a machine code (SplitForm 2 plans, WgmmaAvailable)
+  __trap();  // launched only on devices with sm_90a machine code (SplitForm 3 plans, WgmmaAvailable)
 #endif
 }
 
@@ -1799,7 +1861,7 @@ cudaError_t EncodeKvMaps(const KvCacheView& cache, int piece, CUtensorMap* tk, C
 
 int g_decode_ws_ctas = 0;
 
-// Split form 2 on DecodeWsKernel: one CTA per SM (or SetDecodeWsCtas's count), at most one per two
+// Split form 3 on DecodeWsKernel: one CTA per SM (or SetDecodeWsCtas's count), at most one per two
 // work items. *launched: false where the device has no sm_90a code or the blocks no 16-token
 // pieces (the shared-memory form runs the same items then).
 cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& plan,
@@ -1889,7 +1951,9 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     cudaError_t err = cudaSuccess;
     bool launched = false;
     if constexpr (D == kWgD) {
-      if (g_split_variant == 0 && plan.split_form == 2) err = LaunchDecodeWs(k, plan, stream, &launched);
+      if (g_split_variant == 0 && plan.split_form == 3) {
+        err = LaunchDecodeWs(k, plan, stream, &launched);
+      }
       if (err != cudaSuccess) return err;
     }
     if constexpr (D <= 128) {
@@ -1905,8 +1969,8 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     }
     if (err != cudaSuccess) return err;
   }
-  // Form 2: every split row was finished by its item (kFoldFinish): nothing to merge.
-  if (plan.num_merge > 0 && plan.split_form != 2) {
+  // Forms 2 and 3: every split row was finished by its item (kFoldFinish): nothing to merge.
+  if (plan.num_merge > 0 && plan.split_form < 2) {
     const int warps = plan.num_merge * args.num_q_heads * E;
     return LaunchKernel(MergeKernel<E>, (warps + kWarps - 1) / kWarps, kThreads, 0, stream, args,
                         plan.merge_list, plan.num_merge);

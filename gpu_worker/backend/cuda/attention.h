@@ -125,21 +125,38 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
 // graph-captured split launch (AttentionPlanView::split_count).
 absl::StatusOr<int> SplitCtasPerWave(int head_dim, int num_kv_heads, int split_form = 0);
 
-// The split kernel form for a plan (AttentionPlanView::split_form): 1, the register form, where
-// the plan reads a tile once for several rows (measured faster on cascade steps: its one barrier
-// per tile and register-resident tiles make a shared tile's serial chain short); 2 where every
-// split item is one whole decode row (kFoldFinish from tile 0) of at most 8 q-rows at head_dim
-// 128 (`group` = query heads per kv head): the persistent warp-specialized decode kernel on
-// Hopper (the shared-memory form elsewhere), and no merge, since each item finishes its row;
-// else 0, the shared-memory form (faster on distinct rows: more warps and loads in flight).
+inline constexpr int kDefaultDecodeWsMinTiles = 6;
+// Split form 3 (the persistent decode kernel) needs whole-row items of at least this many tiles
+// on average; shorter rows take form 2 (measured: bench/kernels/RESULTS.md). Process-wide;
+// benchmarks compare settings (SetDecodeWsMinTiles; 0: form 3 for every whole-row plan, INT_MAX:
+// never).
+int DecodeWsMinTiles();
+void SetDecodeWsMinTiles(int tiles);
+
+// The split kernel form for a plan (AttentionPlanView::split_form):
+//  1: the register form, where the plan reads a tile once for several rows (measured faster on
+//     cascade steps: its one barrier per tile and register-resident tiles make a shared tile's
+//     serial chain short);
+//  2: every split item is a whole decode row (kFoldFinish from tile 0), so each writes its rows'
+//     outputs: the shared-memory form, and no merge launch;
+//  3: as 2, with rows of at most 8 q-rows (one row an item, `group` = query heads per kv head
+//     <= 8) at head_dim 128, DecodeWsMinTiles() tiles or more on average: the persistent
+//     warp-specialized decode kernel on Hopper (the shared-memory form elsewhere), no merge;
+//  0: else, the shared-memory form (faster on distinct rows: more warps and loads in flight).
 inline int SplitForm(const AttentionPlan& plan, int head_dim, int group) {
   if (head_dim <= 128 && plan.cascade_shared_tiles > 0) return 1;
-  if (head_dim != 128 || group > 8 || plan.num_split() == 0) return 0;
+  if (plan.num_split() == 0) return 0;
+  bool single_rows = true;
+  int64_t tiles = 0;
   for (int i = 0; i < plan.num_split(); ++i) {
     const int32_t* it = &plan.split_items[static_cast<size_t>(i) * kItemFields];
-    if (it[6] != kFoldFinish || it[1] != 0 || it[4] != 1) return 0;
+    if (it[6] != kFoldFinish || it[1] != 0) return 0;
+    single_rows = single_rows && it[4] == 1;
+    tiles += it[2];
   }
-  return 2;
+  const bool ws = head_dim == 128 && group <= 8 && single_rows &&
+                  tiles >= static_cast<int64_t>(DecodeWsMinTiles()) * plan.num_split();
+  return ws ? 3 : 2;
 }
 
 // Runs the plan: final items, split items, then the merge (three launches, no host sync, no

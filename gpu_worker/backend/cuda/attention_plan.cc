@@ -1,6 +1,7 @@
 // Host planning of attention work items: prefill chunks, split decode tiles, cascade groups.
 // Plain C++ (no CUDA), so it is unit-testable anywhere.
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <cstring>
 #include <numeric>
@@ -326,6 +327,15 @@ class DecodePlanner {
 };
 
 }  // namespace
+
+namespace {
+std::atomic<int> g_decode_ws_min_tiles{kDefaultDecodeWsMinTiles};
+}  // namespace
+
+int DecodeWsMinTiles() { return g_decode_ws_min_tiles.load(std::memory_order_relaxed); }
+void SetDecodeWsMinTiles(int tiles) {
+  g_decode_ws_min_tiles.store(tiles, std::memory_order_relaxed);
+}
 
 absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& batch,
                            AttentionPlan* plan) {

@@ -161,7 +161,7 @@ struct StepMeta {
 // One captured decode step: a graph over `bucket` rows and the buffers it was captured with.
 // One per split kernel form (AttentionPlanView::split_form), captured when a step first needs it.
 struct DecodeGraph {
-  static constexpr int kForms = 3;
+  static constexpr int kForms = 4;  // AttentionPlanView::split_form
   cudaGraphExec_t exec[kForms] = {};
   uint64_t epoch[kForms] = {};  // CudaBackend::graph_epoch_ at capture
   // Just captured, the same step with the pinned GEMM algorithms where exec holds tuned ones

@@ -63,8 +63,8 @@ struct AttentionPlanView {
   // so one captured launch serves every step whatever its number of items. nullptr: eager.
   const int32_t* split_count = nullptr;
   // The split kernel's form (SplitForm of the plan; the same bits either way): 0 the shared-memory
-  // form, 1 the register form (head_dim <= 128), 2 the persistent decode kernel (whole rows,
-  // head_dim 128, Hopper; no merge launch).
+  // form, 1 the register form (head_dim <= 128), 2 the shared-memory form with every row finished
+  // by its item (no merge launch), 3 as 2 on the persistent decode kernel (SplitForm).
   int split_form = 0;
 };
 

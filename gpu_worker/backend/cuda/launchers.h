@@ -86,7 +86,7 @@ void SetWgmmaPrefillVariant(int variant);
 // shared-memory form, each tile's K and V copied at the start of its step; 3: the register form
 // (head_dim <= 128; else as 2). Every variant gives the same bits.
 void SetSplitVariant(int variant);
-// Tests only: the grid of split form 2's persistent kernel (DecodeWsKernel); 0 (default): one CTA
+// Tests only: the grid of split form 3's persistent kernel (DecodeWsKernel); 0 (default): one CTA
 // per SM. A small grid makes each consumer run many items (its rings wrap many times).
 void SetDecodeWsCtas(int ctas);
 
