@@ -52,11 +52,11 @@
 // step time spent inside Backend::Forward (device work + logits copy); the rest is the engine's
 // host work (scheduling, sampling, output).
 #include <algorithm>
-#include <limits>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>

@@ -273,9 +273,10 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
                                        {" smem", &every, 2, -1},
                                        {" whole ws", &whole, 0, 0},
                                        {" whole smem", &whole, 2, -1}};
-  // ctx 160: the engine benchmark's decode rows (prompt 128, up to 64 generated), items of 3 tiles;
+  // ctx 145 / 160: the engine benchmark's decode rows (prompt 128, up to 64 generated), items of 3
+  // tiles (145: the last one ends mid-block, as most rows' do);
   // 384: 6 tiles (the persistent decode kernel's default threshold, DecodeWsMinTiles).
-  for (int ctx : {160, 384, 1024, 4096}) {
+  for (int ctx : {145, 160, 384, 1024, 4096}) {
     if (cascade_only || prefill_only || g_shared_batch > 0) break;
     for (int batch : {1, 16, 64, 256}) {
       if (quick && batch > 64) continue;
@@ -293,9 +294,11 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
         const int form = SplitForm(plan, kD, kHq / kHkv);
         SetDecodeWsMinTiles(min_tiles);
         internal::SetSplitVariant(0);
-        const char* tag = d.split_variant != 0 ? "" : form == 3 ? " [ws]" : form == 2 ? " [f2]" : "";
-        row("decode B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) + d.name + tag,
-            ms,
+        const char* tag = d.split_variant != 0 ? ""
+                          : form == 3          ? " [ws]"
+                          : form == 2          ? " [f2]"
+                                               : "";
+        row("decode B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) + d.name + tag, ms,
             token_bytes * batch * ctx);
       }
     }
@@ -432,7 +435,8 @@ int main(int argc, char** argv) {
                       &cascade::cuda::g_only_ctx) != 2 ||
           (cascade::cuda::g_only_ctx != 160 && cascade::cuda::g_only_ctx != 1024 &&
            cascade::cuda::g_only_ctx != 4096)) {
-        std::fprintf(stderr, "--decode=B,CTX: B in 1, 16, 64, 256; CTX 160, 384, 1024 or 4096\n");
+        std::fprintf(stderr,
+                     "--decode=B,CTX: B in 1, 16, 64, 256; CTX 145, 160, 384, 1024 or 4096\n");
         return 2;
       }
     } else {

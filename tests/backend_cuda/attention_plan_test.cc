@@ -87,8 +87,7 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
       if (it[6] == kFoldFinish) finished.insert(row);
     }
     EXPECT_EQ(it[6] == kFoldFinish,
-              whole && cfg.finish_rows &&
-                  !(cfg.head_dim <= 128 && plan.cascade_shared_tiles > 0))
+              whole && cfg.finish_rows && !(cfg.head_dim <= 128 && plan.cascade_shared_tiles > 0))
         << "item " << i;
   }
   for (int i = 0; i < plan.num_final(); ++i) EXPECT_EQ(plan.final_items[i * kItemFields + 6], 0);

@@ -418,7 +418,7 @@ TEST(Attention, PersistentDecodeFormEqualsSplitFormsBitwise) {
                          Shape{64, 8, 128, 64}, Shape{16, 2, 128, 16}}) {
     std::mt19937 rng(500 + sh.hq + sh.hkv + sh.bs);
     Harness h(sh.hq, sh.hkv, sh.D, sh.bs, 36000 / sh.bs + 200, &rng);
-    const std::vector<int> lens = {1,  2,   15,  16,  17,  31,  63,  64,  65,   100, 127,
+    const std::vector<int> lens = {1,   2,   15,  16,  17,  31,  63,  64,  65,   100, 127,
                                    128, 129, 160, 191, 192, 193, 250, 500, 1000, 1100};
     std::vector<Seq> seqs = {{37, 200, {}}};  // a prefill item beside the decode rows
     for (int i = 0; i < 150; ++i) seqs.push_back(Seq{1, lens[i % lens.size()] + i / 50, {}});
@@ -445,7 +445,8 @@ TEST(Attention, PersistentDecodeFormEqualsSplitFormsBitwise) {
     const size_t bytes = ws.size() * sizeof(uint16_t);
     const std::string shape = "hq " + std::to_string(sh.hq) + " hkv " + std::to_string(sh.hkv) +
                               " block " + std::to_string(sh.bs);
-    EXPECT_EQ(0, std::memcmp(ws.data(), smem.data(), bytes)) << "form 3 != shared-memory, " << shape;
+    EXPECT_EQ(0, std::memcmp(ws.data(), smem.data(), bytes))
+        << "form 3 != shared-memory, " << shape;
     EXPECT_EQ(0, std::memcmp(few.data(), smem.data(), bytes)) << "form 3 on 3 CTAs, " << shape;
     if (!checked_reference) {
       ExpectClose(ws, Reference(h, seqs, b, q));

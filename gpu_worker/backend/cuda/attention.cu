@@ -875,7 +875,11 @@ __device__ __forceinline__ int WsPieceRow(const AttentionArgs& a, int table_offs
 }
 
 // first_row: this lane's WsPieceRow of tile 0 (found by the caller, maybe ahead of time).
-template <int kStages, int kPiece>
+// kAsyncTail: the lanes copy the last tile's rows by cp.async, all in flight before one wait
+// (the persistent decode kernel, where every item's last tile is usually partial: copied a load
+// and a store at a time they took ~1 us per 2 keys); else by plain loads and stores (prefill,
+// once per item; its load warp has 24 registers, which the cp.async form would spill).
+template <int kStages, int kPiece, bool kAsyncTail>
 __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtensorMap* tk,
                                             const CUtensorMap* tv, const WsRing& ring, int n0,
                                             int table_offset, int tile_begin, int ntiles,
@@ -903,6 +907,17 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
       const int j0 = npf * kPiece;
       for (int idx = lane; idx < (kT - j0) * C; idx += 32) {
         const int j = j0 + idx / C, c = idx % C, tok = ts + j;
+        if (kAsyncTail) {  // cp.async, zero-filled past kv_len
+          int64_t row = 0;
+          if (tok < kv_len) {
+            row = (static_cast<int64_t>(a.block_ids[table_offset + tok / bs]) * hkv + kvh) * bs +
+                  tok % bs;
+          }
+          const int bytes = tok < kv_len ? 16 : 0;
+          CpAsync16Z(Kd + SwizzleOffset(kT, j, c), kg + row * D + c * 8, bytes);
+          CpAsync16Z(Vd + SwizzleOffset(kT, j, c), vg + row * D + c * 8, bytes);
+          continue;
+        }
         uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
         if (tok < kv_len) {
           const int64_t row =
@@ -914,7 +929,11 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
         *reinterpret_cast<uint4*>(Kd + SwizzleOffset(kT, j, c)) = kx;
         *reinterpret_cast<uint4*>(Vd + SwizzleOffset(kT, j, c)) = vx;
       }
-      FenceProxyAsync();  // these st.shared are read by wgmma (the async proxy)
+      if (kAsyncTail) {
+        CpAsyncCommit();
+        CpAsyncWait<0>();
+      }
+      FenceProxyAsync();  // these shared-memory writes are read by wgmma (the async proxy)
       __syncwarp();
     }
     if (lane == 0) MbarArriveExpectTx(full, npf * (2 * 2 * kPiece * 128));
@@ -1099,7 +1118,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (warp < 4) {  // ------------------------------------------------------------------- loads
     SetMaxRegsDec<24>();
     if (warp != 0) return;
-    WsLoadTiles<kStages, kPiece>(
+    WsLoadTiles<kStages, kPiece, false>(
         a, &tk, &tv, ring, 0, table_offset, tile_begin, ntiles, kv_len, kvh, lane,
         WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, 0));
   } else {  // --------------------------------------------------------------------- consumers
@@ -1150,9 +1169,9 @@ constexpr size_t kDwSmemBytes = 1024 + 2 * (2 * kDwQBytes + 2 * kDwStages * kWgT
 // An item as its item warp leaves it in shared memory for the load warp and the consumer.
 struct DwItem {
   int table_offset, tile_begin, ntiles, kv_len, nq;
-  int pos[kDwQRows];             // q-row positions, -1 past nq
-  int row[kDwQRows];             // q-row qi's token row (output row)
-  int first_row[kT / 16];        // lane p's WsPieceRow of tile 0
+  int pos[kDwQRows];       // q-row positions, -1 past nq
+  int row[kDwQRows];       // q-row qi's token row (output row)
+  int first_row[kT / 16];  // lane p's WsPieceRow of tile 0
 };
 struct DwShared {
   uint64_t full[2][kDwStages];
@@ -1258,9 +1277,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         MbarWait(bar(sh.item_full[c][b]), (j >> 1) & 1);
         const DwItem& d = sh.item[c][b];
         const int ntiles = d.ntiles;
-        WsLoadTiles<kDwStages, kPiece>(a, &tk, &tv, ring, n, d.table_offset, d.tile_begin, ntiles,
-                                       d.kv_len, w % hkv, lane,
-                                       lane < kT / 16 ? d.first_row[lane] : 0);
+        WsLoadTiles<kDwStages, kPiece, true>(a, &tk, &tv, ring, n, d.table_offset, d.tile_begin,
+                                             ntiles, d.kv_len, w % hkv, lane,
+                                             lane < kT / 16 ? d.first_row[lane] : 0);
         n += ntiles;
       }
     }
@@ -1303,7 +1322,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     }
   }
 #else
-  __trap();  // launched only on devices with sm_90a machine code (SplitForm 3 plans, WgmmaAvailable)
+  __trap();  // launched only on devices with sm_90a machine code (SplitForm 3 plans,
+             // WgmmaAvailable)
 #endif
 }
 
@@ -1849,9 +1869,7 @@ cudaError_t EncodeKvMap(const void* base, int64_t rows, int piece, CUtensorMap* 
 }
 
 // Blocks of 64 tokens copy a whole tile per TMA box (4 copies per tile instead of 16).
-int KvPiece(const KvCacheView& cache) {
-  return cache.block_size % kT == 0 ? kT : kPieceTokens;
-}
+int KvPiece(const KvCacheView& cache) { return cache.block_size % kT == 0 ? kT : kPieceTokens; }
 // The tensor maps of one layer's K and V caches in pieces of `piece` rows (EncodeKvMap).
 cudaError_t EncodeKvMaps(const KvCacheView& cache, int piece, CUtensorMap* tk, CUtensorMap* tv) {
   const int64_t rows = cache.num_blocks * cache.num_kv_heads * cache.block_size;
@@ -1873,7 +1891,8 @@ cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& pla
   if (err != cudaSuccess || !wgmma || cache.block_size % kPieceTokens != 0) return err;
   int device = 0, sms = 0;
   err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
   const int piece = KvPiece(cache);
   CUtensorMap tk, tv;
@@ -1884,9 +1903,8 @@ cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& pla
   if (err != cudaSuccess) return err;
   // plan.num_split: the items, or with split_count the form-0 grid (which bounds them).
   const int64_t works = static_cast<int64_t>(plan.num_split) * cache.num_kv_heads;
-  const int ctas = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(g_decode_ws_ctas > 0 ? g_decode_ws_ctas : sms,
-                                             (works + 1) / 2)));
+  const int ctas = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(g_decode_ws_ctas > 0 ? g_decode_ws_ctas : sms, (works + 1) / 2)));
   *launched = true;
   return LaunchKernel(kernel, dim3(ctas), kWsThreads, kDwSmemBytes, stream, k, plan.num_split, tk,
                       tv);

@@ -1,8 +1,8 @@
 // Host planning of attention work items: prefill chunks, split decode tiles, cascade groups.
 // Plain C++ (no CUDA), so it is unit-testable anywhere.
 #include <algorithm>
-#include <atomic>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -468,9 +468,9 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   // plans of the shared-memory split form: the register form's kernel is at its register cap.
   std::vector<int> folded(batch.num_tokens, 0);
   std::vector<int> tiles_of(batch.num_tokens, 0);
-  const bool finish = config.finish_rows &&
-                      SplitForm(*plan, config.head_dim,
-                                config.num_q_heads / std::max(1, config.num_kv_heads)) != 1;
+  const bool finish =
+      config.finish_rows &&
+      SplitForm(*plan, config.head_dim, config.num_q_heads / std::max(1, config.num_kv_heads)) != 1;
   for (const DecodeRow& d : decode_rows) tiles_of[d.row] = d.tiles();
   for (int i = 0; i < plan->num_split(); ++i) {
     int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
