@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <ostream>
 #include <thread>
@@ -119,11 +122,34 @@ absl::Status EnsureModel(const std::string& dir, const std::string& preset,
               << dir << " ..." << std::endl;
   }
   const absl::Time start = absl::Now();
+  // Generated into a sibling temp dir and renamed into place, so that two `cascade up` (or two
+  // tests) making the same default model at once never load a half-written one: a rename onto
+  // a directory the other one finished first fails, and that model is used.
+  std::error_code ec;
+  const fs::path target(dir);
+  fs::create_directories(target.parent_path(), ec);
+  std::string tmp = (target.parent_path() / (target.filename().string() + ".tmp-XXXXXX")).string();
+  if (mkdtemp(tmp.data()) == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("generating the model in ", dir, ": cannot create a temp dir beside it"));
+  }
   model::MkmodelOptions mk;
   mk.preset = preset;
-  mk.out_dir = dir;
-  if (absl::Status s = model::RunMkmodel(mk); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("generating the model in ", dir, ": ", s.message()));
+  mk.out_dir = tmp;
+  absl::Status made = model::RunMkmodel(mk);
+  if (made.ok() && std::rename(tmp.c_str(), dir.c_str()) != 0) {
+    const int err = errno;
+    if (!ModelExists(dir)) {
+      made = absl::InternalError(
+          absl::StrCat("moving the model into ", dir, ": ", std::strerror(err)));
+    } else if (progress) {
+      *progress << "model: " << dir << " (made meanwhile by another process)" << std::endl;
+    }
+  }
+  fs::remove_all(tmp, ec);  // what is left of it when the rename did not happen
+  if (!made.ok()) {
+    return absl::Status(made.code(),
+                        absl::StrCat("generating the model in ", dir, ": ", made.message()));
   }
   if (progress) {
     *progress << absl::StrFormat("model: done in %.1f s",

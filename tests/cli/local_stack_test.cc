@@ -10,8 +10,11 @@
 #include <filesystem>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gpu_worker/model/generator.h"
+#include "gpu_worker/model/model.h"
 #include "services/cli/child_process.h"
 #include "services/cli/cli.h"
 #include "services/cli/gateway_client.h"
@@ -63,6 +66,35 @@ TEST(LocalStackTest, PlacesOneWorkerPerGpuAndSplitsASharedGpu) {
     EXPECT_GT(p.kv_cache_fraction, 0);
     EXPECT_LT(p.kv_cache_fraction, 1);
   }
+}
+
+// Two `cascade up` making the same default model at once (two terminals, or the e2e tests at -j2
+// on a fresh build) must each end with a whole model: it is generated beside the target and
+// renamed into place, so none loads a half-written one, and no temp dir is left behind.
+TEST(LocalStackTest, ConcurrentModelPreparationsEachSeeAWholeModel) {
+  const std::string tokenizer_dir = model::DefaultTokenizerDir();
+  ASSERT_TRUE(fs::exists(tokenizer_dir + "/tokenizer.json"))
+      << "no tokenizer at " << tokenizer_dir << ": run scripts/setup.sh";
+  TempDir dir;
+  const std::string target = dir.path() + "/models/tiny";
+  constexpr int kMakers = 4;
+  std::vector<absl::Status> made(kMakers);
+  std::vector<std::thread> makers;
+  for (int i = 0; i < kMakers; ++i) {
+    makers.emplace_back([&, i] {
+      made[i] = EnsureModel(target, "tiny", nullptr);
+      // Right after its own call returns, each must find a model that loads.
+      if (made[i].ok()) made[i] = model::LoadModel(target).status();
+    });
+  }
+  for (std::thread& t : makers) t.join();
+  for (int i = 0; i < kMakers; ++i) EXPECT_TRUE(made[i].ok()) << "maker " << i << ": " << made[i];
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(dir.path() + "/models")) {
+    ++entries;
+    EXPECT_EQ(e.path().filename(), "tiny") << "left behind: " << e.path();
+  }
+  EXPECT_EQ(entries, 1);
 }
 
 TEST(LocalStackTest, ChildThatExitsBeforeItsReadyLineIsReportedWithItsLog) {
