@@ -1227,6 +1227,20 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int hkv = a.cache.num_kv_heads, G = a.num_q_heads / hkv;
   const int works = count * hkv;  // (item, kv head) pairs, kv head fastest
   // Consumer c (and its two warps) take works 2 * blockIdx.x + c, + 2 * gridDim.x, ...
+  // walk_items: consumer c's works in order, each once its item warp has filled item buffer b:
+  // fn(item, work w, ring position n of its first tile, b, its tiles). The item buffer may be
+  // refilled once the consumer has released it (item_empty): its tiles are read before fn.
+  auto walk_items = [&](int c, auto fn) {
+    int n = 0, j = 0;
+    for (int w = 2 * blockIdx.x + c; w < works; w += 2 * gridDim.x, ++j) {
+      const int b = j & 1;
+      MbarWait(bar(sh.item_full[c][b]), (j >> 1) & 1);
+      const DwItem& d = sh.item[c][b];
+      const int ntiles = d.ntiles;
+      fn(d, w, n, b, ntiles);
+      n += ntiles;
+    }
+  };
   if (warp < 4) {  // --------------------------------------------------- item and load warps
     // 56 / 224 registers (ptxas: fewer for these warps, which walk items too, spill them; 4 bytes
     // spilled at 224 for the consumers); 56 * 128 + 224 * 256 <= 64K.
@@ -1271,28 +1285,18 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
     } else {  // load warp of consumer c
       const WsRing ring = ring_of(c);
-      int n = 0, j = 0;
-      for (int w = 2 * blockIdx.x + c; w < works; w += 2 * gridDim.x, ++j) {
-        const int b = j & 1;
-        MbarWait(bar(sh.item_full[c][b]), (j >> 1) & 1);
-        const DwItem& d = sh.item[c][b];
-        const int ntiles = d.ntiles;
+      walk_items(c, [&](const DwItem& d, int w, int n, int, int ntiles) {
         WsLoadTiles<kDwStages, kPiece, true>(a, &tk, &tv, ring, n, d.table_offset, d.tile_begin,
                                              ntiles, d.kv_len, w % hkv, lane,
                                              lane < kT / 16 ? d.first_row[lane] : 0);
-        n += ntiles;
-      }
+      });
     }
   } else {  // --------------------------------------------------------------------- consumers
     SetMaxRegsInc<224>();
     const int c = (warp - 4) >> 2, cw = (warp - 4) & 3;
     const WsRing ring = ring_of(c);
-    int n = 0, j = 0;
-    for (int w = 2 * blockIdx.x + c; w < works; w += 2 * gridDim.x, ++j) {
-      const int b = j & 1;
-      MbarWait(bar(sh.item_full[c][b]), (j >> 1) & 1);
-      const DwItem& d = sh.item[c][b];
-      const int tile_begin = d.tile_begin, ntiles = d.ntiles, nq = d.nq;
+    walk_items(c, [&](const DwItem& d, int w, int n, int b, int ntiles) {
+      const int tile_begin = d.tile_begin, nq = d.nq;
       int pos[2], lo = INT_MAX, hi = -1;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -1318,8 +1322,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (lane == 0) MbarArrive(bar(sh.item_empty[c][b]));
       WgStoreRowsBy(a, nq, w % hkv, cw * 16, lane, o, l,
                     [&](int qi) { return rows[(qi >> 3) & 1]; });
-      n += ntiles;
-    }
+    });
   }
 #else
   __trap();  // launched only on devices with sm_90a machine code (SplitForm 3 plans,
