@@ -433,7 +433,8 @@ int main(int argc, char** argv) {
     } else if (arg.rfind("--decode=", 0) == 0) {
       if (std::sscanf(arg.c_str() + 9, "%d,%d", &cascade::cuda::g_only_batch,
                       &cascade::cuda::g_only_ctx) != 2 ||
-          (cascade::cuda::g_only_ctx != 160 && cascade::cuda::g_only_ctx != 1024 &&
+          (cascade::cuda::g_only_ctx != 145 && cascade::cuda::g_only_ctx != 160 &&
+           cascade::cuda::g_only_ctx != 384 && cascade::cuda::g_only_ctx != 1024 &&
            cascade::cuda::g_only_ctx != 4096)) {
         std::fprintf(stderr,
                      "--decode=B,CTX: B in 1, 16, 64, 256; CTX 145, 160, 384, 1024 or 4096\n");
