@@ -234,6 +234,9 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto ctas = SplitCtasPerWave(kD, kHkv);
   CHECK_OK(ctas.status());
   every.split_ctas = *ctas;
+  auto ws_ctas = PersistentDecodeCtas(kD, kHq / kHkv, g_block);  // as the backend sets it
+  CHECK_OK(ws_ctas.status());
+  every.ws_ctas = *ws_ctas;
   AttentionConfig nofold = every, whole = every, single = every, flat = every;
   nofold.lead_tiles = -1;      // every split item writes a partial per tile (before fold items)
   whole.lead_tiles = 1 << 20;  // a decode row's every tile in one fold item

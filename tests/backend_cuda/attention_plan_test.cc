@@ -4,6 +4,7 @@
 // several rows name with the same blocks: one item per (shared tile, row chunk), at every level
 // of a prefix tree, checked against a brute-force grouping.
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -497,6 +498,53 @@ TEST(AttentionPlanTest, FoldItemsGrowWithTheStepsWork) {
   EXPECT_EQ(single.num_split(), 64);
   EXPECT_EQ(single.num_partials, 64);
   EXPECT_EQ(single.split_items[6], kFoldPartial);
+}
+
+// Where the persistent decode kernel can run (AttentionConfig::ws_ctas: its SMs), plain rows fold
+// whole from about one (row, kv head) work per SM, when they average DecodeWsMinTiles() tiles and
+// none is longer than 1.5x the mean; without it, or short, ragged, too few or unfinished rows
+// keep the shared-memory kernel's rule (split rows at batch 16).
+TEST(AttentionPlanTest, PersistentKernelTakesWholeRowsFromOneWorkPerSm) {
+  auto batch = [](const std::vector<int>& ctx) {
+    std::vector<Seq> seqs;
+    int next = 0;
+    for (int c : ctx) {
+      Seq s{1, c, {}};
+      while (static_cast<int>(s.blocks.size()) * 16 < s.ctx) s.blocks.push_back(next++);
+      seqs.push_back(s);
+    }
+    return MakeBatch(seqs);
+  };
+  AttentionConfig cfg = kQwen3;
+  cfg.split_ctas = 66;
+  cfg.ws_ctas = 132;
+  auto whole_rows = [&](const AttentionConfig& c, const Batch& b) {
+    const AttentionPlan plan = Plan(c, b);
+    CheckPlan(c, b, plan);
+    for (int i = 0; i < plan.num_split(); ++i) {
+      if (plan.split_items[i * kItemFields + 6] != kFoldFinish) return false;
+    }
+    EXPECT_EQ(SplitForm(plan, c.head_dim, c.num_q_heads / c.num_kv_heads), 3);
+    return true;
+  };
+  const Batch sixteen = batch(std::vector<int>(16, 4096));  // 128 works >= 7/8 of 132 SMs
+  EXPECT_TRUE(whole_rows(cfg, sixteen));
+  EXPECT_TRUE(whole_rows(cfg, batch(std::vector<int>(16, 384))));  // 6 tiles: enough
+  AttentionConfig none = cfg;
+  none.ws_ctas = 0;
+  EXPECT_FALSE(whole_rows(none, sixteen)) << "no persistent kernel: split rows at batch 16";
+  AttentionConfig through_merge = cfg;
+  through_merge.finish_rows = false;
+  EXPECT_FALSE(whole_rows(through_merge, sixteen)) << "rows the merge finishes";
+  EXPECT_FALSE(whole_rows(cfg, batch(std::vector<int>(8, 4096)))) << "64 works for 132 SMs";
+  EXPECT_FALSE(whole_rows(cfg, batch(std::vector<int>(16, 300)))) << "5 tiles a row";
+  std::vector<int> ragged(15, 1000);
+  ragged.push_back(4096);  // 64 tiles against a mean of 19
+  EXPECT_FALSE(whole_rows(cfg, batch(ragged))) << "one row far longer than the rest";
+  const int min_tiles = DecodeWsMinTiles();
+  SetDecodeWsMinTiles(std::numeric_limits<int>::max());  // the persistent kernel turned off
+  EXPECT_FALSE(whole_rows(cfg, sixteen));
+  SetDecodeWsMinTiles(min_tiles);
 }
 
 // Rows of different lengths (the nano-vllm workload's shape): whole rows fold when the CTAs,

@@ -54,6 +54,11 @@ struct AttentionConfig {
   // Split CTAs per kv head in one wave on the device (SplitCtasPerWave), which sizes fold items;
   // 0: 66 (an H100's or H200's 132 SMs at 4 split CTAs each over 8 kv heads).
   int split_ctas = 0;
+  // SMs where the persistent decode kernel (split form 3) can run: Hopper, head_dim 128, group
+  // <= 8, blocks of a multiple of 16 tokens (the backend's PersistentDecodeCtas); 0: it cannot.
+  // With it the planner also folds whole rows at smaller batches (one (row, kv head) work per SM
+  // is enough there: measured 1.17-1.21x at batch 16, ctx 1k-4k, bench/kernels/RESULTS.md).
+  int ws_ctas = 0;
   // A fold item that holds every tile of its rows writes their outputs (kFoldFinish) instead of
   // a partial for the merge (the same bits; one pass less over a row's state), in plans of the
   // shared-memory split form (SplitForm 0); false: always a partial (benchmarks).
@@ -167,5 +172,10 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
 // (compute capability 9.0); PrefillPath::kAuto picks it then. FailedPrecondition from Attention
 // when kWgmma is asked for where it cannot run.
 absl::StatusOr<bool> WgmmaPrefillAvailable();
+
+// AttentionConfig::ws_ctas for a model on the current device: its SM count where the persistent
+// decode kernel can run (compute capability 9.0, head_dim 128, group <= 8, block_size a multiple
+// of 16), else 0.
+absl::StatusOr<int> PersistentDecodeCtas(int head_dim, int group, int block_size);
 
 }  // namespace cascade::cuda

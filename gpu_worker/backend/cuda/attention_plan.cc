@@ -433,9 +433,22 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
     int longest = 0;
     for (const DecodeRow& d : decode_rows) longest = std::max(longest, d.tiles());
     const int64_t share = CeilDiv(plan->split_tile_reads, slots);  // tiles per CTA, evenly
+    // Whole rows for the persistent decode kernel (split form 3): plain rows (no shared tile) of
+    // >= DecodeWsMinTiles() tiles on average, none longer than 1.5x the mean, at least 7/8 of a
+    // (row, kv head) work per SM. Its consumers keep copies in flight with one row each, so it
+    // needs no wave of CTAs to fill (batch 16, ctx 1k-4k: 1.17-1.21x over split rows).
+    const int64_t rows = static_cast<int64_t>(decode_rows.size());
+    const bool persistent =
+        config.ws_ctas > 0 && config.finish_rows && config.head_dim == 128 &&
+        config.num_q_heads <= 8 * config.num_kv_heads && plan->cascade_shared_tiles == 0 &&
+        8 * rows * config.num_kv_heads >= 7 * static_cast<int64_t>(config.ws_ctas) &&
+        plan->decode_row_tiles >= static_cast<int64_t>(DecodeWsMinTiles()) * rows &&
+        2 * static_cast<int64_t>(longest) * rows <=
+            3 * static_cast<int64_t>(plan->decode_row_tiles);
     // A row longer than 1.1x the share would keep its CTA running after the others if folded
     // whole: no second plan then (it would be dropped, and planning twice costs host time).
-    if (longest > tiles_per_item && 10 * static_cast<int64_t>(longest) <= 11 * share) {
+    if (longest > tiles_per_item &&
+        (persistent || 10 * static_cast<int64_t>(longest) <= 11 * share)) {
       const int64_t reads = plan->split_tile_reads;
       std::vector<int32_t> items = plan->split_items, rows = plan->item_rows;
       const int max_rows = plan->max_split_rows, groups = plan->cascade_groups;
@@ -444,7 +457,7 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
       SortLongestFirst(&plan->split_items);
       SnakeRounds(&plan->split_items, slots);
       // span <= 1.1 * reads / slots, in integers.
-      if (10 * RoundRobinSpan(plan->split_items, slots) <= 11 * share) {
+      if (persistent || 10 * RoundRobinSpan(plan->split_items, slots) <= 11 * share) {
         lead = longest;
       } else {  // back to the first plan
         plan->split_items = std::move(items);

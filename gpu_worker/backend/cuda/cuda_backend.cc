@@ -333,7 +333,7 @@ class CudaBackend final : public engine::Backend {
   // Decode graphs: fixed-layout metadata (int32 units; segments in GraphLayout order), its
   // pinned host staging, the captured graphs by bucket. graph_epoch_ moves whenever a buffer a
   // graph reads or writes is reallocated; graphs of older epochs are re-captured.
-  int max_graph_batch_ = 0, split_ctas_ = 0, split_ctas_reg_ = 0;
+  int max_graph_batch_ = 0, split_ctas_ = 0, split_ctas_reg_ = 0, ws_ctas_ = 0;
   int tuned_kept_ = 0, tuned_dropped_ = 0;  // PickTunedOrPinned's verdicts
   int64_t cap_blocks_ = 0, cap_items_ = 0, cap_rows_ = 0;
   DeviceBuffer graph_meta_;
@@ -556,6 +556,9 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   split_ctas_ = ctas;
   ASSIGN_OR_RETURN(ctas_reg, SplitCtasPerWave(d_, hkv_, d_ <= 128 ? 1 : 0));
   split_ctas_reg_ = ctas_reg;
+  // Where the persistent decode kernel can run, the planner may fold whole rows for it.
+  ASSIGN_OR_RETURN(ws_ctas, PersistentDecodeCtas(d_, hq_ / hkv_, o_.block_size));
+  ws_ctas_ = ws_ctas;
   if (o_.cuda_graphs) {
     max_graph_batch_ = std::min({o_.max_graph_batch, o_.max_logits_rows, o_.max_num_tokens});
     // Room for every row at 2048 tokens of context before a regrowth re-captures the graphs.
@@ -703,6 +706,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   acfg.lead_tiles = o_.attention_lead_tiles;
   acfg.finish_rows = o_.attention_finish_rows;
   acfg.split_ctas = split_ctas_;
+  acfg.ws_ctas = ws_ctas_;
   AttentionBatch ab{b.positions.data(),
                     n,
                     b.query_start.data(),
@@ -962,6 +966,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   acfg.lead_tiles = o_.attention_lead_tiles;
   acfg.finish_rows = o_.attention_finish_rows;
   acfg.split_ctas = split_ctas_;
+  acfg.ws_ctas = ws_ctas_;
   AttentionBatch ab{b.positions.data(),
                     bucket,
                     b.query_start.data(),

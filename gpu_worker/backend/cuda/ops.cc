@@ -304,4 +304,18 @@ absl::StatusOr<bool> WgmmaPrefillAvailable() {
   return available;
 }
 
+absl::StatusOr<int> PersistentDecodeCtas(int head_dim, int group, int block_size) {
+  absl::StatusOr<bool> hopper = WgmmaPrefillAvailable();
+  if (!hopper.ok()) return hopper.status();
+  if (!*hopper || head_dim != 128 || group > 8 || block_size % 16 != 0) return 0;
+  int device = 0, sms = 0;
+  absl::Status st = CudaStatus(cudaGetDevice(&device), "PersistentDecodeCtas");
+  if (st.ok()) {
+    st = CudaStatus(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+                    "PersistentDecodeCtas");
+  }
+  if (!st.ok()) return st;
+  return sms;
+}
+
 }  // namespace cascade::cuda
