@@ -50,7 +50,11 @@
 // Timing: host steady clock around Engine::Step() calls (a step returns after the backend has
 // copied the logits to the host, so it includes all device work). "fwd %" is the share of the
 // step time spent inside Backend::Forward (device work + logits copy); the rest is the engine's
-// host work (scheduling, sampling, output).
+// host work (scheduling, sampling, output). On CUDA, "bytes floor ms" is a decode step's bytes
+// (every weight once, LM head included, plus each row's K and V over its mean context) at the
+// device's measured copy rate, and "floor / step" that floor over the measured step; the
+// nano-vllm section prints its decode steps' floor likewise (K/V token reads from the requests'
+// own lengths), the output tok/s no run of that workload can pass on this device.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -66,6 +70,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "gpu_worker/backend/cpu/cpu_backend.h"
 #include "gpu_worker/backend/cuda/cuda_defaults.h"
@@ -372,6 +377,30 @@ class NullBackend final : public engine::Backend {
   int64_t max_tokens_;
 };
 
+#ifdef CASCADE_HAVE_CUDA
+// The device's copy rate, bytes read + written per second: 1 GiB copied device to device, the
+// best of 5 after a warm-up (the attention benchmark's floor uses the same measure).
+absl::StatusOr<double> CopyRate() {
+  const size_t bytes = size_t{1} << 30;
+  absl::StatusOr<cuda::DeviceBuffer> src = cuda::DeviceBuffer::Allocate(bytes);
+  if (!src.ok()) return src.status();
+  absl::StatusOr<cuda::DeviceBuffer> dst = cuda::DeviceBuffer::Allocate(bytes);
+  if (!dst.ok()) return dst.status();
+  if (absl::Status st = cuda::FillBytes(src->data(), 1, bytes); !st.ok()) return st;
+  double best = 0;
+  for (int i = 0; i < 6; ++i) {
+    const Clock::time_point t0 = Clock::now();
+    if (absl::Status st = cuda::CopyAsync(dst->data(), src->data(), bytes, nullptr); !st.ok()) {
+      return st;
+    }
+    if (absl::Status st = cuda::Synchronize(nullptr); !st.ok()) return st;
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (i > 0) best = std::max(best, 2.0 * bytes / s);
+  }
+  return best;
+}
+#endif
+
 struct Bench {
   const Flags& flags;
   const model::Model& model;
@@ -380,6 +409,30 @@ struct Bench {
   int64_t max_context = 16384;
   double forward_s = 0;                      // accumulated by the current engine's TimedBackend
   const engine::Backend* backend = nullptr;  // the current engine's backend (owned by it)
+  double copy_bytes_per_s = 0;  // device-to-device copy rate (read + written), CUDA only
+
+  // A decode step's bytes floor in ms at batch `batch`: every weight read once (the layers'
+  // projections and the LM head; norms and the batch's embedding rows are negligible) plus each
+  // row's K and V over its context (prompt + half the generated tokens on average over the run's
+  // steps), at the copy rate; 0 where no rate was measured.
+  double DecodeFloorMs(int batch) const {
+    if (copy_bytes_per_s <= 0) return 0;
+    const double ctx = flags.prompt_len + flags.decode_len / 2.0;
+    return 1e3 * (WeightBytes() + batch * ctx * KvBytesPerToken()) / copy_bytes_per_s;
+  }
+  // Bytes of the weights a decode step reads (bf16).
+  double WeightBytes() const {
+    const model::ModelConfig& c = model.config();
+    const double layer = static_cast<double>(c.hidden_size) * (c.q_size() + 2 * c.kv_size()) +
+                         static_cast<double>(c.q_size()) * c.hidden_size +
+                         3.0 * c.hidden_size * c.intermediate_size;
+    return 2.0 * (layer * c.num_hidden_layers + static_cast<double>(c.vocab_size) * c.hidden_size);
+  }
+  // K and V bytes of one token over all layers (bf16).
+  double KvBytesPerToken() const {
+    const model::ModelConfig& c = model.config();
+    return 2.0 * 2.0 * c.kv_size() * c.num_hidden_layers;
+  }
 
   // One line of the CUDA backend's decode-path counters.
   void PrintCounters() const {
@@ -583,7 +636,8 @@ void DecodeSection(Bench& b) {
           name.c_str(), sampler.c_str(), b.flags.prompt_len, b.flags.decode_len,
           sampler == "greedy" && b.flags.temperature == 0 ? "greedy" : "seeded sampling");
       std::printf(
-          "| batch | decode tok/s | ms/step | fwd %% | prefill s |\n|---:|---:|---:|---:|---:|\n");
+          "| batch | decode tok/s | ms/step | fwd %% | prefill s | bytes floor ms | floor / step "
+          "|\n|---:|---:|---:|---:|---:|---:|---:|\n");
       std::mt19937 rng(b.flags.seed + 1);
       {  // warm-up: first-use costs (GEMM algorithm choice, allocations) stay out of the numbers
         std::vector<engine::Request> w;
@@ -603,8 +657,12 @@ void DecodeSection(Bench& b) {
         PhaseResult r = RunBatch(b, *e, reqs);
         const double step_ms = 1e3 * r.decode_s / std::max(1, r.decode_steps);
         ms[column][batch] = step_ms;
-        std::printf("| %d | %.0f | %.3f | %.0f | %.3f |\n", batch, r.decode_tokens / r.decode_s,
-                    step_ms, 100.0 * r.decode_forward_s / r.decode_s, r.first_tokens_s);
+        const double floor_ms = b.DecodeFloorMs(batch);
+        std::printf(
+            "| %d | %.0f | %.3f | %.0f | %.3f | %s | %s |\n", batch, r.decode_tokens / r.decode_s,
+            step_ms, 100.0 * r.decode_forward_s / r.decode_s, r.first_tokens_s,
+            floor_ms > 0 ? absl::StrFormat("%.3f", floor_ms).c_str() : "-",
+            floor_ms > 0 ? absl::StrFormat("%.0f%%", 100.0 * floor_ms / step_ms).c_str() : "-");
         std::fflush(stdout);
       }
       b.PrintCounters();
@@ -650,15 +708,20 @@ void NanoVllmSection(Bench& b) {
   std::mt19937 rng(static_cast<uint32_t>(f.seed));
   std::uniform_int_distribution<int> len(f.nano_min_len, f.nano_max_len), tok(0, 9999);
   std::vector<engine::Request> reqs;
-  int64_t input_tokens = 0, output_tokens = 0;
+  int64_t input_tokens = 0, output_tokens = 0, max_output = 0;
+  double kv_reads = 0;  // token reads of the decode steps: each row its whole context, each step
   for (int i = 0; i < f.nano_seqs; ++i) {
     std::vector<int32_t> prompt(len(rng));
     for (auto& t : prompt) t = tok(rng) % static_cast<int>(b.model.config().vocab_size);
     engine::Request r = MakeRequest({{1, prompt, ""}}, len(rng));
     r.sampling.temperature = 0.6f;
     r.sampling.seed = 1000 + i;
-    input_tokens += static_cast<int64_t>(prompt.size());
-    output_tokens += r.sampling.max_tokens;
+    const int64_t p = static_cast<int64_t>(prompt.size()), o = r.sampling.max_tokens;
+    input_tokens += p;
+    output_tokens += o;
+    max_output = std::max(max_output, o);
+    // Decode steps 1 .. o - 1 (the first token comes with the prefill) read contexts p + 1 ..
+    kv_reads += static_cast<double>(o - 1) * p + static_cast<double>(o - 1) * o / 2.0;
     reqs.push_back(std::move(r));
   }
   std::printf(
@@ -666,6 +729,15 @@ void NanoVllmSection(Bench& b) {
       "[%d, %d] (%lld input, %lld output tokens), temperature 0.6, ignore_eos\n\n",
       f.nano_seqs, f.nano_min_len, f.nano_max_len, static_cast<long long>(input_tokens),
       static_cast<long long>(output_tokens));
+  if (b.copy_bytes_per_s > 0) {  // the decode steps' bytes floor: K/V reads + weights per step
+    const double kv = kv_reads * b.KvBytesPerToken();
+    const double weights = static_cast<double>(max_output - 1) * b.WeightBytes();
+    const double s = (kv + weights) / b.copy_bytes_per_s;
+    std::printf(
+        "(bytes floor of its decode steps: K/V %.1f TB + weights %.2f TB over >= %lld steps = "
+        "%.2f s at the copy rate, so at most %.0f output tok/s before any prefill)\n\n",
+        kv / 1e12, weights / 1e12, static_cast<long long>(max_output - 1), s, output_tokens / s);
+  }
   std::printf(
       "| variant | output tok/s | total s | prefill phase s | steps "
       "|\n|---|---:|---:|---:|---:|\n");
@@ -791,6 +863,18 @@ int Main(int argc, char** argv) {
               static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.hidden_size),
               static_cast<long long>(c.vocab_size));
   Bench b{flags, **model};
+#ifdef CASCADE_HAVE_CUDA
+  if (flags.backend == "cuda") {
+    absl::StatusOr<double> rate = CopyRate();
+    if (rate.ok()) {
+      b.copy_bytes_per_s = *rate;
+      std::printf("(device-to-device copy: %.0f GB/s, read + written; the bytes floors use it)\n",
+                  *rate / 1e9);
+    } else {
+      std::printf("(no copy rate: %s; no bytes floors)\n", rate.status().ToString().c_str());
+    }
+  }
+#endif
   b.max_seqs = 256;
   for (int x : flags.batches) b.max_seqs = std::max(b.max_seqs, x);
   for (int x : flags.queries) b.max_seqs = std::max(b.max_seqs, x);
