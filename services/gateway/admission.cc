@@ -213,7 +213,29 @@ int Admission::queued() const {
 
 bool Admission::full() const {
   MutexLock lock(&mu_);
-  return pending_ >= options_.max_pending;
+  return pending_ + held_ >= options_.max_pending;
+}
+
+Admission::Hold Admission::TryHold() {
+  MutexLock lock(&mu_);
+  if (stop_ || pending_ + held_ >= options_.max_pending) return Hold();
+  ++held_;
+  return Hold(this);
+}
+
+void Admission::Hold::Release() {
+  if (a_ == nullptr) return;
+  MutexLock lock(&a_->mu_);
+  --a_->held_;
+  a_ = nullptr;
+}
+
+Admission::Hold& Admission::Hold::operator=(Hold&& o) noexcept {
+  if (this != &o) {
+    Release();
+    a_ = std::exchange(o.a_, nullptr);
+  }
+  return *this;
 }
 
 bool Admission::overloaded() const {

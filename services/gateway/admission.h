@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -117,8 +118,30 @@ class Admission {
   };
   std::vector<WorkerView> Workers() const;
   int queued() const;
-  // True when an Acquire now would be refused at once (max_pending reached): lets a caller skip
-  // the work of preparing a request (tokenizing, resolving) that cannot be admitted.
+  // A request being prepared (tokenized, resolved with the registry) before its Acquire, counted
+  // against max_pending with the admitted and queued ones: without it a burst put any number of
+  // requests in front of the registry, each refused only once it had been resolved. Release it
+  // (or let it go) just before the Acquire. Empty (false) from TryHold when there was no room.
+  class Hold {
+   public:
+    Hold() = default;
+    Hold(Hold&& o) noexcept : a_(std::exchange(o.a_, nullptr)) {}
+    Hold& operator=(Hold&& o) noexcept;
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+    ~Hold() { Release(); }
+    void Release();
+    explicit operator bool() const { return a_ != nullptr; }
+
+   private:
+    friend class Admission;
+    explicit Hold(Admission* a) : a_(a) {}
+    Admission* a_ = nullptr;
+  };
+  // A hold while admitted + queued + held requests are below max_pending (and not shutting
+  // down), else an empty one: the caller refuses the request at once. Thread-safe.
+  Hold TryHold();
+  // True when a TryHold now would fail (max_pending reached with the held requests).
   bool full() const;
   // True while a standing queue has put admission in its overload mode.
   bool overloaded() const;
@@ -181,6 +204,7 @@ class Admission {
   std::deque<Waiter> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<Outcome> ready_ ABSL_GUARDED_BY(mu_);  // to deliver on the thread
   int pending_ ABSL_GUARDED_BY(mu_) = 0;             // granted (not released) + queued
+  int held_ ABSL_GUARDED_BY(mu_) = 0;                // Holds not released (being prepared)
   absl::Time last_empty_ ABSL_GUARDED_BY(mu_);       // when the queue was last seen empty
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   bool kick_ ABSL_GUARDED_BY(mu_) = false;  // something changed: the thread looks again

@@ -23,7 +23,7 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
   f->AddString("workers", &c->workers,
                "comma-separated worker addresses, used when the registry is away");
   f->AddInt("max_concurrent", &g.max_concurrent,
-            "admitted + queued requests at most; beyond: RESOURCE_EXHAUSTED at once");
+            "admitted + queued + routing requests at most; beyond: RESOURCE_EXHAUSTED at once");
   f->AddDuration("queue_timeout", &g.admission.queue_timeout,
                  "longest wait for a worker with room; then RESOURCE_EXHAUSTED");
   f->AddDuration("overload_queue_timeout", &g.admission.overload_queue_timeout,

@@ -37,6 +37,16 @@ grpc::Status GatewayService::CheckAuth(const grpc::CallbackServerContext* contex
   return grpc::Status::OK;
 }
 
+grpc::Status GatewayService::HoldRoom(Admission::Hold* hold) {
+  *hold = admission_->TryHold();
+  if (*hold) return grpc::Status::OK;
+  metrics_->rejected->Increment();
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      absl::StrCat("the gateway has ", options_.max_concurrent,
+                                   " requests admitted, queued or being routed, its limit "
+                                   "(--max_concurrent); retry later"));
+}
+
 uint64_t GatewayService::Admit(std::vector<Scored> ranked,
                                std::chrono::system_clock::time_point deadline,
                                Admission::Callback done) {

@@ -77,6 +77,10 @@ class GatewayService final : public GatewayBase {
   bool CancelAdmission(uint64_t ticket) { return admission_->Cancel(ticket); }
   void Release(const Grant& grant) { admission_->Release(grant.address); }
   Admission* admission() { return admission_.get(); }
+  // A request's room while it is prepared and routed (Admission::TryHold): OK with *hold set,
+  // or RESOURCE_EXHAUSTED (counted as rejected) when max_concurrent requests are admitted,
+  // queued or being prepared. Release the hold just before Admit.
+  grpc::Status HoldRoom(Admission::Hold* hold);
   // Candidates for a prompt, best first, given to `done`: registry matches when it answers,
   // else every known worker by load alone. `sticky` (chat) is tried first when it is among them.
   // When the registry answers, `request` (the prompt's worker request, if given; it must live

@@ -84,12 +84,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     absl::StatusOr<Prompt> prompt = absl::InternalError("unset");
     if (st.ok()) st = ToGrpc(CheckModel(req.model(), svc_->options().limits));
     if (st.ok()) st = ToGrpc(common::CheckIdField("request_id", req.request_id()));
-    if (st.ok() && svc_->admission()->full()) {  // refused anyway: skip tokenizing and routing
-      svc_->metrics()->rejected->Increment();
-      st = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("the gateway has ", svc_->options().max_concurrent,
-                                     " requests admitted or queued, its limit "
-                                     "(--max_concurrent); retry later"));
+    if (st.ok()) {  // refused anyway: skip tokenizing and routing
+      MutexLock lock(&mu_);
+      st = svc_->HoldRoom(&room_);
     }
     if (st.ok()) {
       prompt = BuildPrompt(req.chunks(), req.sampling(), req.cache_salt(),
@@ -115,6 +112,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   void OnRouted(std::vector<Scored> ranked) {
     PendingFinish<GenerateReactor> fin(this);
     MutexLock lock(&mu_);
+    room_.Release();            // Admit counts it from here
     if (ctx_->IsCancelled()) {  // gone while routing (OnCancel had nothing to withdraw)
       EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"),
                 &fin);
@@ -242,6 +240,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   grpc::CallbackServerContext* const ctx_;
   Mutex mu_;
   TurnParams params_;                          // built in Begin, moved into the turn once admitted
+  Admission::Hold room_ ABSL_GUARDED_BY(mu_);  // from Begin until routed (HoldRoom)
   bool waiting_ ABSL_GUARDED_BY(mu_) = false;  // queued for admission under ticket_
   uint64_t ticket_ ABSL_GUARDED_BY(mu_) = 0;
   // The admission slot, given back when the turn ends, else in OnDone (when no other thread
@@ -286,8 +285,14 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
         return;
       }
       req_ = std::move(*parsed);
+      grpc::Status room = svc_->HoldRoom(&room_);
+      if (!room.ok()) {
+        EndLocked(room, &fin);
+        return;
+      }
       full = PrepareTurnLocked();
       if (!full.ok()) {
+        room_.Release();
         EndLocked(ToGrpc(full.status()), &fin);
         return;
       }
@@ -302,6 +307,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   void OnRouted(std::vector<Scored> ranked) {
     PendingFinish<ChatReactor> fin(this);
     MutexLock lock(&mu_);
+    room_.Release();            // Admit counts it from here
     if (ctx_->IsCancelled()) {  // gone while routing (OnCancel had nothing to withdraw)
       AbandonTurnLocked();
       EndLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the request"),
@@ -495,6 +501,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   int32_t turn_index_ = 0;
   bool turn_active_ = false, ended_ = false;
   TurnParams params_;     // the next turn's, moved into it once admitted
+  Admission::Hold room_;  // the next turn's room while it is routed (HoldRoom)
   bool waiting_ = false;  // queued for admission under ticket_
   uint64_t ticket_ = 0;
   std::optional<Grant> grant_;  // the running turn's admission slot
@@ -628,24 +635,33 @@ grpc::ServerUnaryReactor* GatewayService::RegisterChunk(grpc::CallbackServerCont
     reactor->Finish(st);
     return reactor;
   }
+  auto room = std::make_shared<Admission::Hold>();
+  st = HoldRoom(room.get());
+  if (!st.ok()) {
+    reactor->Finish(st);
+    return reactor;
+  }
   auto p = std::make_shared<TurnParams>(NewTurnParams(*prompt, NewRequestId(), context));
   p->request.set_pin_ttl_seconds(request->pin_ttl_seconds());
   p->request.set_priority(request->priority());
   p->request.set_retention_seconds(request->retention_seconds());
   const int64_t ttl_s = request->pin_ttl_seconds();
   // A unary call cannot be withdrawn from the queue; it waits at most the queue timeout.
-  Route(*prompt, "", &p->request, [this, reactor, response, ttl_s, p](std::vector<Scored> ranked) {
-    Admit(std::move(ranked), p->deadline,
-          [this, reactor, response, ttl_s, p](absl::StatusOr<Grant> g) {
-            if (!g.ok()) {
-              reactor->Finish(ToGrpc(g.status()));
-              return;
-            }
-            p->workers = g->ranked;
-            auto* sink = new RegisterSink(reactor, response, registry_, ttl_s, this, std::move(*g));
-            Turn::Start(std::move(*p), pool_, *tokenizer_, sink, metrics_);
-          });
-  });
+  Route(*prompt, "", &p->request,
+        [this, reactor, response, ttl_s, p, room](std::vector<Scored> ranked) {
+          room->Release();  // Admit counts it from here
+          Admit(std::move(ranked), p->deadline,
+                [this, reactor, response, ttl_s, p](absl::StatusOr<Grant> g) {
+                  if (!g.ok()) {
+                    reactor->Finish(ToGrpc(g.status()));
+                    return;
+                  }
+                  p->workers = g->ranked;
+                  auto* sink =
+                      new RegisterSink(reactor, response, registry_, ttl_s, this, std::move(*g));
+                  Turn::Start(std::move(*p), pool_, *tokenizer_, sink, metrics_);
+                });
+        });
   return reactor;
 }
 

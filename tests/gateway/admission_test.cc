@@ -226,6 +226,38 @@ TEST(AdmissionTest, BeyondMaxPendingIsRefusedAtOnce) {
   EXPECT_NE(out.Get(3).status().message().find("--max_concurrent"), absl::string_view::npos);
 }
 
+// Requests being prepared and routed hold room (TryHold) beside the admitted and queued ones: a
+// burst gets at most max_pending holds, the rest are refused before reaching the registry; a
+// released hold (its request moving on to Acquire, or ending) gives its room back.
+TEST(AdmissionTest, HeldRoomCountsAgainstMaxPendingUntilReleased) {
+  Outcomes out;
+  FakeClock clock;
+  AdmissionOptions o = Fixed(1);
+  o.max_pending = 3;
+  Admission a(o, [&] { return clock.Now(); });
+  const absl::Time far = clock.Now() + absl::Hours(1);
+  std::vector<Admission::Hold> holds;
+  for (int i = 0; i < 5; ++i) holds.push_back(a.TryHold());
+  EXPECT_TRUE(holds[0] && holds[1] && holds[2]);
+  EXPECT_FALSE(holds[3]) << "a fourth request held room while three were being routed";
+  EXPECT_FALSE(holds[4]);
+  EXPECT_TRUE(a.full());
+  holds[0].Release();  // routed: on to Acquire, which it gets
+  EXPECT_FALSE(a.full());
+  a.Acquire(Ranked({"w:1"}), far, out.For(0));
+  ASSERT_TRUE(out.WaitFor(1));
+  EXPECT_TRUE(out.Get(0).ok());
+  EXPECT_TRUE(a.full()) << "one admitted and two held";
+  EXPECT_FALSE(a.TryHold());
+  {
+    Admission::Hold moved = std::move(holds[1]);  // a hold moves with its request...
+    EXPECT_FALSE(holds[1]);
+  }  // ... and one dropped without Release (the request ended while routing) gives room back
+  EXPECT_FALSE(a.full());
+  Admission::Hold again = a.TryHold();
+  EXPECT_TRUE(again);
+}
+
 TEST(AdmissionTest, AStandingQueueServesTheNewestFirstAndRefusesTheOldQuickly) {
   Outcomes out;  // outlives `a`, whose destructor answers every waiter
   FakeClock clock;

@@ -483,6 +483,32 @@ TEST(BadDayTest, ASlowRegistryHoldsNoGatewayThread) {
   EXPECT_EQ(registry.peak(), kRequests) << "the gateway's Resolve calls queued behind each other";
 }
 
+TEST(BadDayTest, ABurstReachesTheRegistryOnlyUpToMaxConcurrent) {
+  // Requests being routed were not counted against --max_concurrent: a burst put every request in
+  // front of the registry, and all but max_concurrent were refused only once resolved.
+  constexpr int kRequests = 12, kMax = 4;
+  SlowRegistry registry(kRequests);  // each Resolve waits 400 ms (fewer than 12 ever come)
+  Stack stack({.workers = 1, .registry = false, .tweak_gateway = [&](gateway::GatewayConfig* g) {
+                 g->registry_address = registry.address();
+                 g->gateway.max_concurrent = kMax;
+               }});
+  std::atomic<int> refused{0};
+  const int ok = RunAtOnce(kRequests, [&](int i) {
+    const Reply r = Generate(stack.gateway(), Req("sys", "q" + std::to_string(i), 2));
+    if (r.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      EXPECT_NE(r.status.error_message().find("--max_concurrent"), std::string::npos)
+          << r.status.error_message();
+      ++refused;
+    } else {
+      EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    }
+    return r.status.ok();
+  });
+  EXPECT_GE(ok, 1);
+  EXPECT_EQ(ok + refused.load(), kRequests);
+  EXPECT_LE(registry.peak(), kMax) << "more requests were routed at once than --max_concurrent";
+}
+
 TEST(BadDayTest, RegisterChunkPinsWithoutHoldingAThread) {
   // RegisterChunk's pins ran synchronously on the callback thread of the worker call that ended
   // its turn (a few threads for the whole gateway), so a slow registry had only a few in flight.
