@@ -1,0 +1,819 @@
+// The Hopper (sm_90a, wgmma + TMA) attention kernels: the two-warpgroup and warp-specialized
+// prefill kernels and the persistent decode kernel, with the warpgroup helpers they share.
+// Not a standalone header: attention.cu includes it inside cascade::cuda::internal's anonymous
+// namespace, after the tile helpers (RowSoftmax, Fold, QChunk, TileKernelArgs, ...) it uses, so
+// the kernels stay in that one translation unit.
+#pragma once
+
+// ---------------------------------------------------------------------------------------------
+// Prefill on Hopper tensor cores (wgmma, sm_90a; head_dim 128): the same items, rows and
+// arithmetic as PrefillKernel, one CTA of two warpgroups per (item, kv head). Warpgroup wg owns
+// q-rows [64 wg, 64 wg + 64) (warp w of it rows 16 w .. 16 w + 15, the mma.sync layout), so every
+// per-row step below is PrefillTile's: S = Q K^T as 8 wgmma k16 steps from +0 (k over D
+// ascending), RowSoftmax in the same lanes and key order, P rounded to bf16 as the register A
+// operand of O_t = P V (4 k16 steps over the tile's keys, from +0), and the same Fold. wgmma's
+// k16 step gives the bits of mma.sync m16n8k16's (WgmmaMatchesMmaSyncBitwise in
+// cuda_attention_test), so this kernel, PrefillKernel and the split kernel agree bit for bit.
+// Q and the K/V tiles sit in shared memory in the 128-byte swizzled layout of wgmma.cuh, K/V
+// streamed through three stages with cp.async (paged blocks of 16 tokens rule out one bulk
+// tensor copy per tile).
+constexpr int kWgD = 128;
+constexpr int kWgRows = 128;  // q-rows per CTA (== PrefillQueriesPerCta(128))
+constexpr int kWgStages = 3;
+constexpr int kWgRowBytes = kWgD * 2;
+constexpr int kWgTileBytes = kT * kWgRowBytes;  // one K or V tile
+constexpr size_t kWgSmemBytes =
+    1024 + static_cast<size_t>(kWgRows) * kWgRowBytes + 2 * kWgStages * kWgTileBytes;
+static_assert(PrefillQueriesPerCta(kWgD) == kWgRows, "wgmma prefill rows");
+
+// The warpgroup helpers of the wgmma kernels (their bodies are compiled for sm_90a only).
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// S = Q K^T for one warpgroup (accumulators from +0, k over D ascending). dq, dk: descriptors of
+// the warpgroup's Q rows and of the K tile; a k16 step or column half moves a descriptor's start
+// address field by (byte offset) / 16 (offsets stay inside shared memory's 14-bit field).
+// kQRows: the Q buffer's rows a column half (its second half starts kQRows * 128 bytes on).
+template <int kQRows = kWgRows>
+__device__ __forceinline__ void IssueQk(float (&sc)[32], uint64_t dq, uint64_t dk) {
+#pragma unroll
+  for (int kc = 0; kc < kWgD / 16; ++kc) {
+    const uint32_t half = kc >> 2, kb = (kc & 3) * 32;
+    Wgmma64x64SS(sc, dq + ((half * kQRows * 128 + kb) >> 4), dk + ((half * kT * 128 + kb) >> 4));
+  }
+}
+// O_t = P V for one warpgroup (from +0, k over the tile's keys ascending); dv: the V tile's
+// descriptor as an MN-major operand.
+__device__ __forceinline__ void IssuePv(float (&ot)[64], const uint32_t (&pa)[kT / 16][4],
+                                        uint64_t dv) {
+#pragma unroll
+  for (int kk = 0; kk < kT / 16; ++kk) Wgmma64x128RS(ot, pa[kk], dv + ((kk * 2048) >> 4));
+}
+template <int N>
+__device__ __forceinline__ void Zero(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) r[i] = 0.f;
+}
+
+// Tile softmax of a warpgroup's 64 x 64 scores (the wgmma accumulator layout: rows g and g + 8
+// of each warp): RowSoftmax per row and the running (m, l) update, P rounded to bf16 into pa (the
+// register A operand of P V), and the weights (w, valid) that fold the tile's O_t (WgFold).
+template <bool kMask>
+__device__ __forceinline__ void WgSoftmax(float (&sc)[32], const int (&pos)[2], int ts, int t4,
+                                          float scale_log2, float (&m)[2], float (&l)[2],
+                                          FoldWeights (&w)[2], bool (&valid)[2],
+                                          uint32_t (&pa)[kT / 16][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float x[16];
+#pragma unroll
+    for (int n = 0; n < kT / 8; ++n) {
+      x[2 * n] = sc[4 * n + 2 * h];
+      x[2 * n + 1] = sc[4 * n + 2 * h + 1];
+    }
+    float ms, lt;
+    RowSoftmax<kMask>(x, pos[h] + 1 - ts, t4, scale_log2, ms, lt);
+#pragma unroll
+    for (int n = 0; n < kT / 8; ++n) {
+      sc[4 * n + 2 * h] = x[2 * n];
+      sc[4 * n + 2 * h + 1] = x[2 * n + 1];
+    }
+    valid[h] = !kMask || ms != -INFINITY;
+    w[h] = Fold(m[h], ms);
+    if (valid[h]) {
+      l[h] = FoldElem(l[h], w[h], lt);
+      m[h] = w[h].m;
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < kT / 16; ++kk) {
+    pa[kk][0] = PackBf16(sc[8 * kk + 0], sc[8 * kk + 1]);
+    pa[kk][1] = PackBf16(sc[8 * kk + 2], sc[8 * kk + 3]);
+    pa[kk][2] = PackBf16(sc[8 * kk + 4], sc[8 * kk + 5]);
+    pa[kk][3] = PackBf16(sc[8 * kk + 6], sc[8 * kk + 7]);
+  }
+}
+// Folds a tile's O_t into o with WgSoftmax's weights; kCheck: the tile was masked, so a row may
+// have seen none of its keys (skipped: a bitwise no-op).
+template <bool kCheck>
+__device__ __forceinline__ void WgFold(float (&o)[64], const float (&ot)[64],
+                                       const FoldWeights (&w)[2], const bool (&valid)[2]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int h = (i >> 1) & 1;
+    if (!kCheck || valid[h]) o[i] = FoldElem(o[i], w[h], ot[i]);
+  }
+}
+// Copies the item's Q rows (q-row qi: item row qi / G, head kvh * G + qi % G) into the swizzled
+// Q tile; rows past nq are zeros. Threads t = first, first + stride, ... share the copies.
+__device__ __forceinline__ void WgLoadQ(const TileKernelArgs& k, unsigned char* Qs, int row_begin,
+                                        int nq, int kvh, int first, int stride) {
+  constexpr int C = kWgD / 8;
+  for (int i = first; i < kWgRows * C; i += stride) {
+    const int qi = i / C, c = i % C;
+    const __nv_bfloat16* src = QChunk<kWgD>(k, row_begin, nq, kvh, qi, c);
+    CpAsync16Z(Qs + SwizzleOffset(kWgRows, qi, c),
+               src ? src : reinterpret_cast<const __nv_bfloat16*>(k.a.q), src ? 16 : 0);
+  }
+}
+// Positions of this lane's two rows of the warp's 16 q-rows from qi0 (-1 past nq), and the
+// warp's lowest and highest position (INT_MAX / -1 when it has no row).
+__device__ __forceinline__ void WgRowPositions(const TileKernelArgs& k, int row_begin, int nq,
+                                               int qi0, int lane, int (&pos)[2], int& wmin,
+                                               int& wmax) {
+  const int G = k.a.num_q_heads / k.a.cache.num_kv_heads;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int qi = qi0 + (lane >> 2) + 8 * h;
+    pos[h] = qi < nq ? k.a.positions[k.item_rows[row_begin + qi / G]] : -1;
+  }
+  wmin = pos[0] < 0 ? INT_MAX : pos[0];
+  wmax = max(pos[0], pos[1]);
+  if (pos[1] >= 0) wmin = min(wmin, pos[1]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, off));
+    wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
+  }
+}
+// Writes this lane's rows of a warp's 16 q-rows (from q-row qi0) as bf16 o / l; row_of(qi): the
+// token row of q-row qi.
+template <class RowOf>
+__device__ __forceinline__ void WgStoreRowsBy(const AttentionArgs& a, int nq, int kvh, int qi0,
+                                              int lane, const float (&o)[64], const float (&l)[2],
+                                              RowOf row_of) {
+  const int G = a.num_q_heads / a.cache.num_kv_heads;
+  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int qi = qi0 + (lane >> 2) + 8 * h;
+    if (qi >= nq) continue;
+    const int row = row_of(qi);
+    const float inv = __frcp_rn(l[h]);
+    __nv_bfloat16* dst =
+        out + static_cast<int64_t>(row) * a.num_q_heads * kWgD + (kvh * G + qi % G) * kWgD;
+#pragma unroll
+    for (int n = 0; n < kWgD / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * (lane & 3)) =
+          PackBf16(__fmul_rn(o[4 * n + 2 * h], inv), __fmul_rn(o[4 * n + 2 * h + 1], inv));
+    }
+  }
+}
+// The item's rows (q-row qi: item row qi / G).
+__device__ __forceinline__ void WgStoreRows(const TileKernelArgs& k, int row_begin, int nq, int kvh,
+                                            int qi0, int lane, const float (&o)[64],
+                                            const float (&l)[2]) {
+  const int G = k.a.num_q_heads / k.a.cache.num_kv_heads;
+  WgStoreRowsBy(k.a, nq, kvh, qi0, lane, o, l,
+                [&](int qi) { return k.item_rows[row_begin + qi / G]; });
+}
+
+// One 64-key tile for one warpgroup (see PrefillTile for the arithmetic).
+template <bool kMask>
+__device__ __forceinline__ void PrefillTileWg(uint32_t q_smem, uint32_t k_smem, uint32_t v_smem,
+                                              int ts, const int (&pos)[2], float scale_log2,
+                                              float (&m)[2], float (&l)[2], float (&o)[64],
+                                              int lane) {
+  float s[32];
+  Zero(s);
+  FenceRegs(s);
+  WgmmaFence();
+  IssueQk(s, WgmmaDesc(q_smem, 16, 1024), WgmmaDesc(k_smem, 16, 1024));
+  WgmmaCommit();
+  WgmmaWait<0>();
+  FenceRegs(s);
+  FoldWeights w[2];
+  bool valid[2];
+  uint32_t pa[kT / 16][4];
+  WgSoftmax<kMask>(s, pos, ts, lane & 3, scale_log2, m, l, w, valid, pa);
+  float ot[64];
+  Zero(ot);
+  FenceRegs(ot);
+  WgmmaFence();
+  IssuePv(ot, pa, WgmmaDesc(v_smem, kT * 128, 1024));
+  WgmmaCommit();
+  WgmmaWait<0>();
+  FenceRegs(ot);
+  WgFold<kMask>(o, ot, w, valid);
+}
+
+#endif  // sm_90a
+
+__global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  WaitForPriorGrids();
+  constexpr int D = kWgD, kThr = 256, C = D / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);  // 1024-byte aligned atoms
+  unsigned char* Qs = smem;                                          // [kWgRows] rows, swizzled
+  unsigned char* KVs = Qs + kWgRows * kWgRowBytes;  // stage s: K at 2 s, V at 2 s + 1 (tiles)
+  const uint32_t qs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(Qs));
+  const uint32_t kv_addr = static_cast<uint32_t>(__cvta_generic_to_shared(KVs));
+  __shared__ int wg_pos[2][2];  // per warpgroup: lowest, highest row position
+
+  const AttentionArgs& a = k.a;
+  const KvCacheView& cache = a.cache;
+  const int hq = a.num_q_heads, hkv = cache.num_kv_heads, G = hq / hkv;
+  const int32_t* it = k.items + static_cast<int64_t>(blockIdx.x) * kItemFields;
+  const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
+  const int row_count = it[4], kv_len = it[5];
+  const int kvh = blockIdx.y;
+  const int nq = row_count * G;  // <= kWgRows
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+
+  if (tid < 4) wg_pos[tid >> 1][tid & 1] = (tid & 1) ? -1 : INT_MAX;
+  WgLoadQ(k, Qs, row_begin, nq, kvh, tid, kThr);
+  // K/V tile loads: thread tid copies chunk tid % C of keys tid / C + 16 r, r < 4.
+  constexpr int kRowsPerPass = kThr / C, kR = kT / kRowsPerPass;
+  const int cchunk = tid % C, j0 = tid / C;
+  const __nv_bfloat16* kc = reinterpret_cast<const __nv_bfloat16*>(cache.k) + cchunk * 8;
+  const __nv_bfloat16* vc = reinterpret_cast<const __nv_bfloat16*>(cache.v) + cchunk * 8;
+  int ids[kR];
+  auto load_ids = [&](int t) {
+    TileKeyRows<kR, kRowsPerPass>(a, table_offset, kv_len, kvh, t, j0, ids);
+  };
+  auto issue_tile = [&](int stage) {
+    unsigned char* Kd = KVs + 2 * stage * kWgTileBytes;
+    unsigned char* Vd = Kd + kWgTileBytes;
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int off = SwizzleOffset(kT, j0 + r * kRowsPerPass, cchunk);
+      const int64_t src = ids[r] < 0 ? 0 : static_cast<int64_t>(ids[r]) * D;
+      const int bytes = ids[r] < 0 ? 0 : 16;
+      CpAsync16Z(Kd + off, kc + src, bytes);
+      CpAsync16Z(Vd + off, vc + src, bytes);
+    }
+  };
+
+  int pos[2], wmin, wmax;
+  WgRowPositions(k, row_begin, nq, warp * 16, lane, pos, wmin, wmax);
+  __syncthreads();  // wg_pos initialized
+  if (lane == 0) {
+    atomicMin(&wg_pos[wg][0], wmin);
+    atomicMax(&wg_pos[wg][1], wmax);
+  }
+
+  float o[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  const uint32_t q_wg = qs_addr + wg * 64 * 128;  // 64 rows = 8 atoms of 1024 bytes
+
+  // Three stages, one barrier per tile: after the barrier that publishes tile t every warpgroup
+  // is done with tile t - 1 (its wgmma waited), so tile t + 2 may be copied into that stage.
+  load_ids(tile_begin);
+  issue_tile(0);
+  CpAsyncCommit();  // with Q
+  if (tile_begin + 1 < tile_end) {
+    load_ids(tile_begin + 1);
+    issue_tile(1);
+  }
+  CpAsyncCommit();
+  if (tile_begin + 2 < tile_end) load_ids(tile_begin + 2);
+  int lo = INT_MAX, hi = -1;
+  for (int t = tile_begin; t < tile_end; ++t) {
+    const int i = t - tile_begin;
+    CpAsyncWait<1>();
+    FenceProxyAsync();  // cp.async writes, read next by wgmma (the async proxy)
+    __syncthreads();
+    if (i == 0) {
+      lo = wg_pos[wg][0];
+      hi = wg_pos[wg][1];
+    }
+    if (t + 2 < tile_end) {
+      issue_tile((i + 2) % kWgStages);
+      if (t + 3 < tile_end) load_ids(t + 3);
+    }
+    CpAsyncCommit();
+    const int ts = t * kT;
+    const uint32_t ks = kv_addr + 2 * ((i % kWgStages) * kWgTileBytes);
+    const uint32_t vs = ks + kWgTileBytes;
+    if (ts <= hi) {  // warpgroup-uniform: some row of the warpgroup sees a key of the tile
+      if (ts + kT - 1 <= lo) {
+        PrefillTileWg<false>(q_wg, ks, vs, ts, pos, k.scale_log2, m, l, o, lane);
+      } else {
+        PrefillTileWg<true>(q_wg, ks, vs, ts, pos, k.scale_log2, m, l, o, lane);
+      }
+    }
+  }
+  CpAsyncWait<0>();
+  WgStoreRows(k, row_begin, nq, kvh, warp * 16, lane, o, l);
+#else
+  __trap();  // launched only on devices with sm_90a machine code (PrefillWgmmaAvailable)
+#endif
+}
+
+// The warp-specialized form (v8): warpgroup 0 loads (its warp 0; the other three only give their
+// registers back), warpgroups 1 and 2 compute (q-rows as above). K/V pieces of kPiece tokens (16:
+// a paged block of 16 or part of one of 32; 64: a whole tile of a 64-token block) come by bulk
+// tensor copy (TMA, 128-byte swizzle: the layout of wgmma.cuh) into kStages stages, each with a
+// `full` mbarrier (the copies' bytes) and an `empty` one (one arrival per consumer warp when its
+// wgmma reads of the stage are done). The load warp runs WsLoadTiles, each consumer warpgroup
+// WsFoldTiles (below).
+constexpr int kWsStages = 4;  // 6 measured no faster (H100, bench/kernels/NOTES.md)
+constexpr int kWsThreads = 384;
+constexpr size_t WsSmemBytes(int stages) {
+  return 1024 + static_cast<size_t>(kWgRows) * kWgRowBytes + 2 * stages * kWgTileBytes;
+}
+constexpr int kPieceTokens =
+    16;  // the copy unit for blocks of 16 or 32 tokens; 64 for blocks of 64
+
+struct WsBarriers {
+  uint64_t full[kWsStages];
+  uint64_t empty[kWsStages];
+};
+
+template <int kRegs>
+__device__ __forceinline__ void SetMaxRegsInc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void SetMaxRegsDec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// The K/V stage ring of a warp-specialized kernel. The n-th tile through it (n counts every tile
+// the ring has carried, across items) sits in stage n % kStages (K, then V: 2 * kWgTileBytes a
+// stage from kv0); it has landed when the stage's `full` barrier completes phase
+// (n / kStages) & 1, and the stage is free again when its `empty` barrier completes that phase.
+struct WsRing {
+  uint32_t full0;     // shared address of full[0] (barriers 8 bytes apart)
+  uint32_t empty0;    // shared address of empty[0]
+  uint32_t kv0;       // shared address of stage 0
+  unsigned char* kv;  // the same, generic (the load warp's lane copies)
+};
+
+// The load warp's part: tiles [tile_begin, tile_begin + ntiles) of an item (kv head kvh) into the
+// ring as its tiles n0, n0 + 1, ... Lane p copies piece p of a tile (p < the tile's TMA pieces;
+// four boxes: K and V, two column halves), so the pieces' copies are issued side by side (one
+// lane per box measured slower); its piece's cache row is read one tile ahead, so that a freed
+// stage is refilled without waiting on a global load. Rows at or past kv_len's last kPiece-token
+// boundary (only in an item's last tile) are copied by the lanes, zeros past kv_len, as
+// PrefillKernel has them.
+// The cache row (of the [blocks * kv heads * block_size, 128] tensor maps) where lane `lane`'s TMA
+// piece of the item's tile i starts; 0 where the lane copies no piece of it.
+template <int kPiece>
+__device__ __forceinline__ int WsPieceRow(const AttentionArgs& a, int table_offset, int tile_begin,
+                                          int ntiles, int kv_len, int kvh, int lane, int i) {
+  const int hkv = a.cache.num_kv_heads, bs = a.cache.block_size;
+  const int ts = (tile_begin + i) * kT;
+  const int npf = max(0, min(kT / kPiece, (kv_len - ts) / kPiece));
+  if (i >= ntiles || lane >= npf) return 0;
+  const int tok = ts + lane * kPiece;
+  return (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
+}
+
+// first_row: this lane's WsPieceRow of tile 0 (found by the caller, maybe ahead of time).
+// kAsyncTail: the lanes copy the last tile's rows by cp.async, all in flight before one wait
+// (the persistent decode kernel, where every item's last tile is usually partial: copied a load
+// and a store at a time they took ~1 us per 2 keys); else by plain loads and stores (prefill,
+// once per item; its load warp has 24 registers, which the cp.async form would spill).
+template <int kStages, int kPiece, bool kAsyncTail>
+__device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtensorMap* tk,
+                                            const CUtensorMap* tv, const WsRing& ring, int n0,
+                                            int table_offset, int tile_begin, int ntiles,
+                                            int kv_len, int kvh, int lane, int first_row) {
+  constexpr int D = kWgD, C = D / 8;
+  const KvCacheView& cache = a.cache;
+  const int hkv = cache.num_kv_heads, bs = cache.block_size;
+  const __nv_bfloat16* kg = reinterpret_cast<const __nv_bfloat16*>(cache.k);
+  const __nv_bfloat16* vg = reinterpret_cast<const __nv_bfloat16*>(cache.v);
+  auto piece_row = [&](int i) {
+    return WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, i);
+  };
+  int next_row = first_row;
+  for (int i = 0; i < ntiles; ++i) {
+    const int n = n0 + i, s = n % kStages, ts = (tile_begin + i) * kT;
+    const int prow = next_row;
+    next_row = piece_row(i + 1);
+    if (n >= kStages) MbarWait(ring.empty0 + 8 * s, ((n / kStages) - 1) & 1);
+    const uint32_t ks = ring.kv0 + 2 * s * kWgTileBytes, vs = ks + kWgTileBytes;
+    const uint32_t full = ring.full0 + 8 * s;
+    const int npf = max(0, min(kT / kPiece, (kv_len - ts) / kPiece));  // TMA pieces
+    if (npf < kT / kPiece) {  // the item's last tile: rows from kPiece * npf copied by lanes
+      unsigned char* Kd = ring.kv + 2 * s * kWgTileBytes;
+      unsigned char* Vd = Kd + kWgTileBytes;
+      const int j0 = npf * kPiece;
+      for (int idx = lane; idx < (kT - j0) * C; idx += 32) {
+        const int j = j0 + idx / C, c = idx % C, tok = ts + j;
+        if (kAsyncTail) {  // cp.async, zero-filled past kv_len
+          int64_t row = 0;
+          if (tok < kv_len) {
+            row = (static_cast<int64_t>(a.block_ids[table_offset + tok / bs]) * hkv + kvh) * bs +
+                  tok % bs;
+          }
+          const int bytes = tok < kv_len ? 16 : 0;
+          CpAsync16Z(Kd + SwizzleOffset(kT, j, c), kg + row * D + c * 8, bytes);
+          CpAsync16Z(Vd + SwizzleOffset(kT, j, c), vg + row * D + c * 8, bytes);
+          continue;
+        }
+        uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
+        if (tok < kv_len) {
+          const int64_t row =
+              (static_cast<int64_t>(a.block_ids[table_offset + tok / bs]) * hkv + kvh) * bs +
+              tok % bs;
+          kx = *reinterpret_cast<const uint4*>(kg + row * D + c * 8);
+          vx = *reinterpret_cast<const uint4*>(vg + row * D + c * 8);
+        }
+        *reinterpret_cast<uint4*>(Kd + SwizzleOffset(kT, j, c)) = kx;
+        *reinterpret_cast<uint4*>(Vd + SwizzleOffset(kT, j, c)) = vx;
+      }
+      if (kAsyncTail) {
+        CpAsyncCommit();
+        CpAsyncWait<0>();
+      }
+      FenceProxyAsync();  // these shared-memory writes are read by wgmma (the async proxy)
+      __syncwarp();
+    }
+    if (lane == 0) MbarArriveExpectTx(full, npf * (2 * 2 * kPiece * 128));
+    __syncwarp();
+    if (lane < npf) {
+      const uint32_t off = lane * kPiece * 128;
+      TmaLoad2d(ks + off, tk, 0, prow, full);
+      TmaLoad2d(ks + kT * 128 + off, tk, 64, prow, full);
+      TmaLoad2d(vs + off, tv, 0, prow, full);
+      TmaLoad2d(vs + kT * 128 + off, tv, 64, prow, full);
+    }
+  }
+}
+
+// A consumer warpgroup's part: the item's tiles, its ring tiles n0, n0 + 1, ..., folded into
+// (o, l) from the empty state. Q: the warpgroup's q-rows at shared address q_addr, kQRows rows a
+// column half, 8-row groups q_sbo bytes apart; lo / hi: the warpgroup's lowest and highest row
+// position (INT_MAX / -1 without rows); pos: this lane's two rows' positions (-1: none). A tile
+// the warpgroup needs is one of a prefix of the item's tiles (positions grow with rows); per
+// such tile it issues S_t = Q K_t^T together with the previous tile's O_{t-1} = P_{t-1} V_{t-1},
+// then folds O_{t-1} and runs tile t's softmax: the fold order and every operation are
+// PrefillTile's, only the schedule differs. Each stage read goes back to the load warp (one
+// arrival per warp). kPingPong: the two warpgroups (wg 0 and 1) take turns issuing their MMAs
+// (named barriers 2 and 3), so one's softmax overlaps the other's tensor-core work.
+template <bool kPingPong, int kStages, int kQRows>
+__device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t q_addr,
+                                            uint32_t q_sbo, int tile_begin, int ntiles, int lo,
+                                            int hi, const int (&pos)[2], int wg, int lane,
+                                            float scale_log2, float (&o)[64], float (&l)[2]) {
+  const int t4 = lane & 3;
+  // Tiles this warpgroup reads: a prefix of the item's (ts <= hi).
+  const int nact = hi < 0 ? 0 : min(ntiles, max(0, (hi / kT) - tile_begin + 1));
+  float m[2] = {-INFINITY, -INFINITY};
+  l[0] = l[1] = 0.f;
+  Zero(o);
+  uint32_t pa[kT / 16][4];
+  FoldWeights wp[2];
+  bool vp[2] = {false, false};
+  const uint64_t dq = WgmmaDesc(q_addr, 16, q_sbo);
+  auto issue_qk = [&](float(&sc)[32], uint64_t dk) { IssueQk<kQRows>(sc, dq, dk); };
+  auto stage = [&](int i) { return (n0 + i) % kStages; };
+  auto wait_full = [&](int i) { MbarWait(ring.full0 + 8 * stage(i), ((n0 + i) / kStages) & 1); };
+  auto desc_k = [&](int i) { return WgmmaDesc(ring.kv0 + 2 * stage(i) * kWgTileBytes, 16, 1024); };
+  auto desc_v = [&](int i) {
+    return WgmmaDesc(ring.kv0 + (2 * stage(i) + 1) * kWgTileBytes, kT * 128, 1024);
+  };
+  auto release = [&](int i) {
+    __syncwarp();
+    if (lane == 0) MbarArrive(ring.empty0 + 8 * stage(i));
+  };
+  // Ping-pong turns: one per tile for each warpgroup, warpgroup 0 first; the last arrival of
+  // warpgroup 1 would have no turn to open, so it is left out.
+  auto turn_begin = [&]() {
+    if (kPingPong) NamedBarSync(2 + wg, 256);
+  };
+  auto turn_end = [&](int i) {
+    if (kPingPong && !(wg == 1 && i == ntiles - 1)) NamedBarArrive(2 + (1 - wg), 256);
+  };
+  // Tile i's softmax (P into pa, fold weights into wp / vp); mask_tag: std::true_type when some
+  // key of the tile is past some row's position (the diagonal, the sequence's last tile).
+  auto softmax = [&](auto mask_tag, float(&sc)[32], int i) {
+    WgSoftmax<decltype(mask_tag)::value>(sc, pos, (tile_begin + i) * kT, t4, scale_log2, m, l, wp,
+                                         vp, pa);
+  };
+  auto fold = [&](auto check_tag, const float(&ot)[64]) {
+    WgFold<decltype(check_tag)::value>(o, ot, wp, vp);
+  };
+  using Masked = std::true_type;
+  using Unmasked = std::false_type;
+  // Tiles [0, nfull) are fully visible to every row of the warpgroup (ts + 63 <= lo).
+  const int nfull = min(nact, max(0, (lo + 1) / kT - tile_begin));
+
+  if (kPingPong && wg == 1) NamedBarArrive(2, 256);  // warpgroup 0 issues first
+  if (nact > 0) {                                    // tile 0: S only
+    wait_full(0);
+    float sc[32];
+    Zero(sc);
+    FenceRegs(sc);
+    turn_begin();
+    WgmmaFence();
+    issue_qk(sc, desc_k(0));
+    WgmmaCommit();
+    turn_end(0);
+    WgmmaWait<0>();
+    FenceRegs(sc);
+    if (nfull > 0) {
+      softmax(Unmasked{}, sc, 0);
+    } else {
+      softmax(Masked{}, sc, 0);
+    }
+  }
+  // Tile i: S_i issued with P_{i-1} V_{i-1}; then the fold of tile i - 1 and the softmax of
+  // tile i (one basic block, so the fold's independent FMAs fill the softmax's latencies),
+  // then tile i - 1's stage goes back to the load warp.
+  auto step = [&](auto prev_tag, auto cur_tag, int i) {
+    wait_full(i);
+    float sc[32], ot[64];
+    Zero(sc);
+    Zero(ot);
+    FenceRegs(sc);
+    FenceRegs(ot);
+    turn_begin();
+    WgmmaFence();
+    issue_qk(sc, desc_k(i));
+    IssuePv(ot, pa, desc_v(i - 1));
+    WgmmaCommit();
+    turn_end(i);
+    WgmmaWait<0>();
+    FenceRegs(sc);
+    FenceRegs(ot);
+    fold(prev_tag, ot);
+    softmax(cur_tag, sc, i);
+    release(i - 1);
+  };
+  int i = 1;
+  for (; i < nfull; ++i) step(Unmasked{}, Unmasked{}, i);
+  if (i < nact && i == nfull) step(Unmasked{}, Masked{}, i++);
+  for (; i < nact; ++i) step(Masked{}, Masked{}, i);
+  if (nact > 0) {  // P.V of the last tile read
+    float ot[64];
+    Zero(ot);
+    FenceRegs(ot);
+    WgmmaFence();
+    IssuePv(ot, pa, desc_v(nact - 1));
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceRegs(ot);
+    if (nact > nfull) {
+      fold(Masked{}, ot);
+    } else {
+      fold(Unmasked{}, ot);
+    }
+    release(nact - 1);
+  }
+  for (int j = nact; j < ntiles; ++j) {  // tiles past this warpgroup's rows
+    wait_full(j);
+    turn_begin();
+    turn_end(j);
+    release(j);
+  }
+}
+
+// The warp-specialized prefill form (v8, described above): one CTA per (item, kv head).
+template <bool kPingPong, int kStages, int kPiece>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    PrefillWsKernel(const TileKernelArgs k, const __grid_constant__ CUtensorMap tk,
+                    const __grid_constant__ CUtensorMap tv) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  WaitForPriorGrids();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ WsBarriers bars;
+  __shared__ int wg_pos[2][2];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
+  unsigned char* Qs = smem;
+  unsigned char* KVs = Qs + kWgRows * kWgRowBytes;  // stage s: K tile, then V tile
+  const uint32_t qs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(Qs));
+  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars.full[0]));
+  const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars.empty[0]));
+  const WsRing ring{full0, empty0, static_cast<uint32_t>(__cvta_generic_to_shared(KVs)), KVs};
+
+  const AttentionArgs& a = k.a;
+  const int G = a.num_q_heads / a.cache.num_kv_heads;
+  const int32_t* it = k.items + static_cast<int64_t>(blockIdx.x) * kItemFields;
+  const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
+  const int row_count = it[4], kv_len = it[5];
+  const int kvh = blockIdx.y;
+  const int nq = row_count * G;
+  const int ntiles = tile_end - tile_begin;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(full0 + 8 * s, 1);
+      MbarInit(empty0 + 8 * s, 8);
+    }
+    MbarInitFence();
+  }
+  if (tid < 4) wg_pos[tid >> 1][tid & 1] = (tid & 1) ? -1 : INT_MAX;
+  __syncthreads();
+
+  if (warp < 4) {  // ------------------------------------------------------------------- loads
+    SetMaxRegsDec<24>();
+    if (warp != 0) return;
+    WsLoadTiles<kStages, kPiece, false>(
+        a, &tk, &tv, ring, 0, table_offset, tile_begin, ntiles, kv_len, kvh, lane,
+        WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, 0));
+  } else {  // --------------------------------------------------------------------- consumers
+    SetMaxRegsInc<240>();
+    const int cw = warp - 4, wg = cw >> 2;
+    WgLoadQ(k, Qs, row_begin, nq, kvh, tid - 128, 256);
+    CpAsyncCommit();
+    int pos[2], wmin, wmax;
+    WgRowPositions(k, row_begin, nq, cw * 16, lane, pos, wmin, wmax);
+    if (lane == 0) {
+      atomicMin(&wg_pos[wg][0], wmin);
+      atomicMax(&wg_pos[wg][1], wmax);
+    }
+    CpAsyncWait<0>();
+    FenceProxyAsync();
+    NamedBarSync(1, 256);  // Q and wg_pos ready for both consumer warpgroups
+    float o[64], l[2];
+    WsFoldTiles<kPingPong, kStages, kWgRows>(ring, 0, qs_addr + wg * 64 * 128, 1024, tile_begin,
+                                             ntiles, wg_pos[wg][0], wg_pos[wg][1], pos, wg, lane,
+                                             k.scale_log2, o, l);
+    WgStoreRows(k, row_begin, nq, kvh, cw * 16, lane, o, l);
+  }
+#else
+  __trap();  // launched only on devices with sm_90a machine code (WgmmaAvailable)
+#endif
+}
+
+// Decode rows on Hopper (sm_90a, head_dim 128): split form 3 (SplitForm), plans whose split
+// items are all whole decode rows of at most kDwQRows q-rows (one row each, group <= 8,
+// kFoldFinish from tile 0). The shared-memory split form copies each tile and then waits for it,
+// so it reads at 83-96% of the copy bandwidth at contexts of 1k-4k (bench/kernels/RESULTS.md).
+// Here a fixed grid (one CTA per SM) runs the items (x kv heads) persistently: each CTA's two
+// consumer warpgroups take work items in turn, each fed by two warps of its own: an item warp
+// that puts the next items' Q rows (into one of two 8-row swizzled buffers), positions, output
+// rows, fields and first-tile cache rows into shared memory up to two items ahead, and a load
+// warp whose ring of kDwStages K/V stages runs on into the next item while the consumer
+// computes the current one. Per item the consumer runs PrefillWsKernel's tile loop
+// (WsFoldTiles) from the empty state and writes the outputs: a row's bits are the prefill
+// kernel's, which are the split kernel's (cuda_attention_test: PrefillKernelsAgreeBitwise,
+// CachedPrefillEqualsColdPrefillBitwise, PersistentDecodeFormEqualsSplitFormsBitwise). Q is read
+// with an 8-row-group stride of 0, so the warpgroup's 64 MMA rows repeat the buffer's 8; rows
+// past nq have position -1 (every key masked) and are never stored.
+constexpr int kDwStages = 3;
+constexpr int kDwQRows = 8;
+constexpr int kDwQBytes = kDwQRows * kWgRowBytes;
+constexpr size_t kDwSmemBytes = 1024 + 2 * (2 * kDwQBytes + 2 * kDwStages * kWgTileBytes);
+
+// An item as its item warp leaves it in shared memory for the load warp and the consumer.
+struct DwItem {
+  int table_offset, tile_begin, ntiles, kv_len, nq;
+  int pos[kDwQRows];       // q-row positions, -1 past nq
+  int row[kDwQRows];       // q-row qi's token row (output row)
+  int first_row[kT / 16];  // lane p's WsPieceRow of tile 0
+};
+struct DwShared {
+  uint64_t full[2][kDwStages];
+  uint64_t empty[2][kDwStages];
+  uint64_t item_full[2][2];   // consumer c's item buffer b filled (its item warp, one arrival)
+  uint64_t item_empty[2][2];  // ... and done with (its consumer's four warps)
+  DwItem item[2][2];
+};
+
+template <int kPiece>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    DecodeWsKernel(const TileKernelArgs k, int items, const __grid_constant__ CUtensorMap tk,
+                   const __grid_constant__ CUtensorMap tv) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(kT / kPiece <= kT / 16, "first_row holds a tile's pieces");
+  // The count is read before the wait for the previous kernel (as in ForEachSplitItem).
+  const int count = k.item_count != nullptr ? *k.item_count : items;
+  WaitForPriorGrids();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ DwShared sh;
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
+  const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  // Consumer c's Q buffer b at (2 c + b) * kDwQBytes; its stages after the four Q buffers.
+  auto q_offset = [](int c, int b) { return (2 * c + b) * kDwQBytes; };
+  auto bar = [](uint64_t& b) { return static_cast<uint32_t>(__cvta_generic_to_shared(&b)); };
+  auto ring_of = [&](int c) {
+    const int off = 4 * kDwQBytes + c * 2 * kDwStages * kWgTileBytes;
+    return WsRing{bar(sh.full[c][0]), bar(sh.empty[c][0]), smem_addr + off, smem + off};
+  };
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) {
+    for (int c = 0; c < 2; ++c) {
+      for (int s = 0; s < kDwStages; ++s) {
+        MbarInit(bar(sh.full[c][s]), 1);
+        MbarInit(bar(sh.empty[c][s]), 4);
+      }
+      for (int b = 0; b < 2; ++b) {
+        MbarInit(bar(sh.item_full[c][b]), 1);
+        MbarInit(bar(sh.item_empty[c][b]), 4);
+      }
+    }
+    MbarInitFence();
+  }
+  // Q buffers start as zeros: rows past an item's q-rows are multiplied, never stored.
+  for (int i = tid; i < 4 * kDwQBytes / 16; i += kWsThreads) {
+    reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
+  }
+  FenceProxyAsync();
+  __syncthreads();
+
+  const AttentionArgs& a = k.a;
+  const int hkv = a.cache.num_kv_heads, G = a.num_q_heads / hkv;
+  const int works = count * hkv;  // (item, kv head) pairs, kv head fastest
+  // Consumer c (and its two warps) take works 2 * blockIdx.x + c, + 2 * gridDim.x, ...
+  // walk_items: consumer c's works in order, each once its item warp has filled item buffer b:
+  // fn(item, work w, ring position n of its first tile, b, its tiles). The item buffer may be
+  // refilled once the consumer has released it (item_empty): its tiles are read before fn.
+  auto walk_items = [&](int c, auto fn) {
+    int n = 0, j = 0;
+    for (int w = 2 * blockIdx.x + c; w < works; w += 2 * gridDim.x, ++j) {
+      const int b = j & 1;
+      MbarWait(bar(sh.item_full[c][b]), (j >> 1) & 1);
+      const DwItem& d = sh.item[c][b];
+      const int ntiles = d.ntiles;
+      fn(d, w, n, b, ntiles);
+      n += ntiles;
+    }
+  };
+  if (warp < 4) {  // --------------------------------------------------- item and load warps
+    // 56 / 224 registers (ptxas: fewer for these warps, which walk items too, spill them; 4 bytes
+    // spilled at 224 for the consumers); 56 * 128 + 224 * 256 <= 64K.
+    SetMaxRegsDec<56>();
+    const int c = warp & 1;
+    if (warp >= 2) {  // item warp of consumer c
+      int j = 0;
+      for (int w = 2 * blockIdx.x + c; w < works; w += 2 * gridDim.x, ++j) {
+        const int b = j & 1, item = w / hkv, kvh = w % hkv;
+        const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
+        const int table_offset = it[0], tile_begin = it[1], ntiles = it[2] - it[1];
+        const int row_begin = it[3], nq = it[4] * G, kv_len = it[5];
+        if (j >= 2) MbarWait(bar(sh.item_empty[c][b]), ((j >> 1) - 1) & 1);
+        DwItem& d = sh.item[c][b];
+        unsigned char* qbuf = smem + q_offset(c, b);
+        for (int idx = lane; idx < nq * (kWgD / 8); idx += 32) {
+          const int qi = idx / (kWgD / 8), cc = idx % (kWgD / 8);
+          CpAsync16Z(qbuf + SwizzleOffset(kDwQRows, qi, cc),
+                     QChunk<kWgD>(k, row_begin, nq, kvh, qi, cc), 16);
+        }
+        CpAsyncCommit();
+        if (lane < kDwQRows) {
+          const int row = lane < nq ? k.item_rows[row_begin + lane / G] : 0;
+          d.row[lane] = row;
+          d.pos[lane] = lane < nq ? a.positions[row] : -1;
+        }
+        if (lane < kT / 16) {
+          d.first_row[lane] =
+              WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, 0);
+        }
+        if (lane == 0) {
+          d.table_offset = table_offset;
+          d.tile_begin = tile_begin;
+          d.ntiles = ntiles;
+          d.kv_len = kv_len;
+          d.nq = nq;
+        }
+        CpAsyncWait<0>();
+        FenceProxyAsync();  // the Q rows are read by wgmma (the async proxy)
+        __syncwarp();
+        if (lane == 0) MbarArrive(bar(sh.item_full[c][b]));
+      }
+    } else {  // load warp of consumer c
+      const WsRing ring = ring_of(c);
+      walk_items(c, [&](const DwItem& d, int w, int n, int, int ntiles) {
+        WsLoadTiles<kDwStages, kPiece, true>(a, &tk, &tv, ring, n, d.table_offset, d.tile_begin,
+                                             ntiles, d.kv_len, w % hkv, lane,
+                                             lane < kT / 16 ? d.first_row[lane] : 0);
+      });
+    }
+  } else {  // --------------------------------------------------------------------- consumers
+    SetMaxRegsInc<224>();
+    const int c = (warp - 4) >> 2, cw = (warp - 4) & 3;
+    const WsRing ring = ring_of(c);
+    walk_items(c, [&](const DwItem& d, int w, int n, int b, int ntiles) {
+      const int tile_begin = d.tile_begin, nq = d.nq;
+      int pos[2], lo = INT_MAX, hi = -1;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int qi = cw * 16 + (lane >> 2) + 8 * h;
+        pos[h] = qi < kDwQRows ? d.pos[qi] : -1;
+      }
+      for (int r = 0; r < nq; ++r) {
+        lo = min(lo, d.pos[r]);
+        hi = max(hi, d.pos[r]);
+      }
+      float o[64], l[2];
+      WsFoldTiles<false, kDwStages, kDwQRows>(ring, n, smem_addr + q_offset(c, b), 0, tile_begin,
+                                              ntiles, lo, hi, pos, c, lane, k.scale_log2, o, l);
+      int rows[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int qi = cw * 16 + (lane >> 2) + 8 * h;
+        rows[h] = qi < kDwQRows ? d.row[qi] : 0;
+      }
+      // Every S of the item has completed (WsFoldTiles waited on each) and its fields are read:
+      // the item buffer may refill.
+      __syncwarp();
+      if (lane == 0) MbarArrive(bar(sh.item_empty[c][b]));
+      WgStoreRowsBy(a, nq, w % hkv, cw * 16, lane, o, l,
+                    [&](int qi) { return rows[(qi >> 3) & 1]; });
+    });
+  }
+#else
+  __trap();  // launched only on devices with sm_90a machine code (SplitForm 3 plans,
+             // WgmmaAvailable)
+#endif
+}
+
