@@ -816,4 +816,3 @@ __global__ void __launch_bounds__(kWsThreads, 1)
              // WgmmaAvailable)
 #endif
 }
-
