@@ -9,7 +9,10 @@ if [ -z "$FORMAT" ]; then
   echo "format: clang-format not found; run scripts/setup.sh" >&2
   exit 1
 fi
-mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh' 2>/dev/null || true)
+# Tracked files and new ones not yet added (not ignored ones): a new file is formatted before its
+# first commit, not caught by format_check_test after it.
+mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.cc' '*.h' '*.cu' '*.cuh' \
+  2>/dev/null || true)
 if [ ${#files[@]} -eq 0 ]; then
   # Not a git checkout (a source tarball): every source below the project folders.
   mapfile -t files < <(find common cache_service gpu_worker services bench tests \
