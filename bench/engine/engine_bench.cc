@@ -154,7 +154,9 @@ struct Variant {
   int early_chunks = 2;   // CudaBackendOptions::decode_gemm_early_chunks
   bool fuse_silu = true;  // CudaBackendOptions::fuse_silu
   int split_variant = 0;  // internal::SetSplitVariant (process-wide, set when the backend loads)
-  int ws_min_tiles = -1;  // cuda::SetDecodeWsMinTiles (likewise; -1: its default)
+  // CudaBackendOptions::persistent_decode_min_tiles (the backend sets it process-wide at load);
+  // -1 here: its default.
+  int ws_min_tiles = -1;
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -172,7 +174,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   // Whole-row decode plans on the persistent decode kernel (split form 3) whatever the rows'
   // length, or never (form 2: the shared-memory kernel without the merge).
   if (name == "ws") return v->ws_min_tiles = 0, true;
-  if (name == "nows") return v->ws_min_tiles = std::numeric_limits<int>::max(), true;
+  if (name == "nows") return v->ws_min_tiles = std::numeric_limits<int>::max(), true;  // never
   if (absl::StartsWith(name, "early")) {  // earlyN: DecodeGemm copies N weight chunks early
     return absl::SimpleAtoi(name.substr(5), &v->early_chunks) && v->early_chunks >= 0;
   }
@@ -496,8 +498,8 @@ struct Bench {
       o.gemm_tune_max_m = variant.tune_max_m;
       o.programmatic_launch = variant.pdl;
       cuda::internal::SetSplitVariant(variant.split_variant);
-      cuda::SetDecodeWsMinTiles(variant.ws_min_tiles >= 0 ? variant.ws_min_tiles
-                                                          : cuda::kDefaultDecodeWsMinTiles);
+      o.persistent_decode_min_tiles =
+          variant.ws_min_tiles >= 0 ? variant.ws_min_tiles : cuda::kDefaultDecodeWsMinTiles;
       const Clock::time_point load_start = Clock::now();
       auto b = cuda::NewCudaBackend(model, o);
       if (!b.ok()) {

@@ -51,6 +51,10 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddInt("decode_gemm_max_m", &c->decode_gemm_max_m,
             "CUDA backend: GEMMs of up to this many rows (<= 64; 0: off) run the kernel measured "
             "fastest per decode batch bucket at load time, each bitwise the pinned one's");
+  f->AddInt("persistent_decode_min_tiles", &c->persistent_decode_min_tiles,
+            "CUDA backend on Hopper: decode steps whose rows average at least this many 64-token "
+            "tiles run on the persistent decode attention kernel (same tokens; 0: at any length; "
+            "-1: never, the split kernel as before it)");
   f->AddInt64("host_kv_bytes", &c->host_kv_bytes,
               "host KV tier: host memory for KV blocks the GPU tier evicts (pinned on CUDA); "
               "-1: min(RAM / 5, 4 x the KV cache); 0: off");
@@ -105,6 +109,11 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     return absl::InvalidArgumentError(absl::StrCat("--decode_gemm_max_m=", config.decode_gemm_max_m,
                                                    ": must be in [0, 64] (0: off)"));
   }
+  if (config.persistent_decode_min_tiles < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--persistent_decode_min_tiles=", config.persistent_decode_min_tiles,
+                     ": must be >= -1 (-1: never, 0: at any length)"));
+  }
   if (config.gemm_tune_min_hidden < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--gemm_tune_min_hidden=", config.gemm_tune_min_hidden,
@@ -134,6 +143,7 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     o.gemm_tune = config.gemm_tune;
     o.gemm_tune_min_hidden = config.gemm_tune_min_hidden;
     o.decode_gemm_max_m = config.decode_gemm_max_m;
+    o.persistent_decode_min_tiles = config.persistent_decode_min_tiles;
     auto b = cuda::NewCudaBackend(model, o);
     if (!b.ok()) return b.status();
     return std::move(*b);

@@ -47,6 +47,9 @@ struct WorkerConfig {
   // fastest per batch bucket at load time among the pinned algorithm, SmallGemm and DecodeGemm,
   // each bitwise the pinned one's (CudaBackendOptions::decode_gemm_max_m; the same tokens).
   int decode_gemm_max_m = cuda::kDefaultDecodeGemmMaxM;
+  // CUDA backend: CudaBackendOptions::persistent_decode_min_tiles (-1: the persistent decode
+  // kernel off; the same tokens either way).
+  int persistent_decode_min_tiles = cuda::kDefaultPersistentDecodeMinTiles;
   // Host KV tier: host memory for copies of blocks the GPU tier evicts. -1: auto, the smaller of
   // a fifth of the machine's RAM and four times the GPU tier's KV bytes; 0: off.
   int64_t host_kv_bytes = -1;

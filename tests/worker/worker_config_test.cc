@@ -79,7 +79,8 @@ TEST(WorkerConfigTest, KvCacheBytesFlagParses) {
   EXPECT_EQ(c.kv_cache_bytes, 4096);
 }
 
-// --decode_gemm_max_m outside [0, 64] (and --gemm_tune_min_hidden below 0) is refused with the
+// --decode_gemm_max_m outside [0, 64] (and --gemm_tune_min_hidden below 0,
+// --persistent_decode_min_tiles below -1) is refused with the
 // flag, the value and the range, on every backend (it is a CUDA setting, but a bad value is a
 // mistake wherever it is given); the bounds themselves load.
 TEST(WorkerConfigTest, CudaGemmSettingsOutsideTheirRangeAreRefused) {
@@ -102,6 +103,19 @@ TEST(WorkerConfigTest, CudaGemmSettingsOutsideTheirRangeAreRefused) {
     c.decode_gemm_max_m = good;
     EXPECT_TRUE(MakeBackend("cpu", *model, c).ok()) << good;
   }
+  // --persistent_decode_min_tiles below -1 the same way; -1 (never) and 0 (any length) load.
+  c.persistent_decode_min_tiles = -2;
+  auto p = MakeBackend("cpu", *model, c);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("--persistent_decode_min_tiles=-2: must be >= -1"),
+            std::string::npos)
+      << p.status();
+  for (int good : {-1, 0}) {
+    c.persistent_decode_min_tiles = good;
+    EXPECT_TRUE(MakeBackend("cpu", *model, c).ok()) << good;
+  }
+  c.persistent_decode_min_tiles = cuda::kDefaultPersistentDecodeMinTiles;
   // --gemm_tune_min_hidden below 0 the same way; 0 (never tuned by default) loads.
   c.gemm_tune_min_hidden = -1;
   auto b = MakeBackend("cpu", *model, c);

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "gpu_worker/backend/cuda/cuda_defaults.h"
 #include "gpu_worker/backend/cuda/kernel_types.h"
 #include "gpu_worker/backend/cuda/ops.h"
 
@@ -130,7 +131,7 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
 // graph-captured split launch (AttentionPlanView::split_count).
 absl::StatusOr<int> SplitCtasPerWave(int head_dim, int num_kv_heads, int split_form = 0);
 
-inline constexpr int kDefaultDecodeWsMinTiles = 6;
+inline constexpr int kDefaultDecodeWsMinTiles = kDefaultPersistentDecodeMinTiles;
 // Split form 3 (the persistent decode kernel) needs whole-row items of at least this many tiles
 // on average; shorter rows take form 2 (measured: bench/kernels/RESULTS.md). Process-wide;
 // benchmarks compare settings (SetDecodeWsMinTiles; 0: form 3 for every whole-row plan, INT_MAX:

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numbers>
@@ -556,9 +557,12 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   split_ctas_ = ctas;
   ASSIGN_OR_RETURN(ctas_reg, SplitCtasPerWave(d_, hkv_, d_ <= 128 ? 1 : 0));
   split_ctas_reg_ = ctas_reg;
-  // Where the persistent decode kernel can run, the planner may fold whole rows for it.
+  // Where the persistent decode kernel can run (and is not turned off), the planner may fold
+  // whole rows for it.
+  SetDecodeWsMinTiles(o_.persistent_decode_min_tiles < 0 ? std::numeric_limits<int>::max()
+                                                         : o_.persistent_decode_min_tiles);
   ASSIGN_OR_RETURN(ws_ctas, PersistentDecodeCtas(d_, hq_ / hkv_, o_.block_size));
-  ws_ctas_ = ws_ctas;
+  ws_ctas_ = o_.persistent_decode_min_tiles < 0 ? 0 : ws_ctas;
   if (o_.cuda_graphs) {
     max_graph_batch_ = std::min({o_.max_graph_batch, o_.max_logits_rows, o_.max_num_tokens});
     // Room for every row at 2048 tokens of context before a regrowth re-captures the graphs.
