@@ -211,11 +211,6 @@ int Admission::queued() const {
   return static_cast<int>(queue_.size());
 }
 
-bool Admission::full() const {
-  MutexLock lock(&mu_);
-  return pending_ + held_ >= options_.max_pending;
-}
-
 Admission::Hold Admission::TryHold() {
   MutexLock lock(&mu_);
   if (stop_ || pending_ + held_ >= options_.max_pending) return Hold();

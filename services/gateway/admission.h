@@ -141,8 +141,6 @@ class Admission {
   // A hold while admitted + queued + held requests are below max_pending (and not shutting
   // down), else an empty one: the caller refuses the request at once. Thread-safe.
   Hold TryHold();
-  // True when a TryHold now would fail (max_pending reached with the held requests).
-  bool full() const;
   // True while a standing queue has put admission in its overload mode.
   bool overloaded() const;
 

@@ -241,19 +241,19 @@ TEST(AdmissionTest, HeldRoomCountsAgainstMaxPendingUntilReleased) {
   EXPECT_TRUE(holds[0] && holds[1] && holds[2]);
   EXPECT_FALSE(holds[3]) << "a fourth request held room while three were being routed";
   EXPECT_FALSE(holds[4]);
-  EXPECT_TRUE(a.full());
   holds[0].Release();  // routed: on to Acquire, which it gets
-  EXPECT_FALSE(a.full());
+  {
+    Admission::Hold probe = a.TryHold();
+    EXPECT_TRUE(probe) << "a released hold gave no room back";
+  }
   a.Acquire(Ranked({"w:1"}), far, out.For(0));
   ASSERT_TRUE(out.WaitFor(1));
   EXPECT_TRUE(out.Get(0).ok());
-  EXPECT_TRUE(a.full()) << "one admitted and two held";
-  EXPECT_FALSE(a.TryHold());
+  EXPECT_FALSE(a.TryHold()) << "one admitted and two held";
   {
     Admission::Hold moved = std::move(holds[1]);  // a hold moves with its request...
     EXPECT_FALSE(holds[1]);
   }  // ... and one dropped without Release (the request ended while routing) gives room back
-  EXPECT_FALSE(a.full());
   Admission::Hold again = a.TryHold();
   EXPECT_TRUE(again);
 }
