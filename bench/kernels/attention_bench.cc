@@ -77,6 +77,7 @@ std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
 struct Setup {
   AttentionPlan plan;
   DeviceBuffer q, pos, blocks, fi, si, rows, base, merge, out, po, pl;
+  DeviceBuffer ws_work;  // the persistent decode kernel's work counter, [2] zeros
   AttentionArgs args;
   AttentionPlanView view;
 };
@@ -132,6 +133,8 @@ void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx,
                               s->merge.as<int32_t>(), s->plan.num_merge(),   s->plan.max_final_rows,
                               s->plan.max_split_rows};
   s->view.split_form = SplitForm(s->plan, kD, kHq / kHkv);
+  s->ws_work = Up(std::vector<int32_t>{0, 0});
+  s->view.ws_work = s->ws_work.as<int32_t>();
 }
 
 // Block tables: the first `shared_blocks` blocks of every sequence are the same blocks (a shared
@@ -278,22 +281,32 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
                                        {" whole smem", &whole, 2, -1}};
   // ctx 145 / 160: the engine benchmark's decode rows (prompt 128, up to 64 generated), items of 3
   // tiles (145: the last one ends mid-block, as most rows' do);
-  // 384: 6 tiles (the persistent decode kernel's default threshold, DecodeWsMinTiles).
-  for (int ctx : {145, 160, 384, 1024, 4096}) {
+  // 384: 6 tiles (the persistent decode kernel's default threshold, DecodeWsMinTiles);
+  // 0 ("mixed"): contexts uniform in [100, 2048] (std::mt19937(7)), a continuous batch's mix of
+  // lengths (the nano-vllm workload's rows span 100-2048 tokens).
+  for (int ctx : {145, 160, 384, 1024, 4096, 0}) {
     if (cascade_only || prefill_only || g_shared_batch > 0) break;
     for (int batch : {1, 16, 64, 256}) {
       if (quick && batch > 64) continue;
+      if (ctx == 0 && batch < 64) continue;
       if (g_only_batch > 0 && (batch != g_only_batch || ctx != g_only_ctx)) continue;
+      std::vector<int> ctxs(batch, ctx);
+      if (ctx == 0) {
+        std::mt19937 rng(7);
+        for (int& c : ctxs) c = 100 + static_cast<int>(rng() % 1949);
+      }
+      double kv_tokens = 0;
+      for (int c : ctxs) kv_tokens += c;
       int64_t blocks = 0;
-      const auto tables = PrefixTables(std::vector<int>(batch, ctx), 0, &blocks);
+      const auto tables = PrefixTables(ctxs, 0, &blocks);
       if (blocks * 2 > num_blocks) continue;
       const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
       for (const Decode& d : decodes) {
         internal::SetSplitVariant(d.split_variant);
         const int min_tiles = DecodeWsMinTiles();
         if (d.ws_min_tiles >= 0) SetDecodeWsMinTiles(d.ws_min_tiles);
-        const double ms = TimeAttention(std::vector<int>(batch, 1), std::vector<int>(batch, ctx),
-                                        tables, blocks, rot, num_blocks, cache, *d.config, &plan);
+        const double ms = TimeAttention(std::vector<int>(batch, 1), ctxs, tables, blocks, rot,
+                                        num_blocks, cache, *d.config, &plan);
         const int form = SplitForm(plan, kD, kHq / kHkv);
         SetDecodeWsMinTiles(min_tiles);
         internal::SetSplitVariant(0);
@@ -301,8 +314,9 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
                           : form == 3          ? " [ws]"
                           : form == 2          ? " [f2]"
                                                : "";
-        row("decode B=" + std::to_string(batch) + " ctx=" + std::to_string(ctx) + d.name + tag, ms,
-            token_bytes * batch * ctx);
+        row("decode B=" + std::to_string(batch) +
+                (ctx == 0 ? " ctx=mixed" : " ctx=" + std::to_string(ctx)) + d.name + tag,
+            ms, token_bytes * kv_tokens);
       }
     }
   }

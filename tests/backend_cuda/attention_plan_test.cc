@@ -4,9 +4,11 @@
 // several rows name with the same blocks: one item per (shared tile, row chunk), at every level
 // of a prefix tree, checked against a brute-force grouping.
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
+#include <queue>
 #include <random>
 #include <set>
 #include <string>
@@ -502,8 +504,9 @@ TEST(AttentionPlanTest, FoldItemsGrowWithTheStepsWork) {
 
 // Where the persistent decode kernel can run (AttentionConfig::ws_ctas: its SMs), plain rows fold
 // whole from about one (row, kv head) work per SM, when they average DecodeWsMinTiles() tiles and
-// none is longer than 1.5x the mean; without it, or short, ragged, too few or unfinished rows
-// keep the shared-memory kernel's rule (split rows at batch 16).
+// none is longer than 1.5x the mean or than a consumer's share of the works; without it, or
+// short, ragged, too few or unfinished rows keep the shared-memory kernel's rule (split rows at
+// batch 16).
 TEST(AttentionPlanTest, PersistentKernelTakesWholeRowsFromOneWorkPerSm) {
   auto batch = [](const std::vector<int>& ctx) {
     std::vector<Seq> seqs;
@@ -593,6 +596,68 @@ TEST(AttentionPlanTest, RaggedRowsFoldWholeWhenSnakeRoundsBalanceThem) {
         longest, plan2.split_items[i * kItemFields + 2] - plan2.split_items[i * kItemFields + 1]);
   }
   EXPECT_LE(longest, 4) << "a fold item longer than tiles_per_item";
+}
+
+// The persistent kernel hands its works out from a counter in plan order, so for it the planner
+// keeps whole rows strictly longest first (the greedy longest-processing-time schedule; snake
+// rounds are for the fixed grids of the other forms), and takes rows of mixed lengths whenever
+// the longest is no more than a consumer's share of the works, though it is far above 1.5x the
+// mean (here 1.85x): the kernel's schedule of these works then ends within 3% of the even share.
+TEST(AttentionPlanTest, PersistentKernelTakesMixedRowsLongestFirst) {
+  std::vector<Seq> seqs;
+  int next_block = 0;
+  for (int i = 0; i < 256; ++i) {
+    Seq s{1, 100 + (i * 677) % 1949, {}};  // contexts 100..2048, in no order
+    while (static_cast<int>(s.blocks.size()) * 16 < s.ctx) s.blocks.push_back(next_block++);
+    seqs.push_back(s);
+  }
+  const Batch b = MakeBatch(seqs);
+  AttentionConfig cfg = kQwen3;
+  cfg.split_ctas = 66;
+  cfg.ws_ctas = 132;
+  const AttentionPlan plan = Plan(cfg, b);
+  CheckPlan(cfg, b, plan);
+  ASSERT_EQ(plan.num_split(), 256) << "one whole-row item per row";
+  EXPECT_EQ(SplitForm(plan, cfg.head_dim, cfg.num_q_heads / cfg.num_kv_heads), 3);
+  int longest = 0;
+  int64_t total = 0;
+  std::vector<int> tiles;
+  for (int i = 0; i < plan.num_split(); ++i) {
+    const int32_t* it = &plan.split_items[i * kItemFields];
+    EXPECT_EQ(it[6], kFoldFinish) << "item " << i;
+    tiles.push_back(it[2] - it[1]);
+    if (i > 0) {
+      EXPECT_LE(tiles[i], tiles[i - 1]) << "item " << i << " out of longest-first order";
+    }
+    longest = std::max(longest, tiles[i]);
+    total += tiles[i];
+  }
+  EXPECT_GT(2 * longest * plan.num_split(), 3 * total) << "the 1.5x-the-mean rule alone refuses";
+  // The kernel's schedule (DecodeWsKernel): works (item, kv head) in plan order from a counter;
+  // consumer i's first work is work i, it takes one more at once and then one each time it
+  // starts one. Longest first ends within 3% of the even share here (137 tiles against 134); the
+  // batch's own order would take ~151, and the old static assignment (work w to consumer w mod
+  // 264, longest first) 149.
+  const int consumers = 2 * cfg.ws_ctas;
+  std::vector<int> works;  // tiles per work
+  for (int t : tiles) works.insert(works.end(), cfg.num_kv_heads, t);
+  size_t next = 0;
+  using End = std::pair<int64_t, int>;  // (when its current work ends, consumer)
+  std::priority_queue<End, std::vector<End>, std::greater<End>> ends;
+  for (int c = 0; c < consumers && next < works.size(); ++c) ends.push({works[next++], c});
+  std::vector<int> queued(consumers, -1);
+  for (int c = 0; c < consumers && next < works.size(); ++c) queued[c] = works[next++];
+  int64_t makespan = 0;
+  while (!ends.empty()) {
+    const auto [t, c] = ends.top();
+    ends.pop();
+    makespan = std::max(makespan, t);
+    if (queued[c] < 0) continue;
+    ends.push({t + queued[c], c});
+    queued[c] = next < works.size() ? works[next++] : -1;
+  }
+  const int64_t share = CeilDiv(total * cfg.num_kv_heads, consumers);
+  EXPECT_LE(100 * makespan, 103 * share) << "makespan " << makespan << " tiles, share " << share;
 }
 
 TEST(AttentionPlanTest, RejectsPositionsOutsideContextAndBadShapes) {

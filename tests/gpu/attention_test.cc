@@ -80,6 +80,13 @@ Batch MakeBatch(const std::vector<Seq>& seqs) {
   return b;
 }
 
+// The persistent decode kernel's work counter, one for every run of this binary (as a backend's
+// serves its every layer and step): each launch must hand it back at zero.
+const DeviceBuffer& WsWork() {
+  static const DeviceBuffer* counter = new DeviceBuffer(Upload(std::vector<int32_t>{0, 0}));
+  return *counter;
+}
+
 // Runs attention over `q` ([tokens, hq * D] bf16 bits) and returns [tokens, hq * D] bf16 bits.
 std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector<uint16_t>& q,
                                    bool cascade, AttentionPlan* plan_out = nullptr,
@@ -123,10 +130,14 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
                          d_merge.as<int32_t>(), plan.num_merge(),     plan.max_final_rows,
                          plan.max_split_rows};
   view.split_form = SplitForm(plan, h.D, h.hq / h.hkv);
+  view.ws_work = WsWork().as<int32_t>();
   st = Attention(args, view, nullptr);
   EXPECT_TRUE(st.ok()) << st;
   if (plan_out) *plan_out = plan;
-  return Download<Bf16>(d_out, out_elems);
+  std::vector<uint16_t> out = Download<Bf16>(d_out, out_elems);
+  EXPECT_EQ(Download<int32_t>(WsWork(), 2), (std::vector<int32_t>{0, 0}))
+      << "the persistent decode kernel left its work counter set";
+  return out;
 }
 
 std::vector<double> Reference(const Harness& h, const std::vector<Seq>& seqs, const Batch& b,
@@ -408,7 +419,8 @@ TEST(Attention, CachedPrefillEqualsColdPrefillBitwise) {
 // 1100 keys (ends mid-block, mid-tile, on tile boundaries), GQA groups 1, 2, 4 and 8, blocks of
 // 16, 32 and 64 (16-token TMA pieces and whole-tile ones), beside a prefill sequence; on the
 // default grid and on 3 CTAs, where each consumer runs hundreds of items and its stage and Q
-// rings wrap many times.
+// rings wrap many times. Works are taken from a counter at run time (longest first), so which
+// consumer runs a row differs from run to run: the bits may not.
 TEST(Attention, PersistentDecodeFormEqualsSplitFormsBitwise) {
   CASCADE_REQUIRE_GPU();
   bool hopper = false;

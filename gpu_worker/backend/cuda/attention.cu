@@ -1075,11 +1075,13 @@ int g_decode_ws_ctas = 0;
 
 // Split form 3 on DecodeWsKernel: one CTA per SM (or SetDecodeWsCtas's count), at most one per two
 // work items. *launched: false where the device has no sm_90a code or the blocks no 16-token
-// pieces (the shared-memory form runs the same items then).
+// pieces (the shared-memory form runs the same items then). InvalidValue without the plan's
+// work counter.
 cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& plan,
                            cudaStream_t stream, bool* launched) {
   const KvCacheView& cache = k.a.cache;
   *launched = false;
+  if (plan.ws_work == nullptr) return cudaErrorInvalidValue;
   bool wgmma = false;
   cudaError_t err = WgmmaAvailable(&wgmma);
   if (err != cudaSuccess || !wgmma || cache.block_size % kPieceTokens != 0) return err;
@@ -1100,8 +1102,8 @@ cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& pla
   const int ctas = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>(g_decode_ws_ctas > 0 ? g_decode_ws_ctas : sms, (works + 1) / 2)));
   *launched = true;
-  return LaunchKernel(kernel, dim3(ctas), kWsThreads, kDwSmemBytes, stream, k, plan.num_split, tk,
-                      tv);
+  return LaunchKernel(kernel, dim3(ctas), kWsThreads, kDwSmemBytes, stream, k, plan.num_split,
+                      plan.ws_work, tk, tv);
 }
 
 template <int E>

@@ -638,12 +638,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 // kFoldFinish from tile 0). The shared-memory split form copies each tile and then waits for it,
 // so it reads at 83-96% of the copy bandwidth at contexts of 1k-4k (bench/kernels/RESULTS.md).
 // Here a fixed grid (one CTA per SM) runs the items (x kv heads) persistently: each CTA's two
-// consumer warpgroups take work items in turn, each fed by two warps of its own: an item warp
-// that puts the next items' Q rows (into one of two 8-row swizzled buffers), positions, output
-// rows, fields and first-tile cache rows into shared memory up to two items ahead, and a load
-// warp whose ring of kDwStages K/V stages runs on into the next item while the consumer
-// computes the current one. Per item the consumer runs PrefillWsKernel's tile loop
-// (WsFoldTiles) from the empty state and writes the outputs: a row's bits are the prefill
+// consumer warpgroups take (item, kv head) works from a shared counter in the plan's order
+// (longest first: a greedy longest-processing-time schedule, so rows of mixed lengths end
+// together), each fed by two warps of its own: an item warp that takes the consumer's next work
+// as soon as an item buffer is free and puts its Q rows (into one of two 8-row swizzled buffers),
+// positions, output rows, fields and first-tile cache rows into shared memory, one work ahead of
+// the consumer, and a load warp whose ring of kDwStages K/V stages runs on into the next work
+// while the consumer computes the current one. Per item the consumer runs PrefillWsKernel's tile
+// loop (WsFoldTiles) from the empty state and writes the outputs: a row's bits are the prefill
 // kernel's, which are the split kernel's (cuda_attention_test: PrefillKernelsAgreeBitwise,
 // CachedPrefillEqualsColdPrefillBitwise, PersistentDecodeFormEqualsSplitFormsBitwise). Q is read
 // with an 8-row-group stride of 0, so the warpgroup's 64 MMA rows repeat the buffer's 8; rows
@@ -655,6 +657,7 @@ constexpr size_t kDwSmemBytes = 1024 + 2 * (2 * kDwQBytes + 2 * kDwStages * kWgT
 
 // An item as its item warp leaves it in shared memory for the load warp and the consumer.
 struct DwItem {
+  int work;  // the (item, kv head) work (item * kv heads + kv head); -1: no more (the walk ends)
   int table_offset, tile_begin, ntiles, kv_len, nq;
   int pos[kDwQRows];       // q-row positions, -1 past nq
   int row[kDwQRows];       // q-row qi's token row (output row)
@@ -668,10 +671,13 @@ struct DwShared {
   DwItem item[2][2];
 };
 
+// work: [2] device ints, zero at launch: the next work to take, and the item warps that found
+// none left; the last of those sets both back to zero for the next launch (so a graph replays
+// the kernel as it is; launches that share `work` must not overlap).
 template <int kPiece>
 __global__ void __launch_bounds__(kWsThreads, 1)
-    DecodeWsKernel(const TileKernelArgs k, int items, const __grid_constant__ CUtensorMap tk,
-                   const __grid_constant__ CUtensorMap tv) {
+    DecodeWsKernel(const TileKernelArgs k, int items, int* work,
+                   const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kT / kPiece <= kT / 16, "first_row holds a tile's pieces");
   // The count is read before the wait for the previous kernel (as in ForEachSplitItem).
@@ -713,16 +719,18 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const AttentionArgs& a = k.a;
   const int hkv = a.cache.num_kv_heads, G = a.num_q_heads / hkv;
   const int works = count * hkv;  // (item, kv head) pairs, kv head fastest
-  // Consumer c (and its two warps) take works 2 * blockIdx.x + c, + 2 * gridDim.x, ...
-  // walk_items: consumer c's works in order, each once its item warp has filled item buffer b:
+  // walk_items: consumer c's works in order, each once its item warp has filled item buffer b
+  // (the j-th work in buffer j % 2), until the buffer that says there are no more:
   // fn(item, work w, ring position n of its first tile, b, its tiles). The item buffer may be
   // refilled once the consumer has released it (item_empty): its tiles are read before fn.
   auto walk_items = [&](int c, auto fn) {
-    int n = 0, j = 0;
-    for (int w = 2 * blockIdx.x + c; w < works; w += 2 * gridDim.x, ++j) {
+    int n = 0;
+    for (int j = 0;; ++j) {
       const int b = j & 1;
       MbarWait(bar(sh.item_full[c][b]), (j >> 1) & 1);
       const DwItem& d = sh.item[c][b];
+      const int w = d.work;
+      if (w < 0) break;
       const int ntiles = d.ntiles;
       fn(d, w, n, b, ntiles);
       n += ntiles;
@@ -734,14 +742,39 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     SetMaxRegsDec<56>();
     const int c = warp & 1;
     if (warp >= 2) {  // item warp of consumer c
-      int j = 0;
-      for (int w = 2 * blockIdx.x + c; w < works; w += 2 * gridDim.x, ++j) {
-        const int b = j & 1, item = w / hkv, kvh = w % hkv;
+      for (int j = 0;; ++j) {
+        const int b = j & 1;
+        // The next work is taken once buffer b is free (the consumer is then on the work before
+        // it), so a consumer holds at most one work ahead and the last works go to whichever
+        // consumers are free first.
+        if (j >= 2) MbarWait(bar(sh.item_empty[c][b]), ((j >> 1) - 1) & 1);
+        DwItem& d = sh.item[c][b];
+        // The first works go one per consumer, consumer 0 of every CTA first (so that a step of
+        // fewer works than consumers spreads them over the SMs); the rest from the counter.
+        int w = c * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+        if (j > 0) {
+          if (lane == 0) w = 2 * static_cast<int>(gridDim.x) + atomicAdd(&work[0], 1);
+          w = __shfl_sync(0xffffffffu, w, 0);
+        }
+        if (w >= works) {
+          if (lane == 0) {
+            d.work = -1;
+            MbarArrive(bar(sh.item_full[c][b]));
+            // This warp takes no more: the last of the grid's item warps to get here resets the
+            // counter (every take of this launch happened before its count: fences between).
+            __threadfence();
+            if (atomicAdd(&work[1], 1) == 2 * static_cast<int>(gridDim.x) - 1) {
+              __threadfence();
+              atomicExch(&work[0], 0);
+              atomicExch(&work[1], 0);
+            }
+          }
+          break;
+        }
+        const int item = w / hkv, kvh = w % hkv;
         const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
         const int table_offset = it[0], tile_begin = it[1], ntiles = it[2] - it[1];
         const int row_begin = it[3], nq = it[4] * G, kv_len = it[5];
-        if (j >= 2) MbarWait(bar(sh.item_empty[c][b]), ((j >> 1) - 1) & 1);
-        DwItem& d = sh.item[c][b];
         unsigned char* qbuf = smem + q_offset(c, b);
         for (int idx = lane; idx < nq * (kWgD / 8); idx += 32) {
           const int qi = idx / (kWgD / 8), cc = idx % (kWgD / 8);
@@ -759,6 +792,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
               WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, 0);
         }
         if (lane == 0) {
+          d.work = w;
           d.table_offset = table_offset;
           d.tile_begin = tile_begin;
           d.ntiles = ntiles;

@@ -428,23 +428,57 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   // won from batch 64 on). That takes a second plan, kept or dropped once its span is known.
   int lead = config.lead_tiles;
   const int slots = config.split_ctas > 0 ? config.split_ctas : kDefaultSplitCtas;
+  // Orders fold items for their kernel: longest first, and where a fixed grid takes them
+  // round-robin (every form but 3), in snake rounds. The persistent decode kernel (form 3) takes
+  // its works from a counter in plan order: longest first is then the greedy
+  // longest-processing-time schedule, which snake rounds would only disturb.
+  std::vector<int> tiles_of(batch.num_tokens, 0);
+  for (const DecodeRow& d : decode_rows) tiles_of[d.row] = d.tiles();
+  // Whether the fold items go to form 3 (SplitForm, once the loop below has marked them
+  // kFoldFinish): each one whole row from tile 0, DecodeWsMinTiles() tiles on average, where the
+  // persistent kernel can run.
+  auto persistent_form = [&] {
+    const int group = config.num_q_heads / std::max(1, config.num_kv_heads);
+    if (config.ws_ctas <= 0 || !config.finish_rows || config.head_dim != 128 || group > 8 ||
+        plan->num_split() == 0) {
+      return false;
+    }
+    int64_t tiles = 0;
+    for (int i = 0; i < plan->num_split(); ++i) {
+      const int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
+      if (it[1] != 0 || it[4] != 1 || it[6] == kFoldNone ||
+          tiles_of[plan->item_rows[it[3]]] != it[2]) {
+        return false;
+      }
+      tiles += it[2];
+    }
+    return tiles >= static_cast<int64_t>(DecodeWsMinTiles()) * plan->num_split();
+  };
+  auto order_fold_items = [&] {
+    SortLongestFirst(&plan->split_items);
+    if (!persistent_form()) SnakeRounds(&plan->split_items, slots);
+  };
   plan_decode(lead == 0 ? tiles_per_item : lead);
   if (lead == 0) {
     int longest = 0;
     for (const DecodeRow& d : decode_rows) longest = std::max(longest, d.tiles());
     const int64_t share = CeilDiv(plan->split_tile_reads, slots);  // tiles per CTA, evenly
     // Whole rows for the persistent decode kernel (split form 3): plain rows (no shared tile) of
-    // >= DecodeWsMinTiles() tiles on average, none longer than 1.5x the mean, at least 7/8 of a
-    // (row, kv head) work per SM. Its consumers keep copies in flight with one row each, so it
-    // needs no wave of CTAs to fill (batch 16, ctx 1k-4k: 1.17-1.21x over split rows).
+    // >= DecodeWsMinTiles() tiles on average, at least 7/8 of a (row, kv head) work per SM, and
+    // balanced: none longer than 1.5x the mean, or none longer than a consumer's share of the
+    // step's works (it hands them out longest first as consumers come free, so a mix of lengths
+    // ends together then). Its consumers keep copies in flight with one row each, so it needs
+    // no wave of CTAs to fill (batch 16, ctx 1k-4k: 1.17-1.21x over split rows).
     const int64_t rows = static_cast<int64_t>(decode_rows.size());
+    const int64_t tiles = plan->decode_row_tiles;
+    const bool balanced =
+        2 * static_cast<int64_t>(longest) * rows <= 3 * tiles ||
+        2 * static_cast<int64_t>(longest) * config.ws_ctas <= tiles * config.num_kv_heads;
     const bool persistent =
         config.ws_ctas > 0 && config.finish_rows && config.head_dim == 128 &&
         config.num_q_heads <= 8 * config.num_kv_heads && plan->cascade_shared_tiles == 0 &&
         8 * rows * config.num_kv_heads >= 7 * static_cast<int64_t>(config.ws_ctas) &&
-        plan->decode_row_tiles >= static_cast<int64_t>(DecodeWsMinTiles()) * rows &&
-        2 * static_cast<int64_t>(longest) * rows <=
-            3 * static_cast<int64_t>(plan->decode_row_tiles);
+        tiles >= static_cast<int64_t>(DecodeWsMinTiles()) * rows && balanced;
     // A row longer than 1.1x the share would keep its CTA running after the others if folded
     // whole: no second plan then (it would be dropped, and planning twice costs host time).
     if (longest > tiles_per_item &&
@@ -454,8 +488,7 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
       const int max_rows = plan->max_split_rows, groups = plan->cascade_groups;
       const int shared = plan->cascade_shared_tiles;
       plan_decode(longest);
-      SortLongestFirst(&plan->split_items);
-      SnakeRounds(&plan->split_items, slots);
+      order_fold_items();
       // span <= 1.1 * reads / slots, in integers.
       if (persistent || 10 * RoundRobinSpan(plan->split_items, slots) <= 11 * share) {
         lead = longest;
@@ -469,8 +502,7 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
       }
     }
   } else if (lead > tiles_per_item) {  // the fold items lead
-    SortLongestFirst(&plan->split_items);
-    SnakeRounds(&plan->split_items, slots);
+    order_fold_items();
   }
 
   // Partial slots: one per tile, but a fold item's tiles [0, f) share one, tile f - 1's (slot of
@@ -480,11 +512,9 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   // state: the same bits), and their merge entries have no slot (the merge skips them). Only in
   // plans of the shared-memory split form: the register form's kernel is at its register cap.
   std::vector<int> folded(batch.num_tokens, 0);
-  std::vector<int> tiles_of(batch.num_tokens, 0);
   const bool finish =
       config.finish_rows &&
       SplitForm(*plan, config.head_dim, config.num_q_heads / std::max(1, config.num_kv_heads)) != 1;
-  for (const DecodeRow& d : decode_rows) tiles_of[d.row] = d.tiles();
   for (int i = 0; i < plan->num_split(); ++i) {
     int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
     if (it[6] == kFoldNone) continue;

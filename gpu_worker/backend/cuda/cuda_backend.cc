@@ -326,6 +326,7 @@ class CudaBackend final : public engine::Backend {
   // Grown on demand.
   DeviceBuffer meta_, partial_o_, partial_ml_, argmax_, sample_params_;
   DeviceBuffer penalty_;  // [tokens] int32: the step's penalty tokens
+  DeviceBuffer ws_work_;  // [2] int32: the persistent decode kernel's work counter (zeroed once)
   DeviceBuffer lp_;       // [rows] engine::RowLogprobs
   std::vector<engine::RowLogprobs> lp_host_;
   std::vector<int32_t> argmax_host_;
@@ -563,6 +564,8 @@ absl::Status CudaBackend::Init(const model::Model& m) {
                                                          : o_.persistent_decode_min_tiles);
   ASSIGN_OR_RETURN(ws_ctas, PersistentDecodeCtas(d_, hq_ / hkv_, o_.block_size));
   ws_ctas_ = o_.persistent_decode_min_tiles < 0 ? 0 : ws_ctas;
+  RETURN_IF_ERROR(alloc(&ws_work_, 2 * sizeof(int32_t)));
+  RETURN_IF_ERROR(FillBytes(ws_work_.data(), 0, ws_work_.size()));
   if (o_.cuda_graphs) {
     max_graph_batch_ = std::min({o_.max_graph_batch, o_.max_logits_rows, o_.max_num_tokens});
     // Room for every row at 2048 tokens of context before a regrowth re-captures the graphs.
@@ -750,6 +753,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
       meta + o_fi,   plan.num_final(), meta + o_si,      plan.num_split(),    meta + o_rows,
       meta + o_base, meta + o_merge,   plan.num_merge(), plan.max_final_rows, plan.max_split_rows};
   m.plan.split_form = SplitForm(plan, d_, hq_ / hkv_);
+  m.plan.ws_work = ws_work_.as<int32_t>();
   RETURN_IF_ERROR(EnqueueModel(n, m));
 
   const int rows = static_cast<int>(b.logits_rows.size());
@@ -1054,6 +1058,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
                              meta + l.count};
   const int form = SplitForm(plan, d_, hq_ / hkv_);
   m.plan.split_form = form;
+  m.plan.ws_work = ws_work_.as<int32_t>();
   if (form == 1) m.plan.num_split = split_ctas_reg_;
 
   std::unique_ptr<DecodeGraph>& g = graphs_[bucket];

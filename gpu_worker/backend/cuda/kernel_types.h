@@ -66,6 +66,11 @@ struct AttentionPlanView {
   // form, 1 the register form (head_dim <= 128), 2 the shared-memory form with every row finished
   // by its item (no merge launch), 3 as 2 on the persistent decode kernel (SplitForm).
   int split_form = 0;
+  // [2] device ints, zero before the first launch (cudaMemset once): the work counter of the
+  // persistent decode kernel (form 3), which hands its (item, kv head) works out in plan order
+  // and sets the counter back to zero as it ends. Required for form 3 (Attention fails with
+  // InvalidArgument without it); launches that share it run one after another (one stream).
+  int32_t* ws_work = nullptr;
 };
 
 // The kernel that runs prefill items of head_dim 128 (every choice gives the same bits).

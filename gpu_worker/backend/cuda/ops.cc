@@ -284,6 +284,9 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
   if (plan.num_split > 0 && (!args.partial_o || !args.partial_ml || !plan.partial_base)) {
     return Bad("Attention", "split items need the partial workspace");
   }
+  if (plan.num_split > 0 && plan.split_form == 3 && plan.ws_work == nullptr) {
+    return Bad("Attention", "split form 3 (the persistent decode kernel) needs the work counter");
+  }
   if (!args.out || !args.positions || !args.block_ids) return Bad("Attention", "null pointer");
   if (args.prefill_path == PrefillPath::kWgmma && plan.num_final > 0) {
     constexpr char kNeeds[] =
