@@ -53,8 +53,9 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
             "fastest per decode batch bucket at load time, each bitwise the pinned one's");
   f->AddInt("persistent_decode_min_tiles", &c->persistent_decode_min_tiles,
             "CUDA backend on Hopper: decode steps whose rows average at least this many 64-token "
-            "tiles run on the persistent decode attention kernel (same tokens; 0: at any length; "
-            "-1: never, the split kernel as before it)");
+            "tiles (or whose rows x kv heads fit one per consumer, two per SM) run on the "
+            "persistent decode attention kernel (same tokens; 0: at any length; -1: never, the "
+            "split kernel as before it)");
   f->AddInt64("host_kv_bytes", &c->host_kv_bytes,
               "host KV tier: host memory for KV blocks the GPU tier evicts (pinned on CUDA); "
               "-1: min(RAM / 5, 4 x the KV cache); 0: off");

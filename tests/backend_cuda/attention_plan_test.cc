@@ -503,10 +503,10 @@ TEST(AttentionPlanTest, FoldItemsGrowWithTheStepsWork) {
 }
 
 // Where the persistent decode kernel can run (AttentionConfig::ws_ctas: its SMs), plain rows fold
-// whole from about one (row, kv head) work per SM, when they average DecodeWsMinTiles() tiles and
-// none is longer than 1.5x the mean or than a consumer's share of the works; without it, or
-// short, ragged, too few or unfinished rows keep the shared-memory kernel's rule (split rows at
-// batch 16).
+// whole from about one (row, kv head) work per SM, when they average DecodeWsMinTiles() tiles (or
+// have a consumer each) and none is longer than 1.5x the mean or than a consumer's share of the
+// works; without it, or short, ragged, too few or unfinished rows keep the shared-memory
+// kernel's rule (split rows at batch 16).
 TEST(AttentionPlanTest, PersistentKernelTakesWholeRowsFromOneWorkPerSm) {
   auto batch = [](const std::vector<int>& ctx) {
     std::vector<Seq> seqs;
@@ -540,7 +540,15 @@ TEST(AttentionPlanTest, PersistentKernelTakesWholeRowsFromOneWorkPerSm) {
   through_merge.finish_rows = false;
   EXPECT_FALSE(whole_rows(through_merge, sixteen)) << "rows the merge finishes";
   EXPECT_FALSE(whole_rows(cfg, batch(std::vector<int>(8, 4096)))) << "64 works for 132 SMs";
-  EXPECT_FALSE(whole_rows(cfg, batch(std::vector<int>(16, 300)))) << "5 tiles a row";
+  EXPECT_FALSE(whole_rows(cfg, batch(std::vector<int>(40, 300)))) << "5 tiles a row, 320 works";
+  // Short rows where every work has a consumer of its own (one round): 32 rows x 8 kv heads for
+  // 264 consumers, but not 64.
+  EXPECT_TRUE(whole_rows(cfg, batch(std::vector<int>(32, 150)))) << "3 tiles a row, 256 works";
+  EXPECT_TRUE(whole_rows(cfg, batch(std::vector<int>(16, 300)))) << "5 tiles a row, 128 works";
+  const AttentionPlan two_rounds = Plan(cfg, batch(std::vector<int>(64, 150)));
+  EXPECT_FALSE(two_rounds.one_round);
+  EXPECT_NE(SplitForm(two_rounds, cfg.head_dim, cfg.num_q_heads / cfg.num_kv_heads), 3)
+      << "3 tiles a row, 512 works: the shared-memory kernel";
   std::vector<int> ragged(15, 1000);
   ragged.push_back(4096);  // 64 tiles against a mean of 19
   EXPECT_FALSE(whole_rows(cfg, batch(ragged))) << "one row far longer than the rest";

@@ -111,6 +111,10 @@ struct AttentionPlan {
   // and the tiles the decode rows fold (one per (row, tile)): the work cascade saves.
   int split_tile_reads = 0;
   int decode_row_tiles = 0;
+  // Set by PlanAttention where the decode rows' (row, kv head) works are at most one per consumer
+  // of the persistent decode kernel (two per AttentionConfig::ws_ctas): whole rows run on it
+  // whatever their length (SplitForm 3).
+  bool one_round = false;
 
   int num_final() const { return static_cast<int>(final_items.size()) / kItemFields; }
   int num_split() const { return static_cast<int>(split_items.size()) / kItemFields; }
@@ -146,8 +150,9 @@ void SetDecodeWsMinTiles(int tiles);
 //  2: every split item is a whole decode row (kFoldFinish from tile 0), so each writes its rows'
 //     outputs: the shared-memory form, and no merge launch;
 //  3: as 2, with rows of at most 8 q-rows (one row an item, `group` = query heads per kv head
-//     <= 8) at head_dim 128, DecodeWsMinTiles() tiles or more on average: the persistent
-//     warp-specialized decode kernel on Hopper (the shared-memory form elsewhere), no merge;
+//     <= 8) at head_dim 128, DecodeWsMinTiles() tiles or more on average or a one-round plan
+//     (AttentionPlan::one_round): the persistent warp-specialized decode kernel on Hopper (the
+//     shared-memory form elsewhere), no merge;
 //  0: else, the shared-memory form (faster on distinct rows: more warps and loads in flight).
 inline int SplitForm(const AttentionPlan& plan, int head_dim, int group) {
   if (head_dim <= 128 && plan.cascade_shared_tiles > 0) return 1;
@@ -160,8 +165,9 @@ inline int SplitForm(const AttentionPlan& plan, int head_dim, int group) {
     single_rows = single_rows && it[4] == 1;
     tiles += it[2];
   }
-  const bool ws = head_dim == 128 && group <= 8 && single_rows &&
-                  tiles >= static_cast<int64_t>(DecodeWsMinTiles()) * plan.num_split();
+  const bool ws =
+      head_dim == 128 && group <= 8 && single_rows &&
+      (plan.one_round || tiles >= static_cast<int64_t>(DecodeWsMinTiles()) * plan.num_split());
   return ws ? 3 : 2;
 }
 

@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -452,7 +453,7 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
       }
       tiles += it[2];
     }
-    return tiles >= static_cast<int64_t>(DecodeWsMinTiles()) * plan->num_split();
+    return plan->one_round || tiles >= static_cast<int64_t>(DecodeWsMinTiles()) * plan->num_split();
   };
   auto order_fold_items = [&] {
     SortLongestFirst(&plan->split_items);
@@ -471,6 +472,14 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
     // no wave of CTAs to fill (batch 16, ctx 1k-4k: 1.17-1.21x over split rows).
     const int64_t rows = static_cast<int64_t>(decode_rows.size());
     const int64_t tiles = plan->decode_row_tiles;
+    // Shorter rows too where every work has a consumer of its own (one round: nothing to
+    // balance, no consumer takes a second work). Measured on an H200, decode steps of 3-tile rows
+    // (qwen3-0.6b, prompt 128): 1.01-1.07x at batch 16-32 (1.10x at 32 in an earlier call),
+    // where at batch 64 (two rounds) the kernel lost 5%. DecodeWsMinTiles() at INT_MAX turns the
+    // kernel off altogether.
+    const int min_tiles = DecodeWsMinTiles();
+    const bool one_round = min_tiles != std::numeric_limits<int>::max() &&
+                           rows * config.num_kv_heads <= 2 * static_cast<int64_t>(config.ws_ctas);
     const bool balanced =
         2 * static_cast<int64_t>(longest) * rows <= 3 * tiles ||
         2 * static_cast<int64_t>(longest) * config.ws_ctas <= tiles * config.num_kv_heads;
@@ -478,7 +487,7 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
         config.ws_ctas > 0 && config.finish_rows && config.head_dim == 128 &&
         config.num_q_heads <= 8 * config.num_kv_heads && plan->cascade_shared_tiles == 0 &&
         8 * rows * config.num_kv_heads >= 7 * static_cast<int64_t>(config.ws_ctas) &&
-        tiles >= static_cast<int64_t>(DecodeWsMinTiles()) * rows && balanced;
+        (one_round || tiles >= static_cast<int64_t>(min_tiles) * rows) && balanced;
     // A row longer than 1.1x the share would keep its CTA running after the others if folded
     // whole: no second plan then (it would be dropped, and planning twice costs host time).
     if (longest > tiles_per_item &&
@@ -488,11 +497,13 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
       const int max_rows = plan->max_split_rows, groups = plan->cascade_groups;
       const int shared = plan->cascade_shared_tiles;
       plan_decode(longest);
+      plan->one_round = persistent && one_round;
       order_fold_items();
       // span <= 1.1 * reads / slots, in integers.
       if (persistent || 10 * RoundRobinSpan(plan->split_items, slots) <= 11 * share) {
         lead = longest;
       } else {  // back to the first plan
+        plan->one_round = false;
         plan->split_items = std::move(items);
         plan->item_rows = std::move(rows);
         plan->max_split_rows = max_rows;

@@ -82,10 +82,11 @@ struct CudaBackendOptions {
   // outputs (no merge pass for them); false: through the merge (benchmarks). The same bits.
   bool attention_finish_rows = true;
   // Decode steps of whole rows averaging at least this many 64-token tiles run on the persistent
-  // warp-specialized kernel (Hopper; attention.h SplitForm 3, DecodeWsMinTiles), and the planner
-  // folds rows whole for it from batch ~16; 0: at any length; -1: never (the shared-memory split
-  // kernel, as before it). The same bits either way. Process-wide: the last backend created
-  // sets it.
+  // warp-specialized kernel (Hopper; attention.h SplitForm 3, DecodeWsMinTiles), as do steps of
+  // shorter rows whose (row, kv head) works fit one per consumer (AttentionPlan::one_round), and
+  // the planner folds rows whole for it from batch ~16; 0: at any length; -1: never (the
+  // shared-memory split kernel, as before it). The same bits either way. Process-wide: the last
+  // backend created sets it.
   int persistent_decode_min_tiles = kDefaultPersistentDecodeMinTiles;
   // Programmatic dependent launch for the backend's own kernels (ops.h SetProgrammaticLaunch):
   // a kernel's launch overlaps the previous kernel's tail; it waits for it before touching

@@ -12,7 +12,8 @@ inline constexpr int kDefaultGemmTuneMinHidden = 2048;
 // chosen per batch bucket at load time.
 inline constexpr int kDefaultDecodeGemmMaxM = 64;
 // CudaBackendOptions::persistent_decode_min_tiles: steps of whole decode rows averaging at least
-// this many 64-token tiles run on the persistent decode kernel (Hopper).
+// this many 64-token tiles (or of one round of works) run on the persistent decode kernel
+// (Hopper).
 inline constexpr int kDefaultPersistentDecodeMinTiles = 6;
 
 }  // namespace cascade::cuda
