@@ -470,8 +470,9 @@ TEST(Attention, PersistentDecodeFormEqualsSplitFormsBitwise) {
 
 // Argument checks run before any launch (no GPU needed): a plan whose prefill items hold more
 // (row, head) pairs than the prefill CTA, a GQA group past the split kernel's 32 queries, a
-// cache whose (block, head, slot) rows overflow the kernels' 32-bit row index, and the wgmma
-// prefill kernel asked for where it cannot run.
+// cache whose (block, head, slot) rows overflow the kernels' 32-bit row index, a persistent
+// decode plan without its work counter, and the wgmma prefill kernel asked for where it cannot
+// run.
 TEST(Attention, RejectsPlansAndCachesTheKernelsCannotRun) {
   alignas(16) static uint16_t buf[64];
   int32_t dummy[4] = {0, 0, 0, 0};
@@ -502,8 +503,22 @@ TEST(Attention, RejectsPlansAndCachesTheKernelsCannotRun) {
   st = Attention(args, plan, nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("2^31"), std::string::npos) << st;
-  // The wgmma prefill kernel asked for on a head_dim it does not serve (64 here).
+  // A plan for the persistent decode kernel (split form 3) without its work counter.
   args.cache.num_blocks = 16;
+  AttentionPlanView ws_plan;
+  ws_plan.num_split = 1;
+  ws_plan.split_items = dummy;
+  ws_plan.item_rows = dummy;
+  ws_plan.partial_base = dummy;
+  ws_plan.max_split_rows = 1;
+  ws_plan.split_form = 3;
+  float partials[4] = {};
+  args.partial_o = partials;
+  args.partial_ml = partials;
+  st = Attention(args, ws_plan, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("work counter"), std::string::npos) << st;
+  // The wgmma prefill kernel asked for on a head_dim it does not serve (64 here).
   args.prefill_path = PrefillPath::kWgmma;
   st = Attention(args, plan, nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
