@@ -2,7 +2,8 @@
 # One device call: per-kernel GPU time of decode steps (ncu, clocks and caches untouched, every
 # kernel of the run profiled, graph nodes one by one, so kernels run serialized and the sum is
 # above a graph replay's time) of PRESET (qwen3-0.6b) for each VARIANT:BATCH in PROFILE (default
-# "default:1 default:64"), summed by kernel over the decode steps (bench/engine/ncu_steps.py).
+# "default:1 default:64"), summed by kernel over the decode steps (bench/engine/ncu_steps.py);
+# PROMPT_LEN (128) and DECODE_LEN (8) set the rows' context (896 + 8: a nano-vllm-like step).
 # Then, unless SKIP_GRAPHS_SCRIPT=1, the GPU tests and decode variants (device_graphs.sh).
 # Logs under $OUT.
 set -uo pipefail
@@ -17,6 +18,7 @@ for spec in ${PROFILE:-default:1 default:64}; do
   timeout 280 ncu --clock-control none --cache-control none --csv --metrics gpu__time_duration.sum \
     --launch-count 40000 build-gpu/bench/engine_bench --backend=cuda --preset=${PRESET:-qwen3-0.6b} \
     --sections=decode --variants=$variant --batches=$batch --decode_len=${DECODE_LEN:-8} \
+    --prompt_len=${PROMPT_LEN:-128} \
     >"$OUT/ncu_${variant}_b$batch.csv" 2>"$OUT/ncu_${variant}_b$batch.err"
   echo "== $variant batch $batch (ncu rc=$?, $(( $(date +%s) - t0 )) s)"
   python3 bench/engine/ncu_steps.py "$OUT/ncu_${variant}_b$batch.csv" || tail -5 "$OUT/ncu_${variant}_b$batch.err"
