@@ -290,6 +290,8 @@ class CudaBackend final : public engine::Backend {
   // Copies back the logprobs of the first n rows where a device-sampled row asked for them.
   absl::Status FetchLogprobs(const engine::ForwardBatch& b, int n,
                              std::vector<engine::RowLogprobs>* logprobs);
+  // The attention plan of the first n rows of `b` (one per step, shared by every layer).
+  absl::Status PlanStep(const engine::ForwardBatch& b, int n, AttentionPlan* plan) const;
   // Enqueues embedding, the decoder layers and the final norm over n rows (into x_).
   absl::Status EnqueueModel(int n, const StepMeta& m);
   // Enqueues the LM head (and device sampling if m.samples) for logits rows [r0, r0 + rows).
@@ -709,20 +711,8 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   if (logprobs != nullptr) logprobs->assign(b.logits_rows.size(), engine::RowLogprobs{});
   if (n == 0) return absl::OkStatus();
 
-  AttentionConfig acfg{hq_, hkv_, d_, o_.block_size, o_.cascade};
-  acfg.lead_tiles = o_.attention_lead_tiles;
-  acfg.finish_rows = o_.attention_finish_rows;
-  acfg.split_ctas = split_ctas_;
-  acfg.ws_ctas = ws_ctas_;
-  AttentionBatch ab{b.positions.data(),
-                    n,
-                    b.query_start.data(),
-                    b.context_lens.data(),
-                    b.block_table_start.data(),
-                    b.block_ids.data(),
-                    b.num_seqs()};
   AttentionPlan plan;
-  RETURN_IF_ERROR(PlanAttention(acfg, ab, &plan));
+  RETURN_IF_ERROR(PlanStep(b, n, &plan));
 
   // All int32 metadata in one upload; segments 16-byte aligned.
   meta_host_.clear();
@@ -966,24 +956,30 @@ void CudaBackend::PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, in
   }
 }
 
-absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* logits,
-                                         std::vector<int32_t>* argmax,
-                                         std::vector<engine::RowLogprobs>* logprobs) {
-  const engine::ForwardBatch& b = pad_;
+absl::Status CudaBackend::PlanStep(const engine::ForwardBatch& b, int n,
+                                   AttentionPlan* plan) const {
   AttentionConfig acfg{hq_, hkv_, d_, o_.block_size, o_.cascade};
+  if (o_.attention_single_level) acfg.grouping = CascadeGrouping::kLeadingTiles;
   acfg.lead_tiles = o_.attention_lead_tiles;
   acfg.finish_rows = o_.attention_finish_rows;
   acfg.split_ctas = split_ctas_;
   acfg.ws_ctas = ws_ctas_;
-  AttentionBatch ab{b.positions.data(),
-                    bucket,
-                    b.query_start.data(),
-                    b.context_lens.data(),
-                    b.block_table_start.data(),
-                    b.block_ids.data(),
-                    b.num_seqs()};
+  const AttentionBatch ab{b.positions.data(),
+                          n,
+                          b.query_start.data(),
+                          b.context_lens.data(),
+                          b.block_table_start.data(),
+                          b.block_ids.data(),
+                          b.num_seqs()};
+  return PlanAttention(acfg, ab, plan);
+}
+
+absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* logits,
+                                         std::vector<int32_t>* argmax,
+                                         std::vector<engine::RowLogprobs>* logprobs) {
+  const engine::ForwardBatch& b = pad_;
   AttentionPlan plan;
-  RETURN_IF_ERROR(PlanAttention(acfg, ab, &plan));
+  RETURN_IF_ERROR(PlanStep(b, bucket, &plan));
   if (plan.num_final() != 0 || plan.num_merge() != bucket) {
     return absl::InternalError("cuda backend: a decode step planned prefill items");
   }

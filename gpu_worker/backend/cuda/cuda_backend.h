@@ -81,6 +81,10 @@ struct CudaBackendOptions {
   // AttentionConfig::finish_rows: a fold item that holds every tile of its rows writes their
   // outputs (no merge pass for them); false: through the merge (benchmarks). The same bits.
   bool attention_finish_rows = true;
+  // Benchmarks: cascade groups decode rows by their first tile and shares only the tiles common
+  // to a whole group (attention.h CascadeGrouping::kLeadingTiles, the single-level grouping),
+  // instead of reading every shared tile once (kEveryTile). The same bits either way.
+  bool attention_single_level = false;
   // Decode steps of whole rows averaging at least this many 64-token tiles run on the persistent
   // warp-specialized kernel (Hopper; attention.h SplitForm 3, DecodeWsMinTiles), as do steps of
   // shorter rows whose (row, kv head) works fit one per consumer (AttentionPlan::one_round), and
