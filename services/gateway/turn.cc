@@ -134,6 +134,15 @@ void Turn::EmitDeltaLocked(cascade::v2::TokenDelta delta) {
   sink_->Emit(std::move(ev));
 }
 
+void Turn::EmitFinishLocked(cascade::v2::FinishReason reason, const std::string& stop_reason) {
+  cascade::v2::TokenDelta tail;
+  tail.set_text(text_->Finish());
+  EmitDeltaLocked(std::move(tail));
+  finished_ = true;
+  result_.finish_reason = reason;
+  sink_->Emit(FinishEvent(reason, stop_reason));
+}
+
 GenerateResponse Turn::FinishEvent(cascade::v2::FinishReason reason,
                                    const std::string& stop_reason) const {
   GenerateResponse ev;
@@ -205,18 +214,13 @@ bool Turn::OnMessage(const WorkerServiceGenerateResponse& msg) {
   }
   if (msg.has_finish()) {
     const auto& f = msg.finish();
-    cascade::v2::TokenDelta tail;
-    tail.set_text(text_->Finish());
-    EmitDeltaLocked(std::move(tail));
-    finished_ = true;
-    result_.finish_reason = f.finish_reason();
     std::string stop_reason;
     if (f.finish_reason() == cascade::v2::FINISH_REASON_STOP) {
       result_.stop_token_id = f.stop_token_id();
       auto bytes = tokenizer_.TokenBytes(f.stop_token_id());
       if (bytes.ok()) stop_reason = std::string(*bytes);
     }
-    sink_->Emit(FinishEvent(f.finish_reason(), stop_reason));
+    EmitFinishLocked(f.finish_reason(), stop_reason);
   }
   return false;
 }
@@ -252,6 +256,20 @@ std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& st
   const bool worker_failed = status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
                              status.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
                              status.error_code() != grpc::StatusCode::OK;
+  if (!finished_ && got_start_ && !cancelled_ && worker_failed &&
+      result_.tokens.size() >= static_cast<size_t>(params_.request.sampling().max_tokens())) {
+    // Every token the client asked for had arrived when the worker's stream failed (its finish
+    // message lost: a draining worker's connection closed under it, or it died right after its
+    // last token). The output is whole, and the worker's finish could only have said LENGTH: a
+    // stop token is never streamed, and a stop string would have ended the turn already. So it
+    // ends as the worker would have ended it, not as a failure.
+    common::LogInfo("worker_lost_after_last_token",
+                    {{"request_id", params_.request_id},
+                     {"worker", result_.worker_address},
+                     {"tokens", static_cast<long>(result_.tokens.size())},
+                     {"error", status.error_message()}});
+    EmitFinishLocked(cascade::v2::FINISH_REASON_LENGTH, "");
+  }
   if (!finished_ && got_start_ && !cancelled_ && worker_failed && params_.resume_mid_stream &&
       attempt_ < params_.workers.size() && attempt_ < static_cast<size_t>(params_.max_attempts)) {
     // Continue elsewhere: the emitted tokens become part of the prompt (an ASSISTANT chunk of

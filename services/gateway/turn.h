@@ -91,6 +91,10 @@ class Turn : public std::enable_shared_from_this<Turn> {
   std::shared_ptr<Upstream> FinishAttemptLocked(const grpc::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EmitDeltaLocked(cascade::v2::TokenDelta delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the turn's output as a worker's finish message does: the text's held-back tail, then
+  // the finish event with `reason` and the usage.
+  void EmitFinishLocked(cascade::v2::FinishReason reason, const std::string& stop_reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   cascade::v2::GenerateResponse FinishEvent(cascade::v2::FinishReason reason,
                                             const std::string& stop_reason) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
