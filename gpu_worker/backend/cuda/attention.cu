@@ -1075,13 +1075,12 @@ int g_decode_ws_ctas = 0;
 
 // Split form 3 on DecodeWsKernel: one CTA per SM (or SetDecodeWsCtas's count), at most one per two
 // work items. *launched: false where the device has no sm_90a code or the blocks no 16-token
-// pieces (the shared-memory form runs the same items then). InvalidValue without the plan's
-// work counter.
+// pieces (the shared-memory form runs the same items then). REQUIRES: plan.ws_work (Attention
+// checks it).
 cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& plan,
                            cudaStream_t stream, bool* launched) {
   const KvCacheView& cache = k.a.cache;
   *launched = false;
-  if (plan.ws_work == nullptr) return cudaErrorInvalidValue;
   bool wgmma = false;
   cudaError_t err = WgmmaAvailable(&wgmma);
   if (err != cudaSuccess || !wgmma || cache.block_size % kPieceTokens != 0) return err;

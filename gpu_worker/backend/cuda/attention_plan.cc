@@ -429,36 +429,6 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   // won from batch 64 on). That takes a second plan, kept or dropped once its span is known.
   int lead = config.lead_tiles;
   const int slots = config.split_ctas > 0 ? config.split_ctas : kDefaultSplitCtas;
-  // Orders fold items for their kernel: longest first, and where a fixed grid takes them
-  // round-robin (every form but 3), in snake rounds. The persistent decode kernel (form 3) takes
-  // its works from a counter in plan order: longest first is then the greedy
-  // longest-processing-time schedule, which snake rounds would only disturb.
-  std::vector<int> tiles_of(batch.num_tokens, 0);
-  for (const DecodeRow& d : decode_rows) tiles_of[d.row] = d.tiles();
-  // Whether the fold items go to form 3 (SplitForm, once the loop below has marked them
-  // kFoldFinish): each one whole row from tile 0, DecodeWsMinTiles() tiles on average, where the
-  // persistent kernel can run.
-  auto persistent_form = [&] {
-    const int group = config.num_q_heads / std::max(1, config.num_kv_heads);
-    if (config.ws_ctas <= 0 || !config.finish_rows || config.head_dim != 128 || group > 8 ||
-        plan->num_split() == 0) {
-      return false;
-    }
-    int64_t tiles = 0;
-    for (int i = 0; i < plan->num_split(); ++i) {
-      const int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
-      if (it[1] != 0 || it[4] != 1 || it[6] == kFoldNone ||
-          tiles_of[plan->item_rows[it[3]]] != it[2]) {
-        return false;
-      }
-      tiles += it[2];
-    }
-    return plan->one_round || tiles >= static_cast<int64_t>(DecodeWsMinTiles()) * plan->num_split();
-  };
-  auto order_fold_items = [&] {
-    SortLongestFirst(&plan->split_items);
-    if (!persistent_form()) SnakeRounds(&plan->split_items, slots);
-  };
   plan_decode(lead == 0 ? tiles_per_item : lead);
   if (lead == 0) {
     int longest = 0;
@@ -498,7 +468,8 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
       const int shared = plan->cascade_shared_tiles;
       plan_decode(longest);
       plan->one_round = persistent && one_round;
-      order_fold_items();
+      SortLongestFirst(&plan->split_items);
+      SnakeRounds(&plan->split_items, slots);
       // span <= 1.1 * reads / slots, in integers.
       if (persistent || 10 * RoundRobinSpan(plan->split_items, slots) <= 11 * share) {
         lead = longest;
@@ -513,7 +484,8 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
       }
     }
   } else if (lead > tiles_per_item) {  // the fold items lead
-    order_fold_items();
+    SortLongestFirst(&plan->split_items);
+    SnakeRounds(&plan->split_items, slots);
   }
 
   // Partial slots: one per tile, but a fold item's tiles [0, f) share one, tile f - 1's (slot of
@@ -523,6 +495,8 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   // state: the same bits), and their merge entries have no slot (the merge skips them). Only in
   // plans of the shared-memory split form: the register form's kernel is at its register cap.
   std::vector<int> folded(batch.num_tokens, 0);
+  std::vector<int> tiles_of(batch.num_tokens, 0);
+  for (const DecodeRow& d : decode_rows) tiles_of[d.row] = d.tiles();
   const bool finish =
       config.finish_rows &&
       SplitForm(*plan, config.head_dim, config.num_q_heads / std::max(1, config.num_kv_heads)) != 1;
@@ -550,6 +524,14 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
     plan->partial_base[d.row] = plan->num_partials - skipped;
     plan->merge_list.insert(plan->merge_list.end(), {d.row, plan->num_partials, slots});
     plan->num_partials += slots;
+  }
+  // The persistent decode kernel (form 3) takes its works from a counter in plan order: strictly
+  // longest first is then the greedy longest-processing-time schedule, which the snake rounds
+  // made for fixed grids above would only disturb. (Items are independent: any order gives the
+  // same bits.)
+  if (config.ws_ctas > 0 && SplitForm(*plan, config.head_dim,
+                                      config.num_q_heads / std::max(1, config.num_kv_heads)) == 3) {
+    SortLongestFirst(&plan->split_items);
   }
   return absl::OkStatus();
 }
