@@ -565,6 +565,28 @@ TEST(CudaKernels, SiluMulMatchesReference) {
   ExpectCloseBf16(Download<Bf16>(d_out, n * inter), ref);
   EXPECT_EQ(SiluMul(d_gu.as<Bf16>(), n, 12, d_out.as<Bf16>(), nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // inter not a multiple of 8
+  EXPECT_EQ(SiluMul(d_gu.as<Bf16>() + 1, n, inter, d_out.as<Bf16>(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // not 16-byte aligned
+}
+
+// More rows than a grid's y dimension holds (65535): the rows past it are strided onto the same
+// CTAs and every one is written.
+TEST(CudaKernels, SiluMulCoversMoreRowsThanOneGridDimension) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(6);
+  const int n = 65535 + 37, inter = 16;
+  std::vector<float> gu = RandomNormal(n * 2 * inter, &rng, 2.f);
+  auto gu_bits = RoundToBf16(&gu);
+  DeviceBuffer d_gu = Upload(gu_bits), d_out = Poisoned<Bf16>(n * inter);
+  ASSERT_TRUE(SiluMul(d_gu.as<Bf16>(), n, inter, d_out.as<Bf16>(), nullptr).ok());
+  std::vector<double> ref(static_cast<size_t>(n) * inter);
+  for (int r = 0; r < n; ++r)
+    for (int c = 0; c < inter; ++c) {
+      const int gc = c / 8 * 16 + c % 8;
+      const double g = gu[r * 2 * inter + gc], u = gu[r * 2 * inter + gc + 8];
+      ref[static_cast<size_t>(r) * inter + c] = g / (1 + std::exp(-g)) * u;
+    }
+  ExpectCloseBf16(Download<Bf16>(d_out, n * inter), ref);
 }
 
 // DecodeGemm with SiluMul in its epilogue stores bitwise what DecodeGemm to bf16 then SiluMul

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 
@@ -137,57 +138,64 @@ auto NormKernelFor(int d) {
                                   : AddRmsNormKernel<Delta, 0>;
 }
 
-// One warp per (token, head) over the q and k heads. Lane holds elements lane + 32 * k, so the
-// rotate_half partner (i +- D/2) is in the same lane for D >= 64 and one xor-16 shuffle away
-// for D == 32.
+// One CTA of kRopeWarps warps per (token, group of kRopeWarps heads); warp w of group g takes
+// head g * kRopeWarps + w of the q, k (and with kAppend v) heads. Lane holds elements lane + 32 k,
+// so the rotate_half partner (i +- D/2) is in the same lane for D >= 64 and one xor-16 shuffle
+// away for D == 32. The token's D/2 rotary angles are computed once per CTA (sincosf of the same
+// float product as before, so the same bits) into shared memory, before the wait: positions and
+// frequencies are step metadata no kernel writes. Row and head come from the grid, so no thread
+// divides 64-bit indices.
 // kAppend: also the fused paged KV append (see QkNormRopeAppend): warps of k heads write their
-// rotated values to the token's cache slot as well, and one more warp per v head copies it there;
-// the bits written are the bits stored in qkv, so fused == QkNormRope then KvAppend.
+// rotated values to the token's cache slot as well, and one more warp per v head copies it there
+// (16 bytes a lane); the bits written are the bits stored in qkv, so fused == QkNormRope then
+// KvAppend.
+constexpr int kRopeWarps = 8;
+
 template <int E, bool kAppend>
-__global__ void QkNormRopeKernel(Bf16* qkv, int n, int row_stride, int hq, int hkv,
-                                 const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
-                                 float eps, const float* inv_freq, const int32_t* slots,
-                                 KvCacheView cache) {
-  constexpr int D = E * 32;
-  const int64_t gw = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+__global__ void __launch_bounds__(kRopeWarps * 32)
+    QkNormRopeKernel(Bf16* qkv, int row_stride, int hq, int hkv, const int32_t* positions,
+                     const Bf16* q_norm, const Bf16* k_norm, float eps, const float* inv_freq,
+                     const int32_t* slots, KvCacheView cache) {
+  constexpr int D = E * 32, kHalf = D / 2;
+  __shared__ float sin_s[kHalf], cos_s[kHalf];
+  const int row = blockIdx.x;
   const int lane = threadIdx.x & 31;
   const int heads = kAppend ? hq + 2 * hkv : hq + hkv;
-  const bool active = gw < static_cast<int64_t>(n) * heads;
-  const int row = static_cast<int>(gw / heads), head = static_cast<int>(gw % heads);
-  // Read before the wait, so these loads overlap the previous kernel: the head's norm weights and
-  // the rotary frequencies (no kernel writes them), the row's position and KV slot (step metadata,
-  // copied from the host ahead of the step's first kernel, never written by a kernel).
-  const Bf16* w = head < hq ? q_norm : k_norm;
-  float wn[E], freq[E];
-  int position = 0, slot = -1;
-  if (active && head < hq + hkv) {
-#pragma unroll
-    for (int k = 0; k < E; ++k) {
-      const int i = lane + 32 * k;
-      wn[k] = w != nullptr ? Bf(w, i) : 0.f;
-      freq[k] = inv_freq[i < D / 2 ? i : i - D / 2];
-    }
-    position = positions[row];
+  const int head = blockIdx.y * kRopeWarps + (threadIdx.x >> 5);
+  const bool rotated = head < hq + hkv;
+  // Read before the wait, so these loads (and the angles) overlap the previous kernel: the head's
+  // norm weights, the row's position and KV slot, the rotary frequencies (no kernel writes them).
+  const int position = positions[row];
+  if (blockIdx.y * kRopeWarps < hq + hkv && threadIdx.x < kHalf) {
+    float s, c;
+    sincosf(static_cast<float>(position) * inv_freq[threadIdx.x], &s, &c);
+    sin_s[threadIdx.x] = s;
+    cos_s[threadIdx.x] = c;
   }
-  if (kAppend && active && head >= hq) slot = slots[row];
-  WaitForPriorGrids();
-  if (!active) return;
-  const int64_t base = static_cast<int64_t>(row) * row_stride + head * D;
-  // Cache element of (this kv head, lane + 32 k) at the row's slot; -1: no cache write.
-  int64_t dst = -1;
-  if (kAppend && head >= hq) {
-    const int kvh = head < hq + hkv ? head - hq : head - hq - hkv;
-    if (slot >= 0) {
-      const int64_t blk = slot / cache.block_size, off = slot % cache.block_size;
-      dst = ((blk * cache.num_kv_heads + kvh) * cache.block_size + off) * D;
-    }
-    if (head >= hq + hkv) {  // v head: copied as is
-      if (dst >= 0) {
+  const Bf16* w = head < hq ? q_norm : k_norm;
+  float wn[E];
+  if (rotated) {
 #pragma unroll
-        for (int k = 0; k < E; ++k) cache.v[dst + lane + 32 * k] = qkv[base + lane + 32 * k];
-      }
-      return;
+    for (int k = 0; k < E; ++k) wn[k] = w != nullptr ? Bf(w, lane + 32 * k) : 0.f;
+  }
+  const int slot = kAppend && head >= hq && head < heads ? slots[row] : -1;
+  __syncthreads();
+  WaitForPriorGrids();
+  if (head >= heads) return;
+  const int64_t base = static_cast<int64_t>(row) * row_stride + head * D;
+  // Cache element 0 of (this kv head) at the row's slot; -1: no cache write.
+  int64_t dst = -1;
+  if (kAppend && head >= hq && slot >= 0) {
+    const int kvh = rotated ? head - hq : head - hq - hkv;
+    const int blk = slot / cache.block_size, off = slot % cache.block_size;
+    dst = ((static_cast<int64_t>(blk) * cache.num_kv_heads + kvh) * cache.block_size + off) * D;
+  }
+  if (!rotated) {  // v head: copied as is, 16 bytes a lane
+    if (dst >= 0 && lane < D / 8) {
+      reinterpret_cast<uint4*>(cache.v + dst)[lane] =
+          reinterpret_cast<const uint4*>(qkv + base)[lane];
     }
+    return;
   }
   float x[E];
 #pragma unroll
@@ -200,20 +208,19 @@ __global__ void QkNormRopeKernel(Bf16* qkv, int n, int row_stride, int hq, int h
 #pragma unroll
     for (int k = 0; k < E; ++k) x[k] = x[k] * inv * wn[k];
   }
-  const float pos = static_cast<float>(position);
   float y[E];
 #pragma unroll
   for (int k = 0; k < E; ++k) {
     const int i = lane + 32 * k;
-    const bool low = i < D / 2;
+    const bool low = i < kHalf;
     float partner;
     if constexpr (E == 1) {
       partner = __shfl_xor_sync(0xffffffffu, x[0], 16);
     } else {
       partner = low ? x[k + E / 2] : x[k - E / 2];
     }
-    float s, c;
-    sincosf(pos * freq[k], &s, &c);
+    const int j = low ? i : i - kHalf;
+    const float s = sin_s[j], c = cos_s[j];
     y[k] = low ? x[k] * c - partner * s : x[k] * c + partner * s;
   }
 #pragma unroll
@@ -244,13 +251,30 @@ __global__ void KvAppendKernel(const Bf16* qkv, int n, int row_stride, int k_off
   *reinterpret_cast<uint4*>(cache.v + dst) = *reinterpret_cast<const uint4*>(qkv + v_offset + src);
 }
 
-__global__ void SiluMulKernel(const Bf16* gu, int n, int inter, Bf16* out) {
+// One thread per block of kGateUpBlock (8) features of a row: the gate's 16 bytes, the up's 16
+// bytes right after them, 16 bytes out. Each element is SiluTimes of the same two values, rounded
+// once, as DecodeGemm's fused epilogue stores it. Rows by blockIdx.y, then strided by gridDim.y.
+static_assert(kGateUpBlock == 8, "SiluMulKernel moves a block of 8 features as 16 bytes");
+constexpr int kSiluThreads = 128;
+
+__global__ void __launch_bounds__(kSiluThreads)
+    SiluMulKernel(const Bf16* gu, int n, int inter, Bf16* out) {
   WaitForPriorGrids();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= static_cast<int64_t>(n) * inter) return;
-  const int64_t r = i / inter, c = GateCol(i % inter);
-  const float g = Bf(gu, r * 2 * inter + c), u = Bf(gu, r * 2 * inter + c + kGateUpBlock);
-  StoreBf(out, i, SiluTimes(g, u));
+  const int b = blockIdx.x * kSiluThreads + threadIdx.x;
+  if (b >= inter / kGateUpBlock) return;
+  for (int64_t r = blockIdx.y; r < n; r += gridDim.y) {
+    const uint4* src = reinterpret_cast<const uint4*>(gu + r * 2 * inter) + 2 * b;
+    const uint4 g4 = src[0], u4 = src[1];
+    const bf16* g = reinterpret_cast<const bf16*>(&g4);
+    const bf16* u = reinterpret_cast<const bf16*>(&u4);
+    uint4 o4;
+    bf16* o = reinterpret_cast<bf16*>(&o4);
+#pragma unroll
+    for (int e = 0; e < kGateUpBlock; ++e) {
+      o[e] = __float2bfloat16(SiluTimes(__bfloat162float(g[e]), __bfloat162float(u[e])));
+    }
+    reinterpret_cast<uint4*>(out + r * inter)[b] = o4;
+  }
 }
 
 __global__ void GatherRowsKernel(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out) {
@@ -340,12 +364,11 @@ cudaError_t LaunchQkNormRopeImpl(Bf16* qkv, int n, int row_stride, const HeadSha
                                  const KvCacheView& cache, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const int hq = shape.num_q_heads, hkv = shape.num_kv_heads;
-  const int64_t threads = static_cast<int64_t>(n) * (hq + (kAppend ? 2 : 1) * hkv) * 32;
-  const int blocks = Blocks(threads, 256);
+  const dim3 grid(n, (hq + (kAppend ? 2 : 1) * hkv + kRopeWarps - 1) / kRopeWarps);
   cudaError_t err = cudaSuccess;
-#define CASCADE_QKROPE(E)                                                                          \
-  err = LaunchKernel(QkNormRopeKernel<E, kAppend>, blocks, 256, 0, stream, qkv, n, row_stride, hq, \
-                     hkv, positions, q_norm, k_norm, eps, inv_freq, slots, cache)
+#define CASCADE_QKROPE(E)                                                                 \
+  err = LaunchKernel(QkNormRopeKernel<E, kAppend>, grid, kRopeWarps * 32, 0, stream, qkv, \
+                     row_stride, hq, hkv, positions, q_norm, k_norm, eps, inv_freq, slots, cache)
   switch (shape.head_dim) {
     case 32:
       CASCADE_QKROPE(1);
@@ -394,8 +417,8 @@ cudaError_t LaunchKvAppend(const Bf16* qkv, int n, int row_stride, int k_offset,
 
 cudaError_t LaunchSiluMul(const Bf16* gu, int n, int inter, Bf16* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  return LaunchKernel(SiluMulKernel, Blocks(static_cast<int64_t>(n) * inter, 256), 256, 0, stream,
-                      gu, n, inter, out);
+  const dim3 grid(Blocks(inter / kGateUpBlock, kSiluThreads), std::min(n, 65535));
+  return LaunchKernel(SiluMulKernel, grid, kSiluThreads, 0, stream, gu, n, inter, out);
 }
 
 cudaError_t LaunchGatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out,

@@ -93,6 +93,10 @@ absl::Status QkNormRopeAppend(Bf16* qkv, int n, int row_stride, const HeadShape&
   if (n > 0 && (!qkv || !positions || !inv_freq || !slot_mapping || !cache.k || !cache.v)) {
     return Bad("QkNormRopeAppend", "null pointer");
   }
+  if (n > 0 && (row_stride % 8 || !Aligned16(qkv) || !Aligned16(cache.v))) {
+    return Bad("QkNormRopeAppend",
+               "qkv and the V cache must be 16-byte aligned, row stride a multiple of 8");
+  }
   return CudaStatus(
       internal::LaunchQkNormRopeAppend(qkv, n, row_stride, shape, positions, q_norm, k_norm, eps,
                                        inv_freq, slot_mapping, cache, stream),
@@ -121,6 +125,8 @@ absl::Status KvAppend(const Bf16* qkv, int n, int row_stride, int k_offset, int 
 absl::Status SiluMul(const Bf16* gu, int n, int inter, Bf16* out, Stream stream) {
   if (n < 0 || inter <= 0 || inter % 8) return Bad("SiluMul", "bad shape");
   if (n > 0 && (!gu || !out)) return Bad("SiluMul", "null pointer");
+  if (n > 0 && (!Aligned16(gu) || !Aligned16(out)))
+    return Bad("SiluMul", "buffers must be 16-byte aligned");
   return CudaStatus(internal::LaunchSiluMul(gu, n, inter, out, stream), "SiluMul");
 }
 

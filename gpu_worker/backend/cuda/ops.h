@@ -51,8 +51,8 @@ absl::Status QkNormRope(Bf16* qkv, int n, int row_stride, const HeadShape& shape
 
 // QkNormRope, then KvAppend of the k and v heads (k heads at column num_q_heads * head_dim, v
 // heads right after them), in one launch: the same bits in qkv and in the cache as the two ops.
-// REQUIRES: row_stride >= (num_q_heads + 2 num_kv_heads) * head_dim, cache.head_dim and
-// cache.num_kv_heads equal to the shape's.
+// REQUIRES: row_stride >= (num_q_heads + 2 num_kv_heads) * head_dim and a multiple of 8, qkv and
+// cache.v 16-byte aligned, cache.head_dim and cache.num_kv_heads equal to the shape's.
 absl::Status QkNormRopeAppend(Bf16* qkv, int n, int row_stride, const HeadShape& shape,
                               const int32_t* positions, const Bf16* q_norm, const Bf16* k_norm,
                               float eps, const float* inv_freq, const int32_t* slot_mapping,
@@ -67,7 +67,8 @@ absl::Status KvAppend(const Bf16* qkv, int n, int row_stride, int k_offset, int 
 // out[i, c] = bf16(silu(gate) * up) for the gate and up columns of intermediate feature c in
 // gu[i, :]: gu is [n, 2*inter] bf16 as the fused gate_up GEMM writes it, its columns in blocks
 // of 8 gate then 8 up features (gate c at c / 8 * 16 + c % 8, up 8 columns on; the backend
-// interleaves the gate_up weight rows so), out: [n, inter] bf16. REQUIRES: inter % 8 == 0.
+// interleaves the gate_up weight rows so), out: [n, inter] bf16. REQUIRES: inter % 8 == 0, gu and
+// out 16-byte aligned.
 absl::Status SiluMul(const Bf16* gu, int n, int inter, Bf16* out, Stream stream);
 
 // Copies rows: out[i, :] = in[rows[i], :]. in: [*, d] bf16, rows: [n], out: [n, d] bf16.
