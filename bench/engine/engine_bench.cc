@@ -38,7 +38,8 @@
 // "ws" / "nows" (plans of whole decode rows on the persistent decode kernel at any row length /
 // never: attention.h SetDecodeWsMinTiles; the same bits), "single" (cascade groups only the
 // leading tiles common to a whole group: CudaBackendOptions::attention_single_level; the same
-// bits).
+// bits), "noprefillgemm" (prefill-sized GEMMs on the pinned algorithm instead of the one chosen at
+// load, CudaBackendOptions::gemm_prefill_min_m = 0; the same bits).
 //
 // tree: issue 11's three-level prefix tree through the engine: a system chunk of shared_len
 // tokens, tree_contexts context chunks of tree_context_len tokens below it, tree_queries
@@ -172,6 +173,7 @@ struct Variant {
   // -1 here: its default.
   int ws_min_tiles = -1;
   bool single_level = false;  // CudaBackendOptions::attention_single_level
+  int prefill_min_m = 1024;   // CudaBackendOptions::gemm_prefill_min_m
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -191,6 +193,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "ws") return v->ws_min_tiles = 0, true;
   if (name == "nows") return v->ws_min_tiles = std::numeric_limits<int>::max(), true;  // never
   if (name == "single") return v->single_level = true, true;
+  if (name == "noprefillgemm") return v->prefill_min_m = 0, true;
   if (absl::StartsWith(name, "early")) {  // earlyN: DecodeGemm copies N weight chunks early
     return absl::SimpleAtoi(name.substr(5), &v->early_chunks) && v->early_chunks >= 0;
   }
@@ -516,6 +519,7 @@ struct Bench {
       o.attention_lead_tiles = variant.lead_tiles;
       o.attention_finish_rows = variant.finish_rows;
       o.attention_single_level = variant.single_level;
+      o.gemm_prefill_min_m = variant.prefill_min_m;
       o.gemm_tune = variant.gemm_tune;
       o.gemm_tune_min_hidden = variant.tune_min_hidden;
       o.gemm_tune_max_m = variant.tune_max_m;
@@ -530,8 +534,16 @@ struct Bench {
         std::exit(1);
       }
       // Load includes the load-time GEMM choices and tunings (gemm.h PrepareDecode, PrepareTune).
-      std::printf("(cuda backend loaded in %.2f s, %d GEMMs tuned at load)\n",
-                  Seconds(load_start, Clock::now()), cuda::GetCudaGraphStats(**b).gemm_tuned);
+      const cuda::CudaGraphStats st = cuda::GetCudaGraphStats(**b);
+      std::printf(
+          "(cuda backend loaded in %.2f s, %d GEMMs tuned at load, prefill GEMMs: %d of %d shapes "
+          "on a faster bitwise-equal algorithm)\n",
+          Seconds(load_start, Clock::now()), st.gemm_tuned, st.gemm_prefill_replaced,
+          st.gemm_prefill_shapes);
+      if (flags.tune_log) {
+        for (const std::string& line : st.gemm_prefill_log)
+          std::printf("  prefill %s\n", line.c_str());
+      }
       backend = std::move(*b);
       this->backend = backend.get();
 #else

@@ -476,6 +476,61 @@ TEST(CudaKernels, TunedGemmGivesThePinnedRowsBitwise) {
   EXPECT_EQ((*tuned)->fallbacks(), 0);
 }
 
+// Prefill-sized calls on the algorithm PreparePrefill chose give the pinned algorithm's rows
+// bitwise, at the threshold, at sizes that end mid-tile and at the largest prefill chunk; rows
+// below the threshold stay on the pinned algorithm.
+TEST(CudaKernels, PrefillGemmGivesThePinnedRowsBitwise) {
+  CASCADE_REQUIRE_GPU();
+  std::mt19937 rng(43);
+  const std::vector<std::pair<int, int>> shapes = {
+      {4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {3072, 2048}};
+  const int min_m = 1024, rows = 8192 + 40;
+  absl::StatusOr<std::unique_ptr<Gemm>> pinned = Gemm::Create(true);
+  absl::StatusOr<std::unique_ptr<Gemm>> chosen = Gemm::Create(true);
+  ASSERT_TRUE(pinned.ok() && chosen.ok());
+  (*chosen)->set_prefill_min_m(min_m);
+  for (auto [n, k] : shapes) {
+    std::vector<float> x = RandomNormal(static_cast<size_t>(rows) * k, &rng);
+    std::vector<float> w = RandomNormal(static_cast<size_t>(n) * k, &rng, 0.05f);
+    DeviceBuffer d_x = Upload(RoundToBf16(&x)), d_w = Upload(RoundToBf16(&w));
+    ASSERT_TRUE((*chosen)->PreparePrefill(d_w.as<Bf16>(), n, k, GemmOut::kBf16, nullptr).ok());
+    // The pinned rows, computed 256 at a time (the reference m).
+    DeviceBuffer d_want = Poisoned<Bf16>(static_cast<size_t>(rows) * n);
+    for (int r0 = 0; r0 < rows; r0 += 256) {
+      const int m = std::min(256, rows - r0);
+      ASSERT_TRUE((*pinned)
+                      ->Run(d_x.as<Bf16>() + static_cast<size_t>(r0) * k, d_w.as<Bf16>(), m, n, k,
+                            d_want.as<Bf16>() + static_cast<size_t>(r0) * n, GemmOut::kBf16,
+                            nullptr)
+                      .ok());
+    }
+    const std::vector<Bf16> want = Download<Bf16>(d_want, static_cast<size_t>(rows) * n);
+    for (int m : {min_m - 1, min_m, min_m + 57, 3000, 4096 + 8, rows}) {
+      DeviceBuffer d_y = Poisoned<Bf16>(static_cast<size_t>(m) * n);
+      ASSERT_TRUE(
+          (*chosen)
+              ->Run(d_x.as<Bf16>(), d_w.as<Bf16>(), m, n, k, d_y.data(), GemmOut::kBf16, nullptr)
+              .ok());
+      const std::vector<Bf16> y = Download<Bf16>(d_y, static_cast<size_t>(m) * n);
+      EXPECT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(Bf16)))
+          << "n " << n << " k " << k << " m " << m;
+    }
+  }
+  int replaced = 0;
+  for (const Gemm::TuneRecord& r : (*chosen)->prefill_log()) {
+    replaced += r.replaced;
+    std::printf(
+        "prefill n=%d k=%d: %d candidates, %d equal, pinned %.1f us (%s), best %.1f us "
+        "(%s)%s\n",
+        r.n, r.k, r.candidates, r.equal, r.pinned_us, r.pinned_algo.c_str(), r.best_us,
+        r.best_algo.c_str(), r.replaced ? " (replaced)" : "");
+  }
+  EXPECT_EQ((*chosen)->prefill_log().size(), shapes.size());
+  std::printf("%d of %zu prefill shapes replaced the pinned algorithm\n", replaced,
+              (*chosen)->prefill_log().size());
+  EXPECT_EQ((*chosen)->fallbacks(), 0);
+}
+
 // The fused norm's delta is the bf16 rounding of the slice-order sum: bitwise SplitReduce to bf16
 // followed by AddRmsNorm (residual and output).
 TEST(CudaKernels, AddRmsNormSplitIsSplitReduceThenAddRmsNorm) {

@@ -217,6 +217,15 @@ class CudaBackend final : public engine::Backend {
           r.m, r.n, r.k, r.f32 ? "f32" : "bf16", r.candidates, r.equal, r.pinned_us, r.pinned_algo,
           r.best_us, r.best_algo, r.replaced ? " (replaced)" : ""));
     }
+    for (const Gemm::TuneRecord& r : gemm_->prefill_log()) {
+      ++st.gemm_prefill_shapes;
+      st.gemm_prefill_replaced += r.replaced ? 1 : 0;
+      st.gemm_prefill_log.push_back(absl::StrFormat(
+          "n=%d k=%d %s: %d candidates, %d bitwise equal, pinned %.1f us (%s), best equal %.1f us "
+          "(%s)%s",
+          r.n, r.k, r.f32 ? "f32" : "bf16", r.candidates, r.equal, r.pinned_us, r.pinned_algo,
+          r.best_us, r.best_algo, r.replaced ? " (replaced)" : ""));
+    }
     st.gemm_decode_log = gemm_->decode_log();
     return st;
   }
@@ -473,6 +482,7 @@ absl::Status CudaBackend::Init(const model::Model& m) {
       gemm, Gemm::Create(o_.batch_invariant, o_.gemm_reference_m, o_.small_m_gemm, o_.split_k));
   gemm_ = std::move(gemm);
   gemm_->set_decode_max_m(o_.decode_gemm_max_m);
+  gemm_->set_prefill_min_m(o_.gemm_prefill_min_m);
   o_splits_ = gemm_->Splits(hidden_, hq_ * d_);
   down_splits_ = gemm_->Splits(hidden_, inter_);
 
@@ -612,6 +622,10 @@ absl::Status CudaBackend::Init(const model::Model& m) {
     }
     RETURN_IF_ERROR(gemm_->PrepareTune(lm_head_, static_cast<int>(c_.vocab_size), hidden_,
                                        GemmOut::kF32, stream_));
+    // The prefill chunks' algorithms (gemm.h PreparePrefill), so no request pays for the choice.
+    for (const Shape& s : projections) {
+      RETURN_IF_ERROR(gemm_->PreparePrefill(s.w, s.n, s.k, s.out, stream_));
+    }
     gemm_->ReleaseTimingBuffers();  // 64 MB the serving loop does not need
   }
   return absl::OkStatus();
@@ -1215,7 +1229,7 @@ absl::Status ValidateCudaBackendOptions(const CudaBackendOptions& o) {
   if (o.num_blocks < 0 || o.max_num_tokens <= 0 || o.max_logits_rows <= 0 ||
       o.max_graph_batch < 0 || !(o.kv_cache_fraction > 0 && o.kv_cache_fraction < 1) ||
       o.device < 0 || o.split_k < 0 || o.gemm_reference_m <= 0 || o.decode_gemm_early_chunks < 0 ||
-      o.gemm_tune_min_hidden < 0) {
+      o.gemm_tune_min_hidden < 0 || o.gemm_prefill_min_m < 0) {
     return absl::InvalidArgumentError("cuda backend: bad options");
   }
   return absl::OkStatus();

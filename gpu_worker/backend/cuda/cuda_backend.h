@@ -60,6 +60,11 @@ struct CudaBackendOptions {
   // 8), so benchmarks compare other values (engine_bench variants refN). Every worker of a
   // deployment must use the same value: another algorithm gives other bits.
   int gemm_reference_m = 256;
+  // Deterministic mode only: GEMMs of at least this many rows (prefill chunks; 0: none) run the
+  // cuBLASLt algorithm chosen per weight shape at load time among those whose rows are bitwise the
+  // pinned algorithm's (gemm.h PreparePrefill), where one is >= 5% faster than the pinned
+  // large-m-unfriendly pick made at gemm_reference_m. The same bits.
+  int gemm_prefill_min_m = 1024;
   // AttentionConfig::lead_tiles: 0 (default) lets the planner size fold items (a decode row's
   // first tiles folded into one partial inside the split CTA); < 0 turns them off (benchmarks).
   // Every value gives the same bits.
@@ -127,6 +132,10 @@ struct CudaGraphStats {
   // or dropped for the pinned one (slower as a whole step).
   int graphs_tuned_kept = 0, graphs_tuned_dropped = 0;
   std::vector<std::string> gemm_tune_log;
+  // Prefill-sized GEMMs (gemm.h PreparePrefill): weight shapes looked at, and those where a
+  // faster bitwise-equal algorithm replaced the pinned one; one line per shape.
+  int gemm_prefill_shapes = 0, gemm_prefill_replaced = 0;
+  std::vector<std::string> gemm_prefill_log;
   // Decode-sized GEMM kernel choices (gemm.h set_decode_max_m), one line per (bucket, shape).
   std::vector<std::string> gemm_decode_log;
 };

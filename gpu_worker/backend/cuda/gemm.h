@@ -131,6 +131,25 @@ class Gemm {
   // at load time, and not on a request's step. Call after PrepareDecode. No-op without tune
   // sizes; where its buffers do not fit, the first call of each size does it as before.
   absl::Status PrepareTune(const Bf16* w, int n, int k, GemmOut out, Stream stream);
+  // Prefill-sized calls (unsplit, m >= min_m, no tune size) run the cuBLASLt algorithm
+  // PreparePrefill chose for their weight shape, where it chose one; 0 (the default): off, the
+  // pinned algorithm. Batch-invariant mode only.
+  void set_prefill_min_m(int min_m) { prefill_min_m_ = batch_invariant_ ? std::max(min_m, 0) : 0; }
+  // Chooses the prefill algorithm of weights w ([n, k]) now (a backend calls it at load time): the
+  // pinned algorithm was picked at the reference m (256) and runs large m far below the GEMM rate
+  // (up to 2.6x behind cuBLASLt's own pick at m = 2048 on an H100, engine NOTES run 8).
+  // cuBLASLt's candidates for m = kPrefillTimeM (split-K off) run on pseudo-random rows at that m
+  // and at min_m + 57 rows (a partial tile); those whose outputs are bitwise the pinned
+  // algorithm's at both are timed at kPrefillTimeM and at min_m (weights flushed from L2, fastest
+  // of 7), and the fastest is kept if its summed time is >= 5% below the pinned one's and it is
+  // no slower at min_m. A row's bits never depend on the choice (the same k16 chain per output:
+  // cuBLASLt's non-split kernels all accumulate so). No-op when off, for split shapes and for
+  // vocabulary-sized outputs.
+  absl::Status PreparePrefill(const Bf16* w, int n, int k, GemmOut out, Stream stream);
+  static constexpr int kPrefillTimeM = 2048;
+  // One record per shape PreparePrefill looked at (m = kPrefillTimeM; times: that m plus min_m).
+  const std::vector<TuneRecord>& prefill_log() const { return prefill_log_; }
+
   // Frees the buffers kept between timings (a 64 MB L2 flush buffer and a scratch output), e.g.
   // once the load-time choices are made; a later timing allocates them again. REQUIRES: no work
   // using them is pending (every timing synchronizes before it returns).
@@ -199,6 +218,12 @@ class Gemm {
   // (m, n, k, out) -> the tuned algorithm; nullptr: the pinned one stays.
   std::map<std::tuple<int, int, int, int>, std::unique_ptr<Algo>> tuned_;
   std::vector<TuneRecord> tune_log_;
+  int prefill_min_m_ = 0;
+  // (n, k, out) -> the prefill algorithm; nullptr: the pinned one stays.
+  std::map<std::tuple<int, int, int>, std::unique_ptr<Algo>> prefill_;
+  // (m, n, k, out) -> whether cuBLASLt accepts the shape's prefill algorithm at that m.
+  std::map<std::tuple<int, int, int, int>, bool> prefill_usable_;
+  std::vector<TuneRecord> prefill_log_;
   int small_verified_ = 0, small_rejected_ = 0;
 };
 
