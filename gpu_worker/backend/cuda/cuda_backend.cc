@@ -208,23 +208,24 @@ class CudaBackend final : public engine::Backend {
     st.down_proj_splits = down_splits_;
     st.graphs_tuned_kept = tuned_kept_;
     st.graphs_tuned_dropped = tuned_dropped_;
+    // "m=.. n=.. k=.. bf16: N candidates, E bitwise equal, pinned .. us (algo), best equal .."
+    auto line = [](const Gemm::TuneRecord& r, bool with_m) {
+      return absl::StrFormat(
+          "%sn=%d k=%d %s: %d candidates, %d bitwise equal, pinned %.1f us (%s), best equal %.1f "
+          "us (%s)%s",
+          with_m ? absl::StrCat("m=", r.m, " ") : "", r.n, r.k, r.f32 ? "f32" : "bf16",
+          r.candidates, r.equal, r.pinned_us, r.pinned_algo, r.best_us, r.best_algo,
+          r.replaced ? " (replaced)" : "");
+    };
     for (const Gemm::TuneRecord& r : gemm_->tune_log()) {
       ++st.gemm_tuned;
       st.gemm_replaced += r.replaced ? 1 : 0;
-      st.gemm_tune_log.push_back(absl::StrFormat(
-          "m=%d n=%d k=%d %s: %d candidates, %d bitwise equal, pinned %.1f us (%s), best equal "
-          "%.1f us (%s)%s",
-          r.m, r.n, r.k, r.f32 ? "f32" : "bf16", r.candidates, r.equal, r.pinned_us, r.pinned_algo,
-          r.best_us, r.best_algo, r.replaced ? " (replaced)" : ""));
+      st.gemm_tune_log.push_back(line(r, true));
     }
     for (const Gemm::TuneRecord& r : gemm_->prefill_log()) {
       ++st.gemm_prefill_shapes;
       st.gemm_prefill_replaced += r.replaced ? 1 : 0;
-      st.gemm_prefill_log.push_back(absl::StrFormat(
-          "n=%d k=%d %s: %d candidates, %d bitwise equal, pinned %.1f us (%s), best equal %.1f us "
-          "(%s)%s",
-          r.n, r.k, r.f32 ? "f32" : "bf16", r.candidates, r.equal, r.pinned_us, r.pinned_algo,
-          r.best_us, r.best_algo, r.replaced ? " (replaced)" : ""));
+      st.gemm_prefill_log.push_back(line(r, false));
     }
     st.gemm_decode_log = gemm_->decode_log();
     return st;

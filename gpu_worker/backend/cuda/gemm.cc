@@ -395,6 +395,36 @@ class KernelTimer {
   bool ok_ = false;
 };
 
+// cuBLASLt's candidates for problem p with split-K off (up to kTuneCandidates); *found = 0
+// where the heuristic has none.
+absl::Status SplitFreeCandidates(cublasLtHandle_t handle, const Problem& p,
+                                 cublasLtMatmulHeuristicResult_t* result, int* found) {
+  *found = 0;
+  cublasLtMatmulPreference_t pref;
+  RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "preference"));
+  const uint64_t ws = kWorkspaceBytes;
+  const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof(ws));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
+                                       sizeof(mask));
+  if (cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, kTuneCandidates,
+                                     result, found) != CUBLAS_STATUS_SUCCESS) {
+    *found = 0;
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  return absl::OkStatus();
+}
+
+// A bitwise-equal candidate timed at `us`: recorded if the fastest so far; true if it should then
+// replace the pinned algorithm (faster by the margin).
+bool FastestSoFar(Gemm::TuneRecord* rec, const cublasLtMatmulAlgo_t& algo, double us) {
+  if (!(us > 0 && us < rec->best_us)) return false;
+  rec->best_us = us;
+  rec->best_algo = Describe(algo);
+  return us < kTuneMargin * rec->pinned_us;
+}
+
 }  // namespace
 
 absl::Status Gemm::ChooseDecode(const Bf16* x, int x_rows, const Bf16* w, int m, int n, int k,
@@ -585,20 +615,10 @@ absl::Status Gemm::Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void*
     };
     time(pinned->algo);  // warm-up: first launches of the shape
     rec.pinned_us = rec.best_us = time(pinned->algo);
-    cublasLtMatmulPreference_t pref;
-    RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "preference"));
-    const uint64_t ws = kWorkspaceBytes;
-    const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                         sizeof(ws));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
-                                         sizeof(mask));
     cublasLtMatmulHeuristicResult_t result[kTuneCandidates];
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c,
-                                                             pref, kTuneCandidates, result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found && rec.pinned_us > 0; ++i) {
+    RETURN_IF_ERROR(SplitFreeCandidates(handle, p, result, &found));
+    for (int i = 0; i < found && rec.pinned_us > 0; ++i) {
       cublasLtMatmulAlgo_t algo = result[i].algo;
       NoSplitK(&algo);
       cublasLtMatmulHeuristicResult_t r;
@@ -613,14 +633,9 @@ absl::Status Gemm::Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void*
       RETURN_IF_ERROR(CopyToHost(got.data(), tmp->data(), bytes));
       if (std::memcmp(ref.data(), got.data(), bytes) != 0) continue;  // other bits: never used
       ++rec.equal;
-      const double us = time(algo);
-      if (us > 0 && us < rec.best_us) {
-        rec.best_us = us;
-        rec.best_algo = Describe(algo);
-        if (us < kTuneMargin * rec.pinned_us) {
-          best = std::make_unique<Algo>();
-          best->algo = algo;
-        }
+      if (FastestSoFar(&rec, algo, time(algo))) {
+        best = std::make_unique<Algo>();
+        best->algo = algo;
       }
     }
   }
@@ -696,20 +711,10 @@ absl::Status Gemm::PreparePrefill(const Bf16* w, int n, int k, GemmOut out, Stre
     time(pinned, 0);  // warm-up: first launches of the shape
     pinned_small = time(pinned, 2);
     rec.pinned_us = rec.best_us = time(pinned, 0) + pinned_small;
-    cublasLtMatmulPreference_t pref;
-    RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "preference"));
-    const uint64_t ws = kWorkspaceBytes;
-    const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                         sizeof(ws));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask,
-                                         sizeof(mask));
     cublasLtMatmulHeuristicResult_t result[kTuneCandidates];
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-        handle, p[0].desc, p[0].a, p[0].b, p[0].c, p[0].c, pref, kTuneCandidates, result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found && rec.pinned_us > 0; ++i) {
+    RETURN_IF_ERROR(SplitFreeCandidates(handle, p[0], result, &found));
+    for (int i = 0; i < found && rec.pinned_us > 0; ++i) {
       cublasLtMatmulAlgo_t algo = result[i].algo;
       NoSplitK(&algo);
       if (!accepts(algo, 0) || !accepts(algo, 1) || !accepts(algo, 2)) continue;
@@ -718,14 +723,10 @@ absl::Status Gemm::PreparePrefill(const Bf16* w, int n, int k, GemmOut out, Stre
       if (!ok.ok()) return ok.status();
       if (!*ok || got != want) continue;  // other bits (or no run): never used
       ++rec.equal;
-      const double small = time(algo, 2), us = time(algo, 0) + small;
-      if (small > 0 && us > 0 && us < rec.best_us && small <= pinned_small) {
-        rec.best_us = us;
-        rec.best_algo = Describe(algo);
-        if (us < kTuneMargin * rec.pinned_us) {
-          best = std::make_unique<Algo>();
-          best->algo = algo;
-        }
+      const double small = time(algo, 2);  // no slower at the threshold
+      if (small > 0 && small <= pinned_small && FastestSoFar(&rec, algo, time(algo, 0) + small)) {
+        best = std::make_unique<Algo>();
+        best->algo = algo;
       }
     }
   }
