@@ -51,6 +51,10 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddInt("decode_gemm_max_m", &c->decode_gemm_max_m,
             "CUDA backend: GEMMs of up to this many rows (<= 64; 0: off) run the kernel measured "
             "fastest per decode batch bucket at load time, each bitwise the pinned one's");
+  f->AddInt("gemm_prefill_min_m", &c->gemm_prefill_min_m,
+            "CUDA backend: GEMMs of at least this many rows (prefill chunks; 0: off) run the "
+            "cuBLASLt algorithm measured fastest per weight shape at load time among those "
+            "bitwise the pinned one's (same tokens; 1.12-1.19x prefill on an H200)");
   f->AddInt("persistent_decode_min_tiles", &c->persistent_decode_min_tiles,
             "CUDA backend on Hopper: decode steps whose rows average at least this many 64-token "
             "tiles (or whose rows x kv heads fit one per consumer, two per SM) run on the "
@@ -110,6 +114,10 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     return absl::InvalidArgumentError(absl::StrCat("--decode_gemm_max_m=", config.decode_gemm_max_m,
                                                    ": must be in [0, 64] (0: off)"));
   }
+  if (config.gemm_prefill_min_m < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gemm_prefill_min_m=", config.gemm_prefill_min_m, ": must be >= 0 (0: off)"));
+  }
   if (config.persistent_decode_min_tiles < -1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--persistent_decode_min_tiles=", config.persistent_decode_min_tiles,
@@ -144,6 +152,7 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     o.gemm_tune = config.gemm_tune;
     o.gemm_tune_min_hidden = config.gemm_tune_min_hidden;
     o.decode_gemm_max_m = config.decode_gemm_max_m;
+    o.gemm_prefill_min_m = config.gemm_prefill_min_m;
     o.persistent_decode_min_tiles = config.persistent_decode_min_tiles;
     auto b = cuda::NewCudaBackend(model, o);
     if (!b.ok()) return b.status();

@@ -47,6 +47,10 @@ struct WorkerConfig {
   // fastest per batch bucket at load time among the pinned algorithm, SmallGemm and DecodeGemm,
   // each bitwise the pinned one's (CudaBackendOptions::decode_gemm_max_m; the same tokens).
   int decode_gemm_max_m = cuda::kDefaultDecodeGemmMaxM;
+  // CUDA backend: GEMMs of at least this many rows (prefill chunks; 0: off) on the cuBLASLt
+  // algorithm chosen per weight shape at load time among those bitwise the pinned one's
+  // (CudaBackendOptions::gemm_prefill_min_m; the same tokens).
+  int gemm_prefill_min_m = cuda::kDefaultGemmPrefillMinM;
   // CUDA backend: CudaBackendOptions::persistent_decode_min_tiles (-1: the persistent decode
   // kernel off; the same tokens either way).
   int persistent_decode_min_tiles = cuda::kDefaultPersistentDecodeMinTiles;

@@ -79,8 +79,8 @@ TEST(WorkerConfigTest, KvCacheBytesFlagParses) {
   EXPECT_EQ(c.kv_cache_bytes, 4096);
 }
 
-// --decode_gemm_max_m outside [0, 64] (and --gemm_tune_min_hidden below 0,
-// --persistent_decode_min_tiles below -1) is refused with the
+// --decode_gemm_max_m outside [0, 64] (and --gemm_tune_min_hidden or --gemm_prefill_min_m below
+// 0, --persistent_decode_min_tiles below -1) is refused with the
 // flag, the value and the range, on every backend (it is a CUDA setting, but a bad value is a
 // mistake wherever it is given); the bounds themselves load.
 TEST(WorkerConfigTest, CudaGemmSettingsOutsideTheirRangeAreRefused) {
@@ -124,6 +124,15 @@ TEST(WorkerConfigTest, CudaGemmSettingsOutsideTheirRangeAreRefused) {
   EXPECT_NE(b.status().message().find("--gemm_tune_min_hidden=-1: must be >= 0"), std::string::npos)
       << b.status();
   c.gemm_tune_min_hidden = 0;
+  EXPECT_TRUE(MakeBackend("cpu", *model, c).ok());
+  // --gemm_prefill_min_m below 0 the same way; 0 (off) loads.
+  c.gemm_prefill_min_m = -5;
+  auto g = MakeBackend("cpu", *model, c);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(g.status().message().find("--gemm_prefill_min_m=-5: must be >= 0"), std::string::npos)
+      << g.status();
+  c.gemm_prefill_min_m = 0;
   EXPECT_TRUE(MakeBackend("cpu", *model, c).ok());
 }
 

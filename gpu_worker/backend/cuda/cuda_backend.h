@@ -64,7 +64,7 @@ struct CudaBackendOptions {
   // cuBLASLt algorithm chosen per weight shape at load time among those whose rows are bitwise the
   // pinned algorithm's (gemm.h PreparePrefill), where one is >= 5% faster than the pinned
   // large-m-unfriendly pick made at gemm_reference_m. The same bits.
-  int gemm_prefill_min_m = 1024;
+  int gemm_prefill_min_m = kDefaultGemmPrefillMinM;
   // AttentionConfig::lead_tiles: 0 (default) lets the planner size fold items (a decode row's
   // first tiles folded into one partial inside the split CTA); < 0 turns them off (benchmarks).
   // Every value gives the same bits.

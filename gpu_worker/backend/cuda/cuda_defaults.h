@@ -11,6 +11,9 @@ inline constexpr int kDefaultGemmTuneMinHidden = 2048;
 // CudaBackendOptions::decode_gemm_max_m: decode-sized GEMMs up to this many rows run the kernel
 // chosen per batch bucket at load time.
 inline constexpr int kDefaultDecodeGemmMaxM = 64;
+// CudaBackendOptions::gemm_prefill_min_m: GEMMs of at least this many rows (prefill chunks) run the
+// bitwise-equal cuBLASLt algorithm chosen per weight shape at load time.
+inline constexpr int kDefaultGemmPrefillMinM = 1024;
 // CudaBackendOptions::persistent_decode_min_tiles: steps of whole decode rows averaging at least
 // this many 64-token tiles (or of one round of works) run on the persistent decode kernel
 // (Hopper).
