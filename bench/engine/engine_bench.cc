@@ -39,7 +39,8 @@
 // never: attention.h SetDecodeWsMinTiles; the same bits), "single" (cascade groups only the
 // leading tiles common to a whole group: CudaBackendOptions::attention_single_level; the same
 // bits), "noprefillgemm" (prefill-sized GEMMs on the pinned algorithm instead of the one chosen at
-// load, CudaBackendOptions::gemm_prefill_min_m = 0; the same bits).
+// load, CudaBackendOptions::gemm_prefill_min_m = 0; the same bits), "prefillgemmN" (that
+// choice from N rows up instead of 1024; the same bits).
 //
 // tree: issue 11's three-level prefix tree through the engine: a system chunk of shared_len
 // tokens, tree_contexts context chunks of tree_context_len tokens below it, tree_queries
@@ -194,6 +195,9 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "nows") return v->ws_min_tiles = std::numeric_limits<int>::max(), true;  // never
   if (name == "single") return v->single_level = true, true;
   if (name == "noprefillgemm") return v->prefill_min_m = 0, true;
+  if (absl::StartsWith(name, "prefillgemm")) {  // prefillgemmN: gemm_prefill_min_m = N
+    return absl::SimpleAtoi(name.substr(11), &v->prefill_min_m) && v->prefill_min_m >= 0;
+  }
   if (absl::StartsWith(name, "early")) {  // earlyN: DecodeGemm copies N weight chunks early
     return absl::SimpleAtoi(name.substr(5), &v->early_chunks) && v->early_chunks >= 0;
   }
