@@ -4,6 +4,8 @@
 # above a graph replay's time) of PRESET (qwen3-0.6b) for each VARIANT:BATCH in PROFILE (default
 # "default:1 default:64"), summed by kernel over the decode steps (bench/engine/ncu_steps.py);
 # PROMPT_LEN (128) and DECODE_LEN (8) set the rows' context (896 + 8: a nano-vllm-like step).
+# The summary averages the most common kernel sequence: at batch 256 with long prompts the
+# prefill steps outnumber 8 decode steps, so profile decode there with DECODE_LEN >= 24.
 # Then, unless SKIP_GRAPHS_SCRIPT=1, the GPU tests and decode variants (device_graphs.sh).
 # Logs under $OUT.
 set -uo pipefail
