@@ -60,6 +60,10 @@ void ServerRunner::AddService(ServiceRegistration registration) {
 }
 
 void ServerRunner::AddDrainCallback(std::function<void()> callback) {
+  drain_callbacks_.push_back([callback = std::move(callback)](absl::Time) { callback(); });
+}
+
+void ServerRunner::AddDrainCallback(std::function<void(absl::Time deadline)> callback) {
   drain_callbacks_.push_back(std::move(callback));
 }
 
@@ -201,13 +205,13 @@ void ServerRunner::Shutdown(absl::Duration drain) {
     shutdown_requested_ = true;
   }
   absl::Time start = absl::Now();
+  const absl::Time deadline = start + drain;
   LogInfo("server_draining", {{"server", options_.name}, {"drain_timeout", drain}});
   // Load balancers and health-checking clients stop sending here first.
   health_.SetAllNotServing();
-  for (auto& callback : drain_callbacks_) callback();
+  for (auto& callback : drain_callbacks_) callback(deadline);
   // Watch streams never end on their own; ending them now keeps them from holding the drain.
   health_.Shutdown();
-  absl::Time deadline = absl::Now() + drain;
   server_->Shutdown(absl::ToChronoTime(deadline));
   server_->Wait();
   bool forced = absl::Now() >= deadline;

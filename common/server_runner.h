@@ -74,6 +74,10 @@ class ServerRunner {
   // Runs during shutdown after health went NOT_SERVING and before the server stops accepting
   // RPCs, e.g. a worker deregistering from the registry. REQUIRES: before Start().
   void AddDrainCallback(std::function<void()> callback);
+  // The same, given the drain's deadline: the whole drain (these callbacks, then the server's
+  // wait for in-flight RPCs) ends by it, e.g. a service letting its streams finish while the
+  // server still holds their connections open.
+  void AddDrainCallback(std::function<void(absl::Time deadline)> callback);
 
   // Binds, starts serving, marks every service and "" SERVING and prints the ready line.
   // Errors (port in use, unreadable TLS files, bad options) come back as a Status naming the
@@ -94,8 +98,8 @@ class ServerRunner {
   // Blocks until a shutdown is requested, then runs Shutdown(drain_timeout) and returns.
   void Wait();
   // Graceful shutdown, synchronous: health NOT_SERVING for all, drain callbacks, end Watch
-  // streams, stop accepting RPCs and wait up to `drain` for in-flight ones (then cancel them),
-  // stop /metrics. Idempotent; concurrent callers wait for the first to finish.
+  // streams, stop accepting RPCs and wait for in-flight ones until `drain` after the start (then
+  // cancel them), stop /metrics. Idempotent; concurrent callers wait for the first to finish.
   void Shutdown(absl::Duration drain);
   bool shutdown_requested() const;
 
@@ -105,7 +109,7 @@ class ServerRunner {
   // Set at construction, or in Start() before the server runs.
   const ServerOptions options_;
   std::vector<ServiceRegistration> services_;
-  std::vector<std::function<void()>> drain_callbacks_;
+  std::vector<std::function<void(absl::Time)>> drain_callbacks_;
   HealthService health_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;

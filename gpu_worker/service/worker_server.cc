@@ -258,6 +258,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   runner->AddDrainCallback([self] {
     if (self->agent_) self->agent_->Deregister();
   });
+  // Then the streams in flight finish while the server still holds their connections (and new
+  // ones are refused UNAVAILABLE, which a gateway retries elsewhere); the server's own drain
+  // afterwards finds none, so it cannot close a connection under a stream's last messages.
+  runner->AddDrainCallback([self](absl::Time deadline) { self->service_->DrainStreams(deadline); });
   w->loop_->Start();
   if (absl::Status s = runner->Start(); !s.ok()) return s;
 

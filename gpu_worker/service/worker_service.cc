@@ -6,6 +6,7 @@
 // engine step.
 #include "gpu_worker/service/worker_service.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 
@@ -70,8 +71,9 @@ bool MergeTokens(WorkerServiceGenerateResponse& into, const WorkerServiceGenerat
 
 class GenerateReactor : public grpc::ServerWriteReactor<WorkerServiceGenerateResponse> {
  public:
-  GenerateReactor(std::string worker_id, engine::EngineLoop* loop)
-      : worker_id_(std::move(worker_id)), loop_(loop) {}
+  // gate: the stream was counted in there (Leave() when its RPC is done); nullptr: not counted.
+  GenerateReactor(std::string worker_id, engine::EngineLoop* loop, StreamGate* gate)
+      : worker_id_(std::move(worker_id)), loop_(loop), gate_(gate) {}
 
   // Starts the sequence; on error finishes the RPC with that status.
   void Begin(absl::StatusOr<engine::Request> req) {
@@ -138,6 +140,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerServiceGenerateRes
   }
 
   void OnDone() override {
+    if (gate_ != nullptr) gate_->Leave();
     bool release;
     {
       MutexLock lock(&mu_);
@@ -238,6 +241,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerServiceGenerateRes
   // Set at construction.
   const std::string worker_id_;
   engine::EngineLoop* const loop_;
+  StreamGate* const gate_;
 
   Mutex mu_;
   common::CoalescingWriteQueue<WorkerServiceGenerateResponse, MergeTokens> writes_
@@ -382,7 +386,13 @@ absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
 grpc::ServerWriteReactor<cascade::v2::WorkerServiceGenerateResponse>* WorkerService::Generate(
     grpc::CallbackServerContext* context,
     const cascade::v2::WorkerServiceGenerateRequest* request) {
-  auto* reactor = new GenerateReactor(worker_id_, loop_);
+  if (!gate_.Enter()) {
+    auto* refused = new GenerateReactor(worker_id_, loop_, nullptr);
+    refused->Begin(absl::UnavailableError(absl::StrCat(
+        "worker ", worker_id_, " is draining (shutting down); retry on another worker")));
+    return refused;
+  }
+  auto* reactor = new GenerateReactor(worker_id_, loop_, &gate_);
   absl::StatusOr<engine::Request> req = ToEngineRequest(*request);
   std::optional<FetchPlan> plan;
   if (req.ok()) plan = PlanFetch(*request, *req);
@@ -392,6 +402,44 @@ grpc::ServerWriteReactor<cascade::v2::WorkerServiceGenerateResponse>* WorkerServ
     reactor->Begin(std::move(req));
   }
   return reactor;
+}
+
+bool StreamGate::Enter() {
+  MutexLock lock(&mu_);
+  if (draining_) return false;
+  ++active_;
+  return true;
+}
+
+void StreamGate::Leave() {
+  MutexLock lock(&mu_);
+  if (--active_ == 0) ended_.SignalAll();
+}
+
+StreamGate::Drained StreamGate::DrainUntil(absl::Time deadline) {
+  MutexLock lock(&mu_);
+  draining_ = true;
+  Drained d{active_, false};
+  while (active_ > 0) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return d;
+    ended_.WaitFor(&mu_, absl::ToChronoMilliseconds(std::min(left, absl::Milliseconds(100))) +
+                             std::chrono::milliseconds(1));
+  }
+  d.all_ended = true;
+  return d;
+}
+
+void WorkerService::DrainStreams(absl::Time deadline, absl::Duration linger) {
+  const StreamGate::Drained d = gate_.DrainUntil(deadline);
+  common::LogInfo(
+      "worker_streams_drained",
+      {{"worker_id", worker_id_}, {"in_flight", d.in_flight}, {"all_ended", d.all_ended}});
+  // The statuses just sent are still on their way: closing the connections now could lose them
+  // (a client writing to a closed socket drops what it had not yet read).
+  if (d.in_flight > 0 && d.all_ended) {
+    absl::SleepFor(std::min(linger, deadline - absl::Now()));
+  }
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* context,

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/time/time.h"
 #include "cascade/v2/worker.grpc.pb.h"
 #include "common/internal_auth.h"
 #include "common/mutex.h"
@@ -16,6 +17,30 @@
 namespace cascade::worker {
 
 class WorkerMetrics;
+
+// Generate streams in flight, and whether new ones are still let in: a draining worker finishes
+// the streams it has while its server still holds their connections open, and refuses new ones.
+// Thread-safe.
+class StreamGate {
+ public:
+  // Counts a new stream in; false (nothing counted) once draining.
+  bool Enter();
+  // A stream counted by Enter() ended (its RPC is done).
+  void Leave();
+  // Lets no stream in from now on, then waits until none is in flight or `deadline`. Returns
+  // how many were in flight when it began and whether all ended in time.
+  struct Drained {
+    int in_flight = 0;
+    bool all_ended = false;
+  };
+  Drained DrainUntil(absl::Time deadline);
+
+ private:
+  Mutex mu_;
+  CondVar ended_;
+  int active_ ABSL_GUARDED_BY(mu_) = 0;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 // Thread-safe; the loop must outlive the service and any RPC in flight.
 class WorkerService final : public cascade::v2::WorkerService::CallbackService {
@@ -50,6 +75,12 @@ class WorkerService final : public cascade::v2::WorkerService::CallbackService {
   void CountFetch(const FetchOutcome& outcome);
   PeerFetcher* fetcher() { return fetcher_.get(); }
 
+  // Drain, before the server stops: new Generate streams are refused UNAVAILABLE ("draining";
+  // a gateway resumes them on another worker) and those in flight may finish until `deadline`.
+  // Once some had to finish, waits a moment more (`linger`, within the deadline) so that their
+  // last messages and statuses reach the clients before the server closes the connections.
+  void DrainStreams(absl::Time deadline, absl::Duration linger = absl::Milliseconds(200));
+
   // Tests: faults this worker injects into the blocks it sends to peers.
   void SetFetchFaultsForTesting(const FetchFaults& faults) {
     MutexLock lock(&faults_mu_);
@@ -65,6 +96,7 @@ class WorkerService final : public cascade::v2::WorkerService::CallbackService {
   std::atomic<int64_t> fetch_fallbacks_{0};
   Mutex faults_mu_;
   FetchFaults faults_ ABSL_GUARDED_BY(faults_mu_);
+  StreamGate gate_;
 };
 
 // Who may call what on a worker under internal auth: Generate is the gateway's; FetchKv is other

@@ -1,9 +1,13 @@
 // The worker's side of the gateway contract over real gRPC: the chunk hashes it is sent are
 // checked against its own (a wrong one is refused INVALID_ARGUMENT naming the chunk, a right one
-// is served), and an unset max_tokens means the same whether a request enters through the
-// gateway or straight at a worker.
+// is served), an unset max_tokens means the same whether a request enters through the gateway
+// or straight at a worker, and a draining worker finishes its streams and refuses new ones as
+// draining.
 #include <gtest/gtest.h>
 
+#include <thread>
+
+#include "absl/synchronization/notification.h"
 #include "common/chunk_hash.h"
 #include "gpu_worker/engine/sampling_wire.h"
 #include "tests/integration/stack.h"
@@ -144,6 +148,64 @@ TEST(WorkerContractTest, UnsetMaxTokensMeansTheSameThroughTheGatewayAndStraightA
   EXPECT_EQ(w.finish.finish_reason(), cascade::v2::FINISH_REASON_LENGTH);
   EXPECT_EQ(w.finish.usage().completion_tokens(), worker::kDefaultMaxTokens);
   EXPECT_EQ(g.finish.usage().completion_tokens(), w.finish.usage().completion_tokens());
+}
+
+}  // namespace
+}  // namespace cascade::testing
+
+namespace cascade::testing {
+namespace {
+
+// A worker drained the way SIGTERM drains it lets the stream it is serving finish whole (every
+// token and the finish, status OK) while its server still holds the connection, and refuses a
+// new stream at once with UNAVAILABLE saying it is draining (which a gateway retries on another
+// worker) instead of the server's generic refusal.
+TEST(WorkerContractTest, ADrainingWorkerFinishesItsStreamAndRefusesNewOnesAsDraining) {
+  Stack stack({.workers = 1});
+  const std::string worker = stack.worker(0).address();
+  cascade::v2::WorkerServiceGenerateRequest long_one = TwoChunks({});
+  long_one.mutable_sampling()->set_max_tokens(300);  // seconds of decoding on the CPU
+
+  absl::Notification started;
+  WorkerReply in_flight;
+  std::thread reader([&] {
+    auto stub = WorkerStubAsGateway(worker);
+    ASSERT_NE(stub, nullptr);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    auto stream = stub->Generate(&ctx, long_one);
+    cascade::v2::WorkerServiceGenerateResponse m;
+    while (stream->Read(&m)) {
+      if (m.has_start()) started.Notify();
+      if (m.has_tokens()) {
+        in_flight.tokens.insert(in_flight.tokens.end(), m.tokens().token_ids().begin(),
+                                m.tokens().token_ids().end());
+      }
+      if (m.has_finish()) {
+        in_flight.finish = m.finish();
+        in_flight.has_finish = true;
+      }
+    }
+    in_flight.status = stream->Finish();
+    if (!started.HasBeenNotified()) started.Notify();
+  });
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(30)));
+
+  std::thread drain([&] { stack.DrainWorker(0, absl::Seconds(60)); });
+  // The drain deregisters, then refuses new streams while the long one runs on.
+  absl::SleepFor(absl::Milliseconds(300));
+  WorkerReply refused = CallWorker(worker, TwoChunks({}));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(refused.status.error_message().find("is draining"), std::string::npos)
+      << refused.status.error_message();
+  EXPECT_TRUE(refused.tokens.empty());
+
+  reader.join();
+  drain.join();
+  ASSERT_TRUE(in_flight.status.ok()) << in_flight.status.error_message();
+  EXPECT_EQ(in_flight.tokens.size(), 300u);
+  ASSERT_TRUE(in_flight.has_finish);
+  EXPECT_EQ(in_flight.finish.finish_reason(), cascade::v2::FINISH_REASON_LENGTH);
 }
 
 }  // namespace
