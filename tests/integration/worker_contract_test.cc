@@ -5,6 +5,7 @@
 // draining.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -23,8 +24,10 @@ struct WorkerReply {
   bool has_finish = false;
 };
 
+// `on_start` (optional) runs when the start message arrives.
 WorkerReply CallWorker(const std::string& address,
-                       const cascade::v2::WorkerServiceGenerateRequest& r) {
+                       const cascade::v2::WorkerServiceGenerateRequest& r,
+                       const std::function<void()>& on_start = nullptr) {
   auto stub = WorkerStubAsGateway(address);
   if (stub == nullptr) return {};
   grpc::ClientContext ctx;
@@ -33,7 +36,10 @@ WorkerReply CallWorker(const std::string& address,
   WorkerReply out;
   cascade::v2::WorkerServiceGenerateResponse m;
   while (reader->Read(&m)) {
-    if (m.has_start()) out.start = m.start();
+    if (m.has_start()) {
+      out.start = m.start();
+      if (on_start) on_start();
+    }
     if (m.has_tokens()) {
       out.tokens.insert(out.tokens.end(), m.tokens().token_ids().begin(),
                         m.tokens().token_ids().end());
@@ -169,25 +175,8 @@ TEST(WorkerContractTest, ADrainingWorkerFinishesItsStreamAndRefusesNewOnesAsDrai
   absl::Notification started;
   WorkerReply in_flight;
   std::thread reader([&] {
-    auto stub = WorkerStubAsGateway(worker);
-    ASSERT_NE(stub, nullptr);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    auto stream = stub->Generate(&ctx, long_one);
-    cascade::v2::WorkerServiceGenerateResponse m;
-    while (stream->Read(&m)) {
-      if (m.has_start()) started.Notify();
-      if (m.has_tokens()) {
-        in_flight.tokens.insert(in_flight.tokens.end(), m.tokens().token_ids().begin(),
-                                m.tokens().token_ids().end());
-      }
-      if (m.has_finish()) {
-        in_flight.finish = m.finish();
-        in_flight.has_finish = true;
-      }
-    }
-    in_flight.status = stream->Finish();
-    if (!started.HasBeenNotified()) started.Notify();
+    in_flight = CallWorker(worker, long_one, [&] { started.Notify(); });
+    if (!started.HasBeenNotified()) started.Notify();  // it failed before starting
   });
   ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(30)));
 
