@@ -72,7 +72,7 @@ bool MergeTokens(WorkerServiceGenerateResponse& into, const WorkerServiceGenerat
 class GenerateReactor : public grpc::ServerWriteReactor<WorkerServiceGenerateResponse> {
  public:
   // gate: the stream was counted in there (Leave() when its RPC is done); nullptr: not counted.
-  GenerateReactor(std::string worker_id, engine::EngineLoop* loop, StreamGate* gate)
+  GenerateReactor(std::string worker_id, engine::EngineLoop* loop, common::StreamGate* gate)
       : worker_id_(std::move(worker_id)), loop_(loop), gate_(gate) {}
 
   // Starts the sequence; on error finishes the RPC with that status.
@@ -241,7 +241,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerServiceGenerateRes
   // Set at construction.
   const std::string worker_id_;
   engine::EngineLoop* const loop_;
-  StreamGate* const gate_;
+  common::StreamGate* const gate_;
 
   Mutex mu_;
   common::CoalescingWriteQueue<WorkerServiceGenerateResponse, MergeTokens> writes_
@@ -404,42 +404,8 @@ grpc::ServerWriteReactor<cascade::v2::WorkerServiceGenerateResponse>* WorkerServ
   return reactor;
 }
 
-bool StreamGate::Enter() {
-  MutexLock lock(&mu_);
-  if (draining_) return false;
-  ++active_;
-  return true;
-}
-
-void StreamGate::Leave() {
-  MutexLock lock(&mu_);
-  if (--active_ == 0) ended_.SignalAll();
-}
-
-StreamGate::Drained StreamGate::DrainUntil(absl::Time deadline) {
-  MutexLock lock(&mu_);
-  draining_ = true;
-  Drained d{active_, false};
-  while (active_ > 0) {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) return d;
-    ended_.WaitFor(&mu_, absl::ToChronoMilliseconds(std::min(left, absl::Milliseconds(100))) +
-                             std::chrono::milliseconds(1));
-  }
-  d.all_ended = true;
-  return d;
-}
-
 void WorkerService::DrainStreams(absl::Time deadline, absl::Duration linger) {
-  const StreamGate::Drained d = gate_.DrainUntil(deadline);
-  common::LogInfo(
-      "worker_streams_drained",
-      {{"worker_id", worker_id_}, {"in_flight", d.in_flight}, {"all_ended", d.all_ended}});
-  // The statuses just sent are still on their way: closing the connections now could lose them
-  // (a client writing to a closed socket drops what it had not yet read).
-  if (d.in_flight > 0 && d.all_ended) {
-    absl::SleepFor(std::min(linger, deadline - absl::Now()));
-  }
+  gate_.Drain(deadline, linger, absl::StrCat("cascade-worker ", worker_id_));
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* context,

@@ -10,6 +10,7 @@
 #include "cascade/v2/worker.grpc.pb.h"
 #include "common/internal_auth.h"
 #include "common/mutex.h"
+#include "common/stream_gate.h"
 #include "gpu_worker/engine/engine_loop.h"
 #include "gpu_worker/service/kv_serve.h"
 #include "gpu_worker/service/peer_fetch.h"
@@ -17,30 +18,6 @@
 namespace cascade::worker {
 
 class WorkerMetrics;
-
-// Generate streams in flight, and whether new ones are still let in: a draining worker finishes
-// the streams it has while its server still holds their connections open, and refuses new ones.
-// Thread-safe.
-class StreamGate {
- public:
-  // Counts a new stream in; false (nothing counted) once draining.
-  bool Enter();
-  // A stream counted by Enter() ended (its RPC is done).
-  void Leave();
-  // Lets no stream in from now on, then waits until none is in flight or `deadline`. Returns
-  // how many were in flight when it began and whether all ended in time.
-  struct Drained {
-    int in_flight = 0;
-    bool all_ended = false;
-  };
-  Drained DrainUntil(absl::Time deadline);
-
- private:
-  Mutex mu_;
-  CondVar ended_;
-  int active_ ABSL_GUARDED_BY(mu_) = 0;
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;
-};
 
 // Thread-safe; the loop must outlive the service and any RPC in flight.
 class WorkerService final : public cascade::v2::WorkerService::CallbackService {
@@ -96,7 +73,7 @@ class WorkerService final : public cascade::v2::WorkerService::CallbackService {
   std::atomic<int64_t> fetch_fallbacks_{0};
   Mutex faults_mu_;
   FetchFaults faults_ ABSL_GUARDED_BY(faults_mu_);
-  StreamGate gate_;
+  common::StreamGate gate_;
 };
 
 // Who may call what on a worker under internal auth: Generate is the gateway's; FetchKv is other

@@ -186,6 +186,10 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
       server.max_message_bytes, 4 * static_cast<int64_t>(MaxRequestBytes(opts.limits)));
   g->runner_ = std::make_unique<common::ServerRunner>(server);
   g->runner_->AddService({g->service_.get(), cascade::v2::GatewayService::service_full_name()});
+  // Streams in flight (HTTP ones too: they are calls on the in-process channel) finish while
+  // their connections are still open, new ones are refused as draining (stream_gate.h).
+  GatewayService* svc = g->service_.get();
+  g->runner_->AddDrainCallback([svc](absl::Time deadline) { svc->DrainStreams(deadline); });
   g->drain_ = config.server.drain_timeout;
   if (absl::Status s = g->runner_->Start(); !s.ok()) return s;
   if (config.http_port >= 0) {
@@ -225,7 +229,7 @@ void GatewayServer::Wait() {
 
 void GatewayServer::Shutdown(absl::Duration drain) {
   // New HTTP requests get 503; open HTTP streams are gRPC calls on the in-process channel, so the
-  // server's drain ends them; the front then stops.
+  // server's drain (the service's streams first, stream_gate.h) ends them; the front then stops.
   if (http_) http_->StopAccepting();
   if (runner_) runner_->Shutdown(drain);
   http_.reset();

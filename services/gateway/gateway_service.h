@@ -11,6 +11,7 @@
 #include "cache_service/client/registry_client.h"
 #include "cascade/v2/gateway.grpc.pb.h"
 #include "common/grpc_status.h"
+#include "common/stream_gate.h"
 #include "services/gateway/admission.h"
 #include "services/gateway/breaker.h"
 #include "services/gateway/gateway_metrics.h"
@@ -96,6 +97,16 @@ class GatewayService final : public GatewayBase {
   TurnParams NewTurnParams(const Prompt& prompt, std::string request_id,
                            const grpc::CallbackServerContext* context);
   std::string NewRequestId();
+  // Generate and Chat streams in flight (common/stream_gate.h): the handlers count a stream in
+  // (EnterStream: false once draining) and its reactor leaves when its RPC is done.
+  bool EnterStream() { return streams_.Enter(); }
+  void LeaveStream() { streams_.Leave(); }
+  // Drain, before the server stops: new Generate and Chat streams are refused UNAVAILABLE ("is
+  // draining"; clients retry on another replica) and those in flight may finish until
+  // `deadline`, plus a moment for their last frames to land.
+  void DrainStreams(absl::Time deadline, absl::Duration linger = absl::Milliseconds(200)) {
+    streams_.Drain(deadline, linger, "cascade-gateway");
+  }
 
  private:
   grpc::Status DoTokenize(const cascade::v2::TokenizeRequest& request,
@@ -126,6 +137,7 @@ class GatewayService final : public GatewayBase {
   Breaker registry_breaker_{"registry", {}};
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> route_ticket_{0};  // numbers requests for --route_policy round_robin/random
+  common::StreamGate streams_;
 };
 
 using common::ToGrpc;

@@ -206,6 +206,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   void OnDone() override {
     if (grant_) svc_->Release(*grant_);
+    svc_->LeaveStream();  // counted in by the handler
     Unref();
   }
 
@@ -418,6 +419,7 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 
   void OnDone() override {
     if (grant_) svc_->Release(*grant_);
+    svc_->LeaveStream();  // counted in by the handler
     Unref();
   }
 
@@ -585,10 +587,22 @@ class RegisterSink final : public TurnSink {
   std::atomic<int> pending_{0};  // pins outstanding + 1 until TurnDone has issued them all
 };
 
+// A stream refused before anything else (the gateway is draining): finished at once.
+template <typename Base>
+class Refused final : public Base {
+ public:
+  Refused() {
+    this->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                              "the gateway is draining (shutting down); retry on another replica"));
+  }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GatewayService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  if (!EnterStream()) return new Refused<grpc::ServerWriteReactor<grpc::ByteBuffer>>();
   auto* r = new GenerateReactor(this, context);
   r->Begin(*request);
   return r;
@@ -596,6 +610,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GatewayService::Generate(
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* GatewayService::Chat(
     grpc::CallbackServerContext* context) {
+  if (!EnterStream()) {
+    return new Refused<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>();
+  }
   return new ChatReactor(this, context);
 }
 

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "tests/integration/stack.h"
 
 namespace cascade::testing {
@@ -130,6 +131,34 @@ TEST(ScaleTest, AWorkerDrainedLikeSigtermFailsNoRequest) {
   for (size_t i = after_drain + 4; i < replies.size(); ++i) {
     EXPECT_EQ(replies[i].start.worker_id(), "w0") << i;
   }
+}
+
+// A gateway drained the way SIGTERM drains it lets the stream it is serving finish whole while
+// it still holds the client's connection, and refuses a new one at once with UNAVAILABLE saying
+// it is draining (a client or load balancer retries it on another replica).
+TEST(ScaleTest, ADrainedGatewayFinishesItsStreamAndRefusesNewOnesAsDraining) {
+  Stack stack({.workers = 1});
+  absl::Notification started;
+  Reply in_flight;
+  std::thread reader([&] {
+    in_flight = Generate(stack.gateway(), Req("You are terse.", "Count slowly.", 300), 120000, {},
+                         [&] { started.Notify(); });
+    if (!started.HasBeenNotified()) started.Notify();  // it failed before starting
+  });
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(30)));
+
+  std::thread drain([&] { stack.gateway_server().Shutdown(absl::Seconds(60)); });
+  absl::SleepFor(absl::Milliseconds(300));  // the drain is under way; the long stream runs on
+  Reply refused = Generate(stack.gateway(), Req("You are terse.", "Hi", 4), 10000);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(refused.status.error_message().find("is draining"), std::string::npos)
+      << refused.status.error_message();
+
+  reader.join();
+  drain.join();
+  ASSERT_TRUE(in_flight.status.ok()) << in_flight.status.error_message();
+  EXPECT_EQ(in_flight.tokens.size(), 300u);
+  EXPECT_TRUE(in_flight.has_finish);
 }
 
 TEST(ScaleTest, TwoGatewaysBehindOneRegistrySendAPrefixToTheSameHolder) {

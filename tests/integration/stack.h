@@ -291,9 +291,11 @@ struct Reply {
   bool has_finish = false;
 };
 
+// `on_start` (optional) runs when the start message arrives.
 inline Reply Generate(cascade::v2::GatewayService::Stub& stub,
                       const cascade::v2::GenerateRequest& req, int timeout_ms = 60000,
-                      const std::vector<std::pair<std::string, std::string>>& md = {}) {
+                      const std::vector<std::pair<std::string, std::string>>& md = {},
+                      const std::function<void()>& on_start = nullptr) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
   for (auto& [k, v] : md) ctx.AddMetadata(k, v);
@@ -301,7 +303,10 @@ inline Reply Generate(cascade::v2::GatewayService::Stub& stub,
   Reply r;
   cascade::v2::GenerateResponse m;
   while (reader->Read(&m)) {
-    if (m.has_start()) r.start = m.start();
+    if (m.has_start()) {
+      r.start = m.start();
+      if (on_start) on_start();
+    }
     if (m.has_delta()) {
       r.tokens.insert(r.tokens.end(), m.delta().token_ids().begin(), m.delta().token_ids().end());
       r.texts.push_back(m.delta().text());
