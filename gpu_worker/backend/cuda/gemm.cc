@@ -75,6 +75,14 @@ struct Problem {
   }
 };
 
+// Whether cuBLASLt runs `algo` on problem p within the workspace.
+bool Accepts(cublasLtHandle_t handle, const Problem& p, const cublasLtMatmulAlgo_t& algo) {
+  cublasLtMatmulHeuristicResult_t r;
+  return cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c, &algo, &r) ==
+             CUBLAS_STATUS_SUCCESS &&
+         r.workspaceSize <= kWorkspaceBytes;
+}
+
 // Whether work on `stream` is being captured into a graph (first-use work must not be).
 bool IsCapturing(Stream stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -296,12 +304,7 @@ absl::StatusOr<const Gemm::Algo*> Gemm::PinnedFor(int m, int n, int k, GemmOut o
   if (checked_.count(ck) > 0) return *pinned;
   Problem p;
   RETURN_IF_ERROR(p.Init(m, n, k, out, splits));
-  cublasLtMatmulHeuristicResult_t r;
-  const bool ok =
-      cublasLtMatmulAlgoCheck(static_cast<cublasLtHandle_t>(handle_), p.desc, p.a, p.b, p.c, p.c,
-                              &(*pinned)->algo, &r) == CUBLAS_STATUS_SUCCESS &&
-      r.workspaceSize <= kWorkspaceBytes;
-  if (!ok) return nullptr;
+  if (!Accepts(static_cast<cublasLtHandle_t>(handle_), p, (*pinned)->algo)) return nullptr;
   checked_.insert(ck);
   return *pinned;
 }
@@ -621,12 +624,7 @@ absl::Status Gemm::Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void*
     for (int i = 0; i < found && rec.pinned_us > 0; ++i) {
       cublasLtMatmulAlgo_t algo = result[i].algo;
       NoSplitK(&algo);
-      cublasLtMatmulHeuristicResult_t r;
-      if (cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c, &algo, &r) !=
-              CUBLAS_STATUS_SUCCESS ||
-          r.workspaceSize > kWorkspaceBytes) {
-        continue;
-      }
+      if (!Accepts(handle, p, algo)) continue;
       ++rec.candidates;
       if (launch(algo, tmp->data()) != CUBLAS_STATUS_SUCCESS) continue;
       RETURN_IF_ERROR(Synchronize(stream));
@@ -675,10 +673,7 @@ absl::Status Gemm::PreparePrefill(const Bf16* w, int n, int k, GemmOut out, Stre
                           s) == CUBLAS_STATUS_SUCCESS;
   };
   auto accepts = [&](const cublasLtMatmulAlgo_t& algo, int i) {
-    cublasLtMatmulHeuristicResult_t r;
-    return cublasLtMatmulAlgoCheck(handle, p[i].desc, p[i].a, p[i].b, p[i].c, p[i].c, &algo, &r) ==
-               CUBLAS_STATUS_SUCCESS &&
-           r.workspaceSize <= kWorkspaceBytes;
+    return Accepts(handle, p[i], algo);
   };
   // The outputs at `big` and at `odd` rows, to the host.
   auto outputs = [&](const cublasLtMatmulAlgo_t& algo, void* dst,
@@ -757,12 +752,7 @@ absl::Status Gemm::RunCublas(const Bf16* x, const Bf16* w, int m, int n, int k, 
     if (it != prefill_.end() && it->second != nullptr) {
       auto [usable, fresh] =
           prefill_usable_.try_emplace(std::make_tuple(m, n, k, static_cast<int>(out)), false);
-      if (fresh) {
-        cublasLtMatmulHeuristicResult_t r;
-        usable->second = cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c,
-                                                 &it->second->algo, &r) == CUBLAS_STATUS_SUCCESS &&
-                         r.workspaceSize <= kWorkspaceBytes;
-      }
+      if (fresh) usable->second = Accepts(handle, p, it->second->algo);
       if (usable->second) algo = it->second.get();
     }
   }
