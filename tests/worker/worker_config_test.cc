@@ -89,15 +89,16 @@ TEST(WorkerConfigTest, CudaGemmSettingsOutsideTheirRangeAreRefused) {
   ASSERT_NE(model, nullptr);
   WorkerConfig c;
   c.kv_blocks = 16;
+  // c is refused INVALID_ARGUMENT with a message holding `why`.
+  auto expect_refused = [&](const std::string& why) {
+    auto b = MakeBackend("cpu", *model, c);
+    ASSERT_FALSE(b.ok()) << why;
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(b.status().message().find(why), std::string::npos) << b.status();
+  };
   for (int bad : {-1, 65, 1 << 30}) {
     c.decode_gemm_max_m = bad;
-    auto b = MakeBackend("cpu", *model, c);
-    ASSERT_FALSE(b.ok()) << bad;
-    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(b.status().message().find("--decode_gemm_max_m=" + std::to_string(bad) +
-                                        ": must be in [0, 64]"),
-              std::string::npos)
-        << b.status();
+    expect_refused("--decode_gemm_max_m=" + std::to_string(bad) + ": must be in [0, 64]");
   }
   for (int good : {0, 64}) {
     c.decode_gemm_max_m = good;
@@ -105,12 +106,7 @@ TEST(WorkerConfigTest, CudaGemmSettingsOutsideTheirRangeAreRefused) {
   }
   // --persistent_decode_min_tiles below -1 the same way; -1 (never) and 0 (any length) load.
   c.persistent_decode_min_tiles = -2;
-  auto p = MakeBackend("cpu", *model, c);
-  ASSERT_FALSE(p.ok());
-  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(p.status().message().find("--persistent_decode_min_tiles=-2: must be >= -1"),
-            std::string::npos)
-      << p.status();
+  expect_refused("--persistent_decode_min_tiles=-2: must be >= -1");
   for (int good : {-1, 0}) {
     c.persistent_decode_min_tiles = good;
     EXPECT_TRUE(MakeBackend("cpu", *model, c).ok()) << good;
@@ -118,20 +114,12 @@ TEST(WorkerConfigTest, CudaGemmSettingsOutsideTheirRangeAreRefused) {
   c.persistent_decode_min_tiles = cuda::kDefaultPersistentDecodeMinTiles;
   // --gemm_tune_min_hidden below 0 the same way; 0 (never tuned by default) loads.
   c.gemm_tune_min_hidden = -1;
-  auto b = MakeBackend("cpu", *model, c);
-  ASSERT_FALSE(b.ok());
-  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(b.status().message().find("--gemm_tune_min_hidden=-1: must be >= 0"), std::string::npos)
-      << b.status();
+  expect_refused("--gemm_tune_min_hidden=-1: must be >= 0");
   c.gemm_tune_min_hidden = 0;
   EXPECT_TRUE(MakeBackend("cpu", *model, c).ok());
   // --gemm_prefill_min_m below 0 the same way; 0 (off) loads.
   c.gemm_prefill_min_m = -5;
-  auto g = MakeBackend("cpu", *model, c);
-  ASSERT_FALSE(g.ok());
-  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(g.status().message().find("--gemm_prefill_min_m=-5: must be >= 0"), std::string::npos)
-      << g.status();
+  expect_refused("--gemm_prefill_min_m=-5: must be >= 0");
   c.gemm_prefill_min_m = 0;
   EXPECT_TRUE(MakeBackend("cpu", *model, c).ok());
 }
