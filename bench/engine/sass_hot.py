@@ -1,6 +1,7 @@
 """Reads ncu's `--page source --print-source sass --csv` export of one kernel and prints the
 instructions with the most warp stall samples (with their address and share) and the samples
-summed per opcode. Usage: sass_hot.py FILE.csv [TOP]."""
+summed per opcode; with CONTEXT > 0, the CONTEXT instructions before each of the 10 hottest (and
+2 after), to tell which wait a branch or barrier is. Usage: sass_hot.py FILE.csv [TOP] [CONTEXT]."""
 import collections
 import csv
 import sys
@@ -8,6 +9,7 @@ import sys
 
 def main():
     path, top = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 40
+    context = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     lines = [l for l in open(path, errors="replace") if l.startswith('"')]
     rows = list(csv.reader(lines))
     start = next(i for i, r in enumerate(rows) if "Address" in r and "Source" in r)
@@ -83,6 +85,14 @@ def main():
     print("by opcode (stall samples %, executed %):")
     for op, s in by_op.most_common(25):
         print(f"  {op:10s} {100 * s / total:5.1f}% {100 * by_op_e[op] / total_e:5.1f}%")
+    if context > 0:
+        order = sorted(range(len(data)), key=lambda i: data[i][0], reverse=True)[:10]
+        for i in order:
+            print(f"-- around {data[i][2]} ({100 * data[i][0] / total:.1f}%):")
+            for k in range(max(0, i - context), min(len(data), i + 3)):
+                s, e, a, t = data[k]
+                mark = ">>" if k == i else "  "
+                print(f"{mark} {k:5d} {100 * s / total:5.1f}% {e:9.0f}  {t}")
 
 
 main()

@@ -3,7 +3,8 @@
 // three-level prefix tree (flat vs single-level grouping vs every-tile cascade), and prefill
 // attention in TFLOP/s. Prints one table; see bench/kernels/RESULTS.md.
 //   cuda_attention_bench [--quick | --cascade-only | --prefill-only] [--block=16 (tokens per KV
-//   block)] [--decode=B,CTX (only the decode rows of that shape: for a profiler)]
+//   block)] [--decode=B,CTX (only the decode rows of that shape, CTX 0: the mixed rows; for a
+//   profiler)]
 //   [--shared=B (only the shared-prefix rows of batch B, 16 or 64)]
 #include <cuda_runtime_api.h>
 
@@ -452,9 +453,10 @@ int main(int argc, char** argv) {
                       &cascade::cuda::g_only_ctx) != 2 ||
           (cascade::cuda::g_only_ctx != 145 && cascade::cuda::g_only_ctx != 160 &&
            cascade::cuda::g_only_ctx != 384 && cascade::cuda::g_only_ctx != 1024 &&
-           cascade::cuda::g_only_ctx != 4096)) {
+           cascade::cuda::g_only_ctx != 4096 && cascade::cuda::g_only_ctx != 0)) {
         std::fprintf(stderr,
-                     "--decode=B,CTX: B in 1, 16, 64, 256; CTX 145, 160, 384, 1024 or 4096\n");
+                     "--decode=B,CTX: B in 1, 16, 64, 256; CTX 145, 160, 384, 1024, 4096 or 0 "
+                     "(mixed: B >= 64)\n");
         return 2;
       }
     } else {

@@ -56,13 +56,15 @@ __device__ __forceinline__ void Zero(float (&r)[N]) {
 // Tile softmax of a warpgroup's 64 x 64 scores (the wgmma accumulator layout: rows g and g + 8
 // of each warp): RowSoftmax per row and the running (m, l) update, P rounded to bf16 into pa (the
 // register A operand of P V), and the weights (w, valid) that fold the tile's O_t (WgFold).
-template <bool kMask>
+// kHalves 1: only the lane's first row (g; the persistent decode kernel's 8 q-rows), the second
+// row's scores are packed into pa as they are (that row's results are never stored).
+template <bool kMask, int kHalves = 2>
 __device__ __forceinline__ void WgSoftmax(float (&sc)[32], const int (&pos)[2], int ts, int t4,
                                           float scale_log2, float (&m)[2], float (&l)[2],
                                           FoldWeights (&w)[2], bool (&valid)[2],
                                           uint32_t (&pa)[kT / 16][4]) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < kHalves; ++h) {
     float x[16];
 #pragma unroll
     for (int n = 0; n < kT / 8; ++n) {
@@ -92,13 +94,14 @@ __device__ __forceinline__ void WgSoftmax(float (&sc)[32], const int (&pos)[2], 
   }
 }
 // Folds a tile's O_t into o with WgSoftmax's weights; kCheck: the tile was masked, so a row may
-// have seen none of its keys (skipped: a bitwise no-op).
-template <bool kCheck>
+// have seen none of its keys (skipped: a bitwise no-op). kHalves 1: the lane's first row only.
+template <bool kCheck, int kHalves = 2>
 __device__ __forceinline__ void WgFold(float (&o)[64], const float (&ot)[64],
                                        const FoldWeights (&w)[2], const bool (&valid)[2]) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int h = (i >> 1) & 1;
+    if (h >= kHalves) continue;
     if (!kCheck || valid[h]) o[i] = FoldElem(o[i], w[h], ot[i]);
   }
 }
@@ -388,7 +391,24 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
     const uint32_t ks = ring.kv0 + 2 * s * kWgTileBytes, vs = ks + kWgTileBytes;
     const uint32_t full = ring.full0 + 8 * s;
     const int npf = max(0, min(kT / kPiece, (kv_len - ts) / kPiece));  // TMA pieces
+    const uint32_t tma_bytes = npf * (2 * 2 * kPiece * 128);
+    auto issue_tma = [&]() {
+      if (lane < npf) {
+        const uint32_t off = lane * kPiece * 128;
+        TmaLoad2d(ks + off, tk, 0, prow, full);
+        TmaLoad2d(ks + kT * 128 + off, tk, 64, prow, full);
+        TmaLoad2d(vs + off, tv, 0, prow, full);
+        TmaLoad2d(vs + kT * 128 + off, tv, 64, prow, full);
+      }
+    };
     if (npf < kT / kPiece) {  // the item's last tile: rows from kPiece * npf copied by lanes
+      if (kAsyncTail) {
+        // The tile's pieces are copied while the lanes copy the rest: the bytes are expected
+        // first and the one arrival of the phase comes after the lanes' rows have landed.
+        if (lane == 0) MbarExpectTx(full, tma_bytes);
+        __syncwarp();
+        issue_tma();
+      }
       unsigned char* Kd = ring.kv + 2 * s * kWgTileBytes;
       unsigned char* Vd = Kd + kWgTileBytes;
       const int j0 = npf * kPiece;
@@ -422,16 +442,14 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
       }
       FenceProxyAsync();  // these shared-memory writes are read by wgmma (the async proxy)
       __syncwarp();
+      if (kAsyncTail) {
+        if (lane == 0) MbarArrive(full);
+        continue;
+      }
     }
-    if (lane == 0) MbarArriveExpectTx(full, npf * (2 * 2 * kPiece * 128));
+    if (lane == 0) MbarArriveExpectTx(full, tma_bytes);
     __syncwarp();
-    if (lane < npf) {
-      const uint32_t off = lane * kPiece * 128;
-      TmaLoad2d(ks + off, tk, 0, prow, full);
-      TmaLoad2d(ks + kT * 128 + off, tk, 64, prow, full);
-      TmaLoad2d(vs + off, tv, 0, prow, full);
-      TmaLoad2d(vs + kT * 128 + off, tv, 64, prow, full);
-    }
+    issue_tma();
   }
 }
 
@@ -445,11 +463,17 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
 // PrefillTile's, only the schedule differs. Each stage read goes back to the load warp (one
 // arrival per warp). kPingPong: the two warpgroups (wg 0 and 1) take turns issuing their MMAs
 // (named barriers 2 and 3), so one's softmax overlaps the other's tensor-core work.
-template <bool kPingPong, int kStages, int kQRows>
+// kRowWarp (the persistent decode kernel, whose <= 8 q-rows repeat over the 64 MMA rows): only
+// the warp with `active` runs the softmax and the fold, for its lanes' first rows (the rest
+// issue the MMAs and release stages, their results never stored): the same arithmetic for those
+// rows, a quarter of the warpgroup's and half of that warp's instructions.
+template <bool kPingPong, int kStages, int kQRows, bool kRowWarp = false>
 __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t q_addr,
                                             uint32_t q_sbo, int tile_begin, int ntiles, int lo,
                                             int hi, const int (&pos)[2], int wg, int lane,
-                                            float scale_log2, float (&o)[64], float (&l)[2]) {
+                                            float scale_log2, float (&o)[64], float (&l)[2],
+                                            bool active = true) {
+  constexpr int kHalves = kRowWarp ? 1 : 2;
   const int t4 = lane & 3;
   // Tiles this warpgroup reads: a prefix of the item's (ts <= hi).
   const int nact = hi < 0 ? 0 : min(ntiles, max(0, (hi / kT) - tile_begin + 1));
@@ -457,6 +481,10 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
   l[0] = l[1] = 0.f;
   Zero(o);
   uint32_t pa[kT / 16][4];
+  if (kRowWarp) {  // the inactive warps' P operands (their rows' products are never read)
+#pragma unroll
+    for (int kk = 0; kk < kT / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+  }
   FoldWeights wp[2];
   bool vp[2] = {false, false};
   const uint64_t dq = WgmmaDesc(q_addr, 16, q_sbo);
@@ -482,11 +510,13 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
   // Tile i's softmax (P into pa, fold weights into wp / vp); mask_tag: std::true_type when some
   // key of the tile is past some row's position (the diagonal, the sequence's last tile).
   auto softmax = [&](auto mask_tag, float(&sc)[32], int i) {
-    WgSoftmax<decltype(mask_tag)::value>(sc, pos, (tile_begin + i) * kT, t4, scale_log2, m, l, wp,
-                                         vp, pa);
+    if (kRowWarp && !active) return;
+    WgSoftmax<decltype(mask_tag)::value, kHalves>(sc, pos, (tile_begin + i) * kT, t4, scale_log2, m,
+                                                  l, wp, vp, pa);
   };
   auto fold = [&](auto check_tag, const float(&ot)[64]) {
-    WgFold<decltype(check_tag)::value>(o, ot, wp, vp);
+    if (kRowWarp && !active) return;
+    WgFold<decltype(check_tag)::value, kHalves>(o, ot, wp, vp);
   };
   using Masked = std::true_type;
   using Unmasked = std::false_type;
@@ -512,9 +542,10 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
       softmax(Masked{}, sc, 0);
     }
   }
-  // Tile i: S_i issued with P_{i-1} V_{i-1}; then the fold of tile i - 1 and the softmax of
-  // tile i (one basic block, so the fold's independent FMAs fill the softmax's latencies),
-  // then tile i - 1's stage goes back to the load warp.
+  // Tile i: S_i issued with P_{i-1} V_{i-1}; once they are done tile i - 1's stage goes back to
+  // the load warp (its copies then overlap this tile's math), then the fold of tile i - 1 and
+  // the softmax of tile i (one basic block, so the fold's independent FMAs fill the softmax's
+  // latencies).
   auto step = [&](auto prev_tag, auto cur_tag, int i) {
     wait_full(i);
     float sc[32], ot[64];
@@ -531,9 +562,9 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
     WgmmaWait<0>();
     FenceRegs(sc);
     FenceRegs(ot);
+    release(i - 1);
     fold(prev_tag, ot);
     softmax(cur_tag, sc, i);
-    release(i - 1);
   };
   int i = 1;
   for (; i < nfull; ++i) step(Unmasked{}, Unmasked{}, i);
@@ -548,12 +579,12 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
     WgmmaCommit();
     WgmmaWait<0>();
     FenceRegs(ot);
+    release(nact - 1);
     if (nact > nfull) {
       fold(Masked{}, ot);
     } else {
       fold(Unmasked{}, ot);
     }
-    release(nact - 1);
   }
   for (int j = nact; j < ntiles; ++j) {  // tiles past this warpgroup's rows
     wait_full(j);
@@ -638,22 +669,33 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 // kFoldFinish from tile 0). The shared-memory split form copies each tile and then waits for it,
 // so it reads at 83-96% of the copy bandwidth at contexts of 1k-4k (bench/kernels/RESULTS.md).
 // Here a fixed grid (one CTA per SM) runs the items (x kv heads) persistently: each CTA's two
-// consumer warpgroups take (item, kv head) works from a shared counter in the plan's order
-// (longest first: a greedy longest-processing-time schedule, so rows of mixed lengths end
-// together), each fed by two warps of its own: an item warp that takes the consumer's next work
-// as soon as an item buffer is free and puts its Q rows (into one of two 8-row swizzled buffers),
-// positions, output rows, fields and first-tile cache rows into shared memory, one work ahead of
-// the consumer, and a load warp whose ring of kDwStages K/V stages runs on into the next work
-// while the consumer computes the current one. Per item the consumer runs PrefillWsKernel's tile
-// loop (WsFoldTiles) from the empty state and writes the outputs: a row's bits are the prefill
-// kernel's, which are the split kernel's (cuda_attention_test: PrefillKernelsAgreeBitwise,
+// consumer warpgroups take (item, kv head) works in the plan's order (longest first), the first
+// three rounds dealt out (the second in reverse) and the rest from a shared counter (a greedy
+// longest-processing-time schedule, so rows of mixed lengths end together), each fed by two
+// warps of its own: an item warp that takes the consumer's next work once it is on the one
+// before (two before, after a short work: kDwShortTiles) and puts its Q rows (into one of
+// kDwItemBufs 8-row swizzled buffers), positions, output rows, fields and first-tile cache rows
+// into shared memory, and a load warp whose ring of kDwStages K/V stages runs on into the next
+// work while the consumer computes the current one. Per item the consumer runs PrefillWsKernel's
+// tile loop (WsFoldTiles) from the empty state and writes the outputs: a row's bits are the
+// prefill kernel's, which are the split kernel's (cuda_attention_test: PrefillKernelsAgreeBitwise,
 // CachedPrefillEqualsColdPrefillBitwise, PersistentDecodeFormEqualsSplitFormsBitwise). Q is read
-// with an 8-row-group stride of 0, so the warpgroup's 64 MMA rows repeat the buffer's 8; rows
-// past nq have position -1 (every key masked) and are never stored.
+// with an 8-row-group stride of 0, so the warpgroup's 64 MMA rows repeat the buffer's 8: one warp
+// of the four (its lanes' first rows) runs the softmax and fold and stores the rows; the others
+// only take part in the MMAs (measured: the consumer's instructions, not the copies, bound short
+// rows; bench/kernels/NOTES.md).
 constexpr int kDwStages = 3;
 constexpr int kDwQRows = 8;
 constexpr int kDwQBytes = kDwQRows * kWgRowBytes;
-constexpr size_t kDwSmemBytes = 1024 + 2 * (2 * kDwQBytes + 2 * kDwStages * kWgTileBytes);
+// Item buffers per consumer: its current work and up to two taken ahead (kDwShortTiles).
+constexpr int kDwItemBufs = 3;
+// A consumer's item warp takes a work two ahead of it (not one) after a work of at most this
+// many tiles: finding a work (the counter, its fields, its row, then Q and its first cache
+// rows: four dependent global round trips) takes about as long as a consumer needs for a work
+// of three tiles, which then waited on it (bench/kernels/NOTES.md); long works keep one ahead,
+// so that the last works go to whichever consumers are free first.
+constexpr int kDwShortTiles = 8;
+constexpr size_t kDwSmemBytes = 1024 + 2 * (kDwItemBufs * kDwQBytes + 2 * kDwStages * kWgTileBytes);
 
 // An item as its item warp leaves it in shared memory for the load warp and the consumer.
 struct DwItem {
@@ -666,9 +708,9 @@ struct DwItem {
 struct DwShared {
   uint64_t full[2][kDwStages];
   uint64_t empty[2][kDwStages];
-  uint64_t item_full[2][2];   // consumer c's item buffer b filled (its item warp, one arrival)
-  uint64_t item_empty[2][2];  // ... and done with (its consumer's four warps)
-  DwItem item[2][2];
+  uint64_t item_full[2][kDwItemBufs];   // consumer c's item buffer b filled (its item warp)
+  uint64_t item_empty[2][kDwItemBufs];  // ... and done with (its consumer's four warps)
+  DwItem item[2][kDwItemBufs];
 };
 
 // work: [2] device ints, zero at launch: the next work to take, and the item warps that found
@@ -688,11 +730,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
   const uint32_t smem_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  // Consumer c's Q buffer b at (2 c + b) * kDwQBytes; its stages after the four Q buffers.
-  auto q_offset = [](int c, int b) { return (2 * c + b) * kDwQBytes; };
+  // Consumer c's Q buffer b at (kDwItemBufs c + b) * kDwQBytes; the stages after the Q buffers.
+  auto q_offset = [](int c, int b) { return (kDwItemBufs * c + b) * kDwQBytes; };
   auto bar = [](uint64_t& b) { return static_cast<uint32_t>(__cvta_generic_to_shared(&b)); };
   auto ring_of = [&](int c) {
-    const int off = 4 * kDwQBytes + c * 2 * kDwStages * kWgTileBytes;
+    const int off = 2 * kDwItemBufs * kDwQBytes + c * 2 * kDwStages * kWgTileBytes;
     return WsRing{bar(sh.full[c][0]), bar(sh.empty[c][0]), smem_addr + off, smem + off};
   };
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -702,7 +744,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         MbarInit(bar(sh.full[c][s]), 1);
         MbarInit(bar(sh.empty[c][s]), 4);
       }
-      for (int b = 0; b < 2; ++b) {
+      for (int b = 0; b < kDwItemBufs; ++b) {
         MbarInit(bar(sh.item_full[c][b]), 1);
         MbarInit(bar(sh.item_empty[c][b]), 4);
       }
@@ -710,7 +752,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     MbarInitFence();
   }
   // Q buffers start as zeros: rows past an item's q-rows are multiplied, never stored.
-  for (int i = tid; i < 4 * kDwQBytes / 16; i += kWsThreads) {
+  for (int i = tid; i < 2 * kDwItemBufs * kDwQBytes / 16; i += kWsThreads) {
     reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
   }
   FenceProxyAsync();
@@ -720,14 +762,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int hkv = a.cache.num_kv_heads, G = a.num_q_heads / hkv;
   const int works = count * hkv;  // (item, kv head) pairs, kv head fastest
   // walk_items: consumer c's works in order, each once its item warp has filled item buffer b
-  // (the j-th work in buffer j % 2), until the buffer that says there are no more:
+  // (the j-th work in buffer j % kDwItemBufs), until the buffer that says there are no more:
   // fn(item, work w, ring position n of its first tile, b, its tiles). The item buffer may be
   // refilled once the consumer has released it (item_empty): its tiles are read before fn.
   auto walk_items = [&](int c, auto fn) {
     int n = 0;
     for (int j = 0;; ++j) {
-      const int b = j & 1;
-      MbarWait(bar(sh.item_full[c][b]), (j >> 1) & 1);
+      const int b = j % kDwItemBufs;
+      MbarWait(bar(sh.item_full[c][b]), (j / kDwItemBufs) & 1);
       const DwItem& d = sh.item[c][b];
       const int w = d.work;
       if (w < 0) break;
@@ -741,19 +783,29 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // spilled at 224 for the consumers); 56 * 128 + 224 * 256 <= 64K.
     SetMaxRegsDec<56>();
     const int c = warp & 1;
-    if (warp >= 2) {  // item warp of consumer c
+    if (warp >= 2) {                                   // item warp of consumer c
+      const int nc = 2 * static_cast<int>(gridDim.x);  // consumers
+      const int cs = c * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+      int prev_tiles = 0;  // of the work taken last
       for (int j = 0;; ++j) {
-        const int b = j & 1;
-        // The next work is taken once buffer b is free (the consumer is then on the work before
-        // it), so a consumer holds at most one work ahead and the last works go to whichever
-        // consumers are free first.
-        if (j >= 2) MbarWait(bar(sh.item_empty[c][b]), ((j >> 1) - 1) & 1);
+        const int b = j % kDwItemBufs;
+        // Work j is taken once the consumer is on work j - 1 (it has finished j - 2), or on
+        // j - 2 after a short work (kDwShortTiles): so it holds at most one work ahead (two
+        // after short ones) and the last works go to whichever consumers are free first.
+        // Buffer b is free then (its work j - 3 finished).
+        if (j >= kDwItemBufs || (j >= 2 && prev_tiles > kDwShortTiles)) {
+          const int f = prev_tiles > kDwShortTiles ? j - 2 : j - 3;  // the work to finish
+          MbarWait(bar(sh.item_empty[c][f % kDwItemBufs]), (f / kDwItemBufs) & 1);
+        }
         DwItem& d = sh.item[c][b];
-        // The first works go one per consumer, consumer 0 of every CTA first (so that a step of
-        // fewer works than consumers spreads them over the SMs); the rest from the counter.
-        int w = c * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
-        if (j > 0) {
-          if (lane == 0) w = 2 * static_cast<int>(gridDim.x) + atomicAdd(&work[0], 1);
+        // The first three rounds of works are dealt out without the counter, one work per
+        // consumer a round, consumer 0 of every CTA first (so that a step of fewer works than
+        // consumers spreads them over the SMs), the second round in reverse (the plan is longest
+        // first: the consumer with the longest first work gets the shortest second); the rest
+        // from the counter.
+        int w = j == 0 ? cs : j == 1 ? 2 * nc - 1 - cs : 2 * nc + cs;
+        if (j >= 3) {
+          if (lane == 0) w = 3 * nc + atomicAdd(&work[0], 1);
           w = __shfl_sync(0xffffffffu, w, 0);
         }
         if (w >= works) {
@@ -775,6 +827,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
         const int table_offset = it[0], tile_begin = it[1], ntiles = it[2] - it[1];
         const int row_begin = it[3], nq = it[4] * G, kv_len = it[5];
+        prev_tiles = ntiles;
         unsigned char* qbuf = smem + q_offset(c, b);
         for (int idx = lane; idx < nq * (kWgD / 8); idx += 32) {
           const int qi = idx / (kWgD / 8), cc = idx % (kWgD / 8);
@@ -816,33 +869,29 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     SetMaxRegsInc<224>();
     const int c = (warp - 4) >> 2, cw = (warp - 4) & 3;
     const WsRing ring = ring_of(c);
+    // The warp of this consumer that holds its q-rows: every 8-row group of the 64 MMA rows
+    // repeats the item's 8 (Q's group stride is 0), so any warp's first rows are the q-rows;
+    // ranks 2 and 3 put the two consumers' row warps on different schedulers, beside the item
+    // warps (warps 2, 3) rather than the load warps (0, 1).
+    const bool row_warp = cw == 2 + c;
     walk_items(c, [&](const DwItem& d, int w, int n, int b, int ntiles) {
       const int tile_begin = d.tile_begin, nq = d.nq;
-      int pos[2], lo = INT_MAX, hi = -1;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int qi = cw * 16 + (lane >> 2) + 8 * h;
-        pos[h] = qi < kDwQRows ? d.pos[qi] : -1;
-      }
+      const int pos[2] = {row_warp ? d.pos[lane >> 2] : -1, -1};  // -1 past nq
+      int lo = INT_MAX, hi = -1;
       for (int r = 0; r < nq; ++r) {
         lo = min(lo, d.pos[r]);
         hi = max(hi, d.pos[r]);
       }
+      const int row = d.row[lane >> 2];
       float o[64], l[2];
-      WsFoldTiles<false, kDwStages, kDwQRows>(ring, n, smem_addr + q_offset(c, b), 0, tile_begin,
-                                              ntiles, lo, hi, pos, c, lane, k.scale_log2, o, l);
-      int rows[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int qi = cw * 16 + (lane >> 2) + 8 * h;
-        rows[h] = qi < kDwQRows ? d.row[qi] : 0;
-      }
+      WsFoldTiles<false, kDwStages, kDwQRows, true>(ring, n, smem_addr + q_offset(c, b), 0,
+                                                    tile_begin, ntiles, lo, hi, pos, c, lane,
+                                                    k.scale_log2, o, l, row_warp);
       // Every S of the item has completed (WsFoldTiles waited on each) and its fields are read:
       // the item buffer may refill.
       __syncwarp();
       if (lane == 0) MbarArrive(bar(sh.item_empty[c][b]));
-      WgStoreRowsBy(a, nq, w % hkv, cw * 16, lane, o, l,
-                    [&](int qi) { return rows[(qi >> 3) & 1]; });
+      if (row_warp) WgStoreRowsBy(a, nq, w % hkv, 0, lane, o, l, [&](int) { return row; });
     });
   }
 #else
