@@ -16,7 +16,8 @@ inline constexpr int kDefaultDecodeGemmMaxM = 64;
 inline constexpr int kDefaultGemmPrefillMinM = 1024;
 // CudaBackendOptions::persistent_decode_min_tiles: steps of whole decode rows averaging at least
 // this many 64-token tiles (or of one round of works) run on the persistent decode kernel
-// (Hopper).
-inline constexpr int kDefaultPersistentDecodeMinTiles = 6;
+// (Hopper). 2 since its consumers run the softmax on one warp (session 21: 1.25x the
+// shared-memory kernel on 3-tile rows, H200); rows of one tile were not measured.
+inline constexpr int kDefaultPersistentDecodeMinTiles = 2;
 
 }  // namespace cascade::cuda
