@@ -765,9 +765,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // (the j-th work in buffer j % kDwItemBufs), until the buffer that says there are no more:
   // fn(item, work w, ring position n of its first tile, b, its tiles). The item buffer may be
   // refilled once the consumer has released it (item_empty): its tiles are read before fn.
-  auto walk_items = [&](int c, auto fn) {
-    int n = 0;
-    for (int j = 0;; ++j) {
+  // j0, n0: the first work to walk and its first tile's ring position (the load warp walks from
+  // work 1 where it found work 0 itself).
+  auto walk_items = [&](int c, auto fn, int j0 = 0, int n0 = 0) {
+    int n = n0;
+    for (int j = j0;; ++j) {
       const int b = j % kDwItemBufs;
       MbarWait(bar(sh.item_full[c][b]), (j / kDwItemBufs) & 1);
       const DwItem& d = sh.item[c][b];
@@ -859,11 +861,24 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
     } else {  // load warp of consumer c
       const WsRing ring = ring_of(c);
-      walk_items(c, [&](const DwItem& d, int w, int n, int, int ntiles) {
-        WsLoadTiles<kDwStages, kPiece, true>(a, &tk, &tv, ring, n, d.table_offset, d.tile_begin,
-                                             ntiles, d.kv_len, w % hkv, lane,
-                                             lane < kT / 16 ? d.first_row[lane] : 0);
-      });
+      // Work 0 is dealt out (the consumer's index): its fields and first cache rows are read
+      // here, beside the item warp, so its first tiles are copied without waiting for its Q rows
+      // and positions (two global round trips less before a launch's first tile).
+      const int w0 = c * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+      if (w0 >= works) return;  // the item warp tells the consumer the same
+      const int32_t* it = k.items + static_cast<int64_t>(w0 / hkv) * kItemFields;
+      const int table_offset = it[0], tile_begin = it[1], ntiles = it[2] - it[1], kv_len = it[5];
+      WsLoadTiles<kDwStages, kPiece, true>(
+          a, &tk, &tv, ring, 0, table_offset, tile_begin, ntiles, kv_len, w0 % hkv, lane,
+          WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, w0 % hkv, lane, 0));
+      walk_items(
+          c,
+          [&](const DwItem& d, int w, int n, int, int ntiles) {
+            WsLoadTiles<kDwStages, kPiece, true>(a, &tk, &tv, ring, n, d.table_offset, d.tile_begin,
+                                                 ntiles, d.kv_len, w % hkv, lane,
+                                                 lane < kT / 16 ? d.first_row[lane] : 0);
+          },
+          1, ntiles);
     }
   } else {  // --------------------------------------------------------------------- consumers
     SetMaxRegsInc<224>();
