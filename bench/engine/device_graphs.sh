@@ -20,13 +20,8 @@ echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader
 fail=0
 if [[ " $SECTIONS " == *" tests "* ]]; then
-  for t in cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test; do
-    timeout 400 build-gpu/tests/$t >"$OUT/$t.log" 2>&1; rc=$?
-    [ $rc -ne 0 ] && fail=1
-    echo "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/$t.log" | tr '\n' ' ')"
-    grep -E "graph == eager|graph captures|identical:|cascade:" "$OUT/$t.log" | head -6
-    grep -B2 -A8 "Failure" "$OUT/$t.log" | head -40
-  done
+  . scripts/device_gpu_tests.sh
+  run_gpu_tests 400 "graph == eager|graph captures|identical:|cascade:"
   echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 fi
 B="--backend=cuda"

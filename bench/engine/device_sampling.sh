@@ -20,13 +20,8 @@ bash scripts/device_build.sh $T >"$OUT/build.log" 2>&1 || { tail -60 "$OUT/build
 echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 fail=0
-for t in cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test; do
-  timeout 300 build-gpu/tests/$t >"$OUT/$t.log" 2>&1; rc=$?
-  [ $rc -ne 0 ] && fail=1
-  echo "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/$t.log" | tr '\n' ' ') ($(( $(date +%s) - t0 )) s)"
-  grep -E "graph == eager|device == host|overlap == plain|identical:|cascade:" "$OUT/$t.log" | head -6
-  grep -B2 -A8 "Failure" "$OUT/$t.log" | head -60
-done
+. scripts/device_gpu_tests.sh
+run_gpu_tests 300 "graph == eager|device == host|overlap == plain|identical:|cascade:"
 echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 timeout 300 build-gpu/bench/engine_bench --backend=cuda --preset=$PRESET --sections=decode \
   --samplers=greedy,temperature,topk,topp,minp,penalty,logprobs,all \

@@ -16,11 +16,8 @@ extra=""; [ "${GEMM:-0}" = 1 ] && extra=cuda_gemm_bench
 bash scripts/device_build.sh cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test engine_bench $extra >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 . build-gpu/env.sh; echo "build $(( $(date +%s) - t0 )) s"
 fail=0
-for t in cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test; do
-  timeout 300 build-gpu/tests/$t >"$OUT/$t.log" 2>&1; rc=$?; [ $rc -ne 0 ] && fail=1
-  echo "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/$t.log" | tr '\n' ' ')"
-  grep -B2 -A8 "Failure" "$OUT/$t.log" | head -20
-done
+. scripts/device_gpu_tests.sh
+run_gpu_tests 300
 echo "all passed: $([ $fail = 0 ] && echo yes || echo NO) ($(( $(date +%s) - t0 )) s)"
 grep "^tune\|replaced the pinned" "$OUT/cuda_kernels_test.log" | head -${TUNE_LINES:-70}
 if [ "${GEMM:-0}" = 1 ]; then

@@ -27,13 +27,8 @@ cuobjdump -res-usage "$obj" 2>&1 | grep --no-group-separator -A1 "Function" | pa
 sass=$(cuobjdump -sass "$obj")
 echo "attention.cu.o: HMMA $(grep -c HMMA <<<"$sass"), HGMMA $(grep -c HGMMA <<<"$sass")"
 fail=0
-for t in cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test; do
-  timeout 240 build-gpu/tests/$t >"$OUT/$t.log" 2>&1
-  rc=$?
-  [ $rc -ne 0 ] && fail=1
-  echo "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/$t.log" | tr '\n' ' ')"
-  grep -B2 -A8 "Failure" "$OUT/$t.log" | head -30
-done
+. scripts/device_gpu_tests.sh
+run_gpu_tests 240
 echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 timeout 150 build-gpu/bench/cuda_attention_bench "$@" >"$OUT/attn.log" 2>&1 || echo "attention bench rc=$?"
 # Prefill again with 64-token KV blocks (one TMA box per K/V column half per tile).

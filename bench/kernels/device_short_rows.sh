@@ -20,13 +20,8 @@ echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 fail=0
 if [ "${TESTS:-1}" = 1 ]; then
-  for t in cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test; do
-    timeout 240 build-gpu/tests/$t >"$OUT/$t.log" 2>&1
-    rc=$?
-    [ $rc -ne 0 ] && fail=1
-    echo "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$OUT/$t.log" | tr '\n' ' ')"
-    grep -B2 -A8 "Failure" "$OUT/$t.log" | head -30
-  done
+  . scripts/device_gpu_tests.sh
+  run_gpu_tests 240
   echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 fi
 for c in ${CASES:-256,145 64,145 256,160 64,1024}; do
