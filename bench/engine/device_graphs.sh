@@ -20,8 +20,8 @@ echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader
 fail=0
 if [[ " $SECTIONS " == *" tests "* ]]; then
-  . scripts/device_gpu_tests.sh
-  run_gpu_tests 400 "graph == eager|graph captures|identical:|cascade:"
+  GPU_TESTS="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test" GPU_TEST_TIMEOUT=400 GPU_TEST_GREP="graph == eager|graph captures|identical:|cascade:" \
+    bash scripts/device_gpu_tests.sh build-gpu || fail=1
   echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 fi
 B="--backend=cuda"

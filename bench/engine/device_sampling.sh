@@ -20,8 +20,8 @@ bash scripts/device_build.sh $T >"$OUT/build.log" 2>&1 || { tail -60 "$OUT/build
 echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
 fail=0
-. scripts/device_gpu_tests.sh
-run_gpu_tests 300 "graph == eager|device == host|overlap == plain|identical:|cascade:"
+GPU_TESTS="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test" GPU_TEST_TIMEOUT=300 GPU_TEST_GREP="graph == eager|device == host|overlap == plain|identical:|cascade:" \
+  bash scripts/device_gpu_tests.sh build-gpu || fail=1
 echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 timeout 300 build-gpu/bench/engine_bench --backend=cuda --preset=$PRESET --sections=decode \
   --samplers=greedy,temperature,topk,topp,minp,penalty,logprobs,all \

@@ -16,8 +16,7 @@ extra=""; [ "${GEMM:-0}" = 1 ] && extra=cuda_gemm_bench
 bash scripts/device_build.sh cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test engine_bench $extra >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 . build-gpu/env.sh; echo "build $(( $(date +%s) - t0 )) s"
 fail=0
-. scripts/device_gpu_tests.sh
-run_gpu_tests 300
+GPU_TESTS="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test" GPU_TEST_TIMEOUT=300 bash scripts/device_gpu_tests.sh build-gpu || fail=1
 echo "all passed: $([ $fail = 0 ] && echo yes || echo NO) ($(( $(date +%s) - t0 )) s)"
 grep "^tune\|replaced the pinned" "$OUT/cuda_kernels_test.log" | head -${TUNE_LINES:-70}
 if [ "${GEMM:-0}" = 1 ]; then

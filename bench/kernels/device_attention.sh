@@ -27,8 +27,7 @@ cuobjdump -res-usage "$obj" 2>&1 | grep --no-group-separator -A1 "Function" | pa
 sass=$(cuobjdump -sass "$obj")
 echo "attention.cu.o: HMMA $(grep -c HMMA <<<"$sass"), HGMMA $(grep -c HGMMA <<<"$sass")"
 fail=0
-. scripts/device_gpu_tests.sh
-run_gpu_tests 240
+GPU_TESTS="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test" bash scripts/device_gpu_tests.sh build-gpu || fail=1
 echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 timeout 150 build-gpu/bench/cuda_attention_bench "$@" >"$OUT/attn.log" 2>&1 || echo "attention bench rc=$?"
 # Prefill again with 64-token KV blocks (one TMA box per K/V column half per tile).

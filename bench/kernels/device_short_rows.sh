@@ -20,8 +20,7 @@ echo "build: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 fail=0
 if [ "${TESTS:-1}" = 1 ]; then
-  . scripts/device_gpu_tests.sh
-  run_gpu_tests 240
+  GPU_TESTS="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test" bash scripts/device_gpu_tests.sh build-gpu || fail=1
   echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 fi
 for c in ${CASES:-256,145 64,145 256,160 64,1024}; do
