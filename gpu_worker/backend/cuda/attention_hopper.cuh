@@ -785,18 +785,20 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // spilled at 224 for the consumers); 56 * 128 + 224 * 256 <= 64K.
     SetMaxRegsDec<56>();
     const int c = warp & 1;
+    // Consumer c's index among the grid's (consumer 0 of every CTA first): its first work.
+    const int cs = c * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
     if (warp >= 2) {                                   // item warp of consumer c
       const int nc = 2 * static_cast<int>(gridDim.x);  // consumers
-      const int cs = c * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
-      int prev_tiles = 0;  // of the work taken last
+      int prev_tiles = 0;                              // of the work taken last
       for (int j = 0;; ++j) {
         const int b = j % kDwItemBufs;
         // Work j is taken once the consumer is on work j - 1 (it has finished j - 2), or on
         // j - 2 after a short work (kDwShortTiles): so it holds at most one work ahead (two
         // after short ones) and the last works go to whichever consumers are free first.
         // Buffer b is free then (its work j - 3 finished).
-        if (j >= kDwItemBufs || (j >= 2 && prev_tiles > kDwShortTiles)) {
-          const int f = prev_tiles > kDwShortTiles ? j - 2 : j - 3;  // the work to finish
+        const bool one_ahead = prev_tiles > kDwShortTiles;
+        if (j >= kDwItemBufs || (j >= 2 && one_ahead)) {
+          const int f = one_ahead ? j - 2 : j - 3;  // the work to finish
           MbarWait(bar(sh.item_empty[c][f % kDwItemBufs]), (f / kDwItemBufs) & 1);
         }
         DwItem& d = sh.item[c][b];
@@ -864,7 +866,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       // Work 0 is dealt out (the consumer's index): its fields and first cache rows are read
       // here, beside the item warp, so its first tiles are copied without waiting for its Q rows
       // and positions (two global round trips less before a launch's first tile).
-      const int w0 = c * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+      const int w0 = cs;
       if (w0 >= works) return;  // the item warp tells the consumer the same
       const int32_t* it = k.items + static_cast<int64_t>(w0 / hkv) * kItemFields;
       const int table_offset = it[0], tile_begin = it[1], ntiles = it[2] - it[1], kv_len = it[5];
