@@ -23,20 +23,20 @@ if [ "${TESTS:-1}" = 1 ]; then
   GPU_TESTS="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test" bash scripts/device_gpu_tests.sh build-gpu || fail=1
   echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 fi
-for c in ${CASES:-256,145 64,145 256,160 64,1024}; do
-  timeout 60 build-gpu/bench/cuda_attention_bench --decode=$c 2>&1 | grep -E "decode|floor|GB/s" |
+CASES=${CASES:-256,145 64,145 256,160 64,1024}
+decode_rows() {  # BUILD_DIR B,CTX [REGEX]: the bench's decode rows of that shape, into attn.log
+  timeout 60 "$1/bench/cuda_attention_bench" --decode="$2" 2>&1 | grep -E "${3:-decode}" |
     tee -a "$OUT/attn.log"
-done
+}
+for c in $CASES; do decode_rows build-gpu "$c" "decode|floor|GB/s"; done
 if [ -n "${BASE_SRC:-}" ] && [ $fail = 0 ]; then  # a baseline tree, built and timed beside
   CASCADE_BUILD_DIR=$PWD/build-base bash "$BASE_SRC/scripts/device_build.sh" cuda_attention_bench \
     >"$OUT/build_base.log" 2>&1 || { tail -20 "$OUT/build_base.log"; }
-  for c in ${CASES:-256,145 64,145 256,160 64,1024}; do
+  for c in $CASES; do
     echo "== base $c" | tee -a "$OUT/attn.log"
-    timeout 60 build-base/bench/cuda_attention_bench --decode=$c 2>&1 | grep -E "decode" |
-      tee -a "$OUT/attn.log"
+    decode_rows build-base "$c"
     echo "== this tree $c (again)" | tee -a "$OUT/attn.log"
-    timeout 60 build-gpu/bench/cuda_attention_bench --decode=$c 2>&1 | grep -E "decode" |
-      tee -a "$OUT/attn.log"
+    decode_rows build-gpu "$c"
   done
 fi
 if [ "${PREFILL:-0}" = 1 ]; then  # prefill rows (TFLOP/s), this tree then the baseline, twice
