@@ -790,13 +790,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     if (warp >= 2) {                                   // item warp of consumer c
       const int nc = 2 * static_cast<int>(gridDim.x);  // consumers
       int prev_tiles = 0;                              // of the work taken last
+      int prev_w = 0;                                  // its index
       for (int j = 0;; ++j) {
         const int b = j % kDwItemBufs;
         // Work j is taken once the consumer is on work j - 1 (it has finished j - 2), or on
         // j - 2 after a short work (kDwShortTiles): so it holds at most one work ahead (two
         // after short ones) and the last works go to whichever consumers are free first.
         // Buffer b is free then (its work j - 3 finished).
-        const bool one_ahead = prev_tiles > kDwShortTiles;
+        // Two ahead only while more than two rounds of works are left after the last one taken:
+        // at the end a consumer holding two short works while others are idle would end late.
+        const bool one_ahead = prev_tiles > kDwShortTiles || works - prev_w <= 2 * nc;
         if (j >= kDwItemBufs || (j >= 2 && one_ahead)) {
           const int f = one_ahead ? j - 2 : j - 3;  // the work to finish
           MbarWait(bar(sh.item_empty[c][f % kDwItemBufs]), (f / kDwItemBufs) & 1);
@@ -832,6 +835,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         const int table_offset = it[0], tile_begin = it[1], ntiles = it[2] - it[1];
         const int row_begin = it[3], nq = it[4] * G, kv_len = it[5];
         prev_tiles = ntiles;
+        prev_w = w;
         unsigned char* qbuf = smem + q_offset(c, b);
         for (int idx = lane; idx < nq * (kWgD / 8); idx += 32) {
           const int qi = idx / (kWgD / 8), cc = idx % (kWgD / 8);
