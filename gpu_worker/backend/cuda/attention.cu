@@ -218,6 +218,20 @@ struct TileKernelArgs {
   const int32_t* item_count;  // device [1] or nullptr (see AttentionTileKernel)
 };
 
+// A final (prefill) item's CTA: a 1-D grid of items x kv heads, the kv head fastest, so CTAs start
+// in the items' order (the planner's, longest first) across all kv heads. With the kv head as the
+// slower dimension, every kv head's items started longest first in turn: the last kv head's long
+// items ran at the end on a few SMs (one prefill of 4096 tokens: a busiest SM at 1.24x its even
+// share of tiles; bench/kernels/NOTES.md).
+struct FinalCta {
+  const int32_t* it;  // the item's fields
+  int kvh;
+};
+__device__ __forceinline__ FinalCta FinalCtaOf(const TileKernelArgs& k) {
+  const int hkv = k.a.cache.num_kv_heads, b = static_cast<int>(blockIdx.x);
+  return {k.items + static_cast<int64_t>(b / hkv) * kItemFields, b % hkv};
+}
+
 // Chunk c (16 bytes) of q-row qi of an item (item row qi / G, query head kvh * G + qi % G), or
 // nullptr for rows past nq.
 template <int D>
@@ -232,7 +246,7 @@ __device__ __forceinline__ const __nv_bfloat16* QChunk(const TileKernelArgs& k, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill (final items): one CTA per (item, kv head) folds every tile of its rows in registers.
+// Prefill (final items): one CTA per (item, kv head) (FinalCtaOf) folds every tile of its rows in registers.
 // Rows of the item x the kv head's G query heads give up to PrefillQueriesPerCta query rows
 // (q-row qi is item row qi / G, head kvh * G + qi % G); warp w owns MT m16 tiles, q-rows
 // [16 MT w, 16 MT (w + 1)), and lane (g, t4) the rows 16 (MT w + mt) + g (+ 8) of the m16n8k16
@@ -415,10 +429,9 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRows, LD]
   __nv_bfloat16* KVs = Qs + kRows * LD;                        // stage s: K, V [kT, LD] each
 
-  const int32_t* it = k.items + static_cast<int64_t>(blockIdx.x) * kItemFields;
+  const auto [it, kvh] = FinalCtaOf(k);
   const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
   const int row_count = it[4], kv_len = it[5];
-  const int kvh = blockIdx.y;
   const int nq = row_count * G;  // <= kRows (the planner's rows per item)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2;
 
@@ -1135,7 +1148,7 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
       const size_t smem = WsSmemBytes(kWsStages);
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (err != cudaSuccess) return err;
-      err = LaunchKernel(kernel, dim3(plan.num_final, args.cache.num_kv_heads), kWsThreads, smem,
+      err = LaunchKernel(kernel, dim3(plan.num_final * args.cache.num_kv_heads), kWsThreads, smem,
                          stream, k, tk, tv);
       if (err != cudaSuccess) return err;
     } else {
@@ -1144,7 +1157,7 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
       cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (err != cudaSuccess) return err;
-      err = LaunchKernel(kernel, dim3(plan.num_final, args.cache.num_kv_heads),
+      err = LaunchKernel(kernel, dim3(plan.num_final * args.cache.num_kv_heads),
                          wgmma ? 256 : PrefillWarps<D>() * 32, smem, stream, k);
       if (err != cudaSuccess) return err;
     }

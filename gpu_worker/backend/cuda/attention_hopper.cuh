@@ -216,10 +216,9 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
   const AttentionArgs& a = k.a;
   const KvCacheView& cache = a.cache;
   const int hq = a.num_q_heads, hkv = cache.num_kv_heads, G = hq / hkv;
-  const int32_t* it = k.items + static_cast<int64_t>(blockIdx.x) * kItemFields;
+  const auto [it, kvh] = FinalCtaOf(k);
   const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
   const int row_count = it[4], kv_len = it[5];
-  const int kvh = blockIdx.y;
   const int nq = row_count * G;  // <= kWgRows
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
 
@@ -615,10 +614,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
   const AttentionArgs& a = k.a;
   const int G = a.num_q_heads / a.cache.num_kv_heads;
-  const int32_t* it = k.items + static_cast<int64_t>(blockIdx.x) * kItemFields;
+  const auto [it, kvh] = FinalCtaOf(k);
   const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
   const int row_count = it[4], kv_len = it[5];
-  const int kvh = blockIdx.y;
   const int nq = row_count * G;
   const int ntiles = tile_end - tile_begin;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
