@@ -6,6 +6,7 @@
 //   block)] [--decode=B,CTX (only the decode rows of that shape, CTX 0: the mixed rows; for a
 //   profiler)]
 //   [--shared=B (only the shared-prefix rows of batch B, 16 or 64)]
+//   [--prefill=N (only the prefill rows of N tokens: 512, 2048, 4096, 8192; for a profiler)]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -194,6 +195,7 @@ double PlanUs(const std::vector<int>& ctx, const std::vector<std::vector<int32_t
 }
 
 int g_only_batch = 0, g_only_ctx = 0;  // --decode=B,CTX
+int g_prefill_n = 0;                    // --prefill=N: only the prefill rows of N tokens
 int g_shared_batch = 0;                // --shared=B
 
 int Main(bool quick, bool cascade_only, bool prefill_only) {
@@ -405,6 +407,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   for (const auto& [v, name] : variants) std::printf(" %24s", name);
   std::printf("\n");
   for (int n : {512, 2048, 4096, 8192}) {
+    if (g_prefill_n > 0 && n != g_prefill_n) continue;
     int64_t blocks = 0;
     const auto tables = PrefixTables({n}, 0, &blocks);
     const double flops = 4.0 * kD * kHq * (static_cast<double>(n) * (n + 1) / 2);
@@ -448,6 +451,14 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "--shared=B: B is 16 or 64\n");
         return 2;
       }
+    } else if (arg.rfind("--prefill=", 0) == 0) {
+      cascade::cuda::g_prefill_n = std::atoi(arg.c_str() + 10);
+      if (cascade::cuda::g_prefill_n != 512 && cascade::cuda::g_prefill_n != 2048 &&
+          cascade::cuda::g_prefill_n != 4096 && cascade::cuda::g_prefill_n != 8192) {
+        std::fprintf(stderr, "--prefill=N: N is 512, 2048, 4096 or 8192\n");
+        return 2;
+      }
+      flag = "--prefill-only";
     } else if (arg.rfind("--decode=", 0) == 0) {
       if (std::sscanf(arg.c_str() + 9, "%d,%d", &cascade::cuda::g_only_batch,
                       &cascade::cuda::g_only_ctx) != 2 ||

@@ -37,7 +37,8 @@ __device__ __forceinline__ void IssueQk(float (&sc)[32], uint64_t dq, uint64_t d
 #pragma unroll
   for (int kc = 0; kc < kWgD / 16; ++kc) {
     const uint32_t half = kc >> 2, kb = (kc & 3) * 32;
-    Wgmma64x64SS(sc, dq + ((half * kQRows * 128 + kb) >> 4), dk + ((half * kT * 128 + kb) >> 4));
+    Wgmma64x64SS(sc, WgmmaDescAdd(dq, half * kQRows * 128 + kb),
+                 WgmmaDescAdd(dk, half * kT * 128 + kb));
   }
 }
 // O_t = P V for one warpgroup (from +0, k over the tile's keys ascending); dv: the V tile's
@@ -45,7 +46,7 @@ __device__ __forceinline__ void IssueQk(float (&sc)[32], uint64_t dq, uint64_t d
 __device__ __forceinline__ void IssuePv(float (&ot)[64], const uint32_t (&pa)[kT / 16][4],
                                         uint64_t dv) {
 #pragma unroll
-  for (int kk = 0; kk < kT / 16; ++kk) Wgmma64x128RS(ot, pa[kk], dv + ((kk * 2048) >> 4));
+  for (int kk = 0; kk < kT / 16; ++kk) Wgmma64x128RS(ot, pa[kk], WgmmaDescAdd(dv, kk * 2048));
 }
 template <int N>
 __device__ __forceinline__ void Zero(float (&r)[N]) {

@@ -33,6 +33,18 @@ __device__ __forceinline__ uint64_t WgmmaDesc(uint32_t smem, uint32_t lbo_bytes,
   return d;
 }
 
+// The descriptor d with its start address moved by `bytes` (a multiple of 16; the address stays
+// inside shared memory, so its 14-bit field never carries into the next): a 32-bit add on the
+// low word, the high word (the stride and swizzle fields) left as it is. A 64-bit add costs two
+// instructions and makes both words vary, so each MMA then moves both into uniform registers.
+__device__ __forceinline__ uint64_t WgmmaDescAdd(uint64_t d, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(d) + (bytes >> 4);
+  const uint32_t hi = static_cast<uint32_t>(d >> 32);
+  uint64_t r;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(r) : "r"(lo), "r"(hi));
+  return r;
+}
+
 // mbarrier (shared-memory barrier object, 8 bytes) and the bulk tensor copy (TMA) that completes
 // on one. Addresses are shared-memory addresses (__cvta_generic_to_shared).
 __device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
