@@ -195,7 +195,7 @@ double PlanUs(const std::vector<int>& ctx, const std::vector<std::vector<int32_t
 }
 
 int g_only_batch = 0, g_only_ctx = 0;  // --decode=B,CTX
-int g_prefill_n = 0;                    // --prefill=N: only the prefill rows of N tokens
+int g_prefill_n = 0;                   // --prefill=N: only the prefill rows of N tokens
 int g_shared_batch = 0;                // --shared=B
 
 int Main(bool quick, bool cascade_only, bool prefill_only) {

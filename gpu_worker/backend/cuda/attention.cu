@@ -246,10 +246,10 @@ __device__ __forceinline__ const __nv_bfloat16* QChunk(const TileKernelArgs& k, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill (final items): one CTA per (item, kv head) (FinalCtaOf) folds every tile of its rows in registers.
-// Rows of the item x the kv head's G query heads give up to PrefillQueriesPerCta query rows
-// (q-row qi is item row qi / G, head kvh * G + qi % G); warp w owns MT m16 tiles, q-rows
-// [16 MT w, 16 MT (w + 1)), and lane (g, t4) the rows 16 (MT w + mt) + g (+ 8) of the m16n8k16
+// Prefill (final items): one CTA per (item, kv head) (FinalCtaOf) folds every tile of its rows in
+// registers. Rows of the item x the kv head's G query heads give up to PrefillQueriesPerCta query
+// rows (q-row qi is item row qi / G, head kvh * G + qi % G); warp w owns MT m16 tiles, q-rows [16
+// MT w, 16 MT (w + 1)), and lane (g, t4) the rows 16 (MT w + mt) + g (+ 8) of the m16n8k16
 // accumulator layout. Per 64-key tile: S = Q K^T (k over D ascending), RowSoftmax, P rounded to
 // bf16, and for each 16-column slice of O the tile's O_t = P V (k over the 64 keys ascending)
 // folded into the running O at once (Fold): exactly the partial the split kernel writes and the
