@@ -231,6 +231,10 @@ __device__ __forceinline__ FinalCta FinalCtaOf(const TileKernelArgs& k) {
   const int hkv = k.a.cache.num_kv_heads, b = static_cast<int>(blockIdx.x);
   return {k.items + static_cast<int64_t>(b / hkv) * kItemFields, b % hkv};
 }
+// The grid FinalCtaOf decodes: one CTA per (final item, kv head).
+dim3 FinalGrid(int num_final, const KvCacheView& cache) {
+  return dim3(static_cast<unsigned>(num_final) * static_cast<unsigned>(cache.num_kv_heads));
+}
 
 // Chunk c (16 bytes) of q-row qi of an item (item row qi / G, query head kvh * G + qi % G), or
 // nullptr for rows past nq.
@@ -1148,8 +1152,8 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
       const size_t smem = WsSmemBytes(kWsStages);
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (err != cudaSuccess) return err;
-      err = LaunchKernel(kernel, dim3(plan.num_final * args.cache.num_kv_heads), kWsThreads, smem,
-                         stream, k, tk, tv);
+      err = LaunchKernel(kernel, FinalGrid(plan.num_final, args.cache), kWsThreads, smem, stream, k,
+                         tk, tv);
       if (err != cudaSuccess) return err;
     } else {
       auto kernel = wgmma ? PrefillWgmmaKernel : PrefillKernel<D>;
@@ -1157,7 +1161,7 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
       cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (err != cudaSuccess) return err;
-      err = LaunchKernel(kernel, dim3(plan.num_final * args.cache.num_kv_heads),
+      err = LaunchKernel(kernel, FinalGrid(plan.num_final, args.cache),
                          wgmma ? 256 : PrefillWarps<D>() * 32, smem, stream, k);
       if (err != cudaSuccess) return err;
     }
