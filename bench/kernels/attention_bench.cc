@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <string>
@@ -196,7 +197,8 @@ double PlanUs(const std::vector<int>& ctx, const std::vector<std::vector<int32_t
 
 int g_only_batch = 0, g_only_ctx = 0;  // --decode=B,CTX
 int g_prefill_n = 0;                   // --prefill=N: only the prefill rows of N tokens
-int g_shared_batch = 0;                // --shared=B
+constexpr int kPrefillNs[] = {512, 2048, 4096, 8192};  // the prefill rows' lengths
+int g_shared_batch = 0;                                // --shared=B
 
 int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto name = DeviceName(0);
@@ -406,7 +408,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   std::printf("%-16s %18s", "case", "mma.sync");
   for (const auto& [v, name] : variants) std::printf(" %24s", name);
   std::printf("\n");
-  for (int n : {512, 2048, 4096, 8192}) {
+  for (int n : kPrefillNs) {
     if (g_prefill_n > 0 && n != g_prefill_n) continue;
     int64_t blocks = 0;
     const auto tables = PrefixTables({n}, 0, &blocks);
@@ -453,8 +455,8 @@ int main(int argc, char** argv) {
       }
     } else if (arg.rfind("--prefill=", 0) == 0) {
       cascade::cuda::g_prefill_n = std::atoi(arg.c_str() + 10);
-      if (cascade::cuda::g_prefill_n != 512 && cascade::cuda::g_prefill_n != 2048 &&
-          cascade::cuda::g_prefill_n != 4096 && cascade::cuda::g_prefill_n != 8192) {
+      if (std::find(std::begin(cascade::cuda::kPrefillNs), std::end(cascade::cuda::kPrefillNs),
+                    cascade::cuda::g_prefill_n) == std::end(cascade::cuda::kPrefillNs)) {
         std::fprintf(stderr, "--prefill=N: N is 512, 2048, 4096 or 8192\n");
         return 2;
       }
