@@ -312,6 +312,12 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
 // wgmma reads of the stage are done). The load warp runs WsLoadTiles, each consumer warpgroup
 // WsFoldTiles (below).
 constexpr int kWsStages = 4;  // 6 measured no faster (H100, bench/kernels/NOTES.md)
+// Load warps of the prefill kernel: warp w copies tiles w, w + kWsLoadWarps, ... (each stage is
+// filled by one warp at a time, so the barriers are as with one). One warp held 16-token blocks
+// at 0.92-0.93x of the 64-token-block rate: its per-tile chain (wait for the stage, the next
+// tile's cache rows, sixteen box copies from four lanes) paced the consumers
+// (bench/kernels/NOTES.md).
+constexpr int kWsLoadWarps = 2;
 constexpr int kWsThreads = 384;
 constexpr size_t WsSmemBytes(int stages) {
   return 1024 + static_cast<size_t>(kWgRows) * kWgRowBytes + 2 * stages * kWgTileBytes;
@@ -364,7 +370,8 @@ __device__ __forceinline__ int WsPieceRow(const AttentionArgs& a, int table_offs
   return (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
 }
 
-// first_row: this lane's WsPieceRow of tile 0 (found by the caller, maybe ahead of time).
+// first_row: this lane's WsPieceRow of tile `first` (found by the caller, maybe ahead of time);
+// the warp copies tiles first, first + step, ... (several load warps share an item's tiles).
 // kAsyncTail: the lanes copy the last tile's rows by cp.async, all in flight before one wait
 // (the persistent decode kernel, where every item's last tile is usually partial: copied a load
 // and a store at a time they took ~1 us per 2 keys); else by plain loads and stores (prefill,
@@ -373,7 +380,8 @@ template <int kStages, int kPiece, bool kAsyncTail>
 __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtensorMap* tk,
                                             const CUtensorMap* tv, const WsRing& ring, int n0,
                                             int table_offset, int tile_begin, int ntiles,
-                                            int kv_len, int kvh, int lane, int first_row) {
+                                            int kv_len, int kvh, int lane, int first_row,
+                                            int first = 0, int step = 1) {
   constexpr int D = kWgD, C = D / 8;
   const KvCacheView& cache = a.cache;
   const int hkv = cache.num_kv_heads, bs = cache.block_size;
@@ -383,10 +391,10 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
     return WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, i);
   };
   int next_row = first_row;
-  for (int i = 0; i < ntiles; ++i) {
+  for (int i = first; i < ntiles; i += step) {
     const int n = n0 + i, s = n % kStages, ts = (tile_begin + i) * kT;
     const int prow = next_row;
-    next_row = piece_row(i + 1);
+    next_row = piece_row(i + step);
     if (n >= kStages) MbarWait(ring.empty0 + 8 * s, ((n / kStages) - 1) & 1);
     const uint32_t ks = ring.kv0 + 2 * s * kWgTileBytes, vs = ks + kWgTileBytes;
     const uint32_t full = ring.full0 + 8 * s;
@@ -634,10 +642,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
   if (warp < 4) {  // ------------------------------------------------------------------- loads
     SetMaxRegsDec<24>();
-    if (warp != 0) return;
+    if (warp >= kWsLoadWarps) return;
     WsLoadTiles<kStages, kPiece, false>(
         a, &tk, &tv, ring, 0, table_offset, tile_begin, ntiles, kv_len, kvh, lane,
-        WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, 0));
+        WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, warp), warp,
+        kWsLoadWarps);
   } else {  // --------------------------------------------------------------------- consumers
     SetMaxRegsInc<240>();
     const int cw = warp - 4, wg = cw >> 2;
