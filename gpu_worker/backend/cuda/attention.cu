@@ -99,6 +99,55 @@ __device__ __forceinline__ float FoldElem(float o, const FoldWeights& w, float o
   return __fmaf_rn(o, w.a, __fmul_rn(ot, w.b));
 }
 
+// The in-place step of a super-tile (attention.h, two levels), RowSoftmax's work for a state (m,
+// l) that already holds the super-tile's earlier tiles: m' = max(m, the tile's max), P = 2^(S
+// scale_log2 - m') (0 for masked keys; f32, rounded to bf16 by the caller), l = l * alpha + sum p
+// with alpha = 2^(m - m') (one FMA; the sum in RowSoftmax's order), m = m'; the caller scales o
+// by alpha and adds P V on the tensor cores. No visible key yet (m' = -inf): P = 0 and alpha = 0,
+// the state stays empty; a tile with no visible key leaves a state as it is (alpha = 2^0 = 1,
+// P = 0). From the empty state it is RowSoftmax exactly (m' is the tile's max, alpha = 0, l the
+// sum, o = +0 * 0 + P V the tile's partial), so one tile a super-tile gives the one-level bits.
+template <bool kMask>
+__device__ __forceinline__ void RowSoftmaxInPlace(float (&x)[16], int lim, int t4, float scale_log2,
+                                                  float& m, float& l, float& alpha) {
+  float mx[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float a = !kMask || Key(2 * i, t4) < lim ? x[2 * i] : -INFINITY;
+    const float b = !kMask || Key(2 * i + 1, t4) < lim ? x[2 * i + 1] : -INFINITY;
+    mx[i] = fmaxf(a, b);
+  }
+#pragma unroll
+  for (int w = 4; w > 0; w >>= 1) {
+#pragma unroll
+    for (int i = 0; i < w; ++i) mx[i] = fmaxf(mx[i], mx[i + w]);
+  }
+  float mt = mx[0];
+  mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+  mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+  const float mn = fmaxf(m, __fmul_rn(mt, scale_log2));
+  const float base = mn == -INFINITY ? 0.f : mn;  // no visible key yet: P = 0, alpha = 0
+  alpha = Ex2(__fsub_rn(m, base));
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float e = Ex2(__fmaf_rn(x[i], scale_log2, -base));
+    x[i] = !kMask || Key(i, t4) < lim ? e : 0.f;
+  }
+  float s[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] = __fadd_rn(x[2 * i], x[2 * i + 1]);
+#pragma unroll
+  for (int w = 1; w < 8; w <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 8; i += 2 * w) s[i] = __fadd_rn(s[i], s[i + w]);
+  }
+  float ls = s[0];
+  ls = __fadd_rn(ls, __shfl_xor_sync(0xffffffffu, ls, 1));
+  ls = __fadd_rn(ls, __shfl_xor_sync(0xffffffffu, ls, 2));
+  l = __fmaf_rn(l, alpha, ls);
+  m = mn;
+}
+
 // A row's output element from its final state: o / l as o * rcp(l), rounded to bf16. The merge
 // kernel and a split CTA that finishes its rows (kFoldFinish) write it the same way; `inv` is
 // __frcp_rn(l), computed once per row (a correctly rounded reciprocal is a call-like sequence
@@ -216,6 +265,7 @@ struct TileKernelArgs {
   const int32_t* partial_base;
   float scale_log2;
   const int32_t* item_count;  // device [1] or nullptr (see AttentionTileKernel)
+  int super_tiles;            // AttentionPlan::super_tiles (G)
 };
 
 // A final (prefill) item's CTA: a 1-D grid of items x kv heads, the kv head fastest, so CTAs start
@@ -277,8 +327,9 @@ constexpr size_t PrefillSmemBytes() {
 
 // One tile for one warp: S, softmax, P.V and the fold. kMask: some key of the tile is past some
 // row's position (or the tile is partial). Qw: the warp's first Q row in shared memory; qf: its
-// fragments in registers when kQRegs (MT == 1).
-template <int D, int MT, bool kMask, bool kQRegs>
+// fragments in registers when kQRegs (MT == 1). kInPlace: (m, l, o) is a super-tile's state,
+// updated in place (RowSoftmaxInPlace; o scaled by alpha, then o += P V) instead of folded.
+template <int D, int MT, bool kMask, bool kQRegs, bool kInPlace = false>
 __device__ __forceinline__ void PrefillTile(const __nv_bfloat16* Qw, const __nv_bfloat16* Ks,
                                             const __nv_bfloat16* Vs,
                                             const uint32_t (&qf)[kQRegs ? D / 16 : 1][4], int ts,
@@ -320,6 +371,7 @@ __device__ __forceinline__ void PrefillTile(const __nv_bfloat16* Qw, const __nv_
   }
   FoldWeights w[MT][2];
   bool valid[MT][2];
+  float alpha[MT][2];
   uint32_t pa[MT][kT / 16][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -331,18 +383,23 @@ __device__ __forceinline__ void PrefillTile(const __nv_bfloat16* Qw, const __nv_
         x[2 * n] = s[mt][n][2 * h];
         x[2 * n + 1] = s[mt][n][2 * h + 1];
       }
-      float ms, lt;
-      RowSoftmax<kMask>(x, pos[mt][h] + 1 - ts, t4, scale_log2, ms, lt);
+      if constexpr (kInPlace) {
+        RowSoftmaxInPlace<kMask>(x, pos[mt][h] + 1 - ts, t4, scale_log2, m[mt][h], l[mt][h],
+                                 alpha[mt][h]);
+      } else {
+        float ms, lt;
+        RowSoftmax<kMask>(x, pos[mt][h] + 1 - ts, t4, scale_log2, ms, lt);
+        valid[mt][h] = !kMask || ms != -INFINITY;
+        w[mt][h] = Fold(m[mt][h], ms);
+        if (valid[mt][h]) {
+          l[mt][h] = FoldElem(l[mt][h], w[mt][h], lt);
+          m[mt][h] = w[mt][h].m;
+        }
+      }
 #pragma unroll
       for (int n = 0; n < kT / 8; ++n) {
         s[mt][n][2 * h] = x[2 * n];
         s[mt][n][2 * h + 1] = x[2 * n + 1];
-      }
-      valid[mt][h] = !kMask || ms != -INFINITY;
-      w[mt][h] = Fold(m[mt][h], ms);
-      if (valid[mt][h]) {
-        l[mt][h] = FoldElem(l[mt][h], w[mt][h], lt);
-        m[mt][h] = w[mt][h].m;
       }
     }
 #pragma unroll
@@ -354,6 +411,30 @@ __device__ __forceinline__ void PrefillTile(const __nv_bfloat16* Qw, const __nv_
     }
   }
   const __nv_bfloat16* vp = Vs + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * (lane >> 4);
+  if constexpr (kInPlace) {  // o = o * alpha, then o += P V (k over the tile's keys ascending)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[mt][n][i] = __fmul_rn(o[mt][n][i], alpha[mt][i >> 1]);
+      }
+    }
+#pragma unroll
+    for (int nd = 0; nd < D / 16; ++nd) {
+#pragma unroll
+      for (int kk = 0; kk < kT / 16; ++kk) {
+        uint32_t b[4];
+        Ldsm4T(b, vp + kk * 16 * LD + nd * 16);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma16816(o[mt][2 * nd], pa[mt][kk], b[0], b[1]);
+          Mma16816(o[mt][2 * nd + 1], pa[mt][kk], b[2], b[3]);
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int nd = 0; nd < D / 16; ++nd) {
     float c[MT][2][4];
@@ -420,12 +501,15 @@ struct TileCopier {
   }
 };
 
-template <int D>
+// kSuper: the two-level order (k.super_tiles = G > 1, head_dim 128): each super-tile's state is
+// accumulated in place (PrefillTile kInPlace) and folded into the row's at the super-tile's end.
+template <int D, bool kSuper = false>
 __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileKernelArgs k) {
   WaitForPriorGrids();
   constexpr int MT = PrefillMT<D>(), NW = PrefillWarps<D>(), kThr = NW * 32;
   constexpr int kRows = PrefillQueriesPerCta(D), LD = D + 8, C = D / 8;
-  constexpr bool kQRegs = MT == 1 && D <= 128;  // Q fragments in registers (else ldmatrix)
+  // Q fragments in registers (else ldmatrix); not beside a second state (registers).
+  constexpr bool kQRegs = MT == 1 && D <= 128 && !kSuper;
   extern __shared__ __align__(16) unsigned char smem[];
   const AttentionArgs& a = k.a;
   const KvCacheView& cache = a.cache;
@@ -479,6 +563,38 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
   }
   uint32_t qf[kQRegs ? D / 16 : 1][4];
   const __nv_bfloat16* Qw = Qs + warp * MT * 16 * LD;
+  // kSuper: the current super-tile's state (empty at each super-tile's first tile) and its fold
+  // into the row's state (m, l, o) at the super-tile's end (a state without a visible key, m =
+  // -inf, is skipped, as the merge kernel skips such a partial).
+  constexpr int SM = kSuper ? MT : 1, SN = kSuper ? D / 8 : 1;
+  float so[SM][SN][4], sm[SM][2], sl[SM][2];
+  auto super_reset = [&] {
+#pragma unroll
+    for (int mt = 0; mt < SM; ++mt) {
+#pragma unroll
+      for (int n = 0; n < SN; ++n) so[mt][n][0] = so[mt][n][1] = so[mt][n][2] = so[mt][n][3] = 0.f;
+      sm[mt][0] = sm[mt][1] = -INFINITY;
+      sl[mt][0] = sl[mt][1] = 0.f;
+    }
+  };
+  auto super_fold = [&] {
+#pragma unroll
+    for (int mt = 0; mt < SM; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (sm[mt][h] == -INFINITY) continue;
+        const FoldWeights w = Fold(m[mt][h], sm[mt][h]);
+        l[mt][h] = FoldElem(l[mt][h], w, sl[mt][h]);
+#pragma unroll
+        for (int n = 0; n < SN; ++n) {
+          o[mt][n][2 * h] = FoldElem(o[mt][n][2 * h], w, so[mt][n][2 * h]);
+          o[mt][n][2 * h + 1] = FoldElem(o[mt][n][2 * h + 1], w, so[mt][n][2 * h + 1]);
+        }
+        m[mt][h] = w.m;
+      }
+    }
+  };
+  const int ST = kSuper ? k.super_tiles : 1;  // tiles per super-tile
 
   // Two stages, one barrier per tile: after the barrier that publishes tile t, every warp is done
   // with tile t - 1, so tile t + 1 may be copied into its stage while tile t is computed.
@@ -507,7 +623,19 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
     const int ts = t * kT;
     const __nv_bfloat16* Ks = KVs + (i % kStages) * 2 * kT * LD;
     const __nv_bfloat16* Vs = Ks + kT * LD;
-    if (ts <= wmax) {  // warp-uniform: some row of the warp sees a key of the tile
+    if constexpr (kSuper) {
+      if (t % ST == 0) super_reset();  // final items start at tile 0
+      if (ts <= wmax) {
+        if (ts + kT - 1 <= wmin) {
+          PrefillTile<D, MT, false, kQRegs, true>(Qw, Ks, Vs, qf, ts, pos, k.scale_log2, sm, sl, so,
+                                                  lane);
+        } else {
+          PrefillTile<D, MT, true, kQRegs, true>(Qw, Ks, Vs, qf, ts, pos, k.scale_log2, sm, sl, so,
+                                                 lane);
+        }
+      }
+      if (t % ST == ST - 1 || t == tile_end - 1) super_fold();
+    } else if (ts <= wmax) {  // warp-uniform: some row of the warp sees a key of the tile
       if (ts + kT - 1 <= wmin) {
         PrefillTile<D, MT, false, kQRegs>(Qw, Ks, Vs, qf, ts, pos, k.scale_log2, m, l, o, lane);
       } else {
@@ -553,7 +681,11 @@ __global__ void __launch_bounds__(PrefillWarps<D>() * 32, 1) PrefillKernel(TileK
 // while tile t's softmax and P V run, its V while tile t + 1's S runs; else (the default: the
 // prefetch measured no faster on an H100) each tile's K and V are copied at the start of its step,
 // S waiting for K and P V for V.
-template <int E, bool kPrefetch>
+// kSuper (k.super_tiles = G > 1, head_dim 128): every item accumulates each super-tile's state in
+// place (RowSoftmaxInPlace in the softmax lanes, which all hold the row's running (m, l); O scaled
+// by alpha and P V added in the P V lanes' registers) and writes it at the super-tile's end; a
+// fold item spans one super-tile (the planner's), so its state is that super-tile's.
+template <int E, bool kPrefetch, bool kSuper = false>
 __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
   constexpr int D = E * 32, LD = D + 8;
   // P V jobs (an m16 tile x two n8 tiles) per warp at most (mq = kMaxQ); the fold item's running
@@ -565,6 +697,7 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
   const AttentionArgs& a = k.a;
   const KvCacheView& cache = a.cache;
   const int hq = a.num_q_heads, G = hq / cache.num_kv_heads;
+  const int ST = kSuper ? k.super_tiles : 1;                   // tiles per super-tile
   __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);  // [kT, LD]
   __nv_bfloat16* Vs = Ks + kT * LD;                            // [kT, LD]
   __nv_bfloat16* Qs = Vs + kT * LD;                            // [kMaxQ, LD]
@@ -690,6 +823,24 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
       float x[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) x[i] = qi < nq ? Ss[qi * LDS + Key(i, t4)] : 0.f;
+      if constexpr (kSuper) {
+        if (t % ST == 0) {  // a super-tile's first tile: the empty state
+          run_m = -INFINITY;
+          run_l = 0.f;
+        }
+        float alpha;
+        RowSoftmaxInPlace<true>(x, lim, t4, k.scale_log2, run_m, run_l, alpha);
+        if (qi < nq) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) Ps[qi * LDP + Key(i, t4)] = __float2bfloat16_rn(x[i]);
+          if (t4 == 0) {
+            row_l[qi] = run_l;
+            row_ms[qi] = run_m;
+            fold_a[qi * LDS] = alpha;
+          }
+        }
+        continue;
+      }
       float ms, lt;
       RowSoftmax<true>(x, lim, t4, k.scale_log2, ms, lt);
       if (qi < nq) {
@@ -715,10 +866,61 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
     }
     __syncthreads();
 
-    // O_t = P V: job p = (m tile p / (D/16), n tiles 2 (p % (D/16)) and + 1), k over the tile's
-    // keys in order.
+    // kSuper: the super-tile's O = O * alpha + P V in the job's registers, written at the
+    // super-tile's end (the item's last one after the loop).
+    const bool super_end = kSuper && t % ST == ST - 1 && t != tile_end - 1;
+    if constexpr (kSuper) {
 #pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
+      for (int j = 0; j < kPairs; ++j) {
+        const int p = warp + j * kWarps;
+        if (p >= (mq / 16) * (D / 16)) break;
+        const int m0 = (p / (D / 16)) * 16, nd = p % (D / 16);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int qi = m0 + g + 8 * h;
+          const float al = qi < nq ? fold_a[qi * LDS] : 0.f;
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            // A super-tile's first tile starts from +0 (the other kernels' empty state).
+            run_o[j][hf][2 * h] = t % ST == 0 ? 0.f : __fmul_rn(run_o[j][hf][2 * h], al);
+            run_o[j][hf][2 * h + 1] = t % ST == 0 ? 0.f : __fmul_rn(run_o[j][hf][2 * h + 1], al);
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < kT / 16; ++kk) {
+          uint32_t af[4], bf[4];
+          Ldsm4At(af, pp + (m0 * LDP + kk * 16) * kB);
+          Ldsm4TAt(bf, vp + (kk * 16 * LD + nd * 16) * kB);
+          Mma16816(run_o[j][0], af, bf[0], bf[1]);
+          Mma16816(run_o[j][1], af, bf[2], bf[3]);
+        }
+        if (!super_end) continue;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int qi = m0 + g + 8 * h;
+            if (qi >= nq || row_ms[qi] == -INFINITY) continue;
+            const int row = k.item_rows[row_begin + qi / G];
+            const int64_t slot =
+                static_cast<int64_t>(k.partial_base[row] + t / ST) * hq + kvh * G + qi % G;
+            *reinterpret_cast<float2*>(a.partial_o + slot * D + nd * 16 + 8 * hf + 2 * t4) =
+                make_float2(run_o[j][hf][2 * h], run_o[j][hf][2 * h + 1]);
+          }
+        }
+      }
+      if (super_end) {
+        for (int qi = tid; qi < nq; qi += kThreads) {
+          const int row = k.item_rows[row_begin + qi / G];
+          const int64_t slot =
+              static_cast<int64_t>(k.partial_base[row] + t / ST) * hq + kvh * G + qi % G;
+          a.partial_ml[2 * slot] = row_ms[qi];
+          a.partial_ml[2 * slot + 1] = row_l[qi];
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < (kSuper ? 0 : kPairs); ++j) {
       const int p = warp + j * kWarps;
       if (p >= (mq / 16) * (D / 16)) break;
       const int m0 = (p / (D / 16)) * 16, nd = p % (D / 16);
@@ -752,7 +954,7 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
         }
       }
     }
-    if (!fold) {
+    if (!kSuper && !fold) {
       for (int qi = tid; qi < nq; qi += kThreads) {
         const int row = k.item_rows[row_begin + qi / G];
         const int qh = kvh * G + qi % G;
@@ -764,7 +966,7 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
     __syncthreads();  // Vs, Ps and the row state are read: the next tile's V may come in
     if (kPrefetch) load(t + 1, Vs, vc);
   }
-  if (fold) {  // the state after the item's last tile, as that tile's partial (or the output)
+  if (kSuper || fold) {  // the state after the item's last tile, as its partial (or the output)
     const int t = tile_end - 1;
     const bool finish = ReloadFoldMode(k.items, item) == kFoldFinish;
     const int qs = warp * 8 + g;  // the lane that holds q-row qs's running (m, l)
@@ -791,7 +993,7 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
             continue;
           }
           const int64_t slot =
-              static_cast<int64_t>(k.partial_base[row] + t) * hq + kvh * G + qi % G;
+              static_cast<int64_t>(k.partial_base[row] + t / ST) * hq + kvh * G + qi % G;
           *reinterpret_cast<float2*>(a.partial_o + slot * D + dim) =
               make_float2(run_o[j][hf][2 * h], run_o[j][hf][2 * h + 1]);
         }
@@ -799,7 +1001,8 @@ __device__ __forceinline__ void SplitItem(const TileKernelArgs& k, int item) {
     }
     if (!finish && t4 == 0 && qs < nq) {
       const int row = k.item_rows[row_begin + qs / G];
-      const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + kvh * G + qs % G;
+      const int64_t slot =
+          static_cast<int64_t>(k.partial_base[row] + t / ST) * hq + kvh * G + qs % G;
       a.partial_ml[2 * slot] = run_m;
       a.partial_ml[2 * slot + 1] = run_l;
     }
@@ -824,7 +1027,9 @@ constexpr size_t SplitRegSmemBytes() {
 // plans of the register form have none (PlanAttention finishes rows only for the shared-memory
 // form), so only a form forced by SetSplitVariant runs it (held in registers through the loop,
 // the mode alone made this 255-register kernel spill).
-template <int D, bool kFinish>
+// kSuper (k.super_tiles > 1, head_dim 128): the state is the current super-tile's, accumulated in
+// place (PrefillTile kInPlace), emptied at each super-tile's first tile and written at its end.
+template <int D, bool kFinish, bool kSuper = false>
 __device__ __forceinline__ void SplitRegItem(const TileKernelArgs& k, int item) {
   constexpr int LD = D + 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -887,14 +1092,16 @@ __device__ __forceinline__ void SplitRegItem(const TileKernelArgs& k, int item) 
     m[0][0] = m[0][1] = -INFINITY;
     l[0][0] = l[0][1] = 0.f;
   };
-  // The state (m, l, o) of this lane's rows as the partial of tile t.
+  const int ST = kSuper ? k.super_tiles : 1;  // tiles per super-tile
+  // The state (m, l, o) of this lane's rows as the partial of tile t (of its super-tile).
   auto write = [&](int t) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int qi = warp * 16 + g + 8 * h;
       if (qi >= nq) continue;
       const int row = k.item_rows[row_begin + qi / G];
-      const int64_t slot = static_cast<int64_t>(k.partial_base[row] + t) * hq + kvh * G + qi % G;
+      const int64_t slot =
+          static_cast<int64_t>(k.partial_base[row] + t / ST) * hq + kvh * G + qi % G;
       if (m[0][h] != -INFINITY) {
         float* po = a.partial_o + slot * D + 2 * t4;
 #pragma unroll
@@ -919,18 +1126,22 @@ __device__ __forceinline__ void SplitRegItem(const TileKernelArgs& k, int item) 
       CpAsyncCommit();
       if (t + 2 < tile_end) load_ids(t + 2);
     }
-    if (!fold && i > 0) reset();
+    if (kSuper ? t % ST == 0 : !fold) {
+      if (i > 0) reset();
+    }
     const int ts = t * kT;
     const __nv_bfloat16* Ks = KVs + (i % kStages) * 2 * kT * LD;
     const __nv_bfloat16* Vs = Ks + kT * LD;
     if (ts <= wmax) {  // warp-uniform: some row of the warp sees a key of the tile
       if (ts + kT - 1 <= wmin) {
-        PrefillTile<D, 1, false, true>(nullptr, Ks, Vs, qf, ts, pos, k.scale_log2, m, l, o, lane);
+        PrefillTile<D, 1, false, true, kSuper>(nullptr, Ks, Vs, qf, ts, pos, k.scale_log2, m, l, o,
+                                               lane);
       } else {
-        PrefillTile<D, 1, true, true>(nullptr, Ks, Vs, qf, ts, pos, k.scale_log2, m, l, o, lane);
+        PrefillTile<D, 1, true, true, kSuper>(nullptr, Ks, Vs, qf, ts, pos, k.scale_log2, m, l, o,
+                                              lane);
       }
     }
-    if (!fold) write(t);
+    if (kSuper ? t % ST == ST - 1 && t != tile_end - 1 : !fold) write(t);
   }
   if (kFinish && ReloadFoldMode(k.items, item) == kFoldFinish) {  // the rows end here
     // Through shared memory (the K/V stages are free once every warp is done with them): the
@@ -958,7 +1169,7 @@ __device__ __forceinline__ void SplitRegItem(const TileKernelArgs& k, int item) 
       StoreOutPair(OutRow(a, row, kvh * G + qi % G, D) + c, so[qi * D + c], so[qi * D + c + 1],
                    __frcp_rn(sl[qi]));
     }
-  } else if (fold) {
+  } else if (kSuper || fold) {
     write(tile_end - 1);  // the state after the item's last tile
   }
 }
@@ -980,17 +1191,17 @@ __device__ __forceinline__ void ForEachSplitItem(const TileKernelArgs& k, RunIte
 }
 
 // grid: (CTAs, num_kv_heads); items as ForEachSplitItem.
-template <int D, bool kFinish>
+template <int D, bool kFinish, bool kSuper = false>
 __global__ void __launch_bounds__(kRegThreads) SplitRegKernel(TileKernelArgs k) {
-  ForEachSplitItem(k, [&](int item) { SplitRegItem<D, kFinish>(k, item); });
+  ForEachSplitItem(k, [&](int item) { SplitRegItem<D, kFinish, kSuper>(k, item); });
 }
 
 // grid: (CTAs, num_kv_heads); items as ForEachSplitItem.
 // 4 CTAs per SM (64 registers, shared memory for 4) where head_dim <= 128; head_dim 256's shared
 // memory allows 2.
-template <int E, bool kPrefetch>
+template <int E, bool kPrefetch, bool kSuper = false>
 __global__ void __launch_bounds__(kThreads, E == 8 ? 2 : 4) SplitKernel(TileKernelArgs k) {
-  ForEachSplitItem(k, [&](int item) { SplitItem<E, kPrefetch>(k, item); });
+  ForEachSplitItem(k, [&](int item) { SplitItem<E, kPrefetch, kSuper>(k, item); });
 }
 
 // One warp per (split row, query head, 32 of the head's dims; lane: one dim): the Fold of the
@@ -1130,7 +1341,11 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
   // The split kernel's queries fill at most two m16 MMA tiles (the planner puts <= kMaxQ
   // (row, head) pairs in one item); a prefill item holds <= PrefillQueriesPerCta(D).
   if (G > kMaxQ || plan.max_final_rows * G > PrefillQueriesPerCta(D)) return cudaErrorInvalidValue;
-  TileKernelArgs k{args, nullptr, plan.item_rows, plan.partial_base, args.scale * kLog2e, nullptr};
+  // The two-level order runs at head_dim 128 only (ops.cc checks it with a message).
+  const bool super = plan.super_tiles > 1;
+  if (super && D != 128) return cudaErrorInvalidValue;
+  TileKernelArgs k{args,    nullptr, plan.item_rows, plan.partial_base, args.scale * kLog2e,
+                   nullptr, plan.super_tiles};
   if (plan.num_final > 0) {
     k.items = plan.final_items;
     bool wgmma = false;
@@ -1156,7 +1371,13 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
                          tk, tv);
       if (err != cudaSuccess) return err;
     } else {
+      // The two-warpgroup kernel (v7) keeps the one-level order: with super-tiles only the
+      // warp-specialized kernel and mma.sync run prefill.
+      if (super && wgmma) return cudaErrorNotSupported;
       auto kernel = wgmma ? PrefillWgmmaKernel : PrefillKernel<D>;
+      if constexpr (D == 128) {
+        if (super) kernel = PrefillKernel<D, true>;
+      }
       const size_t smem = wgmma ? kWgSmemBytes : PrefillSmemBytes<D>();
       cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -1188,14 +1409,25 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     }
     if constexpr (D <= 128) {
       if (!launched && (g_split_variant == 3 || (g_split_variant == 0 && plan.split_form == 1))) {
-        err = launch(g_split_variant == 3 ? SplitRegKernel<D, true> : SplitRegKernel<D, false>,
-                     SplitRegSmemBytes<D>(), kRegThreads);
+        auto kernel = g_split_variant == 3 ? SplitRegKernel<D, true> : SplitRegKernel<D, false>;
+        if constexpr (D == 128) {
+          if (super) {
+            kernel = g_split_variant == 3 ? SplitRegKernel<D, true, true>
+                                          : SplitRegKernel<D, false, true>;
+          }
+        }
+        err = launch(kernel, SplitRegSmemBytes<D>(), kRegThreads);
         launched = true;
       }
     }
     if (!launched) {
-      err = launch(g_split_variant == 1 ? SplitKernel<E, true> : SplitKernel<E, false>,
-                   SplitSmemBytes(D), kThreads);
+      auto kernel = g_split_variant == 1 ? SplitKernel<E, true> : SplitKernel<E, false>;
+      if constexpr (D == 128) {
+        if (super) {
+          kernel = g_split_variant == 1 ? SplitKernel<E, true, true> : SplitKernel<E, false, true>;
+        }
+      }
+      err = launch(kernel, SplitSmemBytes(D), kThreads);
     }
     if (err != cudaSuccess) return err;
   }

@@ -11,6 +11,17 @@
 // (cascade), the same partials are folded in the same order with the same arithmetic, so all
 // three give bitwise equal results. This is what makes cascade == non-cascade and cached == cold
 // bitwise.
+//
+// Two levels (AttentionConfig::super_tiles = G > 1): tiles group into SUPER-TILES of G tiles, also
+// aligned at position 0. Inside a super-tile a row's state is accumulated in place from the empty
+// state, tile by tile in order (FA3's order: m' = max(m, tile max), o and l scaled by 2^(m - m'),
+// P = 2^(s - m') rounded to bf16, o += P V on the tensor cores; attention.cu: RowSoftmaxInPlace);
+// the row's final state is the left fold (Fold), in order, of its super-tiles' states. G = 1 is
+// exactly the one-level order above (a tile accumulated from the empty state is its partial).
+// Everything else holds as before with "super-tile" for "tile": split items start at super-tile
+// boundaries and write one partial per super-tile, a cascade group shares whole super-tiles.
+// The gain: no per-tile partial and fold inside a super-tile (prefill, bench/kernels/NOTES.md)
+// and G times fewer partials to write and merge (split decode, cascade).
 #pragma once
 
 #include <cstdint>
@@ -64,6 +75,11 @@ struct AttentionConfig {
   // a partial for the merge (the same bits; one pass less over a row's state), in plans of the
   // shared-memory split form (SplitForm 0); false: always a partial (benchmarks).
   bool finish_rows = true;
+  // Tiles per super-tile of the fold order (see the top of this file): 1, today's per-tile
+  // partials, on every device and head_dim; > 1 only where every kernel that may run the model's
+  // attention implements it (SuperTilesFor: Hopper, head_dim 128). Every path of one model must
+  // use the same value: it defines the bits.
+  int super_tiles = 1;
 };
 
 // Host views of the batch's attention metadata (see engine::ForwardBatch for the meaning).
@@ -115,6 +131,11 @@ struct AttentionPlan {
   // of the persistent decode kernel (two per AttentionConfig::ws_ctas): whole rows run on it
   // whatever their length (SplitForm 3).
   bool one_round = false;
+  // AttentionConfig::super_tiles. Split items start at a multiple of it and end at one or at
+  // their rows' last tile, and partial slots are per super-tile (slot of tile t = base + t /
+  // super_tiles). With super_tiles > 1 a split item's fold spans one super-tile at most, except
+  // whole rows on the persistent decode kernel (split form 3), which fold super-tiles in order.
+  int super_tiles = 1;
 
   int num_final() const { return static_cast<int>(final_items.size()) / kItemFields; }
   int num_split() const { return static_cast<int>(split_items.size()) / kItemFields; }
@@ -184,5 +205,13 @@ absl::StatusOr<bool> WgmmaPrefillAvailable();
 // decode kernel can run (compute capability 9.0, head_dim 128, group <= 8, block_size a multiple
 // of 16), else 0.
 absl::StatusOr<int> PersistentDecodeCtas(int head_dim, int group, int block_size);
+
+// AttentionConfig::super_tiles for a model on the current device: kSuperTiles where every kernel
+// that may run its attention implements the two-level order (Hopper, head_dim 128, blocks of a
+// multiple of 16 tokens: prefill on the warp-specialized kernel, decode on the split kernels and
+// the persistent one; the two-warpgroup prefill kernel v7, which takes blocks of 8, does not),
+// else 1.
+inline constexpr int kSuperTiles = 4;
+absl::StatusOr<int> SuperTilesFor(int head_dim, int block_size);
 
 }  // namespace cascade::cuda

@@ -106,6 +106,36 @@ __device__ __forceinline__ void WgFold(float (&o)[64], const float (&ot)[64],
     if (!kCheck || valid[h]) o[i] = FoldElem(o[i], w[h], ot[i]);
   }
 }
+// WgSoftmax's layout with the in-place step (RowSoftmaxInPlace) against a super-tile's state (m,
+// l): P into pa, each row's scale factor for the state's O into alpha.
+template <bool kMask, int kHalves = 2>
+__device__ __forceinline__ void WgSoftmaxInPlace(float (&sc)[32], const int (&pos)[2], int ts,
+                                                 int t4, float scale_log2, float (&m)[2],
+                                                 float (&l)[2], float (&alpha)[2],
+                                                 uint32_t (&pa)[kT / 16][4]) {
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) {
+    float x[16];
+#pragma unroll
+    for (int n = 0; n < kT / 8; ++n) {
+      x[2 * n] = sc[4 * n + 2 * h];
+      x[2 * n + 1] = sc[4 * n + 2 * h + 1];
+    }
+    RowSoftmaxInPlace<kMask>(x, pos[h] + 1 - ts, t4, scale_log2, m[h], l[h], alpha[h]);
+#pragma unroll
+    for (int n = 0; n < kT / 8; ++n) {
+      sc[4 * n + 2 * h] = x[2 * n];
+      sc[4 * n + 2 * h + 1] = x[2 * n + 1];
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < kT / 16; ++kk) {
+    pa[kk][0] = PackBf16(sc[8 * kk + 0], sc[8 * kk + 1]);
+    pa[kk][1] = PackBf16(sc[8 * kk + 2], sc[8 * kk + 3]);
+    pa[kk][2] = PackBf16(sc[8 * kk + 4], sc[8 * kk + 5]);
+    pa[kk][3] = PackBf16(sc[8 * kk + 6], sc[8 * kk + 7]);
+  }
+}
 // Copies the item's Q rows (q-row qi: item row qi / G, head kvh * G + qi % G) into the swizzled
 // Q tile; rows past nq are zeros. Threads t = first, first + stride, ... share the copies.
 __device__ __forceinline__ void WgLoadQ(const TileKernelArgs& k, unsigned char* Qs, int row_begin,
@@ -466,9 +496,11 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
 // column half, 8-row groups q_sbo bytes apart; lo / hi: the warpgroup's lowest and highest row
 // position (INT_MAX / -1 without rows); pos: this lane's two rows' positions (-1: none). A tile
 // the warpgroup needs is one of a prefix of the item's tiles (positions grow with rows); per
-// such tile it issues S_t = Q K_t^T together with the previous tile's O_{t-1} = P_{t-1} V_{t-1},
-// then folds O_{t-1} and runs tile t's softmax: the fold order and every operation are
-// PrefillTile's, only the schedule differs. Each stage read goes back to the load warp (one
+// such tile it issues S_t = Q K_t^T together with the previous tile's P_{t-1} V_{t-1} (added in
+// place into the super-tile's O), then folds that super-tile into the row where tile t - 1 ends
+// it and runs tile t's softmax: the order and every operation are PrefillKernel's (PrefillTile
+// kInPlace and its super-tile folds; super_tiles 1: the per-tile partial and fold), only the
+// schedule differs. Each stage read goes back to the load warp (one
 // arrival per warp). kPingPong: the two warpgroups (wg 0 and 1) take turns issuing their MMAs
 // (named barriers 2 and 3), so one's softmax overlaps the other's tensor-core work.
 // kRowWarp (the persistent decode kernel, whose <= 8 q-rows repeat over the 64 MMA rows): only
@@ -479,22 +511,27 @@ template <bool kPingPong, int kStages, int kQRows, bool kRowWarp = false>
 __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t q_addr,
                                             uint32_t q_sbo, int tile_begin, int ntiles, int lo,
                                             int hi, const int (&pos)[2], int wg, int lane,
-                                            float scale_log2, float (&o)[64], float (&l)[2],
-                                            bool active = true) {
+                                            float scale_log2, int super_tiles, float (&o)[64],
+                                            float (&l)[2], bool active = true) {
   constexpr int kHalves = kRowWarp ? 1 : 2;
   const int t4 = lane & 3;
+  const bool rows = !kRowWarp || active;  // this warp runs the softmax and the folds
   // Tiles this warpgroup reads: a prefix of the item's (ts <= hi).
   const int nact = hi < 0 ? 0 : min(ntiles, max(0, (hi / kT) - tile_begin + 1));
+  // The row state (m, l, o) and the current super-tile's (sm, sl, so; attention.h: accumulated in
+  // place, folded into the row's at the super-tile's end). With super_tiles 1 every tile is a
+  // super-tile: so is the tile's partial O_t from +0 and the fold is PrefillTile's.
   float m[2] = {-INFINITY, -INFINITY};
   l[0] = l[1] = 0.f;
   Zero(o);
+  float sm[2] = {-INFINITY, -INFINITY}, sl[2] = {0.f, 0.f}, alpha[2] = {0.f, 0.f};
+  float so[64];
+  Zero(so);
   uint32_t pa[kT / 16][4];
   if (kRowWarp) {  // the inactive warps' P operands (their rows' products are never read)
 #pragma unroll
     for (int kk = 0; kk < kT / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
   }
-  FoldWeights wp[2];
-  bool vp[2] = {false, false};
   const uint64_t dq = WgmmaDesc(q_addr, 16, q_sbo);
   auto issue_qk = [&](float(&sc)[32], uint64_t dk) { IssueQk<kQRows>(sc, dq, dk); };
   auto stage = [&](int i) { return (n0 + i) % kStages; };
@@ -515,16 +552,46 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
   auto turn_end = [&](int i) {
     if (kPingPong && !(wg == 1 && i == ntiles - 1)) NamedBarArrive(2 + (1 - wg), 256);
   };
-  // Tile i's softmax (P into pa, fold weights into wp / vp); mask_tag: std::true_type when some
-  // key of the tile is past some row's position (the diagonal, the sequence's last tile).
+  // Tile i's softmax against the super-tile state (P into pa, its scale factor into alpha); a
+  // super-tile's first tile starts from the empty state. mask_tag: std::true_type when some key
+  // of the tile is past some row's position (the diagonal, the sequence's last tile).
   auto softmax = [&](auto mask_tag, float(&sc)[32], int i) {
-    if (kRowWarp && !active) return;
-    WgSoftmax<decltype(mask_tag)::value, kHalves>(sc, pos, (tile_begin + i) * kT, t4, scale_log2, m,
-                                                  l, wp, vp, pa);
+    if (!rows) return;
+    if ((tile_begin + i) % super_tiles == 0) {
+      sm[0] = sm[1] = -INFINITY;
+      sl[0] = sl[1] = 0.f;
+    }
+    WgSoftmaxInPlace<decltype(mask_tag)::value, kHalves>(sc, pos, (tile_begin + i) * kT, t4,
+                                                         scale_log2, sm, sl, alpha, pa);
   };
-  auto fold = [&](auto check_tag, const float(&ot)[64]) {
-    if (kRowWarp && !active) return;
-    WgFold<decltype(check_tag)::value, kHalves>(o, ot, wp, vp);
+  // Before tile i's P V goes into so: so scaled by tile i's alpha, or +0 at a super-tile's first.
+  auto rescale = [&](int i) {
+    if (!rows) return;
+    if ((tile_begin + i) % super_tiles == 0) {
+      Zero(so);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 64; ++e) {
+        const int h = (e >> 1) & 1;
+        if (h < kHalves) so[e] = __fmul_rn(so[e], alpha[h]);
+      }
+    }
+  };
+  // After tile i's P V: at its super-tile's end (or the warpgroup's last tile), the fold of the
+  // super-tile's state into the row's (skipped for a row that saw none of its keys).
+  auto fold_super = [&](int i) {
+    if (!rows || ((tile_begin + i + 1) % super_tiles != 0 && i != nact - 1)) return;
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      if (sm[h] == -INFINITY) continue;
+      const FoldWeights w = Fold(m[h], sm[h]);
+      l[h] = FoldElem(l[h], w, sl[h]);
+#pragma unroll
+      for (int e = 0; e < 64; ++e) {
+        if (((e >> 1) & 1) == h) o[e] = FoldElem(o[e], w, so[e]);
+      }
+      m[h] = w.m;
+    }
   };
   using Masked = std::true_type;
   using Unmasked = std::false_type;
@@ -550,49 +617,42 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
       softmax(Masked{}, sc, 0);
     }
   }
-  // Tile i: S_i issued with P_{i-1} V_{i-1}; once they are done tile i - 1's stage goes back to
-  // the load warp (its copies then overlap this tile's math), then the fold of tile i - 1 and
-  // the softmax of tile i (one basic block, so the fold's independent FMAs fill the softmax's
-  // latencies).
-  auto step = [&](auto prev_tag, auto cur_tag, int i) {
+  // Tile i: S_i issued with P_{i-1} V_{i-1} (into so, scaled first); once they are done tile
+  // i - 1's stage goes back to the load warp (its copies then overlap this tile's math), then
+  // tile i - 1's super-tile fold where it ends one and the softmax of tile i.
+  auto step = [&](auto cur_tag, int i) {
     wait_full(i);
-    float sc[32], ot[64];
+    float sc[32];
     Zero(sc);
-    Zero(ot);
+    rescale(i - 1);
     FenceRegs(sc);
-    FenceRegs(ot);
+    FenceRegs(so);
     turn_begin();
     WgmmaFence();
     issue_qk(sc, desc_k(i));
-    IssuePv(ot, pa, desc_v(i - 1));
+    IssuePv(so, pa, desc_v(i - 1));
     WgmmaCommit();
     turn_end(i);
     WgmmaWait<0>();
     FenceRegs(sc);
-    FenceRegs(ot);
+    FenceRegs(so);
     release(i - 1);
-    fold(prev_tag, ot);
+    fold_super(i - 1);
     softmax(cur_tag, sc, i);
   };
   int i = 1;
-  for (; i < nfull; ++i) step(Unmasked{}, Unmasked{}, i);
-  if (i < nact && i == nfull) step(Unmasked{}, Masked{}, i++);
-  for (; i < nact; ++i) step(Masked{}, Masked{}, i);
+  for (; i < nfull; ++i) step(Unmasked{}, i);
+  for (; i < nact; ++i) step(Masked{}, i);
   if (nact > 0) {  // P.V of the last tile read
-    float ot[64];
-    Zero(ot);
-    FenceRegs(ot);
+    rescale(nact - 1);
+    FenceRegs(so);
     WgmmaFence();
-    IssuePv(ot, pa, desc_v(nact - 1));
+    IssuePv(so, pa, desc_v(nact - 1));
     WgmmaCommit();
     WgmmaWait<0>();
-    FenceRegs(ot);
+    FenceRegs(so);
     release(nact - 1);
-    if (nact > nfull) {
-      fold(Masked{}, ot);
-    } else {
-      fold(Unmasked{}, ot);
-    }
+    fold_super(nact - 1);
   }
   for (int j = nact; j < ntiles; ++j) {  // tiles past this warpgroup's rows
     wait_full(j);
@@ -664,7 +724,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     float o[64], l[2];
     WsFoldTiles<kPingPong, kStages, kWgRows>(ring, 0, qs_addr + wg * 64 * 128, 1024, tile_begin,
                                              ntiles, wg_pos[wg][0], wg_pos[wg][1], pos, wg, lane,
-                                             k.scale_log2, o, l);
+                                             k.scale_log2, k.super_tiles, o, l);
     WgStoreRows(k, row_begin, nq, kvh, cw * 16, lane, o, l);
   }
 #else
@@ -915,7 +975,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       float o[64], l[2];
       WsFoldTiles<false, kDwStages, kDwQRows, true>(ring, n, smem_addr + q_offset(c, b), 0,
                                                     tile_begin, ntiles, lo, hi, pos, c, lane,
-                                                    k.scale_log2, o, l, row_warp);
+                                                    k.scale_log2, k.super_tiles, o, l,
+                                                    row_warp);
       // Every S of the item has completed (WsFoldTiles waited on each) and its fields are read:
       // the item buffer may refill.
       __syncwarp();

@@ -67,7 +67,6 @@ int64_t RoundRobinSpan(const std::vector<int32_t>& flat, int slots) {
 
 struct DecodeRow {
   int row, pos, table_offset;
-  int full_tiles() const { return (pos + 1) / kTileTokens; }  // tiles of 64 visible keys
   int tiles() const { return CeilDiv(pos + 1, kTileTokens); }
 };
 
@@ -122,18 +121,22 @@ class TileGrouper {
 class DecodePlanner {
  public:
   // lead_tiles: the length of a fold item (a row's first item, from tile 0, folded in the CTA);
-  // < 0: no fold items.
+  // < 0: no fold items. unit: tiles per super-tile (AttentionConfig::super_tiles): rows share
+  // whole super-tiles only, and tiles_per_item and lead_tiles are multiples of it (the caller's).
   DecodePlanner(const AttentionBatch& batch, int rows_per_cta, int blocks_per_tile,
-                int tiles_per_item, int lead_tiles, AttentionPlan* plan)
+                int tiles_per_item, int lead_tiles, int unit, AttentionPlan* plan)
       : batch_(batch),
         rows_per_cta_(rows_per_cta),
         blocks_per_tile_(blocks_per_tile),
         per_item_(std::max(1, tiles_per_item)),
-        lead_(lead_tiles < 0 ? -1 : std::max(lead_tiles, per_item_)),
+        lead_(lead_tiles < 0 ? -1 : std::max(lead_tiles, unit > 1 ? unit : per_item_)),
+        unit_(unit),
         plan_(plan) {}
 
   // Tiles in an item that starts at tile t.
   int ItemTiles(int t) const { return t == 0 && lead_ > 0 ? lead_ : per_item_; }
+  // Super-tiles whose every key row d sees (the units rows may share).
+  int FullUnits(const DecodeRow& d) const { return (d.pos + 1) / (kTileTokens * unit_); }
 
   // Tiles [tile_begin, tile_end) of `d`, read for it alone: items of up to per_item_ tiles (a
   // fold item of up to lead_ from tile 0).
@@ -174,15 +177,16 @@ class DecodePlanner {
     plan_->cascade_shared_tiles += tile_end - tile_begin;
   }
 
-  // Single level: rows grouped by their first tile's blocks share the leading tiles common to
-  // the whole group; the rest of each row is its own.
+  // Single level: rows grouped by their first super-tile's blocks share the leading super-tiles
+  // common to the whole group; the rest of each row is its own.
   void PlanLeadingTiles(const std::vector<DecodeRow>& rows) {
     const int n = static_cast<int>(rows.size());
-    TileGrouper grouper(batch_.block_ids, blocks_per_tile_, n);
+    const int blocks_per_unit = blocks_per_tile_ * unit_;
+    TileGrouper grouper(batch_.block_ids, blocks_per_unit, n);
     grouper.Reset();
     std::vector<int> group_of(n, -1), size;
     for (int i = 0; i < n; ++i) {
-      if (rows[i].full_tiles() == 0) continue;  // no full tile to share
+      if (FullUnits(rows[i]) == 0) continue;  // no full super-tile to share
       group_of[i] = grouper.GroupOf(rows[i].table_offset);
       if (group_of[i] == static_cast<int>(size.size())) size.push_back(0);
       ++size[group_of[i]];
@@ -197,22 +201,22 @@ class DecodePlanner {
     for (const std::vector<int>& g : members) {
       if (g.empty()) continue;
       const int32_t* lead = batch_.block_ids + rows[g[0]].table_offset;
-      int shared = rows[g[0]].full_tiles();
+      int shared = FullUnits(rows[g[0]]);
       for (int i : g) {
-        shared = std::min(shared, rows[i].full_tiles());
+        shared = std::min(shared, FullUnits(rows[i]));
         const int32_t* ids = batch_.block_ids + rows[i].table_offset;
-        const int len = shared * blocks_per_tile_;
+        const int len = shared * blocks_per_unit;
         shared = static_cast<int>(std::mismatch(ids, ids + len, lead).first - ids) /
-                 blocks_per_tile_;  // >= 1: the group key is tile 0
+                 blocks_per_unit;  // >= 1: the group key is super-tile 0
       }
       ++plan_->cascade_groups;
-      AddShared(rows, g.data(), static_cast<int>(g.size()), 0, shared);
-      for (int i : g) AddOwn(rows[i], shared, rows[i].tiles());
+      AddShared(rows, g.data(), static_cast<int>(g.size()), 0, shared * unit_);
+      for (int i : g) AddOwn(rows[i], shared * unit_, rows[i].tiles());
     }
   }
 
-  // Every level: for each tile index, the rows whose full tile t names the same blocks read it
-  // once. Rows are visited longest first, so the rows with a full tile t are a prefix of that
+  // Every level: for each tile index (super-tile index with unit_ > 1: t below counts super-tiles),
+  // the rows whose full tile t names the same blocks read it once. Rows are visited longest first, so the rows with a full tile t are a prefix of that
   // order. A group whose rows are exactly the rows of a group of tile t - 1 continues it (a
   // node of the prefix tree): its tiles become multi-tile items, emitted when the node ends,
   // and its rows are checked against the node's key first (one compare, no hash probe). A
@@ -222,8 +226,9 @@ class DecodePlanner {
     std::vector<int> order(n);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
-                     [&](int a, int b) { return rows[a].full_tiles() > rows[b].full_tiles(); });
-    TileGrouper grouper(batch_.block_ids, blocks_per_tile_, n);
+                     [&](int a, int b) { return FullUnits(rows[a]) > FullUnits(rows[b]); });
+    const int blocks_per_unit = blocks_per_tile_ * unit_;
+    TileGrouper grouper(batch_.block_ids, blocks_per_unit, n);
     // own_begin[i]: first tile of row i's current run of unshared tiles, -1 after a shared tile.
     // node[i]: the node whose tile t - 1 row i read (-1: none).
     std::vector<int> own_begin(n, 0), node(n, -1);
@@ -233,17 +238,17 @@ class DecodePlanner {
     std::vector<int> group_of(n), size(n), start(n + 1), members(n), prev_members(n);
     std::vector<int> open, prev_open;  // nodes read at tile t, at tile t - 1
     int active = n;
-    const int max_full = n > 0 ? rows[order[0]].full_tiles() : 0;
+    const int max_full = n > 0 ? FullUnits(rows[order[0]]) : 0;
     for (int t = 0; t < max_full; ++t) {
-      while (rows[order[active - 1]].full_tiles() <= t) --active;
+      while (FullUnits(rows[order[active - 1]]) <= t) --active;
       grouper.Reset();
       int groups = 0;
       for (int k = 0; k < active; ++k) {
         const int i = order[k], p = node[i];
-        const int key = rows[i].table_offset + t * blocks_per_tile_;
+        const int key = rows[i].table_offset + t * blocks_per_unit;
         int g = -1;
         if (p >= 0 && node_stamp[p] == t &&
-            std::equal(batch_.block_ids + key, batch_.block_ids + key + blocks_per_tile_,
+            std::equal(batch_.block_ids + key, batch_.block_ids + key + blocks_per_unit,
                        batch_.block_ids + node_key[p])) {
           g = node_group[p];
         } else {
@@ -294,18 +299,19 @@ class DecodePlanner {
         open.push_back(id);
         for (int k = 0; k < count; ++k) {
           const int i = m[k];
-          if (own_begin[i] >= 0) AddOwn(rows[i], own_begin[i], t);
+          if (own_begin[i] >= 0) AddOwn(rows[i], own_begin[i] * unit_, t * unit_);
           own_begin[i] = -1;
           node[i] = id;
         }
-        if (t + 1 - node_begin[id] == ItemTiles(node_begin[id])) {  // a full item: emit it now
-          AddShared(rows, m, count, node_begin[id], t + 1);
+        if ((t + 1 - node_begin[id]) * unit_ == ItemTiles(node_begin[id] * unit_)) {  // full item
+          AddShared(rows, m, count, node_begin[id] * unit_, (t + 1) * unit_);
           node_begin[id] = t + 1;
         }
       }
       for (int p : prev_open) {  // nodes that ended at tile t - 1
         if (node_last[p] == t - 1) {
-          AddShared(rows, prev_members.data() + node_at[p], node_size[p], node_begin[p], t);
+          AddShared(rows, prev_members.data() + node_at[p], node_size[p], node_begin[p] * unit_,
+                    t * unit_);
         }
       }
       std::swap(members, prev_members);
@@ -313,17 +319,18 @@ class DecodePlanner {
       open.clear();
     }
     for (int p : prev_open) {
-      AddShared(rows, prev_members.data() + node_at[p], node_size[p], node_begin[p],
-                node_last[p] + 1);
+      AddShared(rows, prev_members.data() + node_at[p], node_size[p], node_begin[p] * unit_,
+                (node_last[p] + 1) * unit_);
     }
     for (int i = 0; i < n; ++i) {
-      AddOwn(rows[i], own_begin[i] >= 0 ? own_begin[i] : rows[i].full_tiles(), rows[i].tiles());
+      AddOwn(rows[i], (own_begin[i] >= 0 ? own_begin[i] : FullUnits(rows[i])) * unit_,
+             rows[i].tiles());
     }
   }
 
  private:
   const AttentionBatch& batch_;
-  const int rows_per_cta_, blocks_per_tile_, per_item_, lead_;
+  const int rows_per_cta_, blocks_per_tile_, per_item_, lead_, unit_;
   AttentionPlan* plan_;
 };
 
@@ -349,12 +356,18 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
     return absl::InvalidArgumentError(
         absl::StrCat("attention: block_size ", bs, " must divide the tile size ", kTileTokens));
   }
+  const int unit = config.super_tiles;
+  if (unit < 1 || unit > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention: super_tiles ", unit, " outside [1, 64]"));
+  }
   const int group = hq / hkv;
   const int rows_per_cta = std::max(1, kMaxQueriesPerCta / group);  // split items
   const int prefill_rows = std::max(1, PrefillQueriesPerCta(config.head_dim) / group);
   const int blocks_per_tile = kTileTokens / bs;
 
   *plan = AttentionPlan();
+  plan->super_tiles = unit;
   plan->partial_base.assign(batch.num_tokens, -1);
   if (batch.query_start[0] != 0 || batch.query_start[batch.num_seqs] != batch.num_tokens) {
     return absl::InvalidArgumentError("attention: query_start does not cover the tokens");
@@ -403,13 +416,15 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   // RESULTS.md), 4 tiles per item from 1024 decode tiles on.
   int tiles_per_item = config.tiles_per_item;
   if (tiles_per_item <= 0) tiles_per_item = plan->decode_row_tiles >= kAutoMultiTileFrom ? 4 : 1;
+  tiles_per_item = CeilDiv(tiles_per_item, unit) * unit;  // whole super-tiles
   const size_t final_rows = plan->item_rows.size();
   auto plan_decode = [&](int lead_tiles) {
     plan->split_items.clear();
     plan->item_rows.resize(final_rows);
     plan->max_split_rows = plan->cascade_groups = plan->cascade_shared_tiles = 0;
     plan->split_tile_reads = 0;
-    DecodePlanner planner(batch, rows_per_cta, blocks_per_tile, tiles_per_item, lead_tiles, plan);
+    DecodePlanner planner(batch, rows_per_cta, blocks_per_tile, tiles_per_item, lead_tiles, unit,
+                          plan);
     if (!config.cascade || rows_per_cta < 2) {  // a tile read per row either way
       for (const DecodeRow& d : decode_rows) planner.AddOwn(d, 0, d.tiles());
     } else if (config.grouping == CascadeGrouping::kLeadingTiles) {
@@ -427,9 +442,12 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   // else a long fold item would run on after the other CTAs are done (measured on an H100,
   // bench/kernels/RESULTS.md: runs shorter than whole rows lost to no folding at all, whole rows
   // won from batch 64 on). That takes a second plan, kept or dropped once its span is known.
+  // With super-tiles (unit > 1) a fold item spans one super-tile (the split kernels keep one
+  // state, the super-tile's), except whole rows for the persistent decode kernel, which folds
+  // super-tiles in order.
   int lead = config.lead_tiles;
   const int slots = config.split_ctas > 0 ? config.split_ctas : kDefaultSplitCtas;
-  plan_decode(lead == 0 ? tiles_per_item : lead);
+  plan_decode(lead < 0 ? lead : unit > 1 ? unit : lead == 0 ? tiles_per_item : lead);
   if (lead == 0) {
     int longest = 0;
     for (const DecodeRow& d : decode_rows) longest = std::max(longest, d.tiles());
@@ -461,7 +479,7 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
     // A row longer than 1.1x the share would keep its CTA running after the others if folded
     // whole: no second plan then (it would be dropped, and planning twice costs host time).
     if (longest > tiles_per_item &&
-        (persistent || 10 * static_cast<int64_t>(longest) <= 11 * share)) {
+        (persistent || (unit == 1 && 10 * static_cast<int64_t>(longest) <= 11 * share))) {
       const int64_t reads = plan->split_tile_reads;
       std::vector<int32_t> items = plan->split_items, rows = plan->item_rows;
       const int max_rows = plan->max_split_rows, groups = plan->cascade_groups;
@@ -483,14 +501,14 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
         plan->split_tile_reads = static_cast<int>(reads);
       }
     }
-  } else if (lead > tiles_per_item) {  // the fold items lead
+  } else if (unit == 1 && lead > tiles_per_item) {  // the fold items lead
     SortLongestFirst(&plan->split_items);
     SnakeRounds(&plan->split_items, slots);
   }
 
-  // Partial slots: one per tile, but a fold item's tiles [0, f) share one, tile f - 1's (slot of
-  // tile t = partial_base + t, so slot f - 1 is the row's first); then the merge of the row's
-  // slots in tile order. A fold item whose every row ends at its last tile holds those rows'
+  // Partial slots: one per super-tile (per tile with unit 1), but a fold item's super-tiles [0, f)
+  // share one, super-tile f - 1's (slot of tile t = partial_base + t / unit, so slot f - 1 is the
+  // row's first); then the merge of the row's slots in order. A fold item whose every row ends at its last tile holds those rows'
   // final states: it writes their outputs itself (kFoldFinish, the merge's o * rcp(l) of a lone
   // state: the same bits), and their merge entries have no slot (the merge skips them). Only in
   // plans of the shared-memory split form: the register form's kernel is at its register cap.
@@ -519,8 +537,9 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
       plan->merge_list.insert(plan->merge_list.end(), {d.row, plan->num_partials, 0});
       continue;
     }
-    const int skipped = std::max(folded[d.row], 1) - 1;  // tiles without a slot of their own
-    const int slots = d.tiles() - skipped;
+    // Super-tiles without a slot of their own.
+    const int skipped = std::max(CeilDiv(folded[d.row], unit), 1) - 1;
+    const int slots = CeilDiv(d.tiles(), unit) - skipped;
     plan->partial_base[d.row] = plan->num_partials - skipped;
     plan->merge_list.insert(plan->merge_list.end(), {d.row, plan->num_partials, slots});
     plan->num_partials += slots;

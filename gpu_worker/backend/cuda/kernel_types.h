@@ -71,6 +71,8 @@ struct AttentionPlanView {
   // and sets the counter back to zero as it ends. Required for form 3 (Attention fails with
   // InvalidArgument without it); launches that share it run one after another (one stream).
   int32_t* ws_work = nullptr;
+  // AttentionPlan::super_tiles: tiles per super-tile of the fold order (attention.h).
+  int super_tiles = 1;
 };
 
 // The kernel that runs prefill items of head_dim 128 (every choice gives the same bits).

@@ -290,6 +290,10 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
   if (plan.num_split > 0 && (!args.partial_o || !args.partial_ml || !plan.partial_base)) {
     return Bad("Attention", "split items need the partial workspace");
   }
+  if (plan.super_tiles < 1 || (plan.super_tiles > 1 && c.head_dim != 128)) {
+    return Bad("Attention", absl::StrCat("super_tiles ", plan.super_tiles,
+                                         ": the two-level fold order runs at head_dim 128 only"));
+  }
   if (plan.num_split > 0 && plan.split_form == 3 && plan.ws_work == nullptr) {
     return Bad("Attention", "split form 3 (the persistent decode kernel) needs the work counter");
   }
@@ -325,6 +329,12 @@ absl::StatusOr<int> PersistentDecodeCtas(int head_dim, int group, int block_size
   }
   if (!st.ok()) return st;
   return sms;
+}
+
+absl::StatusOr<int> SuperTilesFor(int head_dim, int block_size) {
+  absl::StatusOr<bool> hopper = WgmmaPrefillAvailable();
+  if (!hopper.ok()) return hopper.status();
+  return *hopper && head_dim == 128 && block_size % 16 == 0 ? kSuperTiles : 1;
 }
 
 }  // namespace cascade::cuda
