@@ -136,6 +136,7 @@ void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx,
                               s->merge.as<int32_t>(), s->plan.num_merge(),   s->plan.max_final_rows,
                               s->plan.max_split_rows};
   s->view.split_form = SplitForm(s->plan, kD, kHq / kHkv);
+  s->view.super_tiles = s->plan.super_tiles;
   s->ws_work = Up(std::vector<int32_t>{0, 0});
   s->view.ws_work = s->ws_work.as<int32_t>();
 }
@@ -245,6 +246,15 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto ws_ctas = PersistentDecodeCtas(kD, kHq / kHkv, g_block);  // as the backend sets it
   CHECK_OK(ws_ctas.status());
   every.ws_ctas = *ws_ctas;
+  auto super_tiles = SuperTilesFor(kD, g_block);  // the fold order the backend picks
+  CHECK_OK(super_tiles.status());
+  every.super_tiles = *super_tiles;
+  const bool super = every.super_tiles > 1;
+  std::printf("fold order: super-tiles of %d tiles%s\n\n", every.super_tiles,
+              super ? " (rows tagged 1-level: the one-level order, other bits)" : " (one level)");
+  // The one-level order (other bits where the default has super-tiles), for comparison.
+  AttentionConfig onelevel = every;
+  onelevel.super_tiles = 1;
   AttentionConfig nofold = every, whole = every, single = every, flat = every;
   nofold.lead_tiles = -1;      // every split item writes a partial per tile (before fold items)
   whole.lead_tiles = 1 << 20;  // a decode row's every tile in one fold item
@@ -259,13 +269,14 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   single.grouping = CascadeGrouping::kLeadingTiles;
   flat.cascade = false;
   auto suffix = [&](const AttentionConfig* c) -> std::string {
-    return c == &nofold   ? " nofold"
-           : c == &whole  ? " whole"
-           : c == &lead8  ? " lead8"
-           : c == &lead16 ? " lead16"
-           : c == &lead32 ? " lead32"
-           : c == &smem   ? " smem"
-                          : "";
+    return c == &nofold     ? " nofold"
+           : c == &whole    ? " whole"
+           : c == &lead8    ? " lead8"
+           : c == &lead16   ? " lead16"
+           : c == &lead32   ? " lead32"
+           : c == &smem     ? " smem"
+           : c == &onelevel ? " 1-level"
+                            : "";
   };
   // Decode, distinct sequences: without fold items; the default (the plan's split form: where
   // every item is a whole row of DecodeWsMinTiles() tiles or more on average, form 3, the
@@ -279,11 +290,17 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     int split_variant;  // internal::SetSplitVariant
     int ws_min_tiles;   // SetDecodeWsMinTiles for the row (-1: the default)
   };
-  const std::vector<Decode> decodes = {{" nofold", &nofold, 0, -1},
-                                       {"", &every, 0, -1},
-                                       {" smem", &every, 2, -1},
-                                       {" whole ws", &whole, 0, 0},
-                                       {" whole smem", &whole, 2, -1}};
+  // With super-tiles the forced shared-memory rows are left out (a plan of whole rows of several
+  // super-tiles runs only on the persistent kernel) and the one-level order is timed beside.
+  std::vector<Decode> decodes = {{" nofold", &nofold, 0, -1},
+                                 {"", &every, 0, -1},
+                                 {" smem", &every, 2, -1},
+                                 {" whole ws", &whole, 0, 0},
+                                 {" whole smem", &whole, 2, -1}};
+  if (super) {
+    std::erase_if(decodes, [](const Decode& d) { return d.split_variant != 0; });
+    decodes.push_back({" 1-level", &onelevel, 0, -1});
+  }
   // ctx 145 / 160: the engine benchmark's decode rows (prompt 128, up to 64 generated), items of 3
   // tiles (145: the last one ends mid-block, as most rows' do);
   // 384: 6 tiles (the persistent decode kernel's default threshold, DecodeWsMinTiles);
@@ -336,7 +353,8 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     int64_t blocks = 0;
     const auto tables = PrefixTables(ctx, P / g_block, &blocks);
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
-    for (const AttentionConfig* c : {&flat, &nofold, &every, &lead8, &lead16, &smem}) {
+    for (const AttentionConfig* c : {&flat, &nofold, &every, &lead8, &lead16, &smem, &onelevel}) {
+      if (c == &onelevel && !super) continue;
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
                                       num_blocks, cache, *c, &plan);
@@ -375,7 +393,8 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     std::printf("\n");
     double every_ms = 0, single_ms = 0;
     for (const AttentionConfig* c :
-         {&flat, &single, &nofold, &every, &lead8, &lead16, &lead32, &smem}) {
+         {&flat, &single, &nofold, &every, &lead8, &lead16, &lead32, &smem, &onelevel}) {
+      if (c == &onelevel && !super) continue;
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
                                       num_blocks, cache, *c, &plan);
@@ -401,12 +420,20 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   absl::StatusOr<bool> wgmma = WgmmaPrefillAvailable();
   CHECK_OK(wgmma.status());
   std::printf("\nprefill (causal, 1 seq): time_us (TFLOP/s); x = speedup over mma.sync\n");
-  // Variants (internal::SetWgmmaPrefillVariant): 2 two warpgroups (v7); warp-specialized with TMA
-  // (v8): 0 the default, 1 with the ping-pong schedule.
-  const std::vector<std::pair<int, const char*>> variants = {
-      {2, "v7 2wg"}, {0, "v8 ws (default)"}, {1, "v8 ws+pingpong"}};
+  // Variants (internal::SetWgmmaPrefillVariant): 2 two warpgroups (v7, one-level order only);
+  // warp-specialized with TMA (v8): 0 the default, 1 with the ping-pong schedule; with
+  // super-tiles also the default kernel in the one-level order (variant 0 on `onelevel`).
+  struct Variant {
+    int variant;
+    const AttentionConfig* config;
+    const char* name;
+  };
+  std::vector<Variant> variants = {{2, &onelevel, super ? "v7 2wg 1-level" : "v7 2wg"},
+                                   {0, &every, "v8 ws (default)"},
+                                   {1, &every, "v8 ws+pingpong"}};
+  if (super) variants.push_back({0, &onelevel, "v8 ws 1-level"});
   std::printf("%-16s %18s", "case", "mma.sync");
-  for (const auto& [v, name] : variants) std::printf(" %24s", name);
+  for (const Variant& v : variants) std::printf(" %24s", v.name);
   std::printf("\n");
   for (int n : kPrefillNs) {
     if (g_prefill_n > 0 && n != g_prefill_n) continue;
@@ -417,11 +444,11 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
                                     PrefillPath::kMmaSync);
     std::printf("%-16s %9.1f (%6.1f)", ("prefill N=" + std::to_string(n)).c_str(), ms * 1e3,
                 flops / (ms * 1e-3) / 1e12);
-    for (const auto& [variant, name] : variants) {
+    for (const Variant& v : variants) {
       if (!*wgmma) break;
-      internal::SetWgmmaPrefillVariant(variant);
-      const double wg = TimeAttention({n}, {n}, tables, blocks, 1, num_blocks, cache, every, &plan,
-                                      PrefillPath::kWgmma);
+      internal::SetWgmmaPrefillVariant(v.variant);
+      const double wg = TimeAttention({n}, {n}, tables, blocks, 1, num_blocks, cache, *v.config,
+                                      &plan, PrefillPath::kWgmma);
       std::printf(" %9.1f (%6.1f) %5.2fx", wg * 1e3, flops / (wg * 1e-3) / 1e12, ms / wg);
     }
     internal::SetWgmmaPrefillVariant(0);

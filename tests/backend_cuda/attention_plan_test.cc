@@ -696,6 +696,139 @@ TEST(AttentionPlanTest, PersistentKernelTakesMixedRowsLongestFirst) {
   EXPECT_LE(100 * makespan, 102 * share) << "makespan " << makespan << " tiles, share " << share;
 }
 
+// Super-tiles (AttentionConfig::super_tiles = 4): every split item starts on a super-tile and ends
+// on one or at its rows' last tile, every (row, tile) is computed once, a fold item spans one
+// super-tile unless it is a whole one-q-row row for the persistent kernel, partial slots are one
+// per super-tile (disjoint, base + t / 4), and cascade shares exactly the super-tiles whose 16
+// blocks several rows name (brute force), at every level of the tree, also where chunks end
+// mid-super-tile.
+void CheckSuperPlan(const AttentionConfig& cfg, const Batch& b, const AttentionPlan& plan,
+                    std::set<SharedRead>* shared_out) {
+  const int u = cfg.super_tiles;
+  EXPECT_EQ(plan.super_tiles, u);
+  std::map<int, int> tiles_of;  // decode row -> tiles
+  for (size_t s = 0; s < b.seqs.size(); ++s) {
+    if (b.query_start[s + 1] - b.query_start[s] == 1) {
+      tiles_of[b.query_start[s]] = CeilDiv(b.positions[b.query_start[s]] + 1, kTileTokens);
+    }
+  }
+  std::map<std::pair<int, int>, int> covered;
+  std::map<std::pair<int, int>, std::vector<int>> shared;  // (super-tile, table) -> rows
+  std::map<int, int> folded;
+  for (int i = 0; i < plan.num_split(); ++i) {
+    const int32_t* it = &plan.split_items[i * kItemFields];
+    EXPECT_EQ(it[1] % u, 0) << "item " << i << " starts mid-super-tile";
+    for (int k = it[3]; k < it[3] + it[4]; ++k) {
+      const int row = plan.item_rows[k];
+      EXPECT_TRUE(it[2] % u == 0 || it[2] == tiles_of.at(row)) << "item " << i << " ends mid";
+      for (int t = it[1]; t < it[2]; ++t) ++covered[{row, t}];
+      for (int t = it[1]; t < it[2]; t += u) shared[{t / u, it[0]}].push_back(row);
+      if (it[6] != kFoldNone) folded[row] = it[2];
+    }
+    if (it[6] != kFoldNone && it[2] - it[1] > u) {
+      EXPECT_EQ(it[6], kFoldFinish) << "a fold item of several super-tiles finishes its row";
+      EXPECT_EQ(it[4], 1);
+      EXPECT_EQ(it[2], tiles_of.at(plan.item_rows[it[3]])) << "... and holds all of it";
+      EXPECT_EQ(SplitForm(plan, cfg.head_dim, cfg.num_q_heads / cfg.num_kv_heads), 3);
+    }
+  }
+  for (const auto& [row, tiles] : tiles_of) {
+    for (int t = 0; t < tiles; ++t) EXPECT_EQ((covered[{row, t}]), 1) << row << " " << t;
+  }
+  std::vector<bool> used(plan.num_partials, false);
+  for (int e = 0; e < plan.num_merge(); ++e) {
+    const int row = plan.merge_list[3 * e], base = plan.merge_list[3 * e + 1];
+    const int slots = plan.merge_list[3 * e + 2];
+    if (slots == 0) continue;  // finished by its fold item
+    const int skipped = folded.count(row) ? CeilDiv(folded[row], u) - 1 : 0;
+    EXPECT_EQ(slots, CeilDiv(tiles_of.at(row), u) - skipped) << "row " << row;
+    EXPECT_EQ(base, plan.partial_base[row] + skipped);
+    for (int k = base; k < base + slots; ++k) {
+      EXPECT_FALSE(used.at(k)) << "slot " << k << " used twice";
+      used[k] = true;
+    }
+  }
+  shared_out->clear();
+  for (auto& [key, rows] : shared) {
+    std::sort(rows.begin(), rows.end());
+    if (rows.size() >= 2) shared_out->insert({key.first, rows});
+  }
+}
+
+std::set<SharedRead> BruteForceSharedSupers(const AttentionConfig& cfg, const Batch& b) {
+  const int per = kTileTokens * cfg.super_tiles, bps = per / cfg.block_size;
+  std::map<std::pair<int, std::vector<int32_t>>, std::vector<int>> groups;
+  for (size_t s = 0; s < b.seqs.size(); ++s) {
+    const int row = b.query_start[s];
+    if (b.query_start[s + 1] - row != 1) continue;
+    for (int u = 0; u < (b.positions[row] + 1) / per; ++u) {
+      const int32_t* ids = b.block_ids.data() + b.table_start[s] + u * bps;
+      groups[{u, std::vector<int32_t>(ids, ids + bps)}].push_back(row);
+    }
+  }
+  std::set<SharedRead> out;
+  for (auto& [key, rows] : groups) {
+    if (rows.size() >= 2) out.insert({key.first, rows});
+  }
+  return out;
+}
+
+TEST(AttentionPlanTest, SuperTilesAlignItemsSlotsAndSharing) {
+  AttentionConfig cfg = kQwen3;
+  cfg.super_tiles = 4;
+  std::set<SharedRead> reads;
+  // The product's tree, chunks of whole super-tiles: the same groups and shared tiles as tiles.
+  const Batch tree = MakeBatch(Tree(2048, 1024, 8, 32, 16, QueryLens(256, 1)));
+  for (int lead : {0, -1, 1000}) {
+    cfg.lead_tiles = lead;
+    const AttentionPlan plan = Plan(cfg, tree);
+    CheckSuperPlan(cfg, tree, plan, &reads);
+    EXPECT_EQ(reads, BruteForceSharedSupers(cfg, tree)) << "lead " << lead;
+    EXPECT_EQ(plan.cascade_groups, 9);
+    EXPECT_EQ(plan.cascade_shared_tiles, 32 + 8 * 16);
+  }
+  // Chunks that end mid-super-tile: the system's last partial super-tile holds context tokens,
+  // so it is shared per context (7 super-tiles for all, 4 per context).
+  const Batch mid = MakeBatch(Tree(2000, 1000, 8, 32, 16, QueryLens(256, 2)));
+  cfg.lead_tiles = 0;
+  const AttentionPlan plan = Plan(cfg, mid);
+  CheckSuperPlan(cfg, mid, plan, &reads);
+  EXPECT_EQ(reads, BruteForceSharedSupers(cfg, mid));
+  EXPECT_EQ(plan.cascade_groups, 9);
+  EXPECT_EQ(plan.cascade_shared_tiles, 4 * 7 + 8 * 4 * 4);
+  // Plain rows: whole rows of several super-tiles only for the persistent kernel; otherwise fold
+  // items of one super-tile and a slot per super-tile.
+  std::vector<Seq> rows;
+  int next = 0;
+  for (int i = 0; i < 40; ++i) {
+    Seq s{1, 2000 + 7 * i, {}};  // 32-36 tiles: balanced, ending anywhere in a super-tile
+    while (static_cast<int>(s.blocks.size()) * 16 < s.ctx) s.blocks.push_back(next++);
+    rows.push_back(s);
+  }
+  const Batch plain = MakeBatch(rows);
+  for (int ws : {0, 132}) {
+    for (int lead : {0, -1, 1000}) {
+      cfg.ws_ctas = ws;
+      cfg.lead_tiles = lead;
+      const AttentionPlan p = Plan(cfg, plain);
+      CheckSuperPlan(cfg, plain, p, &reads);
+      bool multi = false;
+      for (int i = 0; i < p.num_split(); ++i) {
+        const int32_t* it = &p.split_items[i * kItemFields];
+        multi = multi || (it[6] != kFoldNone && it[2] - it[1] > 4);
+      }
+      // Whole rows come from the persistent kernel's rule (ws) or an explicit lead (1000).
+      EXPECT_EQ(multi, lead == 1000 || (ws > 0 && lead == 0)) << "ws " << ws << " lead " << lead;
+    }
+  }
+  // One-level plans are unchanged by the field's default.
+  EXPECT_EQ(kQwen3.super_tiles, 1);
+  AttentionConfig bad = kQwen3;
+  bad.super_tiles = 0;
+  AttentionPlan p;
+  EXPECT_EQ(PlanAttention(bad, plain.View(), &p).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(AttentionPlanTest, RejectsPositionsOutsideContextAndBadShapes) {
   std::vector<int32_t> pos = {5}, qs = {0, 1}, ctx = {5}, ts = {0, 1}, blocks = {0};
   AttentionBatch b{pos.data(), 1, qs.data(), ctx.data(), ts.data(), blocks.data(), 1};

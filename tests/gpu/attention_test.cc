@@ -87,6 +87,24 @@ const DeviceBuffer& WsWork() {
   return *counter;
 }
 
+// AttentionConfig::super_tiles of RunAttention: 0 the device's choice for the shape (SuperTilesFor:
+// the two-level fold order on Hopper at head_dim 128), else this value. Tests that compare paths
+// run under both orders (SuperOrders); each order has its own bits, so paths are compared within
+// one order only.
+int g_super_tiles = 0;
+int SuperTiles(int head_dim, int block_size) {
+  if (g_super_tiles > 0) return g_super_tiles;
+  absl::StatusOr<int> st = SuperTilesFor(head_dim, block_size);
+  EXPECT_TRUE(st.ok()) << st.status();
+  return st.ok() ? *st : 1;
+}
+// The orders to test a shape under: the one-level order, and the device's choice where it differs.
+std::vector<int> SuperOrders(int head_dim, int block_size) {
+  g_super_tiles = 0;
+  const int device = SuperTiles(head_dim, block_size);
+  return device > 1 ? std::vector<int>{1, device} : std::vector<int>{1};
+}
+
 // Runs attention over `q` ([tokens, hq * D] bf16 bits) and returns [tokens, hq * D] bf16 bits.
 std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector<uint16_t>& q,
                                    bool cascade, AttentionPlan* plan_out = nullptr,
@@ -95,6 +113,7 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
                                    PrefillPath prefill_path = PrefillPath::kAuto,
                                    int lead_tiles = 0) {
   AttentionConfig cfg{h.hq, h.hkv, h.D, h.bs, cascade, grouping, tiles_per_item, lead_tiles};
+  cfg.super_tiles = SuperTiles(h.D, h.bs);
   AttentionBatch ab{b.positions.data(),
                     b.num_tokens(),
                     b.query_start.data(),
@@ -131,6 +150,7 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
                          plan.max_split_rows};
   view.split_form = SplitForm(plan, h.D, h.hq / h.hkv);
   view.ws_work = WsWork().as<int32_t>();
+  view.super_tiles = plan.super_tiles;
   st = Attention(args, view, nullptr);
   EXPECT_TRUE(st.ok()) << st;
   if (plan_out) *plan_out = plan;
@@ -239,38 +259,46 @@ TEST(Attention, CascadeEqualsNonCascadeBitwise) {
   Batch b = MakeBatch(seqs);
   std::vector<float> q = RandomNormal(static_cast<size_t>(b.num_tokens()) * 16 * 128, &rng);
   auto q_bits = RoundToBf16(&q);
-  AttentionPlan plan_on, plan_off;
-  auto on = RunAttention(h, b, q_bits, true, &plan_on);
-  auto off = RunAttention(h, b, q_bits, false, &plan_off);
-  // Tile 0 is read once for the 41 rows that share it, tiles 1..3 once for the 40 that share
-  // them: two groups, four shared tiles.
-  EXPECT_EQ(plan_on.cascade_groups, 2);
-  EXPECT_EQ(plan_on.cascade_shared_tiles, 4);
-  EXPECT_EQ(plan_off.cascade_groups, 0);
-  EXPECT_LT(plan_on.split_tile_reads, plan_off.split_tile_reads);
-  ASSERT_EQ(on.size(), off.size());
-  EXPECT_EQ(0, std::memcmp(on.data(), off.data(), on.size() * sizeof(uint16_t)))
-      << "cascade changed a result";
-  ExpectClose(on, Reference(h, seqs, b, q));
-  // Fold items (a row's first tiles folded in the CTA into one partial): none, short, whole rows.
-  for (int lead : {-1, 2, 1000}) {
-    for (bool cascade : {true, false}) {
-      auto folded = RunAttention(h, b, q_bits, cascade, nullptr, CascadeGrouping::kEveryTile, 0,
-                                 PrefillPath::kAuto, lead);
-      EXPECT_EQ(0, std::memcmp(folded.data(), off.data(), off.size() * sizeof(uint16_t)))
-          << "fold items of " << lead << " tiles (cascade " << cascade << ") changed a result";
+  for (int order : SuperOrders(128, 16)) {
+    g_super_tiles = order;
+    SCOPED_TRACE("super_tiles " + std::to_string(order));
+    AttentionPlan plan_on, plan_off;
+    auto on = RunAttention(h, b, q_bits, true, &plan_on);
+    auto off = RunAttention(h, b, q_bits, false, &plan_off);
+    // One-level: tile 0 is read once for the 41 rows that share it, tiles 1..3 once for the 40
+    // that share them: two groups, four shared tiles. Super-tiles of 4: the 40 rows share
+    // super-tile 0 (tiles 0..3); the short row's one shared tile is part of a super-tile it does
+    // not share.
+    EXPECT_EQ(plan_on.cascade_groups, order == 1 ? 2 : 1);
+    EXPECT_EQ(plan_on.cascade_shared_tiles, 4);
+    EXPECT_EQ(plan_off.cascade_groups, 0);
+    EXPECT_LT(plan_on.split_tile_reads, plan_off.split_tile_reads);
+    ASSERT_EQ(on.size(), off.size());
+    EXPECT_EQ(0, std::memcmp(on.data(), off.data(), on.size() * sizeof(uint16_t)))
+        << "cascade changed a result";
+    ExpectClose(on, Reference(h, seqs, b, q));
+    // Fold items (a row's first tiles folded in the CTA into one partial): none, short, whole rows.
+    for (int lead : {-1, 2, 1000}) {
+      for (bool cascade : {true, false}) {
+        auto folded = RunAttention(h, b, q_bits, cascade, nullptr, CascadeGrouping::kEveryTile, 0,
+                                   PrefillPath::kAuto, lead);
+        EXPECT_EQ(0, std::memcmp(folded.data(), off.data(), off.size() * sizeof(uint16_t)))
+            << "fold items of " << lead << " tiles (cascade " << cascade << ") changed a result";
+      }
+    }
+    for (int variant : {1, 2, 3}) {  // shared-memory form with / without prefetch, register form
+      for (int lead : {-1, 0, 1000}) {
+        internal::SetSplitVariant(variant);
+        auto other = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                                  PrefillPath::kAuto, lead);
+        internal::SetSplitVariant(0);
+        EXPECT_EQ(0, std::memcmp(other.data(), off.data(), off.size() * sizeof(uint16_t)))
+            << "split kernel variant " << variant << " (fold items " << lead
+            << ") changed a result";
+      }
     }
   }
-  for (int variant : {1, 2, 3}) {  // shared-memory form with / without prefetch, register form
-    for (int lead : {-1, 0, 1000}) {
-      internal::SetSplitVariant(variant);
-      auto other = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
-                                PrefillPath::kAuto, lead);
-      internal::SetSplitVariant(0);
-      EXPECT_EQ(0, std::memcmp(other.data(), off.data(), off.size() * sizeof(uint16_t)))
-          << "split kernel variant " << variant << " (fold items " << lead << ") changed a result";
-    }
-  }
+  g_super_tiles = 0;
 }
 
 // The product's tree: a system chunk of 2048 tokens shared by 256 requests, 8 context chunks of
@@ -298,42 +326,47 @@ TEST(Attention, ThreeLevelTreeCascadeEqualsFlatBitwise) {
   Batch b = MakeBatch(seqs);
   std::vector<float> q = RandomNormal(static_cast<size_t>(b.num_tokens()) * 16 * 128, &rng);
   auto q_bits = RoundToBf16(&q);
-  AttentionPlan every, leading, off;
-  auto out = RunAttention(h, b, q_bits, true, &every);
-  EXPECT_EQ(every.cascade_groups, 9);
-  EXPECT_EQ(every.cascade_shared_tiles, 32 + 8 * 16);
-  auto single = RunAttention(h, b, q_bits, true, &leading, CascadeGrouping::kLeadingTiles);
-  EXPECT_EQ(leading.cascade_shared_tiles, 32);
-  auto one = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 1);
-  auto merged = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 3);
-  auto nofold = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
-                             PrefillPath::kAuto, -1);
-  auto whole = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
-                            PrefillPath::kAuto, 1000);
-  auto flat_whole = RunAttention(h, b, q_bits, false, nullptr, CascadeGrouping::kEveryTile, 0,
-                                 PrefillPath::kAuto, 1000);
-  auto flat = RunAttention(h, b, q_bits, false, &off);
-  EXPECT_LT(every.split_tile_reads * 4, off.split_tile_reads);
-  const size_t bytes = out.size() * sizeof(uint16_t);
-  EXPECT_EQ(0, std::memcmp(out.data(), flat.data(), bytes)) << "every-tile cascade != flat";
-  EXPECT_EQ(0, std::memcmp(single.data(), flat.data(), bytes)) << "single-level cascade != flat";
-  EXPECT_EQ(0, std::memcmp(one.data(), flat.data(), bytes)) << "one tile per item != flat";
-  EXPECT_EQ(0, std::memcmp(merged.data(), flat.data(), bytes)) << "3 tiles per item != flat";
-  EXPECT_EQ(0, std::memcmp(nofold.data(), flat.data(), bytes)) << "no fold items != flat";
-  EXPECT_EQ(0, std::memcmp(whole.data(), flat.data(), bytes)) << "system folded whole != flat";
-  EXPECT_EQ(0, std::memcmp(flat_whole.data(), flat.data(), bytes)) << "rows folded whole != flat";
-  // The float64 reference on one row of each context (the rest are the same computation).
-  std::vector<Seq> some;
-  std::vector<float> q_some;
-  std::vector<uint16_t> out_some;
-  const size_t row = 16 * 128;
-  for (int c = 0; c < 8; ++c) {
-    const int r = c * 32 + (c * 5) % 32;
-    some.push_back(seqs[r]);
-    q_some.insert(q_some.end(), q.begin() + r * row, q.begin() + (r + 1) * row);
-    out_some.insert(out_some.end(), out.begin() + r * row, out.begin() + (r + 1) * row);
+  for (int order : SuperOrders(128, 16)) {  // chunks are whole super-tiles: the same sharing
+    g_super_tiles = order;
+    SCOPED_TRACE("super_tiles " + std::to_string(order));
+    AttentionPlan every, leading, off;
+    auto out = RunAttention(h, b, q_bits, true, &every);
+    EXPECT_EQ(every.cascade_groups, 9);
+    EXPECT_EQ(every.cascade_shared_tiles, 32 + 8 * 16);
+    auto single = RunAttention(h, b, q_bits, true, &leading, CascadeGrouping::kLeadingTiles);
+    EXPECT_EQ(leading.cascade_shared_tiles, 32);
+    auto one = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 1);
+    auto merged = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 3);
+    auto nofold = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                               PrefillPath::kAuto, -1);
+    auto whole = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                              PrefillPath::kAuto, 1000);
+    auto flat_whole = RunAttention(h, b, q_bits, false, nullptr, CascadeGrouping::kEveryTile, 0,
+                                   PrefillPath::kAuto, 1000);
+    auto flat = RunAttention(h, b, q_bits, false, &off);
+    EXPECT_LT(every.split_tile_reads * 4, off.split_tile_reads);
+    const size_t bytes = out.size() * sizeof(uint16_t);
+    EXPECT_EQ(0, std::memcmp(out.data(), flat.data(), bytes)) << "every-tile cascade != flat";
+    EXPECT_EQ(0, std::memcmp(single.data(), flat.data(), bytes)) << "single-level cascade != flat";
+    EXPECT_EQ(0, std::memcmp(one.data(), flat.data(), bytes)) << "one tile per item != flat";
+    EXPECT_EQ(0, std::memcmp(merged.data(), flat.data(), bytes)) << "3 tiles per item != flat";
+    EXPECT_EQ(0, std::memcmp(nofold.data(), flat.data(), bytes)) << "no fold items != flat";
+    EXPECT_EQ(0, std::memcmp(whole.data(), flat.data(), bytes)) << "system folded whole != flat";
+    EXPECT_EQ(0, std::memcmp(flat_whole.data(), flat.data(), bytes)) << "rows folded whole != flat";
+    // The float64 reference on one row of each context (the rest are the same computation).
+    std::vector<Seq> some;
+    std::vector<float> q_some;
+    std::vector<uint16_t> out_some;
+    const size_t row = 16 * 128;
+    for (int c = 0; c < 8; ++c) {
+      const int r = c * 32 + (c * 5) % 32;
+      some.push_back(seqs[r]);
+      q_some.insert(q_some.end(), q.begin() + r * row, q.begin() + (r + 1) * row);
+      out_some.insert(out_some.end(), out.begin() + r * row, out.begin() + (r + 1) * row);
+    }
+    ExpectClose(out_some, Reference(h, some, MakeBatch(some), q_some));
   }
-  ExpectClose(out_some, Reference(h, some, MakeBatch(some), q_some));
+  g_super_tiles = 0;
 }
 
 // The Hopper prefill kernels (wgmma: warp-specialized with TMA, with and without the ping-pong
@@ -359,27 +392,32 @@ TEST(Attention, PrefillKernelsAgreeBitwise) {
     Batch b = MakeBatch(seqs);
     std::vector<float> q = RandomNormal(static_cast<size_t>(b.num_tokens()) * sh.hq * sh.D, &rng);
     auto q_bits = RoundToBf16(&q);
-    auto mma = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
-                            PrefillPath::kMmaSync);
-    std::vector<uint16_t> wg;
-    // The two-warpgroup kernel, then warp-specialized (TMA) with and without ping-pong (0 last:
-    // the default).
-    for (int variant : {2, 1, 0}) {
-      internal::SetWgmmaPrefillVariant(variant);
-      wg = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
-                        PrefillPath::kWgmma);
-      ASSERT_EQ(mma.size(), wg.size());
-      size_t differ = 0;
-      for (size_t i = 0; i < mma.size(); ++i) differ += mma[i] != wg[i];
-      EXPECT_EQ(differ, 0u) << "wgmma prefill (variant " << variant
-                            << ") != mma.sync prefill, shape hq " << sh.hq << " hkv " << sh.hkv
-                            << " block " << sh.bs;
-    }
-    if (!checked_reference) {
-      ExpectClose(wg, Reference(h, seqs, b, q));
-      checked_reference = true;
+    for (int order : SuperOrders(sh.D, sh.bs)) {
+      g_super_tiles = order;
+      auto mma = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                              PrefillPath::kMmaSync);
+      std::vector<uint16_t> wg;
+      // The two-warpgroup kernel (one-level order only), then warp-specialized (TMA) with and
+      // without ping-pong (0 last: the default).
+      for (int variant : {2, 1, 0}) {
+        if (variant == 2 && order > 1) continue;
+        internal::SetWgmmaPrefillVariant(variant);
+        wg = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                          PrefillPath::kWgmma);
+        ASSERT_EQ(mma.size(), wg.size());
+        size_t differ = 0;
+        for (size_t i = 0; i < mma.size(); ++i) differ += mma[i] != wg[i];
+        EXPECT_EQ(differ, 0u) << "wgmma prefill (variant " << variant
+                              << ") != mma.sync prefill, shape hq " << sh.hq << " hkv " << sh.hkv
+                              << " block " << sh.bs << ", super_tiles " << order;
+      }
+      if (!checked_reference || order > 1) {  // each order against the reference once
+        ExpectClose(wg, Reference(h, seqs, b, q));
+        checked_reference = true;
+      }
     }
   }
+  g_super_tiles = 0;
 }
 
 // The same query row computed by a cold prefill, by a prefill of the uncached tail (causal offset),
@@ -393,25 +431,30 @@ TEST(Attention, CachedPrefillEqualsColdPrefillBitwise) {
   h.Fill(&cold);
   std::vector<float> q = RandomNormal(static_cast<size_t>(N) * hq * D, &rng);
   auto q_bits = RoundToBf16(&q);
-  auto cold_out = RunAttention(h, MakeBatch({cold}), q_bits, true);
-  const size_t row = static_cast<size_t>(hq) * D;
-  for (int tail : {45, 1, 64}) {
-    Seq cached{tail, N, cold.blocks};
-    Seq other{3, 77, {}};
-    h.Fill(&other);
-    std::vector<Seq> seqs = {other, cached};
-    Batch b = MakeBatch(seqs);
-    std::vector<uint16_t> qb(other.q_len * row);
-    for (auto& x : qb) x = testing::ToBf16(0.5f);
-    qb.insert(qb.end(), q_bits.begin() + (N - tail) * row, q_bits.end());
-    for (int lead : {0, -1, 1000}) {  // a one-token step: fold items of 1 tile, none, the row
-      auto out = RunAttention(h, b, qb, true, nullptr, CascadeGrouping::kEveryTile, 0,
-                              PrefillPath::kAuto, lead);
-      EXPECT_EQ(0, std::memcmp(out.data() + other.q_len * row, cold_out.data() + (N - tail) * row,
-                               tail * row * sizeof(uint16_t)))
-          << "tail " << tail << " (fold items " << lead << ") differs from the cold prefill";
+  for (int order : SuperOrders(D, 16)) {
+    g_super_tiles = order;
+    SCOPED_TRACE("super_tiles " + std::to_string(order));
+    auto cold_out = RunAttention(h, MakeBatch({cold}), q_bits, true);
+    const size_t row = static_cast<size_t>(hq) * D;
+    for (int tail : {45, 1, 64}) {
+      Seq cached{tail, N, cold.blocks};
+      Seq other{3, 77, {}};
+      h.Fill(&other);
+      std::vector<Seq> seqs = {other, cached};
+      Batch b = MakeBatch(seqs);
+      std::vector<uint16_t> qb(other.q_len * row);
+      for (auto& x : qb) x = testing::ToBf16(0.5f);
+      qb.insert(qb.end(), q_bits.begin() + (N - tail) * row, q_bits.end());
+      for (int lead : {0, -1, 1000}) {  // a one-token step: fold items of 1 tile, none, the row
+        auto out = RunAttention(h, b, qb, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                                PrefillPath::kAuto, lead);
+        EXPECT_EQ(0, std::memcmp(out.data() + other.q_len * row, cold_out.data() + (N - tail) * row,
+                                 tail * row * sizeof(uint16_t)))
+            << "tail " << tail << " (fold items " << lead << ") differs from the cold prefill";
+      }
     }
   }
+  g_super_tiles = 0;
 }
 
 // Split form 3 (whole decode rows of <= 8 q-rows: the persistent warp-specialized kernel on
@@ -438,33 +481,47 @@ TEST(Attention, PersistentDecodeFormEqualsSplitFormsBitwise) {
     Batch b = MakeBatch(seqs);
     std::vector<float> q = RandomNormal(static_cast<size_t>(b.num_tokens()) * sh.hq * sh.D, &rng);
     auto q_bits = RoundToBf16(&q);
-    AttentionPlan plan;
-    auto run = [&] {
-      return RunAttention(h, b, q_bits, false, &plan, CascadeGrouping::kEveryTile, 0,
-                          PrefillPath::kAuto, 1000);
-    };
-    const int min_tiles = DecodeWsMinTiles();
-    SetDecodeWsMinTiles(0);  // form 3 whatever the rows' length
-    const auto ws = run();
-    ASSERT_EQ(SplitForm(plan, sh.D, sh.hq / sh.hkv), 3) << "every split item a whole row";
-    internal::SetDecodeWsCtas(3);
-    const auto few = run();
-    internal::SetDecodeWsCtas(0);
-    internal::SetSplitVariant(2);  // the same plan (form 3: no merge) on the shared-memory kernel
-    const auto smem = run();
-    internal::SetSplitVariant(0);
-    SetDecodeWsMinTiles(min_tiles);
-    const size_t bytes = ws.size() * sizeof(uint16_t);
-    const std::string shape = "hq " + std::to_string(sh.hq) + " hkv " + std::to_string(sh.hkv) +
-                              " block " + std::to_string(sh.bs);
-    EXPECT_EQ(0, std::memcmp(ws.data(), smem.data(), bytes))
-        << "form 3 != shared-memory, " << shape;
-    EXPECT_EQ(0, std::memcmp(few.data(), smem.data(), bytes)) << "form 3 on 3 CTAs, " << shape;
-    if (!checked_reference) {
-      ExpectClose(ws, Reference(h, seqs, b, q));
-      checked_reference = true;
+    for (int order : SuperOrders(sh.D, sh.bs)) {
+      g_super_tiles = order;
+      AttentionPlan plan;
+      auto run = [&] {
+        return RunAttention(h, b, q_bits, false, &plan, CascadeGrouping::kEveryTile, 0,
+                            PrefillPath::kAuto, 1000);
+      };
+      const int min_tiles = DecodeWsMinTiles();
+      SetDecodeWsMinTiles(0);  // form 3 whatever the rows' length
+      const auto ws = run();
+      ASSERT_EQ(SplitForm(plan, sh.D, sh.hq / sh.hkv), 3) << "every split item a whole row";
+      internal::SetDecodeWsCtas(3);
+      const auto few = run();
+      internal::SetDecodeWsCtas(0);
+      // One-level: the same plan (form 3: no merge) on the shared-memory kernel. Super-tiles: only
+      // the persistent kernel folds a row's super-tiles in one CTA, so the rows split into
+      // super-tile items (no fold items) on the shared-memory kernel and the merge.
+      std::vector<uint16_t> smem;
+      if (order == 1) {
+        internal::SetSplitVariant(2);
+        smem = run();
+        internal::SetSplitVariant(0);
+      } else {
+        smem = RunAttention(h, b, q_bits, false, nullptr, CascadeGrouping::kEveryTile, 0,
+                            PrefillPath::kAuto, -1);
+      }
+      SetDecodeWsMinTiles(min_tiles);
+      const size_t bytes = ws.size() * sizeof(uint16_t);
+      const std::string shape = "hq " + std::to_string(sh.hq) + " hkv " + std::to_string(sh.hkv) +
+                                " block " + std::to_string(sh.bs) + " super_tiles " +
+                                std::to_string(order);
+      EXPECT_EQ(0, std::memcmp(ws.data(), smem.data(), bytes))
+          << "form 3 != shared-memory, " << shape;
+      EXPECT_EQ(0, std::memcmp(few.data(), smem.data(), bytes)) << "form 3 on 3 CTAs, " << shape;
+      if (!checked_reference || order > 1) {
+        ExpectClose(ws, Reference(h, seqs, b, q));
+        checked_reference = true;
+      }
     }
   }
+  g_super_tiles = 0;
   if (!hopper) GTEST_SKIP() << "no sm_90a device: form 3 ran on the shared-memory kernel";
 }
 

@@ -1344,7 +1344,7 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
   // The two-level order runs at head_dim 128 only (ops.cc checks it with a message).
   const bool super = plan.super_tiles > 1;
   if (super && D != 128) return cudaErrorInvalidValue;
-  TileKernelArgs k{args,    nullptr, plan.item_rows, plan.partial_base, args.scale * kLog2e,
+  TileKernelArgs k{args,    nullptr,         plan.item_rows, plan.partial_base, args.scale * kLog2e,
                    nullptr, plan.super_tiles};
   if (plan.num_final > 0) {
     k.items = plan.final_items;
@@ -1401,6 +1401,9 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     };
     cudaError_t err = cudaSuccess;
     bool launched = false;
+    // With super-tiles a form-3 plan's rows fold several super-tiles: only the persistent kernel
+    // runs them (a benchmark's forced form would write partials past the rows' slots).
+    if (super && plan.split_form == 3 && g_split_variant != 0) return cudaErrorNotSupported;
     if constexpr (D == kWgD) {
       if (g_split_variant == 0 && plan.split_form == 3) {
         err = LaunchDecodeWs(k, plan, stream, &launched);

@@ -178,17 +178,20 @@ void SetDecodeWsMinTiles(int tiles);
 inline int SplitForm(const AttentionPlan& plan, int head_dim, int group) {
   if (head_dim <= 128 && plan.cascade_shared_tiles > 0) return 1;
   if (plan.num_split() == 0) return 0;
-  bool single_rows = true;
+  bool single_rows = true, multi_super = false;
   int64_t tiles = 0;
   for (int i = 0; i < plan.num_split(); ++i) {
     const int32_t* it = &plan.split_items[static_cast<size_t>(i) * kItemFields];
     if (it[6] != kFoldFinish || it[1] != 0) return 0;
     single_rows = single_rows && it[4] == 1;
+    multi_super = multi_super || (plan.super_tiles > 1 && it[2] > plan.super_tiles);
     tiles += it[2];
   }
-  const bool ws =
-      head_dim == 128 && group <= 8 && single_rows &&
-      (plan.one_round || tiles >= static_cast<int64_t>(DecodeWsMinTiles()) * plan.num_split());
+  // Rows of several super-tiles folded whole run only on the persistent kernel (the planner makes
+  // them only in its shape).
+  const bool ws = head_dim == 128 && group <= 8 && single_rows &&
+                  (multi_super || plan.one_round ||
+                   tiles >= static_cast<int64_t>(DecodeWsMinTiles()) * plan.num_split());
   return ws ? 3 : 2;
 }
 

@@ -975,8 +975,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       float o[64], l[2];
       WsFoldTiles<false, kDwStages, kDwQRows, true>(ring, n, smem_addr + q_offset(c, b), 0,
                                                     tile_begin, ntiles, lo, hi, pos, c, lane,
-                                                    k.scale_log2, k.super_tiles, o, l,
-                                                    row_warp);
+                                                    k.scale_log2, k.super_tiles, o, l, row_warp);
       // Every S of the item has completed (WsFoldTiles waited on each) and its fields are read:
       // the item buffer may refill.
       __syncwarp();

@@ -216,11 +216,12 @@ class DecodePlanner {
   }
 
   // Every level: for each tile index (super-tile index with unit_ > 1: t below counts super-tiles),
-  // the rows whose full tile t names the same blocks read it once. Rows are visited longest first, so the rows with a full tile t are a prefix of that
-  // order. A group whose rows are exactly the rows of a group of tile t - 1 continues it (a
-  // node of the prefix tree): its tiles become multi-tile items, emitted when the node ends,
-  // and its rows are checked against the node's key first (one compare, no hash probe). A
-  // row's tiles that no other row shares are emitted as runs when the run ends.
+  // the rows whose full tile t names the same blocks read it once. Rows are visited longest first,
+  // so the rows with a full tile t are a prefix of that order. A group whose rows are exactly the
+  // rows of a group of tile t - 1 continues it (a node of the prefix tree): its tiles become
+  // multi-tile items, emitted when the node ends, and its rows are checked against the node's key
+  // first (one compare, no hash probe). A row's tiles that no other row shares are emitted as runs
+  // when the run ends.
   void PlanEveryTile(const std::vector<DecodeRow>& rows) {
     const int n = static_cast<int>(rows.size());
     std::vector<int> order(n);
@@ -443,11 +444,29 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   // bench/kernels/RESULTS.md: runs shorter than whole rows lost to no folding at all, whole rows
   // won from batch 64 on). That takes a second plan, kept or dropped once its span is known.
   // With super-tiles (unit > 1) a fold item spans one super-tile (the split kernels keep one
-  // state, the super-tile's), except whole rows for the persistent decode kernel, which folds
-  // super-tiles in order.
+  // state, the super-tile's), except whole rows of one q-row set, head_dim 128 and a GQA group
+  // <= 8: the persistent decode kernel's items (split form 3), which fold super-tiles in order.
+  std::vector<int> tiles_of(batch.num_tokens, 0);
+  for (const DecodeRow& d : decode_rows) tiles_of[d.row] = d.tiles();
+  auto runnable = [&] {
+    if (unit == 1) return true;
+    // (A plan with shared tiles runs on the register form: SplitForm 1.)
+    const bool ws_shape = config.head_dim == 128 && group <= 8 && config.finish_rows &&
+                          plan->cascade_shared_tiles == 0;
+    for (int i = 0; i < plan->num_split(); ++i) {
+      const int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
+      if (it[6] == kFoldNone || it[2] - it[1] <= unit) continue;
+      if (!ws_shape || it[4] != 1 || tiles_of[plan->item_rows[it[3]]] != it[2]) return false;
+    }
+    return true;
+  };
   int lead = config.lead_tiles;
   const int slots = config.split_ctas > 0 ? config.split_ctas : kDefaultSplitCtas;
-  plan_decode(lead < 0 ? lead : unit > 1 ? unit : lead == 0 ? tiles_per_item : lead);
+  plan_decode(lead < 0 ? lead : lead > 0 ? lead : unit > 1 ? unit : tiles_per_item);
+  if (!runnable()) {
+    lead = unit;
+    plan_decode(unit);
+  }
   if (lead == 0) {
     int longest = 0;
     for (const DecodeRow& d : decode_rows) longest = std::max(longest, d.tiles());
@@ -501,20 +520,19 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
         plan->split_tile_reads = static_cast<int>(reads);
       }
     }
-  } else if (unit == 1 && lead > tiles_per_item) {  // the fold items lead
+  } else if (lead > tiles_per_item) {  // the fold items lead
     SortLongestFirst(&plan->split_items);
     SnakeRounds(&plan->split_items, slots);
   }
 
   // Partial slots: one per super-tile (per tile with unit 1), but a fold item's super-tiles [0, f)
   // share one, super-tile f - 1's (slot of tile t = partial_base + t / unit, so slot f - 1 is the
-  // row's first); then the merge of the row's slots in order. A fold item whose every row ends at its last tile holds those rows'
-  // final states: it writes their outputs itself (kFoldFinish, the merge's o * rcp(l) of a lone
-  // state: the same bits), and their merge entries have no slot (the merge skips them). Only in
-  // plans of the shared-memory split form: the register form's kernel is at its register cap.
+  // row's first); then the merge of the row's slots in order. A fold item whose every row ends at
+  // its last tile holds those rows' final states: it writes their outputs itself (kFoldFinish, the
+  // merge's o * rcp(l) of a lone state: the same bits), and their merge entries have no slot (the
+  // merge skips them). Only in plans of the shared-memory split form: the register form's kernel is
+  // at its register cap.
   std::vector<int> folded(batch.num_tokens, 0);
-  std::vector<int> tiles_of(batch.num_tokens, 0);
-  for (const DecodeRow& d : decode_rows) tiles_of[d.row] = d.tiles();
   const bool finish =
       config.finish_rows &&
       SplitForm(*plan, config.head_dim, config.num_q_heads / std::max(1, config.num_kv_heads)) != 1;

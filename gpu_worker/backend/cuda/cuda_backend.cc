@@ -347,7 +347,7 @@ class CudaBackend final : public engine::Backend {
   // Decode graphs: fixed-layout metadata (int32 units; segments in GraphLayout order), its
   // pinned host staging, the captured graphs by bucket. graph_epoch_ moves whenever a buffer a
   // graph reads or writes is reallocated; graphs of older epochs are re-captured.
-  int max_graph_batch_ = 0, split_ctas_ = 0, split_ctas_reg_ = 0, ws_ctas_ = 0;
+  int max_graph_batch_ = 0, split_ctas_ = 0, split_ctas_reg_ = 0, ws_ctas_ = 0, super_tiles_ = 1;
   int tuned_kept_ = 0, tuned_dropped_ = 0;  // PickTunedOrPinned's verdicts
   int64_t cap_blocks_ = 0, cap_items_ = 0, cap_rows_ = 0;
   DeviceBuffer graph_meta_;
@@ -577,6 +577,14 @@ absl::Status CudaBackend::Init(const model::Model& m) {
                                                          : o_.persistent_decode_min_tiles);
   ASSIGN_OR_RETURN(ws_ctas, PersistentDecodeCtas(d_, hq_ / hkv_, o_.block_size));
   ws_ctas_ = o_.persistent_decode_min_tiles < 0 ? 0 : ws_ctas;
+  ASSIGN_OR_RETURN(super_tiles, SuperTilesFor(d_, o_.block_size));
+  if (o_.attention_super_tiles > 1 && super_tiles == 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention_super_tiles ", o_.attention_super_tiles,
+        ": the two-level fold order needs head_dim 128, blocks of a multiple of 16 tokens and a "
+        "Hopper GPU (compute capability 9.0); use 0 (automatic) or 1"));
+  }
+  super_tiles_ = o_.attention_super_tiles > 0 ? o_.attention_super_tiles : super_tiles;
   RETURN_IF_ERROR(alloc(&ws_work_, 2 * sizeof(int32_t)));
   RETURN_IF_ERROR(FillBytes(ws_work_.data(), 0, ws_work_.size()));
   if (o_.cuda_graphs) {
@@ -759,6 +767,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
       meta + o_base, meta + o_merge,   plan.num_merge(), plan.max_final_rows, plan.max_split_rows};
   m.plan.split_form = SplitForm(plan, d_, hq_ / hkv_);
   m.plan.ws_work = ws_work_.as<int32_t>();
+  m.plan.super_tiles = plan.super_tiles;
   RETURN_IF_ERROR(EnqueueModel(n, m));
 
   const int rows = static_cast<int>(b.logits_rows.size());
@@ -979,6 +988,7 @@ absl::Status CudaBackend::PlanStep(const engine::ForwardBatch& b, int n,
   acfg.finish_rows = o_.attention_finish_rows;
   acfg.split_ctas = split_ctas_;
   acfg.ws_ctas = ws_ctas_;
+  acfg.super_tiles = super_tiles_;
   const AttentionBatch ab{b.positions.data(),
                           n,
                           b.query_start.data(),
@@ -1070,6 +1080,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   const int form = SplitForm(plan, d_, hq_ / hkv_);
   m.plan.split_form = form;
   m.plan.ws_work = ws_work_.as<int32_t>();
+  m.plan.super_tiles = plan.super_tiles;
   if (form == 1) m.plan.num_split = split_ctas_reg_;
 
   std::unique_ptr<DecodeGraph>& g = graphs_[bucket];
