@@ -145,18 +145,36 @@ INSTANTIATE_TEST_SUITE_P(Presets, CudaVsCpu, ::testing::Values("tiny", "llama-ti
 // or its last token is a decode step, with or without other sequences in the batch.
 // The bitwise backend tests run without and with the batch-invariant split-K (CudaBackendOptions::
 // split_k: 1 = off, the default; 0 = the built-in rule, which cuts every GEMM of the tiny model
-// but the LM head into 2 k slices, through both the fused-norm and the SplitReduce paths).
-class CudaBackendSplitK : public ::testing::TestWithParam<int> {};
-INSTANTIATE_TEST_SUITE_P(SplitK, CudaBackendSplitK, ::testing::Values(1, 0),
-                         [](const ::testing::TestParamInfo<int>& i) {
-                           return i.param == 1 ? std::string("Off") : std::string("Rule");
+// but the LM head into 2 k slices, through both the fused-norm and the SplitReduce paths), and
+// on the tiny model with head_dim 128, whose attention on Hopper takes the two-level fold order
+// (super-tiles, attention.h) through the backend's plans and decode graphs.
+struct BackendCase {
+  int split_k;
+  int head_dim;
+};
+class CudaBackendSplitK : public ::testing::TestWithParam<BackendCase> {
+ protected:
+  int SplitK() const { return GetParam().split_k; }
+  // The tiny preset, with the case's head_dim.
+  std::unique_ptr<model::Model> Tiny(uint64_t seed) const {
+    model::ModelConfig c = model::PresetConfig("tiny");
+    c.head_dim = GetParam().head_dim;
+    return cpu::testing_util::MakeModel(c, seed);
+  }
+};
+INSTANTIATE_TEST_SUITE_P(SplitK, CudaBackendSplitK,
+                         ::testing::Values(BackendCase{1, 32}, BackendCase{0, 32},
+                                           BackendCase{1, 128}),
+                         [](const ::testing::TestParamInfo<BackendCase>& i) {
+                           return std::string(i.param.split_k == 1 ? "Off" : "Rule") + "Hd" +
+                                  std::to_string(i.param.head_dim);
                          });
 
 TEST_P(CudaBackendSplitK, CachedEqualsColdBitwise) {
   CASCADE_REQUIRE_GPU();
-  auto model = MakeModel("tiny", 3);
+  auto model = Tiny(3);
   CudaBackendOptions go;
-  go.split_k = GetParam();
+  go.split_k = SplitK();
   go.num_blocks = 128;
   go.block_size = kBs;
   go.max_num_tokens = 1024;
@@ -258,9 +276,9 @@ TEST(CudaBackend, BlocksCopiedToHostAndBackGiveBitwiseTheColdLogits) {
 // on the device (greedy and seeded temperature) give the same tokens.
 TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   CASCADE_REQUIRE_GPU();
-  auto model = MakeModel("tiny", 6);
+  auto model = Tiny(6);
   CudaBackendOptions go;
-  go.split_k = GetParam();
+  go.split_k = SplitK();
   go.num_blocks = 256;
   go.block_size = kBs;
   go.max_num_tokens = 1024;
@@ -270,7 +288,7 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   go.cuda_graphs = true;
   // Without split-K the graphs also run GEMMs tuned at their buckets (gemm.h SetTuneSizes; the
   // eager backend runs the pinned algorithms): the same bits either way.
-  go.gemm_tune = GetParam() == 1;
+  go.gemm_tune = SplitK() == 1;
   auto graph_or = NewCudaBackend(*model, go);
   ASSERT_TRUE(eager_or.ok()) << eager_or.status();
   ASSERT_TRUE(graph_or.ok()) << graph_or.status();
@@ -385,7 +403,7 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   EXPECT_GT(stats.small_gemm_verified, 0);
   EXPECT_EQ(stats.small_gemm_rejected, 0) << "small-m GEMM bits differ from cuBLASLt here";
   EXPECT_GT(stats.replays, 40) << "the decode graphs were not replayed";
-  if (GetParam() == 0) {
+  if (SplitK() == 0) {
     EXPECT_EQ(stats.o_proj_splits, 2) << "tiny's o_proj was not split";
   } else {
     EXPECT_GT(tuned_at_load, 0) << "no GEMM was tuned at a decode bucket at load time";
