@@ -40,8 +40,8 @@
 // leading tiles common to a whole group: CudaBackendOptions::attention_single_level; the same
 // bits), "noprefillgemm" (prefill-sized GEMMs on the pinned algorithm instead of the one chosen at
 // load, CudaBackendOptions::gemm_prefill_min_m = 0; the same bits), "prefillgemmN" (that
-// choice from N rows up instead of 1024; the same bits), "onelevel" (the one-level fold order,
-// CudaBackendOptions::attention_super_tiles = 1: other bits than the default's on Hopper).
+// choice from N rows up instead of 1024; the same bits), "super" (the two-level fold order where
+// the device runs it, CudaBackendOptions::attention_super_tiles = 0: other bits than the default).
 //
 // tree: issue 11's three-level prefix tree through the engine: a system chunk of shared_len
 // tokens, tree_contexts context chunks of tree_context_len tokens below it, tree_queries
@@ -176,7 +176,7 @@ struct Variant {
   int ws_min_tiles = -1;
   bool single_level = false;  // CudaBackendOptions::attention_single_level
   int prefill_min_m = 1024;   // CudaBackendOptions::gemm_prefill_min_m
-  int super_tiles = 0;        // CudaBackendOptions::attention_super_tiles
+  int super_tiles = 1;        // CudaBackendOptions::attention_super_tiles
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -194,7 +194,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   // Whole-row decode plans on the persistent decode kernel (split form 3) whatever the rows'
   // length, or never (form 2: the shared-memory kernel without the merge).
   if (name == "ws") return v->ws_min_tiles = 0, true;
-  if (name == "onelevel") return v->super_tiles = 1, true;
+  if (name == "super") return v->super_tiles = 0, true;
   if (name == "nows") return v->ws_min_tiles = std::numeric_limits<int>::max(), true;  // never
   if (name == "single") return v->single_level = true, true;
   if (name == "noprefillgemm") return v->prefill_min_m = 0, true;

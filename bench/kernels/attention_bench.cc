@@ -246,15 +246,14 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto ws_ctas = PersistentDecodeCtas(kD, kHq / kHkv, g_block);  // as the backend sets it
   CHECK_OK(ws_ctas.status());
   every.ws_ctas = *ws_ctas;
-  auto super_tiles = SuperTilesFor(kD, g_block);  // the fold order the backend picks
+  // The two-level fold order where the device runs it (rows tagged " super": other bits than
+  // the default's one-level order, attention.h).
+  auto super_tiles = SuperTilesFor(kD, g_block);
   CHECK_OK(super_tiles.status());
-  every.super_tiles = *super_tiles;
-  const bool super = every.super_tiles > 1;
-  std::printf("fold order: super-tiles of %d tiles%s\n\n", every.super_tiles,
-              super ? " (rows tagged 1-level: the one-level order, other bits)" : " (one level)");
-  // The one-level order (other bits where the default has super-tiles), for comparison.
-  AttentionConfig onelevel = every;
-  onelevel.super_tiles = 1;
+  AttentionConfig supercfg = every;
+  supercfg.super_tiles = *super_tiles;
+  const bool super = supercfg.super_tiles > 1;
+  if (super) std::printf("rows tagged super: super-tiles of %d tiles\n\n", supercfg.super_tiles);
   AttentionConfig nofold = every, whole = every, single = every, flat = every;
   nofold.lead_tiles = -1;      // every split item writes a partial per tile (before fold items)
   whole.lead_tiles = 1 << 20;  // a decode row's every tile in one fold item
@@ -275,7 +274,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
            : c == &lead16   ? " lead16"
            : c == &lead32   ? " lead32"
            : c == &smem     ? " smem"
-           : c == &onelevel ? " 1-level"
+           : c == &supercfg ? " super"
                             : "";
   };
   // Decode, distinct sequences: without fold items; the default (the plan's split form: where
@@ -290,17 +289,13 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     int split_variant;  // internal::SetSplitVariant
     int ws_min_tiles;   // SetDecodeWsMinTiles for the row (-1: the default)
   };
-  // With super-tiles the forced shared-memory rows are left out (a plan of whole rows of several
-  // super-tiles runs only on the persistent kernel) and the one-level order is timed beside.
+  // With super-tiles also the default split form in the two-level order.
   std::vector<Decode> decodes = {{" nofold", &nofold, 0, -1},
                                  {"", &every, 0, -1},
                                  {" smem", &every, 2, -1},
                                  {" whole ws", &whole, 0, 0},
                                  {" whole smem", &whole, 2, -1}};
-  if (super) {
-    std::erase_if(decodes, [](const Decode& d) { return d.split_variant != 0; });
-    decodes.push_back({" 1-level", &onelevel, 0, -1});
-  }
+  if (super) decodes.push_back({" super", &supercfg, 0, -1});
   // ctx 145 / 160: the engine benchmark's decode rows (prompt 128, up to 64 generated), items of 3
   // tiles (145: the last one ends mid-block, as most rows' do);
   // 384: 6 tiles (the persistent decode kernel's default threshold, DecodeWsMinTiles);
@@ -353,8 +348,8 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     int64_t blocks = 0;
     const auto tables = PrefixTables(ctx, P / g_block, &blocks);
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
-    for (const AttentionConfig* c : {&flat, &nofold, &every, &lead8, &lead16, &smem, &onelevel}) {
-      if (c == &onelevel && !super) continue;
+    for (const AttentionConfig* c : {&flat, &nofold, &every, &lead8, &lead16, &smem, &supercfg}) {
+      if (c == &supercfg && !super) continue;
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
                                       num_blocks, cache, *c, &plan);
@@ -391,10 +386,10 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     }
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / next));
     std::printf("\n");
-    double every_ms = 0, single_ms = 0;
+    double every_ms = 0, single_ms = 0, super_ms = 0;
     for (const AttentionConfig* c :
-         {&flat, &single, &nofold, &every, &lead8, &lead16, &lead32, &smem, &onelevel}) {
-      if (c == &onelevel && !super) continue;
+         {&flat, &single, &nofold, &every, &lead8, &lead16, &lead32, &smem, &supercfg}) {
+      if (c == &supercfg && !super) continue;
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
                                       num_blocks, cache, *c, &plan);
@@ -410,9 +405,14 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
           PlanUs(ctx, tables, *c));
       if (c == &every) every_ms = ms;
       if (c == &single) single_ms = ms;
+      if (c == &supercfg) super_ms = ms;
     }
     std::printf("tree: every tile %.2fx faster than single-level, %.2fx its floor\n",
                 single_ms / every_ms, every_ms * 1e-3 / (token_bytes * tokens / bw));
+    if (super) {
+      std::printf("tree: super-tiles %.2fx faster than single-level, %.2fx its floor\n",
+                  single_ms / super_ms, super_ms * 1e-3 / (token_bytes * tokens / bw));
+    }
   }
   // Prefill: one sequence of N tokens from position 0 (causal), TFLOP/s, on the mma.sync kernel
   // and (Hopper) the wgmma kernels; all give the same bits (cuda_attention_test).
@@ -422,16 +422,18 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   std::printf("\nprefill (causal, 1 seq): time_us (TFLOP/s); x = speedup over mma.sync\n");
   // Variants (internal::SetWgmmaPrefillVariant): 2 two warpgroups (v7, one-level order only);
   // warp-specialized with TMA (v8): 0 the default, 1 with the ping-pong schedule; with
-  // super-tiles also the default kernel in the one-level order (variant 0 on `onelevel`).
+  // super-tiles also both v8 forms in the two-level order.
   struct Variant {
     int variant;
     const AttentionConfig* config;
     const char* name;
   };
-  std::vector<Variant> variants = {{2, &onelevel, super ? "v7 2wg 1-level" : "v7 2wg"},
-                                   {0, &every, "v8 ws (default)"},
-                                   {1, &every, "v8 ws+pingpong"}};
-  if (super) variants.push_back({0, &onelevel, "v8 ws 1-level"});
+  std::vector<Variant> variants = {
+      {2, &every, "v7 2wg"}, {0, &every, "v8 ws (default)"}, {1, &every, "v8 ws+pingpong"}};
+  if (super) {
+    variants.push_back({0, &supercfg, "v8 ws super"});
+    variants.push_back({1, &supercfg, "v8 pingpong super"});
+  }
   std::printf("%-16s %18s", "case", "mma.sync");
   for (const Variant& v : variants) std::printf(" %24s", v.name);
   std::printf("\n");

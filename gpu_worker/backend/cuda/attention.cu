@@ -1322,6 +1322,9 @@ cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& pla
   err = EncodeKvMaps(cache, piece, &tk, &tv);
   if (err != cudaSuccess) return err;
   auto kernel = piece == kT ? DecodeWsKernel<kT> : DecodeWsKernel<kPieceTokens>;
+  if (k.super_tiles > 1) {
+    kernel = piece == kT ? DecodeWsKernel<kT, true> : DecodeWsKernel<kPieceTokens, true>;
+  }
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDwSmemBytes);
   if (err != cudaSuccess) return err;
   // plan.num_split: the items, or with split_count the form-0 grid (which bounds them).
@@ -1364,6 +1367,11 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
       auto kernel = v == 1        ? PrefillWsKernel<true, kWsStages, kPieceTokens>
                     : piece == kT ? PrefillWsKernel<false, kWsStages, kT>
                                   : PrefillWsKernel<false, kWsStages, kPieceTokens>;
+      if (super) {
+        kernel = v == 1        ? PrefillWsKernel<true, kWsStages, kPieceTokens, true>
+                 : piece == kT ? PrefillWsKernel<false, kWsStages, kT, true>
+                               : PrefillWsKernel<false, kWsStages, kPieceTokens, true>;
+      }
       const size_t smem = WsSmemBytes(kWsStages);
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (err != cudaSuccess) return err;

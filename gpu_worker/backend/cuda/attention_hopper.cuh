@@ -496,11 +496,9 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
 // column half, 8-row groups q_sbo bytes apart; lo / hi: the warpgroup's lowest and highest row
 // position (INT_MAX / -1 without rows); pos: this lane's two rows' positions (-1: none). A tile
 // the warpgroup needs is one of a prefix of the item's tiles (positions grow with rows); per
-// such tile it issues S_t = Q K_t^T together with the previous tile's P_{t-1} V_{t-1} (added in
-// place into the super-tile's O), then folds that super-tile into the row where tile t - 1 ends
-// it and runs tile t's softmax: the order and every operation are PrefillKernel's (PrefillTile
-// kInPlace and its super-tile folds; super_tiles 1: the per-tile partial and fold), only the
-// schedule differs. Each stage read goes back to the load warp (one
+// such tile it issues S_t = Q K_t^T together with the previous tile's O_{t-1} = P_{t-1} V_{t-1},
+// then folds O_{t-1} and runs tile t's softmax: the fold order and every operation are
+// PrefillTile's, only the schedule differs. Each stage read goes back to the load warp (one
 // arrival per warp). kPingPong: the two warpgroups (wg 0 and 1) take turns issuing their MMAs
 // (named barriers 2 and 3), so one's softmax overlaps the other's tensor-core work.
 // kRowWarp (the persistent decode kernel, whose <= 8 q-rows repeat over the 64 MMA rows): only
@@ -511,8 +509,143 @@ template <bool kPingPong, int kStages, int kQRows, bool kRowWarp = false>
 __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t q_addr,
                                             uint32_t q_sbo, int tile_begin, int ntiles, int lo,
                                             int hi, const int (&pos)[2], int wg, int lane,
-                                            float scale_log2, int super_tiles, float (&o)[64],
-                                            float (&l)[2], bool active = true) {
+                                            float scale_log2, float (&o)[64], float (&l)[2],
+                                            bool active = true) {
+  constexpr int kHalves = kRowWarp ? 1 : 2;
+  const int t4 = lane & 3;
+  // Tiles this warpgroup reads: a prefix of the item's (ts <= hi).
+  const int nact = hi < 0 ? 0 : min(ntiles, max(0, (hi / kT) - tile_begin + 1));
+  float m[2] = {-INFINITY, -INFINITY};
+  l[0] = l[1] = 0.f;
+  Zero(o);
+  uint32_t pa[kT / 16][4];
+  if (kRowWarp) {  // the inactive warps' P operands (their rows' products are never read)
+#pragma unroll
+    for (int kk = 0; kk < kT / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+  }
+  FoldWeights wp[2];
+  bool vp[2] = {false, false};
+  const uint64_t dq = WgmmaDesc(q_addr, 16, q_sbo);
+  auto issue_qk = [&](float(&sc)[32], uint64_t dk) { IssueQk<kQRows>(sc, dq, dk); };
+  auto stage = [&](int i) { return (n0 + i) % kStages; };
+  auto wait_full = [&](int i) { MbarWait(ring.full0 + 8 * stage(i), ((n0 + i) / kStages) & 1); };
+  auto desc_k = [&](int i) { return WgmmaDesc(ring.kv0 + 2 * stage(i) * kWgTileBytes, 16, 1024); };
+  auto desc_v = [&](int i) {
+    return WgmmaDesc(ring.kv0 + (2 * stage(i) + 1) * kWgTileBytes, kT * 128, 1024);
+  };
+  auto release = [&](int i) {
+    __syncwarp();
+    if (lane == 0) MbarArrive(ring.empty0 + 8 * stage(i));
+  };
+  // Ping-pong turns: one per tile for each warpgroup, warpgroup 0 first; the last arrival of
+  // warpgroup 1 would have no turn to open, so it is left out.
+  auto turn_begin = [&]() {
+    if (kPingPong) NamedBarSync(2 + wg, 256);
+  };
+  auto turn_end = [&](int i) {
+    if (kPingPong && !(wg == 1 && i == ntiles - 1)) NamedBarArrive(2 + (1 - wg), 256);
+  };
+  // Tile i's softmax (P into pa, fold weights into wp / vp); mask_tag: std::true_type when some
+  // key of the tile is past some row's position (the diagonal, the sequence's last tile).
+  auto softmax = [&](auto mask_tag, float(&sc)[32], int i) {
+    if (kRowWarp && !active) return;
+    WgSoftmax<decltype(mask_tag)::value, kHalves>(sc, pos, (tile_begin + i) * kT, t4, scale_log2, m,
+                                                  l, wp, vp, pa);
+  };
+  auto fold = [&](auto check_tag, const float(&ot)[64]) {
+    if (kRowWarp && !active) return;
+    WgFold<decltype(check_tag)::value, kHalves>(o, ot, wp, vp);
+  };
+  using Masked = std::true_type;
+  using Unmasked = std::false_type;
+  // Tiles [0, nfull) are fully visible to every row of the warpgroup (ts + 63 <= lo).
+  const int nfull = min(nact, max(0, (lo + 1) / kT - tile_begin));
+
+  if (kPingPong && wg == 1) NamedBarArrive(2, 256);  // warpgroup 0 issues first
+  if (nact > 0) {                                    // tile 0: S only
+    wait_full(0);
+    float sc[32];
+    Zero(sc);
+    FenceRegs(sc);
+    turn_begin();
+    WgmmaFence();
+    issue_qk(sc, desc_k(0));
+    WgmmaCommit();
+    turn_end(0);
+    WgmmaWait<0>();
+    FenceRegs(sc);
+    if (nfull > 0) {
+      softmax(Unmasked{}, sc, 0);
+    } else {
+      softmax(Masked{}, sc, 0);
+    }
+  }
+  // Tile i: S_i issued with P_{i-1} V_{i-1}; once they are done tile i - 1's stage goes back to
+  // the load warp (its copies then overlap this tile's math), then the fold of tile i - 1 and
+  // the softmax of tile i (one basic block, so the fold's independent FMAs fill the softmax's
+  // latencies).
+  auto step = [&](auto prev_tag, auto cur_tag, int i) {
+    wait_full(i);
+    float sc[32], ot[64];
+    Zero(sc);
+    Zero(ot);
+    FenceRegs(sc);
+    FenceRegs(ot);
+    turn_begin();
+    WgmmaFence();
+    issue_qk(sc, desc_k(i));
+    IssuePv(ot, pa, desc_v(i - 1));
+    WgmmaCommit();
+    turn_end(i);
+    WgmmaWait<0>();
+    FenceRegs(sc);
+    FenceRegs(ot);
+    release(i - 1);
+    fold(prev_tag, ot);
+    softmax(cur_tag, sc, i);
+  };
+  int i = 1;
+  for (; i < nfull; ++i) step(Unmasked{}, Unmasked{}, i);
+  if (i < nact && i == nfull) step(Unmasked{}, Masked{}, i++);
+  for (; i < nact; ++i) step(Masked{}, Masked{}, i);
+  if (nact > 0) {  // P.V of the last tile read
+    float ot[64];
+    Zero(ot);
+    FenceRegs(ot);
+    WgmmaFence();
+    IssuePv(ot, pa, desc_v(nact - 1));
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceRegs(ot);
+    release(nact - 1);
+    if (nact > nfull) {
+      fold(Masked{}, ot);
+    } else {
+      fold(Unmasked{}, ot);
+    }
+  }
+  for (int j = nact; j < ntiles; ++j) {  // tiles past this warpgroup's rows
+    wait_full(j);
+    turn_begin();
+    turn_end(j);
+    release(j);
+  }
+}
+
+// WsFoldTiles with the two-level order (super_tiles > 1, attention.h): P_{t-1} V_{t-1} is added
+// in place into the current super-tile's O (scaled first by tile t - 1's alpha, or +0 at a
+// super-tile's first tile), and the super-tile is folded into the row where tile t - 1 ends it:
+// the order and every operation are PrefillKernel's with kSuper (PrefillTile kInPlace and its
+// super-tile folds), only the schedule differs. With super_tiles 1 it gives WsFoldTiles' bits
+// (each tile from +0 is its partial; checked on an H200) but ran prefill about 25% slower than
+// WsFoldTiles (277 vs 369 TFLOP/s at N=4096, two calls; bench/kernels/NOTES.md), so the
+// one-level order keeps WsFoldTiles.
+template <bool kPingPong, int kStages, int kQRows, bool kRowWarp = false>
+__device__ __forceinline__ void WsSuperTiles(const WsRing& ring, int n0, uint32_t q_addr,
+                                             uint32_t q_sbo, int tile_begin, int ntiles, int lo,
+                                             int hi, const int (&pos)[2], int wg, int lane,
+                                             float scale_log2, int super_tiles, float (&o)[64],
+                                             float (&l)[2], bool active = true) {
   constexpr int kHalves = kRowWarp ? 1 : 2;
   const int t4 = lane & 3;
   const bool rows = !kRowWarp || active;  // this warp runs the softmax and the folds
@@ -662,8 +795,9 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
   }
 }
 
-// The warp-specialized prefill form (v8, described above): one CTA per (item, kv head).
-template <bool kPingPong, int kStages, int kPiece>
+// The warp-specialized prefill form (v8, described above): one CTA per (item, kv head). kSuper:
+// the two-level order (k.super_tiles > 1: WsSuperTiles), else WsFoldTiles.
+template <bool kPingPong, int kStages, int kPiece, bool kSuper = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     PrefillWsKernel(const TileKernelArgs k, const __grid_constant__ CUtensorMap tk,
                     const __grid_constant__ CUtensorMap tv) {
@@ -722,9 +856,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     FenceProxyAsync();
     NamedBarSync(1, 256);  // Q and wg_pos ready for both consumer warpgroups
     float o[64], l[2];
-    WsFoldTiles<kPingPong, kStages, kWgRows>(ring, 0, qs_addr + wg * 64 * 128, 1024, tile_begin,
-                                             ntiles, wg_pos[wg][0], wg_pos[wg][1], pos, wg, lane,
-                                             k.scale_log2, k.super_tiles, o, l);
+    if constexpr (kSuper) {
+      WsSuperTiles<kPingPong, kStages, kWgRows>(ring, 0, qs_addr + wg * 64 * 128, 1024, tile_begin,
+                                                ntiles, wg_pos[wg][0], wg_pos[wg][1], pos, wg, lane,
+                                                k.scale_log2, k.super_tiles, o, l);
+    } else {
+      WsFoldTiles<kPingPong, kStages, kWgRows>(ring, 0, qs_addr + wg * 64 * 128, 1024, tile_begin,
+                                               ntiles, wg_pos[wg][0], wg_pos[wg][1], pos, wg, lane,
+                                               k.scale_log2, o, l);
+    }
     WgStoreRows(k, row_begin, nq, kvh, cw * 16, lane, o, l);
   }
 #else
@@ -783,8 +923,9 @@ struct DwShared {
 
 // work: [2] device ints, zero at launch: the next work to take, and the item warps that found
 // none left; the last of those sets both back to zero for the next launch (so a graph replays
-// the kernel as it is; launches that share `work` must not overlap).
-template <int kPiece>
+// the kernel as it is; launches that share `work` must not overlap). kSuper: the two-level order
+// (WsSuperTiles), else WsFoldTiles.
+template <int kPiece, bool kSuper = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     DecodeWsKernel(const TileKernelArgs k, int items, int* work,
                    const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
@@ -973,9 +1114,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
       const int row = d.row[lane >> 2];
       float o[64], l[2];
-      WsFoldTiles<false, kDwStages, kDwQRows, true>(ring, n, smem_addr + q_offset(c, b), 0,
-                                                    tile_begin, ntiles, lo, hi, pos, c, lane,
-                                                    k.scale_log2, k.super_tiles, o, l, row_warp);
+      if constexpr (kSuper) {
+        WsSuperTiles<false, kDwStages, kDwQRows, true>(ring, n, smem_addr + q_offset(c, b), 0,
+                                                       tile_begin, ntiles, lo, hi, pos, c, lane,
+                                                       k.scale_log2, k.super_tiles, o, l, row_warp);
+      } else {
+        WsFoldTiles<false, kDwStages, kDwQRows, true>(ring, n, smem_addr + q_offset(c, b), 0,
+                                                      tile_begin, ntiles, lo, hi, pos, c, lane,
+                                                      k.scale_log2, o, l, row_warp);
+      }
       // Every S of the item has completed (WsFoldTiles waited on each) and its fields are read:
       // the item buffer may refill.
       __syncwarp();

@@ -584,6 +584,10 @@ absl::Status CudaBackend::Init(const model::Model& m) {
         ": the two-level fold order needs head_dim 128, blocks of a multiple of 16 tokens and a "
         "Hopper GPU (compute capability 9.0); use 0 (automatic) or 1"));
   }
+  if (o_.attention_super_tiles < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention_super_tiles ", o_.attention_super_tiles, " < 0; use 1, 0 (automatic) or 4"));
+  }
   super_tiles_ = o_.attention_super_tiles > 0 ? o_.attention_super_tiles : super_tiles;
   RETURN_IF_ERROR(alloc(&ws_work_, 2 * sizeof(int32_t)));
   RETURN_IF_ERROR(FillBytes(ws_work_.data(), 0, ws_work_.size()));
