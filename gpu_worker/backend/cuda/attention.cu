@@ -37,17 +37,11 @@ __device__ __forceinline__ float Ex2(float x) {
 // for n-tile n = i / 2 and column c = i % 2.
 __device__ __forceinline__ int Key(int i, int t4) { return 8 * (i >> 1) + 2 * t4 + (i & 1); }
 
-// The tile softmax of one row, shared by the prefill kernels and the split kernel. x: the thread's
-// 16 raw scores S = q.k (canonical order), overwritten by p = 2^(S*scale_log2 - ms) (f32, not
-// yet rounded to bf16; p = 0 for keys >= lim, which are masked when kMask). ms: the tile's max
-// in scaled log2 units (-inf when the row sees no key of the tile; a max is exact in any order);
-// l: the sum of the f32 p as a fixed pairwise tree over the thread's keys in canonical order
-// (((p0 + p1) + (p2 + p3)) + ...), then over the 4 lanes by an xor butterfly ((l0 + l1) + (l2 +
-// l3) on every lane): short dependency chains, the same order on every path. Every lane of the
-// warp must call it.
+// The two reductions of a row's tile softmax, shared by RowSoftmax and RowSoftmaxInPlace: the max
+// of the visible raw scores (keys < lim when kMask; -inf if none) over the thread's keys and the
+// 4 lanes of the row, and the sum of the thread's p as a pairwise tree then the lanes' butterfly.
 template <bool kMask>
-__device__ __forceinline__ void RowSoftmax(float (&x)[16], int lim, int t4, float scale_log2,
-                                           float& ms, float& l) {
+__device__ __forceinline__ float RowMax(const float (&x)[16], int lim, int t4) {
   float mx[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -62,13 +56,9 @@ __device__ __forceinline__ void RowSoftmax(float (&x)[16], int lim, int t4, floa
   }
   float m = mx[0];
   m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-  ms = __fmul_rn(m, scale_log2);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const float e = Ex2(__fmaf_rn(x[i], scale_log2, -ms));
-    x[i] = !kMask || Key(i, t4) < lim ? e : 0.f;
-  }
+  return fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+}
+__device__ __forceinline__ float RowSum(const float (&x)[16]) {
   float s[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) s[i] = __fadd_rn(x[2 * i], x[2 * i + 1]);
@@ -77,9 +67,28 @@ __device__ __forceinline__ void RowSoftmax(float (&x)[16], int lim, int t4, floa
 #pragma unroll
     for (int i = 0; i < 8; i += 2 * w) s[i] = __fadd_rn(s[i], s[i + w]);
   }
-  l = s[0];
+  float l = s[0];
   l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 1));
-  l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 2));
+  return __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 2));
+}
+// The tile softmax of one row, shared by the prefill kernels and the split kernel. x: the thread's
+// 16 raw scores S = q.k (canonical order), overwritten by p = 2^(S*scale_log2 - ms) (f32, not
+// yet rounded to bf16; p = 0 for keys >= lim, which are masked when kMask). ms: the tile's max
+// in scaled log2 units (-inf when the row sees no key of the tile; a max is exact in any order);
+// l: the sum of the f32 p as a fixed pairwise tree over the thread's keys in canonical order
+// (((p0 + p1) + (p2 + p3)) + ...), then over the 4 lanes by an xor butterfly ((l0 + l1) + (l2 +
+// l3) on every lane): short dependency chains, the same order on every path. Every lane of the
+// warp must call it.
+template <bool kMask>
+__device__ __forceinline__ void RowSoftmax(float (&x)[16], int lim, int t4, float scale_log2,
+                                           float& ms, float& l) {
+  ms = __fmul_rn(RowMax<kMask>(x, lim, t4), scale_log2);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float e = Ex2(__fmaf_rn(x[i], scale_log2, -ms));
+    x[i] = !kMask || Key(i, t4) < lim ? e : 0.f;
+  }
+  l = RowSum(x);
 }
 
 // The fold of tile partials, in tile order, shared by the prefill kernel and the merge kernel.
@@ -110,22 +119,7 @@ __device__ __forceinline__ float FoldElem(float o, const FoldWeights& w, float o
 template <bool kMask>
 __device__ __forceinline__ void RowSoftmaxInPlace(float (&x)[16], int lim, int t4, float scale_log2,
                                                   float& m, float& l, float& alpha) {
-  float mx[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float a = !kMask || Key(2 * i, t4) < lim ? x[2 * i] : -INFINITY;
-    const float b = !kMask || Key(2 * i + 1, t4) < lim ? x[2 * i + 1] : -INFINITY;
-    mx[i] = fmaxf(a, b);
-  }
-#pragma unroll
-  for (int w = 4; w > 0; w >>= 1) {
-#pragma unroll
-    for (int i = 0; i < w; ++i) mx[i] = fmaxf(mx[i], mx[i + w]);
-  }
-  float mt = mx[0];
-  mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-  mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-  const float mn = fmaxf(m, __fmul_rn(mt, scale_log2));
+  const float mn = fmaxf(m, __fmul_rn(RowMax<kMask>(x, lim, t4), scale_log2));
   const float base = mn == -INFINITY ? 0.f : mn;  // no visible key yet: P = 0, alpha = 0
   alpha = Ex2(__fsub_rn(m, base));
 #pragma unroll
@@ -133,18 +127,7 @@ __device__ __forceinline__ void RowSoftmaxInPlace(float (&x)[16], int lim, int t
     const float e = Ex2(__fmaf_rn(x[i], scale_log2, -base));
     x[i] = !kMask || Key(i, t4) < lim ? e : 0.f;
   }
-  float s[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) s[i] = __fadd_rn(x[2 * i], x[2 * i + 1]);
-#pragma unroll
-  for (int w = 1; w < 8; w <<= 1) {
-#pragma unroll
-    for (int i = 0; i < 8; i += 2 * w) s[i] = __fadd_rn(s[i], s[i + w]);
-  }
-  float ls = s[0];
-  ls = __fadd_rn(ls, __shfl_xor_sync(0xffffffffu, ls, 1));
-  ls = __fadd_rn(ls, __shfl_xor_sync(0xffffffffu, ls, 2));
-  l = __fmaf_rn(l, alpha, ls);
+  l = __fmaf_rn(l, alpha, RowSum(x));
   m = mn;
 }
 
