@@ -344,6 +344,12 @@ void ServeModels(OpenAiHttpServer::Impl* impl, Loop* loop, evhttp_request* req,
       });
 }
 
+// libevent's own body limit (see OpenAiHttpOptions::max_body_bytes): twice the API's limit, and
+// at least 1 MiB over it.
+size_t HardBodyLimit(const OpenAiHttpOptions& options) {
+  return std::max(2 * options.max_body_bytes, options.max_body_bytes + (size_t{1} << 20));
+}
+
 const char* Header(evhttp_request* req, const char* name) {
   return evhttp_find_header(evhttp_request_get_input_headers(req), name);
 }
@@ -390,6 +396,16 @@ void OpenAiHttpServer::Impl::Handle(Loop* loop, evhttp_request* req) {
   }
   if (cmd != EVHTTP_REQ_POST) return wrong_method("POST");
   evbuffer* in = evhttp_request_get_input_buffer(req);
+  if (evbuffer_get_length(in) > options.max_body_bytes) {
+    Reply(req, 413,
+          openai::ErrorBody(
+              absl::InvalidArgumentError(absl::StrCat(
+                  "the request body has ", evbuffer_get_length(in), " bytes; the limit is ",
+                  options.max_body_bytes, ": shorten the prompt")))
+              .dump(),
+          "application/json");
+    return;
+  }
   std::string body(evbuffer_get_length(in), '\0');
   evbuffer_copyout(in, body.data(), body.size());
   json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
@@ -430,7 +446,7 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
     loop->http = loop->base != nullptr ? evhttp_new(loop->base) : nullptr;
     if (loop->http == nullptr) return absl::InternalError("libevent: cannot make an event loop");
     loop->wake = event_new(loop->base, -1, EV_PERSIST, &Loop::OnWake, loop.get());
-    evhttp_set_max_body_size(loop->http, static_cast<ev_ssize_t>(options.max_body_bytes));
+    evhttp_set_max_body_size(loop->http, static_cast<ev_ssize_t>(HardBodyLimit(options)));
     evhttp_set_timeout(loop->http, std::max(1, options.io_timeout_s));
     evhttp_set_allowed_methods(loop->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
                                                EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |

@@ -26,11 +26,15 @@ namespace cascade::gateway {
 
 struct OpenAiHttpOptions {
   std::string host = "0.0.0.0";
-  int port = 0;                     // 0 picks a free port
-  int threads = 2;                  // event-loop threads (they share the listening socket)
-  size_t max_body_bytes = 8 << 20;  // larger bodies get 413
-  int io_timeout_s = 30;            // a connection silent (or not reading) this long is closed
-  std::string model_name;           // what /v1/models lists and requests may name
+  int port = 0;     // 0 picks a free port
+  int threads = 2;  // event-loop threads (they share the listening socket)
+  // Larger bodies get 413 with an OpenAI error body (JSON). libevent 2.1 answers bodies over its
+  // own limit itself, with an HTML page and before reading them; that limit is set above this one
+  // (HardBodyLimit), so a body a little too large reaches the handler and its JSON error, while a
+  // far larger one is still refused without being read.
+  size_t max_body_bytes = 8 << 20;
+  int io_timeout_s = 30;   // a connection silent (or not reading) this long is closed
+  std::string model_name;  // what /v1/models lists and requests may name
   int64_t max_context = 0;
 };
 

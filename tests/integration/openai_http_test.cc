@@ -310,7 +310,14 @@ TEST(OpenAiHttpTest, UnknownRoutesWrongMethodsAndHugeBodiesGetHttpErrors) {
   auto health = http.client.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
-  // Announcing a body over the limit is refused before the body is read.
+  // A body a little over the limit (1 MiB) is read and refused with an OpenAI error (JSON).
+  auto over =
+      http.Post("/v1/completions", {{"prompt", std::string(1 << 20, 'a')}, {"max_tokens", 2}});
+  ASSERT_TRUE(over);
+  EXPECT_EQ(over->status, 413);
+  EXPECT_THAT(json::parse(over->body)["error"]["message"].get<std::string>(),
+              HasSubstr("the limit is"));
+  // Announcing a body far over it is refused before the body is read (libevent's own page).
   RawStream big(stack.gateway_server().http_port(), RawStream::PostHead(4 << 20) + "{\"prompt\"");
   EXPECT_TRUE(big.ReadUntil("\r\n\r\n", 10000)) << big.got();
   EXPECT_THAT(big.got(), HasSubstr("HTTP/1.1 413"));
