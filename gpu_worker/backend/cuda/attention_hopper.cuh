@@ -54,6 +54,17 @@ __device__ __forceinline__ void Zero(float (&r)[N]) {
   for (int i = 0; i < N; ++i) r[i] = 0.f;
 }
 
+// A warpgroup's f32 P (the wgmma accumulator layout of its 64 x 64 scores) rounded to bf16 as the
+// register A operand of P V.
+__device__ __forceinline__ void WgPackP(const float (&sc)[32], uint32_t (&pa)[kT / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kT / 16; ++kk) {
+    pa[kk][0] = PackBf16(sc[8 * kk + 0], sc[8 * kk + 1]);
+    pa[kk][1] = PackBf16(sc[8 * kk + 2], sc[8 * kk + 3]);
+    pa[kk][2] = PackBf16(sc[8 * kk + 4], sc[8 * kk + 5]);
+    pa[kk][3] = PackBf16(sc[8 * kk + 6], sc[8 * kk + 7]);
+  }
+}
 // Tile softmax of a warpgroup's 64 x 64 scores (the wgmma accumulator layout: rows g and g + 8
 // of each warp): RowSoftmax per row and the running (m, l) update, P rounded to bf16 into pa (the
 // register A operand of P V), and the weights (w, valid) that fold the tile's O_t (WgFold).
@@ -86,13 +97,7 @@ __device__ __forceinline__ void WgSoftmax(float (&sc)[32], const int (&pos)[2], 
       m[h] = w[h].m;
     }
   }
-#pragma unroll
-  for (int kk = 0; kk < kT / 16; ++kk) {
-    pa[kk][0] = PackBf16(sc[8 * kk + 0], sc[8 * kk + 1]);
-    pa[kk][1] = PackBf16(sc[8 * kk + 2], sc[8 * kk + 3]);
-    pa[kk][2] = PackBf16(sc[8 * kk + 4], sc[8 * kk + 5]);
-    pa[kk][3] = PackBf16(sc[8 * kk + 6], sc[8 * kk + 7]);
-  }
+  WgPackP(sc, pa);
 }
 // Folds a tile's O_t into o with WgSoftmax's weights; kCheck: the tile was masked, so a row may
 // have seen none of its keys (skipped: a bitwise no-op). kHalves 1: the lane's first row only.
@@ -128,13 +133,7 @@ __device__ __forceinline__ void WgSoftmaxInPlace(float (&sc)[32], const int (&po
       sc[4 * n + 2 * h + 1] = x[2 * n + 1];
     }
   }
-#pragma unroll
-  for (int kk = 0; kk < kT / 16; ++kk) {
-    pa[kk][0] = PackBf16(sc[8 * kk + 0], sc[8 * kk + 1]);
-    pa[kk][1] = PackBf16(sc[8 * kk + 2], sc[8 * kk + 3]);
-    pa[kk][2] = PackBf16(sc[8 * kk + 4], sc[8 * kk + 5]);
-    pa[kk][3] = PackBf16(sc[8 * kk + 6], sc[8 * kk + 7]);
-  }
+  WgPackP(sc, pa);
 }
 // Copies the item's Q rows (q-row qi: item row qi / G, head kvh * G + qi % G) into the swizzled
 // Q tile; rows past nq are zeros. Threads t = first, first + stride, ... share the copies.
