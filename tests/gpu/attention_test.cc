@@ -575,6 +575,14 @@ TEST(Attention, RejectsPlansAndCachesTheKernelsCannotRun) {
   st = Attention(args, ws_plan, nullptr);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("work counter"), std::string::npos) << st;
+  // The two-level fold order on a head_dim its kernels do not run (64 here), and no order at all.
+  for (int super_tiles : {4, 0}) {
+    AttentionPlanView super_plan = plan;
+    super_plan.super_tiles = super_tiles;
+    st = Attention(args, super_plan, nullptr);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("super_tiles"), std::string::npos) << st;
+  }
   // The wgmma prefill kernel asked for on a head_dim it does not serve (64 here).
   args.prefill_path = PrefillPath::kWgmma;
   st = Attention(args, plan, nullptr);
