@@ -398,18 +398,25 @@ TEST(Attention, PrefillKernelsAgreeBitwise) {
                               PrefillPath::kMmaSync);
       std::vector<uint16_t> wg;
       // The two-warpgroup kernel (one-level order only), then warp-specialized (TMA) with and
-      // without ping-pong (0 last: the default).
+      // without ping-pong (0 last: the default), the persistent kernel on 1 and 3 CTAs (each
+      // walks many works: its stage and Q rings wrap, works of odd tile counts shift which load
+      // warp copies a work's first tile) and on its default grid (last).
       for (int variant : {2, 1, 0}) {
         if (variant == 2 && order > 1) continue;
         internal::SetWgmmaPrefillVariant(variant);
-        wg = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
-                          PrefillPath::kWgmma);
-        ASSERT_EQ(mma.size(), wg.size());
-        size_t differ = 0;
-        for (size_t i = 0; i < mma.size(); ++i) differ += mma[i] != wg[i];
-        EXPECT_EQ(differ, 0u) << "wgmma prefill (variant " << variant
-                              << ") != mma.sync prefill, shape hq " << sh.hq << " hkv " << sh.hkv
-                              << " block " << sh.bs << ", super_tiles " << order;
+        for (int ctas : {1, 3, 0}) {
+          if (variant == 2 && ctas != 0) continue;
+          internal::SetPrefillWsCtas(ctas);
+          wg = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                            PrefillPath::kWgmma);
+          internal::SetPrefillWsCtas(0);
+          ASSERT_EQ(mma.size(), wg.size());
+          size_t differ = 0;
+          for (size_t i = 0; i < mma.size(); ++i) differ += mma[i] != wg[i];
+          EXPECT_EQ(differ, 0u) << "wgmma prefill (variant " << variant << ", " << ctas
+                                << " CTAs) != mma.sync prefill, shape hq " << sh.hq << " hkv "
+                                << sh.hkv << " block " << sh.bs << ", super_tiles " << order;
+        }
       }
       if (!checked_reference || order > 1) {  // each order against the reference once
         ExpectClose(wg, Reference(h, seqs, b, q));

@@ -1283,6 +1283,15 @@ cudaError_t EncodeKvMaps(const KvCacheView& cache, int piece, CUtensorMap* tk, C
 }
 
 int g_decode_ws_ctas = 0;
+int g_prefill_ws_ctas = 0;
+
+// The current device's SM count (the persistent kernels' grids).
+cudaError_t SmCount(int* sms) {
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  return err == cudaSuccess ? cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, device)
+                            : err;
+}
 
 // Split form 3 on DecodeWsKernel: one CTA per SM (or SetDecodeWsCtas's count), at most one per two
 // work items. *launched: false where the device has no sm_90a code or the blocks no 16-token
@@ -1295,10 +1304,8 @@ cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& pla
   bool wgmma = false;
   cudaError_t err = WgmmaAvailable(&wgmma);
   if (err != cudaSuccess || !wgmma || cache.block_size % kPieceTokens != 0) return err;
-  int device = 0, sms = 0;
-  err = cudaGetDevice(&device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  int sms = 0;
+  err = SmCount(&sms);
   if (err != cudaSuccess) return err;
   const int piece = KvPiece(cache);
   CUtensorMap tk, tv;
@@ -1358,8 +1365,15 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
       const size_t smem = WsSmemBytes(kWsStages);
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (err != cudaSuccess) return err;
-      err = LaunchKernel(kernel, FinalGrid(plan.num_final, args.cache), kWsThreads, smem, stream, k,
-                         tk, tv);
+      // Persistent: at most one CTA per SM (or SetPrefillWsCtas's count), none without a work.
+      int sms = g_prefill_ws_ctas;
+      if (sms <= 0) {
+        err = SmCount(&sms);
+        if (err != cudaSuccess) return err;
+      }
+      const int64_t works = static_cast<int64_t>(plan.num_final) * args.cache.num_kv_heads;
+      const int ctas = static_cast<int>(std::min<int64_t>(sms, works));
+      err = LaunchKernel(kernel, dim3(ctas), kWsThreads, smem, stream, k, plan.num_final, tk, tv);
       if (err != cudaSuccess) return err;
     } else {
       // The two-warpgroup kernel (v7) keeps the one-level order: with super-tiles only the
@@ -1439,6 +1453,7 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
 void SetWgmmaPrefillVariant(int variant) { g_wgmma_variant = variant; }
 void SetSplitVariant(int variant) { g_split_variant = variant; }
 void SetDecodeWsCtas(int ctas) { g_decode_ws_ctas = ctas; }
+void SetPrefillWsCtas(int ctas) { g_prefill_ws_ctas = ctas; }
 
 // Compute capability 9.0 (H100, H200) runs this library's sm_90a machine code; newer GPUs run the
 // compute_90 PTX, which has no wgmma.

@@ -333,31 +333,27 @@ __global__ void __launch_bounds__(256, 1) PrefillWgmmaKernel(TileKernelArgs k) {
 #endif
 }
 
-// The warp-specialized form (v8): warpgroup 0 loads (its warp 0; the other three only give their
-// registers back), warpgroups 1 and 2 compute (q-rows as above). K/V pieces of kPiece tokens (16:
-// a paged block of 16 or part of one of 32; 64: a whole tile of a 64-token block) come by bulk
-// tensor copy (TMA, 128-byte swizzle: the layout of wgmma.cuh) into kStages stages, each with a
-// `full` mbarrier (the copies' bytes) and an `empty` one (one arrival per consumer warp when its
-// wgmma reads of the stage are done). The load warp runs WsLoadTiles, each consumer warpgroup
-// WsFoldTiles (below).
+// The warp-specialized form (v8): warpgroup 0 loads (warps 0 and 1 copy K/V tiles, warps 2 and 3
+// a work's Q rows and positions; all four give registers back), warpgroups 1 and 2 compute
+// (q-rows as above). K/V pieces of kPiece tokens (16: a paged block of 16 or part of one of 32;
+// 64: a whole tile of a 64-token block) come by bulk tensor copy (TMA, 128-byte swizzle: the
+// layout of wgmma.cuh) into kStages stages, each with a `full` mbarrier (the copies' bytes) and an
+// `empty` one (one arrival per consumer warp when its wgmma reads of the stage are done). The load
+// warps run WsLoadTiles, each consumer warpgroup WsFoldTiles (below).
 constexpr int kWsStages = 4;  // 6 measured no faster (H100, bench/kernels/NOTES.md)
-// Load warps of the prefill kernel: warp w copies tiles w, w + kWsLoadWarps, ... (each stage is
-// filled by one warp at a time, so the barriers are as with one). One warp held 16-token blocks
+// Load warps of the prefill kernel: warp w copies ring tiles w, w + kWsLoadWarps, ... (each stage
+// is filled by one warp at a time, so the barriers are as with one). One warp held 16-token blocks
 // at 0.92-0.93x of the 64-token-block rate: its per-tile chain (wait for the stage, the next
 // tile's cache rows, sixteen box copies from four lanes) paced the consumers
 // (bench/kernels/NOTES.md).
 constexpr int kWsLoadWarps = 2;
 constexpr int kWsThreads = 384;
+// Two Q buffers (the persistent prefill kernel's current work and the next), then the stages.
 constexpr size_t WsSmemBytes(int stages) {
-  return 1024 + static_cast<size_t>(kWgRows) * kWgRowBytes + 2 * stages * kWgTileBytes;
+  return 1024 + 2 * static_cast<size_t>(kWgRows) * kWgRowBytes + 2 * stages * kWgTileBytes;
 }
 constexpr int kPieceTokens =
     16;  // the copy unit for blocks of 16 or 32 tokens; 64 for blocks of 64
-
-struct WsBarriers {
-  uint64_t full[kWsStages];
-  uint64_t empty[kWsStages];
-};
 
 template <int kRegs>
 __device__ __forceinline__ void SetMaxRegsInc() {
@@ -794,77 +790,182 @@ __device__ __forceinline__ void WsSuperTiles(const WsRing& ring, int n0, uint32_
   }
 }
 
-// The warp-specialized prefill form (v8, described above): one CTA per (item, kv head). kSuper:
-// the two-level order (k.super_tiles > 1: WsSuperTiles), else WsFoldTiles.
+// The warp-specialized prefill form (v8, described above), persistent: a fixed grid (at most one
+// CTA per SM) walks the (item, kv head) works, CTA c taking works c, 2P - 1 - c, 2P + c, ... of the
+// plan's order (P CTAs; a snake over the longest-first items, which balances them as well as
+// taking from a counter would: the causal items of one sequence differ by one tile a step). Every
+// warp walks the same list. The load warps' ring runs on from one work into the next (warp w
+// copies the ring's tiles n = w mod 2), so a work's first tiles land while the one before is still
+// being computed; two item warps (2 and 3, one per consumer warpgroup's 64 q-rows) copy a work's
+// Q rows into one of two Q buffers and put its rows' positions and output rows into shared memory
+// while the consumers compute the work before. Launching a CTA per work cost about 13 tiles'
+// time a work (the CTA's start, its Q rows and first tiles, its end: bench/kernels/NOTES.md).
+// kSuper: the two-level order (k.super_tiles > 1: WsSuperTiles), else WsFoldTiles.
+constexpr int kPwItemBufs = 2;
+struct PwItem {
+  int tile_begin, ntiles, nq, kvh;
+  int lo[2], hi[2];  // a consumer warpgroup's lowest and highest row position (INT_MAX / -1)
+  int pos[kWgRows];  // q-row positions, -1 past nq
+  int row[kWgRows];  // q-row qi's token row (output row)
+};
+struct PwShared {
+  uint64_t full[kWsStages];
+  uint64_t empty[kWsStages];
+  uint64_t item_full[kPwItemBufs];   // item buffer b filled (both item warps)
+  uint64_t item_empty[kPwItemBufs];  // ... and read (the eight consumer warps)
+  PwItem item[kPwItemBufs];
+};
+// The j-th work of this CTA (the snake above), and how many works it has of `works`.
+__device__ __forceinline__ int PwWork(int j) {
+  const int c = static_cast<int>(blockIdx.x), P = static_cast<int>(gridDim.x);
+  return j * P + ((j & 1) ? P - 1 - c : c);
+}
+__device__ __forceinline__ int PwWorks(int works) {
+  const int c = static_cast<int>(blockIdx.x), P = static_cast<int>(gridDim.x);
+  const int rounds = works / P, last = (rounds & 1) ? P - 1 - c : c;
+  return rounds + (last < works % P ? 1 : 0);
+}
+
 template <bool kPingPong, int kStages, int kPiece, bool kSuper = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
-    PrefillWsKernel(const TileKernelArgs k, const __grid_constant__ CUtensorMap tk,
+    PrefillWsKernel(const TileKernelArgs k, int items, const __grid_constant__ CUtensorMap tk,
                     const __grid_constant__ CUtensorMap tv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   WaitForPriorGrids();
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ WsBarriers bars;
-  __shared__ int wg_pos[2][2];
+  __shared__ PwShared sh;
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
-  unsigned char* Qs = smem;
-  unsigned char* KVs = Qs + kWgRows * kWgRowBytes;  // stage s: K tile, then V tile
-  const uint32_t qs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(Qs));
-  const uint32_t full0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars.full[0]));
-  const uint32_t empty0 = static_cast<uint32_t>(__cvta_generic_to_shared(&bars.empty[0]));
-  const WsRing ring{full0, empty0, static_cast<uint32_t>(__cvta_generic_to_shared(KVs)), KVs};
+  // Q buffer b at b * kWgRows * kWgRowBytes; the K/V stages after them.
+  unsigned char* KVs = smem + kPwItemBufs * kWgRows * kWgRowBytes;
+  const uint32_t qs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  auto bar = [](uint64_t& b) { return static_cast<uint32_t>(__cvta_generic_to_shared(&b)); };
+  const WsRing ring{bar(sh.full[0]), bar(sh.empty[0]),
+                    static_cast<uint32_t>(__cvta_generic_to_shared(KVs)), KVs};
 
   const AttentionArgs& a = k.a;
-  const int G = a.num_q_heads / a.cache.num_kv_heads;
-  const auto [it, kvh] = FinalCtaOf(k);
-  const int table_offset = it[0], tile_begin = it[1], tile_end = it[2], row_begin = it[3];
-  const int row_count = it[4], kv_len = it[5];
-  const int nq = row_count * G;
-  const int ntiles = tile_end - tile_begin;
+  const int hkv = a.cache.num_kv_heads, G = a.num_q_heads / hkv;
+  const int njobs = PwWorks(items * hkv);  // works: kv head fastest (FinalCtaOf's order)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      MbarInit(full0 + 8 * s, 1);
-      MbarInit(empty0 + 8 * s, 8);
+      MbarInit(bar(sh.full[s]), 1);
+      MbarInit(bar(sh.empty[s]), 8);
+    }
+    for (int b = 0; b < kPwItemBufs; ++b) {
+      MbarInit(bar(sh.item_full[b]), 2);
+      MbarInit(bar(sh.item_empty[b]), 8);
     }
     MbarInitFence();
   }
-  if (tid < 4) wg_pos[tid >> 1][tid & 1] = (tid & 1) ? -1 : INT_MAX;
   __syncthreads();
 
-  if (warp < 4) {  // ------------------------------------------------------------------- loads
+  if (warp < 4) {  // ---------------------------------------------------- load and item warps
     SetMaxRegsDec<24>();
-    if (warp >= kWsLoadWarps) return;
-    WsLoadTiles<kStages, kPiece, false>(
-        a, &tk, &tv, ring, 0, table_offset, tile_begin, ntiles, kv_len, kvh, lane,
-        WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, warp), warp,
-        kWsLoadWarps);
+    if (warp < kWsLoadWarps) {  // load warp: the ring's tiles n = warp, warp + 2, ...
+      int n = 0;
+      for (int j = 0; j < njobs; ++j) {
+        const int w = PwWork(j);
+        const int32_t* it = k.items + static_cast<int64_t>(w / hkv) * kItemFields;
+        const int kvh = w % hkv;
+        const int table_offset = it[0], tile_begin = it[1], ntiles = it[2] - it[1];
+        const int kv_len = it[5];
+        const int first = (warp - n) & 1;  // the item's first tile at ring position n = warp mod 2
+        WsLoadTiles<kStages, kPiece, false>(
+            a, &tk, &tv, ring, n, table_offset, tile_begin, ntiles, kv_len, kvh, lane,
+            WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, first),
+            first, kWsLoadWarps);
+        n += ntiles;
+      }
+    } else {  // item warp u = warp - 2: q-rows [64 u, 64 u + 64) of each work
+      const int u = warp - 2;
+      for (int j = 0; j < njobs; ++j) {
+        const int w = PwWork(j);
+        const int b = j % kPwItemBufs;
+        if (j >= kPwItemBufs) {  // buffer b's work j - 2 read by the consumers
+          MbarWait(bar(sh.item_empty[b]), ((j - kPwItemBufs) / kPwItemBufs) & 1);
+        }
+        const int32_t* it = k.items + static_cast<int64_t>(w / hkv) * kItemFields;
+        const int kvh = w % hkv;
+        const int row_begin = it[3], nq = it[4] * G;
+        PwItem& d = sh.item[b];
+        unsigned char* Qs = smem + b * kWgRows * kWgRowBytes;
+        int wmin = INT_MAX, wmax = -1;
+#pragma unroll 1
+        for (int h = 0; h < 2; ++h) {  // lane's q-rows 64 u + lane, + 32
+          const int qi = 64 * u + lane + 32 * h;
+          const int row = qi < nq ? k.item_rows[row_begin + qi / G] : -1;
+          const int p = row >= 0 ? a.positions[row] : -1;
+          d.row[qi] = row;
+          d.pos[qi] = p;
+          if (p >= 0) {
+            wmin = min(wmin, p);
+            wmax = max(wmax, p);
+          }
+          const __nv_bfloat16* src = row >= 0 ? reinterpret_cast<const __nv_bfloat16*>(a.q) +
+                                                    static_cast<int64_t>(row) * a.q_row_stride +
+                                                    (kvh * G + qi % G) * kWgD
+                                              : reinterpret_cast<const __nv_bfloat16*>(a.q);
+#pragma unroll 1
+          for (int cc = 0; cc < kWgD / 8; ++cc) {
+            CpAsync16Z(Qs + SwizzleOffset(kWgRows, qi, cc), src + (row >= 0 ? cc * 8 : 0),
+                       row >= 0 ? 16 : 0);
+          }
+        }
+        CpAsyncCommit();
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+          wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, off));
+          wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
+        }
+        if (lane == 0) {
+          d.lo[u] = wmin;
+          d.hi[u] = wmax;
+          if (u == 0) {
+            d.tile_begin = it[1];
+            d.ntiles = it[2] - it[1];
+            d.nq = nq;
+            d.kvh = kvh;
+          }
+        }
+        CpAsyncWait<0>();
+        FenceProxyAsync();  // the Q rows are read by wgmma (the async proxy)
+        __syncwarp();
+        if (lane == 0) MbarArrive(bar(sh.item_full[b]));
+      }
+    }
   } else {  // --------------------------------------------------------------------- consumers
     SetMaxRegsInc<240>();
     const int cw = warp - 4, wg = cw >> 2;
-    WgLoadQ(k, Qs, row_begin, nq, kvh, tid - 128, 256);
-    CpAsyncCommit();
-    int pos[2], wmin, wmax;
-    WgRowPositions(k, row_begin, nq, cw * 16, lane, pos, wmin, wmax);
-    if (lane == 0) {
-      atomicMin(&wg_pos[wg][0], wmin);
-      atomicMax(&wg_pos[wg][1], wmax);
+    int n = 0;
+    for (int j = 0; j < njobs; ++j) {
+      const int b = j % kPwItemBufs;
+      MbarWait(bar(sh.item_full[b]), (j / kPwItemBufs) & 1);
+      const PwItem& d = sh.item[b];
+      const int tile_begin = d.tile_begin, ntiles = d.ntiles;
+      const int qi0 = cw * 16 + (lane >> 2);  // this lane's q-rows qi0, qi0 + 8
+      const int pos[2] = {d.pos[qi0], d.pos[qi0 + 8]};
+      const uint32_t q_addr = qs_addr + b * kWgRows * kWgRowBytes + wg * 64 * 128;
+      float o[64], l[2];
+      if constexpr (kSuper) {
+        WsSuperTiles<kPingPong, kStages, kWgRows>(ring, n, q_addr, 1024, tile_begin, ntiles,
+                                                  d.lo[wg], d.hi[wg], pos, wg, lane, k.scale_log2,
+                                                  k.super_tiles, o, l);
+      } else {
+        WsFoldTiles<kPingPong, kStages, kWgRows>(ring, n, q_addr, 1024, tile_begin, ntiles,
+                                                 d.lo[wg], d.hi[wg], pos, wg, lane, k.scale_log2, o,
+                                                 l);
+      }
+      n += ntiles;
+      // Every MMA of the work has completed (each was waited for); its fields are read before
+      // the item buffer may refill.
+      const int nq = d.nq, kvh = d.kvh, row0 = d.row[qi0], row1 = d.row[qi0 + 8];
+      __syncwarp();
+      if (lane == 0) MbarArrive(bar(sh.item_empty[b]));
+      WgStoreRowsBy(a, nq, kvh, cw * 16, lane, o, l,
+                    [&](int qi) { return qi >= qi0 + 8 ? row1 : row0; });
     }
-    CpAsyncWait<0>();
-    FenceProxyAsync();
-    NamedBarSync(1, 256);  // Q and wg_pos ready for both consumer warpgroups
-    float o[64], l[2];
-    if constexpr (kSuper) {
-      WsSuperTiles<kPingPong, kStages, kWgRows>(ring, 0, qs_addr + wg * 64 * 128, 1024, tile_begin,
-                                                ntiles, wg_pos[wg][0], wg_pos[wg][1], pos, wg, lane,
-                                                k.scale_log2, k.super_tiles, o, l);
-    } else {
-      WsFoldTiles<kPingPong, kStages, kWgRows>(ring, 0, qs_addr + wg * 64 * 128, 1024, tile_begin,
-                                               ntiles, wg_pos[wg][0], wg_pos[wg][1], pos, wg, lane,
-                                               k.scale_log2, o, l);
-    }
-    WgStoreRows(k, row_begin, nq, kvh, cw * 16, lane, o, l);
   }
 #else
   __trap();  // launched only on devices with sm_90a machine code (WgmmaAvailable)

@@ -89,5 +89,8 @@ void SetSplitVariant(int variant);
 // Tests only: the grid of split form 3's persistent kernel (DecodeWsKernel); 0 (default): one CTA
 // per SM. A small grid makes each consumer run many items (its rings wrap many times).
 void SetDecodeWsCtas(int ctas);
+// Tests only: the grid of the persistent warp-specialized prefill kernel; 0 (default): one CTA per
+// SM (at most one per work). A small grid makes each CTA run many works (its rings wrap).
+void SetPrefillWsCtas(int ctas);
 
 }  // namespace cascade::cuda::internal
