@@ -3,15 +3,18 @@
 # BASE_SRC, a baseline tree's cuda_attention_bench in build-base, beside the tests), shows where
 # the prefill kernel spills (SASS: local stores per register region), runs every GPU bitwise test
 # binary (attention first, short timeouts: a hang costs one binary's timeout, not the call), then
-# times the prefill table: this tree, the baseline, this tree again, and torch SDPA's prefill rows.
-# DECODE="B,CTX ...": decode cases after. Logs under $OUT (or ./device-out).
+# times the prefill table: this tree, the baseline, this tree again, and torch SDPA (decode and
+# prefill rows, each also back to back). DECODE="B,CTX ...": decode cases after; CASCADE=1: the
+# cascade cases; ENGINE=1: engine_bench's prefill section on qwen3-0.6b (this tree). Logs under
+# $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
 . scripts/device_gpu_subdirs.sh
 t0=$(date +%s)
-bash scripts/device_build.sh cuda_kernels_test cuda_attention_test cuda_backend_test \
-  engine_cuda_test cuda_attention_bench >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+T="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test cuda_attention_bench"
+[ "${ENGINE:-0}" = 1 ] && T="$T engine_bench"
+bash scripts/device_build.sh $T >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 . build-gpu/env.sh
 echo "build: $(( $(date +%s) - t0 )) s"
 if [ -n "${BASE_SRC:-}" ]; then
@@ -37,8 +40,15 @@ if [ -n "${BASE_SRC:-}" ]; then
   echo "== this tree again"
   timeout 60 $bench --prefill-only 2>&1 | grep -E "prefill N" | tee -a "$OUT/prefill.log"
 fi
-timeout 120 python3 bench/kernels/sdpa_bench.py 2>&1 | grep -E "prefill" | tee "$OUT/sdpa.log"
+timeout 150 python3 bench/kernels/sdpa_bench.py 2>&1 | tee "$OUT/sdpa.log"
 for c in ${DECODE:-}; do
-  timeout 30 $bench --decode=$c 2>&1 | grep -E "decode" | tee -a "$OUT/decode.log"
+  timeout 60 $bench --decode=$c 2>&1 | grep -E "case|decode" | tee -a "$OUT/decode.log"
 done
+if [ "${CASCADE:-0}" = 1 ]; then
+  timeout 90 $bench --cascade-only 2>&1 | grep -E "shared|tree" | tee "$OUT/cascade.log"
+fi
+if [ "${ENGINE:-0}" = 1 ]; then
+  timeout 200 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=prefill \
+    2>&1 | tee "$OUT/engine.log" | grep -E "^\||^#|tok/s"
+fi
 echo "total: $(( $(date +%s) - t0 )) s"
