@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpu_worker/backend/cpu/cpu_backend.h"
+#include "gpu_worker/backend/cuda/attention.h"
 #include "gpu_worker/backend/cuda/device.h"
 #include "gpu_worker/backend/cuda/ops.h"
 #include "gpu_worker/engine/sampler.h"
@@ -553,6 +554,15 @@ TEST(CudaBackend, OutOfRangeOptionsAreRefused) {
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.device = -1; }));
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.decode_gemm_early_chunks = -1; }));
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.gemm_tune_min_hidden = -1; }));
+  // The fold order: 1, kSuperTiles or 0 (automatic); nothing else has kernels.
+  for (int g : {-1, 2, 3, 8}) {
+    EXPECT_TRUE(refused([g](CudaBackendOptions& o) { o.attention_super_tiles = g; })) << g;
+  }
+  for (int g : {0, 1, kSuperTiles}) {
+    CudaBackendOptions o;
+    o.attention_super_tiles = g;
+    EXPECT_TRUE(ValidateCudaBackendOptions(o).ok()) << g;
+  }
 }
 
 TEST(CudaBackend, RejectsMalformedBatches) {

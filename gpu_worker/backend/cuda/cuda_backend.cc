@@ -584,10 +584,6 @@ absl::Status CudaBackend::Init(const model::Model& m) {
         ": the two-level fold order needs head_dim 128, blocks of a multiple of 16 tokens and a "
         "Hopper GPU (compute capability 9.0); use 0 (automatic) or 1"));
   }
-  if (o_.attention_super_tiles < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "attention_super_tiles ", o_.attention_super_tiles, " < 0; use 1, 0 (automatic) or 4"));
-  }
   super_tiles_ = o_.attention_super_tiles > 0 ? o_.attention_super_tiles : super_tiles;
   RETURN_IF_ERROR(alloc(&ws_work_, 2 * sizeof(int32_t)));
   RETURN_IF_ERROR(FillBytes(ws_work_.data(), 0, ws_work_.size()));
@@ -1247,6 +1243,13 @@ absl::Status ValidateCudaBackendOptions(const CudaBackendOptions& o) {
       o.device < 0 || o.split_k < 0 || o.gemm_reference_m <= 0 || o.decode_gemm_early_chunks < 0 ||
       o.gemm_tune_min_hidden < 0 || o.gemm_prefill_min_m < 0) {
     return absl::InvalidArgumentError("cuda backend: bad options");
+  }
+  if (o.attention_super_tiles != 0 && o.attention_super_tiles != 1 &&
+      o.attention_super_tiles != kSuperTiles) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: attention_super_tiles ", o.attention_super_tiles,
+                     " is not a fold order the kernels run; use 1 (one level), ", kSuperTiles,
+                     " (super-tiles) or 0 (super-tiles where the device runs them)"));
   }
   return absl::OkStatus();
 }

@@ -92,11 +92,11 @@ struct CudaBackendOptions {
   bool attention_single_level = false;
   // AttentionConfig::super_tiles, the fold order's super-tile (attention.h): 1 (default) the
   // one-level order; 0 SuperTilesFor (4 on Hopper at head_dim 128 with blocks of a multiple of 16
-  // tokens, else 1); > 1 only where SuperTilesFor allows it (else NewCudaBackend fails). Measured
-  // on an H200 (bench/kernels/RESULTS.md): super-tiles run cascade decode 1.3x faster and plain
-  // decode the same, but prefill attention about 20% slower on today's warp-specialized consumer,
-  // hence not the default yet. Other values give other bits: every worker of a deployment must
-  // use the same.
+  // tokens, else 1); 4 only where SuperTilesFor allows it (else NewCudaBackend fails); other
+  // values are refused. Measured on an H200 (bench/kernels/RESULTS.md): super-tiles run cascade
+  // decode 1.3x faster and plain decode the same, but prefill attention 15-25% slower on today's
+  // warp-specialized consumers, hence not the default yet. The two orders give other bits: every
+  // worker of a deployment must use the same.
   int attention_super_tiles = 1;
   // Decode steps of whole rows averaging at least this many 64-token tiles run on the persistent
   // warp-specialized kernel (Hopper; attention.h SplitForm 3, DecodeWsMinTiles), as do steps of
