@@ -137,6 +137,7 @@ void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx,
                               s->plan.max_split_rows};
   s->view.split_form = SplitForm(s->plan, kD, kHq / kHkv);
   s->view.super_tiles = s->plan.super_tiles;
+  s->view.num_wide = s->plan.num_wide;
   s->ws_work = Up(std::vector<int32_t>{0, 0});
   s->view.ws_work = s->ws_work.as<int32_t>();
 }
@@ -258,6 +259,9 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto ws_ctas = PersistentDecodeCtas(kD, kHq / kHkv, g_block);  // as the backend sets it
   CHECK_OK(ws_ctas.status());
   every.ws_ctas = *ws_ctas;
+  auto wide_rows = WideCascadeRows(kD, kHq / kHkv, g_block);  // as the backend sets it (eager)
+  CHECK_OK(wide_rows.status());
+  every.wide_rows = *wide_rows;
   // The two-level fold order where the device runs it (rows tagged " super": other bits than
   // the default's one-level order, attention.h).
   auto super_tiles = SuperTilesFor(kD, g_block);
@@ -267,6 +271,8 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   const bool super = supercfg.super_tiles > 1;
   if (super) std::printf("rows tagged super: super-tiles of %d tiles\n\n", supercfg.super_tiles);
   AttentionConfig nofold = every, whole = every, single = every, flat = every;
+  AttentionConfig narrow = every;  // every cascade item on the split kernel (no wide items)
+  narrow.wide_rows = 0;
   nofold.lead_tiles = -1;      // every split item writes a partial per tile (before fold items)
   whole.lead_tiles = 1 << 20;  // a decode row's every tile in one fold item
   // Cascade: fold items of 8 / 16 / 32 tiles from tile 0 (a group's leading run of the shared
@@ -287,6 +293,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
            : c == &lead32   ? " lead32"
            : c == &smem     ? " smem"
            : c == &supercfg ? " super"
+           : c == &narrow   ? " narrow"
                             : "";
   };
   // Decode, distinct sequences: without fold items; the default (the plan's split form: where
@@ -362,8 +369,10 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     int64_t blocks = 0;
     const auto tables = PrefixTables(ctx, P / g_block, &blocks);
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
-    for (const AttentionConfig* c : {&flat, &nofold, &every, &lead8, &lead16, &smem, &supercfg}) {
+    for (const AttentionConfig* c :
+         {&flat, &nofold, &narrow, &every, &lead8, &lead16, &smem, &supercfg}) {
       if (c == &supercfg && !super) continue;
+      if (c == &narrow && every.wide_rows == 0) continue;
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
                                       num_blocks, cache, *c, &plan);
@@ -402,8 +411,9 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     std::printf("\n");
     double every_ms = 0, single_ms = 0, super_ms = 0;
     for (const AttentionConfig* c :
-         {&flat, &single, &nofold, &every, &lead8, &lead16, &lead32, &smem, &supercfg}) {
+         {&flat, &single, &nofold, &narrow, &every, &lead8, &lead16, &lead32, &smem, &supercfg}) {
       if (c == &supercfg && !super) continue;
+      if (c == &narrow && every.wide_rows == 0) continue;
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
                                       num_blocks, cache, *c, &plan);
@@ -413,10 +423,10 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
                                               : "every tile" + suffix(c);
       row(std::string("tree 2048+8x1024+q B=256 ") + name, ms, token_bytes * tokens);
       std::printf(
-          "    plan: %d split items, %d tile reads, %d shared tiles in %d groups, %.1f us "
-          "on the host\n",
-          plan.num_split(), plan.split_tile_reads, plan.cascade_shared_tiles, plan.cascade_groups,
-          PlanUs(ctx, tables, *c));
+          "    plan: %d split items (%d wide), %d tile reads, %d shared tiles in %d groups, %.1f "
+          "us on the host\n",
+          plan.num_split(), plan.num_wide, plan.split_tile_reads, plan.cascade_shared_tiles,
+          plan.cascade_groups, PlanUs(ctx, tables, *c));
       if (c == &every) every_ms = ms;
       if (c == &single) single_ms = ms;
       if (c == &supercfg) super_ms = ms;

@@ -124,21 +124,34 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
   // flat item would.
   std::map<std::pair<int, int>, int> covered;              // (row, tile) -> times
   std::map<std::pair<int, int>, std::vector<int>> shared;  // (tile, table) -> rows
-  int tile_reads = 0, max_rows = 0;
+  int tile_reads = 0, max_rows = 0, max_wide = 0;
+  // Wide items (AttentionConfig::wide_rows): the first num_wide, each more rows than a split CTA
+  // holds and at most wide_rows, a fold run from tile 0 or one super-tile.
+  EXPECT_TRUE(plan.num_wide == 0 || cfg.wide_rows > rows_per_cta);
   for (int i = 0; i < plan.num_split(); ++i) {
     const int32_t* it = &plan.split_items[i * kItemFields];
     const int table = it[0], t0 = it[1], t1 = it[2], row_begin = it[3], n = it[4], kv_len = it[5];
     EXPECT_LT(t0, t1);
     EXPECT_GE(n, 1);
-    EXPECT_LE(n, rows_per_cta) << "item past the CTA's rows";
+    const bool wide = i < plan.num_wide;
+    if (wide) {
+      EXPECT_GT(n, rows_per_cta) << "wide item " << i << " fits a split CTA";
+      EXPECT_LE(n, cfg.wide_rows) << "wide item " << i << " past wide_rows";
+      if (it[6] == kFoldNone) EXPECT_EQ(t1 - t0, cfg.super_tiles) << "wide item " << i;
+      max_wide = std::max(max_wide, n);
+      tile_reads += t1 - t0;
+    } else {
+      EXPECT_LE(n, rows_per_cta) << "item past the CTA's rows";
+      max_rows = std::max(max_rows, n);
+    }
     const int per_item = cfg.tiles_per_item > 0 ? cfg.tiles_per_item : 4;
-    if (it[6] == kFoldNone || cfg.lead_tiles < 0) {
+    if (wide) {
+    } else if (it[6] == kFoldNone || cfg.lead_tiles < 0) {
       EXPECT_LE(t1 - t0, per_item) << "an item holds at most tiles_per_item tiles";
     } else if (cfg.lead_tiles > 0) {
       EXPECT_LE(t1 - t0, std::max(per_item, cfg.lead_tiles)) << "a fold item past lead_tiles";
     }
-    max_rows = std::max(max_rows, n);
-    tile_reads += t1 - t0;
+    if (!wide) tile_reads += t1 - t0;
     for (int k = row_begin; k < row_begin + n; ++k) {
       const int row = plan.item_rows.at(k);
       EXPECT_TRUE(decode_seq.count(row)) << "split item of a non-decode row";
@@ -164,6 +177,7 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
   }
   EXPECT_EQ(plan.split_tile_reads, tile_reads);
   EXPECT_EQ(plan.max_split_rows, max_rows);
+  EXPECT_EQ(plan.max_wide_rows, max_wide);
   for (const auto& [row, s] : decode_seq) {
     const int tiles = CeilDiv(b.positions[row] + 1, kTileTokens);
     for (int t = 0; t < tiles; ++t) {
@@ -405,6 +419,10 @@ TEST(AttentionPlanTest, RandomForestsMatchBruteForceUnderEveryShape) {
       EXPECT_EQ(folded.split_tile_reads, every.split_tile_reads) << "lead " << lead;
     }
     cfg.lead_tiles = 0;
+    cfg.wide_rows = 128 / (cfg.num_q_heads / cfg.num_kv_heads);  // wide cascade items
+    const AttentionPlan wide = Plan(cfg, b);
+    EXPECT_EQ(CheckPlan(cfg, b, wide), reads) << "wide items";
+    cfg.wide_rows = 0;
     cfg.grouping = CascadeGrouping::kLeadingTiles;
     const AttentionPlan leading = Plan(cfg, b);
     CheckPlan(cfg, b, leading);
@@ -827,6 +845,55 @@ TEST(AttentionPlanTest, SuperTilesAlignItemsSlotsAndSharing) {
   bad.super_tiles = 0;
   AttentionPlan p;
   EXPECT_EQ(PlanAttention(bad, plain.View(), &p).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Wide cascade items (AttentionConfig::wide_rows, the wgmma kernel's 128 q-rows): a shared run
+// read by more rows than a split CTA holds is cut into chunks of up to wide_rows rows, placed
+// first, each item a fold run from tile 0 or one super-tile; the tiles, slots and sharing stay
+// what they are without them (CheckPlan, brute force), and fewer items read the shared tiles.
+TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
+  const Batch tree = MakeBatch(Tree(2048, 1024, 8, 32, 16, QueryLens(256, 1)));
+  for (int unit : {1, 4}) {
+    for (int lead : {-1, 0, 1000}) {
+      SCOPED_TRACE("super_tiles " + std::to_string(unit) + " lead " + std::to_string(lead));
+      AttentionConfig cfg = kQwen3;
+      cfg.super_tiles = unit;
+      cfg.lead_tiles = lead;
+      const AttentionPlan narrow = Plan(cfg, tree);
+      cfg.wide_rows = 64;  // 128 q-rows at group 2
+      const AttentionPlan wide = Plan(cfg, tree);
+      EXPECT_EQ(narrow.num_wide, 0);
+      ASSERT_GT(wide.num_wide, 0);
+      EXPECT_EQ(wide.max_wide_rows, 64);  // the system's 256 rows in chunks of 64
+      EXPECT_LE(wide.max_split_rows, 16);
+      EXPECT_EQ(wide.cascade_groups, narrow.cascade_groups);
+      EXPECT_EQ(wide.cascade_shared_tiles, narrow.cascade_shared_tiles);
+      EXPECT_EQ(wide.num_partials, narrow.num_partials);
+      EXPECT_EQ(wide.merge_list, narrow.merge_list);
+      if (unit == 1) {
+        EXPECT_EQ(CheckPlan(cfg, tree, wide), BruteForceShared(kQwen3, tree));
+      } else {
+        std::set<SharedRead> reads;
+        CheckSuperPlan(cfg, tree, wide, &reads);
+        EXPECT_EQ(reads, BruteForceSharedSupers(cfg, tree));
+      }
+      // The system (256 rows) and each context (32 rows) are wide; every row's own tiles not.
+      int wide_rows = 0;
+      for (int i = 0; i < wide.num_wide; ++i) wide_rows += wide.split_items[i * kItemFields + 4];
+      EXPECT_GT(wide_rows, 0);
+      for (int i = wide.num_wide; i < wide.num_split(); ++i) {
+        EXPECT_LE(wide.split_items[i * kItemFields + 4], 16);
+      }
+    }
+  }
+  // Groups no larger than a split CTA's rows stay on it; no wide_rows above it: none.
+  const Batch small = MakeBatch(Tree(2048, 1024, 8, 2, 16, QueryLens(16, 3)));
+  AttentionConfig cfg = kQwen3;
+  cfg.wide_rows = 64;
+  const AttentionPlan p = Plan(cfg, small);
+  EXPECT_EQ(p.num_wide, 0) << "the system's 16 rows fit one split CTA";
+  cfg.wide_rows = 16;
+  EXPECT_EQ(Plan(cfg, tree).num_wide, 0) << "wide_rows not above a split CTA's rows";
 }
 
 TEST(AttentionPlanTest, RejectsPositionsOutsideContextAndBadShapes) {

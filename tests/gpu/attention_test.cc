@@ -105,6 +105,16 @@ std::vector<int> SuperOrders(int head_dim, int block_size) {
   return device > 1 ? std::vector<int>{1, device} : std::vector<int>{1};
 }
 
+// AttentionConfig::wide_rows of RunAttention: -1 the device's choice (WideCascadeRows: wide
+// cascade items on the wgmma kernel on Hopper at head_dim 128), else this value (0: none).
+int g_wide_rows = -1;
+int WideRows(int head_dim, int group, int block_size) {
+  if (g_wide_rows >= 0) return g_wide_rows;
+  absl::StatusOr<int> w = WideCascadeRows(head_dim, group, block_size);
+  EXPECT_TRUE(w.ok()) << w.status();
+  return w.ok() ? *w : 0;
+}
+
 // Runs attention over `q` ([tokens, hq * D] bf16 bits) and returns [tokens, hq * D] bf16 bits.
 std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector<uint16_t>& q,
                                    bool cascade, AttentionPlan* plan_out = nullptr,
@@ -114,6 +124,7 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
                                    int lead_tiles = 0) {
   AttentionConfig cfg{h.hq, h.hkv, h.D, h.bs, cascade, grouping, tiles_per_item, lead_tiles};
   cfg.super_tiles = SuperTiles(h.D, h.bs);
+  cfg.wide_rows = WideRows(h.D, h.hq / h.hkv, h.bs);
   AttentionBatch ab{b.positions.data(),
                     b.num_tokens(),
                     b.query_start.data(),
@@ -151,6 +162,7 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
   view.split_form = SplitForm(plan, h.D, h.hq / h.hkv);
   view.ws_work = WsWork().as<int32_t>();
   view.super_tiles = plan.super_tiles;
+  view.num_wide = plan.num_wide;
   st = Attention(args, view, nullptr);
   EXPECT_TRUE(st.ok()) << st;
   if (plan_out) *plan_out = plan;
@@ -235,6 +247,39 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionShapes,
                                            Shape{16, 8, 128, 16}, Shape{8, 2, 128, 32},
                                            Shape{32, 1, 64, 64}, Shape{8, 4, 256, 16}));
 
+// Wide cascade items (shared runs read by more rows than a split CTA holds, on the persistent
+// wgmma kernel, 128 q-rows a CTA) against `flat` (cascade off): where the device runs them
+// (`plan`, made with the device's choice, has some), with fold items of none / the planner's /
+// whole runs, on 1, 3 and every CTA (each CTA walking many works); and with none (every item on
+// the split kernel).
+void ExpectWideCascadeBitwise(Harness& h, const Batch& b, const std::vector<uint16_t>& q_bits,
+                              const std::vector<uint16_t>& flat, const AttentionPlan& plan) {
+  const size_t bytes = flat.size() * sizeof(uint16_t);
+  if (WideRows(h.D, h.hq / h.hkv, h.bs) == 0) {
+    EXPECT_EQ(plan.num_wide, 0);
+  } else {
+    EXPECT_GT(plan.num_wide, 0) << "no wide cascade item in a plan of shared runs";
+    for (int lead : {-1, 0, 1000}) {
+      for (int ctas : {1, 3, 0}) {
+        internal::SetPrefillWsCtas(ctas);
+        AttentionPlan p;
+        auto wide = RunAttention(h, b, q_bits, true, &p, CascadeGrouping::kEveryTile, 0,
+                                 PrefillPath::kAuto, lead);
+        internal::SetPrefillWsCtas(0);
+        EXPECT_EQ(0, std::memcmp(wide.data(), flat.data(), bytes))
+            << "wide cascade items (" << p.num_wide << ", fold items " << lead << ", " << ctas
+            << " CTAs) != flat";
+      }
+    }
+  }
+  g_wide_rows = 0;
+  AttentionPlan p;
+  auto narrow = RunAttention(h, b, q_bits, true, &p);
+  g_wide_rows = -1;
+  EXPECT_EQ(p.num_wide, 0);
+  EXPECT_EQ(0, std::memcmp(narrow.data(), flat.data(), bytes)) << "no wide items: != flat";
+}
+
 // Decode rows sharing a prefix (the same leading block ids) computed with cascade on and off:
 // the outputs are bitwise equal, and the cascade plan really shared tiles.
 TEST(Attention, CascadeEqualsNonCascadeBitwise) {
@@ -297,6 +342,7 @@ TEST(Attention, CascadeEqualsNonCascadeBitwise) {
             << ") changed a result";
       }
     }
+    ExpectWideCascadeBitwise(h, b, q_bits, off, plan_on);
   }
   g_super_tiles = 0;
 }
@@ -353,6 +399,7 @@ TEST(Attention, ThreeLevelTreeCascadeEqualsFlatBitwise) {
     EXPECT_EQ(0, std::memcmp(nofold.data(), flat.data(), bytes)) << "no fold items != flat";
     EXPECT_EQ(0, std::memcmp(whole.data(), flat.data(), bytes)) << "system folded whole != flat";
     EXPECT_EQ(0, std::memcmp(flat_whole.data(), flat.data(), bytes)) << "rows folded whole != flat";
+    ExpectWideCascadeBitwise(h, b, q_bits, flat, every);
     // The float64 reference on one row of each context (the rest are the same computation).
     std::vector<Seq> some;
     std::vector<float> q_some;

@@ -1293,6 +1293,24 @@ cudaError_t SmCount(int* sms) {
                             : err;
 }
 
+// A PrefillWsKernel instance over `items` items (x kv heads) of k.items: at most one CTA per SM
+// (or SetPrefillWsCtas's count), none without a work.
+template <class Kernel>
+cudaError_t LaunchPersistentWs(Kernel kernel, const TileKernelArgs& k, int items,
+                               const CUtensorMap& tk, const CUtensorMap& tv, cudaStream_t stream) {
+  const size_t smem = WsSmemBytes(kWsStages);
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  int sms = g_prefill_ws_ctas;
+  if (sms <= 0) {
+    err = SmCount(&sms);
+    if (err != cudaSuccess) return err;
+  }
+  const int64_t works = static_cast<int64_t>(items) * k.a.cache.num_kv_heads;
+  return LaunchKernel(kernel, dim3(static_cast<int>(std::min<int64_t>(sms, works))), kWsThreads,
+                      smem, stream, k, items, tk, tv);
+}
+
 // Split form 3 on DecodeWsKernel: one CTA per SM (or SetDecodeWsCtas's count), at most one per two
 // work items. *launched: false where the device has no sm_90a code or the blocks no 16-token
 // pieces (the shared-memory form runs the same items then). REQUIRES: plan.ws_work (Attention
@@ -1362,18 +1380,7 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
                  : piece == kT ? PrefillWsKernel<false, kWsStages, kT, true>
                                : PrefillWsKernel<false, kWsStages, kPieceTokens, true>;
       }
-      const size_t smem = WsSmemBytes(kWsStages);
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      if (err != cudaSuccess) return err;
-      // Persistent: at most one CTA per SM (or SetPrefillWsCtas's count), none without a work.
-      int sms = g_prefill_ws_ctas;
-      if (sms <= 0) {
-        err = SmCount(&sms);
-        if (err != cudaSuccess) return err;
-      }
-      const int64_t works = static_cast<int64_t>(plan.num_final) * args.cache.num_kv_heads;
-      const int ctas = static_cast<int>(std::min<int64_t>(sms, works));
-      err = LaunchKernel(kernel, dim3(ctas), kWsThreads, smem, stream, k, plan.num_final, tk, tv);
+      err = LaunchPersistentWs(kernel, k, plan.num_final, tk, tv, stream);
       if (err != cudaSuccess) return err;
     } else {
       // The two-warpgroup kernel (v7) keeps the one-level order: with super-tiles only the
@@ -1392,17 +1399,42 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
       if (err != cudaSuccess) return err;
     }
   }
-  if (plan.num_split > 0) {
-    k.items = plan.split_items;
+  // Wide cascade items (the plan's first num_wide split items): the persistent wgmma kernel with
+  // 128 q-rows a CTA writes their partials (ops.cc checked that it runs here).
+  if (plan.num_wide > 0) {
+    if constexpr (D == kWgD) {
+      if (plan.split_count != nullptr || plan.num_wide > plan.num_split) {
+        return cudaErrorInvalidValue;
+      }
+      k.items = plan.split_items;
+      CUtensorMap tk, tv;
+      const int piece = KvPiece(args.cache);
+      cudaError_t err = EncodeKvMaps(args.cache, piece, &tk, &tv);
+      if (err != cudaSuccess) return err;
+      auto kernel = piece == kT ? PrefillWsKernel<false, kWsStages, kT, false, true>
+                                : PrefillWsKernel<false, kWsStages, kPieceTokens, false, true>;
+      if (super) {
+        kernel = piece == kT ? PrefillWsKernel<false, kWsStages, kT, true, true>
+                             : PrefillWsKernel<false, kWsStages, kPieceTokens, true, true>;
+      }
+      err = LaunchPersistentWs(kernel, k, plan.num_wide, tk, tv, stream);
+      if (err != cudaSuccess) return err;
+    } else {
+      return cudaErrorInvalidValue;
+    }
+  }
+  if (plan.num_split > plan.num_wide) {
+    k.items = plan.split_items + static_cast<int64_t>(plan.num_wide) * kItemFields;
     k.item_count = plan.split_count;
+    const int num_split = plan.num_split - plan.num_wide;
     // The plan's form (variant 0; the register form only for head_dim <= 128), or the one a
     // benchmark variant forces (SetSplitVariant).
     auto launch = [&](auto kernel, size_t smem, int threads) {
       const cudaError_t e =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (e != cudaSuccess) return e;
-      return LaunchKernel(kernel, dim3(plan.num_split, args.cache.num_kv_heads), threads, smem,
-                          stream, k);
+      return LaunchKernel(kernel, dim3(num_split, args.cache.num_kv_heads), threads, smem, stream,
+                          k);
     };
     cudaError_t err = cudaSuccess;
     bool launched = false;

@@ -80,6 +80,14 @@ struct AttentionConfig {
   // attention implements it (SuperTilesFor: Hopper, head_dim 128). Every path of one model must
   // use the same value: it defines the bits.
   int super_tiles = 1;
+  // Rows of a wide cascade item (WideCascadeRows: 128 / group on Hopper at head_dim 128 with
+  // blocks of a multiple of 16 tokens, else 0). A shared run read by more rows than one split CTA
+  // holds (kMaxQueriesPerCta / group) is cut into chunks of up to this many rows, each item its
+  // leading fold run or one super-tile (one tile in the one-level order), which the persistent
+  // wgmma kernel runs 128 q-rows a CTA, writing the partial the split kernel would (the same
+  // bits). 0: every split item on the split kernel. Eager plans only: a decode graph's launches
+  // are captured without it.
+  int wide_rows = 0;
 };
 
 // Host views of the batch's attention metadata (see engine::ForwardBatch for the meaning).
@@ -136,6 +144,10 @@ struct AttentionPlan {
   // super_tiles). With super_tiles > 1 a split item's fold spans one super-tile at most, except
   // whole rows on the persistent decode kernel (split form 3), which fold super-tiles in order.
   int super_tiles = 1;
+  // The first num_wide split items are wide cascade items (AttentionConfig::wide_rows; more rows
+  // than a split CTA holds); max_split_rows counts only the others, max_wide_rows these.
+  int num_wide = 0;
+  int max_wide_rows = 0;
 
   int num_final() const { return static_cast<int>(final_items.size()) / kItemFields; }
   int num_split() const { return static_cast<int>(split_items.size()) / kItemFields; }
@@ -216,5 +228,10 @@ absl::StatusOr<int> PersistentDecodeCtas(int head_dim, int group, int block_size
 // else 1.
 inline constexpr int kSuperTiles = 4;
 absl::StatusOr<int> SuperTilesFor(int head_dim, int block_size);
+
+// AttentionConfig::wide_rows for a model on the current device: 128 / group where the wgmma
+// kernels run its attention (compute capability 9.0, head_dim 128, group <= 8, blocks of a
+// multiple of 16 tokens), else 0.
+absl::StatusOr<int> WideCascadeRows(int head_dim, int group, int block_size);
 
 }  // namespace cascade::cuda

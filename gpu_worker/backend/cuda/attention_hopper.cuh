@@ -505,7 +505,7 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
                                             uint32_t q_sbo, int tile_begin, int ntiles, int lo,
                                             int hi, const int (&pos)[2], int wg, int lane,
                                             float scale_log2, float (&o)[64], float (&l)[2],
-                                            bool active = true) {
+                                            bool active = true, float* m_out = nullptr) {
   constexpr int kHalves = kRowWarp ? 1 : 2;
   const int t4 = lane & 3;
   // Tiles this warpgroup reads: a prefix of the item's (ts <= hi).
@@ -625,6 +625,10 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
     turn_end(j);
     release(j);
   }
+  if (m_out != nullptr) {  // the state's max (a split partial's m)
+    m_out[0] = m[0];
+    m_out[1] = m[1];
+  }
 }
 
 // WsFoldTiles with the two-level order (super_tiles > 1, attention.h): P_{t-1} V_{t-1} is added
@@ -640,7 +644,8 @@ __device__ __forceinline__ void WsSuperTiles(const WsRing& ring, int n0, uint32_
                                              uint32_t q_sbo, int tile_begin, int ntiles, int lo,
                                              int hi, const int (&pos)[2], int wg, int lane,
                                              float scale_log2, int super_tiles, float (&o)[64],
-                                             float (&l)[2], bool active = true) {
+                                             float (&l)[2], bool active = true,
+                                             float* m_out = nullptr) {
   constexpr int kHalves = kRowWarp ? 1 : 2;
   const int t4 = lane & 3;
   const bool rows = !kRowWarp || active;  // this warp runs the softmax and the folds
@@ -788,6 +793,10 @@ __device__ __forceinline__ void WsSuperTiles(const WsRing& ring, int n0, uint32_
     turn_end(j);
     release(j);
   }
+  if (m_out != nullptr) {  // the state's max (a split partial's m)
+    m_out[0] = m[0];
+    m_out[1] = m[1];
+  }
 }
 
 // The warp-specialized prefill form (v8, described above), persistent: a fixed grid (at most one
@@ -801,9 +810,14 @@ __device__ __forceinline__ void WsSuperTiles(const WsRing& ring, int n0, uint32_
 // while the consumers compute the work before. Launching a CTA per work cost about 13 tiles'
 // time a work (the CTA's start, its Q rows and first tiles, its end: bench/kernels/NOTES.md).
 // kSuper: the two-level order (k.super_tiles > 1: WsSuperTiles), else WsFoldTiles.
+// kSplit: the works are wide cascade items (AttentionPlanView::num_wide; decode rows reading
+// shared tiles, 128 / group rows an item): each writes its state after its tiles, from the empty
+// state, as the split kernel's partial at the slot of its last tile (a fold item's run from tile
+// 0, or one super-tile: the partial the split kernel writes, which folding into the empty state
+// copies), or with kFoldFinish its rows' outputs.
 constexpr int kPwItemBufs = 2;
 struct PwItem {
-  int tile_begin, ntiles, nq, kvh;
+  int tile_begin, ntiles, nq, kvh, fold;
   int lo[2], hi[2];  // a consumer warpgroup's lowest and highest row position (INT_MAX / -1)
   int pos[kWgRows];  // q-row positions, -1 past nq
   int row[kWgRows];  // q-row qi's token row (output row)
@@ -826,7 +840,7 @@ __device__ __forceinline__ int PwWorks(int works) {
   return rounds + (last < works % P ? 1 : 0);
 }
 
-template <bool kPingPong, int kStages, int kPiece, bool kSuper = false>
+template <bool kPingPong, int kStages, int kPiece, bool kSuper = false, bool kSplit = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     PrefillWsKernel(const TileKernelArgs k, int items, const __grid_constant__ CUtensorMap tk,
                     const __grid_constant__ CUtensorMap tv) {
@@ -927,6 +941,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             d.ntiles = it[2] - it[1];
             d.nq = nq;
             d.kvh = kvh;
+            d.fold = it[6];
           }
         }
         CpAsyncWait<0>();
@@ -947,24 +962,47 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const int qi0 = cw * 16 + (lane >> 2);  // this lane's q-rows qi0, qi0 + 8
       const int pos[2] = {d.pos[qi0], d.pos[qi0 + 8]};
       const uint32_t q_addr = qs_addr + b * kWgRows * kWgRowBytes + wg * 64 * 128;
-      float o[64], l[2];
+      float o[64], l[2], m[2];
       if constexpr (kSuper) {
         WsSuperTiles<kPingPong, kStages, kWgRows>(ring, n, q_addr, 1024, tile_begin, ntiles,
                                                   d.lo[wg], d.hi[wg], pos, wg, lane, k.scale_log2,
-                                                  k.super_tiles, o, l);
+                                                  k.super_tiles, o, l, true, kSplit ? m : nullptr);
       } else {
         WsFoldTiles<kPingPong, kStages, kWgRows>(ring, n, q_addr, 1024, tile_begin, ntiles,
                                                  d.lo[wg], d.hi[wg], pos, wg, lane, k.scale_log2, o,
-                                                 l);
+                                                 l, true, kSplit ? m : nullptr);
       }
       n += ntiles;
       // Every MMA of the work has completed (each was waited for); its fields are read before
       // the item buffer may refill.
       const int nq = d.nq, kvh = d.kvh, row0 = d.row[qi0], row1 = d.row[qi0 + 8];
+      const bool partial = kSplit && d.fold != kFoldFinish;
       __syncwarp();
       if (lane == 0) MbarArrive(bar(sh.item_empty[b]));
-      WgStoreRowsBy(a, nq, kvh, cw * 16, lane, o, l,
-                    [&](int qi) { return qi >= qi0 + 8 ? row1 : row0; });
+      if (partial) {  // the split kernel's partial: O unnormalized, (m, l), at the last tile's slot
+        const int hq = a.num_q_heads, t4 = lane & 3;
+        const int last = (tile_begin + ntiles - 1) / (kSuper ? k.super_tiles : 1);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int qi = qi0 + 8 * h;
+          if (qi >= nq) continue;
+          const int64_t slot =
+              static_cast<int64_t>(k.partial_base[h ? row1 : row0] + last) * hq + kvh * G + qi % G;
+          float* dst = a.partial_o + slot * kWgD + 2 * t4;
+#pragma unroll
+          for (int nn = 0; nn < kWgD / 8; ++nn) {
+            *reinterpret_cast<float2*>(dst + 8 * nn) =
+                make_float2(o[4 * nn + 2 * h], o[4 * nn + 2 * h + 1]);
+          }
+          if (t4 == 0) {
+            a.partial_ml[2 * slot] = m[h];
+            a.partial_ml[2 * slot + 1] = l[h];
+          }
+        }
+      } else {
+        WgStoreRowsBy(a, nq, kvh, cw * 16, lane, o, l,
+                      [&](int qi) { return qi >= qi0 + 8 ? row1 : row0; });
+      }
     }
   }
 #else

@@ -123,10 +123,12 @@ class DecodePlanner {
   // lead_tiles: the length of a fold item (a row's first item, from tile 0, folded in the CTA);
   // < 0: no fold items. unit: tiles per super-tile (AttentionConfig::super_tiles): rows share
   // whole super-tiles only, and tiles_per_item and lead_tiles are multiples of it (the caller's).
+  // wide_rows: AttentionConfig::wide_rows (0: none).
   DecodePlanner(const AttentionBatch& batch, int rows_per_cta, int blocks_per_tile,
-                int tiles_per_item, int lead_tiles, int unit, AttentionPlan* plan)
+                int tiles_per_item, int lead_tiles, int unit, int wide_rows, AttentionPlan* plan)
       : batch_(batch),
         rows_per_cta_(rows_per_cta),
+        wide_rows_(wide_rows),
         blocks_per_tile_(blocks_per_tile),
         per_item_(std::max(1, tiles_per_item)),
         lead_(lead_tiles < 0 ? -1 : std::max(lead_tiles, unit > 1 ? unit : per_item_)),
@@ -156,17 +158,21 @@ class DecodePlanner {
 
   // Tiles [tile_begin, tile_end), all full for every row of `members` (indices into rows) and
   // the same blocks for all: one item per chunk of rows_per_cta rows and per_item_ tiles (a fold
-  // item of up to lead_ from tile 0).
+  // item of up to lead_ from tile 0). With wide items (more rows than rows_per_cta), chunks of
+  // wide_rows_ rows, each item its fold run from tile 0 or one super-tile (one partial each).
   void AddShared(const std::vector<DecodeRow>& rows, const int* members, int count, int tile_begin,
                  int tile_end) {
     if (tile_begin >= tile_end) return;
     const DecodeRow& lead = rows[members[0]];
-    for (int c = 0; c < count; c += rows_per_cta_) {
-      const int n = std::min(rows_per_cta_, count - c);
+    const bool wide = wide_rows_ > rows_per_cta_ && count > rows_per_cta_;
+    const int chunk = wide ? wide_rows_ : rows_per_cta_;
+    for (int c = 0; c < count; c += chunk) {
+      const int n = std::min(chunk, count - c);
       const int row_begin = static_cast<int>(plan_->item_rows.size());
       for (int k = c; k < c + n; ++k) plan_->item_rows.push_back(rows[members[k]].row);
       for (int t = tile_begin; t < tile_end;) {
-        const int t_end = std::min(tile_end, t + ItemTiles(t));
+        const int t_end =
+            std::min(tile_end, t + (wide && !(t == 0 && lead_ > 0) ? unit_ : ItemTiles(t)));
         AddItem(&plan_->split_items, lead.table_offset, t, t_end, row_begin, n, t_end * kTileTokens,
                 t == 0 && lead_ > 0);
         plan_->split_tile_reads += t_end - t;
@@ -331,7 +337,7 @@ class DecodePlanner {
 
  private:
   const AttentionBatch& batch_;
-  const int rows_per_cta_, blocks_per_tile_, per_item_, lead_, unit_;
+  const int rows_per_cta_, wide_rows_, blocks_per_tile_, per_item_, lead_, unit_;
   AttentionPlan* plan_;
 };
 
@@ -425,7 +431,7 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
     plan->max_split_rows = plan->cascade_groups = plan->cascade_shared_tiles = 0;
     plan->split_tile_reads = 0;
     DecodePlanner planner(batch, rows_per_cta, blocks_per_tile, tiles_per_item, lead_tiles, unit,
-                          plan);
+                          config.wide_rows, plan);
     if (!config.cascade || rows_per_cta < 2) {  // a tile read per row either way
       for (const DecodeRow& d : decode_rows) planner.AddOwn(d, 0, d.tiles());
     } else if (config.grouping == CascadeGrouping::kLeadingTiles) {
@@ -561,6 +567,28 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
     plan->partial_base[d.row] = plan->num_partials - skipped;
     plan->merge_list.insert(plan->merge_list.end(), {d.row, plan->num_partials, slots});
     plan->num_partials += slots;
+  }
+  // Wide items (more rows than a split CTA holds) first, in their order: the wgmma kernel runs
+  // them, the split kernel the rest (AttentionPlanView::num_wide).
+  if (config.wide_rows > rows_per_cta) {
+    std::vector<int32_t> wide, rest;
+    int max_rows = 0;
+    for (int i = 0; i < plan->num_split(); ++i) {
+      const int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
+      const bool w = it[4] > rows_per_cta;
+      (w ? wide : rest).insert((w ? wide : rest).end(), it, it + kItemFields);
+      if (w) {
+        plan->max_wide_rows = std::max(plan->max_wide_rows, static_cast<int>(it[4]));
+      } else {
+        max_rows = std::max(max_rows, static_cast<int>(it[4]));
+      }
+    }
+    plan->num_wide = static_cast<int>(wide.size()) / kItemFields;
+    if (plan->num_wide > 0) {
+      plan->max_split_rows = max_rows;
+      plan->split_items = std::move(wide);
+      plan->split_items.insert(plan->split_items.end(), rest.begin(), rest.end());
+    }
   }
   // The persistent decode kernel (form 3) takes its works from a counter in plan order: strictly
   // longest first is then the greedy longest-processing-time schedule, which the snake rounds

@@ -301,7 +301,10 @@ class CudaBackend final : public engine::Backend {
   absl::Status FetchLogprobs(const engine::ForwardBatch& b, int n,
                              std::vector<engine::RowLogprobs>* logprobs);
   // The attention plan of the first n rows of `b` (one per step, shared by every layer).
-  absl::Status PlanStep(const engine::ForwardBatch& b, int n, AttentionPlan* plan) const;
+  // eager: the step runs eagerly (wide cascade items allowed: a decode graph captures the split
+  // kernel alone).
+  absl::Status PlanStep(const engine::ForwardBatch& b, int n, bool eager,
+                        AttentionPlan* plan) const;
   // Enqueues embedding, the decoder layers and the final norm over n rows (into x_).
   absl::Status EnqueueModel(int n, const StepMeta& m);
   // Enqueues the LM head (and device sampling if m.samples) for logits rows [r0, r0 + rows).
@@ -348,6 +351,7 @@ class CudaBackend final : public engine::Backend {
   // pinned host staging, the captured graphs by bucket. graph_epoch_ moves whenever a buffer a
   // graph reads or writes is reallocated; graphs of older epochs are re-captured.
   int max_graph_batch_ = 0, split_ctas_ = 0, split_ctas_reg_ = 0, ws_ctas_ = 0, super_tiles_ = 1;
+  int wide_rows_ = 0;  // AttentionConfig::wide_rows of eager steps (WideCascadeRows)
   int tuned_kept_ = 0, tuned_dropped_ = 0;  // PickTunedOrPinned's verdicts
   int64_t cap_blocks_ = 0, cap_items_ = 0, cap_rows_ = 0;
   DeviceBuffer graph_meta_;
@@ -585,6 +589,8 @@ absl::Status CudaBackend::Init(const model::Model& m) {
         "Hopper GPU (compute capability 9.0); use 0 (automatic) or 1"));
   }
   super_tiles_ = o_.attention_super_tiles > 0 ? o_.attention_super_tiles : super_tiles;
+  ASSIGN_OR_RETURN(wide_rows, WideCascadeRows(d_, hq_ / hkv_, o_.block_size));
+  wide_rows_ = o_.cascade ? wide_rows : 0;
   RETURN_IF_ERROR(alloc(&ws_work_, 2 * sizeof(int32_t)));
   RETURN_IF_ERROR(FillBytes(ws_work_.data(), 0, ws_work_.size()));
   if (o_.cuda_graphs) {
@@ -735,7 +741,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   if (n == 0) return absl::OkStatus();
 
   AttentionPlan plan;
-  RETURN_IF_ERROR(PlanStep(b, n, &plan));
+  RETURN_IF_ERROR(PlanStep(b, n, /*eager=*/true, &plan));
 
   // All int32 metadata in one upload; segments 16-byte aligned.
   meta_host_.clear();
@@ -768,6 +774,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   m.plan.split_form = SplitForm(plan, d_, hq_ / hkv_);
   m.plan.ws_work = ws_work_.as<int32_t>();
   m.plan.super_tiles = plan.super_tiles;
+  m.plan.num_wide = plan.num_wide;
   RETURN_IF_ERROR(EnqueueModel(n, m));
 
   const int rows = static_cast<int>(b.logits_rows.size());
@@ -980,7 +987,7 @@ void CudaBackend::PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, in
   }
 }
 
-absl::Status CudaBackend::PlanStep(const engine::ForwardBatch& b, int n,
+absl::Status CudaBackend::PlanStep(const engine::ForwardBatch& b, int n, bool eager,
                                    AttentionPlan* plan) const {
   AttentionConfig acfg{hq_, hkv_, d_, o_.block_size, o_.cascade};
   if (o_.attention_single_level) acfg.grouping = CascadeGrouping::kLeadingTiles;
@@ -989,6 +996,7 @@ absl::Status CudaBackend::PlanStep(const engine::ForwardBatch& b, int n,
   acfg.split_ctas = split_ctas_;
   acfg.ws_ctas = ws_ctas_;
   acfg.super_tiles = super_tiles_;
+  acfg.wide_rows = eager ? wide_rows_ : 0;
   const AttentionBatch ab{b.positions.data(),
                           n,
                           b.query_start.data(),
@@ -1004,7 +1012,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
                                          std::vector<engine::RowLogprobs>* logprobs) {
   const engine::ForwardBatch& b = pad_;
   AttentionPlan plan;
-  RETURN_IF_ERROR(PlanStep(b, bucket, &plan));
+  RETURN_IF_ERROR(PlanStep(b, bucket, /*eager=*/false, &plan));
   if (plan.num_final() != 0 || plan.num_merge() != bucket) {
     return absl::InternalError("cuda backend: a decode step planned prefill items");
   }

@@ -73,6 +73,9 @@ struct AttentionPlanView {
   int32_t* ws_work = nullptr;
   // AttentionPlan::super_tiles: tiles per super-tile of the fold order (attention.h).
   int super_tiles = 1;
+  // AttentionPlan::num_wide: the first num_wide split items are wide cascade items (Hopper wgmma
+  // kernel); the split kernel runs the rest. Eager plans only (split_count nullptr).
+  int num_wide = 0;
 };
 
 // The kernel that runs prefill items of head_dim 128 (every choice gives the same bits).

@@ -294,6 +294,20 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
     return Bad("Attention", absl::StrCat("super_tiles ", plan.super_tiles,
                                          ": the two-level fold order runs at head_dim 128 only"));
   }
+  if (plan.num_wide < 0 || plan.num_wide > plan.num_split) {
+    return Bad("Attention", absl::StrCat("num_wide ", plan.num_wide, " outside [0, num_split ",
+                                         plan.num_split, "]"));
+  }
+  if (plan.num_wide > 0) {
+    absl::StatusOr<bool> hopper = WgmmaPrefillAvailable();
+    if (!hopper.ok()) return hopper.status();
+    if (!*hopper || c.head_dim != 128 || group > 8 || c.block_size % 16 != 0 ||
+        plan.split_count != nullptr) {
+      return Bad("Attention",
+                 "wide cascade items need an eager plan, head_dim 128, a GQA group <= 8, blocks "
+                 "of a multiple of 16 tokens and a compute capability 9.0 GPU (WideCascadeRows)");
+    }
+  }
   if (plan.num_split > 0 && plan.split_form == 3 && plan.ws_work == nullptr) {
     return Bad("Attention", "split form 3 (the persistent decode kernel) needs the work counter");
   }
@@ -335,6 +349,13 @@ absl::StatusOr<int> SuperTilesFor(int head_dim, int block_size) {
   absl::StatusOr<bool> hopper = WgmmaPrefillAvailable();
   if (!hopper.ok()) return hopper.status();
   return *hopper && head_dim == 128 && block_size % 16 == 0 ? kSuperTiles : 1;
+}
+
+absl::StatusOr<int> WideCascadeRows(int head_dim, int group, int block_size) {
+  absl::StatusOr<bool> hopper = WgmmaPrefillAvailable();
+  if (!hopper.ok()) return hopper.status();
+  if (!*hopper || head_dim != 128 || group < 1 || group > 8 || block_size % 16 != 0) return 0;
+  return PrefillQueriesPerCta(head_dim) / group;
 }
 
 }  // namespace cascade::cuda
