@@ -5,8 +5,8 @@
 # binary (attention first, short timeouts: a hang costs one binary's timeout, not the call), then
 # times the prefill table: this tree, the baseline, this tree again, and torch SDPA (decode and
 # prefill rows, each also back to back). DECODE="B,CTX ...": decode cases after; CASCADE=1: the
-# cascade cases; ENGINE=1: engine_bench's prefill section on qwen3-0.6b (this tree). Logs under
-# $OUT (or ./device-out).
+# cascade cases; ENGINE=1: engine_bench's ENGINE_SECTIONS (default prefill) on qwen3-0.6b, this
+# tree's and with BASE_SRC the baseline's; SDPA=0 skips torch. Logs under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -18,7 +18,9 @@ bash scripts/device_build.sh $T >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build
 . build-gpu/env.sh
 echo "build: $(( $(date +%s) - t0 )) s"
 if [ -n "${BASE_SRC:-}" ]; then
-  (CASCADE_BUILD_DIR=$PWD/build-base bash "$BASE_SRC/scripts/device_build.sh" cuda_attention_bench \
+  BT="cuda_attention_bench"
+  [ "${ENGINE:-0}" = 1 ] && BT="$BT engine_bench"
+  (CASCADE_BUILD_DIR=$PWD/build-base bash "$BASE_SRC/scripts/device_build.sh" $BT \
      >"$OUT/build_base.log" 2>&1 || echo "baseline build failed") &
   base_pid=$!
 fi
@@ -40,7 +42,7 @@ if [ -n "${BASE_SRC:-}" ]; then
   echo "== this tree again"
   timeout 60 $bench --prefill-only 2>&1 | grep -E "prefill N" | tee -a "$OUT/prefill.log"
 fi
-timeout 150 python3 bench/kernels/sdpa_bench.py 2>&1 | tee "$OUT/sdpa.log"
+[ "${SDPA:-1}" = 1 ] && timeout 150 python3 bench/kernels/sdpa_bench.py 2>&1 | tee "$OUT/sdpa.log"
 for c in ${DECODE:-}; do
   timeout 60 $bench --decode=$c 2>&1 | grep -E "case|decode" | tee -a "$OUT/decode.log"
 done
@@ -48,7 +50,13 @@ if [ "${CASCADE:-0}" = 1 ]; then
   timeout 90 $bench --cascade-only 2>&1 | grep -E "shared|tree" | tee "$OUT/cascade.log"
 fi
 if [ "${ENGINE:-0}" = 1 ]; then
-  timeout 200 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=prefill \
+  sec=${ENGINE_SECTIONS:-prefill}
+  timeout 200 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=$sec \
     2>&1 | tee "$OUT/engine.log" | grep -E "^\||^#|tok/s"
+  if [ -n "${BASE_SRC:-}" ]; then
+    echo "== engine_bench, baseline ($BASE_SRC)"
+    timeout 200 build-base/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=$sec \
+      2>&1 | tee "$OUT/engine_base.log" | grep -E "^\||^#|tok/s"
+  fi
 fi
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -270,17 +270,18 @@ TEST(CudaBackend, BlocksCopiedToHostAndBackGiveBitwiseTheColdLogits) {
 }
 
 // Graph replay == eager, bitwise: two backends over the same model (decode graphs on and off)
-// run the same steps: prefills, then decode steps over changing subsets of 13 sequences (batch
-// sizes across the graph buckets, so most replays carry padding rows), 4 of them sharing 8
-// prefix blocks (cascade groups), contexts crossing 64-token tiles and new blocks. Whole logits
-// rows (Forward, and ForwardSampled rows left to the host) are bitwise equal, and rows sampled
-// on the device (greedy and seeded temperature) give the same tokens.
+// run the same steps: prefills, then decode steps over changing subsets of 24 sequences (batch
+// sizes across the graph buckets, so most replays carry padding rows), 20 of them sharing 8
+// prefix blocks (cascade groups; more rows than a split CTA holds, so on Hopper at head_dim 128
+// wide cascade items, in graphs and eagerly), contexts crossing 64-token tiles and new blocks.
+// Whole logits rows (Forward, and ForwardSampled rows left to the host) are bitwise equal, and rows
+// sampled on the device (greedy and seeded temperature) give the same tokens.
 TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   CASCADE_REQUIRE_GPU();
   auto model = Tiny(6);
   CudaBackendOptions go;
   go.split_k = SplitK();
-  go.num_blocks = 256;
+  go.num_blocks = 512;
   go.block_size = kBs;
   go.max_num_tokens = 1024;
   go.max_logits_rows = 64;
@@ -312,7 +313,7 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
     return t;
   };
 
-  constexpr int kSeqs = 13, kShared = 8;  // shared prefix: 8 blocks = 128 tokens
+  constexpr int kSeqs = 24, kSharing = 20, kShared = 8;  // shared prefix: 8 blocks = 128 tokens
   struct Seq {
     std::vector<int32_t> blocks;
     int len = 0;  // tokens in the KV cache
@@ -320,14 +321,14 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   std::vector<Seq> seqs(kSeqs);
   const std::vector<int32_t> prefix = random_tokens(kShared * kBs);
   std::vector<float> a, b, scratch;
-  // Prefill (eager on both): sequences 0..3 share the prefix blocks 0..7.
+  // Prefill (eager on both): sequences 0..19 share the prefix blocks 0..7.
   ASSERT_TRUE(eager.Forward(MakeBatch({{prefix, 0, Blocks(0, kShared)}}), &scratch).ok());
   ASSERT_TRUE(graph.Forward(MakeBatch({{prefix, 0, Blocks(0, kShared)}}), &scratch).ok());
   for (int i = 0; i < kSeqs; ++i) {
     Seq& s = seqs[i];
     const std::vector<int32_t> own = Blocks(kShared + 16 * i, 16);
     int start = 0;
-    if (i < 4) {
+    if (i < kSharing) {
       s.blocks = Blocks(0, kShared);
       start = kShared * kBs;
     }
@@ -339,7 +340,7 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
     s.len = start + static_cast<int>(tail.size());
   }
 
-  const int sizes[] = {13, 9, 5, 1, 2, 3, 13, 7, 12, 4, 8, 13};
+  const int sizes[] = {24, 9, 5, 1, 2, 3, 24, 7, 20, 4, 8, 18};
   int compared_rows = 0, compared_tokens = 0;
   for (int step = 0; step < 72; ++step) {
     const int n = sizes[step % 12];
@@ -404,6 +405,14 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   EXPECT_GT(stats.small_gemm_verified, 0);
   EXPECT_EQ(stats.small_gemm_rejected, 0) << "small-m GEMM bits differ from cuBLASLt here";
   EXPECT_GT(stats.replays, 40) << "the decode graphs were not replayed";
+  absl::StatusOr<int> wide = WideCascadeRows(model->config().head_dim, 2, kBs);
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  if (*wide > 0) {  // Hopper, head_dim 128: the shared prefix ran as wide cascade items
+    EXPECT_GT(stats.wide_cascade_steps, 0) << "no graph replay with wide cascade items";
+    EXPECT_GT(GetCudaGraphStats(eager).wide_cascade_steps, 0) << "no eager step with them";
+  } else {
+    EXPECT_EQ(stats.wide_cascade_steps, 0);
+  }
   if (SplitK() == 0) {
     EXPECT_EQ(stats.o_proj_splits, 2) << "tiny's o_proj was not split";
   } else {

@@ -1403,10 +1403,13 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
   // 128 q-rows a CTA writes their partials (ops.cc checked that it runs here).
   if (plan.num_wide > 0) {
     if constexpr (D == kWgD) {
-      if (plan.split_count != nullptr || plan.num_wide > plan.num_split) {
+      const bool graph = plan.split_count != nullptr;
+      if (graph ? plan.wide_items == nullptr || plan.wide_count == nullptr
+                : plan.num_wide > plan.num_split) {
         return cudaErrorInvalidValue;
       }
-      k.items = plan.split_items;
+      k.items = graph ? plan.wide_items : plan.split_items;
+      k.item_count = graph ? plan.wide_count : nullptr;
       CUtensorMap tk, tv;
       const int piece = KvPiece(args.cache);
       cudaError_t err = EncodeKvMaps(args.cache, piece, &tk, &tv);
@@ -1417,16 +1420,27 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
         kernel = piece == kT ? PrefillWsKernel<false, kWsStages, kT, true, true>
                              : PrefillWsKernel<false, kWsStages, kPieceTokens, true, true>;
       }
-      err = LaunchPersistentWs(kernel, k, plan.num_wide, tk, tv, stream);
+      // Graph mode: a CTA per SM (the count is read on the device; CTAs without a work end).
+      int bound = plan.num_wide;
+      if (graph) {
+        err = SmCount(&bound);
+        if (err != cudaSuccess) return err;
+      }
+      err = LaunchPersistentWs(kernel, k, bound, tk, tv, stream);
       if (err != cudaSuccess) return err;
     } else {
       return cudaErrorInvalidValue;
     }
   }
-  if (plan.num_split > plan.num_wide) {
-    k.items = plan.split_items + static_cast<int64_t>(plan.num_wide) * kItemFields;
+  // The split kernel: eager, the items after the wide ones; graph mode, split_items holds only
+  // those (a fixed grid of num_split CTAs loops over *split_count of them).
+  const int num_split =
+      plan.split_count != nullptr ? plan.num_split : plan.num_split - plan.num_wide;
+  if (num_split > 0) {
+    k.items = plan.split_count != nullptr
+                  ? plan.split_items
+                  : plan.split_items + static_cast<int64_t>(plan.num_wide) * kItemFields;
     k.item_count = plan.split_count;
-    const int num_split = plan.num_split - plan.num_wide;
     // The plan's form (variant 0; the register form only for head_dim <= 128), or the one a
     // benchmark variant forces (SetSplitVariant).
     auto launch = [&](auto kernel, size_t smem, int threads) {

@@ -85,8 +85,7 @@ struct AttentionConfig {
   // holds (kMaxQueriesPerCta / group) is cut into chunks of up to this many rows, each item its
   // leading fold run or one super-tile (one tile in the one-level order), which the persistent
   // wgmma kernel runs 128 q-rows a CTA, writing the partial the split kernel would (the same
-  // bits). 0: every split item on the split kernel. Eager plans only: a decode graph's launches
-  // are captured without it.
+  // bits). 0: every split item on the split kernel.
   int wide_rows = 0;
 };
 

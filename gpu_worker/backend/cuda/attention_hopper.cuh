@@ -845,6 +845,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     PrefillWsKernel(const TileKernelArgs k, int items, const __grid_constant__ CUtensorMap tk,
                     const __grid_constant__ CUtensorMap tv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // Graph mode (wide items): the count on the device, written before the graph ran (read before
+  // the wait, as in ForEachSplitItem).
+  if (k.item_count != nullptr) items = *k.item_count;
   WaitForPriorGrids();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ PwShared sh;

@@ -162,7 +162,8 @@ struct StepMeta {
 // One captured decode step: a graph over `bucket` rows and the buffers it was captured with.
 // One per split kernel form (AttentionPlanView::split_form), captured when a step first needs it.
 struct DecodeGraph {
-  static constexpr int kForms = 4;  // AttentionPlanView::split_form
+  // AttentionPlanView::split_form, and 4: the register form after wide cascade items.
+  static constexpr int kForms = 5;
   cudaGraphExec_t exec[kForms] = {};
   uint64_t epoch[kForms] = {};  // CudaBackend::graph_epoch_ at capture
   // Just captured, the same step with the pinned GEMM algorithms where exec holds tuned ones
@@ -208,6 +209,7 @@ class CudaBackend final : public engine::Backend {
     st.down_proj_splits = down_splits_;
     st.graphs_tuned_kept = tuned_kept_;
     st.graphs_tuned_dropped = tuned_dropped_;
+    st.wide_cascade_steps = wide_steps_;
     // "m=.. n=.. k=.. bf16: N candidates, E bitwise equal, pinned .. us (algo), best equal .."
     auto line = [](const Gemm::TuneRecord& r, bool with_m) {
       return absl::StrFormat(
@@ -301,10 +303,7 @@ class CudaBackend final : public engine::Backend {
   absl::Status FetchLogprobs(const engine::ForwardBatch& b, int n,
                              std::vector<engine::RowLogprobs>* logprobs);
   // The attention plan of the first n rows of `b` (one per step, shared by every layer).
-  // eager: the step runs eagerly (wide cascade items allowed: a decode graph captures the split
-  // kernel alone).
-  absl::Status PlanStep(const engine::ForwardBatch& b, int n, bool eager,
-                        AttentionPlan* plan) const;
+  absl::Status PlanStep(const engine::ForwardBatch& b, int n, AttentionPlan* plan) const;
   // Enqueues embedding, the decoder layers and the final norm over n rows (into x_).
   absl::Status EnqueueModel(int n, const StepMeta& m);
   // Enqueues the LM head (and device sampling if m.samples) for logits rows [r0, r0 + rows).
@@ -351,7 +350,8 @@ class CudaBackend final : public engine::Backend {
   // pinned host staging, the captured graphs by bucket. graph_epoch_ moves whenever a buffer a
   // graph reads or writes is reallocated; graphs of older epochs are re-captured.
   int max_graph_batch_ = 0, split_ctas_ = 0, split_ctas_reg_ = 0, ws_ctas_ = 0, super_tiles_ = 1;
-  int wide_rows_ = 0;  // AttentionConfig::wide_rows of eager steps (WideCascadeRows)
+  int wide_rows_ = 0;                       // AttentionConfig::wide_rows (WideCascadeRows)
+  int64_t wide_steps_ = 0;                  // steps whose plan had wide cascade items
   int tuned_kept_ = 0, tuned_dropped_ = 0;  // PickTunedOrPinned's verdicts
   int64_t cap_blocks_ = 0, cap_items_ = 0, cap_rows_ = 0;
   DeviceBuffer graph_meta_;
@@ -741,7 +741,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   if (n == 0) return absl::OkStatus();
 
   AttentionPlan plan;
-  RETURN_IF_ERROR(PlanStep(b, n, /*eager=*/true, &plan));
+  RETURN_IF_ERROR(PlanStep(b, n, &plan));
 
   // All int32 metadata in one upload; segments 16-byte aligned.
   meta_host_.clear();
@@ -775,6 +775,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   m.plan.ws_work = ws_work_.as<int32_t>();
   m.plan.super_tiles = plan.super_tiles;
   m.plan.num_wide = plan.num_wide;
+  if (plan.num_wide > 0) ++wide_steps_;
   RETURN_IF_ERROR(EnqueueModel(n, m));
 
   const int rows = static_cast<int>(b.logits_rows.size());
@@ -920,7 +921,7 @@ size_t RoundUp4(size_t x) { return (x + 3) / 4 * 4; }
 
 // Offsets (int32 units) of the segments of graph_meta_.
 struct GraphLayout {
-  size_t tok, pos, slot, lrows, base, merge, count, samples, blk, items, rows, end;
+  size_t tok, pos, slot, lrows, base, merge, count, samples, blk, items, wide, rows, end;
 };
 
 GraphLayout MakeGraphLayout(int max_batch, int64_t cap_blocks, int64_t cap_items,
@@ -933,12 +934,13 @@ GraphLayout MakeGraphLayout(int max_batch, int64_t cap_blocks, int64_t cap_items
   l.lrows = 3 * b;
   l.base = 4 * b;
   l.merge = 5 * b;  // 3 per row
-  l.count = 8 * b;  // [0]: split items
+  l.count = 8 * b;  // [0]: split items (after the wide ones), [1]: wide cascade items
   l.samples = l.count + 4;
   static_assert(sizeof(RowSampleParams) % 8 == 0, "RowSampleParams packs into 8-byte units");
   l.blk = l.samples + RoundUp4(b * sizeof(RowSampleParams) / 4);
   l.items = l.blk + RoundUp4(cap_blocks);
-  l.rows = l.items + RoundUp4(cap_items * kItemFields);
+  l.wide = l.items + RoundUp4(cap_items * kItemFields);
+  l.rows = l.wide + RoundUp4(cap_items * kItemFields);
   l.end = l.rows + RoundUp4(cap_rows);
   return l;
 }
@@ -987,7 +989,7 @@ void CudaBackend::PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, in
   }
 }
 
-absl::Status CudaBackend::PlanStep(const engine::ForwardBatch& b, int n, bool eager,
+absl::Status CudaBackend::PlanStep(const engine::ForwardBatch& b, int n,
                                    AttentionPlan* plan) const {
   AttentionConfig acfg{hq_, hkv_, d_, o_.block_size, o_.cascade};
   if (o_.attention_single_level) acfg.grouping = CascadeGrouping::kLeadingTiles;
@@ -996,7 +998,7 @@ absl::Status CudaBackend::PlanStep(const engine::ForwardBatch& b, int n, bool ea
   acfg.split_ctas = split_ctas_;
   acfg.ws_ctas = ws_ctas_;
   acfg.super_tiles = super_tiles_;
-  acfg.wide_rows = eager ? wide_rows_ : 0;
+  acfg.wide_rows = wide_rows_;
   const AttentionBatch ab{b.positions.data(),
                           n,
                           b.query_start.data(),
@@ -1012,7 +1014,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
                                          std::vector<engine::RowLogprobs>* logprobs) {
   const engine::ForwardBatch& b = pad_;
   AttentionPlan plan;
-  RETURN_IF_ERROR(PlanStep(b, bucket, /*eager=*/false, &plan));
+  RETURN_IF_ERROR(PlanStep(b, bucket, &plan));
   if (plan.num_final() != 0 || plan.num_merge() != bucket) {
     return absl::InternalError("cuda backend: a decode step planned prefill items");
   }
@@ -1055,13 +1057,18 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   put(l.lrows, b.logits_rows);
   put(l.base, plan.partial_base);
   put(l.merge, plan.merge_list);
-  h[l.count] = plan.num_split();
+  h[l.count] = plan.num_split() - plan.num_wide;
+  h[l.count + 1] = plan.num_wide;
   auto* params = reinterpret_cast<RowSampleParams*>(h + l.samples);
   for (int r = 0; r < bucket; ++r) {
     params[r] = b.row_samples[r].spec;
   }
   put(l.blk, b.block_ids);
-  put(l.items, plan.split_items);
+  // Wide items (the plan's first num_wide) apart from the split kernel's.
+  const size_t wide_fields = static_cast<size_t>(plan.num_wide) * kItemFields;
+  std::memcpy(h + l.wide, plan.split_items.data(), wide_fields * 4);
+  std::memcpy(h + l.items, plan.split_items.data() + wide_fields,
+              (plan.split_items.size() - wide_fields) * 4);
   put(l.rows, plan.item_rows);
 
   const int32_t* meta = graph_meta_.as<int32_t>();
@@ -1085,11 +1092,19 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
                              0,
                              std::max(1, kMaxQueriesPerCta / group),
                              meta + l.count};
-  const int form = SplitForm(plan, d_, hq_ / hkv_);
-  m.plan.split_form = form;
+  const int split_form = SplitForm(plan, d_, hq_ / hkv_);
+  m.plan.split_form = split_form;
   m.plan.ws_work = ws_work_.as<int32_t>();
   m.plan.super_tiles = plan.super_tiles;
-  if (form == 1) m.plan.num_split = split_ctas_reg_;
+  if (split_form == 1) m.plan.num_split = split_ctas_reg_;
+  // Steps with wide cascade items replay a graph of their own (DecodeGraph slot 4), which also
+  // launches the wgmma kernel over them.
+  const int form = plan.num_wide > 0 ? 4 : split_form;
+  if (plan.num_wide > 0) {
+    m.plan.num_wide = 1;
+    m.plan.wide_items = meta + l.wide;
+    m.plan.wide_count = meta + l.count + 1;
+  }
 
   std::unique_ptr<DecodeGraph>& g = graphs_[bucket];
   if (g == nullptr || g->exec[form] == nullptr || g->epoch[form] != graph_epoch_) {
@@ -1103,11 +1118,16 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   // The used parts of the variable segments only.
   int32_t* dm = graph_meta_.as<int32_t>();
   RETURN_IF_ERROR(CopyAsync(dm, h, (l.blk + b.block_ids.size()) * 4, stream_));
-  RETURN_IF_ERROR(CopyAsync(dm + l.items, h + l.items, plan.split_items.size() * 4, stream_));
+  RETURN_IF_ERROR(
+      CopyAsync(dm + l.items, h + l.items, (plan.split_items.size() - wide_fields) * 4, stream_));
+  if (wide_fields > 0) {
+    RETURN_IF_ERROR(CopyAsync(dm + l.wide, h + l.wide, wide_fields * 4, stream_));
+  }
   RETURN_IF_ERROR(CopyAsync(dm + l.rows, h + l.rows, plan.item_rows.size() * 4, stream_));
   RETURN_IF_ERROR(UploadPenaltyTokens(*pad_penalty_));  // capacity ensured above: no reallocation
   if (g->pinned[form] != nullptr) RETURN_IF_ERROR(PickTunedOrPinned(g.get(), form));
   if (logits == nullptr) return Synchronize(stream_);
+  if (plan.num_wide > 0) ++wide_steps_;
   RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(g->exec[form], s), "cudaGraphLaunch"));
   ++graph_replays_;
   const int32_t* tokens = graph_tokens_host_.as<int32_t>();

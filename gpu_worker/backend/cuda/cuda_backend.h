@@ -139,6 +139,9 @@ struct CudaGraphStats {
   // Decode graphs with tuned GEMMs timed against the pinned algorithms' graph at capture: kept,
   // or dropped for the pinned one (slower as a whole step).
   int graphs_tuned_kept = 0, graphs_tuned_dropped = 0;
+  // Steps (eager or graph) whose attention plan had wide cascade items (attention.h
+  // AttentionConfig::wide_rows).
+  int64_t wide_cascade_steps = 0;
   std::vector<std::string> gemm_tune_log;
   // Prefill-sized GEMMs (gemm.h PreparePrefill): weight shapes looked at, and those where a
   // faster bitwise-equal algorithm replaced the pinned one; one line per shape.

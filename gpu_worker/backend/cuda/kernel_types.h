@@ -73,9 +73,13 @@ struct AttentionPlanView {
   int32_t* ws_work = nullptr;
   // AttentionPlan::super_tiles: tiles per super-tile of the fold order (attention.h).
   int super_tiles = 1;
-  // AttentionPlan::num_wide: the first num_wide split items are wide cascade items (Hopper wgmma
-  // kernel); the split kernel runs the rest. Eager plans only (split_count nullptr).
+  // Wide cascade items (AttentionPlan::num_wide), run by the Hopper wgmma kernel before the split
+  // kernel. Eager: the first num_wide of split_items (num_split counts them). Graph mode
+  // (split_count set): they sit apart at wide_items, their number on the device at wide_count,
+  // split_items / split_count hold only the others, and num_wide > 0 says the launch is captured.
   int num_wide = 0;
+  const int32_t* wide_items = nullptr;
+  const int32_t* wide_count = nullptr;
 };
 
 // The kernel that runs prefill items of head_dim 128 (every choice gives the same bits).

@@ -294,18 +294,19 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
     return Bad("Attention", absl::StrCat("super_tiles ", plan.super_tiles,
                                          ": the two-level fold order runs at head_dim 128 only"));
   }
-  if (plan.num_wide < 0 || plan.num_wide > plan.num_split) {
+  const bool graph = plan.split_count != nullptr;
+  if (plan.num_wide < 0 || (!graph && plan.num_wide > plan.num_split) ||
+      (graph && plan.num_wide > 0 && (!plan.wide_items || !plan.wide_count))) {
     return Bad("Attention", absl::StrCat("num_wide ", plan.num_wide, " outside [0, num_split ",
-                                         plan.num_split, "]"));
+                                         plan.num_split, "] or without its graph-mode arrays"));
   }
   if (plan.num_wide > 0) {
     absl::StatusOr<bool> hopper = WgmmaPrefillAvailable();
     if (!hopper.ok()) return hopper.status();
-    if (!*hopper || c.head_dim != 128 || group > 8 || c.block_size % 16 != 0 ||
-        plan.split_count != nullptr) {
+    if (!*hopper || c.head_dim != 128 || group > 8 || c.block_size % 16 != 0) {
       return Bad("Attention",
-                 "wide cascade items need an eager plan, head_dim 128, a GQA group <= 8, blocks "
-                 "of a multiple of 16 tokens and a compute capability 9.0 GPU (WideCascadeRows)");
+                 "wide cascade items need head_dim 128, a GQA group <= 8, blocks of a multiple of "
+                 "16 tokens and a compute capability 9.0 GPU (WideCascadeRows)");
     }
   }
   if (plan.num_split > 0 && plan.split_form == 3 && plan.ws_work == nullptr) {
