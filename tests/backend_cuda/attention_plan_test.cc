@@ -886,6 +886,30 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
       }
     }
   }
+  // The planner's lead with the SM count (ws_ctas): a wide run from tile 0 folds up to one SM's
+  // share of the wide works' tiles. The tree's wide tiles: the system's 32 in 4 chunks, each
+  // context's 16 in one, x 8 kv heads = 2048 over 132 SMs: runs of 15 tiles.
+  AttentionConfig ws = kQwen3;
+  ws.wide_rows = 64;
+  ws.ws_ctas = 132;
+  const AttentionPlan led = Plan(ws, tree);
+  EXPECT_EQ(CheckPlan(ws, tree, led), BruteForceShared(kQwen3, tree));
+  int long_folds = 0;
+  for (int i = 0; i < led.num_wide; ++i) {
+    const int32_t* it = &led.split_items[i * kItemFields];
+    if (it[6] != kFoldNone) {
+      EXPECT_EQ(it[1], 0);
+      EXPECT_EQ(it[2], 15) << "wide fold run of one SM's share";
+      ++long_folds;
+    }
+  }
+  EXPECT_EQ(long_folds, 4) << "one per system chunk";
+  ws.ws_ctas = 0;  // no SM count: the runs of tiles_per_item
+  const AttentionPlan short_runs = Plan(ws, tree);
+  for (int i = 0; i < short_runs.num_wide; ++i) {
+    const int32_t* it = &short_runs.split_items[i * kItemFields];
+    if (it[6] != kFoldNone) EXPECT_EQ(it[2], 4);
+  }
   // Groups no larger than a split CTA's rows stay on it; no wide_rows above it: none.
   const Batch small = MakeBatch(Tree(2048, 1024, 8, 2, 16, QueryLens(16, 3)));
   AttentionConfig cfg = kQwen3;

@@ -123,20 +123,29 @@ class DecodePlanner {
   // lead_tiles: the length of a fold item (a row's first item, from tile 0, folded in the CTA);
   // < 0: no fold items. unit: tiles per super-tile (AttentionConfig::super_tiles): rows share
   // whole super-tiles only, and tiles_per_item and lead_tiles are multiples of it (the caller's).
-  // wide_rows: AttentionConfig::wide_rows (0: none).
+  // wide_rows: AttentionConfig::wide_rows (0: none); wide_lead: the fold run of a wide item from
+  // tile 0 where longer than lead_tiles (0: lead_tiles).
   DecodePlanner(const AttentionBatch& batch, int rows_per_cta, int blocks_per_tile,
-                int tiles_per_item, int lead_tiles, int unit, int wide_rows, AttentionPlan* plan)
+                int tiles_per_item, int lead_tiles, int unit, int wide_rows, int wide_lead,
+                AttentionPlan* plan)
       : batch_(batch),
         rows_per_cta_(rows_per_cta),
         wide_rows_(wide_rows),
         blocks_per_tile_(blocks_per_tile),
         per_item_(std::max(1, tiles_per_item)),
         lead_(lead_tiles < 0 ? -1 : std::max(lead_tiles, unit > 1 ? unit : per_item_)),
+        wide_lead_(lead_ < 0 ? -1 : std::max(lead_, wide_lead)),
         unit_(unit),
         plan_(plan) {}
 
   // Tiles in an item that starts at tile t.
   int ItemTiles(int t) const { return t == 0 && lead_ > 0 ? lead_ : per_item_; }
+  // Whether a run shared by `count` rows becomes wide items, and the tiles of its item at tile t:
+  // a fold run of wide_lead_ from tile 0, else one super-tile (one partial each).
+  bool Wide(int count) const { return wide_rows_ > rows_per_cta_ && count > rows_per_cta_; }
+  int SharedItemTiles(int t, int count) const {
+    return !Wide(count) ? ItemTiles(t) : t == 0 && lead_ > 0 ? wide_lead_ : unit_;
+  }
   // Super-tiles whose every key row d sees (the units rows may share).
   int FullUnits(const DecodeRow& d) const { return (d.pos + 1) / (kTileTokens * unit_); }
 
@@ -164,15 +173,13 @@ class DecodePlanner {
                  int tile_end) {
     if (tile_begin >= tile_end) return;
     const DecodeRow& lead = rows[members[0]];
-    const bool wide = wide_rows_ > rows_per_cta_ && count > rows_per_cta_;
-    const int chunk = wide ? wide_rows_ : rows_per_cta_;
+    const int chunk = Wide(count) ? wide_rows_ : rows_per_cta_;
     for (int c = 0; c < count; c += chunk) {
       const int n = std::min(chunk, count - c);
       const int row_begin = static_cast<int>(plan_->item_rows.size());
       for (int k = c; k < c + n; ++k) plan_->item_rows.push_back(rows[members[k]].row);
       for (int t = tile_begin; t < tile_end;) {
-        const int t_end =
-            std::min(tile_end, t + (wide && !(t == 0 && lead_ > 0) ? unit_ : ItemTiles(t)));
+        const int t_end = std::min(tile_end, t + SharedItemTiles(t, count));
         AddItem(&plan_->split_items, lead.table_offset, t, t_end, row_begin, n, t_end * kTileTokens,
                 t == 0 && lead_ > 0);
         plan_->split_tile_reads += t_end - t;
@@ -310,7 +317,8 @@ class DecodePlanner {
           own_begin[i] = -1;
           node[i] = id;
         }
-        if ((t + 1 - node_begin[id]) * unit_ == ItemTiles(node_begin[id] * unit_)) {  // full item
+        if ((t + 1 - node_begin[id]) * unit_ ==
+            SharedItemTiles(node_begin[id] * unit_, count)) {  // full item
           AddShared(rows, m, count, node_begin[id] * unit_, (t + 1) * unit_);
           node_begin[id] = t + 1;
         }
@@ -337,7 +345,7 @@ class DecodePlanner {
 
  private:
   const AttentionBatch& batch_;
-  const int rows_per_cta_, wide_rows_, blocks_per_tile_, per_item_, lead_, unit_;
+  const int rows_per_cta_, wide_rows_, blocks_per_tile_, per_item_, lead_, wide_lead_, unit_;
   AttentionPlan* plan_;
 };
 
@@ -425,13 +433,14 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   if (tiles_per_item <= 0) tiles_per_item = plan->decode_row_tiles >= kAutoMultiTileFrom ? 4 : 1;
   tiles_per_item = CeilDiv(tiles_per_item, unit) * unit;  // whole super-tiles
   const size_t final_rows = plan->item_rows.size();
+  int wide_lead = 0;  // DecodePlanner's wide_lead
   auto plan_decode = [&](int lead_tiles) {
     plan->split_items.clear();
     plan->item_rows.resize(final_rows);
     plan->max_split_rows = plan->cascade_groups = plan->cascade_shared_tiles = 0;
     plan->split_tile_reads = 0;
     DecodePlanner planner(batch, rows_per_cta, blocks_per_tile, tiles_per_item, lead_tiles, unit,
-                          config.wide_rows, plan);
+                          config.wide_rows, wide_lead, plan);
     if (!config.cascade || rows_per_cta < 2) {  // a tile read per row either way
       for (const DecodeRow& d : decode_rows) planner.AddOwn(d, 0, d.tiles());
     } else if (config.grouping == CascadeGrouping::kLeadingTiles) {
@@ -472,6 +481,24 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   if (!runnable()) {
     lead = unit;
     plan_decode(unit);
+  }
+  // Wide items (one-level order, the planner's lead): a work of the wgmma kernel pays its Q rows
+  // and its pipeline's fill and drain whatever its tiles, so a shared run from tile 0 folds in
+  // runs up to one SM's share of the wide works' tiles (of ws_ctas SMs), where tiles_per_item
+  // would cut it into many one-tile works. Measured on an H200 (bench/kernels/RESULTS.md): the
+  // three-level tree 1.10x-1.24x with runs of 16-32 tiles; the shared prefix, whose 8 long works
+  // would run on 8 SMs, keeps its short runs (its share is 4 tiles).
+  if (lead == 0 && unit == 1 && config.wide_rows > rows_per_cta && config.ws_ctas > 0) {
+    int64_t steps = 0;
+    for (int i = 0; i < plan->num_split(); ++i) {
+      const int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
+      if (it[4] > rows_per_cta) steps += it[2] - it[1];
+    }
+    const int64_t share = steps * config.num_kv_heads / config.ws_ctas;
+    if (share > tiles_per_item) {
+      wide_lead = static_cast<int>(share);
+      plan_decode(tiles_per_item);
+    }
   }
   if (lead == 0) {
     int longest = 0;
