@@ -1293,13 +1293,37 @@ cudaError_t SmCount(int* sms) {
                             : err;
 }
 
-// A PrefillWsKernel instance over `items` items (x kv heads) of k.items: at most one CTA per SM
-// (or SetPrefillWsCtas's count), none without a work.
+// The PrefillWsKernel instance for a launch: the ping-pong schedule (prefill variant 1, 16-token
+// pieces) or not, TMA pieces of a whole tile (piece == kT) or of 16 tokens, the fold order
+// (super), and kSplit: wide cascade items (never ping-pong).
+template <bool kSplit>
+auto PrefillWsKernelFor(bool pingpong, int piece, bool super) {
+  using Kernel = decltype(&PrefillWsKernel<false, kWsStages, kT, false, kSplit>);
+  if constexpr (!kSplit) {
+    if (pingpong) {
+      return super ? Kernel(PrefillWsKernel<true, kWsStages, kPieceTokens, true>)
+                   : Kernel(PrefillWsKernel<true, kWsStages, kPieceTokens>);
+    }
+  }
+  if (super) {
+    return piece == kT ? Kernel(PrefillWsKernel<false, kWsStages, kT, true, kSplit>)
+                       : Kernel(PrefillWsKernel<false, kWsStages, kPieceTokens, true, kSplit>);
+  }
+  return piece == kT ? Kernel(PrefillWsKernel<false, kWsStages, kT, false, kSplit>)
+                     : Kernel(PrefillWsKernel<false, kWsStages, kPieceTokens, false, kSplit>);
+}
+
+// A PrefillWsKernel instance over `items` items (x kv heads) of k.items, its K/V tensor maps in
+// pieces of `piece` tokens: at most one CTA per SM (or SetPrefillWsCtas's count), none without a
+// work.
 template <class Kernel>
-cudaError_t LaunchPersistentWs(Kernel kernel, const TileKernelArgs& k, int items,
-                               const CUtensorMap& tk, const CUtensorMap& tv, cudaStream_t stream) {
+cudaError_t LaunchPersistentWs(Kernel kernel, const TileKernelArgs& k, int items, int piece,
+                               cudaStream_t stream) {
+  CUtensorMap tk, tv;
+  cudaError_t err = EncodeKvMaps(k.a.cache, piece, &tk, &tv);
+  if (err != cudaSuccess) return err;
   const size_t smem = WsSmemBytes(kWsStages);
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   int sms = g_prefill_ws_ctas;
   if (sms <= 0) {
@@ -1367,20 +1391,10 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     if (args.prefill_path == PrefillPath::kWgmma && !wgmma) return cudaErrorNotSupported;
     const int v = WgmmaVariant();
     if (wgmma && v != 2 && args.cache.block_size % kPieceTokens == 0) {
-      CUtensorMap tk, tv;
-      const int piece = v == 0 ? KvPiece(args.cache) : kPieceTokens;
-      cudaError_t err = EncodeKvMaps(args.cache, piece, &tk, &tv);
-      if (err != cudaSuccess) return err;
       // Variant 1: the ping-pong schedule (measured slower on an H100, kept for comparison).
-      auto kernel = v == 1        ? PrefillWsKernel<true, kWsStages, kPieceTokens>
-                    : piece == kT ? PrefillWsKernel<false, kWsStages, kT>
-                                  : PrefillWsKernel<false, kWsStages, kPieceTokens>;
-      if (super) {
-        kernel = v == 1        ? PrefillWsKernel<true, kWsStages, kPieceTokens, true>
-                 : piece == kT ? PrefillWsKernel<false, kWsStages, kT, true>
-                               : PrefillWsKernel<false, kWsStages, kPieceTokens, true>;
-      }
-      err = LaunchPersistentWs(kernel, k, plan.num_final, tk, tv, stream);
+      const int piece = v == 0 ? KvPiece(args.cache) : kPieceTokens;
+      const cudaError_t err = LaunchPersistentWs(PrefillWsKernelFor<false>(v == 1, piece, super), k,
+                                                 plan.num_final, piece, stream);
       if (err != cudaSuccess) return err;
     } else {
       // The two-warpgroup kernel (v7) keeps the one-level order: with super-tiles only the
@@ -1410,23 +1424,13 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
       }
       k.items = graph ? plan.wide_items : plan.split_items;
       k.item_count = graph ? plan.wide_count : nullptr;
-      CUtensorMap tk, tv;
-      const int piece = KvPiece(args.cache);
-      cudaError_t err = EncodeKvMaps(args.cache, piece, &tk, &tv);
-      if (err != cudaSuccess) return err;
-      auto kernel = piece == kT ? PrefillWsKernel<false, kWsStages, kT, false, true>
-                                : PrefillWsKernel<false, kWsStages, kPieceTokens, false, true>;
-      if (super) {
-        kernel = piece == kT ? PrefillWsKernel<false, kWsStages, kT, true, true>
-                             : PrefillWsKernel<false, kWsStages, kPieceTokens, true, true>;
-      }
       // Graph mode: a CTA per SM (the count is read on the device; CTAs without a work end).
       int bound = plan.num_wide;
-      if (graph) {
-        err = SmCount(&bound);
-        if (err != cudaSuccess) return err;
-      }
-      err = LaunchPersistentWs(kernel, k, bound, tk, tv, stream);
+      cudaError_t err = graph ? SmCount(&bound) : cudaSuccess;
+      if (err != cudaSuccess) return err;
+      const int piece = KvPiece(args.cache);
+      err = LaunchPersistentWs(PrefillWsKernelFor<true>(false, piece, super), k, bound, piece,
+                               stream);
       if (err != cudaSuccess) return err;
     } else {
       return cudaErrorInvalidValue;

@@ -301,9 +301,9 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
                                          plan.num_split, "] or without its graph-mode arrays"));
   }
   if (plan.num_wide > 0) {
-    absl::StatusOr<bool> hopper = WgmmaPrefillAvailable();
-    if (!hopper.ok()) return hopper.status();
-    if (!*hopper || c.head_dim != 128 || group > 8 || c.block_size % 16 != 0) {
+    absl::StatusOr<int> wide_rows = WideCascadeRows(c.head_dim, group, c.block_size);
+    if (!wide_rows.ok()) return wide_rows.status();
+    if (*wide_rows == 0) {
       return Bad("Attention",
                  "wide cascade items need head_dim 128, a GQA group <= 8, blocks of a multiple of "
                  "16 tokens and a compute capability 9.0 GPU (WideCascadeRows)");
@@ -353,10 +353,10 @@ absl::StatusOr<int> SuperTilesFor(int head_dim, int block_size) {
 }
 
 absl::StatusOr<int> WideCascadeRows(int head_dim, int group, int block_size) {
-  absl::StatusOr<bool> hopper = WgmmaPrefillAvailable();
-  if (!hopper.ok()) return hopper.status();
-  if (!*hopper || head_dim != 128 || group < 1 || group > 8 || block_size % 16 != 0) return 0;
-  return PrefillQueriesPerCta(head_dim) / group;
+  // Wide items run where the persistent kernels do (the same Hopper, shape and block conditions).
+  absl::StatusOr<int> ctas = PersistentDecodeCtas(head_dim, group, block_size);
+  if (!ctas.ok()) return ctas.status();
+  return *ctas > 0 && group >= 1 ? PrefillQueriesPerCta(head_dim) / group : 0;
 }
 
 }  // namespace cascade::cuda
