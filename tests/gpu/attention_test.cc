@@ -582,8 +582,8 @@ TEST(Attention, PersistentDecodeFormEqualsSplitFormsBitwise) {
 // Argument checks run before any launch (no GPU needed): a plan whose prefill items hold more
 // (row, head) pairs than the prefill CTA, a GQA group past the split kernel's 32 queries, a
 // cache whose (block, head, slot) rows overflow the kernels' 32-bit row index, a persistent
-// decode plan without its work counter, and the wgmma prefill kernel asked for where it cannot
-// run.
+// decode plan without its work counter, wide cascade items it cannot run, and the wgmma prefill
+// kernel asked for where it cannot run.
 TEST(Attention, RejectsPlansAndCachesTheKernelsCannotRun) {
   alignas(16) static uint16_t buf[64];
   int32_t dummy[4] = {0, 0, 0, 0};
@@ -636,6 +636,28 @@ TEST(Attention, RejectsPlansAndCachesTheKernelsCannotRun) {
     st = Attention(args, super_plan, nullptr);
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_NE(st.message().find("super_tiles"), std::string::npos) << st;
+  }
+  // Wide cascade items: more than the split items (eager), none of their arrays in graph mode,
+  // and (with valid counts) a head_dim their kernel does not serve (64 here).
+  AttentionPlanView wide_plan = ws_plan;
+  wide_plan.split_form = 1;
+  wide_plan.num_wide = 2;
+  st = Attention(args, wide_plan, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("num_wide"), std::string::npos) << st;
+  wide_plan.num_wide = -1;
+  st = Attention(args, wide_plan, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  wide_plan.num_wide = 1;
+  wide_plan.split_count = dummy;  // graph mode without wide_items / wide_count
+  st = Attention(args, wide_plan, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("graph-mode arrays"), std::string::npos) << st;
+  wide_plan.split_count = nullptr;
+  st = Attention(args, wide_plan, nullptr);  // InvalidArgument, or the device query's error
+  EXPECT_FALSE(st.ok());
+  if (st.code() == absl::StatusCode::kInvalidArgument) {
+    EXPECT_NE(st.message().find("wide cascade items"), std::string::npos) << st;
   }
   // The wgmma prefill kernel asked for on a head_dim it does not serve (64 here).
   args.prefill_path = PrefillPath::kWgmma;
