@@ -548,6 +548,9 @@ struct Bench {
           "on a faster bitwise-equal algorithm)\n",
           Seconds(load_start, Clock::now()), st.gemm_tuned, st.gemm_prefill_replaced,
           st.gemm_prefill_shapes);
+      if (!st.prefill_attention_log.empty()) {
+        std::printf("(%s)\n", st.prefill_attention_log.c_str());
+      }
       if (flags.tune_log) {
         for (const std::string& line : st.gemm_prefill_log)
           std::printf("  prefill %s\n", line.c_str());

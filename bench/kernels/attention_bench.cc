@@ -445,18 +445,27 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   CHECK_OK(wgmma.status());
   std::printf("\nprefill (causal, 1 seq): time_us (TFLOP/s); x = speedup over mma.sync\n");
   // Variants (internal::SetWgmmaPrefillVariant): 2 two warpgroups (v7, one-level order only);
-  // warp-specialized with TMA (v8): 0 the default, 1 with the ping-pong schedule; with
-  // super-tiles also both v8 forms in the two-level order.
+  // warp-specialized with TMA (v8): 3 without, 1 with the ping-pong schedule, 0 the default form
+  // TunePrefillForm chose at the top of this table (as a backend does at load); with super-tiles
+  // also both v8 forms in the two-level order.
   struct Variant {
     int variant;
     const AttentionConfig* config;
     const char* name;
   };
-  std::vector<Variant> variants = {
-      {2, &every, "v7 2wg"}, {0, &every, "v8 ws (default)"}, {1, &every, "v8 ws+pingpong"}};
+  std::vector<Variant> variants = {{2, &every, "v7 2wg"},
+                                   {3, &every, "v8 ws"},
+                                   {1, &every, "v8 ws+pingpong"},
+                                   {0, &every, "tuned default"}};
   if (super) {
-    variants.push_back({0, &supercfg, "v8 ws super"});
+    variants.push_back({3, &supercfg, "v8 ws super"});
     variants.push_back({1, &supercfg, "v8 pingpong super"});
+  }
+  if (*wgmma) {
+    absl::StatusOr<PrefillFormChoice> form =
+        TunePrefillForm(HeadShape{kHq, kHkv, kD}, g_block, 4096, nullptr);
+    CHECK_OK(form.status());
+    std::printf("%s\n", form->Describe(4096).c_str());
   }
   std::printf("%-16s %18s", "case", "mma.sync");
   for (const Variant& v : variants) std::printf(" %24s", v.name);

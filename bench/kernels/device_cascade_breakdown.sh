@@ -5,8 +5,10 @@
 # only the kernel duration collected, and prints per configuration the median duration of each
 # kernel of a call (split or persistent decode kernel, merge) beside the bench's own per-call time
 # (host launch work included). CASES: bench flags (default "--shared=64"; a decode case, e.g.
-# --decode=64,1024, runs 226 calls a configuration: 3 + 200 back to back, then 3 + 20). Logs
-# under $OUT.
+# --decode=64,1024, runs 226 calls a configuration: 3 + 200 back to back, then 3 + 20).
+# NCU_FLAGS: more ncu flags, e.g. "--cache-control none --clock-control none" (partials then stay
+# in L2 between the kernels, as in the bench; by default ncu flushes caches and locks base
+# clocks). Logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -17,7 +19,7 @@ bash scripts/device_build.sh cuda_attention_bench >"$OUT/build.log" 2>&1 || { ta
 echo "build: $(( $(date +%s) - t0 )) s"
 for c in ${CASES:---shared=64}; do
   name=$(tr -c 'a-z0-9' '_' <<<"$c")
-  timeout 400 ncu --metrics gpu__time_duration.sum --csv --print-units base \
+  timeout 400 ncu ${NCU_FLAGS:-} --metrics gpu__time_duration.sum --csv --print-units base \
     build-gpu/bench/cuda_attention_bench "$c" >"$OUT/ncu_$name.csv" 2>"$OUT/ncu_$name.err" ||
     { echo "ncu $c rc=$?"; tail -5 "$OUT/ncu_$name.err"; }
   grep -E "^(shared|tree|decode)" "$OUT/ncu_$name.csv" | head -20
@@ -36,9 +38,12 @@ for r in rows[1:]:
     if not m:
         continue
     launches.append((m.group(1) + (m.group(2) or ""), float(r[vi].replace(",", "")) / 1e3))
+# A call: [wide items' PrefillWsKernel] [split or persistent decode kernel] [MergeKernel].
 calls = []
 for name, us in launches:
-    if not name.startswith("Merge") or not calls:
+    prev = calls[-1][-1][0] if calls else ""
+    joins = name.startswith("Merge") or (name.startswith("Split") and prev.startswith("PrefillWs"))
+    if not calls or not joins:
         calls.append([])
     calls[-1].append((name, us))
 per = int(sys.argv[2])

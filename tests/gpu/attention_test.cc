@@ -445,10 +445,10 @@ TEST(Attention, PrefillKernelsAgreeBitwise) {
                               PrefillPath::kMmaSync);
       std::vector<uint16_t> wg;
       // The two-warpgroup kernel (one-level order only), then warp-specialized (TMA) with and
-      // without ping-pong (0 last: the default), the persistent kernel on 1 and 3 CTAs (each
+      // without ping-pong (0 last: the default form), the persistent kernel on 1 and 3 CTAs (each
       // walks many works: its stage and Q rings wrap, works of odd tile counts shift which load
       // warp copies a work's first tile) and on its default grid (last).
-      for (int variant : {2, 1, 0}) {
+      for (int variant : {2, 1, 3, 0}) {
         if (variant == 2 && order > 1) continue;
         internal::SetWgmmaPrefillVariant(variant);
         for (int ctas : {1, 3, 0}) {
@@ -472,6 +472,43 @@ TEST(Attention, PrefillKernelsAgreeBitwise) {
     }
   }
   g_super_tiles = 0;
+}
+
+// TunePrefillForm times both warp-specialized forms where both can run and makes its pick the
+// default; the default then gives the mma.sync kernel's bits under either form. A shape with one
+// form (head_dim 64) times nothing.
+TEST(Attention, TunedPrefillFormGivesTheSameBits) {
+  CASCADE_REQUIRE_GPU();
+  absl::StatusOr<bool> wgmma = WgmmaPrefillAvailable();
+  ASSERT_TRUE(wgmma.ok()) << wgmma.status();
+  absl::StatusOr<PrefillFormChoice> none = TunePrefillForm(HeadShape{16, 8, 64}, 16, 512, nullptr);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->tuned);
+  if (!*wgmma) GTEST_SKIP() << "the wgmma prefill kernel needs a compute capability 9.0 GPU";
+  absl::StatusOr<PrefillFormChoice> choice =
+      TunePrefillForm(HeadShape{16, 8, 128}, 16, 1000, nullptr);
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_TRUE(choice->tuned);
+  EXPECT_TRUE(choice->form == 0 || choice->form == 1);
+  EXPECT_GT(choice->us[0], 0.f);
+  EXPECT_GT(choice->us[1], 0.f);
+  EXPECT_EQ(internal::PrefillForm(), choice->form) << choice->Describe(1000);
+  std::mt19937 rng(31);
+  Harness h(16, 8, 128, 16, 200, &rng);
+  std::vector<Seq> seqs = {{300, 300, {}}, {70, 500, {}}, {1, 40, {}}};
+  for (Seq& s : seqs) h.Fill(&s);
+  Batch b = MakeBatch(seqs);
+  std::vector<float> q = RandomNormal(static_cast<size_t>(b.num_tokens()) * 16 * 128, &rng);
+  auto q_bits = RoundToBf16(&q);
+  auto mma = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                          PrefillPath::kMmaSync);
+  for (int form : {1 - choice->form, choice->form}) {
+    internal::SetPrefillForm(form);
+    auto wg = RunAttention(h, b, q_bits, true, nullptr, CascadeGrouping::kEveryTile, 0,
+                           PrefillPath::kWgmma);
+    EXPECT_TRUE(wg == mma) << "default prefill form " << form << " != mma.sync prefill";
+  }
+  internal::SetPrefillForm(0);
 }
 
 // The same query row computed by a cold prefill, by a prefill of the uncached tail (causal offset),

@@ -1246,6 +1246,7 @@ size_t SplitSmemBytes(int d) {
 
 int g_wgmma_variant = 0;
 int WgmmaVariant() { return g_wgmma_variant; }
+int g_prefill_form = 0;  // the default form (variant 0): 0 or 1 (TunePrefillForm)
 int g_split_variant = 0;
 
 // A tensor map over one layer's K or V cache as rows of 128 bf16 ([num_blocks * kv heads *
@@ -1391,10 +1392,11 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     if (args.prefill_path == PrefillPath::kWgmma && !wgmma) return cudaErrorNotSupported;
     const int v = WgmmaVariant();
     if (wgmma && v != 2 && args.cache.block_size % kPieceTokens == 0) {
-      // Variant 1: the ping-pong schedule (measured slower on an H100, kept for comparison).
-      const int piece = v == 0 ? KvPiece(args.cache) : kPieceTokens;
-      const cudaError_t err = LaunchPersistentWs(PrefillWsKernelFor<false>(v == 1, piece, super), k,
-                                                 plan.num_final, piece, stream);
+      // The ping-pong schedule (variant 1, or the default form 1) copies 16-token pieces.
+      const bool pingpong = v == 1 || (v == 0 && g_prefill_form == 1);
+      const int piece = pingpong ? kPieceTokens : KvPiece(args.cache);
+      const cudaError_t err = LaunchPersistentWs(PrefillWsKernelFor<false>(pingpong, piece, super),
+                                                 k, plan.num_final, piece, stream);
       if (err != cudaSuccess) return err;
     } else {
       // The two-warpgroup kernel (v7) keeps the one-level order: with super-tiles only the
@@ -1501,6 +1503,8 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
 }  // namespace
 
 void SetWgmmaPrefillVariant(int variant) { g_wgmma_variant = variant; }
+int PrefillForm() { return g_prefill_form; }
+void SetPrefillForm(int form) { g_prefill_form = form == 1 ? 1 : 0; }
 void SetSplitVariant(int variant) { g_split_variant = variant; }
 void SetDecodeWsCtas(int ctas) { g_decode_ws_ctas = ctas; }
 void SetPrefillWsCtas(int ctas) { g_prefill_ws_ctas = ctas; }

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -227,6 +228,24 @@ absl::StatusOr<int> PersistentDecodeCtas(int head_dim, int group, int block_size
 // else 1.
 inline constexpr int kSuperTiles = 4;
 absl::StatusOr<int> SuperTilesFor(int head_dim, int block_size);
+
+// Prefill attention on Hopper runs the warp-specialized kernel in one of two forms that give the
+// same bits: one consumer schedule over whole-tile TMA copies (form 0, the default), or two
+// consumer warpgroups in ping-pong over 16-token pieces (form 1). Which is faster differs between
+// devices and even between H200 machines (bench/kernels/RESULTS.md: either by up to ~7%), so
+// TunePrefillForm times both on a cold prompt of `tokens` tokens of the model's head shape and
+// makes the faster the process-wide default (ping-pong only if >= 1% faster). It allocates its own
+// buffers (~4 x tokens x heads x head_dim x 2 bytes) and synchronizes `stream`; not during graph
+// capture. Where only one form can run (no sm_90a code, head_dim != 128, blocks not a multiple of
+// 16 tokens) it times nothing (tuned false).
+struct PrefillFormChoice {
+  int form = 0;          // 0 warp-specialized, 1 ping-pong
+  bool tuned = false;    // both forms were timed
+  float us[2] = {0, 0};  // median time of one prefill call per form
+  std::string Describe(int tokens) const;
+};
+absl::StatusOr<PrefillFormChoice> TunePrefillForm(const HeadShape& shape, int block_size,
+                                                  int tokens, Stream stream);
 
 // AttentionConfig::wide_rows for a model on the current device: 128 / group where the wgmma
 // kernels run its attention (compute capability 9.0, head_dim 128, group <= 8, blocks of a

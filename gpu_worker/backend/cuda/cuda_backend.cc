@@ -210,6 +210,7 @@ class CudaBackend final : public engine::Backend {
     st.graphs_tuned_kept = tuned_kept_;
     st.graphs_tuned_dropped = tuned_dropped_;
     st.wide_cascade_steps = wide_steps_;
+    st.prefill_attention_log = prefill_form_log_;
     // "m=.. n=.. k=.. bf16: N candidates, E bitwise equal, pinned .. us (algo), best equal .."
     auto line = [](const Gemm::TuneRecord& r, bool with_m) {
       return absl::StrFormat(
@@ -330,6 +331,7 @@ class CudaBackend final : public engine::Backend {
   int o_splits_ = 1, down_splits_ = 1;  // Gemm::Splits of o_proj and down_proj
   int64_t num_blocks_ = 0;
   Stream stream_ = nullptr;
+  std::string prefill_form_log_;  // TunePrefillForm's choice at load
   std::unique_ptr<Gemm> gemm_;
   std::vector<Layer> layers_;
   DeviceBuffer embed_, final_norm_, lm_head_storage_;
@@ -642,6 +644,18 @@ absl::Status CudaBackend::Init(const model::Model& m) {
       RETURN_IF_ERROR(gemm_->PreparePrefill(s.w, s.n, s.k, s.out, stream_));
     }
     gemm_->ReleaseTimingBuffers();  // 64 MB the serving loop does not need
+  }
+  // Prefill attention's faster form on this device (attention.h TunePrefillForm; the same bits).
+  if (o_.tune_prefill_attention) {
+    constexpr int kTuneTokens = 4096;
+    const int tokens = std::min(kTuneTokens, o_.max_num_tokens);
+    absl::StatusOr<PrefillFormChoice> form =
+        TunePrefillForm(HeadShape{hq_, hkv_, d_}, o_.block_size, tokens, stream_);
+    // No room for its buffers beside the KV cache: keep the default form (the same bits).
+    if (!form.ok() && !absl::IsResourceExhausted(form.status())) return form.status();
+    prefill_form_log_ =
+        form.ok() ? form->Describe(tokens)
+                  : absl::StrCat("prefill attention: not timed (", form.status().message(), ")");
   }
   return absl::OkStatus();
 }

@@ -109,6 +109,10 @@ struct CudaBackendOptions {
   // a kernel's launch overlaps the previous kernel's tail; it waits for it before touching
   // memory. Process-wide: the last backend created sets it.
   bool programmatic_launch = true;
+  // Prefill attention's two bitwise-equal forms (attention.h TunePrefillForm) timed at load on a
+  // cold prompt of up to 4096 tokens, the faster made the default (process-wide: the last backend
+  // created sets it); false: the warp-specialized form without ping-pong.
+  bool tune_prefill_attention = true;
   int max_graph_batch = 256;  // also capped by max_logits_rows and max_num_tokens
 };
 
@@ -142,6 +146,9 @@ struct CudaGraphStats {
   // Steps (eager or graph) whose attention plan had wide cascade items (attention.h
   // AttentionConfig::wide_rows).
   int64_t wide_cascade_steps = 0;
+  // The prefill attention form chosen at load and both forms' times (TunePrefillForm), or why
+  // none was timed; empty with tune_prefill_attention off.
+  std::string prefill_attention_log;
   std::vector<std::string> gemm_tune_log;
   // Prefill-sized GEMMs (gemm.h PreparePrefill): weight shapes looked at, and those where a
   // faster bitwise-equal algorithm replaced the pinned one; one line per shape.

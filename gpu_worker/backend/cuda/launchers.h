@@ -77,10 +77,15 @@ cudaError_t LaunchAttention(const AttentionArgs& args, const AttentionPlanView& 
                             cudaStream_t stream);
 // Whether the current device runs the sm_90a machine code (the wgmma prefill kernel).
 cudaError_t WgmmaAvailable(bool* available);
-// Benchmark knob (process-wide) for the wgmma prefill: the warp-specialized kernel (0, the
-// default), the same with the ping-pong schedule (1), the two-warpgroup kernel (2, also the kernel
-// for block sizes that are not a multiple of 16). Every one gives the same bits.
+// Benchmark knob (process-wide) for the wgmma prefill: the default form (0: PrefillForm()), the
+// warp-specialized kernel with the ping-pong schedule (1), the two-warpgroup kernel (2, also the
+// kernel for block sizes that are not a multiple of 16), the warp-specialized kernel without
+// ping-pong (3). Every one gives the same bits.
 void SetWgmmaPrefillVariant(int variant);
+// The default form of the warp-specialized prefill (process-wide; attention.h TunePrefillForm):
+// 0 without ping-pong (initially), 1 with it.
+int PrefillForm();
+void SetPrefillForm(int form);
 // Benchmarks only: the split kernel. 0 (default): the plan's AttentionPlanView::split_form; 1:
 // the shared-memory form with tile t + 1's K and V copied while tile t is computed; 2: the
 // shared-memory form, each tile's K and V copied at the start of its step; 3: the register form
