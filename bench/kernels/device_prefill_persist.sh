@@ -5,8 +5,9 @@
 # binary (attention first, short timeouts: a hang costs one binary's timeout, not the call), then
 # times the prefill table: this tree, the baseline, this tree again, and torch SDPA (decode and
 # prefill rows, each also back to back). DECODE="B,CTX ...": decode cases after; CASCADE=1: the
-# cascade cases; ENGINE=1: engine_bench's ENGINE_SECTIONS (default prefill) on qwen3-0.6b, this
-# tree's and with BASE_SRC the baseline's; SDPA=0 skips torch. Logs under $OUT (or ./device-out).
+# cascade cases (both also on the baseline with BASE_SRC); ENGINE=1: engine_bench's
+# ENGINE_SECTIONS (default prefill; ENGINE_FLAGS: more flags) on qwen3-0.6b, this tree's and with
+# BASE_SRC the baseline's; SDPA=0 skips torch. Logs under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -43,20 +44,25 @@ if [ -n "${BASE_SRC:-}" ]; then
   timeout 60 $bench --prefill-only 2>&1 | grep -E "prefill N" | tee -a "$OUT/prefill.log"
 fi
 [ "${SDPA:-1}" = 1 ] && timeout 150 python3 bench/kernels/sdpa_bench.py 2>&1 | tee "$OUT/sdpa.log"
-for c in ${DECODE:-}; do
-  timeout 60 $bench --decode=$c 2>&1 | grep -E "case|decode" | tee -a "$OUT/decode.log"
+benches=$bench
+[ -n "${BASE_SRC:-}" ] && benches="$bench build-base/bench/cuda_attention_bench"
+for b in $benches; do
+  [ "$b" != "$bench" ] && echo "== baseline ($BASE_SRC): decode and cascade"
+  for c in ${DECODE:-}; do
+    timeout 60 $b --decode=$c 2>&1 | grep -E "case|decode" | tee -a "$OUT/decode.log"
+  done
+  if [ "${CASCADE:-0}" = 1 ]; then
+    timeout 90 $b --cascade-only 2>&1 | grep -E "shared|tree" | tee -a "$OUT/cascade.log"
+  fi
 done
-if [ "${CASCADE:-0}" = 1 ]; then
-  timeout 90 $bench --cascade-only 2>&1 | grep -E "shared|tree" | tee "$OUT/cascade.log"
-fi
 if [ "${ENGINE:-0}" = 1 ]; then
   sec=${ENGINE_SECTIONS:-prefill}
   timeout 200 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=$sec \
-    2>&1 | tee "$OUT/engine.log" | grep -E "^\||^#|tok/s"
+    ${ENGINE_FLAGS:-} 2>&1 | tee "$OUT/engine.log" | grep -E "^\||^#|tok/s|prefill attention"
   if [ -n "${BASE_SRC:-}" ]; then
     echo "== engine_bench, baseline ($BASE_SRC)"
     timeout 200 build-base/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=$sec \
-      2>&1 | tee "$OUT/engine_base.log" | grep -E "^\||^#|tok/s"
+      ${ENGINE_FLAGS:-} 2>&1 | tee "$OUT/engine_base.log" | grep -E "^\||^#|tok/s"
   fi
 fi
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -1187,17 +1187,43 @@ __global__ void __launch_bounds__(kThreads, E == 8 ? 2 : 4) SplitKernel(TileKern
   ForEachSplitItem(k, [&](int item) { SplitItem<E, kPrefetch, kSuper>(k, item); });
 }
 
-// One warp per (split row, query head, 32 of the head's dims; lane: one dim): the Fold of the
-// row's partials in tile order (a fold item's state stands for the tiles it folded). Every
-// element's fold is the same sequence of operations whichever warp holds it; slicing the head
-// puts E times the warps (and loads) in flight as one warp per head would.
+// E consecutive floats at p (16-byte aligned where E % 4 == 0, 8-byte where E == 2).
+template <int E>
+__device__ __forceinline__ void LoadDims(const float* p, float (&v)[E]) {
+  if constexpr (E % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < E; i += 4) {
+      const float4 x = *reinterpret_cast<const float4*>(p + i);
+      v[i] = x.x;
+      v[i + 1] = x.y;
+      v[i + 2] = x.z;
+      v[i + 3] = x.w;
+    }
+  } else if constexpr (E == 2) {
+    const float2 x = *reinterpret_cast<const float2*>(p);
+    v[0] = x.x;
+    v[1] = x.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < E; ++i) v[i] = p[i];
+  }
+}
+
+// One warp per (split row, query head); lane: the head's E consecutive dims: the Fold of the row's
+// partials in tile order (a fold item's state stands for the tiles it folded). Every element's
+// fold is the same sequence of operations whoever holds it, so the bits do not depend on the
+// layout. One warp per head computes each partial's fold weights once for all its dims (with a
+// warp per 32 dims, E warps computed them: the merge was instruction bound) and loads each partial
+// as one 16-byte piece a lane. Loads run two batches ahead of the (strictly sequential) folds:
+// batch b + 1 is loaded while batch b is folded.
 template <int E>
 __global__ void __launch_bounds__(kThreads)
     MergeKernel(AttentionArgs a, const int32_t* merge_list, int num_merge) {
   constexpr int D = E * 32;
+  constexpr int kBatch = E >= 8 ? 4 : 8;
   const int hq = a.num_q_heads;
   const int gw = blockIdx.x * kWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  const int entry = gw / (hq * E), qh = gw / E % hq, dim = gw % E * 32 + lane;
+  const int entry = gw / hq, qh = gw % hq;
   // The merge list is read before the wait for the previous kernel (the split kernel): it is
   // copied from the host ahead of the step's first kernel, never written by a kernel.
   int row = 0, base = 0, tiles = 0;
@@ -1208,35 +1234,61 @@ __global__ void __launch_bounds__(kThreads)
   }
   WaitForPriorGrids();
   if (tiles == 0) return;  // past the list, or finished by its fold item (kFoldFinish)
-  float o = 0.f, m = -INFINITY, l = 0.f;
-  // Loads run kBatch tiles ahead of the (strictly sequential) folds.
-  constexpr int kBatch = 16;
-  for (int t0 = 0; t0 < tiles; t0 += kBatch) {
-    float ob[kBatch], mb[kBatch], lb[kBatch];
+  float o[E], m = -INFINITY, l = 0.f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o[e] = 0.f;
+  struct Batch {
+    float o[kBatch][E], m[kBatch], l[kBatch];
+  };
+  auto load = [&](Batch& b, int t0) {
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int64_t slot = static_cast<int64_t>(base + t0 + i) * hq + qh;
-      const bool in = t0 + i < tiles;
-      mb[i] = in ? a.partial_ml[2 * slot] : -INFINITY;
-      lb[i] = in ? a.partial_ml[2 * slot + 1] : 0.f;
-      ob[i] = in ? a.partial_o[slot * D + dim] : 0.f;
+      if (t0 + i < tiles) {
+        const float2 ml = *reinterpret_cast<const float2*>(a.partial_ml + 2 * slot);
+        b.m[i] = ml.x;
+        b.l[i] = ml.y;
+        LoadDims<E>(a.partial_o + slot * D + lane * E, b.o[i]);
+      } else {
+        b.m[i] = -INFINITY;
+      }
     }
+  };
+  auto fold = [&](const Batch& b) {
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
-      if (mb[i] == -INFINITY) continue;
+      if (b.m[i] == -INFINITY) continue;
       if (m == -INFINITY) {  // the first state is taken as is (a fold item's state: exactly)
-        m = mb[i];
-        l = lb[i];
-        o = ob[i];
+        m = b.m[i];
+        l = b.l[i];
+#pragma unroll
+        for (int e = 0; e < E; ++e) o[e] = b.o[i][e];
         continue;
       }
-      const FoldWeights w = Fold(m, mb[i]);
-      l = FoldElem(l, w, lb[i]);
-      o = FoldElem(o, w, ob[i]);
+      const FoldWeights w = Fold(m, b.m[i]);
+      l = FoldElem(l, w, b.l[i]);
+#pragma unroll
+      for (int e = 0; e < E; ++e) o[e] = FoldElem(o[e], w, b.o[i][e]);
       m = w.m;
     }
+  };
+  Batch b0, b1;
+  load(b0, 0);
+  for (int t0 = 0; t0 < tiles; t0 += 2 * kBatch) {
+    if (t0 + kBatch < tiles) load(b1, t0 + kBatch);
+    fold(b0);
+    if (t0 + kBatch >= tiles) break;
+    if (t0 + 2 * kBatch < tiles) load(b0, t0 + 2 * kBatch);
+    fold(b1);
   }
-  OutRow(a, row, qh, D)[dim] = OutElem(o, __frcp_rn(l));
+  const float inv = __frcp_rn(l);
+  __nv_bfloat16* out = OutRow(a, row, qh, D) + lane * E;
+  if constexpr (E == 1) {
+    out[0] = OutElem(o[0], inv);
+  } else {
+#pragma unroll
+    for (int e = 0; e < E; e += 2) StoreOutPair(out + e, o[e], o[e + 1], inv);
+  }
 }
 
 size_t SplitSmemBytes(int d) {
@@ -1493,7 +1545,7 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
   }
   // Forms 2 and 3: every split row was finished by its item (kFoldFinish): nothing to merge.
   if (plan.num_merge > 0 && plan.split_form < 2) {
-    const int warps = plan.num_merge * args.num_q_heads * E;
+    const int warps = plan.num_merge * args.num_q_heads;
     return LaunchKernel(MergeKernel<E>, (warps + kWarps - 1) / kWarps, kThreads, 0, stream, args,
                         plan.merge_list, plan.num_merge);
   }
