@@ -916,6 +916,15 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
   cfg.wide_rows = 64;
   const AttentionPlan p = Plan(cfg, small);
   EXPECT_EQ(p.num_wide, 0) << "the system's 16 rows fit one split CTA";
+  // The split kernel's form: the register form while it reads shared tiles (no wide items, or
+  // groups that fit a split CTA beside wide ones), the shared-memory form where wide items took
+  // every shared tile and it runs the rows' own tiles alone.
+  EXPECT_EQ(SplitForm(p, 128, 2), 1) << "shared tiles on the split kernel";
+  EXPECT_EQ(SplitForm(Plan(kQwen3, tree), 128, 2), 1) << "no wide items";
+  EXPECT_EQ(SplitForm(Plan(ws, tree), 128, 2), 0) << "every shared tile on wide items";
+  const AttentionPlan mixed = Plan(ws, MakeBatch(Tree(2048, 1024, 4, 8, 16, QueryLens(32, 2))));
+  ASSERT_GT(mixed.num_wide, 0) << "the system's 32 rows";
+  EXPECT_EQ(SplitForm(mixed, 128, 2), 1) << "contexts of 8 rows on the split kernel";
   cfg.wide_rows = 16;
   EXPECT_EQ(Plan(cfg, tree).num_wide, 0) << "wide_rows not above a split CTA's rows";
 }

@@ -177,9 +177,11 @@ int DecodeWsMinTiles();
 void SetDecodeWsMinTiles(int tiles);
 
 // The split kernel form for a plan (AttentionPlanView::split_form):
-//  1: the register form, where the plan reads a tile once for several rows (measured faster on
-//     cascade steps: its one barrier per tile and register-resident tiles make a shared tile's
-//     serial chain short);
+//  1: the register form, where a split item reads a tile once for several rows (measured faster
+//     on cascade steps: its one barrier per tile and register-resident tiles make a shared tile's
+//     serial chain short); not where wide cascade items took every shared tile and the split
+//     kernel runs rows' own tiles alone (there the shared-memory form measured 1.25x faster:
+//     bench/kernels/RESULTS.md);
 //  2: every split item is a whole decode row (kFoldFinish from tile 0), so each writes its rows'
 //     outputs: the shared-memory form, and no merge launch;
 //  3: as 2, with rows of at most 8 q-rows (one row an item, `group` = query heads per kv head
@@ -188,7 +190,12 @@ void SetDecodeWsMinTiles(int tiles);
 //     shared-memory form elsewhere), no merge;
 //  0: else, the shared-memory form (faster on distinct rows: more warps and loads in flight).
 inline int SplitForm(const AttentionPlan& plan, int head_dim, int group) {
-  if (head_dim <= 128 && plan.cascade_shared_tiles > 0) return 1;
+  if (head_dim <= 128 && plan.cascade_shared_tiles > 0) {
+    for (int i = plan.num_wide; i < plan.num_split(); ++i) {
+      if (plan.split_items[static_cast<size_t>(i) * kItemFields + 4] > 1) return 1;
+    }
+    if (plan.num_wide == 0) return 1;
+  }
   if (plan.num_split() == 0) return 0;
   bool single_rows = true, multi_super = false;
   int64_t tiles = 0;

@@ -162,8 +162,9 @@ struct StepMeta {
 // One captured decode step: a graph over `bucket` rows and the buffers it was captured with.
 // One per split kernel form (AttentionPlanView::split_form), captured when a step first needs it.
 struct DecodeGraph {
-  // AttentionPlanView::split_form, and 4: the register form after wide cascade items.
-  static constexpr int kForms = 5;
+  // AttentionPlanView::split_form, and after wide cascade items 4: the register form, 5: the
+  // shared-memory form (SplitForm 0).
+  static constexpr int kForms = 6;
   cudaGraphExec_t exec[kForms] = {};
   uint64_t epoch[kForms] = {};  // CudaBackend::graph_epoch_ at capture
   // Just captured, the same step with the pinned GEMM algorithms where exec holds tuned ones
@@ -1111,9 +1112,9 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   m.plan.ws_work = ws_work_.as<int32_t>();
   m.plan.super_tiles = plan.super_tiles;
   if (split_form == 1) m.plan.num_split = split_ctas_reg_;
-  // Steps with wide cascade items replay a graph of their own (DecodeGraph slot 4), which also
-  // launches the wgmma kernel over them.
-  const int form = plan.num_wide > 0 ? 4 : split_form;
+  // Steps with wide cascade items replay a graph of their own (DecodeGraph slot 4 or 5), which
+  // also launches the wgmma kernel over them.
+  const int form = plan.num_wide > 0 ? (split_form == 1 ? 4 : 5) : split_form;
   if (plan.num_wide > 0) {
     m.plan.num_wide = 1;
     m.plan.wide_items = meta + l.wide;
