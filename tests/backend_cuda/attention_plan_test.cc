@@ -886,9 +886,11 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
       }
     }
   }
-  // The planner's lead with the SM count (ws_ctas): a wide run from tile 0 folds up to one SM's
-  // share of the wide works' tiles. The tree's wide tiles: the system's 32 in 4 chunks, each
-  // context's 16 in one, x 8 kv heads = 2048 over 132 SMs: runs of 15 tiles.
+  // The planner's lead with the SM count (ws_ctas): a wide run from tile 0 folds as long as that
+  // shortens the wide kernel's span (WideFoldRun). The tree: the system's 32 tiles in 4 chunks
+  // (32 fold works over 8 kv heads), each context's 16 tiles as one-tile works (1024 on the other
+  // 100 SMs, ~31 tiles' time at 3 a work): the system folds whole. The shared prefix (one chunk
+  // of 64 rows over 64 tiles: 8 fold works, 124 SMs for the rest): runs of 11.
   AttentionConfig ws = kQwen3;
   ws.wide_rows = 64;
   ws.ws_ctas = 132;
@@ -899,11 +901,35 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
     const int32_t* it = &led.split_items[i * kItemFields];
     if (it[6] != kFoldNone) {
       EXPECT_EQ(it[1], 0);
-      EXPECT_EQ(it[2], 15) << "wide fold run of one SM's share";
+      EXPECT_EQ(it[2], 32) << "the system's run folded whole";
       ++long_folds;
     }
   }
   EXPECT_EQ(long_folds, 4) << "one per system chunk";
+  std::vector<Seq> prefix(64);
+  for (Seq& q : prefix) {
+    q.ctx = 4096 + 128;
+    for (int b = 0; b < 4096 / 16; ++b) q.blocks.push_back(b);
+  }
+  int next = 4096 / 16;
+  for (Seq& q : prefix) {
+    while (static_cast<int>(q.blocks.size()) * 16 < q.ctx) q.blocks.push_back(next++);
+  }
+  const Batch shared = MakeBatch(prefix);
+  const AttentionPlan runs = Plan(ws, shared);
+  EXPECT_EQ(CheckPlan(ws, shared, runs), BruteForceShared(kQwen3, shared));
+  ASSERT_GT(runs.num_wide, 0);
+  int folds = 0;
+  for (int i = 0; i < runs.num_wide; ++i) {
+    const int32_t* it = &runs.split_items[i * kItemFields];
+    if (it[6] != kFoldNone) {
+      EXPECT_EQ(it[2], 11) << "the shared prefix's fold run";
+      ++folds;
+    } else {
+      EXPECT_EQ(it[2] - it[1], 1) << "one-tile works after it";
+    }
+  }
+  EXPECT_EQ(folds, 1);
   ws.ws_ctas = 0;  // no SM count: the runs of tiles_per_item
   const AttentionPlan short_runs = Plan(ws, tree);
   for (int i = 0; i < short_runs.num_wide; ++i) {

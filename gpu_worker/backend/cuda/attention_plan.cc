@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <vector>
 
@@ -15,6 +16,7 @@ namespace cascade::cuda {
 namespace {
 
 int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+int64_t CeilDiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Decode tiles of a step from which split items hold several tiles (AttentionConfig::
 // tiles_per_item = 0).
@@ -63,6 +65,95 @@ int64_t RoundRobinSpan(const std::vector<int32_t>& flat, int slots) {
     load[i % slots] += flat[i * kItemFields + 2] - flat[i * kItemFields + 1];
   }
   return *std::max_element(load.begin(), load.end());
+}
+
+// A work of the persistent wgmma kernel that writes a one-tile partial costs about this many times
+// a tile folded in its CTA: the partial's 128 q-rows of f32 state go out and the merge reads them
+// back (fitted to H200 measurements of the fold runs: bench/kernels/RESULTS.md).
+constexpr int kWidePartialCost = 3;
+
+// The wide runs of a plan: a wide item and the later ones that continue it (the same rows of the
+// same table from the tile where it ends: the planner emits a run piece by piece, in tile order,
+// its rows copied anew each time). Calls visit(i, run) with run the index of the run item i
+// belongs to, in item order; a new run's index is its first item's.
+template <class Visit>
+void ForEachWideRun(const AttentionPlan& plan, int rows_per_cta, Visit visit) {
+  // (table offset, first row, rows) -> the run's first item and its current end tile.
+  std::map<std::array<int32_t, 3>, std::pair<int, int>> open;
+  for (int i = 0; i < plan.num_split(); ++i) {
+    const int32_t* it = &plan.split_items[static_cast<size_t>(i) * kItemFields];
+    if (it[4] <= rows_per_cta) continue;
+    const std::array<int32_t, 3> key = {it[0], plan.item_rows[it[3]], it[4]};
+    auto [at, fresh] = open.try_emplace(key, i, it[2]);
+    if (!fresh && at->second.second == it[1]) {
+      at->second.second = it[2];
+    } else {
+      at->second = {i, it[2]};
+    }
+    visit(i, at->second.first);
+  }
+}
+
+// The fold run from tile 0 for the wide items of a one-level plan whose wide runs were cut into a
+// fold item of `first` tiles and one-tile items: the length L minimizing the wide kernel's span
+// in fold-tile units, max(L, kWidePartialCost x the one-tile works left / the SMs the fold works
+// leave free), where each run from tile 0 folds min(L, its length) on an SM of its own (per kv
+// head); of equal spans the longer run (fewer partials). `first` where nothing longer wins (or
+// every SM would hold a fold run).
+int WideFoldRun(const AttentionPlan& plan, int rows_per_cta, int first, int kv_heads, int sms) {
+  std::map<int, int> runs;  // run (first item) from tile 0 -> its end tile
+  int64_t other = 0;        // one-tile wide works (per kv head) outside those runs
+  ForEachWideRun(plan, rows_per_cta, [&](int i, int run) {
+    const int32_t* it = &plan.split_items[static_cast<size_t>(i) * kItemFields];
+    const int32_t* head = &plan.split_items[static_cast<size_t>(run) * kItemFields];
+    if (head[1] == 0 && head[6] != kFoldNone) {
+      runs[run] = it[2];
+    } else {
+      other += it[2] - it[1];
+    }
+  });
+  const int64_t free_sms = sms - static_cast<int64_t>(runs.size()) * kv_heads;
+  if (runs.empty() || free_sms <= 0) return first;
+  int longest = 0;
+  for (const auto& [run, end] : runs) longest = std::max(longest, end);
+  auto span = [&](int len) {
+    int64_t left = other;
+    for (const auto& [run, end] : runs) left += std::max(0, end - len);
+    return std::max<int64_t>(len, CeilDiv64(kWidePartialCost * left * kv_heads, free_sms));
+  };
+  int best = first;
+  int64_t best_span = span(first);
+  for (int len = first + 1; len <= longest; ++len) {
+    const int64_t s = span(len);
+    if (s <= best_span) {
+      best = len;
+      best_span = s;
+    }
+  }
+  return best;
+}
+
+// Lengthens each wide run's fold item from tile 0 (made with `first` tiles, the rest one-tile
+// items) to `len` tiles, dropping the one-tile items it covers: the plan DecodePlanner makes with
+// wide_lead = len (but for the items' order), without planning again.
+void ExtendWideFolds(AttentionPlan* plan, int rows_per_cta, int len) {
+  std::vector<bool> drop(plan->num_split(), false);
+  ForEachWideRun(*plan, rows_per_cta, [&](int i, int run) {
+    int32_t* head = &plan->split_items[static_cast<size_t>(run) * kItemFields];
+    const int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
+    if (i == run || head[1] != 0 || head[6] == kFoldNone || it[2] > len) return;
+    head[2] = it[2];
+    head[5] = it[5];
+    drop[i] = true;
+  });
+  std::vector<int32_t>& items = plan->split_items;
+  size_t out = 0;
+  for (size_t i = 0; i < drop.size(); ++i) {
+    if (drop[i]) continue;
+    std::copy_n(&items[i * kItemFields], kItemFields, &items[out * kItemFields]);
+    ++out;
+  }
+  items.resize(out * kItemFields);
 }
 
 struct DecodeRow {
@@ -483,21 +574,17 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
     plan_decode(unit);
   }
   // Wide items (one-level order, the planner's lead): a work of the wgmma kernel pays its Q rows
-  // and its pipeline's fill and drain whatever its tiles, so a shared run from tile 0 folds in
-  // runs up to one SM's share of the wide works' tiles (of ws_ctas SMs), where tiles_per_item
-  // would cut it into many one-tile works. Measured on an H200 (bench/kernels/RESULTS.md): the
-  // three-level tree 1.10x-1.24x with runs of 16-32 tiles; the shared prefix, whose 8 long works
-  // would run on 8 SMs, keeps its short runs (its share is 4 tiles).
+  // and its pipeline's fill and drain whatever its tiles, and a one-tile work writes a partial
+  // the merge reads back, so a shared run from tile 0 folds in one longer run where that shortens
+  // the wide kernel's span (WideFoldRun), where tiles_per_item would cut it into many one-tile
+  // works. Measured on an H200 (bench/kernels/RESULTS.md): the three-level tree 1.10x-1.24x with
+  // runs of 16-32 tiles. The runs are lengthened in place (ExtendWideFolds), not planned again.
   if (lead == 0 && unit == 1 && config.wide_rows > rows_per_cta && config.ws_ctas > 0) {
-    int64_t steps = 0;
-    for (int i = 0; i < plan->num_split(); ++i) {
-      const int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
-      if (it[4] > rows_per_cta) steps += it[2] - it[1];
-    }
-    const int64_t share = steps * config.num_kv_heads / config.ws_ctas;
-    if (share > tiles_per_item) {
-      wide_lead = static_cast<int>(share);
-      plan_decode(tiles_per_item);
+    const int len =
+        WideFoldRun(*plan, rows_per_cta, tiles_per_item, config.num_kv_heads, config.ws_ctas);
+    if (len > tiles_per_item) {
+      wide_lead = len;
+      ExtendWideFolds(plan, rows_per_cta, len);
     }
   }
   if (lead == 0) {
