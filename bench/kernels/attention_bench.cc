@@ -273,6 +273,8 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   AttentionConfig nofold = every, whole = every, single = every, flat = every;
   AttentionConfig narrow = every;  // every cascade item on the split kernel (no wide items)
   narrow.wide_rows = 0;
+  AttentionConfig ownsplit = every;  // the items that are not wide on the split kernel after them
+  ownsplit.wide_all = false;
   nofold.lead_tiles = -1;      // every split item writes a partial per tile (before fold items)
   whole.lead_tiles = 1 << 20;  // a decode row's every tile in one fold item
   // Cascade: fold items of 8 / 16 / 32 tiles from tile 0 (a group's leading run of the shared
@@ -294,6 +296,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
            : c == &smem     ? " smem"
            : c == &supercfg ? " super"
            : c == &narrow   ? " narrow"
+           : c == &ownsplit ? " ownsplit"
                             : "";
   };
   // Decode, distinct sequences: without fold items; the default (the plan's split form: where
@@ -370,9 +373,9 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     const auto tables = PrefixTables(ctx, P / g_block, &blocks);
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
     for (const AttentionConfig* c :
-         {&flat, &nofold, &narrow, &every, &lead8, &lead16, &smem, &supercfg}) {
+         {&flat, &nofold, &narrow, &ownsplit, &every, &lead8, &lead16, &smem, &supercfg}) {
       if (c == &supercfg && !super) continue;
-      if (c == &narrow && every.wide_rows == 0) continue;
+      if ((c == &narrow || c == &ownsplit) && every.wide_rows == 0) continue;
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
                                       num_blocks, cache, *c, &plan);
@@ -410,10 +413,10 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / next));
     std::printf("\n");
     double every_ms = 0, single_ms = 0, super_ms = 0;
-    for (const AttentionConfig* c :
-         {&flat, &single, &nofold, &narrow, &every, &lead8, &lead16, &lead32, &smem, &supercfg}) {
+    for (const AttentionConfig* c : {&flat, &single, &nofold, &narrow, &ownsplit, &every, &lead8,
+                                     &lead16, &lead32, &smem, &supercfg}) {
       if (c == &supercfg && !super) continue;
-      if (c == &narrow && every.wide_rows == 0) continue;
+      if ((c == &narrow || c == &ownsplit) && every.wide_rows == 0) continue;
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
                                       num_blocks, cache, *c, &plan);

@@ -126,8 +126,10 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
   std::map<std::pair<int, int>, std::vector<int>> shared;  // (tile, table) -> rows
   int tile_reads = 0, max_rows = 0, max_wide = 0;
   // Wide items (AttentionConfig::wide_rows): the first num_wide, each more rows than a split CTA
-  // holds and at most wide_rows, a fold run from tile 0 or one super-tile.
+  // holds (with wide_all: every item of a plan with such items) and at most wide_rows, a fold run
+  // from tile 0 or one super-tile.
   EXPECT_TRUE(plan.num_wide == 0 || cfg.wide_rows > rows_per_cta);
+  if (cfg.wide_all && plan.num_wide > 0) EXPECT_EQ(plan.num_wide, plan.num_split());
   for (int i = 0; i < plan.num_split(); ++i) {
     const int32_t* it = &plan.split_items[i * kItemFields];
     const int table = it[0], t0 = it[1], t1 = it[2], row_begin = it[3], n = it[4], kv_len = it[5];
@@ -135,10 +137,10 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
     EXPECT_GE(n, 1);
     const bool wide = i < plan.num_wide;
     if (wide) {
-      EXPECT_GT(n, rows_per_cta) << "wide item " << i << " fits a split CTA";
+      if (!cfg.wide_all) EXPECT_GT(n, rows_per_cta) << "wide item " << i << " fits a split CTA";
       EXPECT_LE(n, cfg.wide_rows) << "wide item " << i << " past wide_rows";
       if (it[6] == kFoldNone) EXPECT_EQ(t1 - t0, cfg.super_tiles) << "wide item " << i;
-      max_wide = std::max(max_wide, n);
+      if (n > rows_per_cta || !cfg.wide_all) max_wide = std::max(max_wide, n);
       tile_reads += t1 - t0;
     } else {
       EXPECT_LE(n, rows_per_cta) << "item past the CTA's rows";
@@ -947,10 +949,26 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
   // every shared tile and it runs the rows' own tiles alone.
   EXPECT_EQ(SplitForm(p, 128, 2), 1) << "shared tiles on the split kernel";
   EXPECT_EQ(SplitForm(Plan(kQwen3, tree), 128, 2), 1) << "no wide items";
-  EXPECT_EQ(SplitForm(Plan(ws, tree), 128, 2), 0) << "every shared tile on wide items";
-  const AttentionPlan mixed = Plan(ws, MakeBatch(Tree(2048, 1024, 4, 8, 16, QueryLens(32, 2))));
+  const Batch mixed_batch = MakeBatch(Tree(2048, 1024, 4, 8, 16, QueryLens(32, 2)));
+  ws.wide_all = false;
+  const AttentionPlan mixed = Plan(ws, mixed_batch);
   ASSERT_GT(mixed.num_wide, 0) << "the system's 32 rows";
   EXPECT_EQ(SplitForm(mixed, 128, 2), 1) << "contexts of 8 rows on the split kernel";
+  EXPECT_EQ(SplitForm(Plan(ws, tree), 128, 2), 0) << "every shared tile on wide items";
+  // With wide_all the wgmma kernel runs the contexts and the own tiles too, one
+  // (super-)tile an item but for the fold runs; the plan reads and merges the same partials.
+  ws.wide_all = true;
+  const AttentionPlan all = Plan(ws, mixed_batch);
+  EXPECT_EQ(CheckPlan(ws, mixed_batch, all), BruteForceShared(kQwen3, mixed_batch));
+  EXPECT_EQ(all.num_wide, all.num_split());
+  EXPECT_EQ(all.max_wide_rows, mixed.max_wide_rows);
+  EXPECT_EQ(all.merge_list, mixed.merge_list);
+  EXPECT_EQ(all.num_partials, mixed.num_partials);
+  EXPECT_EQ(all.split_tile_reads, mixed.split_tile_reads);
+  for (int i = 0; i < all.num_split(); ++i) {
+    const int32_t* it = &all.split_items[i * kItemFields];
+    if (it[6] == kFoldNone) EXPECT_EQ(it[2] - it[1], 1) << "item " << i;
+  }
   cfg.wide_rows = 16;
   EXPECT_EQ(Plan(cfg, tree).num_wide, 0) << "wide_rows not above a split CTA's rows";
 }

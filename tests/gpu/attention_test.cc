@@ -115,6 +115,9 @@ int WideRows(int head_dim, int group, int block_size) {
   return w.ok() ? *w : 0;
 }
 
+// AttentionConfig::wide_all of RunAttention.
+bool g_wide_all = false;
+
 // Runs attention over `q` ([tokens, hq * D] bf16 bits) and returns [tokens, hq * D] bf16 bits.
 std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector<uint16_t>& q,
                                    bool cascade, AttentionPlan* plan_out = nullptr,
@@ -125,6 +128,7 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
   AttentionConfig cfg{h.hq, h.hkv, h.D, h.bs, cascade, grouping, tiles_per_item, lead_tiles};
   cfg.super_tiles = SuperTiles(h.D, h.bs);
   cfg.wide_rows = WideRows(h.D, h.hq / h.hkv, h.bs);
+  cfg.wide_all = g_wide_all;
   AttentionBatch ab{b.positions.data(),
                     b.num_tokens(),
                     b.query_start.data(),
@@ -259,18 +263,25 @@ void ExpectWideCascadeBitwise(Harness& h, const Batch& b, const std::vector<uint
     EXPECT_EQ(plan.num_wide, 0);
   } else {
     EXPECT_GT(plan.num_wide, 0) << "no wide cascade item in a plan of shared runs";
-    for (int lead : {-1, 0, 1000}) {
-      for (int ctas : {1, 3, 0}) {
-        internal::SetPrefillWsCtas(ctas);
-        AttentionPlan p;
-        auto wide = RunAttention(h, b, q_bits, true, &p, CascadeGrouping::kEveryTile, 0,
-                                 PrefillPath::kAuto, lead);
-        internal::SetPrefillWsCtas(0);
-        EXPECT_EQ(0, std::memcmp(wide.data(), flat.data(), bytes))
-            << "wide cascade items (" << p.num_wide << ", fold items " << lead << ", " << ctas
-            << " CTAs) != flat";
+    // The small items on the split kernel after the wide ones (the default), or every item on
+    // the wgmma kernel (wide_all).
+    for (bool all : {true, false}) {
+      g_wide_all = all;
+      for (int lead : {-1, 0, 1000}) {
+        for (int ctas : {1, 3, 0}) {
+          internal::SetPrefillWsCtas(ctas);
+          AttentionPlan p;
+          auto wide = RunAttention(h, b, q_bits, true, &p, CascadeGrouping::kEveryTile, 0,
+                                   PrefillPath::kAuto, lead);
+          internal::SetPrefillWsCtas(0);
+          EXPECT_EQ(all, p.num_wide == p.num_split()) << "wide_all " << all;
+          EXPECT_EQ(0, std::memcmp(wide.data(), flat.data(), bytes))
+              << "wide cascade items (" << p.num_wide << " of " << p.num_split() << ", wide_all "
+              << all << ", fold items " << lead << ", " << ctas << " CTAs) != flat";
+        }
       }
     }
+    g_wide_all = false;
   }
   g_wide_rows = 0;
   AttentionPlan p;

@@ -88,6 +88,14 @@ struct AttentionConfig {
   // wgmma kernel runs 128 q-rows a CTA, writing the partial the split kernel would (the same
   // bits). 0: every split item on the split kernel.
   int wide_rows = 0;
+  // In a plan with wide items, the other split items too (the rows' own tiles, groups that fit a
+  // split CTA) run on the persistent wgmma kernel, cut into one-super-tile items (a fold run from
+  // tile 0 stays whole): one launch for the step instead of the wide kernel and then the split
+  // kernel. The same partials, the same bits. Off by default: measured on an H200
+  // (bench/kernels/RESULTS.md) the one-level order lost (tree 160.8 vs 133.6 us, engine tree
+  // decode 6.17 vs 5.45 ms a step: a one-row, one-tile work fills 2 of the kernel's 128 q-rows),
+  // while the two-level order's four-tile works gained (shared prefix 43.8 vs 49.6 us).
+  bool wide_all = false;
 };
 
 // Host views of the batch's attention metadata (see engine::ForwardBatch for the meaning).

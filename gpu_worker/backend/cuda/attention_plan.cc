@@ -683,14 +683,28 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
     plan->num_partials += slots;
   }
   // Wide items (more rows than a split CTA holds) first, in their order: the wgmma kernel runs
-  // them, the split kernel the rest (AttentionPlanView::num_wide).
+  // them, the split kernel the rest (AttentionPlanView::num_wide). With wide_all, where there are
+  // wide items, every item is one: an item of several super-tiles without a fold (a row's own
+  // tiles, a small group's run) becomes one item a super-tile, the partials it wrote.
   if (config.wide_rows > rows_per_cta) {
+    bool any_wide = false;
+    for (int i = 0; i < plan->num_split() && !any_wide; ++i) {
+      any_wide = plan->split_items[static_cast<size_t>(i) * kItemFields + 4] > rows_per_cta;
+    }
+    const bool all = any_wide && config.wide_all;
     std::vector<int32_t> wide, rest;
     int max_rows = 0;
     for (int i = 0; i < plan->num_split(); ++i) {
       const int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
-      const bool w = it[4] > rows_per_cta;
-      (w ? wide : rest).insert((w ? wide : rest).end(), it, it + kItemFields);
+      const bool w = all || it[4] > rows_per_cta;
+      if (w && it[6] == kFoldNone && it[2] - it[1] > unit) {
+        for (int t = it[1]; t < it[2]; t += unit) {
+          wide.insert(wide.end(),
+                      {it[0], t, std::min(t + unit, it[2]), it[3], it[4], it[5], kFoldNone});
+        }
+      } else {
+        (w ? wide : rest).insert((w ? wide : rest).end(), it, it + kItemFields);
+      }
       if (w) {
         plan->max_wide_rows = std::max(plan->max_wide_rows, static_cast<int>(it[4]));
       } else {
