@@ -115,8 +115,10 @@ int WideRows(int head_dim, int group, int block_size) {
   return w.ok() ? *w : 0;
 }
 
-// AttentionConfig::wide_all of RunAttention.
+// AttentionConfig::wide_all and ws_ctas of RunAttention (ws_ctas 0: no SM count, as before the
+// backend passed one; WideFoldRun's long fold runs need it).
 bool g_wide_all = false;
+int g_ws_ctas = 0;
 
 // Runs attention over `q` ([tokens, hq * D] bf16 bits) and returns [tokens, hq * D] bf16 bits.
 std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector<uint16_t>& q,
@@ -129,6 +131,7 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
   cfg.super_tiles = SuperTiles(h.D, h.bs);
   cfg.wide_rows = WideRows(h.D, h.hq / h.hkv, h.bs);
   cfg.wide_all = g_wide_all;
+  cfg.ws_ctas = g_ws_ctas;
   AttentionBatch ab{b.positions.data(),
                     b.num_tokens(),
                     b.query_start.data(),
@@ -282,6 +285,17 @@ void ExpectWideCascadeBitwise(Harness& h, const Batch& b, const std::vector<uint
       }
     }
     g_wide_all = false;
+    // With the SM count as the backend plans (PersistentDecodeCtas): the wide fold runs the
+    // span model picks (WideFoldRun), and whole rows for the persistent decode kernel.
+    absl::StatusOr<int> sms = PersistentDecodeCtas(h.D, h.hq / h.hkv, h.bs);
+    ASSERT_TRUE(sms.ok()) << sms.status();
+    g_ws_ctas = *sms;
+    AttentionPlan p;
+    auto planned = RunAttention(h, b, q_bits, true, &p);
+    g_ws_ctas = 0;
+    EXPECT_GT(p.num_wide, 0);
+    EXPECT_EQ(0, std::memcmp(planned.data(), flat.data(), bytes))
+        << "wide cascade items planned with ws_ctas " << *sms << " != flat";
   }
   g_wide_rows = 0;
   AttentionPlan p;
