@@ -10,19 +10,10 @@
 #include "gpu_worker/backend/cuda/attention.h"
 #include "gpu_worker/backend/cuda/device.h"
 #include "gpu_worker/backend/cuda/launchers.h"
+#include "gpu_worker/backend/cuda/status_macros.h"
 
 namespace cascade::cuda {
 namespace {
-
-#define RETURN_IF_ERROR(expr) \
-  do {                        \
-    absl::Status s_ = (expr); \
-    if (!s_.ok()) return s_;  \
-  } while (0)
-#define ASSIGN_OR_RETURN(lhs, expr)             \
-  auto lhs##_or = (expr);                       \
-  if (!lhs##_or.ok()) return lhs##_or.status(); \
-  auto lhs = std::move(*lhs##_or)
 
 // Two CUDA events, destroyed with the object.
 class EventPair {

@@ -21,19 +21,10 @@
 #include "gpu_worker/backend/cuda/device.h"
 #include "gpu_worker/backend/cuda/gemm.h"
 #include "gpu_worker/backend/cuda/ops.h"
+#include "gpu_worker/backend/cuda/status_macros.h"
 
 namespace cascade::cuda {
 namespace {
-
-#define RETURN_IF_ERROR(expr)  \
-  do {                         \
-    absl::Status _st = (expr); \
-    if (!_st.ok()) return _st; \
-  } while (0)
-#define ASSIGN_OR_RETURN(lhs, expr)             \
-  auto lhs##_or = (expr);                       \
-  if (!lhs##_or.ok()) return lhs##_or.status(); \
-  auto lhs = std::move(*lhs##_or)
 
 // HF's inverse frequencies (double, rounded to float once), with Llama-3 scaling if configured.
 std::vector<float> InvFreq(const model::ModelConfig& c) {

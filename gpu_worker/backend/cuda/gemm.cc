@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gpu_worker/backend/cuda/status_macros.h"
 #include "gpu_worker/model/safetensors.h"
 
 namespace cascade::cuda {
@@ -22,12 +23,6 @@ constexpr size_t kWorkspaceBytes = 32 << 20;
 constexpr size_t kSplitWorkspaceBytes = 64 << 20;
 // The built-in rule splits k until S n reaches this many output columns (gemm.h).
 constexpr int kSplitColumns = 4096;
-
-#define RETURN_IF_ERROR(expr) \
-  do {                        \
-    absl::Status s_ = (expr); \
-    if (!s_.ok()) return s_;  \
-  } while (0)
 
 absl::Status LtStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
