@@ -932,6 +932,30 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
     }
   }
   EXPECT_EQ(folds, 1);
+  // A context whose rows are not a system chunk's but start with the same row and number as one
+  // (even rows share context A, odd rows context B, 2048 tokens and 64 rows each; a system of 512
+  // tokens for all 128 rows, in chunks of 64): the system chunk's fold run (the span model wants
+  // ~13 tiles here) must not run on into context A's tiles.
+  std::vector<Seq> interleaved(128);
+  int next_block = 512 / 16;
+  std::vector<int32_t> ctx_blocks[2];
+  for (int c = 0; c < 2; ++c) {
+    for (int b = 0; b < 2048 / 16; ++b) ctx_blocks[c].push_back(next_block++);
+  }
+  for (int r = 0; r < 128; ++r) {
+    Seq& q = interleaved[r];
+    q.ctx = 512 + 2048 + 1 + r % 50;
+    for (int b = 0; b < 512 / 16; ++b) q.blocks.push_back(b);
+    q.blocks.insert(q.blocks.end(), ctx_blocks[r % 2].begin(), ctx_blocks[r % 2].end());
+    while (static_cast<int>(q.blocks.size()) * 16 < q.ctx) q.blocks.push_back(next_block++);
+  }
+  const Batch odd_even = MakeBatch(interleaved);
+  const AttentionPlan oe = Plan(ws, odd_even);
+  EXPECT_EQ(CheckPlan(ws, odd_even, oe), BruteForceShared(kQwen3, odd_even));
+  for (int i = 0; i < oe.num_wide; ++i) {
+    const int32_t* it = &oe.split_items[i * kItemFields];
+    if (it[6] != kFoldNone) EXPECT_LE(it[2], 8) << "a fold run past the system chunk";
+  }
   ws.ws_ctas = 0;  // no SM count: the runs of tiles_per_item
   const AttentionPlan short_runs = Plan(ws, tree);
   for (int i = 0; i < short_runs.num_wide; ++i) {

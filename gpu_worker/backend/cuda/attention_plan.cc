@@ -85,7 +85,12 @@ void ForEachWideRun(const AttentionPlan& plan, int rows_per_cta, Visit visit) {
     if (it[4] <= rows_per_cta) continue;
     const std::array<int32_t, 3> key = {it[0], plan.item_rows[it[3]], it[4]};
     auto [at, fresh] = open.try_emplace(key, i, it[2]);
-    if (!fresh && at->second.second == it[1]) {
+    // The same rows, in the same order (another group can have the same first row and size at
+    // other tiles: a context whose rows are not the system chunk's).
+    const int32_t* head = &plan.split_items[static_cast<size_t>(at->second.first) * kItemFields];
+    const auto rows = plan.item_rows.begin();
+    if (!fresh && at->second.second == it[1] &&
+        std::equal(rows + it[3], rows + it[3] + it[4], rows + head[3])) {
       at->second.second = it[2];
     } else {
       at->second = {i, it[2]};
