@@ -692,11 +692,10 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   // wide items, every item is one: an item of several super-tiles without a fold (a row's own
   // tiles, a small group's run) becomes one item a super-tile, the partials it wrote.
   if (config.wide_rows > rows_per_cta) {
-    bool any_wide = false;
-    for (int i = 0; i < plan->num_split() && !any_wide; ++i) {
-      any_wide = plan->split_items[static_cast<size_t>(i) * kItemFields + 4] > rows_per_cta;
+    bool all = false;  // wide_all and some item is wide
+    for (int i = 0; i < plan->num_split() && config.wide_all && !all; ++i) {
+      all = plan->split_items[static_cast<size_t>(i) * kItemFields + 4] > rows_per_cta;
     }
-    const bool all = any_wide && config.wide_all;
     std::vector<int32_t> wide, rest;
     int max_rows = 0;
     for (int i = 0; i < plan->num_split(); ++i) {

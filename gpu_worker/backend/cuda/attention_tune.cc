@@ -1,6 +1,4 @@
 // The prefill attention form chosen at load by timing (attention.h TunePrefillForm).
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -14,28 +12,6 @@
 
 namespace cascade::cuda {
 namespace {
-
-// Two CUDA events, destroyed with the object.
-class EventPair {
- public:
-  EventPair() {
-    ok_ = cudaEventCreate(&ev_[0]) == cudaSuccess && cudaEventCreate(&ev_[1]) == cudaSuccess;
-  }
-  ~EventPair() {
-    for (cudaEvent_t e : ev_) {
-      if (e != nullptr) cudaEventDestroy(e);
-    }
-  }
-  EventPair(const EventPair&) = delete;
-  EventPair& operator=(const EventPair&) = delete;
-  bool ok() const { return ok_; }
-  cudaEvent_t start() const { return ev_[0]; }
-  cudaEvent_t stop() const { return ev_[1]; }
-
- private:
-  cudaEvent_t ev_[2] = {nullptr, nullptr};
-  bool ok_ = false;
-};
 
 template <class T>
 absl::StatusOr<DeviceBuffer> Upload(const std::vector<T>& v) {
@@ -71,6 +47,9 @@ absl::StatusOr<PrefillFormChoice> TunePrefillForm(const HeadShape& shape, int bl
       positions.data(), tokens, query_start.data(), context.data(), table.data(), ids.data(), 1};
   AttentionPlan plan;
   RETURN_IF_ERROR(PlanAttention(config, batch, &plan));
+  if (plan.num_split() != 0 || plan.num_final() == 0) {
+    return absl::InternalError("TunePrefillForm: a cold prompt's plan has split items");
+  }
   // Keys, values and queries of small equal values (bf16 0x3c3c, ~0.0115): the same work as any
   // data (the kernels' time does not depend on the values), no NaN or overflow.
   const size_t cache_bytes = static_cast<size_t>(blocks) * hkv * block_size * d * sizeof(Bf16);
@@ -103,32 +82,25 @@ absl::StatusOr<PrefillFormChoice> TunePrefillForm(const HeadShape& shape, int bl
   view.item_rows = item_rows.as<int32_t>();
   view.partial_base = partial_base.as<int32_t>();
   view.max_final_rows = plan.max_final_rows;
-  if (plan.num_split() != 0 || plan.num_final() == 0) {
-    return absl::InternalError("TunePrefillForm: a cold prompt's plan has split items");
-  }
 
-  EventPair ev;
-  if (!ev.ok()) return absl::InternalError("TunePrefillForm: cudaEventCreate failed");
-  const int saved = internal::PrefillForm();
   // Rounds of kCalls calls per form, the forms alternating so that clock and thermal drift
   // touch both alike; each form's time is its median round.
   constexpr int kForms = 2, kRounds = 7, kCalls = 3;
   std::vector<float> rounds[kForms];
+  StreamTimer timer;
+  auto round = [&](int form, bool keep) -> absl::Status {
+    internal::SetPrefillForm(form);
+    RETURN_IF_ERROR(timer.Start(stream));
+    for (int c = 0; c < kCalls; ++c) RETURN_IF_ERROR(Attention(args, view, stream));
+    RETURN_IF_ERROR(timer.Stop(stream));
+    ASSIGN_OR_RETURN(ms, timer.ElapsedMs());
+    if (keep) rounds[form].push_back(ms * 1e3f / kCalls);
+    return absl::OkStatus();
+  };
+  const int saved = internal::PrefillForm();
   absl::Status status;
   for (int r = -1; r < kRounds && status.ok(); ++r) {  // round -1: warm-up, not kept
-    for (int form = 0; form < kForms && status.ok(); ++form) {
-      internal::SetPrefillForm(form);
-      status = CudaStatus(cudaEventRecord(ev.start(), stream), "cudaEventRecord");
-      for (int c = 0; c < kCalls && status.ok(); ++c) status = Attention(args, view, stream);
-      if (!status.ok()) break;
-      float ms = 0;
-      status = CudaStatus(cudaEventRecord(ev.stop(), stream), "cudaEventRecord");
-      if (status.ok()) status = CudaStatus(cudaEventSynchronize(ev.stop()), "cudaEventSynchronize");
-      if (status.ok()) {
-        status = CudaStatus(cudaEventElapsedTime(&ms, ev.start(), ev.stop()), "cudaEventElapsed");
-      }
-      if (status.ok() && r >= 0) rounds[form].push_back(ms * 1e3f / kCalls);
-    }
+    for (int form = 0; form < kForms && status.ok(); ++form) status = round(form, r >= 0);
   }
   internal::SetPrefillForm(saved);
   RETURN_IF_ERROR(status);

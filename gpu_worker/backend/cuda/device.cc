@@ -21,6 +21,40 @@ absl::Status CudaStatus(int cuda_error, const char* what) {
   return absl::InternalError(msg);
 }
 
+StreamTimer::StreamTimer() {
+  ok_ = cudaEventCreate(&ev_[0]) == cudaSuccess && cudaEventCreate(&ev_[1]) == cudaSuccess;
+}
+
+StreamTimer::~StreamTimer() {
+  for (cudaEvent_t e : ev_) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+}
+
+absl::Status StreamTimer::Start(Stream stream) {
+  if (!ok_) return absl::InternalError("StreamTimer: cudaEventCreate failed");
+  return CudaStatus(cudaEventRecord(ev_[0], stream), "cudaEventRecord");
+}
+
+absl::Status StreamTimer::Stop(Stream stream) {
+  if (!ok_) return absl::InternalError("StreamTimer: cudaEventCreate failed");
+  return CudaStatus(cudaEventRecord(ev_[1], stream), "cudaEventRecord");
+}
+
+absl::StatusOr<float> StreamTimer::ElapsedMs() {
+  if (!ok_) return absl::InternalError("StreamTimer: cudaEventCreate failed");
+  if (absl::Status s = CudaStatus(cudaEventSynchronize(ev_[1]), "cudaEventSynchronize"); !s.ok()) {
+    return s;
+  }
+  float ms = 0;
+  if (absl::Status s =
+          CudaStatus(cudaEventElapsedTime(&ms, ev_[0], ev_[1]), "cudaEventElapsedTime");
+      !s.ok()) {
+    return s;
+  }
+  return ms;
+}
+
 int DeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

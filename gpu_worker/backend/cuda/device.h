@@ -1,5 +1,5 @@
-// Small CUDA-free helpers over the CUDA runtime: an owning device buffer, host<->device copies
-// and the device count, all reporting errors as absl::Status.
+// Small CUDA-free helpers over the CUDA runtime: an owning device buffer, host<->device copies,
+// a stream timer and the device count, all reporting errors as absl::Status.
 #pragma once
 
 #include <cstddef>
@@ -9,6 +9,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gpu_worker/backend/cuda/ops.h"
+
+struct CUevent_st;  // == cudaEvent_t's pointee
 
 namespace cascade::cuda {
 
@@ -50,6 +52,26 @@ absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream stream);
 // Fills `bytes` bytes with `value` (synchronous).
 absl::Status FillBytes(void* dst, int value, size_t bytes);
 absl::Status Synchronize(Stream stream);
+
+// Device time between two points of a stream: two CUDA events, destroyed with the object. Start
+// and Stop record them on `stream`; ElapsedMs waits for the stop and returns the time between
+// them. ok() is false if the events could not be created (every call then fails).
+class StreamTimer {
+ public:
+  StreamTimer();
+  ~StreamTimer();
+  StreamTimer(const StreamTimer&) = delete;
+  StreamTimer& operator=(const StreamTimer&) = delete;
+
+  bool ok() const { return ok_; }
+  absl::Status Start(Stream stream);
+  absl::Status Stop(Stream stream);
+  absl::StatusOr<float> ElapsedMs();
+
+ private:
+  CUevent_st* ev_[2] = {nullptr, nullptr};
+  bool ok_ = false;
+};
 
 // Maps a cudaError_t (as int) to a Status naming `what`; OK for cudaSuccess.
 absl::Status CudaStatus(int cuda_error, const char* what);

@@ -361,27 +361,20 @@ class KernelTimer {
       if (!b.ok()) return;
       *flush = std::move(*b);
     }
-    ok_ = cudaEventCreate(&ev_[0]) == cudaSuccess && cudaEventCreate(&ev_[1]) == cudaSuccess;
-  }
-  ~KernelTimer() {
-    for (cudaEvent_t e : ev_) {
-      if (e != nullptr) cudaEventDestroy(e);
-    }
+    ok_ = timer_.ok();
   }
   bool ok() const { return ok_; }
   template <typename Launch>  // bool launch(): enqueues one run on the stream
   double MinUs(Launch launch) {
     float best_ms = 1e30f;
     for (int r = 0; r < kTuneRuns; ++r) {
-      float ms = 0;
       if (cudaMemsetAsync(flush_.data(), r, flush_.size(), s_) != cudaSuccess ||
-          cudaEventRecord(ev_[0], s_) != cudaSuccess || !launch() ||
-          cudaEventRecord(ev_[1], s_) != cudaSuccess ||
-          cudaEventSynchronize(ev_[1]) != cudaSuccess ||
-          cudaEventElapsedTime(&ms, ev_[0], ev_[1]) != cudaSuccess) {
+          !timer_.Start(s_).ok() || !launch() || !timer_.Stop(s_).ok()) {
         return -1.0;
       }
-      best_ms = std::min(best_ms, ms);
+      const absl::StatusOr<float> ms = timer_.ElapsedMs();
+      if (!ms.ok()) return -1.0;
+      best_ms = std::min(best_ms, *ms);
     }
     return 1000.0 * best_ms;
   }
@@ -389,7 +382,7 @@ class KernelTimer {
  private:
   cudaStream_t s_;
   DeviceBuffer& flush_;
-  cudaEvent_t ev_[2] = {nullptr, nullptr};
+  StreamTimer timer_;
   bool ok_ = false;
 };
 
