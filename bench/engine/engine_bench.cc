@@ -41,7 +41,11 @@
 // bits), "noprefillgemm" (prefill-sized GEMMs on the pinned algorithm instead of the one chosen at
 // load, CudaBackendOptions::gemm_prefill_min_m = 0; the same bits), "prefillgemmN" (that
 // choice from N rows up instead of 1024; the same bits), "super" (the two-level fold order where
-// the device runs it, CudaBackendOptions::attention_super_tiles = 0: other bits than the default).
+// the device runs it, CudaBackendOptions::attention_super_tiles = 0: other bits than the default),
+// "noprefetch" (no L2 prefetch of the weights: CudaBackendOptions::prefetch_weights_max_rows = 0;
+// the same bits), "prefetchall" (prefetched at every decode batch, not only up to 64 rows),
+// "prefetchearly" (a layer's o_proj / gate_up / down_proj weights prefetched during
+// its attention instead of after it), "prefetchctasN" (N CTAs issue each prefetch instead of 16).
 //
 // tree: issue 11's three-level prefix tree through the engine: a system chunk of shared_len
 // tokens, tree_contexts context chunks of tree_context_len tokens below it, tree_queries
@@ -174,9 +178,12 @@ struct Variant {
   // CudaBackendOptions::persistent_decode_min_tiles (the backend sets it process-wide at load);
   // -1 here: its default.
   int ws_min_tiles = -1;
-  bool single_level = false;  // CudaBackendOptions::attention_single_level
-  int prefill_min_m = 1024;   // CudaBackendOptions::gemm_prefill_min_m
-  int super_tiles = 1;        // CudaBackendOptions::attention_super_tiles
+  bool single_level = false;    // CudaBackendOptions::attention_single_level
+  int prefill_min_m = 1024;     // CudaBackendOptions::gemm_prefill_min_m
+  int super_tiles = 1;          // CudaBackendOptions::attention_super_tiles
+  int prefetch_max_rows = 64;   // CudaBackendOptions::prefetch_weights_max_rows
+  int prefetch_ctas = 16;       // CudaBackendOptions::prefetch_weights_ctas
+  bool prefetch_early = false;  // CudaBackendOptions::prefetch_weights_early
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -195,6 +202,13 @@ bool ParseVariant(const std::string& name, Variant* v) {
   // length, or never (form 2: the shared-memory kernel without the merge).
   if (name == "ws") return v->ws_min_tiles = 0, true;
   if (name == "super") return v->super_tiles = 0, true;
+  if (name == "noprefetch") return v->prefetch_max_rows = 0, true;
+  if (name == "prefetchall") return v->prefetch_max_rows = 256, true;  // every decode bucket
+  if (name == "prefetchearly") return v->prefetch_early = true, true;
+  if (absl::StartsWith(name, "prefetchctas")) {
+    return absl::SimpleAtoi(name.substr(12), &v->prefetch_ctas) && v->prefetch_ctas >= 1 &&
+           v->prefetch_ctas <= 1024;
+  }
   if (name == "nows") return v->ws_min_tiles = std::numeric_limits<int>::max(), true;  // never
   if (name == "single") return v->single_level = true, true;
   if (name == "noprefillgemm") return v->prefill_min_m = 0, true;
@@ -527,6 +541,9 @@ struct Bench {
       o.attention_finish_rows = variant.finish_rows;
       o.attention_single_level = variant.single_level;
       o.attention_super_tiles = variant.super_tiles;
+      o.prefetch_weights_max_rows = variant.prefetch_max_rows;
+      o.prefetch_weights_ctas = variant.prefetch_ctas;
+      o.prefetch_weights_early = variant.prefetch_early;
       o.gemm_prefill_min_m = variant.prefill_min_m;
       o.gemm_tune = variant.gemm_tune;
       o.gemm_tune_min_hidden = variant.tune_min_hidden;

@@ -286,8 +286,10 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   go.max_num_tokens = 1024;
   go.max_logits_rows = 64;
   go.cuda_graphs = false;
+  go.prefetch_weights_max_rows = 0;  // the graph backend prefetches weights into L2: same bits
   auto eager_or = NewCudaBackend(*model, go);
   go.cuda_graphs = true;
+  go.prefetch_weights_max_rows = CudaBackendOptions{}.prefetch_weights_max_rows;
   // Without split-K the graphs also run GEMMs tuned at their buckets (gemm.h SetTuneSizes; the
   // eager backend runs the pinned algorithms): the same bits either way.
   go.gemm_tune = SplitK() == 1;

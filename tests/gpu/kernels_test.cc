@@ -414,6 +414,49 @@ TEST(CudaKernels, SplitKGemmRowsAreBitwiseTheSameForEveryM) {
             << "n " << n << " k " << k << " m " << m << " slice " << s;
       }
     }
+    // DecodeGemm's split partials (grid.y = slice) directly, in several CTA shapes, and through a
+    // Gemm whose decode-sized calls choose among the pinned partials, SmallGemm's and DecodeGemm's
+    // (gemm.h set_decode_max_m: only a kernel whose partials were bitwise the pinned ones is used).
+    if (S > 1 && k % (128 * S) == 0) {
+      auto decode =
+          Gemm::Create(/*batch_invariant=*/true, c.reference_m, /*small_m=*/true, c.split_k);
+      ASSERT_TRUE(decode.ok()) << decode.status();
+      (*decode)->set_decode_max_m(64);
+      for (int m : {1, 2, 7, 16, 40, 64}) {
+        const size_t cnt = static_cast<size_t>(m) * n;
+        auto check_partials = [&](const DeviceBuffer& d_p, const std::string& what) {
+          const std::vector<float> p = Download<float>(d_p, S * cnt);
+          for (int s = 0; s < S; ++s) {
+            EXPECT_EQ(0, std::memcmp(p.data() + s * cnt, wantp.data() + s * rows_big, cnt * 4))
+                << what << ": m " << m << " slice " << s;
+          }
+        };
+        for (auto [cols, stages] : {std::pair{8, 4}, std::pair{16, 8}, std::pair{32, 4}}) {
+          DeviceBuffer d_p = Poisoned<float>(S * cnt);
+          const absl::Status st = DecodeGemm(d_x.as<Bf16>(), d_w.as<Bf16>(), m, n, k, d_p.data(),
+                                             /*f32_out=*/true, nullptr, cols, stages, S);
+          if (absl::IsInvalidArgument(st)) continue;  // that CTA shape's stages do not fit
+          ASSERT_TRUE(st.ok()) << st;
+          check_partials(d_p, absl::StrCat("DecodeGemm split cols ", cols, " stages ", stages));
+        }
+        DeviceBuffer d_p = Poisoned<float>(S * cnt);
+        ASSERT_TRUE(
+            (*decode)
+                ->RunPartials(d_x.as<Bf16>(), d_w.as<Bf16>(), m, n, k, d_p.as<float>(), nullptr)
+                .ok());
+        check_partials(d_p, "Gemm with set_decode_max_m(64)");
+        DeviceBuffer d_y = Poisoned<Bf16>(cnt);
+        ASSERT_TRUE(
+            (*decode)
+                ->Run(d_x.as<Bf16>(), d_w.as<Bf16>(), m, n, k, d_y.data(), GemmOut::kBf16, nullptr)
+                .ok());
+        EXPECT_EQ(0, std::memcmp(Download<uint16_t>(d_y, cnt).data(), want.data(), cnt * 2))
+            << "Gemm with set_decode_max_m(64), reduced: m " << m;
+      }
+      EXPECT_EQ((*decode)->small_rejected(), 0) << "a decode kernel's split partials differed";
+      EXPECT_GT((*decode)->small_verified(), 0);
+      for (const std::string& line : (*decode)->decode_log()) std::printf("%s\n", line.c_str());
+    }
     // m <= 2 took the small-m kernel's partials (split shapes, or unsplit ones of n >= 3072:
     // gemm.cc SmallWins), verified bitwise at their first call.
     if (S > 1 || n >= 3072) {
@@ -718,6 +761,46 @@ TEST(CudaKernels, OpsRejectBadShapes) {
   KvCacheView cache{nullptr, nullptr, 1, 16, 1, 64};
   EXPECT_EQ(KvAppend(nullptr, 1, 100, 0, 0, nullptr, cache, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// PrefetchL2 only hints the cache: it must accept every 16-byte multiple (pieces that do not fill
+// its 32 KB step, several regions, more threads than pieces), leave the data as it was, and refuse
+// what the bulk prefetch instruction cannot take.
+TEST(CudaKernels, PrefetchL2RunsOnAnySizeAndRefusesMisalignedRegions) {
+  CASCADE_REQUIRE_GPU();
+  const size_t bytes = (size_t{5} << 20) + 48;
+  std::vector<uint8_t> h(bytes);
+  for (size_t i = 0; i < bytes; ++i) h[i] = static_cast<uint8_t>(i * 131 + 7);
+  auto buf = DeviceBuffer::Allocate(bytes);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  ASSERT_TRUE(CopyToDevice(buf->data(), h.data(), bytes).ok());
+  const auto* p = buf->as<uint8_t>();
+  L2Regions r;
+  r.count = 3;
+  r.data[0] = p;
+  r.bytes[0] = bytes;
+  r.data[1] = p + 4096;
+  r.bytes[1] = 16;
+  r.data[2] = p + 16;
+  r.bytes[2] = 0;  // empty: skipped
+  for (int ctas : {1, 16, 1024}) {
+    ASSERT_TRUE(PrefetchL2(r, ctas, nullptr).ok()) << ctas;
+  }
+  ASSERT_TRUE(Synchronize(nullptr).ok());
+  std::vector<uint8_t> back(bytes);
+  ASSERT_TRUE(CopyToHost(back.data(), buf->data(), bytes).ok());
+  EXPECT_EQ(back, h);
+
+  L2Regions bad = r;
+  bad.data[0] = p + 8;
+  EXPECT_EQ(PrefetchL2(bad, 16, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  bad = r;
+  bad.bytes[1] = 40;
+  EXPECT_EQ(PrefetchL2(bad, 16, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  bad = r;
+  bad.count = kMaxL2Regions + 1;
+  EXPECT_EQ(PrefetchL2(bad, 16, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PrefetchL2(r, 0, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

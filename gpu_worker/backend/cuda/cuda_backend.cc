@@ -188,6 +188,12 @@ class CudaBackend final : public engine::Backend {
     }
     if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
     if (copies_done_ != nullptr) cudaEventDestroy(copies_done_);
+    if (prefetch_stream_ != nullptr) {
+      cudaStreamSynchronize(prefetch_stream_);
+      cudaStreamDestroy(prefetch_stream_);
+    }
+    if (prefetch_fork_ != nullptr) cudaEventDestroy(prefetch_fork_);
+    if (prefetch_join_ != nullptr) cudaEventDestroy(prefetch_join_);
     if (stream_ != nullptr) cudaStreamDestroy(reinterpret_cast<cudaStream_t>(stream_));
   }
 
@@ -375,6 +381,10 @@ class CudaBackend final : public engine::Backend {
   DeviceBuffer kv_parts_, kv_stage_;
   int stage_blocks_ = 0;
   bool copies_pending_ = false;  // copies enqueued that the compute stream has not waited for
+  // L2 prefetches of weights (CudaBackendOptions::prefetch_weights_max_rows): a side stream forked
+  // from stream_ where a prefetch is issued and joined back at the end of EnqueueModel.
+  cudaStream_t prefetch_stream_ = nullptr;
+  cudaEvent_t prefetch_fork_ = nullptr, prefetch_join_ = nullptr;
 };
 
 absl::StatusOr<engine::HostKvMemory> CudaBackend::AllocateHostKv(size_t bytes) {
@@ -460,6 +470,14 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   cudaStream_t s;
   RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream"));
   stream_ = reinterpret_cast<Stream>(s);
+  if (o_.prefetch_weights_max_rows > 0) {
+    RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking),
+                               "prefetch stream"));
+    for (cudaEvent_t* e : {&prefetch_fork_, &prefetch_join_}) {
+      RETURN_IF_ERROR(
+          CudaStatus(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate"));
+    }
+  }
   hq_ = static_cast<int>(c_.num_attention_heads);
   hkv_ = static_cast<int>(c_.num_key_value_heads);
   d_ = static_cast<int>(c_.head_dim);
@@ -860,7 +878,27 @@ absl::Status CudaBackend::EnqueueModel(int n, const StepMeta& m) {
     return AddRmsNorm(res, pending == 1 ? delta_.as<Bf16>() : nullptr, weight.as<Bf16>(), eps, n,
                       hidden_, xm, stream_);
   };
-  for (Layer& l : layers_) {
+  // Weights hinted into L2 on the side stream once stream_ has reached this point (a fork: the
+  // prefetch kernel waits for the work enqueued so far, nothing waits for it until the join).
+  const bool prefetch = prefetch_stream_ != nullptr && n <= o_.prefetch_weights_max_rows;
+  bool forked = false;
+  auto prefetch_l2 = [&](std::initializer_list<const DeviceBuffer*> weights) -> absl::Status {
+    if (!prefetch) return absl::OkStatus();
+    L2Regions r;
+    for (const DeviceBuffer* w : weights) {
+      r.data[r.count] = w->data();
+      r.bytes[r.count++] = w->size() / 16 * 16;
+    }
+    const auto main = reinterpret_cast<cudaStream_t>(stream_);
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(prefetch_fork_, main), "cudaEventRecord"));
+    RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(prefetch_stream_, prefetch_fork_, 0),
+                               "cudaStreamWaitEvent"));
+    forked = true;
+    return PrefetchL2(r, o_.prefetch_weights_ctas, reinterpret_cast<Stream>(prefetch_stream_));
+  };
+  if (!layers_.empty()) RETURN_IF_ERROR(prefetch_l2({&layers_[0].wqkv}));
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    Layer& l = layers_[li];
     RETURN_IF_ERROR(add_norm(l.input_norm));
     RETURN_IF_ERROR(gemm_->Run(x, l.wqkv.as<Bf16>(), n, qkv_cols_, hidden_, qkv_.data(),
                                GemmOut::kBf16, stream_));
@@ -871,6 +909,7 @@ absl::Status CudaBackend::EnqueueModel(int n, const StepMeta& m) {
                                      m.positions, c_.qk_norm() ? l.q_norm.as<Bf16>() : nullptr,
                                      c_.qk_norm() ? l.k_norm.as<Bf16>() : nullptr, eps,
                                      inv_freq_.as<float>(), m.slots, cache, stream_));
+    if (o_.prefetch_weights_early) RETURN_IF_ERROR(prefetch_l2({&l.wo, &l.wgu, &l.wd}));
     AttentionArgs args{qkv_.as<Bf16>(),
                        qkv_cols_,
                        cache,
@@ -882,8 +921,10 @@ absl::Status CudaBackend::EnqueueModel(int n, const StepMeta& m) {
                        1.f / std::sqrt(static_cast<float>(d_)),
                        hq_};
     RETURN_IF_ERROR(Attention(args, m.plan, stream_));
+    if (!o_.prefetch_weights_early) RETURN_IF_ERROR(prefetch_l2({&l.wo, &l.wgu, &l.wd}));
     RETURN_IF_ERROR(narrow(attn_.as<Bf16>(), l.wo.as<Bf16>(), hq_ * d_, o_splits_));
     RETURN_IF_ERROR(add_norm(l.post_norm));
+    if (li + 1 < layers_.size()) RETURN_IF_ERROR(prefetch_l2({&layers_[li + 1].wqkv}));
     int cols = 0, stages = 0;
     if (o_.fuse_silu &&
         gemm_->DecodeGemmFor(n, 2 * inter_, hidden_, GemmOut::kBf16, &cols, &stages) &&
@@ -897,6 +938,13 @@ absl::Status CudaBackend::EnqueueModel(int n, const StepMeta& m) {
       RETURN_IF_ERROR(SiluMul(gu_.as<Bf16>(), n, inter_, act_.as<Bf16>(), stream_));
     }
     RETURN_IF_ERROR(narrow(act_.as<Bf16>(), l.wd.as<Bf16>(), inter_, down_splits_));
+  }
+  if (forked) {  // join: a captured graph must end on one stream, eager work stays ordered
+    RETURN_IF_ERROR(
+        CudaStatus(cudaEventRecord(prefetch_join_, prefetch_stream_), "cudaEventRecord"));
+    RETURN_IF_ERROR(
+        CudaStatus(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(stream_), prefetch_join_, 0),
+                   "cudaStreamWaitEvent"));
   }
   return add_norm(final_norm_);
 }
@@ -1275,7 +1323,8 @@ absl::Status ValidateCudaBackendOptions(const CudaBackendOptions& o) {
   if (o.num_blocks < 0 || o.max_num_tokens <= 0 || o.max_logits_rows <= 0 ||
       o.max_graph_batch < 0 || !(o.kv_cache_fraction > 0 && o.kv_cache_fraction < 1) ||
       o.device < 0 || o.split_k < 0 || o.gemm_reference_m <= 0 || o.decode_gemm_early_chunks < 0 ||
-      o.gemm_tune_min_hidden < 0 || o.gemm_prefill_min_m < 0) {
+      o.gemm_tune_min_hidden < 0 || o.gemm_prefill_min_m < 0 || o.prefetch_weights_max_rows < 0 ||
+      o.prefetch_weights_ctas < 1 || o.prefetch_weights_ctas > 1024) {
     return absl::InvalidArgumentError("cuda backend: bad options");
   }
   if (o.attention_super_tiles != 0 && o.attention_super_tiles != 1 &&

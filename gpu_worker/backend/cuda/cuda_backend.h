@@ -52,7 +52,10 @@ struct CudaBackendOptions {
   // S > 1 = S slices for every GEMM but the LM head whose k allows it (benchmarks). o_proj's and
   // down_proj's partials are summed inside the residual add + RMSNorm that follows them. Off by
   // default: exact on every shape measured, but on an H100 (bench/engine/NOTES.md run 8) the rule
-  // gained 4-7% at batch 1 and lost up to 3% at batch 64-256 (9% at llama-3.2-1b batch 8).
+  // gained 4-7% at batch 1 and lost up to 3% at batch 64-256 (9% at llama-3.2-1b batch 8); with
+  // the partials on DecodeGemm at decode sizes (run 20, H200, qwen3-0.6b) batch 1 is 1.10x faster
+  // but batch 64 1.05x slower and prefill 1.13x slower (its split shapes keep the pinned
+  // strided-batched algorithm: PreparePrefill does not choose for them).
   int split_k = 1;
   // Deterministic mode only: the m at which cuBLASLt's heuristic picks the algorithm pinned for
   // every m of a weight shape (gemm.h). 256 by default; on an H100 those picks run 15-20% behind
@@ -113,6 +116,19 @@ struct CudaBackendOptions {
   // cold prompt of up to 4096 tokens, the faster made the default (process-wide: the last backend
   // created sets it); false: the warp-specialized form without ping-pong.
   bool tune_prefill_attention = true;
+  // Steps of up to this many rows (decode steps; 0: none) hint each layer's weights into the L2
+  // cache ahead of the GEMMs that read them (ops.h PrefetchL2, on a side stream joined at the end
+  // of the model): a layer's o_proj, gate_up and down_proj weights once its attention is done
+  // (with prefetch_weights_early: once its q/k/v are in the KV cache, i.e. during attention), the
+  // next layer's qkv weights after the post-attention norm. Prefetching reads nothing any kernel
+  // writes and writes nothing, so the bits do not change. Measured on an H200 (qwen3-0.6b, engine
+  // NOTES run 20, two calls): batch 64 0.96x the step time without it, batch 1-8 within noise
+  // (those GEMMs are not bound by device memory); at batch 256 and on the nano-vllm workload
+  // (long contexts) 2-4% slower, as was the early point at batch 64-256 (the prefetch competes
+  // with attention's K/V reads): hence up to 64 rows.
+  int prefetch_weights_max_rows = 64;
+  int prefetch_weights_ctas = 16;  // CTAs of one warp issuing each prefetch's bulk copies
+  bool prefetch_weights_early = false;
   int max_graph_batch = 256;  // also capped by max_logits_rows and max_num_tokens
 };
 

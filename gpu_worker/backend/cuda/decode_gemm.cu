@@ -104,7 +104,7 @@ enum Out { kBf16Out = 0, kF32Out = 1, kSiluMul = 2 };
 template <int J, int S, int kOut>
 __global__ void __launch_bounds__(kThreads)
     DecodeGemmKernel(const Bf16* __restrict__ x, const Bf16* __restrict__ w, int m, int n, int k,
-                     void* __restrict__ y, int early) {
+                     int ldk, void* __restrict__ y, int early) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(S >= 3, "a stage loads while one is read and one drains");
   extern __shared__ uint8_t smem_raw[];
@@ -113,6 +113,12 @@ __global__ void __launch_bounds__(kThreads)
   const int xrows = XRows(m), stage_bytes = StageBytes(J, m), xhalf = 128 * xrows;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int f0 = blockIdx.x * 8 * J;
+  // Split-K slice blockIdx.y: k columns [y k, (y + 1) k) of rows ldk apart, its f32 partial
+  // product at y's [m, n] block of the output (one slice: the whole product).
+  x += static_cast<int64_t>(blockIdx.y) * k;
+  w += static_cast<int64_t>(blockIdx.y) * k;
+  if constexpr (kOut == kF32Out)
+    y = static_cast<float*>(y) + static_cast<int64_t>(blockIdx.y) * m * n;
   const int chunks = k / kKc;
   // Piece p (16 bytes, 0..15) of row r of a 128-k chunk: half p / 8, swizzled within its atom.
   auto at = [](int half_bytes, int r, int p) {
@@ -124,7 +130,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t k0 = static_cast<int64_t>(c) * kKc;
     for (int idx = tid; idx < m * 16; idx += kThreads) {  // x: m rows x 16 pieces
       const int r = idx >> 4, p = idx & 15;
-      CpAsync16(st + at(xhalf, r, p), x + static_cast<int64_t>(r) * k + k0 + p * 8);
+      CpAsync16(st + at(xhalf, r, p), x + static_cast<int64_t>(r) * ldk + k0 + p * 8);
     }
   };
   auto issue_w = [&](int c) {
@@ -133,7 +139,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < J; ++i) {  // weights: 8 J rows x 16 pieces
       const int idx = tid + kThreads * i, r = idx >> 4, p = idx & 15;
-      CpAsync16(ws + at(1024 * J, r, p), w + static_cast<int64_t>(f0 + r) * k + k0 + p * 8);
+      CpAsync16(ws + at(1024 * J, r, p), w + static_cast<int64_t>(f0 + r) * ldk + k0 + p * 8);
     }
   };
   // The weights of the first `early` chunks are copied before the wait for the previous kernel
@@ -225,44 +231,45 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int J, int S, int kOut>
-cudaError_t Launch(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,
+cudaError_t Launch(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
                    cudaStream_t stream) {
   const size_t smem = SmemBytes(J, S, m);
   cudaError_t err = cudaFuncSetAttribute(
       DecodeGemmKernel<J, S, kOut>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       static_cast<int>(std::min(SmemBytes(J, S, kMaxM), kMaxSmem)));
   if (err != cudaSuccess) return err;
-  return LaunchKernel(DecodeGemmKernel<J, S, kOut>, dim3(n / (8 * J)), kThreads, smem, stream, x, w,
-                      m, n, k, y, g_early_chunks.load(std::memory_order_relaxed));
+  return LaunchKernel(DecodeGemmKernel<J, S, kOut>, dim3(n / (8 * J), splits), kThreads, smem,
+                      stream, x, w, m, n, k / splits, k, y,
+                      g_early_chunks.load(std::memory_order_relaxed));
 }
 
 template <int J, int kOut>
-cudaError_t LaunchStages(const Bf16* x, const Bf16* w, int m, int n, int k, int stages, void* y,
-                         cudaStream_t stream) {
+cudaError_t LaunchStages(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, int stages,
+                         void* y, cudaStream_t stream) {
   switch (stages) {
     case 4:
-      return Launch<J, 4, kOut>(x, w, m, n, k, y, stream);
+      return Launch<J, 4, kOut>(x, w, m, n, k, splits, y, stream);
     case 8:
-      return Launch<J, 8, kOut>(x, w, m, n, k, y, stream);
+      return Launch<J, 8, kOut>(x, w, m, n, k, splits, y, stream);
     default:
-      return Launch<J, 16, kOut>(x, w, m, n, k, y, stream);
+      return Launch<J, 16, kOut>(x, w, m, n, k, splits, y, stream);
   }
 }
 
 template <int kOut>
-cudaError_t LaunchJ(const Bf16* x, const Bf16* w, int m, int n, int k, int j, int stages, void* y,
-                    cudaStream_t stream) {
+cudaError_t LaunchJ(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, int j,
+                    int stages, void* y, cudaStream_t stream) {
   switch (j) {
     case 1:
       if constexpr (kOut == kSiluMul) {
         return cudaErrorInvalidValue;  // 8 rows: a gate block without its up block
       } else {
-        return LaunchStages<1, kOut>(x, w, m, n, k, stages, y, stream);
+        return LaunchStages<1, kOut>(x, w, m, n, k, splits, stages, y, stream);
       }
     case 2:
-      return LaunchStages<2, kOut>(x, w, m, n, k, stages, y, stream);
+      return LaunchStages<2, kOut>(x, w, m, n, k, splits, stages, y, stream);
     default:
-      return LaunchStages<4, kOut>(x, w, m, n, k, stages, y, stream);
+      return LaunchStages<4, kOut>(x, w, m, n, k, splits, stages, y, stream);
   }
 }
 
@@ -301,11 +308,16 @@ size_t DecodeGemmSmemBytes(int m, DecodeGemmShape shape) {
 }
 
 cudaError_t LaunchDecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,
-                             DecodeGemmOut out, DecodeGemmShape shape, cudaStream_t stream) {
+                             DecodeGemmOut out, DecodeGemmShape shape, cudaStream_t stream,
+                             int splits) {
   if (m == 0) return cudaSuccess;
-  if (shape.j == 0) shape = DecodeGemmPick(m, n, k);
-  if (m < 0 || m > kMaxM || k % kKc != 0 || (shape.j != 1 && shape.j != 2 && shape.j != 4) ||
-      n % (8 * shape.j) != 0 || (shape.stages != 4 && shape.stages != 8 && shape.stages != 16) ||
+  if (shape.j == 0) shape = DecodeGemmPick(m, n, k / std::max(splits, 1));
+  if (splits < 1 || splits > 65535 || (splits > 1 && out != DecodeGemmOut::kF32)) {
+    return cudaErrorInvalidValue;
+  }
+  if (m < 0 || m > kMaxM || k % (kKc * splits) != 0 ||
+      (shape.j != 1 && shape.j != 2 && shape.j != 4) || n % (8 * shape.j) != 0 ||
+      (shape.stages != 4 && shape.stages != 8 && shape.stages != 16) ||
       SmemBytes(shape.j, shape.stages, m) > kMaxSmem) {
     return cudaErrorInvalidValue;
   }
@@ -316,11 +328,11 @@ cudaError_t LaunchDecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, 
   if (!wgmma) return cudaErrorNotSupported;
   switch (out) {
     case DecodeGemmOut::kF32:
-      return LaunchJ<kF32Out>(x, w, m, n, k, shape.j, shape.stages, y, stream);
+      return LaunchJ<kF32Out>(x, w, m, n, k, splits, shape.j, shape.stages, y, stream);
     case DecodeGemmOut::kSiluMul:
-      return LaunchJ<kSiluMul>(x, w, m, n, k, shape.j, shape.stages, y, stream);
+      return LaunchJ<kSiluMul>(x, w, m, n, k, 1, shape.j, shape.stages, y, stream);
     default:
-      return LaunchJ<kBf16Out>(x, w, m, n, k, shape.j, shape.stages, y, stream);
+      return LaunchJ<kBf16Out>(x, w, m, n, k, 1, shape.j, shape.stages, y, stream);
   }
 }
 

@@ -251,16 +251,18 @@ bool Gemm::DecodeGemmFor(int m, int n, int k, GemmOut out, int* cols, int* stage
 absl::Status Gemm::RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
                              GemmOut out, Stream stream) {
   const bool f32 = out == GemmOut::kF32;
-  if (batch_invariant_ && splits == 1 && m <= decode_max_m_ && k % 128 == 0 && n < 65536) {
+  if (batch_invariant_ && m <= decode_max_m_ && k % (128 * splits) == 0 && n < 65536 &&
+      (splits == 1 || f32)) {
     // Decode-sized: the kernel chosen for (n, k, out, bucket of m) at load time (PrepareDecode),
     // or else now, at the bucket's first call outside graph capture (the pinned one in capture).
+    // Split shapes (splits = Splits(n, k), fixed per shape) choose among their partials' kernels.
     auto it = decode_choice_.find(std::make_tuple(n, k, static_cast<int>(out), DecodeBucket(m)));
     if (it == decode_choice_.end()) {
       if (!IsCapturing(stream)) return ChooseDecode(x, m, w, m, n, k, y, out, stream);
     } else if (it->second.kind == 2) {
-      return DecodeGemm(x, w, m, n, k, y, f32, stream, it->second.cols, it->second.stages);
+      return DecodeGemm(x, w, m, n, k, y, f32, stream, it->second.cols, it->second.stages, splits);
     } else if (it->second.kind == 1) {
-      return SmallGemm(x, w, m, n, k, y, f32, stream);
+      return SmallGemm(x, w, m, n, k, y, f32, stream, splits);
     }
     return RunCublas(x, w, m, n, k, splits, y, out, stream);
   }
@@ -423,6 +425,8 @@ absl::Status Gemm::ChooseDecode(const Bf16* x, int x_rows, const Bf16* w, int m,
   const bool f32 = out == GemmOut::kF32;
   const size_t es = f32 ? 4 : 2;
   const auto s = reinterpret_cast<cudaStream_t>(stream);
+  // Split shapes: every kernel writes the f32 partials [splits, rows, n] (RunPartials).
+  const int splits = Splits(n, k);
   DecodeChoice& choice =
       decode_choice_[std::make_tuple(n, k, static_cast<int>(out), DecodeBucket(m))];
   // The pinned algorithm itself is the reference and the baseline: nothing is tuned here (a tuned
@@ -437,8 +441,8 @@ absl::Status Gemm::ChooseDecode(const Bf16* x, int x_rows, const Bf16* w, int m,
   // Bits are compared on all x_rows rows (>= m; the pinned algorithm's rows do not depend on how
   // many there are), times taken at m. y holds x_rows rows of the pinned result on return.
   const int vm = std::max(m, x_rows);
-  RETURN_IF_ERROR(RunCublas(x, w, vm, n, k, 1, y, out, stream));  // the reference bits
-  const size_t bytes = static_cast<size_t>(vm) * n * es;
+  RETURN_IF_ERROR(RunCublas(x, w, vm, n, k, splits, y, out, stream));  // the reference bits
+  const size_t bytes = static_cast<size_t>(splits) * vm * n * es;
   // The choice is an optimization: where its buffers do not fit, the pinned algorithm stays.
   if (choice_out_.size() < bytes) {
     RETURN_IF_ERROR(Synchronize(stream));
@@ -453,31 +457,35 @@ absl::Status Gemm::ChooseDecode(const Bf16* x, int x_rows, const Bf16* w, int m,
   std::vector<uint8_t> ref(bytes), got(bytes);
   RETURN_IF_ERROR(Synchronize(stream));
   RETURN_IF_ERROR(CopyToHost(ref.data(), y, bytes));
-  auto pinned = [&] { return RunCublas(x, w, m, n, k, 1, tmp->data(), out, stream).ok(); };
+  auto pinned = [&] { return RunCublas(x, w, m, n, k, splits, tmp->data(), out, stream).ok(); };
   timer.MinUs(pinned);  // warm-up
   const double pinned_us = timer.MinUs(pinned);
   double best_us = pinned_us;
   DecodeChoice best;
   bool decode_equal = false, decode_differs = false;
   std::vector<DecodeChoice> candidates;
-  if (small_m_ && m <= kSmallM && k % 64 == 0) candidates.push_back({1, 0, 0});
+  if (small_m_ && m <= kSmallM && k % (64 * splits) == 0) candidates.push_back({1, 0, 0});
   for (auto [cols, stages] :
        {std::pair{8, 8}, std::pair{16, 8}, std::pair{32, 8}, std::pair{32, 4}}) {
     if (n % cols == 0) candidates.push_back({2, cols, stages});
   }
   for (const DecodeChoice& c : candidates) {
     auto run = [&](int rows) {
-      return (c.kind == 1
-                  ? SmallGemm(x, w, rows, n, k, tmp->data(), f32, stream)
-                  : DecodeGemm(x, w, rows, n, k, tmp->data(), f32, stream, c.cols, c.stages))
+      return (c.kind == 1 ? SmallGemm(x, w, rows, n, k, tmp->data(), f32, stream, splits)
+                          : DecodeGemm(x, w, rows, n, k, tmp->data(), f32, stream, c.cols, c.stages,
+                                       splits))
           .ok();
     };
     const int cm = c.kind == 1 ? std::min(vm, kSmallM) : std::min(vm, 64);
     if (!run(cm)) continue;  // that CTA shape does not fit, or no wgmma on this GPU
-    const size_t cbytes = static_cast<size_t>(cm) * n * es;
+    const size_t slice = static_cast<size_t>(cm) * n * es;  // one slice's first cm rows
     RETURN_IF_ERROR(Synchronize(stream));
-    RETURN_IF_ERROR(CopyToHost(got.data(), tmp->data(), cbytes));
-    const bool equal = std::memcmp(ref.data(), got.data(), cbytes) == 0;
+    RETURN_IF_ERROR(CopyToHost(got.data(), tmp->data(), splits * slice));
+    bool equal = true;
+    for (int sl = 0; sl < splits; ++sl) {  // slice sl sits sl * rows * n elements in
+      equal = equal &&
+              std::memcmp(ref.data() + sl * (bytes / splits), got.data() + sl * slice, slice) == 0;
+    }
     if (c.kind == 2) (equal ? decode_equal : decode_differs) = true;
     if (!equal) continue;                 // other bits: never used
     timer.MinUs([&] { return run(m); });  // warm-up
@@ -491,7 +499,8 @@ absl::Status Gemm::ChooseDecode(const Bf16* x, int x_rows, const Bf16* w, int m,
   choice = best;
   decode_log_.push_back(absl::StrCat(
       "m=", m, " (bucket ", DecodeBucket(m), ") n=", n, " k=", k, f32 ? " f32" : " bf16",
-      ": pinned ", static_cast<int>(pinned_us * 10) / 10.0, " us, chosen ",
+      splits > 1 ? absl::StrCat(" partials of ", splits, " k slices") : std::string(), ": pinned ",
+      static_cast<int>(pinned_us * 10) / 10.0, " us, chosen ",
       best.kind == 0 ? std::string("pinned")
       : best.kind == 1
           ? std::string("SmallGemm")
@@ -511,14 +520,15 @@ struct PrepareBuffers {
   DeviceBuffer x, y;
 };
 absl::StatusOr<std::optional<PrepareBuffers>> MakePrepareBuffers(int rows, int n, int k,
-                                                                 GemmOut out, uint32_t seed) {
+                                                                 GemmOut out, uint32_t seed,
+                                                                 int splits = 1) {
   std::vector<uint16_t> hx(static_cast<size_t>(rows) * k);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   for (uint16_t& v : hx) v = model::FloatToBf16(normal(rng));
   absl::StatusOr<DeviceBuffer> x = DeviceBuffer::Allocate(hx.size() * 2);
-  absl::StatusOr<DeviceBuffer> y =
-      DeviceBuffer::Allocate(static_cast<size_t>(rows) * n * (out == GemmOut::kF32 ? 4 : 2));
+  absl::StatusOr<DeviceBuffer> y = DeviceBuffer::Allocate(static_cast<size_t>(splits) * rows * n *
+                                                          (out == GemmOut::kF32 ? 4 : 2));
   if (!x.ok() || !y.ok()) return std::nullopt;
   RETURN_IF_ERROR(CopyToDevice(x->data(), hx.data(), hx.size() * 2));
   return PrepareBuffers{std::move(*x), std::move(*y)};
@@ -527,14 +537,14 @@ absl::StatusOr<std::optional<PrepareBuffers>> MakePrepareBuffers(int rows, int n
 }  // namespace
 
 absl::Status Gemm::PrepareDecode(const Bf16* w, int n, int k, GemmOut out, Stream stream) {
-  if (decode_max_m_ == 0 || k % 128 != 0 || n >= 65536 || Splits(n, k) != 1) {
-    return absl::OkStatus();
-  }
+  const int splits = Splits(n, k);
+  if (decode_max_m_ == 0 || k % (128 * splits) != 0 || n >= 65536) return absl::OkStatus();
+  if (splits > 1) out = GemmOut::kF32;  // a split shape's calls are RunPartials' (f32 partials)
   // x: kVerifyRows rows, every candidate compared on all of them; y: the pinned result of all of
   // them (ChooseDecode compares on every row of x). Where these do not fit, the shape keeps its
   // first-call choice (or the pinned algorithm).
   absl::StatusOr<std::optional<PrepareBuffers>> bufs =
-      MakePrepareBuffers(kVerifyRows, n, k, out, static_cast<uint32_t>(n * 131 + k));
+      MakePrepareBuffers(kVerifyRows, n, k, out, static_cast<uint32_t>(n * 131 + k), splits);
   if (!bufs.ok()) return bufs.status();
   if (!bufs->has_value()) return absl::OkStatus();
   DeviceBuffer* x = &(*bufs)->x;

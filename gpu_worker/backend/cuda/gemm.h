@@ -16,9 +16,10 @@
 // only after its first call compared its output bitwise with the pinned algorithm's on the same
 // data (outside graph capture); a shape that differs stays on cuBLASLt (small_rejected()).
 //
-// Decode GEMM: with set_decode_max_m, an unsplit call of up to that many rows (<= 64) runs the
+// Decode GEMM: with set_decode_max_m, a call of up to that many rows (<= 64) runs the
 // kernel chosen for its (n, k, output type, bucket of m: 1, 2, 4, then multiples of 8, the decode
-// graph buckets): the pinned algorithm, SmallGemm, or DecodeGemm (ops.h, decode_gemm.cu: one
+// graph buckets; a split shape's calls are its f32 partials, all slices in one launch): the
+// pinned algorithm, SmallGemm, or DecodeGemm (ops.h, decode_gemm.cu: one
 // warpgroup per 8-32 output features over the whole k loop, the same k16-step chain on wgmma) in
 // one of a few CTA shapes. The choice is made by PrepareDecode when a backend loads its weights
 // (on 64 rows of normal pseudo-random x), or else at the bucket's first call outside graph

@@ -110,6 +110,15 @@ struct KvBlockList {
   int32_t ids[kMaxKvBlocksPerCopy];
 };
 
+// Read-only regions (device pointer, bytes) one PrefetchL2 launch hints into the L2 cache, passed
+// by value as a kernel parameter.
+inline constexpr int kMaxL2Regions = 4;
+struct L2Regions {
+  const void* data[kMaxL2Regions] = {};
+  uint64_t bytes[kMaxL2Regions] = {};
+  int count = 0;
+};
+
 // Per-row sampling parameters on the device (engine::RowSample without the flag).
 using RowSampleParams = engine::SampleSpec;
 

@@ -277,6 +277,25 @@ __global__ void __launch_bounds__(kSiluThreads)
   }
 }
 
+// Pieces of kL2Piece bytes (the last one shorter), numbered across the regions; thread t of the
+// grid takes pieces t, t + threads, ... Each piece is one bulk prefetch: the copy engine of the
+// SM fetches it into L2 without the SM waiting, so the kernel ends as soon as it has issued them.
+constexpr uint64_t kL2Piece = 32u << 10;
+__global__ void PrefetchL2Kernel(L2Regions r) {
+  const uint64_t threads = uint64_t{gridDim.x} * blockDim.x;
+  uint64_t id = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  for (int i = 0; i < r.count; ++i) {
+    const uint64_t pieces = (r.bytes[i] + kL2Piece - 1) / kL2Piece;
+    for (; id < pieces; id += threads) {
+      const char* p = static_cast<const char*>(r.data[i]) + id * kL2Piece;
+      const uint64_t left = r.bytes[i] - id * kL2Piece;
+      const uint32_t size = static_cast<uint32_t>(left < kL2Piece ? left : kL2Piece);
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(size) : "memory");
+    }
+    id -= pieces;  // the same thread's place in the next region's numbering
+  }
+}
+
 __global__ void GatherRowsKernel(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out) {
   WaitForPriorGrids();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -419,6 +438,12 @@ cudaError_t LaunchSiluMul(const Bf16* gu, int n, int inter, Bf16* out, cudaStrea
   if (n == 0) return cudaSuccess;
   const dim3 grid(Blocks(inter / kGateUpBlock, kSiluThreads), std::min(n, 65535));
   return LaunchKernel(SiluMulKernel, grid, kSiluThreads, 0, stream, gu, n, inter, out);
+}
+
+cudaError_t LaunchPrefetchL2(const L2Regions& regions, int ctas, cudaStream_t stream) {
+  if (regions.count == 0) return cudaSuccess;
+  PrefetchL2Kernel<<<ctas, 32, 0, stream>>>(regions);
+  return cudaGetLastError();
 }
 
 cudaError_t LaunchGatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out,

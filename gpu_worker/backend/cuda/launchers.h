@@ -35,6 +35,9 @@ cudaError_t LaunchKvAppend(const Bf16* qkv, int n, int row_stride, int k_offset,
                            const int32_t* slot_mapping, const KvCacheView& cache,
                            cudaStream_t stream);
 cudaError_t LaunchSiluMul(const Bf16* gu, int n, int inter, Bf16* out, cudaStream_t stream);
+// ops.h PrefetchL2: `ctas` CTAs issue bulk L2 prefetches of the regions (a plain launch: it reads
+// nothing any kernel writes, so it neither waits for nor is waited on programmatically).
+cudaError_t LaunchPrefetchL2(const L2Regions& regions, int ctas, cudaStream_t stream);
 cudaError_t LaunchGatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out,
                              cudaStream_t stream);
 cudaError_t LaunchArgmaxRows(const float* logits, int n, int vocab, int32_t* out,
@@ -65,8 +68,12 @@ size_t DecodeGemmSmemBytes(int m, DecodeGemmShape shape);
 // y: bf16 or f32 [m, n]; or kSiluMul: w a gate_up weight in 8-row blocks (swiglu.cuh), y the
 // bf16 SwiGLU activation [m, n / 2] (ops.h DecodeGemmSiluMul; shape.j must be 2 or 4).
 enum class DecodeGemmOut { kBf16 = 0, kF32 = 1, kSiluMul = 2 };
+// splits > 1 (kF32 only): the split-K partial products instead, y: [splits, m, n] f32, slice s =
+// k columns [s k / splits, (s + 1) k / splits) accumulated from zero (REQUIRES k % (128 splits)
+// == 0): what Gemm::RunPartials hands out.
 cudaError_t LaunchDecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y,
-                             DecodeGemmOut out, DecodeGemmShape shape, cudaStream_t stream);
+                             DecodeGemmOut out, DecodeGemmShape shape, cudaStream_t stream,
+                             int splits = 1);
 // y[i] = sum over s in order of partials[s count + i], as bf16 or f32. REQUIRES: count % 4 == 0.
 cudaError_t LaunchSplitReduce(const float* partials, int splits, int64_t count, void* y,
                               bool f32_out, cudaStream_t stream);

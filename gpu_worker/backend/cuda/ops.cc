@@ -130,6 +130,19 @@ absl::Status SiluMul(const Bf16* gu, int n, int inter, Bf16* out, Stream stream)
   return CudaStatus(internal::LaunchSiluMul(gu, n, inter, out, stream), "SiluMul");
 }
 
+absl::Status PrefetchL2(const L2Regions& regions, int ctas, Stream stream) {
+  if (regions.count < 0 || regions.count > kMaxL2Regions) return Bad("PrefetchL2", "bad count");
+  if (ctas < 1 || ctas > 1024) return Bad("PrefetchL2", "ctas must be in [1, 1024]");
+  for (int i = 0; i < regions.count; ++i) {
+    if (regions.bytes[i] == 0) continue;
+    if (regions.data[i] == nullptr) return Bad("PrefetchL2", "null pointer");
+    if (!Aligned16(regions.data[i]) || regions.bytes[i] % 16 != 0) {
+      return Bad("PrefetchL2", "regions must be 16-byte aligned multiples of 16 bytes");
+    }
+  }
+  return CudaStatus(internal::LaunchPrefetchL2(regions, ctas, stream), "PrefetchL2");
+}
+
 absl::Status GatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out,
                         Stream stream) {
   if (n < 0 || d <= 0) return Bad("GatherRows", "bad shape");
@@ -185,9 +198,12 @@ namespace {
 
 absl::Status RunDecodeGemm(const char* op, const Bf16* x, const Bf16* w, int m, int n, int k,
                            void* y, internal::DecodeGemmOut out, Stream stream, int cols_per_cta,
-                           int stages) {
+                           int stages, int splits = 1) {
   const int j = cols_per_cta / 8;
-  if (m < 0 || m > 64 || n <= 0 || k <= 0 || k % 128 || n % 8 || cols_per_cta % 8 ||
+  if (splits < 1 || splits > 64 || (splits > 1 && out != internal::DecodeGemmOut::kF32)) {
+    return Bad(op, absl::StrCat("splits=", splits, ": 1, or up to 64 with f32 partials"));
+  }
+  if (m < 0 || m > 64 || n <= 0 || k <= 0 || k % (128 * splits) || n % 8 || cols_per_cta % 8 ||
       (j != 0 && j != 1 && j != 2 && j != 4) || (j != 0 && n % cols_per_cta) ||
       (stages != 0 && stages != 4 && stages != 8 && stages != 16)) {
     return Bad(op, absl::StrCat("bad shape m=", m, " n=", n, " k=", k,
@@ -197,7 +213,7 @@ absl::Status RunDecodeGemm(const char* op, const Bf16* x, const Bf16* w, int m, 
   if (m > 0 && (!Aligned16(x) || !Aligned16(w) || !Aligned16(y))) {
     return Bad(op, "pointers must be 16-byte aligned");
   }
-  const internal::DecodeGemmShape pick = internal::DecodeGemmPick(m, n, k);
+  const internal::DecodeGemmShape pick = internal::DecodeGemmPick(m, n, k / splits);
   internal::DecodeGemmShape shape;
   shape.j = j != 0 ? j : pick.j;
   shape.stages = stages != 0 ? stages : pick.stages;
@@ -210,7 +226,7 @@ absl::Status RunDecodeGemm(const char* op, const Bf16* x, const Bf16* w, int m, 
     return Bad(op, absl::StrCat(stages, " stages of ", cols_per_cta,
                                 " features do not fit a CTA's shared memory at m=", m));
   }
-  const cudaError_t err = internal::LaunchDecodeGemm(x, w, m, n, k, y, out, shape, stream);
+  const cudaError_t err = internal::LaunchDecodeGemm(x, w, m, n, k, y, out, shape, stream, splits);
   if (err == cudaErrorNotSupported) {
     return absl::UnimplementedError(
         absl::StrCat(op, ": this GPU has no wgmma (sm_90a) machine code"));
@@ -221,10 +237,10 @@ absl::Status RunDecodeGemm(const char* op, const Bf16* x, const Bf16* w, int m, 
 }  // namespace
 
 absl::Status DecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,
-                        Stream stream, int cols_per_cta, int stages) {
+                        Stream stream, int cols_per_cta, int stages, int splits) {
   return RunDecodeGemm("DecodeGemm", x, w, m, n, k, y,
                        f32_out ? internal::DecodeGemmOut::kF32 : internal::DecodeGemmOut::kBf16,
-                       stream, cols_per_cta, stages);
+                       stream, cols_per_cta, stages, splits);
 }
 
 absl::Status DecodeGemmSiluMul(const Bf16* x, const Bf16* w_gate_up, int m, int n, int k, Bf16* act,

@@ -72,6 +72,13 @@ absl::Status KvAppend(const Bf16* qkv, int n, int row_stride, int k_offset, int 
 absl::Status SiluMul(const Bf16* gu, int n, int inter, Bf16* out, Stream stream);
 
 // Copies rows: out[i, :] = in[rows[i], :]. in: [*, d] bf16, rows: [n], out: [n, d] bf16.
+// Hints the L2 cache to fetch `regions` (read-only data a later kernel reads, such as the next
+// GEMM's weights) with bulk prefetches issued by `ctas` CTAs of one warp; returns once they are
+// issued, not fetched. It reads and writes nothing, so it changes no result; meant for a side
+// stream beside the kernels it runs ahead of. REQUIRES: every region 16-byte aligned and a
+// multiple of 16 bytes (InvalidArgument otherwise), count <= kMaxL2Regions, ctas in [1, 1024].
+absl::Status PrefetchL2(const L2Regions& regions, int ctas, Stream stream);
+
 absl::Status GatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out,
                         Stream stream);
 
@@ -89,9 +96,11 @@ absl::Status SmallGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* 
 // accumulation of SmallGemm and of the pinned cuBLASLt kernels; gemm.cc checks the bits per shape
 // before it uses this). cols_per_cta (8, 16 or 32) and stages (4, 8, 16): the CTA shape, 0 for
 // the built-in choice. REQUIRES: k % 128 == 0, n % cols_per_cta == 0, 16-byte aligned x and w.
-// kUnimplemented where the device lacks wgmma (not an sm_90 GPU).
+// kUnimplemented where the device lacks wgmma (not an sm_90 GPU). splits > 1: the split-K partial
+// products instead (as SmallGemm's), y: [splits, m, n] f32 (f32_out must be true), slice s = k
+// columns [s k / splits, (s + 1) k / splits) accumulated from zero; REQUIRES k % (128 splits) == 0.
 absl::Status DecodeGemm(const Bf16* x, const Bf16* w, int m, int n, int k, void* y, bool f32_out,
-                        Stream stream, int cols_per_cta = 0, int stages = 0);
+                        Stream stream, int cols_per_cta = 0, int stages = 0, int splits = 1);
 // DecodeGemm with SiluMul fused into its epilogue: act [m, n / 2] bf16 = SiluMul(x w^T), bitwise
 // what DecodeGemm to bf16 followed by SiluMul gives (the same bf16 rounding of each gate and up
 // value, the same silu expression), without the [m, n] intermediate or the second launch.
