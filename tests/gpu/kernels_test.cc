@@ -521,16 +521,21 @@ TEST(CudaKernels, TunedGemmGivesThePinnedRowsBitwise) {
 
 // Prefill-sized calls on the algorithm PreparePrefill chose give the pinned algorithm's rows
 // bitwise, at the threshold, at sizes that end mid-tile and at the largest prefill chunk; rows
-// below the threshold stay on the pinned algorithm.
-TEST(CudaKernels, PrefillGemmGivesThePinnedRowsBitwise) {
+// below the threshold stay on the pinned algorithm. Also with the split-K rule, whose narrow
+// shapes choose among strided-batched algorithms for their partials.
+class PrefillGemm : public ::testing::TestWithParam<int> {};
+
+TEST_P(PrefillGemm, GivesThePinnedRowsBitwise) {
   CASCADE_REQUIRE_GPU();
   std::mt19937 rng(43);
   const std::vector<std::pair<int, int>> shapes = {
       {4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {3072, 2048}};
   const int min_m = 1024, rows = 8192 + 40;
-  absl::StatusOr<std::unique_ptr<Gemm>> pinned = Gemm::Create(true);
-  absl::StatusOr<std::unique_ptr<Gemm>> chosen = Gemm::Create(true);
+  const int split_k = GetParam();
+  absl::StatusOr<std::unique_ptr<Gemm>> pinned = Gemm::Create(true, 256, true, split_k);
+  absl::StatusOr<std::unique_ptr<Gemm>> chosen = Gemm::Create(true, 256, true, split_k);
   ASSERT_TRUE(pinned.ok() && chosen.ok());
+  if (split_k == 0) EXPECT_GT((*chosen)->Splits(1024, 2048), 1);
   (*chosen)->set_prefill_min_m(min_m);
   for (auto [n, k] : shapes) {
     std::vector<float> x = RandomNormal(static_cast<size_t>(rows) * k, &rng);
@@ -573,6 +578,11 @@ TEST(CudaKernels, PrefillGemmGivesThePinnedRowsBitwise) {
               (*chosen)->prefill_log().size());
   EXPECT_EQ((*chosen)->fallbacks(), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(CudaKernels, PrefillGemm, ::testing::Values(1, 0),
+                         [](const ::testing::TestParamInfo<int>& i) {
+                           return i.param == 1 ? std::string("Unsplit") : std::string("SplitRule");
+                         });
 
 // The fused norm's delta is the bf16 rounding of the slice-order sum: bitwise SplitReduce to bf16
 // followed by AddRmsNorm (residual and output).

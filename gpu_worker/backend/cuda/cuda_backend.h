@@ -54,8 +54,8 @@ struct CudaBackendOptions {
   // default: exact on every shape measured, but on an H100 (bench/engine/NOTES.md run 8) the rule
   // gained 4-7% at batch 1 and lost up to 3% at batch 64-256 (9% at llama-3.2-1b batch 8); with
   // the partials on DecodeGemm at decode sizes (run 20, H200, qwen3-0.6b) batch 1 is 1.10x faster
-  // but batch 64 1.05x slower and prefill 1.13x slower (its split shapes keep the pinned
-  // strided-batched algorithm: PreparePrefill does not choose for them).
+  // but batch 64 1.05x slower and prefill 1.13x slower (its split shapes then kept the pinned
+  // strided-batched algorithm; PreparePrefill now chooses for them too).
   int split_k = 1;
   // Deterministic mode only: the m at which cuBLASLt's heuristic picks the algorithm pinned for
   // every m of a weight shape (gemm.h). 256 by default; on an H100 those picks run 15-20% behind

@@ -643,16 +643,17 @@ absl::Status Gemm::Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void*
 }
 
 absl::Status Gemm::PreparePrefill(const Bf16* w, int n, int k, GemmOut out, Stream stream) {
+  // A split shape's calls are its f32 partials (one strided-batched problem of `splits` slices).
+  const int splits = Splits(n, k);
+  if (splits > 1) out = GemmOut::kF32;
   const auto key = std::make_tuple(n, k, static_cast<int>(out));
-  if (prefill_min_m_ == 0 || n >= 65536 || Splits(n, k) != 1 || prefill_.count(key) > 0) {
-    return absl::OkStatus();
-  }
+  if (prefill_min_m_ == 0 || n >= 65536 || prefill_.count(key) > 0) return absl::OkStatus();
   const int big = std::max(kPrefillTimeM, prefill_min_m_ + 57), odd = prefill_min_m_ + 57;
   const size_t es = out == GemmOut::kF32 ? 4 : 2;
-  const size_t bytes = static_cast<size_t>(big) * n * es;
+  const size_t bytes = static_cast<size_t>(splits) * big * n * es;
   // An optimization: where its buffers do not fit, the pinned algorithm stays.
   absl::StatusOr<std::optional<PrepareBuffers>> bufs =
-      MakePrepareBuffers(big, n, k, out, static_cast<uint32_t>(n * 131 + k + 2));
+      MakePrepareBuffers(big, n, k, out, static_cast<uint32_t>(n * 131 + k + 2), splits);
   if (!bufs.ok()) return bufs.status();
   absl::StatusOr<DeviceBuffer> tmp = DeviceBuffer::Allocate(bytes);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
@@ -662,7 +663,7 @@ absl::Status Gemm::PreparePrefill(const Bf16* w, int n, int k, GemmOut out, Stre
   void* ref = (*bufs)->y.data();
   const int sizes[3] = {big, odd, prefill_min_m_};
   Problem p[3];
-  for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(p[i].Init(sizes[i], n, k, out, 1));
+  for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(p[i].Init(sizes[i], n, k, out, splits));
   const auto handle = static_cast<cublasLtHandle_t>(handle_);
   const float alpha = 1.f, beta = 0.f;
   auto launch = [&](const cublasLtMatmulAlgo_t& algo, int i, void* dst) {
@@ -676,7 +677,7 @@ absl::Status Gemm::PreparePrefill(const Bf16* w, int n, int k, GemmOut out, Stre
   // The outputs at `big` and at `odd` rows, to the host.
   auto outputs = [&](const cublasLtMatmulAlgo_t& algo, void* dst,
                      std::vector<uint8_t>* got) -> absl::StatusOr<bool> {
-    got->resize(bytes + static_cast<size_t>(odd) * n * es);
+    got->resize(bytes + static_cast<size_t>(splits) * odd * n * es);
     if (!launch(algo, 0, dst)) return false;
     RETURN_IF_ERROR(Synchronize(stream));
     RETURN_IF_ERROR(CopyToHost(got->data(), dst, bytes));
@@ -689,7 +690,7 @@ absl::Status Gemm::PreparePrefill(const Bf16* w, int n, int k, GemmOut out, Stre
     return timer.MinUs([&] { return launch(algo, i, tmp->data()); });
   };
   TuneRecord rec{big, n, k, out == GemmOut::kF32};
-  absl::StatusOr<const Algo*> pinned_or = FindAlgo(reference_m_, n, k, out, 1);
+  absl::StatusOr<const Algo*> pinned_or = FindAlgo(reference_m_, n, k, out, splits);
   if (!pinned_or.ok()) return pinned_or.status();
   const cublasLtMatmulAlgo_t pinned = (*pinned_or)->algo;
   rec.pinned_algo = Describe(pinned);
@@ -744,8 +745,8 @@ absl::Status Gemm::RunCublas(const Bf16* x, const Bf16* w, int m, int n, int k, 
       algo = it->second.get();  // nullptr: the pinned one below
     }
   }
-  if (batch_invariant_ && algo == nullptr && splits == 1 && prefill_min_m_ > 0 &&
-      m >= prefill_min_m_) {
+  if (batch_invariant_ && algo == nullptr && prefill_min_m_ > 0 && m >= prefill_min_m_ &&
+      (splits == 1 || out == GemmOut::kF32)) {
     auto it = prefill_.find(std::make_tuple(n, k, static_cast<int>(out)));
     if (it != prefill_.end() && it->second != nullptr) {
       auto [usable, fresh] =

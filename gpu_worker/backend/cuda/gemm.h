@@ -144,8 +144,9 @@ class Gemm {
   // algorithm's at both are timed at kPrefillTimeM and at min_m (weights flushed from L2, fastest
   // of 7), and the fastest is kept if its summed time is >= 5% below the pinned one's and it is
   // no slower at min_m. A row's bits never depend on the choice (the same k16 chain per output:
-  // cuBLASLt's non-split kernels all accumulate so). No-op when off, for split shapes and for
-  // vocabulary-sized outputs.
+  // cuBLASLt's non-split kernels all accumulate so). A split shape (Splits > 1) chooses the same
+  // way among algorithms for its strided-batched f32 partials (each slice one such chain). No-op
+  // when off and for vocabulary-sized outputs.
   absl::Status PreparePrefill(const Bf16* w, int n, int k, GemmOut out, Stream stream);
   static constexpr int kPrefillTimeM = 2048;
   // One record per shape PreparePrefill looked at (m = kPrefillTimeM; times: that m plus min_m).
