@@ -275,6 +275,9 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   narrow.wide_rows = 0;
   AttentionConfig ownsplit = every;  // the items that are not wide on the split kernel after them
   ownsplit.wide_all = false;
+  // The default, with the split kernel waiting for the wide kernel before it runs its items
+  // (internal::SetSplitOverlapsWide(false)), as before they overlapped.
+  AttentionConfig serial = every;
   nofold.lead_tiles = -1;      // every split item writes a partial per tile (before fold items)
   whole.lead_tiles = 1 << 20;  // a decode row's every tile in one fold item
   // Cascade: fold items of 8 / 16 / 32 tiles from tile 0 (a group's leading run of the shared
@@ -297,6 +300,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
            : c == &supercfg ? " super"
            : c == &narrow   ? " narrow"
            : c == &ownsplit ? " ownsplit"
+           : c == &serial   ? " serial"
                             : "";
   };
   // Decode, distinct sequences: without fold items; the default (the plan's split form: where
@@ -373,12 +377,14 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     const auto tables = PrefixTables(ctx, P / g_block, &blocks);
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
     for (const AttentionConfig* c :
-         {&flat, &nofold, &narrow, &ownsplit, &every, &lead8, &lead16, &smem, &supercfg}) {
+         {&flat, &nofold, &narrow, &ownsplit, &serial, &every, &lead8, &lead16, &smem, &supercfg}) {
       if (c == &supercfg && !super) continue;
-      if ((c == &narrow || c == &ownsplit) && every.wide_rows == 0) continue;
+      if ((c == &narrow || c == &ownsplit || c == &serial) && every.wide_rows == 0) continue;
       internal::SetSplitVariant(c == &smem ? 2 : 0);
+      internal::SetSplitOverlapsWide(c != &serial);
       const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
                                       num_blocks, cache, *c, &plan);
+      internal::SetSplitOverlapsWide(true);
       internal::SetSplitVariant(0);
       row("shared P=4096 S=128 B=" + std::to_string(batch) + (c == &flat ? " flat" : " cascade") +
               suffix(c),
@@ -413,13 +419,15 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / next));
     std::printf("\n");
     double every_ms = 0, single_ms = 0, super_ms = 0;
-    for (const AttentionConfig* c : {&flat, &single, &nofold, &narrow, &ownsplit, &every, &lead8,
-                                     &lead16, &lead32, &smem, &supercfg}) {
+    for (const AttentionConfig* c : {&flat, &single, &nofold, &narrow, &ownsplit, &serial, &every,
+                                     &lead8, &lead16, &lead32, &smem, &supercfg}) {
       if (c == &supercfg && !super) continue;
-      if ((c == &narrow || c == &ownsplit) && every.wide_rows == 0) continue;
+      if ((c == &narrow || c == &ownsplit || c == &serial) && every.wide_rows == 0) continue;
       internal::SetSplitVariant(c == &smem ? 2 : 0);
+      internal::SetSplitOverlapsWide(c != &serial);
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
                                       num_blocks, cache, *c, &plan);
+      internal::SetSplitOverlapsWide(true);
       internal::SetSplitVariant(0);
       const std::string name = c == &flat     ? "flat"
                                : c == &single ? "single-level"

@@ -249,6 +249,9 @@ struct TileKernelArgs {
   float scale_log2;
   const int32_t* item_count;  // device [1] or nullptr (see AttentionTileKernel)
   int super_tiles;            // AttentionPlan::super_tiles (G)
+  // Split kernels launched right after the wide cascade kernel: 1, run the items without waiting
+  // for it (ForEachSplitItem); 0, wait for the previous kernel first.
+  int after_wide = 0;
 };
 
 // A final (prefill) item's CTA: a 1-D grid of items x kv heads, the kv head fastest, so CTAs start
@@ -1163,14 +1166,24 @@ __device__ __forceinline__ void SplitRegItem(const TileKernelArgs& k, int item) 
 // CTA runs it.
 // The count is read before the wait for the previous kernel: like every plan array it is copied
 // from the host ahead of the step's first kernel, never written by a kernel.
+// After the wide cascade kernel (k.after_wide), the items run without waiting for it: they read
+// Q and the KV cache, written by the kernels before it (complete once it let this kernel launch:
+// it does so after its own wait), and write partials and rows of their own, none of which it
+// reads or writes; so they overlap its long fold runs on the SMs those leave idle. The wait comes
+// last, so the merge (which waits for this kernel) also finds the wide kernel's partials.
 template <class RunItem>
 __device__ __forceinline__ void ForEachSplitItem(const TileKernelArgs& k, RunItem run) {
   const int count = k.item_count != nullptr ? *k.item_count : static_cast<int>(gridDim.x);
-  WaitForPriorGrids();
+  if (k.after_wide) {
+    LetDependentsLaunch();
+  } else {
+    WaitForPriorGrids();
+  }
   for (int item = blockIdx.x; item < count; item += gridDim.x) {
     if (item != static_cast<int>(blockIdx.x)) __syncthreads();  // the last item's readers are done
     run(item);
   }
+  if (k.after_wide) WaitForPriorGrid();
 }
 
 // grid: (CTAs, num_kv_heads); items as ForEachSplitItem.
@@ -1300,6 +1313,7 @@ int g_wgmma_variant = 0;
 int WgmmaVariant() { return g_wgmma_variant; }
 int g_prefill_form = 0;  // the default form (variant 0): 0 or 1 (TunePrefillForm)
 int g_split_variant = 0;
+bool g_split_overlap_wide = true;
 
 // A tensor map over one layer's K or V cache as rows of 128 bf16 ([num_blocks * kv heads *
 // block_size, 128]), boxes of `piece` rows x 64 columns (one column half of a piece), 128-byte
@@ -1499,6 +1513,8 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
                   ? plan.split_items
                   : plan.split_items + static_cast<int64_t>(plan.num_wide) * kItemFields;
     k.item_count = plan.split_count;
+    // Right after the wide kernel (launched above): overlap it (ForEachSplitItem).
+    k.after_wide = plan.num_wide > 0 && g_split_overlap_wide ? 1 : 0;
     // The plan's form (variant 0; the register form only for head_dim <= 128), or the one a
     // benchmark variant forces (SetSplitVariant).
     auto launch = [&](auto kernel, size_t smem, int threads) {
@@ -1558,6 +1574,7 @@ void SetWgmmaPrefillVariant(int variant) { g_wgmma_variant = variant; }
 int PrefillForm() { return g_prefill_form; }
 void SetPrefillForm(int form) { g_prefill_form = form == 1 ? 1 : 0; }
 void SetSplitVariant(int variant) { g_split_variant = variant; }
+void SetSplitOverlapsWide(bool on) { g_split_overlap_wide = on; }
 void SetDecodeWsCtas(int ctas) { g_decode_ws_ctas = ctas; }
 void SetPrefillWsCtas(int ctas) { g_prefill_ws_ctas = ctas; }
 

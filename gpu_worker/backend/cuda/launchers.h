@@ -98,6 +98,10 @@ void SetPrefillForm(int form);
 // shared-memory form, each tile's K and V copied at the start of its step; 3: the register form
 // (head_dim <= 128; else as 2). Every variant gives the same bits.
 void SetSplitVariant(int variant);
+// Benchmarks only: whether the split kernel launched after the wide cascade kernel runs its items
+// while that kernel still runs (default) or waits for it first, as every other kernel waits for
+// the one before it. The same bits either way.
+void SetSplitOverlapsWide(bool on);
 // Tests only: the grid of split form 3's persistent kernel (DecodeWsKernel); 0 (default): one CTA
 // per SM. A small grid makes each consumer run many items (its rings wrap many times).
 void SetDecodeWsCtas(int ctas);

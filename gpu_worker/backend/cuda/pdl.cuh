@@ -23,6 +23,22 @@ __device__ __forceinline__ void WaitForPriorGrids() {
 #endif
 }
 
+// The two halves of WaitForPriorGrids for a kernel that reads nothing the kernel before it
+// writes (only what kernels before that one wrote, which had completed when that one let this one
+// launch): LetDependentsLaunch first, so the next kernel can be scheduled, and WaitForPriorGrid as
+// the last statement, so this grid completes only after the one before it: a kernel that waits for
+// this one (griddepcontrol.wait) then also waits for that one.
+__device__ __forceinline__ void LetDependentsLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void WaitForPriorGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), with the programmatic serialization attribute.
 template <typename... KArgs, typename... Args>
 cudaError_t LaunchKernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
