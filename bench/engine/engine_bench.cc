@@ -53,7 +53,9 @@
 // system and context chunks cached first). One engine each for cascade off, single-level
 // grouping and every shared tile read once (the default); decode tok/s and ms per step, each
 // step's bytes floor with every shared tile counted once, and whether every request got the same
-// tokens in all three (it must: the same bits).
+// tokens in all three (it must: the same bits). --tree_super=1 (CUDA): a fourth engine, every tile
+// in the two-level fold order (CudaBackendOptions::attention_super_tiles = 0: other bits, so its
+// tokens are not compared).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -128,6 +130,7 @@ struct Flags {
   int tree_contexts = 8;
   int tree_context_len = 1024;
   int tree_queries = 32;  // per context
+  bool tree_super = false;
   std::vector<std::string> sections = {"decode", "prefill", "shared"};
   int64_t num_blocks = 0;
   uint64_t seed = 0;
@@ -293,6 +296,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       int_flag(&f->tree_context_len);
     else if (k == "tree_queries")
       int_flag(&f->tree_queries);
+    else if (k == "tree_super")
+      f->tree_super = v == "1" || v == "true";
     else if (k == "sections")
       f->sections = absl::StrSplit(v, ',', absl::SkipEmpty());
     else if (k == "num_blocks")
@@ -924,15 +929,17 @@ bool TreeSection(Bench& b) {
     const char* name;
     bool cascade;
     bool single_level;
-    PhaseResult result;
-    std::vector<std::vector<int32_t>> tokens;
+    bool super = false;  // the two-level fold order: other bits, tokens not compared
+    PhaseResult result = {};
+    std::vector<std::vector<int32_t>> tokens = {};
   };
-  std::vector<TreeRun> runs = {{"cascade off", false, false, {}, {}},
-                               {"single-level", true, true, {}, {}},
-                               {"every tile", true, false, {}, {}}};
+  std::vector<TreeRun> runs = {
+      {"cascade off", false, false}, {"single-level", true, true}, {"every tile", true, false}};
+  if (f.tree_super) runs.push_back({"every tile, super-tiles", true, false, true});
   for (TreeRun& run : runs) {
     Variant variant;
     variant.single_level = run.single_level;
+    if (run.super) variant.super_tiles = 0;
     auto e = b.MakeEngine(run.cascade, variant);
     RunBatch(b, *e, warm);  // the system and context chunks are cached
     run.result = RunBatch(b, *e, reqs, &run.tokens);
@@ -955,7 +962,7 @@ bool TreeSection(Bench& b) {
   bool same = true;
   for (const TreeRun& run : runs) {
     const PhaseResult& r = run.result;
-    same = same && run.tokens == runs[0].tokens;
+    same = same && (run.super || run.tokens == runs[0].tokens);
     std::printf("| %s | %.0f | %.3f | %s | %s | %.2fx |\n", run.name, r.decode_tokens / r.decode_s,
                 step_ms(r), floor_ms > 0 ? absl::StrFormat("%.3f", floor_ms).c_str() : "-",
                 floor_ms > 0 ? absl::StrFormat("%.2fx", step_ms(r) / floor_ms).c_str() : "-",
