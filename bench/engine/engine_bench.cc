@@ -343,6 +343,7 @@ class TimedBackend : public engine::Backend {
   TimedBackend(std::unique_ptr<engine::Backend> inner, double* forward_s)
       : inner_(std::move(inner)), forward_s_(forward_s) {}
   std::string Name() const override { return inner_->Name(); }
+  std::string KvNumerics() const override { return inner_->KvNumerics(); }
   int64_t NumBlocks() const override { return inner_->NumBlocks(); }
   int BlockSize() const override { return inner_->BlockSize(); }
   int VocabSize() const override { return inner_->VocabSize(); }

@@ -141,7 +141,7 @@ int RunTransport(const Options& o, const std::vector<int>& lengths, worker::Work
     worker::FetchPlan plan;
     plan.address = holder.address();
     plan.model = engine.options().model_name;
-    plan.backend = engine.backend().Name();
+    plan.backend = engine.backend().KvNumerics();
     plan.block_bytes = block_bytes;
     plan.block_size = bs;
     plan.keys = keys;

@@ -97,6 +97,12 @@ class Backend {
 
   // "cpu" or "cuda".
   virtual std::string Name() const = 0;
+  // What fixes the bits of this backend's KV blocks beside the model, the tokens and their
+  // positions: its name and the numerics settings that change them (CUDA: the pinned GEMM
+  // algorithms, split-K, the attention fold order). Two workers may exchange KV blocks (peer
+  // fetch) only when theirs are equal: a block computed under other numerics would make a request
+  // served from it differ from the same request run cold.
+  virtual std::string KvNumerics() const { return Name(); }
   // KV cache capacity in blocks and tokens per block; fixed at construction.
   virtual int64_t NumBlocks() const = 0;
   virtual int BlockSize() const = 0;

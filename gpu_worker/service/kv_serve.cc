@@ -192,12 +192,12 @@ grpc::Status Check(engine::Engine& engine, const cascade::v2::FetchKvRequest& r,
                absl::StrCat("model: this worker serves '", engine.options().model_name, "'"));
   }
   engine::Backend& backend = engine.backend();
-  if (r.backend() != backend.Name() || r.block_bytes() != backend.KvBlockBytes() ||
+  if (r.backend() != backend.KvNumerics() || r.block_bytes() != backend.KvBlockBytes() ||
       r.block_size() != backend.BlockSize() || backend.KvBlockBytes() <= 0) {
     return bad(grpc::StatusCode::FAILED_PRECONDITION,
-               absl::StrCat("KV layout: this worker's blocks are ", backend.Name(), ", ",
+               absl::StrCat("KV layout: this worker's blocks are ", backend.KvNumerics(), ", ",
                             backend.BlockSize(), " tokens, ", backend.KvBlockBytes(),
-                            " bytes; the request's ", r.backend().substr(0, 16), ", ",
+                            " bytes; the request's ", r.backend().substr(0, 64), ", ",
                             r.block_size(), ", ", r.block_bytes()));
   }
   if (r.block_keys_size() == 0 || r.block_keys_size() > kMaxFetchBlocks) {

@@ -309,7 +309,7 @@ std::optional<FetchPlan> WorkerService::PlanFetch(
   FetchPlan plan;
   plan.address = r.peer().address();
   plan.model = engine.options().model_name;
-  plan.backend = backend.Name();
+  plan.backend = backend.KvNumerics();
   plan.block_bytes = block_bytes;
   plan.block_size = bs;
   plan.keys.assign(keys.begin() + first, keys.begin() + last);

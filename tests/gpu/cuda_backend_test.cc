@@ -576,6 +576,41 @@ TEST(CudaBackend, OutOfRangeOptionsAreRefused) {
   }
 }
 
+// KvNumerics names what fixes a KV block's bits: equal for two backends of the same settings,
+// different where the projections' pinned kernels (split-K) or the attention's fold order
+// (super-tiles, where the device runs them) differ, and marked in heuristic mode, so workers
+// exchange blocks only when a block carries the bits the receiver would compute.
+TEST(CudaBackend, KvNumericsNamesWhatFixesTheBits) {
+  CASCADE_REQUIRE_GPU();
+  model::ModelConfig c = model::PresetConfig("tiny");
+  c.head_dim = 128;  // super-tiles run at head_dim 128 (SuperTilesFor)
+  auto model = cpu::testing_util::MakeModel(c, 2);
+  auto numerics = [&](auto change) {
+    CudaBackendOptions o;
+    o.num_blocks = 64;
+    o.block_size = kBs;
+    o.max_num_tokens = 256;
+    o.max_logits_rows = 8;
+    o.tune_prefill_attention = false;
+    change(o);
+    auto b = NewCudaBackend(*model, o);
+    EXPECT_TRUE(b.ok()) << b.status();
+    return b.ok() ? (*b)->KvNumerics() : std::string();
+  };
+  const std::string base = numerics([](CudaBackendOptions&) {});
+  std::printf("KvNumerics: %s\n", base.c_str());
+  EXPECT_EQ(base.rfind("cuda/v", 0), 0u) << base;
+  EXPECT_EQ(base, numerics([](CudaBackendOptions& o) { o.cuda_graphs = false; }));
+  EXPECT_NE(base, numerics([](CudaBackendOptions& o) { o.split_k = 0; }));
+  EXPECT_NE(numerics([](CudaBackendOptions& o) { o.batch_invariant = false; }).find("heuristic"),
+            std::string::npos);
+  absl::StatusOr<int> g = SuperTilesFor(128, kBs);
+  ASSERT_TRUE(g.ok()) << g.status();
+  if (*g > 1) {
+    EXPECT_NE(base, numerics([](CudaBackendOptions& o) { o.attention_super_tiles = 0; }));
+  }
+}
+
 TEST(CudaBackend, RejectsMalformedBatches) {
   CASCADE_REQUIRE_GPU();
   auto model = MakeModel("tiny", 4);

@@ -45,6 +45,7 @@ class PlanCountingBackend : public engine::Backend {
                       Counts* counts)
       : inner_(std::move(inner)), config_(config), counts_(counts) {}
   std::string Name() const override { return inner_->Name(); }
+  std::string KvNumerics() const override { return inner_->KvNumerics(); }
   int64_t NumBlocks() const override { return inner_->NumBlocks(); }
   int BlockSize() const override { return inner_->BlockSize(); }
   int VocabSize() const override { return inner_->VocabSize(); }

@@ -256,6 +256,20 @@ TEST(PeerFetchTest, HolderRefusesAnotherLayoutAndTheGatewaysRole) {
   EXPECT_FALSE(reader->Read(&m));
   const grpc::Status st = reader->Finish();
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  // The same layout computed under other numerics (Backend::KvNumerics) is refused too: its bits
+  // would not be the ones this worker computes cold.
+  {
+    cascade::v2::FetchKvRequest other = req;
+    other.set_backend(s.worker(0).loop().engine().backend().KvNumerics() + "/other");
+    other.set_block_bytes(s.worker(0).loop().engine().backend().KvBlockBytes());
+    other.set_block_size(s.worker(0).loop().engine().backend().BlockSize());
+    grpc::ClientContext octx;
+    auto r2 = stub->FetchKv(&octx, other);
+    EXPECT_FALSE(r2->Read(&m));
+    const grpc::Status st2 = r2->Finish();
+    EXPECT_EQ(st2.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st2.error_message();
+    EXPECT_NE(st2.error_message().find("/other"), std::string::npos) << st2.error_message();
+  }
   // The gateway's role may not pull KV from a worker.
   auto gw = cascade::v2::WorkerService::NewStub(s.WorkerChannel(0, common::Role::kGateway));
   grpc::ClientContext gctx;

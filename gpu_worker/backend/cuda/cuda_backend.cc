@@ -13,6 +13,7 @@
 #include <numbers>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -198,8 +199,10 @@ class CudaBackend final : public engine::Backend {
   }
 
   absl::Status Init(const model::Model& m);
+  absl::StatusOr<std::string> KvNumericsOf();  // see its definition
 
   std::string Name() const override { return "cuda"; }
+  std::string KvNumerics() const override { return kv_numerics_; }
   CudaGraphStats graph_stats() const {
     CudaGraphStats st{graph_captures_, graph_replays_, gemm_->small_verified(),
                       gemm_->small_rejected()};
@@ -350,6 +353,7 @@ class CudaBackend final : public engine::Backend {
   // pinned host staging, the captured graphs by bucket. graph_epoch_ moves whenever a buffer a
   // graph reads or writes is reallocated; graphs of older epochs are re-captured.
   int max_graph_batch_ = 0, split_ctas_ = 0, split_ctas_reg_ = 0, ws_ctas_ = 0, super_tiles_ = 1;
+  std::string kv_numerics_ = "cuda";        // KvNumerics(), set by Init
   int wide_rows_ = 0;                       // AttentionConfig::wide_rows (WideCascadeRows)
   int64_t wide_steps_ = 0;                  // steps whose plan had wide cascade items
   int tuned_kept_ = 0, tuned_dropped_ = 0;  // PickTunedOrPinned's verdicts
@@ -463,6 +467,47 @@ absl::Status CudaBackend::CopyBlocks(std::span<const engine::BlockCopy> copies, 
   RETURN_IF_ERROR(CudaStatus(cudaEventRecord(copies_done_, copy_stream_), "cudaEventRecord"));
   copies_pending_ = true;
   return absl::OkStatus();
+}
+
+// Bumped whenever a change to this backend's kernels changes the bits of KV blocks or logits under
+// unchanged settings, so workers of different builds do not exchange blocks.
+constexpr int kKvNumericsVersion = 1;
+
+// FNV-1a, 64 bits: a stable digest (absl::Hash is not stable across processes).
+uint64_t Fnv1a(std::string_view s) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// "cuda/v1/G1/0123456789abcdef": the numerics version, the fold order's super-tile size, and a
+// digest of what fixes the projections' bits (the device's compute capability, cuBLASLt's
+// version, each shape's pinned algorithm and split count). The attention kernels' bits depend on
+// the fold order only (every kernel form of one order gives the same bits). Heuristic mode
+// ("cuda/v1/heuristic/G1") has no fixed algorithm to digest.
+absl::StatusOr<std::string> CudaBackend::KvNumericsOf() {
+  std::string prefix = absl::StrCat("cuda/v", kKvNumericsVersion, "/",
+                                    o_.batch_invariant ? "" : "heuristic/", "G", super_tiles_);
+  if (!o_.batch_invariant || layers_.empty()) return prefix;
+  int major = 0, minor = 0;
+  RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, o_.device), "device"));
+  RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, o_.device), "device"));
+  std::string what = absl::StrCat("sm ", major, ".", minor);
+  struct Shape {
+    int n, k;
+  };
+  const Shape shapes[] = {
+      {qkv_cols_, hidden_}, {hidden_, hq_ * d_}, {2 * inter_, hidden_}, {hidden_, inter_}};
+  for (const Shape& sh : shapes) {
+    ASSIGN_OR_RETURN(one, gemm_->PinnedNumerics(sh.n, sh.k, GemmOut::kBf16));
+    absl::StrAppend(&what, "; ", one);
+  }
+  return absl::StrCat(prefix, "/", absl::Hex(Fnv1a(what), absl::kZeroPad16));
 }
 
 absl::Status CudaBackend::Init(const model::Model& m) {
@@ -655,6 +700,8 @@ absl::Status CudaBackend::Init(const model::Model& m) {
     }
     gemm_->ReleaseTimingBuffers();  // 64 MB the serving loop does not need
   }
+  ASSIGN_OR_RETURN(numerics, KvNumericsOf());
+  kv_numerics_ = std::move(numerics);
   // Prefill attention's faster form on this device (attention.h TunePrefillForm; the same bits).
   if (o_.tune_prefill_attention) {
     constexpr int kTuneTokens = 4096;

@@ -420,6 +420,17 @@ bool FastestSoFar(Gemm::TuneRecord* rec, const cublasLtMatmulAlgo_t& algo, doubl
 
 }  // namespace
 
+absl::StatusOr<std::string> Gemm::PinnedNumerics(int n, int k, GemmOut out) {
+  if (!batch_invariant_) return std::string();
+  const int splits = Splits(n, k);
+  if (splits > 1) out = GemmOut::kF32;  // a split shape's products are its f32 partials
+  absl::StatusOr<const Algo*> pinned = FindAlgo(reference_m_, n, k, out, splits);
+  if (!pinned.ok()) return pinned.status();
+  return absl::StrCat("cublasLt ", cublasLtGetVersion(), " ", n, "x", k,
+                      out == GemmOut::kF32 ? " f32" : " bf16", " S=", splits, " ",
+                      Describe((*pinned)->algo));
+}
+
 absl::Status Gemm::ChooseDecode(const Bf16* x, int x_rows, const Bf16* w, int m, int n, int k,
                                 void* y, GemmOut out, Stream stream) {
   const bool f32 = out == GemmOut::kF32;

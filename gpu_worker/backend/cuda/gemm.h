@@ -164,6 +164,12 @@ class Gemm {
   // One line per decode-sized (bucket of m, n, k, output): the pinned time and the kernel kept.
   const std::vector<std::string>& decode_log() const { return decode_log_; }
 
+  // What fixes the bits of weights [n, k]'s products with output `out` on this device: cuBLASLt's
+  // version, the shape's split count and the attributes of its pinned algorithm (every kernel
+  // Run may use instead gives that algorithm's bits). Empty in heuristic mode, whose algorithm
+  // changes with m. Errors: as FindAlgo (cuBLASLt has no algorithm for the shape).
+  absl::StatusOr<std::string> PinnedNumerics(int n, int k, GemmOut out);
+
   int64_t fallbacks() const { return fallbacks_; }
   // Shapes verified bitwise and served by SmallGemm or DecodeGemm; shapes that differed.
   int small_verified() const { return small_verified_; }
