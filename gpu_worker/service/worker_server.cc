@@ -286,6 +286,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                   {{"worker_id", id},
                    {"model", eo.model_name},
                    {"backend", w->loop_->engine().backend().Name()},
+                   {"kv_numerics", w->loop_->engine().backend().KvNumerics()},
                    {"kv_blocks", w->loop_->engine().backend().NumBlocks()},
                    {"host_kv_blocks", w->loop_->engine().Stats().host_total_blocks},
                    {"block_size", config.block_size}});
