@@ -927,7 +927,13 @@ absl::Status CudaBackend::EnqueueModel(int n, const StepMeta& m) {
   };
   // Weights hinted into L2 on the side stream once stream_ has reached this point (a fork: the
   // prefetch kernel waits for the work enqueued so far, nothing waits for it until the join).
-  const bool prefetch = prefetch_stream_ != nullptr && n <= o_.prefetch_weights_max_rows;
+  // Decode graphs only: where it was measured, and an eager step would pay two host calls a fork.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const bool capturing =
+      cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream_), &capture) == cudaSuccess &&
+      capture == cudaStreamCaptureStatusActive;
+  const bool prefetch =
+      prefetch_stream_ != nullptr && capturing && n <= o_.prefetch_weights_max_rows;
   bool forked = false;
   auto prefetch_l2 = [&](std::initializer_list<const DeviceBuffer*> weights) -> absl::Status {
     if (!prefetch) return absl::OkStatus();

@@ -116,7 +116,7 @@ struct CudaBackendOptions {
   // cold prompt of up to 4096 tokens, the faster made the default (process-wide: the last backend
   // created sets it); false: the warp-specialized form without ping-pong.
   bool tune_prefill_attention = true;
-  // Steps of up to this many rows (decode steps; 0: none) hint each layer's weights into the L2
+  // Decode graphs of up to this many rows (0: none) hint each layer's weights into the L2
   // cache ahead of the GEMMs that read them (ops.h PrefetchL2, on a side stream joined at the end
   // of the model): a layer's o_proj, gate_up and down_proj weights once its attention is done
   // (with prefetch_weights_early: once its q/k/v are in the KV cache, i.e. during attention), the
