@@ -565,6 +565,9 @@ TEST(CudaBackend, OutOfRangeOptionsAreRefused) {
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.device = -1; }));
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.decode_gemm_early_chunks = -1; }));
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.gemm_tune_min_hidden = -1; }));
+  EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.prefetch_weights_max_rows = -1; }));
+  EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.prefetch_weights_ctas = 0; }));
+  EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.prefetch_weights_ctas = 1025; }));
   // The fold order: 1, kSuperTiles or 0 (automatic); nothing else has kernels.
   for (int g : {-1, 2, 3, 8}) {
     EXPECT_TRUE(refused([g](CudaBackendOptions& o) { o.attention_super_tiles = g; })) << g;

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -200,6 +201,20 @@ class CudaBackend final : public engine::Backend {
 
   absl::Status Init(const model::Model& m);
   absl::StatusOr<std::string> KvNumericsOf();  // see its definition
+  // A layer's four projections (layer 0's weights; every layer has the same shapes): qkv_proj,
+  // o_proj, gate_up, down_proj, each y[m, n] = x[m, k] w^T.
+  struct Projection {
+    const Bf16* w;
+    int n, k;
+    GemmOut out;
+  };
+  std::array<Projection, 4> Projections() const {
+    const Layer& l = layers_[0];
+    return {{{l.wqkv.as<Bf16>(), qkv_cols_, hidden_, GemmOut::kBf16},
+             {l.wo.as<Bf16>(), hidden_, hq_ * d_, GemmOut::kBf16},
+             {l.wgu.as<Bf16>(), 2 * inter_, hidden_, GemmOut::kBf16},
+             {l.wd.as<Bf16>(), hidden_, inter_, GemmOut::kBf16}}};
+  }
 
   std::string Name() const override { return "cuda"; }
   std::string KvNumerics() const override { return kv_numerics_; }
@@ -498,13 +513,8 @@ absl::StatusOr<std::string> CudaBackend::KvNumericsOf() {
   RETURN_IF_ERROR(CudaStatus(
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, o_.device), "device"));
   std::string what = absl::StrCat("sm ", major, ".", minor);
-  struct Shape {
-    int n, k;
-  };
-  const Shape shapes[] = {
-      {qkv_cols_, hidden_}, {hidden_, hq_ * d_}, {2 * inter_, hidden_}, {hidden_, inter_}};
-  for (const Shape& sh : shapes) {
-    ASSIGN_OR_RETURN(one, gemm_->PinnedNumerics(sh.n, sh.k, GemmOut::kBf16));
+  for (const Projection& p : Projections()) {
+    ASSIGN_OR_RETURN(one, gemm_->PinnedNumerics(p.n, p.k, p.out));
     absl::StrAppend(&what, "; ", one);
   }
   return absl::StrCat(prefix, "/", absl::Hex(Fnv1a(what), absl::kZeroPad16));
@@ -673,29 +683,20 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   // The decode-sized GEMM kernels of every bucket chosen now (gemm.h PrepareDecode; the layers
   // share their shapes), so no request pays for the choice's timing runs.
   if (!layers_.empty()) {
-    const Layer& l = layers_[0];
-    struct Shape {
-      const Bf16* w;
-      int n, k;
-      GemmOut out;
-    };
-    const Shape projections[] = {{l.wqkv.as<Bf16>(), qkv_cols_, hidden_, GemmOut::kBf16},
-                                 {l.wo.as<Bf16>(), hidden_, hq_ * d_, GemmOut::kBf16},
-                                 {l.wgu.as<Bf16>(), 2 * inter_, hidden_, GemmOut::kBf16},
-                                 {l.wd.as<Bf16>(), hidden_, inter_, GemmOut::kBf16}};
-    for (const Shape& s : projections) {
+    const std::array<Projection, 4> projections = Projections();
+    for (const Projection& s : projections) {
       RETURN_IF_ERROR(gemm_->PrepareDecode(s.w, s.n, s.k, s.out, stream_));
     }
     // The tuned algorithms of every decode bucket (when tuning is on) found now too, LM head
     // included: the first eager step of each bucket tuned them before, a one-off delay on an
     // early request.
-    for (const Shape& s : projections) {
+    for (const Projection& s : projections) {
       RETURN_IF_ERROR(gemm_->PrepareTune(s.w, s.n, s.k, s.out, stream_));
     }
     RETURN_IF_ERROR(gemm_->PrepareTune(lm_head_, static_cast<int>(c_.vocab_size), hidden_,
                                        GemmOut::kF32, stream_));
     // The prefill chunks' algorithms (gemm.h PreparePrefill), so no request pays for the choice.
-    for (const Shape& s : projections) {
+    for (const Projection& s : projections) {
       RETURN_IF_ERROR(gemm_->PreparePrefill(s.w, s.n, s.k, s.out, stream_));
     }
     gemm_->ReleaseTimingBuffers();  // 64 MB the serving loop does not need
@@ -928,12 +929,8 @@ absl::Status CudaBackend::EnqueueModel(int n, const StepMeta& m) {
   // Weights hinted into L2 on the side stream once stream_ has reached this point (a fork: the
   // prefetch kernel waits for the work enqueued so far, nothing waits for it until the join).
   // Decode graphs only: where it was measured, and an eager step would pay two host calls a fork.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  const bool capturing =
-      cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream_), &capture) == cudaSuccess &&
-      capture == cudaStreamCaptureStatusActive;
   const bool prefetch =
-      prefetch_stream_ != nullptr && capturing && n <= o_.prefetch_weights_max_rows;
+      prefetch_stream_ != nullptr && n <= o_.prefetch_weights_max_rows && IsCapturing(stream_);
   bool forked = false;
   auto prefetch_l2 = [&](std::initializer_list<const DeviceBuffer*> weights) -> absl::Status {
     if (!prefetch) return absl::OkStatus();

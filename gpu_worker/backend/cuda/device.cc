@@ -118,4 +118,10 @@ absl::Status Synchronize(Stream stream) {
   return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
 
+bool IsCapturing(Stream stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &capture) != cudaSuccess ||
+         capture != cudaStreamCaptureStatusNone;
+}
+
 }  // namespace cascade::cuda

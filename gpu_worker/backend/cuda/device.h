@@ -52,6 +52,9 @@ absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Stream stream);
 // Fills `bytes` bytes with `value` (synchronous).
 absl::Status FillBytes(void* dst, int value, size_t bytes);
 absl::Status Synchronize(Stream stream);
+// Whether work enqueued on `stream` is being captured into a CUDA graph (true also when the query
+// fails: first-use work, which must not be captured, is then put off).
+bool IsCapturing(Stream stream);
 
 // Device time between two points of a stream: two CUDA events, destroyed with the object. Start
 // and Stop record them on `stream`; ElapsedMs waits for the stop and returns the time between

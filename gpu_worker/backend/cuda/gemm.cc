@@ -78,13 +78,6 @@ bool Accepts(cublasLtHandle_t handle, const Problem& p, const cublasLtMatmulAlgo
          r.workspaceSize <= kWorkspaceBytes;
 }
 
-// Whether work on `stream` is being captured into a graph (first-use work must not be).
-bool IsCapturing(Stream stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &capture) != cudaSuccess ||
-         capture != cudaStreamCaptureStatusNone;
-}
-
 // Decode-sized m share a kernel choice per bucket (1, 2, 4, then multiples of 8: the decode graph
 // buckets), made at load time (PrepareDecode) or else at the bucket's first call.
 int DecodeBucket(int m) { return m <= 2 ? m : m <= 4 ? 4 : (m + 7) / 8 * 8; }
@@ -139,6 +132,12 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(bool batch_invariant, int ref
 
 Gemm::~Gemm() {
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+int Gemm::SplitsAndOut(int n, int k, GemmOut* out) {
+  const int splits = Splits(n, k);
+  if (splits > 1) *out = GemmOut::kF32;
+  return splits;
 }
 
 int Gemm::Splits(int n, int k) {
@@ -422,8 +421,7 @@ bool FastestSoFar(Gemm::TuneRecord* rec, const cublasLtMatmulAlgo_t& algo, doubl
 
 absl::StatusOr<std::string> Gemm::PinnedNumerics(int n, int k, GemmOut out) {
   if (!batch_invariant_) return std::string();
-  const int splits = Splits(n, k);
-  if (splits > 1) out = GemmOut::kF32;  // a split shape's products are its f32 partials
+  const int splits = SplitsAndOut(n, k, &out);
   absl::StatusOr<const Algo*> pinned = FindAlgo(reference_m_, n, k, out, splits);
   if (!pinned.ok()) return pinned.status();
   return absl::StrCat("cublasLt ", cublasLtGetVersion(), " ", n, "x", k,
@@ -548,9 +546,8 @@ absl::StatusOr<std::optional<PrepareBuffers>> MakePrepareBuffers(int rows, int n
 }  // namespace
 
 absl::Status Gemm::PrepareDecode(const Bf16* w, int n, int k, GemmOut out, Stream stream) {
-  const int splits = Splits(n, k);
+  const int splits = SplitsAndOut(n, k, &out);
   if (decode_max_m_ == 0 || k % (128 * splits) != 0 || n >= 65536) return absl::OkStatus();
-  if (splits > 1) out = GemmOut::kF32;  // a split shape's calls are RunPartials' (f32 partials)
   // x: kVerifyRows rows, every candidate compared on all of them; y: the pinned result of all of
   // them (ChooseDecode compares on every row of x). Where these do not fit, the shape keeps its
   // first-call choice (or the pinned algorithm).
@@ -654,9 +651,7 @@ absl::Status Gemm::Tune(const Bf16* x, const Bf16* w, int m, int n, int k, void*
 }
 
 absl::Status Gemm::PreparePrefill(const Bf16* w, int n, int k, GemmOut out, Stream stream) {
-  // A split shape's calls are its f32 partials (one strided-batched problem of `splits` slices).
-  const int splits = Splits(n, k);
-  if (splits > 1) out = GemmOut::kF32;
+  const int splits = SplitsAndOut(n, k, &out);  // split: one strided-batched problem
   const auto key = std::make_tuple(n, k, static_cast<int>(out));
   if (prefill_min_m_ == 0 || n >= 65536 || prefill_.count(key) > 0) return absl::OkStatus();
   const int big = std::max(kPrefillTimeM, prefill_min_m_ + 57), odd = prefill_min_m_ + 57;

@@ -180,6 +180,9 @@ class Gemm {
   struct Algo;
   Gemm() = default;
   absl::StatusOr<const Algo*> FindAlgo(int m, int n, int k, GemmOut out, int splits);
+  // Splits(n, k), and `out` as the shape's calls produce it: a split shape's calls are its f32
+  // partials (RunPartials, or Run's before the reduction), whatever the final output type.
+  int SplitsAndOut(int n, int k, GemmOut* out);
   // S == 1: y = x w^T in `out`; S > 1: f32 partials [S, m, n] into y. SmallGemm or cuBLASLt.
   absl::Status RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
                          GemmOut out, Stream stream);
