@@ -45,7 +45,9 @@
 // "noprefetch" (no L2 prefetch of the weights: CudaBackendOptions::prefetch_weights_max_rows = 0;
 // the same bits), "prefetchall" (prefetched at every decode batch, not only up to 64 rows),
 // "prefetchearly" (a layer's o_proj / gate_up / down_proj weights prefetched during
-// its attention instead of after it), "prefetchctasN" (N CTAs issue each prefetch instead of 16).
+// its attention instead of after it), "prefetchctasN" (N CTAs issue each prefetch instead of 16),
+// "ownsmem" (a wide cascade step's own tiles on the shared-memory split kernel instead of the
+// persistent decode kernel: attention.h SetOwnTilesOnPersistentDecode(false); the same bits).
 //
 // tree: issue 11's three-level prefix tree through the engine: a system chunk of shared_len
 // tokens, tree_contexts context chunks of tree_context_len tokens below it, tree_queries
@@ -55,7 +57,9 @@
 // step's bytes floor with every shared tile counted once, and whether every request got the same
 // tokens in all three (it must: the same bits). --tree_super=1 (CUDA): a fourth engine, every tile
 // in the two-level fold order (CudaBackendOptions::attention_super_tiles = 0: other bits, so its
-// tokens are not compared).
+// tokens are not compared). --tree_ownsmem=1 (CUDA): an engine with the rows' own tiles on the
+// shared-memory split kernel (variant "ownsmem") instead of the persistent decode kernel (split
+// form 6; the same bits, so its tokens are compared).
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -131,6 +135,7 @@ struct Flags {
   int tree_context_len = 1024;
   int tree_queries = 32;  // per context
   bool tree_super = false;
+  bool tree_ownsmem = false;
   std::vector<std::string> sections = {"decode", "prefill", "shared"};
   int64_t num_blocks = 0;
   uint64_t seed = 0;
@@ -187,6 +192,7 @@ struct Variant {
   int prefetch_max_rows = 64;   // CudaBackendOptions::prefetch_weights_max_rows
   int prefetch_ctas = 16;       // CudaBackendOptions::prefetch_weights_ctas
   bool prefetch_early = false;  // CudaBackendOptions::prefetch_weights_early
+  bool own_tiles_ws = true;     // attention.h SetOwnTilesOnPersistentDecode (process-wide)
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -205,6 +211,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   // length, or never (form 2: the shared-memory kernel without the merge).
   if (name == "ws") return v->ws_min_tiles = 0, true;
   if (name == "super") return v->super_tiles = 0, true;
+  if (name == "ownsmem") return v->own_tiles_ws = false, true;
   if (name == "noprefetch") return v->prefetch_max_rows = 0, true;
   if (name == "prefetchall") return v->prefetch_max_rows = 256, true;  // every decode bucket
   if (name == "prefetchearly") return v->prefetch_early = true, true;
@@ -298,6 +305,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       int_flag(&f->tree_queries);
     else if (k == "tree_super")
       f->tree_super = v == "1" || v == "true";
+    else if (k == "tree_ownsmem")
+      f->tree_ownsmem = v == "1" || v == "true";
     else if (k == "sections")
       f->sections = absl::StrSplit(v, ',', absl::SkipEmpty());
     else if (k == "num_blocks")
@@ -556,6 +565,7 @@ struct Bench {
       o.gemm_tune_max_m = variant.tune_max_m;
       o.programmatic_launch = variant.pdl;
       cuda::internal::SetSplitVariant(variant.split_variant);
+      cuda::SetOwnTilesOnPersistentDecode(variant.own_tiles_ws);
       o.persistent_decode_min_tiles =
           variant.ws_min_tiles >= 0 ? variant.ws_min_tiles : cuda::kDefaultDecodeWsMinTiles;
       const Clock::time_point load_start = Clock::now();
@@ -930,16 +940,21 @@ bool TreeSection(Bench& b) {
     const char* name;
     bool cascade;
     bool single_level;
-    bool super = false;  // the two-level fold order: other bits, tokens not compared
+    bool super = false;     // the two-level fold order: other bits, tokens not compared
+    bool own_smem = false;  // the rows' own tiles on the shared-memory split kernel (ownsmem)
     PhaseResult result = {};
     std::vector<std::vector<int32_t>> tokens = {};
   };
   std::vector<TreeRun> runs = {
       {"cascade off", false, false}, {"single-level", true, true}, {"every tile", true, false}};
+  if (f.tree_ownsmem) {
+    runs.push_back({"every tile, own tiles on the split kernel", true, false, false, true});
+  }
   if (f.tree_super) runs.push_back({"every tile, super-tiles", true, false, true});
   for (TreeRun& run : runs) {
     Variant variant;
     variant.single_level = run.single_level;
+    variant.own_tiles_ws = !run.own_smem;
     if (run.super) variant.super_tiles = 0;
     auto e = b.MakeEngine(run.cascade, variant);
     RunBatch(b, *e, warm);  // the system and context chunks are cached
@@ -969,7 +984,8 @@ bool TreeSection(Bench& b) {
                 floor_ms > 0 ? absl::StrFormat("%.2fx", step_ms(r) / floor_ms).c_str() : "-",
                 step_ms(runs[0].result) / step_ms(r));
   }
-  std::printf("(every request's tokens equal in the three runs: %s)\n", same ? "yes" : "NO");
+  std::printf("(every request's tokens equal in the runs of the default order: %s)\n",
+              same ? "yes" : "NO");
   std::fflush(stdout);
   return same;
 }

@@ -7,6 +7,8 @@
 //   profiler)]
 //   [--shared=B (only the shared-prefix rows of batch B, 16 or 64)]
 //   [--prefill=N (only the prefill rows of N tokens: 512, 2048, 4096, 8192; for a profiler)]
+//   [--super=G (the " super" rows' super-tile size, where the device runs super-tiles; default
+//   SuperTilesFor's)] [--wide-ctas=N (the cascade rows' wide kernel on N CTAs; default one per SM)]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -206,6 +208,8 @@ int g_only_batch = 0, g_only_ctx = 0;  // --decode=B,CTX
 int g_prefill_n = 0;                   // --prefill=N: only the prefill rows of N tokens
 constexpr int kPrefillNs[] = {512, 2048, 4096, 8192};  // the prefill rows' lengths
 int g_shared_batch = 0;                                // --shared=B
+int g_super = 0;      // --super=G: the " super" rows' super-tile size (0: SuperTilesFor's)
+int g_wide_ctas = 0;  // --wide-ctas=N: the wide cascade kernel's CTAs (0: one per SM)
 
 int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto name = DeviceName(0);
@@ -267,7 +271,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto super_tiles = SuperTilesFor(kD, g_block);
   CHECK_OK(super_tiles.status());
   AttentionConfig supercfg = every;
-  supercfg.super_tiles = *super_tiles;
+  supercfg.super_tiles = *super_tiles > 1 && g_super > 0 ? g_super : *super_tiles;
   const bool super = supercfg.super_tiles > 1;
   if (super) std::printf("rows tagged super: super-tiles of %d tiles\n\n", supercfg.super_tiles);
   AttentionConfig nofold = every, whole = every, single = every, flat = every;
@@ -278,6 +282,10 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   // The default, with the split kernel waiting for the wide kernel before it runs its items
   // (internal::SetSplitOverlapsWide(false)), as before they overlapped.
   AttentionConfig serial = every;
+  // The rows' own tiles (after the wide items) on the shared-memory split kernel, a CTA an item
+  // (SetOwnTilesOnPersistentDecode(false)), as before split form 6; in both orders.
+  AttentionConfig ownsmem = every;
+  AttentionConfig superownsmem = supercfg;
   nofold.lead_tiles = -1;      // every split item writes a partial per tile (before fold items)
   whole.lead_tiles = 1 << 20;  // a decode row's every tile in one fold item
   // Cascade: fold items of 8 / 16 / 32 tiles from tile 0 (a group's leading run of the shared
@@ -291,17 +299,19 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   single.grouping = CascadeGrouping::kLeadingTiles;
   flat.cascade = false;
   auto suffix = [&](const AttentionConfig* c) -> std::string {
-    return c == &nofold     ? " nofold"
-           : c == &whole    ? " whole"
-           : c == &lead8    ? " lead8"
-           : c == &lead16   ? " lead16"
-           : c == &lead32   ? " lead32"
-           : c == &smem     ? " smem"
-           : c == &supercfg ? " super"
-           : c == &narrow   ? " narrow"
-           : c == &ownsplit ? " ownsplit"
-           : c == &serial   ? " serial"
-                            : "";
+    return c == &nofold         ? " nofold"
+           : c == &whole        ? " whole"
+           : c == &lead8        ? " lead8"
+           : c == &lead16       ? " lead16"
+           : c == &lead32       ? " lead32"
+           : c == &smem         ? " smem"
+           : c == &supercfg     ? " super"
+           : c == &narrow       ? " narrow"
+           : c == &ownsplit     ? " ownsplit"
+           : c == &serial       ? " serial"
+           : c == &ownsmem      ? " ownsmem"
+           : c == &superownsmem ? " super ownsmem"
+                                : "";
   };
   // Decode, distinct sequences: without fold items; the default (the plan's split form: where
   // every item is a whole row of DecodeWsMinTiles() tiles or more on average, form 3, the
@@ -368,6 +378,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   if (g_only_batch > 0) return 0;
   // Shared prefix: B requests, prefix P shared, own suffix S. Floor counts the prefix once.
   std::printf("\n");
+  internal::SetPrefillWsCtas(g_wide_ctas);  // the cascade rows' wide kernel (--wide-ctas)
   for (int batch : {16, 64}) {
     if ((cascade_only && batch != 64) || prefill_only) continue;
     if (g_shared_batch > 0 && batch != g_shared_batch) continue;
@@ -376,15 +387,20 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     int64_t blocks = 0;
     const auto tables = PrefixTables(ctx, P / g_block, &blocks);
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
-    for (const AttentionConfig* c :
-         {&flat, &nofold, &narrow, &ownsplit, &serial, &every, &lead8, &lead16, &smem, &supercfg}) {
-      if (c == &supercfg && !super) continue;
-      if ((c == &narrow || c == &ownsplit || c == &serial) && every.wide_rows == 0) continue;
+    for (const AttentionConfig* c : {&flat, &nofold, &narrow, &ownsplit, &serial, &ownsmem, &every,
+                                     &lead8, &lead16, &smem, &supercfg, &superownsmem}) {
+      if ((c == &supercfg || c == &superownsmem) && !super) continue;
+      if ((c == &narrow || c == &ownsplit || c == &serial || c == &ownsmem || c == &superownsmem) &&
+          every.wide_rows == 0) {
+        continue;
+      }
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       internal::SetSplitOverlapsWide(c != &serial);
+      SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
       const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
                                       num_blocks, cache, *c, &plan);
       internal::SetSplitOverlapsWide(true);
+      SetOwnTilesOnPersistentDecode(true);
       internal::SetSplitVariant(0);
       row("shared P=4096 S=128 B=" + std::to_string(batch) + (c == &flat ? " flat" : " cascade") +
               suffix(c),
@@ -419,15 +435,21 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / next));
     std::printf("\n");
     double every_ms = 0, single_ms = 0, super_ms = 0;
-    for (const AttentionConfig* c : {&flat, &single, &nofold, &narrow, &ownsplit, &serial, &every,
-                                     &lead8, &lead16, &lead32, &smem, &supercfg}) {
-      if (c == &supercfg && !super) continue;
-      if ((c == &narrow || c == &ownsplit || c == &serial) && every.wide_rows == 0) continue;
+    for (const AttentionConfig* c :
+         {&flat, &single, &nofold, &narrow, &ownsplit, &serial, &ownsmem, &every, &lead8, &lead16,
+          &lead32, &smem, &supercfg, &superownsmem}) {
+      if ((c == &supercfg || c == &superownsmem) && !super) continue;
+      if ((c == &narrow || c == &ownsplit || c == &serial || c == &ownsmem || c == &superownsmem) &&
+          every.wide_rows == 0) {
+        continue;
+      }
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       internal::SetSplitOverlapsWide(c != &serial);
+      SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
                                       num_blocks, cache, *c, &plan);
       internal::SetSplitOverlapsWide(true);
+      SetOwnTilesOnPersistentDecode(true);
       internal::SetSplitVariant(0);
       const std::string name = c == &flat     ? "flat"
                                : c == &single ? "single-level"
@@ -451,6 +473,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   }
   // Prefill: one sequence of N tokens from position 0 (causal), TFLOP/s, on the mma.sync kernel
   // and (Hopper) the wgmma kernels; all give the same bits (cuda_attention_test).
+  internal::SetPrefillWsCtas(0);
   if (cascade_only) return 0;
   absl::StatusOr<bool> wgmma = WgmmaPrefillAvailable();
   CHECK_OK(wgmma.status());
@@ -524,6 +547,18 @@ int main(int argc, char** argv) {
       cascade::cuda::g_shared_batch = std::atoi(arg.c_str() + 9);
       if (cascade::cuda::g_shared_batch != 16 && cascade::cuda::g_shared_batch != 64) {
         std::fprintf(stderr, "--shared=B: B is 16 or 64\n");
+        return 2;
+      }
+    } else if (arg.rfind("--super=", 0) == 0) {
+      cascade::cuda::g_super = std::atoi(arg.c_str() + 8);
+      if (cascade::cuda::g_super < 2 || cascade::cuda::g_super > 64) {
+        std::fprintf(stderr, "--super=G: G in [2, 64]\n");
+        return 2;
+      }
+    } else if (arg.rfind("--wide-ctas=", 0) == 0) {
+      cascade::cuda::g_wide_ctas = std::atoi(arg.c_str() + 12);
+      if (cascade::cuda::g_wide_ctas < 1) {
+        std::fprintf(stderr, "--wide-ctas=N: N >= 1\n");
         return 2;
       }
     } else if (arg.rfind("--prefill=", 0) == 0) {

@@ -5,7 +5,8 @@
 # only the kernel duration collected, and prints per configuration the median duration of each
 # kernel of a call (split or persistent decode kernel, merge) beside the bench's own per-call time
 # (host launch work included). CASES: bench flags (default "--shared=64"; a decode case, e.g.
-# --decode=64,1024, runs 226 calls a configuration: 3 + 200 back to back, then 3 + 20).
+# --decode=64,1024, runs 226 calls a configuration: 3 + 200 back to back, then 3 + 20; flags of one
+# case joined by "+", e.g. "--cascade-only+--super=16").
 # NCU_FLAGS: more ncu flags, e.g. "--cache-control none --clock-control none" (partials then stay
 # in L2 between the kernels, as in the bench; by default ncu flushes caches and locks base
 # clocks). Logs under $OUT.
@@ -19,8 +20,9 @@ bash scripts/device_build.sh cuda_attention_bench >"$OUT/build.log" 2>&1 || { ta
 echo "build: $(( $(date +%s) - t0 )) s"
 for c in ${CASES:---shared=64}; do
   name=$(tr -c 'a-z0-9' '_' <<<"$c")
+  read -ra flags <<<"${c//+/ }"
   timeout 400 ncu ${NCU_FLAGS:-} --metrics gpu__time_duration.sum --csv --print-units base \
-    build-gpu/bench/cuda_attention_bench "$c" >"$OUT/ncu_$name.csv" 2>"$OUT/ncu_$name.err" ||
+    build-gpu/bench/cuda_attention_bench "${flags[@]}" >"$OUT/ncu_$name.csv" 2>"$OUT/ncu_$name.err" ||
     { echo "ncu $c rc=$?"; tail -5 "$OUT/ncu_$name.err"; }
   grep -E "^(shared|tree|decode)" "$OUT/ncu_$name.csv" | head -20
   per=23

@@ -969,8 +969,9 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
   const AttentionPlan p = Plan(cfg, small);
   EXPECT_EQ(p.num_wide, 0) << "the system's 16 rows fit one split CTA";
   // The split kernel's form: the register form while it reads shared tiles (no wide items, or
-  // groups that fit a split CTA beside wide ones), the shared-memory form where wide items took
-  // every shared tile and it runs the rows' own tiles alone.
+  // groups that fit a split CTA beside wide ones), the persistent decode kernel where wide items
+  // took every shared tile and it runs the rows' own tiles alone (at head_dim 128, <= 8 q-rows a
+  // row; else, or with OwnTilesOnPersistentDecode off, the shared-memory form).
   EXPECT_EQ(SplitForm(p, 128, 2), 1) << "shared tiles on the split kernel";
   EXPECT_EQ(SplitForm(Plan(kQwen3, tree), 128, 2), 1) << "no wide items";
   const Batch mixed_batch = MakeBatch(Tree(2048, 1024, 4, 8, 16, QueryLens(32, 2)));
@@ -978,7 +979,13 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
   const AttentionPlan mixed = Plan(ws, mixed_batch);
   ASSERT_GT(mixed.num_wide, 0) << "the system's 32 rows";
   EXPECT_EQ(SplitForm(mixed, 128, 2), 1) << "contexts of 8 rows on the split kernel";
-  EXPECT_EQ(SplitForm(Plan(ws, tree), 128, 2), 0) << "every shared tile on wide items";
+  const AttentionPlan own = Plan(ws, tree);
+  EXPECT_EQ(SplitForm(own, 128, 2), 6) << "every shared tile on wide items";
+  EXPECT_EQ(SplitForm(own, 128, 16), 0) << "rows of 16 q-rows";
+  EXPECT_EQ(SplitForm(own, 64, 2), 0) << "head_dim 64";
+  SetOwnTilesOnPersistentDecode(false);
+  EXPECT_EQ(SplitForm(own, 128, 2), 0) << "own tiles on the shared-memory form";
+  SetOwnTilesOnPersistentDecode(true);
   // With wide_all the wgmma kernel runs the contexts and the own tiles too, one
   // (super-)tile an item but for the fold runs; the plan reads and merges the same partials.
   ws.wide_all = true;

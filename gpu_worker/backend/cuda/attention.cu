@@ -1406,7 +1406,7 @@ cudaError_t LaunchPersistentWs(Kernel kernel, const TileKernelArgs& k, int items
 // work items. *launched: false where the device has no sm_90a code or the blocks no 16-token
 // pieces (the shared-memory form runs the same items then). REQUIRES: plan.ws_work (Attention
 // checks it).
-cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& plan,
+cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& plan, int items,
                            cudaStream_t stream, bool* launched) {
   const KvCacheView& cache = k.a.cache;
   *launched = false;
@@ -1426,13 +1426,14 @@ cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& pla
   }
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDwSmemBytes);
   if (err != cudaSuccess) return err;
-  // plan.num_split: the items, or with split_count the form-0 grid (which bounds them).
-  const int64_t works = static_cast<int64_t>(plan.num_split) * cache.num_kv_heads;
+  // items: the split items after any wide ones, or with split_count the form-0 grid (which bounds
+  // them).
+  const int64_t works = static_cast<int64_t>(items) * cache.num_kv_heads;
   const int ctas = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>(g_decode_ws_ctas > 0 ? g_decode_ws_ctas : sms, (works + 1) / 2)));
   *launched = true;
-  return LaunchKernel(kernel, dim3(ctas), kWsThreads, kDwSmemBytes, stream, k, plan.num_split,
-                      plan.ws_work, tk, tv);
+  return LaunchKernel(kernel, dim3(ctas), kWsThreads, kDwSmemBytes, stream, k, items, plan.ws_work,
+                      tk, tv);
 }
 
 template <int E>
@@ -1530,8 +1531,8 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     // runs them (a benchmark's forced form would write partials past the rows' slots).
     if (super && plan.split_form == 3 && g_split_variant != 0) return cudaErrorNotSupported;
     if constexpr (D == kWgD) {
-      if (g_split_variant == 0 && plan.split_form == 3) {
-        err = LaunchDecodeWs(k, plan, stream, &launched);
+      if (g_split_variant == 0 && (plan.split_form == 3 || plan.split_form == 6)) {
+        err = LaunchDecodeWs(k, plan, num_split, stream, &launched);
       }
       if (err != cudaSuccess) return err;
     }
@@ -1560,7 +1561,7 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     if (err != cudaSuccess) return err;
   }
   // Forms 2 and 3: every split row was finished by its item (kFoldFinish): nothing to merge.
-  if (plan.num_merge > 0 && plan.split_form < 2) {
+  if (plan.num_merge > 0 && (plan.split_form < 2 || plan.split_form == 6)) {
     const int warps = plan.num_merge * args.num_q_heads;
     return LaunchKernel(MergeKernel<E>, (warps + kWarps - 1) / kWarps, kThreads, 0, stream, args,
                         plan.merge_list, plan.num_merge);

@@ -183,6 +183,10 @@ inline constexpr int kDefaultDecodeWsMinTiles = kDefaultPersistentDecodeMinTiles
 // never).
 int DecodeWsMinTiles();
 void SetDecodeWsMinTiles(int tiles);
+// Split form 6 (the rows' own tiles of a wide cascade step on the persistent decode kernel): on by
+// default; benchmarks compare it with the shared-memory form (false: form 0). Process-wide.
+bool OwnTilesOnPersistentDecode();
+void SetOwnTilesOnPersistentDecode(bool on);
 
 // The split kernel form for a plan (AttentionPlanView::split_form):
 //  1: the register form, where a split item reads a tile once for several rows (measured faster
@@ -196,6 +200,12 @@ void SetDecodeWsMinTiles(int tiles);
 //     <= 8) at head_dim 128, DecodeWsMinTiles() tiles or more on average or a one-round plan
 //     (AttentionPlan::one_round): the persistent warp-specialized decode kernel on Hopper (the
 //     shared-memory form elsewhere), no merge;
+//  6: wide cascade items took every shared tile and each split item after them is one row's (its
+//     own tiles, or a row that shares nothing), at head_dim 128 with at most 8 q-rows a row: the
+//     persistent decode kernel runs them (the shared-memory form elsewhere), writing the split
+//     kernel's partials (one per tile, or super-tile) where an item does not finish its rows,
+//     then the merge (OwnTilesOnPersistentDecode; measured faster than the shared-memory form's
+//     CTA per item: bench/kernels/RESULTS.md);
 //  0: else, the shared-memory form (faster on distinct rows: more warps and loads in flight).
 inline int SplitForm(const AttentionPlan& plan, int head_dim, int group) {
   if (head_dim <= 128 && plan.cascade_shared_tiles > 0) {
@@ -203,6 +213,7 @@ inline int SplitForm(const AttentionPlan& plan, int head_dim, int group) {
       if (plan.split_items[static_cast<size_t>(i) * kItemFields + 4] > 1) return 1;
     }
     if (plan.num_wide == 0) return 1;
+    if (head_dim == 128 && group <= 8 && OwnTilesOnPersistentDecode()) return 6;
   }
   if (plan.num_split() == 0) return 0;
   bool single_rows = true, multi_super = false;

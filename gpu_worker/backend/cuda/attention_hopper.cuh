@@ -1050,6 +1050,7 @@ constexpr size_t kDwSmemBytes = 1024 + 2 * (kDwItemBufs * kDwQBytes + 2 * kDwSta
 struct DwItem {
   int work;  // the (item, kv head) work (item * kv heads + kv head); -1: no more (the walk ends)
   int table_offset, tile_begin, ntiles, kv_len, nq;
+  int fold;                // item field 6 (kFoldNone / kFoldPartial / kFoldFinish)
   int pos[kDwQRows];       // q-row positions, -1 past nq
   int row[kDwQRows];       // q-row qi's token row (output row)
   int first_row[kT / 16];  // lane p's WsPieceRow of tile 0
@@ -1074,7 +1075,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   static_assert(kT / kPiece <= kT / 16, "first_row holds a tile's pieces");
   // The count is read before the wait for the previous kernel (as in ForEachSplitItem).
   const int count = k.item_count != nullptr ? *k.item_count : items;
-  WaitForPriorGrids();
+  // After the wide cascade kernel (k.after_wide): as ForEachSplitItem, run without waiting for it
+  // (the items read Q and the KV cache, complete once it let this kernel launch, and write
+  // partials and rows it does not touch); wait for it last, for the merge.
+  if (k.after_wide) {
+    LetDependentsLaunch();
+  } else {
+    WaitForPriorGrids();
+  }
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ DwShared sh;
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -1209,6 +1217,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           d.ntiles = ntiles;
           d.kv_len = kv_len;
           d.nq = nq;
+          d.fold = it[6];
         }
         CpAsyncWait<0>();
         FenceProxyAsync();  // the Q rows are read by wgmma (the async proxy)
@@ -1245,8 +1254,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // ranks 2 and 3 put the two consumers' row warps on different schedulers, beside the item
     // warps (warps 2, 3) rather than the load warps (0, 1).
     const bool row_warp = cw == 2 + c;
+    const int unit = kSuper ? k.super_tiles : 1;  // tiles per partial slot
     walk_items(c, [&](const DwItem& d, int w, int n, int b, int ntiles) {
-      const int tile_begin = d.tile_begin, nq = d.nq;
+      const int tile_begin = d.tile_begin, nq = d.nq, fold = d.fold;
       const int pos[2] = {row_warp ? d.pos[lane >> 2] : -1, -1};  // -1 past nq
       int lo = INT_MAX, hi = -1;
       for (int r = 0; r < nq; ++r) {
@@ -1254,25 +1264,55 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         hi = max(hi, d.pos[r]);
       }
       const int row = d.row[lane >> 2];
-      float o[64], l[2];
-      if constexpr (kSuper) {
-        WsSuperTiles<false, kDwStages, kDwQRows, true>(ring, n, smem_addr + q_offset(c, b), 0,
-                                                       tile_begin, ntiles, lo, hi, pos, c, lane,
-                                                       k.scale_log2, k.super_tiles, o, l, row_warp);
-      } else {
-        WsFoldTiles<false, kDwStages, kDwQRows, true>(ring, n, smem_addr + q_offset(c, b), 0,
-                                                      tile_begin, ntiles, lo, hi, pos, c, lane,
-                                                      k.scale_log2, o, l, row_warp);
+      const int kvh = w % hkv;
+      // Segments: the whole item where it folds (from tile 0: kFoldPartial, kFoldFinish), else
+      // one per partial slot (a tile, or a super-tile), each from the empty state, as the split
+      // kernel writes them. The ring holds the item's tiles in order; each segment takes its own.
+      const int tile_end = tile_begin + ntiles;
+      for (int t0 = tile_begin; t0 < tile_end;) {
+        const int t1 = fold != kFoldNone ? tile_end : min(tile_end, (t0 / unit + 1) * unit);
+        float o[64], l[2], m[2];
+        if constexpr (kSuper) {
+          WsSuperTiles<false, kDwStages, kDwQRows, true>(
+              ring, n + t0 - tile_begin, smem_addr + q_offset(c, b), 0, t0, t1 - t0, lo, hi, pos, c,
+              lane, k.scale_log2, k.super_tiles, o, l, row_warp, m);
+        } else {
+          WsFoldTiles<false, kDwStages, kDwQRows, true>(
+              ring, n + t0 - tile_begin, smem_addr + q_offset(c, b), 0, t0, t1 - t0, lo, hi, pos, c,
+              lane, k.scale_log2, o, l, row_warp, m);
+        }
+        if (t1 == tile_end) {
+          // Every S of the item has completed (WsFoldTiles waited on each) and its fields are
+          // read: the item buffer may refill.
+          __syncwarp();
+          if (lane == 0) MbarArrive(bar(sh.item_empty[c][b]));
+        }
+        if (row_warp && fold == kFoldFinish) {
+          WgStoreRowsBy(a, nq, kvh, 0, lane, o, l, [&](int) { return row; });
+        } else if (row_warp && (lane >> 2) < nq) {
+          // The split kernel's partial (O unnormalized, m, l) at the slot of the segment's last
+          // tile; a row that saw none of the segment's keys writes the empty state, as it does.
+          const int qi = lane >> 2, t4 = lane & 3;
+          const int64_t slot =
+              static_cast<int64_t>(k.partial_base[row] + (t1 - 1) / unit) * a.num_q_heads +
+              kvh * G + qi % G;
+          float* dst = a.partial_o + slot * kWgD + 2 * t4;
+#pragma unroll
+          for (int nn = 0; nn < kWgD / 8; ++nn) {
+            *reinterpret_cast<float2*>(dst + 8 * nn) = make_float2(o[4 * nn], o[4 * nn + 1]);
+          }
+          if (t4 == 0) {
+            a.partial_ml[2 * slot] = m[0];
+            a.partial_ml[2 * slot + 1] = l[0];
+          }
+        }
+        t0 = t1;
       }
-      // Every S of the item has completed (WsFoldTiles waited on each) and its fields are read:
-      // the item buffer may refill.
-      __syncwarp();
-      if (lane == 0) MbarArrive(bar(sh.item_empty[c][b]));
-      if (row_warp) WgStoreRowsBy(a, nq, w % hkv, 0, lane, o, l, [&](int) { return row; });
     });
   }
+  if (k.after_wide) WaitForPriorGrid();  // for the merge: the wide kernel's partials
 #else
-  __trap();  // launched only on devices with sm_90a machine code (SplitForm 3 plans,
+  __trap();  // launched only on devices with sm_90a machine code (SplitForm 3 and 6 plans,
              // WgmmaAvailable)
 #endif
 }

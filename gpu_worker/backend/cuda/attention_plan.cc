@@ -449,12 +449,15 @@ class DecodePlanner {
 
 namespace {
 std::atomic<int> g_decode_ws_min_tiles{kDefaultDecodeWsMinTiles};
+std::atomic<bool> g_own_tiles_ws{true};
 }  // namespace
 
 int DecodeWsMinTiles() { return g_decode_ws_min_tiles.load(std::memory_order_relaxed); }
 void SetDecodeWsMinTiles(int tiles) {
   g_decode_ws_min_tiles.store(tiles, std::memory_order_relaxed);
 }
+bool OwnTilesOnPersistentDecode() { return g_own_tiles_ws.load(std::memory_order_relaxed); }
+void SetOwnTilesOnPersistentDecode(bool on) { g_own_tiles_ws.store(on, std::memory_order_relaxed); }
 
 absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& batch,
                            AttentionPlan* plan) {

@@ -156,8 +156,8 @@ struct StepMeta {
 // One per split kernel form (AttentionPlanView::split_form), captured when a step first needs it.
 struct DecodeGraph {
   // AttentionPlanView::split_form, and after wide cascade items 4: the register form, 5: the
-  // shared-memory form (SplitForm 0).
-  static constexpr int kForms = 6;
+  // shared-memory form (SplitForm 0), 6: the persistent decode kernel (SplitForm 6).
+  static constexpr int kForms = 7;
   cudaGraphExec_t exec[kForms] = {};
   uint64_t epoch[kForms] = {};  // CudaBackend::graph_epoch_ at capture
   // Just captured, the same step with the pinned GEMM algorithms where exec holds tuned ones
@@ -1201,9 +1201,9 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   m.plan.ws_work = ws_work_.as<int32_t>();
   m.plan.super_tiles = plan.super_tiles;
   if (split_form == 1) m.plan.num_split = split_ctas_reg_;
-  // Steps with wide cascade items replay a graph of their own (DecodeGraph slot 4 or 5), which
+  // Steps with wide cascade items replay a graph of their own (DecodeGraph slot 4, 5 or 6), which
   // also launches the wgmma kernel over them.
-  const int form = plan.num_wide > 0 ? (split_form == 1 ? 4 : 5) : split_form;
+  const int form = plan.num_wide > 0 ? (split_form == 1 ? 4 : split_form == 6 ? 6 : 5) : split_form;
   if (plan.num_wide > 0) {
     m.plan.num_wide = 1;
     m.plan.wide_items = meta + l.wide;

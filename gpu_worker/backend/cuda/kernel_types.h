@@ -64,11 +64,12 @@ struct AttentionPlanView {
   const int32_t* split_count = nullptr;
   // The split kernel's form (SplitForm of the plan; the same bits either way): 0 the shared-memory
   // form, 1 the register form (head_dim <= 128), 2 the shared-memory form with every row finished
-  // by its item (no merge launch), 3 as 2 on the persistent decode kernel (SplitForm).
+  // by its item (no merge launch), 3 as 2 on the persistent decode kernel, 6 the rows' own tiles
+  // after wide cascade items on the persistent decode kernel, then the merge (SplitForm).
   int split_form = 0;
   // [2] device ints, zero before the first launch (cudaMemset once): the work counter of the
-  // persistent decode kernel (form 3), which hands its (item, kv head) works out in plan order
-  // and sets the counter back to zero as it ends. Required for form 3 (Attention fails with
+  // persistent decode kernel (forms 3 and 6), which hands its (item, kv head) works out in plan
+  // order and sets the counter back to zero as it ends. Required for form 3 (Attention fails with
   // InvalidArgument without it); launches that share it run one after another (one stream).
   int32_t* ws_work = nullptr;
   // AttentionPlan::super_tiles: tiles per super-tile of the fold order (attention.h).

@@ -325,8 +325,10 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
                  "16 tokens and a compute capability 9.0 GPU (WideCascadeRows)");
     }
   }
-  if (plan.num_split > 0 && plan.split_form == 3 && plan.ws_work == nullptr) {
-    return Bad("Attention", "split form 3 (the persistent decode kernel) needs the work counter");
+  if (plan.num_split > 0 && (plan.split_form == 3 || plan.split_form == 6) &&
+      plan.ws_work == nullptr) {
+    return Bad("Attention",
+               "split forms 3 and 6 (the persistent decode kernel) need the work counter");
   }
   if (!args.out || !args.positions || !args.block_ids) return Bad("Attention", "null pointer");
   if (args.prefill_path == PrefillPath::kWgmma && plan.num_final > 0) {
