@@ -1015,7 +1015,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
 // Decode rows on Hopper (sm_90a, head_dim 128): split form 3 (SplitForm), plans whose split
 // items are all whole decode rows of at most kDwQRows q-rows (one row each, group <= 8,
-// kFoldFinish from tile 0). The shared-memory split form copies each tile and then waits for it,
+// kFoldFinish from tile 0), and split form 6, the rows' own tiles after wide cascade items (one
+// row an item): an item that does not finish its rows writes the split kernel's partials, one per
+// slot (a tile, or a super-tile) from the empty state, or one at its last tile's slot for a fold
+// from tile 0, and the merge folds them. The shared-memory split form copies each tile and then waits for it,
 // so it reads at 83-96% of the copy bandwidth at contexts of 1k-4k (bench/kernels/RESULTS.md).
 // Here a fixed grid (one CTA per SM) runs the items (x kv heads) persistently: each CTA's two
 // consumer warpgroups take (item, kv head) works in the plan's order (longest first), the first
