@@ -1018,24 +1018,24 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 // kFoldFinish from tile 0), and split form 6, the rows' own tiles after wide cascade items (one
 // row an item): an item that does not finish its rows writes the split kernel's partials, one per
 // slot (a tile, or a super-tile) from the empty state, or one at its last tile's slot for a fold
-// from tile 0, and the merge folds them. The shared-memory split form copies each tile and then waits for it,
-// so it reads at 83-96% of the copy bandwidth at contexts of 1k-4k (bench/kernels/RESULTS.md).
-// Here a fixed grid (one CTA per SM) runs the items (x kv heads) persistently: each CTA's two
-// consumer warpgroups take (item, kv head) works in the plan's order (longest first), the first
-// three rounds dealt out (the second in reverse) and the rest from a shared counter (a greedy
-// longest-processing-time schedule, so rows of mixed lengths end together), each fed by two
-// warps of its own: an item warp that takes the consumer's next work once it is on the one
-// before (two before, after a short work: kDwShortTiles) and puts its Q rows (into one of
-// kDwItemBufs 8-row swizzled buffers), positions, output rows, fields and first-tile cache rows
-// into shared memory, and a load warp whose ring of kDwStages K/V stages runs on into the next
-// work while the consumer computes the current one. Per item the consumer runs PrefillWsKernel's
-// tile loop (WsFoldTiles) from the empty state and writes the outputs: a row's bits are the
-// prefill kernel's, which are the split kernel's (cuda_attention_test: PrefillKernelsAgreeBitwise,
-// CachedPrefillEqualsColdPrefillBitwise, PersistentDecodeFormEqualsSplitFormsBitwise). Q is read
-// with an 8-row-group stride of 0, so the warpgroup's 64 MMA rows repeat the buffer's 8: one warp
-// of the four (its lanes' first rows) runs the softmax and fold and stores the rows; the others
-// only take part in the MMAs (measured: the consumer's instructions, not the copies, bound short
-// rows; bench/kernels/NOTES.md).
+// from tile 0, and the merge folds them. The shared-memory split form copies each tile and then
+// waits for it, so it reads at 83-96% of the copy bandwidth at contexts of 1k-4k
+// (bench/kernels/RESULTS.md). Here a fixed grid (one CTA per SM) runs the items (x kv heads)
+// persistently: each CTA's two consumer warpgroups take (item, kv head) works in the plan's order
+// (longest first), the first three rounds dealt out (the second in reverse) and the rest from a
+// shared counter (a greedy longest-processing-time schedule, so rows of mixed lengths end
+// together), each fed by two warps of its own: an item warp that takes the consumer's next work
+// once it is on the one before (two before, after a short work: kDwShortTiles) and puts its Q rows
+// (into one of kDwItemBufs 8-row swizzled buffers), positions, output rows, fields and first-tile
+// cache rows into shared memory, and a load warp whose ring of kDwStages K/V stages runs on into
+// the next work while the consumer computes the current one. Per item the consumer runs
+// PrefillWsKernel's tile loop (WsFoldTiles) from the empty state and writes the outputs: a row's
+// bits are the prefill kernel's, which are the split kernel's (cuda_attention_test:
+// PrefillKernelsAgreeBitwise, CachedPrefillEqualsColdPrefillBitwise,
+// PersistentDecodeFormEqualsSplitFormsBitwise). Q is read with an 8-row-group stride of 0, so the
+// warpgroup's 64 MMA rows repeat the buffer's 8: one warp of the four (its lanes' first rows) runs
+// the softmax and fold and stores the rows; the others only take part in the MMAs (measured: the
+// consumer's instructions, not the copies, bound short rows; bench/kernels/NOTES.md).
 constexpr int kDwStages = 3;
 constexpr int kDwQRows = 8;
 constexpr int kDwQBytes = kDwQRows * kWgRowBytes;
