@@ -908,29 +908,44 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         const int row_begin = it[3], nq = it[4] * G;
         PwItem& d = sh.item[b];
         unsigned char* Qs = smem + b * kWgRows * kWgRowBytes;
-        int wmin = INT_MAX, wmax = -1;
-#pragma unroll 1
-        for (int h = 0; h < 2; ++h) {  // lane's q-rows 64 u + lane, + 32
+        // The lane's q-rows 64 u + lane, + 32: both rows read at once, then both Q rows' copies
+        // issued beside both positions' reads, so a work costs three dependent global round trips
+        // (fields, rows, then Q and positions) instead of five in turn (one-tile wide works, whose
+        // consumers take about a tile's time, had waited on them).
+        int row[2], p[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
           const int qi = 64 * u + lane + 32 * h;
-          const int row = qi < nq ? k.item_rows[row_begin + qi / G] : -1;
-          const int p = row >= 0 ? a.positions[row] : -1;
-          d.row[qi] = row;
-          d.pos[qi] = p;
-          if (p >= 0) {
-            wmin = min(wmin, p);
-            wmax = max(wmax, p);
-          }
-          const __nv_bfloat16* src = row >= 0 ? reinterpret_cast<const __nv_bfloat16*>(a.q) +
-                                                    static_cast<int64_t>(row) * a.q_row_stride +
-                                                    (kvh * G + qi % G) * kWgD
-                                              : reinterpret_cast<const __nv_bfloat16*>(a.q);
+          row[h] = qi < nq ? k.item_rows[row_begin + qi / G] : -1;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int qi = 64 * u + lane + 32 * h;
+          const __nv_bfloat16* src = row[h] >= 0
+                                         ? reinterpret_cast<const __nv_bfloat16*>(a.q) +
+                                               static_cast<int64_t>(row[h]) * a.q_row_stride +
+                                               (kvh * G + qi % G) * kWgD
+                                         : reinterpret_cast<const __nv_bfloat16*>(a.q);
 #pragma unroll 1
           for (int cc = 0; cc < kWgD / 8; ++cc) {
-            CpAsync16Z(Qs + SwizzleOffset(kWgRows, qi, cc), src + (row >= 0 ? cc * 8 : 0),
-                       row >= 0 ? 16 : 0);
+            CpAsync16Z(Qs + SwizzleOffset(kWgRows, qi, cc), src + (row[h] >= 0 ? cc * 8 : 0),
+                       row[h] >= 0 ? 16 : 0);
           }
         }
         CpAsyncCommit();
+#pragma unroll
+        for (int h = 0; h < 2; ++h) p[h] = row[h] >= 0 ? a.positions[row[h]] : -1;
+        int wmin = INT_MAX, wmax = -1;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int qi = 64 * u + lane + 32 * h;
+          d.row[qi] = row[h];
+          d.pos[qi] = p[h];
+          if (p[h] >= 0) {
+            wmin = min(wmin, p[h]);
+            wmax = max(wmax, p[h]);
+          }
+        }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
           wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, off));
