@@ -9,6 +9,8 @@
 //   [--prefill=N (only the prefill rows of N tokens: 512, 2048, 4096, 8192; for a profiler)]
 //   [--super=G (the " super" rows' super-tile size, where the device runs super-tiles; default
 //   SuperTilesFor's)] [--wide-ctas=N (the cascade rows' wide kernel on N CTAs; default one per SM)]
+//   [--tree=NAME (only the three-level tree's every-tile row of that configuration: default,
+//   nofold, ownsmem, lead32, super, ...; for a profiler)]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -210,6 +212,9 @@ constexpr int kPrefillNs[] = {512, 2048, 4096, 8192};  // the prefill rows' leng
 int g_shared_batch = 0;                                // --shared=B
 int g_super = 0;      // --super=G: the " super" rows' super-tile size (0: SuperTilesFor's)
 int g_wide_ctas = 0;  // --wide-ctas=N: the wide cascade kernel's CTAs (0: one per SM)
+// --tree=NAME: only the tree row of that configuration ("every tile" + NAME's suffix: "default",
+// "nofold", "ownsmem", ...; for a profiler), nothing else.
+std::string g_tree_only;
 
 int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto name = DeviceName(0);
@@ -380,7 +385,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   std::printf("\n");
   internal::SetPrefillWsCtas(g_wide_ctas);  // the cascade rows' wide kernel (--wide-ctas)
   for (int batch : {16, 64}) {
-    if ((cascade_only && batch != 64) || prefill_only) continue;
+    if ((cascade_only && batch != 64) || prefill_only || !g_tree_only.empty()) continue;
     if (g_shared_batch > 0 && batch != g_shared_batch) continue;
     const int P = 4096, S = 128;
     const std::vector<int> ctx(batch, P + S);
@@ -446,6 +451,11 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       internal::SetSplitOverlapsWide(c != &serial);
       SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
+      if (!g_tree_only.empty() &&
+          (c == &flat || c == &single ||
+           suffix(c) != (g_tree_only == "default" ? "" : " " + g_tree_only))) {
+        continue;
+      }
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
                                       num_blocks, cache, *c, &plan);
       internal::SetSplitOverlapsWide(true);
@@ -464,6 +474,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       if (c == &single) single_ms = ms;
       if (c == &supercfg) super_ms = ms;
     }
+    if (!g_tree_only.empty()) return 0;
     std::printf("tree: every tile %.2fx faster than single-level, %.2fx its floor\n",
                 single_ms / every_ms, every_ms * 1e-3 / (token_bytes * tokens / bw));
     if (super) {
@@ -561,6 +572,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "--wide-ctas=N: N >= 1\n");
         return 2;
       }
+    } else if (arg.rfind("--tree=", 0) == 0) {
+      cascade::cuda::g_tree_only = arg.substr(7);
+      flag = "--cascade-only";
     } else if (arg.rfind("--prefill=", 0) == 0) {
       cascade::cuda::g_prefill_n = std::atoi(arg.c_str() + 10);
       if (std::find(std::begin(cascade::cuda::kPrefillNs), std::end(cascade::cuda::kPrefillNs),

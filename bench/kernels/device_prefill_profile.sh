@@ -5,7 +5,9 @@
 # samples per instruction through bench/engine/sass_hot.py, CONTEXT instructions before the
 # hottest). The variants run in the order v7, v8 default, v8 ping-pong, 3 warm-ups + 20 timed
 # each, so launch 3 of the PrefillWsKernel name is the default's first timed one (SKIP).
-# TESTS=1 also runs every GPU test binary first. Logs under $OUT (or ./device-out).
+# TESTS=1 also runs every GPU test binary first. ARGS: other bench flags to profile instead (e.g.
+# "--tree=nofold": the three-level tree's wide cascade kernel, PrefillWsKernel's kSplit form, whose
+# first timed launch is also launch 3), NAME its files' name. Logs under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -22,10 +24,11 @@ if [ "${TESTS:-0}" = 1 ]; then
   echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 fi
 N=${N:-8192}
-timeout 60 build-gpu/bench/cuda_attention_bench --prefill=$N 2>&1 | tee "$OUT/prefill.log" | tail -3
-name=prefill_ws_$N
+ARGS=${ARGS:---prefill=$N}
+timeout 60 build-gpu/bench/cuda_attention_bench $ARGS 2>&1 | tee "$OUT/bench.log" | tail -3
+name=${NAME:-prefill_ws_$N}
 timeout 300 ncu --kernel-name "regex:PrefillWsKernel" --launch-skip "${SKIP:-3}" --launch-count 1 \
-  --set full --import-source no -o "/tmp/$name" build-gpu/bench/cuda_attention_bench --prefill=$N \
+  --set full --import-source no -o "/tmp/$name" build-gpu/bench/cuda_attention_bench $ARGS \
   >"$OUT/$name.run.log" 2>&1 || { echo "ncu rc=$?"; tail -5 "$OUT/$name.run.log"; exit 1; }
 ncu -i "/tmp/$name.ncu-rep" --page details >"$OUT/$name.txt" 2>&1
 grep -E "^ +(Duration|SM Frequency|DRAM Throughput|Memory Throughput|L2 Hit Rate|L1/TEX Hit Rate|Achieved Occupancy|Registers Per Thread|Eligible Warps Per Scheduler|Issued Warp Per Scheduler|No Eligible|Warp Cycles Per Issued Instruction|Executed Instructions |Compute \(SM\) Throughput|SM Busy|Issue Slots Busy|Executed Ipc Active|Shared Memory)" "$OUT/$name.txt"
