@@ -41,6 +41,7 @@ inline absl::string_view AV(std::string_view s) { return absl::string_view(s.dat
 
 inline constexpr size_t kMaxWorkerIdBytes = 128;
 inline constexpr size_t kMaxModelBytes = 256;
+inline constexpr size_t kMaxKvNumericsBytes = 128;
 inline constexpr size_t kMaxSaltBytes = 1024;
 inline constexpr int64_t kMaxPosition = int64_t{1} << 40;
 

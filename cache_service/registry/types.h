@@ -47,6 +47,7 @@ struct WorkerMatch {
   int64_t matched_tokens = 0;  // leading tokens it holds (may end inside a chunk)
   WorkerLoad load;
   int64_t matched_host_tokens = 0;  // of matched_tokens, those only in its host KV tier
+  std::string kv_numerics;          // as registered (WorkerInfo::kv_numerics)
 };
 
 struct ResolveResult {
@@ -63,6 +64,9 @@ struct WorkerInfo {
   int32_t block_size = 0;  // tokens per KV block, > 0
   int64_t max_context = 0;
   int32_t vocab_size = 0;
+  // Backend::KvNumerics(): the settings that fix a KV block's bits; workers of different numerics
+  // never exchange blocks. Empty: unknown (an older worker). At most 128 printable ASCII.
+  std::string kv_numerics;
 };
 
 struct RegisterResult {

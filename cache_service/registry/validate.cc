@@ -77,6 +77,12 @@ absl::Status ValidateWorkerInfo(const WorkerInfo& info) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv_capacity_blocks: must be >= 0, got ", info.kv_capacity_blocks));
   }
+  bool printable = info.kv_numerics.size() <= kMaxKvNumericsBytes;
+  for (char c : info.kv_numerics) printable = printable && c >= 0x20 && c <= 0x7e;
+  if (!printable) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_numerics: ", Quote(info.kv_numerics),
+                                                   " must be 0..128 printable ASCII characters"));
+  }
   return absl::OkStatus();
 }
 

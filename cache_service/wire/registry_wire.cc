@@ -63,6 +63,7 @@ void ToProto(const ResolveResult& r, v2::ResolveResponse* resp) {
     out->set_matched_chunks(m.matched_chunks);
     out->set_matched_tokens(m.matched_tokens);
     out->set_matched_host_tokens(m.matched_host_tokens);
+    out->set_kv_numerics(m.kv_numerics);
     ToProto(m.load, out->mutable_load());
   }
 }
@@ -78,7 +79,7 @@ absl::StatusOr<ResolveResult> FromProto(const v2::ResolveResponse& resp) {
   for (const v2::WorkerMatch& m : resp.workers()) {
     r.workers.push_back(WorkerMatch{m.worker_id(), m.address(), m.matched_chunks(),
                                     m.matched_tokens(), FromProto(m.load()),
-                                    m.matched_host_tokens()});
+                                    m.matched_host_tokens(), m.kv_numerics()});
   }
   return r;
 }
@@ -95,8 +96,8 @@ void ToProto(const WorkerLoad& load, v2::WorkerLoad* out) {
 }
 
 WorkerInfo FromProto(const v2::RegisterWorkerRequest& req) {
-  return WorkerInfo{req.worker_id(),  req.address(),     req.model(),     req.kv_capacity_blocks(),
-                    req.block_size(), req.max_context(), req.vocab_size()};
+  return WorkerInfo{req.worker_id(),  req.address(),     req.model(),      req.kv_capacity_blocks(),
+                    req.block_size(), req.max_context(), req.vocab_size(), req.kv_numerics()};
 }
 
 void ToProto(const WorkerInfo& info, v2::RegisterWorkerRequest* req) {
@@ -107,6 +108,7 @@ void ToProto(const WorkerInfo& info, v2::RegisterWorkerRequest* req) {
   req->set_block_size(info.block_size);
   req->set_max_context(info.max_context);
   req->set_vocab_size(info.vocab_size);
+  req->set_kv_numerics(info.kv_numerics);
 }
 
 void ToProto(const HeartbeatResult& r, v2::HeartbeatResponse* resp) {
@@ -228,6 +230,7 @@ void ToProto(const WorkerRecord& r, v2::WorkerRecord* out) {
   out->set_chunks(r.chunks);
   out->set_block_size(r.info.block_size);
   out->set_applied_seq(r.applied_seq);
+  out->set_kv_numerics(r.info.kv_numerics);
 }
 
 void ToProto(const RegistryStats& s, v2::GetStatsResponse* out) {

@@ -103,6 +103,7 @@ bool RegistryAgent::Register() {
   info.block_size = options_.block_size;
   info.max_context = options_.max_context;
   info.vocab_size = options_.vocab_size;
+  info.kv_numerics = engine_->backend().KvNumerics();  // fixed once the backend is built
   absl::StatusOr<registry::RegisterResult> r = client_->RegisterWorker(info);
   if (!r.ok()) {
     // Log the first failure and then every 30th, so a registry outage does not flood the log.

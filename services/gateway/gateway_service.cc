@@ -143,7 +143,8 @@ std::vector<Scored> GatewayService::Rank(const absl::StatusOr<registry::ResolveR
                     m.load.free_kv_blocks,
                     m.load.total_kv_blocks,
                     pool_->Inflight(m.address),
-                    m.matched_host_tokens};
+                    m.matched_host_tokens,
+                    m.kv_numerics};
         cands.push_back(c);
       }
       pool_->Remember(cands);
@@ -253,7 +254,8 @@ grpc::ServerUnaryReactor* GatewayService::ListModels(grpc::CallbackServerContext
             std::vector<Candidate> live;
             for (const registry::WorkerMatch& w : r->workers) {
               live.push_back(Candidate{w.worker_id, w.address, 0, w.load.running, w.load.waiting,
-                                       w.load.free_kv_blocks, w.load.total_kv_blocks, 0});
+                                       w.load.free_kv_blocks, w.load.total_kv_blocks, 0, 0,
+                                       w.kv_numerics});
             }
             pool_->Remember(live);
           }

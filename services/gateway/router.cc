@@ -38,6 +38,10 @@ double BestFetch(const Candidate& c, const std::vector<Candidate>& all, int64_t 
   double best = 0.0;
   for (const Candidate& p : all) {
     if (p.worker_id == c.worker_id || p.waiting >= w.max_waiting) continue;
+    // The holder refuses a receiver of other numerics (kv_serve.cc); unknown passes to that check.
+    if (!p.kv_numerics.empty() && !c.kv_numerics.empty() && p.kv_numerics != c.kv_numerics) {
+      continue;
+    }
     // The worker computes the prompt's last token itself, so that one is never fetched.
     const int64_t fetched = std::min<int64_t>(p.matched_tokens, prompt_tokens - 1) -
                             std::max<int64_t>(c.matched_tokens, 0);

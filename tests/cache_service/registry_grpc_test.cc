@@ -206,6 +206,36 @@ TEST_F(RegistryGrpcTest, ResidencyFollowsBlockKeysAndLeaseExpiryDropsTheWorker) 
   EXPECT_EQ(client->Heartbeat("w1", {}).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A worker's KV numerics go from RegisterWorker to its match in every Resolve and to ListWorkers
+// (the router keeps fetches between equal numerics); a worker that sent none reads as unknown, and
+// a re-registration replaces them.
+TEST_F(RegistryGrpcTest, KvNumericsTravelFromRegisterToResolveAndListWorkers) {
+  Server server(&clock_);
+  auto client = std::make_unique<ClusterClient>(server.address());
+  WorkerInfo w1 = Info("w1");
+  w1.kv_numerics = "cuda/v1/G1/a95658a7fb833b51";
+  ASSERT_TRUE(client->RegisterWorker(w1).ok());
+  ASSERT_TRUE(client->RegisterWorker(Info("w2")).ok());  // an older worker: none sent
+  ASSERT_TRUE(client->ReportEvents("w1", 1, Stored(HeldFor(two_, 16, 200))).ok());
+  std::map<std::string, std::string> numerics;
+  for (const WorkerMatch& m : Resolve(*client, two_).workers) numerics[m.worker_id] = m.kv_numerics;
+  EXPECT_EQ(numerics, (std::map<std::string, std::string>{{"w1", w1.kv_numerics}, {"w2", ""}}));
+
+  w1.kv_numerics = "cpu";
+  ASSERT_TRUE(client->RegisterWorker(w1).ok());
+  ResolveResult r = Resolve(*client, two_);
+  ASSERT_EQ(r.workers.size(), 2u);
+  EXPECT_EQ(r.workers[0].worker_id, "w1");
+  EXPECT_EQ(r.workers[0].kv_numerics, "cpu");
+  v2::ListWorkersResponse listed;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(server.Stub()->ListWorkers(&ctx, v2::ListWorkersRequest(), &listed).ok());
+  ASSERT_EQ(listed.workers_size(), 2);
+  EXPECT_EQ(listed.workers(0).worker_id(), "w1");
+  EXPECT_EQ(listed.workers(0).kv_numerics(), "cpu");
+  EXPECT_EQ(listed.workers(1).kv_numerics(), "");
+}
+
 // Tiers over the wire: a host-tier chunk reported through the client comes back in Resolve as
 // host tokens and in GetChunk as the holder's tier; a tier that is not a KvTier is refused.
 TEST_F(RegistryGrpcTest, HostTierResidencyTravelsOverTheWire) {

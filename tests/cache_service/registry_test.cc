@@ -238,6 +238,16 @@ TEST_F(RegistryTest, BadWorkerRequestsFailClearlyWithoutTouchingOthers) {
   WorkerInfo no_block = Info("x");
   no_block.block_size = 0;
   EXPECT_NE(r.RegisterWorker(no_block).status().message().find("block_size"), std::string::npos);
+  for (const std::string& numerics : {std::string(129, 'a'), std::string("cpu\n")}) {
+    WorkerInfo bad_numerics = Info("x");
+    bad_numerics.kv_numerics = numerics;
+    absl::Status s = r.RegisterWorker(bad_numerics).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("kv_numerics"), std::string::npos) << s;
+  }
+  WorkerInfo longest = Info("x");
+  longest.kv_numerics = std::string(128, 'a');
+  EXPECT_TRUE(r.RegisterWorker(longest).ok());
   EXPECT_EQ(r.ReportEvents("good", 0, {}).status().code(), absl::StatusCode::kInvalidArgument);
   // A malformed event rejects the whole batch and does not advance the sequence number.
   std::vector<HeldChunk> held = HeldFor(two_, 16, 200);

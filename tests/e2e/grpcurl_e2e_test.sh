@@ -245,9 +245,9 @@ for name in "${ORDER[@]}"; do
       ;;
     list-workers)
       expect_rc 0
-      expect_js 'one live worker with an address and its load' \
+      expect_js 'one live worker with an address, its load and its KV numerics' \
         'const ws = msgs[0].workers; return ws.length === 1 && ws[0].workerId && ws[0].address &&
-         Number(ws[0].load.totalKvBlocks) > 0;'
+         Number(ws[0].load.totalKvBlocks) > 0 && ws[0].kvNumerics === "cpu";'
       ;;
     registry-needs-a-certificate)
       expect_rc 1

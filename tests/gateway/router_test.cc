@@ -198,6 +198,33 @@ TEST(RouterTest, FetchBringsOnlyWhatTheCandidateLacks) {
   EXPECT_NEAR(none[0].cost - r[0].cost, 0.8 * (8192 - 2048) - 64.0 * 50, 1e-6);
 }
 
+TEST(RouterTest, HolderOfOtherKvNumericsIsNeverTheFetchPeer) {
+  // "far" holds the most but computed it under other numerics: it would refuse the fetch, so the
+  // plan names "near", which holds less under the idle candidate's numerics.
+  std::vector<Candidate> ws = {Worker("far", 8192, 0, 50), Worker("near", 4096, 0, 50),
+                               Worker("idle", 0, 0, 0)};
+  ws[0].kv_numerics = "cuda/v1/G1/a95658a7fb833b51";
+  ws[1].kv_numerics = "cuda/v1/G2/0123456789abcdef";
+  ws[2].kv_numerics = "cuda/v1/G2/0123456789abcdef";
+  auto r = RankWorkers(ws, 9000, FetchWeights(0.1, 0));
+  ASSERT_EQ(r[0].candidate.worker_id, "idle");
+  EXPECT_EQ(r[0].peer.worker_id, "near");
+  EXPECT_EQ(r[0].peer.tokens, 4096);
+  // Unknown numerics on either side (an older worker) leave the holder's own check to decide.
+  for (size_t unknown : {size_t{0}, size_t{2}}) {
+    std::vector<Candidate> old = ws;
+    old[unknown].kv_numerics.clear();
+    r = RankWorkers(old, 9000, FetchWeights(0.1, 0));
+    ASSERT_EQ(r[0].candidate.worker_id, "idle");
+    EXPECT_EQ(r[0].peer.worker_id, "far") << "unknown: " << old[unknown].worker_id;
+  }
+  // With no holder of its numerics the candidate prefills.
+  ws[1].kv_numerics = ws[0].kv_numerics;
+  for (const Scored& s : RankWorkers(ws, 9000, FetchWeights(0.1, 0))) {
+    if (s.candidate.worker_id == "idle") EXPECT_TRUE(s.peer.worker_id.empty());
+  }
+}
+
 TEST(RouterTest, ParsesPolicyNames) {
   for (RoutePolicy p :
        {RoutePolicy::kCost, RoutePolicy::kLoad, RoutePolicy::kRoundRobin, RoutePolicy::kRandom}) {

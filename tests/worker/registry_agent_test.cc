@@ -170,6 +170,7 @@ TEST_F(RegistryAgentTest, RegistersAndReportsWhatTheEngineStores) {
   EXPECT_EQ(workers[0].info.address, "127.0.0.1:1");
   EXPECT_EQ(workers[0].info.block_size, kBlock);
   EXPECT_EQ(workers[0].info.kv_capacity_blocks, 64);
+  EXPECT_EQ(workers[0].info.kv_numerics, "trace");  // Backend::KvNumerics, for the router
 }
 
 TEST_F(RegistryAgentTest, HeartbeatsCarryTheEnginesLoad) {
