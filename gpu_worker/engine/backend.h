@@ -101,7 +101,8 @@ class Backend {
   // positions: its name and the numerics settings that change them (CUDA: the pinned GEMM
   // algorithms, split-K, the attention fold order). Two workers may exchange KV blocks (peer
   // fetch) only when theirs are equal: a block computed under other numerics would make a request
-  // served from it differ from the same request run cold.
+  // served from it differ from the same request run cold. Fixed once the backend is built, so
+  // callable from any thread (the registry agent registers it; FetchKv checks it on gRPC threads).
   virtual std::string KvNumerics() const { return Name(); }
   // KV cache capacity in blocks and tokens per block; fixed at construction.
   virtual int64_t NumBlocks() const = 0;
