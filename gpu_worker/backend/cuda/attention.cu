@@ -1531,7 +1531,7 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     // runs them (a benchmark's forced form would write partials past the rows' slots).
     if (super && plan.split_form == 3 && g_split_variant != 0) return cudaErrorNotSupported;
     if constexpr (D == kWgD) {
-      if (g_split_variant == 0 && (plan.split_form == 3 || plan.split_form == 6)) {
+      if (g_split_variant == 0 && AttentionPlanView::OnPersistentDecode(plan.split_form)) {
         err = LaunchDecodeWs(k, plan, num_split, stream, &launched);
       }
       if (err != cudaSuccess) return err;
@@ -1561,7 +1561,7 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
     if (err != cudaSuccess) return err;
   }
   // Forms 2 and 3: every split row was finished by its item (kFoldFinish): nothing to merge.
-  if (plan.num_merge > 0 && (plan.split_form < 2 || plan.split_form == 6)) {
+  if (plan.num_merge > 0 && AttentionPlanView::Merges(plan.split_form)) {
     const int warps = plan.num_merge * args.num_q_heads;
     return LaunchKernel(MergeKernel<E>, (warps + kWarps - 1) / kWarps, kThreads, 0, stream, args,
                         plan.merge_list, plan.num_merge);

@@ -190,6 +190,21 @@ __device__ __forceinline__ void WgStoreRowsBy(const AttentionArgs& a, int nq, in
     }
   }
 }
+// The split kernel's partial of a consumer lane's q-row half h (WgStoreRowsBy's layout): O
+// unnormalized at partial_o's `slot`, (m, l) beside it (from the lane of t4 0).
+__device__ __forceinline__ void WgStorePartial(const AttentionArgs& a, int64_t slot, int lane,
+                                               const float (&o)[64], int h, float m, float l) {
+  const int t4 = lane & 3;
+  float* dst = a.partial_o + slot * kWgD + 2 * t4;
+#pragma unroll
+  for (int n = 0; n < kWgD / 8; ++n) {
+    *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[4 * n + 2 * h], o[4 * n + 2 * h + 1]);
+  }
+  if (t4 == 0) {
+    a.partial_ml[2 * slot] = m;
+    a.partial_ml[2 * slot + 1] = l;
+  }
+}
 // The item's rows (q-row qi: item row qi / G).
 __device__ __forceinline__ void WgStoreRows(const TileKernelArgs& k, int row_begin, int nq, int kvh,
                                             int qi0, int lane, const float (&o)[64],
@@ -998,7 +1013,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       __syncwarp();
       if (lane == 0) MbarArrive(bar(sh.item_empty[b]));
       if (partial) {  // the split kernel's partial: O unnormalized, (m, l), at the last tile's slot
-        const int hq = a.num_q_heads, t4 = lane & 3;
+        const int hq = a.num_q_heads;
         const int last = (tile_begin + ntiles - 1) / (kSuper ? k.super_tiles : 1);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -1006,16 +1021,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           if (qi >= nq) continue;
           const int64_t slot =
               static_cast<int64_t>(k.partial_base[h ? row1 : row0] + last) * hq + kvh * G + qi % G;
-          float* dst = a.partial_o + slot * kWgD + 2 * t4;
-#pragma unroll
-          for (int nn = 0; nn < kWgD / 8; ++nn) {
-            *reinterpret_cast<float2*>(dst + 8 * nn) =
-                make_float2(o[4 * nn + 2 * h], o[4 * nn + 2 * h + 1]);
-          }
-          if (t4 == 0) {
-            a.partial_ml[2 * slot] = m[h];
-            a.partial_ml[2 * slot + 1] = l[h];
-          }
+          WgStorePartial(a, slot, lane, o, h, m[h], l[h]);
         }
       } else {
         WgStoreRowsBy(a, nq, kvh, cw * 16, lane, o, l,
@@ -1310,19 +1316,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         } else if (row_warp && (lane >> 2) < nq) {
           // The split kernel's partial (O unnormalized, m, l) at the slot of the segment's last
           // tile; a row that saw none of the segment's keys writes the empty state, as it does.
-          const int qi = lane >> 2, t4 = lane & 3;
+          const int qi = lane >> 2;
           const int64_t slot =
               static_cast<int64_t>(k.partial_base[row] + (t1 - 1) / unit) * a.num_q_heads +
               kvh * G + qi % G;
-          float* dst = a.partial_o + slot * kWgD + 2 * t4;
-#pragma unroll
-          for (int nn = 0; nn < kWgD / 8; ++nn) {
-            *reinterpret_cast<float2*>(dst + 8 * nn) = make_float2(o[4 * nn], o[4 * nn + 1]);
-          }
-          if (t4 == 0) {
-            a.partial_ml[2 * slot] = m[0];
-            a.partial_ml[2 * slot + 1] = l[0];
-          }
+          WgStorePartial(a, slot, lane, o, 0, m[0], l[0]);
         }
         t0 = t1;
       }

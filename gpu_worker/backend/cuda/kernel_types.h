@@ -67,6 +67,9 @@ struct AttentionPlanView {
   // by its item (no merge launch), 3 as 2 on the persistent decode kernel, 6 the rows' own tiles
   // after wide cascade items on the persistent decode kernel, then the merge (SplitForm).
   int split_form = 0;
+  // Forms on the persistent decode kernel (3, 6), and forms the merge follows (0, 1, 6).
+  static constexpr bool OnPersistentDecode(int form) { return form == 3 || form == 6; }
+  static constexpr bool Merges(int form) { return form < 2 || form == 6; }
   // [2] device ints, zero before the first launch (cudaMemset once): the work counter of the
   // persistent decode kernel (forms 3 and 6), which hands its (item, kv head) works out in plan
   // order and sets the counter back to zero as it ends. Required for form 3 (Attention fails with

@@ -325,7 +325,7 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
                  "16 tokens and a compute capability 9.0 GPU (WideCascadeRows)");
     }
   }
-  if (plan.num_split > 0 && (plan.split_form == 3 || plan.split_form == 6) &&
+  if (plan.num_split > 0 && AttentionPlanView::OnPersistentDecode(plan.split_form) &&
       plan.ws_work == nullptr) {
     return Bad("Attention",
                "split forms 3 and 6 (the persistent decode kernel) need the work counter");
