@@ -440,6 +440,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / next));
     std::printf("\n");
     double every_ms = 0, single_ms = 0, super_ms = 0;
+    int timed = 0;  // configurations timed (--tree: one, or none for an unknown name)
     for (const AttentionConfig* c :
          {&flat, &single, &nofold, &narrow, &ownsplit, &serial, &ownsmem, &every, &lead8, &lead16,
           &lead32, &smem, &supercfg, &superownsmem}) {
@@ -448,14 +449,15 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
           every.wide_rows == 0) {
         continue;
       }
-      internal::SetSplitVariant(c == &smem ? 2 : 0);
-      internal::SetSplitOverlapsWide(c != &serial);
-      SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
       if (!g_tree_only.empty() &&
           (c == &flat || c == &single ||
            suffix(c) != (g_tree_only == "default" ? "" : " " + g_tree_only))) {
         continue;
       }
+      ++timed;
+      internal::SetSplitVariant(c == &smem ? 2 : 0);
+      internal::SetSplitOverlapsWide(c != &serial);
+      SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
                                       num_blocks, cache, *c, &plan);
       internal::SetSplitOverlapsWide(true);
@@ -474,7 +476,15 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       if (c == &single) single_ms = ms;
       if (c == &supercfg) super_ms = ms;
     }
-    if (!g_tree_only.empty()) return 0;
+    if (!g_tree_only.empty()) {
+      if (timed > 0) return 0;
+      std::fprintf(
+          stderr,
+          "--tree=%s: no such configuration on this device (default, nofold, narrow, "
+          "ownsplit, serial, ownsmem, lead8, lead16, lead32, smem, super, super ownsmem)\n",
+          g_tree_only.c_str());
+      return 2;
+    }
     std::printf("tree: every tile %.2fx faster than single-level, %.2fx its floor\n",
                 single_ms / every_ms, every_ms * 1e-3 / (token_bytes * tokens / bw));
     if (super) {
