@@ -6,11 +6,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <regex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cache_service/client/grpc_registry_client.h"
 #include "common/transport.h"
@@ -145,16 +148,24 @@ TEST(RegistryBinaryTest, ServesPrintsReadyLineExportsMetricsAndDrainsOnSigterm) 
   absl::Status too_many = client->Resolve({p.model, p.salt, many}).status();
   EXPECT_EQ(too_many.code(), absl::StatusCode::kResourceExhausted);
 
+  // The maintenance thread publishes a round's series one after another, so a scrape can land
+  // between the resolve counter and the gauges: wait until every expected line is there.
+  const std::vector<std::string> expected = {
+      "cascade_registry_resolves_total 1", "cascade_registry_chunks 2",
+      "cascade_registry_worker_up{model=\"m\",worker=\"w0\"} 1"};
   std::string metrics;
-  for (int i = 0; i < 100; ++i) {
-    metrics = HttpGet(metrics_port, "/metrics");
-    if (metrics.find("cascade_registry_resolves_total 1") != std::string::npos) break;
+  auto has_all = [&] {
+    return std::all_of(expected.begin(), expected.end(), [&](const std::string& line) {
+      return metrics.find(line) != std::string::npos;
+    });
+  };
+  for (int i = 0; i < 100 && !has_all(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    metrics = HttpGet(metrics_port, "/metrics");
   }
-  EXPECT_NE(metrics.find("cascade_registry_resolves_total 1"), std::string::npos) << metrics;
-  EXPECT_NE(metrics.find("cascade_registry_chunks 2"), std::string::npos);
-  EXPECT_NE(metrics.find("cascade_registry_worker_up{model=\"m\",worker=\"w0\"} 1"),
-            std::string::npos);
+  for (const std::string& line : expected) {
+    EXPECT_NE(metrics.find(line), std::string::npos) << line << "\n" << metrics;
+  }
 
   // Close our channel first: with it open, the shared plumbing's drain took about 5 s here
   // (reported to common/); the registry itself stops at once.
