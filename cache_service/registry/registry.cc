@@ -117,7 +117,8 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
     MutexLock<Mutex> lock(&workers_mu_);
     for (const auto& [id, w] : workers_) {
       if (w->info.model != in.model || w->lease_expires_ms <= now) continue;
-      WorkerMatch m{w->info.worker_id, w->info.address, 0, 0, w->load, 0, w->info.kv_numerics};
+      WorkerMatch m{w->info.worker_id,   w->info.address,   0, 0, w->load, 0,
+                    w->info.kv_numerics, w->info.block_size};
       // (A named copy: clang 14, which builds the fuzz targets, cannot capture a structured
       // binding in a lambda.)
       const uint64_t incarnation = w->incarnation;

@@ -48,6 +48,7 @@ struct WorkerMatch {
   WorkerLoad load;
   int64_t matched_host_tokens = 0;  // of matched_tokens, those only in its host KV tier
   std::string kv_numerics;          // as registered (WorkerInfo::kv_numerics)
+  int32_t block_size = 0;           // as registered (WorkerInfo::block_size); 0: unknown
 };
 
 struct ResolveResult {

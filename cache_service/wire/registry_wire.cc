@@ -64,6 +64,7 @@ void ToProto(const ResolveResult& r, v2::ResolveResponse* resp) {
     out->set_matched_tokens(m.matched_tokens);
     out->set_matched_host_tokens(m.matched_host_tokens);
     out->set_kv_numerics(m.kv_numerics);
+    out->set_block_size(m.block_size);
     ToProto(m.load, out->mutable_load());
   }
 }
@@ -79,7 +80,7 @@ absl::StatusOr<ResolveResult> FromProto(const v2::ResolveResponse& resp) {
   for (const v2::WorkerMatch& m : resp.workers()) {
     r.workers.push_back(WorkerMatch{m.worker_id(), m.address(), m.matched_chunks(),
                                     m.matched_tokens(), FromProto(m.load()),
-                                    m.matched_host_tokens(), m.kv_numerics()});
+                                    m.matched_host_tokens(), m.kv_numerics(), m.block_size()});
   }
   return r;
 }

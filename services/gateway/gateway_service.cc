@@ -144,7 +144,8 @@ std::vector<Scored> GatewayService::Rank(const absl::StatusOr<registry::ResolveR
                     m.load.total_kv_blocks,
                     pool_->Inflight(m.address),
                     m.matched_host_tokens,
-                    m.kv_numerics};
+                    m.kv_numerics,
+                    m.block_size};
         cands.push_back(c);
       }
       pool_->Remember(cands);
@@ -255,7 +256,7 @@ grpc::ServerUnaryReactor* GatewayService::ListModels(grpc::CallbackServerContext
             for (const registry::WorkerMatch& w : r->workers) {
               live.push_back(Candidate{w.worker_id, w.address, 0, w.load.running, w.load.waiting,
                                        w.load.free_kv_blocks, w.load.total_kv_blocks, 0, 0,
-                                       w.kv_numerics});
+                                       w.kv_numerics, w.block_size});
             }
             pool_->Remember(live);
           }

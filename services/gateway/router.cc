@@ -42,6 +42,9 @@ double BestFetch(const Candidate& c, const std::vector<Candidate>& all, int64_t 
     if (!p.kv_numerics.empty() && !c.kv_numerics.empty() && p.kv_numerics != c.kv_numerics) {
       continue;
     }
+    // Likewise for block size: the holder's blocks would not line up with the receiver's (and its
+    // check refuses them); a size <= 0 (an older registry) is unknown and passes.
+    if (p.block_size > 0 && c.block_size > 0 && p.block_size != c.block_size) continue;
     // The worker computes the prompt's last token itself, so that one is never fetched.
     const int64_t fetched = std::min<int64_t>(p.matched_tokens, prompt_tokens - 1) -
                             std::max<int64_t>(c.matched_tokens, 0);

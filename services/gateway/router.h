@@ -18,9 +18,9 @@
 // bandwidth, gateway flags), `fetch_overhead` a fetch's fixed cost in prefill tokens, and the
 // holder's load (running + waiting + this gateway's streams to it) slows its export, which runs
 // between its engine steps. An overloaded holder is never fetched from, nor one whose KV numerics
-// (as registered; Backend::KvNumerics) differ from the candidate's, since it would refuse the
-// fetch; when either side's are unknown the fetch may be planned and the holder's own check
-// decides. The plan rides on the candidate (Scored::peer) and reaches that worker as
+// (as registered; Backend::KvNumerics) or block size differ from the candidate's, since it would
+// refuse the fetch; when either side's value is unknown the fetch may be planned and the holder's
+// own check decides. The plan rides on the candidate (Scored::peer) and reaches that worker as
 // WorkerServiceGenerateRequest.peer.
 //
 // and the cheapest wins (ties: fewer in flight, then id). With the defaults a worker holding a
@@ -81,6 +81,7 @@ struct Candidate {
   int32_t inflight = 0;             // this gateway's open streams to it
   int64_t matched_host_tokens = 0;  // of matched_tokens, those only in its host KV tier
   std::string kv_numerics;          // its backend's KV numerics (registry); empty if unknown
+  int32_t block_size = 0;           // tokens per KV block (registry); <= 0 if unknown
 };
 
 // A holder to fetch the prompt's prefix from.

@@ -236,6 +236,29 @@ TEST_F(RegistryGrpcTest, KvNumericsTravelFromRegisterToResolveAndListWorkers) {
   EXPECT_EQ(listed.workers(1).kv_numerics(), "");
 }
 
+// A worker's block size goes from RegisterWorker to its match in every Resolve (the router keeps
+// fetches between equal block sizes), and a re-registration replaces it.
+TEST_F(RegistryGrpcTest, BlockSizeTravelsFromRegisterToResolve) {
+  Server server(&clock_);
+  auto client = std::make_unique<ClusterClient>(server.address());
+  WorkerInfo w1 = Info("w1");
+  w1.block_size = 32;
+  ASSERT_TRUE(client->RegisterWorker(w1).ok());
+  ASSERT_TRUE(client->RegisterWorker(Info("w2")).ok());  // Info's 16
+  ASSERT_TRUE(client->ReportEvents("w1", 1, Stored(HeldFor(two_, 32, 200))).ok());
+  std::map<std::string, int32_t> sizes;
+  for (const WorkerMatch& m : Resolve(*client, two_).workers) sizes[m.worker_id] = m.block_size;
+  EXPECT_EQ(sizes, (std::map<std::string, int32_t>{{"w1", 32}, {"w2", 16}}));
+
+  w1.block_size = 64;
+  ASSERT_TRUE(client->RegisterWorker(w1).ok());
+  ResolveResult r = Resolve(*client, two_);
+  ASSERT_EQ(r.workers.size(), 2u);
+  EXPECT_EQ(r.workers[0].worker_id, "w1");
+  EXPECT_EQ(r.workers[0].block_size, 64);
+  EXPECT_EQ(r.workers[1].block_size, 16);
+}
+
 // Tiers over the wire: a host-tier chunk reported through the client comes back in Resolve as
 // host tokens and in GetChunk as the holder's tier; a tier that is not a KvTier is refused.
 TEST_F(RegistryGrpcTest, HostTierResidencyTravelsOverTheWire) {

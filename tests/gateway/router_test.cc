@@ -225,6 +225,39 @@ TEST(RouterTest, HolderOfOtherKvNumericsIsNeverTheFetchPeer) {
   }
 }
 
+TEST(RouterTest, HolderOfOtherBlockSizeIsNeverTheFetchPeer) {
+  // All three share numerics, but "far" cut its KV into 32-token blocks: the idle 16-token
+  // candidate could not take them (the holder refuses the layout), so the plan names "near".
+  std::vector<Candidate> ws = {Worker("far", 8192, 0, 50), Worker("near", 4096, 0, 50),
+                               Worker("idle", 0, 0, 0)};
+  for (Candidate& c : ws) c.kv_numerics = "cpu";
+  ws[0].block_size = 32;
+  ws[1].block_size = 16;
+  ws[2].block_size = 16;
+  auto r = RankWorkers(ws, 9000, FetchWeights(0.1, 0));
+  ASSERT_EQ(r[0].candidate.worker_id, "idle");
+  EXPECT_EQ(r[0].peer.worker_id, "near");
+  EXPECT_EQ(r[0].peer.tokens, 4096);
+  // An unknown block size on either side (a registry that does not send it) leaves the holder's
+  // own check to decide.
+  for (size_t unknown : {size_t{0}, size_t{2}}) {
+    std::vector<Candidate> old = ws;
+    old[unknown].block_size = 0;
+    r = RankWorkers(old, 9000, FetchWeights(0.1, 0));
+    ASSERT_EQ(r[0].candidate.worker_id, "idle");
+    EXPECT_EQ(r[0].peer.worker_id, "far") << "unknown: " << old[unknown].worker_id;
+  }
+  // With no holder of its block size the candidate prefills; equal sizes fetch as before.
+  ws[1].block_size = 32;
+  for (const Scored& s : RankWorkers(ws, 9000, FetchWeights(0.1, 0))) {
+    if (s.candidate.worker_id == "idle") EXPECT_TRUE(s.peer.worker_id.empty());
+  }
+  ws[2].block_size = 32;
+  r = RankWorkers(ws, 9000, FetchWeights(0.1, 0));
+  ASSERT_EQ(r[0].candidate.worker_id, "idle");
+  EXPECT_EQ(r[0].peer.worker_id, "far");
+}
+
 TEST(RouterTest, ParsesPolicyNames) {
   for (RoutePolicy p :
        {RoutePolicy::kCost, RoutePolicy::kLoad, RoutePolicy::kRoundRobin, RoutePolicy::kRandom}) {

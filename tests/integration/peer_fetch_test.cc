@@ -4,7 +4,7 @@
 // (deadline) transfer, and a holder killed mid-transfer, are detected and the prompt is
 // prefilled with the same exact tokens; a cancelled request stops its fetch and holds no blocks;
 // GetStats and the metrics count fetches and fallbacks. Through the gateway, the router's fetch
-// plan reaches the worker it chose.
+// plan reaches the worker it chose, and none is planned between workers of other block sizes.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -335,17 +335,40 @@ TEST(PeerFetchTest, HolderRefusesMalformedRequestsWithBoundedMessages) {
   EXPECT_TRUE(CallWorker(s, 0, Prompt(7)).status.ok());
 }
 
+// The request again through the gateway while worker `holder` runs a long stream of its own (seen
+// by the registry's load), so the router weighs sending it elsewhere with a fetch plan.
+Reply GenerateWhileHolderBusy(Stack& s, int holder, const cascade::v2::GenerateRequest& req) {
+  EXPECT_TRUE(s.WaitForIdleLoad());
+  WorkerServiceGenerateRequest busy = Prompt(6);
+  busy.mutable_sampling()->set_max_tokens(100000 / 100);
+  grpc::ClientContext busy_ctx;
+  std::thread t([&] { CallWorker(s, holder, busy, -1, &busy_ctx); });
+  EXPECT_TRUE(WaitFor([&] {
+    for (const auto& w : s.registry()->ListWorkers()) {
+      if (w.info.worker_id == s.worker(holder).worker_id() && w.load.running > 0) return true;
+    }
+    return false;
+  }));
+  Reply again = Generate(s.gateway(), req);
+  busy_ctx.TryCancel();
+  t.join();
+  return again;
+}
+
+// Fetch weights under which the tiny model's fetched token costs ~0.001 of a prefill.
+void CheapFetch(gateway::GatewayConfig* g) {
+  g->fetch.bandwidth = 1e9;
+  g->fetch.prefill_tokens_per_s = 1000;
+  g->fetch.overhead_ms = 0;
+}
+
 // Through the gateway: the holder is busy, so the router sends the request to the idle worker
 // with a plan to fetch from the holder, which it does; the output is the first request's.
 TEST(PeerFetchTest, RouterSendsTheFetchPlanToTheWorkerItChooses) {
   StackOptions o;
   o.workers = 2;
   o.host_kv_bytes = 64 << 20;
-  o.tweak_gateway = [](gateway::GatewayConfig* g) {
-    g->fetch.bandwidth = 1e9;  // the tiny model's KV: a fetched token costs ~0.001 of a prefill
-    g->fetch.prefill_tokens_per_s = 1000;
-    g->fetch.overhead_ms = 0;
-  };
+  o.tweak_gateway = CheapFetch;
   Stack s(o);
   const std::string sys = LongSystemPrompt();
   cascade::v2::GenerateRequest req = Req(sys, "Which rule is first?", 6);
@@ -354,21 +377,7 @@ TEST(PeerFetchTest, RouterSendsTheFetchPlanToTheWorkerItChooses) {
   const int holder = s.WorkerIndex(first.start.worker_id());
   ASSERT_GE(holder, 0);
   const int other = 1 - holder;
-  ASSERT_TRUE(s.WaitForIdleLoad());
-  // Keep the holder busy with a long stream of its own, seen by the registry's load.
-  WorkerServiceGenerateRequest busy = Prompt(6);
-  busy.mutable_sampling()->set_max_tokens(100000 / 100);
-  grpc::ClientContext busy_ctx;
-  std::thread t([&] { CallWorker(s, holder, busy, -1, &busy_ctx); });
-  ASSERT_TRUE(WaitFor([&] {
-    for (const auto& w : s.registry()->ListWorkers()) {
-      if (w.info.worker_id == s.worker(holder).worker_id() && w.load.running > 0) return true;
-    }
-    return false;
-  }));
-  const Reply again = Generate(s.gateway(), req);
-  busy_ctx.TryCancel();
-  t.join();
+  const Reply again = GenerateWhileHolderBusy(s, holder, req);
   ASSERT_TRUE(again.status.ok()) << again.status.error_message();
   EXPECT_EQ(again.start.worker_id(), s.worker(other).worker_id());
   EXPECT_EQ(again.tokens, first.tokens);
@@ -376,6 +385,30 @@ TEST(PeerFetchTest, RouterSendsTheFetchPlanToTheWorkerItChooses) {
   EXPECT_EQ(st.peer_fetches(), 1);
   EXPECT_GT(st.peer_fetched_blocks(), 0);
   EXPECT_EQ(again.start.cached_tokens(), st.peer_fetched_blocks() * 16);
+}
+
+// The same through the gateway, but the workers cut their KV into blocks of 16 and 32 tokens: the
+// holder would refuse the other's fetch, and the router, knowing both block sizes from the
+// registry, plans none (a planned one would show as a fallback on the worker that tried it).
+TEST(PeerFetchTest, RouterPlansNoFetchFromAHolderOfAnotherBlockSize) {
+  StackOptions o;
+  o.workers = 2;
+  o.host_kv_bytes = 64 << 20;
+  o.tweak_worker = [](int i, worker::WorkerConfig* w) { w->block_size = i == 0 ? 16 : 32; };
+  o.tweak_gateway = CheapFetch;
+  Stack s(o);
+  cascade::v2::GenerateRequest req = Req(LongSystemPrompt(), "Which rule is first?", 6);
+  const Reply first = Generate(s.gateway(), req);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  const int holder = s.WorkerIndex(first.start.worker_id());
+  ASSERT_GE(holder, 0);
+  const Reply again = GenerateWhileHolderBusy(s, holder, req);
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  for (int i = 0; i < 2; ++i) {
+    const auto st = s.WorkerStats(i);
+    EXPECT_EQ(st.peer_fetches(), 0) << "worker " << i;
+    EXPECT_EQ(st.peer_fetch_fallbacks(), 0) << "worker " << i;
+  }
 }
 
 }  // namespace
