@@ -6,6 +6,7 @@
 #   bash scripts/device_build.sh [ninja targets...]      # default: everything
 #   . build-gpu/env.sh                                   # runtime library path for the binaries
 # Environment: CASCADE_BUILD_DIR (default build-gpu), CASCADE_DEPS_DIR (default /opt/cascade-deps),
+# CASCADE_CMAKE_ARGS: more cmake arguments, space-separated (e.g. -DCASCADE_WS_TRACE=ON),
 # CASCADE_SUBDIRS: optional space-separated folders (e.g. "gpu_worker/backend/cuda tests/gpu") to
 # configure a shadow source tree with only those folders' CMakeLists (plus the root's), so that
 # folders other people are half-way through cannot break the configure step; every folder is
@@ -89,9 +90,10 @@ if [ "${CASCADE_DEVICE_GRPC:-0}" = 1 ]; then
   GRPC=ON
   export PATH=$DEPS/usr/bin:$PATH  # protoc, grpc_cpp_plugin
 fi
+# shellcheck disable=SC2086  # CASCADE_CMAKE_ARGS is split on purpose
 cmake -S "$SRC" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCASCADE_GRPC=$GRPC \
   -DCASCADE_CUDA=ON -DCMAKE_PREFIX_PATH="$DEPS/usr" -DCMAKE_BUILD_RPATH="$LIBDIR" \
-  "${PKGCONF_ARGS[@]}" >"$BUILD_DIR.configure.log" 2>&1 || { tail -40 "$BUILD_DIR.configure.log"; exit 1; }
+  "${PKGCONF_ARGS[@]}" ${CASCADE_CMAKE_ARGS:-} >"$BUILD_DIR.configure.log" 2>&1 || { tail -40 "$BUILD_DIR.configure.log"; exit 1; }
 grep -E "^-- cascade:" "$BUILD_DIR.configure.log" || true
 cat >"$BUILD_DIR/env.sh" <<ENV
 export LD_LIBRARY_PATH=$LIBDIR\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}

@@ -11,6 +11,9 @@
 //   SuperTilesFor's)] [--wide-ctas=N (the cascade rows' wide kernel on N CTAs; default one per SM)]
 //   [--tree=NAME (only the three-level tree's every-tile row of that configuration: default,
 //   nofold, ownsmem, lead32, super, ...; for a profiler)]
+//   [--trace=FILE (with --tree: the wide kernel's per-work timeline of that row's last launch
+//   into FILE, for bench/kernels/ws_trace.py; needs a build configured with
+//   -DCASCADE_WS_TRACE=ON)]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -21,6 +24,7 @@
 #include <cstring>
 #include <iterator>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -215,6 +219,66 @@ int g_wide_ctas = 0;  // --wide-ctas=N: the wide cascade kernel's CTAs (0: one p
 // --tree=NAME: only the tree row of that configuration ("every tile" + NAME's suffix: "default",
 // "nofold", "ownsmem", ...; for a profiler), nothing else.
 std::string g_tree_only;
+std::string g_trace_path;  // --trace=FILE
+
+// The per-work timeline (--trace; launchers.h SetWsTrace): room for kTraceWorks works of
+// kTraceSlots stamps, then 4 stamps a CTA (clock64 and globaltimer at its start and end).
+constexpr int kTraceWorks = 1 << 16, kTraceSlots = 16, kTraceCtas = 1024;
+class WsTrace {
+ public:
+  // Starts the stamps; exits with status 2 where the library stamps nothing.
+  WsTrace() {
+    auto b = DeviceBuffer::Allocate(kWords * sizeof(uint64_t));
+    CHECK_OK(b.status());
+    buf_ = std::move(*b);
+    CHECK_OK(FillBytes(buf_.data(), 0, kWords * sizeof(uint64_t)));
+    if (internal::SetWsTrace(static_cast<uint64_t*>(buf_.data()), kTraceWorks) != cudaSuccess) {
+      std::fprintf(stderr,
+                   "--trace: this build stamps no timeline; configure it with "
+                   "-DCASCADE_WS_TRACE=ON (bench/kernels/device_ws_trace.sh does)\n");
+      std::exit(2);
+    }
+  }
+  // Stops the stamps and writes what the last launch left: "cta,c0,t0,c1,t1" lines (clock64 and
+  // globaltimer ns at the CTA's start and end), then "work,meta,s0..s14" (ws_trace.py reads it).
+  void Write(const std::string& path) {
+    if (internal::SetWsTrace(nullptr, 0) != cudaSuccess) std::exit(2);
+    std::vector<uint64_t> h(kWords);
+    CHECK_OK(CopyToHost(h.data(), buf_.data(), kWords * sizeof(uint64_t)));
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "--trace=%s: cannot write it\n", path.c_str());
+      std::exit(2);
+    }
+    int ctas = 0, works = 0;
+    const uint64_t* cta = h.data() + static_cast<size_t>(kTraceWorks) * kTraceSlots;
+    for (int c = 0; c < kTraceCtas; ++c, cta += 4) {
+      if (cta[0] == 0) continue;
+      std::fprintf(f, "cta,%d,%llu,%llu,%llu,%llu\n", c, static_cast<unsigned long long>(cta[0]),
+                   static_cast<unsigned long long>(cta[1]), static_cast<unsigned long long>(cta[2]),
+                   static_cast<unsigned long long>(cta[3]));
+      ++ctas;
+    }
+    for (int w = 0; w < kTraceWorks; ++w) {
+      const uint64_t* s = h.data() + static_cast<size_t>(w) * kTraceSlots;
+      if (s[kTraceSlots - 1] == 0 && s[0] == 0) continue;
+      std::fprintf(f, "work,%d", w);
+      std::fprintf(f, ",%llu", static_cast<unsigned long long>(s[kTraceSlots - 1]));  // meta
+      for (int i = 0; i < kTraceSlots - 1; ++i) {
+        std::fprintf(f, ",%llu", static_cast<unsigned long long>(s[i]));
+      }
+      std::fprintf(f, "\n");
+      ++works;
+    }
+    std::fclose(f);
+    std::printf("    trace: %d works on %d CTAs in %s\n", works, ctas, path.c_str());
+  }
+
+ private:
+  static constexpr size_t kWords =
+      static_cast<size_t>(kTraceWorks) * kTraceSlots + static_cast<size_t>(kTraceCtas) * 4;
+  DeviceBuffer buf_;
+};
 
 int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto name = DeviceName(0);
@@ -458,8 +522,11 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       internal::SetSplitOverlapsWide(c != &serial);
       SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
+      std::optional<WsTrace> trace;
+      if (!g_trace_path.empty()) trace.emplace();
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
                                       num_blocks, cache, *c, &plan);
+      if (trace) trace->Write(g_trace_path);
       internal::SetSplitOverlapsWide(true);
       SetOwnTilesOnPersistentDecode(true);
       internal::SetSplitVariant(0);
@@ -582,6 +649,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "--wide-ctas=N: N >= 1\n");
         return 2;
       }
+    } else if (arg.rfind("--trace=", 0) == 0) {
+      cascade::cuda::g_trace_path = arg.substr(8);
     } else if (arg.rfind("--tree=", 0) == 0) {
       cascade::cuda::g_tree_only = arg.substr(7);
       flag = "--cascade-only";
@@ -607,6 +676,10 @@ int main(int argc, char** argv) {
     } else {
       flag = arg;
     }
+  }
+  if (!cascade::cuda::g_trace_path.empty() && cascade::cuda::g_tree_only.empty()) {
+    std::fprintf(stderr, "--trace=FILE traces one tree row: give --tree=NAME too\n");
+    return 2;
   }
   return cascade::cuda::Main(flag == "--quick", flag == "--cascade-only", flag == "--prefill-only");
 }

@@ -831,6 +831,53 @@ __device__ __forceinline__ void WsSuperTiles(const WsRing& ring, int n0, uint32_
 // 0, or one super-tile: the partial the split kernel writes, which folding into the empty state
 // copies), or with kFoldFinish its rows' outputs.
 constexpr int kPwItemBufs = 2;
+// A per-work timeline of this kernel (bench only: builds configured with -DCASCADE_WS_TRACE=ON,
+// bench/kernels/ws_trace.py reads it): lane 0 of the item, load and consumer warps stamp clock64
+// at the points below into work w's kWsTraceSlots slots, the CTA its clock64 and globaltimer at
+// its start and end after the works (so cycles convert to time); the product build compiles none
+// of it (PW_STAMP is empty).
+#if defined(CASCADE_WS_TRACE)
+enum WsTraceSlot {
+  kTrItemBegin,    // item warp 0: work taken (before waiting for its buffer)
+  kTrItemBuffer,   // ... its buffer free (the consumers read its work of two before)
+  kTrItemRows,     // ... the rows' positions read (the Q copies are in flight)
+  kTrItemFull,     // ... the Q rows landed: item_full arrival
+  kTrItem1Buffer,  // item warp 1: its buffer free
+  kTrItem1Full,    // ... its Q rows landed
+  kTrLoadBegin,    // load warp 0: its first tile of the work to issue (may wait for a stage)
+  kTrLoadEnd,      // ... its last tile of the work issued
+  kTrWg0Wait,      // consumer warpgroup 0 (warp 4): waits for the work's item buffer
+  kTrWg0Start,     // ... the item is there
+  kTrWg0Tiles,     // ... its tile loop done
+  kTrWg0Stored,    // ... its outputs or partials stored
+  kTrWg1Start,     // consumer warpgroup 1 (warp 8): the item is there
+  kTrWg1Tiles,     // ... its tile loop done
+  kTrWg1Stored,    // ... stored
+  kTrMeta,         // cta | j << 12 | ntiles << 32 | q-rows << 48 | fold << 60 (item warp 0)
+  kWsTraceSlots
+};
+__device__ uint64_t* g_ws_trace = nullptr;  // [works][slots], then [CTAs][4]
+__device__ int g_ws_trace_works = 0;
+__device__ __forceinline__ uint64_t GlobalTimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void PwStamp(int w, int slot, uint64_t v) {
+  if (g_ws_trace != nullptr && w < g_ws_trace_works) {
+    g_ws_trace[static_cast<int64_t>(w) * kWsTraceSlots + slot] = v;
+  }
+}
+__device__ __forceinline__ void PwStampCta(int slot, uint64_t v) {
+  if (g_ws_trace != nullptr) {
+    g_ws_trace[static_cast<int64_t>(g_ws_trace_works) * kWsTraceSlots + blockIdx.x * 4 + slot] = v;
+  }
+}
+#define PW_STAMP(lane, w, slot) \
+  if ((lane) == 0) PwStamp((w), (slot), static_cast<uint64_t>(clock64()))
+#else
+#define PW_STAMP(lane, w, slot) ((void)0)
+#endif
 struct PwItem {
   int tile_begin, ntiles, nq, kvh, fold;
   int lo[2], hi[2];  // a consumer warpgroup's lowest and highest row position (INT_MAX / -1)
@@ -864,6 +911,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // the wait, as in ForEachSplitItem).
   if (k.item_count != nullptr) items = *k.item_count;
   WaitForPriorGrids();
+#if defined(CASCADE_WS_TRACE)
+  if (threadIdx.x == 0) {
+    PwStampCta(0, static_cast<uint64_t>(clock64()));
+    PwStampCta(1, GlobalTimer());
+  }
+#endif
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ PwShared sh;
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -904,10 +957,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         const int table_offset = it[0], tile_begin = it[1], ntiles = it[2] - it[1];
         const int kv_len = it[5];
         const int first = (warp - n) & 1;  // the item's first tile at ring position n = warp mod 2
+        if (warp == 0) PW_STAMP(lane, w, kTrLoadBegin);
         WsLoadTiles<kStages, kPiece, false>(
             a, &tk, &tv, ring, n, table_offset, tile_begin, ntiles, kv_len, kvh, lane,
             WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, first),
             first, kWsLoadWarps);
+        if (warp == 0) PW_STAMP(lane, w, kTrLoadEnd);
         n += ntiles;
       }
     } else {  // item warp u = warp - 2: q-rows [64 u, 64 u + 64) of each work
@@ -915,9 +970,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       for (int j = 0; j < njobs; ++j) {
         const int w = PwWork(j);
         const int b = j % kPwItemBufs;
+        if (u == 0) PW_STAMP(lane, w, kTrItemBegin);
         if (j >= kPwItemBufs) {  // buffer b's work j - 2 read by the consumers
           MbarWait(bar(sh.item_empty[b]), ((j - kPwItemBufs) / kPwItemBufs) & 1);
         }
+        PW_STAMP(lane, w, u == 0 ? kTrItemBuffer : kTrItem1Buffer);
         const int32_t* it = k.items + static_cast<int64_t>(w / hkv) * kItemFields;
         const int kvh = w % hkv;
         const int row_begin = it[3], nq = it[4] * G;
@@ -966,6 +1023,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, off));
           wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
         }
+#if defined(CASCADE_WS_TRACE)
+        if (u == 0 && lane == 0) {  // the positions arrived (the shuffles above waited for them)
+          PwStamp(w, kTrItemRows, static_cast<uint64_t>(clock64()));
+          PwStamp(w, kTrMeta,
+                  blockIdx.x | static_cast<uint64_t>(j & 0xfffff) << 12 |
+                      static_cast<uint64_t>((it[2] - it[1]) & 0xffff) << 32 |
+                      static_cast<uint64_t>(nq & 0xfff) << 48 |
+                      static_cast<uint64_t>(it[6] & 0xf) << 60);
+        }
+#endif
         if (lane == 0) {
           d.lo[u] = wmin;
           d.hi[u] = wmax;
@@ -980,6 +1047,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         CpAsyncWait<0>();
         FenceProxyAsync();  // the Q rows are read by wgmma (the async proxy)
         __syncwarp();
+        PW_STAMP(lane, w, u == 0 ? kTrItemFull : kTrItem1Full);
         if (lane == 0) MbarArrive(bar(sh.item_full[b]));
       }
     }
@@ -989,7 +1057,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     int n = 0;
     for (int j = 0; j < njobs; ++j) {
       const int b = j % kPwItemBufs;
+#if defined(CASCADE_WS_TRACE)  // (the work recomputed at each stamp: no register held)
+      if (cw == 0) PW_STAMP(lane, PwWork(j), kTrWg0Wait);
+#endif
       MbarWait(bar(sh.item_full[b]), (j / kPwItemBufs) & 1);
+#if defined(CASCADE_WS_TRACE)
+      if (cw % 4 == 0) PW_STAMP(lane, PwWork(j), wg == 0 ? kTrWg0Start : kTrWg1Start);
+#endif
       const PwItem& d = sh.item[b];
       const int tile_begin = d.tile_begin, ntiles = d.ntiles;
       const int qi0 = cw * 16 + (lane >> 2);  // this lane's q-rows qi0, qi0 + 8
@@ -1006,6 +1080,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                                                  l, true, kSplit ? m : nullptr);
       }
       n += ntiles;
+#if defined(CASCADE_WS_TRACE)
+      if (cw % 4 == 0) PW_STAMP(lane, PwWork(j), wg == 0 ? kTrWg0Tiles : kTrWg1Tiles);
+#endif
       // Every MMA of the work has completed (each was waited for); its fields are read before
       // the item buffer may refill.
       const int nq = d.nq, kvh = d.kvh, row0 = d.row[qi0], row1 = d.row[qi0 + 8];
@@ -1027,8 +1104,18 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         WgStoreRowsBy(a, nq, kvh, cw * 16, lane, o, l,
                       [&](int qi) { return qi >= qi0 + 8 ? row1 : row0; });
       }
+#if defined(CASCADE_WS_TRACE)
+      if (cw % 4 == 0) PW_STAMP(lane, PwWork(j), wg == 0 ? kTrWg0Stored : kTrWg1Stored);
+#endif
     }
   }
+#if defined(CASCADE_WS_TRACE)
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    PwStampCta(2, static_cast<uint64_t>(clock64()));
+    PwStampCta(3, GlobalTimer());
+  }
+#endif
 #else
   __trap();  // launched only on devices with sm_90a machine code (WgmmaAvailable)
 #endif

@@ -108,5 +108,10 @@ void SetDecodeWsCtas(int ctas);
 // Tests only: the grid of the persistent warp-specialized prefill kernel; 0 (default): one CTA per
 // SM (at most one per work). A small grid makes each CTA run many works (its rings wrap).
 void SetPrefillWsCtas(int ctas);
+// Benchmarks only: the persistent warp-specialized prefill kernel's per-work timeline (wide
+// cascade items and prefill; attention_hopper.cuh kWsTraceSlots) into `trace`, which holds
+// `works` x 16 stamps and then 4 per CTA; nullptr stops it. cudaErrorNotSupported unless the
+// library was built with -DCASCADE_WS_TRACE=ON (the product build stamps nothing).
+cudaError_t SetWsTrace(uint64_t* trace, int works);
 
 }  // namespace cascade::cuda::internal

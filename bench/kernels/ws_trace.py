@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Reads the wide kernel's per-work timeline and prints where a work's time goes.
+
+`cuda_attention_bench --tree=NAME --trace=FILE` (a build configured with -DCASCADE_WS_TRACE=ON;
+bench/kernels/device_ws_trace.sh) writes FILE: "cta,c,clock0,ns0,clock1,ns1" lines (a CTA's
+clock64 and globaltimer at its start and after its last work) and "work,w,meta,s0..s14" lines
+(clock64 stamps, attention_hopper.cuh WsTraceSlot). Stamps are compared only within a CTA (one
+SM's clock); the CTA's two clock / globaltimer pairs give its cycles per microsecond.
+
+Prints, per kind of work (tiles and q-rows), the median and mean in microseconds of each interval
+below, and over all CTAs the share of consumer warpgroup 0's time spent waiting for its item,
+in its tile loop, storing, and between works.
+
+  python3 bench/kernels/ws_trace.py FILE
+  python3 bench/kernels/ws_trace.py --self-test
+"""
+import statistics
+import sys
+from collections import defaultdict
+
+# The stamp slots (attention_hopper.cuh WsTraceSlot), in file order after the meta word.
+SLOTS = [
+    "item_begin", "item_buffer", "item_rows", "item_full", "item1_buffer", "item1_full",
+    "load_begin", "load_end", "wg0_wait", "wg0_start", "wg0_tiles", "wg0_stored", "wg1_start",
+    "wg1_tiles", "wg1_stored",
+]
+# (label, later stamp, earlier stamp): the intervals printed per kind of work.
+INTERVALS = [
+    ("item: wait for its buffer", "item_buffer", "item_begin"),
+    ("item: buffer free -> positions read", "item_rows", "item_buffer"),
+    ("item: positions -> Q landed", "item_full", "item_rows"),
+    ("item: gather (buffer free -> Q landed)", "item_full", "item_buffer"),
+    ("item 1: gather", "item1_full", "item1_buffer"),
+    ("wg0: item ready before asked (+) / waited (-)", "wg0_wait", "item_full"),
+    ("wg0: wait for the item", "wg0_start", "wg0_wait"),
+    ("wg0: tile loop", "wg0_tiles", "wg0_start"),
+    ("wg0: store", "wg0_stored", "wg0_tiles"),
+    ("wg1: tile loop", "wg1_tiles", "wg1_start"),
+    ("wg1: store", "wg1_stored", "wg1_tiles"),
+    ("load 0: first tile -> last tile issued", "load_end", "load_begin"),
+    ("load 0 first issue -> wg0 start", "wg0_start", "load_begin"),
+]
+
+
+def parse(lines):
+    """Returns ({cta: (clock0, ns0, clock1, ns1)}, [work dicts])."""
+    ctas, works = {}, []
+    for line in lines:
+        f = line.strip().split(",")
+        if not f or not f[0]:
+            continue
+        if f[0] == "cta":
+            ctas[int(f[1])] = tuple(int(x) for x in f[2:6])
+        elif f[0] == "work":
+            meta = int(f[2])
+            stamps = dict(zip(SLOTS, (int(x) for x in f[3:3 + len(SLOTS)])))
+            works.append({
+                "w": int(f[1]), "cta": meta & 0xFFF, "j": (meta >> 12) & 0xFFFFF,
+                "tiles": (meta >> 32) & 0xFFFF, "q": (meta >> 48) & 0xFFF, "fold": meta >> 60,
+                **stamps,
+            })
+    return ctas, works
+
+
+def kind(w):
+    if w["tiles"] == 1:
+        return "1 tile, %d q-rows" % w["q"]
+    return "%s tiles, %d q-rows" % ("2-7" if w["tiles"] < 8 else "8+", w["q"])
+
+
+def analyze(ctas, works):
+    """Returns (per-kind {label: [us]}, per-kind counts, wg0 time shares, cycles per us)."""
+    rate = {}  # cycles per microsecond, per CTA
+    for c, (c0, t0, c1, t1) in ctas.items():
+        if t1 > t0 and c1 > c0:
+            rate[c] = (c1 - c0) / ((t1 - t0) / 1000.0)
+    by_kind = defaultdict(lambda: defaultdict(list))
+    counts = defaultdict(int)
+    shares = defaultdict(float)
+    per_cta = defaultdict(list)
+    for w in works:
+        r = rate.get(w["cta"])
+        if r is None or any(w[s] == 0 for s in SLOTS):
+            continue  # a work of another launch, or one this launch did not finish stamping
+        k = kind(w)
+        counts[k] += 1
+        for label, later, earlier in INTERVALS:
+            by_kind[k][label].append((w[later] - w[earlier]) / r)
+        per_cta[w["cta"]].append(w)
+    for c, ws in per_cta.items():
+        r = rate[c]
+        ws.sort(key=lambda w: w["j"])
+        c0, _, c1, _ = ctas[c]
+        shares["wait for the item"] += sum(w["wg0_start"] - w["wg0_wait"] for w in ws) / r
+        shares["tile loop"] += sum(w["wg0_tiles"] - w["wg0_start"] for w in ws) / r
+        shares["store"] += sum(w["wg0_stored"] - w["wg0_tiles"] for w in ws) / r
+        shares["before the first work"] += (ws[0]["wg0_wait"] - c0) / r
+        shares["between works"] += sum(
+            b["wg0_wait"] - a["wg0_stored"] for a, b in zip(ws, ws[1:])) / r
+        shares["after the last work"] += (c1 - ws[-1]["wg0_stored"]) / r
+    return by_kind, counts, shares, rate
+
+
+def report(ctas, works, out=sys.stdout):
+    by_kind, counts, shares, rate = analyze(ctas, works)
+    if not counts:
+        print("ws_trace: no complete work in the trace (was it written by a --trace build?)",
+              file=out)
+        return 1
+    rates = sorted(rate.values())
+    spans = sorted((c1 - c0) / rate[c] for c, (c0, _, c1, _) in ctas.items() if c in rate)
+    print("%d CTAs, %d works; SM clock %.0f-%.0f MHz; CTA span median %.1f us, max %.1f us" %
+          (len(rate), sum(counts.values()), rates[0], rates[-1], statistics.median(spans),
+           spans[-1]), file=out)
+    kinds = sorted(counts, key=lambda k: -counts[k])
+    print("\n%-46s" % "interval (us, median / mean)" +
+          "".join(" %22s" % ("%s (%d)" % (k, counts[k])) for k in kinds), file=out)
+    for label, _, _ in INTERVALS:
+        cells = []
+        for k in kinds:
+            v = by_kind[k][label]
+            cells.append(" %22s" % ("%7.2f / %7.2f" % (statistics.median(v), statistics.mean(v))))
+        print("%-46s%s" % (label, "".join(cells)), file=out)
+    total = sum(shares.values())
+    print("\nconsumer warpgroup 0's time over all CTAs (%.1f us):" % total, file=out)
+    for name, v in shares.items():
+        print("  %-24s %5.1f%%" % (name, 100.0 * v / total), file=out)
+    return 0
+
+
+def self_test():
+    """A hand-made trace: two CTAs at 1000 cycles per us, known intervals; checks the numbers."""
+    lines = ["cta,0,1000,0,40000,39000", "cta,1,5000,0,35000,30000"]
+
+    def work(w, cta, j, tiles, q, base, gap_item, loop):
+        meta = cta | j << 12 | tiles << 32 | q << 48 | 2 << 60
+        s = {
+            "item_begin": base, "item_buffer": base + 1000, "item_rows": base + 1500,
+            "item_full": base + 2000, "item1_buffer": base + 1000, "item1_full": base + 2500,
+            "load_begin": base + 500, "load_end": base + 900, "wg0_wait": base + 2000 - gap_item,
+            "wg0_start": base + 2500, "wg0_tiles": base + 2500 + loop,
+            "wg0_stored": base + 3000 + loop, "wg1_start": base + 2500,
+            "wg1_tiles": base + 2500 + loop, "wg1_stored": base + 3000 + loop,
+        }
+        return "work,%d,%d,%s" % (w, meta, ",".join(str(s[k]) for k in SLOTS))
+
+    lines.append(work(0, 0, 0, 1, 64, 1000, 500, 4000))   # 1 tile: loop 4 us, wait 1 us
+    lines.append(work(1, 1, 0, 1, 64, 5000, 500, 6000))   # 1 tile: loop 6 us
+    lines.append(work(2, 0, 1, 32, 128, 9000, -500, 20000))  # a fold run: loop 20 us
+    lines.append("work,3,0," + ",".join("0" for _ in SLOTS))  # not stamped: skipped
+    ctas, works = parse(lines)
+    by_kind, counts, shares, rate = analyze(ctas, works)
+    assert counts == {"1 tile, 64 q-rows": 2, "8+ tiles, 128 q-rows": 1}, counts
+    assert abs(rate[0] - 1000.0) < 1e-9 and abs(rate[1] - 1000.0) < 1e-9, rate
+    one = by_kind["1 tile, 64 q-rows"]
+    assert one["wg0: tile loop"] == [4.0, 6.0], one["wg0: tile loop"]
+    assert one["wg0: wait for the item"] == [1.0, 1.0], one["wg0: wait for the item"]
+    assert one["item: gather (buffer free -> Q landed)"] == [1.0, 1.0]
+    assert one["wg0: item ready before asked (+) / waited (-)"] == [-0.5, -0.5]
+    run = by_kind["8+ tiles, 128 q-rows"]
+    assert run["wg0: wait for the item"] == [0.0], run["wg0: wait for the item"]
+    assert run["wg0: store"] == [0.5]
+    # CTA 0 (span 39 us): wg0 asks at 2500 (1.5 us after the start), starts 3500, stores until
+    # 8000, asks again at 11500 (3.5 us between works), stores until 32000 (8 us before the end);
+    # CTA 1 (30 us): asks at 6500 (1.5 us), stores until 14000 (21 us before the end).
+    total = sum(shares.values())
+    assert abs(total - 69.0) < 1e-9, total  # both CTAs' spans
+    assert abs(shares["tile loop"] - 30.0) < 1e-9, shares
+    assert abs(shares["wait for the item"] - 2.0) < 1e-9, shares
+    assert abs(shares["before the first work"] - 3.0) < 1e-9, shares
+    assert abs(shares["between works"] - 3.5) < 1e-9, shares
+    assert abs(shares["after the last work"] - 29.0) < 1e-9, shares
+    assert report(ctas, works, out=open("/dev/null", "w")) == 0
+    assert report({}, [], out=open("/dev/null", "w")) == 1
+    print("ws_trace self-test: ok")
+    return 0
+
+
+def main(argv):
+    if len(argv) == 2 and argv[1] == "--self-test":
+        return self_test()
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    with open(argv[1]) as f:
+        ctas, works = parse(f)
+    return report(ctas, works)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
