@@ -60,6 +60,10 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
             "tiles (or whose rows x kv heads fit one per consumer, two per SM) run on the "
             "persistent decode attention kernel (same tokens; 0: at any length; -1: never, the "
             "split kernel as before it)");
+  f->AddString("attention_fold_order", &c->attention_fold_order,
+               "CUDA backend: one_level (default) or two_level (Hopper: super-tiles of 4 tiles "
+               "folded in order; other bits, so alike on every worker; decode over shared "
+               "system + context chunks ~1.3x faster, cold prefill up to 1.15x slower)");
   f->AddInt64("host_kv_bytes", &c->host_kv_bytes,
               "host KV tier: host memory for KV blocks the GPU tier evicts (pinned on CUDA); "
               "-1: min(RAM / 5, 4 x the KV cache); 0: off");
@@ -123,6 +127,11 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
         absl::StrCat("--persistent_decode_min_tiles=", config.persistent_decode_min_tiles,
                      ": must be >= -1 (-1: never, 0: at any length)"));
   }
+  if (config.attention_fold_order != "one_level" && config.attention_fold_order != "two_level") {
+    return absl::InvalidArgumentError(absl::StrCat("--attention_fold_order='",
+                                                   config.attention_fold_order,
+                                                   "': must be one_level or two_level"));
+  }
   if (config.gemm_tune_min_hidden < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--gemm_tune_min_hidden=", config.gemm_tune_min_hidden,
@@ -154,6 +163,9 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     o.decode_gemm_max_m = config.decode_gemm_max_m;
     o.gemm_prefill_min_m = config.gemm_prefill_min_m;
     o.persistent_decode_min_tiles = config.persistent_decode_min_tiles;
+    // The two-level order asked for by name: where the device cannot run it, NewCudaBackend
+    // says so rather than falling back to other bits than the deployment's.
+    o.attention_super_tiles = config.attention_fold_order == "two_level" ? cuda::kSuperTiles : 1;
     auto b = cuda::NewCudaBackend(model, o);
     if (!b.ok()) return b.status();
     return std::move(*b);
@@ -164,6 +176,11 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
         "--backend=cuda: this build has no CUDA backend (configure where nvcc is installed)");
   }
 #endif
+  if (config.attention_fold_order == "two_level") {
+    return absl::InvalidArgumentError(
+        "--attention_fold_order=two_level: the CPU backend folds attention in one level only "
+        "(the two-level order runs on Hopper GPUs); use one_level");
+  }
   cpu::CpuBackendOptions o;
   absl::StatusOr<int64_t> blocks = KvCacheBlocks(config, mc, "cpu");
   if (!blocks.ok()) return blocks.status();

@@ -54,6 +54,14 @@ struct WorkerConfig {
   // CUDA backend: CudaBackendOptions::persistent_decode_min_tiles (-1: the persistent decode
   // kernel off; the same tokens either way).
   int persistent_decode_min_tiles = cuda::kDefaultPersistentDecodeMinTiles;
+  // CUDA backend: attention's fold order (CudaBackendOptions::attention_super_tiles). "one_level"
+  // (the default) folds every 64-token tile into a row in turn; "two_level" accumulates
+  // super-tiles of four tiles in place and folds those (Hopper only): other bits, so every worker
+  // of a deployment must use the same order (the registry's KV numerics keep peer fetches apart).
+  // Measured on an H200 (bench/engine/RESULTS.md, session 26): decode steps over a three-level
+  // prefix tree 1.29x faster, plain decode 1-3% slower, cold prefill 2-15% slower (8k prompts
+  // most): worth it where many requests share system and context chunks.
+  std::string attention_fold_order = "one_level";
   // Host KV tier: host memory for copies of blocks the GPU tier evicts. -1: auto, the smaller of
   // a fifth of the machine's RAM and four times the GPU tier's KV bytes; 0: off.
   int64_t host_kv_bytes = -1;

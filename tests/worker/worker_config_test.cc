@@ -4,6 +4,9 @@
 // refused at start, not read as the default.
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <string>
+
 #include "common/flags.h"
 #include "gpu_worker/model/config.h"
 #include "gpu_worker/service/worker_server.h"
@@ -122,6 +125,43 @@ TEST(WorkerConfigTest, CudaGemmSettingsOutsideTheirRangeAreRefused) {
   expect_refused("--gemm_prefill_min_m=-5: must be >= 0");
   c.gemm_prefill_min_m = 0;
   EXPECT_TRUE(MakeBackend("cpu", *model, c).ok());
+}
+
+// --attention_fold_order: one_level or two_level, anything else refused on every backend; the
+// CPU backend, which folds in one level only, refuses two_level rather than serving other bits
+// than the deployment asked for; the flag parses into the config.
+TEST(WorkerConfigTest, AttentionFoldOrderIsOneOfTwoAndTwoLevelIsRefusedOnTheCpu) {
+  std::unique_ptr<model::Model> model =
+      cpu::testing_util::MakeModel(cpu::testing_util::SmallVocab("tiny"), 3);
+  ASSERT_NE(model, nullptr);
+  WorkerConfig c;
+  c.kv_blocks = 16;
+  EXPECT_EQ(c.attention_fold_order, "one_level");
+  EXPECT_TRUE(MakeBackend("cpu", *model, c).ok());
+  for (const char* bad : {"", "two-level", "super", "ONE_LEVEL"}) {
+    c.attention_fold_order = bad;
+    absl::StatusOr<std::unique_ptr<engine::Backend>> b = MakeBackend("cpu", *model, c);
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(b.status().message().find(std::string("--attention_fold_order='") + bad +
+                                        "': must be one_level or two_level"),
+              std::string::npos)
+        << b.status();
+  }
+  c.attention_fold_order = "two_level";
+  absl::StatusOr<std::unique_ptr<engine::Backend>> cpu = MakeBackend("cpu", *model, c);
+  ASSERT_FALSE(cpu.ok());
+  EXPECT_EQ(cpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(cpu.status().message().find("the CPU backend folds attention in one level only"),
+            std::string::npos)
+      << cpu.status();
+
+  WorkerConfig parsed;
+  common::FlagSet flags("cascade-worker", "test");
+  RegisterWorkerFlags(&flags, &parsed);
+  const char* argv[] = {"cascade-worker", "--attention_fold_order=two_level"};
+  ASSERT_FALSE(common::ParseFlags(flags, 2, argv).has_value());
+  EXPECT_EQ(parsed.attention_fold_order, "two_level");
 }
 
 }  // namespace

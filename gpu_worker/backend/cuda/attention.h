@@ -251,8 +251,7 @@ absl::StatusOr<int> PersistentDecodeCtas(int head_dim, int group, int block_size
 // that may run its attention implements the two-level order (Hopper, head_dim 128, blocks of a
 // multiple of 16 tokens: prefill on the warp-specialized kernel, decode on the split kernels and
 // the persistent one; the two-warpgroup prefill kernel v7, which takes blocks of 8, does not),
-// else 1.
-inline constexpr int kSuperTiles = 4;
+// else 1. (kSuperTiles, the two-level order's super-tile, is in cuda_defaults.h.)
 absl::StatusOr<int> SuperTilesFor(int head_dim, int block_size);
 
 // Prefill attention on Hopper runs the warp-specialized kernel in one of two forms that give the
