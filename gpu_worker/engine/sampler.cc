@@ -37,6 +37,13 @@ absl::Status ValidateSampling(const SamplingParams& p, int vocab_size, int32_t m
     return absl::InvalidArgumentError(
         absl::StrCat("sampling.logprobs must be in [0, 20], got ", p.logprobs));
   }
+  // Each generated token is looked up in the list on the engine's thread: a request with a
+  // million ids (a few MB on the wire) would slow every step of the whole batch.
+  constexpr size_t kMaxStopTokenIds = 1024;
+  if (p.stop_token_ids.size() > kMaxStopTokenIds) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.stop_token_ids: ", p.stop_token_ids.size(), " ids, at most ", kMaxStopTokenIds));
+  }
   for (int32_t id : p.stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -372,8 +372,13 @@ absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
     }
   }
   req.sampling = SamplingFromProto(r.sampling());  // the engine validates it
-  req.pin_ttl_ms = std::max<int64_t>(0, r.pin_ttl_seconds()) * 1000;
+  // Bounded so that the milliseconds, and the engine's clock plus them, cannot overflow.
   constexpr int64_t kMaxRetentionS = 365 * 24 * 3600;
+  if (r.pin_ttl_seconds() < 0 || r.pin_ttl_seconds() > kMaxRetentionS) {
+    return absl::InvalidArgumentError(absl::StrCat("pin_ttl_seconds must be in [0, ",
+                                                   kMaxRetentionS, "], got ", r.pin_ttl_seconds()));
+  }
+  req.pin_ttl_ms = r.pin_ttl_seconds() * 1000;
   if (r.retention_seconds() < 0 || r.retention_seconds() > kMaxRetentionS) {
     return absl::InvalidArgumentError(absl::StrCat(
         "retention_seconds must be in [0, ", kMaxRetentionS, "], got ", r.retention_seconds()));

@@ -252,13 +252,18 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
           return OkStatus();
         })).ok())
     return st;
-  auto max_tokens = [&](int64_t v) {
-    if (v < 1 || v > INT32_MAX) return Bad("max_tokens must be at least 1");
-    s->set_max_tokens(static_cast<int32_t>(v));
-    return OkStatus();
-  };
-  if (!(st = Integer(body, "max_tokens", max_tokens)).ok()) return st;
-  if (!(st = Integer(body, "max_completion_tokens", max_tokens)).ok()) return st;
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (!(st = Integer(body, key, [&](int64_t v) {
+            // Past INT32_MAX is out of every model's context (and of the wire's int32); a value
+            // past INT64_MAX arrives here wrapped, so the message does not echo it.
+            if (v < 1 || v > INT32_MAX) {
+              return Bad(absl::StrCat(key, " must be at least 1 and at most the context length"));
+            }
+            s->set_max_tokens(static_cast<int32_t>(v));
+            return OkStatus();
+          })).ok())
+      return st;
+  }
   if (!(st = Integer(body, "seed", [&](int64_t v) {
           s->set_seed(static_cast<uint64_t>(v));
           return OkStatus();

@@ -28,6 +28,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <mutex>
@@ -378,6 +379,15 @@ void OpenAiHttpServer::Impl::Handle(Loop* loop, evhttp_request* req) {
   if (path == "/health") {
     if (cmd != EVHTTP_REQ_GET) return wrong_method("GET");
     Reply(req, 200, "ok\n", "text/plain");
+    return;
+  }
+  // It travels on as gRPC metadata, and gRPC aborts the process on a value that is not printable
+  // ASCII (evhttp passes any byte but CR and LF through).
+  if (!std::all_of(authorization.begin(), authorization.end(),
+                   [](char c) { return c >= 0x20 && c <= 0x7e; })) {
+    ReplyError(req, absl::UnauthenticatedError(
+                        "the Authorization header holds a byte that is not printable ASCII; "
+                        "send 'Authorization: Bearer <token>'"));
     return;
   }
   if (path == "/v1/models") {

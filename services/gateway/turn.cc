@@ -4,6 +4,7 @@
 #include "services/gateway/turn.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/bounded_text.h"
 #include "common/log.h"
 #include "services/gateway/admission.h"
@@ -117,6 +118,16 @@ std::shared_ptr<Turn::Upstream> Turn::PrepareAttemptLocked() {
   return nullptr;
 }
 
+std::string Turn::LogprobText(int32_t id) const {
+  absl::StatusOr<std::string_view> bytes = tokenizer_.TokenBytes(id);
+  if (!bytes.ok()) return "";  // an id without text
+  if (tokenizer::IsValidUtf8(*bytes)) return std::string(*bytes);
+  // A piece of a code point: OpenAI's form for it, so the proto3 string stays UTF-8.
+  std::string out = "bytes:";
+  for (char c : *bytes) absl::StrAppendFormat(&out, "\\x%02x", static_cast<unsigned char>(c));
+  return out;
+}
+
 void Turn::Cancel() {
   std::shared_ptr<Upstream> u;
   {
@@ -199,7 +210,12 @@ bool Turn::OnMessage(const WorkerServiceGenerateResponse& msg) {
       TextStream::Delta d = text_->Add(id);
       result_.tokens.push_back(id);
       delta.add_token_ids(id);
-      if (i < t.logprobs_size()) *delta.add_logprobs() = t.logprobs(i);
+      if (i < t.logprobs_size()) {
+        cascade::v2::LogprobEntry* e = delta.add_logprobs();
+        *e = t.logprobs(i);
+        e->mutable_sampled()->set_text(LogprobText(e->sampled().token_id()));
+        for (auto& alt : *e->mutable_top()) alt.set_text(LogprobText(alt.token_id()));
+      }
       delta.mutable_text()->append(d.text);
       metrics_->generation_tokens->Increment();
       if (d.stopped) {
@@ -217,8 +233,10 @@ bool Turn::OnMessage(const WorkerServiceGenerateResponse& msg) {
     std::string stop_reason;
     if (f.finish_reason() == cascade::v2::FINISH_REASON_STOP) {
       result_.stop_token_id = f.stop_token_id();
+      // A byte-level token may be part of a code point; a proto3 string must be UTF-8 (the
+      // client's parse of the event fails otherwise).
       auto bytes = tokenizer_.TokenBytes(f.stop_token_id());
-      if (bytes.ok()) stop_reason = std::string(*bytes);
+      if (bytes.ok()) stop_reason = tokenizer::ToValidUtf8(*bytes);
     }
     EmitFinishLocked(f.finish_reason(), stop_reason);
   }

@@ -95,6 +95,9 @@ class Turn : public std::enable_shared_from_this<Turn> {
   // the finish event with `reason` and the usage.
   void EmitFinishLocked(cascade::v2::FinishReason reason, const std::string& stop_reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A token's text for its logprobs (TokenLogprob.text): its bytes when they are UTF-8 alone,
+  // else "bytes:" and each byte as \xNN.
+  std::string LogprobText(int32_t id) const;
   cascade::v2::GenerateResponse FinishEvent(cascade::v2::FinishReason reason,
                                             const std::string& stop_reason) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

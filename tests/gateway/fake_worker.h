@@ -34,12 +34,28 @@ struct FakeBehavior {
   Kind kind = kServe;
   int tokens = 0;
   grpc::Status status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "fake worker died");
+  // kServe: >= 0 ends the stream as a stop token would (finish STOP naming this id), not LENGTH.
+  int32_t stop_token_id = -1;
 };
 
 // Token ids the fake model draws from; a test sets them to ids with plain text.
 inline std::vector<int32_t>& FakeVocab() {
   static std::vector<int32_t> v;
   return v;
+}
+
+// FakeVocab() = `tok`'s tokens of the single letters a..z, so every token the fake model draws
+// has text; false where a letter is not one token.
+template <typename Tokenizer>
+bool UseLetterVocab(const Tokenizer& tok) {
+  std::vector<int32_t>& vocab = FakeVocab();
+  vocab.clear();
+  for (char c = 'a'; c <= 'z'; ++c) {
+    auto ids = tok.Encode(std::string(1, c));
+    if (!ids.ok() || ids->size() != 1u) return false;
+    vocab.push_back((*ids)[0]);
+  }
+  return true;
 }
 
 // The fake model: the next token after `context`.
@@ -217,11 +233,26 @@ inline void FakeCall::Run() {
       WorkerServiceGenerateResponse t;
       context.push_back(FakeNextToken(context));
       t.mutable_tokens()->add_token_ids(context.back());
+      if (request_.sampling().logprobs() > 0) {  // made-up numbers; the first vocab ids as top
+        auto* lp = t.mutable_tokens()->add_logprobs();
+        lp->mutable_sampled()->set_token_id(context.back());
+        lp->mutable_sampled()->set_logprob(-0.5f);
+        for (int k = 0; k < request_.sampling().logprobs(); ++k) {
+          auto* top = lp->add_top();
+          top->set_token_id(FakeVocab()[static_cast<size_t>(k) % FakeVocab().size()]);
+          top->set_logprob(-1.0f - static_cast<float>(k));
+        }
+      }
       if (!Send(t)) return Done(cancelled);
     }
     if (behavior_.kind == FakeBehavior::kServe) {
       WorkerServiceGenerateResponse f;
-      f.mutable_finish()->set_finish_reason(cascade::v2::FINISH_REASON_LENGTH);
+      if (behavior_.stop_token_id >= 0) {
+        f.mutable_finish()->set_finish_reason(cascade::v2::FINISH_REASON_STOP);
+        f.mutable_finish()->set_stop_token_id(behavior_.stop_token_id);
+      } else {
+        f.mutable_finish()->set_finish_reason(cascade::v2::FINISH_REASON_LENGTH);
+      }
       f.mutable_finish()->mutable_usage()->set_prompt_tokens(prompt_tokens);
       f.mutable_finish()->mutable_usage()->set_completion_tokens(n);
       if (!Send(f)) return Done(cancelled);

@@ -55,6 +55,31 @@ TEST(OpenAiApiTest, CompletionPromptsAreRawTextOrTokenIds) {
   EXPECT_EQ(chunks->request.chunks(1).kind(), cascade::v2::CHUNK_KIND_QUERY);
 }
 
+TEST(OpenAiApiTest, OutOfRangeMaxTokensIsRefusedNamingTheFieldAndBothBounds) {
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  struct Case {
+    const char* key;
+    json value;
+  };
+  for (const Case& c :
+       {Case{"max_tokens", 10000000000LL}, Case{"max_tokens", -3}, Case{"max_completion_tokens", 0},
+        Case{"max_tokens", 18446744073709551615ULL}}) {
+    json body = chat;
+    body[c.key] = c.value;
+    auto t = TranslateRequest(body, Endpoint::kChat, "m");
+    ASSERT_FALSE(t.ok()) << c.key << " " << c.value;
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(t.status().message(),
+              std::string(c.key) + " must be at least 1 and at most the context length")
+        << c.value;
+  }
+  json body = chat;
+  body["max_tokens"] = 1e308;
+  auto t = TranslateRequest(body, Endpoint::kChat, "m");
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().message(), "max_tokens must be an integer");
+}
+
 TEST(OpenAiApiTest, WhatIsNotImplementedIsRefusedByName) {
   const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
   for (const auto& [key, value] :

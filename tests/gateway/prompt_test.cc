@@ -187,6 +187,17 @@ TEST_F(PromptTest, BadSamplingIsRefusedNamingTheField) {
   ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s), "sampling.stop[0] must be");
 }
 
+TEST_F(PromptTest, StopTokenIdsAreBoundedLikeStopStrings) {
+  // Every generated token is looked up in the list on the engine's thread, so a request with a
+  // million of them (a few MB on the wire) would slow every step of everyone's batch.
+  cascade::v2::SamplingParams s;
+  for (int i = 0; i < 100000; ++i) s.add_stop_token_ids(1);
+  ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s),
+                "sampling.stop_token_ids: 100000 ids, at most");
+  s.mutable_stop_token_ids()->Truncate(64);
+  EXPECT_TRUE(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s).ok());
+}
+
 TEST_F(PromptTest, TheWorkerRequestCarriesThePromptAndSamplingButNotStopStrings) {
   cascade::v2::SamplingParams s;
   s.set_temperature(0.5f);

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_format.h"
 #include "common/metrics.h"
 #include "services/gateway/gateway_metrics.h"
 #include "tests/gateway/fake_worker.h"
@@ -97,15 +98,7 @@ class TurnTest : public ::testing::Test {
   void SetUp() override {
     tok_ = tokenizer::testutil::Qwen3();
     ASSERT_NE(tok_, nullptr);
-    // The fake model draws from single-letter tokens, so every token has text.
-    auto& vocab = testing::FakeVocab();
-    vocab.clear();
-    for (char c = 'a'; c <= 'z'; ++c) {
-      auto ids = tok_->Encode(std::string(1, c));
-      ASSERT_TRUE(ids.ok());
-      ASSERT_EQ(ids->size(), 1u);
-      vocab.push_back((*ids)[0]);
-    }
+    ASSERT_TRUE(testing::UseLetterVocab(*tok_));  // every token the fake model draws has text
     for (const char* a : {"clean", "w1", "w2", "w3"}) cluster_.Add(a);
     pool_ = cluster_.NewPool();
   }
@@ -429,6 +422,75 @@ TEST_F(TurnTest, StopStringEndsTheTurnAndCancelsTheWorkerStream) {
   EXPECT_EQ(s.finish.stop_reason(), stop);
   ASSERT_EQ(cluster_.at("w1")->calls().size(), 1u);
   EXPECT_TRUE(cluster_.at("w1")->calls()[0]->cancelled()) << "the worker kept generating";
+}
+
+TEST_F(TurnTest, AStopTokenOfPartialUtf8IsNamedAsValidUtf8) {
+  // A byte-level token that is part of a code point (a stop_token_ids entry may be any id): its
+  // bytes alone are not UTF-8, and a proto3 string holding them makes the client's parse fail.
+  int32_t partial = -1;
+  for (int32_t id = 0; id < tok_->vocab_size() && partial < 0; ++id) {
+    auto bytes = tok_->TokenBytes(id);
+    if (bytes.ok() && !tok_->IsSpecial(id) && !tokenizer::IsValidUtf8(*bytes)) partial = id;
+  }
+  ASSERT_GE(partial, 0) << "the tokenizer has no partial-UTF-8 token";
+  cluster_.at("w1")->Script({{FakeBehavior::kServe, 0, grpc::Status::OK, partial}});
+  const Stream s = Run(Params({"w1"}));
+  EXPECT_EQ(s.code, grpc::StatusCode::OK);
+  EXPECT_EQ(s.finish.finish_reason(), cascade::v2::FINISH_REASON_STOP);
+  EXPECT_FALSE(s.finish.stop_reason().empty());
+  EXPECT_TRUE(tokenizer::IsValidUtf8(s.finish.stop_reason()))
+      << "stop_reason holds bytes that are not UTF-8 for token " << partial;
+  // What a client does with the event: it must parse.
+  cascade::v2::GenerateFinish parsed;
+  EXPECT_TRUE(parsed.ParseFromString(s.finish.SerializeAsString()));
+}
+
+TEST_F(TurnTest, LogprobsCarryTheirTokensText) {
+  // TokenLogprob.text is what the OpenAI front shows as each token (and keys top_logprobs by):
+  // empty, every alternative collapsed into one "" entry.
+  TurnParams p = Params({"w1"});
+  p.request.mutable_sampling()->set_logprobs(3);
+  RecordingSink sink;
+  const Stream s = Run(std::move(p), &sink);
+  ASSERT_EQ(s.code, grpc::StatusCode::OK);
+  int entries = 0;
+  for (const GenerateResponse& ev : sink.events()) {
+    if (!ev.has_delta()) continue;
+    for (const cascade::v2::LogprobEntry& e : ev.delta().logprobs()) {
+      ++entries;
+      EXPECT_EQ(e.sampled().text(), *tok_->Decode(std::vector<int32_t>{e.sampled().token_id()}));
+      ASSERT_EQ(e.top_size(), 3);
+      for (const auto& t : e.top()) {
+        EXPECT_EQ(t.text(), *tok_->Decode(std::vector<int32_t>{t.token_id()}));
+      }
+    }
+  }
+  EXPECT_EQ(entries, kMaxTokens);
+}
+
+TEST_F(TurnTest, TheTextOfATokenThatIsNotUtf8AloneIsItsBytesEscaped) {
+  int32_t partial = -1;
+  for (int32_t id = 0; id < tok_->vocab_size() && partial < 0; ++id) {
+    auto bytes = tok_->TokenBytes(id);
+    if (bytes.ok() && bytes->size() == 1 && !tokenizer::IsValidUtf8(*bytes)) partial = id;
+  }
+  ASSERT_GE(partial, 0);
+  testing::FakeVocab() = {partial};
+  TurnParams p = Params({"w1"});
+  p.request.mutable_sampling()->set_logprobs(1);
+  RecordingSink sink;
+  ASSERT_EQ(Run(std::move(p), &sink).code, grpc::StatusCode::OK);
+  const std::string want =
+      absl::StrFormat("bytes:\\x%02x", static_cast<unsigned char>((*tok_->TokenBytes(partial))[0]));
+  int entries = 0;
+  for (const GenerateResponse& ev : sink.events()) {
+    for (const cascade::v2::LogprobEntry& e : ev.delta().logprobs()) {
+      ++entries;
+      EXPECT_EQ(e.sampled().text(), want);
+      EXPECT_TRUE(tokenizer::IsValidUtf8(e.sampled().text()));
+    }
+  }
+  EXPECT_GT(entries, 0);
 }
 
 }  // namespace

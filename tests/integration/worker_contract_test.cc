@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -135,6 +136,25 @@ TEST(WorkerContractTest, AWorkerServesTheRightChunkHashesAndRefusesAWrongOne) {
   Reply r = Generate(stack.gateway(), Req("You are terse.", "Hi", 4));
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.tokens.size(), 4u);
+}
+
+TEST(WorkerContractTest, APinTtlThatWouldOverflowInMillisecondsIsRefusedNamingTheField) {
+  // Seconds become milliseconds on the engine's clock: INT64_MAX seconds overflowed (undefined
+  // behaviour; in practice a pin that silently expired at once or was never taken).
+  Stack stack({.workers = 1});
+  const std::string worker = stack.worker(0).address();
+  for (int64_t ttl : {std::numeric_limits<int64_t>::max(), int64_t{-5}}) {
+    cascade::v2::WorkerServiceGenerateRequest r = TwoChunks({});
+    r.set_pin_ttl_seconds(ttl);
+    WorkerReply reply = CallWorker(worker, r);
+    EXPECT_EQ(reply.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << ttl;
+    EXPECT_NE(reply.status.error_message().find("pin_ttl_seconds"), std::string::npos)
+        << reply.status.error_message();
+  }
+  cascade::v2::WorkerServiceGenerateRequest ok = TwoChunks({});
+  ok.set_pin_ttl_seconds(60);
+  WorkerReply reply = CallWorker(worker, ok);
+  EXPECT_TRUE(reply.status.ok()) << reply.status.error_message();
 }
 
 TEST(WorkerContractTest, UnsetMaxTokensMeansTheSameThroughTheGatewayAndStraightAtAWorker) {

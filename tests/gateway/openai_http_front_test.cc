@@ -1,0 +1,132 @@
+// The OpenAI HTTP front (openai_http.h) over a real GatewayService whose workers are scripted
+// fakes (fake_worker.h), so no model runs: what an HTTP client can send that the front itself
+// must refuse, and what the client gets back in the stream's last events.
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/metrics.h"
+#include "services/gateway/gateway_metrics.h"
+#include "services/gateway/gateway_service.h"
+#include "services/gateway/openai_http.h"
+#include "tests/gateway/fake_worker.h"
+#include "tests/tokenizer/qwen3_tokenizer.h"
+
+namespace cascade::gateway {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+// One HTTP exchange on a raw socket: `raw` sent as is, the answer read until the server closes
+// or `ms` pass (requests say "Connection: close").
+std::string Exchange(int port, const std::string& raw, int ms = 10000) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string got;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      send(fd, raw.data(), raw.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(raw.size())) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          end - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return got;
+}
+
+std::string Post(const std::string& path, const std::string& body,
+                 const std::string& extra_headers = "") {
+  return "POST " + path + " HTTP/1.1\r\nHost: test\r\nConnection: close\r\n" + extra_headers +
+         "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n\r\n" + body;
+}
+
+class OpenAiHttpFrontTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tok_ = tokenizer::testutil::Qwen3();
+    ASSERT_NE(tok_, nullptr);
+    ASSERT_TRUE(testing::UseLetterVocab(*tok_));  // every token the fake model draws has text
+    cluster_.Add("w1");
+    pool_ = std::make_unique<WorkerPool>(
+        [this](const std::string& address) -> std::unique_ptr<WorkerClient> {
+          return std::make_unique<testing::FakeWorkerClient>(cluster_.at(address));
+        },
+        std::vector<std::string>{"w1"});
+    GatewayOptions options;
+    options.limits.model_name = "tiny";
+    service_ = std::make_unique<GatewayService>(options, tok_, nullptr, pool_.get(), &metrics_);
+    grpc::ServerBuilder builder;
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    OpenAiHttpOptions ho;
+    ho.host = "127.0.0.1";
+    ho.threads = 1;
+    ho.model_name = "tiny";
+    auto http = OpenAiHttpServer::Start(ho, server_->InProcessChannel(grpc::ChannelArguments()));
+    ASSERT_TRUE(http.ok()) << http.status();
+    http_ = std::move(*http);
+  }
+  void TearDown() override {
+    if (http_) http_->Shutdown(absl::Seconds(5));
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    cluster_.JoinAll();
+  }
+
+  // A small completion that must succeed: the front still serves.
+  void ExpectServing() {
+    const std::string r =
+        Exchange(http_->port(), Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 3})"));
+    EXPECT_THAT(r, HasSubstr("HTTP/1.1 200")) << r;
+  }
+
+  const tokenizer::Tokenizer* tok_ = nullptr;
+  testing::FakeCluster cluster_;
+  std::unique_ptr<WorkerPool> pool_;
+  common::MetricsRegistry registry_;
+  TurnMetrics metrics_{registry_};
+  std::unique_ptr<GatewayService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<OpenAiHttpServer> http_;
+};
+
+// The Authorization header travels on as gRPC metadata, whose values gRPC aborts the process on
+// unless they are printable ASCII: a header with a control or non-ASCII byte must be refused here.
+TEST_F(OpenAiHttpFrontTest, AnAuthorizationHeaderThatCannotBeMetadataIsRefusedAndTheFrontLivesOn) {
+  ExpectServing();
+  for (const std::string& value : {std::string("Bearer \x01token"), std::string("Bearer t\xc3\xa9"),
+                                   std::string("Bearer a\tb")}) {
+    const std::string header = "Authorization: " + value + "\r\n";
+    const std::string r = Exchange(
+        http_->port(), Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 3})", header));
+    EXPECT_THAT(r, HasSubstr("HTTP/1.1 401")) << r;
+    EXPECT_THAT(r, HasSubstr("Authorization")) << r;
+    const std::string models =
+        Exchange(http_->port(), "GET /v1/models HTTP/1.1\r\nHost: test\r\nConnection: close\r\n" +
+                                    header + "\r\n");
+    EXPECT_THAT(models, HasSubstr("HTTP/1.1 401")) << models;
+  }
+  ExpectServing();
+}
+
+}  // namespace
+}  // namespace cascade::gateway
