@@ -7,6 +7,7 @@
 #include <deque>
 
 #include "absl/strings/str_cat.h"
+#include "common/bounded_text.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/mutex.h"
@@ -197,7 +198,7 @@ grpc::Status Check(engine::Engine& engine, const cascade::v2::FetchKvRequest& r,
     return bad(grpc::StatusCode::FAILED_PRECONDITION,
                absl::StrCat("KV layout: this worker's blocks are ", backend.KvNumerics(), ", ",
                             backend.BlockSize(), " tokens, ", backend.KvBlockBytes(),
-                            " bytes; the request's ", r.backend().substr(0, 64), ", ",
+                            " bytes; the request's ", common::Excerpt(r.backend()), ", ",
                             r.block_size(), ", ", r.block_bytes()));
   }
   if (r.block_keys_size() == 0 || r.block_keys_size() > kMaxFetchBlocks) {

@@ -1,6 +1,8 @@
 // Gateway service: unary RPCs, routing and admission; the streaming reactors are in reactors.cc.
 #include "services/gateway/gateway_service.h"
 
+#include <openssl/crypto.h>
+
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -29,7 +31,11 @@ grpc::Status GatewayService::CheckAuth(const grpc::CallbackServerContext* contex
   const auto& md = context->client_metadata();
   auto it = md.find("authorization");
   const std::string want = "Bearer " + options_.auth_token;
-  if (it == md.end() || std::string_view(it->second.data(), it->second.size()) != want) {
+  // Compared in constant time (OpenSSL's CRYPTO_memcmp), so how long a wrong token takes to be
+  // refused says nothing of how much of it was right; only its length shows.
+  const bool match = it != md.end() && it->second.size() == want.size() &&
+                     CRYPTO_memcmp(it->second.data(), want.data(), want.size()) == 0;
+  if (!match) {
     return grpc::Status(
         grpc::StatusCode::UNAUTHENTICATED,
         "missing or wrong bearer token: send metadata 'authorization: Bearer <token>'");

@@ -349,9 +349,15 @@ TEST(ServingTest, BearerTokenIsRequiredWhenConfigured) {
   Stack stack({.workers = 1, .auth_token = "s3cret"});
   EXPECT_EQ(Generate(stack.gateway(), Req("s", "q")).status.error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(Generate(stack.gateway(), Req("s", "q"), 60000, {{"authorization", "Bearer nope"}})
-                .status.error_code(),
-            grpc::StatusCode::UNAUTHENTICATED);
+  // Wrong tokens of the same length, shorter (a prefix) and longer (the token and more): the
+  // constant-time compare checks the length as well as the bytes.
+  for (const char* wrong : {"Bearer nope", "Bearer s3creT", "Bearer s3cre", "Bearer s3cretX",
+                            "s3cret", "Bearer  s3cret"}) {
+    EXPECT_EQ(Generate(stack.gateway(), Req("s", "q"), 60000, {{"authorization", wrong}})
+                  .status.error_code(),
+              grpc::StatusCode::UNAUTHENTICATED)
+        << wrong;
+  }
   EXPECT_TRUE(Generate(stack.gateway(), Req("s", "q"), 60000, {{"authorization", "Bearer s3cret"}})
                   .status.ok());
 }
