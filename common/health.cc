@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/bounded_text.h"
 
 namespace cascade::common {
 
@@ -195,8 +196,9 @@ grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* cont
     status = StatusOf(request->service());
   }
   if (status == HealthCheckResponse::SERVICE_UNKNOWN) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                 absl::StrCat("unknown service '", request->service(), "'")));
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::NOT_FOUND,
+                     absl::StrCat("unknown service '", Excerpt(request->service()), "'")));
   } else {
     response->set_status(status);
     reactor->Finish(grpc::Status::OK);

@@ -2,7 +2,8 @@
 // MetricsRegistry, /healthz answers 200 "ok" or 503 "not serving", anything else 404, other
 // methods 405. Served by cpp-httplib (Debian's libcpp-httplib) on a pool of threads with short
 // timeouts and one request per connection (`Connection: close`), so idle or slow clients hold
-// at most a thread each for a bounded time and cannot starve a kubelet probe.
+// at most a thread each for a bounded time and cannot starve a kubelet probe; a request may be
+// at most `max_request_bytes` long and no body is ever read, so none can grow the server's memory.
 #pragma once
 
 #include <functional>
@@ -25,6 +26,7 @@ struct MetricsHttpLimits {
   int read_timeout_s = 2;    // silence allowed between request bytes (and before the first)
   int write_timeout_s = 2;   // a client that reads nothing for this long is dropped
   int stop_grace_ms = 3000;  // Stop() waits this long for requests in flight, then abandons them
+  int max_request_bytes = 16 << 10;  // request line and headers; longer requests get 400
 };
 
 class MetricsHttpServer {

@@ -93,6 +93,9 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
     holders.clear();
     chunks_.Touch(p.hash, ChunkMeta{prev, p.start, p.end, in.chunks[i].kind}, now, &holders);
     prev = p.hash;
+    // Holders report their own positions, which a buggy worker or a crafted report can put past
+    // the chunk's real end: what this prompt places there bounds what anyone holds of it.
+    for (Holder& h : holders) h.held_tokens = std::min(h.held_tokens, p.end);
     if (i == 0) {
       for (const Holder& h : holders) {
         runs.push_back(Run{h.worker, h.held_tokens, h.on_host ? 0 : h.held_tokens, 1, true});
@@ -141,7 +144,9 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
   std::sort(out.workers.begin(), out.workers.end(), [](const WorkerMatch& a, const WorkerMatch& b) {
     if (a.matched_tokens != b.matched_tokens) return a.matched_tokens > b.matched_tokens;
     if (a.matched_chunks != b.matched_chunks) return a.matched_chunks > b.matched_chunks;
-    int64_t qa = a.load.running + a.load.waiting, qb = b.load.running + b.load.waiting;
+    // Widened first: two int32 counts from a worker's heartbeat may overflow int when added.
+    const int64_t qa = int64_t{a.load.running} + a.load.waiting;
+    const int64_t qb = int64_t{b.load.running} + b.load.waiting;
     if (qa != qb) return qa < qb;
     return a.worker_id < b.worker_id;
   });

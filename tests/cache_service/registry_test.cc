@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "tests/cache_service/registry_test_util.h"
 
 namespace cascade::registry {
@@ -119,6 +121,43 @@ TEST_F(RegistryTest, BlockAlignedChunksAreFullyHeldAndWalkStopsAtFirstMissingChu
   EXPECT_EQ(Find(Resolve(r, q), "w")->matched_tokens, 0);
 }
 
+// Hashes come from the network: a worker (buggy, or one that built a colliding report) can say
+// it holds a prompt's chunk with positions and held_tokens far past where that chunk really
+// ends. Resolve places the chunks itself, so it never answers more than the prompt holds: the
+// gateway passes matched_tokens on as a peer fetch's token count.
+TEST_F(RegistryTest, MatchNeverReachesPastThePromptWhateverAWorkerClaims) {
+  Registry r(Opts());
+  ASSERT_TRUE(r.RegisterWorker(Info("liar")).ok());
+  std::vector<HeldChunk> held = HeldFor(two_, 16, 200);
+  ASSERT_EQ(held.size(), 2u);
+  HeldChunk claim = held[0];  // the prompt's real first chunk hash, ending at 100
+  claim.end = int64_t{1} << 40;
+  claim.held_tokens = claim.end;
+  claim.tier = KvTier::kHost;
+  ASSERT_TRUE(r.ReportEvents("liar", 1, Stored({claim})).ok());
+  const ResolveResult res = Resolve(r, two_);
+  const WorkerMatch* m = Find(res, "liar");
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->matched_tokens, 100);
+  EXPECT_EQ(m->matched_host_tokens, 100);
+  EXPECT_EQ(m->matched_chunks, 1);
+}
+
+// Load comes from workers too: a queue of INT32_MAX running plus INT32_MAX waiting overflowed
+// int when the two were added for the order, and the fullest worker was listed first.
+TEST_F(RegistryTest, HugeReportedLoadsOrderAsTheLongestQueue) {
+  Registry r(Opts());
+  ASSERT_TRUE(r.RegisterWorker(Info("full")).ok());
+  ASSERT_TRUE(r.RegisterWorker(Info("idle")).ok());
+  constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
+  ASSERT_TRUE(r.Heartbeat("full", WorkerLoad{kMax, kMax, 0, 0}).ok());
+  ASSERT_TRUE(r.Heartbeat("idle", WorkerLoad{1, 0, 0, 0}).ok());
+  ResolveResult res = Resolve(r, two_);
+  ASSERT_EQ(res.workers.size(), 2u);
+  EXPECT_EQ(res.workers[0].worker_id, "idle");
+  EXPECT_EQ(res.workers[1].worker_id, "full");
+}
+
 // Residency per tier: a chunk whose last held block moved to the worker's host tier still
 // matches, and the match says how many of its tokens are host-only; a stored event with the GPU
 // tier moves it back; the admin view shows each holder's tier.
@@ -132,7 +171,8 @@ TEST_F(RegistryTest, HostTierChunksMatchAndCountAsHostTokens) {
 
   held[1].tier = KvTier::kHost;  // the tail went to host memory, the head stayed on the GPU
   ASSERT_TRUE(r.ReportEvents("w", 2, Stored({held[1]})).ok());
-  const WorkerMatch* m = Find(Resolve(r, two_), "w");
+  const ResolveResult res = Resolve(r, two_);  // Find points into it
+  const WorkerMatch* m = Find(res, "w");
   EXPECT_EQ(m->matched_tokens, 192);
   EXPECT_EQ(m->matched_host_tokens, 192 - 96);
   absl::StatusOr<ChunkRecord> rec = r.GetChunk(held[1].hash);

@@ -10,10 +10,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/metrics_http.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -195,6 +197,91 @@ TEST(MetricsHttpTest, HealthzAnswersWhileIdleAndSlowClientsHoldConnections) {
   dripper.join();
   ::close(drip);
   for (int fd : idle) ::close(fd);
+}
+
+// Resident memory of this process (the server runs in it), in bytes.
+int64_t ResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+// The endpoint takes no request bodies, so it must not read one: httplib buffers a POST's body
+// whole before any handler runs, with no size limit (a chunked or unbounded one is not even
+// checked against a limit). A client streaming a body grew the server's memory without bound,
+// and one announcing a body it never sent held a thread until the read timeout.
+TEST(MetricsHttpTest, RequestBodiesAreRefusedUnreadSoTheyCannotFillMemory) {
+  MetricsRegistry r;
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start("127.0.0.1", 0, &r, [] { return true; });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+
+  // Announced but never sent: the refusal comes at once, not after the 2 s read timeout.
+  for (const char* method : {"POST", "PUT", "PATCH", "DELETE"}) {
+    std::string answer = HttpRequestWithin(
+        port,
+        absl::StrCat(method,
+                     " /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1099511627776\r\n\r\n"),
+        std::chrono::milliseconds(1000));
+    EXPECT_THAT(answer, StartsWith("HTTP/1.1 405")) << method;
+  }
+
+  // Streamed: 256 MB of a chunked body must not end up in the server's memory.
+  const int64_t before = ResidentBytes();
+  int fd = testing::ConnectLoopback(port);
+  ASSERT_GE(fd, 0);
+  const std::string head =
+      "POST /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "40000000000\r\n";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  const std::string piece(1 << 20, 'a');
+  for (int i = 0; i < 256; ++i) {
+    if (::send(fd, piece.data(), piece.size(), MSG_NOSIGNAL) <= 0) break;  // refused: closed
+  }
+  ::close(fd);
+  const int64_t grown = ResidentBytes() - before;
+  EXPECT_LT(grown, int64_t{64} << 20) << "resident memory grew by " << grown << " bytes";
+  EXPECT_THAT(testing::HttpGet(port, "/healthz"), StartsWith("HTTP/1.1 200 OK"));
+}
+
+// httplib keeps every header line in memory and sets no limit on their number: a client that
+// kept sending header lines grew the server by ~4 bytes per byte sent (183 MB for 47 MB).
+TEST(MetricsHttpTest, AnEndlessHeaderIsCutOffAtTheRequestSizeLimit) {
+  MetricsRegistry r;
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server =
+      MetricsHttpServer::Start("127.0.0.1", 0, &r, [] { return true; });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  const int64_t before = ResidentBytes();
+  int fd = testing::ConnectLoopback(port);
+  ASSERT_GE(fd, 0);
+  const std::string head = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  std::string lines;
+  for (int i = 0; i < 16384; ++i) absl::StrAppend(&lines, "X-Pad-", i, ": yyyyyyyyyyyyyyyy\r\n");
+  int64_t sent = 0;
+  for (int i = 0; i < 128 && sent < (int64_t{64} << 20); ++i) {
+    const ssize_t n = ::send(fd, lines.data(), lines.size(), MSG_NOSIGNAL);
+    if (n <= 0) break;  // refused: closed
+    sent += n;
+  }
+  std::string answer;
+  char buf[4096];
+  pollfd p{fd, POLLIN, 0};
+  while (::poll(&p, 1, 2000) > 0) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    answer.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  const int64_t grown = ResidentBytes() - before;
+  EXPECT_LT(sent, int64_t{16} << 20) << "the server kept reading";
+  EXPECT_LT(grown, int64_t{32} << 20) << "resident memory grew by " << grown << " bytes";
+  EXPECT_THAT(testing::HttpGet(port, "/healthz"), StartsWith("HTTP/1.1 200 OK"));
 }
 
 // A client trickling a request in must not hold up shutdown past the grace period, and once

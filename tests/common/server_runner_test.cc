@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/bounded_text.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/test_util.h"
@@ -107,6 +108,20 @@ TEST(ServerRunnerTest, HealthReportsEachServiceAndNotFoundForUnknown) {
   EXPECT_EQ(s, HealthCheckResponse::NOT_SERVING);
   ASSERT_TRUE(testing::CheckHealth(channel, "", &s).ok());
   EXPECT_EQ(s, HealthCheckResponse::SERVING);
+}
+
+// The service name is the client's: echoing all of it made the status larger than a client
+// accepts in trailers (a 100 KB name came back as some other error, not NOT_FOUND).
+TEST(ServerRunnerTest, HealthCheckOfAHugeUnknownServiceIsABoundedNotFound) {
+  ServerRunner runner(TestOptions());
+  ASSERT_TRUE(runner.Start().ok());
+  auto channel = Connect(runner);
+  HealthCheckResponse::ServingStatus s;
+  grpc::Status st = testing::CheckHealth(channel, std::string(100'000, 'x') + "\n\x01", &s);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message().substr(0, 200);
+  EXPECT_LE(st.error_message().size(), kMaxStatusMessageBytes);
+  EXPECT_THAT(st.error_message(), HasSubstr("unknown service 'xxx"));
+  EXPECT_THAT(st.error_message(), HasSubstr("(100002 bytes)"));
 }
 
 TEST(ServerRunnerTest, WatchSeesChangesAndUnknownServiceAppearing) {
