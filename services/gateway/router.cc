@@ -32,6 +32,14 @@ std::string_view RoutePolicyName(RoutePolicy policy) {
 
 namespace {
 
+// What a worker's new request would queue behind: its running and waiting sequences (from its
+// heartbeat, int32 each, so summed in double: two large reported counts cannot overflow) and this
+// gateway's open streams to it.
+double Queue(const Candidate& c) {
+  return static_cast<double>(c.running) + static_cast<double>(c.waiting) +
+         static_cast<double>(c.inflight);
+}
+
 // The holder `c` would best fetch from and what that saves, in cost units (<= 0: none).
 double BestFetch(const Candidate& c, const std::vector<Candidate>& all, int64_t prompt_tokens,
                  const RouteWeights& w, PeerPlan* plan) {
@@ -50,7 +58,7 @@ double BestFetch(const Candidate& c, const std::vector<Candidate>& all, int64_t 
                             std::max<int64_t>(c.matched_tokens, 0);
     if (fetched <= 0) continue;
     const double cost = w.prefill * (w.fetch * static_cast<double>(fetched) + w.fetch_overhead) +
-                        w.fetch_holder * static_cast<double>(p.running + p.waiting + p.inflight);
+                        w.fetch_holder * Queue(p);
     const double saved = w.prefill * static_cast<double>(fetched) - cost;
     if (saved > best) {
       best = saved;
@@ -73,7 +81,7 @@ std::vector<Scored> RankWorkers(const std::vector<Candidate>& candidates, int64_
     if (c.total_kv_blocks > 0) {
       used = 1.0 - static_cast<double>(c.free_kv_blocks) / static_cast<double>(c.total_kv_blocks);
     }
-    const double load = w.load * static_cast<double>(c.running + c.waiting + c.inflight);
+    const double load = w.load * Queue(c);
     Scored s{c, 0.0};
     switch (w.policy) {
       case RoutePolicy::kCost:

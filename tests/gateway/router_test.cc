@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -45,6 +46,22 @@ TEST(RouterTest, CacheMissGoesToTheLeastLoadedWorker) {
                        500, {});
   EXPECT_EQ(r[0].candidate.worker_id, "idle");
   EXPECT_EQ(r.back().candidate.worker_id, "busy");
+}
+
+TEST(RouterTest, HugeReportedLoadsRankAsTheLongestQueue) {
+  // running + waiting + inflight past INT32_MAX (a buggy or hostile heartbeat): summed in int32
+  // it wrapped negative and put the busiest worker first.
+  const int32_t huge = std::numeric_limits<int32_t>::max();
+  auto r = RankWorkers({Worker("flooded", 0, huge, 10, 10), Worker("idle", 0, 1, 0)}, 500, {});
+  EXPECT_EQ(r[0].candidate.worker_id, "idle");
+  EXPECT_GT(r.back().cost, r[0].cost);
+  RouteWeights fetch;
+  fetch.fetch = 0.001;
+  fetch.fetch_overhead = 1;
+  // Nor is such a holder a cheap peer to fetch from.
+  auto f =
+      RankWorkers({Worker("holder", 4000, huge, 10, 10), Worker("idle", 0, 0, 0)}, 4001, fetch);
+  for (const Scored& s : f) EXPECT_TRUE(s.peer.worker_id.empty()) << s.candidate.worker_id;
 }
 
 TEST(RouterTest, OverloadedWorkerIsSkippedEvenWhenItHoldsThePrefix) {
