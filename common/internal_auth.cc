@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/absl_compat.h"
+#include "common/bounded_text.h"
 
 namespace cascade::common {
 namespace {
@@ -199,7 +200,7 @@ class InternalAuthProcessor final : public grpc::AuthMetadataProcessor {
     if (allowed == policy_.end() || !allowed->second.contains(id->role)) {
       std::string who = allowed == policy_.end() ? "no role" : RoleList(allowed->second);
       return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          absl::StrCat(ToAbsl(method.substr(0, 128)), " is for ", who,
+                          absl::StrCat(Excerpt(ToAbsl(method), 128), " is for ", who,
                                        "; the caller is ", id->ToString()));
     }
     return grpc::Status::OK;
@@ -238,7 +239,7 @@ std::string PeerIdentity::ToString() const { return IdentityUri(role, worker_id)
 absl::StatusOr<PeerIdentity> ParseIdentityUri(std::string_view uri) {
   auto bad = [&] {
     return absl::InvalidArgumentError(absl::StrCat(
-        "'", ToAbsl(uri.substr(0, 96)),
+        "'", Excerpt(ToAbsl(uri), 96),
         "' is not a Cascade identity (cascade://gateway, cascade://admin, cascade://registry or "
         "cascade://worker/<id>)"));
   };
@@ -376,7 +377,7 @@ grpc::Status CheckWorkerIdentity(const grpc::ServerContextBase& context,
   return grpc::Status(
       grpc::StatusCode::PERMISSION_DENIED,
       absl::StrCat(caller ? caller->ToString() : std::string("the caller"),
-                   " may not act for worker '", ToAbsl(worker_id.substr(0, 128)), "'"));
+                   " may not act for worker '", Excerpt(ToAbsl(worker_id), 128), "'"));
 }
 
 }  // namespace cascade::common

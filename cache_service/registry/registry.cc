@@ -164,19 +164,41 @@ absl::StatusOr<RegisterResult> Registry::RegisterWorker(const WorkerInfo& info) 
   auto w = std::make_shared<Worker>();
   w->info = info;
   std::shared_ptr<Worker> previous;
+  std::vector<std::shared_ptr<Worker>> expired;
+  bool full = false;
   {
     MutexLock<Mutex> lock(&workers_mu_);
-    w->incarnation = next_incarnation_++;
-    w->lease_expires_ms = clock_->NowMs() + options_.lease_ms;
-    auto it = workers_.find(info.worker_id);
-    if (it != workers_.end()) {
-      previous = std::move(it->second);
-      by_incarnation_.erase(previous->incarnation);
-      it->second = w;
-    } else {
-      workers_.emplace(info.worker_id, w);
+    const int64_t now = clock_->NowMs();
+    const size_t cap = static_cast<size_t>(std::max(options_.max_workers, 0));
+    if (!workers_.contains(info.worker_id) && workers_.size() >= cap) {
+      // At the cap: leases that ran out but were not swept yet make room first. O(workers), and
+      // only at the cap.
+      TakeExpiredLocked(now, &expired);
+      full = workers_.size() >= cap;
     }
-    by_incarnation_.emplace(w->incarnation, w);
+    if (!full) {
+      w->incarnation = next_incarnation_++;
+      w->lease_expires_ms = now + options_.lease_ms;
+      auto it = workers_.find(info.worker_id);
+      if (it != workers_.end()) {
+        previous = std::move(it->second);
+        by_incarnation_.erase(previous->incarnation);
+        it->second = w;
+      } else {
+        workers_.emplace(info.worker_id, w);
+      }
+      by_incarnation_.emplace(w->incarnation, w);
+    }
+  }
+  leases_expired_.fetch_add(static_cast<int64_t>(expired.size()), std::memory_order_relaxed);
+  for (const auto& e : expired) DropResidency(*e);
+  if (full) {
+    // (The id passed ValidateWorkerInfo: [A-Za-z0-9._:@-] only, safe to quote as is.)
+    return absl::ResourceExhaustedError(
+        absl::StrCat("worker_id: '", info.worker_id, "' would be worker ", options_.max_workers + 1,
+                     ", over the limit of ", options_.max_workers,
+                     " registered workers (--max_workers); deregister departed workers "
+                     "or raise the limit"));
   }
   // A re-registering worker restarted (or lost track); what it held before is unknown now.
   if (previous != nullptr) DropResidency(*previous);
@@ -258,6 +280,10 @@ void Registry::ApplyEvicted(Worker& w, const Hash128& h) { chunks_.RemoveHolder(
 absl::StatusOr<ReportResult> Registry::ReportEvents(std::string_view worker_id, uint64_t seq,
                                                     std::span<const ChunkEvent> events) {
   if (seq == 0) return absl::InvalidArgumentError("seq: batches are numbered from 1");
+  if (seq > kMaxEventSeq) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("seq: ", seq, " is past the last batch number, 2^63 = ", kMaxEventSeq));
+  }
   if (events.size() > static_cast<size_t>(options_.max_events_per_batch)) {
     return absl::ResourceExhaustedError(absl::StrCat("events: ", events.size(),
                                                      " events exceed the limit of ",
@@ -297,6 +323,11 @@ absl::StatusOr<ReportResult> Registry::ReportEvents(std::string_view worker_id, 
 
 absl::StatusOr<int> Registry::Resync(std::string_view worker_id, std::span<const HeldChunk> chunks,
                                      uint64_t seq) {
+  if (seq >= kMaxEventSeq) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("seq: ", seq, " leaves no number for the next batch (seq + 1); must be below ",
+                     "2^63 = ", kMaxEventSeq));
+  }
   if (chunks.size() > static_cast<size_t>(options_.max_resync_chunks)) {
     return absl::ResourceExhaustedError(absl::StrCat("chunks: ", chunks.size(),
                                                      " chunks exceed the limit of ",
@@ -333,20 +364,24 @@ absl::Status Registry::DeregisterWorker(std::string_view worker_id) {
   return absl::OkStatus();
 }
 
+void Registry::TakeExpiredLocked(int64_t now, std::vector<std::shared_ptr<Worker>>* expired) {
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    if (it->second->lease_expires_ms <= now) {
+      by_incarnation_.erase(it->second->incarnation);
+      expired->push_back(std::move(it->second));
+      workers_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void Registry::Sweep() {
   const int64_t now = clock_->NowMs();
   std::vector<std::shared_ptr<Worker>> expired;
   {
     MutexLock<Mutex> lock(&workers_mu_);
-    for (auto it = workers_.begin(); it != workers_.end();) {
-      if (it->second->lease_expires_ms <= now) {
-        by_incarnation_.erase(it->second->incarnation);
-        expired.push_back(std::move(it->second));
-        workers_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
+    TakeExpiredLocked(now, &expired);
   }
   leases_expired_.fetch_add(static_cast<int64_t>(expired.size()), std::memory_order_relaxed);
   for (const auto& w : expired) DropResidency(*w);

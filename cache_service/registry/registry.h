@@ -30,6 +30,12 @@
 
 namespace cascade::registry {
 
+// Event batches are numbered 1..kMaxEventSeq. Capped so that every accepted sequence number has a
+// successor: a Resync(seq = 2^64 - 1) used to leave a worker whose every later batch read as a
+// repeat (dropped, answered OK). A worker sends one batch per heartbeat at most, so it never
+// comes near 2^63.
+inline constexpr uint64_t kMaxEventSeq = uint64_t{1} << 63;
+
 struct RegistryOptions {
   int64_t lease_ms = 10'000;                 // a worker silent this long is dropped
   int64_t max_chunks = 1'000'000;            // tracked chunks; LRU forgetting past it
@@ -37,9 +43,16 @@ struct RegistryOptions {
   int max_chunks_per_request = 1024;         // Resolve: chunks per request
   int64_t max_tokens_per_request = 1 << 20;  // Resolve: tokens over all chunks
   int max_events_per_batch = 65'536;         // ReportEvents: events per batch
-  int max_resync_chunks = 1'000'000;         // Resync: chunks per call
-  int64_t max_pinned_chunks = 10'000;        // pins outstanding
+  // Resync: chunks per call. A valid HeldChunk takes up to ~100 bytes on the wire, so 500k of
+  // them (~50 MB) fit in the default 64 MiB gRPC message; at 1M a resync that large failed in the
+  // transport (RESOURCE_EXHAUSTED from gRPC) instead of getting this cap's answer. The server
+  // checks at start that this and max_events_per_batch fit in its --max_message_bytes.
+  int max_resync_chunks = 500'000;
+  int64_t max_pinned_chunks = 10'000;  // pins outstanding
   int64_t max_pin_ttl_s = 7 * 24 * 3600;
+  // Registered workers. Resolve walks every worker of the model per chunk, partly under the
+  // membership lock, so an unbounded count is a way to stall routing.
+  int max_workers = 4096;
   Clock* clock = nullptr;  // not owned; RealClock() when null
 };
 
@@ -56,18 +69,21 @@ class Registry {
   absl::StatusOr<ResolveResult> Resolve(const ResolveInput& in);
 
   // Joins (or re-joins) a worker. A re-join drops what the registry believed the previous
-  // registration held: the worker must Resync.
+  // registration held: the worker must Resync. RESOURCE_EXHAUSTED for a new worker id when
+  // `max_workers` live workers are registered (a known id may always register again).
   absl::StatusOr<RegisterResult> RegisterWorker(const WorkerInfo& info);
   // Renews the lease. NOT_FOUND when the worker is unknown or its lease already expired (it
   // must RegisterWorker again and Resync).
   absl::StatusOr<HeartbeatResult> Heartbeat(std::string_view worker_id, const WorkerLoad& load);
   // Applies batch `seq` (1, 2, ... after each registration or Resync(seq=n) -> n+1). A repeat
   // is ignored; a gap applies nothing and answers resync_required until the worker Resyncs.
-  // The batch is validated whole before any event applies.
+  // The batch is validated whole before any event applies. INVALID_ARGUMENT for seq 0 or past
+  // kMaxEventSeq.
   absl::StatusOr<ReportResult> ReportEvents(std::string_view worker_id, uint64_t seq,
                                             std::span<const ChunkEvent> events);
   // Replaces everything the worker holds; the next batch must carry `seq + 1`. Returns the
   // number of chunks recorded (at most the table's cap: the LRU forgets the rest).
+  // INVALID_ARGUMENT when `seq` >= kMaxEventSeq (no batch could follow it).
   absl::StatusOr<int> Resync(std::string_view worker_id, std::span<const HeldChunk> chunks,
                              uint64_t seq);
   absl::Status DeregisterWorker(std::string_view worker_id);
@@ -103,6 +119,10 @@ class Registry {
   absl::StatusOr<std::shared_ptr<Worker>> FindLiveWorker(std::string_view worker_id);
   // Removes the worker's residency. REQUIRES: `w` already removed from the membership maps.
   void DropResidency(Worker& w);
+  // Moves every worker whose lease ran out by `now` from the membership into `expired` (their
+  // residency is dropped after the lock, DropResidency).
+  void TakeExpiredLocked(int64_t now, std::vector<std::shared_ptr<Worker>>* expired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(workers_mu_);
   void ApplyHeld(Worker& w, const HeldChunk& c);
   void ApplyEvicted(Worker& w, const Hash128& h);
   // Maps holders (incarnations) to worker ids for admin views.

@@ -1,13 +1,41 @@
 // Field-by-field translation; see registry_wire.h.
 #include "cache_service/wire/registry_wire.h"
 
+#include <limits>
+#include <utility>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "cache_service/registry/registry_internal.h"
 
 namespace cascade::registry::wire {
 namespace {
 
 absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// A chunk whose every field takes its longest valid encoding (registry/validate.cc's limits).
+void SetLongestChunk(v2::HeldChunk* c) {
+  const std::string hex(32, 'f');
+  c->set_hash(hex);
+  c->set_parent_hash(hex);
+  c->set_start(internal::kMaxPosition);
+  c->set_end(internal::kMaxPosition);
+  c->set_held_tokens(internal::kMaxPosition);
+  c->set_kind(static_cast<v2::ChunkKind>(std::numeric_limits<int32_t>::max()));  // any kind > 0
+  c->set_tier(v2::KV_TIER_HOST);
+}
+
+// Bytes of `req` with nothing repeated, and what each longest element adds (its tag and
+// length prefix included): `add` appends one element.
+template <typename Request, typename Add>
+std::pair<int64_t, int64_t> Sizes(Add add) {
+  Request req;
+  req.set_worker_id(std::string(internal::kMaxWorkerIdBytes, 'w'));
+  req.set_seq(kMaxEventSeq);
+  const auto empty = static_cast<int64_t>(req.ByteSizeLong());
+  add(&req);
+  return {empty, static_cast<int64_t>(req.ByteSizeLong()) - empty};
+}
 
 }  // namespace
 
@@ -242,6 +270,22 @@ void ToProto(const RegistryStats& s, v2::GetStatsResponse* out) {
   out->set_chunks_forgotten(s.chunks_forgotten);
   out->set_resyncs_requested(s.resyncs_requested);
   out->set_leases_expired(s.leases_expired);
+}
+
+int64_t MaxResyncRequestBytes(int64_t chunks) {
+  static const std::pair<int64_t, int64_t> kSizes =
+      Sizes<v2::ResyncRequest>([](v2::ResyncRequest* r) { SetLongestChunk(r->add_chunks()); });
+  return kSizes.first + chunks * kSizes.second;
+}
+
+int64_t MaxReportEventsRequestBytes(int64_t events) {
+  static const std::pair<int64_t, int64_t> kSizes =
+      Sizes<v2::ReportEventsRequest>([](v2::ReportEventsRequest* r) {
+        v2::ChunkEvent* e = r->add_events();
+        e->set_type(v2::ChunkEvent::TYPE_EVICTED);
+        SetLongestChunk(e->mutable_chunk());
+      });
+  return kSizes.first + events * kSizes.second;
 }
 
 }  // namespace cascade::registry::wire

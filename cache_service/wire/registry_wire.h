@@ -47,6 +47,13 @@ absl::StatusOr<std::vector<ChunkEvent>> EventsFromProto(const v2::ReportEventsRe
 void ToProto(const ChunkEvent& e, v2::ChunkEvent* out);
 absl::StatusOr<std::vector<HeldChunk>> ChunksFromProto(const v2::ResyncRequest& req);
 
+// The most bytes a ResyncRequest of `chunks` chunks (a ReportEventsRequest of `events` events)
+// that the registry accepts takes on the wire: every field at its longest valid encoding. The
+// server checks at start that --max_resync_chunks and --max_events_per_batch fit in its
+// --max_message_bytes, so a request at the cap gets the cap's answer, not the transport's.
+int64_t MaxResyncRequestBytes(int64_t chunks);
+int64_t MaxReportEventsRequestBytes(int64_t events);
+
 // Admin.
 void ToProto(const ChunkRecord& r, v2::ChunkRecord* out);
 void ToProto(const WorkerRecord& r, v2::WorkerRecord* out);

@@ -1,6 +1,7 @@
 // The cascade-registry binary end to end: starts it on loopback ports, reads its ready line,
 // serves a worker and a resolve over gRPC (with internal auth, the default), shows them on
-// /metrics, and drains on SIGTERM; refuses to start without certificates or with another role's.
+// /metrics, and drains on SIGTERM; refuses to start without certificates or with another role's,
+// or with a limit out of its range.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -195,6 +196,30 @@ TEST(RegistryBinaryTest, RefusesToStartWithoutCertificatesOrWithAnotherRolesCert
   EXPECT_EQ(RunToExit(args, &err), 2);
   EXPECT_NE(err.find("names cascade://gateway, not a registry certificate"), std::string::npos)
       << err;
+}
+
+// Out-of-range numbers used to get through (only lower bounds were checked): --lease_ms near
+// INT64_MAX overflowed `now + lease_ms`, a huge --num_shards aborted on allocation, and the
+// default --max_resync_chunks did not fit in a gRPC message.
+TEST(RegistryBinaryTest, RefusesOutOfRangeLimitsNamingTheFlagAndItsRange) {
+  const char* bin_dir = std::getenv("CASCADE_BINARY_DIR");
+  ASSERT_NE(bin_dir, nullptr) << "run through ctest (CASCADE_BINARY_DIR)";
+  const std::string bin = std::string(bin_dir) + "/bin/cascade-registry";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--lease_ms=9223372036854775807", "--lease_ms=9223372036854775807: must be in [100, "},
+      {"--num_shards=2000000000", "--num_shards=2000000000: must be in [1, 4096]"},
+      {"--max_workers=0", "--max_workers=0: must be in [1, "},
+      {"--max_resync_chunks=1000000",
+       "--max_resync_chunks=1000000: its largest request takes up to "},
+  };
+  for (const auto& [flag, want] : cases) {
+    // Without certificates: the limits are checked first, and a binary that let a bad limit
+    // through exits at the certificate check instead of serving (and hanging this test).
+    std::string err;
+    EXPECT_EQ(RunToExit({bin, "--host=127.0.0.1", "--port=0", flag}, &err), 2)
+        << flag << ": " << err;
+    EXPECT_NE(err.find("cascade-registry: " + want), std::string::npos) << err;
+  }
 }
 
 }  // namespace

@@ -466,6 +466,23 @@ TEST_F(RegistryGrpcTest, BadRequestsGetClearStatusesAndLeaveOthersAlone) {
   EXPECT_FALSE(client->ReportEvents("good", 2, {})->resync_required);
 }
 
+// The refusal quotes the id it was asked to act for, which the caller chose: escaped, so control
+// bytes never reach a client's status or a log raw.
+TEST_F(RegistryGrpcTest, AnotherWorkersIdComesBackEscapedInThePermissionError) {
+  Server server(&clock_);
+  v2::HeartbeatRequest req;
+  req.set_worker_id(std::string("evil\x01\n\\", 7));
+  v2::HeartbeatResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status st = server.Stub(Role::kWorker, "w0")->Heartbeat(&ctx, req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(st.error_message().find("cascade://worker/w0 may not act for worker "
+                                    "'evil\\x01\\x0a\\x5c'"),
+            std::string::npos)
+      << st.error_message();
+  for (char c : st.error_message()) EXPECT_GE(static_cast<unsigned char>(c), 0x20);
+}
+
 TEST_F(RegistryGrpcTest, CallsToAnAbsentRegistryFailFastWithinTheDeadline) {
   GrpcRegistryClientOptions o;
   o.resolve_timeout_ms = 200;
