@@ -107,10 +107,20 @@ bool RegistryAgent::Register() {
   absl::StatusOr<registry::RegisterResult> r = client_->RegisterWorker(info);
   if (!r.ok()) {
     // Log the first failure and then every 30th, so a registry outage does not flood the log.
+    // A registry that answered and refused (a bad field, its --max_workers) is not an outage:
+    // retrying alone will not fix it, so the line says so.
+    const bool unreachable =
+        absl::IsUnavailable(r.status()) || absl::IsDeadlineExceeded(r.status());
     if (failures_++ % 30 == 0) {
-      common::LogWarn("registry_unreachable", {{"address", options_.registry_address},
-                                               {"error", std::string(r.status().message())},
-                                               {"hint", "the worker keeps serving; retrying"}});
+      common::LogWarn(
+          unreachable ? "registry_unreachable" : "registry_refused",
+          {{"address", options_.registry_address},
+           {"code", absl::StatusCodeToString(r.status().code())},
+           {"error", std::string(r.status().message())},
+           {"hint", unreachable ? "the worker keeps serving; retrying"
+                                : "the registry refused this worker: fix what the error names "
+                                  "(this worker's flags or the registry's limits); the worker "
+                                  "keeps serving without routing by cache and retries"}});
     }
     return false;
   }

@@ -8,9 +8,12 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "cache_service/registry/registry.h"
+#include "common/log.h"
 #include "common/mutex.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/engine/trace_backend.h"
@@ -237,6 +240,59 @@ TEST_F(RegistryAgentTest, RegistryPinsKeepAChunkThroughPressure) {
     (void)engine_->Step();
     return engine_->Stats().free_blocks == free_before - 3;
   }));
+}
+
+// A registry that answers and refuses (here its --max_workers, already reached) is logged as a
+// refusal naming why, not as an outage, and the worker stays unregistered.
+TEST(RegistryAgentRefusalTest, ARefusedRegistrationIsLoggedAsRefusedWithTheReason) {
+  registry::RegistryOptions ro;
+  ro.max_workers = 1;
+  Registry reg(ro);
+  registry::WorkerInfo other;
+  other.worker_id = "w0";
+  other.address = "127.0.0.1:2";
+  other.model = "trace";
+  other.block_size = kBlock;
+  other.max_context = 4096;
+  other.vocab_size = 97;
+  ASSERT_TRUE(reg.RegisterWorker(other).ok());
+  Mutex mu;
+  std::vector<std::string> lines;
+  common::SetLogSink([&](std::string_view line) {
+    MutexLock lock(&mu);
+    lines.emplace_back(line);
+  });
+  engine::EngineOptions eo;
+  eo.model_name = "trace";
+  auto engine =
+      engine::NewEngine(eo, std::make_unique<engine::testing::TraceBackend>(64, kBlock, 97));
+  AgentOptions ao;
+  ao.worker_id = "w1";
+  ao.address = "127.0.0.1:1";
+  ao.model = "trace";
+  ao.block_size = kBlock;
+  ao.max_context = 4096;
+  ao.vocab_size = 97;
+  ao.heartbeat_ms = 20;
+  auto agent = RegistryAgent::Start(ao, engine.get(), registry::NewInProcessRegistryClient(&reg));
+  const bool logged = Eventually([&] {
+    MutexLock lock(&mu);
+    for (const std::string& l : lines) {
+      if (l.find("registry_refused") != std::string::npos) return true;
+    }
+    return false;
+  });
+  agent.reset();
+  common::SetLogSink(nullptr);
+  ASSERT_TRUE(logged);
+  MutexLock lock(&mu);
+  for (const std::string& l : lines) {
+    EXPECT_EQ(l.find("registry_unreachable"), std::string::npos) << l;
+    if (l.find("registry_refused") == std::string::npos) continue;
+    EXPECT_NE(l.find("RESOURCE_EXHAUSTED"), std::string::npos) << l;
+    EXPECT_NE(l.find("--max_workers"), std::string::npos) << l;
+  }
+  for (const registry::WorkerRecord& w : reg.ListWorkers()) EXPECT_NE(w.info.worker_id, "w1");
 }
 
 TEST_F(RegistryAgentTest, DeregisterLeavesTheRegistry) {
