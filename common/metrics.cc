@@ -153,6 +153,16 @@ Gauge* MetricsRegistry::GetGauge(std::string_view name, std::string_view help,
   return slot.get();
 }
 
+void MetricsRegistry::RemoveGauge(std::string_view name, const Labels& labels) {
+  absl::MutexLock lock(&mu_);
+  auto family = families_.find(name);
+  if (family == families_.end() || family->second.type != Type::kGauge) return;
+  auto series = family->second.gauges.find(labels);
+  if (series == family->second.gauges.end()) return;
+  family->second.gauge_family->Remove(series->second->impl_);
+  family->second.gauges.erase(series);
+}
+
 Histogram* MetricsRegistry::GetHistogram(std::string_view name, std::string_view help,
                                          const std::vector<double>& bounds, const Labels& labels) {
   absl::MutexLock lock(&mu_);

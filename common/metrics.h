@@ -58,6 +58,7 @@ class Gauge {
   double Value() const;
 
  private:
+  friend class MetricsRegistry;  // RemoveGauge
   prometheus::Gauge* const impl_;
 };
 
@@ -101,6 +102,11 @@ class MetricsRegistry {
 
   Counter* GetCounter(std::string_view name, std::string_view help, const Labels& labels = {});
   Gauge* GetGauge(std::string_view name, std::string_view help, const Labels& labels = {});
+  // Drops the gauge series `name` with `labels` from the exposition (nothing when there is none),
+  // for series whose subject is gone for good (a departed worker's): label values that churn
+  // would otherwise grow the exposition without bound. Frees the Gauge: REQUIRES no caller keeps
+  // the pointer GetGauge returned for it (a later GetGauge makes a new series).
+  void RemoveGauge(std::string_view name, const Labels& labels);
   Histogram* GetHistogram(std::string_view name, std::string_view help,
                           const std::vector<double>& bounds, const Labels& labels = {});
 

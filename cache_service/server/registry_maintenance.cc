@@ -7,11 +7,12 @@
 namespace cascade::registry {
 
 RegistryMaintenance::RegistryMaintenance(Registry* registry, common::MetricsRegistry* metrics,
-                                         int64_t interval_ms)
+                                         int64_t interval_ms, int64_t departed_series_ms)
     : registry_(registry),
       metrics_(metrics != nullptr ? *metrics : common::MetricsRegistry::Default()),
       interval_ms_(interval_ms > 0 ? interval_ms
-                                   : std::max<int64_t>(10, registry->options().lease_ms / 4)) {}
+                                   : std::max<int64_t>(10, registry->options().lease_ms / 4)),
+      departed_series_ms_(std::max<int64_t>(0, departed_series_ms)) {}
 
 RegistryMaintenance::~RegistryMaintenance() { Stop(); }
 
@@ -70,8 +71,8 @@ void RegistryMaintenance::RunOnce() {
   metrics_.GetGauge("cascade_registry_resolve_hit_ratio", "resolve_hits / resolves since start.")
       ->Set(s.resolves > 0 ? static_cast<double>(s.resolve_hits) / s.resolves : 0.0);
 
-  // Per-worker load. A departed worker's series stay, with up=0 and zeros, since the metrics
-  // registry cannot remove series.
+  // Per-worker load. A departed worker's series read up=0 and zeros for departed_series_ms_ (so
+  // a dashboard or alert sees it go), then are removed.
   absl::flat_hash_set<std::string> live;
   for (const WorkerRecord& w : workers) {
     common::Labels l = {{"worker", w.info.worker_id}, {"model", w.info.model}};
@@ -86,18 +87,37 @@ void RegistryMaintenance::RunOnce() {
         ->Set(static_cast<double>(w.chunks));
     live.insert(w.info.worker_id + "\n" + w.info.model);
   }
-  for (const std::string& key : seen_workers_) {
-    if (live.contains(key)) continue;
+  const Clock* clock =
+      registry_->options().clock != nullptr ? registry_->options().clock : RealClock();
+  const int64_t now = clock->NowMs();
+  for (auto it = seen_workers_.begin(); it != seen_workers_.end();) {
+    const std::string& key = it->first;
+    if (live.contains(key)) {
+      it->second = -1;
+      ++it;
+      continue;
+    }
+    if (it->second < 0) it->second = now;  // gone since this round
+    const bool drop = now - it->second >= departed_series_ms_;
     size_t nl = key.find('\n');
     common::Labels l = {{"worker", key.substr(0, nl)}, {"model", key.substr(nl + 1)}};
     for (const char* name :
          {"cascade_registry_worker_up", "cascade_registry_worker_running",
           "cascade_registry_worker_waiting", "cascade_registry_worker_free_kv_blocks",
           "cascade_registry_worker_chunks"}) {
-      metrics_.GetGauge(name, "", l)->Set(0);
+      if (drop) {
+        metrics_.RemoveGauge(name, l);
+      } else {
+        metrics_.GetGauge(name, "", l)->Set(0);
+      }
+    }
+    if (drop) {
+      seen_workers_.erase(it++);
+    } else {
+      ++it;
     }
   }
-  seen_workers_.insert(live.begin(), live.end());
+  for (const std::string& key : live) seen_workers_.try_emplace(key, -1);
 }
 
 }  // namespace cascade::registry
