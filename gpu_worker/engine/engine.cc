@@ -79,6 +79,8 @@ class EngineImpl final : public Engine {
         scheduler_(SchedulerOptions{options.max_num_seqs, options.max_num_batched_tokens,
                                     options.enable_prefix_cache, options.debug_capture_logits},
                    &blocks_, host_.get()),
+        pin_refs_(blocks_.num_blocks(), 0),
+        max_pinned_blocks_(MaxPinnedBlocks(options_.max_pinned_fraction, blocks_.num_blocks())),
         residency_(backend_->BlockSize()),
         rng_(std::random_device{}()) {
     if (host_ != nullptr) {
@@ -218,6 +220,10 @@ class EngineImpl final : public Engine {
   // whole, else null and `row->token` is the backend's draw).
   void CollectRow(const ScheduledSeq& s, const float* logits_row, CollectedRow* row);
   void TakePins(Sequence& seq);
+  // Pins `chunk` on `blocks` (its chain, root first) until `expires_ms`, unless that would put
+  // more than max_pinned_blocks_ blocks under pins or make more pins than that (then counted in
+  // pins_refused_, each time it is asked). REQUIRES: the chunk is not pinned.
+  bool AddPin(const hash::Hash128& chunk, std::vector<int32_t> blocks, int64_t expires_ms);
   void ReleasePin(const hash::Hash128& chunk);
   void PublishStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishHostStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -226,6 +232,11 @@ class EngineImpl final : public Engine {
   // Hands the host tier's recorded copies to the backend, in order. On failure the copies'
   // keys are dropped (their bytes are not known good) once nothing references them.
   absl::Status FlushHostCopies();
+  static int64_t MaxPinnedBlocks(double fraction, int64_t num_blocks) {
+    if (!(fraction > 0)) return 0;  // (NaN too)
+    if (fraction >= 1) return num_blocks;
+    return static_cast<int64_t>(fraction * static_cast<double>(num_blocks));
+  }
   static EngineOptions WithClock(EngineOptions o) {
     if (!o.now_ms) o.now_ms = SteadyNowMs;
     return o;
@@ -253,6 +264,10 @@ class EngineImpl final : public Engine {
     int64_t expires_ms = 0;
   };
   std::unordered_map<hash::Hash128, Pin, hash::Hash128Hasher> pins_;
+  std::vector<int32_t> pin_refs_;  // [num_blocks] pins holding each block
+  int64_t pinned_blocks_ = 0;      // blocks with pin_refs_ > 0
+  const int64_t max_pinned_blocks_;
+  int64_t pins_refused_ = 0;
   std::optional<SchedulerOutput> inflight_;  // launched, not yet collected
   std::optional<Prepared> prepared_;         // scheduled while inflight_ runs (overlap)
   std::atomic<bool> step_pending_{false};    // inflight_ or prepared_ set (HasWork)
@@ -369,30 +384,50 @@ void EngineImpl::CommitBlocks(Sequence& seq) {
 
 void EngineImpl::TakePins(Sequence& seq) {
   // Each chunk is pinned through the last full block inside it, so later requests with the same
-  // leading chunks find them whatever the LRU does.
+  // leading chunks find them whatever the LRU does. A chunk in which no full block ends holds
+  // nothing the chunks before it do not (residency does not list it either): it is not pinned,
+  // so a request has at most one pin per prompt block.
   const int bs = backend_->BlockSize();
   for (const hash::PlacedChunk& c : seq.chunks) {
     const int64_t nblocks = std::min<int64_t>(c.end / bs, seq.num_committed);
-    if (nblocks <= 0) continue;
+    if (nblocks <= c.start / bs) continue;
     if (auto it = pins_.find(c.hash); it != pins_.end()) {
       it->second.expires_ms = std::max(it->second.expires_ms, options_.now_ms() + seq.pin_ttl_ms);
       continue;
     }
-    Pin pin;
-    for (int64_t j = 0; j < nblocks; ++j) {
-      blocks_.AddRef(seq.block_table[j]);
-      pin.blocks.push_back(seq.block_table[j]);
-    }
-    pin.expires_ms = options_.now_ms() + seq.pin_ttl_ms;
-    pins_.emplace(c.hash, std::move(pin));
+    AddPin(c.hash, std::vector<int32_t>(seq.block_table.begin(), seq.block_table.begin() + nblocks),
+           options_.now_ms() + seq.pin_ttl_ms);
   }
   seq.pinned = true;
+}
+
+bool EngineImpl::AddPin(const hash::Hash128& chunk, std::vector<int32_t> blocks,
+                        int64_t expires_ms) {
+  int64_t fresh = 0;  // blocks no pin holds yet (a chain's blocks are distinct)
+  for (int32_t b : blocks) fresh += pin_refs_[b] == 0 ? 1 : 0;
+  // Pins are capped by number too: every pin has a block ending in its chunk, so only the same
+  // blocks under other chunk boundaries (or kinds) could pass it, and each pin is a chain of
+  // block references that ExpirePins visits every step.
+  if (pinned_blocks_ + fresh > max_pinned_blocks_ ||
+      static_cast<int64_t>(pins_.size()) >= max_pinned_blocks_) {
+    ++pins_refused_;
+    return false;
+  }
+  for (int32_t b : blocks) {
+    blocks_.AddRef(b);
+    if (pin_refs_[b]++ == 0) ++pinned_blocks_;
+  }
+  pins_.emplace(chunk, Pin{std::move(blocks), expires_ms});
+  return true;
 }
 
 void EngineImpl::ReleasePin(const hash::Hash128& chunk) {
   auto it = pins_.find(chunk);
   if (it == pins_.end()) return;
-  for (auto b = it->second.blocks.rbegin(); b != it->second.blocks.rend(); ++b) blocks_.Release(*b);
+  for (auto b = it->second.blocks.rbegin(); b != it->second.blocks.rend(); ++b) {
+    blocks_.Release(*b);
+    if (--pin_refs_[*b] == 0) --pinned_blocks_;
+  }
   pins_.erase(it);
 }
 
@@ -516,6 +551,9 @@ void EngineImpl::PublishStats() {
   stats_.peer_imported_blocks = peer_imported_;
   stats_.peer_exported_blocks = peer_exported_;
   stats_.preemptions = scheduler_.preemptions();
+  stats_.pinned_chunks = static_cast<int64_t>(pins_.size());
+  stats_.pinned_blocks = pinned_blocks_;
+  stats_.pins_refused = pins_refused_;
   stats_.prompt_tokens_computed = prompt_tokens_computed_;
   stats_.generation_tokens = generation_tokens_;
   stats_.steps = steps_;
@@ -663,12 +701,9 @@ void EngineImpl::ApplyPinRequests() {
     }
     std::optional<hash::Hash128> last = residency_.LastKeyOf(h);
     if (!last) continue;
-    Pin pin;
-    pin.blocks = blocks_.ChainBlocks(*last);
-    if (pin.blocks.empty()) continue;
-    for (int32_t b : pin.blocks) blocks_.AddRef(b);
-    pin.expires_ms = now + ttl;
-    pins_.emplace(h, std::move(pin));
+    std::vector<int32_t> blocks = blocks_.ChainBlocks(*last);
+    if (blocks.empty()) continue;
+    AddPin(h, std::move(blocks), now + ttl);
   }
   pin_requests_.clear();
 }

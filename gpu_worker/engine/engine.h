@@ -22,6 +22,11 @@ struct EngineOptions {
   int64_t max_context = 4096;       // prompt + generated tokens at most
   int32_t max_tokens_limit = 4096;  // cap on sampling.max_tokens
   int max_waiting = 1024;           // queued requests beyond this: RESOURCE_EXHAUSTED
+  // Pins (Request::pin_ttl_ms, PinChunks) hold at most this share of the KV blocks, and there are
+  // at most as many pins as that many blocks; a chunk whose pin would pass either is not pinned
+  // (EngineStats::pins_refused), so one client pinning prompt after prompt cannot take the KV
+  // that other requests need. In [0, 1]: 1 pins may hold every block, 0 no pins.
+  double max_pinned_fraction = 0.5;
   bool enable_prefix_cache = true;
   // Host KV tier: bytes of host memory (Backend::AllocateHostKv) for copies of blocks the GPU
   // tier evicts; 0 = off. Off as well when the backend has no block I/O.
@@ -68,7 +73,8 @@ class Engine {
 
   // Pins chunks this engine holds for `ttl_ms` (extending pins already there), so eviction skips
   // their blocks: the registry's pinned chunks, renewed with every heartbeat. Applied at the next
-  // step; chunks not held are ignored. Returns the number found.
+  // step; chunks not held, and new pins past max_pinned_fraction, are ignored. Returns the number
+  // found.
   virtual int PinChunks(const std::vector<hash::Hash128>& chunk_hashes, int64_t ttl_ms) = 0;
 
   // Copies out, at a coming step, the blocks of the leading run of `keys` (a chain of block

@@ -161,6 +161,9 @@ struct EngineStats {
   int64_t peer_imported_blocks = 0;   // blocks from peers written into the host tier
   int64_t peer_exported_blocks = 0;   // blocks copied out for peers
   int64_t preemptions = 0;
+  int64_t pinned_chunks = 0;  // chunks with a pin
+  int64_t pinned_blocks = 0;  // held by at least one pin (at most max_pinned_fraction of all)
+  int64_t pins_refused = 0;   // chunk pins not taken: they would have passed that cap
   int64_t prompt_tokens_computed = 0;
   int64_t generation_tokens = 0;
   int64_t steps = 0;

@@ -17,6 +17,12 @@ WorkerMetrics::WorkerMetrics(common::MetricsRegistry& r, const std::string& id) 
                               "Prompt tokens found in the prefix cache.", l);
   preemptions_ = r.GetCounter("cascade:num_preemptions_total",
                               "Sequences preempted (freed and recomputed) for lack of KV.", l);
+  pinned_blocks_ =
+      r.GetGauge("cascade:kv_cache_pinned_blocks",
+                 "KV blocks held by pinned chunks (at most --max_pinned_kv_fraction).", l);
+  pins_refused_ = r.GetCounter(
+      "cascade:pins_refused_total",
+      "Chunk pins not taken because pinned blocks would pass --max_pinned_kv_fraction.", l);
   prompt_tokens_ =
       r.GetCounter("cascade:prompt_tokens_total", "Prompt tokens computed (prefill).", l);
   generation_tokens_ = r.GetCounter("cascade:generation_tokens_total", "Tokens generated.", l);
@@ -59,6 +65,8 @@ void WorkerMetrics::Update(const engine::EngineStats& s) {
       static_cast<double>(s.prefix_cache_queries - last_.prefix_cache_queries));
   prefix_hits_->Increment(static_cast<double>(s.prefix_cache_hits - last_.prefix_cache_hits));
   preemptions_->Increment(static_cast<double>(s.preemptions - last_.preemptions));
+  pinned_blocks_->Set(static_cast<double>(s.pinned_blocks));
+  pins_refused_->Increment(static_cast<double>(s.pins_refused - last_.pins_refused));
   prompt_tokens_->Increment(
       static_cast<double>(s.prompt_tokens_computed - last_.prompt_tokens_computed));
   generation_tokens_->Increment(static_cast<double>(s.generation_tokens - last_.generation_tokens));

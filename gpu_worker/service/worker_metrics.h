@@ -26,6 +26,8 @@ class WorkerMetrics {
   common::Counter* prefix_queries_;
   common::Counter* prefix_hits_;
   common::Counter* preemptions_;
+  common::Gauge* pinned_blocks_;
+  common::Counter* pins_refused_;
   common::Counter* prompt_tokens_;
   common::Counter* generation_tokens_;
   common::Counter* gpu_hits_;  // prefix-cache hit tokens by tier

@@ -33,6 +33,9 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddInt("max_batch", &c->max_num_seqs, "sequences running at once at most");
   f->AddInt("max_batched_tokens", &c->max_batched_tokens, "tokens per engine step at most");
   f->AddInt("max_waiting", &c->max_waiting, "queued requests beyond which RESOURCE_EXHAUSTED");
+  f->AddDouble("max_pinned_kv_fraction", &c->max_pinned_kv_fraction,
+               "share of the KV cache pinned chunks may hold, in [0, 1]; pins past it are not "
+               "taken (cascade:pins_refused_total), so pins cannot starve other requests");
   f->AddInt64("max_context", &c->max_context, "prompt + output tokens at most; 0: the model's");
   f->AddInt("threads", &c->threads, "CPU backend threads; 0: all cores");
   f->AddInt(
@@ -191,6 +194,15 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
   return cpu::NewCpuBackend(model, o);
 }
 
+absl::Status CheckEngineFlags(const WorkerConfig& config) {
+  if (!(config.max_pinned_kv_fraction >= 0 && config.max_pinned_kv_fraction <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_pinned_kv_fraction=", config.max_pinned_kv_fraction,
+                     ": must be in [0, 1] (0: no pins, 1: pins may hold the whole KV cache)"));
+  }
+  return absl::OkStatus();
+}
+
 int64_t HostKvBytes(int64_t flag, const engine::Backend& backend) {
   if (flag >= 0) return flag;
   const int64_t ram = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
@@ -217,6 +229,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
         "registry TLS options apply only with --insecure_internal; internal auth dials the "
         "registry with --internal_cert");
   }
+  if (absl::Status s = CheckEngineFlags(config); !s.ok()) return s;
   std::unique_ptr<WorkerServer> w(new WorkerServer());
   w->config_ = config;
   auto model = model::LoadModel(config.model_dir);
@@ -233,6 +246,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   eo.max_context = config.max_context > 0 ? config.max_context : mc.max_position_embeddings;
   eo.max_tokens_limit = static_cast<int32_t>(eo.max_context);
   eo.max_waiting = config.max_waiting;
+  eo.max_pinned_fraction = config.max_pinned_kv_fraction;
   eo.eos_token_ids = mc.eos_token_ids;
   eo.host_kv_bytes = HostKvBytes(config.host_kv_bytes, **backend);
   eo.overlap_schedule = config.overlap_schedule;

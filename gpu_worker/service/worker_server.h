@@ -30,6 +30,10 @@ struct WorkerConfig {
   int max_num_seqs = 64;
   int max_batched_tokens = 2048;
   int max_waiting = 256;
+  // The share of the KV cache that pinned chunks (RegisterChunk's pin_ttl_seconds, the registry's
+  // pins) may hold, in [0, 1] (engine::EngineOptions::max_pinned_fraction): pins past it are not
+  // taken, so a client pinning prompt after prompt cannot leave other requests without KV.
+  double max_pinned_kv_fraction = 0.5;
   int64_t max_context = 0;  // 0: the model's max_position_embeddings
   int threads = 0;          // CPU backend threads; 0 = all cores
   int cuda_device = 0;      // CUDA backend: which visible GPU (one worker per GPU)
@@ -92,6 +96,10 @@ void RegisterWorkerFlags(common::FlagSet* flags, WorkerConfig* config);
 // --kv_blocks or --kv_cache_bytes (0 is the default).
 absl::StatusOr<int64_t> KvCacheBlocks(const WorkerConfig& config, const model::ModelConfig& model,
                                       const std::string& kind);
+
+// OK, or INVALID_ARGUMENT naming the engine flag of `config` out of its range
+// (--max_pinned_kv_fraction outside [0, 1]).
+absl::Status CheckEngineFlags(const WorkerConfig& config);
 
 // The host KV tier's size for --host_kv_bytes=`flag` over `backend` (resolves -1, auto).
 int64_t HostKvBytes(int64_t flag, const engine::Backend& backend);

@@ -533,7 +533,9 @@ TEST(EngineTest, RegistryPinsKeepAHeldChunkUntilTheyLapse) {
 }
 
 TEST(EngineTest, KvHeldByPinsEndsTheQueueHeadResourceExhausted) {
-  auto e = MakeEngine(8);
+  EngineOptions o;
+  o.max_pinned_fraction = 1.0;  // no cap: pins may hold the whole cache
+  auto e = MakeEngine(8, o);
   Request pinned;  // 57 tokens: seven full blocks stay pinned, one block is left
   pinned.chunks = {ChunkInput{1, std::vector<int32_t>(57, 3), ""}};
   pinned.sampling.max_tokens = 1;
@@ -546,6 +548,101 @@ TEST(EngineTest, KvHeldByPinsEndsTheQueueHeadResourceExhausted) {
   EXPECT_EQ(r.finish, FinishReason::kError);
   EXPECT_EQ(r.status.code(), absl::StatusCode::kResourceExhausted) << r.status;
   EXPECT_THAT(r.status.message(), ::testing::HasSubstr("held by pinned chunks"));
+}
+
+// A prompt of one chunk of `len` copies of `fill` (a new fill: a new chain of blocks).
+Request Filled(int32_t fill, int len, int max_tokens) {
+  Request r;
+  r.chunks = {ChunkInput{1, std::vector<int32_t>(len, fill), ""}};
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+// One client pinning prompt after prompt must not take the KV other requests need: pins hold at
+// most max_pinned_fraction of the cache, and a pin past it is not taken (the request still runs).
+TEST(EngineTest, AFloodOfPinnedPromptsLeavesRoomForAnUnpinnedRequest) {
+  auto e = MakeEngine(16);
+  for (int32_t fill = 1; fill <= 10; ++fill) {  // each pins two full blocks; 20 > 16 blocks
+    Request pinned = Filled(fill, 17, 1);
+    pinned.pin_ttl_ms = 3600 * 1000;
+    Result r = RunOne(*e, pinned);
+    EXPECT_TRUE(r.status.ok()) << "flood " << fill << ": " << r.status;
+  }
+  EXPECT_EQ(e->Stats().pinned_blocks, 8) << "half of the 16 blocks, the default cap";
+  EXPECT_EQ(e->Stats().pins_refused, 6);
+  const Request other = Filled(50, 20, 4);  // three blocks
+  const Result got = RunOne(*e, other);
+  EXPECT_TRUE(got.status.ok()) << got.status;
+  EXPECT_EQ(got.finish, FinishReason::kLength);
+  auto cold = MakeEngine(16);
+  ExpectSame(RunOne(*cold, other), got, "after a flood of pins");
+  // The pins taken still hold: the first prompts are cached, the refused ones were evicted.
+  EXPECT_EQ(RunOne(*e, Filled(1, 17, 1)).cached_tokens, 16);
+  EXPECT_EQ(RunOne(*e, Filled(4, 17, 1)).cached_tokens, 16);
+}
+
+// A chunk is pinned only if a full block ends inside it: one inside a block holds nothing the
+// chunks before it do not, so a client adding a different short chunk to a pinned prefix request
+// after request does not grow the pins.
+TEST(EngineTest, ChunksWithoutAFullBlockOfTheirOwnAreNotPinned) {
+  auto e = MakeEngine(16);
+  for (int32_t t = 0; t < 20; ++t) {
+    Request r = Filled(1, 8, 1);  // one full block, then a one-token chunk
+    r.chunks.push_back(ChunkInput{3, {t}, ""});
+    r.pin_ttl_ms = 3600 * 1000;
+    ASSERT_TRUE(RunOne(*e, r).status.ok());
+  }
+  EXPECT_EQ(e->Stats().pinned_chunks, 1);
+  EXPECT_EQ(e->Stats().pinned_blocks, 1);
+}
+
+// The same blocks under other chunk boundaries are other chunks: their pins hold no new block,
+// so they count against the cap by number (at most as many pins as blocks may be pinned).
+TEST(EngineTest, PinsOfOneBlockUnderManyChunkBoundariesAreCapped) {
+  auto e = MakeEngine(8);  // at most 4 pinned blocks, so 4 pins
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  for (int split = 1; split < 8; ++split) {
+    Request r;
+    r.chunks = {ChunkInput{1, {tokens.begin(), tokens.begin() + split}, ""},
+                ChunkInput{2, {tokens.begin() + split, tokens.end()}, ""}};
+    r.sampling.max_tokens = 1;
+    r.pin_ttl_ms = 3600 * 1000;
+    ASSERT_TRUE(RunOne(*e, r).status.ok());
+  }
+  EXPECT_EQ(e->Stats().pinned_blocks, 1);
+  EXPECT_EQ(e->Stats().pinned_chunks, 4);
+  EXPECT_EQ(e->Stats().pins_refused, 3);
+}
+
+// max_pinned_fraction 0 turns pins off; 1 lets them hold every block (then a request the pins
+// leave no room for ends RESOURCE_EXHAUSTED: KvHeldByPinsEndsTheQueueHeadResourceExhausted).
+TEST(EngineTest, ZeroPinnedFractionTakesNoPins) {
+  EngineOptions o;
+  o.max_pinned_fraction = 0.0;
+  auto e = MakeEngine(16, o);
+  Request pinned = Filled(1, 17, 1);
+  pinned.pin_ttl_ms = 3600 * 1000;
+  ASSERT_TRUE(RunOne(*e, pinned).status.ok());
+  EXPECT_EQ(e->Stats().pinned_blocks, 0);
+  EXPECT_EQ(e->Stats().pins_refused, 1);
+  EXPECT_EQ(e->Stats().used_blocks, 0);
+}
+
+// The registry's pins (PinChunks, renewed each heartbeat) count against the same cap.
+TEST(EngineTest, RegistryPinsOfEveryHeldChunkLeaveRoomForAnUnpinnedRequest) {
+  auto e = MakeEngine(16);
+  for (int32_t fill = 1; fill <= 10; ++fill) {
+    Result r = RunOne(*e, Filled(fill, 17, 1));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    e->PinChunks({r.chunks[0].hash}, 3600 * 1000);
+  }
+  ASSERT_TRUE(e->Step().ok());  // applies the last pin request
+  EXPECT_EQ(e->Stats().pinned_blocks, 8);
+  EXPECT_EQ(e->Stats().pins_refused, 6);
+  const Result got = RunOne(*e, Filled(50, 20, 4));
+  EXPECT_TRUE(got.status.ok()) << got.status;
+  EXPECT_EQ(got.finish, FinishReason::kLength);
 }
 
 // Fails every Forward with `fault` while it is not OK, else runs the trace backend.

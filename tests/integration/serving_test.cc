@@ -490,7 +490,8 @@ TEST(ServingTest, MetricsUseVllmStyleNames) {
   for (const char* name : {"cascade:num_requests_running{worker=\"w0\"}",
                            "cascade:num_requests_waiting", "cascade:kv_cache_usage_perc",
                            "cascade:prefix_cache_queries_total", "cascade:prefix_cache_hits_total",
-                           "cascade:num_preemptions_total", "cascade:generation_tokens_total"}) {
+                           "cascade:num_preemptions_total", "cascade:generation_tokens_total",
+                           "cascade:kv_cache_pinned_blocks", "cascade:pins_refused_total"}) {
     EXPECT_NE(worker.find(name), std::string::npos)
         << name << " missing from the worker's /metrics";
   }

@@ -51,7 +51,8 @@ class WorkerStatusTest : public ::testing::Test {
     w.server = TestServerOptions("cascade-worker");
     w.model_dir = TinyModelDir();
     w.backend = "cpu";
-    w.kv_blocks = 8;  // 8 x 16 = 128 tokens of KV
+    w.kv_blocks = 8;                 // 8 x 16 = 128 tokens of KV
+    w.max_pinned_kv_fraction = 1.0;  // pins may hold every block (the pinned-KV test)
     w.block_size = 16;
     w.max_context = 512;
     w.threads = 1;

@@ -4,6 +4,7 @@
 // refused at start, not read as the default.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 
@@ -162,6 +163,31 @@ TEST(WorkerConfigTest, AttentionFoldOrderIsOneOfTwoAndTwoLevelIsRefusedOnTheCpu)
   const char* argv[] = {"cascade-worker", "--attention_fold_order=two_level"};
   ASSERT_FALSE(common::ParseFlags(flags, 2, argv).has_value());
   EXPECT_EQ(parsed.attention_fold_order, "two_level");
+}
+
+// --max_pinned_kv_fraction: [0, 1] (0 no pins, 1 no cap), anything else (NaN too) refused with
+// the flag, the value and the range; the default caps pins at half the cache; the flag parses.
+TEST(WorkerConfigTest, PinnedKvFractionOutsideZeroToOneIsRefused) {
+  WorkerConfig c;
+  EXPECT_EQ(c.max_pinned_kv_fraction, 0.5);
+  EXPECT_TRUE(CheckEngineFlags(c).ok());
+  for (double good : {0.0, 1.0}) {
+    c.max_pinned_kv_fraction = good;
+    EXPECT_TRUE(CheckEngineFlags(c).ok()) << good;
+  }
+  for (double bad : {-0.1, 1.5, std::nan("")}) {
+    c.max_pinned_kv_fraction = bad;
+    const absl::Status s = CheckEngineFlags(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--max_pinned_kv_fraction="), std::string::npos) << s;
+    EXPECT_NE(s.message().find("must be in [0, 1]"), std::string::npos) << s;
+  }
+  WorkerConfig parsed;
+  common::FlagSet flags("cascade-worker", "test");
+  RegisterWorkerFlags(&flags, &parsed);
+  const char* argv[] = {"cascade-worker", "--max_pinned_kv_fraction=0.25"};
+  ASSERT_FALSE(common::ParseFlags(flags, 2, argv).has_value());
+  EXPECT_EQ(parsed.max_pinned_kv_fraction, 0.25);
 }
 
 }  // namespace
