@@ -3,6 +3,8 @@
 #include "services/gateway/openai_api.h"
 
 #include <cmath>
+#include <string>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "common/bounded_text.h"
@@ -318,6 +320,29 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
   return OkStatus();
 }
 
+// A token's bytes for OpenAI's chat logprobs (`bytes`): its text's UTF-8 bytes, or, for a token
+// that is not UTF-8 alone, the bytes its text spells as "bytes:\xNN..." (Turn::LogprobText).
+json TokenBytes(const std::string& text) {
+  json out = json::array();
+  constexpr std::string_view kPrefix = "bytes:";
+  if (text.size() > kPrefix.size() && text.compare(0, kPrefix.size(), kPrefix) == 0 &&
+      (text.size() - kPrefix.size()) % 4 == 0) {
+    json escaped = json::array();
+    bool ok = true;
+    for (size_t i = kPrefix.size(); ok && i < text.size(); i += 4) {
+      const auto hex = [](char c) {
+        return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      };
+      const int hi = hex(text[i + 2]), lo = hex(text[i + 3]);
+      ok = text[i] == '\\' && text[i + 1] == 'x' && hi >= 0 && lo >= 0;
+      if (ok) escaped.push_back(hi * 16 + lo);
+    }
+    if (ok) return escaped;
+  }
+  for (unsigned char c : text) out.push_back(static_cast<int>(c));
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<Translated> TranslateRequest(const json& body, Endpoint endpoint,
@@ -399,9 +424,13 @@ json ResponseBuilder::LogprobsOf(const cascade::v2::TokenDelta& delta) const {
     json content = json::array();
     for (const auto& e : delta.logprobs()) {
       json top = json::array();
-      for (const auto& t : e.top()) top.push_back({{"token", t.text()}, {"logprob", t.logprob()}});
+      for (const auto& t : e.top()) {
+        top.push_back(
+            {{"token", t.text()}, {"logprob", t.logprob()}, {"bytes", TokenBytes(t.text())}});
+      }
       content.push_back({{"token", e.sampled().text()},
                          {"logprob", e.sampled().logprob()},
+                         {"bytes", TokenBytes(e.sampled().text())},
                          {"top_logprobs", top}});
     }
     return json{{"content", content}};

@@ -176,6 +176,31 @@ TEST(OpenAiApiTest, AWholeChatResponseCarriesTextFinishAndCachedTokens) {
   EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 96);
 }
 
+// Chat logprobs carry each token's bytes, as OpenAI's do: a token's UTF-8 bytes, or for one that
+// is not UTF-8 alone the bytes its text spells ("bytes:\xNN", the gateway's form for it).
+TEST(OpenAiApiTest, ChatLogprobsCarryEachTokensBytes) {
+  RequestMeta meta{Endpoint::kChat, false, false, true};
+  ResponseBuilder b(meta, "m", 1700000000);
+  EXPECT_TRUE(b.OnEvent(Start(10, 0)).empty());
+  cascade::v2::GenerateResponse d = Delta("h\xc3\xa9");
+  cascade::v2::LogprobEntry* e = d.mutable_delta()->add_logprobs();
+  e->mutable_sampled()->set_text("h\xc3\xa9");  // "hé": 3 bytes
+  e->mutable_sampled()->set_logprob(-0.5f);
+  cascade::v2::TokenLogprob* alt = e->add_top();
+  alt->set_text("bytes:\\xe4\\xb8");  // two bytes of a three-byte character
+  alt->set_logprob(-2.f);
+  cascade::v2::TokenLogprob* odd = e->add_top();
+  odd->set_text("bytes:\\xZZ");  // not the escaped form: its own characters' bytes
+  odd->set_logprob(-3.f);
+  EXPECT_TRUE(b.OnEvent(d).empty());
+  EXPECT_TRUE(b.OnEvent(Finish(10, 0, 1)).empty());
+  json lp = b.Final()["choices"][0]["logprobs"]["content"][0];
+  EXPECT_EQ(lp["token"], "h\xc3\xa9");
+  EXPECT_EQ(lp["bytes"], json({0x68, 0xc3, 0xa9}));
+  EXPECT_EQ(lp["top_logprobs"][0]["bytes"], json({0xe4, 0xb8}));
+  EXPECT_EQ(lp["top_logprobs"][1]["bytes"].size(), std::string("bytes:\\xZZ").size());
+}
+
 TEST(OpenAiApiTest, AChatStreamStartsWithTheRoleAndEndsWithTheFinishReason) {
   RequestMeta meta{Endpoint::kChat, true, true, false};
   ResponseBuilder b(meta, "m", 1700000000);
