@@ -117,25 +117,34 @@ bool Eventually(const std::function<bool()>& cond) {
   return cond();
 }
 
+// The engine every test here runs: the trace backend, 64 blocks of kBlock tokens, vocabulary 97.
+std::unique_ptr<engine::Engine> TraceEngine() {
+  engine::EngineOptions eo;
+  eo.model_name = "trace";
+  return engine::NewEngine(eo, std::make_unique<engine::testing::TraceBackend>(64, kBlock, 97));
+}
+
+// Worker w1's agent over that engine, heartbeating every 20 ms.
+AgentOptions TraceAgent() {
+  AgentOptions ao;
+  ao.worker_id = "w1";
+  ao.address = "127.0.0.1:1";
+  ao.model = "trace";
+  ao.block_size = kBlock;
+  ao.max_context = 4096;
+  ao.vocab_size = 97;
+  ao.heartbeat_ms = 20;
+  return ao;
+}
+
 class RegistryAgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
     registry_ = std::make_unique<Registry>(registry::RegistryOptions{});
-    engine::EngineOptions eo;
-    eo.model_name = "trace";
-    engine_ =
-        engine::NewEngine(eo, std::make_unique<engine::testing::TraceBackend>(64, kBlock, 97));
+    engine_ = TraceEngine();
     auto client = std::make_unique<FaultyClient>(registry_.get());
     client_ = client.get();
-    AgentOptions ao;
-    ao.worker_id = "w1";
-    ao.address = "127.0.0.1:1";
-    ao.model = "trace";
-    ao.block_size = kBlock;
-    ao.max_context = 4096;
-    ao.vocab_size = 97;
-    ao.heartbeat_ms = 20;
-    agent_ = RegistryAgent::Start(ao, engine_.get(), std::move(client));
+    agent_ = RegistryAgent::Start(TraceAgent(), engine_.get(), std::move(client));
   }
 
   // Runs a prompt of one 24-token chunk filled with `fill` (three full blocks) through the engine
@@ -262,19 +271,9 @@ TEST(RegistryAgentRefusalTest, ARefusedRegistrationIsLoggedAsRefusedWithTheReaso
     MutexLock lock(&mu);
     lines.emplace_back(line);
   });
-  engine::EngineOptions eo;
-  eo.model_name = "trace";
-  auto engine =
-      engine::NewEngine(eo, std::make_unique<engine::testing::TraceBackend>(64, kBlock, 97));
-  AgentOptions ao;
-  ao.worker_id = "w1";
-  ao.address = "127.0.0.1:1";
-  ao.model = "trace";
-  ao.block_size = kBlock;
-  ao.max_context = 4096;
-  ao.vocab_size = 97;
-  ao.heartbeat_ms = 20;
-  auto agent = RegistryAgent::Start(ao, engine.get(), registry::NewInProcessRegistryClient(&reg));
+  auto engine = TraceEngine();
+  auto agent =
+      RegistryAgent::Start(TraceAgent(), engine.get(), registry::NewInProcessRegistryClient(&reg));
   const bool logged = Eventually([&] {
     MutexLock lock(&mu);
     for (const std::string& l : lines) {
