@@ -9,6 +9,7 @@
 # archive BRANCH | tar -x -C alt_src`, carry [".devdeps", "alt_src"]): the same for that tree
 # (build-alt, build-alt-trace; its test logs under $OUT/alt), every row timed on both trees in
 # turn (this, alt, this again) so a speedup is measured in the same call as both trees' tests.
+# EXTRA_ROWS (below): more rows timed the same way.
 # Logs and traces under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-device-out}
@@ -66,6 +67,15 @@ for t in ${TREES:-default nofold}; do
     timeout 90 "$b"/bench/cuda_attention_bench --tree="$t" --trace="$OUT/trace_${t}_$b.csv" 2>&1 |
       grep -E "tree|trace" | tee -a "$OUT/trace_rows.log"
     python3 bench/kernels/ws_trace.py "$OUT/trace_${t}_$b.csv" | tee "$OUT/trace_${t}_$b.txt"
+  done
+done
+# EXTRA_ROWS: other cuda_attention_bench selections (e.g. "--shared=64 --prefill=8192"), each
+# timed on every tree in turn like the tree rows.
+for r in ${EXTRA_ROWS:-}; do
+  for b in $trees; do
+    echo "== $r: $b"
+    timeout 90 "$b"/bench/cuda_attention_bench "$r" 2>&1 | grep -E "[0-9]+\.[0-9]" |
+      tee -a "$OUT/trace_rows.log"
   done
 done
 echo "total: $(( $(date +%s) - t0 )) s"
