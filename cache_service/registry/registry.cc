@@ -96,17 +96,23 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
     // Holders report their own positions, which a buggy worker or a crafted report can put past
     // the chunk's real end: what this prompt places there bounds what anyone holds of it.
     for (Holder& h : holders) h.held_tokens = std::min(h.held_tokens, p.end);
+    // Runs and each chunk's holders in worker order (a chunk has one holder a worker), so a
+    // chunk costs a sort of its holders and one merge, not runs x holders: a system chunk held
+    // by thousands of workers would otherwise make every Resolve quadratic in them.
+    auto by_worker = [](const auto& a, const auto& b) { return a.worker < b.worker; };
     if (i == 0) {
       for (const Holder& h : holders) {
         runs.push_back(Run{h.worker, h.held_tokens, h.on_host ? 0 : h.held_tokens, 1, true});
       }
+      std::sort(runs.begin(), runs.end(), by_worker);
       continue;
     }
+    std::sort(holders.begin(), holders.end(), by_worker);
+    auto it = holders.begin();
     for (Run& r : runs) {
       if (!r.open) continue;
-      auto it = std::find_if(holders.begin(), holders.end(),
-                             [&](const Holder& h) { return h.worker == r.worker; });
-      if (it == holders.end()) {
+      while (it != holders.end() && it->worker < r.worker) ++it;
+      if (it == holders.end() || it->worker != r.worker) {
         r.open = false;
       } else {
         r.max_held = std::max(r.max_held, it->held_tokens);
@@ -125,9 +131,9 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
       // (A named copy: clang 14, which builds the fuzz targets, cannot capture a structured
       // binding in a lambda.)
       const uint64_t incarnation = w->incarnation;
-      auto it = std::find_if(runs.begin(), runs.end(),
-                             [&](const Run& r) { return r.worker == incarnation; });
-      if (it != runs.end()) {
+      auto it = std::lower_bound(runs.begin(), runs.end(), incarnation,
+                                 [](const Run& r, uint64_t w) { return r.worker < w; });
+      if (it != runs.end() && it->worker == incarnation) {
         m.matched_tokens = it->max_held;
         m.matched_host_tokens = it->max_held - std::min(it->max_held, it->max_held_gpu);
         // A chunk counts as fully held when the worker holds this prompt's tokens through its

@@ -6,6 +6,7 @@
 
 #include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "tests/cache_service/registry_test_util.h"
 
 namespace cascade::registry {
@@ -119,6 +120,35 @@ TEST_F(RegistryTest, BlockAlignedChunksAreFullyHeldAndWalkStopsAtFirstMissingChu
   Prompt q = p;
   q.tokens[0][0] = 7777;
   EXPECT_EQ(Find(Resolve(r, q), "w")->matched_tokens, 0);
+}
+
+// Many workers over one prompt, their holdings reported in the reverse of their registration
+// order (so each chunk's holder list is not in worker order): every worker's run still ends at
+// its first missing chunk, and chunks held past a gap do not count.
+TEST_F(RegistryTest, ManyHoldersEachMatchTheirOwnRun) {
+  Registry r(Opts());
+  Prompt p{.tokens = {Tokens(16, 1), Tokens(16, 100), Tokens(16, 200), Tokens(16, 300),
+                      Tokens(16, 400)}};
+  constexpr int kWorkers = 40;
+  auto id = [](int k) { return absl::StrCat("w", k); };
+  for (int k = 0; k < kWorkers; ++k) ASSERT_TRUE(r.RegisterWorker(Info(id(k))).ok());
+  for (int k = kWorkers - 1; k >= 0; --k) {
+    std::vector<HeldChunk> held = HeldFor(p, 16, 16 * (k % 6));
+    if (k % 7 == 3 && held.size() >= 3) held.erase(held.begin() + 1);  // a gap at chunk 1
+    if (held.empty()) continue;
+    ASSERT_TRUE(r.ReportEvents(id(k), 1, Stored(held)).ok());
+  }
+  ResolveResult res = Resolve(r, p);
+  ASSERT_EQ(res.workers.size(), static_cast<size_t>(kWorkers));
+  for (int k = 0; k < kWorkers; ++k) {
+    const int want = k % 7 == 3 && k % 6 >= 3 ? 1 : k % 6;
+    const WorkerMatch* m = Find(res, id(k));
+    ASSERT_NE(m, nullptr) << id(k);
+    EXPECT_EQ(m->matched_chunks, want) << id(k);
+    EXPECT_EQ(m->matched_tokens, 16 * want) << id(k);
+  }
+  // Longest match first, then by id among equals.
+  EXPECT_EQ(res.workers.front().matched_chunks, 5);
 }
 
 // Hashes come from the network: a worker (buggy, or one that built a colliding report) can say
