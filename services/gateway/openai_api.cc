@@ -343,6 +343,19 @@ json TokenBytes(const std::string& text) {
   return out;
 }
 
+// Characters (code points) in UTF-8 bytes: the bytes that do not continue a character. A
+// character split over tokens counts once, at the token that holds its first byte.
+int64_t Characters(std::string_view bytes) {
+  int64_t n = 0;
+  for (unsigned char c : bytes) n += (c & 0xC0) != 0x80;
+  return n;
+}
+int64_t CharactersOfByteValues(const json& byte_values) {
+  int64_t n = 0;
+  for (const json& v : byte_values) n += (v.get<int>() & 0xC0) != 0x80;
+  return n;
+}
+
 }  // namespace
 
 absl::StatusOr<Translated> TranslateRequest(const json& body, Endpoint endpoint,
@@ -419,7 +432,7 @@ json ResponseBuilder::Usage() const {
               {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens()}}}};
 }
 
-json ResponseBuilder::LogprobsOf(const cascade::v2::TokenDelta& delta) const {
+json ResponseBuilder::LogprobsOf(const cascade::v2::TokenDelta& delta, int64_t text_offset) const {
   if (meta_.endpoint == Endpoint::kChat) {
     json content = json::array();
     for (const auto& e : delta.logprobs()) {
@@ -435,15 +448,24 @@ json ResponseBuilder::LogprobsOf(const cascade::v2::TokenDelta& delta) const {
     }
     return json{{"content", content}};
   }
+  // text_offset: where each token's text starts in the completion, in characters (OpenAI's
+  // legacy field): the characters that start before the token (a token holding the later bytes
+  // of a character split over tokens starts after that character).
   json tokens = json::array(), token_logprobs = json::array(), top = json::array();
+  json offsets = json::array();
   for (const auto& e : delta.logprobs()) {
     tokens.push_back(e.sampled().text());
     token_logprobs.push_back(e.sampled().logprob());
+    offsets.push_back(text_offset);
+    text_offset += CharactersOfByteValues(TokenBytes(e.sampled().text()));
     json alts = json::object();
     for (const auto& t : e.top()) alts[t.text()] = t.logprob();
     top.push_back(alts);
   }
-  return json{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}};
+  return json{{"tokens", tokens},
+              {"token_logprobs", token_logprobs},
+              {"top_logprobs", top},
+              {"text_offset", offsets}};
 }
 
 std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& ev) {
@@ -466,10 +488,12 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
   }
   if (ev.has_delta()) {
     const auto& d = ev.delta();
+    const int64_t text_offset = text_characters_;
     text_ += d.text();
+    text_characters_ += Characters(d.text());
     json lp = nullptr;
     if (meta_.logprobs && d.logprobs_size() > 0) {
-      lp = LogprobsOf(d);
+      lp = LogprobsOf(d, text_offset);
       if (!meta_.stream) {
         if (chat) {
           for (auto& e : lp["content"]) logprobs_["content"].push_back(e);
@@ -477,9 +501,10 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
           if (logprobs_.is_null()) {
             logprobs_ = json{{"tokens", json::array()},
                              {"token_logprobs", json::array()},
-                             {"top_logprobs", json::array()}};
+                             {"top_logprobs", json::array()},
+                             {"text_offset", json::array()}};
           }
-          for (const char* k : {"tokens", "token_logprobs", "top_logprobs"}) {
+          for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
             for (auto& e : lp[k]) logprobs_[k].push_back(e);
           }
         }

@@ -53,14 +53,16 @@ class ResponseBuilder {
  private:
   nlohmann::json Envelope(const char* object) const;
   nlohmann::json Usage() const;
-  nlohmann::json LogprobsOf(const cascade::v2::TokenDelta& delta) const;
+  // `text_offset`: the completion's characters before this delta (completions' text_offset).
+  nlohmann::json LogprobsOf(const cascade::v2::TokenDelta& delta, int64_t text_offset) const;
 
   const RequestMeta meta_;
   const std::string model_;
   const int64_t created_;
   std::string id_;
   std::string text_;
-  nlohmann::json logprobs_;  // accumulated (non-streaming)
+  int64_t text_characters_ = 0;  // code points in text_
+  nlohmann::json logprobs_;      // accumulated (non-streaming)
   std::string finish_reason_;
   cascade::v2::Usage usage_;
   bool started_ = false, finished_ = false;

@@ -201,6 +201,45 @@ TEST(OpenAiApiTest, ChatLogprobsCarryEachTokensBytes) {
   EXPECT_EQ(lp["top_logprobs"][1]["bytes"].size(), std::string("bytes:\\xZZ").size());
 }
 
+// Completions logprobs carry text_offset: each token's start in the completion, in characters,
+// across deltas, in the whole response and in each streamed chunk alike.
+TEST(OpenAiApiTest, CompletionLogprobsCarryTextOffsets) {
+  auto delta = [](const std::string& text, const std::vector<std::string>& tokens) {
+    cascade::v2::GenerateResponse d = Delta(text);
+    for (const std::string& t : tokens) {
+      cascade::v2::LogprobEntry* e = d.mutable_delta()->add_logprobs();
+      e->mutable_sampled()->set_text(t);
+      e->mutable_sampled()->set_logprob(-1.f);
+    }
+    return d;
+  };
+  const std::vector<cascade::v2::GenerateResponse> deltas = {
+      delta("Hel", {"He", "l"}),
+      // "é" (c3 a9) split over two byte tokens: the second starts after the character.
+      delta("lo \xc3\xa9", {"lo", " ", "bytes:\\xc3", "bytes:\\xa9"}),
+      delta("\xe4\xb8\x80!", {"\xe4\xb8\x80", "!"}),  // a three-byte character, one token
+  };
+  const json want = {0, 2, 3, 5, 6, 7, 7, 8};
+  for (bool stream : {false, true}) {
+    RequestMeta meta{Endpoint::kCompletions, stream, false, true};
+    ResponseBuilder b(meta, "m", 1700000000);
+    b.OnEvent(Start(10, 0));
+    json got = json::array();
+    for (const auto& d : deltas) {
+      for (const json& chunk : b.OnEvent(d)) {
+        for (const json& o : chunk["choices"][0]["logprobs"]["text_offset"]) got.push_back(o);
+      }
+    }
+    b.OnEvent(Finish(10, 0, 8));
+    if (!stream) {
+      json lp = b.Final()["choices"][0]["logprobs"];
+      got = lp["text_offset"];
+      EXPECT_EQ(lp["tokens"].size(), 8u);
+    }
+    EXPECT_EQ(got, want) << (stream ? "stream" : "whole");
+  }
+}
+
 TEST(OpenAiApiTest, AChatStreamStartsWithTheRoleAndEndsWithTheFinishReason) {
   RequestMeta meta{Endpoint::kChat, true, true, false};
   ResponseBuilder b(meta, "m", 1700000000);
