@@ -60,6 +60,7 @@ void ChunkTable::Touch(const hash::Hash128& hash, const ChunkMeta& meta, int64_t
   Shard& s = ShardFor(hash);
   MutexLock<Mutex> lock(&s.mu);
   Entry& e = FindOrInsert(s, hash, meta, now_ms);
+  e.meta = meta;
   e.last_used_ms = now_ms;
   if (e.lru != s.lru.begin()) s.lru.splice(s.lru.begin(), s.lru, e.lru);
   holders->insert(holders->end(), e.holders.begin(), e.holders.end());

@@ -75,8 +75,10 @@ class ChunkTable {
   ChunkTable(const ChunkTable&) = delete;
   ChunkTable& operator=(const ChunkTable&) = delete;
 
-  // Marks `hash` used at `now_ms` (inserting it with `meta` if unknown) and appends its holders
-  // to `*holders`. The resolve path.
+  // Marks `hash` used at `now_ms`, sets its facts to `meta` and appends its holders to
+  // `*holders`. The resolve path: its `meta` is the registry's own placement of the chunk (the
+  // hash chains the prefix, so it fixes the positions), and replaces what a worker's report put
+  // there first (a worker's claim of start and end is not checked against the tokens).
   void Touch(const hash::Hash128& hash, const ChunkMeta& meta, int64_t now_ms, HolderList* holders);
 
   // Records that `holder.worker` holds `holder.held_tokens` of the chunk (inserting it if

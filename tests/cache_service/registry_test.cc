@@ -481,6 +481,32 @@ TEST_F(RegistryTest, EvictEverywhereTellsHoldersOnceAndForgetsTheChunk) {
   EXPECT_EQ(r.EvictChunk(held[1].hash).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A worker's report names a chunk's positions, and the first writer of a chunk's facts used to
+// keep them: a worker could plant a false start and end that the admin views then showed. The
+// registry's own placement (Resolve hashes the tokens itself) replaces them.
+TEST_F(RegistryTest, ResolvePlacementReplacesAWorkersClaimedPositions) {
+  Registry r(Opts());
+  ASSERT_TRUE(r.RegisterWorker(Info("liar")).ok());
+  std::vector<HeldChunk> held = HeldFor(two_, 16, 200);
+  ASSERT_EQ(held.size(), 2u);
+  held[1].start = 5000;
+  held[1].end = 9000;
+  ASSERT_TRUE(r.ReportEvents("liar", 1, Stored(held)).ok());
+  auto end_of = [&](const hash::Hash128& h) {
+    absl::StatusOr<std::vector<ChunkRecord>> all = r.ListChunks(10, "", nullptr);
+    EXPECT_TRUE(all.ok());
+    for (const ChunkRecord& c : *all) {
+      if (c.hash == h) return std::pair<int64_t, int64_t>(c.start, c.end);
+    }
+    return std::pair<int64_t, int64_t>(-1, -1);
+  };
+  EXPECT_EQ(end_of(held[1].hash), std::make_pair(int64_t{5000}, int64_t{9000}));
+  ResolveResult res = Resolve(r, two_);
+  ASSERT_EQ(res.chunks.size(), 2u);
+  EXPECT_EQ(res.chunks[1].hash, held[1].hash);
+  EXPECT_EQ(end_of(held[1].hash), std::make_pair(int64_t{100}, int64_t{200}));
+}
+
 TEST_F(RegistryTest, AdminViewsAndStats) {
   Registry r(Opts());
   ASSERT_TRUE(r.RegisterWorker(Info("a")).ok());
