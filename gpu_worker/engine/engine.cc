@@ -81,7 +81,8 @@ class EngineImpl final : public Engine {
                    &blocks_, host_.get()),
         pin_refs_(blocks_.num_blocks(), 0),
         max_pinned_blocks_(MaxPinnedBlocks(options_.max_pinned_fraction, blocks_.num_blocks())),
-        residency_(backend_->BlockSize()),
+        residency_(backend_->BlockSize(), std::max(1, options_.max_chunks_per_block),
+                   options_.chunk_events),
         rng_(std::random_device{}()) {
     if (host_ != nullptr) {
       blocks_.set_evict_listener(
@@ -223,8 +224,9 @@ class EngineImpl final : public Engine {
   // Pins `chunk` on `blocks` (its chain, root first) until `expires_ms`, unless that would put
   // more than max_pinned_blocks_ blocks under pins or make more pins than that (then counted in
   // pins_refused_, each time it is asked). REQUIRES: the chunk is not pinned.
-  bool AddPin(const hash::Hash128& chunk, std::vector<int32_t> blocks, int64_t expires_ms);
-  void ReleasePin(const hash::Hash128& chunk);
+  bool AddPin(const hash::Hash128& chunk, std::vector<int32_t> blocks, int64_t expires_ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleasePin(const hash::Hash128& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishHostStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Raises the eviction hints of the prompt's committed blocks to the request's.
@@ -388,6 +390,7 @@ void EngineImpl::TakePins(Sequence& seq) {
   // nothing the chunks before it do not (residency does not list it either): it is not pinned,
   // so a request has at most one pin per prompt block.
   const int bs = backend_->BlockSize();
+  MutexLock lock(&mu_);  // (residency_ learns which chunks are pinned)
   for (const hash::PlacedChunk& c : seq.chunks) {
     const int64_t nblocks = std::min<int64_t>(c.end / bs, seq.num_committed);
     if (nblocks <= c.start / bs) continue;
@@ -418,6 +421,7 @@ bool EngineImpl::AddPin(const hash::Hash128& chunk, std::vector<int32_t> blocks,
     if (pin_refs_[b]++ == 0) ++pinned_blocks_;
   }
   pins_.emplace(chunk, Pin{std::move(blocks), expires_ms});
+  residency_.SetPinned(chunk, true);
   return true;
 }
 
@@ -429,6 +433,7 @@ void EngineImpl::ReleasePin(const hash::Hash128& chunk) {
     if (--pin_refs_[*b] == 0) --pinned_blocks_;
   }
   pins_.erase(it);
+  residency_.SetPinned(chunk, false);
 }
 
 void EngineImpl::Finish(Sequence& seq, FinishReason reason, SequenceOutput& out) {
@@ -554,6 +559,8 @@ void EngineImpl::PublishStats() {
   stats_.pinned_chunks = static_cast<int64_t>(pins_.size());
   stats_.pinned_blocks = pinned_blocks_;
   stats_.pins_refused = pins_refused_;
+  stats_.held_chunks = residency_.size();
+  stats_.held_chunks_displaced = residency_.displaced();
   stats_.prompt_tokens_computed = prompt_tokens_computed_;
   stats_.generation_tokens = generation_tokens_;
   stats_.steps = steps_;

@@ -27,6 +27,15 @@ struct EngineOptions {
   // (EngineStats::pins_refused), so one client pinning prompt after prompt cannot take the KV
   // that other requests need. In [0, 1]: 1 pins may hold every block, 0 no pins.
   double max_pinned_fraction = 0.5;
+  // Chunks reported to the registry through one KV block (as the last block they are held
+  // through) at most, pinned ones aside: the same tokens under other chunk boundaries or kinds
+  // are other chunks over the same blocks, so without a cap a client could grow the worker's
+  // records (and the registry's) without bound. Past it the least recently used one is dropped
+  // and withdrawn from the registry (EngineStats::held_chunks_displaced). At least 1.
+  int max_chunks_per_block = 8;
+  // Queue chunk stored/evicted events for TakeChunkEvents. Off where nothing takes them (a worker
+  // without a registry): they would pile up for the process's life. HeldChunks answers either way.
+  bool chunk_events = true;
   bool enable_prefix_cache = true;
   // Host KV tier: bytes of host memory (Backend::AllocateHostKv) for copies of blocks the GPU
   // tier evicts; 0 = off. Off as well when the backend has no block I/O.

@@ -23,6 +23,13 @@ WorkerMetrics::WorkerMetrics(common::MetricsRegistry& r, const std::string& id) 
   pins_refused_ = r.GetCounter(
       "cascade:pins_refused_total",
       "Chunk pins not taken because pinned blocks would pass --max_pinned_kv_fraction.", l);
+  held_chunks_ = r.GetGauge("cascade:held_chunks",
+                            "Prompt chunks this worker reports to the registry as held.", l);
+  held_chunks_displaced_ = r.GetCounter(
+      "cascade:held_chunks_displaced_total",
+      "Chunk records dropped (and withdrawn from the registry) because more chunks than the cap "
+      "were held through one KV block: the same tokens under other chunk boundaries or kinds.",
+      l);
   prompt_tokens_ =
       r.GetCounter("cascade:prompt_tokens_total", "Prompt tokens computed (prefill).", l);
   generation_tokens_ = r.GetCounter("cascade:generation_tokens_total", "Tokens generated.", l);
@@ -67,6 +74,9 @@ void WorkerMetrics::Update(const engine::EngineStats& s) {
   preemptions_->Increment(static_cast<double>(s.preemptions - last_.preemptions));
   pinned_blocks_->Set(static_cast<double>(s.pinned_blocks));
   pins_refused_->Increment(static_cast<double>(s.pins_refused - last_.pins_refused));
+  held_chunks_->Set(static_cast<double>(s.held_chunks));
+  held_chunks_displaced_->Increment(
+      static_cast<double>(s.held_chunks_displaced - last_.held_chunks_displaced));
   prompt_tokens_->Increment(
       static_cast<double>(s.prompt_tokens_computed - last_.prompt_tokens_computed));
   generation_tokens_->Increment(static_cast<double>(s.generation_tokens - last_.generation_tokens));

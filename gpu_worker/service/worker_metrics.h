@@ -28,6 +28,8 @@ class WorkerMetrics {
   common::Counter* preemptions_;
   common::Gauge* pinned_blocks_;
   common::Counter* pins_refused_;
+  common::Gauge* held_chunks_;
+  common::Counter* held_chunks_displaced_;
   common::Counter* prompt_tokens_;
   common::Counter* generation_tokens_;
   common::Counter* gpu_hits_;  // prefix-cache hit tokens by tier

@@ -250,6 +250,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   eo.eos_token_ids = mc.eos_token_ids;
   eo.host_kv_bytes = HostKvBytes(config.host_kv_bytes, **backend);
   eo.overlap_schedule = config.overlap_schedule;
+  eo.chunk_events = !config.registry_address.empty();  // only the registry agent takes them
   auto engine = engine::NewEngine(eo, std::move(*backend));
   if (absl::Status s = engine->HostTierStatus(); !s.ok()) {
     if (config.host_kv_bytes > 0) {

@@ -6,6 +6,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <numeric>
+#include <set>
+
 #include "tests/engine/engine_test_util.h"
 #include "tests/engine/trace_backend.h"
 
@@ -643,6 +646,154 @@ TEST(EngineTest, RegistryPinsOfEveryHeldChunkLeaveRoomForAnUnpinnedRequest) {
   const Result got = RunOne(*e, Filled(50, 20, 4));
   EXPECT_TRUE(got.status.ok()) << got.status;
   EXPECT_EQ(got.finish, FinishReason::kLength);
+}
+
+// The same tokens under other chunk boundaries or kinds are other chunks over the same blocks.
+// `kinds` x 16 two-chunk splits of one 17-token prompt (two full blocks) through an engine.
+// Returns every stored and evicted event the engine sent, in order.
+std::vector<ChunkEvent> ServeChunkings(Engine& e, const std::vector<int32_t>& kinds,
+                                       std::vector<hash::Hash128>* chunks = nullptr) {
+  std::vector<int32_t> tokens(17);
+  std::iota(tokens.begin(), tokens.end(), 1);
+  std::vector<ChunkEvent> events;
+  for (int32_t kind : kinds) {
+    for (int split = 1; split < 17; ++split) {
+      Request r;
+      r.chunks = {ChunkInput{kind, {tokens.begin(), tokens.begin() + split}, ""},
+                  ChunkInput{kind % 3 + 1, {tokens.begin() + split, tokens.end()}, ""}};
+      r.sampling.max_tokens = 1;
+      const Result res = RunOne(e, r);
+      EXPECT_TRUE(res.status.ok()) << res.status;
+      if (chunks != nullptr) {
+        for (const ChunkPlacement& c : res.chunks) chunks->push_back(c.hash);
+      }
+      for (ChunkEvent& ev : e.TakeChunkEvents()) events.push_back(ev);
+    }
+  }
+  return events;
+}
+
+// What the registry believes after `events`: the chunks last reported stored.
+std::set<hash::Hash128> Replay(const std::vector<ChunkEvent>& events) {
+  std::set<hash::Hash128> held;
+  for (const ChunkEvent& ev : events) {
+    if (ev.stored) {
+      held.insert(ev.hash);
+    } else {
+      held.erase(ev.hash);
+    }
+  }
+  return held;
+}
+
+std::set<hash::Hash128> HeldSet(const Engine& e) {
+  std::set<hash::Hash128> held;
+  for (const ChunkEvent& c : e.HeldChunks()) held.insert(c.hash);
+  return held;
+}
+
+// 48 chunkings of one prompt put 48 + 24 chunk records on its two blocks; at most
+// max_chunks_per_block are kept per block (as the last block they are held through), and every
+// record dropped for the cap went out as an evicted event: replaying the events gives exactly
+// what the engine holds (no stale claim in the registry).
+TEST(EngineTest, ChunkingsOfOnePrefixAreCappedPerBlockAndTheDroppedAreWithdrawn) {
+  EngineOptions o;
+  o.max_chunks_per_block = 4;
+  auto e = MakeEngine(16, o);
+  const std::vector<ChunkEvent> events = ServeChunkings(*e, {1, 2, 3});
+  const std::set<hash::Hash128> held = HeldSet(*e);
+  EXPECT_LE(held.size(), 2u * 4u) << "chunk records over two blocks grew past the cap";
+  EXPECT_EQ(Replay(events), held) << "the registry would be told something the worker dropped";
+  EXPECT_EQ(e->Stats().held_chunks, static_cast<int64_t>(held.size()));
+  EXPECT_EQ(e->Stats().held_chunks_displaced, 72 - static_cast<int64_t>(held.size()));
+  // The blocks themselves are untouched: the prompt is still cached.
+  Request again;
+  again.chunks = {ChunkInput{1, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, ""}};
+  again.sampling.max_tokens = 1;
+  EXPECT_EQ(RunOne(*e, again).cached_tokens, 16);
+}
+
+// The cap drops the least recently used record: a chunking that requests keep using is never
+// withdrawn through a flood of others, nor is a pinned chunk (a registry pin), and the registry's
+// renewals still find it.
+TEST(EngineTest, ChunksInUseAndPinnedChunksKeepTheirRecordsThroughAFloodOfChunkings) {
+  EngineOptions o;
+  o.max_chunks_per_block = 2;
+  auto e = MakeEngine(32, o);
+  std::vector<int32_t> tokens(17);
+  std::iota(tokens.begin(), tokens.end(), 1);
+  auto split_at = [&](int split, int32_t kind) {
+    Request r;
+    r.chunks = {ChunkInput{kind, {tokens.begin(), tokens.begin() + split}, ""},
+                ChunkInput{kind, {tokens.begin() + split, tokens.end()}, ""}};
+    r.sampling.max_tokens = 1;
+    return r;
+  };
+  // Both chunkings hold their first chunk through block 0 and their second through block 1.
+  const Request used = split_at(12, 5);
+  const Result u = RunOne(*e, used);
+  const Result p = RunOne(*e, split_at(10, 4));
+  ASSERT_EQ(e->PinChunks({p.chunks[0].hash, p.chunks[1].hash}, 3600 * 1000), 2);
+  ASSERT_TRUE(e->Step().ok());
+  std::vector<ChunkEvent> events = e->TakeChunkEvents();
+  for (int32_t kind : {1, 2, 3}) {
+    for (int split = 1; split < 17; ++split) {
+      ASSERT_TRUE(RunOne(*e, split_at(split, kind)).status.ok());
+      ASSERT_TRUE(RunOne(*e, used).status.ok());
+    }
+  }
+  for (const ChunkEvent& ev : e->TakeChunkEvents()) events.push_back(ev);
+  auto withdrawals = [&](const Result& r) {
+    int n = 0;
+    for (const ChunkEvent& ev : events) {
+      for (const ChunkPlacement& c : r.chunks) n += !ev.stored && ev.hash == c.hash;
+    }
+    return n;
+  };
+  EXPECT_EQ(withdrawals(u), 0) << "a chunk in use was dropped";
+  EXPECT_EQ(withdrawals(p), 0) << "a pinned chunk was dropped";
+  const std::set<hash::Hash128> held = HeldSet(*e);
+  EXPECT_LE(held.size(), 2u * 2u + 2u) << "two unpinned per block, plus the two pinned";
+  EXPECT_GT(e->Stats().held_chunks_displaced, 0);
+  EXPECT_EQ(e->PinChunks({p.chunks[0].hash, p.chunks[1].hash}, 3600 * 1000), 2)
+      << "the registry's renewals must still find the pinned chunks";
+}
+
+// A registry eviction drops the blocks of the chunk (from the one holding its first token) and
+// every block after them, and withdraws the chunks held through them; chunks before stay.
+TEST(EngineTest, RegistryEvictionDropsTheChunksBlocksAndWhatFollowsThem) {
+  auto e = MakeEngine(32);
+  Request r;  // chunks [0, 12), [12, 30), [30, 41): held through 8, 24 and 40 tokens
+  r.chunks = {ChunkInput{1, std::vector<int32_t>(12, 3), ""},
+              ChunkInput{2, std::vector<int32_t>(18, 4), ""},
+              ChunkInput{3, std::vector<int32_t>(11, 5), ""}};
+  r.sampling.max_tokens = 1;
+  const Result first = RunOne(*e, r);
+  ASSERT_EQ(e->HeldChunks().size(), 3u);
+  e->TakeChunkEvents();
+  EXPECT_EQ(e->EvictChunks({first.chunks[1].hash}), 1);
+  ASSERT_TRUE(e->Step().ok());
+  const std::set<hash::Hash128> held = HeldSet(*e);
+  EXPECT_EQ(held, std::set<hash::Hash128>{first.chunks[0].hash});
+  std::set<hash::Hash128> withdrawn;
+  for (const ChunkEvent& ev : e->TakeChunkEvents()) {
+    if (!ev.stored) withdrawn.insert(ev.hash);
+  }
+  EXPECT_EQ(withdrawn, (std::set<hash::Hash128>{first.chunks[1].hash, first.chunks[2].hash}));
+  // Block 1 (tokens 8..15) held chunk 1's first token: it went, block 0 stayed.
+  EXPECT_EQ(RunOne(*e, r).cached_tokens, 8);
+}
+
+// A worker without a registry has nothing that takes chunk events: with chunk_events off none are
+// queued (they would pile up for the process's life), and the engine still knows what it holds.
+TEST(EngineTest, WithoutChunkEventsNoneAreQueuedAndHeldChunksStillAnswer) {
+  EngineOptions o;
+  o.chunk_events = false;
+  o.max_chunks_per_block = 4;
+  auto e = MakeEngine(16, o);
+  EXPECT_TRUE(ServeChunkings(*e, {1, 2}).empty());
+  EXPECT_EQ(e->HeldChunks().size(), 8u);
+  EXPECT_TRUE(e->TakeChunkEvents().empty());
 }
 
 // Fails every Forward with `fault` while it is not OK, else runs the trace backend.

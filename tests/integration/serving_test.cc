@@ -491,7 +491,8 @@ TEST(ServingTest, MetricsUseVllmStyleNames) {
                            "cascade:num_requests_waiting", "cascade:kv_cache_usage_perc",
                            "cascade:prefix_cache_queries_total", "cascade:prefix_cache_hits_total",
                            "cascade:num_preemptions_total", "cascade:generation_tokens_total",
-                           "cascade:kv_cache_pinned_blocks", "cascade:pins_refused_total"}) {
+                           "cascade:kv_cache_pinned_blocks", "cascade:pins_refused_total",
+                           "cascade:held_chunks", "cascade:held_chunks_displaced_total"}) {
     EXPECT_NE(worker.find(name), std::string::npos)
         << name << " missing from the worker's /metrics";
   }

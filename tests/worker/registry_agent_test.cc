@@ -251,6 +251,43 @@ TEST_F(RegistryAgentTest, RegistryPinsKeepAChunkThroughPressure) {
   }));
 }
 
+// One 24-token prompt under 23 chunk boundaries: every second chunk is held through the same last
+// block, past the engine's max_chunks_per_block (8). The chunks it drops for the cap are withdrawn
+// from the registry too: in the end the registry says w1 holds exactly what the engine holds.
+TEST_F(RegistryAgentTest, ChunksTheEngineDropsForItsPerBlockCapLeaveTheRegistry) {
+  ASSERT_TRUE(Eventually([&] { return agent_->registered(); }));
+  std::vector<int32_t> tokens(24);
+  for (int32_t i = 0; i < 24; ++i) tokens[i] = i + 1;
+  std::vector<hash::Hash128> served, tails;
+  for (int split = 1; split < 24; ++split) {
+    engine::Request r;
+    r.chunks = {engine::ChunkInput{1, {tokens.begin(), tokens.begin() + split}, ""},
+                engine::ChunkInput{2, {tokens.begin() + split, tokens.end()}, ""}};
+    r.sampling.max_tokens = 1;
+    const engine::testing::Result res = engine::testing::RunOne(*engine_, r);
+    ASSERT_TRUE(res.status.ok()) << res.status;
+    for (const engine::ChunkPlacement& c : res.chunks) served.push_back(c.hash);
+    tails.push_back(res.chunks.at(1).hash);
+    agent_->OnStep();
+  }
+  auto engine_holds = [&](const hash::Hash128& h) {
+    for (const engine::ChunkEvent& c : engine_->HeldChunks()) {
+      if (c.hash == h) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(Eventually([&] {
+    for (const hash::Hash128& h : served) {
+      if (RegistryHolds(*registry_, h) != engine_holds(h)) return false;
+    }
+    return true;
+  })) << "the registry and the engine disagree on what w1 holds";
+  int tails_held = 0;
+  for (const hash::Hash128& h : tails) tails_held += RegistryHolds(*registry_, h) ? 1 : 0;
+  EXPECT_LE(tails_held, 8) << "chunks over one block piled up in the registry";
+  EXPECT_GT(tails_held, 0);
+}
+
 // A registry that answers and refuses (here its --max_workers, already reached) is logged as a
 // refusal naming why, not as an outage, and the worker stays unregistered.
 TEST(RegistryAgentRefusalTest, ARefusedRegistrationIsLoggedAsRefusedWithTheReason) {
