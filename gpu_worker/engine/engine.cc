@@ -222,8 +222,8 @@ class EngineImpl final : public Engine {
   void CollectRow(const ScheduledSeq& s, const float* logits_row, CollectedRow* row);
   void TakePins(Sequence& seq);
   // Pins `chunk` on `blocks` (its chain, root first) until `expires_ms`, unless that would put
-  // more than max_pinned_blocks_ blocks under pins or make more pins than that (then counted in
-  // pins_refused_, each time it is asked). REQUIRES: the chunk is not pinned.
+  // more than max_pinned_blocks_ blocks under pins or make more pins than that; returns whether
+  // it did (the caller counts a refusal). REQUIRES: the chunk is not pinned.
   bool AddPin(const hash::Hash128& chunk, std::vector<int32_t> blocks, int64_t expires_ms)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleasePin(const hash::Hash128& chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -270,6 +270,9 @@ class EngineImpl final : public Engine {
   int64_t pinned_blocks_ = 0;      // blocks with pin_refs_ > 0
   const int64_t max_pinned_blocks_;
   int64_t pins_refused_ = 0;
+  // Registry pins refused by the cap -> when their last renewal lapses: a renewal of one of them
+  // tries again but is not counted again (the registry renews every pin each heartbeat).
+  std::unordered_map<hash::Hash128, int64_t, hash::Hash128Hasher> refused_pins_;
   std::optional<SchedulerOutput> inflight_;  // launched, not yet collected
   std::optional<Prepared> prepared_;         // scheduled while inflight_ runs (overlap)
   std::atomic<bool> step_pending_{false};    // inflight_ or prepared_ set (HasWork)
@@ -398,8 +401,12 @@ void EngineImpl::TakePins(Sequence& seq) {
       it->second.expires_ms = std::max(it->second.expires_ms, options_.now_ms() + seq.pin_ttl_ms);
       continue;
     }
-    AddPin(c.hash, std::vector<int32_t>(seq.block_table.begin(), seq.block_table.begin() + nblocks),
-           options_.now_ms() + seq.pin_ttl_ms);
+    // Each request asks once: a refusal here is one refused pin.
+    if (!AddPin(c.hash,
+                std::vector<int32_t>(seq.block_table.begin(), seq.block_table.begin() + nblocks),
+                options_.now_ms() + seq.pin_ttl_ms)) {
+      ++pins_refused_;
+    }
   }
   seq.pinned = true;
 }
@@ -413,7 +420,6 @@ bool EngineImpl::AddPin(const hash::Hash128& chunk, std::vector<int32_t> blocks,
   // block references that ExpirePins visits every step.
   if (pinned_blocks_ + fresh > max_pinned_blocks_ ||
       static_cast<int64_t>(pins_.size()) >= max_pinned_blocks_) {
-    ++pins_refused_;
     return false;
   }
   for (int32_t b : blocks) {
@@ -710,7 +716,14 @@ void EngineImpl::ApplyPinRequests() {
     if (!last) continue;
     std::vector<int32_t> blocks = blocks_.ChainBlocks(*last);
     if (blocks.empty()) continue;
-    AddPin(h, std::move(blocks), now + ttl);
+    if (AddPin(h, std::move(blocks), now + ttl)) {
+      refused_pins_.erase(h);
+      continue;
+    }
+    // Counted when the registry's pin is first refused, not at each renewal that still is.
+    auto [r, first] = refused_pins_.try_emplace(h, now + ttl);
+    if (first || r->second <= now) ++pins_refused_;
+    r->second = std::max(r->second, now + ttl);
   }
   pin_requests_.clear();
 }
@@ -735,6 +748,8 @@ void EngineImpl::ExpirePins() {
   for (const auto& [h, pin] : pins_) {
     if (pin.expires_ms <= now) expired.push_back(h);
   }
+  // Refused registry pins no longer renewed: a later pin of theirs is a new request.
+  std::erase_if(refused_pins_, [now](const auto& r) { return r.second <= now; });
   MutexLock lock(&mu_);
   for (const auto& h : expired) ReleasePin(h);
 }

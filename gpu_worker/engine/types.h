@@ -163,8 +163,10 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t pinned_chunks = 0;  // chunks with a pin
   int64_t pinned_blocks = 0;  // held by at least one pin (at most max_pinned_fraction of all)
-  int64_t pins_refused = 0;   // chunk pins not taken: they would have passed that cap
-  int64_t held_chunks = 0;    // chunks recorded as held (what the registry is told)
+  // Chunk pins not taken: they would have passed that cap (once per request's pin, once per
+  // registry pin however often its heartbeats renew it while it stays refused).
+  int64_t pins_refused = 0;
+  int64_t held_chunks = 0;  // chunks recorded as held (what the registry is told)
   // Chunk records dropped (and withdrawn from the registry) for
   // EngineOptions::max_chunks_per_block.
   int64_t held_chunks_displaced = 0;

@@ -22,7 +22,9 @@ WorkerMetrics::WorkerMetrics(common::MetricsRegistry& r, const std::string& id) 
                  "KV blocks held by pinned chunks (at most --max_pinned_kv_fraction).", l);
   pins_refused_ = r.GetCounter(
       "cascade:pins_refused_total",
-      "Chunk pins not taken because pinned blocks would pass --max_pinned_kv_fraction.", l);
+      "Chunk pins not taken because pinned blocks would pass --max_pinned_kv_fraction (a registry "
+      "pin once, however often its renewals are refused).",
+      l);
   held_chunks_ = r.GetGauge("cascade:held_chunks",
                             "Prompt chunks this worker reports to the registry as held.", l);
   held_chunks_displaced_ = r.GetCounter(

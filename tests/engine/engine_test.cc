@@ -648,6 +648,37 @@ TEST(EngineTest, RegistryPinsOfEveryHeldChunkLeaveRoomForAnUnpinnedRequest) {
   EXPECT_EQ(got.finish, FinishReason::kLength);
 }
 
+// A registry pin refused by the cap is retried at every heartbeat's renewal, but it is one refused
+// pin (cascade:pins_refused_total), not one per renewal; once the registry stops renewing it and
+// it lapses, a new pin of the chunk is a new request and counts again.
+TEST(EngineTest, RenewalsOfARefusedRegistryPinCountItOnce) {
+  int64_t now = 0;
+  EngineOptions o;
+  o.now_ms = [&now] { return now; };
+  auto e = MakeEngine(16, o);  // at most 8 pinned blocks
+  std::vector<hash::Hash128> chunks;
+  for (int32_t fill = 1; fill <= 5; ++fill) {  // two full blocks each: the fifth pin is refused
+    Result r = RunOne(*e, Filled(fill, 17, 1));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    chunks.push_back(r.chunks[0].hash);
+  }
+  for (int renewal = 0; renewal < 10; ++renewal) {  // heartbeats every 100 ms, TTL 1 s
+    EXPECT_EQ(e->PinChunks(chunks, 1000), 5);
+    ASSERT_TRUE(e->Step().ok());
+    now += 100;
+  }
+  EXPECT_EQ(e->Stats().pinned_blocks, 8);
+  EXPECT_EQ(e->Stats().pins_refused, 1) << "a refused registry pin was counted at each renewal";
+  now += 5000;  // no renewal: every registry pin lapses
+  ASSERT_TRUE(e->Step().ok());
+  EXPECT_EQ(e->Stats().pinned_blocks, 0);
+  EXPECT_EQ(e->PinChunks({chunks[0], chunks[1], chunks[2], chunks[3]}, 1000), 4);
+  ASSERT_TRUE(e->Step().ok());
+  EXPECT_EQ(e->PinChunks({chunks[4]}, 1000), 1);
+  ASSERT_TRUE(e->Step().ok());
+  EXPECT_EQ(e->Stats().pins_refused, 2) << "the registry pinned the chunk again: a new request";
+}
+
 // The same tokens under other chunk boundaries or kinds are other chunks over the same blocks.
 // `kinds` x 16 two-chunk splits of one 17-token prompt (two full blocks) through an engine.
 // Returns every stored and evicted event the engine sent, in order.
