@@ -12,7 +12,8 @@ BlockManager::BlockManager(int64_t num_blocks, int block_size, std::function<int
       ref_(num_blocks, 0),
       key_(num_blocks),
       hints_(num_blocks),
-      last_use_(num_blocks, 0) {
+      last_use_(num_blocks, 0),
+      children_(static_cast<size_t>(num_blocks)) {
   free_.reserve(num_blocks);
   // Hand out low block ids first (stack pops from the back).
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
@@ -98,7 +99,8 @@ bool BlockManager::Commit(int32_t block, const hash::Hash128& key, const hash::H
   if (by_key_.count(key)) return false;
   key_[block] = key;
   by_key_.emplace(key, KeyInfo{block, parent});
-  if (!parent.IsZero() && children_[parent]++ == 0) {
+  if (!parent.IsZero()) {
+    children_.Add(parent, block);
     // The parent is no longer a leaf.
     if (auto p = by_key_.find(parent); p != by_key_.end()) evictable_.Remove(p->second.block);
   }
@@ -137,30 +139,32 @@ void BlockManager::DropKey(int32_t block) {
   key_[block].reset();
   hints_[block] = EvictionHints{};
   if (parent.IsZero()) return;
-  auto c = children_.find(parent);
-  if (c != children_.end() && --c->second == 0) {
-    children_.erase(c);
+  if (children_.Remove(parent, block) == 0) {
     // The parent became a leaf.
     if (auto p = by_key_.find(parent); p != by_key_.end()) MaybeCandidate(p->second.block);
   }
 }
 
-int64_t BlockManager::EvictKeys(std::span<const hash::Hash128> keys) {
-  // Collect the keys and, by repeated passes over the parent links, their cached descendants.
-  std::unordered_set<hash::Hash128, hash::Hash128Hasher> doomed(keys.begin(), keys.end());
-  bool grew = true;
-  while (grew) {
-    grew = false;
-    for (const auto& [k, info] : by_key_) {
-      if (!doomed.count(k) && doomed.count(info.parent)) {
-        doomed.insert(k);
-        grew = true;
-      }
+int64_t BlockManager::EvictKeys(std::span<const hash::Hash128> keys,
+                                std::vector<hash::Hash128>* covered) {
+  // The keys, then their cached descendants breadth first through the child index.
+  std::unordered_set<hash::Hash128, hash::Hash128Hasher> seen;
+  std::vector<hash::Hash128> doomed;
+  for (const hash::Hash128& k : keys) {
+    if (seen.insert(k).second) doomed.push_back(k);
+  }
+  std::vector<int32_t> kids;
+  for (size_t i = 0; i < doomed.size(); ++i) {
+    kids.clear();
+    children_.Children(doomed[i], &kids);
+    for (int32_t b : kids) {
+      if (seen.insert(*key_[b]).second) doomed.push_back(*key_[b]);
     }
   }
   int64_t dropped = 0;
-  for (const hash::Hash128& k : doomed) {
-    auto it = by_key_.find(k);
+  // Descendants before their ancestors, so no parent is made a candidate only to be dropped.
+  for (auto k = doomed.rbegin(); k != doomed.rend(); ++k) {
+    auto it = by_key_.find(*k);
     if (it == by_key_.end()) continue;
     int32_t b = it->second.block;
     if (ref_[b] > 0) continue;  // in use: a live sequence still reads it
@@ -170,6 +174,7 @@ int64_t BlockManager::EvictKeys(std::span<const hash::Hash128> keys) {
     free_.push_back(b);
     ++dropped;
   }
+  if (covered != nullptr) *covered = std::move(doomed);
   return dropped;
 }
 

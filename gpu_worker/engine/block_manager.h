@@ -78,8 +78,11 @@ class BlockManager {
   bool IsCachedKey(const hash::Hash128& key) const { return by_key_.count(key) > 0; }
 
   // Drops the given keys and all their cached descendants from the cache where unreferenced.
-  // Returns the number of blocks dropped.
-  int64_t EvictKeys(std::span<const hash::Hash128> keys);
+  // Returns the number of blocks dropped. If `covered` is not null, it receives the given keys
+  // and every cached descendant (dropped or in use), for the host tier to erase below them.
+  // Costs O(keys + descendants), found through the child index, not a pass over the cache.
+  int64_t EvictKeys(std::span<const hash::Hash128> keys,
+                    std::vector<hash::Hash128>* covered = nullptr);
 
   // Keys dropped from the cache since the last call (evicted or admin-evicted).
   std::vector<hash::Hash128> TakeEvictedKeys();
@@ -95,10 +98,7 @@ class BlockManager {
   // Makes `block` an eviction candidate if it is an unreferenced cached leaf.
   void MaybeCandidate(int32_t block);
   int32_t PickVictim() const;
-  int64_t ChildCount(const hash::Hash128& key) const {
-    auto it = children_.find(key);
-    return it == children_.end() ? 0 : it->second;
-  }
+  int64_t ChildCount(const hash::Hash128& key) const { return children_.Count(key); }
 
   const int block_size_;
   const std::function<int64_t()> now_ms_;
@@ -111,8 +111,7 @@ class BlockManager {
   EvictionQueue evictable_;                        // the unreferenced cached leaves
   uint64_t tick_ = 0;
   std::unordered_map<hash::Hash128, KeyInfo, hash::Hash128Hasher> by_key_;
-  // Parent key -> number of cached keys naming it.
-  std::unordered_map<hash::Hash128, int64_t, hash::Hash128Hasher> children_;
+  ChildIndex children_;  // parent key -> the blocks whose cached keys name it
   std::vector<hash::Hash128> evicted_;
   EvictListener on_evict_;
 };

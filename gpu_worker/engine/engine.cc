@@ -696,12 +696,22 @@ void EngineImpl::ServeExports() {
 void EngineImpl::ApplyEvictions() {
   std::vector<hash::Hash128> evicts;
   evicts.swap(evicts_);
+  if (evicts.empty()) return;
+  // One descendant search for all the chunks, after every pin among them is released (a chunk's
+  // pin holds its ancestors, which may be another evicted chunk's blocks).
+  std::vector<hash::Hash128> keys;
   for (const hash::Hash128& h : evicts) {
     ReleasePin(h);
-    const std::vector<hash::Hash128> keys = residency_.BlockKeysOf(h);
-    blocks_.EvictKeys(keys);
-    if (host_ != nullptr) host_->Erase(keys);
+    const std::vector<hash::Hash128> k = residency_.BlockKeysOf(h);
+    keys.insert(keys.end(), k.begin(), k.end());
   }
+  std::vector<hash::Hash128> covered;
+  blocks_.EvictKeys(keys, &covered);
+  // The host copies below every GPU block the eviction covered go too, not only those below the
+  // chunks' own keys: a host copy whose parent was on the GPU alone is unreachable once that
+  // parent is dropped, and the chunks held through it would stay claimed in the registry. EndStep
+  // reports the keys gone from both tiers, which withdraws those chunks.
+  if (host_ != nullptr) host_->Erase(covered);
 }
 
 void EngineImpl::ApplyPinRequests() {

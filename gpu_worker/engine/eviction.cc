@@ -1,6 +1,8 @@
 // Eviction order shared by the KV tiers; see eviction.h.
 #include "gpu_worker/engine/eviction.h"
 
+#include <cassert>
+
 namespace cascade::engine {
 
 void EvictionQueue::Add(int32_t id, const EvictionHints& hints, uint64_t tick) {
@@ -24,6 +26,38 @@ int32_t EvictionQueue::Pick(int64_t now_ms) const {
     if (pos_.at(std::get<2>(k)).second <= now_ms) return std::get<2>(k);
   }
   return std::get<2>(*order_.begin());
+}
+
+void ChildIndex::Add(const hash::Hash128& parent, int32_t id) {
+  Head& h = heads_[parent];
+  next_[id] = h.first;
+  prev_[id] = -1;
+  if (h.first >= 0) prev_[h.first] = id;
+  h.first = id;
+  ++h.count;
+}
+
+int64_t ChildIndex::Remove(const hash::Hash128& parent, int32_t id) {
+  auto it = heads_.find(parent);
+  assert(it != heads_.end());
+  Head& h = it->second;
+  if (prev_[id] >= 0) {
+    next_[prev_[id]] = next_[id];
+  } else {
+    assert(h.first == id);
+    h.first = next_[id];
+  }
+  if (next_[id] >= 0) prev_[next_[id]] = prev_[id];
+  next_[id] = prev_[id] = -1;
+  const int64_t left = --h.count;
+  if (left == 0) heads_.erase(it);
+  return left;
+}
+
+void ChildIndex::Children(const hash::Hash128& parent, std::vector<int32_t>* out) const {
+  auto it = heads_.find(parent);
+  if (it == heads_.end()) return;
+  for (int32_t id = it->second.first; id >= 0; id = next_[id]) out->push_back(id);
 }
 
 }  // namespace cascade::engine

@@ -1,7 +1,7 @@
 // The eviction order both KV tiers (GPU blocks, host copies) share: lowest priority first, then
 // least recently used; entries still inside their retention time go last. The tiers add only
 // candidates that no cached entry extends (leaves of the prefix tree), so a block is evicted
-// after the blocks that extend it.
+// after the blocks that extend it; ChildIndex is how they know which entries extend a key.
 #pragma once
 
 #include <cstddef>
@@ -9,6 +9,9 @@
 #include <set>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
+
+#include "common/chunk_hash.h"
 
 namespace cascade::engine {
 
@@ -42,6 +45,37 @@ class EvictionQueue {
   using Key = std::tuple<int32_t, uint64_t, int32_t>;  // priority, tick, id
   std::set<Key> order_;
   std::unordered_map<int32_t, std::pair<Key, int64_t>> pos_;  // id -> key, retain_until_ms
+};
+
+// Which entries of a tier name each key as their parent (the prefix tree's child links), as
+// intrusive lists over the tier's ids: adding or removing a child is O(1), and a key's children
+// are listed without a pass over the tier, so an eviction's descendant search costs what it
+// evicts. The parent need not be in the tier. Not thread-safe.
+class ChildIndex {
+ public:
+  // Ids are in [0, num_ids).
+  explicit ChildIndex(size_t num_ids) : next_(num_ids, -1), prev_(num_ids, -1) {}
+
+  // REQUIRES: `id` is in no list.
+  void Add(const hash::Hash128& parent, int32_t id);
+  // Takes `id` out of `parent`'s list and returns how many children `parent` has left.
+  // REQUIRES: `id` was added under `parent`.
+  int64_t Remove(const hash::Hash128& parent, int32_t id);
+  int64_t Count(const hash::Hash128& parent) const {
+    auto it = heads_.find(parent);
+    return it == heads_.end() ? 0 : it->second.count;
+  }
+  // Appends the ids of `parent`'s children to `out`.
+  void Children(const hash::Hash128& parent, std::vector<int32_t>* out) const;
+
+ private:
+  struct Head {
+    int32_t first = -1;
+    int64_t count = 0;
+  };
+  std::unordered_map<hash::Hash128, Head, hash::Hash128Hasher> heads_;
+  std::vector<int32_t> next_;  // [num_ids] next sibling, -1 at the end
+  std::vector<int32_t> prev_;  // [num_ids] previous sibling, -1 for the first
 };
 
 }  // namespace cascade::engine

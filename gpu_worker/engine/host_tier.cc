@@ -12,7 +12,8 @@ HostKvTier::HostKvTier(int64_t num_slots, int64_t block_bytes, HostKvMemory memo
     : block_bytes_(block_bytes),
       memory_(std::move(memory)),
       now_ms_(std::move(now_ms)),
-      slots_(num_slots) {
+      slots_(num_slots),
+      children_(static_cast<size_t>(num_slots)) {
   free_.reserve(num_slots);
   for (int64_t s = num_slots - 1; s >= 0; --s) free_.push_back(static_cast<int32_t>(s));
   stats_.slots = num_slots;
@@ -60,7 +61,8 @@ int32_t HostKvTier::TakeSlot(const hash::Hash128& key, const hash::Hash128& pare
   Entry& e = slots_[slot];
   e = Entry{true, false, key, parent, hints, ++tick_};
   slot_of_.emplace(key, slot);
-  if (!parent.IsZero() && children_[parent]++ == 0) {
+  if (!parent.IsZero()) {
+    children_.Add(parent, slot);
     if (auto p = slot_of_.find(parent); p != slot_of_.end()) evictable_.Remove(p->second);
   }
   MaybeCandidate(slot);
@@ -112,28 +114,29 @@ void HostKvTier::Drop(int32_t slot) {
   e.used = false;
   free_.push_back(slot);
   if (e.parent.IsZero()) return;
-  auto c = children_.find(e.parent);
-  if (c != children_.end() && --c->second == 0) {
-    children_.erase(c);
+  if (children_.Remove(e.parent, slot) == 0) {
     if (auto p = slot_of_.find(e.parent); p != slot_of_.end()) MaybeCandidate(p->second);
   }
 }
 
 int64_t HostKvTier::Erase(std::span<const hash::Hash128> keys) {
-  std::unordered_set<hash::Hash128, hash::Hash128Hasher> doomed(keys.begin(), keys.end());
-  bool grew = true;
-  while (grew) {
-    grew = false;
-    for (const Entry& e : slots_) {
-      if (e.used && !doomed.count(e.key) && doomed.count(e.parent)) {
-        doomed.insert(e.key);
-        grew = true;
-      }
+  // The keys, then their host descendants breadth first through the child index.
+  std::unordered_set<hash::Hash128, hash::Hash128Hasher> seen;
+  std::vector<hash::Hash128> doomed;
+  for (const hash::Hash128& k : keys) {
+    if (seen.insert(k).second) doomed.push_back(k);
+  }
+  std::vector<int32_t> kids;
+  for (size_t i = 0; i < doomed.size(); ++i) {
+    kids.clear();
+    children_.Children(doomed[i], &kids);
+    for (int32_t slot : kids) {
+      if (seen.insert(slots_[slot].key).second) doomed.push_back(slots_[slot].key);
     }
   }
   int64_t dropped = 0;
-  for (const hash::Hash128& k : doomed) {
-    auto it = slot_of_.find(k);
+  for (auto k = doomed.rbegin(); k != doomed.rend(); ++k) {
+    auto it = slot_of_.find(*k);
     if (it == slot_of_.end()) continue;
     Drop(it->second);
     ++dropped;

@@ -71,7 +71,9 @@ class HostKvTier {
   void Protect(std::span<const hash::Hash128> keys);
   void Unprotect();
 
-  // Drops the given keys and all their host descendants. Returns the number dropped.
+  // Drops the given keys and all their host descendants (found through the child index: the cost
+  // is what is dropped, not the tier's size). The keys need not be on the host: a GPU-only key's
+  // host descendants go too. Returns the number dropped.
   int64_t Erase(std::span<const hash::Hash128> keys);
 
   // The host bytes of `key` (KvBlockBytes() of them), or null. Valid until the next Offload or
@@ -103,10 +105,7 @@ class HostKvTier {
   int32_t TakeSlot(const hash::Hash128& key, const hash::Hash128& parent,
                    const EvictionHints& hints);
   void MaybeCandidate(int32_t slot);
-  int64_t ChildCount(const hash::Hash128& key) const {
-    auto it = children_.find(key);
-    return it == children_.end() ? 0 : it->second;
-  }
+  int64_t ChildCount(const hash::Hash128& key) const { return children_.Count(key); }
 
   // Set at construction.
   const int64_t block_bytes_;
@@ -116,8 +115,8 @@ class HostKvTier {
   std::vector<Entry> slots_;
   std::vector<int32_t> free_;
   std::unordered_map<hash::Hash128, int32_t, hash::Hash128Hasher> slot_of_;
-  std::unordered_map<hash::Hash128, int64_t, hash::Hash128Hasher> children_;  // parent -> count
-  EvictionQueue evictable_;                                                   // host leaves
+  ChildIndex children_;      // parent key -> the slots whose keys name it
+  EvictionQueue evictable_;  // host leaves
   uint64_t tick_ = 0;
   std::vector<int32_t> protected_;
   std::vector<HostCopyOp> copies_;

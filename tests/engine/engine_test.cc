@@ -815,6 +815,57 @@ TEST(EngineTest, RegistryEvictionDropsTheChunksBlocksAndWhatFollowsThem) {
   EXPECT_EQ(RunOne(*e, r).cached_tokens, 8);
 }
 
+// A chunk held only through a host copy whose parent block is on the GPU alone: a registry
+// eviction of an earlier chunk drops that parent from the GPU, so no prefix walk can reach the
+// host copy any more. It must go too, and the chunk held through it must be withdrawn (it stayed
+// "held (host)" in the registry until the host tier happened to evict it).
+TEST(EngineTest, RegistryEvictionDropsHostCopiesBelowTheGpuBlocksItEvicts) {
+  EngineOptions o;
+  o.host_kv_bytes = 8 * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
+  auto e = MakeEngine(6, o);
+  auto request = [](int32_t second_block_token) {
+    Request r;  // chunks [0, 8), [8, 24), [24, 27): held through blocks 0 and 2
+    r.chunks = {ChunkInput{1, std::vector<int32_t>(8, 3), ""},
+                ChunkInput{2, std::vector<int32_t>(8, 4), ""},
+                ChunkInput{3, std::vector<int32_t>(3, 7), ""}};
+    r.chunks[1].tokens.resize(16, second_block_token);
+    r.sampling.max_tokens = 1;
+    return r;
+  };
+  // Blocks A <- B <- C, then A <- B <- D: B has two children on the GPU.
+  const Result first = RunOne(*e, request(5));
+  const Result second = RunOne(*e, request(6));
+  ASSERT_EQ(second.cached_tokens, 16);
+  // Three more blocks for an unrelated prompt: of the leaves C and D, the older C goes to the
+  // host; A, B and D stay on the GPU.
+  Request other;
+  other.chunks = {ChunkInput{1, std::vector<int32_t>(17, 9), ""}};
+  other.sampling.max_tokens = 1;
+  RunOne(*e, other);
+  const hash::Hash128 held_on_host = first.chunks[1].hash;
+  bool on_host = false;
+  for (const ChunkEvent& c : e->HeldChunks())
+    on_host |= c.hash == held_on_host && c.tier == KvTier::kHost;
+  ASSERT_TRUE(on_host)
+      << "setup: the first prompt's second chunk should be held through C on the host";
+  ASSERT_EQ(e->Stats().host_used_blocks, 1);
+  e->TakeChunkEvents();
+
+  EXPECT_EQ(e->EvictChunks({first.chunks[0].hash}), 1);  // block A, and so B, C and D
+  ASSERT_TRUE(e->Step().ok());
+  const std::set<hash::Hash128> held = HeldSet(*e);
+  EXPECT_EQ(held.count(held_on_host), 0u) << "a claim on an unreachable host copy survived";
+  EXPECT_EQ(held.count(second.chunks[1].hash), 0u);
+  EXPECT_EQ(e->Stats().host_used_blocks, 0);
+  std::set<hash::Hash128> withdrawn;
+  for (const ChunkEvent& ev : e->TakeChunkEvents()) {
+    if (!ev.stored) withdrawn.insert(ev.hash);
+  }
+  EXPECT_EQ(withdrawn, (std::set<hash::Hash128>{first.chunks[0].hash, first.chunks[1].hash,
+                                                second.chunks[1].hash}));
+  EXPECT_EQ(RunOne(*e, request(5)).cached_tokens, 0);
+}
+
 // A worker without a registry has nothing that takes chunk events: with chunk_events off none are
 // queued (they would pile up for the process's life), and the engine still knows what it holds.
 TEST(EngineTest, WithoutChunkEventsNoneAreQueuedAndHeldChunksStillAnswer) {

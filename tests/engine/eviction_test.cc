@@ -4,6 +4,9 @@
 // copies kept, admin erase with descendants, offloads handed to the eviction listener.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <random>
+#include <set>
 #include <vector>
 
 #include "gpu_worker/engine/block_manager.h"
@@ -192,6 +195,141 @@ TEST(HostTierTest, EraseDropsDescendants) {
   EXPECT_TRUE(host.Contains(K(1)));
   EXPECT_FALSE(host.Contains(K(3)));
   EXPECT_EQ(host.Stats().used, 2);
+}
+
+// A random prefix forest over keys K(1)..K(n): parent[i] is 0 (a root) or an earlier key.
+std::vector<uint64_t> RandomForest(std::mt19937& rng, uint64_t n) {
+  std::vector<uint64_t> parent(n + 1, 0);
+  for (uint64_t i = 2; i <= n; ++i) {
+    if (rng() % 8 != 0) parent[i] = 1 + rng() % (i - 1);
+  }
+  return parent;
+}
+
+// The seeds and every key of `present` below one of them, by repeated passes over the parent
+// links (the obvious way, to check the child index against).
+std::set<uint64_t> Closure(const std::vector<uint64_t>& seeds, const std::set<uint64_t>& present,
+                           const std::vector<uint64_t>& parent) {
+  std::set<uint64_t> out(seeds.begin(), seeds.end());
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (uint64_t k : present) {
+      if (!out.count(k) && out.count(parent[k])) grew = out.insert(k).second;
+    }
+  }
+  return out;
+}
+
+std::set<uint64_t> Values(const std::vector<hash::Hash128>& keys) {
+  std::set<uint64_t> out;
+  for (const hash::Hash128& k : keys) out.insert(k.lo);
+  return out;
+}
+
+// Admin evictions of many keys at once, with keys re-committed between them (so the child index
+// is exercised through inserts and evictions), drop exactly the unreferenced keys below the
+// given ones; referenced blocks stay. Afterwards pressure evicts only leaves, so the index still
+// knows every block's children.
+TEST(EvictionTest, ManyKeyGpuEvictionDropsExactlyTheUnreferencedDescendants) {
+  constexpr uint64_t kN = 300;
+  std::mt19937 rng(7);
+  const std::vector<uint64_t> parent = RandomForest(rng, kN);
+  BlockManager bm(kN, 4);
+  std::map<uint64_t, int32_t> block_of;
+  std::set<uint64_t> cached, referenced;
+  auto commit = [&](uint64_t k) {
+    const int32_t b = bm.AllocateFresh();
+    ASSERT_GE(b, 0);
+    ASSERT_TRUE(bm.Commit(b, K(k), parent[k] == 0 ? hash::Hash128{} : K(parent[k])));
+    block_of[k] = b;
+    cached.insert(k);
+  };
+  for (uint64_t k = 1; k <= kN; ++k) commit(k);
+  for (uint64_t k = 1; k <= kN; ++k) {
+    if (rng() % 10 == 0) {
+      referenced.insert(k);  // a live sequence keeps it
+    } else {
+      bm.Release(block_of[k]);
+    }
+  }
+  bm.TakeEvictedKeys();
+  for (int round = 0; round < 4; ++round) {
+    std::vector<uint64_t> seeds;
+    for (int i = 0; i < 25; ++i) seeds.push_back(1 + rng() % kN);
+    std::vector<hash::Hash128> seed_keys;
+    for (uint64_t k : seeds) seed_keys.push_back(K(k));
+    const std::set<uint64_t> doomed = Closure(seeds, cached, parent);
+    std::set<uint64_t> want;
+    for (uint64_t k : doomed) {
+      if (cached.count(k) && !referenced.count(k)) want.insert(k);
+    }
+    std::vector<hash::Hash128> covered;
+    EXPECT_EQ(bm.EvictKeys(seed_keys, &covered), static_cast<int64_t>(want.size()));
+    EXPECT_EQ(Values(bm.TakeEvictedKeys()), want) << "round " << round;
+    EXPECT_EQ(Values(covered), doomed) << "round " << round;
+    for (uint64_t k : want) cached.erase(k);
+    for (uint64_t k = 1; k <= kN; ++k) {
+      EXPECT_EQ(bm.IsCachedKey(K(k)), cached.count(k) > 0) << "key " << k << " round " << round;
+    }
+    // Commit half of the dropped keys again, as new sequences would.
+    for (uint64_t k : want) {
+      if (rng() % 2 == 0) {
+        commit(k);
+        bm.Release(block_of[k]);
+      }
+    }
+    bm.TakeEvictedKeys();
+  }
+  for (uint64_t k : referenced) bm.Release(block_of[k]);
+  bm.set_evict_listener([&](int32_t, const hash::Hash128& key, const hash::Hash128&,
+                            const EvictionHints&) {
+    for (uint64_t k : cached) {
+      EXPECT_FALSE(parent[k] == key.lo && k != key.lo) << key.lo << " evicted before child " << k;
+    }
+    cached.erase(key.lo);
+  });
+  while (!cached.empty() && bm.AllocateFresh() >= 0) {
+  }
+  EXPECT_TRUE(cached.empty());
+}
+
+// The host tier's Erase of many keys at once drops exactly the host copies below them, whether
+// or not a given key is on the host itself, through offloads and erases that reshape the tree.
+TEST(HostTierTest, ManyKeyEraseDropsExactlyTheHostDescendants) {
+  constexpr uint64_t kN = 300;
+  std::mt19937 rng(8);
+  const std::vector<uint64_t> parent = RandomForest(rng, kN);
+  HostKvTier host = MakeHost(kN);
+  std::set<uint64_t> on_host;
+  auto offload = [&](uint64_t k) {
+    host.Offload(static_cast<int32_t>(k), K(k), parent[k] == 0 ? hash::Hash128{} : K(parent[k]),
+                 {});
+    on_host.insert(k);
+  };
+  for (uint64_t k = 1; k <= kN; ++k) {
+    if (rng() % 6 != 0) offload(k);  // the rest are on the GPU only, say
+  }
+  for (int round = 0; round < 4; ++round) {
+    std::vector<uint64_t> seeds;
+    for (int i = 0; i < 25; ++i) seeds.push_back(1 + rng() % kN);
+    std::vector<hash::Hash128> seed_keys;
+    for (uint64_t k : seeds) seed_keys.push_back(K(k));
+    std::set<uint64_t> want;
+    for (uint64_t k : Closure(seeds, on_host, parent)) {
+      if (on_host.count(k)) want.insert(k);
+    }
+    host.TakeEvictedKeys();
+    EXPECT_EQ(host.Erase(seed_keys), static_cast<int64_t>(want.size()));
+    EXPECT_EQ(Values(host.TakeEvictedKeys()), want) << "round " << round;
+    for (uint64_t k : want) on_host.erase(k);
+    for (uint64_t k = 1; k <= kN; ++k) {
+      EXPECT_EQ(host.Contains(K(k)), on_host.count(k) > 0) << "key " << k << " round " << round;
+    }
+    for (uint64_t k = 1; k <= kN; ++k) {
+      if (!on_host.count(k) && rng() % 2 == 0) offload(k);
+    }
+  }
+  EXPECT_EQ(host.Stats().used, static_cast<int64_t>(on_host.size()));
 }
 
 }  // namespace
