@@ -148,19 +148,8 @@ void BlockManager::DropKey(int32_t block) {
 int64_t BlockManager::EvictKeys(std::span<const hash::Hash128> keys,
                                 std::vector<hash::Hash128>* covered) {
   // The keys, then their cached descendants breadth first through the child index.
-  std::unordered_set<hash::Hash128, hash::Hash128Hasher> seen;
-  std::vector<hash::Hash128> doomed;
-  for (const hash::Hash128& k : keys) {
-    if (seen.insert(k).second) doomed.push_back(k);
-  }
-  std::vector<int32_t> kids;
-  for (size_t i = 0; i < doomed.size(); ++i) {
-    kids.clear();
-    children_.Children(doomed[i], &kids);
-    for (int32_t b : kids) {
-      if (seen.insert(*key_[b]).second) doomed.push_back(*key_[b]);
-    }
-  }
+  std::vector<hash::Hash128> doomed =
+      children_.WithDescendants(keys, [&](int32_t b) -> const hash::Hash128& { return *key_[b]; });
   int64_t dropped = 0;
   // Descendants before their ancestors, so no parent is made a candidate only to be dropped.
   for (auto k = doomed.rbegin(); k != doomed.rend(); ++k) {

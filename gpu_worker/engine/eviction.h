@@ -7,8 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <set>
+#include <span>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/chunk_hash.h"
@@ -67,6 +69,27 @@ class ChildIndex {
   }
   // Appends the ids of `parent`'s children to `out`.
   void Children(const hash::Hash128& parent, std::vector<int32_t>* out) const;
+  // `keys` (each once), then every descendant the index reaches from them, breadth first (so an
+  // ancestor comes before its descendants); `key_of(id)` is a child id's own key.
+  template <class KeyOf>
+  std::vector<hash::Hash128> WithDescendants(std::span<const hash::Hash128> keys,
+                                             KeyOf key_of) const {
+    std::unordered_set<hash::Hash128, hash::Hash128Hasher> seen;
+    std::vector<hash::Hash128> out;
+    for (const hash::Hash128& k : keys) {
+      if (seen.insert(k).second) out.push_back(k);
+    }
+    std::vector<int32_t> kids;
+    for (size_t i = 0; i < out.size(); ++i) {
+      kids.clear();
+      Children(out[i], &kids);
+      for (int32_t id : kids) {
+        const hash::Hash128& c = key_of(id);
+        if (seen.insert(c).second) out.push_back(c);
+      }
+    }
+    return out;
+  }
 
  private:
   struct Head {

@@ -121,19 +121,8 @@ void HostKvTier::Drop(int32_t slot) {
 
 int64_t HostKvTier::Erase(std::span<const hash::Hash128> keys) {
   // The keys, then their host descendants breadth first through the child index.
-  std::unordered_set<hash::Hash128, hash::Hash128Hasher> seen;
-  std::vector<hash::Hash128> doomed;
-  for (const hash::Hash128& k : keys) {
-    if (seen.insert(k).second) doomed.push_back(k);
-  }
-  std::vector<int32_t> kids;
-  for (size_t i = 0; i < doomed.size(); ++i) {
-    kids.clear();
-    children_.Children(doomed[i], &kids);
-    for (int32_t slot : kids) {
-      if (seen.insert(slots_[slot].key).second) doomed.push_back(slots_[slot].key);
-    }
-  }
+  const std::vector<hash::Hash128> doomed = children_.WithDescendants(
+      keys, [&](int32_t slot) -> const hash::Hash128& { return slots_[slot].key; });
   int64_t dropped = 0;
   for (auto k = doomed.rbegin(); k != doomed.rend(); ++k) {
     auto it = slot_of_.find(*k);
