@@ -158,7 +158,9 @@ TEST(EngineTest, PrefixesCycledThroughASmallGpuTierRestoreFromTheHostExactly) {
       for (size_t i = 0; i < reqs.size(); ++i) {
         Result got = RunOne(*e, reqs[i]);
         ExpectSame(cold[i], got, "round " + std::to_string(round) + " tenant " + std::to_string(i));
-        if (round > 0 && host_blocks == 80) EXPECT_EQ(got.cached_tokens, 32);  // (40 - 1) / 8
+        if (round > 0 && host_blocks == 80) {
+          EXPECT_EQ(got.cached_tokens, 32);  // (40 - 1) / 8
+        }
       }
     }
     const EngineStats st = e->Stats();
