@@ -36,6 +36,10 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddDouble("max_pinned_kv_fraction", &c->max_pinned_kv_fraction,
                "share of the KV cache pinned chunks may hold, in [0, 1]; pins past it are not "
                "taken (cascade:pins_refused_total), so pins cannot starve other requests");
+  f->AddInt("max_chunks_per_block", &c->max_chunks_per_block,
+            "chunks recorded (and reported to the registry) through one KV block, in [1, 1024]: "
+            "the same tokens under other chunk boundaries hold the same blocks; past it the "
+            "least recently used is withdrawn (cascade:held_chunks_displaced_total)");
   f->AddInt64("max_context", &c->max_context, "prompt + output tokens at most; 0: the model's");
   f->AddInt("threads", &c->threads, "CPU backend threads; 0: all cores");
   f->AddInt(
@@ -200,6 +204,11 @@ absl::Status CheckEngineFlags(const WorkerConfig& config) {
         absl::StrCat("--max_pinned_kv_fraction=", config.max_pinned_kv_fraction,
                      ": must be in [0, 1] (0: no pins, 1: pins may hold the whole KV cache)"));
   }
+  if (config.max_chunks_per_block < 1 || config.max_chunks_per_block > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_chunks_per_block=", config.max_chunks_per_block,
+                     ": must be in [1, 1024] (chunk records through one KV block)"));
+  }
   return absl::OkStatus();
 }
 
@@ -247,6 +256,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   eo.max_tokens_limit = static_cast<int32_t>(eo.max_context);
   eo.max_waiting = config.max_waiting;
   eo.max_pinned_fraction = config.max_pinned_kv_fraction;
+  eo.max_chunks_per_block = config.max_chunks_per_block;
   eo.eos_token_ids = mc.eos_token_ids;
   eo.host_kv_bytes = HostKvBytes(config.host_kv_bytes, **backend);
   eo.overlap_schedule = config.overlap_schedule;

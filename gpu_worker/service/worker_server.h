@@ -34,9 +34,10 @@ struct WorkerConfig {
   // pins) may hold, in [0, 1] (engine::EngineOptions::max_pinned_fraction): pins past it are not
   // taken, so a client pinning prompt after prompt cannot leave other requests without KV.
   double max_pinned_kv_fraction = 0.5;
-  int64_t max_context = 0;  // 0: the model's max_position_embeddings
-  int threads = 0;          // CPU backend threads; 0 = all cores
-  int cuda_device = 0;      // CUDA backend: which visible GPU (one worker per GPU)
+  int max_chunks_per_block = 8;  // chunk records through one KV block (residency cap)
+  int64_t max_context = 0;       // 0: the model's max_position_embeddings
+  int threads = 0;               // CPU backend threads; 0 = all cores
+  int cuda_device = 0;           // CUDA backend: which visible GPU (one worker per GPU)
   // CUDA backend without --kv_blocks or --kv_cache_bytes: the share of the GPU memory free after
   // the weights that the KV cache takes (lower it when workers share a GPU).
   double kv_cache_fraction = 0.8;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/flags.h"
+#include "gpu_worker/engine/engine.h"
 #include "gpu_worker/model/config.h"
 #include "gpu_worker/service/worker_server.h"
 #include "tests/backend_cpu/test_util.h"
@@ -188,6 +189,30 @@ TEST(WorkerConfigTest, PinnedKvFractionOutsideZeroToOneIsRefused) {
   const char* argv[] = {"cascade-worker", "--max_pinned_kv_fraction=0.25"};
   ASSERT_FALSE(common::ParseFlags(flags, 2, argv).has_value());
   EXPECT_EQ(parsed.max_pinned_kv_fraction, 0.25);
+}
+
+// --max_chunks_per_block: [1, 1024], default 8 (the engine's), refused outside with the flag and
+// the range; the flag parses.
+TEST(WorkerConfigTest, ChunksPerBlockOutsideOneTo1024IsRefused) {
+  WorkerConfig c;
+  EXPECT_EQ(c.max_chunks_per_block, engine::EngineOptions{}.max_chunks_per_block);
+  for (int good : {1, 8, 1024}) {
+    c.max_chunks_per_block = good;
+    EXPECT_TRUE(CheckEngineFlags(c).ok()) << good;
+  }
+  for (int bad : {0, -3, 1025}) {
+    c.max_chunks_per_block = bad;
+    const absl::Status s = CheckEngineFlags(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--max_chunks_per_block="), std::string::npos) << s;
+    EXPECT_NE(s.message().find("[1, 1024]"), std::string::npos) << s;
+  }
+  WorkerConfig parsed;
+  common::FlagSet flags("cascade-worker", "test");
+  RegisterWorkerFlags(&flags, &parsed);
+  const char* argv[] = {"cascade-worker", "--max_chunks_per_block=3"};
+  ASSERT_FALSE(common::ParseFlags(flags, 2, argv).has_value());
+  EXPECT_EQ(parsed.max_chunks_per_block, 3);
 }
 
 }  // namespace
