@@ -83,6 +83,10 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
     bool open;
   };
   absl::InlinedVector<Run, 8> runs;
+  // Runs and each chunk's holders in worker order (a chunk has one holder a worker), so a chunk
+  // costs a sort of its holders and one merge, not runs x holders: a system chunk held by
+  // thousands of workers would otherwise make every Resolve quadratic in them.
+  auto by_worker = [](const auto& a, const auto& b) { return a.worker < b.worker; };
   HolderList holders;
   ResolveResult out;
   out.chunks.reserve(placed.size());
@@ -96,10 +100,6 @@ absl::StatusOr<ResolveResult> Registry::Resolve(const ResolveInput& in) {
     // Holders report their own positions, which a buggy worker or a crafted report can put past
     // the chunk's real end: what this prompt places there bounds what anyone holds of it.
     for (Holder& h : holders) h.held_tokens = std::min(h.held_tokens, p.end);
-    // Runs and each chunk's holders in worker order (a chunk has one holder a worker), so a
-    // chunk costs a sort of its holders and one merge, not runs x holders: a system chunk held
-    // by thousands of workers would otherwise make every Resolve quadratic in them.
-    auto by_worker = [](const auto& a, const auto& b) { return a.worker < b.worker; };
     if (i == 0) {
       for (const Holder& h : holders) {
         runs.push_back(Run{h.worker, h.held_tokens, h.on_host ? 0 : h.held_tokens, 1, true});

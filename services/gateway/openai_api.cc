@@ -320,14 +320,13 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
   return OkStatus();
 }
 
-// A token's bytes for OpenAI's chat logprobs (`bytes`): its text's UTF-8 bytes, or, for a token
-// that is not UTF-8 alone, the bytes its text spells as "bytes:\xNN..." (Turn::LogprobText).
-json TokenBytes(const std::string& text) {
-  json out = json::array();
+// A token's bytes: its text's UTF-8 bytes, or, for a token that is not UTF-8 alone, the bytes its
+// text spells as "bytes:\xNN..." (Turn::LogprobText).
+std::string TokenByteString(const std::string& text) {
   constexpr std::string_view kPrefix = "bytes:";
   if (text.size() > kPrefix.size() && text.compare(0, kPrefix.size(), kPrefix) == 0 &&
       (text.size() - kPrefix.size()) % 4 == 0) {
-    json escaped = json::array();
+    std::string escaped;
     bool ok = true;
     for (size_t i = kPrefix.size(); ok && i < text.size(); i += 4) {
       const auto hex = [](char c) {
@@ -335,11 +334,17 @@ json TokenBytes(const std::string& text) {
       };
       const int hi = hex(text[i + 2]), lo = hex(text[i + 3]);
       ok = text[i] == '\\' && text[i + 1] == 'x' && hi >= 0 && lo >= 0;
-      if (ok) escaped.push_back(hi * 16 + lo);
+      if (ok) escaped.push_back(static_cast<char>(hi * 16 + lo));
     }
     if (ok) return escaped;
   }
-  for (unsigned char c : text) out.push_back(static_cast<int>(c));
+  return text;
+}
+
+// Those bytes as OpenAI's chat logprobs `bytes` (an array of byte values).
+json TokenBytes(const std::string& text) {
+  json out = json::array();
+  for (unsigned char c : TokenByteString(text)) out.push_back(static_cast<int>(c));
   return out;
 }
 
@@ -348,11 +353,6 @@ json TokenBytes(const std::string& text) {
 int64_t Characters(std::string_view bytes) {
   int64_t n = 0;
   for (unsigned char c : bytes) n += (c & 0xC0) != 0x80;
-  return n;
-}
-int64_t CharactersOfByteValues(const json& byte_values) {
-  int64_t n = 0;
-  for (const json& v : byte_values) n += (v.get<int>() & 0xC0) != 0x80;
   return n;
 }
 
@@ -457,7 +457,7 @@ json ResponseBuilder::LogprobsOf(const cascade::v2::TokenDelta& delta, int64_t t
     tokens.push_back(e.sampled().text());
     token_logprobs.push_back(e.sampled().logprob());
     offsets.push_back(text_offset);
-    text_offset += CharactersOfByteValues(TokenBytes(e.sampled().text()));
+    text_offset += Characters(TokenByteString(e.sampled().text()));
     json alts = json::object();
     for (const auto& t : e.top()) alts[t.text()] = t.logprob();
     top.push_back(alts);
