@@ -8,9 +8,10 @@
 //   [--shared=B (only the shared-prefix rows of batch B, 16 or 64)]
 //   [--prefill=N (only the prefill rows of N tokens: 512, 2048, 4096, 8192; for a profiler)]
 //   [--super=G (the " super" rows' super-tile size, where the device runs super-tiles; default
-//   SuperTilesFor's)] [--wide-ctas=N (the cascade rows' wide kernel on N CTAs; default one per SM)]
+//   SuperTilesFor's)] [--wide-ctas=N (the cascade rows' wide kernel on N CTAs without the
+//   planner's schedule; default the schedule's, one per SM)]
 //   [--tree=NAME (only the three-level tree's every-tile row of that configuration: default,
-//   nofold, ownsmem, lead32, super, ...; for a profiler)]
+//   snake (without the wide schedule), nofold, ownsmem, lead32, super, ...; for a profiler)]
 //   [--trace=FILE (with --tree: the wide kernel's per-work timeline of that row's last launch
 //   into FILE, for bench/kernels/ws_trace.py; needs a build configured with
 //   -DCASCADE_WS_TRACE=ON)]
@@ -85,9 +86,12 @@ std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
   return v;
 }
 
+int g_wide_ctas = 0;        // --wide-ctas=N: the wide cascade kernel's CTAs (0: one per SM)
+bool g_wide_snake = false;  // the " snake" rows: the wide kernel without the planner's schedule
+
 struct Setup {
   AttentionPlan plan;
-  DeviceBuffer q, pos, blocks, fi, si, rows, base, merge, out, po, pl;
+  DeviceBuffer q, pos, blocks, fi, si, rows, base, merge, sched, out, po, pl;
   DeviceBuffer ws_work;  // the persistent decode kernel's work counter, [2] zeros
   AttentionArgs args;
   AttentionPlanView view;
@@ -146,6 +150,13 @@ void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx,
   s->view.split_form = SplitForm(s->plan, kD, kHq / kHkv);
   s->view.super_tiles = s->plan.super_tiles;
   s->view.num_wide = s->plan.num_wide;
+  // The planner's wide schedule, except for the " snake" rows and --wide-ctas (the kernel's own
+  // snake over min(SMs or N, works) CTAs).
+  if (!s->plan.wide_sched.empty() && !g_wide_snake && g_wide_ctas == 0) {
+    s->sched = Up(s->plan.wide_sched);
+    s->view.wide_sched = s->sched.as<int32_t>();
+    s->view.wide_ctas = static_cast<int>(s->plan.wide_sched.size()) - 1;
+  }
   s->ws_work = Up(std::vector<int32_t>{0, 0});
   s->view.ws_work = s->ws_work.as<int32_t>();
 }
@@ -214,8 +225,7 @@ int g_only_batch = 0, g_only_ctx = 0;  // --decode=B,CTX
 int g_prefill_n = 0;                   // --prefill=N: only the prefill rows of N tokens
 constexpr int kPrefillNs[] = {512, 2048, 4096, 8192};  // the prefill rows' lengths
 int g_shared_batch = 0;                                // --shared=B
-int g_super = 0;      // --super=G: the " super" rows' super-tile size (0: SuperTilesFor's)
-int g_wide_ctas = 0;  // --wide-ctas=N: the wide cascade kernel's CTAs (0: one per SM)
+int g_super = 0;  // --super=G: the " super" rows' super-tile size (0: SuperTilesFor's)
 // --tree=NAME: only the tree row of that configuration ("every tile" + NAME's suffix: "default",
 // "nofold", "ownsmem", ...; for a profiler), nothing else.
 std::string g_tree_only;
@@ -355,6 +365,9 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   // (SetOwnTilesOnPersistentDecode(false)), as before split form 6; in both orders.
   AttentionConfig ownsmem = every;
   AttentionConfig superownsmem = supercfg;
+  // The default without the planner's wide schedule: the wide kernel deals its works out in a
+  // snake, as before the schedule (g_wide_snake).
+  AttentionConfig snake = every;
   nofold.lead_tiles = -1;      // every split item writes a partial per tile (before fold items)
   whole.lead_tiles = 1 << 20;  // a decode row's every tile in one fold item
   // Cascade: fold items of 8 / 16 / 32 tiles from tile 0 (a group's leading run of the shared
@@ -380,6 +393,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
            : c == &serial       ? " serial"
            : c == &ownsmem      ? " ownsmem"
            : c == &superownsmem ? " super ownsmem"
+           : c == &snake        ? " snake"
                                 : "";
   };
   // Decode, distinct sequences: without fold items; the default (the plan's split form: where
@@ -457,17 +471,20 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     const auto tables = PrefixTables(ctx, P / g_block, &blocks);
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
     for (const AttentionConfig* c : {&flat, &nofold, &narrow, &ownsplit, &serial, &ownsmem, &every,
-                                     &lead8, &lead16, &smem, &supercfg, &superownsmem}) {
+                                     &snake, &lead8, &lead16, &smem, &supercfg, &superownsmem}) {
       if ((c == &supercfg || c == &superownsmem) && !super) continue;
-      if ((c == &narrow || c == &ownsplit || c == &serial || c == &ownsmem || c == &superownsmem) &&
+      if ((c == &narrow || c == &ownsplit || c == &serial || c == &ownsmem || c == &superownsmem ||
+           c == &snake) &&
           every.wide_rows == 0) {
         continue;
       }
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       internal::SetSplitOverlapsWide(c != &serial);
       SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
+      g_wide_snake = c == &snake;
       const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
                                       num_blocks, cache, *c, &plan);
+      g_wide_snake = false;
       internal::SetSplitOverlapsWide(true);
       SetOwnTilesOnPersistentDecode(true);
       internal::SetSplitVariant(0);
@@ -506,10 +523,11 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     double every_ms = 0, single_ms = 0, super_ms = 0;
     int timed = 0;  // configurations timed (--tree: one, or none for an unknown name)
     for (const AttentionConfig* c :
-         {&flat, &single, &nofold, &narrow, &ownsplit, &serial, &ownsmem, &every, &lead8, &lead16,
-          &lead32, &smem, &supercfg, &superownsmem}) {
+         {&flat, &single, &nofold, &narrow, &ownsplit, &serial, &ownsmem, &every, &snake, &lead8,
+          &lead16, &lead32, &smem, &supercfg, &superownsmem}) {
       if ((c == &supercfg || c == &superownsmem) && !super) continue;
-      if ((c == &narrow || c == &ownsplit || c == &serial || c == &ownsmem || c == &superownsmem) &&
+      if ((c == &narrow || c == &ownsplit || c == &serial || c == &ownsmem || c == &superownsmem ||
+           c == &snake) &&
           every.wide_rows == 0) {
         continue;
       }
@@ -524,8 +542,10 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
       std::optional<WsTrace> trace;
       if (!g_trace_path.empty()) trace.emplace();
+      g_wide_snake = c == &snake;
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
                                       num_blocks, cache, *c, &plan);
+      g_wide_snake = false;
       if (trace) trace->Write(g_trace_path);
       internal::SetSplitOverlapsWide(true);
       SetOwnTilesOnPersistentDecode(true);
@@ -547,7 +567,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       if (timed > 0) return 0;
       std::fprintf(
           stderr,
-          "--tree=%s: no such configuration on this device (default, nofold, narrow, "
+          "--tree=%s: no such configuration on this device (default, snake, nofold, narrow, "
           "ownsplit, serial, ownsmem, lead8, lead16, lead32, smem, super, super ownsmem)\n",
           g_tree_only.c_str());
       return 2;

@@ -890,9 +890,10 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
   }
   // The planner's lead with the SM count (ws_ctas): a wide run from tile 0 folds as long as that
   // shortens the wide kernel's span (WideFoldRun). The tree: the system's 32 tiles in 4 chunks
-  // (32 fold works over 8 kv heads), each context's 16 tiles as one-tile works (1024 on the other
-  // 100 SMs, ~31 tiles' time at 3 a work): the system folds whole. The shared prefix (one chunk
-  // of 64 rows over 64 tiles: 8 fold works, 124 SMs for the rest): runs of 11.
+  // (32 fold works over 8 kv heads, 35 tiles' time each), each context's 16 tiles as one-tile
+  // works (1024 at 4 a work: ~40 over 132 SMs with the folds): the system folds whole. The
+  // shared prefix (one chunk of 64 rows over 64 tiles: 8 fold works, the rest one-tile works):
+  // runs of 11 (span 14: 10 and 11 tie, 12 is a 15 fold work).
   AttentionConfig ws = kQwen3;
   ws.wide_rows = 64;
   ws.ws_ctas = 132;
@@ -1002,6 +1003,91 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
   }
   cfg.wide_rows = 16;
   EXPECT_EQ(Plan(cfg, tree).num_wide, 0) << "wide_rows not above a split CTA's rows";
+}
+
+// The wide kernel's schedule (AttentionPlan::wide_sched): ws_ctas + 1 consecutive ranges over
+// every (item, kv head) work, work w being item w % num_wide at kv head w / num_wide. A work costs
+// its tiles + 3 (a one-tile work 4 tiles' time: session 29's timeline on an H200). On the tree
+// (32 fold works of 32 tiles, 1024 one-tile works) no range costs more than 43 against a lower
+// bound of 40 (5216 over 132 SMs), where the kernel's own snake over the same works gave the SMs
+// with a fold run ~7 one-tile works on top (63); the shared prefix's busiest range costs 16.
+std::vector<int64_t> RangeCosts(const AttentionPlan& plan) {
+  std::vector<int64_t> out;
+  for (size_t c = 0; c + 1 < plan.wide_sched.size(); ++c) {
+    int64_t cost = 0;
+    for (int w = plan.wide_sched[c]; w < plan.wide_sched[c + 1]; ++w) {
+      const int32_t* it = &plan.split_items[static_cast<size_t>(w % plan.num_wide) * kItemFields];
+      cost += it[2] - it[1] + 3;
+    }
+    out.push_back(cost);
+  }
+  return out;
+}
+
+TEST(AttentionPlanTest, WideScheduleSplitsTheWorksIntoBalancedRanges) {
+  const Batch tree = MakeBatch(Tree(2048, 1024, 8, 32, 16, QueryLens(256, 1)));
+  AttentionConfig ws = kQwen3;
+  ws.wide_rows = 64;
+  for (int ctas : {132, 7, 1, 2000}) {
+    SCOPED_TRACE("ws_ctas " + std::to_string(ctas));
+    ws.ws_ctas = ctas;
+    const AttentionPlan plan = Plan(ws, tree);
+    EXPECT_EQ(CheckPlan(ws, tree, plan), BruteForceShared(kQwen3, tree));
+    ASSERT_GT(plan.num_wide, 0);
+    ASSERT_EQ(plan.wide_sched.size(), static_cast<size_t>(ctas) + 1);
+    EXPECT_EQ(plan.wide_sched.front(), 0);
+    EXPECT_EQ(plan.wide_sched.back(), plan.num_wide * ws.num_kv_heads);
+    EXPECT_TRUE(std::is_sorted(plan.wide_sched.begin(), plan.wide_sched.end()));
+    const std::vector<int64_t> costs = RangeCosts(plan);
+    const int64_t total = std::accumulate(costs.begin(), costs.end(), int64_t{0});
+    const int64_t busiest = *std::max_element(costs.begin(), costs.end());
+    // Never below the even share, and less than a work above it (the least bound that fits
+    // is at most the share plus the costliest work, less one).
+    int64_t costliest = 0;
+    for (int i = 0; i < plan.num_wide; ++i) {
+      const int32_t* it = &plan.split_items[static_cast<size_t>(i) * kItemFields];
+      costliest = std::max<int64_t>(costliest, it[2] - it[1] + 3);
+    }
+    EXPECT_GE(busiest, std::max<int64_t>(costliest, (total + ctas - 1) / ctas));
+    EXPECT_LT(busiest, (total + ctas - 1) / ctas + costliest);
+    if (ctas == 132) {  // (with other SM counts the fold runs differ: WideFoldRun)
+      EXPECT_EQ(total, 8 * (4 * 35 + 128 * 4));
+      EXPECT_LE(busiest, 43);
+      // The snake the kernel deals without a schedule: works longest first, kv head fastest, CTA
+      // c taking j * P + c in even rounds and j * P + P - 1 - c in odd ones.
+      std::vector<int64_t> works;
+      for (int i = 0; i < plan.num_wide; ++i) {
+        const int32_t* it = &plan.split_items[static_cast<size_t>(i) * kItemFields];
+        works.insert(works.end(), ws.num_kv_heads, it[2] - it[1] + 3);
+      }
+      std::stable_sort(works.begin(), works.end(), std::greater<>());
+      std::vector<int64_t> snake(ctas, 0);
+      for (size_t w = 0; w < works.size(); ++w) {
+        const size_t j = w / ctas, c = w % ctas;
+        snake[j % 2 ? ctas - 1 - c : c] += works[w];
+      }
+      EXPECT_GE(*std::max_element(snake.begin(), snake.end()), 60);
+    }
+  }
+  std::vector<Seq> prefix(64);
+  for (Seq& q : prefix) {
+    q.ctx = 4096 + 128;
+    for (int b = 0; b < 4096 / 16; ++b) q.blocks.push_back(b);
+  }
+  int next = 4096 / 16;
+  for (Seq& q : prefix) {
+    while (static_cast<int>(q.blocks.size()) * 16 < q.ctx) q.blocks.push_back(next++);
+  }
+  const Batch shared = MakeBatch(prefix);
+  ws.ws_ctas = 132;
+  const AttentionPlan plan = Plan(ws, shared);
+  EXPECT_EQ(CheckPlan(ws, shared, plan), BruteForceShared(kQwen3, shared));
+  const std::vector<int64_t> costs = RangeCosts(plan);
+  EXPECT_EQ(*std::max_element(costs.begin(), costs.end()), 16);
+  // No SM count, no schedule (the kernel's snake).
+  ws.ws_ctas = 0;
+  EXPECT_TRUE(Plan(ws, tree).wide_sched.empty());
+  EXPECT_TRUE(Plan(kQwen3, tree).wide_sched.empty()) << "no wide items";
 }
 
 TEST(AttentionPlanTest, RejectsPositionsOutsideContextAndBadShapes) {

@@ -174,6 +174,13 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
   view.ws_work = WsWork().as<int32_t>();
   view.super_tiles = plan.super_tiles;
   view.num_wide = plan.num_wide;
+  // The wide kernel's schedule where the planner made one (ws_ctas > 0), its CTAs the grid.
+  DeviceBuffer d_sched;
+  if (!plan.wide_sched.empty()) {
+    d_sched = Upload(plan.wide_sched);
+    view.wide_sched = d_sched.as<int32_t>();
+    view.wide_ctas = static_cast<int>(plan.wide_sched.size()) - 1;
+  }
   st = Attention(args, view, nullptr);
   EXPECT_TRUE(st.ok()) << st;
   if (plan_out) *plan_out = plan;
@@ -302,16 +309,21 @@ void ExpectWideCascadeBitwise(Harness& h, const Batch& b, const std::vector<uint
     }
     g_wide_all = false;
     // With the SM count as the backend plans (PersistentDecodeCtas): the wide fold runs the
-    // span model picks (WideFoldRun), and whole rows for the persistent decode kernel.
+    // span model picks (WideFoldRun), whole rows for the persistent decode kernel, and the wide
+    // kernel's schedule (AttentionPlan::wide_sched: one range of works a CTA); also planned for
+    // 3 CTAs and 1 (many works a CTA, its ring wrapping) and for 1000 (ranges left empty).
     absl::StatusOr<int> sms = PersistentDecodeCtas(h.D, h.hq / h.hkv, h.bs);
     ASSERT_TRUE(sms.ok()) << sms.status();
-    g_ws_ctas = *sms;
-    AttentionPlan p;
-    auto planned = RunAttention(h, b, q_bits, true, &p);
-    g_ws_ctas = 0;
-    EXPECT_GT(p.num_wide, 0);
-    EXPECT_EQ(0, std::memcmp(planned.data(), flat.data(), bytes))
-        << "wide cascade items planned with ws_ctas " << *sms << " != flat";
+    for (int ctas : {*sms, 3, 1, 1000}) {
+      g_ws_ctas = ctas;
+      AttentionPlan p;
+      auto planned = RunAttention(h, b, q_bits, true, &p);
+      g_ws_ctas = 0;
+      EXPECT_GT(p.num_wide, 0);
+      EXPECT_EQ(p.wide_sched.size(), static_cast<size_t>(ctas) + 1);
+      EXPECT_EQ(0, std::memcmp(planned.data(), flat.data(), bytes))
+          << "wide cascade items planned with ws_ctas " << ctas << " != flat";
+    }
   }
   g_wide_rows = 0;
   AttentionPlan p;

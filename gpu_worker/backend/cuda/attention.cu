@@ -252,6 +252,9 @@ struct TileKernelArgs {
   // Split kernels launched right after the wide cascade kernel: 1, run the items without waiting
   // for it (ForEachSplitItem); 0, wait for the previous kernel first.
   int after_wide = 0;
+  // The wide kernel's schedule (AttentionPlanView::wide_sched; one range of works a CTA) or
+  // nullptr (PrefillWsKernel's snake).
+  const int32_t* wide_sched = nullptr;
 };
 
 // A final (prefill) item's CTA: a 1-D grid of items x kv heads, the kv head fastest, so CTAs start
@@ -1382,10 +1385,10 @@ auto PrefillWsKernelFor(bool pingpong, int piece, bool super) {
 
 // A PrefillWsKernel instance over `items` items (x kv heads) of k.items, its K/V tensor maps in
 // pieces of `piece` tokens: at most one CTA per SM (or SetPrefillWsCtas's count), none without a
-// work.
+// work; with a schedule (k.wide_sched) its `ctas` CTAs.
 template <class Kernel>
 cudaError_t LaunchPersistentWs(Kernel kernel, const TileKernelArgs& k, int items, int piece,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, int ctas = 0) {
   CUtensorMap tk, tv;
   cudaError_t err = EncodeKvMaps(k.a.cache, piece, &tk, &tv);
   if (err != cudaSuccess) return err;
@@ -1398,8 +1401,8 @@ cudaError_t LaunchPersistentWs(Kernel kernel, const TileKernelArgs& k, int items
     if (err != cudaSuccess) return err;
   }
   const int64_t works = static_cast<int64_t>(items) * k.a.cache.num_kv_heads;
-  return LaunchKernel(kernel, dim3(static_cast<int>(std::min<int64_t>(sms, works))), kWsThreads,
-                      smem, stream, k, items, tk, tv);
+  const int grid = ctas > 0 ? ctas : static_cast<int>(std::min<int64_t>(sms, works));
+  return LaunchKernel(kernel, dim3(grid), kWsThreads, smem, stream, k, items, tk, tv);
 }
 
 // Split form 3 on DecodeWsKernel: one CTA per SM (or SetDecodeWsCtas's count), at most one per two
@@ -1493,13 +1496,17 @@ cudaError_t LaunchForDim(const AttentionArgs& args, const AttentionPlanView& pla
       }
       k.items = graph ? plan.wide_items : plan.split_items;
       k.item_count = graph ? plan.wide_count : nullptr;
-      // Graph mode: a CTA per SM (the count is read on the device; CTAs without a work end).
+      // The planner's schedule: its CTAs, each its range of works. Without one, graph mode runs a
+      // CTA per SM (the count is read on the device; CTAs without a work end).
+      const bool sched = plan.wide_sched != nullptr;
+      if (sched && plan.wide_ctas < 1) return cudaErrorInvalidValue;
+      k.wide_sched = plan.wide_sched;
       int bound = plan.num_wide;
-      cudaError_t err = graph ? SmCount(&bound) : cudaSuccess;
+      cudaError_t err = graph && !sched ? SmCount(&bound) : cudaSuccess;
       if (err != cudaSuccess) return err;
       const int piece = KvPiece(args.cache);
       err = LaunchPersistentWs(PrefillWsKernelFor<true>(false, piece, super), k, bound, piece,
-                               stream);
+                               stream, sched ? plan.wide_ctas : 0);
       if (err != cudaSuccess) return err;
     } else {
       return cudaErrorInvalidValue;

@@ -156,6 +156,15 @@ struct AttentionPlan {
   // than a split CTA holds); max_split_rows counts only the others, max_wide_rows these.
   int num_wide = 0;
   int max_wide_rows = 0;
+  // With wide items and AttentionConfig::ws_ctas > 0: the persistent wgmma kernel's schedule,
+  // ws_ctas + 1 entries; CTA c runs the wide works [wide_sched[c], wide_sched[c + 1]) in order
+  // (work w: item w / num_kv_heads, kv head w % num_kv_heads). The wide items are longest first
+  // and the ranges split them so that the costliest CTA's works cost the least any split into
+  // ws_ctas consecutive ranges can give (WideWorkCost: a work's tiles plus its fixed cost), so a
+  // fold run of many tiles gets an SM to itself while one-tile works share the others. Empty
+  // without wide items (the kernel then deals the works out in a snake, as for prefill). The
+  // schedule changes no result: every work writes its own partials or rows.
+  std::vector<int32_t> wide_sched;
 
   int num_final() const { return static_cast<int>(final_items.size()) / kItemFields; }
   int num_split() const { return static_cast<int>(split_items.size()) / kItemFields; }

@@ -930,7 +930,21 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
   const AttentionArgs& a = k.a;
   const int hkv = a.cache.num_kv_heads, G = a.num_q_heads / hkv;
-  const int njobs = PwWorks(items * hkv);  // works: kv head fastest (FinalCtaOf's order)
+  // Works (item, kv head): prefill's kv head fastest (FinalCtaOf's order), the wide items' (kSplit)
+  // kv head slowest (one pass over the items per kv head: the planner spaces the long items out
+  // within a pass, so that consecutive ranges of works balance). With the planner's schedule
+  // (AttentionPlan::wide_sched) this CTA's works are the range [wide_sched[c], wide_sched[c + 1]),
+  // else the snake (PwWork).
+  int range0 = -1, njobs;
+  if (kSplit && k.wide_sched != nullptr) {
+    range0 = k.wide_sched[blockIdx.x];
+    njobs = k.wide_sched[blockIdx.x + 1] - range0;
+  } else {
+    njobs = PwWorks(items * hkv);
+  }
+  auto work_of = [range0](int j) { return range0 >= 0 ? range0 + j : PwWork(j); };
+  auto item_of = [=](int w) { return kSplit ? w % items : w / hkv; };
+  auto kvh_of = [=](int w) { return kSplit ? w / items : w % hkv; };
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   if (tid == 0) {
@@ -951,9 +965,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     if (warp < kWsLoadWarps) {  // load warp: the ring's tiles n = warp, warp + 2, ...
       int n = 0;
       for (int j = 0; j < njobs; ++j) {
-        const int w = PwWork(j);
-        const int32_t* it = k.items + static_cast<int64_t>(w / hkv) * kItemFields;
-        const int kvh = w % hkv;
+        const int w = work_of(j);
+        const int32_t* it = k.items + static_cast<int64_t>(item_of(w)) * kItemFields;
+        const int kvh = kvh_of(w);
         const int table_offset = it[0], tile_begin = it[1], ntiles = it[2] - it[1];
         const int kv_len = it[5];
         const int first = (warp - n) & 1;  // the item's first tile at ring position n = warp mod 2
@@ -968,15 +982,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     } else {  // item warp u = warp - 2: q-rows [64 u, 64 u + 64) of each work
       const int u = warp - 2;
       for (int j = 0; j < njobs; ++j) {
-        const int w = PwWork(j);
+        const int w = work_of(j);
         const int b = j % kPwItemBufs;
         if (u == 0) PW_STAMP(lane, w, kTrItemBegin);
         if (j >= kPwItemBufs) {  // buffer b's work j - 2 read by the consumers
           MbarWait(bar(sh.item_empty[b]), ((j - kPwItemBufs) / kPwItemBufs) & 1);
         }
         PW_STAMP(lane, w, u == 0 ? kTrItemBuffer : kTrItem1Buffer);
-        const int32_t* it = k.items + static_cast<int64_t>(w / hkv) * kItemFields;
-        const int kvh = w % hkv;
+        const int32_t* it = k.items + static_cast<int64_t>(item_of(w)) * kItemFields;
+        const int kvh = kvh_of(w);
         const int row_begin = it[3], nq = it[4] * G;
         PwItem& d = sh.item[b];
         unsigned char* Qs = smem + b * kWgRows * kWgRowBytes;
@@ -1058,11 +1072,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     for (int j = 0; j < njobs; ++j) {
       const int b = j % kPwItemBufs;
 #if defined(CASCADE_WS_TRACE)  // (the work recomputed at each stamp: no register held)
-      if (cw == 0) PW_STAMP(lane, PwWork(j), kTrWg0Wait);
+      if (cw == 0) PW_STAMP(lane, work_of(j), kTrWg0Wait);
 #endif
       MbarWait(bar(sh.item_full[b]), (j / kPwItemBufs) & 1);
 #if defined(CASCADE_WS_TRACE)
-      if (cw % 4 == 0) PW_STAMP(lane, PwWork(j), wg == 0 ? kTrWg0Start : kTrWg1Start);
+      if (cw % 4 == 0) PW_STAMP(lane, work_of(j), wg == 0 ? kTrWg0Start : kTrWg1Start);
 #endif
       const PwItem& d = sh.item[b];
       const int tile_begin = d.tile_begin, ntiles = d.ntiles;
@@ -1081,7 +1095,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
       n += ntiles;
 #if defined(CASCADE_WS_TRACE)
-      if (cw % 4 == 0) PW_STAMP(lane, PwWork(j), wg == 0 ? kTrWg0Tiles : kTrWg1Tiles);
+      if (cw % 4 == 0) PW_STAMP(lane, work_of(j), wg == 0 ? kTrWg0Tiles : kTrWg1Tiles);
 #endif
       // Every MMA of the work has completed (each was waited for); its fields are read before
       // the item buffer may refill.
@@ -1105,7 +1119,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                       [&](int qi) { return qi >= qi0 + 8 ? row1 : row0; });
       }
 #if defined(CASCADE_WS_TRACE)
-      if (cw % 4 == 0) PW_STAMP(lane, PwWork(j), wg == 0 ? kTrWg0Stored : kTrWg1Stored);
+      if (cw % 4 == 0) PW_STAMP(lane, work_of(j), wg == 0 ? kTrWg0Stored : kTrWg1Stored);
 #endif
     }
   }

@@ -68,9 +68,95 @@ int64_t RoundRobinSpan(const std::vector<int32_t>& flat, int slots) {
 }
 
 // A work of the persistent wgmma kernel that writes a one-tile partial costs about this many times
-// a tile folded in its CTA: the partial's 128 q-rows of f32 state go out and the merge reads them
-// back (fitted to H200 measurements of the fold runs: bench/kernels/RESULTS.md).
-constexpr int kWidePartialCost = 3;
+// a tile folded in its CTA: its Q rows gathered, its pipeline filled and drained, the partial's
+// q-rows of f32 state stored (and read back by the merge). Fitted to H200 measurements: the fold
+// runs (bench/kernels/RESULTS.md), then the per-work timeline of session 29 (a one-tile context
+// work every ~4.3 us of a CTA, a tile inside a fold run ~1.1 us: bench/kernels/NOTES.md).
+constexpr int kWidePartialCost = 4;
+
+// A wide work's cost in fold-tile units: its tiles, and the work's own fixed cost on top (so a
+// one-tile work costs kWidePartialCost).
+int64_t WideWorkCost(int tiles) { return tiles + kWidePartialCost - 1; }
+
+// Splits works of the given costs, in order, into `ranges` consecutive ranges (some possibly
+// empty) whose costliest range costs the least possible: the smallest bound B for which filling
+// ranges greedily (a range takes works while its cost stays <= B, and at least one) needs at
+// most `ranges` of them, found by bisection. Returns the ranges' starts and the end,
+// ranges + 1 entries.
+std::vector<int32_t> PartitionWorks(const std::vector<int64_t>& cost, int ranges) {
+  const int n = static_cast<int>(cost.size());
+  int64_t total = 0, most = 0;
+  for (int64_t c : cost) {
+    total += c;
+    most = std::max(most, c);
+  }
+  auto fill = [&](int64_t bound, std::vector<int32_t>* starts) {
+    int used = n > 0 ? 1 : 0;
+    int64_t load = 0;
+    if (starts != nullptr) starts->assign(1, 0);
+    for (int i = 0; i < n; ++i) {
+      if (load > 0 && load + cost[i] > bound) {
+        ++used;
+        load = 0;
+        if (starts != nullptr) starts->push_back(i);
+      }
+      load += cost[i];
+    }
+    return used;
+  };
+  int64_t lo = std::max(most, CeilDiv64(total, std::max(1, ranges))), hi = std::max(lo, total);
+  while (lo < hi) {  // the least bound that fits
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (fill(mid, nullptr) <= ranges) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  std::vector<int32_t> starts;
+  fill(lo, &starts);
+  starts.resize(static_cast<size_t>(ranges) + 1, n);
+  return starts;
+}
+
+// Orders the first `wide` items of `items` for the wide kernel's schedule and returns it
+// (AttentionPlan::wide_sched): work w is item w % wide at kv head w / wide (one pass over the items
+// per kv head), the works split into `ctas` consecutive ranges by cost (PartitionWorks). So that
+// consecutive ranges can balance, the long items (a work costing more than half a CTA's even
+// share) are spaced out within a pass, each followed by an equal part of the short ones, longest
+// first: a tree's fold runs then each share a range with the one-tile works after them, where
+// side by side they would leave every range but the last of them to one work alone.
+std::vector<int32_t> WideSchedule(std::vector<int32_t>* items, int wide, int kv_heads, int ctas) {
+  std::vector<std::array<int32_t, kItemFields>> sorted(wide);
+  std::memcpy(sorted.data(), items->data(), sorted.size() * sizeof(sorted[0]));
+  auto cost_of = [](const std::array<int32_t, kItemFields>& it) {
+    return WideWorkCost(it[2] - it[1]);
+  };
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [&](const auto& x, const auto& y) { return cost_of(x) > cost_of(y); });
+  int64_t total = 0;
+  for (const auto& it : sorted) total += cost_of(it);
+  // Long: 2 * cost * ctas > total * kv_heads (more than half of an even share).
+  int longs = 0;
+  while (longs < wide && 2 * cost_of(sorted[longs]) * ctas > total * kv_heads) ++longs;
+  std::vector<std::array<int32_t, kItemFields>> order;
+  order.reserve(wide);
+  const int shorts = wide - longs;
+  for (int i = 0; i < longs; ++i) {
+    order.push_back(sorted[i]);
+    const int64_t from = longs + static_cast<int64_t>(shorts) * i / longs;
+    const int64_t to = longs + static_cast<int64_t>(shorts) * (i + 1) / longs;
+    order.insert(order.end(), sorted.begin() + from, sorted.begin() + to);
+  }
+  if (longs == 0) order = sorted;
+  std::memcpy(items->data(), order.data(), order.size() * sizeof(order[0]));
+  std::vector<int64_t> cost;
+  cost.reserve(static_cast<size_t>(wide) * kv_heads);
+  for (int h = 0; h < kv_heads; ++h) {
+    for (const auto& it : order) cost.push_back(cost_of(it));
+  }
+  return PartitionWorks(cost, ctas);
+}
 
 // The wide runs of a plan: a wide item and the later ones that continue it (the same rows of the
 // same table from the tile where it ends: the planner emits a run piece by piece, in tile order,
@@ -101,10 +187,10 @@ void ForEachWideRun(const AttentionPlan& plan, int rows_per_cta, Visit visit) {
 
 // The fold run from tile 0 for the wide items of a one-level plan whose wide runs were cut into a
 // fold item of `first` tiles and one-tile items: the length L minimizing the wide kernel's span
-// in fold-tile units, max(L, kWidePartialCost x the one-tile works left / the SMs the fold works
-// leave free), where each run from tile 0 folds min(L, its length) on an SM of its own (per kv
-// head); of equal spans the longer run (fewer partials). `first` where nothing longer wins (or
-// every SM would hold a fold run).
+// in fold-tile units under the planner's schedule (AttentionPlan::wide_sched), estimated as the
+// larger of its costliest work and the works' total cost over the SMs (WideWorkCost: each run
+// from tile 0 folds min(L, its length) in one work per kv head, its tiles past L one-tile works);
+// of equal spans the longer run (fewer partials). `first` where nothing longer wins.
 int WideFoldRun(const AttentionPlan& plan, int rows_per_cta, int first, int kv_heads, int sms) {
   std::map<int, int> runs;  // run (first item) from tile 0 -> its end tile
   int64_t other = 0;        // one-tile wide works (per kv head) outside those runs
@@ -117,14 +203,17 @@ int WideFoldRun(const AttentionPlan& plan, int rows_per_cta, int first, int kv_h
       other += it[2] - it[1];
     }
   });
-  const int64_t free_sms = sms - static_cast<int64_t>(runs.size()) * kv_heads;
-  if (runs.empty() || free_sms <= 0) return first;
+  if (runs.empty() || sms <= 0) return first;
   int longest = 0;
   for (const auto& [run, end] : runs) longest = std::max(longest, end);
   auto span = [&](int len) {
-    int64_t left = other;
-    for (const auto& [run, end] : runs) left += std::max(0, end - len);
-    return std::max<int64_t>(len, CeilDiv64(kWidePartialCost * left * kv_heads, free_sms));
+    int64_t total = kWidePartialCost * other, costliest = 0;
+    for (const auto& [run, end] : runs) {
+      const int64_t fold = WideWorkCost(std::min(len, end));
+      total += fold + kWidePartialCost * std::max(0, end - len);
+      costliest = std::max(costliest, fold);
+    }
+    return std::max<int64_t>(costliest, CeilDiv64(total * kv_heads, sms));
   };
   int best = first;
   int64_t best_span = span(first);
@@ -732,6 +821,13 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   if (config.ws_ctas > 0 && SplitForm(*plan, config.head_dim,
                                       config.num_q_heads / std::max(1, config.num_kv_heads)) == 3) {
     SortLongestFirst(&plan->split_items);
+  }
+  // The wide kernel's schedule (AttentionPlan::wide_sched). The kernel's own snake gave the SMs
+  // that took a tree's fold runs of 32 tiles their share of the one-tile works on top: on an H200
+  // its busiest CTA ran 77.8 us where the median ran 41.6 (session 29's timeline).
+  if (plan->num_wide > 0 && config.ws_ctas > 0) {
+    plan->wide_sched = WideSchedule(&plan->split_items, plan->num_wide,
+                                    std::max(1, config.num_kv_heads), config.ws_ctas);
   }
   return absl::OkStatus();
 }

@@ -827,6 +827,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   const size_t o_blk = put(b.block_ids), o_fi = put(plan.final_items), o_si = put(plan.split_items);
   const size_t o_rows = put(plan.item_rows), o_base = put(plan.partial_base);
   const size_t o_merge = put(plan.merge_list), o_lrows = put(b.logits_rows);
+  const size_t o_sched = put(plan.wide_sched);
   RETURN_IF_ERROR(EnsureCapacity(&meta_, meta_host_.size() * 4));
   RETURN_IF_ERROR(
       EnsureCapacity(&partial_o_, std::max(1, plan.num_partials) * size_t{4} * hq_ * d_));
@@ -847,6 +848,10 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   m.plan.ws_work = ws_work_.as<int32_t>();
   m.plan.super_tiles = plan.super_tiles;
   m.plan.num_wide = plan.num_wide;
+  if (!plan.wide_sched.empty()) {
+    m.plan.wide_sched = meta + o_sched;
+    m.plan.wide_ctas = static_cast<int>(plan.wide_sched.size()) - 1;
+  }
   if (plan.num_wide > 0) ++wide_steps_;
   RETURN_IF_ERROR(EnqueueModel(n, m));
 
@@ -1025,11 +1030,12 @@ size_t RoundUp4(size_t x) { return (x + 3) / 4 * 4; }
 
 // Offsets (int32 units) of the segments of graph_meta_.
 struct GraphLayout {
-  size_t tok, pos, slot, lrows, base, merge, count, samples, blk, items, wide, rows, end;
+  size_t tok, pos, slot, lrows, base, merge, count, samples, blk, items, wide, rows, sched, end;
 };
 
-GraphLayout MakeGraphLayout(int max_batch, int64_t cap_blocks, int64_t cap_items,
-                            int64_t cap_rows) {
+// ws_ctas: the wide kernel's CTAs (its schedule has ws_ctas + 1 entries).
+GraphLayout MakeGraphLayout(int max_batch, int64_t cap_blocks, int64_t cap_items, int64_t cap_rows,
+                            int ws_ctas) {
   const size_t b = RoundUp4(max_batch);
   GraphLayout l;
   l.tok = 0;
@@ -1045,7 +1051,8 @@ GraphLayout MakeGraphLayout(int max_batch, int64_t cap_blocks, int64_t cap_items
   l.items = l.blk + RoundUp4(cap_blocks);
   l.wide = l.items + RoundUp4(cap_items * kItemFields);
   l.rows = l.wide + RoundUp4(cap_items * kItemFields);
-  l.end = l.rows + RoundUp4(cap_rows);
+  l.sched = l.rows + RoundUp4(cap_rows);
+  l.end = l.sched + RoundUp4(static_cast<size_t>(ws_ctas) + 1);
   return l;
 }
 
@@ -1132,7 +1139,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
     cap_items_ = std::max(cap_items_, 2 * need_items);
     cap_rows_ = std::max(cap_rows_, 2 * need_rows);
     const size_t bytes =
-        MakeGraphLayout(max_graph_batch_, cap_blocks_, cap_items_, cap_rows_).end * 4;
+        MakeGraphLayout(max_graph_batch_, cap_blocks_, cap_items_, cap_rows_, ws_ctas_).end * 4;
     RETURN_IF_ERROR(Synchronize(stream_));
     ASSIGN_OR_RETURN(meta, DeviceBuffer::Allocate(bytes));
     graph_meta_ = std::move(meta);
@@ -1150,7 +1157,8 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   RETURN_IF_ERROR(ensure(&penalty_, pad_penalty_->size() * sizeof(int32_t)));
 
   // Stage this step's metadata at the fixed offsets.
-  const GraphLayout l = MakeGraphLayout(max_graph_batch_, cap_blocks_, cap_items_, cap_rows_);
+  const GraphLayout l =
+      MakeGraphLayout(max_graph_batch_, cap_blocks_, cap_items_, cap_rows_, ws_ctas_);
   int32_t* h = graph_host_.as<int32_t>();
   auto put = [&](size_t at, const std::vector<int32_t>& v) {
     std::memcpy(h + at, v.data(), v.size() * 4);
@@ -1174,6 +1182,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   std::memcpy(h + l.items, plan.split_items.data() + wide_fields,
               (plan.split_items.size() - wide_fields) * 4);
   put(l.rows, plan.item_rows);
+  put(l.sched, plan.wide_sched);
 
   const int32_t* meta = graph_meta_.as<int32_t>();
   const int group = hq_ / hkv_;
@@ -1208,6 +1217,17 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
     m.plan.num_wide = 1;
     m.plan.wide_items = meta + l.wide;
     m.plan.wide_count = meta + l.count + 1;
+    // The schedule's CTAs are the captured grid: every step's plan has ws_ctas_ + 1 entries
+    // (none where ws_ctas_ is 0: the kernel's own snake then).
+    if (!plan.wide_sched.empty()) {
+      if (plan.wide_sched.size() != static_cast<size_t>(ws_ctas_) + 1) {
+        return absl::InternalError(absl::StrCat("cuda backend: a wide schedule of ",
+                                                plan.wide_sched.size(), " entries for ", ws_ctas_,
+                                                " CTAs"));
+      }
+      m.plan.wide_sched = meta + l.sched;
+      m.plan.wide_ctas = ws_ctas_;
+    }
   }
 
   std::unique_ptr<DecodeGraph>& g = graphs_[bucket];
@@ -1228,6 +1248,9 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
     RETURN_IF_ERROR(CopyAsync(dm + l.wide, h + l.wide, wide_fields * 4, stream_));
   }
   RETURN_IF_ERROR(CopyAsync(dm + l.rows, h + l.rows, plan.item_rows.size() * 4, stream_));
+  if (!plan.wide_sched.empty()) {
+    RETURN_IF_ERROR(CopyAsync(dm + l.sched, h + l.sched, plan.wide_sched.size() * 4, stream_));
+  }
   RETURN_IF_ERROR(UploadPenaltyTokens(*pad_penalty_));  // capacity ensured above: no reallocation
   if (g->pinned[form] != nullptr) RETURN_IF_ERROR(PickTunedOrPinned(g.get(), form));
   if (logits == nullptr) return Synchronize(stream_);

@@ -84,6 +84,10 @@ struct AttentionPlanView {
   int num_wide = 0;
   const int32_t* wide_items = nullptr;
   const int32_t* wide_count = nullptr;
+  // AttentionPlan::wide_sched on the device (wide_ctas + 1 entries) and its CTAs, the wide
+  // kernel's grid; nullptr: the kernel deals the works out itself (a snake over min(SMs, works)).
+  const int32_t* wide_sched = nullptr;
+  int wide_ctas = 0;
 };
 
 // The kernel that runs prefill items of head_dim 128 (every choice gives the same bits).

@@ -316,6 +316,10 @@ absl::Status Attention(const AttentionArgs& args, const AttentionPlanView& plan,
     return Bad("Attention", absl::StrCat("num_wide ", plan.num_wide, " outside [0, num_split ",
                                          plan.num_split, "] or without its graph-mode arrays"));
   }
+  if (plan.wide_sched != nullptr && plan.wide_ctas < 1) {
+    return Bad("Attention", absl::StrCat("wide_sched given with wide_ctas ", plan.wide_ctas,
+                                         " (the schedule's CTAs, >= 1)"));
+  }
   if (plan.num_wide > 0) {
     absl::StatusOr<int> wide_rows = WideCascadeRows(c.head_dim, group, c.block_size);
     if (!wide_rows.ok()) return wide_rows.status();
