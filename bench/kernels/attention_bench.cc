@@ -8,10 +8,10 @@
 //   [--shared=B (only the shared-prefix rows of batch B, 16 or 64)]
 //   [--prefill=N (only the prefill rows of N tokens: 512, 2048, 4096, 8192; for a profiler)]
 //   [--super=G (the " super" rows' super-tile size, where the device runs super-tiles; default
-//   SuperTilesFor's)] [--wide-ctas=N (the cascade rows' wide kernel on N CTAs without the
-//   planner's schedule; default the schedule's, one per SM)]
+//   SuperTilesFor's)] [--wide-ctas=N (the cascade rows' wide kernel on N CTAs: the planner's
+//   schedule over N; default one per SM)]
 //   [--tree=NAME (only the three-level tree's every-tile row of that configuration: default,
-//   snake (without the wide schedule), nofold, ownsmem, lead32, super, ...; for a profiler)]
+//   nofold, ownsmem, lead32, super, ...; for a profiler)]
 //   [--trace=FILE (with --tree: the wide kernel's per-work timeline of that row's last launch
 //   into FILE, for bench/kernels/ws_trace.py; needs a build configured with
 //   -DCASCADE_WS_TRACE=ON)]
@@ -86,8 +86,7 @@ std::vector<uint16_t> RandomBf16(size_t n, uint32_t seed) {
   return v;
 }
 
-int g_wide_ctas = 0;        // --wide-ctas=N: the wide cascade kernel's CTAs (0: one per SM)
-bool g_wide_snake = false;  // the " snake" rows: the wide kernel without the planner's schedule
+int g_wide_ctas = 0;  // --wide-ctas=N: the wide cascade kernel's CTAs (0: one per SM)
 
 struct Setup {
   AttentionPlan plan;
@@ -150,9 +149,8 @@ void Build(Setup* s, const std::vector<int>& q_len, const std::vector<int>& ctx,
   s->view.split_form = SplitForm(s->plan, kD, kHq / kHkv);
   s->view.super_tiles = s->plan.super_tiles;
   s->view.num_wide = s->plan.num_wide;
-  // The planner's wide schedule, except for the " snake" rows and --wide-ctas (the kernel's own
-  // snake over min(SMs or N, works) CTAs).
-  if (!s->plan.wide_sched.empty() && !g_wide_snake && g_wide_ctas == 0) {
+  // The planner's wide schedule (AttentionPlan::wide_sched).
+  if (!s->plan.wide_sched.empty()) {
     s->sched = Up(s->plan.wide_sched);
     s->view.wide_sched = s->sched.as<int32_t>();
     s->view.wide_ctas = static_cast<int>(s->plan.wide_sched.size()) - 1;
@@ -345,6 +343,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto wide_rows = WideCascadeRows(kD, kHq / kHkv, g_block);  // as the backend sets it (eager)
   CHECK_OK(wide_rows.status());
   every.wide_rows = *wide_rows;
+  every.wide_ctas = g_wide_ctas;  // the wide schedule's CTAs (0: one per SM)
   // The two-level fold order where the device runs it (rows tagged " super": other bits than
   // the default's one-level order, attention.h).
   auto super_tiles = SuperTilesFor(kD, g_block);
@@ -365,9 +364,6 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   // (SetOwnTilesOnPersistentDecode(false)), as before split form 6; in both orders.
   AttentionConfig ownsmem = every;
   AttentionConfig superownsmem = supercfg;
-  // The default without the planner's wide schedule: the wide kernel deals its works out in a
-  // snake, as before the schedule (g_wide_snake).
-  AttentionConfig snake = every;
   nofold.lead_tiles = -1;      // every split item writes a partial per tile (before fold items)
   whole.lead_tiles = 1 << 20;  // a decode row's every tile in one fold item
   // Cascade: fold items of 8 / 16 / 32 tiles from tile 0 (a group's leading run of the shared
@@ -393,7 +389,6 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
            : c == &serial       ? " serial"
            : c == &ownsmem      ? " ownsmem"
            : c == &superownsmem ? " super ownsmem"
-           : c == &snake        ? " snake"
                                 : "";
   };
   // Decode, distinct sequences: without fold items; the default (the plan's split form: where
@@ -471,20 +466,17 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     const auto tables = PrefixTables(ctx, P / g_block, &blocks);
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
     for (const AttentionConfig* c : {&flat, &nofold, &narrow, &ownsplit, &serial, &ownsmem, &every,
-                                     &snake, &lead8, &lead16, &smem, &supercfg, &superownsmem}) {
+                                     &lead8, &lead16, &smem, &supercfg, &superownsmem}) {
       if ((c == &supercfg || c == &superownsmem) && !super) continue;
-      if ((c == &narrow || c == &ownsplit || c == &serial || c == &ownsmem || c == &superownsmem ||
-           c == &snake) &&
+      if ((c == &narrow || c == &ownsplit || c == &serial || c == &ownsmem || c == &superownsmem) &&
           every.wide_rows == 0) {
         continue;
       }
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       internal::SetSplitOverlapsWide(c != &serial);
       SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
-      g_wide_snake = c == &snake;
       const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
                                       num_blocks, cache, *c, &plan);
-      g_wide_snake = false;
       internal::SetSplitOverlapsWide(true);
       SetOwnTilesOnPersistentDecode(true);
       internal::SetSplitVariant(0);
@@ -523,11 +515,10 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     double every_ms = 0, single_ms = 0, super_ms = 0;
     int timed = 0;  // configurations timed (--tree: one, or none for an unknown name)
     for (const AttentionConfig* c :
-         {&flat, &single, &nofold, &narrow, &ownsplit, &serial, &ownsmem, &every, &snake, &lead8,
-          &lead16, &lead32, &smem, &supercfg, &superownsmem}) {
+         {&flat, &single, &nofold, &narrow, &ownsplit, &serial, &ownsmem, &every, &lead8, &lead16,
+          &lead32, &smem, &supercfg, &superownsmem}) {
       if ((c == &supercfg || c == &superownsmem) && !super) continue;
-      if ((c == &narrow || c == &ownsplit || c == &serial || c == &ownsmem || c == &superownsmem ||
-           c == &snake) &&
+      if ((c == &narrow || c == &ownsplit || c == &serial || c == &ownsmem || c == &superownsmem) &&
           every.wide_rows == 0) {
         continue;
       }
@@ -542,10 +533,8 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
       std::optional<WsTrace> trace;
       if (!g_trace_path.empty()) trace.emplace();
-      g_wide_snake = c == &snake;
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
                                       num_blocks, cache, *c, &plan);
-      g_wide_snake = false;
       if (trace) trace->Write(g_trace_path);
       internal::SetSplitOverlapsWide(true);
       SetOwnTilesOnPersistentDecode(true);
@@ -567,7 +556,8 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       if (timed > 0) return 0;
       std::fprintf(
           stderr,
-          "--tree=%s: no such configuration on this device (default, snake, nofold, narrow, "
+          "--tree=%s: no such configuration on this device (default, nofold, "
+          "narrow, "
           "ownsplit, serial, ownsmem, lead8, lead16, lead32, smem, super, super ownsmem)\n",
           g_tree_only.c_str());
       return 2;

@@ -1084,9 +1084,12 @@ TEST(AttentionPlanTest, WideScheduleSplitsTheWorksIntoBalancedRanges) {
   EXPECT_EQ(CheckPlan(ws, shared, plan), BruteForceShared(kQwen3, shared));
   const std::vector<int64_t> costs = RangeCosts(plan);
   EXPECT_EQ(*std::max_element(costs.begin(), costs.end()), 16);
-  // No SM count, no schedule (the kernel's snake).
+  // No SM count, no schedule (the kernel's snake); wide_ctas alone (the persistent decode kernel
+  // off: ws_ctas 0) schedules.
   ws.ws_ctas = 0;
   EXPECT_TRUE(Plan(ws, tree).wide_sched.empty());
+  ws.wide_ctas = 132;
+  EXPECT_EQ(Plan(ws, tree).wide_sched.size(), 133u);
   EXPECT_TRUE(Plan(kQwen3, tree).wide_sched.empty()) << "no wide items";
 }
 

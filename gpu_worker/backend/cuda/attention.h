@@ -96,6 +96,10 @@ struct AttentionConfig {
   // decode 6.17 vs 5.45 ms a step: a one-row, one-tile work fills 2 of the kernel's 128 q-rows),
   // while the two-level order's four-tile works gained (shared prefix 43.8 vs 49.6 us).
   bool wide_all = false;
+  // CTAs of the wide kernel's schedule (AttentionPlan::wide_sched): the SM count where wide_rows
+  // is set (the backend passes it whether or not the persistent decode kernel runs); 0: ws_ctas;
+  // both 0: no schedule (the kernel's own snake).
+  int wide_ctas = 0;
 };
 
 // Host views of the batch's attention metadata (see engine::ForwardBatch for the meaning).
@@ -156,12 +160,13 @@ struct AttentionPlan {
   // than a split CTA holds); max_split_rows counts only the others, max_wide_rows these.
   int num_wide = 0;
   int max_wide_rows = 0;
-  // With wide items and AttentionConfig::ws_ctas > 0: the persistent wgmma kernel's schedule,
-  // ws_ctas + 1 entries; CTA c runs the wide works [wide_sched[c], wide_sched[c + 1]) in order
-  // (work w: item w / num_kv_heads, kv head w % num_kv_heads). The wide items are longest first
-  // and the ranges split them so that the costliest CTA's works cost the least any split into
-  // ws_ctas consecutive ranges can give (WideWorkCost: a work's tiles plus its fixed cost), so a
-  // fold run of many tiles gets an SM to itself while one-tile works share the others. Empty
+  // With wide items and AttentionConfig::wide_ctas or ws_ctas > 0: the persistent wgmma kernel's
+  // schedule, one entry per CTA (wide_ctas, else ws_ctas) and one more. CTA c runs the
+  // wide works [wide_sched[c], wide_sched[c + 1]) in order, work w being item w % num_wide at kv
+  // head w / num_wide (a pass over the items per kv head). The planner orders the wide items so
+  // that consecutive ranges can balance (the long ones, a fold run of many tiles, spaced out
+  // within a pass, each followed by its share of the one-tile ones) and picks the ranges whose
+  // costliest CTA costs the least (WideWorkCost: a work's tiles plus its fixed cost). Empty
   // without wide items (the kernel then deals the works out in a snake, as for prefill). The
   // schedule changes no result: every work writes its own partials or rows.
   std::vector<int32_t> wide_sched;

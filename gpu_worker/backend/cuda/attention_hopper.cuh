@@ -910,6 +910,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // Graph mode (wide items): the count on the device, written before the graph ran (read before
   // the wait, as in ForEachSplitItem).
   if (k.item_count != nullptr) items = *k.item_count;
+  // The planner's schedule, like the count the host's (read before the wait).
+  int range0 = -1, range1 = 0;
+  if (kSplit && k.wide_sched != nullptr) {
+    range0 = k.wide_sched[blockIdx.x];
+    range1 = k.wide_sched[blockIdx.x + 1];
+  }
   WaitForPriorGrids();
 #if defined(CASCADE_WS_TRACE)
   if (threadIdx.x == 0) {
@@ -930,21 +936,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
   const AttentionArgs& a = k.a;
   const int hkv = a.cache.num_kv_heads, G = a.num_q_heads / hkv;
-  // Works (item, kv head): prefill's kv head fastest (FinalCtaOf's order), the wide items' (kSplit)
-  // kv head slowest (one pass over the items per kv head: the planner spaces the long items out
-  // within a pass, so that consecutive ranges of works balance). With the planner's schedule
-  // (AttentionPlan::wide_sched) this CTA's works are the range [wide_sched[c], wide_sched[c + 1]),
-  // else the snake (PwWork).
-  int range0 = -1, njobs;
-  if (kSplit && k.wide_sched != nullptr) {
-    range0 = k.wide_sched[blockIdx.x];
-    njobs = k.wide_sched[blockIdx.x + 1] - range0;
-  } else {
-    njobs = PwWorks(items * hkv);
-  }
+  // Works (item, kv head): kv head fastest (FinalCtaOf's order), the CTA's j-th the snake's
+  // (PwWork). With the planner's schedule (wide items, AttentionPlan::wide_sched) this CTA's are
+  // the range [wide_sched[c], wide_sched[c + 1]), kv head slowest (one pass over the items per kv
+  // head: the planner spaces the long items out within a pass, so that consecutive ranges
+  // balance).
+  const int njobs = range0 >= 0 ? range1 - range0 : PwWorks(items * hkv);
   auto work_of = [range0](int j) { return range0 >= 0 ? range0 + j : PwWork(j); };
-  auto item_of = [=](int w) { return kSplit ? w % items : w / hkv; };
-  auto kvh_of = [=](int w) { return kSplit ? w / items : w % hkv; };
+  auto item_of = [=](int w) { return range0 >= 0 ? w % items : w / hkv; };
+  auto kvh_of = [=](int w) { return range0 >= 0 ? w / items : w % hkv; };
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
   if (tid == 0) {

@@ -825,9 +825,10 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   // The wide kernel's schedule (AttentionPlan::wide_sched). The kernel's own snake gave the SMs
   // that took a tree's fold runs of 32 tiles their share of the one-tile works on top: on an H200
   // its busiest CTA ran 77.8 us where the median ran 41.6 (session 29's timeline).
-  if (plan->num_wide > 0 && config.ws_ctas > 0) {
+  const int wide_ctas = config.wide_ctas > 0 ? config.wide_ctas : config.ws_ctas;
+  if (plan->num_wide > 0 && wide_ctas > 0) {
     plan->wide_sched = WideSchedule(&plan->split_items, plan->num_wide,
-                                    std::max(1, config.num_kv_heads), config.ws_ctas);
+                                    std::max(1, config.num_kv_heads), wide_ctas);
   }
   return absl::OkStatus();
 }

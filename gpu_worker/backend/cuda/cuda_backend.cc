@@ -368,6 +368,7 @@ class CudaBackend final : public engine::Backend {
   // pinned host staging, the captured graphs by bucket. graph_epoch_ moves whenever a buffer a
   // graph reads or writes is reallocated; graphs of older epochs are re-captured.
   int max_graph_batch_ = 0, split_ctas_ = 0, split_ctas_reg_ = 0, ws_ctas_ = 0, super_tiles_ = 1;
+  int wide_ctas_ = 0;  // the wide cascade kernel's schedule CTAs (AttentionConfig::wide_ctas)
   std::string kv_numerics_ = "cuda";        // KvNumerics(), set by Init
   int wide_rows_ = 0;                       // AttentionConfig::wide_rows (WideCascadeRows)
   int64_t wide_steps_ = 0;                  // steps whose plan had wide cascade items
@@ -648,6 +649,7 @@ absl::Status CudaBackend::Init(const model::Model& m) {
                                                          : o_.persistent_decode_min_tiles);
   ASSIGN_OR_RETURN(ws_ctas, PersistentDecodeCtas(d_, hq_ / hkv_, o_.block_size));
   ws_ctas_ = o_.persistent_decode_min_tiles < 0 ? 0 : ws_ctas;
+  wide_ctas_ = ws_ctas;
   ASSIGN_OR_RETURN(super_tiles, SuperTilesFor(d_, o_.block_size));
   if (o_.attention_super_tiles > 1 && super_tiles == 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -1033,9 +1035,9 @@ struct GraphLayout {
   size_t tok, pos, slot, lrows, base, merge, count, samples, blk, items, wide, rows, sched, end;
 };
 
-// ws_ctas: the wide kernel's CTAs (its schedule has ws_ctas + 1 entries).
+// wide_ctas: the wide kernel's CTAs (its schedule has wide_ctas + 1 entries).
 GraphLayout MakeGraphLayout(int max_batch, int64_t cap_blocks, int64_t cap_items, int64_t cap_rows,
-                            int ws_ctas) {
+                            int wide_ctas) {
   const size_t b = RoundUp4(max_batch);
   GraphLayout l;
   l.tok = 0;
@@ -1052,7 +1054,7 @@ GraphLayout MakeGraphLayout(int max_batch, int64_t cap_blocks, int64_t cap_items
   l.wide = l.items + RoundUp4(cap_items * kItemFields);
   l.rows = l.wide + RoundUp4(cap_items * kItemFields);
   l.sched = l.rows + RoundUp4(cap_rows);
-  l.end = l.sched + RoundUp4(static_cast<size_t>(ws_ctas) + 1);
+  l.end = l.sched + RoundUp4(static_cast<size_t>(wide_ctas) + 1);
   return l;
 }
 
@@ -1108,6 +1110,7 @@ absl::Status CudaBackend::PlanStep(const engine::ForwardBatch& b, int n,
   acfg.finish_rows = o_.attention_finish_rows;
   acfg.split_ctas = split_ctas_;
   acfg.ws_ctas = ws_ctas_;
+  acfg.wide_ctas = wide_ctas_;
   acfg.super_tiles = super_tiles_;
   acfg.wide_rows = wide_rows_;
   const AttentionBatch ab{b.positions.data(),
@@ -1139,7 +1142,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
     cap_items_ = std::max(cap_items_, 2 * need_items);
     cap_rows_ = std::max(cap_rows_, 2 * need_rows);
     const size_t bytes =
-        MakeGraphLayout(max_graph_batch_, cap_blocks_, cap_items_, cap_rows_, ws_ctas_).end * 4;
+        MakeGraphLayout(max_graph_batch_, cap_blocks_, cap_items_, cap_rows_, wide_ctas_).end * 4;
     RETURN_IF_ERROR(Synchronize(stream_));
     ASSIGN_OR_RETURN(meta, DeviceBuffer::Allocate(bytes));
     graph_meta_ = std::move(meta);
@@ -1158,7 +1161,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
 
   // Stage this step's metadata at the fixed offsets.
   const GraphLayout l =
-      MakeGraphLayout(max_graph_batch_, cap_blocks_, cap_items_, cap_rows_, ws_ctas_);
+      MakeGraphLayout(max_graph_batch_, cap_blocks_, cap_items_, cap_rows_, wide_ctas_);
   int32_t* h = graph_host_.as<int32_t>();
   auto put = [&](size_t at, const std::vector<int32_t>& v) {
     std::memcpy(h + at, v.data(), v.size() * 4);
@@ -1217,16 +1220,16 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
     m.plan.num_wide = 1;
     m.plan.wide_items = meta + l.wide;
     m.plan.wide_count = meta + l.count + 1;
-    // The schedule's CTAs are the captured grid: every step's plan has ws_ctas_ + 1 entries
-    // (none where ws_ctas_ is 0: the kernel's own snake then).
+    // The schedule's CTAs are the captured grid: every step's plan has wide_ctas_ + 1 entries
+    // (none where wide_ctas_ is 0: the kernel's own snake then).
     if (!plan.wide_sched.empty()) {
-      if (plan.wide_sched.size() != static_cast<size_t>(ws_ctas_) + 1) {
+      if (plan.wide_sched.size() != static_cast<size_t>(wide_ctas_) + 1) {
         return absl::InternalError(absl::StrCat("cuda backend: a wide schedule of ",
-                                                plan.wide_sched.size(), " entries for ", ws_ctas_,
+                                                plan.wide_sched.size(), " entries for ", wide_ctas_,
                                                 " CTAs"));
       }
       m.plan.wide_sched = meta + l.sched;
-      m.plan.wide_ctas = ws_ctas_;
+      m.plan.wide_ctas = wide_ctas_;
     }
   }
 
