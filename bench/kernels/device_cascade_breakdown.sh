@@ -44,7 +44,8 @@ for r in rows[1:]:
 calls = []
 for name, us in launches:
     prev = calls[-1][-1][0] if calls else ""
-    joins = name.startswith("Merge") or (name.startswith("Split") and prev.startswith("PrefillWs"))
+    joins = name.startswith("Merge") or (
+        name.startswith(("Split", "DecodeWs")) and prev.startswith("PrefillWs"))
     if not calls or not joins:
         calls.append([])
     calls[-1].append((name, us))
