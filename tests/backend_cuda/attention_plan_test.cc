@@ -249,6 +249,21 @@ std::vector<Seq> Tree(int system, int context, int contexts, int queries, int bs
   return seqs;
 }
 
+// The kernel benchmark's shared-prefix case: 64 requests over one 4096-token prefix (blocks of
+// 16), each with 128 tokens of its own.
+std::vector<Seq> SharedPrefix() {
+  std::vector<Seq> prefix(64);
+  for (Seq& q : prefix) {
+    q.ctx = 4096 + 128;
+    for (int b = 0; b < 4096 / 16; ++b) q.blocks.push_back(b);
+  }
+  int next = 4096 / 16;
+  for (Seq& q : prefix) {
+    while (static_cast<int>(q.blocks.size()) * 16 < q.ctx) q.blocks.push_back(next++);
+  }
+  return prefix;
+}
+
 // Query lengths 1..150: rows end mid-block, mid-tile, on block and tile boundaries.
 std::vector<int> QueryLens(int n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -909,16 +924,7 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
     }
   }
   EXPECT_EQ(long_folds, 4) << "one per system chunk";
-  std::vector<Seq> prefix(64);
-  for (Seq& q : prefix) {
-    q.ctx = 4096 + 128;
-    for (int b = 0; b < 4096 / 16; ++b) q.blocks.push_back(b);
-  }
-  int next = 4096 / 16;
-  for (Seq& q : prefix) {
-    while (static_cast<int>(q.blocks.size()) * 16 < q.ctx) q.blocks.push_back(next++);
-  }
-  const Batch shared = MakeBatch(prefix);
+  const Batch shared = MakeBatch(SharedPrefix());
   const AttentionPlan runs = Plan(ws, shared);
   EXPECT_EQ(CheckPlan(ws, shared, runs), BruteForceShared(kQwen3, shared));
   ASSERT_GT(runs.num_wide, 0);
@@ -1069,16 +1075,7 @@ TEST(AttentionPlanTest, WideScheduleSplitsTheWorksIntoBalancedRanges) {
       EXPECT_GE(*std::max_element(snake.begin(), snake.end()), 60);
     }
   }
-  std::vector<Seq> prefix(64);
-  for (Seq& q : prefix) {
-    q.ctx = 4096 + 128;
-    for (int b = 0; b < 4096 / 16; ++b) q.blocks.push_back(b);
-  }
-  int next = 4096 / 16;
-  for (Seq& q : prefix) {
-    while (static_cast<int>(q.blocks.size()) * 16 < q.ctx) q.blocks.push_back(next++);
-  }
-  const Batch shared = MakeBatch(prefix);
+  const Batch shared = MakeBatch(SharedPrefix());
   ws.ws_ctas = 132;
   const AttentionPlan plan = Plan(ws, shared);
   EXPECT_EQ(CheckPlan(ws, shared, plan), BruteForceShared(kQwen3, shared));
