@@ -59,6 +59,21 @@ int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 // A shared tile as the plan reads it: (tile, the sorted rows that read it in one group).
 using SharedRead = std::pair<int, std::vector<int>>;
 
+// The cost of each range of the wide kernel's schedule (AttentionPlan::wide_sched): its works'
+// tiles + 3 each (WideWorkCost), work w being item w % num_wide.
+std::vector<int64_t> RangeCosts(const AttentionPlan& plan) {
+  std::vector<int64_t> out;
+  for (size_t c = 0; c + 1 < plan.wide_sched.size(); ++c) {
+    int64_t cost = 0;
+    for (int w = plan.wide_sched[c]; w < plan.wide_sched[c + 1]; ++w) {
+      const int32_t* it = &plan.split_items[static_cast<size_t>(w % plan.num_wide) * kItemFields];
+      cost += it[2] - it[1] + 3;
+    }
+    out.push_back(cost);
+  }
+  return out;
+}
+
 // Checks the structural invariants of `plan` for `b` and returns the shared reads (split items
 // of >= 2 rows, chunks of one group joined back by (tile, table offset)).
 std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
@@ -191,6 +206,29 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
   for (auto& [key, rows] : shared) {
     std::sort(rows.begin(), rows.end());
     if (rows.size() >= 2) reads.insert({key.first, rows});
+  }
+  // The wide kernel's schedule: one consecutive range of (item, kv head) works per CTA over
+  // every work, the busiest never below the even share nor a work above it.
+  const int sched_ctas = cfg.wide_ctas > 0 ? cfg.wide_ctas : cfg.ws_ctas;
+  if (plan.num_wide == 0 || sched_ctas == 0) {
+    EXPECT_TRUE(plan.wide_sched.empty());
+  } else if (plan.wide_sched.size() != static_cast<size_t>(sched_ctas) + 1) {
+    ADD_FAILURE() << "wide_sched of " << plan.wide_sched.size() << " for " << sched_ctas << " CTAs";
+  } else {
+    EXPECT_EQ(plan.wide_sched.front(), 0);
+    EXPECT_EQ(plan.wide_sched.back(), plan.num_wide * cfg.num_kv_heads);
+    EXPECT_TRUE(std::is_sorted(plan.wide_sched.begin(), plan.wide_sched.end()));
+    const std::vector<int64_t> costs = RangeCosts(plan);
+    const int64_t total = std::accumulate(costs.begin(), costs.end(), int64_t{0});
+    const int64_t busiest = *std::max_element(costs.begin(), costs.end());
+    int64_t costliest = 0;
+    for (int i = 0; i < plan.num_wide; ++i) {
+      const int32_t* it = &plan.split_items[static_cast<size_t>(i) * kItemFields];
+      costliest = std::max<int64_t>(costliest, it[2] - it[1] + 3);
+    }
+    const int64_t share = (total + sched_ctas - 1) / sched_ctas;
+    EXPECT_GE(busiest, std::max(costliest, share));
+    EXPECT_LT(busiest, share + costliest);
   }
   return reads;
 }
@@ -439,6 +477,10 @@ TEST(AttentionPlanTest, RandomForestsMatchBruteForceUnderEveryShape) {
     cfg.wide_rows = 128 / (cfg.num_q_heads / cfg.num_kv_heads);  // wide cascade items
     const AttentionPlan wide = Plan(cfg, b);
     EXPECT_EQ(CheckPlan(cfg, b, wide), reads) << "wide items";
+    cfg.ws_ctas = 1 + static_cast<int>(rng() % 200);  // and their schedule (CheckPlan)
+    const AttentionPlan scheduled = Plan(cfg, b);
+    EXPECT_EQ(CheckPlan(cfg, b, scheduled), reads) << "wide items on " << cfg.ws_ctas << " SMs";
+    cfg.ws_ctas = 0;
     cfg.wide_rows = 0;
     cfg.grouping = CascadeGrouping::kLeadingTiles;
     const AttentionPlan leading = Plan(cfg, b);
@@ -1017,19 +1059,6 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
 // (32 fold works of 32 tiles, 1024 one-tile works) no range costs more than 43 against a lower
 // bound of 40 (5216 over 132 SMs), where the kernel's own snake over the same works gave the SMs
 // with a fold run ~7 one-tile works on top (63); the shared prefix's busiest range costs 16.
-std::vector<int64_t> RangeCosts(const AttentionPlan& plan) {
-  std::vector<int64_t> out;
-  for (size_t c = 0; c + 1 < plan.wide_sched.size(); ++c) {
-    int64_t cost = 0;
-    for (int w = plan.wide_sched[c]; w < plan.wide_sched[c + 1]; ++w) {
-      const int32_t* it = &plan.split_items[static_cast<size_t>(w % plan.num_wide) * kItemFields];
-      cost += it[2] - it[1] + 3;
-    }
-    out.push_back(cost);
-  }
-  return out;
-}
-
 TEST(AttentionPlanTest, WideScheduleSplitsTheWorksIntoBalancedRanges) {
   const Batch tree = MakeBatch(Tree(2048, 1024, 8, 32, 16, QueryLens(256, 1)));
   AttentionConfig ws = kQwen3;
@@ -1040,22 +1069,10 @@ TEST(AttentionPlanTest, WideScheduleSplitsTheWorksIntoBalancedRanges) {
     const AttentionPlan plan = Plan(ws, tree);
     EXPECT_EQ(CheckPlan(ws, tree, plan), BruteForceShared(kQwen3, tree));
     ASSERT_GT(plan.num_wide, 0);
-    ASSERT_EQ(plan.wide_sched.size(), static_cast<size_t>(ctas) + 1);
-    EXPECT_EQ(plan.wide_sched.front(), 0);
-    EXPECT_EQ(plan.wide_sched.back(), plan.num_wide * ws.num_kv_heads);
-    EXPECT_TRUE(std::is_sorted(plan.wide_sched.begin(), plan.wide_sched.end()));
+    ASSERT_EQ(plan.wide_sched.size(), static_cast<size_t>(ctas) + 1);  // (and CheckPlan's checks)
     const std::vector<int64_t> costs = RangeCosts(plan);
     const int64_t total = std::accumulate(costs.begin(), costs.end(), int64_t{0});
     const int64_t busiest = *std::max_element(costs.begin(), costs.end());
-    // Never below the even share, and less than a work above it (the least bound that fits
-    // is at most the share plus the costliest work, less one).
-    int64_t costliest = 0;
-    for (int i = 0; i < plan.num_wide; ++i) {
-      const int32_t* it = &plan.split_items[static_cast<size_t>(i) * kItemFields];
-      costliest = std::max<int64_t>(costliest, it[2] - it[1] + 3);
-    }
-    EXPECT_GE(busiest, std::max<int64_t>(costliest, (total + ctas - 1) / ctas));
-    EXPECT_LT(busiest, (total + ctas - 1) / ctas + costliest);
     if (ctas == 132) {  // (with other SM counts the fold runs differ: WideFoldRun)
       EXPECT_EQ(total, 8 * (4 * 35 + 128 * 4));
       EXPECT_LE(busiest, 43);

@@ -104,7 +104,10 @@ std::vector<int32_t> PartitionWorks(const std::vector<int64_t>& cost, int ranges
     }
     return used;
   };
-  int64_t lo = std::max(most, CeilDiv64(total, std::max(1, ranges))), hi = std::max(lo, total);
+  // The least bound lies in [lo, lo + most]: with the even share plus the costliest work every
+  // range a greedy fill closes holds at least the share (checked, else up to the total).
+  int64_t lo = std::max(most, CeilDiv64(total, std::max(1, ranges))), hi = lo + most;
+  if (fill(hi, nullptr) > ranges) hi = std::max(lo, total);
   while (lo < hi) {  // the least bound that fits
     const int64_t mid = lo + (hi - lo) / 2;
     if (fill(mid, nullptr) <= ranges) {
