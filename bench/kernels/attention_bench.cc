@@ -13,8 +13,8 @@
 //   [--tree=NAME (only the three-level tree's every-tile row of that configuration: default,
 //   nofold, ownsmem, lead32, super, ...; for a profiler)]
 //   [--trace=FILE (with --tree: the wide kernel's per-work timeline of that row's last launch
-//   into FILE, for bench/kernels/ws_trace.py; needs a build configured with
-//   -DCASCADE_WS_TRACE=ON)]
+//   into FILE, the persistent decode kernel's into FILE.dw, for bench/kernels/ws_trace.py
+//   (--dw); needs a build configured with -DCASCADE_WS_TRACE=ON)]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -229,63 +229,79 @@ int g_super = 0;  // --super=G: the " super" rows' super-tile size (0: SuperTile
 std::string g_tree_only;
 std::string g_trace_path;  // --trace=FILE
 
-// The per-work timeline (--trace; launchers.h SetWsTrace): room for kTraceWorks works of
-// kTraceSlots stamps, then 4 stamps a CTA (clock64 and globaltimer at its start and end).
+// The per-work timelines (--trace; launchers.h SetWsTrace, SetDwTrace): for the wide kernel and
+// for the persistent decode kernel, each room for kTraceWorks works of kTraceSlots stamps, then 4
+// stamps a CTA (clock64 and globaltimer at its start and end).
 constexpr int kTraceWorks = 1 << 16, kTraceSlots = 16, kTraceCtas = 1024;
 class WsTrace {
  public:
   // Starts the stamps; exits with status 2 where the library stamps nothing.
   WsTrace() {
-    auto b = DeviceBuffer::Allocate(kWords * sizeof(uint64_t));
-    CHECK_OK(b.status());
-    buf_ = std::move(*b);
-    CHECK_OK(FillBytes(buf_.data(), 0, kWords * sizeof(uint64_t)));
-    if (internal::SetWsTrace(static_cast<uint64_t*>(buf_.data()), kTraceWorks) != cudaSuccess) {
+    for (DeviceBuffer* buf : {&ws_, &dw_}) {
+      auto b = DeviceBuffer::Allocate(kWords * sizeof(uint64_t));
+      CHECK_OK(b.status());
+      *buf = std::move(*b);
+      CHECK_OK(FillBytes(buf->data(), 0, kWords * sizeof(uint64_t)));
+    }
+    if (internal::SetWsTrace(static_cast<uint64_t*>(ws_.data()), kTraceWorks) != cudaSuccess ||
+        internal::SetDwTrace(static_cast<uint64_t*>(dw_.data()), kTraceWorks) != cudaSuccess) {
       std::fprintf(stderr,
                    "--trace: this build stamps no timeline; configure it with "
                    "-DCASCADE_WS_TRACE=ON (bench/kernels/device_ws_trace.sh does)\n");
       std::exit(2);
     }
   }
-  // Stops the stamps and writes what the last launch left: "cta,c0,t0,c1,t1" lines (clock64 and
-  // globaltimer ns at the CTA's start and end), then "work,meta,s0..s14" (ws_trace.py reads it).
+  // Stops the stamps and writes what the last launches left: the wide kernel's to `path`, the
+  // persistent decode kernel's to `path`.dw (where it ran), each as "cta,c0,t0,c1,t1" lines
+  // (clock64 and globaltimer ns at the CTA's start and end), then "work,meta,s0..s14"
+  // (ws_trace.py reads them; --dw for the second).
   void Write(const std::string& path) {
-    if (internal::SetWsTrace(nullptr, 0) != cudaSuccess) std::exit(2);
-    std::vector<uint64_t> h(kWords);
-    CHECK_OK(CopyToHost(h.data(), buf_.data(), kWords * sizeof(uint64_t)));
-    FILE* f = std::fopen(path.c_str(), "w");
-    if (f == nullptr) {
-      std::fprintf(stderr, "--trace=%s: cannot write it\n", path.c_str());
+    if (internal::SetWsTrace(nullptr, 0) != cudaSuccess ||
+        internal::SetDwTrace(nullptr, 0) != cudaSuccess) {
       std::exit(2);
     }
+    WriteOne(ws_, path);
+    WriteOne(dw_, path + ".dw");
+  }
+
+ private:
+  static void WriteOne(const DeviceBuffer& buf, const std::string& path) {
+    std::vector<uint64_t> h(kWords);
+    CHECK_OK(CopyToHost(h.data(), buf.data(), kWords * sizeof(uint64_t)));
     int ctas = 0, works = 0;
+    std::string out;
+    char line[256];
     const uint64_t* cta = h.data() + static_cast<size_t>(kTraceWorks) * kTraceSlots;
     for (int c = 0; c < kTraceCtas; ++c, cta += 4) {
       if (cta[0] == 0) continue;
-      std::fprintf(f, "cta,%d,%llu,%llu,%llu,%llu\n", c, static_cast<unsigned long long>(cta[0]),
-                   static_cast<unsigned long long>(cta[1]), static_cast<unsigned long long>(cta[2]),
-                   static_cast<unsigned long long>(cta[3]));
+      std::snprintf(
+          line, sizeof(line), "cta,%d,%llu,%llu,%llu,%llu\n", c,
+          static_cast<unsigned long long>(cta[0]), static_cast<unsigned long long>(cta[1]),
+          static_cast<unsigned long long>(cta[2]), static_cast<unsigned long long>(cta[3]));
+      out += line;
       ++ctas;
     }
     for (int w = 0; w < kTraceWorks; ++w) {
       const uint64_t* s = h.data() + static_cast<size_t>(w) * kTraceSlots;
       if (s[kTraceSlots - 1] == 0 && s[0] == 0) continue;
-      std::fprintf(f, "work,%d", w);
-      std::fprintf(f, ",%llu", static_cast<unsigned long long>(s[kTraceSlots - 1]));  // meta
-      for (int i = 0; i < kTraceSlots - 1; ++i) {
-        std::fprintf(f, ",%llu", static_cast<unsigned long long>(s[i]));
-      }
-      std::fprintf(f, "\n");
+      out += "work," + std::to_string(w) + "," + std::to_string(s[kTraceSlots - 1]);  // meta
+      for (int i = 0; i < kTraceSlots - 1; ++i) out += "," + std::to_string(s[i]);
+      out += "\n";
       ++works;
     }
+    if (ctas == 0 && works == 0) return;  // (the kernel did not run)
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "--trace=%s: cannot write it\n", path.c_str());
+      std::exit(2);
+    }
+    std::fputs(out.c_str(), f);
     std::fclose(f);
     std::printf("    trace: %d works on %d CTAs in %s\n", works, ctas, path.c_str());
   }
-
- private:
   static constexpr size_t kWords =
       static_cast<size_t>(kTraceWorks) * kTraceSlots + static_cast<size_t>(kTraceCtas) * 4;
-  DeviceBuffer buf_;
+  DeviceBuffer ws_, dw_;
 };
 
 int Main(bool quick, bool cascade_only, bool prefill_only) {

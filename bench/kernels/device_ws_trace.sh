@@ -4,7 +4,7 @@
 # -DCASCADE_WS_TRACE=ON); runs every GPU bitwise test binary on the product build; then for each
 # tree configuration of TREES (default "default nofold"; names as cuda_attention_bench --tree)
 # times the row on every build and prints bench/kernels/ws_trace.py's report of each trace
-# build's last launch.
+# build's last launch (and, with --dw, the persistent decode kernel's that followed it).
 # ALT_SRC="dir [dir ...]" (other source trees carried with the call, e.g. main plus a patch:
 # `mkdir alt_src && git archive HEAD | tar -x -C alt_src && (cd alt_src && patch -p1 < PATCH)`,
 # carry [".devdeps", "alt_src", ...]): the same for each (build-alt<i>, build-alt<i>-trace; test
@@ -80,6 +80,11 @@ for t in ${TREES:-default nofold}; do
     timeout 90 "$b"/bench/cuda_attention_bench --tree="$t" --trace="$OUT/trace_${t}_$b.csv" 2>&1 |
       grep -E "tree|trace" | tee -a "$OUT/trace_rows.log"
     python3 bench/kernels/ws_trace.py "$OUT/trace_${t}_$b.csv" | tee "$OUT/trace_${t}_$b.txt"
+    if [ -f "$OUT/trace_${t}_$b.csv.dw" ]; then  # the persistent decode kernel's (own tiles)
+      echo "== tree $t: $b, persistent decode kernel"
+      python3 bench/kernels/ws_trace.py --dw "$OUT/trace_${t}_$b.csv.dw" |
+        tee "$OUT/trace_${t}_$b.dw.txt"
+    fi
   done
 done
 for r in ${EXTRA_ROWS:-}; do

@@ -11,7 +11,14 @@ Prints, per kind of work (tiles and q-rows), the median and mean in microseconds
 below, and over all CTAs the share of consumer warpgroup 0's time spent waiting for its item,
 in its tile loop, storing, and between works.
 
+With --dw, FILE is the persistent decode kernel's timeline (FILE.dw beside the wide kernel's:
+attention_hopper.cuh DwTraceSlot; meta cta | consumer << 12 | j << 13 | tiles << 32 | q-rows <<
+48): per kind of work the item warp's take, rows and Q intervals and the consumer's work, and
+over all consumers the share of their time spent working, waiting between works, and before
+the first and after the last.
+
   python3 bench/kernels/ws_trace.py FILE
+  python3 bench/kernels/ws_trace.py --dw FILE.dw
   python3 bench/kernels/ws_trace.py --self-test
 """
 import statistics
@@ -176,9 +183,128 @@ def self_test():
     return 0
 
 
+# The persistent decode kernel's slots (attention_hopper.cuh DwTraceSlot), in file order.
+DW_SLOTS = ["take", "taken", "rows", "full", "start", "stored"]
+DW_INTERVALS = [
+    ("item: take (buffer free -> index known)", "taken", "take"),
+    ("item: index -> positions read", "rows", "taken"),
+    ("item: positions -> Q landed", "full", "rows"),
+    ("item: gather (buffer free -> Q landed)", "full", "take"),
+    ("consumer: Q landed -> work started", "start", "full"),
+    ("consumer: work (tiles and stores)", "stored", "start"),
+]
+
+
+def parse_dw(lines):
+    """Returns ({cta: (clock0, ns0, clock1, ns1)}, [work dicts]) of a DecodeWsKernel trace."""
+    ctas, works = {}, []
+    for line in lines:
+        f = line.strip().split(",")
+        if not f or not f[0]:
+            continue
+        if f[0] == "cta":
+            ctas[int(f[1])] = tuple(int(x) for x in f[2:6])
+        elif f[0] == "work":
+            meta = int(f[2])
+            stamps = dict(zip(DW_SLOTS, (int(x) for x in f[3:3 + len(DW_SLOTS)])))
+            works.append({
+                "w": int(f[1]), "cta": meta & 0xFFF, "c": (meta >> 12) & 1,
+                "j": (meta >> 13) & 0x7FFFF, "tiles": (meta >> 32) & 0xFFFF,
+                "q": (meta >> 48) & 0xFFF, **stamps,
+            })
+    return ctas, works
+
+
+def analyze_dw(ctas, works):
+    """Returns (per-kind {label: [us]}, per-kind counts, consumer time shares, cycles per us)."""
+    rate = {}
+    for c, (c0, t0, c1, t1) in ctas.items():
+        if t1 > t0 and c1 > c0:
+            rate[c] = (c1 - c0) / ((t1 - t0) / 1000.0)
+    by_kind = defaultdict(lambda: defaultdict(list))
+    counts = defaultdict(int)
+    shares = defaultdict(float)
+    per_consumer = defaultdict(list)
+    for w in works:
+        r = rate.get(w["cta"])
+        if r is None or any(w[s] == 0 for s in DW_SLOTS):
+            continue
+        k = "%d tile%s, %d q-rows" % (w["tiles"], "" if w["tiles"] == 1 else "s", w["q"])
+        counts[k] += 1
+        for label, later, earlier in DW_INTERVALS:
+            by_kind[k][label].append((w[later] - w[earlier]) / r)
+        per_consumer[(w["cta"], w["c"])].append(w)
+    for (c, _), ws in per_consumer.items():
+        r = rate[c]
+        ws.sort(key=lambda w: w["j"])
+        c0, _, c1, _ = ctas[c]
+        shares["working"] += sum(w["stored"] - w["start"] for w in ws) / r
+        shares["between works"] += sum(b["start"] - a["stored"] for a, b in zip(ws, ws[1:])) / r
+        shares["before the first work"] += (ws[0]["start"] - c0) / r
+        shares["after the last work"] += (c1 - ws[-1]["stored"]) / r
+    return by_kind, counts, shares, rate
+
+
+def report_dw(ctas, works, out=sys.stdout):
+    by_kind, counts, shares, rate = analyze_dw(ctas, works)
+    if not counts:
+        print("ws_trace --dw: no complete work in the trace", file=out)
+        return 1
+    spans = sorted((c1 - c0) / rate[c] for c, (c0, _, c1, _) in ctas.items() if c in rate)
+    print("%d CTAs, %d works; CTA span median %.1f us, max %.1f us" %
+          (len(rate), sum(counts.values()), statistics.median(spans), spans[-1]), file=out)
+    kinds = sorted(counts, key=lambda k: -counts[k])[:4]
+    print("\n%-42s" % "interval (us, median / mean)" +
+          "".join(" %22s" % ("%s (%d)" % (k, counts[k])) for k in kinds), file=out)
+    for label, _, _ in DW_INTERVALS:
+        cells = []
+        for k in kinds:
+            v = by_kind[k][label]
+            cells.append(" %22s" % ("%7.2f / %7.2f" % (statistics.median(v), statistics.mean(v))))
+        print("%-42s%s" % (label, "".join(cells)), file=out)
+    total = sum(shares.values())
+    print("\nconsumers' time over all CTAs (%.1f us):" % total, file=out)
+    for name, v in shares.items():
+        print("  %-24s %5.1f%%" % (name, 100.0 * v / total), file=out)
+    return 0
+
+
+def self_test_dw():
+    """A hand-made DecodeWsKernel trace: one CTA at 1000 cycles per us, its two consumers."""
+    lines = ["cta,0,1000,0,21000,20000"]
+
+    def work(w, c, j, tiles, base, loop):
+        meta = c << 12 | j << 13 | tiles << 32 | 2 << 48
+        s = {"take": base, "taken": base + 500, "rows": base + 1500, "full": base + 2000,
+             "start": base + 2500, "stored": base + 2500 + loop}
+        return "work,%d,%d,%s" % (w, meta, ",".join(str(s[k]) for k in DW_SLOTS))
+
+    lines.append(work(0, 0, 0, 1, 1000, 3000))   # consumer 0: 3.5 -> 6.5 us
+    lines.append(work(1, 0, 1, 1, 6000, 3000))   # consumer 0: 8.5 -> 11.5 (2 us between)
+    lines.append(work(2, 1, 0, 2, 1000, 5000))   # consumer 1: 3.5 -> 8.5
+    ctas, works = parse_dw(lines)
+    by_kind, counts, shares, rate = analyze_dw(ctas, works)
+    assert counts == {"1 tile, 2 q-rows": 2, "2 tiles, 2 q-rows": 1}, counts
+    one = by_kind["1 tile, 2 q-rows"]
+    assert one["item: take (buffer free -> index known)"] == [0.5, 0.5], one
+    assert one["item: gather (buffer free -> Q landed)"] == [2.0, 2.0], one
+    assert one["consumer: work (tiles and stores)"] == [3.0, 3.0], one
+    assert abs(shares["working"] - 11.0) < 1e-9, shares
+    assert abs(shares["between works"] - 2.0) < 1e-9, shares
+    assert abs(shares["before the first work"] - 5.0) < 1e-9, shares   # 2.5 us each
+    assert abs(shares["after the last work"] - 22.0) < 1e-9, shares     # 9.5 + 12.5
+    assert report_dw(ctas, works, out=open("/dev/null", "w")) == 0
+    assert report_dw({}, [], out=open("/dev/null", "w")) == 1
+
+
 def main(argv):
     if len(argv) == 2 and argv[1] == "--self-test":
+        self_test_dw()
         return self_test()
+    if len(argv) == 3 and argv[1] == "--dw":
+        with open(argv[2]) as f:
+            ctas, works = parse_dw(f)
+        return report_dw(ctas, works)
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2

@@ -1596,6 +1596,17 @@ cudaError_t SetWsTrace(uint64_t* trace, int works) {
   return cudaErrorNotSupported;
 #endif
 }
+cudaError_t SetDwTrace(uint64_t* trace, int works) {
+#if defined(CASCADE_WS_TRACE)
+  cudaError_t err = cudaMemcpyToSymbol(g_dw_trace, &trace, sizeof(trace));
+  if (err == cudaSuccess) err = cudaMemcpyToSymbol(g_dw_trace_works, &works, sizeof(works));
+  return err;
+#else
+  (void)trace;
+  (void)works;
+  return cudaErrorNotSupported;
+#endif
+}
 
 // Compute capability 9.0 (H100, H200) runs this library's sm_90a machine code; newer GPUs run the
 // compute_90 PTX, which has no wgmma.

@@ -1171,6 +1171,38 @@ constexpr int kDwItemBufs = 3;
 constexpr int kDwShortTiles = 8;
 constexpr size_t kDwSmemBytes = 1024 + 2 * (kDwItemBufs * kDwQBytes + 2 * kDwStages * kWgTileBytes);
 
+// DecodeWsKernel's per-work timeline (bench only, as PrefillWsKernel's: builds configured with
+// -DCASCADE_WS_TRACE=ON, `cuda_attention_bench --trace`, bench/kernels/ws_trace.py --dw): lane 0
+// of consumer c's item warp and of its row warp stamp clock64 at the points below into work w's
+// kWsTraceSlots slots of g_dw_trace, each CTA its clock64 and globaltimer at its start and end.
+#if defined(CASCADE_WS_TRACE)
+enum DwTraceSlot {
+  kDwTrTake,                      // item warp: its buffer free, about to take a work
+  kDwTrTaken,                     // ... the work's index known (the counter answered)
+  kDwTrRows,                      // ... the work's rows' positions read (its Q copies in flight)
+  kDwTrFull,                      // ... its Q rows landed: item_full arrival
+  kDwTrStart,                     // consumer (row warp): the work is there
+  kDwTrStored,                    // ... its tiles folded and its partials or rows stored
+  kDwTrMeta = kWsTraceSlots - 1,  // cta | c << 12 | j << 13 | tiles << 32 | q-rows << 48 | fold
+};
+__device__ uint64_t* g_dw_trace = nullptr;
+__device__ int g_dw_trace_works = 0;
+__device__ __forceinline__ void DwStamp(int w, int slot, uint64_t v) {
+  if (g_dw_trace != nullptr && w < g_dw_trace_works) {
+    g_dw_trace[static_cast<int64_t>(w) * kWsTraceSlots + slot] = v;
+  }
+}
+__device__ __forceinline__ void DwStampCta(int slot, uint64_t v) {
+  if (g_dw_trace != nullptr) {
+    g_dw_trace[static_cast<int64_t>(g_dw_trace_works) * kWsTraceSlots + blockIdx.x * 4 + slot] = v;
+  }
+}
+#define DW_STAMP(lane, w, slot) \
+  if ((lane) == 0) DwStamp((w), (slot), static_cast<uint64_t>(clock64()))
+#else
+#define DW_STAMP(lane, w, slot) ((void)0)
+#endif
+
 // An item as its item warp leaves it in shared memory for the load warp and the consumer.
 struct DwItem {
   int work;  // the (item, kv head) work (item * kv heads + kv head); -1: no more (the walk ends)
@@ -1208,6 +1240,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   } else {
     WaitForPriorGrids();
   }
+#if defined(CASCADE_WS_TRACE)
+  if (threadIdx.x == 0) {
+    DwStampCta(0, static_cast<uint64_t>(clock64()));
+    DwStampCta(1, GlobalTimer());
+  }
+#endif
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ DwShared sh;
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -1287,6 +1325,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           const int f = one_ahead ? j - 2 : j - 3;  // the work to finish
           MbarWait(bar(sh.item_empty[c][f % kDwItemBufs]), (f / kDwItemBufs) & 1);
         }
+#if defined(CASCADE_WS_TRACE)
+        const uint64_t t_take = clock64();
+#endif
         DwItem& d = sh.item[c][b];
         // The first three rounds of works are dealt out without the counter, one work per
         // consumer a round, consumer 0 of every CTA first (so that a step of fewer works than
@@ -1313,6 +1354,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           }
           break;
         }
+#if defined(CASCADE_WS_TRACE)
+        if (lane == 0) DwStamp(w, kDwTrTake, t_take);
+        DW_STAMP(lane, w, kDwTrTaken);
+#endif
         const int item = w / hkv, kvh = w % hkv;
         const int32_t* it = k.items + static_cast<int64_t>(item) * kItemFields;
         const int table_offset = it[0], tile_begin = it[1], ntiles = it[2] - it[1];
@@ -1331,6 +1376,17 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           d.row[lane] = row;
           d.pos[lane] = lane < nq ? a.positions[row] : -1;
         }
+#if defined(CASCADE_WS_TRACE)  // (lane 0 stored its position: it arrived)
+        DW_STAMP(lane, w, kDwTrRows);
+        if (lane == 0) {
+          DwStamp(w, kDwTrMeta,
+                  blockIdx.x | static_cast<uint64_t>(c) << 12 |
+                      static_cast<uint64_t>(j & 0x7ffff) << 13 |
+                      static_cast<uint64_t>(ntiles & 0xffff) << 32 |
+                      static_cast<uint64_t>(nq & 0xfff) << 48 |
+                      static_cast<uint64_t>(it[6] & 0xf) << 60);
+        }
+#endif
         if (lane < kT / 16) {
           d.first_row[lane] =
               WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, 0);
@@ -1347,6 +1403,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         CpAsyncWait<0>();
         FenceProxyAsync();  // the Q rows are read by wgmma (the async proxy)
         __syncwarp();
+        DW_STAMP(lane, w, kDwTrFull);
         if (lane == 0) MbarArrive(bar(sh.item_full[c][b]));
       }
     } else {  // load warp of consumer c
@@ -1381,6 +1438,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const bool row_warp = cw == 2 + c;
     const int unit = kSuper ? k.super_tiles : 1;  // tiles per partial slot
     walk_items(c, [&](const DwItem& d, int w, int n, int b, int ntiles) {
+      if (row_warp) DW_STAMP(lane, w, kDwTrStart);
       const int tile_begin = d.tile_begin, nq = d.nq, fold = d.fold;
       const int pos[2] = {row_warp ? d.pos[lane >> 2] : -1, -1};  // -1 past nq
       int lo = INT_MAX, hi = -1;
@@ -1425,7 +1483,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         }
         t0 = t1;
       }
+      if (row_warp) DW_STAMP(lane, w, kDwTrStored);
     });
+#if defined(CASCADE_WS_TRACE)  // the CTA's end: its later consumer's
+    if (row_warp && lane == 0 && g_dw_trace != nullptr) {
+      auto* cta = reinterpret_cast<unsigned long long*>(
+          g_dw_trace + static_cast<int64_t>(g_dw_trace_works) * kWsTraceSlots + blockIdx.x * 4);
+      atomicMax(cta + 2, static_cast<unsigned long long>(clock64()));
+      atomicMax(cta + 3, static_cast<unsigned long long>(GlobalTimer()));
+    }
+#endif
   }
   if (k.after_wide) WaitForPriorGrid();  // for the merge: the wide kernel's partials
 #else

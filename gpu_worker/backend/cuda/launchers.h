@@ -113,5 +113,8 @@ void SetPrefillWsCtas(int ctas);
 // `works` x 16 stamps and then 4 per CTA; nullptr stops it. cudaErrorNotSupported unless the
 // library was built with -DCASCADE_WS_TRACE=ON (the product build stamps nothing).
 cudaError_t SetWsTrace(uint64_t* trace, int works);
+// Benchmarks only: the same for the persistent decode kernel (DecodeWsKernel; attention_hopper.cuh
+// DwTraceSlot), in the same layout.
+cudaError_t SetDwTrace(uint64_t* trace, int works);
 
 }  // namespace cascade::cuda::internal
