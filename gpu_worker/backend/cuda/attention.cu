@@ -1585,28 +1585,23 @@ void SetSplitVariant(int variant) { g_split_variant = variant; }
 void SetSplitOverlapsWide(bool on) { g_split_overlap_wide = on; }
 void SetDecodeWsCtas(int ctas) { g_decode_ws_ctas = ctas; }
 void SetPrefillWsCtas(int ctas) { g_prefill_ws_ctas = ctas; }
-cudaError_t SetWsTrace(uint64_t* trace, int works) {
+namespace {
+// The timeline of the persistent prefill kernel (decode: false) or the persistent decode kernel.
+cudaError_t SetTrace(bool decode, uint64_t* trace, int works) {
 #if defined(CASCADE_WS_TRACE)
-  cudaError_t err = cudaMemcpyToSymbol(g_ws_trace, &trace, sizeof(trace));
-  if (err == cudaSuccess) err = cudaMemcpyToSymbol(g_ws_trace_works, &works, sizeof(works));
-  return err;
+  const TraceBuf buf{trace, works};
+  return decode ? cudaMemcpyToSymbol(g_dw_trace, &buf, sizeof(buf))
+                : cudaMemcpyToSymbol(g_ws_trace, &buf, sizeof(buf));
 #else
+  (void)decode;
   (void)trace;
   (void)works;
   return cudaErrorNotSupported;
 #endif
 }
-cudaError_t SetDwTrace(uint64_t* trace, int works) {
-#if defined(CASCADE_WS_TRACE)
-  cudaError_t err = cudaMemcpyToSymbol(g_dw_trace, &trace, sizeof(trace));
-  if (err == cudaSuccess) err = cudaMemcpyToSymbol(g_dw_trace_works, &works, sizeof(works));
-  return err;
-#else
-  (void)trace;
-  (void)works;
-  return cudaErrorNotSupported;
-#endif
-}
+}  // namespace
+cudaError_t SetWsTrace(uint64_t* trace, int works) { return SetTrace(false, trace, works); }
+cudaError_t SetDwTrace(uint64_t* trace, int works) { return SetTrace(true, trace, works); }
 
 // Compute capability 9.0 (H100, H200) runs this library's sm_90a machine code; newer GPUs run the
 // compute_90 PTX, which has no wgmma.

@@ -856,23 +856,32 @@ enum WsTraceSlot {
   kTrMeta,         // cta | j << 12 | ntiles << 32 | q-rows << 48 | fold << 60 (item warp 0)
   kWsTraceSlots
 };
-__device__ uint64_t* g_ws_trace = nullptr;  // [works][slots], then [CTAs][4]
-__device__ int g_ws_trace_works = 0;
+// A kernel's timeline buffer (SetWsTrace, SetDwTrace): [works][kWsTraceSlots] stamps, then 4 a
+// CTA; stamps == nullptr: none.
+struct TraceBuf {
+  uint64_t* stamps;
+  int works;
+  __device__ __forceinline__ void Stamp(int w, int slot, uint64_t v) const {
+    if (stamps != nullptr && w < works) stamps[static_cast<int64_t>(w) * kWsTraceSlots + slot] = v;
+  }
+  // This CTA's 4 stamps (clock64 and globaltimer at its start and end).
+  __device__ __forceinline__ uint64_t* Cta() const {
+    return stamps + static_cast<int64_t>(works) * kWsTraceSlots + blockIdx.x * 4;
+  }
+  __device__ __forceinline__ void StampCta(int slot, uint64_t v) const {
+    if (stamps != nullptr) Cta()[slot] = v;
+  }
+};
+__device__ TraceBuf g_ws_trace = {nullptr, 0};
 __device__ __forceinline__ uint64_t GlobalTimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
 __device__ __forceinline__ void PwStamp(int w, int slot, uint64_t v) {
-  if (g_ws_trace != nullptr && w < g_ws_trace_works) {
-    g_ws_trace[static_cast<int64_t>(w) * kWsTraceSlots + slot] = v;
-  }
+  g_ws_trace.Stamp(w, slot, v);
 }
-__device__ __forceinline__ void PwStampCta(int slot, uint64_t v) {
-  if (g_ws_trace != nullptr) {
-    g_ws_trace[static_cast<int64_t>(g_ws_trace_works) * kWsTraceSlots + blockIdx.x * 4 + slot] = v;
-  }
-}
+__device__ __forceinline__ void PwStampCta(int slot, uint64_t v) { g_ws_trace.StampCta(slot, v); }
 #define PW_STAMP(lane, w, slot) \
   if ((lane) == 0) PwStamp((w), (slot), static_cast<uint64_t>(clock64()))
 #else
@@ -1185,18 +1194,11 @@ enum DwTraceSlot {
   kDwTrStored,                    // ... its tiles folded and its partials or rows stored
   kDwTrMeta = kWsTraceSlots - 1,  // cta | c << 12 | j << 13 | tiles << 32 | q-rows << 48 | fold
 };
-__device__ uint64_t* g_dw_trace = nullptr;
-__device__ int g_dw_trace_works = 0;
+__device__ TraceBuf g_dw_trace = {nullptr, 0};
 __device__ __forceinline__ void DwStamp(int w, int slot, uint64_t v) {
-  if (g_dw_trace != nullptr && w < g_dw_trace_works) {
-    g_dw_trace[static_cast<int64_t>(w) * kWsTraceSlots + slot] = v;
-  }
+  g_dw_trace.Stamp(w, slot, v);
 }
-__device__ __forceinline__ void DwStampCta(int slot, uint64_t v) {
-  if (g_dw_trace != nullptr) {
-    g_dw_trace[static_cast<int64_t>(g_dw_trace_works) * kWsTraceSlots + blockIdx.x * 4 + slot] = v;
-  }
-}
+__device__ __forceinline__ void DwStampCta(int slot, uint64_t v) { g_dw_trace.StampCta(slot, v); }
 #define DW_STAMP(lane, w, slot) \
   if ((lane) == 0) DwStamp((w), (slot), static_cast<uint64_t>(clock64()))
 #else
@@ -1486,9 +1488,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (row_warp) DW_STAMP(lane, w, kDwTrStored);
     });
 #if defined(CASCADE_WS_TRACE)  // the CTA's end: its later consumer's
-    if (row_warp && lane == 0 && g_dw_trace != nullptr) {
-      auto* cta = reinterpret_cast<unsigned long long*>(
-          g_dw_trace + static_cast<int64_t>(g_dw_trace_works) * kWsTraceSlots + blockIdx.x * 4);
+    if (row_warp && lane == 0 && g_dw_trace.stamps != nullptr) {
+      auto* cta = reinterpret_cast<unsigned long long*>(g_dw_trace.Cta());
       atomicMax(cta + 2, static_cast<unsigned long long>(clock64()));
       atomicMax(cta + 3, static_cast<unsigned long long>(GlobalTimer()));
     }
