@@ -49,8 +49,9 @@ INTERVALS = [
 ]
 
 
-def parse(lines):
-    """Returns ({cta: (clock0, ns0, clock1, ns1)}, [work dicts])."""
+def parse_trace(lines, slots, fields):
+    """Returns ({cta: (clock0, ns0, clock1, ns1)}, [work dicts]): each work's stamps named by
+    `slots`, and fields(meta) for its meta word."""
     ctas, works = {}, []
     for line in lines:
         f = line.strip().split(",")
@@ -59,14 +60,56 @@ def parse(lines):
         if f[0] == "cta":
             ctas[int(f[1])] = tuple(int(x) for x in f[2:6])
         elif f[0] == "work":
-            meta = int(f[2])
-            stamps = dict(zip(SLOTS, (int(x) for x in f[3:3 + len(SLOTS)])))
-            works.append({
-                "w": int(f[1]), "cta": meta & 0xFFF, "j": (meta >> 12) & 0xFFFFF,
-                "tiles": (meta >> 32) & 0xFFFF, "q": (meta >> 48) & 0xFFF, "fold": meta >> 60,
-                **stamps,
-            })
+            stamps = dict(zip(slots, (int(x) for x in f[3:3 + len(slots)])))
+            works.append({"w": int(f[1]), **fields(int(f[2])), **stamps})
     return ctas, works
+
+
+def parse(lines):
+    """Returns ({cta: (clock0, ns0, clock1, ns1)}, [work dicts]) of the wide kernel's trace."""
+    return parse_trace(lines, SLOTS, lambda meta: {
+        "cta": meta & 0xFFF, "j": (meta >> 12) & 0xFFFFF, "tiles": (meta >> 32) & 0xFFFF,
+        "q": (meta >> 48) & 0xFFF, "fold": meta >> 60,
+    })
+
+
+def cycle_rates(ctas):
+    """{cta: cycles per microsecond} from each CTA's clock64 and globaltimer pairs."""
+    return {c: (c1 - c0) / ((t1 - t0) / 1000.0)
+            for c, (c0, t0, c1, t1) in ctas.items() if t1 > t0 and c1 > c0}
+
+
+def intervals_by_kind(works, rate, slots, intervals, kind_of, group_of):
+    """Per kind of work (kind_of), each interval's microseconds, and the works grouped by
+    group_of (a CTA, a consumer) with the group's works in order; works of another launch, or
+    that this launch did not finish stamping, are skipped. Returns (by_kind, counts, groups)."""
+    by_kind = defaultdict(lambda: defaultdict(list))
+    counts = defaultdict(int)
+    groups = defaultdict(list)
+    for w in works:
+        r = rate.get(w["cta"])
+        if r is None or any(w[s] == 0 for s in slots):
+            continue
+        k = kind_of(w)
+        counts[k] += 1
+        for label, later, earlier in intervals:
+            by_kind[k][label].append((w[later] - w[earlier]) / r)
+        groups[group_of(w)].append(w)
+    for ws in groups.values():
+        ws.sort(key=lambda w: w["j"])
+    return by_kind, counts, groups
+
+
+def print_intervals(by_kind, counts, kinds, intervals, width, out):
+    """The per-kind table: each interval's median / mean in microseconds."""
+    print("\n%-*s" % (width, "interval (us, median / mean)") +
+          "".join(" %22s" % ("%s (%d)" % (k, counts[k])) for k in kinds), file=out)
+    for label, _, _ in intervals:
+        cells = []
+        for k in kinds:
+            v = by_kind[k][label]
+            cells.append(" %22s" % ("%7.2f / %7.2f" % (statistics.median(v), statistics.mean(v))))
+        print("%-*s%s" % (width, label, "".join(cells)), file=out)
 
 
 def kind(w):
@@ -77,26 +120,12 @@ def kind(w):
 
 def analyze(ctas, works):
     """Returns (per-kind {label: [us]}, per-kind counts, wg0 time shares, cycles per us)."""
-    rate = {}  # cycles per microsecond, per CTA
-    for c, (c0, t0, c1, t1) in ctas.items():
-        if t1 > t0 and c1 > c0:
-            rate[c] = (c1 - c0) / ((t1 - t0) / 1000.0)
-    by_kind = defaultdict(lambda: defaultdict(list))
-    counts = defaultdict(int)
+    rate = cycle_rates(ctas)
+    by_kind, counts, per_cta = intervals_by_kind(works, rate, SLOTS, INTERVALS, kind,
+                                                 lambda w: w["cta"])
     shares = defaultdict(float)
-    per_cta = defaultdict(list)
-    for w in works:
-        r = rate.get(w["cta"])
-        if r is None or any(w[s] == 0 for s in SLOTS):
-            continue  # a work of another launch, or one this launch did not finish stamping
-        k = kind(w)
-        counts[k] += 1
-        for label, later, earlier in INTERVALS:
-            by_kind[k][label].append((w[later] - w[earlier]) / r)
-        per_cta[w["cta"]].append(w)
     for c, ws in per_cta.items():
         r = rate[c]
-        ws.sort(key=lambda w: w["j"])
         c0, _, c1, _ = ctas[c]
         shares["wait for the item"] += sum(w["wg0_start"] - w["wg0_wait"] for w in ws) / r
         shares["tile loop"] += sum(w["wg0_tiles"] - w["wg0_start"] for w in ws) / r
@@ -114,25 +143,27 @@ def report(ctas, works, out=sys.stdout):
         print("ws_trace: no complete work in the trace (was it written by a --trace build?)",
               file=out)
         return 1
+    print_report(ctas, (by_kind, counts, shares, rate), INTERVALS, 46, None,
+                 "consumer warpgroup 0's", True, out)
+    return 0
+
+
+def print_report(ctas, analysis, intervals, width, kinds_shown, whose, clock, out):
+    """A trace's report: its CTAs and works (with the SM clock range if `clock`), the interval
+    table of its most frequent kinds (all if kinds_shown is None), and where whose time goes."""
+    by_kind, counts, shares, rate = analysis
     rates = sorted(rate.values())
     spans = sorted((c1 - c0) / rate[c] for c, (c0, _, c1, _) in ctas.items() if c in rate)
-    print("%d CTAs, %d works; SM clock %.0f-%.0f MHz; CTA span median %.1f us, max %.1f us" %
-          (len(rate), sum(counts.values()), rates[0], rates[-1], statistics.median(spans),
-           spans[-1]), file=out)
-    kinds = sorted(counts, key=lambda k: -counts[k])
-    print("\n%-46s" % "interval (us, median / mean)" +
-          "".join(" %22s" % ("%s (%d)" % (k, counts[k])) for k in kinds), file=out)
-    for label, _, _ in INTERVALS:
-        cells = []
-        for k in kinds:
-            v = by_kind[k][label]
-            cells.append(" %22s" % ("%7.2f / %7.2f" % (statistics.median(v), statistics.mean(v))))
-        print("%-46s%s" % (label, "".join(cells)), file=out)
+    print("%d CTAs, %d works; %sCTA span median %.1f us, max %.1f us" %
+          (len(rate), sum(counts.values()),
+           "SM clock %.0f-%.0f MHz; " % (rates[0], rates[-1]) if clock else "",
+           statistics.median(spans), spans[-1]), file=out)
+    kinds = sorted(counts, key=lambda k: -counts[k])[:kinds_shown]
+    print_intervals(by_kind, counts, kinds, intervals, width, out)
     total = sum(shares.values())
-    print("\nconsumer warpgroup 0's time over all CTAs (%.1f us):" % total, file=out)
+    print("\n%s time over all CTAs (%.1f us):" % (whose, total), file=out)
     for name, v in shares.items():
         print("  %-24s %5.1f%%" % (name, 100.0 * v / total), file=out)
-    return 0
 
 
 def self_test():
@@ -197,46 +228,22 @@ DW_INTERVALS = [
 
 def parse_dw(lines):
     """Returns ({cta: (clock0, ns0, clock1, ns1)}, [work dicts]) of a DecodeWsKernel trace."""
-    ctas, works = {}, []
-    for line in lines:
-        f = line.strip().split(",")
-        if not f or not f[0]:
-            continue
-        if f[0] == "cta":
-            ctas[int(f[1])] = tuple(int(x) for x in f[2:6])
-        elif f[0] == "work":
-            meta = int(f[2])
-            stamps = dict(zip(DW_SLOTS, (int(x) for x in f[3:3 + len(DW_SLOTS)])))
-            works.append({
-                "w": int(f[1]), "cta": meta & 0xFFF, "c": (meta >> 12) & 1,
-                "j": (meta >> 13) & 0x7FFFF, "tiles": (meta >> 32) & 0xFFFF,
-                "q": (meta >> 48) & 0xFFF, **stamps,
-            })
-    return ctas, works
+    return parse_trace(lines, DW_SLOTS, lambda meta: {
+        "cta": meta & 0xFFF, "c": (meta >> 12) & 1, "j": (meta >> 13) & 0x7FFFF,
+        "tiles": (meta >> 32) & 0xFFFF, "q": (meta >> 48) & 0xFFF,
+    })
 
 
 def analyze_dw(ctas, works):
     """Returns (per-kind {label: [us]}, per-kind counts, consumer time shares, cycles per us)."""
-    rate = {}
-    for c, (c0, t0, c1, t1) in ctas.items():
-        if t1 > t0 and c1 > c0:
-            rate[c] = (c1 - c0) / ((t1 - t0) / 1000.0)
-    by_kind = defaultdict(lambda: defaultdict(list))
-    counts = defaultdict(int)
+    rate = cycle_rates(ctas)
+    by_kind, counts, per_consumer = intervals_by_kind(
+        works, rate, DW_SLOTS, DW_INTERVALS,
+        lambda w: "%d tile%s, %d q-rows" % (w["tiles"], "" if w["tiles"] == 1 else "s", w["q"]),
+        lambda w: (w["cta"], w["c"]))
     shares = defaultdict(float)
-    per_consumer = defaultdict(list)
-    for w in works:
-        r = rate.get(w["cta"])
-        if r is None or any(w[s] == 0 for s in DW_SLOTS):
-            continue
-        k = "%d tile%s, %d q-rows" % (w["tiles"], "" if w["tiles"] == 1 else "s", w["q"])
-        counts[k] += 1
-        for label, later, earlier in DW_INTERVALS:
-            by_kind[k][label].append((w[later] - w[earlier]) / r)
-        per_consumer[(w["cta"], w["c"])].append(w)
     for (c, _), ws in per_consumer.items():
         r = rate[c]
-        ws.sort(key=lambda w: w["j"])
         c0, _, c1, _ = ctas[c]
         shares["working"] += sum(w["stored"] - w["start"] for w in ws) / r
         shares["between works"] += sum(b["start"] - a["stored"] for a, b in zip(ws, ws[1:])) / r
@@ -250,22 +257,8 @@ def report_dw(ctas, works, out=sys.stdout):
     if not counts:
         print("ws_trace --dw: no complete work in the trace", file=out)
         return 1
-    spans = sorted((c1 - c0) / rate[c] for c, (c0, _, c1, _) in ctas.items() if c in rate)
-    print("%d CTAs, %d works; CTA span median %.1f us, max %.1f us" %
-          (len(rate), sum(counts.values()), statistics.median(spans), spans[-1]), file=out)
-    kinds = sorted(counts, key=lambda k: -counts[k])[:4]
-    print("\n%-42s" % "interval (us, median / mean)" +
-          "".join(" %22s" % ("%s (%d)" % (k, counts[k])) for k in kinds), file=out)
-    for label, _, _ in DW_INTERVALS:
-        cells = []
-        for k in kinds:
-            v = by_kind[k][label]
-            cells.append(" %22s" % ("%7.2f / %7.2f" % (statistics.median(v), statistics.mean(v))))
-        print("%-42s%s" % (label, "".join(cells)), file=out)
-    total = sum(shares.values())
-    print("\nconsumers' time over all CTAs (%.1f us):" % total, file=out)
-    for name, v in shares.items():
-        print("  %-24s %5.1f%%" % (name, 100.0 * v / total), file=out)
+    print_report(ctas, (by_kind, counts, shares, rate), DW_INTERVALS, 42, 4, "consumers'", False,
+                 out)
     return 0
 
 
