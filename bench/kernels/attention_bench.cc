@@ -472,7 +472,6 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   if (g_only_batch > 0) return 0;
   // Shared prefix: B requests, prefix P shared, own suffix S. Floor counts the prefix once.
   std::printf("\n");
-  internal::SetPrefillWsCtas(g_wide_ctas);  // the cascade rows' wide kernel (--wide-ctas)
   for (int batch : {16, 64}) {
     if ((cascade_only && batch != 64) || prefill_only || !g_tree_only.empty()) continue;
     if (g_shared_batch > 0 && batch != g_shared_batch) continue;
@@ -587,7 +586,6 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   }
   // Prefill: one sequence of N tokens from position 0 (causal), TFLOP/s, on the mma.sync kernel
   // and (Hopper) the wgmma kernels; all give the same bits (cuda_attention_test).
-  internal::SetPrefillWsCtas(0);
   if (cascade_only) return 0;
   absl::StatusOr<bool> wgmma = WgmmaPrefillAvailable();
   CHECK_OK(wgmma.status());
