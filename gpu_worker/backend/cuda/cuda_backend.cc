@@ -1185,6 +1185,14 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   std::memcpy(h + l.items, plan.split_items.data() + wide_fields,
               (plan.split_items.size() - wide_fields) * 4);
   put(l.rows, plan.item_rows);
+  // The wide schedule's CTAs are the captured grid: every step's plan has wide_ctas_ + 1 entries
+  // (none where wide_ctas_ is 0: the kernel's own snake then), checked before the copy into its
+  // segment, the layout's last.
+  if (!plan.wide_sched.empty() && plan.wide_sched.size() != static_cast<size_t>(wide_ctas_) + 1) {
+    return absl::InternalError(absl::StrCat("cuda backend: a wide schedule of ",
+                                            plan.wide_sched.size(), " entries for ", wide_ctas_,
+                                            " CTAs"));
+  }
   put(l.sched, plan.wide_sched);
 
   const int32_t* meta = graph_meta_.as<int32_t>();
@@ -1220,14 +1228,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
     m.plan.num_wide = 1;
     m.plan.wide_items = meta + l.wide;
     m.plan.wide_count = meta + l.count + 1;
-    // The schedule's CTAs are the captured grid: every step's plan has wide_ctas_ + 1 entries
-    // (none where wide_ctas_ is 0: the kernel's own snake then).
     if (!plan.wide_sched.empty()) {
-      if (plan.wide_sched.size() != static_cast<size_t>(wide_ctas_) + 1) {
-        return absl::InternalError(absl::StrCat("cuda backend: a wide schedule of ",
-                                                plan.wide_sched.size(), " entries for ", wide_ctas_,
-                                                " CTAs"));
-      }
       m.plan.wide_sched = meta + l.sched;
       m.plan.wide_ctas = wide_ctas_;
     }
