@@ -752,6 +752,12 @@ TEST(Attention, RejectsPlansAndCachesTheKernelsCannotRun) {
   if (st.code() == absl::StatusCode::kInvalidArgument) {
     EXPECT_NE(st.message().find("wide cascade items"), std::string::npos) << st;
   }
+  // A wide schedule without its CTAs.
+  wide_plan.wide_sched = dummy;
+  wide_plan.wide_ctas = 0;
+  st = Attention(args, wide_plan, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("wide_sched"), std::string::npos) << st;
   // The wgmma prefill kernel asked for on a head_dim it does not serve (64 here).
   args.prefill_path = PrefillPath::kWgmma;
   st = Attention(args, plan, nullptr);
