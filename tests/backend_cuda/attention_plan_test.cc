@@ -59,15 +59,18 @@ int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 // A shared tile as the plan reads it: (tile, the sorted rows that read it in one group).
 using SharedRead = std::pair<int, std::vector<int>>;
 
+// A fold item (from tile 0, its tiles folded into one state); not a pair (kFoldPair).
+bool IsFold(const int32_t* it) { return it[6] == kFoldPartial || it[6] == kFoldFinish; }
+
 // The cost of each range of the wide kernel's schedule (AttentionPlan::wide_sched): its works'
-// tiles + 3 each (WideWorkCost), work w being item w % num_wide.
+// tiles + 3 each (WideWorkCost; 4 a pair), work w being item w % num_wide.
 std::vector<int64_t> RangeCosts(const AttentionPlan& plan) {
   std::vector<int64_t> out;
   for (size_t c = 0; c + 1 < plan.wide_sched.size(); ++c) {
     int64_t cost = 0;
     for (int w = plan.wide_sched[c]; w < plan.wide_sched[c + 1]; ++w) {
       const int32_t* it = &plan.split_items[static_cast<size_t>(w % plan.num_wide) * kItemFields];
-      cost += it[2] - it[1] + 3;
+      cost += it[6] == kFoldPair ? 4 : it[2] - it[1] + 3;  // a pair: its two tiles side by side
     }
     out.push_back(cost);
   }
@@ -93,9 +96,10 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
   std::set<int> finished;     // rows whose fold item writes their output
   for (int i = 0; i < plan.num_split(); ++i) {
     const int32_t* it = &plan.split_items[i * kItemFields];
-    EXPECT_TRUE(it[6] == kFoldNone || it[6] == kFoldPartial || it[6] == kFoldFinish)
-        << "fold flag " << it[6];
-    if (it[6] == kFoldNone) continue;
+    EXPECT_TRUE(it[6] == kFoldNone || it[6] == kFoldPartial || it[6] == kFoldFinish ||
+                (it[6] == kFoldPair && i < plan.num_wide))
+        << "fold flag " << it[6] << " of item " << i;
+    if (it[6] == kFoldNone || it[6] == kFoldPair) continue;
     EXPECT_EQ(it[1], 0) << "a fold item starts at tile 0";
     bool whole = true;
     for (int k = it[3]; k < it[3] + it[4]; ++k) {
@@ -155,6 +159,12 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
       if (!cfg.wide_all) EXPECT_GT(n, rows_per_cta) << "wide item " << i << " fits a split CTA";
       EXPECT_LE(n, cfg.wide_rows) << "wide item " << i << " past wide_rows";
       if (it[6] == kFoldNone) EXPECT_EQ(t1 - t0, cfg.super_tiles) << "wide item " << i;
+      // A pair: two tiles of at most half the wgmma kernel's rows, in the one-level order.
+      if (it[6] == kFoldPair) {
+        EXPECT_EQ(t1 - t0, 2) << "wide item " << i;
+        EXPECT_LE(2 * n, cfg.wide_rows) << "wide item " << i;
+        EXPECT_EQ(cfg.super_tiles, 1) << "wide item " << i;
+      }
       if (n > rows_per_cta || !cfg.wide_all) max_wide = std::max(max_wide, n);
       tile_reads += t1 - t0;
     } else {
@@ -224,7 +234,7 @@ std::set<SharedRead> CheckPlan(const AttentionConfig& cfg, const Batch& b,
     int64_t costliest = 0;
     for (int i = 0; i < plan.num_wide; ++i) {
       const int32_t* it = &plan.split_items[static_cast<size_t>(i) * kItemFields];
-      costliest = std::max<int64_t>(costliest, it[2] - it[1] + 3);
+      costliest = std::max<int64_t>(costliest, it[6] == kFoldPair ? 4 : it[2] - it[1] + 3);
     }
     const int64_t share = (total + sched_ctas - 1) / sched_ctas;
     EXPECT_GE(busiest, std::max(costliest, share));
@@ -959,7 +969,7 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
   int long_folds = 0;
   for (int i = 0; i < led.num_wide; ++i) {
     const int32_t* it = &led.split_items[i * kItemFields];
-    if (it[6] != kFoldNone) {
+    if (IsFold(it)) {
       EXPECT_EQ(it[1], 0);
       EXPECT_EQ(it[2], 32) << "the system's run folded whole";
       ++long_folds;
@@ -973,7 +983,7 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
   int folds = 0;
   for (int i = 0; i < runs.num_wide; ++i) {
     const int32_t* it = &runs.split_items[i * kItemFields];
-    if (it[6] != kFoldNone) {
+    if (IsFold(it)) {
       EXPECT_EQ(it[2], 11) << "the shared prefix's fold run";
       ++folds;
     } else {
@@ -1003,13 +1013,13 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
   EXPECT_EQ(CheckPlan(ws, odd_even, oe), BruteForceShared(kQwen3, odd_even));
   for (int i = 0; i < oe.num_wide; ++i) {
     const int32_t* it = &oe.split_items[i * kItemFields];
-    if (it[6] != kFoldNone) EXPECT_LE(it[2], 8) << "a fold run past the system chunk";
+    if (IsFold(it)) EXPECT_LE(it[2], 8) << "a fold run past the system chunk";
   }
   ws.ws_ctas = 0;  // no SM count: the runs of tiles_per_item
   const AttentionPlan short_runs = Plan(ws, tree);
   for (int i = 0; i < short_runs.num_wide; ++i) {
     const int32_t* it = &short_runs.split_items[i * kItemFields];
-    if (it[6] != kFoldNone) EXPECT_EQ(it[2], 4);
+    if (IsFold(it)) EXPECT_EQ(it[2], 4);
   }
   // Groups no larger than a split CTA's rows stay on it; no wide_rows above it: none.
   const Batch small = MakeBatch(Tree(2048, 1024, 8, 2, 16, QueryLens(16, 3)));
@@ -1074,14 +1084,15 @@ TEST(AttentionPlanTest, WideScheduleSplitsTheWorksIntoBalancedRanges) {
     const int64_t total = std::accumulate(costs.begin(), costs.end(), int64_t{0});
     const int64_t busiest = *std::max_element(costs.begin(), costs.end());
     if (ctas == 132) {  // (with other SM counts the fold runs differ: WideFoldRun)
-      EXPECT_EQ(total, 8 * (4 * 35 + 128 * 4));
-      EXPECT_LE(busiest, 43);
+      // The contexts' 16 tiles as 8 pairs (kFoldPair: 32 rows, half the wgmma kernel's q-rows).
+      EXPECT_EQ(total, 8 * (4 * 35 + 64 * 4));
+      EXPECT_EQ(busiest, 35);
       // The snake the kernel deals without a schedule: works longest first, kv head fastest, CTA
       // c taking j * P + c in even rounds and j * P + P - 1 - c in odd ones.
       std::vector<int64_t> works;
       for (int i = 0; i < plan.num_wide; ++i) {
         const int32_t* it = &plan.split_items[static_cast<size_t>(i) * kItemFields];
-        works.insert(works.end(), ws.num_kv_heads, it[2] - it[1] + 3);
+        works.insert(works.end(), ws.num_kv_heads, it[6] == kFoldPair ? 4 : it[2] - it[1] + 3);
       }
       std::stable_sort(works.begin(), works.end(), std::greater<>());
       std::vector<int64_t> snake(ctas, 0);
@@ -1089,9 +1100,20 @@ TEST(AttentionPlanTest, WideScheduleSplitsTheWorksIntoBalancedRanges) {
         const size_t j = w / ctas, c = w % ctas;
         snake[j % 2 ? ctas - 1 - c : c] += works[w];
       }
-      EXPECT_GE(*std::max_element(snake.begin(), snake.end()), 60);
+      EXPECT_GE(*std::max_element(snake.begin(), snake.end()), 47);
     }
   }
+  // Without pairs: the contexts' 1024 one-tile works (per kv head).
+  ws.ws_ctas = 132;
+  ws.wide_pairs = false;
+  {
+    const AttentionPlan plan = Plan(ws, tree);
+    EXPECT_EQ(CheckPlan(ws, tree, plan), BruteForceShared(kQwen3, tree));
+    const std::vector<int64_t> costs = RangeCosts(plan);
+    EXPECT_EQ(std::accumulate(costs.begin(), costs.end(), int64_t{0}), 8 * (4 * 35 + 128 * 4));
+    EXPECT_LE(*std::max_element(costs.begin(), costs.end()), 43);
+  }
+  ws.wide_pairs = true;
   const Batch shared = MakeBatch(SharedPrefix());
   ws.ws_ctas = 132;
   const AttentionPlan plan = Plan(ws, shared);

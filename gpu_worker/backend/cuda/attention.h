@@ -100,6 +100,9 @@ struct AttentionConfig {
   // is set (the backend passes it whether or not the persistent decode kernel runs); 0: ws_ctas;
   // both 0: no schedule (the kernel's own snake).
   int wide_ctas = 0;
+  // Wide runs of rows that fill at most half the wgmma kernel's q-rows take two tiles a work,
+  // one a consumer warpgroup (kFoldPair; the one-level order). The same partials, the same bits.
+  bool wide_pairs = true;
 };
 
 // Host views of the batch's attention metadata (see engine::ForwardBatch for the meaning).

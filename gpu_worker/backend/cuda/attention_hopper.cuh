@@ -501,6 +501,15 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
   }
 }
 
+// A consumer warp's pass over ring tile n that another warpgroup computes (a kFoldPair item):
+// waits for it to land and gives its stage back, as WsFoldTiles does past its rows.
+template <int kStages>
+__device__ __forceinline__ void WsSkipTile(const WsRing& ring, int n, int lane) {
+  MbarWait(ring.full0 + 8 * (n % kStages), (n / kStages) & 1);
+  __syncwarp();
+  if (lane == 0) MbarArrive(ring.empty0 + 8 * (n % kStages));
+}
+
 // A consumer warpgroup's part: the item's tiles, its ring tiles n0, n0 + 1, ..., folded into
 // (o, l) from the empty state. Q: the warpgroup's q-rows at shared address q_addr, kQRows rows a
 // column half, 8-row groups q_sbo bytes apart; lo / hi: the warpgroup's lowest and highest row
@@ -1089,11 +1098,20 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #endif
       const PwItem& d = sh.item[b];
       const int tile_begin = d.tile_begin, ntiles = d.ntiles;
-      const int qi0 = cw * 16 + (lane >> 2);  // this lane's q-rows qi0, qi0 + 8
+      // kFoldPair: both warpgroups take the item's q-rows (at most 64: warpgroup 0's), each its
+      // own tile of the two, each written as its own partial.
+      const bool pair = kSplit && !kSuper && d.fold == kFoldPair;
+      const int qi0 = (pair ? cw & 3 : cw) * 16 + (lane >> 2);  // this lane's q-rows qi0, qi0 + 8
       const int pos[2] = {d.pos[qi0], d.pos[qi0 + 8]};
-      const uint32_t q_addr = qs_addr + b * kWgRows * kWgRowBytes + wg * 64 * 128;
+      const uint32_t q_addr = qs_addr + b * kWgRows * kWgRowBytes + (pair ? 0 : wg * 64 * 128);
       float o[64], l[2], m[2];
-      if constexpr (kSuper) {
+      if (pair) {  // warpgroup wg computes ring tile n + wg (the item's tile wg), passes the other
+        if (wg == 1) WsSkipTile<kStages>(ring, n, lane);
+        WsFoldTiles<kPingPong, kStages, kWgRows>(ring, n + wg, q_addr, 1024, tile_begin + wg, 1,
+                                                 d.lo[0], d.hi[0], pos, wg, lane, k.scale_log2, o,
+                                                 l, true, m);
+        if (wg == 0) WsSkipTile<kStages>(ring, n + 1, lane);
+      } else if constexpr (kSuper) {
         WsSuperTiles<kPingPong, kStages, kWgRows>(ring, n, q_addr, 1024, tile_begin, ntiles,
                                                   d.lo[wg], d.hi[wg], pos, wg, lane, k.scale_log2,
                                                   k.super_tiles, o, l, true, kSplit ? m : nullptr);
@@ -1114,7 +1132,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (lane == 0) MbarArrive(bar(sh.item_empty[b]));
       if (partial) {  // the split kernel's partial: O unnormalized, (m, l), at the last tile's slot
         const int hq = a.num_q_heads;
-        const int last = (tile_begin + ntiles - 1) / (kSuper ? k.super_tiles : 1);
+        const int last =
+            pair ? tile_begin + wg : (tile_begin + ntiles - 1) / (kSuper ? k.super_tiles : 1);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int qi = qi0 + 8 * h;

@@ -75,7 +75,7 @@ int64_t RoundRobinSpan(const std::vector<int32_t>& flat, int slots) {
 constexpr int kWidePartialCost = 4;
 
 // A wide work's cost in fold-tile units: its tiles, and the work's own fixed cost on top (so a
-// one-tile work costs kWidePartialCost).
+// one-tile work costs kWidePartialCost; a pair, kFoldPair, its two tiles side by side, as much).
 int64_t WideWorkCost(int tiles) { return tiles + kWidePartialCost - 1; }
 
 // Splits works of the given costs, in order, into `ranges` consecutive ranges (some possibly
@@ -133,7 +133,7 @@ std::vector<int32_t> WideSchedule(std::vector<int32_t>* items, int wide, int kv_
   std::vector<std::array<int32_t, kItemFields>> sorted(wide);
   std::memcpy(sorted.data(), items->data(), sorted.size() * sizeof(sorted[0]));
   auto cost_of = [](const std::array<int32_t, kItemFields>& it) {
-    return WideWorkCost(it[2] - it[1]);
+    return it[6] == kFoldPair ? int64_t{kWidePartialCost} : WideWorkCost(it[2] - it[1]);
   };
   std::stable_sort(sorted.begin(), sorted.end(),
                    [&](const auto& x, const auto& y) { return cost_of(x) > cost_of(y); });
@@ -200,10 +200,10 @@ int WideFoldRun(const AttentionPlan& plan, int rows_per_cta, int first, int kv_h
   ForEachWideRun(plan, rows_per_cta, [&](int i, int run) {
     const int32_t* it = &plan.split_items[static_cast<size_t>(i) * kItemFields];
     const int32_t* head = &plan.split_items[static_cast<size_t>(run) * kItemFields];
-    if (head[1] == 0 && head[6] != kFoldNone) {
+    if (head[1] == 0 && (head[6] == kFoldPartial || head[6] == kFoldFinish)) {
       runs[run] = it[2];
     } else {
-      other += it[2] - it[1];
+      other += it[6] == kFoldPair ? 1 : it[2] - it[1];  // a pair: one work
     }
   });
   if (runs.empty() || sms <= 0) return first;
@@ -238,10 +238,49 @@ void ExtendWideFolds(AttentionPlan* plan, int rows_per_cta, int len) {
   ForEachWideRun(*plan, rows_per_cta, [&](int i, int run) {
     int32_t* head = &plan->split_items[static_cast<size_t>(run) * kItemFields];
     const int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
-    if (i == run || head[1] != 0 || head[6] == kFoldNone || it[2] > len) return;
+    if (i == run || head[1] != 0 || head[6] == kFoldNone || head[6] == kFoldPair || it[2] > len) {
+      return;
+    }
     head[2] = it[2];
     head[5] = it[5];
     drop[i] = true;
+  });
+  std::vector<int32_t>& items = plan->split_items;
+  size_t out = 0;
+  for (size_t i = 0; i < drop.size(); ++i) {
+    if (drop[i]) continue;
+    std::copy_n(&items[i * kItemFields], kItemFields, &items[out * kItemFields]);
+    ++out;
+  }
+  items.resize(out * kItemFields);
+}
+
+// Pairs each wide run's consecutive one-tile items (kFoldPair) where its rows fill at most half
+// the wgmma kernel's q-rows (2 x rows <= wide_rows): one work then runs both tiles, a consumer
+// warpgroup each, where a one-tile work leaves one of them idle. The same partials: each tile is
+// still written from the empty state at its own slot. One-level order only (the caller's).
+void PairWideItems(AttentionPlan* plan, int rows_per_cta, int wide_rows) {
+  std::vector<bool> drop(plan->num_split(), false);
+  std::map<int, int> waiting;  // run -> its one-tile item waiting for the next (-1: none)
+  ForEachWideRun(*plan, rows_per_cta, [&](int i, int run) {
+    int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
+    int& w = waiting.try_emplace(run, -1).first->second;
+    if (it[6] != kFoldNone || it[2] - it[1] != 1 || 2 * it[4] > wide_rows) {
+      w = -1;
+      return;
+    }
+    if (w >= 0) {
+      int32_t* first = &plan->split_items[static_cast<size_t>(w) * kItemFields];
+      if (first[2] == it[1]) {
+        first[2] = it[2];
+        first[5] = it[5];
+        first[6] = kFoldPair;
+        drop[i] = true;
+        w = -1;
+        return;
+      }
+    }
+    w = i;
   });
   std::vector<int32_t>& items = plan->split_items;
   size_t out = 0;
@@ -758,7 +797,7 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
       SplitForm(*plan, config.head_dim, config.num_q_heads / std::max(1, config.num_kv_heads)) != 1;
   for (int i = 0; i < plan->num_split(); ++i) {
     int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
-    if (it[6] == kFoldNone) continue;
+    if (it[6] == kFoldNone || it[6] == kFoldPair) continue;
     bool whole = finish;
     for (int k = it[3]; k < it[3] + it[4]; ++k) {
       folded[plan->item_rows[k]] = it[2];
@@ -786,6 +825,10 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   // them, the split kernel the rest (AttentionPlanView::num_wide). With wide_all, where there are
   // wide items, every item is one: an item of several super-tiles without a fold (a row's own
   // tiles, a small group's run) becomes one item a super-tile, the partials it wrote.
+  // Pairs of one-tile wide items (kFoldPair; the one-level order).
+  if (config.wide_rows > rows_per_cta && unit == 1 && config.wide_pairs) {
+    PairWideItems(plan, rows_per_cta, config.wide_rows);
+  }
   if (config.wide_rows > rows_per_cta) {
     bool all = false;  // wide_all and some item is wide
     for (int i = 0; i < plan->num_split() && config.wide_all && !all; ++i) {

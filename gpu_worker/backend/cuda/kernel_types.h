@@ -29,6 +29,10 @@ inline constexpr int kItemFields = 7;
 inline constexpr int kFoldNone = 0;
 inline constexpr int kFoldPartial = 1;
 inline constexpr int kFoldFinish = 2;
+// kFoldPair (wide items only, the one-level order): two tiles of rows that fill at most half the
+// wgmma kernel's q-rows, one a consumer warpgroup, each written as its own partial from the empty
+// state (as two kFoldNone items would be): the rows read once, two tiles' math at once.
+inline constexpr int kFoldPair = 3;
 
 struct HeadShape {
   int num_q_heads = 0;
