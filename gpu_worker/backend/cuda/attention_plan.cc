@@ -230,6 +230,18 @@ int WideFoldRun(const AttentionPlan& plan, int rows_per_cta, int first, int kv_h
   return best;
 }
 
+// Removes the split items marked in `drop`, keeping the others in order.
+void DropSplitItems(AttentionPlan* plan, const std::vector<bool>& drop) {
+  std::vector<int32_t>& items = plan->split_items;
+  size_t out = 0;
+  for (size_t i = 0; i < drop.size(); ++i) {
+    if (drop[i]) continue;
+    std::copy_n(&items[i * kItemFields], kItemFields, &items[out * kItemFields]);
+    ++out;
+  }
+  items.resize(out * kItemFields);
+}
+
 // Lengthens each wide run's fold item from tile 0 (made with `first` tiles, the rest one-tile
 // items) to `len` tiles, dropping the one-tile items it covers: the plan DecodePlanner makes with
 // wide_lead = len (but for the items' order), without planning again.
@@ -245,14 +257,7 @@ void ExtendWideFolds(AttentionPlan* plan, int rows_per_cta, int len) {
     head[5] = it[5];
     drop[i] = true;
   });
-  std::vector<int32_t>& items = plan->split_items;
-  size_t out = 0;
-  for (size_t i = 0; i < drop.size(); ++i) {
-    if (drop[i]) continue;
-    std::copy_n(&items[i * kItemFields], kItemFields, &items[out * kItemFields]);
-    ++out;
-  }
-  items.resize(out * kItemFields);
+  DropSplitItems(plan, drop);
 }
 
 // Pairs each wide run's consecutive one-tile items (kFoldPair) where its rows fill at most half
@@ -282,14 +287,7 @@ void PairWideItems(AttentionPlan* plan, int rows_per_cta, int wide_rows) {
     }
     w = i;
   });
-  std::vector<int32_t>& items = plan->split_items;
-  size_t out = 0;
-  for (size_t i = 0; i < drop.size(); ++i) {
-    if (drop[i]) continue;
-    std::copy_n(&items[i * kItemFields], kItemFields, &items[out * kItemFields]);
-    ++out;
-  }
-  items.resize(out * kItemFields);
+  DropSplitItems(plan, drop);
 }
 
 struct DecodeRow {
