@@ -215,7 +215,7 @@ def self_test():
 
 
 # The persistent decode kernel's slots (attention_hopper.cuh DwTraceSlot), in file order.
-DW_SLOTS = ["take", "taken", "rows", "full", "start", "stored"]
+DW_SLOTS = ["take", "taken", "rows", "full", "start", "stored", "tile0"]
 DW_INTERVALS = [
     ("item: take (buffer free -> index known)", "taken", "take"),
     ("item: index -> positions read", "rows", "taken"),
@@ -223,6 +223,8 @@ DW_INTERVALS = [
     ("item: gather (buffer free -> Q landed)", "full", "take"),
     ("consumer: Q landed -> work started", "start", "full"),
     ("consumer: work (tiles and stores)", "stored", "start"),
+    ("consumer: work started -> first tile landed", "tile0", "start"),
+    ("consumer: first tile landed -> stored", "stored", "tile0"),
 ]
 
 
@@ -269,7 +271,7 @@ def self_test_dw():
     def work(w, c, j, tiles, base, loop):
         meta = c << 12 | j << 13 | tiles << 32 | 2 << 48
         s = {"take": base, "taken": base + 500, "rows": base + 1500, "full": base + 2000,
-             "start": base + 2500, "stored": base + 2500 + loop}
+             "start": base + 2500, "stored": base + 2500 + loop, "tile0": base + 3000}
         return "work,%d,%d,%s" % (w, meta, ",".join(str(s[k]) for k in DW_SLOTS))
 
     lines.append(work(0, 0, 0, 1, 1000, 3000))   # consumer 0: 3.5 -> 6.5 us
@@ -282,6 +284,8 @@ def self_test_dw():
     assert one["item: take (buffer free -> index known)"] == [0.5, 0.5], one
     assert one["item: gather (buffer free -> Q landed)"] == [2.0, 2.0], one
     assert one["consumer: work (tiles and stores)"] == [3.0, 3.0], one
+    assert one["consumer: work started -> first tile landed"] == [0.5, 0.5], one
+    assert one["consumer: first tile landed -> stored"] == [2.5, 2.5], one
     assert abs(shares["working"] - 11.0) < 1e-9, shares
     assert abs(shares["between works"] - 2.0) < 1e-9, shares
     assert abs(shares["before the first work"] - 5.0) < 1e-9, shares   # 2.5 us each

@@ -1211,6 +1211,7 @@ enum DwTraceSlot {
   kDwTrFull,                      // ... its Q rows landed: item_full arrival
   kDwTrStart,                     // consumer (row warp): the work is there
   kDwTrStored,                    // ... its tiles folded and its partials or rows stored
+  kDwTrTile0,                     // ... its first tile landed (a trace-only wait on the stage)
   kDwTrMeta = kWsTraceSlots - 1,  // cta | c << 12 | j << 13 | tiles << 32 | q-rows << 48 | fold
 };
 __device__ TraceBuf g_dw_trace = {nullptr, 0};
@@ -1460,6 +1461,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const int unit = kSuper ? k.super_tiles : 1;  // tiles per partial slot
     walk_items(c, [&](const DwItem& d, int w, int n, int b, int ntiles) {
       if (row_warp) DW_STAMP(lane, w, kDwTrStart);
+#if defined(CASCADE_WS_TRACE)
+      if (row_warp) {  // when the work's first tile landed (WsFoldTiles waits for it again)
+        MbarWait(ring.full0 + 8 * (n % kDwStages), (n / kDwStages) & 1);
+        DW_STAMP(lane, w, kDwTrTile0);
+      }
+#endif
       const int tile_begin = d.tile_begin, nq = d.nq, fold = d.fold;
       const int pos[2] = {row_warp ? d.pos[lane >> 2] : -1, -1};  // -1 past nq
       int lo = INT_MAX, hi = -1;
