@@ -173,98 +173,51 @@ std::vector<std::vector<int32_t>> PrefixTables(const std::vector<int>& ctx, int 
   return tables;
 }
 
-// Times the attention of the given batch, rotating over `rot` disjoint block sets.
-constexpr int kBackToBack = 10;
-double TimeAttention(const std::vector<int>& q_len, const std::vector<int>& ctx,
-                     const std::vector<std::vector<int32_t>>& tables, int64_t blocks_per_set,
-                     int rot, int64_t num_blocks, const KvCacheView& cache,
-                     const AttentionConfig& config, AttentionPlan* plan,
-                     PrefillPath prefill_path = PrefillPath::kAuto,
-                     double* back_to_back_ms = nullptr) {
-  std::vector<Setup> sets(rot);
-  for (int r = 0; r < rot; ++r) {
-    Build(&sets[r], q_len, ctx, tables, r * blocks_per_set, num_blocks, cache, config);
-    sets[r].args.prefill_path = prefill_path;
-  }
-  *plan = sets[0].plan;
-  auto call = [&](int i) { CHECK_OK(Attention(sets[i % rot].args, sets[i % rot].view, nullptr)); };
-  // Also per call of kBackToBack issued back to back (rotating the sets): the host's launch work
-  // overlaps the previous call's kernels, as in a replayed decode graph.
-  if (back_to_back_ms != nullptr) *back_to_back_ms = TimeMs(call, 20, kBackToBack);
-  return TimeMs(call);
-}
-
-// Host time of PlanAttention for the batch (median of 51 plans), in microseconds.
-double PlanUs(const std::vector<int>& ctx, const std::vector<std::vector<int32_t>>& tables,
-              const AttentionConfig& config) {
-  std::vector<int32_t> positions, qs{0}, ts{0}, ids;
-  for (size_t i = 0; i < ctx.size(); ++i) {
-    positions.push_back(ctx[i] - 1);
-    qs.push_back(static_cast<int32_t>(i + 1));
-    ids.insert(ids.end(), tables[i].begin(), tables[i].end());
-    ts.push_back(static_cast<int32_t>(ids.size()));
-  }
-  AttentionBatch ab{
-      positions.data(), static_cast<int>(positions.size()), qs.data(), ctx.data(), ts.data(),
-      ids.data(),       static_cast<int>(ctx.size())};
-  std::vector<double> us;
-  AttentionPlan plan;
-  for (int i = 0; i < 51; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    CHECK_OK(PlanAttention(config, ab, &plan));
-    us.push_back(
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
-}
-
-int g_only_batch = 0, g_only_ctx = 0;  // --decode=B,CTX
-int g_prefill_n = 0;                   // --prefill=N: only the prefill rows of N tokens
-constexpr int kPrefillNs[] = {512, 2048, 4096, 8192};  // the prefill rows' lengths
-int g_shared_batch = 0;                                // --shared=B
-int g_super = 0;  // --super=G: the " super" rows' super-tile size (0: SuperTilesFor's)
-// --tree=NAME: only the tree row of that configuration ("every tile" + NAME's suffix: "default",
-// "nofold", "ownsmem", ...; for a profiler), nothing else.
-std::string g_tree_only;
-std::string g_trace_path;  // --trace=FILE
-
 // The per-work timelines (--trace; launchers.h SetWsTrace, SetDwTrace): for the wide kernel and
 // for the persistent decode kernel, each room for kTraceWorks works of kTraceSlots stamps, then 4
 // stamps a CTA (clock64 and globaltimer at its start and end).
 constexpr int kTraceWorks = 1 << 16, kTraceSlots = 16, kTraceCtas = 1024;
 class WsTrace {
  public:
-  // Starts the stamps; exits with status 2 where the library stamps nothing.
+  // Exits with status 2 where the library stamps nothing; stamps nothing until Arm().
   WsTrace() {
     for (DeviceBuffer* buf : {&ws_, &dw_}) {
       auto b = DeviceBuffer::Allocate(kWords * sizeof(uint64_t));
       CHECK_OK(b.status());
       *buf = std::move(*b);
-      CHECK_OK(FillBytes(buf->data(), 0, kWords * sizeof(uint64_t)));
     }
-    if (internal::SetWsTrace(static_cast<uint64_t*>(ws_.data()), kTraceWorks) != cudaSuccess ||
-        internal::SetDwTrace(static_cast<uint64_t*>(dw_.data()), kTraceWorks) != cudaSuccess) {
+    if (!Set(true) || !Set(false)) {
       std::fprintf(stderr,
                    "--trace: this build stamps no timeline; configure it with "
                    "-DCASCADE_WS_TRACE=ON (bench/kernels/device_ws_trace.sh does)\n");
       std::exit(2);
     }
   }
-  // Stops the stamps and writes what the last launches left: the wide kernel's to `path`, the
+  // Clears the stamps and starts them, for one launch: a CTA's clock64 pairs are only comparable
+  // within one launch (the next may put the CTA on another SM, whose clock differs).
+  void Arm() {
+    for (DeviceBuffer* buf : {&ws_, &dw_}) {
+      CHECK_OK(FillBytes(buf->data(), 0, kWords * sizeof(uint64_t)));
+    }
+    if (!Set(true)) std::exit(2);
+  }
+  // Stops the stamps and writes what the armed launch left: the wide kernel's to `path`, the
   // persistent decode kernel's to `path`.dw (where it ran), each as "cta,c0,t0,c1,t1" lines
   // (clock64 and globaltimer ns at the CTA's start and end), then "work,meta,s0..s14"
   // (ws_trace.py reads them; --dw for the second).
   void Write(const std::string& path) {
-    if (internal::SetWsTrace(nullptr, 0) != cudaSuccess ||
-        internal::SetDwTrace(nullptr, 0) != cudaSuccess) {
-      std::exit(2);
-    }
+    if (!Set(false)) std::exit(2);
     WriteOne(ws_, path);
     WriteOne(dw_, path + ".dw");
   }
 
  private:
+  bool Set(bool on) {
+    return internal::SetWsTrace(on ? static_cast<uint64_t*>(ws_.data()) : nullptr,
+                                on ? kTraceWorks : 0) == cudaSuccess &&
+           internal::SetDwTrace(on ? static_cast<uint64_t*>(dw_.data()) : nullptr,
+                                on ? kTraceWorks : 0) == cudaSuccess;
+  }
   static void WriteOne(const DeviceBuffer& buf, const std::string& path) {
     std::vector<uint64_t> h(kWords);
     CHECK_OK(CopyToHost(h.data(), buf.data(), kWords * sizeof(uint64_t)));
@@ -303,6 +256,68 @@ class WsTrace {
       static_cast<size_t>(kTraceWorks) * kTraceSlots + static_cast<size_t>(kTraceCtas) * 4;
   DeviceBuffer ws_, dw_;
 };
+WsTrace* g_trace = nullptr;  // where set, TimeAttention traces one launch after its timed ones
+
+// Times the attention of the given batch, rotating over `rot` disjoint block sets.
+constexpr int kBackToBack = 10;
+double TimeAttention(const std::vector<int>& q_len, const std::vector<int>& ctx,
+                     const std::vector<std::vector<int32_t>>& tables, int64_t blocks_per_set,
+                     int rot, int64_t num_blocks, const KvCacheView& cache,
+                     const AttentionConfig& config, AttentionPlan* plan,
+                     PrefillPath prefill_path = PrefillPath::kAuto,
+                     double* back_to_back_ms = nullptr) {
+  std::vector<Setup> sets(rot);
+  for (int r = 0; r < rot; ++r) {
+    Build(&sets[r], q_len, ctx, tables, r * blocks_per_set, num_blocks, cache, config);
+    sets[r].args.prefill_path = prefill_path;
+  }
+  *plan = sets[0].plan;
+  auto call = [&](int i) { CHECK_OK(Attention(sets[i % rot].args, sets[i % rot].view, nullptr)); };
+  // Also per call of kBackToBack issued back to back (rotating the sets): the host's launch work
+  // overlaps the previous call's kernels, as in a replayed decode graph.
+  if (back_to_back_ms != nullptr) *back_to_back_ms = TimeMs(call, 20, kBackToBack);
+  const double ms = TimeMs(call);
+  if (g_trace != nullptr) {  // one launch more, the one traced (its stamps copied in Write)
+    g_trace->Arm();
+    call(0);
+  }
+  return ms;
+}
+
+// Host time of PlanAttention for the batch (median of 51 plans), in microseconds.
+double PlanUs(const std::vector<int>& ctx, const std::vector<std::vector<int32_t>>& tables,
+              const AttentionConfig& config) {
+  std::vector<int32_t> positions, qs{0}, ts{0}, ids;
+  for (size_t i = 0; i < ctx.size(); ++i) {
+    positions.push_back(ctx[i] - 1);
+    qs.push_back(static_cast<int32_t>(i + 1));
+    ids.insert(ids.end(), tables[i].begin(), tables[i].end());
+    ts.push_back(static_cast<int32_t>(ids.size()));
+  }
+  AttentionBatch ab{
+      positions.data(), static_cast<int>(positions.size()), qs.data(), ctx.data(), ts.data(),
+      ids.data(),       static_cast<int>(ctx.size())};
+  std::vector<double> us;
+  AttentionPlan plan;
+  for (int i = 0; i < 51; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_OK(PlanAttention(config, ab, &plan));
+    us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+int g_only_batch = 0, g_only_ctx = 0;  // --decode=B,CTX
+int g_prefill_n = 0;                   // --prefill=N: only the prefill rows of N tokens
+constexpr int kPrefillNs[] = {512, 2048, 4096, 8192};  // the prefill rows' lengths
+int g_shared_batch = 0;                                // --shared=B
+int g_super = 0;  // --super=G: the " super" rows' super-tile size (0: SuperTilesFor's)
+// --tree=NAME: only the tree row of that configuration ("every tile" + NAME's suffix: "default",
+// "nofold", "ownsmem", ...; for a profiler), nothing else.
+std::string g_tree_only;
+std::string g_trace_path;  // --trace=FILE
 
 int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto name = DeviceName(0);
@@ -552,9 +567,10 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       internal::SetSplitOverlapsWide(c != &serial);
       SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
       std::optional<WsTrace> trace;
-      if (!g_trace_path.empty()) trace.emplace();
+      if (!g_trace_path.empty()) g_trace = &trace.emplace();
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
                                       num_blocks, cache, *c, &plan);
+      g_trace = nullptr;
       if (trace) trace->Write(g_trace_path);
       internal::SetSplitOverlapsWide(true);
       SetOwnTilesOnPersistentDecode(true);
