@@ -11,7 +11,7 @@
 //   SuperTilesFor's)] [--wide-ctas=N (the cascade rows' wide kernel on N CTAs: the planner's
 //   schedule over N; default one per SM)]
 //   [--tree=NAME (only the three-level tree's every-tile row of that configuration: default,
-//   nopairs, nofold, ownsmem, lead32, super, ...; for a profiler)]
+//   nopairs, nochains, nofold, ownsmem, lead32, super, ...; for a profiler)]
 //   [--trace=FILE (with --tree: the wide kernel's per-work timeline of that row's last launch
 //   into FILE, the persistent decode kernel's into FILE.dw, for bench/kernels/ws_trace.py
 //   (--dw); needs a build configured with -DCASCADE_WS_TRACE=ON)]
@@ -398,6 +398,8 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   // The default without pairs of one-tile wide items (AttentionConfig::wide_pairs).
   AttentionConfig nopairs = every;
   nopairs.wide_pairs = false;
+  AttentionConfig nochains = every;  // the system in chunks of wide_rows, contexts' tiles in pairs
+  nochains.wide_chains = false;
   nofold.lead_tiles = -1;      // every split item writes a partial per tile (before fold items)
   whole.lead_tiles = 1 << 20;  // a decode row's every tile in one fold item
   // Cascade: fold items of 8 / 16 / 32 tiles from tile 0 (a group's leading run of the shared
@@ -424,6 +426,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
            : c == &ownsmem      ? " ownsmem"
            : c == &superownsmem ? " super ownsmem"
            : c == &nopairs      ? " nopairs"
+           : c == &nochains     ? " nochains"
                                 : "";
   };
   // Decode, distinct sequences: without fold items; the default (the plan's split form: where
@@ -549,11 +552,11 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     double every_ms = 0, single_ms = 0, super_ms = 0;
     int timed = 0;  // configurations timed (--tree: one, or none for an unknown name)
     for (const AttentionConfig* c :
-         {&flat, &single, &nofold, &narrow, &ownsplit, &serial, &ownsmem, &every, &nopairs, &lead8,
-          &lead16, &lead32, &smem, &supercfg, &superownsmem}) {
+         {&flat, &single, &nofold, &narrow, &ownsplit, &serial, &ownsmem, &every, &nopairs,
+          &nochains, &lead8, &lead16, &lead32, &smem, &supercfg, &superownsmem}) {
       if ((c == &supercfg || c == &superownsmem) && !super) continue;
       if ((c == &narrow || c == &ownsplit || c == &serial || c == &ownsmem || c == &superownsmem ||
-           c == &nopairs) &&
+           c == &nopairs || c == &nochains) &&
           every.wide_rows == 0) {
         continue;
       }
@@ -592,7 +595,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       if (timed > 0) return 0;
       std::fprintf(
           stderr,
-          "--tree=%s: no such configuration on this device (default, nopairs, nofold, "
+          "--tree=%s: no such configuration on this device (default, nopairs, nochains, nofold, "
           "narrow, "
           "ownsplit, serial, ownsmem, lead8, lead16, lead32, smem, super, super ownsmem)\n",
           g_tree_only.c_str());

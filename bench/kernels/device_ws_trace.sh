@@ -12,6 +12,9 @@
 # so a speedup is measured in the same call as every tree's tests.
 # EXTRA_ROWS (e.g. "--shared=64 --prefill=8192"): more cuda_attention_bench rows timed the same way.
 # TRACE=0: no timeline builds or reports (time for two alternative trees in one call).
+# ENGINE_AB=1: also engine_bench's three-level tree (--sections=tree --variants=default) on every
+# tree, A-B-A-B (this tree first). ALT_TESTS=0: the alternative trees' tests are not run (only
+# where they differ from this tree in a default the tests set themselves).
 # Logs and traces under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-device-out}
@@ -19,6 +22,7 @@ mkdir -p "$OUT"
 . scripts/device_gpu_subdirs.sh
 TESTS="cuda_attention_test cuda_kernels_test cuda_backend_test engine_cuda_test"
 TARGETS="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_test cuda_attention_bench"
+[ "${ENGINE_AB:-0}" = 1 ] && TARGETS="$TARGETS engine_bench"
 t0=$(date +%s)
 # shellcheck disable=SC2086
 bash scripts/device_build.sh $TARGETS >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
@@ -56,10 +60,12 @@ trees="build-gpu"
 traces="build-trace"
 for i in "${!alts[@]}"; do
   if [ -x "build-alt$i/bench/cuda_attention_bench" ]; then
-    echo "== tests of ${alts[$i]} (build-alt$i)"
-    OUT=$OUT/alt$i GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-150} GPU_TESTS="$TESTS" \
-      bash scripts/device_gpu_tests.sh "build-alt$i" || trc=1
-    echo "alt $i tests: $(( $(date +%s) - t0 )) s (rc=$trc)"
+    if [ "${ALT_TESTS:-1}" != 0 ]; then
+      echo "== tests of ${alts[$i]} (build-alt$i)"
+      OUT=$OUT/alt$i GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-150} GPU_TESTS="$TESTS" \
+        bash scripts/device_gpu_tests.sh "build-alt$i" || trc=1
+      echo "alt $i tests: $(( $(date +%s) - t0 )) s (rc=$trc)"
+    fi
     trees="$trees build-alt$i"
     traces="$traces build-alt$i-trace"
   else
@@ -94,5 +100,16 @@ for r in ${EXTRA_ROWS:-}; do
       tee -a "$OUT/trace_rows.log"
   done
 done
+if [ "${ENGINE_AB:-0}" = 1 ]; then
+  echo "# engine_bench --backend=cuda --preset=qwen3-0.6b --sections=tree --variants=default, A-B-A-B"
+  for round in 1 2; do
+    for b in $(echo "$trees" | tr ' ' '\n' | awk '!seen[$0]++'); do
+      echo "== engine $b (round $round)"
+      timeout 120 "$b"/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=tree \
+        --variants=default 2>&1 | grep -E "^\||^\(every" | tee -a "$OUT/engine_tree.log"
+      [ "${PIPESTATUS[0]}" = 0 ] || { echo "engine_bench on $b failed (tokens differ?)"; trc=1; }
+    done
+  done
+fi
 echo "total: $(( $(date +%s) - t0 )) s"
 exit $trc

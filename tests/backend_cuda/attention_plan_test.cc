@@ -490,6 +490,18 @@ TEST(AttentionPlanTest, RandomForestsMatchBruteForceUnderEveryShape) {
     cfg.ws_ctas = 1 + static_cast<int>(rng() % 200);  // and their schedule (CheckPlan)
     const AttentionPlan scheduled = Plan(cfg, b);
     EXPECT_EQ(CheckPlan(cfg, b, scheduled), reads) << "wide items on " << cfg.ws_ctas << " SMs";
+    // Wide chains: every (row, tile) still once from its own blocks (CheckPlan), each tile a row
+    // shares with others still read with some of them (a chunk may split a group's reads).
+    cfg.wide_chains = true;
+    std::set<std::pair<int, int>> shared_before, shared_chains;  // (tile, row)
+    for (const auto& [t, rows] : reads) {
+      for (int r : rows) shared_before.insert({t, r});
+    }
+    for (const auto& [t, rows] : CheckPlan(cfg, b, Plan(cfg, b))) {
+      for (int r : rows) shared_chains.insert({t, r});
+    }
+    EXPECT_EQ(shared_chains, shared_before) << "wide chains";
+    cfg.wide_chains = false;
     cfg.ws_ctas = 0;
     cfg.wide_rows = 0;
     cfg.grouping = CascadeGrouping::kLeadingTiles;
@@ -928,6 +940,7 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
       AttentionConfig cfg = kQwen3;
       cfg.super_tiles = unit;
       cfg.lead_tiles = lead;
+      cfg.wide_chains = false;  // (the chunks of chains: WideChainsFoldSystemAndContextInOneWork)
       const AttentionPlan narrow = Plan(cfg, tree);
       cfg.wide_rows = 64;  // 128 q-rows at group 2
       const AttentionPlan wide = Plan(cfg, tree);
@@ -964,6 +977,7 @@ TEST(AttentionPlanTest, WideCascadeItemsTakeLargeGroupsFirst) {
   AttentionConfig ws = kQwen3;
   ws.wide_rows = 64;
   ws.ws_ctas = 132;
+  ws.wide_chains = false;  // (chained: WideChainsFoldSystemAndContextInOneWork)
   const AttentionPlan led = Plan(ws, tree);
   EXPECT_EQ(CheckPlan(ws, tree, led), BruteForceShared(kQwen3, tree));
   int long_folds = 0;
@@ -1073,6 +1087,7 @@ TEST(AttentionPlanTest, WideScheduleSplitsTheWorksIntoBalancedRanges) {
   const Batch tree = MakeBatch(Tree(2048, 1024, 8, 32, 16, QueryLens(256, 1)));
   AttentionConfig ws = kQwen3;
   ws.wide_rows = 64;
+  ws.wide_chains = false;  // (the works of chains: WideChainsFoldSystemAndContextInOneWork)
   for (int ctas : {132, 7, 1, 2000}) {
     SCOPED_TRACE("ws_ctas " + std::to_string(ctas));
     ws.ws_ctas = ctas;
@@ -1127,6 +1142,71 @@ TEST(AttentionPlanTest, WideScheduleSplitsTheWorksIntoBalancedRanges) {
   ws.wide_ctas = 132;
   EXPECT_EQ(Plan(ws, tree).wide_sched.size(), 133u);
   EXPECT_TRUE(Plan(kQwen3, tree).wide_sched.empty()) << "no wide items";
+}
+
+// Wide chains (AttentionConfig::wide_chains): the tree's system node is cut into one chunk per
+// context (its 32 rows, in the context node's order, read through the chunk's first row's table),
+// so each context's rows fold system and context tiles in one work from tile 0 (48 tiles, one
+// partial at tile 47's slot): 8 wide items (64 works over 8 kv heads) and no context partials;
+// the merge then reads a fold partial and the own tiles' per row. Every (row, tile) is still
+// covered once from its own blocks (CheckPlan); the system tiles are read once per chunk.
+TEST(AttentionPlanTest, WideChainsFoldSystemAndContextInOneWork) {
+  const Batch tree = MakeBatch(Tree(2048, 1024, 8, 32, 16, QueryLens(256, 1)));
+  AttentionConfig ws = kQwen3;
+  ws.wide_rows = 64;
+  ws.ws_ctas = 132;
+  ws.wide_chains = true;
+  const AttentionPlan plan = Plan(ws, tree);
+  const std::set<SharedRead> reads = CheckPlan(ws, tree, plan);
+  ASSERT_EQ(plan.num_wide, 8);
+  std::set<int> rows_seen;
+  for (int i = 0; i < plan.num_wide; ++i) {
+    const int32_t* it = &plan.split_items[static_cast<size_t>(i) * kItemFields];
+    EXPECT_EQ(it[1], 0) << "wide item " << i;
+    EXPECT_EQ(it[2], 48) << "wide item " << i;
+    EXPECT_EQ(it[4], 32) << "wide item " << i;
+    EXPECT_EQ(it[6], kFoldPartial) << "wide item " << i;
+    // One context's rows: the 32 queries of one context are consecutive sequences here.
+    std::set<int> ctx;
+    for (int k = it[3]; k < it[3] + it[4]; ++k) {
+      ctx.insert(plan.item_rows[k] / 32);
+      rows_seen.insert(plan.item_rows[k]);
+    }
+    EXPECT_EQ(ctx.size(), 1u) << "wide item " << i << " mixes contexts";
+  }
+  EXPECT_EQ(rows_seen.size(), 256u);
+  // Each context's 48 shared tiles are read once for its rows: per tile, 8 reads of 32 rows.
+  for (int t = 0; t < 48; ++t) {
+    int n = 0;
+    for (const SharedRead& r : reads) n += r.first == t ? 1 : 0;
+    EXPECT_EQ(n, 8) << "tile " << t;
+  }
+  // The merge: the fold partial and the own tiles' (those past tile 47), per row.
+  for (int e = 0; e < plan.num_merge(); ++e) {
+    const int row = plan.merge_list[3 * e];
+    EXPECT_EQ(plan.merge_list[3 * e + 2], CeilDiv(tree.positions[row] + 1, kTileTokens) - 47)
+        << "row " << row;
+  }
+  // Off: the system node in chunks of 64 rows, the contexts' tiles in pairs.
+  ws.wide_chains = false;
+  const AttentionPlan off = Plan(ws, tree);
+  EXPECT_EQ(CheckPlan(ws, tree, off), BruteForceShared(kQwen3, tree));
+  EXPECT_EQ(off.num_wide, 4 + 8 * 8);
+  // A shared prefix whose rows go on alone (no run of their own after it): the same plan.
+  const Batch shared = MakeBatch(SharedPrefix());
+  const AttentionPlan plain = Plan(ws, shared);
+  ws.wide_chains = true;
+  const AttentionPlan chained = Plan(ws, shared);
+  EXPECT_EQ(CheckPlan(ws, shared, chained), BruteForceShared(kQwen3, shared));
+  EXPECT_EQ(chained.num_wide, plain.num_wide);
+  EXPECT_EQ(chained.merge_list, plain.merge_list);
+  EXPECT_EQ(chained.wide_sched, plain.wide_sched);
+  // Contexts of 4 rows (less than half a chunk: tiny chunks would read the system tiles many
+  // times over): not chained, the system in chunks of 64 rows.
+  const Batch small = MakeBatch(Tree(2048, 1024, 64, 4, 16, QueryLens(256, 1)));
+  const AttentionPlan unchained = Plan(ws, small);
+  EXPECT_EQ(CheckPlan(ws, small, unchained), BruteForceShared(kQwen3, small));
+  EXPECT_EQ(unchained.max_wide_rows, 64);
 }
 
 TEST(AttentionPlanTest, RejectsPositionsOutsideContextAndBadShapes) {

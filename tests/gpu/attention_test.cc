@@ -123,7 +123,8 @@ int WideRows(int head_dim, int group, int block_size) {
 // backend passed one; WideFoldRun's long fold runs need it).
 bool g_wide_all = false;
 int g_ws_ctas = 0;
-bool g_wide_pairs = true;  // AttentionConfig::wide_pairs of RunAttention
+bool g_wide_pairs = true;   // AttentionConfig::wide_pairs of RunAttention
+bool g_wide_chains = true;  // AttentionConfig::wide_chains of RunAttention
 
 // Runs attention over `q` ([tokens, hq * D] bf16 bits) and returns [tokens, hq * D] bf16 bits.
 std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector<uint16_t>& q,
@@ -138,6 +139,7 @@ std::vector<uint16_t> RunAttention(Harness& h, const Batch& b, const std::vector
   cfg.wide_all = g_wide_all;
   cfg.ws_ctas = g_ws_ctas;
   cfg.wide_pairs = g_wide_pairs;
+  cfg.wide_chains = g_wide_chains;
   AttentionBatch ab{b.positions.data(),
                     b.num_tokens(),
                     b.query_start.data(),
@@ -316,23 +318,31 @@ void ExpectWideCascadeBitwise(Harness& h, const Batch& b, const std::vector<uint
     // 3 CTAs and 1 (many works a CTA, its ring wrapping) and for 1000 (ranges left empty).
     absl::StatusOr<int> sms = PersistentDecodeCtas(h.D, h.hq / h.hkv, h.bs);
     ASSERT_TRUE(sms.ok()) << sms.status();
-    // Both with pairs of one-tile items (kFoldPair, where a run's rows fill at most half the
-    // kernel's q-rows: its two consumer warpgroups take a tile each) and without.
-    for (bool pairs : {true, false}) {
-      g_wide_pairs = pairs;
-      for (int ctas : {*sms, 3, 1, 1000}) {
-        g_ws_ctas = ctas;
-        AttentionPlan p;
-        auto planned = RunAttention(h, b, q_bits, true, &p);
-        g_ws_ctas = 0;
-        EXPECT_GT(p.num_wide, 0);
-        EXPECT_EQ(p.wide_sched.size(), static_cast<size_t>(ctas) + 1);
-        EXPECT_EQ(0, std::memcmp(planned.data(), flat.data(), bytes))
-            << "wide cascade items planned with ws_ctas " << ctas << ", pairs " << pairs
-            << " != flat";
+    // Without wide chains (AttentionConfig::wide_chains, the default: a chunk of rows per run
+    // they go on in, each folding from tile 0 through it): the system in chunks of wide_rows,
+    // its fold run WideFoldRun's; both with pairs of one-tile items (kFoldPair, where a run's
+    // rows fill at most half the kernel's q-rows: its two consumer warpgroups take a tile each)
+    // and without. Then with chains.
+    for (int chains : {0, 1}) {
+      g_wide_chains = chains != 0;
+      for (bool pairs : {true, false}) {
+        if (chains && !pairs) continue;
+        g_wide_pairs = pairs;
+        for (int ctas : {*sms, 3, 1, 1000}) {
+          g_ws_ctas = ctas;
+          AttentionPlan p;
+          auto planned = RunAttention(h, b, q_bits, true, &p);
+          g_ws_ctas = 0;
+          EXPECT_GT(p.num_wide, 0);
+          EXPECT_EQ(p.wide_sched.size(), static_cast<size_t>(ctas) + 1);
+          EXPECT_EQ(0, std::memcmp(planned.data(), flat.data(), bytes))
+              << "wide cascade items planned with ws_ctas " << ctas << ", pairs " << pairs
+              << ", chains " << chains << " != flat";
+        }
       }
     }
     g_wide_pairs = true;
+    g_wide_chains = true;
   }
   g_wide_rows = 0;
   AttentionPlan p;

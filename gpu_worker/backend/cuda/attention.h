@@ -103,6 +103,13 @@ struct AttentionConfig {
   // Wide runs of rows that fill at most half the wgmma kernel's q-rows take two tiles a work,
   // one a consumer warpgroup (kFoldPair; the one-level order). The same partials, the same bits.
   bool wide_pairs = true;
+  // Wide chains (one-level order): a wide run whose rows go on in wide runs of their own (a system
+  // chunk's rows in their contexts) is cut into one chunk per such run, each the same rows in the
+  // same order, so that one fold run from tile 0 goes on through the continuing run (a work per
+  // context and kv head folding system and context tiles in its CTA: no context partials, fewer
+  // works, the merge only the rows' own tiles). The same bits: a fold run from tile 0 is the
+  // merge's left fold. The system tiles are read once per chunk.
+  bool wide_chains = true;
 };
 
 // Host views of the batch's attention metadata (see engine::ForwardBatch for the meaning).

@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -242,15 +243,23 @@ void DropSplitItems(AttentionPlan* plan, const std::vector<bool>& drop) {
   items.resize(out * kItemFields);
 }
 
+// A wide chunk's key: (table offset, first row, rows), as ForEachWideRun tells its runs apart.
+using ChunkKey = std::array<int32_t, 3>;
+
 // Lengthens each wide run's fold item from tile 0 (made with `first` tiles, the rest one-tile
 // items) to `len` tiles, dropping the one-tile items it covers: the plan DecodePlanner makes with
-// wide_lead = len (but for the items' order), without planning again.
-void ExtendWideFolds(AttentionPlan* plan, int rows_per_cta, int len) {
+// wide_lead = len (but for the items' order), without planning again. Runs whose first chunk is
+// in `whole` (wide chains) fold to their end.
+void ExtendWideFolds(AttentionPlan* plan, int rows_per_cta, int len,
+                     const std::set<ChunkKey>* whole = nullptr) {
   std::vector<bool> drop(plan->num_split(), false);
   ForEachWideRun(*plan, rows_per_cta, [&](int i, int run) {
     int32_t* head = &plan->split_items[static_cast<size_t>(run) * kItemFields];
     const int32_t* it = &plan->split_items[static_cast<size_t>(i) * kItemFields];
-    if (i == run || head[1] != 0 || head[6] == kFoldNone || head[6] == kFoldPair || it[2] > len) {
+    const bool all =
+        whole != nullptr && whole->count({head[0], plan->item_rows[head[3]], head[4]}) > 0;
+    if (i == run || head[1] != 0 || head[6] == kFoldNone || head[6] == kFoldPair ||
+        (!all && it[2] > len)) {
       return;
     }
     head[2] = it[2];
@@ -350,10 +359,14 @@ class DecodePlanner {
   // whole super-tiles only, and tiles_per_item and lead_tiles are multiples of it (the caller's).
   // wide_rows: AttentionConfig::wide_rows (0: none); wide_lead: the fold run of a wide item from
   // tile 0 where longer than lead_tiles (0: lead_tiles).
+  // chains: AttentionConfig::wide_chains (a wide node's rows chunked by the runs they go on in),
+  // the chunks that go on in a run of their own added to *chained (their runs fold whole).
   DecodePlanner(const AttentionBatch& batch, int rows_per_cta, int blocks_per_tile,
                 int tiles_per_item, int lead_tiles, int unit, int wide_rows, int wide_lead,
-                AttentionPlan* plan)
+                std::set<ChunkKey>* chained, AttentionPlan* plan)
       : batch_(batch),
+        chained_(unit == 1 ? chained : nullptr),
+        chains_(chained_ != nullptr),
         rows_per_cta_(rows_per_cta),
         wide_rows_(wide_rows),
         blocks_per_tile_(blocks_per_tile),
@@ -394,13 +407,22 @@ class DecodePlanner {
   // the same blocks for all: one item per chunk of rows_per_cta rows and per_item_ tiles (a fold
   // item of up to lead_ from tile 0). With wide items (more rows than rows_per_cta), chunks of
   // wide_rows_ rows, each item its fold run from tile 0 or one super-tile (one partial each).
+  // child (wide chains): per member, the node it reads next; a chunk then holds one child's rows
+  // (the members grouped by child, the caller's) and reads through its first row's table.
   void AddShared(const std::vector<DecodeRow>& rows, const int* members, int count, int tile_begin,
-                 int tile_end) {
+                 int tile_end, const int* child = nullptr) {
     if (tile_begin >= tile_end) return;
-    const DecodeRow& lead = rows[members[0]];
     const int chunk = Wide(count) ? wide_rows_ : rows_per_cta_;
-    for (int c = 0; c < count; c += chunk) {
-      const int n = std::min(chunk, count - c);
+    for (int c = 0, n = 0; c < count; c += n) {
+      n = std::min(chunk, count - c);
+      if (child != nullptr) {
+        for (int k = 1; k < n; ++k) {
+          if (child[c + k] != child[c]) n = k;
+        }
+      }
+      const bool chained = child != nullptr && child[c] >= 0;
+      const DecodeRow& lead = rows[members[chained ? c : 0]];
+      if (chained) chained_->insert({lead.table_offset, rows[members[c]].row, n});
       const int row_begin = static_cast<int>(plan_->item_rows.size());
       for (int k = c; k < c + n; ++k) plan_->item_rows.push_back(rows[members[k]].row);
       for (int t = tile_begin; t < tile_end;) {
@@ -542,16 +564,38 @@ class DecodePlanner {
           own_begin[i] = -1;
           node[i] = id;
         }
-        if ((t + 1 - node_begin[id]) * unit_ ==
-            SharedItemTiles(node_begin[id] * unit_, count)) {  // full item
+        // (Wide chains: a wide node's items wait for its end, where the runs its rows go on in
+        // are known.)
+        if ((t + 1 - node_begin[id]) * unit_ == SharedItemTiles(node_begin[id] * unit_, count) &&
+            !(chains_ && Wide(count))) {  // full item
           AddShared(rows, m, count, node_begin[id] * unit_, (t + 1) * unit_);
           node_begin[id] = t + 1;
         }
       }
       for (int p : prev_open) {  // nodes that ended at tile t - 1
-        if (node_last[p] == t - 1) {
-          AddShared(rows, prev_members.data() + node_at[p], node_size[p], node_begin[p] * unit_,
-                    t * unit_);
+        if (node_last[p] != t - 1) continue;
+        int* m = prev_members.data() + node_at[p];
+        const int count = node_size[p];
+        if (chains_ && Wide(count)) {  // its rows grouped by the wide node each reads next
+          std::vector<int> next(count);
+          for (int k = 0; k < count; ++k) {
+            const int c = node[m[k]];
+            // (A run of its own: wide, and filling at least half a chunk, so that the system
+            // tiles are not read by many small chunks.)
+            next[k] =
+                c != p && c >= 0 && Wide(node_size[c]) && 2 * node_size[c] >= wide_rows_ ? c : -1;
+          }
+          std::vector<int> idx(count);
+          std::iota(idx.begin(), idx.end(), 0);
+          std::stable_sort(idx.begin(), idx.end(), [&](int x, int y) { return next[x] < next[y]; });
+          std::vector<int> sorted(count), child(count);
+          for (int k = 0; k < count; ++k) {
+            sorted[k] = m[idx[k]];
+            child[k] = next[idx[k]];
+          }
+          AddShared(rows, sorted.data(), count, node_begin[p] * unit_, t * unit_, child.data());
+        } else {
+          AddShared(rows, m, count, node_begin[p] * unit_, t * unit_);
         }
       }
       std::swap(members, prev_members);
@@ -570,6 +614,8 @@ class DecodePlanner {
 
  private:
   const AttentionBatch& batch_;
+  std::set<ChunkKey>* const chained_;
+  const bool chains_;
   const int rows_per_cta_, wide_rows_, blocks_per_tile_, per_item_, lead_, wide_lead_, unit_;
   AttentionPlan* plan_;
 };
@@ -661,20 +707,28 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   if (tiles_per_item <= 0) tiles_per_item = plan->decode_row_tiles >= kAutoMultiTileFrom ? 4 : 1;
   tiles_per_item = CeilDiv(tiles_per_item, unit) * unit;  // whole super-tiles
   const size_t final_rows = plan->item_rows.size();
-  int wide_lead = 0;  // DecodePlanner's wide_lead
+  int wide_lead = 0;           // DecodePlanner's wide_lead
+  std::set<ChunkKey> chained;  // DecodePlanner's wide chains
   auto plan_decode = [&](int lead_tiles) {
     plan->split_items.clear();
     plan->item_rows.resize(final_rows);
     plan->max_split_rows = plan->cascade_groups = plan->cascade_shared_tiles = 0;
     plan->split_tile_reads = 0;
+    chained.clear();
     DecodePlanner planner(batch, rows_per_cta, blocks_per_tile, tiles_per_item, lead_tiles, unit,
-                          config.wide_rows, wide_lead, plan);
+                          config.wide_rows, wide_lead, config.wide_chains ? &chained : nullptr,
+                          plan);
     if (!config.cascade || rows_per_cta < 2) {  // a tile read per row either way
       for (const DecodeRow& d : decode_rows) planner.AddOwn(d, 0, d.tiles());
     } else if (config.grouping == CascadeGrouping::kLeadingTiles) {
       planner.PlanLeadingTiles(decode_rows);
     } else {
       planner.PlanEveryTile(decode_rows);
+    }
+    // (Wide chains: a chained run's later items come from the node its rows go on in, which
+    // emits one-tile items; a plan made again folds them as the first did.)
+    if (!chained.empty() && wide_lead > 0) {
+      ExtendWideFolds(plan, rows_per_cta, wide_lead, &chained);
     }
   };
   plan->split_items.reserve(static_cast<size_t>(plan->decode_row_tiles) * kItemFields);
@@ -717,11 +771,13 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
   // works. Measured on an H200 (bench/kernels/RESULTS.md): the three-level tree 1.10x-1.24x with
   // runs of 16-32 tiles. The runs are lengthened in place (ExtendWideFolds), not planned again.
   if (lead == 0 && unit == 1 && config.wide_rows > rows_per_cta && config.ws_ctas > 0) {
+    // Wide chains fold whole (their rows' partials then only their own tiles'; measured on an
+    // H200: the tree 71 vs 93 us, bench/kernels/RESULTS.md).
     const int len =
         WideFoldRun(*plan, rows_per_cta, tiles_per_item, config.num_kv_heads, config.ws_ctas);
-    if (len > tiles_per_item) {
-      wide_lead = len;
-      ExtendWideFolds(plan, rows_per_cta, len);
+    if (len > tiles_per_item || !chained.empty()) {
+      wide_lead = std::max(len, tiles_per_item);
+      ExtendWideFolds(plan, rows_per_cta, wide_lead, &chained);
     }
   }
   if (lead == 0) {
