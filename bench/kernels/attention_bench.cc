@@ -12,9 +12,10 @@
 //   schedule over N; default one per SM)]
 //   [--tree=NAME (only the three-level tree's every-tile row of that configuration: default,
 //   nopairs, nochains, nofold, ownsmem, lead32, super, ...; for a profiler)]
-//   [--trace=FILE (with --tree: the wide kernel's per-work timeline of that row's last launch
-//   into FILE, the persistent decode kernel's into FILE.dw, for bench/kernels/ws_trace.py
-//   (--dw); needs a build configured with -DCASCADE_WS_TRACE=ON)]
+//   [--shared-row=NAME (only the shared-prefix row at B=64 of that configuration, as --tree)]
+//   [--trace=FILE (with --tree or --shared-row: the wide kernel's per-work timeline of that row's
+//   last launch into FILE, the persistent decode kernel's into FILE.dw, for
+//   bench/kernels/ws_trace.py (--dw); needs a build configured with -DCASCADE_WS_TRACE=ON)]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -317,6 +318,8 @@ int g_super = 0;  // --super=G: the " super" rows' super-tile size (0: SuperTile
 // --tree=NAME: only the tree row of that configuration ("every tile" + NAME's suffix: "default",
 // "nofold", "ownsmem", ...; for a profiler), nothing else.
 std::string g_tree_only;
+// --shared-row=NAME: only the shared-prefix row (B=64) of that configuration, as --tree=NAME.
+std::string g_shared_only;
 std::string g_trace_path;  // --trace=FILE
 
 int Main(bool quick, bool cascade_only, bool prefill_only) {
@@ -509,11 +512,19 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
           every.wide_rows == 0) {
         continue;
       }
+      if (!g_shared_only.empty() &&
+          (c == &flat || suffix(c) != (g_shared_only == "default" ? "" : " " + g_shared_only))) {
+        continue;
+      }
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       internal::SetSplitOverlapsWide(c != &serial);
       SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
+      std::optional<WsTrace> trace;
+      if (!g_trace_path.empty()) g_trace = &trace.emplace();
       const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
                                       num_blocks, cache, *c, &plan);
+      g_trace = nullptr;
+      if (trace) trace->Write(g_trace_path);
       internal::SetSplitOverlapsWide(true);
       SetOwnTilesOnPersistentDecode(true);
       internal::SetSplitVariant(0);
@@ -699,6 +710,9 @@ int main(int argc, char** argv) {
       }
     } else if (arg.rfind("--trace=", 0) == 0) {
       cascade::cuda::g_trace_path = arg.substr(8);
+    } else if (arg.rfind("--shared-row=", 0) == 0) {
+      cascade::cuda::g_shared_only = arg.substr(13);
+      cascade::cuda::g_shared_batch = 64;
     } else if (arg.rfind("--tree=", 0) == 0) {
       cascade::cuda::g_tree_only = arg.substr(7);
       flag = "--cascade-only";
@@ -725,8 +739,11 @@ int main(int argc, char** argv) {
       flag = arg;
     }
   }
-  if (!cascade::cuda::g_trace_path.empty() && cascade::cuda::g_tree_only.empty()) {
-    std::fprintf(stderr, "--trace=FILE traces one tree row: give --tree=NAME too\n");
+  if (!cascade::cuda::g_trace_path.empty() && cascade::cuda::g_tree_only.empty() &&
+      cascade::cuda::g_shared_only.empty()) {
+    std::fprintf(stderr,
+                 "--trace=FILE traces one tree or shared-prefix row: give --tree=NAME or "
+                 "--shared-row=NAME too\n");
     return 2;
   }
   return cascade::cuda::Main(flag == "--quick", flag == "--cascade-only", flag == "--prefill-only");

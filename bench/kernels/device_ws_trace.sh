@@ -11,6 +11,7 @@
 # logs under $OUT/alt<i>), every row timed on all trees in turn, this tree first and again last,
 # so a speedup is measured in the same call as every tree's tests.
 # EXTRA_ROWS (e.g. "--shared=64 --prefill=8192"): more cuda_attention_bench rows timed the same way.
+# SHARED_TRACE (e.g. "default"): the shared-prefix row of those configurations timed and traced.
 # TRACE=0: no timeline builds or reports (time for two alternative trees in one call).
 # ENGINE_AB=1: also engine_bench's three-level tree (--sections=tree --variants=default) on every
 # tree, A-B-A-B (this tree first). ALT_TESTS=0: the alternative trees' tests are not run (only
@@ -90,6 +91,30 @@ for t in ${TREES:-default nofold}; do
       echo "== tree $t: $b, persistent decode kernel"
       python3 bench/kernels/ws_trace.py --dw "$OUT/trace_${t}_$b.csv.dw" |
         tee "$OUT/trace_${t}_$b.dw.txt"
+    fi
+  done
+done
+# SHARED_TRACE="NAME ...": the shared-prefix row (4096 + 128, B=64) of each configuration timed
+# and traced the same way (--shared-row=NAME).
+for t in ${SHARED_TRACE:-}; do
+  for b in $trees; do
+    echo "== shared $t: $b"
+    timeout 90 "$b"/bench/cuda_attention_bench --shared-row="$t" 2>&1 | grep -E "^shared" |
+      tee -a "$OUT/trace_rows.log"
+  done
+  [ "${TRACE:-1}" != 0 ] || continue
+  for b in $traces; do
+    [ -x "$b"/bench/cuda_attention_bench ] || continue
+    echo "== shared $t: $b"
+    timeout 90 "$b"/bench/cuda_attention_bench --shared-row="$t" \
+      --trace="$OUT/trace_shared_${t}_$b.csv" 2>&1 | grep -E "^shared|trace" |
+      tee -a "$OUT/trace_rows.log"
+    python3 bench/kernels/ws_trace.py "$OUT/trace_shared_${t}_$b.csv" |
+      tee "$OUT/trace_shared_${t}_$b.txt"
+    if [ -f "$OUT/trace_shared_${t}_$b.csv.dw" ]; then
+      echo "== shared $t: $b, persistent decode kernel"
+      python3 bench/kernels/ws_trace.py --dw "$OUT/trace_shared_${t}_$b.csv.dw" |
+        tee "$OUT/trace_shared_${t}_$b.dw.txt"
     fi
   done
 done
