@@ -30,17 +30,7 @@ ncu -i /tmp/dw_stalls.ncu-rep --page details >"$OUT/details.txt" 2>&1
 grep -E "^ +(Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per Thread|Warp Cycles Per Issued Instruction|Avg. Active Threads Per Warp)" \
   "$OUT/details.txt"
 # Stall reasons: warps per issued instruction, largest first.
-ncu -i /tmp/dw_stalls.ncu-rep --page raw --csv 2>/dev/null | python3 -c '
-import csv, sys
-rows = list(csv.reader(sys.stdin))
-head, vals = rows[0], rows[-1]
-st = []
-for i, h in enumerate(head):
-    if "issue_stalled_" in h and h.endswith("_per_issue_active.ratio") and "not_issued" not in h:
-        try: st.append((float(vals[i]), h.split("issue_stalled_")[1][:-len("_per_issue_active.ratio")]))
-        except ValueError: pass
-print("stalls (warps per issue):", ", ".join("%s %.2f" % (n, v) for v, n in sorted(st, reverse=True)[:10]))
-'
+ncu -i /tmp/dw_stalls.ncu-rep --page raw --csv 2>/dev/null | python3 bench/kernels/ncu_stalls.py 10 "stalls"
 # The SASS lines with the most warp stall samples, with their source (as ncu prints them).
 ncu -i /tmp/dw_stalls.ncu-rep --page source --csv --print-source sass >"$OUT/source_sass.csv" 2>"$OUT/source.err" ||
   { echo "ncu --page source failed (this ncu may not print SASS pages):"; tail -3 "$OUT/source.err"; }

@@ -22,17 +22,7 @@ profile() {  # name, bench flag, kernel
   echo "== $1"
   grep -E "^ +(Duration|DRAM Throughput|Memory Throughput|L2 Hit Rate|L1/TEX Hit Rate|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Block Limit (Registers|Shared Mem)|Eligible Warps Per Scheduler|Issued Warp Per Scheduler|No Eligible|Warp Cycles Per Issued Instruction)" "$OUT/$1.txt"
   grep -E "^ +(Stall|.*stall)" "$OUT/$1.txt" | head -5
-  ncu -i "/tmp/$1.ncu-rep" --page raw --csv 2>/dev/null | python3 -c '
-import csv, sys
-rows = list(csv.reader(sys.stdin))
-head, vals = rows[0], rows[-1]
-st = []
-for i, h in enumerate(head):
-    if "issue_stalled_" in h and h.endswith("_per_issue_active.ratio") and "not_issued" not in h:
-        try: st.append((float(vals[i]), h.split("issue_stalled_")[1][:-len("_per_issue_active.ratio")]))
-        except ValueError: pass
-print("  stalls (warps per issue):", ", ".join("%s %.2f" % (n, v) for v, n in sorted(st, reverse=True)[:8]))
-'
+  ncu -i "/tmp/$1.ncu-rep" --page raw --csv 2>/dev/null | python3 bench/kernels/ncu_stalls.py 8 "  stalls"
 }
 profile split_decode --decode=256,4096 SplitKernel
 profile split_shared --shared=64 SplitKernel

@@ -74,50 +74,34 @@ for i in "${!alts[@]}"; do
   fi
 done
 [ "$trees" != build-gpu ] && trees="$trees build-gpu"
-for t in ${TREES:-default nofold}; do
+# rows KIND NAME FLAG PREFIX: the row (grep KIND) of configuration NAME (cuda_attention_bench
+# FLAG=NAME) timed on every tree, then traced on every trace build, with ws_trace.py's reports
+# of the wide kernel's timeline and (where it ran) the persistent decode kernel's, FILE PREFIX.
+rows() {
+  local kind=$1 t=$2 flag=$3 prefix=$4 b
   for b in $trees; do
-    echo "== tree $t: $b"
-    timeout 90 "$b"/bench/cuda_attention_bench --tree="$t" 2>&1 | grep -E "tree" |
+    echo "== $kind $t: $b"
+    timeout 90 "$b"/bench/cuda_attention_bench "$flag=$t" 2>&1 | grep -E "^$kind" |
       tee -a "$OUT/trace_rows.log"
   done
-  [ "${TRACE:-1}" != 0 ] || continue
+  [ "${TRACE:-1}" != 0 ] || return 0
   for b in $traces; do
     [ -x "$b"/bench/cuda_attention_bench ] || continue
-    echo "== tree $t: $b"
-    timeout 90 "$b"/bench/cuda_attention_bench --tree="$t" --trace="$OUT/trace_${t}_$b.csv" 2>&1 |
-      grep -E "tree|trace" | tee -a "$OUT/trace_rows.log"
-    python3 bench/kernels/ws_trace.py "$OUT/trace_${t}_$b.csv" | tee "$OUT/trace_${t}_$b.txt"
-    if [ -f "$OUT/trace_${t}_$b.csv.dw" ]; then  # the persistent decode kernel's (own tiles)
-      echo "== tree $t: $b, persistent decode kernel"
-      python3 bench/kernels/ws_trace.py --dw "$OUT/trace_${t}_$b.csv.dw" |
-        tee "$OUT/trace_${t}_$b.dw.txt"
+    local f="$OUT/${prefix}${t}_$b"
+    echo "== $kind $t: $b"
+    timeout 90 "$b"/bench/cuda_attention_bench "$flag=$t" --trace="$f.csv" 2>&1 |
+      grep -E "^$kind|trace" | tee -a "$OUT/trace_rows.log"
+    python3 bench/kernels/ws_trace.py "$f.csv" | tee "$f.txt"
+    if [ -f "$f.csv.dw" ]; then  # the persistent decode kernel's (own tiles)
+      echo "== $kind $t: $b, persistent decode kernel"
+      python3 bench/kernels/ws_trace.py --dw "$f.csv.dw" | tee "$f.dw.txt"
     fi
   done
-done
+}
+for t in ${TREES:-default nofold}; do rows tree "$t" --tree trace_; done
 # SHARED_TRACE="NAME ...": the shared-prefix row (4096 + 128, B=64) of each configuration timed
 # and traced the same way (--shared-row=NAME).
-for t in ${SHARED_TRACE:-}; do
-  for b in $trees; do
-    echo "== shared $t: $b"
-    timeout 90 "$b"/bench/cuda_attention_bench --shared-row="$t" 2>&1 | grep -E "^shared" |
-      tee -a "$OUT/trace_rows.log"
-  done
-  [ "${TRACE:-1}" != 0 ] || continue
-  for b in $traces; do
-    [ -x "$b"/bench/cuda_attention_bench ] || continue
-    echo "== shared $t: $b"
-    timeout 90 "$b"/bench/cuda_attention_bench --shared-row="$t" \
-      --trace="$OUT/trace_shared_${t}_$b.csv" 2>&1 | grep -E "^shared|trace" |
-      tee -a "$OUT/trace_rows.log"
-    python3 bench/kernels/ws_trace.py "$OUT/trace_shared_${t}_$b.csv" |
-      tee "$OUT/trace_shared_${t}_$b.txt"
-    if [ -f "$OUT/trace_shared_${t}_$b.csv.dw" ]; then
-      echo "== shared $t: $b, persistent decode kernel"
-      python3 bench/kernels/ws_trace.py --dw "$OUT/trace_shared_${t}_$b.csv.dw" |
-        tee "$OUT/trace_shared_${t}_$b.dw.txt"
-    fi
-  done
-done
+for t in ${SHARED_TRACE:-}; do rows shared "$t" --shared-row trace_shared_; done
 for r in ${EXTRA_ROWS:-}; do
   for b in $trees; do
     echo "== $r: $b"
