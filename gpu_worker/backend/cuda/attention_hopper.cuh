@@ -887,12 +887,8 @@ __device__ __forceinline__ uint64_t GlobalTimer() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ void PwStamp(int w, int slot, uint64_t v) {
-  g_ws_trace.Stamp(w, slot, v);
-}
-__device__ __forceinline__ void PwStampCta(int slot, uint64_t v) { g_ws_trace.StampCta(slot, v); }
 #define PW_STAMP(lane, w, slot) \
-  if ((lane) == 0) PwStamp((w), (slot), static_cast<uint64_t>(clock64()))
+  if ((lane) == 0) g_ws_trace.Stamp((w), (slot), static_cast<uint64_t>(clock64()))
 #else
 #define PW_STAMP(lane, w, slot) ((void)0)
 #endif
@@ -937,8 +933,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   WaitForPriorGrids();
 #if defined(CASCADE_WS_TRACE)
   if (threadIdx.x == 0) {
-    PwStampCta(0, static_cast<uint64_t>(clock64()));
-    PwStampCta(1, GlobalTimer());
+    g_ws_trace.StampCta(0, static_cast<uint64_t>(clock64()));
+    g_ws_trace.StampCta(1, GlobalTimer());
   }
 #endif
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1057,12 +1053,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         }
 #if defined(CASCADE_WS_TRACE)
         if (u == 0 && lane == 0) {  // the positions arrived (the shuffles above waited for them)
-          PwStamp(w, kTrItemRows, static_cast<uint64_t>(clock64()));
-          PwStamp(w, kTrMeta,
-                  blockIdx.x | static_cast<uint64_t>(j & 0xfffff) << 12 |
-                      static_cast<uint64_t>((it[2] - it[1]) & 0xffff) << 32 |
-                      static_cast<uint64_t>(nq & 0xfff) << 48 |
-                      static_cast<uint64_t>(it[6] & 0xf) << 60);
+          g_ws_trace.Stamp(w, kTrItemRows, static_cast<uint64_t>(clock64()));
+          g_ws_trace.Stamp(w, kTrMeta,
+                           blockIdx.x | static_cast<uint64_t>(j & 0xfffff) << 12 |
+                               static_cast<uint64_t>((it[2] - it[1]) & 0xffff) << 32 |
+                               static_cast<uint64_t>(nq & 0xfff) << 48 |
+                               static_cast<uint64_t>(it[6] & 0xf) << 60);
         }
 #endif
         if (lane == 0) {
@@ -1154,8 +1150,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #if defined(CASCADE_WS_TRACE)
   __syncthreads();
   if (threadIdx.x == 0) {
-    PwStampCta(2, static_cast<uint64_t>(clock64()));
-    PwStampCta(3, GlobalTimer());
+    g_ws_trace.StampCta(2, static_cast<uint64_t>(clock64()));
+    g_ws_trace.StampCta(3, GlobalTimer());
   }
 #endif
 #else
@@ -1215,12 +1211,8 @@ enum DwTraceSlot {
   kDwTrMeta = kWsTraceSlots - 1,  // cta | c << 12 | j << 13 | tiles << 32 | q-rows << 48 | fold
 };
 __device__ TraceBuf g_dw_trace = {nullptr, 0};
-__device__ __forceinline__ void DwStamp(int w, int slot, uint64_t v) {
-  g_dw_trace.Stamp(w, slot, v);
-}
-__device__ __forceinline__ void DwStampCta(int slot, uint64_t v) { g_dw_trace.StampCta(slot, v); }
 #define DW_STAMP(lane, w, slot) \
-  if ((lane) == 0) DwStamp((w), (slot), static_cast<uint64_t>(clock64()))
+  if ((lane) == 0) g_dw_trace.Stamp((w), (slot), static_cast<uint64_t>(clock64()))
 #else
 #define DW_STAMP(lane, w, slot) ((void)0)
 #endif
@@ -1264,8 +1256,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 #if defined(CASCADE_WS_TRACE)
   if (threadIdx.x == 0) {
-    DwStampCta(0, static_cast<uint64_t>(clock64()));
-    DwStampCta(1, GlobalTimer());
+    g_dw_trace.StampCta(0, static_cast<uint64_t>(clock64()));
+    g_dw_trace.StampCta(1, GlobalTimer());
   }
 #endif
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1377,7 +1369,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           break;
         }
 #if defined(CASCADE_WS_TRACE)
-        if (lane == 0) DwStamp(w, kDwTrTake, t_take);
+        if (lane == 0) g_dw_trace.Stamp(w, kDwTrTake, t_take);
         DW_STAMP(lane, w, kDwTrTaken);
 #endif
         const int item = w / hkv, kvh = w % hkv;
@@ -1401,12 +1393,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #if defined(CASCADE_WS_TRACE)  // (lane 0 stored its position: it arrived)
         DW_STAMP(lane, w, kDwTrRows);
         if (lane == 0) {
-          DwStamp(w, kDwTrMeta,
-                  blockIdx.x | static_cast<uint64_t>(c) << 12 |
-                      static_cast<uint64_t>(j & 0x7ffff) << 13 |
-                      static_cast<uint64_t>(ntiles & 0xffff) << 32 |
-                      static_cast<uint64_t>(nq & 0xfff) << 48 |
-                      static_cast<uint64_t>(it[6] & 0xf) << 60);
+          g_dw_trace.Stamp(w, kDwTrMeta,
+                           blockIdx.x | static_cast<uint64_t>(c) << 12 |
+                               static_cast<uint64_t>(j & 0x7ffff) << 13 |
+                               static_cast<uint64_t>(ntiles & 0xffff) << 32 |
+                               static_cast<uint64_t>(nq & 0xfff) << 48 |
+                               static_cast<uint64_t>(it[6] & 0xf) << 60);
         }
 #endif
         if (lane < kT / 16) {
