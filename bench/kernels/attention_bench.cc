@@ -505,6 +505,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     int64_t blocks = 0;
     const auto tables = PrefixTables(ctx, P / g_block, &blocks);
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
+    int timed = 0;  // configurations timed (--shared-row: one, or none for an unknown name)
     for (const AttentionConfig* c : {&flat, &nofold, &narrow, &ownsplit, &serial, &ownsmem, &every,
                                      &lead8, &lead16, &smem, &supercfg, &superownsmem}) {
       if ((c == &supercfg || c == &superownsmem) && !super) continue;
@@ -516,6 +517,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
           (c == &flat || suffix(c) != (g_shared_only == "default" ? "" : " " + g_shared_only))) {
         continue;
       }
+      ++timed;
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       internal::SetSplitOverlapsWide(c != &serial);
       SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
@@ -531,6 +533,14 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       row("shared P=4096 S=128 B=" + std::to_string(batch) + (c == &flat ? " flat" : " cascade") +
               suffix(c),
           ms, token_bytes * (P + static_cast<double>(batch) * S));
+    }
+    if (!g_shared_only.empty() && timed == 0) {
+      std::fprintf(
+          stderr,
+          "--shared-row=%s: no such configuration on this device (default, nofold, "
+          "narrow, ownsplit, serial, ownsmem, lead8, lead16, smem, super, super ownsmem)\n",
+          g_shared_only.c_str());
+      return 2;
     }
   }
   if (g_shared_batch > 0) return 0;
