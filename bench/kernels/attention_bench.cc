@@ -10,6 +10,8 @@
 //   [--super=G (the " super" rows' super-tile size, where the device runs super-tiles; default
 //   SuperTilesFor's)] [--wide-ctas=N (the cascade rows' wide kernel on N CTAs: the planner's
 //   schedule over N; default one per SM)]
+//   [--dw-n8=0|1 (the persistent decode kernel's consumers in the 64-row form, the default, or
+//   in the decode-shaped form)]
 //   [--tree=NAME (only the three-level tree's every-tile row of that configuration: default,
 //   nopairs, nochains, nofold, ownsmem, lead32, super, ...; for a profiler)]
 //   [--shared-row=NAME (only the shared-prefix row at B=64 of that configuration, as --tree)]
@@ -718,6 +720,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "--wide-ctas=N: N >= 1\n");
         return 2;
       }
+    } else if (arg.rfind("--dw-n8=", 0) == 0) {
+      cascade::cuda::internal::SetDecodeWsN8(std::atoi(arg.c_str() + 8) != 0);
     } else if (arg.rfind("--trace=", 0) == 0) {
       cascade::cuda::g_trace_path = arg.substr(8);
     } else if (arg.rfind("--shared-row=", 0) == 0) {

@@ -28,22 +28,6 @@ namespace {
 
 constexpr int kKeys = 64, kD = 128, kQ = 8, kQ64 = 64;
 
-// d (64 x 8, f32) += A (64 x 16) * B (16 x 8 as 8 rows), both from shared memory; kTransA: A is
-// MN-major (M contiguous), else K-major; B K-major.
-template <int kTransA>
-__device__ __forceinline__ void Wgmma64x8SS(float (&d)[4], uint64_t a, uint64_t b) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, %4, %5, p, 1, 1, %6, "
-      "0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(a), "l"(b), "n"(kTransA));
-#else
-  __trap();
-#endif
-}
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Copies rows x 128 (or 64) bf16 from global into the 128-byte swizzled layout of wgmma.cuh.
 __device__ void ToSmem(unsigned char* dst, const __nv_bfloat16* src, int rows, int cols) {

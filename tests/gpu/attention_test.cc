@@ -343,6 +343,15 @@ void ExpectWideCascadeBitwise(Harness& h, const Batch& b, const std::vector<uint
     }
     g_wide_pairs = true;
     g_wide_chains = true;
+    // The persistent decode kernel's consumers in the decode-shaped form (SetDecodeWsN8): the
+    // rows' own tiles (split form 6: partial slots, fold runs), planned as the backend plans.
+    internal::SetDecodeWsN8(true);
+    g_ws_ctas = *sms;
+    auto n8 = RunAttention(h, b, q_bits, true);
+    g_ws_ctas = 0;
+    internal::SetDecodeWsN8(false);
+    EXPECT_EQ(0, std::memcmp(n8.data(), flat.data(), bytes))
+        << "wide cascade items, own tiles on the decode-shaped consumers != flat";
   }
   g_wide_rows = 0;
   AttentionPlan p;
@@ -661,6 +670,14 @@ TEST(Attention, PersistentDecodeFormEqualsSplitFormsBitwise) {
       internal::SetDecodeWsCtas(3);
       const auto few = run();
       internal::SetDecodeWsCtas(0);
+      // The consumers in the decode-shaped form (one-level order only; the default is the 64-row
+      // form), also on 3 CTAs.
+      internal::SetDecodeWsN8(true);
+      const auto n8 = run();
+      internal::SetDecodeWsCtas(3);
+      const auto n8_few = run();
+      internal::SetDecodeWsCtas(0);
+      internal::SetDecodeWsN8(false);
       // One-level: the same plan (form 3: no merge) on the shared-memory kernel. Super-tiles: only
       // the persistent kernel folds a row's super-tiles in one CTA, so the rows split into
       // super-tile items (no fold items) on the shared-memory kernel and the merge.
@@ -681,6 +698,10 @@ TEST(Attention, PersistentDecodeFormEqualsSplitFormsBitwise) {
       EXPECT_EQ(0, std::memcmp(ws.data(), smem.data(), bytes))
           << "form 3 != shared-memory, " << shape;
       EXPECT_EQ(0, std::memcmp(few.data(), smem.data(), bytes)) << "form 3 on 3 CTAs, " << shape;
+      EXPECT_EQ(0, std::memcmp(n8.data(), smem.data(), bytes))
+          << "form 3, consumers in the decode-shaped form, " << shape;
+      EXPECT_EQ(0, std::memcmp(n8_few.data(), smem.data(), bytes))
+          << "form 3 on 3 CTAs, consumers in the decode-shaped form, " << shape;
       if (!checked_reference || order > 1) {
         ExpectClose(ws, Reference(h, seqs, b, q));
         checked_reference = true;

@@ -255,6 +255,9 @@ struct TileKernelArgs {
   // The wide kernel's schedule (AttentionPlanView::wide_sched; one range of works a CTA) or
   // nullptr (PrefillWsKernel's snake).
   const int32_t* wide_sched = nullptr;
+  // DecodeWsKernel's consumers in the decode-shaped form (WsFoldTilesN8): 1, or 0 (the 64-row
+  // form); the same bits either way (SetDecodeWsN8).
+  int dw_n8 = 0;
 };
 
 // A final (prefill) item's CTA: a 1-D grid of items x kv heads, the kv head fastest, so CTAs start
@@ -1317,6 +1320,7 @@ int WgmmaVariant() { return g_wgmma_variant; }
 int g_prefill_form = 0;  // the default form (variant 0): 0 or 1 (TunePrefillForm)
 int g_split_variant = 0;
 bool g_split_overlap_wide = true;
+bool g_dw_n8 = false;  // measured no faster as a drop-in (bench/kernels/NOTES.md, session 32)
 
 // A tensor map over one layer's K or V cache as rows of 128 bf16 ([num_blocks * kv heads *
 // block_size, 128]), boxes of `piece` rows x 64 columns (one column half of a piece), 128-byte
@@ -1435,7 +1439,9 @@ cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& pla
   const int ctas = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>(g_decode_ws_ctas > 0 ? g_decode_ws_ctas : sms, (works + 1) / 2)));
   *launched = true;
-  return LaunchKernel(kernel, dim3(ctas), kWsThreads, kDwSmemBytes, stream, k, items, plan.ws_work,
+  TileKernelArgs kd = k;
+  kd.dw_n8 = g_dw_n8 ? 1 : 0;
+  return LaunchKernel(kernel, dim3(ctas), kWsThreads, kDwSmemBytes, stream, kd, items, plan.ws_work,
                       tk, tv);
 }
 
@@ -1583,6 +1589,7 @@ int PrefillForm() { return g_prefill_form; }
 void SetPrefillForm(int form) { g_prefill_form = form == 1 ? 1 : 0; }
 void SetSplitVariant(int variant) { g_split_variant = variant; }
 void SetSplitOverlapsWide(bool on) { g_split_overlap_wide = on; }
+void SetDecodeWsN8(bool on) { g_dw_n8 = on; }
 void SetDecodeWsCtas(int ctas) { g_decode_ws_ctas = ctas; }
 void SetPrefillWsCtas(int ctas) { g_prefill_ws_ctas = ctas; }
 namespace {

@@ -501,6 +501,153 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
   }
 }
 
+// The persistent decode kernel's consumer in the decode-shaped form (k.dw_n8): the keys (S) and
+// the head dims (O) as the MMA's 64 rows and the work's <= 8 q-rows as its 8 columns, so each
+// thread holds 4 scores and 8 outputs where the 64-row form (WsFoldTiles with kRowWarp) holds the
+// 8 q-rows repeated over 64 rows. The same bits (bench/kernels/wgmma_swap_probe.cu: S^T = K Q^T
+// and O^T = V^T P^T as chained m64n8k16 equal the 64-row chains; the rest below is RowSoftmax's
+// and the fold's arithmetic on the same values). Per tile: S^T by 8 m64n8k16 (K as A, Q as B);
+// the raw scores to shared memory; the sum warp (lanes 4 q + t4, RowSoftmax's layout) runs
+// RowSoftmax for q-row q over them (the max and the sum in its order) and publishes ms; every
+// thread computes P = 2^(S scale - ms) for its 4 scores (RowSoftmax's formula), writes them as
+// bf16 P^T (the B operand), and folds its 8 outputs with Fold(m, ms); O^T by 2 x 4 m64n8k16 (V
+// as an MN-major A, one 64-dim half each). Shared memory a consumer (kN8ScratchBytes): P^T (8
+// rows x 128 bytes, one swizzled atom), S (f32 [8][64]), ms [8], l [8].
+constexpr int kN8ScratchBytes = 4096;
+constexpr int kN8QRows = 8;  // the Q buffer's rows (DecodeWsKernel's kDwQRows)
+struct N8Scratch {
+  unsigned char* base;  // 1024-byte aligned
+  uint32_t addr;        // its shared-memory address
+  __device__ __forceinline__ float* S() const { return reinterpret_cast<float*>(base + 1024); }
+  __device__ __forceinline__ float* Ms() const { return reinterpret_cast<float*>(base + 3072); }
+  __device__ __forceinline__ float* L() const { return reinterpret_cast<float*>(base + 3104); }
+};
+// Tiles [tile_begin, tile_begin + ntiles) of a decode work folded from the empty state by one
+// consumer warpgroup (named barrier bar_id, 128 threads): o[4 h + e] is the output at head dim
+// 64 h + 16 cw + g + 8 (e >> 1) of q-row 2 t4 + (e & 1) (g = lane / 4, t4 = lane % 4), m[f] the
+// running max of q-row 2 t4 + f; the sum warp's lanes also hold q-row lane / 4's (row_m, row_l).
+// pos: the positions of q-rows 2 t4 and 2 t4 + 1, row_pos q-row lane / 4's (-1 past the work's
+// q-rows); lo / hi: the lowest and highest of the work's q-rows' positions. tail_fence: as
+// WsFoldTiles'.
+template <int kStages>
+__device__ __forceinline__ void WsFoldTilesN8(const WsRing& ring, int n0, uint32_t q_addr,
+                                              const N8Scratch& x, int bar_id, int tile_begin,
+                                              int ntiles, int lo, int hi, const int (&pos)[2],
+                                              int row_pos, bool sum_warp, int cw, int lane,
+                                              float scale_log2, float (&o)[8], float (&m)[2],
+                                              float& row_m, float& row_l, bool tail_fence = false) {
+  const int g = lane >> 2, t4 = lane & 3;
+  const int nact = hi < 0 ? 0 : min(ntiles, max(0, (hi / kT) - tile_begin + 1));
+  const int nfull = min(nact, max(0, (lo + 1) / kT - tile_begin));
+  Zero(o);
+  m[0] = m[1] = row_m = -INFINITY;
+  row_l = 0.f;
+  const uint64_t dq = WgmmaDesc(q_addr, 16, 1024), dp = WgmmaDesc(x.addr, 16, 1024);
+  auto stage = [&](int i) { return (n0 + i) % kStages; };
+  auto wait_full = [&](int i) {
+    MbarWait(ring.full0 + 8 * stage(i), ((n0 + i) / kStages) & 1);
+    if (tail_fence && i == ntiles - 1) FenceProxyAsync();
+  };
+  auto release = [&](int i) {
+    __syncwarp();
+    if (lane == 0) MbarArrive(ring.empty0 + 8 * stage(i));
+  };
+  auto tile = [&](auto mask_tag, int i) {
+    constexpr bool kMask = decltype(mask_tag)::value;
+    const int ts = (tile_begin + i) * kT;
+    const uint32_t kv = ring.kv0 + 2 * stage(i) * kWgTileBytes;
+    wait_full(i);
+    float st[4] = {0.f, 0.f, 0.f, 0.f};  // S^T: key 16 cw + g + 8 (e >> 1), q-row 2 t4 + (e & 1)
+    FenceRegs(st);
+    WgmmaFence();
+#pragma unroll
+    for (int kc = 0; kc < kWgD / 16; ++kc) {
+      const uint32_t half = kc >> 2, kb = (kc & 3) * 32;
+      Wgmma64x8SS<0>(st, WgmmaDescAdd(WgmmaDesc(kv, 16, 1024), half * kT * 128 + kb),
+                     WgmmaDescAdd(dq, half * kN8QRows * 128 + kb));
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceRegs(st);
+    float* S = x.S();
+#pragma unroll
+    for (int e = 0; e < 4; ++e) S[(2 * t4 + (e & 1)) * kT + 16 * cw + g + 8 * (e >> 1)] = st[e];
+    NamedBarSync(bar_id, 128);
+    if (sum_warp) {  // q-row g's softmax in RowSoftmax's layout and order
+      float r[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) r[j] = S[g * kT + Key(j, t4)];
+      float ms, lt;
+      RowSoftmax<kMask>(r, row_pos + 1 - ts, t4, scale_log2, ms, lt);
+      if (t4 == 0) x.Ms()[g] = ms;
+      const FoldWeights w = Fold(row_m, ms);
+      if (!kMask || ms != -INFINITY) {
+        row_l = FoldElem(row_l, w, lt);
+        row_m = w.m;
+      }
+    }
+    NamedBarSync(bar_id, 128);
+    // This thread's q-rows: their fold weights and P (bf16) into P^T.
+    float ms[2];
+    FoldWeights w[2];
+    bool valid[2];
+#pragma unroll
+    for (int f = 0; f < 2; ++f) {
+      ms[f] = x.Ms()[2 * t4 + f];
+      valid[f] = !kMask || ms[f] != -INFINITY;
+      w[f] = Fold(m[f], ms[f]);
+      if (valid[f]) m[f] = w[f].m;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int f = e & 1, key = 16 * cw + g + 8 * (e >> 1);
+      const float p =
+          !kMask || key < pos[f] + 1 - ts ? Ex2(__fmaf_rn(st[e], scale_log2, -ms[f])) : 0.f;
+      *reinterpret_cast<__nv_bfloat16*>(x.base + SwizzleOffset(8, 2 * t4 + f, key >> 3) +
+                                        (key & 7) * 2) = __float2bfloat16_rn(p);
+    }
+    FenceProxyAsync();  // P^T is read by wgmma (the async proxy)
+    NamedBarSync(bar_id, 128);
+    float ot[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    FenceRegs(ot[0]);
+    FenceRegs(ot[1]);
+    WgmmaFence();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int kk = 0; kk < kT / 16; ++kk) {
+        Wgmma64x8SS<1>(
+            ot[h],
+            WgmmaDescAdd(WgmmaDesc(kv + kWgTileBytes, kT * 128, 1024), h * kT * 128 + kk * 2048),
+            WgmmaDescAdd(dp, kk * 32));
+      }
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceRegs(ot[0]);
+    FenceRegs(ot[1]);
+    release(i);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int f = e & 1;
+        if (!kMask || valid[f]) o[4 * h + e] = FoldElem(o[4 * h + e], w[f], ot[h][e]);
+      }
+    }
+  };
+  for (int i = 0; i < ntiles; ++i) {
+    if (i >= nact) {  // past every q-row's position
+      wait_full(i);
+      release(i);
+    } else if (i < nfull) {
+      tile(std::false_type{}, i);
+    } else {
+      tile(std::true_type{}, i);
+    }
+  }
+}
+
 // A consumer warp's pass over ring tile n that another warpgroup computes (a kFoldPair item):
 // waits for it to land and gives its stage back, as WsFoldTiles does past its rows.
 template <int kStages>
@@ -1184,6 +1331,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 // consumer's instructions, not the copies, bound short rows; bench/kernels/NOTES.md).
 constexpr int kDwStages = 3;
 constexpr int kDwQRows = 8;
+static_assert(kDwQRows == kN8QRows, "the decode-shaped consumer's Q columns");
 constexpr int kDwQBytes = kDwQRows * kWgRowBytes;
 // Item buffers per consumer: its current work and up to two taken ahead (kDwShortTiles).
 constexpr int kDwItemBufs = 3;
@@ -1193,7 +1341,9 @@ constexpr int kDwItemBufs = 3;
 // of three tiles, which then waited on it (bench/kernels/NOTES.md); long works keep one ahead,
 // so that the last works go to whichever consumers are free first.
 constexpr int kDwShortTiles = 8;
-constexpr size_t kDwSmemBytes = 1024 + 2 * (kDwItemBufs * kDwQBytes + 2 * kDwStages * kWgTileBytes);
+// (then each consumer's scratch of the decode-shaped form, WsFoldTilesN8)
+constexpr size_t kDwSmemBytes =
+    1024 + 2 * (kDwItemBufs * kDwQBytes + 2 * kDwStages * kWgTileBytes + kN8ScratchBytes);
 
 // DecodeWsKernel's per-work timeline (bench only, as PrefillWsKernel's: builds configured with
 // -DCASCADE_WS_TRACE=ON, `cuda_attention_bench --trace`, bench/kernels/ws_trace.py --dw): lane 0
@@ -1451,6 +1601,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // warps (warps 2, 3) rather than the load warps (0, 1).
     const bool row_warp = cw == 2 + c;
     const int unit = kSuper ? k.super_tiles : 1;  // tiles per partial slot
+    // The decode-shaped form (one-level order): its scratch after both consumers' rings.
+    const bool n8 = !kSuper && k.dw_n8 != 0;
+    const int n8_off =
+        2 * kDwItemBufs * kDwQBytes + 2 * 2 * kDwStages * kWgTileBytes + c * kN8ScratchBytes;
+    const N8Scratch scratch{smem + n8_off, smem_addr + n8_off};
     walk_items(c, [&](const DwItem& d, int w, int n, int b, int ntiles) {
       if (row_warp) DW_STAMP(lane, w, kDwTrStart);
 #if defined(CASCADE_WS_TRACE)
@@ -1472,6 +1627,75 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       // one per partial slot (a tile, or a super-tile), each from the empty state, as the split
       // kernel writes them. The ring holds the item's tiles in order; each segment takes its own.
       const int tile_end = tile_begin + ntiles;
+      if (n8) {
+        // This thread's q-rows 2 t4 + f: positions, output rows and first partial slots, read
+        // before the item buffer is given back.
+        const int t4 = lane & 3, g = lane >> 2, hq = a.num_q_heads;
+        int posf[2], rowf[2], pbase[2];
+#pragma unroll
+        for (int f = 0; f < 2; ++f) {
+          const int q = 2 * t4 + f;
+          posf[f] = d.pos[q];
+          rowf[f] = d.row[q];
+          pbase[f] = fold != kFoldFinish && q < nq ? k.partial_base[rowf[f]] : 0;
+        }
+        const int row_pos = d.pos[g];
+        const int pbase_g = fold != kFoldFinish && row_warp && g < nq ? k.partial_base[row] : 0;
+        for (int t0 = tile_begin; t0 < tile_end;) {
+          const int t1 = fold != kFoldNone ? tile_end : min(tile_end, t0 + 1);
+          float o8[8], mf[2], row_m, row_l;
+          WsFoldTilesN8<kDwStages>(ring, n + t0 - tile_begin, smem_addr + q_offset(c, b), scratch,
+                                   1 + c, t0, t1 - t0, lo, hi, posf, row_pos, row_warp, cw, lane,
+                                   k.scale_log2, o8, mf, row_m, row_l);
+          if (t1 == tile_end) {  // (every MMA of the item waited for; its fields read)
+            __syncwarp();
+            if (lane == 0) MbarArrive(bar(sh.item_empty[c][b]));
+          }
+          if (fold == kFoldFinish) {  // o / l, each q-row's l from the sum warp
+            if (row_warp && t4 == 0) scratch.L()[g] = row_l;
+            NamedBarSync(1 + c, 128);
+            __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(a.out);
+#pragma unroll
+            for (int f = 0; f < 2; ++f) {
+              const int q = 2 * t4 + f;
+              if (q >= nq) continue;
+              const float inv = __frcp_rn(scratch.L()[q]);
+              __nv_bfloat16* dst =
+                  out + static_cast<int64_t>(rowf[f]) * hq * kWgD + (kvh * G + q % G) * kWgD;
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                for (int e = f; e < 4; e += 2) {
+                  dst[64 * h + 16 * cw + g + 8 * (e >> 1)] =
+                      __float2bfloat16_rn(__fmul_rn(o8[4 * h + e], inv));
+                }
+              }
+            }
+          } else {  // the split kernel's partial at the slot of the segment's last tile
+#pragma unroll
+            for (int f = 0; f < 2; ++f) {
+              const int q = 2 * t4 + f;
+              if (q >= nq) continue;
+              const int64_t slot = static_cast<int64_t>(pbase[f] + (t1 - 1)) * hq + kvh * G + q % G;
+              float* dst = a.partial_o + slot * kWgD;
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                for (int e = f; e < 4; e += 2)
+                  dst[64 * h + 16 * cw + g + 8 * (e >> 1)] = o8[4 * h + e];
+              }
+            }
+            if (row_warp && t4 == 0 && g < nq) {
+              const int64_t slot = static_cast<int64_t>(pbase_g + (t1 - 1)) * hq + kvh * G + g % G;
+              a.partial_ml[2 * slot] = row_m;
+              a.partial_ml[2 * slot + 1] = row_l;
+            }
+          }
+          t0 = t1;
+        }
+        if (row_warp) DW_STAMP(lane, w, kDwTrStored);
+        return;
+      }
       for (int t0 = tile_begin; t0 < tile_end;) {
         const int t1 = fold != kFoldNone ? tile_end : min(tile_end, (t0 / unit + 1) * unit);
         float o[64], l[2], m[2];

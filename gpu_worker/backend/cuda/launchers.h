@@ -102,6 +102,10 @@ void SetSplitVariant(int variant);
 // while that kernel still runs (default) or waits for it first, as every other kernel waits for
 // the one before it. The same bits either way.
 void SetSplitOverlapsWide(bool on);
+// Tests and benchmarks: DecodeWsKernel's consumers in the decode-shaped form (the keys and head
+// dims as the MMA's 64 rows, a work's <= 8 q-rows as its 8 columns) or in the 64-row form (the
+// q-rows repeated over 64 MMA rows; default). The same bits either way.
+void SetDecodeWsN8(bool on);
 // Tests only: the grid of split form 3's persistent kernel (DecodeWsKernel); 0 (default): one CTA
 // per SM. A small grid makes each consumer run many items (its rings wrap many times).
 void SetDecodeWsCtas(int ctas);

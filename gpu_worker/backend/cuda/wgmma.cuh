@@ -193,4 +193,22 @@ __device__ __forceinline__ void Wgmma64x128RS(float (&d)[64], const uint32_t (&a
 #endif
 }
 
+// d (64 x 8, f32) += A (64 x 16) * B (16 x 8 as 8 rows K-major), both from shared memory; kTransA
+// 1: A is MN-major (its M side contiguous: V^T read from a V tile), 0: K-major. With the keys or
+// the head dims as M these give the bits of the m64n64 / m64n128 chains above
+// (bench/kernels/wgmma_swap_probe.cu, 0 of 92160 elements differing on an H200).
+template <int kTransA>
+__device__ __forceinline__ void Wgmma64x8SS(float (&d)[4], uint64_t a, uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, %4, %5, p, 1, 1, %6, "
+      "0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(a), "l"(b), "n"(kTransA));
+#else
+  __trap();
+#endif
+}
+
 }  // namespace cascade::cuda::internal
