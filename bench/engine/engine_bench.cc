@@ -47,7 +47,9 @@
 // "prefetchearly" (a layer's o_proj / gate_up / down_proj weights prefetched during
 // its attention instead of after it), "prefetchctasN" (N CTAs issue each prefetch instead of 16),
 // "ownsmem" (a wide cascade step's own tiles on the shared-memory split kernel instead of the
-// persistent decode kernel: attention.h SetOwnTilesOnPersistentDecode(false); the same bits).
+// persistent decode kernel: attention.h SetOwnTilesOnPersistentDecode(false); the same bits),
+// "dwn8" (the persistent decode kernel's consumers in the decode-shaped form: launchers.h
+// SetDecodeWsN8; the same bits).
 //
 // tree: issue 11's three-level prefix tree through the engine: a system chunk of shared_len
 // tokens, tree_contexts context chunks of tree_context_len tokens below it, tree_queries
@@ -193,6 +195,7 @@ struct Variant {
   int prefetch_ctas = 16;       // CudaBackendOptions::prefetch_weights_ctas
   bool prefetch_early = false;  // CudaBackendOptions::prefetch_weights_early
   bool own_tiles_ws = true;     // attention.h SetOwnTilesOnPersistentDecode (process-wide)
+  bool dw_n8 = false;           // internal::SetDecodeWsN8 (process-wide, set at load)
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -212,6 +215,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "ws") return v->ws_min_tiles = 0, true;
   if (name == "super") return v->super_tiles = 0, true;
   if (name == "ownsmem") return v->own_tiles_ws = false, true;
+  if (name == "dwn8") return v->dw_n8 = true, true;
   if (name == "noprefetch") return v->prefetch_max_rows = 0, true;
   if (name == "prefetchall") return v->prefetch_max_rows = 256, true;  // every decode bucket
   if (name == "prefetchearly") return v->prefetch_early = true, true;
@@ -566,6 +570,7 @@ struct Bench {
       o.programmatic_launch = variant.pdl;
       cuda::internal::SetSplitVariant(variant.split_variant);
       cuda::SetOwnTilesOnPersistentDecode(variant.own_tiles_ws);
+      cuda::internal::SetDecodeWsN8(variant.dw_n8);
       o.persistent_decode_min_tiles =
           variant.ws_min_tiles >= 0 ? variant.ws_min_tiles : cuda::kDefaultDecodeWsMinTiles;
       const Clock::time_point load_start = Clock::now();
