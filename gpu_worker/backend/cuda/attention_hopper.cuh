@@ -527,15 +527,14 @@ struct N8Scratch {
 // 64 h + 16 cw + g + 8 (e >> 1) of q-row 2 t4 + (e & 1) (g = lane / 4, t4 = lane % 4), m[f] the
 // running max of q-row 2 t4 + f; the sum warp's lanes also hold q-row lane / 4's (row_m, row_l).
 // pos: the positions of q-rows 2 t4 and 2 t4 + 1, row_pos q-row lane / 4's (-1 past the work's
-// q-rows); lo / hi: the lowest and highest of the work's q-rows' positions. tail_fence: as
-// WsFoldTiles'.
+// q-rows); lo / hi: the lowest and highest of the work's q-rows' positions.
 template <int kStages>
 __device__ __forceinline__ void WsFoldTilesN8(const WsRing& ring, int n0, uint32_t q_addr,
                                               const N8Scratch& x, int bar_id, int tile_begin,
                                               int ntiles, int lo, int hi, const int (&pos)[2],
                                               int row_pos, bool sum_warp, int cw, int lane,
                                               float scale_log2, float (&o)[8], float (&m)[2],
-                                              float& row_m, float& row_l, bool tail_fence = false) {
+                                              float& row_m, float& row_l) {
   const int g = lane >> 2, t4 = lane & 3;
   const int nact = hi < 0 ? 0 : min(ntiles, max(0, (hi / kT) - tile_begin + 1));
   const int nfull = min(nact, max(0, (lo + 1) / kT - tile_begin));
@@ -544,10 +543,7 @@ __device__ __forceinline__ void WsFoldTilesN8(const WsRing& ring, int n0, uint32
   row_l = 0.f;
   const uint64_t dq = WgmmaDesc(q_addr, 16, 1024), dp = WgmmaDesc(x.addr, 16, 1024);
   auto stage = [&](int i) { return (n0 + i) % kStages; };
-  auto wait_full = [&](int i) {
-    MbarWait(ring.full0 + 8 * stage(i), ((n0 + i) / kStages) & 1);
-    if (tail_fence && i == ntiles - 1) FenceProxyAsync();
-  };
+  auto wait_full = [&](int i) { MbarWait(ring.full0 + 8 * stage(i), ((n0 + i) / kStages) & 1); };
   auto release = [&](int i) {
     __syncwarp();
     if (lane == 0) MbarArrive(ring.empty0 + 8 * stage(i));
