@@ -721,7 +721,13 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else if (arg.rfind("--dw-n8=", 0) == 0) {
-      cascade::cuda::internal::SetDecodeWsN8(std::atoi(arg.c_str() + 8) != 0);
+      const std::string v = arg.substr(8);
+      if (v != "0" && v != "1") {
+        std::fprintf(stderr,
+                     "--dw-n8=0|1: 0 the 64-row consumers (default), 1 the decode-shaped\n");
+        return 2;
+      }
+      cascade::cuda::internal::SetDecodeWsN8(v == "1");
     } else if (arg.rfind("--trace=", 0) == 0) {
       cascade::cuda::g_trace_path = arg.substr(8);
     } else if (arg.rfind("--shared-row=", 0) == 0) {
