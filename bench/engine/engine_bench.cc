@@ -49,7 +49,9 @@
 // "ownsmem" (a wide cascade step's own tiles on the shared-memory split kernel instead of the
 // persistent decode kernel: attention.h SetOwnTilesOnPersistentDecode(false); the same bits),
 // "dwn8" (the persistent decode kernel's consumers in the decode-shaped form: launchers.h
-// SetDecodeWsN8; the same bits).
+// SetDecodeWsN8; the same bits), "wsfew" (steps of fewer works than 7/8 of the SMs, all rows
+// short, on the persistent decode kernel instead of the split kernel and the merge: attention.h
+// SetDecodeWsFewWorks(true); the same bits).
 //
 // tree: issue 11's three-level prefix tree through the engine: a system chunk of shared_len
 // tokens, tree_contexts context chunks of tree_context_len tokens below it, tree_queries
@@ -196,6 +198,7 @@ struct Variant {
   bool prefetch_early = false;  // CudaBackendOptions::prefetch_weights_early
   bool own_tiles_ws = true;     // attention.h SetOwnTilesOnPersistentDecode (process-wide)
   bool dw_n8 = false;           // internal::SetDecodeWsN8 (process-wide, set at load)
+  bool ws_few_works = false;    // attention.h SetDecodeWsFewWorks (process-wide, set at load)
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
@@ -216,6 +219,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "super") return v->super_tiles = 0, true;
   if (name == "ownsmem") return v->own_tiles_ws = false, true;
   if (name == "dwn8") return v->dw_n8 = true, true;
+  if (name == "wsfew") return v->ws_few_works = true, true;
   if (name == "noprefetch") return v->prefetch_max_rows = 0, true;
   if (name == "prefetchall") return v->prefetch_max_rows = 256, true;  // every decode bucket
   if (name == "prefetchearly") return v->prefetch_early = true, true;
@@ -571,6 +575,7 @@ struct Bench {
       cuda::internal::SetSplitVariant(variant.split_variant);
       cuda::SetOwnTilesOnPersistentDecode(variant.own_tiles_ws);
       cuda::internal::SetDecodeWsN8(variant.dw_n8);
+      cuda::SetDecodeWsFewWorks(variant.ws_few_works);
       o.persistent_decode_min_tiles =
           variant.ws_min_tiles >= 0 ? variant.ws_min_tiles : cuda::kDefaultDecodeWsMinTiles;
       const Clock::time_point load_start = Clock::now();

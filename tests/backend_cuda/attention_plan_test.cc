@@ -603,10 +603,10 @@ TEST(AttentionPlanTest, FoldItemsGrowWithTheStepsWork) {
 }
 
 // Where the persistent decode kernel can run (AttentionConfig::ws_ctas: its SMs), plain rows fold
-// whole from about one (row, kv head) work per SM, when they average DecodeWsMinTiles() tiles (or
-// have a consumer each) and none is longer than 1.5x the mean or than a consumer's share of the
-// works; without it, or short, ragged, too few or unfinished rows keep the shared-memory
-// kernel's rule (split rows at batch 16).
+// whole from about one (row, kv head) work per SM (or fewer, when every row is short), when they
+// average DecodeWsMinTiles() tiles (or have a consumer each) and none is longer than 1.5x the mean
+// or than a consumer's share of the works; without it, or short, ragged, too few or unfinished
+// rows keep the shared-memory kernel's rule (split rows at batch 16).
 TEST(AttentionPlanTest, PersistentKernelTakesWholeRowsFromOneWorkPerSm) {
   auto batch = [](const std::vector<int>& ctx) {
     std::vector<Seq> seqs;
@@ -640,6 +640,16 @@ TEST(AttentionPlanTest, PersistentKernelTakesWholeRowsFromOneWorkPerSm) {
   through_merge.finish_rows = false;
   EXPECT_FALSE(whole_rows(through_merge, sixteen)) << "rows the merge finishes";
   EXPECT_FALSE(whole_rows(cfg, batch(std::vector<int>(8, 4096)))) << "64 works for 132 SMs";
+  // With DecodeWsFewWorks (off by default), fewer works than that fold whole when every row is
+  // short (one round, no merge); rows past kDecodeWsFewWorksMaxTiles tiles keep the split.
+  ASSERT_FALSE(DecodeWsFewWorks());
+  EXPECT_FALSE(whole_rows(cfg, batch({150}))) << "DecodeWsFewWorks off: batch 1 splits";
+  SetDecodeWsFewWorks(true);
+  EXPECT_TRUE(whole_rows(cfg, batch({150}))) << "batch 1, 3 tiles: 8 works";
+  EXPECT_TRUE(whole_rows(cfg, batch(std::vector<int>(8, 4 * kTileTokens)))) << "4 tiles";
+  EXPECT_FALSE(whole_rows(cfg, batch(std::vector<int>(8, 4 * kTileTokens + 1)))) << "5 tiles";
+  EXPECT_FALSE(whole_rows(cfg, batch({150, 1000}))) << "one row of 16 tiles";
+  SetDecodeWsFewWorks(false);
   ASSERT_EQ(DecodeWsMinTiles(), 2);
   EXPECT_TRUE(whole_rows(cfg, batch(std::vector<int>(40, 300)))) << "5 tiles a row, 320 works";
   EXPECT_TRUE(whole_rows(cfg, batch(std::vector<int>(64, 150)))) << "3 tiles a row, 512 works";

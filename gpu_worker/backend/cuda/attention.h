@@ -207,6 +207,16 @@ inline constexpr int kDefaultDecodeWsMinTiles = kDefaultPersistentDecodeMinTiles
 // never).
 int DecodeWsMinTiles();
 void SetDecodeWsMinTiles(int tiles);
+// Plans of fewer (row, kv head) works than 7/8 of the SMs (batch 1-14 at 8 kv heads) whose rows
+// are all short (<= kDecodeWsFewWorksMaxTiles tiles) on the persistent decode kernel too: its
+// consumers fold each row whole, with no merge launch after them, where the split kernel spreads
+// a row's few tiles over CTAs and then merges them. Longer rows keep the split kernel: there the
+// spread is the parallelism. Off by default: measured within noise on an H200 (qwen3-0.6b,
+// prompt 128: batch 1 1.133 / 1.189 vs 1.160 / 1.154 ms a step, batch 8 1.197 / 1.230 vs 1.254 /
+// 1.244; the merge's boundary is already hidden by programmatic launch). Process-wide.
+inline constexpr int kDecodeWsFewWorksMaxTiles = 4;
+bool DecodeWsFewWorks();
+void SetDecodeWsFewWorks(bool on);
 // Split form 6 (the rows' own tiles of a wide cascade step on the persistent decode kernel): on by
 // default; benchmarks compare it with the shared-memory form (false: form 0). Process-wide.
 bool OwnTilesOnPersistentDecode();

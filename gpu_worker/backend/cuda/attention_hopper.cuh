@@ -548,12 +548,12 @@ __device__ __forceinline__ void WsFoldTilesN8(const WsRing& ring, int n0, uint32
     __syncwarp();
     if (lane == 0) MbarArrive(ring.empty0 + 8 * stage(i));
   };
-  auto tile = [&](auto mask_tag, int i) {
-    constexpr bool kMask = decltype(mask_tag)::value;
-    const int ts = (tile_begin + i) * kT;
+  // S^T of tile i (key 16 cw + g + 8 (e >> 1), q-row 2 t4 + (e & 1)) issued into st once the
+  // tile landed, not waited for.
+  auto issue_s = [&](int i, float(&st)[4]) {
     const uint32_t kv = ring.kv0 + 2 * stage(i) * kWgTileBytes;
     wait_full(i);
-    float st[4] = {0.f, 0.f, 0.f, 0.f};  // S^T: key 16 cw + g + 8 (e >> 1), q-row 2 t4 + (e & 1)
+    Zero(st);
     FenceRegs(st);
     WgmmaFence();
 #pragma unroll
@@ -563,11 +563,25 @@ __device__ __forceinline__ void WsFoldTilesN8(const WsRing& ring, int n0, uint32
                      WgmmaDescAdd(dq, half * kN8QRows * 128 + kb));
     }
     WgmmaCommit();
+  };
+  float st[4];  // the current tile's S^T (complete when its tile step starts)
+  if (nact > 0) {
+    issue_s(0, st);
     WgmmaWait<0>();
     FenceRegs(st);
+  }
+  // Tile i's step: the next tile's S^T is issued beside this tile's softmax and P V (its copy
+  // waited for first), so its MMAs overlap them.
+  auto tile = [&](auto mask_tag, int i) {
+    constexpr bool kMask = decltype(mask_tag)::value;
+    const int ts = (tile_begin + i) * kT;
+    const uint32_t kv = ring.kv0 + 2 * stage(i) * kWgTileBytes;
+    const bool next = i + 1 < nact;
+    float sn[4];
     float* S = x.S();
 #pragma unroll
     for (int e = 0; e < 4; ++e) S[(2 * t4 + (e & 1)) * kT + 16 * cw + g + 8 * (e >> 1)] = st[e];
+    if (next) issue_s(i + 1, sn);
     NamedBarSync(bar_id, 128);
     if (sum_warp) {  // q-row g's softmax in RowSoftmax's layout and order
       float r[16];
@@ -619,7 +633,7 @@ __device__ __forceinline__ void WsFoldTilesN8(const WsRing& ring, int n0, uint32
       }
     }
     WgmmaCommit();
-    WgmmaWait<0>();
+    WgmmaWait<0>();  // (this tile's P V and the next tile's S^T)
     FenceRegs(ot[0]);
     FenceRegs(ot[1]);
     release(i);
@@ -630,6 +644,11 @@ __device__ __forceinline__ void WsFoldTilesN8(const WsRing& ring, int n0, uint32
         const int f = e & 1;
         if (!kMask || valid[f]) o[4 * h + e] = FoldElem(o[4 * h + e], w[f], ot[h][e]);
       }
+    }
+    if (next) {
+      FenceRegs(sn);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[e] = sn[e];
     }
   };
   for (int i = 0; i < ntiles; ++i) {

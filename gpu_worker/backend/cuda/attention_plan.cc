@@ -625,7 +625,11 @@ class DecodePlanner {
 namespace {
 std::atomic<int> g_decode_ws_min_tiles{kDefaultDecodeWsMinTiles};
 std::atomic<bool> g_own_tiles_ws{true};
+std::atomic<bool> g_decode_ws_few_works{false};  // within noise (engine NOTES, run 21)
 }  // namespace
+
+bool DecodeWsFewWorks() { return g_decode_ws_few_works.load(std::memory_order_relaxed); }
+void SetDecodeWsFewWorks(bool on) { g_decode_ws_few_works.store(on, std::memory_order_relaxed); }
 
 int DecodeWsMinTiles() { return g_decode_ws_min_tiles.load(std::memory_order_relaxed); }
 void SetDecodeWsMinTiles(int tiles) {
@@ -806,7 +810,8 @@ absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& 
     const bool persistent =
         config.ws_ctas > 0 && config.finish_rows && config.head_dim == 128 &&
         config.num_q_heads <= 8 * config.num_kv_heads && plan->cascade_shared_tiles == 0 &&
-        8 * rows * config.num_kv_heads >= 7 * static_cast<int64_t>(config.ws_ctas) &&
+        (8 * rows * config.num_kv_heads >= 7 * static_cast<int64_t>(config.ws_ctas) ||
+         (one_round && DecodeWsFewWorks() && longest <= kDecodeWsFewWorksMaxTiles)) &&
         (one_round || tiles >= static_cast<int64_t>(min_tiles) * rows) && balanced;
     // A row longer than 1.1x the share would keep its CTA running after the others if folded
     // whole: no second plan then (it would be dropped, and planning twice costs host time).
