@@ -14,7 +14,8 @@
 # SHARED_TRACE (e.g. "default"): the shared-prefix row of those configurations timed and traced.
 # TRACE=0: no timeline builds or reports (time for two alternative trees in one call).
 # ENGINE_AB=1: also engine_bench's three-level tree (--sections=tree --variants=default) on every
-# tree, A-B-A-B (this tree first). ALT_TESTS=0: the alternative trees' tests are not run (only
+# tree, A-B-A-B (this tree first); ENGINE_AB_ARGS (e.g. "--sections=decode --batches=64,256")
+# replaces --sections=tree. ALT_TESTS=0: the alternative trees' tests are not run (only
 # where they differ from this tree in a default the tests set themselves).
 # Logs and traces under $OUT (or ./device-out).
 set -uo pipefail
@@ -110,12 +111,14 @@ for r in ${EXTRA_ROWS:-}; do
   done
 done
 if [ "${ENGINE_AB:-0}" = 1 ]; then
-  echo "# engine_bench --backend=cuda --preset=qwen3-0.6b --sections=tree --variants=default, A-B-A-B"
+  echo "# engine_bench --backend=cuda --preset=qwen3-0.6b ${ENGINE_AB_ARGS:---sections=tree} --variants=default, A-B-A-B"
   for round in 1 2; do
     for b in $(echo "$trees" | tr ' ' '\n' | awk '!seen[$0]++'); do
       echo "== engine $b (round $round)"
-      timeout 120 "$b"/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=tree \
-        --variants=default 2>&1 | grep -E "^\||^\(every" | tee -a "$OUT/engine_tree.log"
+      # shellcheck disable=SC2086
+      timeout 120 "$b"/bench/engine_bench --backend=cuda --preset=qwen3-0.6b \
+        ${ENGINE_AB_ARGS:---sections=tree} --variants=default 2>&1 | grep -E "^\||^\(every" |
+        tee -a "$OUT/engine_tree.log"
       [ "${PIPESTATUS[0]}" = 0 ] || { echo "engine_bench on $b failed (tokens differ?)"; trc=1; }
     done
   done
