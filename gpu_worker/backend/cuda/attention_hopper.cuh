@@ -370,6 +370,10 @@ constexpr size_t WsSmemBytes(int stages) {
 constexpr int kPieceTokens =
     16;  // the copy unit for blocks of 16 or 32 tokens; 64 for blocks of 64
 
+// Warp-specialized register split. The increase draws only on registers that warps of the same
+// CTA gave back with the decrease (from the kernel's launch count, ptxas' "Used N registers"):
+// it blocks until they are there, so an increase larger than the decreases release hangs the
+// kernel (a three-consumer decode kernel did, bench/kernels/NOTES.md session 33).
 template <int kRegs>
 __device__ __forceinline__ void SetMaxRegsInc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
@@ -1482,7 +1486,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   };
   if (warp < 4) {  // --------------------------------------------------- item and load warps
     // 56 / 224 registers (ptxas: fewer for these warps, which walk items too, spill them; 4 bytes
-    // spilled at 224 for the consumers); 56 * 128 + 224 * 256 <= 64K.
+    // spilled at 224 for the consumers). setmaxnreg.inc takes only what this CTA's setmaxnreg.dec
+    // released from the launch count (168 at 384 threads), and blocks until it is there: 128 x
+    // (168 - 56) released = 256 x (224 - 168) taken. A larger increase hangs (session 33).
     SetMaxRegsDec<56>();
     const int c = warp & 1;
     // Consumer c's index among the grid's (consumer 0 of every CTA first): its first work.
