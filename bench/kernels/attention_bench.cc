@@ -11,7 +11,8 @@
 //   SuperTilesFor's)] [--wide-ctas=N (the cascade rows' wide kernel on N CTAs: the planner's
 //   schedule over N; default one per SM)]
 //   [--dw-n8=0|1 (the persistent decode kernel's consumers in the 64-row form, the default, or
-//   in the decode-shaped form)]
+//   in the decode-shaped form)] [--dw-ctas=N (that kernel on N CTAs instead of one per SM: how
+//   its rate scales with its consumers)]
 //   [--tree=NAME (only the three-level tree's every-tile row of that configuration: default,
 //   nopairs, nochains, nofold, ownsmem, lead32, super, ...; for a profiler)]
 //   [--shared-row=NAME (only the shared-prefix row at B=64 of that configuration, as --tree)]
@@ -720,6 +721,13 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "--wide-ctas=N: N >= 1\n");
         return 2;
       }
+    } else if (arg.rfind("--dw-ctas=", 0) == 0) {
+      const int ctas = std::atoi(arg.c_str() + 10);
+      if (ctas < 1) {
+        std::fprintf(stderr, "--dw-ctas=N: N >= 1\n");
+        return 2;
+      }
+      cascade::cuda::internal::SetDecodeWsCtas(ctas);
     } else if (arg.rfind("--dw-n8=", 0) == 0) {
       const std::string v = arg.substr(8);
       if (v != "0" && v != "1") {
