@@ -26,19 +26,23 @@
 #include <cstdlib>
 #include <vector>
 
+#include "gpu_worker/backend/cuda/wgmma.cuh"
+
 namespace {
+using cascade::cuda::internal::MbarArriveExpectTx;
+using cascade::cuda::internal::MbarInit;
 
 constexpr int kThreads = 128;
-constexpr int kF4 = 16;                           // float4s a thread: 64 floats of O_t
+constexpr int kF4 = 16;                                // float4s a thread: 64 floats of O_t
 constexpr int kSlotBytes = kThreads * (kF4 * 16 + 4);  // O_t, then one float a thread (ms, lt)
 
-#define CUDA_OK(x)                                                                          \
-  do {                                                                                      \
-    cudaError_t e_ = (x);                                                                   \
-    if (e_ != cudaSuccess) {                                                                \
+#define CUDA_OK(x)                                                                            \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                         \
-    }                                                                                       \
+      std::exit(2);                                                                           \
+    }                                                                                         \
   } while (0)
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -60,16 +64,14 @@ __device__ __forceinline__ void ClusterSync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
                    : "memory");
 }
-__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
 // One arrival on a barrier of another CTA of the cluster (its shared::cluster address), releasing
 // this thread's earlier writes to cluster scope.
 __device__ __forceinline__ void MbarArriveRemote(uint32_t cluster_bar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar)
                : "memory");
 }
-// Waits for phase `parity` of a local barrier, acquiring what the arrivals released (cluster).
+// Waits for phase `parity` of a local barrier, acquiring what the arrivals released (cluster
+// scope: wgmma.cuh's MbarWait acquires at CTA scope).
 __device__ __forceinline__ void MbarWaitCluster(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   do {
@@ -105,10 +107,6 @@ __device__ __forceinline__ void BulkToPeer(uint32_t dst, uint32_t src, uint32_t 
 template <int N>
 __device__ __forceinline__ void BulkWaitRead() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
 }
 __device__ __forceinline__ void Spin(int cycles) {
   if (cycles <= 0) return;
@@ -169,8 +167,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads)
           local[e * kThreads + t] = make_float4(Value(i, 4 * e, t), Value(i, 4 * e + 1, t),
                                                 Value(i, 4 * e + 2, t), Value(i, 4 * e + 3, t));
         }
-        reinterpret_cast<float*>(slots + s * kSlotBytes + kThreads * kF4 * 16)[t] =
-            Value(i, 64, t);
+        reinterpret_cast<float*>(slots + s * kSlotBytes + kThreads * kF4 * 16)[t] = Value(i, 64, t);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the bulk copy
         __syncthreads();
         if (t == 0) {
@@ -181,8 +178,8 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < kF4; ++e) {
           StRemote4(dst + (e * kThreads + t) * 16,
-                    make_float4(Value(i, 4 * e, t), Value(i, 4 * e + 1, t),
-                                Value(i, 4 * e + 2, t), Value(i, 4 * e + 3, t)));
+                    make_float4(Value(i, 4 * e, t), Value(i, 4 * e + 1, t), Value(i, 4 * e + 2, t),
+                                Value(i, 4 * e + 3, t)));
         }
         StRemote(dst + kThreads * kF4 * 16 + 4 * t, Value(i, 64, t));
         MbarArriveRemote(Mapa(SmemAddr(&full[s]), 0));
@@ -265,18 +262,18 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   if (prop.major < 9) {
-    std::printf("%s (sm_%d%d): no clusters before sm_90; nothing to probe\n", prop.name,
-                prop.major, prop.minor);
+    std::printf("%s (sm_%d%d): no clusters before sm_90; nothing to probe\n", prop.name, prop.major,
+                prop.minor);
     return 0;
   }
   int khz = 0;  // (cudaDeviceProp lost clockRate in CUDA 13)
   CUDA_OK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
   // ~0.8 us at the SM clock (1.98 GHz on an H200): a wide chain's tile on one warpgroup.
   const int tile_cycles = static_cast<int>(0.8e-6 * khz * 1e3);
-  std::printf("%s, %d SMs, %d kHz; hand-off of %d bytes (O_t of 64 q-rows x 128 dims f32 and a "
-              "float a thread), %d a pair; tile emulated as %d cycles\n",
-              prop.name, prop.multiProcessorCount, khz, kSlotBytes, iters,
-              tile_cycles);
+  std::printf(
+      "%s, %d SMs, %d kHz; hand-off of %d bytes (O_t of 64 q-rows x 128 dims f32 and a "
+      "float a thread), %d a pair; tile emulated as %d cycles\n",
+      prop.name, prop.multiProcessorCount, khz, kSlotBytes, iters, tile_cycles);
   std::printf("%-8s %-6s %-6s %-6s %14s %14s %14s\n", "pairs", "form", "slots", "work",
               "handoff ns", "no-handoff ns", "added ns");
   int errors = 0;
