@@ -180,7 +180,7 @@ std::vector<std::vector<int32_t>> PrefixTables(const std::vector<int>& ctx, int 
 // The per-work timelines (--trace; launchers.h SetWsTrace, SetDwTrace): for the wide kernel and
 // for the persistent decode kernel, each room for kTraceWorks works of kTraceSlots stamps, then 4
 // stamps a CTA (clock64 and globaltimer at its start and end).
-constexpr int kTraceWorks = 1 << 16, kTraceSlots = 16, kTraceCtas = 1024;
+constexpr int kTraceWorks = 1 << 16, kTraceSlots = internal::kTraceSlotsPerWork, kTraceCtas = 1024;
 class WsTrace {
  public:
   // Exits with status 2 where the library stamps nothing; stamps nothing until Arm().
@@ -207,7 +207,7 @@ class WsTrace {
   }
   // Stops the stamps and writes what the armed launch left: the wide kernel's to `path`, the
   // persistent decode kernel's to `path`.dw (where it ran), each as "cta,c0,t0,c1,t1" lines
-  // (clock64 and globaltimer ns at the CTA's start and end), then "work,meta,s0..s14"
+  // (clock64 and globaltimer ns at the CTA's start and end), then "work,meta,s0..s17"
   // (ws_trace.py reads them; --dw for the second).
   void Write(const std::string& path) {
     if (!Set(false)) std::exit(2);

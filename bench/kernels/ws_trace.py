@@ -3,13 +3,16 @@
 
 `cuda_attention_bench --tree=NAME --trace=FILE` (a build configured with -DCASCADE_WS_TRACE=ON;
 bench/kernels/device_ws_trace.sh) writes FILE: "cta,c,clock0,ns0,clock1,ns1" lines (a CTA's
-clock64 and globaltimer at its start and after its last work) and "work,w,meta,s0..s14" lines
-(clock64 stamps, attention_hopper.cuh WsTraceSlot). Stamps are compared only within a CTA (one
-SM's clock); the CTA's two clock / globaltimer pairs give its cycles per microsecond.
+clock64 and globaltimer at its start and after its last work) and "work,w,meta,s0..s17" lines
+(clock64 stamps, attention_hopper.cuh WsTraceSlot, the last three cycle sums). Stamps are
+compared only within a CTA (one SM's clock); the CTA's two clock / globaltimer pairs give its
+cycles per microsecond.
 
 Prints, per kind of work (tiles and q-rows), the median and mean in microseconds of each interval
-below, and over all CTAs the share of consumer warpgroup 0's time spent waiting for its item,
-in its tile loop, storing, and between works.
+below, warpgroup 0's tile loop by phase per tile (waiting for a stage to land, its MMAs from issue
+to their wait's return, the rest: release, fold, softmax), and over all CTAs the share of
+consumer warpgroup 0's time spent waiting for its item, in its tile loop, storing, and between
+works.
 
 With --dw, FILE is the persistent decode kernel's timeline (FILE.dw beside the wide kernel's:
 attention_hopper.cuh DwTraceSlot; meta cta | consumer << 12 | j << 13 | tiles << 32 | q-rows <<
@@ -31,6 +34,14 @@ SLOTS = [
     "load_begin", "load_end", "wg0_wait", "wg0_start", "wg0_tiles", "wg0_stored", "wg1_start",
     "wg1_tiles", "wg1_stored",
 ]
+# Then warpgroup 0's tile loop by phase, cycles summed over its tiles (durations, 0 for a pair's
+# or a super-tile order's works): (label, slot).
+PHASES = [
+    ("wg0 per tile: wait for the stage", "wg0_phase_wait"),
+    ("wg0 per tile: MMAs issue -> done", "wg0_phase_mma"),
+    ("wg0 per tile: release, fold, softmax", "wg0_phase_math"),
+]
+PHASE_SLOTS = [slot for _, slot in PHASES]
 # (label, later stamp, earlier stamp): the intervals printed per kind of work.
 INTERVALS = [
     ("item: wait for its buffer", "item_buffer", "item_begin"),
@@ -67,7 +78,7 @@ def parse_trace(lines, slots, fields):
 
 def parse(lines):
     """Returns ({cta: (clock0, ns0, clock1, ns1)}, [work dicts]) of the wide kernel's trace."""
-    return parse_trace(lines, SLOTS, lambda meta: {
+    return parse_trace(lines, SLOTS + PHASE_SLOTS, lambda meta: {
         "cta": meta & 0xFFF, "j": (meta >> 12) & 0xFFFFF, "tiles": (meta >> 32) & 0xFFFF,
         "q": (meta >> 48) & 0xFFF, "fold": meta >> 60,
     })
@@ -79,10 +90,11 @@ def cycle_rates(ctas):
             for c, (c0, t0, c1, t1) in ctas.items() if t1 > t0 and c1 > c0}
 
 
-def intervals_by_kind(works, rate, slots, intervals, kind_of, group_of):
-    """Per kind of work (kind_of), each interval's microseconds, and the works grouped by
-    group_of (a CTA, a consumer) with the group's works in order; works of another launch, or
-    that this launch did not finish stamping, are skipped. Returns (by_kind, counts, groups)."""
+def intervals_by_kind(works, rate, slots, intervals, kind_of, group_of, phases=()):
+    """Per kind of work (kind_of), each interval's microseconds (and each phase's microseconds a
+    tile, where the work has them), and the works grouped by group_of (a CTA, a consumer) with
+    the group's works in order; works of another launch, or that this launch did not finish
+    stamping, are skipped. Returns (by_kind, counts, groups)."""
     by_kind = defaultdict(lambda: defaultdict(list))
     counts = defaultdict(int)
     groups = defaultdict(list)
@@ -94,21 +106,26 @@ def intervals_by_kind(works, rate, slots, intervals, kind_of, group_of):
         counts[k] += 1
         for label, later, earlier in intervals:
             by_kind[k][label].append((w[later] - w[earlier]) / r)
+        if phases and any(w.get(slot, 0) for _, slot in phases):
+            for label, slot in phases:
+                by_kind[k][label].append(w[slot] / r / max(1, w["tiles"]))
         groups[group_of(w)].append(w)
     for ws in groups.values():
         ws.sort(key=lambda w: w["j"])
     return by_kind, counts, groups
 
 
-def print_intervals(by_kind, counts, kinds, intervals, width, out):
-    """The per-kind table: each interval's median / mean in microseconds."""
+def print_intervals(by_kind, counts, kinds, labels, width, out):
+    """The per-kind table: each labelled interval's median / mean in microseconds ("-" where a
+    kind has none)."""
     print("\n%-*s" % (width, "interval (us, median / mean)") +
           "".join(" %22s" % ("%s (%d)" % (k, counts[k])) for k in kinds), file=out)
-    for label, _, _ in intervals:
+    for label in labels:
         cells = []
         for k in kinds:
-            v = by_kind[k][label]
-            cells.append(" %22s" % ("%7.2f / %7.2f" % (statistics.median(v), statistics.mean(v))))
+            v = by_kind[k].get(label, [])
+            cells.append(" %22s" % ("%7.2f / %7.2f" % (statistics.median(v), statistics.mean(v))
+                                    if v else "-"))
         print("%-*s%s" % (width, label, "".join(cells)), file=out)
 
 
@@ -122,7 +139,7 @@ def analyze(ctas, works):
     """Returns (per-kind {label: [us]}, per-kind counts, wg0 time shares, cycles per us)."""
     rate = cycle_rates(ctas)
     by_kind, counts, per_cta = intervals_by_kind(works, rate, SLOTS, INTERVALS, kind,
-                                                 lambda w: w["cta"])
+                                                 lambda w: w["cta"], PHASES)
     shares = defaultdict(float)
     for c, ws in per_cta.items():
         r = rate[c]
@@ -143,14 +160,16 @@ def report(ctas, works, out=sys.stdout):
         print("ws_trace: no complete work in the trace (was it written by a --trace build?)",
               file=out)
         return 1
-    print_report(ctas, (by_kind, counts, shares, rate), INTERVALS, 46, None,
+    print_report(ctas, (by_kind, counts, shares, rate),
+                 [i[0] for i in INTERVALS] + [p[0] for p in PHASES], 46, None,
                  "consumer warpgroup 0's", True, out)
     return 0
 
 
-def print_report(ctas, analysis, intervals, width, kinds_shown, whose, clock, out):
+def print_report(ctas, analysis, labels, width, kinds_shown, whose, clock, out):
     """A trace's report: its CTAs and works (with the SM clock range if `clock`), the interval
-    table of its most frequent kinds (all if kinds_shown is None), and where whose time goes."""
+    table (rows `labels`) of its most frequent kinds (all if kinds_shown is None), and where
+    whose time goes."""
     by_kind, counts, shares, rate = analysis
     rates = sorted(rate.values())
     spans = sorted((c1 - c0) / rate[c] for c, (c0, _, c1, _) in ctas.items() if c in rate)
@@ -159,7 +178,7 @@ def print_report(ctas, analysis, intervals, width, kinds_shown, whose, clock, ou
            "SM clock %.0f-%.0f MHz; " % (rates[0], rates[-1]) if clock else "",
            statistics.median(spans), spans[-1]), file=out)
     kinds = sorted(counts, key=lambda k: -counts[k])[:kinds_shown]
-    print_intervals(by_kind, counts, kinds, intervals, width, out)
+    print_intervals(by_kind, counts, kinds, labels, width, out)
     total = sum(shares.values())
     print("\n%s time over all CTAs (%.1f us):" % (whose, total), file=out)
     for name, v in shares.items():
@@ -170,7 +189,7 @@ def self_test():
     """A hand-made trace: two CTAs at 1000 cycles per us, known intervals; checks the numbers."""
     lines = ["cta,0,1000,0,40000,39000", "cta,1,5000,0,35000,30000"]
 
-    def work(w, cta, j, tiles, q, base, gap_item, loop):
+    def work(w, cta, j, tiles, q, base, gap_item, loop, phases=(0, 0, 0)):
         meta = cta | j << 12 | tiles << 32 | q << 48 | 2 << 60
         s = {
             "item_begin": base, "item_buffer": base + 1000, "item_rows": base + 1500,
@@ -180,12 +199,14 @@ def self_test():
             "wg0_stored": base + 3000 + loop, "wg1_start": base + 2500,
             "wg1_tiles": base + 2500 + loop, "wg1_stored": base + 3000 + loop,
         }
-        return "work,%d,%d,%s" % (w, meta, ",".join(str(s[k]) for k in SLOTS))
+        s.update(zip(PHASE_SLOTS, phases))
+        return "work,%d,%d,%s" % (w, meta, ",".join(str(s[k]) for k in SLOTS + PHASE_SLOTS))
 
     lines.append(work(0, 0, 0, 1, 64, 1000, 500, 4000))   # 1 tile: loop 4 us, wait 1 us
     lines.append(work(1, 1, 0, 1, 64, 5000, 500, 6000))   # 1 tile: loop 6 us
-    lines.append(work(2, 0, 1, 32, 128, 9000, -500, 20000))  # a fold run: loop 20 us
-    lines.append("work,3,0," + ",".join("0" for _ in SLOTS))  # not stamped: skipped
+    # A fold run: loop 20 us of 32 tiles, 0.1 / 0.3 / 0.2 us a tile by phase.
+    lines.append(work(2, 0, 1, 32, 128, 9000, -500, 20000, (3200, 9600, 6400)))
+    lines.append("work,3,0," + ",".join("0" for _ in SLOTS + PHASE_SLOTS))  # not stamped: skipped
     ctas, works = parse(lines)
     by_kind, counts, shares, rate = analyze(ctas, works)
     assert counts == {"1 tile, 64 q-rows": 2, "8+ tiles, 128 q-rows": 1}, counts
@@ -198,6 +219,10 @@ def self_test():
     run = by_kind["8+ tiles, 128 q-rows"]
     assert run["wg0: wait for the item"] == [0.0], run["wg0: wait for the item"]
     assert run["wg0: store"] == [0.5]
+    assert run["wg0 per tile: wait for the stage"] == [0.1], run
+    assert run["wg0 per tile: MMAs issue -> done"] == [0.3], run
+    assert run["wg0 per tile: release, fold, softmax"] == [0.2], run
+    assert "wg0 per tile: wait for the stage" not in one  # no phases (a pair's): none shown
     # CTA 0 (span 39 us): wg0 asks at 2500 (1.5 us after the start), starts 3500, stores until
     # 8000, asks again at 11500 (3.5 us between works), stores until 32000 (8 us before the end);
     # CTA 1 (30 us): asks at 6500 (1.5 us), stores until 14000 (21 us before the end).
@@ -259,8 +284,8 @@ def report_dw(ctas, works, out=sys.stdout):
     if not counts:
         print("ws_trace --dw: no complete work in the trace", file=out)
         return 1
-    print_report(ctas, (by_kind, counts, shares, rate), DW_INTERVALS, 42, 4, "consumers'", False,
-                 out)
+    print_report(ctas, (by_kind, counts, shares, rate), [i[0] for i in DW_INTERVALS], 42, 4,
+                 "consumers'", False, out)
     return 0
 
 

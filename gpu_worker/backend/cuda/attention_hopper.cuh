@@ -695,8 +695,25 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
                                             uint32_t q_sbo, int tile_begin, int ntiles, int lo,
                                             int hi, const int (&pos)[2], int wg, int lane,
                                             float scale_log2, float (&o)[64], float (&l)[2],
-                                            bool active = true, float* m_out = nullptr) {
+                                            bool active = true, float* m_out = nullptr,
+                                            uint64_t* phases = nullptr) {
   constexpr int kHalves = kRowWarp ? 1 : 2;
+  // Trace builds with `phases` (3 cycle sums: WsTraceSlot kTrWg0PhaseWait..Math): each tile's
+  // wait for its stage, its MMAs from issue to the wait's return, and the rest of its step.
+#if defined(CASCADE_WS_TRACE)
+  uint64_t ph_wait = 0, ph_mma = 0, ph_math = 0, ph_t = 0;
+  auto ph_mark = [&](uint64_t& sum) {
+    const uint64_t now = clock64();
+    if (ph_t != 0) sum += now - ph_t;
+    ph_t = now;
+  };
+#define WS_PHASE(sum)                    \
+  do {                                   \
+    if (phases != nullptr) ph_mark(sum); \
+  } while (0)
+#else
+#define WS_PHASE(sum) ((void)0)
+#endif
   const int t4 = lane & 3;
   // Tiles this warpgroup reads: a prefix of the item's (ts <= hi).
   const int nact = hi < 0 ? 0 : min(ntiles, max(0, (hi / kT) - tile_begin + 1));
@@ -713,7 +730,11 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
   const uint64_t dq = WgmmaDesc(q_addr, 16, q_sbo);
   auto issue_qk = [&](float(&sc)[32], uint64_t dk) { IssueQk<kQRows>(sc, dq, dk); };
   auto stage = [&](int i) { return (n0 + i) % kStages; };
-  auto wait_full = [&](int i) { MbarWait(ring.full0 + 8 * stage(i), ((n0 + i) / kStages) & 1); };
+  auto wait_full = [&](int i) {
+    WS_PHASE(ph_math);  // (the previous step's rest ends here)
+    MbarWait(ring.full0 + 8 * stage(i), ((n0 + i) / kStages) & 1);
+    WS_PHASE(ph_wait);
+  };
   auto desc_k = [&](int i) { return WgmmaDesc(ring.kv0 + 2 * stage(i) * kWgTileBytes, 16, 1024); };
   auto desc_v = [&](int i) {
     return WgmmaDesc(ring.kv0 + (2 * stage(i) + 1) * kWgTileBytes, kT * 128, 1024);
@@ -758,6 +779,7 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
     WgmmaCommit();
     turn_end(0);
     WgmmaWait<0>();
+    WS_PHASE(ph_mma);
     FenceRegs(sc);
     if (nfull > 0) {
       softmax(Unmasked{}, sc, 0);
@@ -783,6 +805,7 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
     WgmmaCommit();
     turn_end(i);
     WgmmaWait<0>();
+    WS_PHASE(ph_mma);
     FenceRegs(sc);
     FenceRegs(ot);
     release(i - 1);
@@ -794,6 +817,7 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
   if (i < nact && i == nfull) step(Unmasked{}, Masked{}, i++);
   for (; i < nact; ++i) step(Masked{}, Masked{}, i);
   if (nact > 0) {  // P.V of the last tile read
+    WS_PHASE(ph_math);
     float ot[64];
     Zero(ot);
     FenceRegs(ot);
@@ -801,6 +825,7 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
     IssuePv(ot, pa, desc_v(nact - 1));
     WgmmaCommit();
     WgmmaWait<0>();
+    WS_PHASE(ph_mma);
     FenceRegs(ot);
     release(nact - 1);
     if (nact > nfull) {
@@ -808,7 +833,16 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
     } else {
       fold(Unmasked{}, ot);
     }
+    WS_PHASE(ph_math);
   }
+#if defined(CASCADE_WS_TRACE)
+  if (phases != nullptr) {
+    phases[0] = ph_wait;
+    phases[1] = ph_mma;
+    phases[2] = ph_math;
+  }
+#endif
+#undef WS_PHASE
   for (int j = nact; j < ntiles; ++j) {  // tiles past this warpgroup's rows
     wait_full(j);
     turn_begin();
@@ -1028,9 +1062,16 @@ enum WsTraceSlot {
   kTrWg1Start,     // consumer warpgroup 1 (warp 8): the item is there
   kTrWg1Tiles,     // ... its tile loop done
   kTrWg1Stored,    // ... stored
-  kTrMeta,         // cta | j << 12 | ntiles << 32 | q-rows << 48 | fold << 60 (item warp 0)
+  // Warpgroup 0's tile loop of a plain work (not a pair, one-level order) by phase, cycles summed
+  // over its tiles (durations, not stamps): waiting for the tiles to land; from its MMAs' issue
+  // to their wait's return; the rest (stage release, fold, softmax).
+  kTrWg0PhaseWait,
+  kTrWg0PhaseMma,
+  kTrWg0PhaseMath,
+  kTrMeta,  // cta | j << 12 | ntiles << 32 | q-rows << 48 | fold << 60 (item warp 0)
   kWsTraceSlots
 };
+static_assert(kWsTraceSlots == kTraceSlotsPerWork, "launchers.h: the bench's trace layout");
 // A kernel's timeline buffer (SetWsTrace, SetDwTrace): [works][kWsTraceSlots] stamps, then 4 a
 // CTA; stamps == nullptr: none.
 struct TraceBuf {
@@ -1278,9 +1319,19 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                                                   d.lo[wg], d.hi[wg], pos, wg, lane, k.scale_log2,
                                                   k.super_tiles, o, l, true, kSplit ? m : nullptr);
       } else {
+#if defined(CASCADE_WS_TRACE)
+        uint64_t phases[3] = {0, 0, 0};
+#else
+        uint64_t* phases = nullptr;
+#endif
         WsFoldTiles<kPingPong, kStages, kWgRows>(ring, n, q_addr, 1024, tile_begin, ntiles,
                                                  d.lo[wg], d.hi[wg], pos, wg, lane, k.scale_log2, o,
-                                                 l, true, kSplit ? m : nullptr);
+                                                 l, true, kSplit ? m : nullptr, phases);
+#if defined(CASCADE_WS_TRACE)
+        if (cw == 0 && lane == 0) {
+          for (int p = 0; p < 3; ++p) g_ws_trace.Stamp(work_of(j), kTrWg0PhaseWait + p, phases[p]);
+        }
+#endif
       }
       n += ntiles;
 #if defined(CASCADE_WS_TRACE)

@@ -113,9 +113,10 @@ void SetDecodeWsCtas(int ctas);
 // SM (at most one per work). A small grid makes each CTA run many works (its rings wrap).
 void SetPrefillWsCtas(int ctas);
 // Benchmarks only: the persistent warp-specialized prefill kernel's per-work timeline (wide
-// cascade items and prefill; attention_hopper.cuh kWsTraceSlots) into `trace`, which holds
-// `works` x 16 stamps and then 4 per CTA; nullptr stops it. cudaErrorNotSupported unless the
-// library was built with -DCASCADE_WS_TRACE=ON (the product build stamps nothing).
+// cascade items and prefill; attention_hopper.cuh WsTraceSlot) into `trace`, which holds
+// `works` x kTraceSlotsPerWork stamps and then 4 per CTA; nullptr stops it. cudaErrorNotSupported
+// unless the library was built with -DCASCADE_WS_TRACE=ON (the product build stamps nothing).
+inline constexpr int kTraceSlotsPerWork = 19;  // attention_hopper.cuh kWsTraceSlots
 cudaError_t SetWsTrace(uint64_t* trace, int works);
 // Benchmarks only: the same for the persistent decode kernel (DecodeWsKernel; attention_hopper.cuh
 // DwTraceSlot), in the same layout.
