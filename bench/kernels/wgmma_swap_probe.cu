@@ -38,6 +38,18 @@ __device__ void ToSmem(unsigned char* dst, const __nv_bfloat16* src, int rows, i
         *reinterpret_cast<const uint4*>(src + r * cols + c * 8);
   }
 }
+
+// Stores a warpgroup's m64 x 8N accumulator (element 4 n + e: row 16 warp + g + 8 (e >> 1),
+// column 8 n + 2 t4 + (e & 1)) into dst from row row0 on, ld floats a row.
+template <int N>
+__device__ void StoreAcc(const float (&acc)[4 * N], float* dst, int ld, int row0, int warp, int g,
+                         int t4) {
+  for (int n = 0; n < N; ++n) {
+    for (int e = 0; e < 4; ++e) {
+      dst[(row0 + 16 * warp + g + 8 * (e >> 1)) * ld + 8 * n + 2 * t4 + (e & 1)] = acc[4 * n + e];
+    }
+  }
+}
 #endif
 
 // One warpgroup: S = Q K^T (reference: 8 chained m64n64k16, Q as 64 rows; swap: 8 chained
@@ -96,17 +108,8 @@ __global__ void __launch_bounds__(128)
   WgmmaCommit();
   WgmmaWait<0>();
   FenceRegs(st);
-  // The accumulator layouts: row 16 warp + g (+ 8), columns 8 n + 2 t4 (+ 1).
-  for (int n = 0; n < 8; ++n) {
-    for (int e = 0; e < 4; ++e) {
-      const int r = 16 * warp + g + 8 * (e >> 1), c = 8 * n + 2 * t4 + (e & 1);
-      s_ref[r * kKeys + c] = s[4 * n + e];
-    }
-  }
-  for (int e = 0; e < 4; ++e) {
-    const int r = 16 * warp + g + 8 * (e >> 1), c = 2 * t4 + (e & 1);
-    s_swap[r * kQ + c] = st[e];  // [key][q]
-  }
+  StoreAcc<8>(s, s_ref, kKeys, 0, warp, g, t4);
+  StoreAcc<1>(st, s_swap, kQ, 0, warp, g, t4);  // [key][q]
 
   // O reference (IssuePv's chain): P's A fragments from global (row 16 warp + g (+ 8), keys
   // 16 kk + 2 t4 (+ 1) and + 8).
@@ -136,12 +139,7 @@ __global__ void __launch_bounds__(128)
   WgmmaCommit();
   WgmmaWait<0>();
   FenceRegs(o);
-  for (int n = 0; n < 16; ++n) {
-    for (int e = 0; e < 4; ++e) {
-      const int r = 16 * warp + g + 8 * (e >> 1), c = 8 * n + 2 * t4 + (e & 1);
-      o_ref[r * kD + c] = o[4 * n + e];
-    }
-  }
+  StoreAcc<16>(o, o_ref, kD, 0, warp, g, t4);
   // O^T swap: per 64 dims h, A = V's column half h as MN-major (8-key groups 1024 bytes apart, a
   // k16 step two groups on), B = P^T (P's first 8 rows, K-major).
   const uint64_t dp = WgmmaDesc(addr(p8), 16, 1024);
@@ -156,10 +154,7 @@ __global__ void __launch_bounds__(128)
     WgmmaCommit();
     WgmmaWait<0>();
     FenceRegs(ot);
-    for (int e = 0; e < 4; ++e) {
-      const int r = 64 * h + 16 * warp + g + 8 * (e >> 1), c = 2 * t4 + (e & 1);
-      o_swap[r * kQ + c] = ot[e];  // [dim][q]
-    }
+    StoreAcc<1>(ot, o_swap, kQ, 64 * h, warp, g, t4);  // [dim][q]
   }
 #else
   __trap();
