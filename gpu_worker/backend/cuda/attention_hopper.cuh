@@ -505,6 +505,16 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
   }
 }
 
+// A consumer warp's pass over ring tile n that another warpgroup computes (a kFoldPair item),
+// or past the rows': waits for it to land and gives its stage back, as WsFoldTiles does past
+// its rows.
+template <int kStages>
+__device__ __forceinline__ void WsSkipTile(const WsRing& ring, int n, int lane) {
+  MbarWait(ring.full0 + 8 * (n % kStages), (n / kStages) & 1);
+  __syncwarp();
+  if (lane == 0) MbarArrive(ring.empty0 + 8 * (n % kStages));
+}
+
 // The persistent decode kernel's consumer in the decode-shaped form (k.dw_n8): the keys (S) and
 // the head dims (O) as the MMA's 64 rows and the work's <= 8 q-rows as its 8 columns, so each
 // thread holds 4 scores and 8 outputs where the 64-row form (WsFoldTiles with kRowWarp) holds the
@@ -657,23 +667,13 @@ __device__ __forceinline__ void WsFoldTilesN8(const WsRing& ring, int n0, uint32
   };
   for (int i = 0; i < ntiles; ++i) {
     if (i >= nact) {  // past every q-row's position
-      wait_full(i);
-      release(i);
+      WsSkipTile<kStages>(ring, n0 + i, lane);
     } else if (i < nfull) {
       tile(std::false_type{}, i);
     } else {
       tile(std::true_type{}, i);
     }
   }
-}
-
-// A consumer warp's pass over ring tile n that another warpgroup computes (a kFoldPair item):
-// waits for it to land and gives its stage back, as WsFoldTiles does past its rows.
-template <int kStages>
-__device__ __forceinline__ void WsSkipTile(const WsRing& ring, int n, int lane) {
-  MbarWait(ring.full0 + 8 * (n % kStages), (n / kStages) & 1);
-  __syncwarp();
-  if (lane == 0) MbarArrive(ring.empty0 + 8 * (n % kStages));
 }
 
 // A consumer warpgroup's part: the item's tiles, its ring tiles n0, n0 + 1, ..., folded into
