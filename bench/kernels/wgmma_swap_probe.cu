@@ -211,8 +211,18 @@ int Main(int trials) {
   const int smem = 1024 + kQ64 * 256 + 2048 + 2 * kKeys * 256 + kQ * 128;
   CHECK_CUDA(cudaFuncSetAttribute(Probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   std::vector<float> s(kQ64 * kKeys), st(kKeys * kQ), o(kQ64 * kD), ot(kD * kQ);
-  long s_bad = 0, o_bad = 0, s_n = 0, o_n = 0;
-  double s_err_ref = 0, s_err_swap = 0, o_err_ref = 0, o_err_swap = 0;
+  // One form's pair (a: the reference chain's element, b: the swapped chain's) against the
+  // float64 product `exact` of magnitude `mag`: bits compared, each one's relative error kept.
+  struct Tally {
+    long bad = 0, n = 0;
+    double err_ref = 0, err_swap = 0;
+    void Add(float a, float b, double exact, double mag) {
+      bad += std::memcmp(&a, &b, 4) != 0;
+      ++n;
+      err_ref = std::fmax(err_ref, std::fabs(a - exact) / (mag + 1e-300));
+      err_swap = std::fmax(err_swap, std::fabs(b - exact) / (mag + 1e-300));
+    }
+  } ts, to;
   for (int t = 0; t < trials; ++t) {
     // Exponent spreads: Q, K and V entries scaled by 2^e, e uniform in [-spread, spread];
     // P in [0, 1) (a softmax's) with some exact zeros (masked keys).
@@ -247,11 +257,7 @@ int Main(int trials) {
           exact += x;
           mag += std::fabs(x);
         }
-        const float a = s[r * kKeys + j], b = st[j * kQ + r];
-        s_bad += std::memcmp(&a, &b, 4) != 0;
-        ++s_n;
-        s_err_ref = std::fmax(s_err_ref, std::fabs(a - exact) / (mag + 1e-300));
-        s_err_swap = std::fmax(s_err_swap, std::fabs(b - exact) / (mag + 1e-300));
+        ts.Add(s[r * kKeys + j], st[j * kQ + r], exact, mag);
       }
       for (int d = 0; d < kD; ++d) {
         double exact = 0, mag = 0;
@@ -261,11 +267,7 @@ int Main(int trials) {
           exact += x;
           mag += std::fabs(x);
         }
-        const float a = o[r * kD + d], b = ot[d * kQ + r];
-        o_bad += std::memcmp(&a, &b, 4) != 0;
-        ++o_n;
-        o_err_ref = std::fmax(o_err_ref, std::fabs(a - exact) / (mag + 1e-300));
-        o_err_swap = std::fmax(o_err_swap, std::fabs(b - exact) / (mag + 1e-300));
+        to.Add(o[r * kD + d], ot[d * kQ + r], exact, mag);
       }
     }
   }
@@ -276,13 +278,13 @@ int Main(int trials) {
   std::printf(
       "  S = Q K^T   m64n64k16 (Q as A) vs m64n8k16 (K as A): %ld of %ld differ; "
       "max |err| / sum|products| %.2e (m64n64) %.2e (m64n8)\n",
-      s_bad, s_n, s_err_ref, s_err_swap);
+      ts.bad, ts.n, ts.err_ref, ts.err_swap);
   std::printf(
       "  O = P V     m64n128k16 (P as A, registers) vs m64n8k16 (V^T as A, MN-major): %ld of "
       "%ld differ; max |err| / sum|products| %.2e (m64n128) %.2e (m64n8)\n",
-      o_bad, o_n, o_err_ref, o_err_swap);
-  std::printf("%s\n", s_bad == 0 && o_bad == 0 ? "bitwise: yes" : "bitwise: no");
-  return s_bad == 0 && o_bad == 0 ? 0 : 1;
+      to.bad, to.n, to.err_ref, to.err_swap);
+  std::printf("%s\n", ts.bad == 0 && to.bad == 0 ? "bitwise: yes" : "bitwise: no");
+  return ts.bad == 0 && to.bad == 0 ? 0 : 1;
 }
 
 }  // namespace
