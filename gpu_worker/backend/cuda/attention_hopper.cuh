@@ -1137,7 +1137,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     range0 = k.wide_sched[blockIdx.x];
     range1 = k.wide_sched[blockIdx.x + 1];
   }
-  WaitForPriorGrids();
+  // Each warp waits for the previous kernel where it first needs what that kernel wrote (Q, the
+  // KV cache): the item and load warps read their first work's fields, rows, positions and first
+  // cache rows (metadata, ops.h) before, so those round trips overlap the previous kernel's tail
+  // (a wide chain's first tile had waited ~5 us for them after the wait).
 #if defined(CASCADE_WS_TRACE)
   if (threadIdx.x == 0) {
     g_ws_trace.StampCta(0, static_cast<uint64_t>(clock64()));
@@ -1193,10 +1196,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         const int kv_len = it[5];
         const int first = (warp - n) & 1;  // the item's first tile at ring position n = warp mod 2
         if (warp == 0) PW_STAMP(lane, w, kTrLoadBegin);
-        WsLoadTiles<kStages, kPiece, false>(
-            a, &tk, &tv, ring, n, table_offset, tile_begin, ntiles, kv_len, kvh, lane,
-            WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, first),
-            first, kWsLoadWarps);
+        const int first_row =
+            WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, first);
+        if (j == 0) WaitForPriorGrids();  // (the cache rows are the previous kernel's)
+        WsLoadTiles<kStages, kPiece, false>(a, &tk, &tv, ring, n, table_offset, tile_begin, ntiles,
+                                            kv_len, kvh, lane, first_row, first, kWsLoadWarps);
         if (warp == 0) PW_STAMP(lane, w, kTrLoadEnd);
         n += ntiles;
       }
@@ -1225,6 +1229,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           const int qi = 64 * u + lane + 32 * h;
           row[h] = qi < nq ? k.item_rows[row_begin + qi / G] : -1;
         }
+        // Work 0's positions before the wait (Q is the previous kernel's); the others' beside
+        // their Q copies.
+        auto read_positions = [&] {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) p[h] = row[h] >= 0 ? a.positions[row[h]] : -1;
+        };
+        if (j == 0) {
+          read_positions();
+          WaitForPriorGrids();
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int qi = 64 * u + lane + 32 * h;
@@ -1240,8 +1254,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           }
         }
         CpAsyncCommit();
-#pragma unroll
-        for (int h = 0; h < 2; ++h) p[h] = row[h] >= 0 ? a.positions[row[h]] : -1;
+        if (j != 0) read_positions();
         int wmin = INT_MAX, wmax = -1;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -1288,6 +1301,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     }
   } else {  // --------------------------------------------------------------------- consumers
     SetMaxRegsInc<240>();
+    WaitForPriorGrids();  // (nothing to do before their first work: they store after the items)
     const int cw = warp - 4, wg = cw >> 2;
     int n = 0;
     for (int j = 0; j < njobs; ++j) {
@@ -1468,12 +1482,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int count = k.item_count != nullptr ? *k.item_count : items;
   // After the wide cascade kernel (k.after_wide): as ForEachSplitItem, run without waiting for it
   // (the items read Q and the KV cache, complete once it let this kernel launch, and write
-  // partials and rows it does not touch); wait for it last, for the merge.
-  if (k.after_wide) {
-    LetDependentsLaunch();
-  } else {
-    WaitForPriorGrids();
-  }
+  // partials and rows it does not touch); wait for it last, for the merge. Else each warp waits
+  // for the previous kernel where it first needs what that kernel wrote (Q, the KV cache, the
+  // counter `work`): the item and load warps read their first work's fields, rows, positions and
+  // first cache rows (metadata, ops.h) before, so those round trips overlap the previous
+  // kernel's tail instead of following it.
+  if (k.after_wide) LetDependentsLaunch();
+  auto wait_prior = [&] {
+    if (!k.after_wide) WaitForPriorGrids();
+  };
 #if defined(CASCADE_WS_TRACE)
   if (threadIdx.x == 0) {
     g_dw_trace.StampCta(0, static_cast<uint64_t>(clock64()));
@@ -1576,6 +1593,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           w = __shfl_sync(0xffffffffu, w, 0);
         }
         if (w >= works) {
+          if (j == 0) wait_prior();
           if (lane == 0) {
             d.work = -1;
             MbarArrive(bar(sh.item_full[c][b]));
@@ -1600,6 +1618,19 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         const int row_begin = it[3], nq = it[4] * G, kv_len = it[5];
         prev_tiles = ntiles;
         prev_w = w;
+        // Lane q's row and position (q < kDwQRows); for work 0 read before the wait, for the
+        // others after the Q copies are issued (beside them).
+        int q_row = 0, q_pos = -1;
+        auto read_rows = [&] {
+          if (lane < kDwQRows && lane < nq) {
+            q_row = k.item_rows[row_begin + lane / G];
+            q_pos = a.positions[q_row];
+          }
+        };
+        if (j == 0) {
+          read_rows();
+          wait_prior();
+        }
         unsigned char* qbuf = smem + q_offset(c, b);
         for (int idx = lane; idx < nq * (kWgD / 8); idx += 32) {
           const int qi = idx / (kWgD / 8), cc = idx % (kWgD / 8);
@@ -1607,10 +1638,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                      QChunk<kWgD>(k, row_begin, nq, kvh, qi, cc), 16);
         }
         CpAsyncCommit();
+        if (j != 0) read_rows();
         if (lane < kDwQRows) {
-          const int row = lane < nq ? k.item_rows[row_begin + lane / G] : 0;
-          d.row[lane] = row;
-          d.pos[lane] = lane < nq ? a.positions[row] : -1;
+          d.row[lane] = q_row;
+          d.pos[lane] = q_pos;
         }
 #if defined(CASCADE_WS_TRACE)  // (lane 0 stored its position: it arrived)
         DW_STAMP(lane, w, kDwTrRows);
@@ -1651,9 +1682,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (w0 >= works) return;  // the item warp tells the consumer the same
       const int32_t* it = k.items + static_cast<int64_t>(w0 / hkv) * kItemFields;
       const int table_offset = it[0], tile_begin = it[1], ntiles = it[2] - it[1], kv_len = it[5];
-      WsLoadTiles<kDwStages, kPiece, true>(
-          a, &tk, &tv, ring, 0, table_offset, tile_begin, ntiles, kv_len, w0 % hkv, lane,
-          WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, w0 % hkv, lane, 0));
+      const int first_row =
+          WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, w0 % hkv, lane, 0);
+      wait_prior();  // (its cache rows are the previous kernel's)
+      WsLoadTiles<kDwStages, kPiece, true>(a, &tk, &tv, ring, 0, table_offset, tile_begin, ntiles,
+                                           kv_len, w0 % hkv, lane, first_row);
       walk_items(
           c,
           [&](const DwItem& d, int w, int n, int, int ntiles) {
@@ -1665,6 +1698,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     }
   } else {  // --------------------------------------------------------------------- consumers
     SetMaxRegsInc<224>();
+    wait_prior();  // (nothing to do before their first work: they store after the item warps)
     const int c = (warp - 4) >> 2, cw = (warp - 4) & 3;
     const WsRing ring = ring_of(c);
     // The warp of this consumer that holds its q-rows: every 8-row group of the 64 MMA rows

@@ -13,9 +13,12 @@ namespace cascade::cuda::internal {
 // Process-wide switch (SetProgrammaticLaunch in ops.h); on by default.
 bool ProgrammaticLaunchEnabled();
 
-// First statement of every kernel: wait for the grids this one depends on, then let the next
-// kernel in the stream be scheduled (it waits for this one the same way before it touches
-// memory), so its launch overlaps this kernel's run rather than following its end.
+// First statement of every kernel (or, in a thread, its first statement after reading only what
+// no kernel writes: ops.h): wait for the grids this one depends on, then let the next kernel in
+// the stream be scheduled (it waits for this one the same way before it touches memory), so its
+// launch overlaps this kernel's run rather than following its end. The persistent attention
+// kernels (PrefillWsKernel, DecodeWsKernel) read their first work's fields, rows, positions and
+// cache rows before it: those round trips overlap the previous kernel's tail.
 __device__ __forceinline__ void WaitForPriorGrids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
