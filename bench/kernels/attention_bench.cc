@@ -526,8 +526,9 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
       std::optional<WsTrace> trace;
       if (!g_trace_path.empty()) g_trace = &trace.emplace();
+      double b2b = 0;
       const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
-                                      num_blocks, cache, *c, &plan);
+                                      num_blocks, cache, *c, &plan, PrefillPath::kAuto, &b2b);
       g_trace = nullptr;
       if (trace) trace->Write(g_trace_path);
       internal::SetSplitOverlapsWide(true);
@@ -535,7 +536,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       internal::SetSplitVariant(0);
       row("shared P=4096 S=128 B=" + std::to_string(batch) + (c == &flat ? " flat" : " cascade") +
               suffix(c),
-          ms, token_bytes * (P + static_cast<double>(batch) * S));
+          ms, token_bytes * (P + static_cast<double>(batch) * S), b2b);
     }
     if (!g_shared_only.empty() && timed == 0) {
       std::fprintf(
@@ -573,7 +574,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
     }
     const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / next));
     std::printf("\n");
-    double every_ms = 0, single_ms = 0, super_ms = 0;
+    double every_ms = 0, single_ms = 0, super_ms = 0, every_b2b = 0, single_b2b = 0;
     int timed = 0;  // configurations timed (--tree: one, or none for an unknown name)
     for (const AttentionConfig* c :
          {&flat, &single, &nofold, &narrow, &ownsplit, &serial, &ownsmem, &every, &nopairs,
@@ -595,8 +596,9 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
       std::optional<WsTrace> trace;
       if (!g_trace_path.empty()) g_trace = &trace.emplace();
+      double b2b = 0;
       const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
-                                      num_blocks, cache, *c, &plan);
+                                      num_blocks, cache, *c, &plan, PrefillPath::kAuto, &b2b);
       g_trace = nullptr;
       if (trace) trace->Write(g_trace_path);
       internal::SetSplitOverlapsWide(true);
@@ -605,14 +607,20 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       const std::string name = c == &flat     ? "flat"
                                : c == &single ? "single-level"
                                               : "every tile" + suffix(c);
-      row(std::string("tree 2048+8x1024+q B=256 ") + name, ms, token_bytes * tokens);
+      row(std::string("tree 2048+8x1024+q B=256 ") + name, ms, token_bytes * tokens, b2b);
       std::printf(
           "    plan: %d split items (%d wide), %d tile reads, %d shared tiles in %d groups, %.1f "
           "us on the host\n",
           plan.num_split(), plan.num_wide, plan.split_tile_reads, plan.cascade_shared_tiles,
           plan.cascade_groups, PlanUs(ctx, tables, *c));
-      if (c == &every) every_ms = ms;
-      if (c == &single) single_ms = ms;
+      if (c == &every) {
+        every_ms = ms;
+        every_b2b = b2b;
+      }
+      if (c == &single) {
+        single_ms = ms;
+        single_b2b = b2b;
+      }
       if (c == &supercfg) super_ms = ms;
     }
     if (!g_tree_only.empty()) {
@@ -625,8 +633,11 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
           g_tree_only.c_str());
       return 2;
     }
-    std::printf("tree: every tile %.2fx faster than single-level, %.2fx its floor\n",
-                single_ms / every_ms, every_ms * 1e-3 / (token_bytes * tokens / bw));
+    std::printf(
+        "tree: every tile %.2fx faster than single-level, %.2fx its floor (back to back: %.2fx, "
+        "%.2fx)\n",
+        single_ms / every_ms, every_ms * 1e-3 / (token_bytes * tokens / bw), single_b2b / every_b2b,
+        every_b2b * 1e-3 / (token_bytes * tokens / bw));
     if (super) {
       std::printf("tree: super-tiles %.2fx faster than single-level, %.2fx its floor\n",
                   single_ms / super_ms, super_ms * 1e-3 / (token_bytes * tokens / bw));

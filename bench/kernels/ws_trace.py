@@ -44,9 +44,8 @@ PHASES = [
 PHASE_SLOTS = [slot for _, slot in PHASES]
 # (label, later stamp, earlier stamp): the intervals printed per kind of work.
 INTERVALS = [
-    ("item: wait for its buffer", "item_buffer", "item_begin"),
-    ("item: buffer free -> positions read", "item_rows", "item_buffer"),
-    ("item: positions -> Q landed", "item_full", "item_rows"),
+    ("item: fields, rows, positions read", "item_rows", "item_begin"),
+    ("item: then waited for its buffer", "item_buffer", "item_rows"),
     ("item: gather (buffer free -> Q landed)", "item_full", "item_buffer"),
     ("item 1: gather", "item1_full", "item1_buffer"),
     ("wg0: item ready before asked (+) / waited (-)", "wg0_wait", "item_full"),
@@ -192,7 +191,7 @@ def self_test():
     def work(w, cta, j, tiles, q, base, gap_item, loop, phases=(0, 0, 0)):
         meta = cta | j << 12 | tiles << 32 | q << 48 | 2 << 60
         s = {
-            "item_begin": base, "item_buffer": base + 1000, "item_rows": base + 1500,
+            "item_begin": base, "item_rows": base + 500, "item_buffer": base + 1000,
             "item_full": base + 2000, "item1_buffer": base + 1000, "item1_full": base + 2500,
             "load_begin": base + 500, "load_end": base + 900, "wg0_wait": base + 2000 - gap_item,
             "wg0_start": base + 2500, "wg0_tiles": base + 2500 + loop,
@@ -215,6 +214,8 @@ def self_test():
     assert one["wg0: tile loop"] == [4.0, 6.0], one["wg0: tile loop"]
     assert one["wg0: wait for the item"] == [1.0, 1.0], one["wg0: wait for the item"]
     assert one["item: gather (buffer free -> Q landed)"] == [1.0, 1.0]
+    assert one["item: fields, rows, positions read"] == [0.5, 0.5]
+    assert one["item: then waited for its buffer"] == [0.5, 0.5]
     assert one["wg0: item ready before asked (+) / waited (-)"] == [-0.5, -0.5]
     run = by_kind["8+ tiles, 128 q-rows"]
     assert run["wg0: wait for the item"] == [0.0], run["wg0: wait for the item"]

@@ -1047,9 +1047,9 @@ constexpr int kPwItemBufs = 2;
 // of it (PW_STAMP is empty).
 #if defined(CASCADE_WS_TRACE)
 enum WsTraceSlot {
-  kTrItemBegin,    // item warp 0: work taken (before waiting for its buffer)
+  kTrItemBegin,    // item warp 0: work taken
   kTrItemBuffer,   // ... its buffer free (the consumers read its work of two before)
-  kTrItemRows,     // ... the rows' positions read (the Q copies are in flight)
+  kTrItemRows,     // ... (before kTrItemBuffer) its fields, rows, positions and slot bases read
   kTrItemFull,     // ... the Q rows landed: item_full arrival
   kTrItem1Buffer,  // item warp 1: its buffer free
   kTrItem1Full,    // ... its Q rows landed
@@ -1101,9 +1101,10 @@ __device__ __forceinline__ uint64_t GlobalTimer() {
 #endif
 struct PwItem {
   int tile_begin, ntiles, nq, kvh, fold;
-  int lo[2], hi[2];  // a consumer warpgroup's lowest and highest row position (INT_MAX / -1)
-  int pos[kWgRows];  // q-row positions, -1 past nq
-  int row[kWgRows];  // q-row qi's token row (output row)
+  int lo[2], hi[2];    // a consumer warpgroup's lowest and highest row position (INT_MAX / -1)
+  int pos[kWgRows];    // q-row positions, -1 past nq
+  int row[kWgRows];    // q-row qi's token row (output row)
+  int pbase[kWgRows];  // its row's first partial slot (k.partial_base) where the work writes some
 };
 struct PwShared {
   uint64_t full[kWsStages];
@@ -1206,90 +1207,127 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
     } else {  // item warp u = warp - 2: q-rows [64 u, 64 u + 64) of each work
       const int u = warp - 2;
+      int prev_rows = -1, prev_key = -1;  // the work before's first item row and (nq, kvh, kind)
       for (int j = 0; j < njobs; ++j) {
         const int w = work_of(j);
         const int b = j % kPwItemBufs;
         if (u == 0) PW_STAMP(lane, w, kTrItemBegin);
-        if (j >= kPwItemBufs) {  // buffer b's work j - 2 read by the consumers
+        const int32_t* it = k.items + static_cast<int64_t>(item_of(w)) * kItemFields;
+        const int kvh = kvh_of(w);
+        // Every field in registers before the buffer wait (its memory clobber would make the
+        // compiler load them again after it: a global round trip after the buffer freed).
+        const int tile_begin = it[1], tile_end = it[2], row_begin = it[3], nq = it[4] * G;
+        const int fold = it[6];
+        // Partials: each row's slot base too (the consumers' stores), read beside its position.
+        const bool part = kSplit && fold != kFoldFinish;
+        // A wide work on the same rows, kv head and kind as the one before (consecutive one-tile
+        // works of a shared run: the planner's ranges walk a kv head's items in order) takes its
+        // Q rows, positions and slot bases from its buffer by a shared-memory copy instead of two
+        // more dependent global round trips (prefill's works never share rows).
+        const int key = nq << 16 | kvh << 1 | (part ? 1 : 0);
+        const bool same = kSplit && j > 0 && row_begin == prev_rows && key == prev_key;
+        prev_rows = row_begin;
+        prev_key = key;
+        // The lane's q-rows 64 u + lane, + 32: their rows, positions and slot bases, read before
+        // the work's buffer is free (the fields, rows and positions are metadata, ops.h), so that
+        // once it is only the Q copies (or the copy from the buffer before) are left: the shared
+        // prefix's one-tile works had waited on these round trips after the buffer freed.
+        int row[2] = {-1, -1}, p[2] = {-1, -1}, pb[2] = {0, 0};
+        if (!same) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int qi = 64 * u + lane + 32 * h;
+            row[h] = qi < nq ? k.item_rows[row_begin + qi / G] : -1;
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            p[h] = row[h] >= 0 ? a.positions[row[h]] : -1;
+            pb[h] = part && row[h] >= 0 ? k.partial_base[row[h]] : 0;
+          }
+        }
+#if defined(CASCADE_WS_TRACE)
+        if (u == 0) {  // the metadata arrived: the shuffle waits for every lane's, the stamp for it
+          const int v = __shfl_xor_sync(0xffffffffu, p[0] ^ p[1] ^ pb[0] ^ pb[1], 1);
+          if (lane == 0) {
+            if (v == INT_MIN) g_ws_trace.Stamp(w, kTrMeta, 0);  // (never)
+            g_ws_trace.Stamp(w, kTrItemRows, static_cast<uint64_t>(clock64()));
+            g_ws_trace.Stamp(w, kTrMeta,
+                             blockIdx.x | static_cast<uint64_t>(j & 0xfffff) << 12 |
+                                 static_cast<uint64_t>((tile_end - tile_begin) & 0xffff) << 32 |
+                                 static_cast<uint64_t>(nq & 0xfff) << 48 |
+                                 static_cast<uint64_t>(fold & 0xf) << 60);
+          }
+        }
+#endif
+        if (j == 0) WaitForPriorGrids();  // (Q is the previous kernel's)
+        if (j >= kPwItemBufs) {           // buffer b's work j - 2 read by the consumers
           MbarWait(bar(sh.item_empty[b]), ((j - kPwItemBufs) / kPwItemBufs) & 1);
         }
         PW_STAMP(lane, w, u == 0 ? kTrItemBuffer : kTrItem1Buffer);
-        const int32_t* it = k.items + static_cast<int64_t>(item_of(w)) * kItemFields;
-        const int kvh = kvh_of(w);
-        const int row_begin = it[3], nq = it[4] * G;
         PwItem& d = sh.item[b];
         unsigned char* Qs = smem + b * kWgRows * kWgRowBytes;
-        // The lane's q-rows 64 u + lane, + 32: both rows read at once, then both Q rows' copies
-        // issued beside both positions' reads, so a work costs three dependent global round trips
-        // (fields, rows, then Q and positions) instead of five in turn (one-tile wide works, whose
-        // consumers take about a tile's time, had waited on them).
-        int row[2], p[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int qi = 64 * u + lane + 32 * h;
-          row[h] = qi < nq ? k.item_rows[row_begin + qi / G] : -1;
-        }
-        // Work 0's positions before the wait (Q is the previous kernel's); the others' beside
-        // their Q copies.
-        auto read_positions = [&] {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) p[h] = row[h] >= 0 ? a.positions[row[h]] : -1;
-        };
-        if (j == 0) {
-          read_positions();
-          WaitForPriorGrids();
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int qi = 64 * u + lane + 32 * h;
-          const __nv_bfloat16* src = row[h] >= 0
-                                         ? reinterpret_cast<const __nv_bfloat16*>(a.q) +
-                                               static_cast<int64_t>(row[h]) * a.q_row_stride +
-                                               (kvh * G + qi % G) * kWgD
-                                         : reinterpret_cast<const __nv_bfloat16*>(a.q);
-#pragma unroll 1
-          for (int cc = 0; cc < kWgD / 8; ++cc) {
-            CpAsync16Z(Qs + SwizzleOffset(kWgRows, qi, cc), src + (row[h] >= 0 ? cc * 8 : 0),
-                       row[h] >= 0 ? 16 : 0);
-          }
-        }
-        CpAsyncCommit();
-        if (j != 0) read_positions();
         int wmin = INT_MAX, wmax = -1;
+        if (same) {
+          static_assert(kPwItemBufs == 2, "work j - 1 is in buffer b ^ 1");
+          const PwItem& e = sh.item[b ^ 1];
+          const unsigned char* Qe = smem + (b ^ 1) * kWgRows * kWgRowBytes;
+          // This warp's 64 rows are 8 KB in each column half of the swizzled buffer
+          // (SwizzleOffset): 1024 16-byte pieces.
+          for (int i = lane; i < 1024; i += 32) {
+            const int off = (i >> 9) * kWgRows * 128 + u * 8192 + (i & 511) * 16;
+            *reinterpret_cast<uint4*>(Qs + off) = *reinterpret_cast<const uint4*>(Qe + off);
+          }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int qi = 64 * u + lane + 32 * h;
-          d.row[qi] = row[h];
-          d.pos[qi] = p[h];
-          if (p[h] >= 0) {
-            wmin = min(wmin, p[h]);
-            wmax = max(wmax, p[h]);
+          for (int h = 0; h < 2; ++h) {
+            const int qi = 64 * u + lane + 32 * h;
+            d.row[qi] = e.row[qi];
+            d.pos[qi] = e.pos[qi];
+            d.pbase[qi] = e.pbase[qi];
+          }
+          wmin = e.lo[u];
+          wmax = e.hi[u];
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int qi = 64 * u + lane + 32 * h;
+            const __nv_bfloat16* src = row[h] >= 0
+                                           ? reinterpret_cast<const __nv_bfloat16*>(a.q) +
+                                                 static_cast<int64_t>(row[h]) * a.q_row_stride +
+                                                 (kvh * G + qi % G) * kWgD
+                                           : reinterpret_cast<const __nv_bfloat16*>(a.q);
+#pragma unroll 1
+            for (int cc = 0; cc < kWgD / 8; ++cc) {
+              CpAsync16Z(Qs + SwizzleOffset(kWgRows, qi, cc), src + (row[h] >= 0 ? cc * 8 : 0),
+                         row[h] >= 0 ? 16 : 0);
+            }
+          }
+          CpAsyncCommit();
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int qi = 64 * u + lane + 32 * h;
+            d.row[qi] = row[h];
+            d.pos[qi] = p[h];
+            d.pbase[qi] = pb[h];
+            if (p[h] >= 0) {
+              wmin = min(wmin, p[h]);
+              wmax = max(wmax, p[h]);
+            }
+          }
+#pragma unroll
+          for (int off = 16; off > 0; off >>= 1) {
+            wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, off));
+            wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
           }
         }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-          wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, off));
-          wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
-        }
-#if defined(CASCADE_WS_TRACE)
-        if (u == 0 && lane == 0) {  // the positions arrived (the shuffles above waited for them)
-          g_ws_trace.Stamp(w, kTrItemRows, static_cast<uint64_t>(clock64()));
-          g_ws_trace.Stamp(w, kTrMeta,
-                           blockIdx.x | static_cast<uint64_t>(j & 0xfffff) << 12 |
-                               static_cast<uint64_t>((it[2] - it[1]) & 0xffff) << 32 |
-                               static_cast<uint64_t>(nq & 0xfff) << 48 |
-                               static_cast<uint64_t>(it[6] & 0xf) << 60);
-        }
-#endif
         if (lane == 0) {
           d.lo[u] = wmin;
           d.hi[u] = wmax;
           if (u == 0) {
-            d.tile_begin = it[1];
-            d.ntiles = it[2] - it[1];
+            d.tile_begin = tile_begin;
+            d.ntiles = tile_end - tile_begin;
             d.nq = nq;
             d.kvh = kvh;
-            d.fold = it[6];
+            d.fold = fold;
           }
         }
         CpAsyncWait<0>();
@@ -1355,6 +1393,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       // the item buffer may refill.
       const int nq = d.nq, kvh = d.kvh, row0 = d.row[qi0], row1 = d.row[qi0 + 8];
       const bool partial = kSplit && d.fold != kFoldFinish;
+      const int pbase0 = d.pbase[qi0], pbase1 = d.pbase[qi0 + 8];
       __syncwarp();
       if (lane == 0) MbarArrive(bar(sh.item_empty[b]));
       if (partial) {  // the split kernel's partial: O unnormalized, (m, l), at the last tile's slot
@@ -1366,7 +1405,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           const int qi = qi0 + 8 * h;
           if (qi >= nq) continue;
           const int64_t slot =
-              static_cast<int64_t>(k.partial_base[h ? row1 : row0] + last) * hq + kvh * G + qi % G;
+              static_cast<int64_t>((h ? pbase1 : pbase0) + last) * hq + kvh * G + qi % G;
           WgStorePartial(a, slot, lane, o, h, m[h], l[h]);
         }
       } else {
