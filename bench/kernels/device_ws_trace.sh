@@ -17,7 +17,8 @@
 # tree, A-B-A-B (this tree first); ENGINE_AB_ARGS (e.g. "--sections=decode --batches=64,256")
 # replaces --sections=tree. ALT_TESTS=0: the alternative trees' tests are not run (only
 # where they differ from this tree in a default the tests set themselves).
-# Logs and traces under $OUT (or ./device-out).
+# Logs and traces under $OUT (or ./device-out): gpu_tests.log, trace_rows.log, engine_tree.log
+# and the rest (build logs, trace CSVs and reports) in ws_trace_out.tgz.
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -124,4 +125,9 @@ if [ "${ENGINE_AB:-0}" = 1 ]; then
   done
 fi
 echo "total: $(( $(date +%s) - t0 )) s"
+# The device tool brings back at most 8 files from $OUT: everything in one archive, beside the
+# three logs read first.
+tar -czf "$OUT/ws_trace_out.tgz" -C "$OUT" --exclude=ws_trace_out.tgz . &&
+  find "$OUT" -mindepth 1 ! -name ws_trace_out.tgz ! -name gpu_tests.log ! -name trace_rows.log \
+    ! -name engine_tree.log -delete 2>/dev/null
 exit $trc
