@@ -127,7 +127,7 @@ fi
 echo "total: $(( $(date +%s) - t0 )) s"
 # The device tool brings back at most 8 files from $OUT: everything in one archive, beside the
 # three logs read first.
-tar -czf "$OUT/ws_trace_out.tgz" -C "$OUT" --exclude=ws_trace_out.tgz . &&
+tar -czf /tmp/ws_trace_out.tgz -C "$OUT" . && mv /tmp/ws_trace_out.tgz "$OUT/" &&
   find "$OUT" -mindepth 1 ! -name ws_trace_out.tgz ! -name gpu_tests.log ! -name trace_rows.log \
     ! -name engine_tree.log -delete 2>/dev/null
 exit $trc

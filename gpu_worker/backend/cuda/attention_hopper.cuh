@@ -1186,7 +1186,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   __syncthreads();
 
   if (warp < 4) {  // ---------------------------------------------------- load and item warps
-    SetMaxRegsDec<24>();
+    // 24 / 240 registers for prefill; the wide kernel's (kSplit) item warps hold more across
+    // their buffer wait (a work's metadata, the work before's key), and at 24 they spilled ~144
+    // bytes a thread whose reloads sat after the wait: 40 / 232 there (ptxas: 24 bytes spilled
+    // over the kernel), shared prefix 51.6-51.8 vs 53.1 us back to back (session 34).
+    SetMaxRegsDec<kSplit ? 40 : 24>();
     if (warp < kWsLoadWarps) {  // load warp: the ring's tiles n = warp, warp + 2, ...
       int n = 0;
       for (int j = 0; j < njobs; ++j) {
@@ -1338,7 +1342,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
     }
   } else {  // --------------------------------------------------------------------- consumers
-    SetMaxRegsInc<240>();
+    SetMaxRegsInc<kSplit ? 232 : 240>();
     WaitForPriorGrids();  // (nothing to do before their first work: they store after the items)
     const int cw = warp - 4, wg = cw >> 2;
     int n = 0;
