@@ -98,6 +98,7 @@ rows() {
       echo "== $kind $t: $b, persistent decode kernel"
       python3 bench/kernels/ws_trace.py --dw "$f.csv.dw" | tee "$f.dw.txt"
     fi
+    python3 bench/kernels/ws_trace.py --step "$f.csv" | tee -a "$f.txt"  # both kernels' spans
   done
 }
 for t in ${TREES:-default nofold}; do rows tree "$t" --tree trace_; done

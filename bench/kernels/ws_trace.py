@@ -20,8 +20,14 @@ attention_hopper.cuh DwTraceSlot; meta cta | consumer << 12 | j << 13 | tiles <<
 over all consumers the share of their time spent working, waiting between works, and before
 the first and after the last.
 
+With --step, FILE and FILE.dw's CTA lines on the globaltimer (one clock for every SM): when each
+kernel's CTAs started and ended from the step's first CTA start, so a step's time divides into
+the wide kernel, the persistent decode kernel beside or after it, and (the rest of the row's
+time) the merge and the launches.
+
   python3 bench/kernels/ws_trace.py FILE
   python3 bench/kernels/ws_trace.py --dw FILE.dw
+  python3 bench/kernels/ws_trace.py --step FILE     (both kernels' CTA spans on one clock)
   python3 bench/kernels/ws_trace.py --self-test
 """
 import statistics
@@ -320,10 +326,65 @@ def self_test_dw():
     assert report_dw({}, [], out=open("/dev/null", "w")) == 1
 
 
+def step_spans(kernels):
+    """[(name, CTAs, (first, median, last) start, (first, median, last) end)] in microseconds of
+    globaltimer from the earliest CTA start of any of `kernels` ([(name, {cta: (clock0, ns0,
+    clock1, ns1)})]): where each kernel of a traced step ran. CTAs without an end are left out."""
+    spans = [(name, [(t0, t1) for _, t0, _, t1 in ctas.values() if t1 > t0])
+             for name, ctas in kernels]
+    starts = [t0 for _, ts in spans for t0, _ in ts]
+    if not starts:
+        return []
+    origin = min(starts)
+    out = []
+    for name, ts in spans:
+        if not ts:
+            continue
+        b = sorted((t0 - origin) / 1000.0 for t0, _ in ts)
+        e = sorted((t1 - origin) / 1000.0 for _, t1 in ts)
+        out.append((name, len(ts), (b[0], statistics.median(b), b[-1]),
+                    (e[0], statistics.median(e), e[-1])))
+    return out
+
+
+def report_step(kernels, out=sys.stdout):
+    spans = step_spans(kernels)
+    if not spans:
+        print("ws_trace --step: no CTA with a start and an end", file=out)
+        return 1
+    print("\nthe step's kernels (us from the first CTA start, globaltimer; first / median / last):",
+          file=out)
+    for name, n, b, e in spans:
+        print("  %-28s %4d CTAs  start %6.1f / %6.1f / %6.1f  end %6.1f / %6.1f / %6.1f"
+              % ((name, n) + b + e), file=out)
+    return 0
+
+
+def self_test_step():
+    wide = {0: (0, 1000, 0, 31000), 1: (0, 1500, 0, 2500), 2: (0, 2000, 0, 30000)}
+    dw = {0: (0, 32000, 0, 45000), 1: (0, 3000, 0, 44000), 2: (0, 0, 0, 0)}  # 2: no end
+    spans = step_spans([("wide kernel", wide), ("decode kernel", dw)])
+    assert spans[0] == ("wide kernel", 3, (0.0, 0.5, 1.0), (1.5, 29.0, 30.0)), spans
+    assert spans[1] == ("decode kernel", 2, (2.0, 16.5, 31.0), (43.0, 43.5, 44.0)), spans
+    assert report_step([("wide kernel", wide)], out=open("/dev/null", "w")) == 0
+    assert report_step([("wide kernel", {})], out=open("/dev/null", "w")) == 1
+
+
 def main(argv):
     if len(argv) == 2 and argv[1] == "--self-test":
         self_test_dw()
+        self_test_step()
         return self_test()
+    if len(argv) == 3 and argv[1] == "--step":  # FILE (the wide kernel's) and FILE.dw if there
+        kernels = []
+        for name, path, parser in (("wide kernel", argv[2], parse),
+                                   ("decode kernel (own tiles)", argv[2] + ".dw", parse_dw)):
+            try:
+                with open(path) as f:
+                    kernels.append((name, parser(f)[0]))
+            except FileNotFoundError:
+                pass
+        return report_step(kernels)
     if len(argv) == 3 and argv[1] == "--dw":
         with open(argv[2]) as f:
             ctas, works = parse_dw(f)
