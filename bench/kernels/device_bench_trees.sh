@@ -6,10 +6,11 @@
 # main with one kernel file from an older commit:
 #   mkdir alt_a && git archive HEAD | tar -x -C alt_a &&
 #   git show REV:gpu_worker/backend/cuda/attention_hopper.cuh > alt_a/gpu_worker/backend/cuda/attention_hopper.cuh
-# This tree is timed first (build-gpu), then each of TREES (build-t0, build-t1, ...), ROUNDS times
-# (default 3) in turn. ROWS (default "--tree=default --shared-row=default"): cuda_attention_bench
-# arguments, one row set per argument. ENGINE_ARGS (e.g. "--sections=tree"): also engine_bench
-# --variants=default on every tree, in turn, ROUNDS times. Logs under $OUT (or ./device-out).
+# This tree (build-gpu) and each of TREES (build-t0, build-t1, ...) are timed in turn, ROUNDS
+# times (default 3), the order reversed every other round. ROWS (default "--tree=default
+# --shared-row=default"): cuda_attention_bench arguments, one row set per argument. ENGINE_ARGS
+# (e.g. "--sections=tree"): also engine_bench --variants=default on every tree, in turn, ROUNDS
+# times. Logs under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -38,8 +39,16 @@ for i in "${!trees[@]}"; do
 done
 echo "builds: $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+# Rounds alternate the trees' order (A B C, C B A, ...): a row run first after a pause, or the
+# GPU's clock drifting through a round, does not always favour the same tree.
+order() {  # the builds' indices, forward in odd rounds and reversed in even ones
+  local i
+  if (($1 % 2)); then seq 0 $((${#builds[@]} - 1)); else
+    for ((i = ${#builds[@]} - 1; i >= 0; --i)); do echo "$i"; done
+  fi
+}
 for r in $(seq 1 "${ROUNDS:-3}"); do
-  for b in "${!builds[@]}"; do
+  for b in $(order "$r"); do
     for row in ${ROWS:---tree=default --shared-row=default}; do
       timeout 60 "${builds[$b]}"/bench/cuda_attention_bench "$row" 2>&1 |
         grep -E "^(tree|shared|decode|prefill N)" | sed "s|^|r$r [${names[$b]}] |" |
@@ -49,7 +58,7 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
 done
 if [ -n "${ENGINE_ARGS:-}" ]; then
   for r in $(seq 1 "${ROUNDS:-3}"); do
-    for b in "${!builds[@]}"; do
+    for b in $(order "$r"); do
       echo "== engine r$r [${names[$b]}]" | tee -a "$OUT/engine.log"
       # shellcheck disable=SC2086
       timeout 120 "${builds[$b]}"/bench/engine_bench --backend=cuda --preset=qwen3-0.6b \
