@@ -18,7 +18,11 @@ bool ProgrammaticLaunchEnabled();
 // the stream be scheduled (it waits for this one the same way before it touches memory), so its
 // launch overlaps this kernel's run rather than following its end. The persistent attention
 // kernels (PrefillWsKernel, DecodeWsKernel) read their first work's fields, rows, positions and
-// cache rows before it: those round trips overlap the previous kernel's tail.
+// cache rows before it: those round trips overlap the previous kernel's tail. The CTA's first
+// launch_dependents by any of its threads is the CTA's (PTX ISA: later ones have no effect), and
+// the next kernel launches once every CTA has issued one or exited; since each thread issues it
+// only after its own wait, "the previous grid had completed when this one let the next launch"
+// holds however late other warps of the CTA wait.
 __device__ __forceinline__ void WaitForPriorGrids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
