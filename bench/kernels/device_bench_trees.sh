@@ -6,6 +6,10 @@
 # main with one kernel file from an older commit:
 #   mkdir alt_a && git archive HEAD | tar -x -C alt_a &&
 #   git show REV:gpu_worker/backend/cuda/attention_hopper.cuh > alt_a/gpu_worker/backend/cuda/attention_hopper.cuh
+# (each tree is ~8 MB and a call carries at most 64 MiB with .devdeps' ~36: for three or more,
+# `find alt_a -name '*.log' -delete; rm -rf alt_a/bench/kernels/experiments`; keep services/ and
+# tests/, which the top-level CMakeLists adds whatever CASCADE_SUBDIRS says; list each tree in
+# .git/info/exclude so only `carry` takes it).
 # This tree (build-gpu) and each of TREES (build-t0, build-t1, ...) are timed in turn, ROUNDS
 # times (default 3), the order reversed every other round. ROWS (default "--tree=default
 # --shared-row=default"): cuda_attention_bench arguments, one row set per argument. ENGINE_ARGS
