@@ -20,7 +20,8 @@
 // "decode split sweep" (DecodeGemm with k in S = 1, 2, 4, 8 slices at m = 1 / 8 / 64: the partials
 // alone, p, and with SplitReduce's ordered sum, +r): what cutting a projection's k chain is worth
 // at decode sizes (bench/engine/NOTES.md, the k-sliced design).
-//   cuda_gemm_bench [--quick]
+//   cuda_gemm_bench [--quick] [--preset=NAME (only that preset's shapes: qwen3-0.6b,
+//                                 llama-3.2-1b or qwen3-8b)]
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -295,11 +296,12 @@ void DecodeRows(const Shape& s, const DeviceBuffer& x, const std::vector<DeviceB
   std::printf("  decode split sweep %s:%s\n", s.name.c_str(), split.c_str());
 }
 
-int Main(bool quick) {
+int Main(bool quick, const std::string& only) {
   auto dev = DeviceName(0);
   std::printf("# cuda_gemm_bench on %s\n\n", dev.ok() ? dev->c_str() : "?");
   std::vector<Shape> shapes;
   for (const char* preset : {"qwen3-0.6b", "llama-3.2-1b", "qwen3-8b"}) {
+    if (!only.empty() && only != preset) continue;
     const model::ModelConfig c = model::PresetConfig(preset);
     const int h = c.hidden_size, d = c.head_dim, hq = c.num_attention_heads,
               hkv = c.num_key_value_heads, in = c.intermediate_size;
@@ -443,6 +445,21 @@ int Main(bool quick) {
 }  // namespace cascade::cuda
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
-  return cascade::cuda::Main(quick);
+  bool quick = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+    } else if (a.rfind("--preset=", 0) == 0 &&
+               (a == "--preset=qwen3-0.6b" || a == "--preset=llama-3.2-1b" ||
+                a == "--preset=qwen3-8b")) {
+      only = a.substr(9);
+    } else {
+      std::fprintf(
+          stderr, "usage: cuda_gemm_bench [--quick] [--preset=qwen3-0.6b|llama-3.2-1b|qwen3-8b]\n");
+      return 2;
+    }
+  }
+  return cascade::cuda::Main(quick, only);
 }
