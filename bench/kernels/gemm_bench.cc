@@ -18,7 +18,8 @@
 // algorithm: supported? rows at m = 1 equal to m = 256?
 // Per projection shape also "decode sweep" (DecodeGemm's CTA shapes at m = 1 / 16 / 64) and
 // "decode split sweep" (DecodeGemm with k in S = 1, 2, 4, 8 slices at m = 1 / 8 / 64: the partials
-// alone, p, and with SplitReduce's ordered sum, +r): what cutting a projection's k chain is worth
+// alone at 8, 16 and 32 features a CTA, p c8 / c16 / c32, and the fastest with SplitReduce's
+// ordered sum, +r): what cutting a projection's k chain is worth
 // at decode sizes (bench/engine/NOTES.md, the k-sliced design).
 //   cuda_gemm_bench [--quick] [--preset=NAME (only that preset's shapes: qwen3-0.6b,
 //                                 llama-3.2-1b or qwen3-8b)]
@@ -264,32 +265,44 @@ void DecodeRows(const Shape& s, const DeviceBuffer& x, const std::vector<DeviceB
     }
   }
   std::printf("  decode sweep %s:%s\n", s.name.c_str(), sweep.c_str());
-  // k cut into S slices on DecodeGemm (its built-in CTA shape; grid.y = slice): the S f32 partials
-  // alone ("p", what a kernel summing its slices in itself would cost at most, its chains k / S /
-  // 16 k16 steps long) and with SplitReduce's ordered sum to bf16 after it ("+r", today's split
-  // path), at decode-sized m: how much of a projection's time its k chain is
-  // (bench/engine/NOTES.md, the k-sliced design).
+  // k cut into S slices on DecodeGemm (grid.y = slice): the S f32 partials alone at each CTA
+  // shape of 8, 16 and 32 features ("p c8 / c16 / c32": what a kernel summing its slices in itself
+  // would cost at most, its chains k / S / 16 k16 steps long; more features a CTA keep the grid at
+  // ~128 CTAs as S grows, where the built-in shape multiplies it by S) and the fastest of them with
+  // SplitReduce's ordered sum to bf16 after it ("+r", today's split path), at decode-sized m: how
+  // much of a projection's time its k chain is (bench/engine/NOTES.md, the k-sliced design).
   if (s.n >= 65536) return;  // (the LM heads: not a projection the design cuts)
   std::string split;
   DeviceBuffer parts = Alloc(static_cast<size_t>(8) * 64 * s.n * 4);
   for (int m : {1, 8, 64}) {
     for (int S : {1, 2, 4, 8}) {
       if (s.k % (128 * S) != 0) continue;
-      bool ok = true;
-      auto partials = [&](int i, cudaStream_t st) {
-        ok = ok && DecodeGemm(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k, parts.data(),
-                              true, st, 0, 0, S)
-                       .ok();
-      };
-      const double p_us = MedianUs(calls, partials);
-      const double r_us = MedianUs(calls, [&](int i, cudaStream_t st) {
-        partials(i, st);
-        ok = ok && SplitReduce(parts.as<float>(), S, m, s.n, y.data(), false, st).ok();
-      });
-      if (ok) {
-        split += " m" + std::to_string(m) + "/S" + std::to_string(S) + " p " + fmt(p_us) + " +r " +
-                 fmt(r_us);
+      std::string cell;
+      double best_us = 0;
+      int best_cols = 0;
+      for (int cols : {8, 16, 32}) {
+        if (s.n % cols != 0) continue;
+        bool ok = true;
+        const double us = MedianUs(calls, [&](int i, cudaStream_t st) {
+          ok = ok && DecodeGemm(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k, parts.data(),
+                                true, st, cols, 0, S)
+                         .ok();
+        });
+        if (!ok) continue;
+        cell += " c" + std::to_string(cols) + " " + fmt(us);
+        if (best_cols == 0 || us < best_us) best_us = us, best_cols = cols;
       }
+      if (best_cols == 0) continue;
+      bool ok = true;
+      const double r_us = MedianUs(calls, [&](int i, cudaStream_t st) {
+        ok = ok &&
+             DecodeGemm(x.as<Bf16>(), ws[i % copies].as<Bf16>(), m, s.n, s.k, parts.data(), true,
+                        st, best_cols, 0, S)
+                 .ok() &&
+             SplitReduce(parts.as<float>(), S, m, s.n, y.data(), false, st).ok();
+      });
+      split += " m" + std::to_string(m) + "/S" + std::to_string(S) + " p" + cell +
+               (ok ? " +r " + fmt(r_us) : std::string());
     }
   }
   std::printf("  decode split sweep %s:%s\n", s.name.c_str(), split.c_str());

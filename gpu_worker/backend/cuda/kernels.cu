@@ -55,6 +55,25 @@ struct SplitDelta {
     return __bfloat162float(__float2bfloat16(s));
   }
 };
+// SplitDelta for a slice count known when the kernel is compiled: every slice's load is issued
+// before the first add (with a run-time count each add waited for its load before the next load
+// was issued: S dependent L2 round trips an element, measured 6.75 against 1.9 us a norm at batch
+// 1 in a replay, bench/engine/NOTES.md run 21). The same sum in the same order, so the same bits.
+template <int S>
+struct SplitDeltaN {
+  const float* p;
+  int splits;  // == S (the launch checks)
+  int64_t stride;
+  __device__ __forceinline__ float operator()(int64_t i) const {
+    float v[S];
+#pragma unroll
+    for (int j = 0; j < S; ++j) v[j] = p[j * stride + i];
+    float s = v[0];
+#pragma unroll
+    for (int j = 1; j < S; ++j) s += v[j];
+    return __bfloat162float(__float2bfloat16(s));
+  }
+};
 
 // One block per row; thread sums are combined by warp butterflies, then warp sums in warp order.
 // Thread t owns elements t, t + kNormThreads, ... and sums their squares in that order. kPer > 0:
@@ -369,9 +388,21 @@ cudaError_t LaunchAddRmsNormSplit(float* residual, const float* partials, int sp
                                   const Bf16* weight, float eps, int n, int d, Bf16* out,
                                   cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  return LaunchKernel(NormKernelFor<SplitDelta>(d), n, kNormThreads, 0, stream, residual,
-                      SplitDelta{partials, splits, static_cast<int64_t>(n) * d}, true, weight, eps,
-                      d, out);
+  const int64_t stride = static_cast<int64_t>(n) * d;
+  auto launch = [&](auto delta) {
+    return LaunchKernel(NormKernelFor<decltype(delta)>(d), n, kNormThreads, 0, stream, residual,
+                        delta, true, weight, eps, d, out);
+  };
+  switch (splits) {
+    case 2:
+      return launch(SplitDeltaN<2>{partials, splits, stride});
+    case 4:
+      return launch(SplitDeltaN<4>{partials, splits, stride});
+    case 8:
+      return launch(SplitDeltaN<8>{partials, splits, stride});
+    default:
+      return launch(SplitDelta{partials, splits, stride});
+  }
 }
 
 namespace {
