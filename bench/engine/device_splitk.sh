@@ -7,7 +7,7 @@
 # Usage: bash bench/engine/device_splitk.sh [preset[:variants] ..., default qwen3-0.6b]
 #   e.g. qwen3-0.6b:default,splitk,heuristic qwen3-8b:default,split2,heuristic
 # Environment: SECTIONS (default "tests gemm decode"; also "prefill"), VARIANTS, BATCHES,
-# PREFILL_VARIANTS. Logs under $OUT (or ./device-out).
+# PREFILL_VARIANTS, ENGINE_ARGS (more engine_bench flags for decode, e.g. --tune_log=1). Logs under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -45,7 +45,7 @@ if [[ " $SECTIONS " == *" decode "* ]]; then
     v=${VARIANTS:-default,splitk,heuristic}
     [[ $spec == *:* ]] && v=${spec#*:}
     timeout 300 build-gpu/bench/engine_bench $B --preset=$p --sections=decode \
-      --variants=$v --batches=${BATCHES:-1,8,64,256} >"$OUT/decode_$p.log" 2>&1
+      --variants=$v --batches=${BATCHES:-1,8,64,256} ${ENGINE_ARGS:-} >"$OUT/decode_$p.log" 2>&1
     echo "decode $p rc=$? ($(( $(date +%s) - t0 )) s)"
     grep "split-K slices" "$OUT/decode_$p.log" | sort | uniq -c
     sed -n '/by variant/,$p' "$OUT/decode_$p.log"

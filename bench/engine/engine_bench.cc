@@ -17,41 +17,42 @@
 // on the same device state: "default" (deterministic: pinned GEMM algorithms, decode CUDA
 // graphs, verified small-m and decode GEMMs), "eager" (no decode graphs), "cublas" (no small-m
 // or decode GEMMs: the pinned cuBLASLt algorithm at every m), "nodecodegemm" (no DecodeGemm:
-// SmallGemm and cuBLASLt as before it; the same bits), "nopdl" (kernels launched without
-// programmatic dependent launch), "heuristic" (cuBLAS heuristics per m, no pinning, graphs on: the
-// cost of determinism is default vs heuristic), "overlap" (default with the engine's overlapped
-// schedule: step n+1 scheduled and built while step n runs), "splitk" (the batch-invariant split-K
-// rule of gemm.h: o_proj / down_proj of narrow models in k slices), "nosplit" (no split-K: the
-// default since run 8), "split2" / "split4" / "split8" (that many k slices for every GEMM whose k
-// allows it, the LM head excepted), "refN" (the pinned GEMM algorithms picked by cuBLASLt's
-// heuristic at m = N instead of 256, e.g. ref1024), "block32" / "block64" (KV blocks of 32 / 64
-// tokens instead of 16: coarser prefix sharing, fewer and larger copies for the Hopper prefill
-// kernel), "nofold" (no attention fold items: every split item writes one partial per tile, as
-// before fold items; the same bits), "nofinish" (fold items never write a row's output themselves:
-// every decode row goes through the merge; the same bits), "untuned" (the pinned GEMM algorithms at
-// every decode graph bucket, no tuning: the default below hidden 2048), "tuned" / "tuneN" (GEMMs
-// tuned at the decode buckets up to m = 64 / N, gemm.h; the same bits), "earlyN" (DecodeGemm CTAs
-// copy N chunks of weights before waiting for the previous kernel instead of 2; early0: none; the
-// same bits), "nofusesilu" (SiluMul as its own kernel after gate_up's DecodeGemm; the same bits),
-// "splitprefetch" / "splitsmem" / "splitreg" (every plan's split attention items on that form of
-// the split kernel, launchers.h SetSplitVariant, instead of the plan's choice; the same bits),
-// "ws" / "nows" (plans of whole decode rows on the persistent decode kernel at any row length /
-// never: attention.h SetDecodeWsMinTiles; the same bits), "single" (cascade groups only the
-// leading tiles common to a whole group: CudaBackendOptions::attention_single_level; the same
-// bits), "noprefillgemm" (prefill-sized GEMMs on the pinned algorithm instead of the one chosen at
-// load, CudaBackendOptions::gemm_prefill_min_m = 0; the same bits), "prefillgemmN" (that
-// choice from N rows up instead of 1024; the same bits), "super" (the two-level fold order where
-// the device runs it, CudaBackendOptions::attention_super_tiles = 0: other bits than the default),
-// "noprefetch" (no L2 prefetch of the weights: CudaBackendOptions::prefetch_weights_max_rows = 0;
-// the same bits), "prefetchall" (prefetched at every decode batch, not only up to 64 rows),
-// "prefetchearly" (a layer's o_proj / gate_up / down_proj weights prefetched during
-// its attention instead of after it), "prefetchctasN" (N CTAs issue each prefetch instead of 16),
-// "ownsmem" (a wide cascade step's own tiles on the shared-memory split kernel instead of the
-// persistent decode kernel: attention.h SetOwnTilesOnPersistentDecode(false); the same bits),
-// "dwn8" (the persistent decode kernel's consumers in the decode-shaped form: launchers.h
-// SetDecodeWsN8; the same bits), "wsfew" (steps of fewer works than 7/8 of the SMs, all rows
-// short, on the persistent decode kernel instead of the split kernel and the merge: attention.h
-// SetDecodeWsFewWorks(true); the same bits).
+// SmallGemm and cuBLASLt as before it; the same bits), "coldchoice" (that choice timed one launch
+// at a time on flushed L2 for every bucket, as before session 36), "nopdl" (kernels launched
+// without programmatic dependent launch), "heuristic" (cuBLAS heuristics per m, no pinning, graphs
+// on: the cost of determinism is default vs heuristic), "overlap" (default with the engine's
+// overlapped schedule: step n+1 scheduled and built while step n runs), "splitk" (the
+// batch-invariant split-K rule of gemm.h: o_proj / down_proj of narrow models in k slices),
+// "nosplit" (no split-K: the default since run 8), "split2" / "split4" / "split8" (that many k
+// slices for every GEMM whose k allows it, the LM head excepted), "refN" (the pinned GEMM
+// algorithms picked by cuBLASLt's heuristic at m = N instead of 256, e.g. ref1024), "block32" /
+// "block64" (KV blocks of 32 / 64 tokens instead of 16: coarser prefix sharing, fewer and larger
+// copies for the Hopper prefill kernel), "nofold" (no attention fold items: every split item writes
+// one partial per tile, as before fold items; the same bits), "nofinish" (fold items never write a
+// row's output themselves: every decode row goes through the merge; the same bits), "untuned" (the
+// pinned GEMM algorithms at every decode graph bucket, no tuning: the default below hidden 2048),
+// "tuned" / "tuneN" (GEMMs tuned at the decode buckets up to m = 64 / N, gemm.h; the same bits),
+// "earlyN" (DecodeGemm CTAs copy N chunks of weights before waiting for the previous kernel instead
+// of 2; early0: none; the same bits), "nofusesilu" (SiluMul as its own kernel after gate_up's
+// DecodeGemm; the same bits), "splitprefetch" / "splitsmem" / "splitreg" (every plan's split
+// attention items on that form of the split kernel, launchers.h SetSplitVariant, instead of the
+// plan's choice; the same bits), "ws" / "nows" (plans of whole decode rows on the persistent decode
+// kernel at any row length / never: attention.h SetDecodeWsMinTiles; the same bits), "single"
+// (cascade groups only the leading tiles common to a whole group:
+// CudaBackendOptions::attention_single_level; the same bits), "noprefillgemm" (prefill-sized GEMMs
+// on the pinned algorithm instead of the one chosen at load, CudaBackendOptions::gemm_prefill_min_m
+// = 0; the same bits), "prefillgemmN" (that choice from N rows up instead of 1024; the same bits),
+// "super" (the two-level fold order where the device runs it,
+// CudaBackendOptions::attention_super_tiles = 0: other bits than the default), "noprefetch" (no L2
+// prefetch of the weights: CudaBackendOptions::prefetch_weights_max_rows = 0; the same bits),
+// "prefetchall" (prefetched at every decode batch, not only up to 64 rows), "prefetchearly" (a
+// layer's o_proj / gate_up / down_proj weights prefetched during its attention instead of after
+// it), "prefetchctasN" (N CTAs issue each prefetch instead of 16), "ownsmem" (a wide cascade step's
+// own tiles on the shared-memory split kernel instead of the persistent decode kernel: attention.h
+// SetOwnTilesOnPersistentDecode(false); the same bits), "dwn8" (the persistent decode kernel's
+// consumers in the decode-shaped form: launchers.h SetDecodeWsN8; the same bits), "wsfew" (steps of
+// fewer works than 7/8 of the SMs, all rows short, on the persistent decode kernel instead of the
+// split kernel and the merge: attention.h SetDecodeWsFewWorks(true); the same bits).
 //
 // tree: issue 11's three-level prefix tree through the engine: a system chunk of shared_len
 // tokens, tree_contexts context chunks of tree_context_len tokens below it, tree_queries
@@ -183,10 +184,11 @@ struct Variant {
   bool gemm_tune = false;   // CudaBackendOptions::gemm_tune
   // CudaBackendOptions::gemm_tune_min_hidden
   int tune_min_hidden = cuda::kDefaultGemmTuneMinHidden;
-  int tune_max_m = 64;    // CudaBackendOptions::gemm_tune_max_m
-  int early_chunks = 2;   // CudaBackendOptions::decode_gemm_early_chunks
-  bool fuse_silu = true;  // CudaBackendOptions::fuse_silu
-  int split_variant = 0;  // internal::SetSplitVariant (process-wide, set when the backend loads)
+  int tune_max_m = 64;      // CudaBackendOptions::gemm_tune_max_m
+  int early_chunks = 2;     // CudaBackendOptions::decode_gemm_early_chunks
+  bool choice_warm = true;  // CudaBackendOptions::decode_gemm_choice_warm
+  bool fuse_silu = true;    // CudaBackendOptions::fuse_silu
+  int split_variant = 0;    // internal::SetSplitVariant (process-wide, set when the backend loads)
   // CudaBackendOptions::persistent_decode_min_tiles (the backend sets it process-wide at load);
   // -1 here: its default.
   int ws_min_tiles = -1;
@@ -220,6 +222,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "ownsmem") return v->own_tiles_ws = false, true;
   if (name == "dwn8") return v->dw_n8 = true, true;
   if (name == "wsfew") return v->ws_few_works = true, true;
+  if (name == "coldchoice") return v->choice_warm = false, true;
   if (name == "noprefetch") return v->prefetch_max_rows = 0, true;
   if (name == "prefetchall") return v->prefetch_max_rows = 256, true;  // every decode bucket
   if (name == "prefetchearly") return v->prefetch_early = true, true;
@@ -556,6 +559,7 @@ struct Bench {
       o.small_m_gemm = variant.small_m_gemm;
       o.decode_gemm_max_m = variant.decode_gemm_max_m;
       o.decode_gemm_early_chunks = variant.early_chunks;
+      o.decode_gemm_choice_warm = variant.choice_warm;
       o.fuse_silu = variant.fuse_silu;
       o.split_k = variant.split_k;
       o.gemm_reference_m = variant.reference_m;

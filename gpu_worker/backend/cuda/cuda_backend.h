@@ -41,6 +41,11 @@ struct CudaBackendOptions {
   // time (gemm.h PrepareDecode): the pinned algorithm, SmallGemm or DecodeGemm (wgmma), whichever
   // timed fastest among those whose rows are bitwise the pinned algorithm's. The same bits.
   int decode_gemm_max_m = kDefaultDecodeGemmMaxM;
+  // The choice above times its candidates as a decode replay runs them (gemm.h
+  // set_decode_warm_max_m: weights in L2, launches back to back) for the buckets whose weights
+  // the backend prefetches (cuda_graphs and up to prefetch_weights_max_rows rows); false: one
+  // launch at a time on flushed L2 for every bucket, as before session 36. The same bits.
+  bool decode_gemm_choice_warm = true;
   // DecodeGemm CTAs copy this many chunks of their weights before waiting for the previous kernel
   // (ops.h SetDecodeGemmEarlyChunks; process-wide: the last backend created sets it). Same bits.
   int decode_gemm_early_chunks = 2;

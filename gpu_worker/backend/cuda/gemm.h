@@ -123,6 +123,15 @@ class Gemm {
   void set_decode_max_m(int max_m) {
     decode_max_m_ = batch_invariant_ ? std::clamp(max_m, 0, 64) : 0;
   }
+  // Buckets up to max_m have their decode-sized candidates timed as a decode replay runs them
+  // when the backend prefetches their weights into L2 ahead of the GEMM: weights resident in L2,
+  // launches back to back under programmatic launch; above it (and with 0, the default) one
+  // launch at a time after the weights were pushed out of L2. Timed alone on flushed L2, DecodeGemm
+  // at 16 and 32 features a CTA were within ~10% for qwen3-0.6b's gate_up at m = 1, and engines
+  // picked either; in a replay the 32-feature kernel added 2.9-3.5 us a launch and the 16-feature
+  // one 4.4-4.5 (bench/engine/NOTES.md run 22). Only the choice changes; every candidate is
+  // bitwise the pinned algorithm.
+  void set_decode_warm_max_m(int max_m) { decode_warm_max_m_ = max_m; }
   // Makes the decode-sized kernel choice of every bucket up to the decode max m for weights w
   // ([n, k]) now, on pseudo-random rows as x (a backend calls it at load time, so no request pays
   // the choice's timing runs). No-op for shapes the decode path does not serve.
@@ -216,6 +225,7 @@ class Gemm {
   bool small_m_ = true;
   std::map<std::tuple<int, int, int, int>, bool> small_ok_;  // (n, k, out, S) -> verified equal
   int decode_max_m_ = 0;
+  int decode_warm_max_m_ = 0;  // set_decode_warm_max_m
   struct DecodeChoice {
     int kind = 0;  // 0: the pinned algorithm, 1: SmallGemm, 2: DecodeGemm (cols, stages)
     int cols = 0, stages = 0;
