@@ -13,6 +13,7 @@ BlockManager::BlockManager(int64_t num_blocks, int block_size, std::function<int
       key_(num_blocks),
       hints_(num_blocks),
       last_use_(num_blocks, 0),
+      evict_on_release_(num_blocks, false),
       children_(static_cast<size_t>(num_blocks)) {
   free_.reserve(num_blocks);
   // Hand out low block ids first (stack pops from the back).
@@ -87,6 +88,11 @@ void BlockManager::Release(int32_t block) {
   if (key_[block].has_value()) {
     ++num_unreferenced_;
     last_use_[block] = ++tick_;
+    if (evict_on_release_[block]) {
+      const hash::Hash128 key = *key_[block];
+      EvictKeys(std::span<const hash::Hash128>(&key, 1));
+      return;
+    }
     MaybeCandidate(block);
   } else {
     hints_[block] = EvictionHints{};
@@ -138,6 +144,7 @@ void BlockManager::DropKey(int32_t block) {
   by_key_.erase(key);
   key_[block].reset();
   hints_[block] = EvictionHints{};
+  evict_on_release_[block] = false;
   if (parent.IsZero()) return;
   if (children_.Remove(parent, block) == 0) {
     // The parent became a leaf.
@@ -156,7 +163,10 @@ int64_t BlockManager::EvictKeys(std::span<const hash::Hash128> keys,
     auto it = by_key_.find(*k);
     if (it == by_key_.end()) continue;
     int32_t b = it->second.block;
-    if (ref_[b] > 0) continue;  // in use: a live sequence still reads it
+    if (ref_[b] > 0) {  // in use: a live sequence still reads it; dropped at its release
+      evict_on_release_[b] = true;
+      continue;
+    }
     evictable_.Remove(b);
     --num_unreferenced_;
     DropKey(b);

@@ -58,7 +58,8 @@ class BlockManager {
   void AddRef(int32_t block);
 
   // Drops one reference; at zero a keyed block becomes evictable (most recently used), an
-  // unkeyed one free.
+  // unkeyed one free, and one an eviction asked for while it was in use (EvictKeys) is dropped
+  // and freed with its unreferenced cached descendants.
   void Release(int32_t block);
 
   // Registers the key of a block whose tokens' K/V are now written. `parent` is the key of the
@@ -78,9 +79,12 @@ class BlockManager {
   bool IsCachedKey(const hash::Hash128& key) const { return by_key_.count(key) > 0; }
 
   // Drops the given keys and all their cached descendants from the cache where unreferenced.
-  // Returns the number of blocks dropped. If `covered` is not null, it receives the given keys
-  // and every cached descendant (dropped or in use), for the host tier to erase below them.
-  // Costs O(keys + descendants), found through the child index, not a pass over the cache.
+  // Those in use are dropped when their last reference goes (Release), with whatever descendants
+  // are cached by then: otherwise a block in use below a dropped ancestor stayed cached, though
+  // no lookup could reach it, until LRU eviction found it. Returns the number of blocks dropped
+  // now. If `covered` is not null, it receives the given keys and every cached descendant
+  // (dropped or in use), for the host tier to erase below them. Costs O(keys + descendants),
+  // found through the child index, not a pass over the cache.
   int64_t EvictKeys(std::span<const hash::Hash128> keys,
                     std::vector<hash::Hash128>* covered = nullptr);
 
@@ -106,6 +110,7 @@ class BlockManager {
   std::vector<std::optional<hash::Hash128>> key_;  // [num_blocks] key when cached
   std::vector<EvictionHints> hints_;               // [num_blocks]
   std::vector<uint64_t> last_use_;                 // [num_blocks] tick of the last release
+  std::vector<bool> evict_on_release_;             // [num_blocks] EvictKeys met it in use
   std::vector<int32_t> free_;                      // unkeyed, unreferenced blocks (stack)
   int64_t num_unreferenced_ = 0;                   // keyed blocks with ref 0
   EvictionQueue evictable_;                        // the unreferenced cached leaves

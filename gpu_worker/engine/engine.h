@@ -77,7 +77,8 @@ class Engine {
   virtual void Cancel(uint64_t seq_id) = 0;
 
   // Drops the cached, unreferenced blocks of these chunks (and of their descendants) at the
-  // next step; unpins them. Returns the number of chunks found.
+  // next step, and those in use once their last reader releases them; unpins them. Returns the
+  // number of chunks found.
   virtual int EvictChunks(const std::vector<hash::Hash128>& chunk_hashes) = 0;
 
   // Pins chunks this engine holds for `ttl_ms` (extending pins already there), so eviction skips

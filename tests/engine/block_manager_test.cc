@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 namespace cascade::engine {
@@ -88,12 +89,54 @@ TEST(BlockManagerTest, EvictKeysDropsUnreferencedDescendantsToo) {
   EXPECT_TRUE(bm.Lookup(K(9)).has_value());
 }
 
-TEST(BlockManagerTest, EvictKeysLeavesReferencedBlocks) {
+TEST(BlockManagerTest, EvictKeysLeavesReferencedBlocksUntilReleased) {
   BlockManager bm(2, 4);
   int32_t a = bm.AllocateFresh();
   bm.Commit(a, K(1), {});
+  bm.TakeEvictedKeys();
   EXPECT_EQ(bm.EvictKeys(std::vector<hash::Hash128>{K(1)}), 0);
   EXPECT_TRUE(bm.Lookup(K(1)).has_value());
+  EXPECT_TRUE(bm.TakeEvictedKeys().empty());
+  // Another reader takes it meanwhile: it stays until the last one lets go.
+  EXPECT_EQ(bm.AcquireCached(K(1)), a);
+  bm.Release(a);
+  EXPECT_TRUE(bm.Lookup(K(1)).has_value());
+  bm.Release(a);
+  EXPECT_FALSE(bm.Lookup(K(1)).has_value());
+  EXPECT_EQ(bm.TakeEvictedKeys(), std::vector<hash::Hash128>{K(1)});
+  EXPECT_EQ(bm.NumCached(), 0);
+  EXPECT_EQ(bm.NumAvailable(), 2);
+  // Freed, not cached: the next two allocations get both blocks without evicting anything.
+  EXPECT_GE(bm.AllocateFresh(), 0);
+  EXPECT_GE(bm.AllocateFresh(), 0);
+  EXPECT_TRUE(bm.TakeEvictedKeys().empty());
+}
+
+// A registry eviction of a prefix whose last block a live sequence still reads: the unreferenced
+// ancestors go at once, the block in use (unreachable now: no lookup passes its dropped parent) at
+// its release, with the block the sequence committed below it in the meantime.
+TEST(BlockManagerTest, BlockInUseBelowAnEvictedPrefixGoesWhenReleased) {
+  BlockManager bm(4, 4);
+  int32_t b0 = bm.AllocateFresh(), b1 = bm.AllocateFresh();
+  bm.Commit(b0, K(1), {});
+  bm.Commit(b1, K(2), K(1));
+  bm.Release(b0);  // the sequence still holds b1
+  bm.TakeEvictedKeys();
+  EXPECT_EQ(bm.EvictKeys(std::vector<hash::Hash128>{K(1)}), 1);
+  EXPECT_EQ(bm.TakeEvictedKeys(), std::vector<hash::Hash128>{K(1)});
+  EXPECT_EQ(bm.CountCachedPrefix(std::vector<hash::Hash128>{K(1), K(2)}), 0);
+  int32_t b2 = bm.AllocateFresh();  // the sequence goes on below its block
+  ASSERT_TRUE(bm.Commit(b2, K(3), K(2)));
+  bm.Release(b2);
+  EXPECT_TRUE(bm.IsCachedKey(K(3)));
+  bm.Release(b1);
+  EXPECT_FALSE(bm.IsCachedKey(K(2)));
+  EXPECT_FALSE(bm.IsCachedKey(K(3)));
+  std::vector<hash::Hash128> gone = bm.TakeEvictedKeys();
+  std::sort(gone.begin(), gone.end());
+  EXPECT_EQ(gone, (std::vector<hash::Hash128>{K(2), K(3)}));
+  EXPECT_EQ(bm.NumCached(), 0);
+  EXPECT_EQ(bm.NumAvailable(), 4);
 }
 
 }  // namespace

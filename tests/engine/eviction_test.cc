@@ -228,15 +228,15 @@ std::set<uint64_t> Values(const std::vector<hash::Hash128>& keys) {
 
 // Admin evictions of many keys at once, with keys re-committed between them (so the child index
 // is exercised through inserts and evictions), drop exactly the unreferenced keys below the
-// given ones; referenced blocks stay. Afterwards pressure evicts only leaves, so the index still
-// knows every block's children.
+// given ones; referenced blocks stay until released, then go with what is cached below them.
+// Afterwards pressure evicts only leaves, so the index still knows every block's children.
 TEST(EvictionTest, ManyKeyGpuEvictionDropsExactlyTheUnreferencedDescendants) {
   constexpr uint64_t kN = 300;
   std::mt19937 rng(7);
   const std::vector<uint64_t> parent = RandomForest(rng, kN);
   BlockManager bm(kN, 4);
   std::map<uint64_t, int32_t> block_of;
-  std::set<uint64_t> cached, referenced;
+  std::set<uint64_t> cached, referenced, marked;  // marked: an eviction met it in use
   auto commit = [&](uint64_t k) {
     const int32_t b = bm.AllocateFresh();
     ASSERT_GE(b, 0);
@@ -262,6 +262,7 @@ TEST(EvictionTest, ManyKeyGpuEvictionDropsExactlyTheUnreferencedDescendants) {
     std::set<uint64_t> want;
     for (uint64_t k : doomed) {
       if (cached.count(k) && !referenced.count(k)) want.insert(k);
+      if (cached.count(k) && referenced.count(k)) marked.insert(k);
     }
     std::vector<hash::Hash128> covered;
     EXPECT_EQ(bm.EvictKeys(seed_keys, &covered), static_cast<int64_t>(want.size()));
@@ -280,7 +281,30 @@ TEST(EvictionTest, ManyKeyGpuEvictionDropsExactlyTheUnreferencedDescendants) {
     }
     bm.TakeEvictedKeys();
   }
-  for (uint64_t k : referenced) bm.Release(block_of[k]);
+  // Released, a block an eviction met in use goes with its unreferenced cached descendants (the
+  // referenced ones in turn at their release); the others stay cached.
+  std::set<uint64_t> held = referenced;
+  int64_t dropped_at_release = 0;
+  for (uint64_t k : referenced) {
+    held.erase(k);
+    bm.Release(block_of[k]);
+    std::set<uint64_t> gone;
+    if (marked.count(k)) {
+      for (uint64_t c : Closure({k}, cached, parent)) {
+        if (!cached.count(c)) continue;
+        if (held.count(c)) {
+          marked.insert(c);
+        } else {
+          gone.insert(c);
+        }
+      }
+    }
+    EXPECT_EQ(Values(bm.TakeEvictedKeys()), gone) << "release of " << k;
+    for (uint64_t c : gone) cached.erase(c);
+    dropped_at_release += static_cast<int64_t>(gone.size());
+  }
+  EXPECT_GT(dropped_at_release, 0);  // the seeds do meet blocks in use
+  for (uint64_t k = 1; k <= kN; ++k) EXPECT_EQ(bm.IsCachedKey(K(k)), cached.count(k) > 0) << k;
   bm.set_evict_listener([&](int32_t, const hash::Hash128& key, const hash::Hash128&,
                             const EvictionHints&) {
     for (uint64_t k : cached) {
