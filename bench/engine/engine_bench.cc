@@ -21,10 +21,11 @@
 // at a time on flushed L2 for every bucket, as before session 36), "nopdl" (kernels launched
 // without programmatic dependent launch), "heuristic" (cuBLAS heuristics per m, no pinning, graphs
 // on: the cost of determinism is default vs heuristic), "overlap" (default with the engine's
-// overlapped schedule: step n+1 scheduled and built while step n runs), "splitk" (the
-// batch-invariant split-K rule of gemm.h: o_proj / down_proj of narrow models in k slices),
-// "nosplit" (no split-K: the default since run 8), "split2" / "split4" / "split8" (that many k
-// slices for every GEMM whose k allows it, the LM head excepted), "refN" (the pinned GEMM
+// overlapped schedule: step n+1 scheduled and built while step n runs), "overlapN" (overlapped
+// after steps of N rows or more: EngineOptions::overlap_min_rows, the worker's default 32),
+// "splitk" (the batch-invariant split-K rule of gemm.h: o_proj / down_proj of narrow models in k
+// slices), "nosplit" (no split-K: the default since run 8), "split2" / "split4" / "split8" (that
+// many k slices for every GEMM whose k allows it, the LM head excepted), "refN" (the pinned GEMM
 // algorithms picked by cuBLASLt's heuristic at m = N instead of 256, e.g. ref1024), "block32" /
 // "block64" (KV blocks of 32 / 64 tokens instead of 16: coarser prefix sharing, fewer and larger
 // copies for the Hopper prefill kernel), "nofold" (no attention fold items: every split item writes
@@ -175,13 +176,14 @@ struct Variant {
   bool small_m_gemm = true;
   int decode_gemm_max_m = cuda::kDefaultDecodeGemmMaxM;
   bool pdl = true;
-  bool overlap = false;     // EngineOptions::overlap_schedule
-  int split_k = 1;          // CudaBackendOptions::split_k (1: off)
-  int reference_m = 256;    // CudaBackendOptions::gemm_reference_m
-  int block_size = 16;      // CudaBackendOptions::block_size
-  int lead_tiles = 0;       // CudaBackendOptions::attention_lead_tiles
-  bool finish_rows = true;  // CudaBackendOptions::attention_finish_rows
-  bool gemm_tune = false;   // CudaBackendOptions::gemm_tune
+  bool overlap = false;      // EngineOptions::overlap_schedule
+  int overlap_min_rows = 0;  // EngineOptions::overlap_min_rows
+  int split_k = 1;           // CudaBackendOptions::split_k (1: off)
+  int reference_m = 256;     // CudaBackendOptions::gemm_reference_m
+  int block_size = 16;       // CudaBackendOptions::block_size
+  int lead_tiles = 0;        // CudaBackendOptions::attention_lead_tiles
+  bool finish_rows = true;   // CudaBackendOptions::attention_finish_rows
+  bool gemm_tune = false;    // CudaBackendOptions::gemm_tune
   // CudaBackendOptions::gemm_tune_min_hidden
   int tune_min_hidden = cuda::kDefaultGemmTuneMinHidden;
   int tune_max_m = 64;      // CudaBackendOptions::gemm_tune_max_m
@@ -255,6 +257,10 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (absl::StartsWith(name, "tune")) {  // tuneN: GEMMs tuned at buckets up to m = N
     v->gemm_tune = true;
     return absl::SimpleAtoi(name.substr(4), &v->tune_max_m) && v->tune_max_m > 0;
+  }
+  if (absl::StartsWith(name, "overlap") && name.size() > 7) {  // overlapN: from N rows
+    v->overlap = true;
+    return absl::SimpleAtoi(name.substr(7), &v->overlap_min_rows) && v->overlap_min_rows > 0;
   }
   if (absl::StartsWith(name, "ref")) {  // refN: pinned GEMM algorithms chosen at m = N
     return absl::SimpleAtoi(name.substr(3), &v->reference_m) && v->reference_m > 0 &&
@@ -622,6 +628,7 @@ struct Bench {
     eo.max_tokens_limit = 4096;
     eo.max_waiting = 100000;
     eo.overlap_schedule = variant.overlap;
+    eo.overlap_min_rows = variant.overlap_min_rows;
     return engine::NewEngine(eo, std::make_unique<TimedBackend>(std::move(backend), &forward_s));
   }
 

@@ -279,6 +279,7 @@ class EngineImpl final : public Engine {
   int64_t prompt_tokens_computed_ = 0;
   int64_t generation_tokens_ = 0;
   int64_t steps_ = 0;
+  int64_t overlapped_steps_ = 0;  // EngineStats::overlapped_steps
 
   mutable Mutex mu_;
   std::vector<std::unique_ptr<Sequence>> inbox_ ABSL_GUARDED_BY(mu_);
@@ -570,6 +571,7 @@ void EngineImpl::PublishStats() {
   stats_.prompt_tokens_computed = prompt_tokens_computed_;
   stats_.generation_tokens = generation_tokens_;
   stats_.steps = steps_;
+  stats_.overlapped_steps = overlapped_steps_;
 }
 
 absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
@@ -601,17 +603,19 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
     SchedulerOutput plan = Schedule(&outputs);
     if (!plan.scheduled.empty()) BuildAndLaunch(std::move(plan), &outputs);
   }
-  if (options_.overlap_schedule) {
-    if (inflight_.has_value()) {
-      // Scheduled as if every sequence of the step in flight went on (kPendingToken stands for
-      // its tokens); PruneFinished corrects that before the launch.
-      SchedulerOutput plan = Schedule(&outputs);
-      if (!plan.scheduled.empty()) {
-        Prepared p;
-        p.plan = std::move(plan);
-        scheduler_.BuildBatch(p.plan, backend_->BlockSize(), &p.batch, &p.pending);
-        prepared_ = std::move(p);
-      }
+  const bool overlap =
+      options_.overlap_schedule && inflight_.has_value() &&
+      static_cast<int64_t>(inflight_->scheduled.size()) >= options_.overlap_min_rows;
+  if (overlap) {
+    // Scheduled as if every sequence of the step in flight went on (kPendingToken stands for its
+    // tokens); PruneFinished corrects that before the launch.
+    SchedulerOutput plan = Schedule(&outputs);
+    if (!plan.scheduled.empty()) {
+      Prepared p;
+      p.plan = std::move(plan);
+      scheduler_.BuildBatch(p.plan, backend_->BlockSize(), &p.batch, &p.pending);
+      prepared_ = std::move(p);
+      ++overlapped_steps_;
     }
   } else if (inflight_.has_value()) {
     Collect({}, &outputs, &rows);

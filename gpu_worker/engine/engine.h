@@ -48,6 +48,12 @@ struct EngineOptions {
   // before it is launched. The tokens are the same as without; each Step() returns the outputs
   // of the step launched by the call before it.
   bool overlap_schedule = false;
+  // With overlap_schedule: the next step is scheduled while one of at least this many sequences
+  // runs; after a smaller step the engine collects it first, as without overlap (either way the
+  // same tokens). Measured on an H200 (qwen3-0.6b, bench/engine/RESULTS.md session 36, two engines
+  // each, same process): the overlapped schedule was 0-25% slower at 1-8 rows, even at 16 and 64,
+  // 2-6% faster at 32, 128 and 256. 0: every step overlapped.
+  int overlap_min_rows = 0;
   // Test-only fault: block keys that ignore the previous block (the design's root cause 2).
   bool debug_unchained_block_keys = false;
   // Test-only: return each sampled position's raw logits in SequenceOutput::logits.

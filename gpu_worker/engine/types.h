@@ -173,6 +173,8 @@ struct EngineStats {
   int64_t prompt_tokens_computed = 0;
   int64_t generation_tokens = 0;
   int64_t steps = 0;
+  // Steps scheduled and built while the step before them ran (EngineOptions::overlap_schedule).
+  int64_t overlapped_steps = 0;
 };
 
 }  // namespace cascade::engine

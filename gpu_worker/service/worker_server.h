@@ -75,6 +75,10 @@ struct WorkerConfig {
   // (bench/engine/RESULTS.md, fourteenth session) decode steps 2.4-6.8% shorter at batch 64-256,
   // unchanged at 1-8, the nano-vllm workload 1.3% faster.
   bool overlap_schedule = true;
+  // Overlapped only after steps of at least this many sequences (engine::EngineOptions::
+  // overlap_min_rows): on an H200 (qwen3-0.6b, bench/engine/RESULTS.md, session 36) the overlap
+  // was 0-25% slower at 1-8 rows and 2-6% faster at 32, 128 and 256.
+  int overlap_min_rows = 32;
   std::string worker_id;                  // empty: "worker-<port>"
   std::string registry_address;           // empty: run without a registry
   std::string advertise_address;          // what the gateway dials; empty: 127.0.0.1:<port>

@@ -25,7 +25,7 @@ const model::Model& Tiny() {
 std::unique_ptr<Engine> MakeEngine(int64_t blocks, cpu::DebugFault fault = cpu::DebugFault::kNone,
                                    int max_batched_tokens = 2048, bool capture_logits = true,
                                    int64_t host_kv_blocks = 0, bool overlap = false,
-                                   int64_t import_bytes_per_step = 0) {
+                                   int64_t import_bytes_per_step = 0, int overlap_min_rows = 0) {
   cpu::CpuBackendOptions o;
   o.num_blocks = blocks;
   o.block_size = kBlock;
@@ -37,6 +37,7 @@ std::unique_ptr<Engine> MakeEngine(int64_t blocks, cpu::DebugFault fault = cpu::
   eo.max_num_batched_tokens = max_batched_tokens;
   eo.eos_token_ids = Tiny().config().eos_token_ids;
   eo.overlap_schedule = overlap;
+  eo.overlap_min_rows = overlap_min_rows;
   if (import_bytes_per_step > 0) eo.import_bytes_per_step = import_bytes_per_step;
   std::unique_ptr<Backend> backend = cpu::NewCpuBackend(Tiny(), o);
   eo.host_kv_bytes = host_kv_blocks * backend->KvBlockBytes();
@@ -283,7 +284,9 @@ TEST(EngineCpuTest, ChunkedPrefillGivesTheSameLogitsAsOneShot) {
 // the same tokens, logprobs and finish as the plain engine: sequences added mid-run, stop tokens
 // that end a sequence the next step was already scheduled for, a cancel, preemption and
 // eviction in a KV cache too small for the batch, shared prefixes, with and without the host
-// tier. Every option is sampled by the backend (ForwardSampled), as in production.
+// tier. Every option is sampled by the backend (ForwardSampled), as in production. So does an
+// engine that overlaps only after steps of 4 or more sequences (EngineOptions::overlap_min_rows),
+// switching between the two schedules as the batch grows and shrinks.
 TEST(EngineCpuTest, OverlappedScheduleGivesThePlainEnginesOutputs) {
   std::mt19937 rng(41);
   const int vocab = static_cast<int>(Tiny().config().vocab_size);
@@ -314,16 +317,29 @@ TEST(EngineCpuTest, OverlappedScheduleGivesThePlainEnginesOutputs) {
     // 10 blocks of 16 tokens for up to ten sequences of up to 75: preempts and evicts.
     auto plain = MakeEngine(10, cpu::DebugFault::kNone, 64, false, host_blocks, false);
     auto overlap = MakeEngine(10, cpu::DebugFault::kNone, 64, false, host_blocks, true);
+    auto switching = MakeEngine(10, cpu::DebugFault::kNone, 64, false, host_blocks, true, 0,
+                                /*overlap_min_rows=*/4);
     const std::vector<Seen> a = RunScripted(*plain, reqs);
     const std::vector<Seen> b = RunScripted(*overlap, reqs);
+    const std::vector<Seen> c = RunScripted(*switching, reqs);
     int stops = 0;
     for (size_t i = 0; i < reqs.size(); ++i) {
       EXPECT_TRUE(a[i] == b[i]) << "host blocks " << host_blocks << ", request " << i << ": "
                                 << a[i].tokens.size() << " vs " << b[i].tokens.size()
                                 << " tokens, finish " << FinishReasonName(a[i].finish) << " vs "
                                 << FinishReasonName(b[i].finish);
+      EXPECT_TRUE(a[i] == c[i]) << "host blocks " << host_blocks << ", request " << i
+                                << " (overlap from 4 rows): " << a[i].tokens.size() << " vs "
+                                << c[i].tokens.size() << " tokens";
       stops += a[i].finish == FinishReason::kStop;
     }
+    EXPECT_EQ(plain->Stats().overlapped_steps, 0);
+    EXPECT_GT(overlap->Stats().overlapped_steps, 0);
+    // Both schedules ran in the switching engine.
+    EXPECT_GT(switching->Stats().overlapped_steps, 0);
+    EXPECT_LT(switching->Stats().overlapped_steps, overlap->Stats().overlapped_steps);
+    EXPECT_FALSE(switching->HasWork());
+    EXPECT_EQ(switching->Stats().free_blocks, plain->Stats().free_blocks);
     EXPECT_EQ(stops, 3);
     EXPECT_EQ(a[1].finish, FinishReason::kCancelled);
     EXPECT_EQ(a[1].tokens.size(), 4u);
