@@ -18,7 +18,7 @@ t0=$(date +%s)
 bash scripts/device_build.sh engine_bench cuda_gemm_bench >/tmp/timeline_build.log 2>&1 ||
   { tail -60 /tmp/timeline_build.log; exit 1; }
 . build-gpu/env.sh
-echo "build: $(( $(date +%s) - t0 )) s; commit $(git rev-parse --short HEAD 2>/dev/null || cat COMMIT)"
+echo "build: $(( $(date +%s) - t0 )) s; commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD)"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader
 
 CUDA=${CUDA_HOME:-/usr/local/cuda}
