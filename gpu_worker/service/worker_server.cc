@@ -128,10 +128,6 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     return absl::InvalidArgumentError(absl::StrCat("--decode_gemm_max_m=", config.decode_gemm_max_m,
                                                    ": must be in [0, 64] (0: off)"));
   }
-  if (config.overlap_min_rows < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--overlap_min_rows=", config.overlap_min_rows,
-                                                   ": must be >= 0 (0: every step)"));
-  }
   if (config.gemm_prefill_min_m < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--gemm_prefill_min_m=", config.gemm_prefill_min_m, ": must be >= 0 (0: off)"));
@@ -215,6 +211,10 @@ absl::Status CheckEngineFlags(const WorkerConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_chunks_per_block=", config.max_chunks_per_block,
                      ": must be in [1, 1024] (chunk records through one KV block)"));
+  }
+  if (config.overlap_min_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--overlap_min_rows=", config.overlap_min_rows,
+                                                   ": must be >= 0 (0: every step)"));
   }
   return absl::OkStatus();
 }

@@ -129,27 +129,6 @@ TEST(WorkerConfigTest, CudaGemmSettingsOutsideTheirRangeAreRefused) {
   EXPECT_TRUE(MakeBackend("cpu", *model, c).ok());
 }
 
-// --overlap_min_rows below 0 is refused with the flag and the value; 0 (every step overlapped)
-// and the default load.
-TEST(WorkerConfigTest, OverlapMinRowsBelowZeroIsRefused) {
-  std::unique_ptr<model::Model> model =
-      cpu::testing_util::MakeModel(cpu::testing_util::SmallVocab("tiny"), 3);
-  ASSERT_NE(model, nullptr);
-  WorkerConfig c;
-  c.kv_blocks = 16;
-  EXPECT_EQ(c.overlap_min_rows, 32);
-  c.overlap_min_rows = -1;
-  auto b = MakeBackend("cpu", *model, c);
-  ASSERT_FALSE(b.ok());
-  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(b.status().message().find("--overlap_min_rows=-1: must be >= 0"), std::string::npos)
-      << b.status();
-  for (int good : {0, 32}) {
-    c.overlap_min_rows = good;
-    EXPECT_TRUE(MakeBackend("cpu", *model, c).ok()) << good;
-  }
-}
-
 // --attention_fold_order: one_level or two_level, anything else refused on every backend; the
 // CPU backend, which folds in one level only, refuses two_level rather than serving other bits
 // than the deployment asked for; the flag parses into the config.
@@ -234,6 +213,31 @@ TEST(WorkerConfigTest, ChunksPerBlockOutsideOneTo1024IsRefused) {
   const char* argv[] = {"cascade-worker", "--max_chunks_per_block=3"};
   ASSERT_FALSE(common::ParseFlags(flags, 2, argv).has_value());
   EXPECT_EQ(parsed.max_chunks_per_block, 3);
+}
+
+// --overlap_min_rows: >= 0 (0: every step overlapped), default 32, refused below with the flag
+// and the value; the flag parses.
+TEST(WorkerConfigTest, OverlapMinRowsBelowZeroIsRefused) {
+  WorkerConfig c;
+  EXPECT_EQ(c.overlap_min_rows, 32);
+  for (int good : {0, 32, 1 << 20}) {
+    c.overlap_min_rows = good;
+    EXPECT_TRUE(CheckEngineFlags(c).ok()) << good;
+  }
+  for (int bad : {-1, -1000}) {
+    c.overlap_min_rows = bad;
+    const absl::Status s = CheckEngineFlags(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--overlap_min_rows=" + std::to_string(bad) + ": must be >= 0"),
+              std::string::npos)
+        << s;
+  }
+  WorkerConfig parsed;
+  common::FlagSet flags("cascade-worker", "test");
+  RegisterWorkerFlags(&flags, &parsed);
+  const char* argv[] = {"cascade-worker", "--overlap_min_rows=0"};
+  ASSERT_FALSE(common::ParseFlags(flags, 2, argv).has_value());
+  EXPECT_EQ(parsed.overlap_min_rows, 0);
 }
 
 }  // namespace
