@@ -87,11 +87,8 @@ def main():
         print("\n| kernel | per replay | median us | exposed us/replay | gap us/replay | share |")
         print("|---|---:|---:|---:|---:|---:|")
         rows = sorted(per.items(), key=lambda kv: -(kv[1]["exp"] + kv[1]["gap"]))
-        tot_exp = tot_gap = 0.0
         for name, p in rows[: a.top]:
             exp, gap = p["exp"] / nrep, p["gap"] / nrep
-            tot_exp += exp
-            tot_gap += gap
             print(f"| {name} | {p['n'] / nrep:.0f} | {statistics.median(p['dur']):.2f} | "
                   f"{exp:.1f} | {gap:.1f} | {(exp + gap) / span:.0%} |")
         rest = rows[a.top:]

@@ -367,10 +367,7 @@ class KernelTimer {
     ok_ = timer_.ok();
   }
   bool ok() const { return ok_; }
-  template <typename Launch>  // bool launch(): enqueues one run on the stream
-  double MinUs(Launch launch) {
-    return MinUs(launch, false);
-  }
+  // bool launch(): enqueues one run on the stream.
   // warm: as a decode replay runs a GEMM whose weights the backend prefetched into L2
   // (Gemm::set_decode_warm_max_m): no flush, and each run kWarmChain launches back to back, timed
   // together, so each launch after the first overlaps the one before it as far as programmatic
@@ -379,7 +376,7 @@ class KernelTimer {
   // goes first, so the timed ones start on a busy GPU: timed alone after the host's wait for the
   // previous run, a launch on an idle GPU measured ~2x its cold time (session 36, call 7).
   template <typename Launch>
-  double MinUs(Launch launch, bool warm) {
+  double MinUs(Launch launch, bool warm = false) {
     float best_ms = 1e30f;
     const int chain = warm ? kWarmChain : 1;
     for (int r = 0; r < kTuneRuns; ++r) {

@@ -62,8 +62,7 @@ struct SplitDelta {
 template <int S>
 struct SplitDeltaN {
   const float* p;
-  int splits;  // == S (the launch checks)
-  int64_t stride;
+  int64_t stride;  // elements between slices: n * d
   __device__ __forceinline__ float operator()(int64_t i) const {
     float v[S];
 #pragma unroll
@@ -395,11 +394,11 @@ cudaError_t LaunchAddRmsNormSplit(float* residual, const float* partials, int sp
   };
   switch (splits) {
     case 2:
-      return launch(SplitDeltaN<2>{partials, splits, stride});
+      return launch(SplitDeltaN<2>{partials, stride});
     case 4:
-      return launch(SplitDeltaN<4>{partials, splits, stride});
+      return launch(SplitDeltaN<4>{partials, stride});
     case 8:
-      return launch(SplitDeltaN<8>{partials, splits, stride});
+      return launch(SplitDeltaN<8>{partials, stride});
     default:
       return launch(SplitDelta{partials, splits, stride});
   }
