@@ -53,7 +53,8 @@
 // SetOwnTilesOnPersistentDecode(false); the same bits), "dwn8" (the persistent decode kernel's
 // consumers in the decode-shaped form: launchers.h SetDecodeWsN8; the same bits), "wsfew" (steps of
 // fewer works than 7/8 of the SMs, all rows short, on the persistent decode kernel instead of the
-// split kernel and the merge: attention.h SetDecodeWsFewWorks(true); the same bits).
+// split kernel and the merge: attention.h SetDecodeWsFewWorks(true); the same bits). Variants
+// compose with "+": "splitk+noprefetch" applies splitk, then noprefetch.
 //
 // tree: issue 11's three-level prefix tree through the engine: a system chunk of shared_len
 // tokens, tree_contexts context chunks of tree_context_len tokens below it, tree_queries
@@ -205,6 +206,11 @@ struct Variant {
   bool ws_few_works = false;    // attention.h SetDecodeWsFewWorks (process-wide, set at load)
 };
 bool ParseVariant(const std::string& name, Variant* v) {
+  // "a+b": variant a's settings, then b's (e.g. splitk+noprefetch).
+  if (const size_t plus = name.find('+'); plus != std::string::npos) {
+    return plus > 0 && ParseVariant(name.substr(0, plus), v) &&
+           ParseVariant(name.substr(plus + 1), v);
+  }
   *v = Variant{};
   if (name == "default") return true;
   if (name == "eager") return v->graphs = false, true;
