@@ -48,9 +48,7 @@
 // prefetch of the weights: CudaBackendOptions::prefetch_weights_max_rows = 0; the same bits),
 // "prefetchall" (prefetched at every decode batch, not only up to 64 rows), "prefetchearly" (a
 // layer's o_proj / gate_up / down_proj weights prefetched during its attention instead of after
-// it), "prefetchctasN" (N CTAs issue each prefetch instead of 16), "prefetchctxN" (prefetched
-// only in steps whose mean context is at most N tokens instead of 512; 0: any, as before session
-// 37), "ownsmem" (a wide cascade step's
+// it), "prefetchctasN" (N CTAs issue each prefetch instead of 16), "ownsmem" (a wide cascade step's
 // own tiles on the shared-memory split kernel instead of the persistent decode kernel: attention.h
 // SetOwnTilesOnPersistentDecode(false); the same bits), "dwn8" (the persistent decode kernel's
 // consumers in the decode-shaped form: launchers.h SetDecodeWsN8; the same bits), "wsfew" (steps of
@@ -197,16 +195,15 @@ struct Variant {
   // CudaBackendOptions::persistent_decode_min_tiles (the backend sets it process-wide at load);
   // -1 here: its default.
   int ws_min_tiles = -1;
-  bool single_level = false;       // CudaBackendOptions::attention_single_level
-  int prefill_min_m = 1024;        // CudaBackendOptions::gemm_prefill_min_m
-  int super_tiles = 1;             // CudaBackendOptions::attention_super_tiles
-  int prefetch_max_rows = 64;      // CudaBackendOptions::prefetch_weights_max_rows
-  int prefetch_max_context = 512;  // CudaBackendOptions::prefetch_weights_max_context
-  int prefetch_ctas = 16;          // CudaBackendOptions::prefetch_weights_ctas
-  bool prefetch_early = false;     // CudaBackendOptions::prefetch_weights_early
-  bool own_tiles_ws = true;        // attention.h SetOwnTilesOnPersistentDecode (process-wide)
-  bool dw_n8 = false;              // internal::SetDecodeWsN8 (process-wide, set at load)
-  bool ws_few_works = false;       // attention.h SetDecodeWsFewWorks (process-wide, set at load)
+  bool single_level = false;    // CudaBackendOptions::attention_single_level
+  int prefill_min_m = 1024;     // CudaBackendOptions::gemm_prefill_min_m
+  int super_tiles = 1;          // CudaBackendOptions::attention_super_tiles
+  int prefetch_max_rows = 64;   // CudaBackendOptions::prefetch_weights_max_rows
+  int prefetch_ctas = 16;       // CudaBackendOptions::prefetch_weights_ctas
+  bool prefetch_early = false;  // CudaBackendOptions::prefetch_weights_early
+  bool own_tiles_ws = true;     // attention.h SetOwnTilesOnPersistentDecode (process-wide)
+  bool dw_n8 = false;           // internal::SetDecodeWsN8 (process-wide, set at load)
+  bool ws_few_works = false;    // attention.h SetDecodeWsFewWorks (process-wide, set at load)
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   // "a+b": variant a's settings, then b's (e.g. splitk+noprefetch).
@@ -237,10 +234,6 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "noprefetch") return v->prefetch_max_rows = 0, true;
   if (name == "prefetchall") return v->prefetch_max_rows = 256, true;  // every decode bucket
   if (name == "prefetchearly") return v->prefetch_early = true, true;
-  if (absl::StartsWith(name, "prefetchctx")) {  // prefetchctxN: max mean context (0: any)
-    return absl::SimpleAtoi(name.substr(11), &v->prefetch_max_context) &&
-           v->prefetch_max_context >= 0;
-  }
   if (absl::StartsWith(name, "prefetchctas")) {
     return absl::SimpleAtoi(name.substr(12), &v->prefetch_ctas) && v->prefetch_ctas >= 1 &&
            v->prefetch_ctas <= 1024;
@@ -588,7 +581,6 @@ struct Bench {
       o.attention_single_level = variant.single_level;
       o.attention_super_tiles = variant.super_tiles;
       o.prefetch_weights_max_rows = variant.prefetch_max_rows;
-      o.prefetch_weights_max_context = variant.prefetch_max_context;
       o.prefetch_weights_ctas = variant.prefetch_ctas;
       o.prefetch_weights_early = variant.prefetch_early;
       o.gemm_prefill_min_m = variant.prefill_min_m;

@@ -426,73 +426,6 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   EXPECT_EQ(GetCudaGraphStats(eager).replays, 0);
 }
 
-// Decode steps whose rows' mean context exceeds prefetch_weights_max_context replay their
-// bucket's graph captured without the L2 weight prefetch
-// (CudaGraphStats::replays_without_prefetch), the others the one with it; both give the eager
-// backend's logits bitwise. A short sequence (20 tokens) and a long one (200): alone, the short one
-// replays with the prefetch, the long one without; together (mean ~110 > 64) without.
-TEST(CudaBackend, DecodeGraphsWithoutThePrefetchForLongContextsEqualEager) {
-  CASCADE_REQUIRE_GPU();
-  auto model = MakeModel("tiny", 7);
-  CudaBackendOptions go;
-  go.num_blocks = 128;
-  go.block_size = kBs;
-  go.max_num_tokens = 512;
-  go.max_logits_rows = 8;
-  go.cuda_graphs = false;
-  auto eager_or = NewCudaBackend(*model, go);
-  go.cuda_graphs = true;
-  go.prefetch_weights_max_context = 64;
-  auto graph_or = NewCudaBackend(*model, go);
-  ASSERT_TRUE(eager_or.ok()) << eager_or.status();
-  ASSERT_TRUE(graph_or.ok()) << graph_or.status();
-  engine::Backend& eager = **eager_or;
-  engine::Backend& graph = **graph_or;
-  const int vocab = eager.VocabSize();
-  std::mt19937 rng(5);
-  auto random_tokens = [&](int n) {
-    std::vector<int32_t> t(n);
-    for (auto& x : t) x = rng() % vocab;
-    return t;
-  };
-  struct Seq {
-    std::vector<int32_t> blocks;
-    int len = 0;
-  };
-  Seq short_seq{Blocks(0, 4), 20}, long_seq{Blocks(8, 16), 200};
-  std::vector<float> a, b;
-  for (Seq* s : {&short_seq, &long_seq}) {
-    const std::vector<int32_t> prompt = random_tokens(s->len);
-    ASSERT_TRUE(eager.Forward(MakeBatch({{prompt, 0, s->blocks}}), &a).ok());
-    ASSERT_TRUE(graph.Forward(MakeBatch({{prompt, 0, s->blocks}}), &b).ok());
-    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), vocab * 4));
-  }
-  // The pair first: the metadata capacities its step sizes hold every later step (growing them
-  // re-captures every bucket, and a bucket's next step then runs eagerly again).
-  const std::vector<std::vector<Seq*>> steps = {{&short_seq, &long_seq},
-                                                {&short_seq, &long_seq},
-                                                {&short_seq},
-                                                {&short_seq},
-                                                {&long_seq},
-                                                {&long_seq},
-                                                {&short_seq, &long_seq}};
-  for (size_t i = 0; i < steps.size(); ++i) {
-    std::vector<SeqStep> batch;
-    for (Seq* s : steps[i]) batch.push_back({random_tokens(1), s->len++, s->blocks});
-    ASSERT_TRUE(eager.Forward(MakeBatch(batch), &a).ok());
-    ASSERT_TRUE(graph.Forward(MakeBatch(batch), &b).ok());
-    ASSERT_EQ(a.size(), b.size());
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "step " << i;
-  }
-  const CudaGraphStats st = GetCudaGraphStats(graph);
-  // A bucket's first step runs eagerly and captures (no replay): steps 0 (bucket 2) and 2
-  // (bucket 1). Step 4 finds bucket 1 captured but not its form without the prefetch: it
-  // captures that form and replays it. Without the prefetch: steps 1, 4, 5 and 6.
-  EXPECT_EQ(st.replays, 5);
-  EXPECT_EQ(st.replays_without_prefetch, 4);
-  EXPECT_EQ(GetCudaGraphStats(eager).replays_without_prefetch, 0);
-}
-
 // The sampling kernel (SampleRows, what ForwardSampled runs) against the host's rule
 // (engine::SampleRowRule) on full-size rows (vocab 151936): every option alone and combined
 // (temperature, min-p, top-k, top-p, repetition penalty, logprobs), many seeds and positions,
@@ -633,7 +566,6 @@ TEST(CudaBackend, OutOfRangeOptionsAreRefused) {
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.decode_gemm_early_chunks = -1; }));
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.gemm_tune_min_hidden = -1; }));
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.prefetch_weights_max_rows = -1; }));
-  EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.prefetch_weights_max_context = -1; }));
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.prefetch_weights_ctas = 0; }));
   EXPECT_TRUE(refused([](CudaBackendOptions& o) { o.prefetch_weights_ctas = 1025; }));
   // The fold order: 1, kSuperTiles or 0 (automatic); nothing else has kernels.

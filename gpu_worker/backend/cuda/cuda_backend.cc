@@ -150,21 +150,14 @@ struct StepMeta {
   const RowSampleParams* samples = nullptr;  // [rows] or nullptr: no device sampling
   const int32_t* penalty = nullptr;          // the penalty tokens the samples index
   AttentionPlanView plan;
-  // A captured decode step may fork the L2 weight prefetch (CudaBackendOptions::
-  // prefetch_weights_max_rows, prefetch_weights_max_context).
-  bool prefetch = true;
 };
 
 // One captured decode step: a graph over `bucket` rows and the buffers it was captured with.
-// One per split kernel form (AttentionPlanView::split_form) and weight prefetch (with, without),
-// captured when a step first needs it.
+// One per split kernel form (AttentionPlanView::split_form), captured when a step first needs it.
 struct DecodeGraph {
   // AttentionPlanView::split_form, and after wide cascade items 4: the register form, 5: the
-  // shared-memory form (SplitForm 0), 6: the persistent decode kernel (SplitForm 6); each + 7 for
-  // the same step without the L2 weight prefetch
-  // (CudaBackendOptions::prefetch_weights_max_context).
-  static constexpr int kAttentionForms = 7;
-  static constexpr int kForms = 2 * kAttentionForms;
+  // shared-memory form (SplitForm 0), 6: the persistent decode kernel (SplitForm 6).
+  static constexpr int kForms = 7;
   cudaGraphExec_t exec[kForms] = {};
   uint64_t epoch[kForms] = {};  // CudaBackend::graph_epoch_ at capture
   // Just captured, the same step with the pinned GEMM algorithms where exec holds tuned ones
@@ -233,7 +226,6 @@ class CudaBackend final : public engine::Backend {
     st.graphs_tuned_kept = tuned_kept_;
     st.graphs_tuned_dropped = tuned_dropped_;
     st.wide_cascade_steps = wide_steps_;
-    st.replays_without_prefetch = replays_without_prefetch_;
     st.prefill_attention_log = prefill_form_log_;
     // "m=.. n=.. k=.. bf16: N candidates, E bitwise equal, pinned .. us (algo), best equal .."
     auto line = [](const Gemm::TuneRecord& r, bool with_m) {
@@ -389,7 +381,6 @@ class CudaBackend final : public engine::Backend {
   engine::ForwardBatch pad_;  // the step padded to its bucket (without its penalty tokens:)
   const std::vector<int32_t>* pad_penalty_ = nullptr;  // the caller's, for the graph step
   int64_t graph_replays_ = 0, graph_captures_ = 0;
-  int64_t replays_without_prefetch_ = 0;  // CudaGraphStats::replays_without_prefetch
   // LaunchSampled's step: its results, or (deferred_rows >= 0) a graph step still in flight.
   struct Async {
     bool active = false;
@@ -948,8 +939,8 @@ absl::Status CudaBackend::EnqueueModel(int n, const StepMeta& m) {
   // Weights hinted into L2 on the side stream once stream_ has reached this point (a fork: the
   // prefetch kernel waits for the work enqueued so far, nothing waits for it until the join).
   // Decode graphs only: where it was measured, and an eager step would pay two host calls a fork.
-  const bool prefetch = prefetch_stream_ != nullptr && m.prefetch &&
-                        n <= o_.prefetch_weights_max_rows && IsCapturing(stream_);
+  const bool prefetch =
+      prefetch_stream_ != nullptr && n <= o_.prefetch_weights_max_rows && IsCapturing(stream_);
   bool forked = false;
   auto prefetch_l2 = [&](std::initializer_list<const DeviceBuffer*> weights) -> absl::Status {
     if (!prefetch) return absl::OkStatus();
@@ -1235,17 +1226,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   if (split_form == 1) m.plan.num_split = split_ctas_reg_;
   // Steps with wide cascade items replay a graph of their own (DecodeGraph slot 4, 5 or 6), which
   // also launches the wgmma kernel over them.
-  const int attention_form = plan.num_wide > 0 ? (split_form == 1   ? 4
-                                                  : split_form == 6 ? 6
-                                                                    : 5)
-                                               : split_form;
-  // Long contexts: the bucket's graph without the L2 weight prefetch (the n real rows' mean).
-  int64_t context = 0;
-  for (int r = 0; r < n; ++r) context += b.positions[r] + 1;
-  m.prefetch = o_.prefetch_weights_max_context == 0 ||
-               context <= static_cast<int64_t>(o_.prefetch_weights_max_context) * n;
-  const bool unprefetched = !m.prefetch && bucket <= o_.prefetch_weights_max_rows;
-  const int form = attention_form + (unprefetched ? DecodeGraph::kAttentionForms : 0);
+  const int form = plan.num_wide > 0 ? (split_form == 1 ? 4 : split_form == 6 ? 6 : 5) : split_form;
   if (plan.num_wide > 0) {
     m.plan.num_wide = 1;
     m.plan.wide_items = meta + l.wide;
@@ -1283,7 +1264,6 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   if (plan.num_wide > 0) ++wide_steps_;
   RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(g->exec[form], s), "cudaGraphLaunch"));
   ++graph_replays_;
-  if (unprefetched) ++replays_without_prefetch_;
   const int32_t* tokens = graph_tokens_host_.as<int32_t>();
   RETURN_IF_ERROR(CopyAsync(graph_tokens_host_.as<int32_t>(), argmax_.data(), n * 4, stream_));
   // Whole rows for the rows not sampled on the device, runs of them in one copy.
@@ -1424,8 +1404,7 @@ absl::Status ValidateCudaBackendOptions(const CudaBackendOptions& o) {
       o.max_graph_batch < 0 || !(o.kv_cache_fraction > 0 && o.kv_cache_fraction < 1) ||
       o.device < 0 || o.split_k < 0 || o.gemm_reference_m <= 0 || o.decode_gemm_early_chunks < 0 ||
       o.gemm_tune_min_hidden < 0 || o.gemm_prefill_min_m < 0 || o.prefetch_weights_max_rows < 0 ||
-      o.prefetch_weights_max_context < 0 || o.prefetch_weights_ctas < 1 ||
-      o.prefetch_weights_ctas > 1024) {
+      o.prefetch_weights_ctas < 1 || o.prefetch_weights_ctas > 1024) {
     return absl::InvalidArgumentError("cuda backend: bad options");
   }
   if (o.attention_super_tiles != 0 && o.attention_super_tiles != 1 &&

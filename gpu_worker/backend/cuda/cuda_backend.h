@@ -132,13 +132,6 @@ struct CudaBackendOptions {
   // (long contexts) 2-4% slower, as was the early point at batch 64-256 (the prefetch competes
   // with attention's K/V reads): hence up to 64 rows.
   int prefetch_weights_max_rows = 64;
-  // ... and only for steps whose rows' mean context is at most this many tokens (0: any): longer
-  // ones replay a graph of their bucket captured without the prefetch (the same bits). Their
-  // attention streams far more K/V than L2 holds, and the prefetch then competes with it and with
-  // the GEMMs reading the same weights (engine NOTES run 23, H200: at batch 32 mean contexts of
-  // 800-1600 tokens 0.94-0.97x the step without it; at 128-400 tokens 1.04-1.08x faster with it
-  // at batch 64).
-  int prefetch_weights_max_context = 512;
   int prefetch_weights_ctas = 16;  // CTAs of one warp issuing each prefetch's bulk copies
   bool prefetch_weights_early = false;
   int max_graph_batch = 256;  // also capped by max_logits_rows and max_num_tokens
@@ -174,9 +167,6 @@ struct CudaGraphStats {
   // Steps (eager or graph) whose attention plan had wide cascade items (attention.h
   // AttentionConfig::wide_rows).
   int64_t wide_cascade_steps = 0;
-  // Decode steps replayed from a graph captured without the L2 weight prefetch
-  // (CudaBackendOptions::prefetch_weights_max_context).
-  int64_t replays_without_prefetch = 0;
   // The prefill attention form chosen at load and both forms' times (TunePrefillForm), or why
   // none was timed; empty with tune_prefill_attention off.
   std::string prefill_attention_log;
