@@ -203,9 +203,12 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
   using absl::OkStatus;
   absl::Status st;
   // Unsupported options are refused, not ignored: a client relying on one would get other output.
-  if (auto n = body.find("n");
-      n != body.end() && !n->is_null() && !(n->is_number_integer() && *n == 1)) {
-    return Bad("n: only 1 choice per request is supported");
+  if (auto n = body.find("n"); n != body.end() && !n->is_null()) {
+    // (A float such as 2.0 is refused with the rest: OpenAI's n is an integer.)
+    if (!n->is_number_integer() || n->get<int64_t>() < 1 || n->get<int64_t>() > kMaxChoices) {
+      return Bad(absl::StrCat("n must be an integer from 1 to ", kMaxChoices));
+    }
+    meta->n = static_cast<int>(n->get<int64_t>());
   }
   if (auto b = body.find("best_of");
       b != body.end() && !b->is_null() && !(b->is_number_integer() && *b == 1)) {
@@ -416,13 +419,26 @@ std::string FinishReasonName(cascade::v2::FinishReason reason) {
   }
 }
 
-ResponseBuilder::ResponseBuilder(const RequestMeta& meta, std::string model, int64_t created_unix)
-    : meta_(meta), model_(std::move(model)), created_(created_unix) {
+cascade::v2::GenerateRequest ChoiceRequest(const cascade::v2::GenerateRequest& request, int index) {
+  cascade::v2::GenerateRequest r = request;
+  if (r.sampling().has_seed()) {  // (wraps past 2^64, as any seed arithmetic would)
+    r.mutable_sampling()->set_seed(r.sampling().seed() + static_cast<uint64_t>(index));
+  }
+  return r;
+}
+
+ResponseBuilder::ResponseBuilder(const RequestMeta& meta, std::string model, int64_t created_unix,
+                                 int index, std::shared_ptr<std::string> shared_id)
+    : meta_(meta),
+      model_(std::move(model)),
+      created_(created_unix),
+      index_(index),
+      id_(shared_id != nullptr ? std::move(shared_id) : std::make_shared<std::string>()) {
   if (meta_.endpoint == Endpoint::kChat) logprobs_ = json{{"content", json::array()}};
 }
 
 json ResponseBuilder::Envelope(const char* object) const {
-  return json{{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
+  return json{{"id", *id_}, {"object", object}, {"created", created_}, {"model", model_}};
 }
 
 json ResponseBuilder::Usage() const {
@@ -474,12 +490,12 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
   const char* object = chat ? "chat.completion.chunk" : "text_completion";
   if (ev.has_start()) {
     started_ = true;
-    id_ = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", ev.start().request_id());
+    if (id_->empty()) *id_ = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", ev.start().request_id());
     usage_.set_prompt_tokens(ev.start().prompt_tokens());
     usage_.set_cached_tokens(ev.start().cached_tokens());
     if (chat && meta_.stream) {
       json c = Envelope(object);
-      c["choices"] = json::array({{{"index", 0},
+      c["choices"] = json::array({{{"index", index_},
                                    {"delta", {{"role", "assistant"}, {"content", ""}}},
                                    {"logprobs", nullptr},
                                    {"finish_reason", nullptr}}});
@@ -512,7 +528,7 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
     }
     if (meta_.stream && (!d.text().empty() || !lp.is_null())) {
       json c = Envelope(object);
-      json choice = {{"index", 0}, {"logprobs", lp}, {"finish_reason", nullptr}};
+      json choice = {{"index", index_}, {"logprobs", lp}, {"finish_reason", nullptr}};
       if (chat) {
         choice["delta"] = {{"content", d.text()}};
       } else {
@@ -528,7 +544,7 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
     usage_ = ev.finish().usage();
     if (meta_.stream) {
       json c = Envelope(object);
-      json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_}};
+      json choice = {{"index", index_}, {"logprobs", nullptr}, {"finish_reason", finish_reason_}};
       if (chat) {
         choice["delta"] = json::object();
       } else {
@@ -552,7 +568,7 @@ json ResponseBuilder::UsageChunk() const {
 json ResponseBuilder::Final() const {
   const bool chat = meta_.endpoint == Endpoint::kChat;
   json r = Envelope(chat ? "chat.completion" : "text_completion");
-  json choice = {{"index", 0},
+  json choice = {{"index", index_},
                  {"logprobs", meta_.logprobs ? logprobs_ : json(nullptr)},
                  {"finish_reason", finish_reason_}};
   if (chat) {
@@ -563,6 +579,35 @@ json ResponseBuilder::Final() const {
   r["choices"] = json::array({choice});
   r["usage"] = Usage();
   return r;
+}
+
+namespace {
+
+json CombinedUsage(const std::vector<const ResponseBuilder*>& choices) {
+  const cascade::v2::Usage& first = choices.front()->usage();
+  int64_t completion = 0;
+  for (const ResponseBuilder* b : choices) completion += b->usage().completion_tokens();
+  return json{{"prompt_tokens", first.prompt_tokens()},
+              {"completion_tokens", completion},
+              {"total_tokens", first.prompt_tokens() + completion},
+              {"prompt_tokens_details", {{"cached_tokens", first.cached_tokens()}}}};
+}
+
+}  // namespace
+
+json CombinedFinal(const std::vector<const ResponseBuilder*>& choices) {
+  json r = choices.front()->Final();
+  for (size_t i = 1; i < choices.size(); ++i) {
+    r["choices"].push_back(choices[i]->Final()["choices"][0]);
+  }
+  r["usage"] = CombinedUsage(choices);
+  return r;
+}
+
+json CombinedUsageChunk(const std::vector<const ResponseBuilder*>& choices) {
+  json c = choices.front()->UsageChunk();
+  c["usage"] = CombinedUsage(choices);
+  return c;
 }
 
 int HttpStatusFor(const absl::Status& s) {

@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "cascade/v2/gateway.pb.h"
@@ -16,12 +18,18 @@ namespace cascade::gateway::openai {
 
 enum class Endpoint { kCompletions, kChat };
 
+// Choices a request may ask for (`n`): each is a Generate stream of its own over the same prompt
+// (the HTTP front starts the others once the first has a token, so they find the prompt in a
+// prefix cache and their decode steps share its tiles through cascade attention).
+inline constexpr int kMaxChoices = 16;
+
 // What the HTTP side needs besides the GenerateRequest.
 struct RequestMeta {
   Endpoint endpoint = Endpoint::kCompletions;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // logprobs asked for (completions: an int; chat: a bool)
+  int n = 1;                   // choices, 1 to kMaxChoices
 };
 
 struct Translated {
@@ -30,16 +38,25 @@ struct Translated {
 };
 
 // Validates an OpenAI request body and translates it. `served_model` is accepted (and an empty
-// or missing model means it); another model is NOT_FOUND. Unsupported options (n > 1, tools,
-// logit_bias, non-zero presence/frequency penalties, echo, best_of, suffix) are INVALID_ARGUMENT
-// naming the field, never silently ignored.
+// or missing model means it); another model is NOT_FOUND. Unsupported options (tools,
+// logit_bias, non-zero presence/frequency penalties, echo, best_of, suffix) and n outside 1 to
+// kMaxChoices are INVALID_ARGUMENT naming the field, never silently ignored.
 absl::StatusOr<Translated> TranslateRequest(const nlohmann::json& body, Endpoint endpoint,
                                             const std::string& served_model);
 
-// Builds response objects from Generate events. One per request; not thread-safe.
+// The Generate request of choice `index` (0-based) of a request: the request itself, its
+// sampling.seed plus `index` where the client gave a seed (so the choices differ and each is
+// reproducible; choice 0 is what the request alone gives). Without one the gateway draws a seed
+// per stream.
+cascade::v2::GenerateRequest ChoiceRequest(const cascade::v2::GenerateRequest& request, int index);
+
+// Builds response objects from Generate events. One per choice of a request; not thread-safe.
 class ResponseBuilder {
  public:
-  ResponseBuilder(const RequestMeta& meta, std::string model, int64_t created_unix);
+  // `index`: the choice's index in every object it builds. `shared_id`: the completion id the
+  // choices of one request share (set from the first choice to start; null: this one's own).
+  ResponseBuilder(const RequestMeta& meta, std::string model, int64_t created_unix, int index = 0,
+                  std::shared_ptr<std::string> shared_id = nullptr);
 
   // Stream chunks (the JSON of one `data:` line each) for one Generate event; may be none.
   std::vector<nlohmann::json> OnEvent(const cascade::v2::GenerateResponse& event);
@@ -49,6 +66,8 @@ class ResponseBuilder {
   nlohmann::json Final() const;
 
   bool finished() const { return finished_; }
+  // The choice's usage (the finish's; before it, the start's prompt and cached tokens).
+  const cascade::v2::Usage& usage() const { return usage_; }
 
  private:
   nlohmann::json Envelope(const char* object) const;
@@ -59,7 +78,8 @@ class ResponseBuilder {
   const RequestMeta meta_;
   const std::string model_;
   const int64_t created_;
-  std::string id_;
+  const int index_;
+  std::shared_ptr<std::string> id_;  // shared by a request's choices
   std::string text_;
   int64_t text_characters_ = 0;  // code points in text_
   nlohmann::json logprobs_;      // accumulated (non-streaming)
@@ -67,6 +87,13 @@ class ResponseBuilder {
   cascade::v2::Usage usage_;
   bool started_ = false, finished_ = false;
 };
+
+// The non-streaming response and the stream's final usage chunk of a request whose choices were
+// built by `choices` (in choice order, each finished): the choices side by side, and usage with
+// the prompt counted once (the first choice's prompt and cached tokens) and every choice's
+// completion tokens. One choice: what its builder's Final() / UsageChunk() give.
+nlohmann::json CombinedFinal(const std::vector<const ResponseBuilder*>& choices);
+nlohmann::json CombinedUsageChunk(const std::vector<const ResponseBuilder*>& choices);
 
 // OpenAI's error object for a status: {"error": {"message", "type", "param", "code"}}, and the
 // HTTP status it goes with (400, 401, 403, 404, 429, 503, 504, 500).

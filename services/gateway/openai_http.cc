@@ -32,6 +32,7 @@
 #include <chrono>
 #include <csignal>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_set>
 #include <vector>
@@ -121,11 +122,12 @@ struct OpenAiHttpServer::Impl {
 
 namespace {
 
-// A Generate call: its callbacks only post to the loop (see the file comment).
+// A Generate call (one choice of a request): its callbacks only post to the loop (see the file
+// comment).
 class GenerateCall final : public grpc::ClientReadReactor<cascade::v2::GenerateResponse> {
  public:
-  GenerateCall(common::ClientCalls::Token token, Loop* loop, class Exchange* ex)
-      : token(std::move(token)), loop_(loop), ex_(ex) {}
+  GenerateCall(common::ClientCalls::Token token, Loop* loop, class Exchange* ex, int choice)
+      : token(std::move(token)), loop_(loop), ex_(ex), choice_(choice) {}
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& s) override;
 
@@ -137,9 +139,16 @@ class GenerateCall final : public grpc::ClientReadReactor<cascade::v2::GenerateR
  private:
   Loop* const loop_;
   class Exchange* const ex_;
+  const int choice_;
 };
 
-// One HTTP request answered through Generate; lives on its loop until answered.
+// One HTTP request answered through Generate, one call per choice (`n`); lives on its loop until
+// answered. Choice 0 starts alone and the others once its first token (or its end) is there: its
+// prompt is then in its worker's prefix cache (and the router's cost counts that once the
+// registry has it), so the others need not prefill it again. A stream writes one batch of lines at
+// a time: a choice's next message is read once its lines are on the socket (evhttp keeps one write
+// callback a connection), and lines that arrive meanwhile from other choices go out together in the
+// next write.
 class Exchange {
  public:
   Exchange(OpenAiHttpServer::Impl* impl, Loop* loop, evhttp_request* req, openai::RequestMeta meta)
@@ -150,7 +159,12 @@ class Exchange {
         conn_(evhttp_request_get_connection(req)),
         stream_(meta.stream),
         include_usage_(meta.include_usage),
-        builder_(meta, impl->options.model_name, UnixNow()) {
+        choices_(static_cast<size_t>(std::max(1, meta.n))) {
+    const auto id = std::make_shared<std::string>();
+    const int64_t created = UnixNow();
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      choices_[i].builder.emplace(meta, impl->options.model_name, created, static_cast<int>(i), id);
+    }
     loop_->open.insert(this);
     evhttp_connection_set_closecb(conn_, &Exchange::OnConnClosed, this);
     watch_ = event_new(loop_->base, -1, EV_PERSIST, &Exchange::OnWatch, this);
@@ -161,22 +175,20 @@ class Exchange {
     bufferevent_setwatermark(evhttp_connection_get_bufferevent(conn_), EV_READ, 0, 1 << 20);
   }
 
-  void Start(cascade::v2::GenerateRequest request, const std::string& authorization) {
-    call_ = new GenerateCall(impl_->calls.Add(), loop_, this);
-    call_->request = std::move(request);
-    if (!authorization.empty()) call_->ctx.AddMetadata("authorization", authorization);
-    impl_->stub->async()->Generate(&call_->ctx, &call_->request, call_);
-    call_->AddHold();
-    Read();
-    call_->StartCall();
+  void Start(cascade::v2::GenerateRequest request, std::string authorization) {
+    request_ = std::move(request);
+    authorization_ = std::move(authorization);
+    Launch(0);
   }
 
   // Loop thread, from here on.
-  void OnEvent(const cascade::v2::GenerateResponse& e) {
-    reading_ = false;
-    if (cancelled_) return Release();
-    std::vector<json> chunks = builder_.OnEvent(e);
-    if (!stream_) return Read();
+  void OnEvent(int i, const cascade::v2::GenerateResponse& e) {
+    Choice& c = choices_[static_cast<size_t>(i)];
+    c.reading = false;
+    if (cancelled_) return Release(c);
+    std::vector<json> chunks = c.builder->OnEvent(e);
+    if (i == 0 && (e.has_delta() || e.has_finish())) LaunchRest();
+    if (!stream_) return Read(c);
     if (!started_) {
       evkeyvalq* h = evhttp_request_get_output_headers(req_);
       evhttp_add_header(h, "Content-Type", "text/event-stream");
@@ -186,38 +198,86 @@ class Exchange {
       if (watch_ != nullptr) event_del(watch_);  // writes see a hang-up from here on
     }
     std::string lines;
-    for (const json& c : chunks) lines += SseLine(c);
-    if (lines.empty()) return Read();
-    // The next message is read once this one is on the socket (the callback).
-    flushing_ = true;
-    Send(lines, &Exchange::OnFlushed);
+    for (const json& chunk : chunks) lines += SseLine(chunk);
+    if (lines.empty()) return Read(c);
+    pending_ += lines;
+    c.queued = true;
+    pending_choices_.push_back(i);
+    if (!flushing_) Flush();
   }
-  void OnEnd() {  // the stream has no more messages
-    reading_ = false;
-    Release();
+  void OnEnd(int i) {  // the choice's stream has no more messages
+    Choice& c = choices_[static_cast<size_t>(i)];
+    c.reading = false;
+    Release(c);
   }
-  void OnDone(const grpc::Status& st) {
+  void OnDone(int i, const grpc::Status& st) {
     const absl::Status s = common::FromGrpc(st);
+    ++done_;
+    if (!s.ok() && status_.ok()) {
+      status_ = s;
+      Cancel();  // one choice failed: the request did (the others' calls end now)
+    } else if (i == 0) {
+      LaunchRest();  // (choice 0 ended without a token: the others start now)
+    }
+    if (done_ < choices_.size()) return;
     if (conn_ != nullptr) evhttp_connection_set_closecb(conn_, nullptr, nullptr);
     if (watch_ != nullptr) event_free(watch_);
     watch_ = nullptr;
-    Finish(s);
+    Finish(status_);
     loop_->open.erase(this);
     delete this;
   }
-  // Shutdown: end the generation; the client gets what was made and an error.
+  // Shutdown (or a choice failed, or the client left): end every choice's generation; the client
+  // gets what was made and an error.
   void Cancel() {
     if (cancelled_) return;
     cancelled_ = true;
-    if (call_ != nullptr) call_->ctx.TryCancel();
-    if (!reading_ && !flushing_) Release();
+    done_ += choices_.size() - launched_;  // choices never started: nothing to wait for
+    launched_ = choices_.size();
+    for (Choice& c : choices_) {
+      if (c.call != nullptr) c.call->ctx.TryCancel();
+    }
+    for (Choice& c : choices_) {
+      if (!c.reading && !c.queued) Release(c);
+    }
   }
 
  private:
+  struct Choice {
+    std::optional<openai::ResponseBuilder> builder;
+    GenerateCall* call = nullptr;  // null until started, and once released
+    bool reading = false;          // a StartRead is outstanding
+    bool queued = false;           // its last lines wait for a write (pending_ or in flight)
+  };
+
+  // Starts choice i's Generate call.
+  void Launch(size_t i) {
+    Choice& c = choices_[i];
+    c.call = new GenerateCall(impl_->calls.Add(), loop_, this, static_cast<int>(i));
+    c.call->request = openai::ChoiceRequest(request_, static_cast<int>(i));
+    if (!authorization_.empty()) c.call->ctx.AddMetadata("authorization", authorization_);
+    impl_->stub->async()->Generate(&c.call->ctx, &c.call->request, c.call);
+    c.call->AddHold();
+    Read(c);
+    c.call->StartCall();
+    launched_ = std::max(launched_, i + 1);
+  }
+  // Starts the choices after the first (once).
+  void LaunchRest() {
+    if (cancelled_ || launched_ >= choices_.size()) return;
+    for (size_t i = launched_; i < choices_.size(); ++i) Launch(i);
+  }
+
   static void OnConnClosed(evhttp_connection*, void* arg) {
     auto* ex = static_cast<Exchange*>(arg);
     ex->conn_ = nullptr;  // freed; the request is detached (answering it just frees it)
+    // No write completes now: the choices waiting on one are free to go.
     ex->flushing_ = false;
+    for (int i : ex->in_flight_) ex->choices_[static_cast<size_t>(i)].queued = false;
+    for (int i : ex->pending_choices_) ex->choices_[static_cast<size_t>(i)].queued = false;
+    ex->in_flight_.clear();
+    ex->pending_choices_.clear();
+    ex->pending_.clear();
     ex->Cancel();
   }
   // The client's side of the socket, peeked (nothing consumed): 0 bytes is its end of stream.
@@ -232,22 +292,51 @@ class Exchange {
       ex->Cancel();
     }
   }
+  // Writes the lines queued so far; their choices read on once they are on the socket.
+  void Flush() {
+    flushing_ = true;
+    in_flight_.swap(pending_choices_);
+    pending_choices_.clear();
+    std::string data;
+    data.swap(pending_);
+    Send(data, &Exchange::OnFlushed);
+  }
   static void OnFlushed(evhttp_connection*, void* arg) {
     auto* ex = static_cast<Exchange*>(arg);
     ex->flushing_ = false;
-    if (ex->cancelled_) return ex->Release();
-    ex->Read();
+    std::vector<int> written;
+    written.swap(ex->in_flight_);
+    for (int i : written) {
+      Choice& c = ex->choices_[static_cast<size_t>(i)];
+      c.queued = false;
+      if (ex->cancelled_) {
+        ex->Release(c);
+      } else {
+        ex->Read(c);
+      }
+    }
+    if (ex->cancelled_) {  // lines not yet written stay unwritten
+      for (int i : ex->pending_choices_) {
+        Choice& c = ex->choices_[static_cast<size_t>(i)];
+        c.queued = false;
+        ex->Release(c);
+      }
+      ex->pending_choices_.clear();
+      ex->pending_.clear();
+    } else if (!ex->pending_.empty()) {
+      ex->Flush();
+    }
   }
-  void Read() {
-    reading_ = true;
-    call_->StartRead(&call_->msg);
+  void Read(Choice& c) {
+    c.reading = true;
+    c.call->StartRead(&c.call->msg);
   }
-  // No more use of the call: its OnDone may come.
-  void Release() {
-    if (call_ == nullptr) return;
-    GenerateCall* c = call_;
-    call_ = nullptr;
-    c->RemoveHold();
+  // No more use of the choice's call: its OnDone may come.
+  void Release(Choice& c) {
+    if (c.call == nullptr) return;
+    GenerateCall* call = c.call;
+    c.call = nullptr;
+    call->RemoveHold();
   }
   void Send(const std::string& data, void (*flushed)(evhttp_connection*, void*)) {
     evbuffer* buf = evbuffer_new();
@@ -256,9 +345,11 @@ class Exchange {
     evbuffer_free(buf);
   }
   void Finish(const absl::Status& s) {
+    std::vector<const openai::ResponseBuilder*> builders;
+    for (const Choice& c : choices_) builders.push_back(&*c.builder);
     if (!stream_) {
       if (s.ok()) {
-        Reply(req_, 200, builder_.Final().dump(), "application/json");
+        Reply(req_, 200, openai::CombinedFinal(builders).dump(), "application/json");
       } else {
         ReplyError(req_, s);
       }
@@ -272,7 +363,7 @@ class Exchange {
     if (!s.ok()) {
       tail = SseLine(openai::ErrorBody(s));
     } else if (include_usage_) {
-      tail = SseLine(builder_.UsageChunk());
+      tail = SseLine(openai::CombinedUsageChunk(builders));
     }
     tail += "data: [DONE]\n\n";
     Send(tail, nullptr);
@@ -287,24 +378,30 @@ class Exchange {
   event* watch_ = nullptr;   // OnWatch's timer, until OnDone
   const bool stream_;
   const bool include_usage_;
-  openai::ResponseBuilder builder_;
-  GenerateCall* call_ = nullptr;  // null once released
-  bool started_ = false;          // the 200 and its headers are sent
-  bool reading_ = false;          // a StartRead is outstanding
-  bool flushing_ = false;         // waiting for a chunk to reach the socket
+  cascade::v2::GenerateRequest request_;  // every choice's, its seed apart
+  std::string authorization_;
+  std::vector<Choice> choices_;
+  size_t launched_ = 0;               // choices started (0 .. launched_ - 1)
+  size_t done_ = 0;                   // choices whose OnDone came (or never to start)
+  absl::Status status_;               // the first choice's error, else OK
+  bool started_ = false;              // the 200 and its headers are sent
+  bool flushing_ = false;             // a write is on its way to the socket
+  std::string pending_;               // lines waiting for the next write
+  std::vector<int> pending_choices_;  // ... and the choices they came from
+  std::vector<int> in_flight_;        // the choices whose lines the current write holds
   bool cancelled_ = false;
 };
 
 void GenerateCall::OnReadDone(bool ok) {
   if (!ok) {
-    loop_->Post([ex = ex_] { ex->OnEnd(); });
+    loop_->Post([ex = ex_, i = choice_] { ex->OnEnd(i); });
     return;
   }
-  loop_->Post([ex = ex_, m = std::move(msg)] { ex->OnEvent(m); });
+  loop_->Post([ex = ex_, i = choice_, m = std::move(msg)] { ex->OnEvent(i, m); });
 }
 
 void GenerateCall::OnDone(const grpc::Status& s) {
-  loop_->Post([ex = ex_, s] { ex->OnDone(s); });
+  loop_->Post([ex = ex_, i = choice_, s] { ex->OnDone(i, s); });
   delete this;
 }
 

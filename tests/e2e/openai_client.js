@@ -1,6 +1,7 @@
 // The official OpenAI Node client (npm `openai`, not written here) against Cascade's HTTP front:
 // streams a chat completion and a completion, repeats the chat to see cached tokens reported,
-// and checks that bad input surfaces as the client's own error types. Prints one line per check
+// asks for n seeded choices (each what its seed gives alone, streamed or whole), and checks that
+// bad input surfaces as the client's own error types. Prints one line per check
 // and exits 1 on the first failure.
 //   node openai_client.js http://127.0.0.1:PORT/v1 [NODE_DIR]
 'use strict';
@@ -77,6 +78,28 @@ async function main() {
     }
   }
   check(cfinish === 'length' || cfinish === 'stop', `completion stream finished (${cfinish})`);
+
+  // n choices: one Generate stream each over the same prompt; with a seed, choice i samples
+  // exactly as a request of its own with seed + i would, streamed or whole.
+  const sampled = {model: 'tiny', messages, max_tokens: 8, temperature: 0.8, ignore_eos: true};
+  const three = await client.chat.completions.create({...sampled, n: 3, seed: 5});
+  check(three.choices.length === 3 && three.choices.every((c, i) => c.index === i),
+        'n: 3 gives choices 0, 1, 2');
+  check(three.usage.completion_tokens === 24, 'usage counts every choice\'s completion tokens');
+  for (const i of [0, 2]) {
+    const alone = await client.chat.completions.create({...sampled, seed: 5 + i});
+    check(alone.choices[0].message.content === three.choices[i].message.content,
+          `choice ${i} is what seed ${5 + i} gives alone`);
+  }
+  const streamed = await client.chat.completions.create({...sampled, n: 3, seed: 5, stream: true});
+  const texts = ['', '', ''];
+  for await (const chunk of streamed) {
+    for (const c of chunk.choices) {
+      if (c.delta && c.delta.content) texts[c.index] += c.delta.content;
+    }
+  }
+  check(texts.every((t, i) => t === three.choices[i].message.content),
+        'streamed choices interleave to the same three texts');
 
   const models = await client.models.list();
   check(models.data.length === 1 && models.data[0].id === 'tiny', 'models.list names the model');

@@ -83,7 +83,7 @@ TEST(OpenAiApiTest, OutOfRangeMaxTokensIsRefusedNamingTheFieldAndBothBounds) {
 TEST(OpenAiApiTest, WhatIsNotImplementedIsRefusedByName) {
   const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
   for (const auto& [key, value] :
-       std::vector<std::pair<std::string, json>>{{"n", 2},
+       std::vector<std::pair<std::string, json>>{{"best_of", 2},
                                                  {"presence_penalty", 0.1},
                                                  {"frequency_penalty", 1},
                                                  {"logit_bias", {{"5", 1}}},
@@ -102,6 +102,34 @@ TEST(OpenAiApiTest, WhatIsNotImplementedIsRefusedByName) {
   fine["presence_penalty"] = 0;
   fine["logit_bias"] = json::object();
   EXPECT_TRUE(TranslateRequest(fine, Endpoint::kChat, "m").ok());
+}
+
+// n: 1 to kMaxChoices choices, each its own Generate request; with a seed, choice i samples
+// with seed + i (choice 0 is the request alone), without one the gateway seeds each stream.
+TEST(OpenAiApiTest, ChoicesAreCountedAndSeededApart) {
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"seed", 7}};
+  for (const json& bad : {json(0), json(kMaxChoices + 1), json(2.5), json("2"), json(-1),
+                          json(18446744073709551615ULL)}) {
+    json body = chat;
+    body["n"] = bad;
+    auto t = TranslateRequest(body, Endpoint::kChat, "m");
+    ASSERT_FALSE(t.ok()) << bad;
+    EXPECT_EQ(t.status().message(), "n must be an integer from 1 to " + std::to_string(kMaxChoices))
+        << bad;
+  }
+  json body = chat;
+  body["n"] = 3;
+  auto t = TranslateRequest(body, Endpoint::kChat, "m");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->meta.n, 3);
+  EXPECT_EQ(TranslateRequest(chat, Endpoint::kChat, "m")->meta.n, 1);
+  EXPECT_EQ(ChoiceRequest(t->request, 0).sampling().seed(), 7u);
+  EXPECT_EQ(ChoiceRequest(t->request, 2).sampling().seed(), 9u);
+  EXPECT_EQ(ChoiceRequest(t->request, 2).chunks(0).text(), "hi");  // the same prompt
+  body.erase("seed");
+  t = TranslateRequest(body, Endpoint::kChat, "m");
+  ASSERT_TRUE(t.ok());
+  EXPECT_FALSE(ChoiceRequest(t->request, 1).sampling().has_seed());
 }
 
 TEST(OpenAiApiTest, WrongTypesAndUnknownModelsAreClearErrors) {
@@ -256,6 +284,51 @@ TEST(OpenAiApiTest, AChatStreamStartsWithTheRoleAndEndsWithTheFinishReason) {
   json usage = b.UsageChunk();
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 1);
+}
+
+// The choices of one request: one id (the first to start names it), their own indices in every
+// chunk, and a whole response (or a stream's usage chunk) with the choices side by side, the
+// prompt counted once and every choice's completion tokens.
+TEST(OpenAiApiTest, ChoicesShareAnIdAndAreCombinedInOrder) {
+  for (bool stream : {false, true}) {
+    RequestMeta meta{Endpoint::kChat, stream, true, false, 2};
+    auto id = std::make_shared<std::string>();
+    ResponseBuilder a(meta, "m", 1700000000, 0, id), b(meta, "m", 1700000000, 1, id);
+    cascade::v2::GenerateResponse second_start = Start(100, 0);
+    second_start.mutable_start()->set_request_id("r2");
+    std::vector<json> chunks = b.OnEvent(second_start);  // choice 1 starts first
+    for (const json& c : a.OnEvent(Start(100, 96))) chunks.push_back(c);
+    for (const json& c : a.OnEvent(Delta("x"))) chunks.push_back(c);
+    for (const json& c : b.OnEvent(Delta("yz"))) chunks.push_back(c);
+    for (const json& c : b.OnEvent(Finish(100, 0, 2))) chunks.push_back(c);
+    for (const json& c : a.OnEvent(Finish(100, 96, 1))) chunks.push_back(c);
+    if (stream) {
+      ASSERT_EQ(chunks.size(), 6u);  // a role chunk, a delta and a finish per choice
+      for (const json& c : chunks) EXPECT_EQ(c["id"], "chatcmpl-r2");
+      EXPECT_EQ(chunks[0]["choices"][0]["index"], 1);
+      EXPECT_EQ(chunks[2]["choices"][0]["index"], 0);
+      EXPECT_EQ(chunks[3]["choices"][0]["delta"]["content"], "yz");
+      EXPECT_EQ(chunks[3]["choices"][0]["index"], 1);
+      json usage = CombinedUsageChunk({&a, &b});
+      EXPECT_EQ(usage["id"], "chatcmpl-r2");
+      EXPECT_TRUE(usage["choices"].empty());
+      EXPECT_EQ(usage["usage"]["completion_tokens"], 3);
+      continue;
+    }
+    EXPECT_TRUE(chunks.empty());
+    json r = CombinedFinal({&a, &b});
+    EXPECT_EQ(r["id"], "chatcmpl-r2");
+    ASSERT_EQ(r["choices"].size(), 2u);
+    EXPECT_EQ(r["choices"][0]["index"], 0);
+    EXPECT_EQ(r["choices"][0]["message"]["content"], "x");
+    EXPECT_EQ(r["choices"][1]["index"], 1);
+    EXPECT_EQ(r["choices"][1]["message"]["content"], "yz");
+    EXPECT_EQ(r["usage"]["prompt_tokens"], 100);
+    EXPECT_EQ(r["usage"]["completion_tokens"], 3);
+    EXPECT_EQ(r["usage"]["total_tokens"], 103);
+    EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 96);  // choice 0's
+    EXPECT_EQ(CombinedFinal({&a}), a.Final());  // one choice: its own response
+  }
 }
 
 }  // namespace

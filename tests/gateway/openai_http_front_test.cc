@@ -9,7 +9,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "common/metrics.h"
 #include "services/gateway/gateway_metrics.h"
@@ -125,6 +128,94 @@ TEST_F(OpenAiHttpFrontTest, AnAuthorizationHeaderThatCannotBeMetadataIsRefusedAn
                                     header + "\r\n");
     EXPECT_THAT(models, HasSubstr("HTTP/1.1 401")) << models;
   }
+  ExpectServing();
+}
+
+// n > 1: one Generate stream a choice; the whole response holds the choices side by side
+// (indices 0..n-1, the prompt counted once in usage), and a stream interleaves the choices'
+// chunks under one id, each choice finishing once, then one usage chunk and one [DONE].
+TEST_F(OpenAiHttpFrontTest, ChoicesComeBackSideBySideWholeAndStreamed) {
+  const std::string whole = Exchange(
+      http_->port(), Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 4, "n": 3})"));
+  ASSERT_THAT(whole, HasSubstr("HTTP/1.1 200")) << whole;
+  const json r = json::parse(whole.substr(whole.find("\r\n\r\n") + 4), nullptr, false);
+  ASSERT_FALSE(r.is_discarded()) << whole;
+  ASSERT_EQ(r["choices"].size(), 3u) << r;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r["choices"][i]["index"], i);
+    EXPECT_EQ(r["choices"][i]["finish_reason"], "length");
+    EXPECT_FALSE(r["choices"][i]["text"].get<std::string>().empty());
+  }
+  EXPECT_EQ(r["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(r["usage"]["total_tokens"], r["usage"]["prompt_tokens"].get<int64_t>() + 12);
+
+  const std::string streamed =
+      Exchange(http_->port(),
+               Post("/v1/chat/completions",
+                    R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "n": 2,
+               "stream": true, "stream_options": {"include_usage": true}})"));
+  ASSERT_THAT(streamed, HasSubstr("HTTP/1.1 200")) << streamed;
+  std::vector<std::string> ids;
+  int finishes[2] = {0, 0}, contents[2] = {0, 0}, usages = 0, done = 0;
+  size_t at = 0;
+  while ((at = streamed.find("data: ", at)) != std::string::npos) {
+    const size_t end = streamed.find("\n", at);
+    const std::string line = streamed.substr(at + 6, end - at - 6);
+    at = end;
+    if (line == "[DONE]") {
+      ++done;
+      continue;
+    }
+    const json c = json::parse(line, nullptr, false);
+    ASSERT_FALSE(c.is_discarded()) << line;
+    ids.push_back(c["id"]);
+    if (c["choices"].empty()) {
+      ++usages;
+      EXPECT_EQ(c["usage"]["completion_tokens"], 6) << line;
+      continue;
+    }
+    const int i = c["choices"][0]["index"];
+    ASSERT_TRUE(i == 0 || i == 1) << line;
+    if (!c["choices"][0]["finish_reason"].is_null()) ++finishes[i];
+    if (c["choices"][0]["delta"].contains("content") &&
+        !c["choices"][0]["delta"]["content"].get<std::string>().empty()) {
+      ++contents[i];
+    }
+  }
+  EXPECT_EQ(finishes[0], 1) << streamed;
+  EXPECT_EQ(finishes[1], 1) << streamed;
+  EXPECT_GT(contents[0], 0) << streamed;
+  EXPECT_GT(contents[1], 0) << streamed;
+  EXPECT_EQ(usages, 1);
+  EXPECT_EQ(done, 1);
+  ASSERT_FALSE(ids.empty());
+  for (const std::string& id : ids) EXPECT_EQ(id, ids[0]);
+  ExpectServing();
+}
+
+// Choice 0 starts alone and the others once its first token is there (its prompt then sits in
+// the worker's prefix cache). A first choice that never produces one keeps the others from
+// starting, and a client that gives up cancels it; one that produces a token starts them.
+TEST_F(OpenAiHttpFrontTest, LaterChoicesStartAfterTheFirstChoicesFirstToken) {
+  testing::FakeWorker* w = cluster_.at("w1");
+  auto wait_for = [](const std::function<bool()>& done) {
+    for (int i = 0; i < 500 && !done(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return done();
+  };
+  const std::string body = R"({"prompt": "hi", "max_tokens": 4, "n": 3})";
+  w->Script({{testing::FakeBehavior::kHangSilent}});
+  Exchange(http_->port(), Post("/v1/completions", body), /*ms=*/800);  // the client gives up
+  ASSERT_TRUE(wait_for([&] { return !w->calls().empty() && w->calls()[0]->cancelled(); }))
+      << "the hung first choice was not cancelled after its client left";
+  EXPECT_EQ(w->requests().size(), 1u) << "choices started before the first one's first token";
+
+  w->Script({{testing::FakeBehavior::kHang, 1}});  // one token, then nothing
+  Exchange(http_->port(), Post("/v1/completions", body), /*ms=*/800);
+  EXPECT_TRUE(wait_for([&] { return w->requests().size() == 4; }))
+      << w->requests().size() << " requests: the later choices did not start";
+  ASSERT_TRUE(wait_for([&] { return w->calls().size() >= 2 && w->calls()[1]->cancelled(); }));
   ExpectServing();
 }
 
