@@ -67,7 +67,7 @@ if [ "${CASCADE_FUZZ:-1}" != 0 ]; then
       -DCASCADE_FUZZ_SECONDS="${CASCADE_FUZZ_SECONDS:-30}" ${CASCADE_FUZZ_CMAKE_ARGS:-}
   fi
   echo "test: building the fuzz targets in $FUZZ_DIR"
-  cmake --build "$FUZZ_DIR" -j "$JOBS" --target gateway_request_fuzz tokenizer_fuzz \
-    model_loader_fuzz registry_events_fuzz
+  cmake --build "$FUZZ_DIR" -j "$JOBS" --target gateway_request_fuzz openai_request_fuzz \
+    tokenizer_fuzz model_loader_fuzz registry_events_fuzz
   (cd "$FUZZ_DIR" && ctest --output-on-failure -j "$JOBS" -L fuzz)
 fi

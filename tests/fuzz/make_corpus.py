@@ -3,6 +3,7 @@
 descriptions: proto messages in text format, encoded by protoc, framed the way each target reads
 its input. Run from the repository root after changing a seed; regression inputs (crashes found
 and fixed) live beside the seeds as regress-* files and are not touched."""
+import json
 import os
 import struct
 import subprocess
@@ -139,7 +140,29 @@ def registry():
           rec(1, encode("ResyncRequest", resync.replace('"w2"', '"w1"'), "registry.proto")))
 
 
+def openai():
+    # Byte 0: the route (even: /v1/completions, odd: /v1/chat/completions); then the JSON body.
+    bodies = {
+        "completions": (0, {"prompt": "Once upon a time", "max_tokens": 8, "n": 2, "seed": 3,
+                            "logprobs": 2, "stream": True}),
+        "chat": (1, {"model": "qwen3", "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "a document", "chunk_kind": "context", "cache_salt": "t"},
+            {"role": "user", "content": "why?"}],
+            "max_completion_tokens": 5, "temperature": 0.7, "top_p": 0.9, "n": 3,
+            "logprobs": True, "top_logprobs": 2, "stop": ["\n"]}),
+        "chat-stream-bad-n": (1, {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "hi"}]}], "stream": True,
+            "stream_options": {"include_usage": True}, "n": 17}),
+        "chunks": (0, {"chunks": [{"kind": "system", "text": "s"},
+                                  {"kind": "query", "token_ids": [1, 2, 3]}], "max_tokens": 2}),
+    }
+    for name, (route, body) in bodies.items():
+        write("openai_request_fuzz", name, bytes([route]) + json.dumps(body).encode())
+
+
 if __name__ == "__main__":
+    openai()
     gateway()
     tokenizer()
     model()
