@@ -2,6 +2,7 @@
 // first (nlohmann throws on a wrong type; a request must never reach a throw).
 #include "services/gateway/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <string_view>
@@ -180,22 +181,33 @@ absl::Status CompletionPrompt(const json& body, cascade::v2::GenerateRequest* r)
   }
   auto p = body.find("prompt");
   if (p == body.end() || p->is_null()) return Bad("prompt is required (or the chunks extension)");
-  auto* c = r->add_chunks();
-  c->set_kind(cascade::v2::CHUNK_KIND_RAW);
-  if (p->is_string()) {
-    c->set_text(p->get<std::string>());
-    return absl::OkStatus();
+  // One prompt: a string or an array of token ids. A list: strings, or arrays of token ids.
+  std::vector<const json*> prompts;
+  const bool one = p->is_string() || (p->is_array() && !p->empty() && (*p)[0].is_number_integer());
+  if (one) {
+    prompts.push_back(&*p);
+  } else if (p->is_array() && !p->empty()) {
+    for (const json& e : *p) prompts.push_back(&e);
+  } else {
+    return Bad("prompt must be a string, an array of token ids, or a non-empty list of those");
   }
-  if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-    c->set_text((*p)[0].get<std::string>());
-    return absl::OkStatus();
+  if (prompts.size() > static_cast<size_t>(kMaxPrompts)) {
+    return Bad(absl::StrCat("prompt lists at most ", kMaxPrompts, " prompts"));
   }
-  if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
-    return TokenIds(*p, "prompt", c->mutable_token_ids());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const json& e = *prompts[i];
+    const std::string field = one ? "prompt" : absl::StrCat("prompt[", i, "]");
+    auto* c = r->add_chunks();
+    c->set_kind(cascade::v2::CHUNK_KIND_RAW);
+    if (e.is_string()) {
+      c->set_text(e.get<std::string>());
+    } else if (e.is_array() && !e.empty() && e[0].is_number_integer()) {
+      if (absl::Status s = TokenIds(e, field, c->mutable_token_ids()); !s.ok()) return s;
+    } else {
+      return Bad(field + " must be a string or a non-empty array of token ids");
+    }
   }
-  return Bad(
-      "prompt must be a string, a one-string array or an array of token ids (one prompt "
-      "per request)");
+  return absl::OkStatus();
 }
 
 absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::SamplingParams* s,
@@ -401,6 +413,23 @@ absl::StatusOr<Translated> TranslateRequest(const json& body, Endpoint endpoint,
   if (absl::Status s = Sampling(body, endpoint, t.request.mutable_sampling(), &t.meta); !s.ok()) {
     return s;
   }
+  // A prompt list (CompletionPrompt made one chunk a prompt; the chunks extension is one
+  // prompt): one request a prompt.
+  if (endpoint == Endpoint::kCompletions && !body.contains("chunks") &&
+      t.request.chunks_size() > 1) {
+    google::protobuf::RepeatedPtrField<cascade::v2::Chunk> chunks;
+    chunks.Swap(t.request.mutable_chunks());
+    for (int i = 0; i < chunks.size(); ++i) {
+      cascade::v2::GenerateRequest& r = i == 0 ? t.request : t.more_prompts.emplace_back(t.request);
+      r.clear_chunks();
+      *r.add_chunks() = chunks.Get(i);
+    }
+    t.meta.prompts = chunks.size();
+    if (t.meta.prompts * t.meta.n > kMaxChoicesInAll) {
+      return Bad(absl::StrCat("n (", t.meta.n, ") times the prompts (", t.meta.prompts,
+                              ") is more than ", kMaxChoicesInAll, " choices"));
+    }
+  }
   return t;
 }
 
@@ -419,10 +448,12 @@ std::string FinishReasonName(cascade::v2::FinishReason reason) {
   }
 }
 
-cascade::v2::GenerateRequest ChoiceRequest(const cascade::v2::GenerateRequest& request, int index) {
-  cascade::v2::GenerateRequest r = request;
+cascade::v2::GenerateRequest ChoiceRequest(const Translated& t, int index) {
+  const int n = std::max(1, t.meta.n), prompt = index / n;
+  cascade::v2::GenerateRequest r =
+      prompt == 0 ? t.request : t.more_prompts.at(static_cast<size_t>(prompt - 1));
   if (r.sampling().has_seed()) {  // (wraps past 2^64, as any seed arithmetic would)
-    r.mutable_sampling()->set_seed(r.sampling().seed() + static_cast<uint64_t>(index));
+    r.mutable_sampling()->set_seed(r.sampling().seed() + static_cast<uint64_t>(index % n));
   }
   return r;
 }
@@ -583,30 +614,36 @@ json ResponseBuilder::Final() const {
 
 namespace {
 
-json CombinedUsage(const std::vector<const ResponseBuilder*>& choices) {
-  const cascade::v2::Usage& first = choices.front()->usage();
-  int64_t completion = 0;
-  for (const ResponseBuilder* b : choices) completion += b->usage().completion_tokens();
-  return json{{"prompt_tokens", first.prompt_tokens()},
+json CombinedUsage(const std::vector<const ResponseBuilder*>& choices, int n) {
+  int64_t prompt = 0, cached = 0, completion = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const cascade::v2::Usage& u = choices[i]->usage();
+    if (i % static_cast<size_t>(std::max(1, n)) == 0) {  // a prompt's first choice
+      prompt += u.prompt_tokens();
+      cached += u.cached_tokens();
+    }
+    completion += u.completion_tokens();
+  }
+  return json{{"prompt_tokens", prompt},
               {"completion_tokens", completion},
-              {"total_tokens", first.prompt_tokens() + completion},
-              {"prompt_tokens_details", {{"cached_tokens", first.cached_tokens()}}}};
+              {"total_tokens", prompt + completion},
+              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 }  // namespace
 
-json CombinedFinal(const std::vector<const ResponseBuilder*>& choices) {
+json CombinedFinal(const std::vector<const ResponseBuilder*>& choices, int n) {
   json r = choices.front()->Final();
   for (size_t i = 1; i < choices.size(); ++i) {
     r["choices"].push_back(choices[i]->Final()["choices"][0]);
   }
-  r["usage"] = CombinedUsage(choices);
+  r["usage"] = CombinedUsage(choices, n);
   return r;
 }
 
-json CombinedUsageChunk(const std::vector<const ResponseBuilder*>& choices) {
+json CombinedUsageChunk(const std::vector<const ResponseBuilder*>& choices, int n) {
   json c = choices.front()->UsageChunk();
-  c["usage"] = CombinedUsage(choices);
+  c["usage"] = CombinedUsage(choices, n);
   return c;
 }
 

@@ -22,6 +22,9 @@ enum class Endpoint { kCompletions, kChat };
 // (the HTTP front starts the others once the first has a token, so they find the prompt in a
 // prefix cache and their decode steps share its tiles through cascade attention).
 inline constexpr int kMaxChoices = 16;
+// Prompts a /v1/completions request may list (each with its n choices), and choices in all.
+inline constexpr int kMaxPrompts = 64;
+inline constexpr int kMaxChoicesInAll = 64;
 
 // What the HTTP side needs besides the GenerateRequest.
 struct RequestMeta {
@@ -29,12 +32,15 @@ struct RequestMeta {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // logprobs asked for (completions: an int; chat: a bool)
-  int n = 1;                   // choices, 1 to kMaxChoices
+  int n = 1;                   // choices a prompt, 1 to kMaxChoices
+  int prompts = 1;             // prompts (a completions prompt list), 1 to kMaxPrompts
 };
 
 struct Translated {
-  cascade::v2::GenerateRequest request;
+  cascade::v2::GenerateRequest request;  // the (first) prompt's
   RequestMeta meta;
+  // A completions prompt list's other prompts, in order: `request` with other chunks.
+  std::vector<cascade::v2::GenerateRequest> more_prompts;
 };
 
 // Validates an OpenAI request body and translates it. `served_model` is accepted (and an empty
@@ -44,11 +50,11 @@ struct Translated {
 absl::StatusOr<Translated> TranslateRequest(const nlohmann::json& body, Endpoint endpoint,
                                             const std::string& served_model);
 
-// The Generate request of choice `index` (0-based) of a request: the request itself, its
-// sampling.seed plus `index` where the client gave a seed (so the choices differ and each is
-// reproducible; choice 0 is what the request alone gives). Without one the gateway draws a seed
-// per stream.
-cascade::v2::GenerateRequest ChoiceRequest(const cascade::v2::GenerateRequest& request, int index);
+// The Generate request of choice `index` (0-based; prompt index / n, OpenAI's order) of a
+// request: that prompt's request, its sampling.seed plus index % n where the client gave a seed
+// (so a prompt's choices differ and each is reproducible; a prompt's first choice is what the
+// prompt alone gives). Without one the gateway draws a seed per stream.
+cascade::v2::GenerateRequest ChoiceRequest(const Translated& t, int index);
 
 // Builds response objects from Generate events. One per choice of a request; not thread-safe.
 class ResponseBuilder {
@@ -89,11 +95,11 @@ class ResponseBuilder {
 };
 
 // The non-streaming response and the stream's final usage chunk of a request whose choices were
-// built by `choices` (in choice order, each finished): the choices side by side, and usage with
-// the prompt counted once (the first choice's prompt and cached tokens) and every choice's
-// completion tokens. One choice: what its builder's Final() / UsageChunk() give.
-nlohmann::json CombinedFinal(const std::vector<const ResponseBuilder*>& choices);
-nlohmann::json CombinedUsageChunk(const std::vector<const ResponseBuilder*>& choices);
+// built by `choices` (in choice order, each finished; `n` a prompt): the choices side by side,
+// and usage with each prompt counted once (its first choice's prompt and cached tokens) and every
+// choice's completion tokens. One choice: what its builder's Final() / UsageChunk() give.
+nlohmann::json CombinedFinal(const std::vector<const ResponseBuilder*>& choices, int n);
+nlohmann::json CombinedUsageChunk(const std::vector<const ResponseBuilder*>& choices, int n);
 
 // OpenAI's error object for a status: {"error": {"message", "type", "param", "code"}}, and the
 // HTTP status it goes with (400, 401, 403, 404, 429, 503, 504, 500).

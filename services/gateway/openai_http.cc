@@ -142,10 +142,11 @@ class GenerateCall final : public grpc::ClientReadReactor<cascade::v2::GenerateR
   const int choice_;
 };
 
-// One HTTP request answered through Generate, one call per choice (`n`); lives on its loop until
-// answered. Choice 0 starts alone and the others once its first token (or its end) is there: its
-// prompt is then in its worker's prefix cache (and the router's cost counts that once the
-// registry has it), so the others need not prefill it again. A stream writes one batch of lines at
+// One HTTP request answered through Generate, one call per choice (`n` for each of its prompts);
+// lives on its loop until answered. A prompt's first choice starts at once and its others once
+// that one's first token (or its end) is there: the prompt is then in its worker's prefix cache
+// (and the router's cost counts that once the registry has it), so they need not prefill it
+// again. A stream writes one batch of lines at
 // a time: a choice's next message is read once its lines are on the socket (evhttp keeps one write
 // callback a connection), and lines that arrive meanwhile from other choices go out together in the
 // next write.
@@ -159,7 +160,8 @@ class Exchange {
         conn_(evhttp_request_get_connection(req)),
         stream_(meta.stream),
         include_usage_(meta.include_usage),
-        choices_(static_cast<size_t>(std::max(1, meta.n))) {
+        n_(std::max(1, meta.n)),
+        choices_(static_cast<size_t>(n_ * std::max(1, meta.prompts))) {
     const auto id = std::make_shared<std::string>();
     const int64_t created = UnixNow();
     for (size_t i = 0; i < choices_.size(); ++i) {
@@ -175,10 +177,10 @@ class Exchange {
     bufferevent_setwatermark(evhttp_connection_get_bufferevent(conn_), EV_READ, 0, 1 << 20);
   }
 
-  void Start(cascade::v2::GenerateRequest request, std::string authorization) {
-    request_ = std::move(request);
+  void Start(openai::Translated translated, std::string authorization) {
+    translated_ = std::move(translated);
     authorization_ = std::move(authorization);
-    Launch(0);
+    for (size_t i = 0; i < choices_.size(); i += static_cast<size_t>(n_)) Launch(i);
   }
 
   // Loop thread, from here on.
@@ -187,7 +189,7 @@ class Exchange {
     c.reading = false;
     if (cancelled_) return Release(c);
     std::vector<json> chunks = c.builder->OnEvent(e);
-    if (i == 0 && (e.has_delta() || e.has_finish())) LaunchRest();
+    if (i % n_ == 0 && (e.has_delta() || e.has_finish())) LaunchRest(i);
     if (!stream_) return Read(c);
     if (!started_) {
       evkeyvalq* h = evhttp_request_get_output_headers(req_);
@@ -216,8 +218,8 @@ class Exchange {
     if (!s.ok() && status_.ok()) {
       status_ = s;
       Cancel();  // one choice failed: the request did (the others' calls end now)
-    } else if (i == 0) {
-      LaunchRest();  // (choice 0 ended without a token: the others start now)
+    } else if (i % n_ == 0) {
+      LaunchRest(i);  // (the prompt's first choice ended without a token: the others start now)
     }
     if (done_ < choices_.size()) return;
     if (conn_ != nullptr) evhttp_connection_set_closecb(conn_, nullptr, nullptr);
@@ -232,8 +234,10 @@ class Exchange {
   void Cancel() {
     if (cancelled_) return;
     cancelled_ = true;
-    done_ += choices_.size() - launched_;  // choices never started: nothing to wait for
-    launched_ = choices_.size();
+    for (Choice& c : choices_) {  // choices never started: nothing to wait for
+      if (!c.launched) ++done_;
+      c.launched = true;
+    }
     for (Choice& c : choices_) {
       if (c.call != nullptr) c.call->ctx.TryCancel();
     }
@@ -248,24 +252,27 @@ class Exchange {
     GenerateCall* call = nullptr;  // null until started, and once released
     bool reading = false;          // a StartRead is outstanding
     bool queued = false;           // its last lines wait for a write (pending_ or in flight)
+    bool launched = false;         // its call was started (or never will be: cancelled)
   };
 
   // Starts choice i's Generate call.
   void Launch(size_t i) {
     Choice& c = choices_[i];
     c.call = new GenerateCall(impl_->calls.Add(), loop_, this, static_cast<int>(i));
-    c.call->request = openai::ChoiceRequest(request_, static_cast<int>(i));
+    c.call->request = openai::ChoiceRequest(translated_, static_cast<int>(i));
     if (!authorization_.empty()) c.call->ctx.AddMetadata("authorization", authorization_);
     impl_->stub->async()->Generate(&c.call->ctx, &c.call->request, c.call);
     c.call->AddHold();
     Read(c);
     c.call->StartCall();
-    launched_ = std::max(launched_, i + 1);
+    c.launched = true;
   }
-  // Starts the choices after the first (once).
-  void LaunchRest() {
-    if (cancelled_ || launched_ >= choices_.size()) return;
-    for (size_t i = launched_; i < choices_.size(); ++i) Launch(i);
+  // Starts the other choices of the prompt whose first choice is `first` (once).
+  void LaunchRest(int first) {
+    if (cancelled_) return;
+    for (int i = first + 1; i < first + n_; ++i) {
+      if (!choices_[static_cast<size_t>(i)].launched) Launch(static_cast<size_t>(i));
+    }
   }
 
   static void OnConnClosed(evhttp_connection*, void* arg) {
@@ -349,7 +356,7 @@ class Exchange {
     for (const Choice& c : choices_) builders.push_back(&*c.builder);
     if (!stream_) {
       if (s.ok()) {
-        Reply(req_, 200, openai::CombinedFinal(builders).dump(), "application/json");
+        Reply(req_, 200, openai::CombinedFinal(builders, n_).dump(), "application/json");
       } else {
         ReplyError(req_, s);
       }
@@ -363,7 +370,7 @@ class Exchange {
     if (!s.ok()) {
       tail = SseLine(openai::ErrorBody(s));
     } else if (include_usage_) {
-      tail = SseLine(openai::CombinedUsageChunk(builders));
+      tail = SseLine(openai::CombinedUsageChunk(builders, n_));
     }
     tail += "data: [DONE]\n\n";
     Send(tail, nullptr);
@@ -378,10 +385,10 @@ class Exchange {
   event* watch_ = nullptr;   // OnWatch's timer, until OnDone
   const bool stream_;
   const bool include_usage_;
-  cascade::v2::GenerateRequest request_;  // every choice's, its seed apart
+  const int n_;                    // choices a prompt
+  openai::Translated translated_;  // the prompts' requests (a choice's: ChoiceRequest)
   std::string authorization_;
-  std::vector<Choice> choices_;
-  size_t launched_ = 0;               // choices started (0 .. launched_ - 1)
+  std::vector<Choice> choices_;       // prompt p's choice s at p n_ + s
   size_t done_ = 0;                   // choices whose OnDone came (or never to start)
   absl::Status status_;               // the first choice's error, else OK
   bool started_ = false;              // the 200 and its headers are sent
@@ -527,7 +534,7 @@ void OpenAiHttpServer::Impl::Handle(Loop* loop, evhttp_request* req) {
     return;
   }
   auto* ex = new Exchange(this, loop, req, t->meta);
-  ex->Start(std::move(t->request), authorization);
+  ex->Start(std::move(*t), authorization);
 }
 
 absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(

@@ -101,6 +101,19 @@ async function main() {
   check(texts.every((t, i) => t === three.choices[i].message.content),
         'streamed choices interleave to the same three texts');
 
+  // A prompt list: each prompt's choice is what the prompt gives alone.
+  const prompts = ['Once upon a time', 'The capital of France is'];
+  const listed = await client.completions.create(
+      {model: 'tiny', prompt: prompts, max_tokens: 6, temperature: 0, ignore_eos: true});
+  check(listed.choices.length === 2 && listed.choices.every((c, i) => c.index === i),
+        'a two-prompt list gives choices 0 and 1');
+  for (const i of [0, 1]) {
+    const alone = await client.completions.create(
+        {model: 'tiny', prompt: prompts[i], max_tokens: 6, temperature: 0, ignore_eos: true});
+    check(alone.choices[0].text === listed.choices[i].text,
+          `listed prompt ${i} gives what it gives alone`);
+  }
+
   const models = await client.models.list();
   check(models.data.length === 1 && models.data[0].id === 'tiny', 'models.list names the model');
 

@@ -154,6 +154,8 @@ def openai():
         "chat-stream-bad-n": (1, {"messages": [{"role": "user", "content": [
             {"type": "text", "text": "hi"}]}], "stream": True,
             "stream_options": {"include_usage": True}, "n": 17}),
+        "prompt-list": (0, {"prompt": ["a", "bb", [5, 6]], "n": 2, "seed": 10, "echo": False,
+                            "stream": True, "stream_options": {"include_usage": True}}),
         "chunks": (0, {"chunks": [{"kind": "system", "text": "s"},
                                   {"kind": "query", "token_ids": [1, 2, 3]}], "max_tokens": 2}),
     }

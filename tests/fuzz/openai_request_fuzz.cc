@@ -7,8 +7,9 @@
 // logprobs in the gateway's forms, a finish) and serialized as the front sends them.
 // Properties: no crash, sanitizer report or exception (an exception on the front's loop thread
 // would end the gateway); a refusal is a bounded message whose OpenAI error body serializes; an
-// accepted body asks for 1 to kMaxChoices choices, each choice's request is the request with its
-// seed moved by its index; every response object serializes and holds the choices in order.
+// accepted body asks for 1 to kMaxChoices choices of 1 to kMaxPrompts prompts (kMaxChoicesInAll
+// at most), each choice's request is its prompt's with the seed moved by its index in the prompt;
+// every response object serializes, holds the choices in order and counts each prompt once.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -81,7 +82,8 @@ void CheckResponses(const openai::RequestMeta& meta) {
   auto id = std::make_shared<std::string>();
   std::vector<std::unique_ptr<openai::ResponseBuilder>> builders;
   std::vector<const openai::ResponseBuilder*> done;
-  for (int i = 0; i < meta.n; ++i) {
+  const int choices = meta.n * meta.prompts;
+  for (int i = 0; i < choices; ++i) {
     builders.push_back(std::make_unique<openai::ResponseBuilder>(meta, kModel, 1700000000, i, id));
     for (const v2::GenerateResponse& e : Script(i)) {
       for (const json& chunk : builders.back()->OnEvent(e)) {
@@ -94,14 +96,15 @@ void CheckResponses(const openai::RequestMeta& meta) {
     FUZZ_CHECK(builders.back()->finished(), "choice %d did not finish", i);
     done.push_back(builders.back().get());
   }
-  const json whole = openai::CombinedFinal(done);
-  FUZZ_CHECK(whole["choices"].size() == static_cast<size_t>(meta.n), "%zu choices of %d",
-             whole["choices"].size(), meta.n);
-  for (int i = 0; i < meta.n; ++i) {
+  const json whole = openai::CombinedFinal(done, meta.n);
+  FUZZ_CHECK(whole["choices"].size() == static_cast<size_t>(choices), "%zu choices of %d",
+             whole["choices"].size(), choices);
+  for (int i = 0; i < choices; ++i) {
     FUZZ_CHECK(whole["choices"][static_cast<size_t>(i)]["index"] == i, "choice %d out of order", i);
   }
-  FUZZ_CHECK(whole["usage"]["completion_tokens"] == 3 * meta.n, "usage miscounts the choices");
-  FUZZ_CHECK(!whole.dump().empty() && !openai::CombinedUsageChunk(done).dump().empty(),
+  FUZZ_CHECK(whole["usage"]["completion_tokens"] == 3 * choices, "usage miscounts the choices");
+  FUZZ_CHECK(whole["usage"]["prompt_tokens"] == 9 * meta.prompts, "usage miscounts the prompts");
+  FUZZ_CHECK(!whole.dump().empty() && !openai::CombinedUsageChunk(done, meta.n).dump().empty(),
              "a response does not serialize");
 }
 
@@ -115,14 +118,22 @@ void OneInput(const uint8_t* data, size_t size) {
   if (!t.ok()) return CheckRefusal(t.status());
   const openai::RequestMeta& meta = t->meta;
   FUZZ_CHECK(meta.n >= 1 && meta.n <= openai::kMaxChoices, "n = %d accepted", meta.n);
+  FUZZ_CHECK(meta.prompts >= 1 && meta.prompts <= openai::kMaxPrompts &&
+                 meta.prompts * meta.n <= openai::kMaxChoicesInAll &&
+                 t->more_prompts.size() == static_cast<size_t>(meta.prompts - 1),
+             "%d prompts (%zu more) of %d choices accepted", meta.prompts, t->more_prompts.size(),
+             meta.n);
   FUZZ_CHECK(t->request.chunks_size() > 0, "an accepted body has no prompt");
-  for (int i : {0, meta.n - 1}) {
-    const v2::GenerateRequest r = openai::ChoiceRequest(t->request, i);
-    FUZZ_CHECK(r.chunks_size() == t->request.chunks_size(), "choice %d lost prompt chunks", i);
-    FUZZ_CHECK(r.sampling().has_seed() == t->request.sampling().has_seed() &&
-                   (!r.sampling().has_seed() ||
-                    r.sampling().seed() == t->request.sampling().seed() + static_cast<uint64_t>(i)),
-               "choice %d's seed is not the request's plus %d", i, i);
+  for (int i : {0, meta.n - 1, meta.n * meta.prompts - 1}) {
+    const v2::GenerateRequest r = openai::ChoiceRequest(*t, i);
+    const v2::GenerateRequest& base =
+        i / meta.n == 0 ? t->request : t->more_prompts[static_cast<size_t>(i / meta.n - 1)];
+    FUZZ_CHECK(r.chunks_size() == base.chunks_size(), "choice %d lost prompt chunks", i);
+    FUZZ_CHECK(
+        r.sampling().has_seed() == base.sampling().has_seed() &&
+            (!r.sampling().has_seed() ||
+             r.sampling().seed() == base.sampling().seed() + static_cast<uint64_t>(i % meta.n)),
+        "choice %d's seed is not its prompt's plus %d", i, i % meta.n);
   }
   // What the in-process Generate does with it (a refusal there is the gateway's 400).
   const bool gp = !t->request.has_add_generation_prompt() || t->request.add_generation_prompt();

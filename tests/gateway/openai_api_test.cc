@@ -123,13 +123,59 @@ TEST(OpenAiApiTest, ChoicesAreCountedAndSeededApart) {
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->meta.n, 3);
   EXPECT_EQ(TranslateRequest(chat, Endpoint::kChat, "m")->meta.n, 1);
-  EXPECT_EQ(ChoiceRequest(t->request, 0).sampling().seed(), 7u);
-  EXPECT_EQ(ChoiceRequest(t->request, 2).sampling().seed(), 9u);
-  EXPECT_EQ(ChoiceRequest(t->request, 2).chunks(0).text(), "hi");  // the same prompt
+  EXPECT_EQ(ChoiceRequest(*t, 0).sampling().seed(), 7u);
+  EXPECT_EQ(ChoiceRequest(*t, 2).sampling().seed(), 9u);
+  EXPECT_EQ(ChoiceRequest(*t, 2).chunks(0).text(), "hi");  // the same prompt
   body.erase("seed");
   t = TranslateRequest(body, Endpoint::kChat, "m");
   ASSERT_TRUE(t.ok());
-  EXPECT_FALSE(ChoiceRequest(t->request, 1).sampling().has_seed());
+  EXPECT_FALSE(ChoiceRequest(*t, 1).sampling().has_seed());
+}
+
+// A completions prompt list: one request a prompt (the rest of the body alike), n choices each,
+// choice p n + s the prompt p's with its seed moved by s (so a listed prompt gives what it gives
+// alone); at most kMaxPrompts prompts and kMaxChoicesInAll choices in all.
+TEST(OpenAiApiTest, APromptListIsOneRequestAPrompt) {
+  json body = {{"prompt", json::array({"a", "bb", json::array({5, 6})})},
+               {"n", 2},
+               {"seed", 10},
+               {"max_tokens", 3}};
+  auto t = TranslateRequest(body, Endpoint::kCompletions, "m");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->meta.prompts, 3);
+  ASSERT_EQ(t->more_prompts.size(), 2u);
+  EXPECT_EQ(t->request.chunks_size(), 1);
+  EXPECT_EQ(t->request.chunks(0).text(), "a");
+  EXPECT_EQ(t->more_prompts[0].chunks(0).text(), "bb");
+  EXPECT_EQ(t->more_prompts[1].chunks(0).token_ids().ids_size(), 2);
+  EXPECT_EQ(t->more_prompts[1].sampling().max_tokens(), 3);
+  const std::vector<std::pair<std::string, uint64_t>> want = {{"a", 10},  {"a", 11}, {"bb", 10},
+                                                              {"bb", 11}, {"", 10},  {"", 11}};
+  for (int i = 0; i < 6; ++i) {
+    const cascade::v2::GenerateRequest r = ChoiceRequest(*t, i);
+    EXPECT_EQ(r.chunks(0).text(), want[i].first) << i;
+    EXPECT_EQ(r.sampling().seed(), want[i].second) << i;
+  }
+  // One prompt in a list, and a token-id prompt, are one prompt.
+  for (const json& one : {json::array({"a"}), json::array({1, 2, 3})}) {
+    auto single = TranslateRequest({{"prompt", one}}, Endpoint::kCompletions, "m");
+    ASSERT_TRUE(single.ok()) << one;
+    EXPECT_EQ(single->meta.prompts, 1);
+    EXPECT_TRUE(single->more_prompts.empty());
+  }
+  json too_many = {{"prompt", json::array()}};
+  for (int i = 0; i <= kMaxPrompts; ++i) too_many["prompt"].push_back("x");
+  EXPECT_EQ(TranslateRequest(too_many, Endpoint::kCompletions, "m").status().message(),
+            "prompt lists at most " + std::to_string(kMaxPrompts) + " prompts");
+  json over = {{"prompt", json::array({"a", "b", "c", "d", "e"})}, {"n", kMaxChoices}};
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(TranslateRequest(over, Endpoint::kCompletions, "m").status()));
+  for (const json& bad : {json::array({"a", 3}), json::array({json::array()}),
+                          json::array({"a", json::array({1, "x"})}), json::array()}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(
+        TranslateRequest({{"prompt", bad}}, Endpoint::kCompletions, "m").status()))
+        << bad;
+  }
 }
 
 TEST(OpenAiApiTest, WrongTypesAndUnknownModelsAreClearErrors) {
@@ -309,14 +355,14 @@ TEST(OpenAiApiTest, ChoicesShareAnIdAndAreCombinedInOrder) {
       EXPECT_EQ(chunks[2]["choices"][0]["index"], 0);
       EXPECT_EQ(chunks[3]["choices"][0]["delta"]["content"], "yz");
       EXPECT_EQ(chunks[3]["choices"][0]["index"], 1);
-      json usage = CombinedUsageChunk({&a, &b});
+      json usage = CombinedUsageChunk({&a, &b}, 2);
       EXPECT_EQ(usage["id"], "chatcmpl-r2");
       EXPECT_TRUE(usage["choices"].empty());
       EXPECT_EQ(usage["usage"]["completion_tokens"], 3);
       continue;
     }
     EXPECT_TRUE(chunks.empty());
-    json r = CombinedFinal({&a, &b});
+    json r = CombinedFinal({&a, &b}, 2);
     EXPECT_EQ(r["id"], "chatcmpl-r2");
     ASSERT_EQ(r["choices"].size(), 2u);
     EXPECT_EQ(r["choices"][0]["index"], 0);
@@ -327,7 +373,11 @@ TEST(OpenAiApiTest, ChoicesShareAnIdAndAreCombinedInOrder) {
     EXPECT_EQ(r["usage"]["completion_tokens"], 3);
     EXPECT_EQ(r["usage"]["total_tokens"], 103);
     EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 96);  // choice 0's
-    EXPECT_EQ(CombinedFinal({&a}), a.Final());  // one choice: its own response
+    EXPECT_EQ(CombinedFinal({&a}, 1), a.Final());  // one choice: its own response
+    // Two prompts of one choice each: both prompts counted, each with its cached tokens.
+    json two = CombinedFinal({&a, &b}, 1);
+    EXPECT_EQ(two["usage"]["prompt_tokens"], 200);
+    EXPECT_EQ(two["usage"]["prompt_tokens_details"]["cached_tokens"], 96);
   }
 }
 

@@ -193,6 +193,35 @@ TEST_F(OpenAiHttpFrontTest, ChoicesComeBackSideBySideWholeAndStreamed) {
   ExpectServing();
 }
 
+// A completions prompt list: n choices a prompt, in OpenAI's order (prompt p's choice s at index
+// p n + s); usage counts each prompt once. The fake model's tokens follow the context, so each
+// prompt's choices share their text and the two prompts' texts differ.
+TEST_F(OpenAiHttpFrontTest, APromptListGetsNChoicesAPromptInOrder) {
+  const std::string whole =
+      Exchange(http_->port(), Post("/v1/completions",
+                                   R"({"prompt": ["hi", "a longer prompt"], "max_tokens": 3,
+                                       "n": 2})"));
+  ASSERT_THAT(whole, HasSubstr("HTTP/1.1 200")) << whole;
+  const json r = json::parse(whole.substr(whole.find("\r\n\r\n") + 4), nullptr, false);
+  ASSERT_FALSE(r.is_discarded()) << whole;
+  ASSERT_EQ(r["choices"].size(), 4u) << r;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(r["choices"][i]["index"], i);
+  EXPECT_EQ(r["choices"][0]["text"], r["choices"][1]["text"]);
+  EXPECT_EQ(r["choices"][2]["text"], r["choices"][3]["text"]);
+  EXPECT_NE(r["choices"][0]["text"], r["choices"][2]["text"]);
+  EXPECT_EQ(r["usage"]["completion_tokens"], 12);
+  const std::vector<cascade::v2::WorkerServiceGenerateRequest> sent = cluster_.at("w1")->requests();
+  ASSERT_EQ(sent.size(), 4u);
+  int64_t prompt_tokens = 0;
+  for (int p : {0, 1}) {  // each prompt's first request (its first choice) starts first
+    int64_t n = 0;
+    for (const auto& c : sent[static_cast<size_t>(p)].chunks()) n += c.token_ids_size();
+    prompt_tokens += n;
+  }
+  EXPECT_EQ(r["usage"]["prompt_tokens"], prompt_tokens);
+  ExpectServing();
+}
+
 // Choice 0 starts alone and the others once its first token is there (its prompt then sits in
 // the worker's prefix cache). A first choice that never produces one keeps the others from
 // starting, and a client that gives up cancels it; one that produces a token starts them.
