@@ -371,6 +371,14 @@ int64_t Characters(std::string_view bytes) {
   return n;
 }
 
+// OpenAI's usage object.
+json UsageJson(int64_t prompt, int64_t cached, int64_t completion) {
+  return json{{"prompt_tokens", prompt},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt + completion},
+              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
 }  // namespace
 
 absl::StatusOr<Translated> TranslateRequest(const json& body, Endpoint endpoint,
@@ -473,10 +481,7 @@ json ResponseBuilder::Envelope(const char* object) const {
 }
 
 json ResponseBuilder::Usage() const {
-  return json{{"prompt_tokens", usage_.prompt_tokens()},
-              {"completion_tokens", usage_.completion_tokens()},
-              {"total_tokens", usage_.prompt_tokens() + usage_.completion_tokens()},
-              {"prompt_tokens_details", {{"cached_tokens", usage_.cached_tokens()}}}};
+  return UsageJson(usage_.prompt_tokens(), usage_.cached_tokens(), usage_.completion_tokens());
 }
 
 json ResponseBuilder::LogprobsOf(const cascade::v2::TokenDelta& delta, int64_t text_offset) const {
@@ -624,10 +629,7 @@ json CombinedUsage(const std::vector<const ResponseBuilder*>& choices, int n) {
     }
     completion += u.completion_tokens();
   }
-  return json{{"prompt_tokens", prompt},
-              {"completion_tokens", completion},
-              {"total_tokens", prompt + completion},
-              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  return UsageJson(prompt, cached, completion);
 }
 
 }  // namespace
