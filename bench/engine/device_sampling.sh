@@ -3,10 +3,12 @@
 # bitwise test (kernels, attention incl. cascade == flat, backend incl. cached == cold, graph ==
 # eager and device sampler == host rule on full-vocabulary rows, engine incl. device == host
 # sampling with every option), then times engine_bench decode for each sampler (greedy,
-# temperature, topk, topp, minp, penalty, logprobs, all) in one process, for the variants default
-# and overlap (the engine's overlapped schedule), then the nano-vllm workload for both.
+# temperature, topk, topp, minp, penalty, freqpres, logprobs, all) in one process, for the
+# variants default and overlap (the engine's overlapped schedule), then the nano-vllm workload
+# for both.
 # Usage: bash bench/engine/device_sampling.sh [preset, default qwen3-0.6b]
-# Environment: BATCHES (default 1,64,256), VARIANTS (default default,overlap), NANO (default 1).
+# Environment: BATCHES (default 1,64,256), VARIANTS (default default,overlap), SAMPLERS (default
+# all of them), NANO (default 1).
 # Logs under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-device-out}
@@ -24,7 +26,7 @@ GPU_TESTS="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_t
   bash scripts/device_gpu_tests.sh build-gpu || fail=1
 echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 timeout 300 build-gpu/bench/engine_bench --backend=cuda --preset=$PRESET --sections=decode \
-  --samplers=greedy,temperature,topk,topp,minp,penalty,logprobs,all \
+  --samplers=${SAMPLERS:-greedy,temperature,topk,topp,minp,penalty,freqpres,logprobs,all} \
   --variants=${VARIANTS:-default,overlap} --batches=${BATCHES:-1,64,256} \
   >"$OUT/decode_sampling_$PRESET.log" 2>&1
 echo "decode rc=$? ($(( $(date +%s) - t0 )) s)"

@@ -70,8 +70,9 @@
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
-// (top_p 0.9), "minp" (min_p 0.05), "penalty" (repetition_penalty 1.2), "logprobs" (5), "all"
-// (every one of those at once). Each variant's engine runs them one after another.
+// (top_p 0.9), "minp" (min_p 0.05), "penalty" (repetition_penalty 1.2), "freqpres"
+// (frequency_penalty 0.5, presence_penalty 0.5), "logprobs" (5), "all" (every one of those at
+// once). Each variant's engine runs them one after another.
 //
 // nanovllm: nano-vllm's bench.py workload: nano_seqs requests at once, input and output lengths
 // uniform in [nano_min_len, nano_max_len] (std::mt19937 seeded with --seed, so not Python's
@@ -164,10 +165,11 @@ bool ApplySampler(const std::string& n, engine::SamplingParams* p) {
   if (n == "topp" || n == "all") q.top_p = 0.9f;
   if (n == "minp" || n == "all") q.min_p = 0.05f;
   if (n == "penalty" || n == "all") q.repetition_penalty = 1.2f;
+  if (n == "freqpres" || n == "all") q.frequency_penalty = 0.5f, q.presence_penalty = 0.5f;
   if (n == "logprobs" || n == "all") q.logprobs = 5;
   if (p != nullptr) *p = q;
   return n == "greedy" || n == "temperature" || n == "topk" || n == "topp" || n == "minp" ||
-         n == "penalty" || n == "logprobs" || n == "all";
+         n == "penalty" || n == "freqpres" || n == "logprobs" || n == "all";
 }
 
 // Backend options a decode variant changes (see the header comment).

@@ -21,14 +21,19 @@ absl::Status Bad(const std::string& msg) {
   return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: ", msg));
 }
 
-// A SampleSpec within the ranges the kernels rely on (ValidateSampling's, plus the penalty range).
-absl::Status CheckSpec(const SampleSpec& s, size_t num_penalty_tokens) {
+// A SampleSpec within the ranges the kernels rely on (ValidateSampling's, plus the penalty range:
+// a counted row's tokens ascending with counts >= 0, which the kernel's rank lookup needs).
+absl::Status CheckSpec(const SampleSpec& s, const ForwardBatch& b) {
+  const size_t num_penalty_tokens = b.penalty_tokens.size();
   if (!(s.temperature >= 0.0f && std::isfinite(s.temperature)) ||
       !(s.top_p > 0.0f && s.top_p <= 1.0f) || !(s.min_p >= 0.0f && s.min_p <= 1.0f) ||
-      !(s.repetition_penalty > 0.0f && std::isfinite(s.repetition_penalty))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("temperature ", s.temperature, ", top_p ", s.top_p, ", min_p ", s.min_p,
-                     " or repetition_penalty ", s.repetition_penalty, " out of range"));
+      !(s.repetition_penalty > 0.0f && std::isfinite(s.repetition_penalty)) ||
+      !(s.frequency_penalty >= -2.0f && s.frequency_penalty <= 2.0f) ||
+      !(s.presence_penalty >= -2.0f && s.presence_penalty <= 2.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "temperature ", s.temperature, ", top_p ", s.top_p, ", min_p ", s.min_p,
+        ", repetition_penalty ", s.repetition_penalty, ", frequency_penalty ", s.frequency_penalty,
+        " or presence_penalty ", s.presence_penalty, " out of range"));
   }
   if (s.logprobs < 0 || s.logprobs > kMaxLogprobs) {
     return absl::InvalidArgumentError(
@@ -40,6 +45,22 @@ absl::Status CheckSpec(const SampleSpec& s, size_t num_penalty_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("penalty tokens [", s.penalty_start, ", +",
                                                    s.penalty_count, ") outside penalty_tokens (",
                                                    num_penalty_tokens, ")"));
+  }
+  if (UsesCounts(s) && s.penalty_count > 0) {
+    if (b.penalty_counts.size() != num_penalty_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("frequency or presence penalty without penalty_counts (",
+                       b.penalty_counts.size(), " for ", num_penalty_tokens, " tokens)"));
+    }
+    const int32_t* t = b.penalty_tokens.data() + s.penalty_start;
+    const int32_t* c = b.penalty_counts.data() + s.penalty_start;
+    for (int32_t i = 0; i < s.penalty_count; ++i) {
+      if ((i > 0 && t[i] <= t[i - 1]) || c[i] < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("penalty tokens [", s.penalty_start, ", +", s.penalty_count,
+                         ") must be ascending with counts >= 0 (at ", s.penalty_start + i, ")"));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -112,8 +133,13 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const BatchLimits& limi
     return Bad(absl::StrCat("row_samples (", b.row_samples.size(),
                             ") must be empty or one per logits row (", b.logits_rows.size(), ")"));
   }
+  if (!b.penalty_counts.empty() && b.penalty_counts.size() != b.penalty_tokens.size()) {
+    return Bad(absl::StrCat("penalty_counts (", b.penalty_counts.size(),
+                            ") must be empty or parallel to penalty_tokens (",
+                            b.penalty_tokens.size(), ")"));
+  }
   for (size_t i = 0; i < b.row_samples.size(); ++i) {
-    if (absl::Status s = CheckSpec(b.row_samples[i].spec, b.penalty_tokens.size()); !s.ok()) {
+    if (absl::Status s = CheckSpec(b.row_samples[i].spec, b); !s.ok()) {
       return Bad(absl::StrCat("row_samples[", i, "]: ", s.message()));
     }
   }
@@ -157,11 +183,14 @@ absl::Status Backend::ForwardSampled(const ForwardBatch& batch, std::vector<floa
     if (!batch.row_samples.empty() && batch.row_samples[r].on_device) {
       const SampleSpec& spec = batch.row_samples[r].spec;
       RowLogprobs scratch;
-      (*tokens)[r] =
-          SampleRowRule(row, static_cast<int>(vocab), spec,
-                        std::span<const int32_t>(batch.penalty_tokens.data() + spec.penalty_start,
-                                                 static_cast<size_t>(spec.penalty_count)),
-                        logprobs != nullptr ? &(*logprobs)[r] : &scratch);
+      const size_t n = static_cast<size_t>(spec.penalty_count);
+      (*tokens)[r] = SampleRowRule(
+          row, static_cast<int>(vocab), spec,
+          std::span<const int32_t>(batch.penalty_tokens.data() + spec.penalty_start, n),
+          batch.penalty_counts.empty()
+              ? std::span<const int32_t>()
+              : std::span<const int32_t>(batch.penalty_counts.data() + spec.penalty_start, n),
+          logprobs != nullptr ? &(*logprobs)[r] : &scratch);
     } else {
       logits->insert(logits->end(), row, row + vocab);
     }

@@ -45,8 +45,10 @@ struct ForwardBatch {
   std::vector<int32_t> logits_rows;        // rows of token_ids whose logits are wanted, ascending
   std::vector<RowSample> row_samples;      // [logits_rows.size()] or empty: how each row may be
                                            //   sampled by the backend (see RowSample)
-  std::vector<int32_t> penalty_tokens;     // concatenated distinct token ids the rows' repetition
-                                           //   penalties apply to (RowSample::spec)
+  std::vector<int32_t> penalty_tokens;     // concatenated: each penalized row's listed tokens
+                                           //   (distinct; ascending where counted; see SampleSpec)
+  std::vector<int32_t> penalty_counts;     // parallel to penalty_tokens, or empty when no row's
+                                           //   penalties count generated tokens (UsesCounts)
 
   int num_seqs() const { return static_cast<int>(context_lens.size()); }
   int num_tokens() const { return static_cast<int>(token_ids.size()); }

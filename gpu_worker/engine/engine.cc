@@ -315,6 +315,11 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
     return s;
   }
   const int64_t prompt_len = static_cast<int64_t>(seq->tokens.size());
+  if (req.resumed_tokens < 0 || req.resumed_tokens >= prompt_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resumed_tokens = ", req.resumed_tokens, " must be in [0, ", prompt_len,
+                     ") (the prompt's tokens that an earlier attempt generated)"));
+  }
   if (prompt_len + req.sampling.max_tokens > options_.max_context) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the prompt (", prompt_len, " tokens) plus sampling.max_tokens (", req.sampling.max_tokens,
@@ -333,6 +338,7 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
   seq->hints.priority = req.priority;
   if (req.retention_ms > 0) seq->hints.retain_until_ms = options_.now_ms() + req.retention_ms;
   seq->prompt_len = prompt_len;
+  seq->output_start = static_cast<size_t>(prompt_len - req.resumed_tokens);
   const std::vector<hash::ChunkSpec> specs = hash::SpecsOf(req.chunks);
   seq->chunks = req.placed.size() == req.chunks.size()
                     ? std::move(req.placed)
@@ -469,7 +475,7 @@ void EngineImpl::CollectRow(const ScheduledSeq& s, const float* logits_row, Coll
   } else {
     std::vector<float> vrow(logits_row, logits_row + vocab);
     if (options_.debug_capture_logits) out.logits.push_back(vrow);
-    r = Sample(vrow, seq.sampling, seq.seed, position, seq.tokens);
+    r = Sample(vrow, seq.sampling, seq.seed, position, seq.tokens, seq.output_start);
     if (seq.sampling.logprobs > 0) out.logprobs.push_back(std::move(r.logprobs));
   }
   ++seq.num_generated;

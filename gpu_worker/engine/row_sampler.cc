@@ -41,27 +41,37 @@ void FillLogprobs(const float* logits, int vocab, int32_t token, int n, RowLogpr
 }  // namespace
 
 int32_t SampleRowRule(const float* logits, int vocab, const SampleSpec& spec,
-                      std::span<const int32_t> penalty_tokens, RowLogprobs* logprobs) {
+                      std::span<const int32_t> penalty_tokens,
+                      std::span<const int32_t> penalty_counts, RowLogprobs* logprobs) {
   std::vector<bool> penalized;
-  if (spec.repetition_penalty != 1.0f) {
+  std::vector<int32_t> counts;  // by token id, where the row's penalties use them
+  if (spec.repetition_penalty != 1.0f || UsesCounts(spec)) {
     penalized.assign(vocab, false);
-    for (int32_t t : penalty_tokens) {
-      if (t >= 0 && t < vocab) penalized[t] = true;
+    if (UsesCounts(spec)) counts.assign(vocab, 0);
+    for (size_t i = 0; i < penalty_tokens.size(); ++i) {
+      const int32_t t = penalty_tokens[i];
+      if (t < 0 || t >= vocab) continue;
+      penalized[t] = true;
+      if (!counts.empty() && i < penalty_counts.size()) counts[t] = penalty_counts[i];
     }
   }
   const float inv_t = InvTemperature(spec);
+  auto score_key = [&](int v) {
+    const bool pen = !penalized.empty() && penalized[v];
+    return ScoreKey(logits[v], pen, pen && !counts.empty() ? counts[v] : 0, spec, inv_t);
+  };
   if (spec.temperature == 0.0f && spec.logprobs == 0) {  // greedy: one pass, no scratch row
     int32_t best = 0;
     uint32_t best_key = 0;
     for (int v = 0; v < vocab; ++v) {
-      const uint32_t k = ScoreKey(logits[v], !penalized.empty() && penalized[v], spec, inv_t);
+      const uint32_t k = score_key(v);
       if (v == 0 || k > best_key) best_key = k, best = v;
     }
     return best;
   }
   std::vector<uint32_t> keys(vocab);
   for (int v = 0; v < vocab; ++v) {
-    keys[v] = ScoreKey(logits[v], !penalized.empty() && penalized[v], spec, inv_t);
+    keys[v] = score_key(v);
   }
   const uint32_t max_key = keys[ArgmaxKey(keys)];
   int32_t token = ArgmaxKey(keys);

@@ -2,8 +2,11 @@
 // (backend/cuda/sample.cu): plain structs and the per-token arithmetic, host+device under nvcc.
 //
 // For one logits row z[0, vocab) and a SampleSpec:
-//  1. Penalty (Hugging Face / vLLM repetition penalty): each distinct listed token's logit is
-//     divided by r when positive, multiplied by r otherwise.
+//  1. Penalties (vLLM's order), on the row's listed tokens only: the repetition penalty (Hugging
+//     Face / vLLM) divides a listed token's logit by r when positive and multiplies it by r
+//     otherwise; then a token generated c > 0 times so far (its count in the list) loses
+//     frequency_penalty * c, then presence_penalty (OpenAI's penalties). Each a correctly
+//     rounded float operation, skipped where its parameter is off.
 //  2. Temperature 0: the token is the argmax of the penalized logits (lowest id among ties); the
 //     filters below do not apply (vLLM's greedy). Else s_v = z'_v * (1 / T).
 //  3. Filters, each a threshold on s (ties at a threshold are all kept):
@@ -38,9 +41,14 @@ struct SampleSpec {
   int32_t top_k = 0;                // <= 0 or >= vocab: off
   float min_p = 0.0f;               // [0, 1]; 0: off
   float repetition_penalty = 1.0f;  // > 0; 1: off
+  float frequency_penalty = 0.0f;   // [-2, 2]; 0: off
+  float presence_penalty = 0.0f;    // [-2, 2]; 0: off
   int32_t logprobs = 0;             // [0, kMaxLogprobs]
-  int32_t penalty_start = 0;        // the row's distinct penalized tokens:
-  int32_t penalty_count = 0;        //   ForwardBatch::penalty_tokens[start, start + count)
+  // The row's listed tokens: ForwardBatch::penalty_tokens[start, start + count), distinct, and
+  // in ascending order where UsesCounts (the kernel finds a token's count by its rank), with
+  // their generated counts at ForwardBatch::penalty_counts[start, start + count).
+  int32_t penalty_start = 0;
+  int32_t penalty_count = 0;
   uint64_t seed = 0;
   int64_t position = 0;  // global position of the token being sampled
 };
@@ -74,14 +82,32 @@ CASCADE_HD float InvTemperature(const SampleSpec& s) {
   return s.temperature == 0.0f ? 1.0f : DivF(1.0f, s.temperature);
 }
 
-// Step 1-2's value of token v: `penalized` says whether v is among the row's penalty tokens.
-CASCADE_HD uint32_t ScoreKey(float z, bool penalized, const SampleSpec& s, float inv_t) {
-  if (penalized) z = Penalize(z, s.repetition_penalty);
-  return OrderKey(Canon(s.temperature == 0.0f ? z : MulF(z, inv_t)));
+// True when a row's penalties need each listed token's generated count.
+CASCADE_HD bool UsesCounts(const SampleSpec& s) {
+  return s.frequency_penalty != 0.0f || s.presence_penalty != 0.0f;
+}
+CASCADE_HD bool UsesPenalty(const SampleSpec& s) {
+  return (s.repetition_penalty != 1.0f || UsesCounts(s)) && s.penalty_count > 0;
 }
 
-CASCADE_HD bool UsesPenalty(const SampleSpec& s) {
-  return s.repetition_penalty != 1.0f && s.penalty_count > 0;
+// Step 1's value of a listed token with generated count `count` (>= 0).
+CASCADE_HD float PenalizedLogit(float z, int32_t count, const SampleSpec& s) {
+  if (s.repetition_penalty != 1.0f) z = Penalize(z, s.repetition_penalty);
+  if (count > 0) {
+    if (s.frequency_penalty != 0.0f) {
+      z = AddF(z, -MulF(s.frequency_penalty, static_cast<float>(count)));
+    }
+    if (s.presence_penalty != 0.0f) z = AddF(z, -s.presence_penalty);
+  }
+  return z;
+}
+
+// Step 1-2's value of token v: `penalized` says whether v is among the row's listed tokens,
+// `count` its generated count (0 where the row has none).
+CASCADE_HD uint32_t ScoreKey(float z, bool penalized, int32_t count, const SampleSpec& s,
+                             float inv_t) {
+  if (penalized) z = PenalizedLogit(z, count, s);
+  return OrderKey(Canon(s.temperature == 0.0f ? z : MulF(z, inv_t)));
 }
 CASCADE_HD bool HasTopK(const SampleSpec& s, int vocab) { return s.top_k > 0 && s.top_k < vocab; }
 // True when a temperature row has a filter (min-p, top-k or top-p) to apply before the draw.

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 
 namespace cascade::engine {
@@ -28,6 +29,13 @@ absl::Status ValidateSampling(const SamplingParams& p, int vocab_size, int32_t m
   if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty)) {
     return absl::InvalidArgumentError(
         absl::StrCat("sampling.repetition_penalty must be > 0, got ", p.repetition_penalty));
+  }
+  for (const auto& [name, v] : {std::pair{"frequency_penalty", p.frequency_penalty},
+                                std::pair{"presence_penalty", p.presence_penalty}}) {
+    if (!(v >= -2.0f && v <= 2.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.", name, " must be in [-2, 2], got ", v));
+    }
   }
   if (p.max_tokens < 1 || p.max_tokens > max_tokens_limit) {
     return absl::InvalidArgumentError(absl::StrCat("sampling.max_tokens must be in [1, ",
@@ -60,6 +68,8 @@ SampleSpec SpecFor(const SamplingParams& p, uint64_t seed, int64_t position) {
   s.top_k = p.top_k;
   s.min_p = p.min_p;
   s.repetition_penalty = p.repetition_penalty;
+  s.frequency_penalty = p.frequency_penalty;
+  s.presence_penalty = p.presence_penalty;
   s.logprobs = p.logprobs;
   s.seed = seed;
   s.position = position;
@@ -74,11 +84,26 @@ LogprobEntry ToLogprobEntry(const RowLogprobs& lp, int32_t token) {
 }
 
 SampleResult Sample(std::span<float> logits, const SamplingParams& p, uint64_t seed,
-                    int64_t position, std::span<const int32_t> history) {
+                    int64_t position, std::span<const int32_t> history, size_t output_start) {
   SampleResult r;
   RowLogprobs lp;
-  r.token_id = SampleRowRule(logits.data(), static_cast<int>(logits.size()),
-                             SpecFor(p, seed, position), history, &lp);
+  const SampleSpec spec = SpecFor(p, seed, position);
+  std::span<const int32_t> listed = history;  // the repetition penalty's: every token
+  std::vector<int32_t> tokens, counts;
+  if (UsesCounts(spec)) {  // each token once, with how often it was generated
+    absl::flat_hash_map<int32_t, int32_t> generated;
+    for (size_t i = 0; i < history.size(); ++i) {
+      if (i >= output_start) {
+        ++generated[history[i]];
+      } else if (spec.repetition_penalty != 1.0f) {
+        generated.try_emplace(history[i], 0);
+      }
+    }
+    for (const auto& [t, c] : generated) tokens.push_back(t), counts.push_back(c);
+    listed = tokens;
+  }
+  r.token_id =
+      SampleRowRule(logits.data(), static_cast<int>(logits.size()), spec, listed, counts, &lp);
   if (p.logprobs > 0) r.logprobs = ToLogprobEntry(lp, r.token_id);
   return r;
 }

@@ -1,4 +1,5 @@
-// Token sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, logprobs, seeded
+// Token sampling: greedy, temperature, top-k, top-p, min-p, repetition / frequency / presence
+// penalties, logprobs, seeded
 // (the rule is sample_rule.h's, shared with the CUDA kernel).
 // Randomness comes from a per-request, per-position stream, so a seeded request samples the
 // same tokens whatever batch it lands in and whether its prompt came from cache or not.
@@ -31,9 +32,10 @@ struct SampleResult {
 };
 
 // Samples one token from `logits` ([vocab] float32) by SampleRowRule.
-// `history` holds the prompt and generated tokens (for the repetition penalty); `position` is the
-// global position of the token being sampled.
+// `history` holds the prompt and generated tokens (the penalties'), generated from index
+// `output_start` on (what the frequency and presence penalties count); `position` is the global
+// position of the token being sampled.
 SampleResult Sample(std::span<float> logits, const SamplingParams& p, uint64_t seed,
-                    int64_t position, std::span<const int32_t> history);
+                    int64_t position, std::span<const int32_t> history, size_t output_start);
 
 }  // namespace cascade::engine

@@ -27,6 +27,8 @@ engine::SamplingParams SamplingFromProto(const cascade::v2::SamplingParams& s,
   p.top_k = s.top_k();
   p.min_p = s.min_p();
   p.repetition_penalty = s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f;
+  p.frequency_penalty = s.frequency_penalty();
+  p.presence_penalty = s.presence_penalty();
   p.max_tokens = s.has_max_tokens() ? s.max_tokens() : default_max_tokens;
   p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
   p.ignore_eos = s.ignore_eos();

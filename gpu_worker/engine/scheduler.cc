@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 
+#include "gpu_worker/engine/penalty_list.h"
 #include "gpu_worker/engine/sampler.h"
 
 namespace cascade::engine {
@@ -197,15 +198,19 @@ void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBa
 
 namespace {
 
-// f(seq, spec) for each sampled row with a repetition penalty: the row's sequence and its
-// SampleSpec (rows are batch.row_samples in plan order).
+bool HasPenalty(const SamplingParams& p) {
+  return p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+}
+
+// f(seq, spec) for each sampled row with a penalty: the row's sequence and its SampleSpec (rows
+// are batch.row_samples in plan order).
 template <class F>
 void ForEachPenalizedRow(const SchedulerOutput& out, ForwardBatch* batch, F&& f) {
   size_t row = 0;
   for (const ScheduledSeq& s : out.scheduled) {
     if (!s.wants_logits) continue;
     SampleSpec& spec = batch->row_samples[row++].spec;
-    if (s.seq->sampling.repetition_penalty != 1.0f) f(*s.seq, spec);
+    if (HasPenalty(s.seq->sampling)) f(*s.seq, spec);
   }
 }
 
@@ -213,23 +218,35 @@ void ForEachPenalizedRow(const SchedulerOutput& out, ForwardBatch* batch, F&& f)
 
 void Scheduler::FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) const {
   batch->penalty_tokens.clear();
+  batch->penalty_counts.clear();
   // One allocation, of a power-of-two size: the lists grow a little every step, and growing
   // allocations of hundreds of KB would each take fresh pages from the OS (malloc's mmap
   // threshold follows the last size freed), a page fault per 4 KB on every step.
   size_t total = 0;
-  ForEachPenalizedRow(out, batch, [&](const Sequence& seq, SampleSpec&) {
-    total += seq.tokens.size();  // >= its distinct tokens and room
+  bool counts = false;  // some row's penalties count generated tokens: penalty_counts is parallel
+  ForEachPenalizedRow(out, batch, [&](const Sequence& seq, SampleSpec& spec) {
+    total += seq.tokens.size();  // >= its listed tokens and room
+    counts |= UsesCounts(spec);
   });
-  if (total > 0) batch->penalty_tokens.reserve(std::bit_ceil(total));
+  if (total == 0) return;
+  batch->penalty_tokens.reserve(std::bit_ceil(total));
+  if (counts) batch->penalty_counts.reserve(std::bit_ceil(total));
   ForEachPenalizedRow(out, batch, [&](Sequence& seq, SampleSpec& spec) {
-    AdvanceDistinct(seq);
+    AdvanceListed(&seq, [](int32_t, bool) {});
     spec.penalty_start = static_cast<int32_t>(batch->penalty_tokens.size());
-    spec.penalty_count = static_cast<int32_t>(seq.distinct_tokens.size());
-    batch->penalty_tokens.insert(batch->penalty_tokens.end(), seq.distinct_tokens.begin(),
-                                 seq.distinct_tokens.end());
+    spec.penalty_count = static_cast<int32_t>(seq.listed_tokens.size());
+    batch->penalty_tokens.insert(batch->penalty_tokens.end(), seq.listed_tokens.begin(),
+                                 seq.listed_tokens.end());
     // Room for the tokens still in flight (0 is a valid token id; the count leaves it out).
     batch->penalty_tokens.resize(batch->penalty_tokens.size() +
-                                 (seq.tokens.size() - seq.distinct_upto));
+                                 (seq.tokens.size() - seq.listed_upto));
+    if (counts) {
+      if (UsesCounts(spec)) {
+        batch->penalty_counts.insert(batch->penalty_counts.end(), seq.listed_counts.begin(),
+                                     seq.listed_counts.end());
+      }
+      batch->penalty_counts.resize(batch->penalty_tokens.size());
+    }
   });
 }
 
@@ -238,21 +255,15 @@ void Scheduler::FillPending(const SchedulerOutput& out, const std::vector<Pendin
   if (pending.empty()) return;
   for (const PendingInput& p : pending) batch->token_ids[p.index] = p.seq->tokens[p.position];
   ForEachPenalizedRow(out, batch, [&](Sequence& seq, SampleSpec& spec) {
-    const size_t known = seq.distinct_tokens.size();
-    AdvanceDistinct(seq);  // at most the room FillPenalties left: the tokens then in flight
-    for (size_t i = known; i < seq.distinct_tokens.size(); ++i) {
-      batch->penalty_tokens[static_cast<size_t>(spec.penalty_start + spec.penalty_count++)] =
-          seq.distinct_tokens[i];
-    }
+    // At most the room FillPenalties left (the tokens then in flight), into the row's list in
+    // the batch as into the sequence's.
+    int32_t* tokens = batch->penalty_tokens.data() + spec.penalty_start;
+    int32_t* counts =
+        UsesCounts(spec) ? batch->penalty_counts.data() + spec.penalty_start : nullptr;
+    AdvanceListed(&seq, [&](int32_t t, bool generated) {
+      AddListed(tokens, counts, &spec.penalty_count, t, generated);
+    });
   });
-}
-
-void Scheduler::AdvanceDistinct(Sequence& seq) {
-  for (; seq.distinct_upto < seq.tokens.size() && seq.tokens[seq.distinct_upto] != kPendingToken;
-       ++seq.distinct_upto) {
-    const int32_t t = seq.tokens[seq.distinct_upto];
-    if (seq.distinct_seen.insert(t).second) seq.distinct_tokens.push_back(t);
-  }
 }
 
 }  // namespace cascade::engine

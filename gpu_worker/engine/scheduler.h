@@ -60,8 +60,8 @@ class Scheduler {
   };
   void BuildBatch(const SchedulerOutput& out, int block_size, ForwardBatch* batch,
                   std::vector<PendingInput>* pending = nullptr) const;
-  // Puts the now known tokens into the batch's inputs and adds those new to a row's penalty
-  // tokens to its list (in the room BuildBatch left after it). REQUIRES: every listed
+  // Puts the now known tokens into the batch's inputs and adds them to their rows' penalty
+  // lists (in the room BuildBatch left after each). REQUIRES: every listed
   // position's token is known.
   void FillPending(const SchedulerOutput& out, const std::vector<PendingInput>& pending,
                    ForwardBatch* batch) const;
@@ -81,13 +81,11 @@ class Scheduler {
   bool EnsureBlocks(Sequence* seq, int64_t num_tokens);
   void FreeBlocks(Sequence* seq);
   void Preempt(Sequence* seq);
-  // Sets each sampled row's penalty token range (and batch.penalty_tokens) from the sequences'
-  // distinct known tokens, and leaves room after each for as many as the row has tokens still
-  // in flight (FillPending adds those that are new there: a step's penalty lists are not
-  // copied twice). Rows are batch.row_samples in plan order.
+  // Sets each sampled row's penalty range (and batch.penalty_tokens / penalty_counts) from the
+  // sequences' listed tokens, and leaves room after each for as many as the row has tokens still
+  // in flight (FillPending adds them there: a step's penalty lists are not copied twice). Rows
+  // are batch.row_samples in plan order.
   void FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) const;
-  // Adds the sequence's known tokens since the last call to its distinct token list.
-  static void AdvanceDistinct(Sequence& seq);
   // Admits the head of the waiting queue with at most `budget` tokens; false if it does not fit.
   bool Admit(Sequence* seq, int64_t budget, ScheduledSeq* out);
 

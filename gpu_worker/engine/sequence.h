@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "common/chunk_hash.h"
 #include "gpu_worker/engine/eviction.h"
 #include "gpu_worker/engine/types.h"
@@ -50,12 +49,17 @@ struct Sequence {
   bool pinned = false;              // pins taken (once, after the prompt's prefill)
   int64_t reported_committed = -1;  // num_committed when residency last looked
 
-  // The distinct ids of `tokens` in first-seen order, for the repetition penalty: kept up to
-  // date incrementally by the scheduler (only for requests with a penalty), so a step costs
-  // O(new tokens), not O(context).
-  std::vector<int32_t> distinct_tokens;
-  absl::flat_hash_set<int32_t> distinct_seen;  // (open addressing: no allocation per token)
-  size_t distinct_upto = 0;                    // tokens[0, distinct_upto) are folded in
+  // The penalties' listed tokens (sample_rule.h step 1): distinct ids in ascending order, each
+  // with how often it was generated (tokens from `output_start` on); prompt tokens are listed
+  // (count 0 unless also generated) only for the repetition penalty. Kept up to date
+  // incrementally by the scheduler (only for requests with a penalty), so a step costs
+  // O(list) for its copy into the batch, not a pass over the context.
+  std::vector<int32_t> listed_tokens;
+  std::vector<int32_t> listed_counts;  // parallel
+  size_t listed_upto = 0;              // tokens[0, listed_upto) are folded in
+  // tokens[output_start, ...) count as generated: the prompt's length, less the tokens an
+  // earlier attempt generated when this is a resumed stream (Request::resumed_tokens).
+  size_t output_start = 0;
 
   // Overlapped schedule (EngineOptions::overlap_schedule): tokens[0, num_computed) whose K/V a
   // step still in flight is computing (not yet committed), and whether that step's token is

@@ -385,6 +385,7 @@ absl::StatusOr<engine::Request> WorkerService::ToEngineRequest(
   }
   req.priority = r.priority();
   req.retention_ms = r.retention_seconds() * 1000;
+  req.resumed_tokens = r.resumed_tokens();  // the engine checks it against the prompt
   return req;
 }
 

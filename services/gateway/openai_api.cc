@@ -226,12 +226,6 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
       b != body.end() && !b->is_null() && !(b->is_number_integer() && *b == 1)) {
     return Bad("best_of is not supported");
   }
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    if (auto v = body.find(key);
-        v != body.end() && !v->is_null() && !(v->is_number() && v->get<double>() == 0.0)) {
-      return Bad(absl::StrCat(key, " is not supported; use repetition_penalty"));
-    }
-  }
   for (const char* key : {"logit_bias", "tools", "functions", "suffix", "response_format",
                           "guided_json", "guided_regex"}) {
     if (auto v = body.find(key); v != body.end() && !v->is_null() &&
@@ -269,6 +263,20 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
           return OkStatus();
         })).ok())
     return st;
+  // OpenAI's penalties (the worker checks them as well).
+  using Setter = void (cascade::v2::SamplingParams::*)(float);
+  for (const auto& [key, set] :
+       {std::pair<const char*, Setter>{"frequency_penalty",
+                                       &cascade::v2::SamplingParams::set_frequency_penalty},
+        std::pair<const char*, Setter>{"presence_penalty",
+                                       &cascade::v2::SamplingParams::set_presence_penalty}}) {
+    if (!(st = Number(body, key, [&](double v) {
+            if (!(v >= -2.0 && v <= 2.0)) return Bad(absl::StrCat(key, " must be in [-2, 2]"));
+            (s->*set)(static_cast<float>(v));
+            return OkStatus();
+          })).ok())
+      return st;
+  }
   for (const char* key : {"max_tokens", "max_completion_tokens"}) {
     if (!(st = Integer(body, key, [&](int64_t v) {
             // Past INT32_MAX is out of every model's context (and of the wire's int32); a value

@@ -307,6 +307,8 @@ std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& st
       chunk->set_kind(cascade::v2::CHUNK_KIND_ASSISTANT);
       chunk->mutable_token_ids()->Assign(result_.tokens.begin(), result_.tokens.end());
       request_.mutable_sampling()->set_max_tokens(remaining);
+      // Those tokens count as generated for the frequency and presence penalties.
+      request_.set_resumed_tokens(static_cast<int32_t>(result_.tokens.size()));
       resumed_ = true;
       return PrepareAttemptLocked();
     }

@@ -250,6 +250,10 @@ TEST(EngineCpuTest, BackendSampledRowsGiveTheHostSamplersTokens) {
     if (i % 4 == 1) r.sampling.top_k = 30, r.sampling.top_p = 0.8f;
     if (i % 4 == 3) r.sampling.min_p = 0.1f;
     if (i >= 4) r.sampling.repetition_penalty = 1.4f, r.sampling.logprobs = 3;
+    if (i == 2) r.sampling.frequency_penalty = 0.9f, r.sampling.max_tokens = 14;
+    if (i == 5) r.sampling.frequency_penalty = 0.7f, r.sampling.presence_penalty = 0.5f;
+    if (i == 6) r.sampling.repetition_penalty = 1.0f, r.sampling.frequency_penalty = -1.2f;
+    if (i == 7) r.sampling.repetition_penalty = 1.0f, r.sampling.presence_penalty = 1.6f;
     reqs.push_back(r);
   }
   auto host = MakeEngine(64);
@@ -268,6 +272,53 @@ TEST(EngineCpuTest, BackendSampledRowsGiveTheHostSamplersTokens) {
         EXPECT_EQ(want[i].logprobs[t].top[j].logprob, got[i].logprobs[t].top[j].logprob);
       }
     }
+  }
+}
+
+// A stream resumed elsewhere after k tokens (the gateway sends the prompt plus those tokens, with
+// resumed_tokens = k) continues with exactly the unbroken stream's tokens under the frequency and
+// presence penalties, which count those k tokens as generated; and counting them as prompt
+// instead (resumed_tokens = 0) would change the stream, so the field is what keeps it exact.
+TEST(EngineCpuTest, ResumedStreamWithPenaltiesContinuesTheUnbrokenOne) {
+  std::mt19937 rng(52);
+  const int vocab = static_cast<int>(Tiny().config().vocab_size);
+  int differs = 0;
+  for (int trial = 1; trial < 4; ++trial) {
+    Request r = RandomRequest(rng, vocab, 2, 20, 16);
+    SamplingParams& sp = r.sampling;
+    sp.temperature = trial % 2 ? 0.0f : 0.8f;
+    sp.seed = 90 + trial;
+    sp.frequency_penalty = trial < 2 ? 1.5f : -0.7f;
+    sp.presence_penalty = trial % 3 ? 0.9f : 0.0f;
+    sp.repetition_penalty = trial == 3 ? 1.2f : 1.0f;
+    for (bool backend_sampled : {false, true}) {
+      auto e = MakeEngine(64, cpu::DebugFault::kNone, 2048, /*capture_logits=*/!backend_sampled);
+      const Result whole = RunOne(*e, r);
+      ASSERT_EQ(whole.tokens.size(), 16u);
+      for (int k : {1, 3, 11}) {
+        Request resumed = r;
+        resumed.chunks.push_back(
+            ChunkInput{6, {whole.tokens.begin(), whole.tokens.begin() + k}, ""});
+        resumed.resumed_tokens = k;
+        resumed.sampling.max_tokens = 16 - k;
+        const std::vector<int32_t> rest(whole.tokens.begin() + k, whole.tokens.end());
+        EXPECT_EQ(RunOne(*e, resumed).tokens, rest)
+            << "trial " << trial << ", resumed after " << k << ", backend " << backend_sampled;
+        resumed.resumed_tokens = 0;
+        differs += RunOne(*e, resumed).tokens != rest;
+      }
+    }
+  }
+  EXPECT_GT(differs, 0) << "the penalties never depended on what was generated";
+  // resumed_tokens must leave at least one prompt token.
+  Request bad = OneChunk(rng, 5, 2);
+  auto e = MakeEngine(64);
+  for (int64_t n : {int64_t{-1}, int64_t{5}}) {
+    bad.resumed_tokens = n;
+    auto id = e->AddRequest(bad);
+    ASSERT_FALSE(id.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument(id.status()));
+    EXPECT_NE(id.status().message().find("resumed_tokens"), std::string::npos) << id.status();
   }
 }
 
@@ -299,6 +350,9 @@ TEST(EngineCpuTest, OverlappedScheduleGivesThePlainEnginesOutputs) {
     sp.seed = 1000 + i;
     if (i % 2 == 1) sp.temperature = 0.9f;
     if (i % 4 == 1) sp.top_k = 20, sp.repetition_penalty = 1.3f;
+    if (i == 5) sp.frequency_penalty = 0.6f, sp.presence_penalty = 0.3f;
+    if (i == 8) sp.frequency_penalty = -0.5f;
+    if (i == 9) sp.repetition_penalty = 1.0f, sp.presence_penalty = 1.1f;
     if (i % 4 == 3) sp.top_p = 0.8f, sp.logprobs = 3;
     if (i == 6) sp.min_p = 0.1f, sp.temperature = 1.0f;
     reqs.push_back(std::move(r));

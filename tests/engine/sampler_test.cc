@@ -14,6 +14,7 @@
 #include <set>
 
 #include "gpu_worker/engine/backend.h"
+#include "gpu_worker/engine/penalty_list.h"
 
 namespace cascade::engine {
 namespace {
@@ -52,7 +53,7 @@ TEST(SamplerTest, ValidationNamesTheField) {
 TEST(SamplerTest, GreedyIsArgmax) {
   auto l = Logits();
   SamplingParams p;
-  EXPECT_EQ(Sample(l, p, 1, 0, {}).token_id, 1);
+  EXPECT_EQ(Sample(l, p, 1, 0, {}, 0).token_id, 1);
 }
 
 TEST(SamplerTest, SeededDrawDependsOnlyOnSeedAndPosition) {
@@ -60,7 +61,7 @@ TEST(SamplerTest, SeededDrawDependsOnlyOnSeedAndPosition) {
   p.temperature = 1.0f;
   for (int64_t pos = 0; pos < 50; ++pos) {
     auto a = Logits(), b = Logits();
-    EXPECT_EQ(Sample(a, p, 42, pos, {}).token_id, Sample(b, p, 42, pos, {}).token_id);
+    EXPECT_EQ(Sample(a, p, 42, pos, {}, 0).token_id, Sample(b, p, 42, pos, {}, 0).token_id);
   }
 }
 
@@ -70,13 +71,13 @@ TEST(SamplerTest, TopKOneAndTinyTopPAreGreedy) {
   p.top_k = 1;
   for (int s = 0; s < 20; ++s) {
     auto l = Logits();
-    EXPECT_EQ(Sample(l, p, s, 0, {}).token_id, 1);
+    EXPECT_EQ(Sample(l, p, s, 0, {}, 0).token_id, 1);
   }
   p.top_k = 0;
   p.top_p = 0.01f;
   for (int s = 0; s < 20; ++s) {
     auto l = Logits();
-    EXPECT_EQ(Sample(l, p, s, 0, {}).token_id, 1);
+    EXPECT_EQ(Sample(l, p, s, 0, {}, 0).token_id, 1);
   }
 }
 
@@ -86,7 +87,7 @@ TEST(SamplerTest, TopKTwoOnlyDrawsTheTwoBest) {
   p.top_k = 2;
   for (int s = 0; s < 200; ++s) {
     auto l = Logits();
-    int t = Sample(l, p, s, 3, {}).token_id;
+    int t = Sample(l, p, s, 3, {}, 0).token_id;
     EXPECT_TRUE(t == 1 || t == 4) << t;
   }
 }
@@ -97,7 +98,7 @@ TEST(SamplerTest, MinPDropsUnlikelyTokens) {
   p.min_p = 0.5f;  // keeps tokens with prob >= half the best: ids 1 (3.0) and 4 (2.9), 2 (2.0)? no
   for (int s = 0; s < 200; ++s) {
     auto l = Logits();
-    int t = Sample(l, p, s, 0, {}).token_id;
+    int t = Sample(l, p, s, 0, {}, 0).token_id;
     EXPECT_TRUE(t == 1 || t == 4) << t;  // e^(2-3) = 0.37 < 0.5
   }
 }
@@ -109,7 +110,7 @@ TEST(SamplerTest, EmpiricalDistributionMatchesSoftmax) {
   const int n = 20000;
   for (int s = 0; s < n; ++s) {
     auto l = Logits();
-    ++counts[Sample(l, p, 7, s, {}).token_id];
+    ++counts[Sample(l, p, 7, s, {}, 0).token_id];
   }
   auto l = Logits();
   double z = 0;
@@ -126,14 +127,14 @@ TEST(SamplerTest, RepetitionPenaltyDemotesSeenTokens) {
   p.repetition_penalty = 2.0f;
   auto l = Logits();
   std::vector<int32_t> history = {1};
-  EXPECT_EQ(Sample(l, p, 0, 0, history).token_id, 4);  // 3.0 / 2 = 1.5 < 2.9
+  EXPECT_EQ(Sample(l, p, 0, 0, history, 0).token_id, 4);  // 3.0 / 2 = 1.5 < 2.9
 }
 
 TEST(SamplerTest, LogprobsComeFromRawLogits) {
   SamplingParams p;
   p.logprobs = 2;
   auto l = Logits();
-  auto r = Sample(l, p, 0, 0, {});
+  auto r = Sample(l, p, 0, 0, {}, 0);
   ASSERT_EQ(r.logprobs.top.size(), 2u);
   EXPECT_EQ(r.logprobs.top[0].token_id, 1);
   EXPECT_EQ(r.logprobs.top[1].token_id, 4);
@@ -149,7 +150,8 @@ std::set<int32_t> Drawn(const std::vector<float>& logits, SampleSpec spec, int d
   for (int s = 0; s < draws; ++s) {
     spec.seed = 1000 + s;
     spec.position = s % 7;
-    out.insert(SampleRowRule(logits.data(), static_cast<int>(logits.size()), spec, {}, nullptr));
+    out.insert(
+        SampleRowRule(logits.data(), static_cast<int>(logits.size()), spec, {}, {}, nullptr));
   }
   return out;
 }
@@ -220,10 +222,10 @@ TEST(SampleRuleTest, GreedyIgnoresFiltersButNotThePenalty) {
   s.top_k = 3;
   s.top_p = 0.1f;
   s.min_p = 0.9f;
-  EXPECT_EQ(SampleRowRule(l.data(), 4, s, {}, nullptr), 1);
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, {}, {}, nullptr), 1);
   s.repetition_penalty = 2.0f;
   const std::vector<int32_t> seen = {1, 1, 2};
-  EXPECT_EQ(SampleRowRule(l.data(), 4, s, seen, nullptr), 3) << "3.0 / 2 < 2.9";
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, seen, {}, nullptr), 3) << "3.0 / 2 < 2.9";
 }
 
 TEST(SampleRuleTest, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogitsOnce) {
@@ -233,12 +235,12 @@ TEST(SampleRuleTest, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits
   SampleSpec s;
   s.repetition_penalty = 2.0f;
   const std::vector<int32_t> seen = {0, 0, 1};
-  EXPECT_EQ(SampleRowRule(l.data(), 4, s, seen, nullptr), 1) << "4.0 / 2 = 2.0 > 1.9";
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, seen, {}, nullptr), 1) << "4.0 / 2 = 2.0 > 1.9";
   const std::vector<float> neg = {-1.0f, -1.9f, -3.0f};
   const std::vector<int32_t> seen0 = {0, 0};
-  EXPECT_EQ(SampleRowRule(neg.data(), 3, s, seen0, nullptr), 1) << "-1.0 * 2 = -2.0 < -1.9";
+  EXPECT_EQ(SampleRowRule(neg.data(), 3, s, seen0, {}, nullptr), 1) << "-1.0 * 2 = -2.0 < -1.9";
   const std::vector<int32_t> outside = {-5, 99};
-  EXPECT_EQ(SampleRowRule(neg.data(), 3, s, outside, nullptr), 0) << "ids outside are ignored";
+  EXPECT_EQ(SampleRowRule(neg.data(), 3, s, outside, {}, nullptr), 0) << "ids outside are ignored";
 }
 
 TEST(SampleRuleTest, LogprobsAreSortedNormalisedAndAccurate) {
@@ -254,7 +256,7 @@ TEST(SampleRuleTest, LogprobsAreSortedNormalisedAndAccurate) {
   s.repetition_penalty = 1.5f;  // logprobs are of the raw logits all the same
   const std::vector<int32_t> seen = {17, 3};
   RowLogprobs lp;
-  const int32_t token = SampleRowRule(l.data(), 5000, s, seen, &lp);
+  const int32_t token = SampleRowRule(l.data(), 5000, s, seen, {}, &lp);
   double mx = -INFINITY, sum = 0.0;
   for (float v : l) mx = std::max(mx, static_cast<double>(v));
   for (float v : l) sum += std::exp(v - mx);
@@ -286,7 +288,7 @@ TEST(SampleRuleTest, FilteredDrawsFollowTheRenormalisedSoftmax) {
   for (int i = 0; i < n; ++i) {
     s.seed = 3;
     s.position = i;
-    ++counts[SampleRowRule(l.data(), 6, s, {}, nullptr)];
+    ++counts[SampleRowRule(l.data(), 6, s, {}, {}, nullptr)];
   }
   double z = 0;
   for (int i : {1, 2, 4}) z += std::exp(l[i] / 0.9);
@@ -317,6 +319,120 @@ TEST(SampleRuleTest, DeterministicLnAndExpAreAccurate) {
   // The noise at the extremes of the 24-bit uniform is finite.
   EXPECT_TRUE(std::isfinite(GumbelNoise(0.5f / 16777216.0f)));
   EXPECT_TRUE(std::isfinite(GumbelNoise((16777215.0f + 0.5f) / 16777216.0f)));
+}
+
+}  // namespace
+}  // namespace cascade::engine
+
+namespace cascade::engine {
+namespace {
+
+// OpenAI's penalties on the host rule: a listed token generated c times loses
+// frequency_penalty * c, then presence_penalty once; a listed token generated 0 times (prompt)
+// keeps its logit; after the repetition penalty, in that order.
+TEST(SampleRuleTest, FrequencyAndPresencePenaltiesCountGeneratedTokens) {
+  const std::vector<float> l = {1.0f, 2.9f, 3.0f, 0.5f};
+  const std::vector<int32_t> listed = {2};
+  SampleSpec s;  // greedy
+  s.frequency_penalty = 0.08f;
+  const std::vector<int32_t> once = {1}, twice = {2}, never = {0};
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, once, nullptr), 2) << "3.0 - 0.08 > 2.9";
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, twice, nullptr), 1) << "3.0 - 0.16 < 2.9";
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, never, nullptr), 2) << "a prompt token";
+  s.frequency_penalty = 0.0f;
+  s.presence_penalty = 0.05f;
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, twice, nullptr), 2) << "once: 3.0 - 0.05";
+  s.presence_penalty = 0.2f;
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, once, nullptr), 1) << "3.0 - 0.2 < 2.9";
+  // A negative penalty raises the token.
+  const std::vector<int32_t> listed1 = {1};
+  s.presence_penalty = -0.2f;
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed1, once, nullptr), 1) << "2.9 + 0.2 > 3.0";
+  // Order: repetition (3.0 / 2 = 1.5), frequency (1.5 - 2 x 0.5 = 0.5), presence (0.5 - 0.25).
+  const std::vector<float> m = {0.3f, 0.0f, 3.0f};
+  s.repetition_penalty = 2.0f, s.frequency_penalty = 0.5f, s.presence_penalty = 0.25f;
+  EXPECT_EQ(SampleRowRule(m.data(), 3, s, listed, twice, nullptr), 0) << "0.25 < 0.3";
+  const std::vector<float> m2 = {0.2f, 0.0f, 3.0f};
+  EXPECT_EQ(SampleRowRule(m2.data(), 3, s, listed, twice, nullptr), 2) << "0.25 > 0.2";
+  EXPECT_FLOAT_EQ(PenalizedLogit(3.0f, 2, s), 0.25f);
+  EXPECT_FLOAT_EQ(PenalizedLogit(3.0f, 0, s), 1.5f);
+}
+
+// Sample() counts only the history's tokens from output_start on for the frequency and presence
+// penalties (the repetition penalty lists the prompt's as well).
+TEST(SamplerTest, FrequencyPenaltyCountsOnlyGeneratedTokens) {
+  std::vector<float> l = {1.0f, 2.9f, 3.0f, 0.5f};
+  SamplingParams p;
+  p.frequency_penalty = 0.08f;
+  const std::vector<int32_t> history = {2, 0, 2, 2};
+  EXPECT_EQ(Sample(l, p, 0, 4, history, 4).token_id, 2) << "all prompt";
+  EXPECT_EQ(Sample(l, p, 0, 4, history, 3).token_id, 2) << "generated once";
+  EXPECT_EQ(Sample(l, p, 0, 4, history, 2).token_id, 1) << "generated twice";
+  p.frequency_penalty = 0.0f;
+  p.presence_penalty = 0.2f;
+  EXPECT_EQ(Sample(l, p, 0, 4, history, 1).token_id, 1);
+  EXPECT_EQ(Sample(l, p, 0, 4, history, 4).token_id, 2);
+  for (float bad : {-2.5f, 2.01f, NAN}) {
+    SamplingParams q;
+    q.frequency_penalty = bad;
+    absl::Status st = ValidateSampling(q, 4, 100);
+    EXPECT_TRUE(absl::IsInvalidArgument(st));
+    EXPECT_NE(st.message().find("sampling.frequency_penalty"), std::string::npos) << st;
+    q.frequency_penalty = 0.0f;
+    q.presence_penalty = bad;
+    st = ValidateSampling(q, 4, 100);
+    EXPECT_NE(st.message().find("sampling.presence_penalty"), std::string::npos) << st;
+  }
+}
+
+// The listed tokens a sequence keeps for its penalties, fed its tokens as a step loop sees them
+// (a prompt at once, then a few at a time, some still pending), equal the list computed from
+// scratch: distinct ids ascending, each with its count from output_start on, the prompt's listed
+// only with a repetition penalty; and a batch row's copy grown by the `added` callback equals it.
+TEST(PenaltyListTest, IncrementalListEqualsTheListFromScratch) {
+  std::mt19937 rng(8);
+  for (int trial = 0; trial < 200; ++trial) {
+    Sequence seq;
+    seq.sampling.repetition_penalty = trial % 2 ? 1.3f : 1.0f;
+    seq.sampling.frequency_penalty = 0.5f;
+    const int vocab = trial % 3 == 0 ? 8 : 5000;  // many repeats, or few
+    std::uniform_int_distribution<int> tok(0, vocab - 1);
+    const int prompt = 1 + static_cast<int>(rng() % (trial % 4 == 0 ? 300 : 40));
+    for (int i = 0; i < prompt; ++i) seq.tokens.push_back(tok(rng));
+    seq.output_start = static_cast<size_t>(prompt - static_cast<int>(rng() % (prompt / 2 + 1)));
+    std::vector<int32_t> row_tokens, row_counts;  // a batch row's copy: what `added` grows
+    int32_t row_n = 0;
+    auto add_to_row = [&](int32_t t, bool generated) {
+      row_tokens.resize(static_cast<size_t>(row_n) + 1), row_counts.resize(row_tokens.size());
+      AddListed(row_tokens.data(), row_counts.data(), &row_n, t, generated);
+    };
+    AdvanceListed(&seq, add_to_row);
+    for (int step = 0; step < 30; ++step) {
+      // A pending token, then known: folded only once known.
+      seq.tokens.push_back(kPendingToken);
+      AdvanceListed(&seq, add_to_row);
+      seq.tokens.back() = tok(rng);
+      if (step % 7 == 3) {  // several at once, as after a preemption's recompute
+        for (int j = 0; j < 70; ++j) seq.tokens.push_back(tok(rng));
+      }
+      AdvanceListed(&seq, add_to_row);
+    }
+    std::map<int32_t, int32_t> want;  // token -> generated count
+    for (size_t i = 0; i < seq.tokens.size(); ++i) {
+      if (i >= seq.output_start) {
+        ++want[seq.tokens[i]];
+      } else if (seq.sampling.repetition_penalty != 1.0f) {
+        want.try_emplace(seq.tokens[i], 0);
+      }
+    }
+    std::vector<int32_t> want_tokens, want_counts;
+    for (const auto& [t, c] : want) want_tokens.push_back(t), want_counts.push_back(c);
+    ASSERT_EQ(seq.listed_tokens, want_tokens) << "trial " << trial;
+    ASSERT_EQ(seq.listed_counts, want_counts) << "trial " << trial;
+    row_tokens.resize(static_cast<size_t>(row_n)), row_counts.resize(row_tokens.size());
+    ASSERT_EQ(row_tokens, want_tokens) << "trial " << trial;
+    ASSERT_EQ(row_counts, want_counts) << "trial " << trial;
+  }
 }
 
 }  // namespace

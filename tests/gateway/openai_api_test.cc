@@ -84,8 +84,9 @@ TEST(OpenAiApiTest, WhatIsNotImplementedIsRefusedByName) {
   const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
   for (const auto& [key, value] :
        std::vector<std::pair<std::string, json>>{{"best_of", 2},
-                                                 {"presence_penalty", 0.1},
-                                                 {"frequency_penalty", 1},
+                                                 {"presence_penalty", 2.5},
+                                                 {"frequency_penalty", -3},
+                                                 {"frequency_penalty", "1"},
                                                  {"logit_bias", {{"5", 1}}},
                                                  {"tools", {{{"type", "function"}}}},
                                                  {"response_format", {{"type", "json_object"}}}}) {
@@ -102,6 +103,19 @@ TEST(OpenAiApiTest, WhatIsNotImplementedIsRefusedByName) {
   fine["presence_penalty"] = 0;
   fine["logit_bias"] = json::object();
   EXPECT_TRUE(TranslateRequest(fine, Endpoint::kChat, "m").ok());
+}
+
+// OpenAI's frequency and presence penalties go to the worker as they are (in [-2, 2]).
+TEST(OpenAiApiTest, PenaltiesAreTranslated) {
+  const json body = {{"prompt", "hi"}, {"frequency_penalty", -1.5}, {"presence_penalty", 2}};
+  auto t = TranslateRequest(body, Endpoint::kCompletions, "m");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->request.sampling().frequency_penalty(), -1.5f);
+  EXPECT_EQ(t->request.sampling().presence_penalty(), 2.0f);
+  auto none = TranslateRequest(json{{"prompt", "hi"}}, Endpoint::kCompletions, "m");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->request.sampling().frequency_penalty(), 0.0f);
+  EXPECT_EQ(none->request.sampling().presence_penalty(), 0.0f);
 }
 
 // n: 1 to kMaxChoices choices, each its own Generate request; with a seed, choice i samples

@@ -1,8 +1,9 @@
 // Turn's failover and exact resume against scripted fake workers (fake_worker.h), no network:
 // a worker that dies after N tokens is replaced by the next candidate, which gets the prompt
-// plus an ASSISTANT chunk of the tokens already emitted and the remaining max_tokens, and the
-// client's stream equals the uninterrupted one; refusals fail over; a silent worker ends at the
-// deadline; with no candidate left the client gets an error finish with the usage so far.
+// plus an ASSISTANT chunk of the tokens already emitted (counted in resumed_tokens) and the
+// remaining max_tokens, and the client's stream equals the uninterrupted one; refusals fail
+// over; a silent worker ends at the deadline; with no candidate left the client gets an error
+// finish with the usage so far.
 #include "services/gateway/turn.h"
 
 #include <gtest/gtest.h>
@@ -199,6 +200,7 @@ TEST_F(TurnTest, WorkerDyingAfterNTokensResumesOnTheNextWithTheEmittedTokensAndT
   EXPECT_EQ(std::vector<int32_t>(tail.token_ids().begin(), tail.token_ids().end()),
             std::vector<int32_t>(clean.tokens.begin(), clean.tokens.begin() + 5));
   EXPECT_EQ(r.sampling().max_tokens(), kMaxTokens - 5);
+  EXPECT_EQ(r.resumed_tokens(), 5) << "the penalties count those 5 as generated";
   EXPECT_EQ(r.sampling().seed(), 7u);
   EXPECT_EQ(metrics_.resumes->Value(), 1);
   EXPECT_EQ(metrics_.running->Value(), 0);
@@ -258,6 +260,7 @@ TEST_F(TurnTest, TwoWorkersFailingInTurnStillGiveTheUninterruptedStream) {
   EXPECT_EQ(tail.kind(), cascade::v2::CHUNK_KIND_ASSISTANT);
   EXPECT_EQ(tail.token_ids_size(), 7);
   EXPECT_EQ(asked[0].sampling().max_tokens(), kMaxTokens - 7);
+  EXPECT_EQ(asked[0].resumed_tokens(), 7);
   EXPECT_EQ(metrics_.resumes->Value(), 2);
 }
 

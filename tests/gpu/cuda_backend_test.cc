@@ -377,9 +377,13 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
         rs.spec.min_p = 0.01f;
         rs.spec.repetition_penalty = 1.3f;
         rs.spec.logprobs = 5;
+        if (r % 8 == 5) rs.spec.frequency_penalty = 0.4f, rs.spec.presence_penalty = 0.6f;
         rs.spec.penalty_start = static_cast<int32_t>(fb.penalty_tokens.size());
         rs.spec.penalty_count = 3;
-        for (int t = 0; t < 3; ++t) fb.penalty_tokens.push_back((which[r] * 7 + t * 13) % 256);
+        for (int t = 0; t < 3; ++t) {  // ascending, with generated counts 0 (prompt), 1, 2
+          fb.penalty_tokens.push_back((which[r] * 7) % 200 + t * 13);
+          fb.penalty_counts.push_back(t);
+        }
       }
       fb.row_samples.push_back(rs);
     }
@@ -428,7 +432,8 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
 
 // The sampling kernel (SampleRows, what ForwardSampled runs) against the host's rule
 // (engine::SampleRowRule) on full-size rows (vocab 151936): every option alone and combined
-// (temperature, min-p, top-k, top-p, repetition penalty, logprobs), many seeds and positions,
+// (temperature, min-p, top-k, top-p, repetition / frequency / presence penalties, logprobs), many
+// seeds and positions,
 // rows of several shapes (narrow and wide logits, exact ties, all-equal, NaN and -inf entries).
 // Token and logprobs must be bitwise equal.
 TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
@@ -437,7 +442,7 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
   std::mt19937 rng(2024);
   std::vector<float> logits(static_cast<size_t>(kRows) * kVocab);
   std::vector<engine::SampleSpec> specs(kRows);
-  std::vector<int32_t> penalty;
+  std::vector<int32_t> penalty, counts;
   const float temps[] = {0.3f, 0.7f, 1.0f, 1.6f};
   const int top_ks[] = {1, 20, 50, 1000, 100000};
   const float top_ps[] = {0.05f, 0.5f, 0.9f, 0.999f};
@@ -462,11 +467,27 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
     if (mode == 2 || mode == 5 || mode == 6 || mode == 7) s.top_p = top_ps[(r / 8) % 4];
     if (mode == 3 || mode == 6 || mode == 7) s.min_p = min_ps[(r / 8) % 3];
     if (mode == 4 || mode == 6 || mode == 7 || r % 5 == 0) {
-      s.repetition_penalty = r % 2 ? 1.3f : 0.8f;
+      // Which penalties: repetition alone, with frequency and presence, or those two alone (a
+      // counted row's tokens ascend, distinct, with their generated counts, some 0: prompt).
+      const int kind = (r / 4) % 3;
+      s.repetition_penalty = kind == 2 ? 1.0f : r % 2 ? 1.3f : 0.8f;
       s.penalty_start = static_cast<int32_t>(penalty.size());
       std::uniform_int_distribution<int> tok(0, kVocab - 1);
-      const int n = 1 + r * 3;
+      int n = 1 + r * 3;
       for (int i = 0; i < n; ++i) penalty.push_back(i % 4 == 0 ? tok(rng) % 64 : tok(rng));
+      counts.resize(penalty.size(), 0);
+      if (kind > 0) {
+        const float freqs[] = {0.5f, -0.25f, 2.0f, 0.0f}, presences[] = {0.75f, 0.0f, -2.0f, 1.5f};
+        s.frequency_penalty = freqs[r % 4];
+        s.presence_penalty = presences[(r / 3) % 4];
+        if (s.frequency_penalty == 0.0f && s.presence_penalty == 0.0f) s.presence_penalty = 0.5f;
+        auto first = penalty.begin() + s.penalty_start;
+        std::sort(first, penalty.end());
+        penalty.erase(std::unique(first, penalty.end()), penalty.end());
+        n = static_cast<int>(penalty.end() - first);
+        counts.resize(penalty.size());
+        for (int i = 0; i < n; ++i) counts[s.penalty_start + i] = i % 5 == 0 ? 0 : 1 + tok(rng) % 9;
+      }
       s.penalty_count = n;
       // The penalized tokens include the likeliest ones, so the penalty decides tokens.
       for (int i = 0; i < 4; ++i) row[penalty[s.penalty_start + i]] += 3.0f * sigma;
@@ -483,7 +504,7 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
   std::vector<engine::SampleSpec> specs2(specs);
   specs2.insert(specs2.end(), specs.begin(), specs.end());
   DeviceBuffer d_logits = testing::Upload(logits2), d_specs = testing::Upload(specs2);
-  DeviceBuffer d_pen = testing::Upload(penalty);
+  DeviceBuffer d_pen = testing::Upload(penalty), d_counts = testing::Upload(counts);
   std::vector<int32_t> want_tokens(kRows);
   std::vector<engine::RowLogprobs> want_lps(kRows);
   int with_logprobs = 0, not_argmax = 0;
@@ -492,7 +513,7 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
     const float* row = logits.data() + static_cast<size_t>(r) * kVocab;
     want_tokens[r] = engine::SampleRowRule(
         row, kVocab, s, std::span<const int32_t>(penalty.data() + s.penalty_start, s.penalty_count),
-        &want_lps[r]);
+        std::span<const int32_t>(counts.data() + s.penalty_start, s.penalty_count), &want_lps[r]);
     not_argmax += want_tokens[r] != Argmax(row, kVocab);
     with_logprobs += s.logprobs > 0;
   }
@@ -503,7 +524,8 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
     for (int r0 = 0; r0 < total; r0 += per_launch) {
       ASSERT_TRUE(SampleRows(d_logits.as<float>() + static_cast<size_t>(r0) * kVocab, per_launch,
                              kVocab, d_specs.as<engine::SampleSpec>() + r0, d_pen.as<int32_t>(),
-                             d_tok.as<int32_t>() + r0, d_lp.as<engine::RowLogprobs>() + r0, nullptr)
+                             d_counts.as<int32_t>(), d_tok.as<int32_t>() + r0,
+                             d_lp.as<engine::RowLogprobs>() + r0, nullptr)
                       .ok());
     }
     const auto tokens = testing::Download<int32_t>(d_tok, total);
@@ -514,7 +536,8 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
       EXPECT_EQ(tokens[i], want_tokens[r])
           << "rows per launch " << per_launch << " row " << r << " T " << s.temperature << " k "
           << s.top_k << " p " << s.top_p << " min_p " << s.min_p << " penalty "
-          << s.repetition_penalty;
+          << s.repetition_penalty << " frequency " << s.frequency_penalty << " presence "
+          << s.presence_penalty;
       if (s.logprobs == 0) continue;
       const engine::RowLogprobs& got = lps[i];
       const engine::RowLogprobs& want = want_lps[r];

@@ -215,9 +215,9 @@ TEST_F(EngineCudaTest, DeviceArgmaxPathGivesTheHostSamplersTokens) {
 }
 
 // Every row is drawn on the device by sample_rule.h's rule (temperature, min-p, top-k, top-p,
-// repetition penalty, logprobs): alone or batched, cached or cold, a seeded request gets the same
-// tokens and logprobs; and the host applying the rule to the whole logits rows (capture mode)
-// gets the same bits.
+// repetition, frequency and presence penalties, logprobs): alone or batched, cached or cold, a
+// seeded request gets the same tokens and logprobs; and the host applying the rule to the whole
+// logits rows (capture mode) gets the same bits.
 TEST_F(EngineCudaTest, DeviceSamplingOfEveryOptionIsBatchInvariantAndEqualsTheHostRule) {
   REQUIRE_GPU_AND_MODEL();
   std::mt19937 rng(8);
@@ -231,6 +231,9 @@ TEST_F(EngineCudaTest, DeviceSamplingOfEveryOptionIsBatchInvariantAndEqualsTheHo
     if (i % 7 == 2 || i % 7 == 5) p.top_p = 0.9f;
     if (i % 7 == 3 || i % 7 == 5) p.min_p = 0.05f;
     if (i % 7 == 4 || i % 7 == 5 || i % 7 == 6) p.repetition_penalty = 1.3f;
+    if (i == 5 || i == 6) p.frequency_penalty = 0.8f, p.presence_penalty = 0.4f;
+    if (i == 10) p.frequency_penalty = -0.6f;  // no repetition penalty: generated tokens only
+    if (i == 13) p.presence_penalty = 1.7f;
     if (i % 2 == 1) p.logprobs = 1 + i;
     reqs.push_back(r);
   }
@@ -288,6 +291,8 @@ TEST_F(EngineCudaTest, OverlappedScheduleGivesThePlainEnginesOutputs) {
     p.temperature = i % 6 == 5 ? 0.0f : 0.9f;
     p.seed = 700 + i;
     if (i % 6 == 1) p.top_k = 40, p.repetition_penalty = 1.3f;
+    if (i == 7) p.frequency_penalty = 0.7f, p.presence_penalty = 0.2f;
+    if (i == 4) p.presence_penalty = -0.9f;
     if (i % 6 == 2) p.top_p = 0.9f, p.logprobs = 4;
     if (i % 6 == 3) p.min_p = 0.05f, p.logprobs = 1;
     reqs.push_back(r);

@@ -4,6 +4,8 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "tests/integration/stack.h"
 
 namespace cascade::testing {
@@ -51,6 +53,12 @@ TEST(BadInputTest, EachBadRequestGetsAClearStatusAndNothingElseIsDisturbed) {
       {"repetition penalty zero",
        [](auto& r) { r.mutable_sampling()->set_repetition_penalty(0.0f); },
        grpc::StatusCode::INVALID_ARGUMENT, "sampling.repetition_penalty"},
+      {"frequency penalty above two",
+       [](auto& r) { r.mutable_sampling()->set_frequency_penalty(2.5f); },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.frequency_penalty"},
+      {"presence penalty NaN",
+       [](auto& r) { r.mutable_sampling()->set_presence_penalty(std::nanf("")); },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.presence_penalty"},
       {"empty stop string", [](auto& r) { r.mutable_sampling()->add_stop(""); },
        grpc::StatusCode::INVALID_ARGUMENT, "sampling.stop[0]"},
       {"token id out of vocabulary",

@@ -205,7 +205,7 @@ TEST(OpenAiHttpTest, BadInputGetsOpenAiErrorsWithTheRightStatus) {
        "temperature"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "n": 17})",
        auth, 400, "n must be an integer from 1 to 16"},
-      {"/v1/completions", R"({"prompt": "hi", "frequency_penalty": 0.5})", auth, 400,
+      {"/v1/completions", R"({"prompt": "hi", "frequency_penalty": 2.5})", auth, 400,
        "frequency_penalty"},
       {"/v1/completions", R"({"prompt": 17})", auth, 400, "prompt"},
       {"/v1/completions", R"({"prompt": "hi", "model": "gpt-4"})", auth, 404, "does not exist"},

@@ -149,6 +149,7 @@ struct StepMeta {
   const int32_t* logits_rows = nullptr;      // [rows]
   const RowSampleParams* samples = nullptr;  // [rows] or nullptr: no device sampling
   const int32_t* penalty = nullptr;          // the penalty tokens the samples index
+  const int32_t* counts = nullptr;           // their generated counts (parallel)
   AttentionPlanView plan;
 };
 
@@ -314,8 +315,9 @@ class CudaBackend final : public engine::Backend {
                    std::vector<int32_t>* argmax, std::vector<engine::RowLogprobs>* logprobs);
   absl::Status RunEager(const engine::ForwardBatch& b, bool sampled, std::vector<float>* logits,
                         std::vector<int32_t>* argmax, std::vector<engine::RowLogprobs>* logprobs);
-  // Uploads a step's penalty tokens (to penalty_) before its sampling kernel runs.
-  absl::Status UploadPenaltyTokens(const std::vector<int32_t>& tokens);
+  // Uploads a step's penalty tokens and counts (to penalty_, penalty_counts_) before its sampling
+  // kernel runs.
+  absl::Status UploadPenalties(const engine::ForwardBatch& b);
   // Copies back the logprobs of the first n rows where a device-sampled row asked for them.
   absl::Status FetchLogprobs(const engine::ForwardBatch& b, int n,
                              std::vector<engine::RowLogprobs>* logprobs);
@@ -357,7 +359,8 @@ class CudaBackend final : public engine::Backend {
   DeviceBuffer residual_, x_, qkv_, attn_, delta_, gu_, act_, xl_, logits_;
   // Grown on demand.
   DeviceBuffer meta_, partial_o_, partial_ml_, argmax_, sample_params_;
-  DeviceBuffer penalty_;  // [tokens] int32: the step's penalty tokens
+  DeviceBuffer penalty_;         // [tokens] int32: the step's penalty tokens
+  DeviceBuffer penalty_counts_;  // [tokens] int32: their generated counts, where any row has them
   DeviceBuffer ws_work_;  // [2] int32: the persistent decode kernel's work counter (zeroed once)
   DeviceBuffer lp_;       // [rows] engine::RowLogprobs
   std::vector<engine::RowLogprobs> lp_host_;
@@ -378,8 +381,8 @@ class CudaBackend final : public engine::Backend {
   PinnedBuffer graph_host_, graph_tokens_host_;
   uint64_t graph_epoch_ = 1;
   std::map<int, std::unique_ptr<DecodeGraph>> graphs_;
-  engine::ForwardBatch pad_;  // the step padded to its bucket (without its penalty tokens:)
-  const std::vector<int32_t>* pad_penalty_ = nullptr;  // the caller's, for the graph step
+  engine::ForwardBatch pad_;  // the step padded to its bucket (without its penalty lists:)
+  const engine::ForwardBatch* pad_penalty_ = nullptr;  // the caller's, for the graph step
   int64_t graph_replays_ = 0, graph_captures_ = 0;
   // LaunchSampled's step: its results, or (deferred_rows >= 0) a graph step still in flight.
   struct Async {
@@ -622,6 +625,7 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   RETURN_IF_ERROR(alloc(&logits_, static_cast<size_t>(o_.max_logits_rows) * c_.vocab_size * 4));
   // Sampling: fixed pointers the decode graphs capture (penalty_ grows on demand).
   RETURN_IF_ERROR(alloc(&penalty_, size_t{1} << 16));
+  RETURN_IF_ERROR(alloc(&penalty_counts_, size_t{1} << 16));
   RETURN_IF_ERROR(
       alloc(&lp_, static_cast<size_t>(o_.max_logits_rows) * sizeof(engine::RowLogprobs)));
 
@@ -739,11 +743,15 @@ absl::Status CudaBackend::EnsureCapacity(DeviceBuffer* buf, size_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::UploadPenaltyTokens(const std::vector<int32_t>& tokens) {
-  if (tokens.empty()) return absl::OkStatus();
-  const size_t bytes = tokens.size() * sizeof(int32_t);
-  RETURN_IF_ERROR(EnsureCapacity(&penalty_, bytes));
-  return CopyAsync(penalty_.data(), tokens.data(), bytes, stream_);
+absl::Status CudaBackend::UploadPenalties(const engine::ForwardBatch& b) {
+  for (const auto& [buf, v] :
+       {std::pair{&penalty_, &b.penalty_tokens}, std::pair{&penalty_counts_, &b.penalty_counts}}) {
+    if (v->empty()) continue;
+    const size_t bytes = v->size() * sizeof(int32_t);
+    RETURN_IF_ERROR(EnsureCapacity(buf, bytes));
+    RETURN_IF_ERROR(CopyAsync(buf->data(), v->data(), bytes, stream_));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::FetchLogprobs(const engine::ForwardBatch& b, int n,
@@ -793,8 +801,11 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
   // also warms up every kernel and GEMM shape the capture will record, then capture.
   std::vector<int32_t> tokens;
   std::vector<engine::RowLogprobs> lps;
-  pad_.penalty_tokens = *pad_penalty_;
-  pad_penalty_ = &pad_.penalty_tokens;
+  if (pad_penalty_ != &pad_) {
+    pad_.penalty_tokens = pad_penalty_->penalty_tokens;
+    pad_.penalty_counts = pad_penalty_->penalty_counts;
+    pad_penalty_ = &pad_;
+  }
   RETURN_IF_ERROR(RunEager(pad_, /*sampled=*/true, logits, &tokens, &lps));
   if (sampled) {
     argmax->assign(tokens.begin(), tokens.begin() + n);
@@ -872,11 +883,12 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
     RETURN_IF_ERROR(EnsureCapacity(&lp_, std::max(rows, 1) * sizeof(engine::RowLogprobs)));
     RETURN_IF_ERROR(CopyAsync(sample_params_.data(), sample_host_.data(),
                               rows * sizeof(RowSampleParams), stream_));
-    RETURN_IF_ERROR(UploadPenaltyTokens(b.penalty_tokens));
+    RETURN_IF_ERROR(UploadPenalties(b));
     // Rows are drawn on the device (RowSample); the per-row parameters ride in the same stream
     // as the rest of the step's metadata.
     m.samples = sample_params_.as<RowSampleParams>();
     m.penalty = penalty_.as<int32_t>();
+    m.counts = penalty_counts_.as<int32_t>();
   }
   size_t full_done = 0;
   for (int r0 = 0; r0 < rows; r0 += o_.max_logits_rows) {
@@ -1016,7 +1028,7 @@ absl::Status CudaBackend::EnqueueHead(int r0, int rows, const StepMeta& m) {
   RETURN_IF_ERROR(gemm_->Run(xl_.as<Bf16>(), lm_head_, rows, vocab, hidden_, logits_.data(),
                              GemmOut::kF32, stream_));
   if (m.samples == nullptr) return absl::OkStatus();
-  return SampleRows(logits_.as<float>(), rows, vocab, m.samples + r0, m.penalty,
+  return SampleRows(logits_.as<float>(), rows, vocab, m.samples + r0, m.penalty, m.counts,
                     argmax_.as<int32_t>() + r0, lp_.as<engine::RowLogprobs>() + r0, stream_);
 }
 
@@ -1087,10 +1099,11 @@ void CudaBackend::PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, in
   pad_.logits_rows = b.logits_rows;
   pad_.row_samples.assign(n, engine::RowSample{});  // on_device false: the whole row comes back
   pad_.penalty_tokens.clear();  // (not copied: tens of thousands at large batches)
-  pad_penalty_ = &pad_.penalty_tokens;
+  pad_.penalty_counts.clear();
+  pad_penalty_ = &pad_;
   if (sampled && !b.row_samples.empty()) {
     pad_.row_samples = b.row_samples;
-    pad_penalty_ = &b.penalty_tokens;
+    pad_penalty_ = &b;
   }
   for (int i = n; i < bucket; ++i) {
     pad_.token_ids.push_back(0);
@@ -1160,7 +1173,8 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   RETURN_IF_ERROR(ensure(&partial_ml_, partials * 8 * hq_));
   RETURN_IF_ERROR(ensure(&argmax_, max_graph_batch_ * sizeof(int32_t)));
   RETURN_IF_ERROR(ensure(&lp_, max_graph_batch_ * sizeof(engine::RowLogprobs)));
-  RETURN_IF_ERROR(ensure(&penalty_, pad_penalty_->size() * sizeof(int32_t)));
+  RETURN_IF_ERROR(ensure(&penalty_, pad_penalty_->penalty_tokens.size() * sizeof(int32_t)));
+  RETURN_IF_ERROR(ensure(&penalty_counts_, pad_penalty_->penalty_counts.size() * sizeof(int32_t)));
 
   // Stage this step's metadata at the fixed offsets.
   const GraphLayout l =
@@ -1208,6 +1222,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   m.logits_rows = meta + l.lrows;
   m.samples = reinterpret_cast<const RowSampleParams*>(meta + l.samples);
   m.penalty = penalty_.as<int32_t>();
+  m.counts = penalty_counts_.as<int32_t>();
   m.plan = AttentionPlanView{nullptr,
                              0,
                              meta + l.items,
@@ -1258,7 +1273,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   if (!plan.wide_sched.empty()) {
     RETURN_IF_ERROR(CopyAsync(dm + l.sched, h + l.sched, plan.wide_sched.size() * 4, stream_));
   }
-  RETURN_IF_ERROR(UploadPenaltyTokens(*pad_penalty_));  // capacity ensured above: no reallocation
+  RETURN_IF_ERROR(UploadPenalties(*pad_penalty_));  // capacity ensured above: no reallocation
   if (g->pinned[form] != nullptr) RETURN_IF_ERROR(PickTunedOrPinned(g.get(), form));
   if (logits == nullptr) return Synchronize(stream_);
   if (plan.num_wide > 0) ++wide_steps_;

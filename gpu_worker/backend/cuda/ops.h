@@ -131,11 +131,13 @@ absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Str
 // params[r] (engine/sample_rule.h's rule: penalty, temperature, min-p, top-k, top-p, Gumbel-max
 // draw), and logprobs[r] its logprobs where params[r].logprobs > 0. penalty_tokens: the ids
 // params[r].penalty_start/count index (device; may be null when no row has a penalty), each in
-// [0, vocab). REQUIRES: params[r].logprobs <= engine::kMaxLogprobs; logprobs non-null if any
-// row asks for them. A cluster of 1-8 CTAs per row; no host synchronization (graph-capturable).
+// [0, vocab); penalty_counts: their generated counts (device, parallel; may be null when no row
+// has a frequency or presence penalty), a counted row's ids ascending. REQUIRES:
+// params[r].logprobs <= engine::kMaxLogprobs; logprobs non-null if any row asks for them. A
+// cluster of 1-8 CTAs per row; no host synchronization (graph-capturable).
 absl::Status SampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
-                        const int32_t* penalty_tokens, int32_t* out, engine::RowLogprobs* logprobs,
-                        Stream stream);
+                        const int32_t* penalty_tokens, const int32_t* penalty_counts, int32_t* out,
+                        engine::RowLogprobs* logprobs, Stream stream);
 
 // *violations (device, one counter; the call zeroes it) = how many of the 2^24 uniforms
 // engine::TokenUniform gives (engine::UniformOf) have a Gumbel noise above the bounds SampleRows'

@@ -41,13 +41,15 @@ constexpr int kBins = 2048;
 constexpr int kCap = 2048;    // candidates held in shared memory (per CTA)
 constexpr int kMaxSplit = 8;  // CTAs per row at most (a portable cluster size)
 constexpr int kLp = engine::kMaxLogprobs;
+constexpr int kRankWords = 4;
 
 // Fixed-point weights (< 2^42) are histogrammed as four 11-bit pieces in 32-bit counters, whose
 // sums cannot overflow below 2^21 tokens: 32-bit shared atomics are native, 64-bit ones are a
 // compare-and-swap loop that serializes under the contention of a flat distribution.
 constexpr int kPieceBits = 11, kPieces = 4;
 
-// Dynamic shared memory of one CTA; the penalty bitmap ([ceil(vocab / 32)] words) follows.
+// Dynamic shared memory of one CTA; the penalty bitmap ([ceil(vocab / 32)] words) follows, then
+// the bitmap's rank base per group of kRankWords words (how many bits precede the group).
 // Fields marked (cluster) are read or written by the other CTAs of the row's cluster.
 struct Smem {
   uint32_t mass[kPieces][kBins];  // (cluster) this CTA's weight pieces per bin
@@ -533,15 +535,35 @@ __device__ __forceinline__ void RankTop(const uint32_t* keys, const int32_t* ids
   }
 }
 
+// Block-wide exclusive prefix sum of v (uses sh.red_key).
+__device__ __forceinline__ uint32_t BlockExclusiveSum(uint32_t v, Smem& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint32_t incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t u = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += u;
+  }
+  __syncthreads();
+  if (lane == 31) sh.red_key[warp] = incl;
+  __syncthreads();
+  uint32_t before = 0;
+  for (int w = 0; w < warp; ++w) before += sh.red_key[w];
+  return before + incl - v;
+}
+
 // Grid: rows * split CTAs in clusters of `split`; the cluster of row r is CTAs
 // [r * split, (r + 1) * split).
 __global__ void __launch_bounds__(kThreads, 2)
     SampleKernel(const float* logits, int vocab, const SampleSpec* specs,
-                 const int32_t* penalty_tokens, int32_t* out, engine::RowLogprobs* lp_out) {
+                 const int32_t* penalty_tokens, const int32_t* penalty_counts, int32_t* out,
+                 engine::RowLogprobs* lp_out) {
   WaitForPriorGrids();
   extern __shared__ uint4 smem_raw[];
   Smem& sh = *reinterpret_cast<Smem*>(smem_raw);
+  const int words = (vocab + 31) / 32, groups = (words + kRankWords - 1) / kRankWords;
   uint32_t* bitmap = reinterpret_cast<uint32_t*>(&sh + 1);
+  uint32_t* rank_base = bitmap + words;
   cg::cluster_group cl = cg::this_cluster();
   const int parts = static_cast<int>(cl.num_blocks()), rank = static_cast<int>(cl.block_rank());
   const int row = blockIdx.x / parts;
@@ -549,8 +571,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   const SampleSpec sp = specs[row];
   const float* z = logits + static_cast<int64_t>(row) * vocab;
   const bool pen = engine::UsesPenalty(sp);
+  const bool counted = pen && engine::UsesCounts(sp);
   if (pen) {  // the whole row's bitmap (a slice may hold any listed token)
-    for (int i = threadIdx.x; i < (vocab + 31) / 32; i += kThreads) bitmap[i] = 0;
+    for (int i = threadIdx.x; i < words; i += kThreads) bitmap[i] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < sp.penalty_count; i += kThreads) {
       const int t = penalty_tokens[sp.penalty_start + i];
@@ -558,9 +581,33 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();
   }
+  if (counted) {
+    // The listed tokens ascend, so a listed token's rank among the bitmap's bits is its index in
+    // the list: each thread sums a run of groups, then the block's exclusive sum.
+    const int per = (groups + kThreads - 1) / kThreads;
+    const int g0 = min(groups, static_cast<int>(threadIdx.x) * per), g1 = min(groups, g0 + per);
+    uint32_t bits = 0;
+    for (int w = g0 * kRankWords; w < min(words, g1 * kRankWords); ++w) bits += __popc(bitmap[w]);
+    uint32_t run = BlockExclusiveSum(bits, sh);
+    for (int g = g0; g < g1; ++g) {
+      rank_base[g] = run;
+      for (int w = g * kRankWords; w < min(words, (g + 1) * kRankWords); ++w) {
+        run += __popc(bitmap[w]);
+      }
+    }
+    __syncthreads();
+  }
   const float inv_t = engine::InvTemperature(sp);
+  const int32_t* counts = penalty_counts + sp.penalty_start;
+  auto count_of = [&](int v) {  // v listed
+    const int w = v >> 5, g = w / kRankWords;
+    uint32_t r = rank_base[g] + __popc(bitmap[w] & ((1u << (v & 31)) - 1u));
+    for (int j = g * kRankWords; j < w; ++j) r += __popc(bitmap[j]);
+    return counts[r];
+  };
   auto key_of = [&](int v, float x) {
-    return engine::ScoreKey(x, pen && ((bitmap[v >> 5] >> (v & 31)) & 1u), sp, inv_t);
+    const bool listed = pen && ((bitmap[v >> 5] >> (v & 31)) & 1u);
+    return engine::ScoreKey(x, listed, listed && counted ? count_of(v) : 0, sp, inv_t);
   };
   auto raw_key = [](int, float x) { return engine::OrderKey(engine::Canon(x)); };
   const bool greedy = sp.temperature == 0.0f;
@@ -832,12 +879,13 @@ cudaError_t LaunchGumbelBoundCheck(unsigned long long* violations, cudaStream_t 
 }
 
 size_t SampleRowsSmemBytes(int vocab) {
-  return sizeof(Smem) + static_cast<size_t>((vocab + 31) / 32) * 4;
+  const size_t words = static_cast<size_t>((vocab + 31) / 32);
+  return sizeof(Smem) + words * 4 + (words + kRankWords - 1) / kRankWords * 4;
 }
 
 cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const SampleSpec* specs,
-                             const int32_t* penalty_tokens, int32_t* out,
-                             engine::RowLogprobs* logprobs, cudaStream_t stream) {
+                             const int32_t* penalty_tokens, const int32_t* penalty_counts,
+                             int32_t* out, engine::RowLogprobs* logprobs, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const size_t smem = SampleRowsSmemBytes(vocab);
   if (cudaError_t e = EnsureSetUp(smem); e != cudaSuccess) return e;
@@ -857,7 +905,7 @@ cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const Sample
   config.attrs = attrs;
   config.numAttrs = ProgrammaticLaunchEnabled() ? 2 : 1;
   const cudaError_t err = cudaLaunchKernelEx(&config, SampleKernel, logits, vocab, specs,
-                                             penalty_tokens, out, logprobs);
+                                             penalty_tokens, penalty_counts, out, logprobs);
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
