@@ -265,11 +265,13 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
     return st;
   // OpenAI's penalties (the worker checks them as well).
   using Setter = void (cascade::v2::SamplingParams::*)(float);
-  for (const auto& [key, set] :
+  for (const auto& penalty :
        {std::pair<const char*, Setter>{"frequency_penalty",
                                        &cascade::v2::SamplingParams::set_frequency_penalty},
         std::pair<const char*, Setter>{"presence_penalty",
                                        &cascade::v2::SamplingParams::set_presence_penalty}}) {
+    const char* key = penalty.first;  // (a lambda may not capture a structured binding in clang 14)
+    const Setter set = penalty.second;
     if (!(st = Number(body, key, [&](double v) {
             if (!(v >= -2.0 && v <= 2.0)) return Bad(absl::StrCat(key, " must be in [-2, 2]"));
             (s->*set)(static_cast<float>(v));

@@ -552,15 +552,14 @@ __device__ __forceinline__ uint32_t BlockExclusiveSum(uint32_t v, Smem& sh) {
   return before + incl - v;
 }
 
-// Grid: rows * split CTAs in clusters of `split`; the cluster of row r is CTAs
-// [r * split, (r + 1) * split).
-__global__ void __launch_bounds__(kThreads, 2)
-    SampleKernel(const float* logits, int vocab, const SampleSpec* specs,
-                 const int32_t* penalty_tokens, const int32_t* penalty_counts, int32_t* out,
-                 engine::RowLogprobs* lp_out) {
-  WaitForPriorGrids();
-  extern __shared__ uint4 smem_raw[];
-  Smem& sh = *reinterpret_cast<Smem*>(smem_raw);
+// One row's share (this CTA's slice) of SampleKernel's work. kCounted: the row's penalties use
+// generated counts (UsesCounts), looked up by rank; a separate instance, so rows without them run
+// the plain path's code.
+template <bool kCounted>
+__device__ __forceinline__ void SampleRow(const float* logits, int vocab, const SampleSpec& sp,
+                                          const int32_t* penalty_tokens,
+                                          const int32_t* penalty_counts, int32_t* out,
+                                          engine::RowLogprobs* lp_out, Smem& sh) {
   const int words = (vocab + 31) / 32, groups = (words + kRankWords - 1) / kRankWords;
   uint32_t* bitmap = reinterpret_cast<uint32_t*>(&sh + 1);
   uint32_t* rank_base = bitmap + words;
@@ -568,10 +567,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int parts = static_cast<int>(cl.num_blocks()), rank = static_cast<int>(cl.block_rank());
   const int row = blockIdx.x / parts;
   const Slice sl = SliceOf(vocab, rank, parts);
-  const SampleSpec sp = specs[row];
   const float* z = logits + static_cast<int64_t>(row) * vocab;
   const bool pen = engine::UsesPenalty(sp);
-  const bool counted = pen && engine::UsesCounts(sp);
+  constexpr bool counted = kCounted;
   if (pen) {  // the whole row's bitmap (a slice may hold any listed token)
     for (int i = threadIdx.x; i < words; i += kThreads) bitmap[i] = 0;
     __syncthreads();
@@ -581,7 +579,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();
   }
-  if (counted) {
+  if constexpr (counted) {
     // The listed tokens ascend, so a listed token's rank among the bitmap's bits is its index in
     // the list: each thread sums a run of groups, then the block's exclusive sum.
     const int per = (groups + kThreads - 1) / kThreads;
@@ -607,7 +605,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
   auto key_of = [&](int v, float x) {
     const bool listed = pen && ((bitmap[v >> 5] >> (v & 31)) & 1u);
-    return engine::ScoreKey(x, listed, listed && counted ? count_of(v) : 0, sp, inv_t);
+    if constexpr (counted) {
+      return engine::ScoreKey(x, listed, listed ? count_of(v) : 0, sp, inv_t);
+    } else {
+      return engine::ScoreKey(x, listed, 0, sp, inv_t);
+    }
   };
   auto raw_key = [](int, float x) { return engine::OrderKey(engine::Canon(x)); };
   const bool greedy = sp.temperature == 0.0f;
@@ -811,6 +813,23 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   } else {
     cl.sync();  // rank 0 has read this CTA's shared memory
+  }
+}
+
+// Grid: rows * split CTAs in clusters of `split`; the cluster of row r is CTAs
+// [r * split, (r + 1) * split).
+__global__ void __launch_bounds__(kThreads, 2)
+    SampleKernel(const float* logits, int vocab, const SampleSpec* specs,
+                 const int32_t* penalty_tokens, const int32_t* penalty_counts, int32_t* out,
+                 engine::RowLogprobs* lp_out) {
+  WaitForPriorGrids();
+  extern __shared__ uint4 smem_raw[];
+  Smem& sh = *reinterpret_cast<Smem*>(smem_raw);
+  const SampleSpec sp = specs[blockIdx.x / cg::this_cluster().num_blocks()];
+  if (engine::UsesPenalty(sp) && engine::UsesCounts(sp)) {
+    SampleRow<true>(logits, vocab, sp, penalty_tokens, penalty_counts, out, lp_out, sh);
+  } else {
+    SampleRow<false>(logits, vocab, sp, penalty_tokens, penalty_counts, out, lp_out, sh);
   }
 }
 
