@@ -68,6 +68,10 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
                "routing cost per matched token held only in a worker's host KV tier");
   f->AddInt("route_max_waiting", &g.weights.max_waiting,
             "queued requests that mark a worker overloaded");
+  f->AddInt64("route_recent_ms", &g.route_recent_ms,
+              "a prompt a worker admitted counts as held there for this long when routing, "
+              "before the registry hears of it (a burst sharing a new prefix stays together); "
+              "0: off");
   f->AddDouble("route_fetch_bandwidth", &c->fetch.bandwidth,
                "peer KV fetch: measured bytes/s of a worker-to-worker fetch (bench/service/"
                "RESULTS.md); 0: never fetch, always prefill");

@@ -13,6 +13,9 @@
 
 namespace cascade::gateway {
 
+// Chunks RecentRoutes keeps at most (~100 bytes each).
+constexpr size_t kRecentChunks = size_t{1} << 16;
+
 GatewayService::GatewayService(GatewayOptions options, const tokenizer::Tokenizer* tokenizer,
                                registry::RegistryClient* registry, WorkerPool* pool,
                                TurnMetrics* metrics)
@@ -20,7 +23,8 @@ GatewayService::GatewayService(GatewayOptions options, const tokenizer::Tokenize
       tokenizer_(tokenizer),
       registry_(registry),
       pool_(pool),
-      metrics_(metrics) {
+      metrics_(metrics),
+      recent_(options_.route_recent_ms, kRecentChunks) {
   AdmissionOptions a = options_.admission;
   a.max_pending = options_.max_concurrent;
   admission_ = std::make_unique<Admission>(a);
@@ -77,6 +81,7 @@ TurnParams GatewayService::NewTurnParams(const Prompt& prompt, std::string reque
   p.max_attempts = options_.max_attempts;
   p.resume_mid_stream = options_.resume_mid_stream;
   p.admission = admission_.get();
+  p.recent = &recent_;
   return p;
 }
 
@@ -155,6 +160,10 @@ std::vector<Scored> GatewayService::Rank(const absl::StatusOr<registry::ResolveR
         cands.push_back(c);
       }
       pool_->Remember(cands);
+      std::vector<RoutedChunk> chunks;
+      chunks.reserve((*r)->chunks.size());
+      for (const registry::ResolvedChunk& c : (*r)->chunks) chunks.push_back({c.hash, c.end});
+      recent_.Apply(chunks, RecentRoutes::NowMs(), &cands);
     } else {
       metrics_->registry_errors->Increment();
       common::LogWarn("registry_resolve_failed",
@@ -168,6 +177,7 @@ std::vector<Scored> GatewayService::Rank(const absl::StatusOr<registry::ResolveR
     for (const Scored& s : ranked) {
       common::LogDebug("route_candidate", {{"worker", s.candidate.worker_id},
                                            {"matched_tokens", s.candidate.matched_tokens},
+                                           {"routed_tokens", s.candidate.routed_tokens},
                                            {"running", s.candidate.running},
                                            {"waiting", s.candidate.waiting},
                                            {"inflight", s.candidate.inflight},

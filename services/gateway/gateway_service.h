@@ -16,6 +16,7 @@
 #include "services/gateway/breaker.h"
 #include "services/gateway/gateway_metrics.h"
 #include "services/gateway/prompt.h"
+#include "services/gateway/recent_routes.h"
 #include "services/gateway/router.h"
 #include "services/gateway/turn.h"
 #include "services/gateway/worker_pool.h"
@@ -35,6 +36,9 @@ struct GatewayOptions {
   absl::Duration request_timeout = absl::Minutes(10);  // deadline when the client sets none
   std::string auth_token;  // non-empty: "authorization: Bearer <token>" required
   int64_t max_pin_ttl_s = 7 * 24 * 3600;
+  // Prompts a worker admitted in the last route_recent_ms count as held by it when routing,
+  // before the registry hears of them (recent_routes.h); 0 turns it off.
+  int64_t route_recent_ms = 10000;
 };
 
 // Every public RPC is registered raw (ByteBuffer in and out) so that a request with invalid UTF-8
@@ -94,6 +98,8 @@ class GatewayService final : public GatewayBase {
   std::chrono::system_clock::time_point DeadlineFor(const grpc::CallbackServerContext* c) const;
   // A turn's parameters for `prompt` from the options and the call's deadline; the caller
   // adds the candidates once admitted.
+  // Prompts workers admitted lately (turns note them; Route counts them as held).
+  RecentRoutes& recent_routes() { return recent_; }
   TurnParams NewTurnParams(const Prompt& prompt, std::string request_id,
                            const grpc::CallbackServerContext* context);
   std::string NewRequestId();
@@ -134,6 +140,7 @@ class GatewayService final : public GatewayBase {
   WorkerPool* const pool_;
   TurnMetrics* const metrics_;
   std::unique_ptr<Admission> admission_;
+  RecentRoutes recent_;
   Breaker registry_breaker_{"registry", {}};
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> route_ticket_{0};  // numbers requests for --route_policy round_robin/random

@@ -55,7 +55,7 @@ double BestFetch(const Candidate& c, const std::vector<Candidate>& all, int64_t 
     if (p.block_size > 0 && c.block_size > 0 && p.block_size != c.block_size) continue;
     // The worker computes the prompt's last token itself, so that one is never fetched.
     const int64_t fetched = std::min<int64_t>(p.matched_tokens, prompt_tokens - 1) -
-                            std::max<int64_t>(c.matched_tokens, 0);
+                            std::max<int64_t>({c.matched_tokens, c.routed_tokens, 0});
     if (fetched <= 0) continue;
     const double cost = w.prefill * (w.fetch * static_cast<double>(fetched) + w.fetch_overhead) +
                         w.fetch_holder * Queue(p);
@@ -76,7 +76,8 @@ std::vector<Scored> RankWorkers(const std::vector<Candidate>& candidates, int64_
   bool any_below = false;
   for (const Candidate& c : candidates) any_below |= c.waiting < w.max_waiting;
   for (const Candidate& c : candidates) {
-    const int64_t uncached = std::max<int64_t>(0, prompt_tokens - c.matched_tokens);
+    const int64_t uncached =
+        std::max<int64_t>(0, prompt_tokens - std::max(c.matched_tokens, c.routed_tokens));
     double used = 0.0;
     if (c.total_kv_blocks > 0) {
       used = 1.0 - static_cast<double>(c.free_kv_blocks) / static_cast<double>(c.total_kv_blocks);

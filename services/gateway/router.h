@@ -1,11 +1,15 @@
 // Chooses the worker for a request. Each candidate gets a cost in "tokens of work":
 //
-//   cost = prefill_weight * (prompt_tokens - matched_tokens)        prefill it would have to do
+//   cost = prefill_weight * (prompt_tokens - held_tokens)           prefill it would have to do
 //        + host_weight    * matched_host_tokens                      copying what it holds only
 //                                                                    in host memory to the GPU
 //        + load_weight    * (running + waiting + gateway_inflight)   queue it would wait behind
 //        + kv_weight      * used_kv_fraction^2                       memory pressure (evictions
 //                                                                    and preemptions ahead)
+//
+// held_tokens is the most of the prompt the registry says it holds (matched_tokens) or this
+// gateway sent it within --route_recent_ms (routed_tokens: the registry hears of a prompt's
+// blocks only once they are prefilled, so a burst sharing a new prefix would otherwise spread).
 //
 // Peer fetch (when configured: RouteWeights::fetch > 0): a candidate that holds less of the prompt
 // than another worker may pull the difference from that holder instead of prefilling it. For the
@@ -82,6 +86,9 @@ struct Candidate {
   int64_t matched_host_tokens = 0;  // of matched_tokens, those only in its host KV tier
   std::string kv_numerics;          // its backend's KV numerics (registry); empty if unknown
   int32_t block_size = 0;           // tokens per KV block (registry); <= 0 if unknown
+  // Prompt tokens this gateway sent it lately that the registry may not report yet
+  // (recent_routes.h): counted as held for its own prefill, never as a holder to fetch from.
+  int64_t routed_tokens = 0;
 };
 
 // A holder to fetch the prompt's prefix from.

@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "services/gateway/admission.h"
 #include "services/gateway/gateway_metrics.h"
+#include "services/gateway/recent_routes.h"
 #include "services/gateway/text_stream.h"
 
 namespace cascade::gateway {
@@ -167,6 +168,18 @@ GenerateResponse Turn::FinishEvent(cascade::v2::FinishReason reason,
   return ev;
 }
 
+void Turn::NoteRecentLocked() {
+  std::vector<RoutedChunk> chunks;
+  int64_t end = 0;
+  for (const auto& c : request_.chunks()) {
+    const std::optional<hash::Hash128> h = hash::Hash128::FromHex(c.hash());
+    if (!h) break;  // no registry answer: nothing to key the prompt by
+    end += c.token_ids_size();
+    chunks.push_back({*h, end});
+  }
+  params_.recent->Note(chunks, result_.worker_id, RecentRoutes::NowMs());
+}
+
 bool Turn::OnMessage(const WorkerServiceGenerateResponse& msg) {
   MutexLock lock(&mu_);
   if (finished_) return false;
@@ -178,6 +191,7 @@ bool Turn::OnMessage(const WorkerServiceGenerateResponse& msg) {
     if (!s.worker_id().empty()) result_.worker_id = s.worker_id();
     result_.prompt_tokens = s.prompt_tokens();
     result_.cached_tokens = s.cached_tokens();
+    if (params_.recent != nullptr) NoteRecentLocked();
     metrics_->prompt_tokens->Increment(static_cast<double>(s.prompt_tokens()));
     metrics_->prefix_queries->Increment(static_cast<double>(s.prompt_tokens()));
     metrics_->prefix_hits->Increment(static_cast<double>(s.cached_tokens()));

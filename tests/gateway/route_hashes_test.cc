@@ -54,6 +54,54 @@ TEST_F(RouteHashesTest, TheWorkerRequestGetsTheRegistrysChunkHashes) {
   }
 }
 
+// A prompt a worker just admitted counts as held there before the registry hears of it: the
+// idle worker wins until the busier one is noted as having admitted the prompt; with
+// --route_recent_ms 0 the note is ignored.
+TEST_F(RouteHashesTest, APromptJustAdmittedCountsAsHeldBeforeTheRegistryKnows) {
+  for (const int64_t recent_ms : {int64_t{10000}, int64_t{0}}) {
+    registry::Registry reg{registry::RegistryOptions{}};
+    for (const char* id : {"busy", "idle"}) {
+      registry::WorkerInfo info{id, std::string(id) + ":1", "tiny", 1000, 16, 4096, 1000};
+      ASSERT_TRUE(reg.RegisterWorker(info).ok());
+    }
+    ASSERT_TRUE(reg.Heartbeat("busy", registry::WorkerLoad{1, 0, 900, 1000}).ok());
+    ASSERT_TRUE(reg.Heartbeat("idle", registry::WorkerLoad{0, 0, 900, 1000}).ok());
+    std::unique_ptr<registry::RegistryClient> client = registry::NewInProcessRegistryClient(&reg);
+    GatewayOptions o = options_;
+    o.route_recent_ms = recent_ms;
+    GatewayService svc(o, tok_, client.get(), &pool_, &metrics_);
+    // A system chunk long enough (~600 tokens) that prefilling it outweighs one running sequence.
+    google::protobuf::RepeatedPtrField<cascade::v2::Chunk> chunks_in;
+    std::string system;
+    for (int i = 0; i < 100; ++i) system += "You are terse and exact. ";
+    for (auto [kind, text] : {std::pair{cascade::v2::CHUNK_KIND_SYSTEM, system},
+                              std::pair{cascade::v2::CHUNK_KIND_QUERY, std::string("Hi")}}) {
+      auto* c = chunks_in.Add();
+      c->set_kind(kind);
+      c->set_text(text);
+    }
+    auto prompt = BuildPrompt(chunks_in, {}, "", true, *tok_, options_.limits);
+    ASSERT_TRUE(prompt.ok()) << prompt.status();
+    ASSERT_GT(prompt->num_tokens, 400);
+    auto route = [&](cascade::v2::WorkerServiceGenerateRequest* req) {
+      std::vector<Scored> ranked;
+      svc.Route(*prompt, "", req, [&](std::vector<Scored> r) { ranked = std::move(r); });
+      EXPECT_FALSE(ranked.empty());
+      return ranked.empty() ? std::string() : ranked[0].candidate.worker_id;
+    };
+    cascade::v2::WorkerServiceGenerateRequest req = ToWorkerRequest(*prompt, "r1", "tiny");
+    EXPECT_EQ(route(&req), "idle");
+    std::vector<RoutedChunk> chunks;
+    int64_t end = 0;
+    for (const auto& c : req.chunks()) {
+      chunks.push_back({*hash::Hash128::FromHex(c.hash()), end += c.token_ids_size()});
+    }
+    svc.recent_routes().Note(chunks, "busy", RecentRoutes::NowMs());
+    cascade::v2::WorkerServiceGenerateRequest again = ToWorkerRequest(*prompt, "r2", "tiny");
+    EXPECT_EQ(route(&again), recent_ms > 0 ? "busy" : "idle") << "route_recent_ms " << recent_ms;
+  }
+}
+
 TEST_F(RouteHashesTest, WithoutARegistryTheChunksGoUnhashedAndRoutingUsesTheKnownWorkers) {
   GatewayService svc(options_, tok_, nullptr, &pool_, &metrics_);
   cascade::v2::WorkerServiceGenerateRequest req = ToWorkerRequest(prompt_, "r1", "tiny");

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/metrics.h"
 #include "services/gateway/gateway_metrics.h"
+#include "services/gateway/recent_routes.h"
 #include "tests/gateway/fake_worker.h"
 #include "tests/tokenizer/qwen3_tokenizer.h"
 
@@ -168,6 +169,28 @@ TEST_F(TurnTest, UninterruptedStreamIsTheWorkersTokensWithTheirText) {
   EXPECT_EQ(s.finish.finish_reason(), cascade::v2::FINISH_REASON_LENGTH);
   EXPECT_EQ(s.finish.usage().completion_tokens(), kMaxTokens);
   EXPECT_EQ(s.finish.usage().prompt_tokens(), static_cast<int64_t>(prompt_.size()));
+}
+
+// The worker that admits the prompt (its start message) is noted for routing under the
+// registry's chunk hashes, so requests routed next count the prompt as held there; chunks without
+// a hash (no registry answer) end what is noted.
+TEST_F(TurnTest, TheAdmittingWorkerIsNotedForRouting) {
+  RecentRoutes recent(/*ttl_ms=*/60000, /*capacity=*/100);
+  TurnParams p = Params({"w1"});
+  std::vector<RoutedChunk> chunks;
+  int64_t end = 0;
+  for (int i = 0; i + 1 < p.request.chunks_size(); ++i) {  // the last chunk has no hash
+    const hash::Hash128 h{7, static_cast<uint64_t>(i)};
+    p.request.mutable_chunks(i)->set_hash(h.ToHex());
+    chunks.push_back({h, end += p.request.chunks(i).token_ids_size()});
+  }
+  p.recent = &recent;
+  EXPECT_EQ(Run(std::move(p)).code, grpc::StatusCode::OK);
+  EXPECT_EQ(recent.size(), chunks.size());
+  std::vector<Candidate> c = {Candidate{"worker-w1", "w1"}, Candidate{"worker-w2", "w2"}};
+  EXPECT_EQ(recent.Apply(chunks, RecentRoutes::NowMs(), &c), 1);
+  EXPECT_EQ(c[0].routed_tokens, end);
+  EXPECT_EQ(c[1].routed_tokens, 0);
 }
 
 TEST_F(TurnTest, WorkerDyingAfterNTokensResumesOnTheNextWithTheEmittedTokensAndTheRest) {
