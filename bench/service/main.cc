@@ -37,7 +37,8 @@ struct LoadgenFlags {
   std::string preset = "tiny";
   int worker_threads = 0;
   int64_t kv_cache_bytes = 0;
-  std::string worker_flags;  // --local: extra worker flags, space-separated
+  std::string worker_flags;   // --local: extra worker flags, space-separated
+  std::string gateway_flags;  // --local: extra gateway flags, space-separated
   std::string log_dir;
   std::string concurrency = "1,4";
   std::string workloads = "miss,hit";
@@ -75,6 +76,9 @@ void RegisterFlags(common::FlagSet* f, LoadgenFlags* o) {
   f->AddString("worker_flags", &o->worker_flags,
                "--local: extra flags for every worker, space-separated (e.g. "
                "\"--host_kv_bytes=0 --max_batch=128\")");
+  f->AddString("gateway_flags", &o->gateway_flags,
+               "--local: extra flags for the gateway, space-separated (e.g. "
+               "\"--route_recent_ms=0\")");
   f->AddString("log_dir", &o->log_dir,
                "--local: servers' logs (with --qps, a sub-folder per route policy); default: a "
                "temporary directory, removed after a clean run");
@@ -238,6 +242,9 @@ absl::StatusOr<std::unique_ptr<cli::LocalStack>> StartLocalStack(
   so.log_dir = flags.log_dir.empty() || log_subdir.empty()
                    ? flags.log_dir
                    : (std::filesystem::path(flags.log_dir) / log_subdir).string();
+  for (absl::string_view f : absl::StrSplit(flags.gateway_flags, ' ', absl::SkipWhitespace())) {
+    gateway_flags.emplace_back(f);
+  }
   so.gateway_flags = std::move(gateway_flags);
   absl::StatusOr<std::unique_ptr<cli::LocalStack>> started = cli::LocalStack::Start(so, &std::cerr);
   if (!started.ok()) {

@@ -69,7 +69,7 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
   f->AddInt("route_max_waiting", &g.weights.max_waiting,
             "queued requests that mark a worker overloaded");
   f->AddInt64("route_recent_ms", &g.route_recent_ms,
-              "a prompt a worker admitted counts as held there for this long when routing, "
+              "a prompt sent to a worker counts as held there for this long when routing, "
               "before the registry hears of it (a burst sharing a new prefix stays together); "
               "0: off");
   f->AddDouble("route_fetch_bandwidth", &c->fetch.bandwidth,

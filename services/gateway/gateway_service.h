@@ -36,7 +36,7 @@ struct GatewayOptions {
   absl::Duration request_timeout = absl::Minutes(10);  // deadline when the client sets none
   std::string auth_token;  // non-empty: "authorization: Bearer <token>" required
   int64_t max_pin_ttl_s = 7 * 24 * 3600;
-  // Prompts a worker admitted in the last route_recent_ms count as held by it when routing,
+  // Prompts sent to a worker in the last route_recent_ms count as held by it when routing,
   // before the registry hears of them (recent_routes.h); 0 turns it off.
   int64_t route_recent_ms = 10000;
 };
@@ -98,7 +98,7 @@ class GatewayService final : public GatewayBase {
   std::chrono::system_clock::time_point DeadlineFor(const grpc::CallbackServerContext* c) const;
   // A turn's parameters for `prompt` from the options and the call's deadline; the caller
   // adds the candidates once admitted.
-  // Prompts workers admitted lately (turns note them; Route counts them as held).
+  // Prompts sent to workers lately (turns note them; Route counts them as held).
   RecentRoutes& recent_routes() { return recent_; }
   TurnParams NewTurnParams(const Prompt& prompt, std::string request_id,
                            const grpc::CallbackServerContext* context);

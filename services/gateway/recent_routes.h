@@ -2,8 +2,10 @@
 // the registry hears of them. A worker registers a chunk's blocks once it has prefilled them (its
 // agent reports after the step), so requests sharing a new prefix that arrive together (a burst
 // after a deploy, an OpenAI request's n choices) would otherwise see no holder and spread over
-// workers that each prefill it again. Keyed by chained chunk hash: a worker that got a prompt
-// will hold every whole-chunk prefix of it. Entries expire after `ttl_ms` (by then the registry
+// workers that each prefill it again; noted when the request is sent, so a burst routed within
+// the same millisecond sees it too (the load term still spreads a burst its holder cannot take).
+// Keyed by chained chunk hash: a worker that got a prompt will hold every whole-chunk prefix of
+// it. Entries expire after `ttl_ms` (by then the registry
 // knows, or the worker evicted or never stored it) and the oldest go first past `capacity`.
 // Thread-safe.
 #pragma once
@@ -33,7 +35,7 @@ class RecentRoutes {
   // ttl_ms <= 0: nothing is kept (Note and Apply do nothing).
   RecentRoutes(int64_t ttl_ms, size_t capacity);
 
-  // `worker_id` admitted a prompt of these chunks at `now_ms`.
+  // A prompt of these chunks was sent to `worker_id` at `now_ms`.
   void Note(std::span<const RoutedChunk> chunks, std::string_view worker_id, int64_t now_ms);
 
   // Sets each candidate's routed_tokens to the end of the longest whole-chunk prefix of `chunks`

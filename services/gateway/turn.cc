@@ -98,6 +98,7 @@ std::shared_ptr<Turn::Upstream> Turn::PrepareAttemptLocked() {
     }
     result_.worker_id = c.worker_id;
     result_.worker_address = c.address;
+    if (params_.recent != nullptr) NoteRecentLocked();
     // The slot follows the request, so a survivor's limit counts the streams that fail over
     // or resume onto it (a dead worker's slots would otherwise go to new requests).
     if (params_.admission != nullptr && result_.slot_address != c.address) {
@@ -191,7 +192,6 @@ bool Turn::OnMessage(const WorkerServiceGenerateResponse& msg) {
     if (!s.worker_id().empty()) result_.worker_id = s.worker_id();
     result_.prompt_tokens = s.prompt_tokens();
     result_.cached_tokens = s.cached_tokens();
-    if (params_.recent != nullptr) NoteRecentLocked();
     metrics_->prompt_tokens->Increment(static_cast<double>(s.prompt_tokens()));
     metrics_->prefix_queries->Increment(static_cast<double>(s.prompt_tokens()));
     metrics_->prefix_hits->Increment(static_cast<double>(s.cached_tokens()));

@@ -63,8 +63,8 @@ struct TurnParams {
   // Told each worker's time per output token and where the request's slot moves (admission.h;
   // the slot starts on workers[0]); may be null.
   Admission* admission = nullptr;
-  // Told the worker that admits the prompt (its first start message), so requests routed in the
-  // next moments count it as held there before the registry hears of it; may be null.
+  // Told each worker the prompt is sent to, so requests routed in the next moments (a burst
+  // sharing the prefix) count it as held there before the registry hears of it; may be null.
   RecentRoutes* recent = nullptr;
 };
 
@@ -95,8 +95,8 @@ class Turn : public std::enable_shared_from_this<Turn> {
   std::shared_ptr<Upstream> FinishAttemptLocked(const grpc::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EmitDeltaLocked(cascade::v2::TokenDelta delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tells params_.recent that result_.worker_id admitted the request's chunks (those with the
-  // registry's hash, in order).
+  // Tells params_.recent that request_'s chunks (those with the registry's hash, in order) go to
+  // result_.worker_id.
   void NoteRecentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the turn's output as a worker's finish message does: the text's held-back tail, then
   // the finish event with `reason` and the usage.

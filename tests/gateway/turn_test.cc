@@ -171,12 +171,13 @@ TEST_F(TurnTest, UninterruptedStreamIsTheWorkersTokensWithTheirText) {
   EXPECT_EQ(s.finish.usage().prompt_tokens(), static_cast<int64_t>(prompt_.size()));
 }
 
-// The worker that admits the prompt (its start message) is noted for routing under the
-// registry's chunk hashes, so requests routed next count the prompt as held there; chunks without
-// a hash (no registry answer) end what is noted.
-TEST_F(TurnTest, TheAdmittingWorkerIsNotedForRouting) {
+// The worker the prompt is sent to is noted for routing under the registry's chunk hashes, so
+// requests routed next count the prompt as held there; chunks without a hash (no registry
+// answer) end what is noted. A worker that refused it is noted too, and so is the next one.
+TEST_F(TurnTest, TheWorkerThePromptGoesToIsNotedForRouting) {
   RecentRoutes recent(/*ttl_ms=*/60000, /*capacity=*/100);
-  TurnParams p = Params({"w1"});
+  cluster_.at("w1")->Script({{FakeBehavior::kRefuse}});
+  TurnParams p = Params({"w1", "w2"});
   std::vector<RoutedChunk> chunks;
   int64_t end = 0;
   for (int i = 0; i + 1 < p.request.chunks_size(); ++i) {  // the last chunk has no hash
@@ -187,10 +188,12 @@ TEST_F(TurnTest, TheAdmittingWorkerIsNotedForRouting) {
   p.recent = &recent;
   EXPECT_EQ(Run(std::move(p)).code, grpc::StatusCode::OK);
   EXPECT_EQ(recent.size(), chunks.size());
-  std::vector<Candidate> c = {Candidate{"worker-w1", "w1"}, Candidate{"worker-w2", "w2"}};
-  EXPECT_EQ(recent.Apply(chunks, RecentRoutes::NowMs(), &c), 1);
+  std::vector<Candidate> c = {Candidate{"id-w1", "w1"}, Candidate{"id-w2", "w2"},
+                              Candidate{"id-w3", "w3"}};
+  EXPECT_EQ(recent.Apply(chunks, RecentRoutes::NowMs(), &c), 2);
   EXPECT_EQ(c[0].routed_tokens, end);
-  EXPECT_EQ(c[1].routed_tokens, 0);
+  EXPECT_EQ(c[1].routed_tokens, end);
+  EXPECT_EQ(c[2].routed_tokens, 0);
 }
 
 TEST_F(TurnTest, WorkerDyingAfterNTokensResumesOnTheNextWithTheEmittedTokensAndTheRest) {
