@@ -37,6 +37,9 @@ struct EngineOptions {
   // without a registry): they would pile up for the process's life. HeldChunks answers either way.
   bool chunk_events = true;
   bool enable_prefix_cache = true;
+  // A waiting request whose next uncached block a running sequence is still computing waits
+  // for it, up to this many steps, then starts with a hit (SchedulerOptions::max_prefix_waits).
+  int max_prefix_waits = 32;
   // Host KV tier: bytes of host memory (Backend::AllocateHostKv) for copies of blocks the GPU
   // tier evicts; 0 = off. Off as well when the backend has no block I/O.
   int64_t host_kv_bytes = 0;

@@ -57,6 +57,30 @@ bool Scheduler::EnsureBlocks(Sequence* seq, int64_t num_tokens) {
   return true;
 }
 
+bool Scheduler::WaitsForRunningPrefix(Sequence* seq) {
+  if (!options_.enable_prefix_cache || seq->prefix_waits >= options_.max_prefix_waits) return false;
+  const int bs = blocks_->block_size();
+  const int64_t max_hit_blocks = (static_cast<int64_t>(seq->tokens.size()) - 1) / bs;
+  const int64_t known = std::min<int64_t>(max_hit_blocks, seq->block_keys.size());
+  int64_t j = 0;
+  while (j < known && (blocks_->IsCachedKey(seq->block_keys[j]) ||
+                       (host_ != nullptr && host_->Contains(seq->block_keys[j])))) {
+    ++j;
+  }
+  if (j >= known) return false;  // nothing more to hit
+  const hash::Hash128& key = seq->block_keys[j];
+  for (const Sequence* r : running_) {
+    // Block j of a running sequence with the same chained key at j, not committed yet: the
+    // same prefix, being computed (it commits once the step that fills it ends).
+    if (r->num_committed <= j && static_cast<int64_t>(r->block_keys.size()) > j &&
+        r->block_keys[j] == key) {
+      ++seq->prefix_waits;
+      return true;
+    }
+  }
+  return false;
+}
+
 bool Scheduler::Admit(Sequence* seq, int64_t budget, ScheduledSeq* out) {
   const int bs = blocks_->block_size();
   const int64_t len = static_cast<int64_t>(seq->tokens.size());
@@ -154,6 +178,9 @@ SchedulerOutput Scheduler::Schedule() {
   while (!waiting_.empty() && budget > 0 &&
          static_cast<int>(running_.size()) < options_.max_num_seqs) {
     Sequence* seq = waiting_.front();
+    // FIFO: the queue waits with its head (a step or two; a burst on a new prefix then
+    // prefills it once instead of once a request admitted together).
+    if (WaitsForRunningPrefix(seq)) break;
     ScheduledSeq s;
     if (!Admit(seq, budget, &s)) break;
     waiting_.pop_front();

@@ -20,6 +20,10 @@ struct SchedulerOptions {
   int max_num_seqs = 64;              // running sequences at most
   int max_num_batched_tokens = 2048;  // tokens per step at most (prefill chunks + decodes)
   bool enable_prefix_cache = true;
+  // A waiting request whose next uncached block a running sequence is computing waits for it
+  // (up to this many steps) instead of computing the same block again: the head of the queue
+  // then starts a step or two later with a hit. 0: never wait.
+  int max_prefix_waits = 32;
   bool capture_logits = false;  // tests: every row needs its whole logits
 };
 
@@ -88,6 +92,9 @@ class Scheduler {
   void FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) const;
   // Admits the head of the waiting queue with at most `budget` tokens; false if it does not fit.
   bool Admit(Sequence* seq, int64_t budget, ScheduledSeq* out);
+  // True when `seq` (waiting) should wait: its first block in neither cache tier is one a
+  // running sequence has yet to commit (counts the wait; false past max_prefix_waits).
+  bool WaitsForRunningPrefix(Sequence* seq);
 
   const SchedulerOptions options_;
   BlockManager* const blocks_;

@@ -48,6 +48,7 @@ struct Sequence {
   int64_t arrival = 0;              // admission order, for FIFO and preemption choice
   bool pinned = false;              // pins taken (once, after the prompt's prefill)
   int64_t reported_committed = -1;  // num_committed when residency last looked
+  int prefix_waits = 0;             // steps it waited for a running sequence's prefix (scheduler)
 
   // The penalties' listed tokens (sample_rule.h step 1): distinct ids in ascending order, each
   // with how often it was generated (tokens from `output_start` on); prompt tokens are listed

@@ -322,6 +322,47 @@ TEST(EngineCpuTest, ResumedStreamWithPenaltiesContinuesTheUnbrokenOne) {
   }
 }
 
+// Requests that share a new prefix, added together, prefill it once: the second waits while the
+// first computes the prefix's blocks and then starts with them cached, plain and overlapped, in
+// one step or in chunks; each still gives exactly its tokens and logits alone. With the wait
+// turned off both compute the prefix (the comparison the test would fail without the wait).
+TEST(EngineCpuTest, RequestsSharingANewPrefixPrefillItOnce) {
+  std::mt19937 rng(61);
+  const int vocab = static_cast<int>(Tiny().config().vocab_size);
+  const Request shared = OneChunk(rng, 70, 1);  // 4 full blocks
+  std::vector<Request> reqs;
+  for (int i = 0; i < 3; ++i) {
+    Request r = RandomRequest(rng, vocab, 1, 12, 4);
+    r.chunks.insert(r.chunks.begin(), shared.chunks[0]);
+    reqs.push_back(std::move(r));
+  }
+  for (const bool overlap : {false, true}) {
+    for (const int chunk : {2048, 24}) {
+      auto e = MakeEngine(64, cpu::DebugFault::kNone, chunk, true, 0, overlap);
+      const std::vector<Result> got = RunAll(*e, reqs);
+      EXPECT_EQ(got[0].cached_tokens, 0);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        if (i > 0) {
+          EXPECT_EQ(got[i].cached_tokens, 64)
+              << "request " << i << ", overlap " << overlap << ", chunk " << chunk;
+        }
+        EXPECT_TRUE(Same(got[i], RunOne(*MakeEngine(64), reqs[i]))) << "request " << i;
+      }
+    }
+  }
+  // Off: admitted together, each computes the prefix.
+  cpu::CpuBackendOptions o;
+  o.num_blocks = 64;
+  o.block_size = kBlock;
+  o.num_threads = 2;
+  EngineOptions eo;
+  eo.model_name = "tiny";
+  eo.max_prefix_waits = 0;
+  auto off = NewEngine(eo, cpu::NewCpuBackend(Tiny(), o));
+  const std::vector<Result> got = RunAll(*off, reqs);
+  for (const Result& r : got) EXPECT_EQ(r.cached_tokens, 0);
+}
+
 TEST(EngineCpuTest, ChunkedPrefillGivesTheSameLogitsAsOneShot) {
   std::mt19937 rng(25);
   const int vocab = static_cast<int>(Tiny().config().vocab_size);
