@@ -175,15 +175,19 @@ SchedulerOutput Scheduler::Schedule() {
                   [](const ScheduledSeq& s) { return s.seq->state != SeqState::kRunning; });
     return out;
   }
-  while (!waiting_.empty() && budget > 0 &&
-         static_cast<int>(running_.size()) < options_.max_num_seqs) {
-    Sequence* seq = waiting_.front();
-    // FIFO: the queue waits with its head (a step or two; a burst on a new prefix then
-    // prefills it once instead of once a request admitted together).
-    if (WaitsForRunningPrefix(seq)) break;
+  for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0 &&
+                                   static_cast<int>(running_.size()) < options_.max_num_seqs;) {
+    Sequence* seq = *it;
+    // One waiting for a running sequence's prefix keeps its place (a step or two: a burst on a
+    // new prefix then prefills it once, not once a request admitted together); the ones behind
+    // it go ahead meanwhile. Otherwise FIFO: one that does not fit stops admission.
+    if (WaitsForRunningPrefix(seq)) {
+      ++it;
+      continue;
+    }
     ScheduledSeq s;
     if (!Admit(seq, budget, &s)) break;
-    waiting_.pop_front();
+    it = waiting_.erase(it);
     out.scheduled.push_back(s);
     budget -= s.num_tokens;
   }

@@ -21,8 +21,8 @@ struct SchedulerOptions {
   int max_num_batched_tokens = 2048;  // tokens per step at most (prefill chunks + decodes)
   bool enable_prefix_cache = true;
   // A waiting request whose next uncached block a running sequence is computing waits for it
-  // (up to this many steps) instead of computing the same block again: the head of the queue
-  // then starts a step or two later with a hit. 0: never wait.
+  // (up to this many steps, keeping its place; those behind it go ahead) instead of computing
+  // the same block again: it starts a step or two later with a hit. 0: never wait.
   int max_prefix_waits = 32;
   bool capture_logits = false;  // tests: every row needs its whole logits
 };

@@ -5,6 +5,8 @@
 // injected into the backend are caught by exactly these comparisons.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "gpu_worker/backend/cpu/cpu_backend.h"
 #include "gpu_worker/model/config.h"
 #include "gpu_worker/model/model.h"
@@ -349,6 +351,25 @@ TEST(EngineCpuTest, RequestsSharingANewPrefixPrefillItOnce) {
         EXPECT_TRUE(Same(got[i], RunOne(*MakeEngine(64), reqs[i]))) << "request " << i;
       }
     }
+  }
+  // One waiting for the prefix keeps its place, but the queue does not wait with it: a request
+  // on another prompt added after it starts in the first step.
+  {
+    auto e = MakeEngine(64);
+    Request other = RandomRequest(rng, vocab, 1, 12, 4);
+    std::vector<uint64_t> ids;
+    for (const Request* r : {&reqs[0], &reqs[1], &other}) {
+      auto id = e->AddRequest(*r);
+      ASSERT_TRUE(id.ok()) << id.status();
+      ids.push_back(*id);
+    }
+    auto outs = e->Step();
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    std::set<uint64_t> started;
+    for (const SequenceOutput& o : *outs) {
+      if (o.started) started.insert(o.seq_id);
+    }
+    EXPECT_EQ(started, (std::set<uint64_t>{ids[0], ids[2]}));
   }
   // Off: admitted together, each computes the prefix.
   cpu::CpuBackendOptions o;
