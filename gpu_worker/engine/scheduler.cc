@@ -57,16 +57,32 @@ bool Scheduler::EnsureBlocks(Sequence* seq, int64_t num_tokens) {
   return true;
 }
 
-bool Scheduler::WaitsForRunningPrefix(Sequence* seq) {
-  if (!options_.enable_prefix_cache || seq->prefix_waits >= options_.max_prefix_waits) return false;
-  const int bs = blocks_->block_size();
-  const int64_t max_hit_blocks = (static_cast<int64_t>(seq->tokens.size()) - 1) / bs;
-  const int64_t known = std::min<int64_t>(max_hit_blocks, seq->block_keys.size());
-  int64_t j = 0;
-  while (j < known && (blocks_->IsCachedKey(seq->block_keys[j]) ||
-                       (host_ != nullptr && host_->Contains(seq->block_keys[j])))) {
-    ++j;
+int64_t Scheduler::CachedPrefix(const Sequence& seq, std::vector<bool>* on_host) const {
+  on_host->clear();
+  if (!options_.enable_prefix_cache) return 0;
+  // At least the last token is computed: its logits pick the next token. So a prompt that is
+  // entirely cached still recomputes its last block's tail.
+  const int64_t max_hit_blocks =
+      (static_cast<int64_t>(seq.tokens.size()) - 1) / blocks_->block_size();
+  const int64_t known = std::min<int64_t>(max_hit_blocks, seq.block_keys.size());
+  for (int64_t j = 0; j < known; ++j) {
+    const hash::Hash128& k = seq.block_keys[j];
+    if (blocks_->IsCachedKey(k)) {
+      on_host->push_back(false);
+    } else if (host_ != nullptr && host_->Contains(k)) {
+      on_host->push_back(true);
+    } else {
+      break;
+    }
   }
+  return known;
+}
+
+bool Scheduler::WaitsForRunningPrefix(Sequence* seq) {
+  if (seq->prefix_waits >= options_.max_prefix_waits) return false;
+  std::vector<bool> on_host;
+  const int64_t known = CachedPrefix(*seq, &on_host);
+  const int64_t j = static_cast<int64_t>(on_host.size());
   if (j >= known) return false;  // nothing more to hit
   const hash::Hash128& key = seq->block_keys[j];
   for (const Sequence* r : running_) {
@@ -84,25 +100,10 @@ bool Scheduler::WaitsForRunningPrefix(Sequence* seq) {
 bool Scheduler::Admit(Sequence* seq, int64_t budget, ScheduledSeq* out) {
   const int bs = blocks_->block_size();
   const int64_t len = static_cast<int64_t>(seq->tokens.size());
-  // At least the last token is computed: its logits pick the next token. So a prompt that is
-  // entirely cached still recomputes its last block's tail.
-  const int64_t max_hit_blocks = (len - 1) / bs;
   // The cached prefix: each leading block on the GPU, or else on the host (restored into a fresh
   // block), up to the first block in neither.
   std::vector<bool> on_host;
-  if (options_.enable_prefix_cache) {
-    const int64_t known = std::min<int64_t>(max_hit_blocks, seq->block_keys.size());
-    for (int64_t j = 0; j < known; ++j) {
-      const hash::Hash128& k = seq->block_keys[j];
-      if (blocks_->IsCachedKey(k)) {
-        on_host.push_back(false);
-      } else if (host_ != nullptr && host_->Contains(k)) {
-        on_host.push_back(true);
-      } else {
-        break;
-      }
-    }
-  }
+  CachedPrefix(*seq, &on_host);
   const int64_t hit = static_cast<int64_t>(on_host.size());
   const int64_t n = std::min(len - hit * bs, budget);
   const int64_t need_total = (hit * bs + n + bs - 1) / bs;

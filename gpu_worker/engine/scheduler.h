@@ -92,6 +92,10 @@ class Scheduler {
   void FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) const;
   // Admits the head of the waiting queue with at most `budget` tokens; false if it does not fit.
   bool Admit(Sequence* seq, int64_t budget, ScheduledSeq* out);
+  // The leading blocks of `seq` cached in either tier, as on_host[j] (false: on the GPU), up to
+  // the first in neither; returns how many blocks could hit at most (the last token is always
+  // computed). Empty without the prefix cache.
+  int64_t CachedPrefix(const Sequence& seq, std::vector<bool>* on_host) const;
   // True when `seq` (waiting) should wait: its first block in neither cache tier is one a
   // running sequence has yet to commit (counts the wait; false past max_prefix_waits).
   bool WaitsForRunningPrefix(Sequence* seq);
