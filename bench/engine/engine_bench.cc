@@ -10,7 +10,7 @@
 //                [--sections=decode,prefill,shared,tree,nanovllm] [--num_blocks=N] [--seed=0]
 //                [--tree_contexts=8] [--tree_context_len=1024] [--tree_queries=32]
 //                [--variants=default,eager,heuristic] [--temperature=T]
-//                [--samplers=greedy,temperature,topk,topp,minp,penalty,logprobs,all]
+//                [--samplers=greedy,temperature,topk,topp,minp,penalty,freqpres,logprobs,all,bias]
 //                [--nano_seqs=256] [--nano_min_len=100] [--nano_max_len=1024] [--tune_log=1]
 //
 // Decode variants (CUDA backend), run one after another in the same process so they compare
@@ -72,7 +72,8 @@
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
 // (top_p 0.9), "minp" (min_p 0.05), "penalty" (repetition_penalty 1.2), "freqpres"
 // (frequency_penalty 0.5, presence_penalty 0.5), "logprobs" (5), "all" (every one of those at
-// once). Each variant's engine runs them one after another.
+// once), "bias" (a logit_bias of 64 ids below 4096: -100, 5, -2 or 0.5; not in "all").
+// Each variant's engine runs them one after another.
 //
 // nanovllm: nano-vllm's bench.py workload: nano_seqs requests at once, input and output lengths
 // uniform in [nano_min_len, nano_max_len] (std::mt19937 seeded with --seed, so not Python's
@@ -167,9 +168,14 @@ bool ApplySampler(const std::string& n, engine::SamplingParams* p) {
   if (n == "penalty" || n == "all") q.repetition_penalty = 1.2f;
   if (n == "freqpres" || n == "all") q.frequency_penalty = 0.5f, q.presence_penalty = 0.5f;
   if (n == "logprobs" || n == "all") q.logprobs = 5;
+  if (n == "bias") {
+    const float values[] = {-100.0f, 5.0f, -2.0f, 0.5f};
+    q.logit_bias.clear();
+    for (int32_t i = 0; i < 64; ++i) q.logit_bias.emplace_back(i * 61, values[i % 4]);
+  }
   if (p != nullptr) *p = q;
   return n == "greedy" || n == "temperature" || n == "topk" || n == "topp" || n == "minp" ||
-         n == "penalty" || n == "freqpres" || n == "logprobs" || n == "all";
+         n == "penalty" || n == "freqpres" || n == "logprobs" || n == "all" || n == "bias";
 }
 
 // Backend options a decode variant changes (see the header comment).

@@ -22,7 +22,8 @@ absl::Status Bad(const std::string& msg) {
 }
 
 // A SampleSpec within the ranges the kernels rely on (ValidateSampling's, plus the penalty range:
-// a counted row's tokens ascending with counts >= 0, which the kernel's rank lookup needs).
+// a row with entries has its tokens ascending with counts >= 0 (>= -1 where biased) and finite
+// biases, which the kernel's rank lookup needs).
 absl::Status CheckSpec(const SampleSpec& s, const ForwardBatch& b) {
   const size_t num_penalty_tokens = b.penalty_tokens.size();
   if (!(s.temperature >= 0.0f && std::isfinite(s.temperature)) ||
@@ -46,19 +47,32 @@ absl::Status CheckSpec(const SampleSpec& s, const ForwardBatch& b) {
                                                    s.penalty_count, ") outside penalty_tokens (",
                                                    num_penalty_tokens, ")"));
   }
-  if (UsesCounts(s) && s.penalty_count > 0) {
+  if (s.biased != 0 && s.biased != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("biased ", s.biased, " is neither 0 nor 1"));
+  }
+  if (UsesEntries(s) && s.penalty_count > 0) {
     if (b.penalty_counts.size() != num_penalty_tokens) {
       return absl::InvalidArgumentError(
-          absl::StrCat("frequency or presence penalty without penalty_counts (",
+          absl::StrCat("frequency or presence penalty or logit bias without penalty_counts (",
                        b.penalty_counts.size(), " for ", num_penalty_tokens, " tokens)"));
     }
+    if (UsesBias(s) && b.penalty_bias.size() != num_penalty_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("logit bias without penalty_bias (",
+                                                     b.penalty_bias.size(), " for ",
+                                                     num_penalty_tokens, " tokens)"));
+    }
+    // A count of -1 (a token listed for its bias alone) only in a biased row; biases finite.
+    const int32_t least = UsesBias(s) ? -1 : 0;
     const int32_t* t = b.penalty_tokens.data() + s.penalty_start;
     const int32_t* c = b.penalty_counts.data() + s.penalty_start;
+    const float* bias = UsesBias(s) ? b.penalty_bias.data() + s.penalty_start : nullptr;
     for (int32_t i = 0; i < s.penalty_count; ++i) {
-      if ((i > 0 && t[i] <= t[i - 1]) || c[i] < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("penalty tokens [", s.penalty_start, ", +", s.penalty_count,
-                         ") must be ascending with counts >= 0 (at ", s.penalty_start + i, ")"));
+      if ((i > 0 && t[i] <= t[i - 1]) || c[i] < least ||
+          (bias != nullptr && !std::isfinite(bias[i]))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "penalty tokens [", s.penalty_start, ", +", s.penalty_count,
+            ") must be ascending with counts >= ", least,
+            (bias != nullptr ? " and finite biases" : ""), " (at ", s.penalty_start + i, ")"));
       }
     }
   }
@@ -138,6 +152,11 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const BatchLimits& limi
                             ") must be empty or parallel to penalty_tokens (",
                             b.penalty_tokens.size(), ")"));
   }
+  if (!b.penalty_bias.empty() && b.penalty_bias.size() != b.penalty_tokens.size()) {
+    return Bad(absl::StrCat("penalty_bias (", b.penalty_bias.size(),
+                            ") must be empty or parallel to penalty_tokens (",
+                            b.penalty_tokens.size(), ")"));
+  }
   for (size_t i = 0; i < b.row_samples.size(); ++i) {
     if (absl::Status s = CheckSpec(b.row_samples[i].spec, b); !s.ok()) {
       return Bad(absl::StrCat("row_samples[", i, "]: ", s.message()));
@@ -190,6 +209,9 @@ absl::Status Backend::ForwardSampled(const ForwardBatch& batch, std::vector<floa
           batch.penalty_counts.empty()
               ? std::span<const int32_t>()
               : std::span<const int32_t>(batch.penalty_counts.data() + spec.penalty_start, n),
+          batch.penalty_bias.empty()
+              ? std::span<const float>()
+              : std::span<const float>(batch.penalty_bias.data() + spec.penalty_start, n),
           logprobs != nullptr ? &(*logprobs)[r] : &scratch);
     } else {
       logits->insert(logits->end(), row, row + vocab);

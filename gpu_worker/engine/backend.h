@@ -48,7 +48,10 @@ struct ForwardBatch {
   std::vector<int32_t> penalty_tokens;     // concatenated: each penalized row's listed tokens
                                            //   (distinct; ascending where counted; see SampleSpec)
   std::vector<int32_t> penalty_counts;     // parallel to penalty_tokens, or empty when no row's
-                                           //   penalties count generated tokens (UsesCounts)
+                                           //   listed tokens carry entries (UsesEntries); -1:
+                                           //   listed for a logit bias alone
+  std::vector<float> penalty_bias;         // parallel to penalty_tokens, or empty when no row
+                                           //   is biased (UsesBias): each token's logit bias
 
   int num_seqs() const { return static_cast<int>(context_lens.size()); }
   int num_tokens() const { return static_cast<int>(token_ids.size()); }

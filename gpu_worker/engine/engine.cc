@@ -17,6 +17,7 @@
 #include "gpu_worker/engine/block_manager.h"
 #include "gpu_worker/engine/host_tier.h"
 #include "gpu_worker/engine/peer_blocks.h"
+#include "gpu_worker/engine/penalty_list.h"
 #include "gpu_worker/engine/residency.h"
 #include "gpu_worker/engine/sampler.h"
 #include "gpu_worker/engine/scheduler.h"
@@ -340,6 +341,7 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
   if (req.retention_ms > 0) seq->hints.retain_until_ms = options_.now_ms() + req.retention_ms;
   seq->prompt_len = prompt_len;
   seq->output_start = static_cast<size_t>(prompt_len - req.resumed_tokens);
+  StartListed(seq->sampling, &seq->listed_tokens, &seq->listed_counts, &seq->listed_bias);
   const std::vector<hash::ChunkSpec> specs = hash::SpecsOf(req.chunks);
   seq->chunks = req.placed.size() == req.chunks.size()
                     ? std::move(req.placed)

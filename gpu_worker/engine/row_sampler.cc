@@ -42,23 +42,28 @@ void FillLogprobs(const float* logits, int vocab, int32_t token, int n, RowLogpr
 
 int32_t SampleRowRule(const float* logits, int vocab, const SampleSpec& spec,
                       std::span<const int32_t> penalty_tokens,
-                      std::span<const int32_t> penalty_counts, RowLogprobs* logprobs) {
+                      std::span<const int32_t> penalty_counts, std::span<const float> penalty_bias,
+                      RowLogprobs* logprobs) {
   std::vector<bool> penalized;
-  std::vector<int32_t> counts;  // by token id, where the row's penalties use them
-  if (spec.repetition_penalty != 1.0f || UsesCounts(spec)) {
+  std::vector<int32_t> counts;  // by token id, where the row's listed tokens carry entries
+  std::vector<float> bias;      // by token id, where the row is biased
+  if (spec.repetition_penalty != 1.0f || UsesEntries(spec)) {
     penalized.assign(vocab, false);
-    if (UsesCounts(spec)) counts.assign(vocab, 0);
+    if (UsesEntries(spec)) counts.assign(vocab, 0);
+    if (UsesBias(spec)) bias.assign(vocab, 0.0f);
     for (size_t i = 0; i < penalty_tokens.size(); ++i) {
       const int32_t t = penalty_tokens[i];
       if (t < 0 || t >= vocab) continue;
       penalized[t] = true;
       if (!counts.empty() && i < penalty_counts.size()) counts[t] = penalty_counts[i];
+      if (!bias.empty() && i < penalty_bias.size()) bias[t] = penalty_bias[i];
     }
   }
   const float inv_t = InvTemperature(spec);
   auto score_key = [&](int v) {
     const bool pen = !penalized.empty() && penalized[v];
-    return ScoreKey(logits[v], pen, pen && !counts.empty() ? counts[v] : 0, spec, inv_t);
+    return ScoreKey(logits[v], pen, pen && !counts.empty() ? counts[v] : 0,
+                    pen && !bias.empty() ? bias[v] : 0.0f, spec, inv_t);
   };
   if (spec.temperature == 0.0f && spec.logprobs == 0) {  // greedy: one pass, no scratch row
     int32_t best = 0;

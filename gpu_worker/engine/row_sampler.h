@@ -11,12 +11,14 @@ namespace cascade::engine {
 
 // The token of one row, and its logprobs when spec.logprobs > 0 (`logprobs` may then not be
 // null). `logits`: [vocab] float32; `penalty_tokens`: the row's listed tokens (step 1; ids
-// outside the vocabulary are ignored, in any order; spec.penalty_start/count are not read), and
-// `penalty_counts` their generated counts (parallel, or empty: none generated). Found by sorting
+// outside the vocabulary are ignored, in any order; spec.penalty_start/count are not read),
+// `penalty_counts` their generated counts (parallel, or empty: none generated; -1: listed for a
+// bias alone) and `penalty_bias` their logit biases (parallel, or empty: none). Found by sorting
 // and exact integer sums: the reference the CUDA kernel (any order of reduction) must equal
 // bitwise.
 int32_t SampleRowRule(const float* logits, int vocab, const SampleSpec& spec,
                       std::span<const int32_t> penalty_tokens,
-                      std::span<const int32_t> penalty_counts, RowLogprobs* logprobs);
+                      std::span<const int32_t> penalty_counts, std::span<const float> penalty_bias,
+                      RowLogprobs* logprobs);
 
 }  // namespace cascade::engine

@@ -2,8 +2,10 @@
 // (backend/cuda/sample.cu): plain structs and the per-token arithmetic, host+device under nvcc.
 //
 // For one logits row z[0, vocab) and a SampleSpec:
-//  1. Penalties (vLLM's order), on the row's listed tokens only: the repetition penalty (Hugging
-//     Face / vLLM) divides a listed token's logit by r when positive and multiplies it by r
+//  1. Logit bias and penalties (vLLM's order), on the row's listed tokens only: a token's logit
+//     bias b (OpenAI's logit_bias; 0 where none) is added first; then, for tokens of the history
+//     (count >= 0; count -1 marks a token listed only for its bias), the repetition penalty
+//     (Hugging Face / vLLM) divides the logit by r when positive and multiplies it by r
 //     otherwise; then a token generated c > 0 times so far (its count in the list) loses
 //     frequency_penalty * c, then presence_penalty (OpenAI's penalties). Each a correctly
 //     rounded float operation, skipped where its parameter is off.
@@ -45,10 +47,12 @@ struct SampleSpec {
   float presence_penalty = 0.0f;    // [-2, 2]; 0: off
   int32_t logprobs = 0;             // [0, kMaxLogprobs]
   // The row's listed tokens: ForwardBatch::penalty_tokens[start, start + count), distinct, and
-  // in ascending order where UsesCounts (the kernel finds a token's count by its rank), with
-  // their generated counts at ForwardBatch::penalty_counts[start, start + count).
+  // in ascending order where UsesEntries (the kernel finds a token's entry by its rank), with
+  // their generated counts at ForwardBatch::penalty_counts[start, start + count) (-1: listed
+  // only for a bias) and, where biased, their logit biases at ForwardBatch::penalty_bias.
   int32_t penalty_start = 0;
   int32_t penalty_count = 0;
+  int32_t biased = 0;  // 1: the listed tokens carry logit biases (OpenAI's logit_bias)
   uint64_t seed = 0;
   int64_t position = 0;  // global position of the token being sampled
 };
@@ -86,12 +90,19 @@ CASCADE_HD float InvTemperature(const SampleSpec& s) {
 CASCADE_HD bool UsesCounts(const SampleSpec& s) {
   return s.frequency_penalty != 0.0f || s.presence_penalty != 0.0f;
 }
+CASCADE_HD bool UsesBias(const SampleSpec& s) { return s.biased != 0; }
+// True when a row's listed tokens carry entries (a count, and a bias where biased): they are
+// then ascending, and a count of -1 marks a token listed for its bias alone.
+CASCADE_HD bool UsesEntries(const SampleSpec& s) { return UsesCounts(s) || UsesBias(s); }
 CASCADE_HD bool UsesPenalty(const SampleSpec& s) {
-  return (s.repetition_penalty != 1.0f || UsesCounts(s)) && s.penalty_count > 0;
+  return (s.repetition_penalty != 1.0f || UsesEntries(s)) && s.penalty_count > 0;
 }
 
-// Step 1's value of a listed token with generated count `count` (>= 0).
-CASCADE_HD float PenalizedLogit(float z, int32_t count, const SampleSpec& s) {
+// Step 1's value of a listed token with generated count `count` (-1: listed for its bias alone,
+// not in the history) and logit bias `bias`.
+CASCADE_HD float PenalizedLogit(float z, int32_t count, float bias, const SampleSpec& s) {
+  if (bias != 0.0f) z = AddF(z, bias);
+  if (count < 0) return z;
   if (s.repetition_penalty != 1.0f) z = Penalize(z, s.repetition_penalty);
   if (count > 0) {
     if (s.frequency_penalty != 0.0f) {
@@ -103,10 +114,10 @@ CASCADE_HD float PenalizedLogit(float z, int32_t count, const SampleSpec& s) {
 }
 
 // Step 1-2's value of token v: `penalized` says whether v is among the row's listed tokens,
-// `count` its generated count (0 where the row has none).
-CASCADE_HD uint32_t ScoreKey(float z, bool penalized, int32_t count, const SampleSpec& s,
-                             float inv_t) {
-  if (penalized) z = PenalizedLogit(z, count, s);
+// `count` its generated count (0 where the row has no entries) and `bias` its logit bias.
+CASCADE_HD uint32_t ScoreKey(float z, bool penalized, int32_t count, float bias,
+                             const SampleSpec& s, float inv_t) {
+  if (penalized) z = PenalizedLogit(z, count, bias, s);
   return OrderKey(Canon(s.temperature == 0.0f ? z : MulF(z, inv_t)));
 }
 CASCADE_HD bool HasTopK(const SampleSpec& s, int vocab) { return s.top_k > 0 && s.top_k < vocab; }

@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "gpu_worker/engine/penalty_list.h"
 
 namespace cascade::engine {
 
@@ -58,6 +58,28 @@ absl::Status ValidateSampling(const SamplingParams& p, int vocab_size, int32_t m
           "sampling.stop_token_ids: ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
     }
   }
+  // The biased tokens are listed in every step of the request (copied into the batch), as the
+  // stop ids are looked up: bounded alike.
+  if (p.logit_bias.size() > kMaxLogitBias) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias: ", p.logit_bias.size(),
+                                                   " tokens, at most ", kMaxLogitBias));
+  }
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const auto [id, bias] = p.logit_bias[i];
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sampling.logit_bias: token ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    if (i > 0 && id <= p.logit_bias[i - 1].first) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.logit_bias: token ids must be distinct and ascending (", id,
+                       " after ", p.logit_bias[i - 1].first, ")"));
+    }
+    if (!(bias >= -kMaxLogitBiasValue && bias <= kMaxLogitBiasValue)) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias: the bias of token ", id,
+                                                     " must be in [-100, 100], got ", bias));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -71,6 +93,7 @@ SampleSpec SpecFor(const SamplingParams& p, uint64_t seed, int64_t position) {
   s.frequency_penalty = p.frequency_penalty;
   s.presence_penalty = p.presence_penalty;
   s.logprobs = p.logprobs;
+  s.biased = p.logit_bias.empty() ? 0 : 1;
   s.seed = seed;
   s.position = position;
   return s;
@@ -88,22 +111,11 @@ SampleResult Sample(std::span<float> logits, const SamplingParams& p, uint64_t s
   SampleResult r;
   RowLogprobs lp;
   const SampleSpec spec = SpecFor(p, seed, position);
-  std::span<const int32_t> listed = history;  // the repetition penalty's: every token
   std::vector<int32_t> tokens, counts;
-  if (UsesCounts(spec)) {  // each token once, with how often it was generated
-    absl::flat_hash_map<int32_t, int32_t> generated;
-    for (size_t i = 0; i < history.size(); ++i) {
-      if (i >= output_start) {
-        ++generated[history[i]];
-      } else if (spec.repetition_penalty != 1.0f) {
-        generated.try_emplace(history[i], 0);
-      }
-    }
-    for (const auto& [t, c] : generated) tokens.push_back(t), counts.push_back(c);
-    listed = tokens;
-  }
-  r.token_id =
-      SampleRowRule(logits.data(), static_cast<int>(logits.size()), spec, listed, counts, &lp);
+  std::vector<float> bias;
+  ListedOf(p, history, output_start, &tokens, &counts, &bias);
+  r.token_id = SampleRowRule(logits.data(), static_cast<int>(logits.size()), spec, tokens, counts,
+                             bias, &lp);
   if (p.logprobs > 0) r.logprobs = ToLogprobEntry(lp, r.token_id);
   return r;
 }

@@ -1,6 +1,8 @@
 // Sampling parameter conversion; see sampling_wire.h.
 #include "gpu_worker/engine/sampling_wire.h"
 
+#include <algorithm>
+
 #include "gpu_worker/engine/sampler.h"
 
 namespace cascade::worker {
@@ -34,6 +36,9 @@ engine::SamplingParams SamplingFromProto(const cascade::v2::SamplingParams& s,
   p.ignore_eos = s.ignore_eos();
   p.logprobs = s.logprobs();
   if (s.has_seed()) p.seed = s.seed();
+  // A map's order is unspecified on the wire: the engine's list ascends by id (ids are distinct).
+  p.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());
+  std::sort(p.logit_bias.begin(), p.logit_bias.end());
   return p;
 }
 

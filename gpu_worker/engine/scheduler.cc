@@ -230,11 +230,8 @@ void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBa
 
 namespace {
 
-bool HasPenalty(const SamplingParams& p) {
-  return p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
-}
-
-// f(seq, spec) for each sampled row with a penalty: the row's sequence and its SampleSpec (rows
+// f(seq, spec) for each sampled row with listed tokens (a penalty or a logit bias): the row's
+// sequence and its SampleSpec (rows
 // are batch.row_samples in plan order).
 template <class F>
 void ForEachPenalizedRow(const SchedulerOutput& out, ForwardBatch* batch, F&& f) {
@@ -242,7 +239,7 @@ void ForEachPenalizedRow(const SchedulerOutput& out, ForwardBatch* batch, F&& f)
   for (const ScheduledSeq& s : out.scheduled) {
     if (!s.wants_logits) continue;
     SampleSpec& spec = batch->row_samples[row++].spec;
-    if (HasPenalty(s.seq->sampling)) f(*s.seq, spec);
+    if (HasListed(s.seq->sampling)) f(*s.seq, spec);
   }
 }
 
@@ -251,18 +248,22 @@ void ForEachPenalizedRow(const SchedulerOutput& out, ForwardBatch* batch, F&& f)
 void Scheduler::FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) const {
   batch->penalty_tokens.clear();
   batch->penalty_counts.clear();
+  batch->penalty_bias.clear();
   // One allocation, of a power-of-two size: the lists grow a little every step, and growing
   // allocations of hundreds of KB would each take fresh pages from the OS (malloc's mmap
   // threshold follows the last size freed), a page fault per 4 KB on every step.
   size_t total = 0;
-  bool counts = false;  // some row's penalties count generated tokens: penalty_counts is parallel
+  bool counts = false;  // some row's listed tokens carry entries: penalty_counts is parallel
+  bool bias = false;    // some row is biased: penalty_bias is parallel
   ForEachPenalizedRow(out, batch, [&](const Sequence& seq, SampleSpec& spec) {
-    total += seq.tokens.size();  // >= its listed tokens and room
-    counts |= UsesCounts(spec);
+    total += seq.tokens.size() + seq.listed_tokens.size();  // >= its listed tokens and room
+    counts |= UsesEntries(spec);
+    bias |= UsesBias(spec);
   });
   if (total == 0) return;
   batch->penalty_tokens.reserve(std::bit_ceil(total));
   if (counts) batch->penalty_counts.reserve(std::bit_ceil(total));
+  if (bias) batch->penalty_bias.reserve(std::bit_ceil(total));
   ForEachPenalizedRow(out, batch, [&](Sequence& seq, SampleSpec& spec) {
     AdvanceListed(&seq, [](int32_t, bool) {});
     spec.penalty_start = static_cast<int32_t>(batch->penalty_tokens.size());
@@ -273,11 +274,18 @@ void Scheduler::FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) c
     batch->penalty_tokens.resize(batch->penalty_tokens.size() +
                                  (seq.tokens.size() - seq.listed_upto));
     if (counts) {
-      if (UsesCounts(spec)) {
+      if (UsesEntries(spec)) {
         batch->penalty_counts.insert(batch->penalty_counts.end(), seq.listed_counts.begin(),
                                      seq.listed_counts.end());
       }
       batch->penalty_counts.resize(batch->penalty_tokens.size());
+    }
+    if (bias) {
+      if (UsesBias(spec)) {
+        batch->penalty_bias.insert(batch->penalty_bias.end(), seq.listed_bias.begin(),
+                                   seq.listed_bias.end());
+      }
+      batch->penalty_bias.resize(batch->penalty_tokens.size());
     }
   });
 }
@@ -291,9 +299,10 @@ void Scheduler::FillPending(const SchedulerOutput& out, const std::vector<Pendin
     // the batch as into the sequence's.
     int32_t* tokens = batch->penalty_tokens.data() + spec.penalty_start;
     int32_t* counts =
-        UsesCounts(spec) ? batch->penalty_counts.data() + spec.penalty_start : nullptr;
+        UsesEntries(spec) ? batch->penalty_counts.data() + spec.penalty_start : nullptr;
+    float* bias = UsesBias(spec) ? batch->penalty_bias.data() + spec.penalty_start : nullptr;
     AdvanceListed(&seq, [&](int32_t t, bool generated) {
-      AddListed(tokens, counts, &spec.penalty_count, t, generated);
+      AddListed(tokens, counts, bias, &spec.penalty_count, t, generated);
     });
   });
 }

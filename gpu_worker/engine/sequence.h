@@ -50,13 +50,15 @@ struct Sequence {
   int64_t reported_committed = -1;  // num_committed when residency last looked
   int prefix_waits = 0;             // steps it waited for a running sequence's prefix (scheduler)
 
-  // The penalties' listed tokens (sample_rule.h step 1): distinct ids in ascending order, each
-  // with how often it was generated (tokens from `output_start` on); prompt tokens are listed
-  // (count 0 unless also generated) only for the repetition penalty. Kept up to date
-  // incrementally by the scheduler (only for requests with a penalty), so a step costs
+  // The listed tokens (sample_rule.h step 1; penalty_list.h): distinct ids in ascending order,
+  // each with how often it was generated (tokens from `output_start` on) and its logit bias;
+  // biased tokens are listed from the start (count -1 until they occur in the history), prompt
+  // tokens (count 0 unless also generated) only for the repetition penalty. Kept up to date
+  // incrementally by the scheduler (only for requests with a penalty or a bias), so a step costs
   // O(list) for its copy into the batch, not a pass over the context.
   std::vector<int32_t> listed_tokens;
   std::vector<int32_t> listed_counts;  // parallel
+  std::vector<float> listed_bias;      // parallel where the request has a logit_bias, else empty
   size_t listed_upto = 0;              // tokens[0, listed_upto) are folded in
   // tokens[output_start, ...) count as generated: the prompt's length, less the tokens an
   // earlier attempt generated when this is a resumed stream (Request::resumed_tokens).

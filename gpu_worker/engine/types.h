@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -38,6 +39,9 @@ struct SamplingParams {
   bool ignore_eos = false;
   int32_t logprobs = 0;          // top logprobs per token, 0..20
   std::optional<uint64_t> seed;  // unset: the engine draws one
+  // OpenAI's logit_bias: (token id, bias) with ids distinct and ascending, each bias finite in
+  // [-100, 100], added to the token's logit before the penalties (sample_rule.h step 1).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // One chunk of a prompt, as token ids.

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/bounded_text.h"
 
@@ -226,8 +227,8 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
       b != body.end() && !b->is_null() && !(b->is_number_integer() && *b == 1)) {
     return Bad("best_of is not supported");
   }
-  for (const char* key : {"logit_bias", "tools", "functions", "suffix", "response_format",
-                          "guided_json", "guided_regex"}) {
+  for (const char* key :
+       {"tools", "functions", "suffix", "response_format", "guided_json", "guided_regex"}) {
     if (auto v = body.find(key); v != body.end() && !v->is_null() &&
                                  !(v->is_object() && v->empty()) &&
                                  !(v->is_array() && v->empty())) {
@@ -236,6 +237,25 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
   }
   if (auto e = body.find("echo"); e != body.end() && e->is_boolean() && e->get<bool>()) {
     return Bad("echo is not supported");
+  }
+  // logit_bias: {"<token id>": bias in [-100, 100]} (the worker checks the ids against the
+  // vocabulary, and the count).
+  if (auto lb = body.find("logit_bias"); lb != body.end() && !lb->is_null()) {
+    if (!lb->is_object()) return Bad("logit_bias must be an object of token ids to biases");
+    auto* bias = s->mutable_logit_bias();
+    for (const auto& [key, value] : lb->items()) {
+      int32_t id = 0;
+      if (key.empty() || key.size() > 10 ||
+          key.find_first_not_of("0123456789") != std::string::npos || !absl::SimpleAtoi(key, &id)) {
+        return Bad(absl::StrCat("logit_bias: key \"", key.substr(0, 32),
+                                "\" is not a token id (a non-negative integer)"));
+      }
+      if (!value.is_number() || !(value.get<double>() >= -100.0 && value.get<double>() <= 100.0)) {
+        return Bad(
+            absl::StrCat("logit_bias: the bias of token ", id, " must be a number in [-100, 100]"));
+      }
+      (*bias)[id] = static_cast<float>(value.get<double>());
+    }
   }
   if (!(st = Number(body, "temperature", [&](double v) {
           s->set_temperature(static_cast<float>(v));

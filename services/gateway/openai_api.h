@@ -44,9 +44,9 @@ struct Translated {
 };
 
 // Validates an OpenAI request body and translates it. `served_model` is accepted (and an empty
-// or missing model means it); another model is NOT_FOUND. Unsupported options (tools,
-// logit_bias, echo, best_of, suffix) and n outside 1 to kMaxChoices are INVALID_ARGUMENT naming
-// the field, never silently ignored.
+// or missing model means it); another model is NOT_FOUND. Unsupported options (tools, echo,
+// best_of, suffix) and n outside 1 to kMaxChoices are INVALID_ARGUMENT naming the field, never
+// silently ignored.
 absl::StatusOr<Translated> TranslateRequest(const nlohmann::json& body, Endpoint endpoint,
                                             const std::string& served_model);
 

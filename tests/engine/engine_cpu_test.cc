@@ -256,6 +256,9 @@ TEST(EngineCpuTest, BackendSampledRowsGiveTheHostSamplersTokens) {
     if (i == 5) r.sampling.frequency_penalty = 0.7f, r.sampling.presence_penalty = 0.5f;
     if (i == 6) r.sampling.repetition_penalty = 1.0f, r.sampling.frequency_penalty = -1.2f;
     if (i == 7) r.sampling.repetition_penalty = 1.0f, r.sampling.presence_penalty = 1.6f;
+    // A logit bias alone (greedy, then with min-p) and with the penalties.
+    if (i == 0 || i == 3 || i == 5 || i == 6)
+      r.sampling.logit_bias = RandomLogitBias(rng, vocab, r, 6);
     reqs.push_back(r);
   }
   auto host = MakeEngine(64);
@@ -274,6 +277,31 @@ TEST(EngineCpuTest, BackendSampledRowsGiveTheHostSamplersTokens) {
         EXPECT_EQ(want[i].logprobs[t].top[j].logprob, got[i].logprobs[t].top[j].logprob);
       }
     }
+  }
+}
+
+// OpenAI's logit_bias end to end: -100 on the token a greedy request generates first bans it,
+// +100 on a token makes every generated token that one (no penalty); both on the host sampler
+// and on backend-sampled rows, alike.
+TEST(EngineCpuTest, LogitBiasBansAndForcesTokens) {
+  std::mt19937 rng(77);
+  const int vocab = static_cast<int>(Tiny().config().vocab_size);
+  const Request plain = RandomRequest(rng, vocab, 2, 20, 6);
+  for (const bool capture : {true, false}) {
+    auto engine = MakeEngine(64, cpu::DebugFault::kNone, 2048, capture);
+    const Result base = RunOne(*engine, plain);
+    ASSERT_EQ(base.tokens.size(), 6u);
+    Request banned = plain;
+    banned.sampling.logit_bias = {{base.tokens[0], -100.0f}};
+    const Result b = RunOne(*engine, banned);
+    ASSERT_FALSE(b.tokens.empty());
+    EXPECT_NE(b.tokens[0], base.tokens[0]) << "capture " << capture;
+    for (int32_t t : b.tokens) EXPECT_NE(t, base.tokens[0]);
+    Request forced = plain;
+    const int32_t want = (base.tokens[0] + 17) % vocab;
+    forced.sampling.logit_bias = {{want, 100.0f}};
+    const Result f = RunOne(*engine, forced);
+    EXPECT_EQ(f.tokens, std::vector<int32_t>(6, want)) << "capture " << capture;
   }
 }
 
@@ -417,6 +445,7 @@ TEST(EngineCpuTest, OverlappedScheduleGivesThePlainEnginesOutputs) {
     if (i == 9) sp.repetition_penalty = 1.0f, sp.presence_penalty = 1.1f;
     if (i % 4 == 3) sp.top_p = 0.8f, sp.logprobs = 3;
     if (i == 6) sp.min_p = 0.1f, sp.temperature = 1.0f;
+    if (i == 2 || i == 5 || i == 9) sp.logit_bias = RandomLogitBias(rng, vocab, r, 5);
     reqs.push_back(std::move(r));
   }
   // Stop tokens that fire: requests 2, 5 and 7 stop at the token a first run gave them at

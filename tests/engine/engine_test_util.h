@@ -80,6 +80,19 @@ inline Request RandomRequest(std::mt19937& rng, int vocab, int num_chunks, int m
   return r;
 }
 
+// A logit_bias of `n` entries (OpenAI's): the prompt's first token and random ids, with biases
+// that decide tokens (+4, -100) or only shift them (0.7, -1.5).
+inline std::vector<std::pair<int32_t, float>> RandomLogitBias(std::mt19937& rng, int vocab,
+                                                              const Request& r, int n) {
+  std::map<int32_t, float> bias;
+  std::uniform_int_distribution<int> tok(0, vocab - 1);
+  const float values[] = {4.0f, -100.0f, 0.7f, -1.5f};
+  for (int k = 0; k < n; ++k) {
+    bias[k == 0 ? r.chunks[0].tokens[0] : tok(rng)] = values[k % 4];
+  }
+  return {bias.begin(), bias.end()};
+}
+
 // A request of one chunk of `len` random tokens.
 inline Request OneChunkRequest(std::mt19937& rng, int vocab, int len, int max_tokens) {
   Request r = RandomRequest(rng, vocab, 1, 1, max_tokens);

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -128,6 +129,31 @@ TEST(ValidateForwardBatch, RejectsEachBrokenRuleByName) {
          b.penalty_tokens[31] = 1 << 30;
        },
        "penalty_tokens[31] = 1073741824 outside [0, 50)"},
+      {"logit bias without penalty_counts",
+       [](ForwardBatch& b) { b.row_samples[1].spec.biased = 1; }, "without penalty_counts (0"},
+      {"logit bias without penalty_bias",
+       [](ForwardBatch& b) {
+         b.row_samples[1].spec.biased = 1;
+         b.penalty_counts = {0, -1, 0};
+       },
+       "logit bias without penalty_bias (0 for 3 tokens)"},
+      {"penalty_bias not parallel", [](ForwardBatch& b) { b.penalty_bias = {1.0f}; },
+       "penalty_bias (1) must be empty or parallel"},
+      {"a bias-only count in a row that is not biased",
+       [](ForwardBatch& b) {
+         b.row_samples[1].spec.frequency_penalty = 0.5f;
+         b.penalty_counts = {0, -1, 0};
+       },
+       "must be ascending with counts >= 0 (at 1)"},
+      {"a bias that is not finite",
+       [](ForwardBatch& b) {
+         b.row_samples[1].spec.biased = 1;
+         b.penalty_counts = {0, -1, 0};
+         b.penalty_bias = {0.0f, 0.0f, INFINITY};
+       },
+       "counts >= -1 and finite biases (at 2)"},
+      {"biased neither 0 nor 1", [](ForwardBatch& b) { b.row_samples[1].spec.biased = 2; },
+       "biased 2"},
   };
   for (const Case& c : cases) {
     ForwardBatch b = Valid();
@@ -136,6 +162,15 @@ TEST(ValidateForwardBatch, RejectsEachBrokenRuleByName) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.name << ": " << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.name;
   }
+}
+
+// A biased row's entries: ascending tokens, counts from -1 (a bias alone), finite biases.
+TEST(ValidateForwardBatch, ABiasedRowWithEntriesIsValid) {
+  ForwardBatch b = Valid();
+  b.row_samples[1].spec.biased = 1;
+  b.penalty_counts = {0, -1, 3};
+  b.penalty_bias = {0.0f, -100.0f, 2.5f};
+  EXPECT_TRUE(ValidateForwardBatch(b, kLimits).ok()) << ValidateForwardBatch(b, kLimits);
 }
 
 TEST(ValidateForwardBatch, NoTokenLimitWhenMaxNumTokensIsZero) {

@@ -151,7 +151,7 @@ std::set<int32_t> Drawn(const std::vector<float>& logits, SampleSpec spec, int d
     spec.seed = 1000 + s;
     spec.position = s % 7;
     out.insert(
-        SampleRowRule(logits.data(), static_cast<int>(logits.size()), spec, {}, {}, nullptr));
+        SampleRowRule(logits.data(), static_cast<int>(logits.size()), spec, {}, {}, {}, nullptr));
   }
   return out;
 }
@@ -222,10 +222,10 @@ TEST(SampleRuleTest, GreedyIgnoresFiltersButNotThePenalty) {
   s.top_k = 3;
   s.top_p = 0.1f;
   s.min_p = 0.9f;
-  EXPECT_EQ(SampleRowRule(l.data(), 4, s, {}, {}, nullptr), 1);
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, {}, {}, {}, nullptr), 1);
   s.repetition_penalty = 2.0f;
   const std::vector<int32_t> seen = {1, 1, 2};
-  EXPECT_EQ(SampleRowRule(l.data(), 4, s, seen, {}, nullptr), 3) << "3.0 / 2 < 2.9";
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, seen, {}, {}, nullptr), 3) << "3.0 / 2 < 2.9";
 }
 
 TEST(SampleRuleTest, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogitsOnce) {
@@ -235,12 +235,13 @@ TEST(SampleRuleTest, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits
   SampleSpec s;
   s.repetition_penalty = 2.0f;
   const std::vector<int32_t> seen = {0, 0, 1};
-  EXPECT_EQ(SampleRowRule(l.data(), 4, s, seen, {}, nullptr), 1) << "4.0 / 2 = 2.0 > 1.9";
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, seen, {}, {}, nullptr), 1) << "4.0 / 2 = 2.0 > 1.9";
   const std::vector<float> neg = {-1.0f, -1.9f, -3.0f};
   const std::vector<int32_t> seen0 = {0, 0};
-  EXPECT_EQ(SampleRowRule(neg.data(), 3, s, seen0, {}, nullptr), 1) << "-1.0 * 2 = -2.0 < -1.9";
+  EXPECT_EQ(SampleRowRule(neg.data(), 3, s, seen0, {}, {}, nullptr), 1) << "-1.0 * 2 = -2.0 < -1.9";
   const std::vector<int32_t> outside = {-5, 99};
-  EXPECT_EQ(SampleRowRule(neg.data(), 3, s, outside, {}, nullptr), 0) << "ids outside are ignored";
+  EXPECT_EQ(SampleRowRule(neg.data(), 3, s, outside, {}, {}, nullptr), 0)
+      << "ids outside are ignored";
 }
 
 TEST(SampleRuleTest, LogprobsAreSortedNormalisedAndAccurate) {
@@ -256,7 +257,7 @@ TEST(SampleRuleTest, LogprobsAreSortedNormalisedAndAccurate) {
   s.repetition_penalty = 1.5f;  // logprobs are of the raw logits all the same
   const std::vector<int32_t> seen = {17, 3};
   RowLogprobs lp;
-  const int32_t token = SampleRowRule(l.data(), 5000, s, seen, {}, &lp);
+  const int32_t token = SampleRowRule(l.data(), 5000, s, seen, {}, {}, &lp);
   double mx = -INFINITY, sum = 0.0;
   for (float v : l) mx = std::max(mx, static_cast<double>(v));
   for (float v : l) sum += std::exp(v - mx);
@@ -288,7 +289,7 @@ TEST(SampleRuleTest, FilteredDrawsFollowTheRenormalisedSoftmax) {
   for (int i = 0; i < n; ++i) {
     s.seed = 3;
     s.position = i;
-    ++counts[SampleRowRule(l.data(), 6, s, {}, {}, nullptr)];
+    ++counts[SampleRowRule(l.data(), 6, s, {}, {}, {}, nullptr)];
   }
   double z = 0;
   for (int i : {1, 2, 4}) z += std::exp(l[i] / 0.9);
@@ -336,26 +337,26 @@ TEST(SampleRuleTest, FrequencyAndPresencePenaltiesCountGeneratedTokens) {
   SampleSpec s;  // greedy
   s.frequency_penalty = 0.08f;
   const std::vector<int32_t> once = {1}, twice = {2}, never = {0};
-  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, once, nullptr), 2) << "3.0 - 0.08 > 2.9";
-  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, twice, nullptr), 1) << "3.0 - 0.16 < 2.9";
-  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, never, nullptr), 2) << "a prompt token";
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, once, {}, nullptr), 2) << "3.0 - 0.08 > 2.9";
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, twice, {}, nullptr), 1) << "3.0 - 0.16 < 2.9";
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, never, {}, nullptr), 2) << "a prompt token";
   s.frequency_penalty = 0.0f;
   s.presence_penalty = 0.05f;
-  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, twice, nullptr), 2) << "once: 3.0 - 0.05";
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, twice, {}, nullptr), 2) << "once: 3.0 - 0.05";
   s.presence_penalty = 0.2f;
-  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, once, nullptr), 1) << "3.0 - 0.2 < 2.9";
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, once, {}, nullptr), 1) << "3.0 - 0.2 < 2.9";
   // A negative penalty raises the token.
   const std::vector<int32_t> listed1 = {1};
   s.presence_penalty = -0.2f;
-  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed1, once, nullptr), 1) << "2.9 + 0.2 > 3.0";
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed1, once, {}, nullptr), 1) << "2.9 + 0.2 > 3.0";
   // Order: repetition (3.0 / 2 = 1.5), frequency (1.5 - 2 x 0.5 = 0.5), presence (0.5 - 0.25).
   const std::vector<float> m = {0.3f, 0.0f, 3.0f};
   s.repetition_penalty = 2.0f, s.frequency_penalty = 0.5f, s.presence_penalty = 0.25f;
-  EXPECT_EQ(SampleRowRule(m.data(), 3, s, listed, twice, nullptr), 0) << "0.25 < 0.3";
+  EXPECT_EQ(SampleRowRule(m.data(), 3, s, listed, twice, {}, nullptr), 0) << "0.25 < 0.3";
   const std::vector<float> m2 = {0.2f, 0.0f, 3.0f};
-  EXPECT_EQ(SampleRowRule(m2.data(), 3, s, listed, twice, nullptr), 2) << "0.25 > 0.2";
-  EXPECT_FLOAT_EQ(PenalizedLogit(3.0f, 2, s), 0.25f);
-  EXPECT_FLOAT_EQ(PenalizedLogit(3.0f, 0, s), 1.5f);
+  EXPECT_EQ(SampleRowRule(m2.data(), 3, s, listed, twice, {}, nullptr), 2) << "0.25 > 0.2";
+  EXPECT_FLOAT_EQ(PenalizedLogit(3.0f, 2, 0.0f, s), 0.25f);
+  EXPECT_FLOAT_EQ(PenalizedLogit(3.0f, 0, 0.0f, s), 1.5f);
 }
 
 // Sample() counts only the history's tokens from output_start on for the frequency and presence
@@ -385,26 +386,41 @@ TEST(SamplerTest, FrequencyPenaltyCountsOnlyGeneratedTokens) {
   }
 }
 
-// The listed tokens a sequence keeps for its penalties, fed its tokens as a step loop sees them
-// (a prompt at once, then a few at a time, some still pending), equal the list computed from
-// scratch: distinct ids ascending, each with its count from output_start on, the prompt's listed
-// only with a repetition penalty; and a batch row's copy grown by the `added` callback equals it.
+// The listed tokens a sequence keeps for its penalties and logit bias, fed its tokens as a step
+// loop sees them (a prompt at once, then a few at a time, some still pending), equal the list
+// computed from scratch (and ListedOf's, what Sample() uses): distinct ids ascending, each with
+// its count from output_start on, the prompt's listed only with a repetition penalty, biased
+// tokens listed from the start with their bias (count -1 until they occur in the history); and
+// a batch row's copy grown by the `added` callback equals it.
 TEST(PenaltyListTest, IncrementalListEqualsTheListFromScratch) {
   std::mt19937 rng(8);
-  for (int trial = 0; trial < 200; ++trial) {
+  for (int trial = 0; trial < 240; ++trial) {
     Sequence seq;
-    seq.sampling.repetition_penalty = trial % 2 ? 1.3f : 1.0f;
-    seq.sampling.frequency_penalty = 0.5f;
     const int vocab = trial % 3 == 0 ? 8 : 5000;  // many repeats, or few
     std::uniform_int_distribution<int> tok(0, vocab - 1);
+    const bool penalties = trial % 6 != 5;  // else a logit bias alone
+    seq.sampling.repetition_penalty = penalties && trial % 2 ? 1.3f : 1.0f;
+    seq.sampling.frequency_penalty = penalties ? 0.5f : 0.0f;
+    if (trial % 3 != 0 || !penalties) {
+      std::map<int32_t, float> bias;
+      const int n = 1 + static_cast<int>(rng() % 12);
+      for (int i = 0; i < n; ++i) bias[tok(rng)] = static_cast<float>(i) - 5.5f;
+      seq.sampling.logit_bias.assign(bias.begin(), bias.end());
+    }
+    const bool biased = !seq.sampling.logit_bias.empty();
+    StartListed(seq.sampling, &seq.listed_tokens, &seq.listed_counts, &seq.listed_bias);
     const int prompt = 1 + static_cast<int>(rng() % (trial % 4 == 0 ? 300 : 40));
     for (int i = 0; i < prompt; ++i) seq.tokens.push_back(tok(rng));
     seq.output_start = static_cast<size_t>(prompt - static_cast<int>(rng() % (prompt / 2 + 1)));
-    std::vector<int32_t> row_tokens, row_counts;  // a batch row's copy: what `added` grows
-    int32_t row_n = 0;
+    // A batch row's copy (what FillPenalties copies, then `added` grows in FillPending).
+    std::vector<int32_t> row_tokens = seq.listed_tokens, row_counts = seq.listed_counts;
+    std::vector<float> row_bias = seq.listed_bias;
+    int32_t row_n = static_cast<int32_t>(row_tokens.size());
     auto add_to_row = [&](int32_t t, bool generated) {
       row_tokens.resize(static_cast<size_t>(row_n) + 1), row_counts.resize(row_tokens.size());
-      AddListed(row_tokens.data(), row_counts.data(), &row_n, t, generated);
+      row_bias.resize(row_tokens.size());
+      AddListed(row_tokens.data(), row_counts.data(), biased ? row_bias.data() : nullptr, &row_n, t,
+                generated);
     };
     AdvanceListed(&seq, add_to_row);
     for (int step = 0; step < 30; ++step) {
@@ -417,22 +433,113 @@ TEST(PenaltyListTest, IncrementalListEqualsTheListFromScratch) {
       }
       AdvanceListed(&seq, add_to_row);
     }
-    std::map<int32_t, int32_t> want;  // token -> generated count
-    for (size_t i = 0; i < seq.tokens.size(); ++i) {
+    std::map<int32_t, std::pair<int32_t, float>> want;  // token -> (generated count, bias)
+    for (const auto& [t, b] : seq.sampling.logit_bias) want[t] = {-1, b};
+    for (size_t i = 0; i < seq.tokens.size() && penalties; ++i) {
       if (i >= seq.output_start) {
-        ++want[seq.tokens[i]];
+        int32_t& c = want.try_emplace(seq.tokens[i], -1, 0.0f).first->second.first;
+        c = std::max(c, 0) + 1;
       } else if (seq.sampling.repetition_penalty != 1.0f) {
-        want.try_emplace(seq.tokens[i], 0);
+        int32_t& c = want.try_emplace(seq.tokens[i], -1, 0.0f).first->second.first;
+        c = std::max(c, 0);
       }
     }
     std::vector<int32_t> want_tokens, want_counts;
-    for (const auto& [t, c] : want) want_tokens.push_back(t), want_counts.push_back(c);
+    std::vector<float> want_bias;
+    for (const auto& [t, e] : want) {
+      want_tokens.push_back(t), want_counts.push_back(e.first);
+      if (biased) want_bias.push_back(e.second);
+    }
     ASSERT_EQ(seq.listed_tokens, want_tokens) << "trial " << trial;
     ASSERT_EQ(seq.listed_counts, want_counts) << "trial " << trial;
+    ASSERT_EQ(seq.listed_bias, want_bias) << "trial " << trial;
     row_tokens.resize(static_cast<size_t>(row_n)), row_counts.resize(row_tokens.size());
+    row_bias.resize(biased ? row_tokens.size() : 0);
     ASSERT_EQ(row_tokens, want_tokens) << "trial " << trial;
     ASSERT_EQ(row_counts, want_counts) << "trial " << trial;
+    ASSERT_EQ(row_bias, want_bias) << "trial " << trial;
+    std::vector<int32_t> from_tokens, from_counts;
+    std::vector<float> from_bias;
+    ListedOf(seq.sampling, seq.tokens, seq.output_start, &from_tokens, &from_counts, &from_bias);
+    ASSERT_EQ(from_tokens, want_tokens) << "trial " << trial;
+    ASSERT_EQ(from_counts, want_counts) << "trial " << trial;
+    ASSERT_EQ(from_bias, want_bias) << "trial " << trial;
   }
+}
+
+// OpenAI's logit bias on the host rule (step 1): added to the logit first; a token listed for
+// its bias alone (count -1) takes no penalty; a token of the history takes its bias, then the
+// penalties; +-100 forces or bans a token; logprobs stay those of the unbiased logits.
+TEST(SampleRuleTest, LogitBiasIsAddedBeforeThePenalties) {
+  const std::vector<float> l = {1.0f, 2.9f, 3.0f, 0.5f};
+  SampleSpec s;  // greedy
+  s.biased = 1;
+  const std::vector<int32_t> listed = {1};
+  const std::vector<int32_t> bias_only = {-1};
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, bias_only, std::vector<float>{0.2f}, nullptr), 1)
+      << "2.9 + 0.2 > 3.0";
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, bias_only, std::vector<float>{0.05f}, nullptr), 2)
+      << "2.9 + 0.05 < 3.0";
+  const std::vector<int32_t> ban = {2}, force = {3};
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, ban, bias_only, std::vector<float>{-100.0f}, nullptr), 1);
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, force, bias_only, std::vector<float>{100.0f}, nullptr),
+            3);
+  // With the repetition penalty: a bias-only token keeps its biased logit, a token of the
+  // history (count 0: the prompt) is divided after the bias: (2.9 + 0.2) / 2 = 1.55 < 3.0.
+  s.repetition_penalty = 2.0f;
+  const std::vector<int32_t> prompt = {0};
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, bias_only, std::vector<float>{0.2f}, nullptr), 1);
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, listed, prompt, std::vector<float>{0.2f}, nullptr), 2);
+  // Order on one value: (3 + 1) / 2 = 2, then - 2 x 0.5, then - 0.25.
+  s.frequency_penalty = 0.5f, s.presence_penalty = 0.25f;
+  EXPECT_FLOAT_EQ(PenalizedLogit(3.0f, 2, 1.0f, s), 0.75f);
+  EXPECT_FLOAT_EQ(PenalizedLogit(3.0f, -1, 1.0f, s), 4.0f);
+  EXPECT_FLOAT_EQ(PenalizedLogit(-3.0f, 0, 1.0f, s), -4.0f);
+  // Logprobs are the raw logits': the same with and without the bias; the sampled token differs.
+  s = SampleSpec{};
+  s.biased = 1;
+  s.logprobs = 3;
+  RowLogprobs with, without;
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, force, bias_only, std::vector<float>{100.0f}, &with), 3);
+  s.biased = 0;
+  EXPECT_EQ(SampleRowRule(l.data(), 4, s, {}, {}, {}, &without), 2);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(with.top_ids[i], without.top_ids[i]);
+    EXPECT_EQ(with.top[i], without.top[i]);
+  }
+  EXPECT_EQ(with.top_ids[0], 2);
+  EXPECT_LT(with.sampled, without.sampled) << "the forced token's logprob is its raw one";
+}
+
+// Sample() (the engine's host path) applies the request's logit_bias, and ValidateSampling
+// bounds it: ids in the vocabulary, distinct and ascending, biases in [-100, 100], at most
+// kMaxLogitBias entries.
+TEST(SamplerTest, LogitBiasIsAppliedAndValidated) {
+  std::vector<float> l = {1.0f, 2.9f, 3.0f, 0.5f};
+  SamplingParams p;
+  p.logit_bias = {{0, 1.95f}, {2, -0.5f}};
+  EXPECT_EQ(Sample(l, p, 0, 4, std::vector<int32_t>{2, 2}, 2).token_id, 0) << "1 + 1.95 > 2.9";
+  p.repetition_penalty = 2.0f;  // the prompt's 0 is now penalized after its bias: 2.95 / 2
+  EXPECT_EQ(Sample(l, p, 0, 4, std::vector<int32_t>{0, 3}, 2).token_id, 1);
+  EXPECT_TRUE(ValidateSampling(p, 4, 100).ok());
+  auto bad = [&](std::vector<std::pair<int32_t, float>> bias, const std::string& says) {
+    SamplingParams q;
+    q.logit_bias = std::move(bias);
+    const absl::Status st = ValidateSampling(q, 4, 100);
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << says;
+    EXPECT_NE(st.message().find(says), std::string::npos) << st;
+  };
+  bad({{4, 1.0f}}, "outside the vocabulary");
+  bad({{-1, 1.0f}}, "outside the vocabulary");
+  bad({{2, 1.0f}, {1, 1.0f}}, "distinct and ascending");
+  bad({{1, 1.0f}, {1, 2.0f}}, "distinct and ascending");
+  bad({{1, 100.5f}}, "[-100, 100]");
+  bad({{1, NAN}}, "[-100, 100]");
+  std::vector<std::pair<int32_t, float>> many;
+  for (int32_t i = 0; i <= static_cast<int32_t>(kMaxLogitBias); ++i) many.emplace_back(i, 1.0f);
+  SamplingParams q;
+  q.logit_bias = many;
+  EXPECT_NE(ValidateSampling(q, 1 << 20, 100).message().find("at most"), std::string::npos);
 }
 
 }  // namespace

@@ -36,7 +36,8 @@ def gateway():
          'add_generation_prompt: false sampling { top_k: 5 seed: 7 logprobs: 2 }'),
         ('chunks { kind: CHUNK_KIND_ASSISTANT text: "ok" cache_salt: "tenant" } '
          'chunks { kind: CHUNK_KIND_QUERY text: "again" } cache_salt: "s" '
-         'sampling { repetition_penalty: 1.1 min_p: 0.05 stop_token_ids: 151645 ignore_eos: true }'),
+         'sampling { repetition_penalty: 1.1 min_p: 0.05 stop_token_ids: 151645 ignore_eos: true '
+         'logit_bias { key: 9707 value: -100 } logit_bias { key: 11 value: 2.5 } }'),
     ]
     for i, t in enumerate(gen):
         write("gateway_request_fuzz", "generate-%d" % i, b"\x00" + encode("GenerateRequest", t, "gateway.proto"))
@@ -158,6 +159,9 @@ def openai():
                             "stream": True, "stream_options": {"include_usage": True}}),
         "chunks": (0, {"chunks": [{"kind": "system", "text": "s"},
                                   {"kind": "query", "token_ids": [1, 2, 3]}], "max_tokens": 2}),
+        "logit-bias": (1, {"messages": [{"role": "user", "content": "hi"}],
+                           "logit_bias": {"9707": -100, "11": 2.5, "151935": 100},
+                           "frequency_penalty": 0.5, "presence_penalty": -0.25}),
     }
     for name, (route, body) in bodies.items():
         write("openai_request_fuzz", name, bytes([route]) + json.dumps(body).encode())

@@ -87,7 +87,12 @@ TEST(OpenAiApiTest, WhatIsNotImplementedIsRefusedByName) {
                                                  {"presence_penalty", 2.5},
                                                  {"frequency_penalty", -3},
                                                  {"frequency_penalty", "1"},
-                                                 {"logit_bias", {{"5", 1}}},
+                                                 {"logit_bias", {{"5", 101}}},
+                                                 {"logit_bias", {{"5", "1"}}},
+                                                 {"logit_bias", {{"-5", 1}}},
+                                                 {"logit_bias", {{"x", 1}}},
+                                                 {"logit_bias", {{"99999999999", 1}}},
+                                                 {"logit_bias", json::array({1, 2})},
                                                  {"tools", {{{"type", "function"}}}},
                                                  {"response_format", {{"type", "json_object"}}}}) {
     json body = chat;
@@ -103,6 +108,20 @@ TEST(OpenAiApiTest, WhatIsNotImplementedIsRefusedByName) {
   fine["presence_penalty"] = 0;
   fine["logit_bias"] = json::object();
   EXPECT_TRUE(TranslateRequest(fine, Endpoint::kChat, "m").ok());
+}
+
+// OpenAI's logit_bias goes to the worker as a map of token ids to biases.
+TEST(OpenAiApiTest, LogitBiasIsTranslated) {
+  const json body = {{"prompt", "hi"},
+                     {"logit_bias", {{"5", 1.5}, {"151000", -100}, {"0", 100}, {"7", 0}}}};
+  auto t = TranslateRequest(body, Endpoint::kCompletions, "m");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const auto& bias = t->request.sampling().logit_bias();
+  ASSERT_EQ(bias.size(), 4u);
+  EXPECT_FLOAT_EQ(bias.at(5), 1.5f);
+  EXPECT_FLOAT_EQ(bias.at(151000), -100.0f);
+  EXPECT_FLOAT_EQ(bias.at(0), 100.0f);
+  EXPECT_FLOAT_EQ(bias.at(7), 0.0f);
 }
 
 // OpenAI's frequency and presence penalties go to the worker as they are (in [-2, 2]).

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <random>
 #include <span>
 #include <string>
@@ -384,9 +385,16 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
           fb.penalty_tokens.push_back((which[r] * 7) % 200 + t * 13);
           fb.penalty_counts.push_back(t);
         }
+        if (r % 8 == 5) {  // and a logit bias: the first token listed for its bias alone
+          rs.spec.biased = 1;
+          fb.penalty_counts[static_cast<size_t>(rs.spec.penalty_start)] = -1;
+          fb.penalty_bias.resize(static_cast<size_t>(rs.spec.penalty_start));
+          for (const float b : {3.0f, -2.0f, 0.5f}) fb.penalty_bias.push_back(b);
+        }
       }
       fb.row_samples.push_back(rs);
     }
+    if (!fb.penalty_bias.empty()) fb.penalty_bias.resize(fb.penalty_tokens.size());
     std::vector<int32_t> ta, tb;
     std::vector<engine::RowLogprobs> la, lb;
     ASSERT_TRUE(eager.ForwardSampled(fb, &a, &ta, &la).ok());
@@ -432,8 +440,8 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
 
 // The sampling kernel (SampleRows, what ForwardSampled runs) against the host's rule
 // (engine::SampleRowRule) on full-size rows (vocab 151936): every option alone and combined
-// (temperature, min-p, top-k, top-p, repetition / frequency / presence penalties, logprobs), many
-// seeds and positions,
+// (temperature, min-p, top-k, top-p, logit bias, repetition / frequency / presence penalties,
+// logprobs), many seeds and positions,
 // rows of several shapes (narrow and wide logits, exact ties, all-equal, NaN and -inf entries).
 // Token and logprobs must be bitwise equal.
 TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
@@ -443,6 +451,8 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
   std::vector<float> logits(static_cast<size_t>(kRows) * kVocab);
   std::vector<engine::SampleSpec> specs(kRows);
   std::vector<int32_t> penalty, counts;
+  std::vector<float> bias;
+  int biased_rows = 0;
   const float temps[] = {0.3f, 0.7f, 1.0f, 1.6f};
   const int top_ks[] = {1, 20, 50, 1000, 100000};
   const float top_ps[] = {0.05f, 0.5f, 0.9f, 0.999f};
@@ -462,6 +472,8 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
     if (r == 9 || r == 19) std::fill(row, row + kVocab, 1.5f);  // one value: ties everywhere
     engine::SampleSpec& s = specs[r];
     const int mode = r % 8;  // which options this row combines
+    bool counted = false;    // the row's listed tokens carry counts
+    std::uniform_int_distribution<int> tok(0, kVocab - 1);
     s.temperature = r % 11 == 0 ? 0.0f : temps[r % 4];
     if (mode == 1 || mode == 5 || mode == 7) s.top_k = top_ks[(r / 8) % 5];
     if (mode == 2 || mode == 5 || mode == 6 || mode == 7) s.top_p = top_ps[(r / 8) % 4];
@@ -472,7 +484,6 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
       const int kind = (r / 4) % 3;
       s.repetition_penalty = kind == 2 ? 1.0f : r % 2 ? 1.3f : 0.8f;
       s.penalty_start = static_cast<int32_t>(penalty.size());
-      std::uniform_int_distribution<int> tok(0, kVocab - 1);
       int n = 1 + r * 3;
       for (int i = 0; i < n; ++i) penalty.push_back(i % 4 == 0 ? tok(rng) % 64 : tok(rng));
       counts.resize(penalty.size(), 0);
@@ -487,11 +498,43 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
         n = static_cast<int>(penalty.end() - first);
         counts.resize(penalty.size());
         for (int i = 0; i < n; ++i) counts[s.penalty_start + i] = i % 5 == 0 ? 0 : 1 + tok(rng) % 9;
+        counted = true;
       }
       s.penalty_count = n;
       // The penalized tokens include the likeliest ones, so the penalty decides tokens.
       for (int i = 0; i < 4; ++i) row[penalty[s.penalty_start + i]] += 3.0f * sigma;
     }
+    if (r % 7 == 2 || r % 7 == 5) {
+      // A logit bias (OpenAI's), alone or with the penalties: the row's listed tokens become
+      // entries (ascending, distinct), the biased ones not in the history with count -1; some
+      // biased tokens are penalized ones too, some biases decide the token (+-100, or several
+      // sigma), some are small.
+      std::map<int32_t, std::pair<int32_t, float>> entries;  // token -> (count, bias)
+      if (s.penalty_count == 0) s.penalty_start = static_cast<int32_t>(penalty.size());
+      for (int i = 0; i < s.penalty_count; ++i) {
+        const size_t at = static_cast<size_t>(s.penalty_start + i);
+        entries[penalty[at]] = {counted ? counts[at] : 0, 0.0f};
+      }
+      const float biases[] = {2.0f * sigma,  -100.0f, 0.5f * sigma,
+                              -1.5f * sigma, 0.25f,   r % 13 == 2 ? 100.0f : 6.0f * sigma};
+      const int nb = 2 + r % 9;
+      for (int i = 0; i < nb; ++i) {
+        const int32_t t = i % 3 == 0 && s.penalty_count > 0
+                              ? penalty[static_cast<size_t>(s.penalty_start + i % s.penalty_count)]
+                              : tok(rng);
+        entries.try_emplace(t, -1, 0.0f).first->second.second = biases[(r + i) % 6];
+      }
+      penalty.resize(static_cast<size_t>(s.penalty_start));
+      counts.resize(penalty.size());
+      for (const auto& [t, e] : entries) penalty.push_back(t), counts.push_back(e.first);
+      bias.resize(static_cast<size_t>(s.penalty_start));
+      for (const auto& [t, e] : entries) bias.push_back(e.second);
+      s.penalty_count = static_cast<int32_t>(entries.size());
+      s.biased = 1;
+      ++biased_rows;
+    }
+    counts.resize(penalty.size());
+    bias.resize(penalty.size());
     if (r % 3 != 1 || r == 19) s.logprobs = logprob_ns[r % 3 == 0 ? (r / 3) % 3 : 2];
     if (r == 9) s.logprobs = 20;  // 20 of 151936 equal values: the lowest ids
     s.seed = 0x9e3779b97f4a7c15ULL * (r + 1);
@@ -505,6 +548,7 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
   specs2.insert(specs2.end(), specs.begin(), specs.end());
   DeviceBuffer d_logits = testing::Upload(logits2), d_specs = testing::Upload(specs2);
   DeviceBuffer d_pen = testing::Upload(penalty), d_counts = testing::Upload(counts);
+  DeviceBuffer d_bias = testing::Upload(bias);
   std::vector<int32_t> want_tokens(kRows);
   std::vector<engine::RowLogprobs> want_lps(kRows);
   int with_logprobs = 0, not_argmax = 0;
@@ -513,7 +557,8 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
     const float* row = logits.data() + static_cast<size_t>(r) * kVocab;
     want_tokens[r] = engine::SampleRowRule(
         row, kVocab, s, std::span<const int32_t>(penalty.data() + s.penalty_start, s.penalty_count),
-        std::span<const int32_t>(counts.data() + s.penalty_start, s.penalty_count), &want_lps[r]);
+        std::span<const int32_t>(counts.data() + s.penalty_start, s.penalty_count),
+        std::span<const float>(bias.data() + s.penalty_start, s.penalty_count), &want_lps[r]);
     not_argmax += want_tokens[r] != Argmax(row, kVocab);
     with_logprobs += s.logprobs > 0;
   }
@@ -524,7 +569,7 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
     for (int r0 = 0; r0 < total; r0 += per_launch) {
       ASSERT_TRUE(SampleRows(d_logits.as<float>() + static_cast<size_t>(r0) * kVocab, per_launch,
                              kVocab, d_specs.as<engine::SampleSpec>() + r0, d_pen.as<int32_t>(),
-                             d_counts.as<int32_t>(), d_tok.as<int32_t>() + r0,
+                             d_counts.as<int32_t>(), d_bias.as<float>(), d_tok.as<int32_t>() + r0,
                              d_lp.as<engine::RowLogprobs>() + r0, nullptr)
                       .ok());
     }
@@ -537,7 +582,7 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
           << "rows per launch " << per_launch << " row " << r << " T " << s.temperature << " k "
           << s.top_k << " p " << s.top_p << " min_p " << s.min_p << " penalty "
           << s.repetition_penalty << " frequency " << s.frequency_penalty << " presence "
-          << s.presence_penalty;
+          << s.presence_penalty << " biased " << s.biased;
       if (s.logprobs == 0) continue;
       const engine::RowLogprobs& got = lps[i];
       const engine::RowLogprobs& want = want_lps[r];
@@ -554,9 +599,9 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
     }
   }
   std::printf(
-      "device == host sampler: %d rows (%d with logprobs, %d not the argmax), launched 1, 40, "
-      "120 and 240 rows at a time\n",
-      kRows, with_logprobs, not_argmax);
+      "device == host sampler: %d rows (%d with logprobs, %d biased, %d not the argmax), launched "
+      "1, 40, 120 and 240 rows at a time\n",
+      kRows, with_logprobs, biased_rows, not_argmax);
   EXPECT_GT(not_argmax, kRows / 3) << "the rows should exercise the random draw";
 }
 

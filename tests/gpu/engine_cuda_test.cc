@@ -234,6 +234,8 @@ TEST_F(EngineCudaTest, DeviceSamplingOfEveryOptionIsBatchInvariantAndEqualsTheHo
     if (i == 5 || i == 6) p.frequency_penalty = 0.8f, p.presence_penalty = 0.4f;
     if (i == 10) p.frequency_penalty = -0.6f;  // no repetition penalty: generated tokens only
     if (i == 13) p.presence_penalty = 1.7f;
+    if (i == 3 || i == 5 || i == 12)
+      p.logit_bias = engine::testing::RandomLogitBias(rng, Vocab(), r, 7);
     if (i % 2 == 1) p.logprobs = 1 + i;
     reqs.push_back(r);
   }
@@ -293,6 +295,7 @@ TEST_F(EngineCudaTest, OverlappedScheduleGivesThePlainEnginesOutputs) {
     if (i % 6 == 1) p.top_k = 40, p.repetition_penalty = 1.3f;
     if (i == 7) p.frequency_penalty = 0.7f, p.presence_penalty = 0.2f;
     if (i == 4) p.presence_penalty = -0.9f;
+    if (i == 1 || i == 4) p.logit_bias = engine::testing::RandomLogitBias(rng, Vocab(), r, 5);
     if (i % 6 == 2) p.top_p = 0.9f, p.logprobs = 4;
     if (i % 6 == 3) p.min_p = 0.05f, p.logprobs = 1;
     reqs.push_back(r);

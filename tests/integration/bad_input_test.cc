@@ -59,6 +59,12 @@ TEST(BadInputTest, EachBadRequestGetsAClearStatusAndNothingElseIsDisturbed) {
       {"presence penalty NaN",
        [](auto& r) { r.mutable_sampling()->set_presence_penalty(std::nanf("")); },
        grpc::StatusCode::INVALID_ARGUMENT, "sampling.presence_penalty"},
+      {"logit bias outside the vocabulary",
+       [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[99999999] = 1.0f; },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.logit_bias: token 99999999"},
+      {"logit bias above 100",
+       [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[5] = 150.0f; },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.logit_bias: the bias of token 5"},
       {"empty stop string", [](auto& r) { r.mutable_sampling()->add_stop(""); },
        grpc::StatusCode::INVALID_ARGUMENT, "sampling.stop[0]"},
       {"token id out of vocabulary",
@@ -210,6 +216,33 @@ TEST(BadInputTest, TokenIdsChunksAreUsedAsGiven) {
   Reply rep = Generate(stack.gateway(), r);
   ASSERT_TRUE(rep.status.ok()) << rep.status.error_message();
   EXPECT_EQ(rep.start.prompt_tokens(), 4);
+}
+
+// A logit_bias crosses the gateway to the worker's sampler: +100 on a token makes every greedy
+// token that one; -100 on the token generated first keeps it out.
+TEST(BadInputTest, LogitBiasReachesTheSampler) {
+  Stack stack({.workers = 1});
+  cascade::v2::GenerateRequest r;
+  auto* c = r.add_chunks();
+  c->set_kind(cascade::v2::CHUNK_KIND_RAW);
+  for (int id : {9707, 11, 1879, 0}) c->mutable_token_ids()->add_ids(id);
+  r.set_add_generation_prompt(false);
+  r.mutable_sampling()->set_max_tokens(4);
+  r.mutable_sampling()->set_temperature(0);
+  r.mutable_sampling()->set_ignore_eos(true);
+  const Reply plain = Generate(stack.gateway(), r);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  ASSERT_EQ(plain.tokens.size(), 4u);
+  cascade::v2::GenerateRequest banned = r;
+  (*banned.mutable_sampling()->mutable_logit_bias())[plain.tokens[0]] = -100.0f;
+  const Reply b = Generate(stack.gateway(), banned);
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  for (int32_t t : b.tokens) EXPECT_NE(t, plain.tokens[0]);
+  cascade::v2::GenerateRequest forced = r;
+  (*forced.mutable_sampling()->mutable_logit_bias())[1234] = 100.0f;
+  const Reply f = Generate(stack.gateway(), forced);
+  ASSERT_TRUE(f.status.ok()) << f.status.error_message();
+  EXPECT_EQ(f.tokens, std::vector<int32_t>(4, 1234));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -150,6 +151,7 @@ struct StepMeta {
   const RowSampleParams* samples = nullptr;  // [rows] or nullptr: no device sampling
   const int32_t* penalty = nullptr;          // the penalty tokens the samples index
   const int32_t* counts = nullptr;           // their generated counts (parallel)
+  const float* bias = nullptr;               // their logit biases (parallel)
   AttentionPlanView plan;
 };
 
@@ -315,8 +317,8 @@ class CudaBackend final : public engine::Backend {
                    std::vector<int32_t>* argmax, std::vector<engine::RowLogprobs>* logprobs);
   absl::Status RunEager(const engine::ForwardBatch& b, bool sampled, std::vector<float>* logits,
                         std::vector<int32_t>* argmax, std::vector<engine::RowLogprobs>* logprobs);
-  // Uploads a step's penalty tokens and counts (to penalty_, penalty_counts_) before its sampling
-  // kernel runs.
+  // Uploads a step's penalty tokens, counts and biases (to penalty_, penalty_counts_,
+  // penalty_bias_) before its sampling kernel runs.
   absl::Status UploadPenalties(const engine::ForwardBatch& b);
   // Copies back the logprobs of the first n rows where a device-sampled row asked for them.
   absl::Status FetchLogprobs(const engine::ForwardBatch& b, int n,
@@ -361,6 +363,7 @@ class CudaBackend final : public engine::Backend {
   DeviceBuffer meta_, partial_o_, partial_ml_, argmax_, sample_params_;
   DeviceBuffer penalty_;         // [tokens] int32: the step's penalty tokens
   DeviceBuffer penalty_counts_;  // [tokens] int32: their generated counts, where any row has them
+  DeviceBuffer penalty_bias_;    // [tokens] float: their logit biases, where any row has them
   DeviceBuffer ws_work_;  // [2] int32: the persistent decode kernel's work counter (zeroed once)
   DeviceBuffer lp_;       // [rows] engine::RowLogprobs
   std::vector<engine::RowLogprobs> lp_host_;
@@ -626,6 +629,7 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   // Sampling: fixed pointers the decode graphs capture (penalty_ grows on demand).
   RETURN_IF_ERROR(alloc(&penalty_, size_t{1} << 16));
   RETURN_IF_ERROR(alloc(&penalty_counts_, size_t{1} << 16));
+  RETURN_IF_ERROR(alloc(&penalty_bias_, size_t{1} << 16));
   RETURN_IF_ERROR(
       alloc(&lp_, static_cast<size_t>(o_.max_logits_rows) * sizeof(engine::RowLogprobs)));
 
@@ -744,12 +748,18 @@ absl::Status CudaBackend::EnsureCapacity(DeviceBuffer* buf, size_t bytes) {
 }
 
 absl::Status CudaBackend::UploadPenalties(const engine::ForwardBatch& b) {
-  for (const auto& [buf, v] :
-       {std::pair{&penalty_, &b.penalty_tokens}, std::pair{&penalty_counts_, &b.penalty_counts}}) {
-    if (v->empty()) continue;
-    const size_t bytes = v->size() * sizeof(int32_t);
+  static_assert(sizeof(float) == sizeof(int32_t));
+  for (const auto& [buf, data, n] :
+       {std::tuple<DeviceBuffer*, const void*, size_t>{&penalty_, b.penalty_tokens.data(),
+                                                       b.penalty_tokens.size()},
+        std::tuple<DeviceBuffer*, const void*, size_t>{&penalty_counts_, b.penalty_counts.data(),
+                                                       b.penalty_counts.size()},
+        std::tuple<DeviceBuffer*, const void*, size_t>{&penalty_bias_, b.penalty_bias.data(),
+                                                       b.penalty_bias.size()}}) {
+    if (n == 0) continue;
+    const size_t bytes = n * sizeof(int32_t);
     RETURN_IF_ERROR(EnsureCapacity(buf, bytes));
-    RETURN_IF_ERROR(CopyAsync(buf->data(), v->data(), bytes, stream_));
+    RETURN_IF_ERROR(CopyAsync(buf->data(), data, bytes, stream_));
   }
   return absl::OkStatus();
 }
@@ -804,6 +814,7 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
   if (pad_penalty_ != &pad_) {
     pad_.penalty_tokens = pad_penalty_->penalty_tokens;
     pad_.penalty_counts = pad_penalty_->penalty_counts;
+    pad_.penalty_bias = pad_penalty_->penalty_bias;
     pad_penalty_ = &pad_;
   }
   RETURN_IF_ERROR(RunEager(pad_, /*sampled=*/true, logits, &tokens, &lps));
@@ -889,6 +900,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
     m.samples = sample_params_.as<RowSampleParams>();
     m.penalty = penalty_.as<int32_t>();
     m.counts = penalty_counts_.as<int32_t>();
+    m.bias = penalty_bias_.as<float>();
   }
   size_t full_done = 0;
   for (int r0 = 0; r0 < rows; r0 += o_.max_logits_rows) {
@@ -1028,7 +1040,7 @@ absl::Status CudaBackend::EnqueueHead(int r0, int rows, const StepMeta& m) {
   RETURN_IF_ERROR(gemm_->Run(xl_.as<Bf16>(), lm_head_, rows, vocab, hidden_, logits_.data(),
                              GemmOut::kF32, stream_));
   if (m.samples == nullptr) return absl::OkStatus();
-  return SampleRows(logits_.as<float>(), rows, vocab, m.samples + r0, m.penalty, m.counts,
+  return SampleRows(logits_.as<float>(), rows, vocab, m.samples + r0, m.penalty, m.counts, m.bias,
                     argmax_.as<int32_t>() + r0, lp_.as<engine::RowLogprobs>() + r0, stream_);
 }
 
@@ -1100,6 +1112,7 @@ void CudaBackend::PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, in
   pad_.row_samples.assign(n, engine::RowSample{});  // on_device false: the whole row comes back
   pad_.penalty_tokens.clear();  // (not copied: tens of thousands at large batches)
   pad_.penalty_counts.clear();
+  pad_.penalty_bias.clear();
   pad_penalty_ = &pad_;
   if (sampled && !b.row_samples.empty()) {
     pad_.row_samples = b.row_samples;
@@ -1175,6 +1188,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   RETURN_IF_ERROR(ensure(&lp_, max_graph_batch_ * sizeof(engine::RowLogprobs)));
   RETURN_IF_ERROR(ensure(&penalty_, pad_penalty_->penalty_tokens.size() * sizeof(int32_t)));
   RETURN_IF_ERROR(ensure(&penalty_counts_, pad_penalty_->penalty_counts.size() * sizeof(int32_t)));
+  RETURN_IF_ERROR(ensure(&penalty_bias_, pad_penalty_->penalty_bias.size() * sizeof(float)));
 
   // Stage this step's metadata at the fixed offsets.
   const GraphLayout l =
@@ -1223,6 +1237,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   m.samples = reinterpret_cast<const RowSampleParams*>(meta + l.samples);
   m.penalty = penalty_.as<int32_t>();
   m.counts = penalty_counts_.as<int32_t>();
+  m.bias = penalty_bias_.as<float>();
   m.plan = AttentionPlanView{nullptr,
                              0,
                              meta + l.items,

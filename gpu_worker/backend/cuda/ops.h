@@ -128,16 +128,19 @@ absl::Status SplitReduce(const float* partials, int splits, int m, int n, void* 
 absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Stream stream);
 
 // out[r] = the token engine::SampleRowRule picks for row r of logits [n, vocab] (float32) with
-// params[r] (engine/sample_rule.h's rule: penalty, temperature, min-p, top-k, top-p, Gumbel-max
-// draw), and logprobs[r] its logprobs where params[r].logprobs > 0. penalty_tokens: the ids
-// params[r].penalty_start/count index (device; may be null when no row has a penalty), each in
-// [0, vocab); penalty_counts: their generated counts (device, parallel; may be null when no row
-// has a frequency or presence penalty), a counted row's ids ascending. REQUIRES:
-// params[r].logprobs <= engine::kMaxLogprobs; logprobs non-null if any row asks for them. A
-// cluster of 1-8 CTAs per row; no host synchronization (graph-capturable).
+// params[r] (engine/sample_rule.h's rule: logit bias, penalties, temperature, min-p, top-k,
+// top-p, Gumbel-max draw), and logprobs[r] its logprobs where params[r].logprobs > 0.
+// penalty_tokens: the ids params[r].penalty_start/count index (device; may be null when no row
+// lists any), each in [0, vocab); penalty_counts: their generated counts (device, parallel, -1
+// for a token listed for its bias alone; may be null when no row's listed tokens carry entries:
+// engine::UsesEntries), such a row's ids ascending; penalty_bias: their logit biases (device,
+// parallel; may be null when no row is biased). REQUIRES: params[r].logprobs <=
+// engine::kMaxLogprobs; logprobs non-null if any row asks for them. A cluster of 1-8 CTAs per
+// row; no host synchronization (graph-capturable).
 absl::Status SampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
-                        const int32_t* penalty_tokens, const int32_t* penalty_counts, int32_t* out,
-                        engine::RowLogprobs* logprobs, Stream stream);
+                        const int32_t* penalty_tokens, const int32_t* penalty_counts,
+                        const float* penalty_bias, int32_t* out, engine::RowLogprobs* logprobs,
+                        Stream stream);
 
 // *violations (device, one counter; the call zeroes it) = how many of the 2^24 uniforms
 // engine::TokenUniform gives (engine::UniformOf) have a Gumbel noise above the bounds SampleRows'

@@ -552,14 +552,14 @@ __device__ __forceinline__ uint32_t BlockExclusiveSum(uint32_t v, Smem& sh) {
   return before + incl - v;
 }
 
-// One row's share (this CTA's slice) of SampleKernel's work. kCounted: the row's penalties use
-// generated counts (UsesCounts), looked up by rank; a separate instance, so rows without them run
-// the plain path's code.
+// One row's share (this CTA's slice) of SampleKernel's work. kCounted: the row's listed tokens
+// carry entries (UsesEntries: generated counts, and logit biases where biased), looked up by
+// rank; a separate instance, so rows without them run the plain path's code.
 template <bool kCounted>
 __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const SampleSpec& sp,
                                           const int32_t* penalty_tokens,
-                                          const int32_t* penalty_counts, int32_t* out,
-                                          engine::RowLogprobs* lp_out, Smem& sh) {
+                                          const int32_t* penalty_counts, const float* penalty_bias,
+                                          int32_t* out, engine::RowLogprobs* lp_out, Smem& sh) {
   const int words = (vocab + 31) / 32, groups = (words + kRankWords - 1) / kRankWords;
   uint32_t* bitmap = reinterpret_cast<uint32_t*>(&sh + 1);
   uint32_t* rank_base = bitmap + words;
@@ -597,18 +597,21 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
   }
   const float inv_t = engine::InvTemperature(sp);
   const int32_t* counts = penalty_counts + sp.penalty_start;
-  auto count_of = [&](int v) {  // v listed
+  const float* biases = engine::UsesBias(sp) ? penalty_bias + sp.penalty_start : nullptr;
+  auto rank_of = [&](int v) {  // v listed: its index in the list
     const int w = v >> 5, g = w / kRankWords;
     uint32_t r = rank_base[g] + __popc(bitmap[w] & ((1u << (v & 31)) - 1u));
     for (int j = g * kRankWords; j < w; ++j) r += __popc(bitmap[j]);
-    return counts[r];
+    return r;
   };
   auto key_of = [&](int v, float x) {
     const bool listed = pen && ((bitmap[v >> 5] >> (v & 31)) & 1u);
     if constexpr (counted) {
-      return engine::ScoreKey(x, listed, listed ? count_of(v) : 0, sp, inv_t);
+      if (!listed) return engine::ScoreKey(x, false, 0, 0.0f, sp, inv_t);
+      const uint32_t r = rank_of(v);
+      return engine::ScoreKey(x, true, counts[r], biases != nullptr ? biases[r] : 0.0f, sp, inv_t);
     } else {
-      return engine::ScoreKey(x, listed, 0, sp, inv_t);
+      return engine::ScoreKey(x, listed, 0, 0.0f, sp, inv_t);
     }
   };
   auto raw_key = [](int, float x) { return engine::OrderKey(engine::Canon(x)); };
@@ -820,16 +823,18 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
 // [r * split, (r + 1) * split).
 __global__ void __launch_bounds__(kThreads, 2)
     SampleKernel(const float* logits, int vocab, const SampleSpec* specs,
-                 const int32_t* penalty_tokens, const int32_t* penalty_counts, int32_t* out,
-                 engine::RowLogprobs* lp_out) {
+                 const int32_t* penalty_tokens, const int32_t* penalty_counts,
+                 const float* penalty_bias, int32_t* out, engine::RowLogprobs* lp_out) {
   WaitForPriorGrids();
   extern __shared__ uint4 smem_raw[];
   Smem& sh = *reinterpret_cast<Smem*>(smem_raw);
   const SampleSpec sp = specs[blockIdx.x / cg::this_cluster().num_blocks()];
-  if (engine::UsesPenalty(sp) && engine::UsesCounts(sp)) {
-    SampleRow<true>(logits, vocab, sp, penalty_tokens, penalty_counts, out, lp_out, sh);
+  if (engine::UsesPenalty(sp) && engine::UsesEntries(sp)) {
+    SampleRow<true>(logits, vocab, sp, penalty_tokens, penalty_counts, penalty_bias, out, lp_out,
+                    sh);
   } else {
-    SampleRow<false>(logits, vocab, sp, penalty_tokens, penalty_counts, out, lp_out, sh);
+    SampleRow<false>(logits, vocab, sp, penalty_tokens, penalty_counts, penalty_bias, out, lp_out,
+                     sh);
   }
 }
 
@@ -904,7 +909,8 @@ size_t SampleRowsSmemBytes(int vocab) {
 
 cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const SampleSpec* specs,
                              const int32_t* penalty_tokens, const int32_t* penalty_counts,
-                             int32_t* out, engine::RowLogprobs* logprobs, cudaStream_t stream) {
+                             const float* penalty_bias, int32_t* out, engine::RowLogprobs* logprobs,
+                             cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const size_t smem = SampleRowsSmemBytes(vocab);
   if (cudaError_t e = EnsureSetUp(smem); e != cudaSuccess) return e;
@@ -923,8 +929,9 @@ cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const Sample
   attrs[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attrs;
   config.numAttrs = ProgrammaticLaunchEnabled() ? 2 : 1;
-  const cudaError_t err = cudaLaunchKernelEx(&config, SampleKernel, logits, vocab, specs,
-                                             penalty_tokens, penalty_counts, out, logprobs);
+  const cudaError_t err =
+      cudaLaunchKernelEx(&config, SampleKernel, logits, vocab, specs, penalty_tokens,
+                         penalty_counts, penalty_bias, out, logprobs);
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
