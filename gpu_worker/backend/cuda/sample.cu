@@ -11,7 +11,10 @@
 // weigh nothing and share bin 0), later ones even in key; once a CTA's share of the interval
 // fits kCap it copies it (keys and ids) to shared memory and reads only that. The pass that
 // copies also draws from the tokens above the interval (kept whatever the threshold) and adds
-// the logprobs' weights, so the draw ends on the kept candidates (Copy). The draw skips the
+// the logprobs' weights, so the draw ends on the kept candidates (Copy). Top-k (k <= kThreads)
+// starts from a lower bound on its threshold, the k-th largest per-thread best of the first
+// pass, and its first level copies every key above it at once where they fit
+// (Copy::optimistic). The draw skips the
 // exact Gumbel noise of a token that a bound shows cannot beat its warp's best (GumbelUpper; the
 // bound is checked for every value of the stream by a test). Passes hand four tokens at a time
 // (ForEachQuad) so their independent arithmetic interleaves. The top logprobs come from one
@@ -67,7 +70,7 @@ struct Smem {
   int32_t red_id[kWarps];
   float red_score[kWarps];
   // (cluster) each CTA's partial results, written once per launch.
-  uint32_t x_best_key, x_max_raw, x_min_key;
+  uint32_t x_best_key, x_max_raw, x_min_key, x_topk_bound;
   int32_t x_best_id, x_draw_id;
   float x_draw_score;
   u64 x_weight_sum;
@@ -351,9 +354,16 @@ struct Copy {
   bool gather = false;  // in (count mode): copy every key >= lo there, not only [lo, hi],
                         // where the row's count above the interval leaves room
   bool start_in_smem = false;  // in: the candidates (ncand) already hold all of [lo, hi]
-  int ncand = 0;               // in/out: how many candidates
-  bool visited = false;        // out: visit was called
-  bool gathered = false;       // out: the candidates hold every key >= the result
+  // in (count mode): the first level tries to copy every key >= lo (its interval is [lo, row
+  // max]) whatever their number, for a caller that expects few (a lower bound near the top);
+  // where this CTA's share overflows kCap it goes on as without it. Its pass then visits with
+  // `gathering` (no draw: the copy holds every key above the result) and so adds the weights.
+  bool optimistic = false;
+  int ncand = 0;                 // in/out: how many candidates
+  bool visited = false;          // out: visit was called in the pass that copied
+  bool gathered = false;         // out: the candidates hold every key >= the result
+  bool weights_visited = false;  // out: a pass visited with `gathering` (weights only) and then
+                                 // overflowed; a later visit must not add the weights again
 };
 
 // With cp.visit, the pass in which a CTA copies its share of [lo, hi] also visits: the result is
@@ -366,9 +376,12 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
                               u64 count_target, float top_p, int64_t known_pop, float min_value,
                               int64_t* count_ge, Copy& cp, Visit&& visit, VisitStep&& visit_step) {
   *count_ge = -1;
-  cp.visited = cp.gathered = false;
+  cp.visited = cp.gathered = cp.weights_visited = false;
   bool in_smem = cp.start_in_smem, first = true;
   bool collect = !in_smem && known_pop >= 0 && known_pop <= kCap, gathering = false;
+  // The optimistic first level (count mode): gather every key >= lo, kCap at most.
+  bool optimistic = !in_smem && !collect && cp.optimistic && !by_mass;
+  if (optimistic) collect = gathering = true;
   int ncand = in_smem ? cp.ncand : 0;
   u64 above = 0, target = count_target;
   while (lo < hi) {
@@ -415,10 +428,14 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        if (take[j]) {  // this CTA's share: <= kCap of them
+        // This CTA's share: <= kCap of them, except in an optimistic level, which stops
+        // adding once the count passed kCap (read without the atomic: it only grows).
+        if (take[j] && (!optimistic || *reinterpret_cast<volatile int*>(&sh.ncand) <= kCap)) {
           const int slot = atomicAdd(&sh.ncand, 1);
-          sh.cand_key[slot] = k[j];
-          sh.cand_id[slot] = v0 + j;
+          if (slot < kCap) {
+            sh.cand_key[slot] = k[j];
+            sh.cand_id[slot] = v0 + j;
+          }
         }
         if (!in[j]) continue;
         atomicAdd(&sh.cnt[b[j]], 1u);
@@ -454,6 +471,12 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
       cp.visited = cp.visited || visiting;
     }
     MergeHistograms(sh, by_mass, cl);
+    if (optimistic && sh.ncand > kCap) {  // overflowed: this CTA goes on as without it
+      cp.weights_visited = cp.visited;
+      cp.visited = false;
+      collect = gathering = false;
+    }
+    optimistic = false;
     if (collect) {
       ncand = cp.ncand = sh.ncand;
       cp.gathered = gathering;
@@ -623,6 +646,7 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
   // filters' bins start), the max raw key, and each warp's top n_lp raw keys by (key desc, id
   // asc) (few tokens enter the warp's list once it has seen a few hundred).
   uint32_t best_key = 0, max_raw = 0, min_key = UINT32_MAX;
+  uint32_t thread_best = 0;  // this thread's own best score key (0: no token)
   int best_id = vocab;
   WarpTop top;
   if (greedy || filters || n_lp > 0) {
@@ -648,6 +672,7 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
           }
         },
         [] {});
+    thread_best = best_key;
     BlockBestKey(best_key, best_id, sh);
     int unused = 0;
     BlockBestKey(rk, unused, sh);
@@ -668,10 +693,28 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
     RankTop(sh.lp_key, sh.lp_id, kWarps * n_lp, n_lp,
             [&](int rk, int i) { sh.top_key[rk] = sh.lp_key[i], sh.top_id[rk] = sh.lp_id[i]; });
   }
+  // Top-k with k <= kThreads: a lower bound on the row's k-th largest score key, this CTA's k-th
+  // largest per-thread best (k distinct tokens are at or above it), then the largest over the
+  // cluster. Few keys lie above it where the row's tokens are spread over the threads (about k
+  // a CTA for values in no particular order), so top-k's first level can copy them all
+  // (Copy::optimistic) and the row is read once less. Any bound gives the same threshold.
+  uint32_t topk_bound = 0;
+  if (filters && engine::HasTopK(sp, vocab) && sp.top_k <= kThreads) {
+    uint64_t l = 0, h = UINT32_MAX;  // the largest t with #(thread_best >= t) >= k
+    while (l < h) {
+      const uint64_t mid = (l + h + 1) >> 1;
+      if (__syncthreads_count(thread_best >= mid) >= sp.top_k) {
+        l = mid;
+      } else {
+        h = mid - 1;
+      }
+    }
+    topk_bound = static_cast<uint32_t>(l);
+  }
   // The cluster's best and max (every CTA reads every CTA's, in rank order).
   if (threadIdx.x == 0) {
     sh.x_best_key = best_key, sh.x_best_id = best_id, sh.x_max_raw = max_raw;
-    sh.x_min_key = min_key;
+    sh.x_min_key = min_key, sh.x_topk_bound = topk_bound;
   }
   cl.sync();
   for (int r = 0; r < parts; ++r) {
@@ -680,6 +723,7 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
       best_key = o->x_best_key, best_id = o->x_best_id;
     max_raw = max(max_raw, o->x_max_raw);
     min_key = min(min_key, o->x_min_key);
+    topk_bound = max(topk_bound, o->x_topk_bound);
   }
   const float min_value = engine::KeyValue(min_key);
 
@@ -700,6 +744,7 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
     }
   };
   bool visit_draw = false, visit_weights = false;  // what the next SelectKey's visit does
+  Copy cp;
   auto visit = [&](int v0, float4 q, int n, const uint32_t(&k)[4], uint32_t hi, bool gathering) {
     if (visit_draw && !gathering) {
       bool keep[4];
@@ -707,25 +752,27 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
       for (int j = 0; j < 4; ++j) keep[j] = j < n && k[j] > hi;
       draw.Quad(v0, k, keep);
     }
-    if (visit_weights) add_weights(v0, q, n);
+    if (visit_weights && !cp.weights_visited) add_weights(v0, q, n);
   };
   auto visit_step = [&] {
     if (visit_draw) draw.Step();
   };
   uint32_t floor_key = 0;
   bool weights_done = false, cands_cover = false;  // cands_cover: candidates + drawn = kept
-  Copy cp;
-  if (filters) {  // (temperature rows only: greedy has none)
+  if (filters) {                                   // (temperature rows only: greedy has none)
     if (sp.min_p > 0.0f) floor_key = engine::MinPKey(best_key, sp.min_p);
     int64_t kept = -1;  // elements >= floor_key, where known
     const bool top_p = sp.top_p < 1.0f;
     if (engine::HasTopK(sp, vocab)) {
       visit_draw = !top_p, visit_weights = n_lp > 0;
       cp.visit = true, cp.gather = true;
+      const uint32_t lo = max(floor_key, topk_bound);
+      cp.optimistic = lo > 0;  // (from 0 every key is in range: it could not fit)
       floor_key =
-          SelectKey(sh, cl, z, vocab, sl, key_of, floor_key, best_key, false, 0.0f,
+          SelectKey(sh, cl, z, vocab, sl, key_of, lo, best_key, false, 0.0f,
                     static_cast<u64>(sp.top_k), 1.0f, -1, min_value, &kept, cp, visit, visit_step);
-      weights_done = cp.visited && visit_weights;
+      cp.optimistic = false;
+      weights_done = (cp.visited || cp.weights_visited) && visit_weights;
       cands_cover = cp.gathered || (cp.visited && visit_draw);
     }
     if (top_p) {
