@@ -655,20 +655,29 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
     ForEachQuad(
         z, vocab, sl,
         [&](int v0, float4 q, int n) {
+          uint32_t r[4] = {0, 0, 0, 0};
+          bool enters = false;  // one of this lane's tokens would enter the warp's list
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             if (j >= per) break;
-            const bool ok = j < n;
             const int v = v0 + j;
-            uint32_t r = 0;
-            if (ok) {
+            if (j < n) {
               const uint32_t k = key_of(v, QuadAt(q, j));
               if (k > best_key || (k == best_key && v < best_id)) best_key = k, best_id = v;
               min_key = min(min_key, k);
-              r = raw_key(v, QuadAt(q, j));
-              rk = max(rk, r);
+              r[j] = raw_key(v, QuadAt(q, j));
+              rk = max(rk, r[j]);
+              enters = enters || KeyBefore(r[j], v, top.last_key, top.last_id);
             }
-            if (n_lp > 0) top.Offer(r, v, ok, n_lp);
+          }
+          // Offers of tokens that cannot enter change nothing: one vote for the quad, and the
+          // per-token offers only where a lane has one that can (rare once the list filled).
+          if (n_lp > 0 && __any_sync(0xffffffffu, enters)) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              if (j >= per) break;
+              top.Offer(r[j], v0 + j, j < n, n_lp);
+            }
           }
         },
         [] {});
@@ -737,10 +746,13 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
   Draw draw;
   draw.start = engine::StreamStart(sp.seed, sp.position);
   u64 weight_sum = 0;
+  // KeyWeight(raw key of z, max_z) without the key's round trip: KeyValue(OrderKey(Canon(z))) is
+  // Canon(z), and FixedWeight(AddF(Canon(z), -max_z)) is FixedWeight(AddF(z, -max_z)) for every
+  // z (NaN and -inf weigh 0 either way; -0 and +0 give the same weight).
   auto add_weights = [&](int v0, float4 q, int n) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if (j < n) weight_sum += engine::KeyWeight(raw_key(v0 + j, QuadAt(q, j)), max_z);
+      if (j < n) weight_sum += engine::FixedWeight(engine::AddF(QuadAt(q, j), -max_z));
     }
   };
   bool visit_draw = false, visit_weights = false;  // what the next SelectKey's visit does
