@@ -277,7 +277,10 @@ class EngineImpl final : public Engine {
   std::unordered_map<hash::Hash128, int64_t, hash::Hash128Hasher> refused_pins_;
   std::optional<SchedulerOutput> inflight_;  // launched, not yet collected
   std::optional<Prepared> prepared_;         // scheduled while inflight_ runs (overlap)
-  std::atomic<bool> step_pending_{false};    // inflight_ or prepared_ set (HasWork)
+  // Batches kept between steps for their vectors' capacity (Scheduler::BuildBatch empties a
+  // batch without freeing): the plain schedule's, and the overlapped schedule's spare.
+  ForwardBatch launch_batch_, spare_batch_;
+  std::atomic<bool> step_pending_{false};  // inflight_ or prepared_ set (HasWork)
   int64_t prompt_tokens_computed_ = 0;
   int64_t generation_tokens_ = 0;
   int64_t steps_ = 0;
@@ -605,6 +608,7 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
         FailScheduled(plan, st, &failed);
       }
     }
+    spare_batch_ = std::move(p.batch);  // its capacity serves the next prepared step
   }
   FinishRows(&rows, &outputs);
   for (SequenceOutput& o : failed) outputs.push_back(std::move(o));
@@ -622,6 +626,7 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
     if (!plan.scheduled.empty()) {
       Prepared p;
       p.plan = std::move(plan);
+      p.batch = std::move(spare_batch_);
       scheduler_.BuildBatch(p.plan, backend_->BlockSize(), &p.batch, &p.pending);
       prepared_ = std::move(p);
       ++overlapped_steps_;
@@ -803,7 +808,7 @@ SchedulerOutput EngineImpl::Schedule(std::vector<SequenceOutput>* outputs) {
 }
 
 void EngineImpl::BuildAndLaunch(SchedulerOutput plan, std::vector<SequenceOutput>* outputs) {
-  ForwardBatch batch;
+  ForwardBatch& batch = launch_batch_;  // (BuildBatch empties it, keeping its capacity)
   scheduler_.BuildBatch(plan, backend_->BlockSize(), &batch);
   const SchedulerOutput copy = plan;
   if (absl::Status st = Launch(std::move(plan), &batch, {}); !st.ok()) {
