@@ -71,7 +71,7 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
   f->AddInt64("route_recent_ms", &g.route_recent_ms,
               "a prompt sent to a worker counts as held there for this long when routing, "
               "before the registry hears of it (a burst sharing a new prefix stays together); "
-              "0: off");
+              "0: off; below 0 is refused");
   f->AddDouble("route_fetch_bandwidth", &c->fetch.bandwidth,
                "peer KV fetch: measured bytes/s of a worker-to-worker fetch (bench/service/"
                "RESULTS.md); 0: never fetch, always prefill");
@@ -119,6 +119,11 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
         "and --admission_tpot_target >= 0, --admission_initial_limit >= 1, "
         "--admission_max_limit >= --admission_initial_limit and "
         "--admission_latency_tolerance > 1");
+  }
+  if (config.gateway.route_recent_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--route_recent_ms ",
+                                                   config.gateway.route_recent_ms,
+                                                   ": need >= 0 (0 turns the routing note off)"));
   }
   if (config.http_port >= 0 && (config.http_threads < 1 || config.http_threads > kMaxHttpThreads)) {
     return absl::InvalidArgumentError(absl::StrCat(

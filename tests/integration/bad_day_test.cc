@@ -280,6 +280,18 @@ TEST(BadDayTest, BadAdmissionFlagsAreRefusedAtStartWithTheirNames) {
   }
 }
 
+TEST(BadDayTest, ANegativeRouteRecentMsIsRefusedAtStart) {
+  gateway::GatewayConfig g;
+  g.server = TestServerOptions("cascade-gateway");
+  g.model_dir = TinyModelDir();
+  g.workers = "127.0.0.1:1";
+  g.gateway.route_recent_ms = -1;
+  auto gw = gateway::GatewayServer::Start(g);
+  ASSERT_FALSE(gw.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(gw.status()));
+  EXPECT_THAT(std::string(gw.status().message()), HasSubstr("--route_recent_ms -1: need >= 0"));
+}
+
 TEST(BadDayTest, BadHttpThreadsAreRefusedAtStartWithTheFlagsName) {
   for (int threads : {0, -3, gateway::kMaxHttpThreads + 1, 1 << 20}) {
     gateway::GatewayConfig g;
