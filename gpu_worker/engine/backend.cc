@@ -22,6 +22,34 @@ absl::Status Bad(const std::string& msg) {
   return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: ", msg));
 }
 
+// True if ids t[0, n) ascend strictly, counts c[0, n) are >= least and biases (where not null)
+// are finite. Every step carries these for every row with entries (tens of thousands at large
+// batches): branch-free passes in blocks of 16 that the compiler turns into vector compares
+// (kept out of line: inlined into the batch check, GCC left them scalar).
+[[gnu::noinline]] bool EntriesValid(const int32_t* t, const int32_t* c, const float* bias,
+                                    int32_t n, int32_t least) {
+  int32_t bad = 0;
+  int32_t i0 = 0;
+  for (; i0 + 16 <= n - 1; i0 += 16) {  // t[i0 + 1 ..] > t[i0 ..]
+    int32_t block = 0;
+    for (int32_t j = 0; j < 16; ++j) block |= t[i0 + j + 1] <= t[i0 + j];
+    bad |= block;
+  }
+  for (; i0 < n - 1; ++i0) bad |= t[i0 + 1] <= t[i0];
+  for (i0 = 0; i0 + 16 <= n; i0 += 16) {
+    int32_t block = 0;
+    for (int32_t j = 0; j < 16; ++j) block |= c[i0 + j] < least;
+    bad |= block;
+  }
+  for (; i0 < n; ++i0) bad |= c[i0] < least;
+  for (int32_t i = 0; bias != nullptr && i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &bias[i], 4);
+    bad |= (bits & 0x7f800000u) == 0x7f800000u;  // inf or NaN
+  }
+  return bad == 0;
+}
+
 // A SampleSpec within the ranges the kernels rely on (ValidateSampling's, plus the penalty range:
 // a row with entries has its tokens ascending with counts >= 0 (>= -1 where biased) and finite
 // biases, which the kernel's rank lookup needs).
@@ -67,29 +95,9 @@ absl::Status CheckSpec(const SampleSpec& s, const ForwardBatch& b) {
     const int32_t* t = b.penalty_tokens.data() + s.penalty_start;
     const int32_t* c = b.penalty_counts.data() + s.penalty_start;
     const float* bias = UsesBias(s) ? b.penalty_bias.data() + s.penalty_start : nullptr;
-    // Every step carries these for every such row: one branch-free pass over the row in blocks
-    // of 16 (vector compares), the offender looked for only when there is one.
     const int32_t n = s.penalty_count;
-    int32_t bad = 0;
-    int32_t i0 = 0;
-    for (; i0 + 16 <= n - 1; i0 += 16) {  // t[i0 + 1 ..] > t[i0 ..]
-      int32_t block = 0;
-      for (int32_t j = 0; j < 16; ++j) block |= t[i0 + j + 1] <= t[i0 + j];
-      bad |= block;
-    }
-    for (; i0 < n - 1; ++i0) bad |= t[i0 + 1] <= t[i0];
-    for (i0 = 0; i0 + 16 <= n; i0 += 16) {
-      int32_t block = 0;
-      for (int32_t j = 0; j < 16; ++j) block |= c[i0 + j] < least;
-      bad |= block;
-    }
-    for (; i0 < n; ++i0) bad |= c[i0] < least;
-    for (int32_t i = 0; bias != nullptr && i < n; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, &bias[i], 4);
-      bad |= (bits & 0x7f800000u) == 0x7f800000u;  // inf or NaN
-    }
-    for (int32_t i = 0; bad != 0 && i < n; ++i) {
+    const bool bad = !EntriesValid(t, c, bias, n, least);
+    for (int32_t i = 0; bad && i < n; ++i) {
       if ((i > 0 && t[i] <= t[i - 1]) || c[i] < least ||
           (bias != nullptr && !std::isfinite(bias[i]))) {
         return absl::InvalidArgumentError(absl::StrCat(
