@@ -189,10 +189,11 @@ struct AttentionPlan {
 // Plans `batch`. Rows of a sequence with one new token are decode rows (split + merge, cascade
 // candidates); rows of longer sequences are prefill rows (final items of up to
 // PrefillQueriesPerCta(head_dim) / group rows, longest first). A shared tile becomes one split
-// item per chunk of up to kMaxQueriesPerCta / group rows of its group. Host cost: one hash
-// probe per (decode row, full tile), no allocation per tile. Errors: InvalidArgument for
-// inconsistent metadata (positions outside [0, context_len), block tables too short for
-// context_len, bad config).
+// item per chunk of up to kMaxQueriesPerCta / group rows of its group. Host cost: one hash of a
+// block id per (decode row, full tile), a probe of the tile's blocks only where another row's
+// tile starts with the same block, nothing past a row's last such tile; no allocation per tile.
+// Errors: InvalidArgument for inconsistent metadata (positions outside [0, context_len), block
+// tables too short for context_len, bad config).
 absl::Status PlanAttention(const AttentionConfig& config, const AttentionBatch& batch,
                            AttentionPlan* plan);
 

@@ -342,6 +342,12 @@ class TileGrouper {
       if (std::equal(key, key + blocks_per_tile_, lead)) return slot_group_[s];
     }
   }
+  // A new group for a tile known to be read by no other row at this tile: GroupOf's answer for
+  // it, without the probe (later GroupOf calls do not look for it).
+  int NewGroup(int key_offset) {
+    lead_key_.push_back(key_offset);
+    return static_cast<int>(lead_key_.size()) - 1;
+  }
 
  private:
   const int32_t* block_ids_;
@@ -349,6 +355,36 @@ class TileGrouper {
   std::vector<int> stamp_, slot_group_;
   std::vector<int> lead_key_;  // [group] offset of the group's first key in block_ids
   int generation_ = 0;
+};
+
+// How many of a step's (row, tile) pairs start with each block id, up to 2: a tile whose first
+// block starts no other pair is read by its row alone (rows that read the same tile start it
+// with the same block), so the every-tile planner gives it its own group without a probe. One
+// hash of one id a pair, where a probe hashes and compares a tile's blocks: distinct prompts
+// (most rows' tiles unshared) plan ~2x faster.
+class FirstBlockCounts {
+ public:
+  explicit FirstBlockCounts(int keys) {
+    size_t cap = 16;
+    while (cap < 2 * static_cast<size_t>(keys)) cap *= 2, ++shift_down_;
+    id_.resize(cap);
+    count_.assign(cap, 0);
+  }
+  // Counts block `id` and returns its slot.
+  int Add(int32_t id) {
+    const uint32_t mask = static_cast<uint32_t>(count_.size()) - 1;
+    uint32_t s = (static_cast<uint32_t>(id) * 0x9E3779B1u) >> (32 - shift_down_);  // top bits
+    while (count_[s] != 0 && id_[s] != id) s = (s + 1) & mask;
+    id_[s] = id;
+    if (count_[s] < 2) ++count_[s];
+    return static_cast<int>(s);
+  }
+  bool Shared(int slot) const { return count_[slot] >= 2; }
+
+ private:
+  std::vector<int32_t> id_;
+  std::vector<uint8_t> count_;  // 0: empty slot
+  int shift_down_ = 4;          // log2 of the capacity
 };
 
 // Emits the split items of decode rows into a plan.
@@ -490,6 +526,32 @@ class DecodePlanner {
                      [&](int a, int b) { return FullUnits(rows[a]) > FullUnits(rows[b]); });
     const int blocks_per_unit = blocks_per_tile_ * unit_;
     TileGrouper grouper(batch_.block_ids, blocks_per_unit, n);
+    // Row i's (row, tile) pairs sit at [pair_start[i], + FullUnits), each with its first block's
+    // slot in `counts`.
+    std::vector<int> pair_start(n + 1, 0);
+    for (int i = 0; i < n; ++i) pair_start[i + 1] = pair_start[i] + FullUnits(rows[i]);
+    FirstBlockCounts counts(pair_start[n]);
+    std::vector<int> pair_slot(pair_start[n]);
+    for (int i = 0; i < n; ++i) {
+      for (int t = 0; t < pair_start[i + 1] - pair_start[i]; ++t) {
+        pair_slot[pair_start[i] + t] =
+            counts.Add(batch_.block_ids[rows[i].table_offset + t * blocks_per_unit]);
+      }
+    }
+    // cand_end[i]: 1 + row i's last tile some other row may share (0: none). From there on the
+    // row reads its tiles alone: it leaves the loop below, and its own run from its last shared
+    // tile (or earlier) to its end is emitted with the others at the end, as if it had gone on.
+    std::vector<int> cand_end(n, 0);
+    int max_full = 0;
+    for (int i = 0; i < n; ++i) {
+      for (int t = pair_start[i + 1] - pair_start[i]; t > 0; --t) {
+        if (counts.Shared(pair_slot[pair_start[i] + t - 1])) {
+          cand_end[i] = t;
+          break;
+        }
+      }
+      max_full = std::max(max_full, cand_end[i]);
+    }
     // own_begin[i]: first tile of row i's current run of unshared tiles, -1 after a shared tile.
     // node[i]: the node whose tile t - 1 row i read (-1: none).
     std::vector<int> own_begin(n, 0), node(n, -1);
@@ -499,13 +561,16 @@ class DecodePlanner {
     std::vector<int> group_of(n), size(n), start(n + 1), members(n), prev_members(n);
     std::vector<int> open, prev_open;  // nodes read at tile t, at tile t - 1
     int active = n;
-    const int max_full = n > 0 ? FullUnits(rows[order[0]]) : 0;
     for (int t = 0; t < max_full; ++t) {
       while (FullUnits(rows[order[active - 1]]) <= t) --active;
       grouper.Reset();
       int groups = 0;
       for (int k = 0; k < active; ++k) {
         const int i = order[k], p = node[i];
+        if (t >= cand_end[i]) {  // past its last tile that may be shared
+          group_of[k] = -1;
+          continue;
+        }
         const int key = rows[i].table_offset + t * blocks_per_unit;
         int g = -1;
         if (p >= 0 && node_stamp[p] == t &&
@@ -513,7 +578,8 @@ class DecodePlanner {
                        batch_.block_ids + node_key[p])) {
           g = node_group[p];
         } else {
-          g = grouper.GroupOf(key);
+          g = counts.Shared(pair_slot[pair_start[i] + t]) ? grouper.GroupOf(key)
+                                                          : grouper.NewGroup(key);
           if (g == groups) size[groups++] = 0;
           if (p >= 0 && node_stamp[p] != t) {
             node_stamp[p] = t;
@@ -530,7 +596,8 @@ class DecodePlanner {
       for (int g = 0; g < groups; ++g) size[g] = size[g] >= 2 ? 0 : -1;  // fill cursor
       for (int k = 0; k < active; ++k) {
         const int i = order[k], g = group_of[k];
-        if (size[g] < 0) {  // read by row i alone
+        if (g < 0) continue;  // left the loop (cand_end)
+        if (size[g] < 0) {    // read by row i alone
           if (own_begin[i] < 0) own_begin[i] = t;
           node[i] = -1;
         } else {
@@ -607,8 +674,7 @@ class DecodePlanner {
                 (node_last[p] + 1) * unit_);
     }
     for (int i = 0; i < n; ++i) {
-      AddOwn(rows[i], (own_begin[i] >= 0 ? own_begin[i] : FullUnits(rows[i])) * unit_,
-             rows[i].tiles());
+      AddOwn(rows[i], (own_begin[i] >= 0 ? own_begin[i] : cand_end[i]) * unit_, rows[i].tiles());
     }
   }
 
