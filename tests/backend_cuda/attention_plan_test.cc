@@ -517,6 +517,59 @@ TEST(AttentionPlanTest, RandomForestsMatchBruteForceUnderEveryShape) {
   }
 }
 
+// The every-tile planner's fast path for unshared tiles (no probe; a row leaves the tile loop
+// after its last tile another may share) gives exactly the plan without it: random forests
+// (shared prefixes, tables that meet again after diverging, prefill rows), one level,
+// super-tiles and wide items.
+TEST(AttentionPlanTest, SkippingUnsharedTilesGivesTheSamePlan) {
+  std::mt19937 rng(29);
+  for (int trial = 0; trial < 120; ++trial) {
+    std::vector<Seq> seqs;
+    int next = 0;
+    const int n = 1 + static_cast<int>(rng() % 200);
+    for (int i = 0; i < n; ++i) {
+      Seq s;
+      s.ctx = 1 + static_cast<int>(rng() % 1500);
+      s.q_len = rng() % 9 == 0 ? 1 + static_cast<int>(rng() % s.ctx) : 1;
+      const int nb = CeilDiv(s.ctx, 16);
+      if (!seqs.empty() && rng() % 3 != 0) {
+        const Seq& p = seqs[rng() % seqs.size()];
+        const int k = std::min<int>(rng() % (p.blocks.size() + 1), (s.ctx - 1) / 16);
+        s.blocks.assign(p.blocks.begin(), p.blocks.begin() + k);
+      }
+      while (static_cast<int>(s.blocks.size()) < nb) s.blocks.push_back(next++);
+      if (!seqs.empty() && rng() % 4 == 0 && (s.ctx - 1) / 16 > 0) {  // meets again later
+        const Seq& p = seqs[rng() % seqs.size()];
+        const int j = static_cast<int>(rng() % std::min<size_t>(p.blocks.size(), (s.ctx - 1) / 16));
+        for (int k = j; k < std::min<int>(j + 8, static_cast<int>(p.blocks.size())) &&
+                        k < static_cast<int>(s.blocks.size());
+             ++k) {
+          s.blocks[k] = p.blocks[k];
+        }
+      }
+      seqs.push_back(s);
+    }
+    const Batch b = MakeBatch(seqs);
+    AttentionConfig cfg{16, 8, 128, 16};
+    if (trial % 3 == 1) cfg.super_tiles = 4;
+    if (trial % 3 == 2) cfg.wide_rows = 64, cfg.wide_ctas = 132;
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    SetPlannerSkipsUnsharedTiles(false);
+    const AttentionPlan slow = Plan(cfg, b);
+    SetPlannerSkipsUnsharedTiles(true);
+    const AttentionPlan fast = Plan(cfg, b);
+    EXPECT_EQ(fast.final_items, slow.final_items);
+    EXPECT_EQ(fast.split_items, slow.split_items);
+    EXPECT_EQ(fast.item_rows, slow.item_rows);
+    EXPECT_EQ(fast.partial_base, slow.partial_base);
+    EXPECT_EQ(fast.merge_list, slow.merge_list);
+    EXPECT_EQ(fast.wide_sched, slow.wide_sched);
+    EXPECT_EQ(fast.num_wide, slow.num_wide);
+    EXPECT_EQ(fast.num_partials, slow.num_partials);
+    EXPECT_EQ(fast.cascade_groups, slow.cascade_groups);
+  }
+}
+
 TEST(AttentionPlanTest, OwnTilesMergeIntoFewerItemsOfTheSameTiles) {
   std::vector<Seq> seqs = {{1, 1000, {}}, {1, 64, {}}, {1, 65, {}}};
   int next = 0;

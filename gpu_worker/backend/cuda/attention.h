@@ -218,6 +218,13 @@ void SetDecodeWsMinTiles(int tiles);
 inline constexpr int kDecodeWsFewWorksMaxTiles = 4;
 bool DecodeWsFewWorks();
 void SetDecodeWsFewWorks(bool on);
+
+// The every-tile planner's fast path (default on): a tile whose first block no other (row, tile)
+// starts with gets its row's own group without a probe, and a row leaves the tile loop after
+// its last tile another row may share. The same plans either way; off only in the planner's
+// test that compares the two.
+bool PlannerSkipsUnsharedTiles();
+void SetPlannerSkipsUnsharedTiles(bool on);
 // Split form 6 (the rows' own tiles of a wide cascade step on the persistent decode kernel): on by
 // default; benchmarks compare it with the shared-memory form (false: form 0). Process-wide.
 bool OwnTilesOnPersistentDecode();

@@ -528,11 +528,12 @@ class DecodePlanner {
     TileGrouper grouper(batch_.block_ids, blocks_per_unit, n);
     // Row i's (row, tile) pairs sit at [pair_start[i], + FullUnits), each with its first block's
     // slot in `counts`.
+    const bool fast = PlannerSkipsUnsharedTiles();
     std::vector<int> pair_start(n + 1, 0);
     for (int i = 0; i < n; ++i) pair_start[i + 1] = pair_start[i] + FullUnits(rows[i]);
-    FirstBlockCounts counts(pair_start[n]);
-    std::vector<int> pair_slot(pair_start[n]);
-    for (int i = 0; i < n; ++i) {
+    FirstBlockCounts counts(fast ? pair_start[n] : 0);
+    std::vector<int> pair_slot(fast ? pair_start[n] : 0);
+    for (int i = 0; fast && i < n; ++i) {
       for (int t = 0; t < pair_start[i + 1] - pair_start[i]; ++t) {
         pair_slot[pair_start[i] + t] =
             counts.Add(batch_.block_ids[rows[i].table_offset + t * blocks_per_unit]);
@@ -544,7 +545,8 @@ class DecodePlanner {
     std::vector<int> cand_end(n, 0);
     int max_full = 0;
     for (int i = 0; i < n; ++i) {
-      for (int t = pair_start[i + 1] - pair_start[i]; t > 0; --t) {
+      if (!fast) cand_end[i] = FullUnits(rows[i]);
+      for (int t = pair_start[i + 1] - pair_start[i]; fast && t > 0; --t) {
         if (counts.Shared(pair_slot[pair_start[i] + t - 1])) {
           cand_end[i] = t;
           break;
@@ -578,8 +580,8 @@ class DecodePlanner {
                        batch_.block_ids + node_key[p])) {
           g = node_group[p];
         } else {
-          g = counts.Shared(pair_slot[pair_start[i] + t]) ? grouper.GroupOf(key)
-                                                          : grouper.NewGroup(key);
+          g = !fast || counts.Shared(pair_slot[pair_start[i] + t]) ? grouper.GroupOf(key)
+                                                                   : grouper.NewGroup(key);
           if (g == groups) size[groups++] = 0;
           if (p >= 0 && node_stamp[p] != t) {
             node_stamp[p] = t;
@@ -692,7 +694,13 @@ namespace {
 std::atomic<int> g_decode_ws_min_tiles{kDefaultDecodeWsMinTiles};
 std::atomic<bool> g_own_tiles_ws{true};
 std::atomic<bool> g_decode_ws_few_works{false};  // within noise (engine NOTES, run 21)
+std::atomic<bool> g_skip_unshared_tiles{true};
 }  // namespace
+
+bool PlannerSkipsUnsharedTiles() { return g_skip_unshared_tiles.load(std::memory_order_relaxed); }
+void SetPlannerSkipsUnsharedTiles(bool on) {
+  g_skip_unshared_tiles.store(on, std::memory_order_relaxed);
+}
 
 bool DecodeWsFewWorks() { return g_decode_ws_few_works.load(std::memory_order_relaxed); }
 void SetDecodeWsFewWorks(bool on) { g_decode_ws_few_works.store(on, std::memory_order_relaxed); }
