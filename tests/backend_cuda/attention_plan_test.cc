@@ -56,6 +56,43 @@ Batch MakeBatch(const std::vector<Seq>& seqs) {
 
 int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 
+// A random prefix forest over a pool of paths: each sequence copies a random earlier sequence's
+// first k blocks (k random; unless one in `fresh_one_in`), then takes fresh blocks; one in
+// `meet_one_in` then takes `meet_run` blocks of a random earlier sequence at a random place
+// (tables that meet again after diverging); one in `prefill_one_in` is a prefill row.
+struct Forest {
+  int max_seqs = 90, max_ctx = 1200, block_size = 16;
+  int prefill_one_in = 8, fresh_one_in = 4, meet_one_in = 5, meet_run = 1;
+};
+std::vector<Seq> RandomForest(std::mt19937& rng, const Forest& f) {
+  const int bs = f.block_size;
+  std::vector<Seq> seqs;
+  int next = 0;
+  const int n = 1 + static_cast<int>(rng() % f.max_seqs);
+  for (int i = 0; i < n; ++i) {
+    Seq s;
+    const bool prefill = rng() % f.prefill_one_in == 0;
+    s.ctx = 1 + static_cast<int>(rng() % f.max_ctx);
+    s.q_len = prefill ? 1 + static_cast<int>(rng() % s.ctx) : 1;
+    const int nb = CeilDiv(s.ctx, bs);
+    if (!seqs.empty() && rng() % f.fresh_one_in != 0) {
+      const Seq& p = seqs[rng() % seqs.size()];
+      const int k = std::min<int>(rng() % (p.blocks.size() + 1), (s.ctx - 1) / bs);
+      s.blocks.assign(p.blocks.begin(), p.blocks.begin() + k);
+    }
+    while (static_cast<int>(s.blocks.size()) < nb) s.blocks.push_back(next++);
+    if (!seqs.empty() && rng() % f.meet_one_in == 0 && (s.ctx - 1) / bs > 0) {
+      const Seq& p = seqs[rng() % seqs.size()];
+      const int j = static_cast<int>(rng() % std::min<size_t>(p.blocks.size(), (s.ctx - 1) / bs));
+      const int end = std::min(
+          {j + f.meet_run, static_cast<int>(p.blocks.size()), static_cast<int>(s.blocks.size())});
+      for (int k = j; k < end; ++k) s.blocks[k] = p.blocks[k];
+    }
+    seqs.push_back(s);
+  }
+  return seqs;
+}
+
 // A shared tile as the plan reads it: (tile, the sorted rows that read it in one group).
 using SharedRead = std::pair<int, std::vector<int>>;
 
@@ -439,33 +476,9 @@ TEST(AttentionPlanTest, RandomForestsMatchBruteForceUnderEveryShape) {
       {16, 8, 128, 16}, {4, 2, 64, 16}, {8, 8, 64, 32}, {32, 1, 64, 64}, {8, 4, 256, 16}};
   for (int trial = 0; trial < 60; ++trial) {
     AttentionConfig cfg = shapes[trial % shapes.size()];
-    const int bs = cfg.block_size;
-    // Random prefix forest over a pool of paths: each sequence copies a random earlier
-    // sequence's first k blocks (k random), then takes fresh blocks; now and then a sequence
-    // reuses a random earlier block id at a random place (tables that meet again).
-    std::vector<Seq> seqs;
-    int next = 0;
-    const int n = 1 + static_cast<int>(rng() % 90);
-    for (int i = 0; i < n; ++i) {
-      Seq s;
-      const bool prefill = rng() % 8 == 0;
-      s.ctx = 1 + static_cast<int>(rng() % 1200);
-      s.q_len = prefill ? 1 + static_cast<int>(rng() % s.ctx) : 1;
-      const int nb = CeilDiv(s.ctx, bs);
-      if (!seqs.empty() && rng() % 4 != 0) {
-        const Seq& p = seqs[rng() % seqs.size()];
-        const int k = std::min<int>(rng() % (p.blocks.size() + 1), (s.ctx - 1) / bs);
-        s.blocks.assign(p.blocks.begin(), p.blocks.begin() + k);
-      }
-      while (static_cast<int>(s.blocks.size()) < nb) s.blocks.push_back(next++);
-      if (!seqs.empty() && rng() % 5 == 0 && (s.ctx - 1) / bs > 0) {
-        const Seq& p = seqs[rng() % seqs.size()];
-        const int j = static_cast<int>(rng() % std::min<size_t>(p.blocks.size(), (s.ctx - 1) / bs));
-        s.blocks[j] = p.blocks[j];
-      }
-      seqs.push_back(s);
-    }
-    const Batch b = MakeBatch(seqs);
+    Forest f;
+    f.block_size = cfg.block_size;
+    const Batch b = MakeBatch(RandomForest(rng, f));
     SCOPED_TRACE("trial " + std::to_string(trial));
     cfg.tiles_per_item = 1;
     const AttentionPlan every = Plan(cfg, b);
@@ -524,32 +537,12 @@ TEST(AttentionPlanTest, RandomForestsMatchBruteForceUnderEveryShape) {
 TEST(AttentionPlanTest, SkippingUnsharedTilesGivesTheSamePlan) {
   std::mt19937 rng(29);
   for (int trial = 0; trial < 120; ++trial) {
-    std::vector<Seq> seqs;
-    int next = 0;
-    const int n = 1 + static_cast<int>(rng() % 200);
-    for (int i = 0; i < n; ++i) {
-      Seq s;
-      s.ctx = 1 + static_cast<int>(rng() % 1500);
-      s.q_len = rng() % 9 == 0 ? 1 + static_cast<int>(rng() % s.ctx) : 1;
-      const int nb = CeilDiv(s.ctx, 16);
-      if (!seqs.empty() && rng() % 3 != 0) {
-        const Seq& p = seqs[rng() % seqs.size()];
-        const int k = std::min<int>(rng() % (p.blocks.size() + 1), (s.ctx - 1) / 16);
-        s.blocks.assign(p.blocks.begin(), p.blocks.begin() + k);
-      }
-      while (static_cast<int>(s.blocks.size()) < nb) s.blocks.push_back(next++);
-      if (!seqs.empty() && rng() % 4 == 0 && (s.ctx - 1) / 16 > 0) {  // meets again later
-        const Seq& p = seqs[rng() % seqs.size()];
-        const int j = static_cast<int>(rng() % std::min<size_t>(p.blocks.size(), (s.ctx - 1) / 16));
-        for (int k = j; k < std::min<int>(j + 8, static_cast<int>(p.blocks.size())) &&
-                        k < static_cast<int>(s.blocks.size());
-             ++k) {
-          s.blocks[k] = p.blocks[k];
-        }
-      }
-      seqs.push_back(s);
-    }
-    const Batch b = MakeBatch(seqs);
+    const Batch b = MakeBatch(RandomForest(rng, {.max_seqs = 200,
+                                                 .max_ctx = 1500,
+                                                 .prefill_one_in = 9,
+                                                 .fresh_one_in = 3,
+                                                 .meet_one_in = 4,
+                                                 .meet_run = 8}));
     AttentionConfig cfg{16, 8, 128, 16};
     if (trial % 3 == 1) cfg.super_tiles = 4;
     if (trial % 3 == 2) cfg.wide_rows = 64, cfg.wide_ctas = 132;
