@@ -37,6 +37,7 @@ void AddItem(std::vector<int32_t>* items, int table_offset, int tile_begin, int 
 // shortest items. The order changes no result: each CTA computes its own rows (and a split item
 // writes its own partial slots).
 void SortLongestFirst(std::vector<int32_t>* flat) {
+  if (flat->empty()) return;  // (memcpy from an empty vector's null data() is undefined)
   std::vector<std::array<int32_t, kItemFields>> items(flat->size() / kItemFields);
   std::memcpy(items.data(), flat->data(), flat->size() * sizeof(int32_t));
   std::stable_sort(items.begin(), items.end(),
