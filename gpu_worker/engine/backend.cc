@@ -22,12 +22,13 @@ absl::Status Bad(const std::string& msg) {
   return absl::InvalidArgumentError(absl::StrCat("ForwardBatch: ", msg));
 }
 
-// True if ids t[0, n) ascend strictly, counts c[0, n) are >= least and biases (where not null)
-// are finite. Every step carries these for every row with entries (tens of thousands at large
-// batches): branch-free passes in blocks of 16 that the compiler turns into vector compares
-// (kept out of line: inlined into the batch check, GCC left them scalar).
-[[gnu::noinline]] bool EntriesValid(const int32_t* t, const int32_t* c, const float* bias,
-                                    int32_t n, int32_t least) {
+// The first i in [0, n) where ids t[0, n) stop ascending strictly (t[i] <= t[i - 1]), a count
+// c[i] is below `least` or a bias (where not null) is not finite; -1 where none. Every step
+// carries these for every row with entries (tens of thousands at large batches): branch-free
+// passes in blocks of 16 that the compiler turns into vector compares (kept out of line: inlined
+// into the batch check, GCC left them scalar), the offender looked for only when there is one.
+[[gnu::noinline]] int32_t FirstBadEntry(const int32_t* t, const int32_t* c, const float* bias,
+                                        int32_t n, int32_t least) {
   int32_t bad = 0;
   int32_t i0 = 0;
   for (; i0 + 16 <= n - 1; i0 += 16) {  // t[i0 + 1 ..] > t[i0 ..]
@@ -47,7 +48,13 @@ absl::Status Bad(const std::string& msg) {
     std::memcpy(&bits, &bias[i], 4);
     bad |= (bits & 0x7f800000u) == 0x7f800000u;  // inf or NaN
   }
-  return bad == 0;
+  for (int32_t i = 0; bad != 0 && i < n; ++i) {
+    if ((i > 0 && t[i] <= t[i - 1]) || c[i] < least ||
+        (bias != nullptr && !std::isfinite(bias[i]))) {
+      return i;
+    }
+  }
+  return -1;
 }
 
 // A SampleSpec within the ranges the kernels rely on (ValidateSampling's, plus the penalty range:
@@ -95,16 +102,11 @@ absl::Status CheckSpec(const SampleSpec& s, const ForwardBatch& b) {
     const int32_t* t = b.penalty_tokens.data() + s.penalty_start;
     const int32_t* c = b.penalty_counts.data() + s.penalty_start;
     const float* bias = UsesBias(s) ? b.penalty_bias.data() + s.penalty_start : nullptr;
-    const int32_t n = s.penalty_count;
-    const bool bad = !EntriesValid(t, c, bias, n, least);
-    for (int32_t i = 0; bad && i < n; ++i) {
-      if ((i > 0 && t[i] <= t[i - 1]) || c[i] < least ||
-          (bias != nullptr && !std::isfinite(bias[i]))) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "penalty tokens [", s.penalty_start, ", +", s.penalty_count,
-            ") must be ascending with counts >= ", least,
-            (bias != nullptr ? " and finite biases" : ""), " (at ", s.penalty_start + i, ")"));
-      }
+    if (const int32_t i = FirstBadEntry(t, c, bias, s.penalty_count, least); i >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "penalty tokens [", s.penalty_start, ", +", s.penalty_count,
+          ") must be ascending with counts >= ", least,
+          (bias != nullptr ? " and finite biases" : ""), " (at ", s.penalty_start + i, ")"));
     }
   }
   return absl::OkStatus();

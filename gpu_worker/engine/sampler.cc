@@ -77,7 +77,8 @@ absl::Status ValidateSampling(const SamplingParams& p, int vocab_size, int32_t m
     }
     if (!(bias >= -kMaxLogitBiasValue && bias <= kMaxLogitBiasValue)) {
       return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias: the bias of token ", id,
-                                                     " must be in [-100, 100], got ", bias));
+                                                     " must be in [", -kMaxLogitBiasValue, ", ",
+                                                     kMaxLogitBiasValue, "], got ", bias));
     }
   }
   return absl::OkStatus();

@@ -204,15 +204,21 @@ TEST(BadInputTest, InvalidUtf8IsNamedOnEveryRpc) {
   EXPECT_FALSE(resp.token_ids().empty());
 }
 
-TEST(BadInputTest, TokenIdsChunksAreUsedAsGiven) {
-  Stack stack({.workers = 1});
+// A greedy request whose prompt is one RAW chunk of four token ids, without a generation prompt.
+cascade::v2::GenerateRequest GreedyTokenIdsRequest(int max_tokens) {
   cascade::v2::GenerateRequest r;
   auto* c = r.add_chunks();
   c->set_kind(cascade::v2::CHUNK_KIND_RAW);
   for (int id : {9707, 11, 1879, 0}) c->mutable_token_ids()->add_ids(id);
   r.set_add_generation_prompt(false);
-  r.mutable_sampling()->set_max_tokens(3);
+  r.mutable_sampling()->set_max_tokens(max_tokens);
   r.mutable_sampling()->set_temperature(0);
+  return r;
+}
+
+TEST(BadInputTest, TokenIdsChunksAreUsedAsGiven) {
+  Stack stack({.workers = 1});
+  const cascade::v2::GenerateRequest r = GreedyTokenIdsRequest(3);
   Reply rep = Generate(stack.gateway(), r);
   ASSERT_TRUE(rep.status.ok()) << rep.status.error_message();
   EXPECT_EQ(rep.start.prompt_tokens(), 4);
@@ -222,13 +228,7 @@ TEST(BadInputTest, TokenIdsChunksAreUsedAsGiven) {
 // token that one; -100 on the token generated first keeps it out.
 TEST(BadInputTest, LogitBiasReachesTheSampler) {
   Stack stack({.workers = 1});
-  cascade::v2::GenerateRequest r;
-  auto* c = r.add_chunks();
-  c->set_kind(cascade::v2::CHUNK_KIND_RAW);
-  for (int id : {9707, 11, 1879, 0}) c->mutable_token_ids()->add_ids(id);
-  r.set_add_generation_prompt(false);
-  r.mutable_sampling()->set_max_tokens(4);
-  r.mutable_sampling()->set_temperature(0);
+  cascade::v2::GenerateRequest r = GreedyTokenIdsRequest(4);
   r.mutable_sampling()->set_ignore_eos(true);
   const Reply plain = Generate(stack.gateway(), r);
   ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
