@@ -348,6 +348,13 @@ constexpr int kTuneRuns = 7;
 constexpr double kTuneMargin = 0.95;
 // Launches timed together in a warm decode choice (KernelTimer::MinUs).
 constexpr int kWarmChain = 4;
+// The decode choice times its candidates in rounds, each candidate once a round in an order
+// rotated every round (the fastest of kChoiceRuns runs), and compares the medians of their rounds:
+// timed one after the other with the fastest of kTuneRuns, a process sometimes picked a kernel
+// ~3x slower in its replays than the usual pick (bench/engine/NOTES.md run 25), as a drift in
+// the GPU's state over the choice's ~ms favours whichever candidate it meets.
+constexpr int kChoiceRounds = 7;
+constexpr int kChoiceRuns = 3;
 
 // Times launches the way Tune and the DecodeGemm choice compare kernels: microseconds of the
 // fastest of kTuneRuns runs, each after the weights were pushed out of L2 (as in a step, where
@@ -376,10 +383,10 @@ class KernelTimer {
   // goes first, so the timed ones start on a busy GPU: timed alone after the host's wait for the
   // previous run, a launch on an idle GPU measured ~2x its cold time (session 36, call 7).
   template <typename Launch>
-  double MinUs(Launch launch, bool warm = false) {
+  double MinUs(Launch launch, bool warm = false, int runs = kTuneRuns) {
     float best_ms = 1e30f;
     const int chain = warm ? kWarmChain : 1;
-    for (int r = 0; r < kTuneRuns; ++r) {
+    for (int r = 0; r < runs; ++r) {
       if ((!warm && cudaMemsetAsync(flush_.data(), r, flush_.size(), s_) != cudaSuccess) ||
           (warm && !launch()) || !timer_.Start(s_).ok()) {
         return -1.0;
@@ -483,10 +490,6 @@ absl::Status Gemm::ChooseDecode(const Bf16* x, int x_rows, const Bf16* w, int m,
   RETURN_IF_ERROR(CopyToHost(ref.data(), y, bytes));
   auto pinned = [&] { return RunCublas(x, w, m, n, k, splits, tmp->data(), out, stream).ok(); };
   const bool warm = m <= decode_warm_max_m_;
-  timer.MinUs(pinned);  // warm-up
-  const double pinned_us = timer.MinUs(pinned, warm);
-  double best_us = pinned_us;
-  DecodeChoice best;
   bool decode_equal = false, decode_differs = false;
   std::vector<DecodeChoice> candidates;
   if (small_m_ && m <= kSmallM && k % (64 * splits) == 0) candidates.push_back({1, 0, 0});
@@ -494,15 +497,17 @@ absl::Status Gemm::ChooseDecode(const Bf16* x, int x_rows, const Bf16* w, int m,
        {std::pair{8, 8}, std::pair{16, 8}, std::pair{32, 8}, std::pair{32, 4}}) {
     if (n % cols == 0) candidates.push_back({2, cols, stages});
   }
+  auto run = [&](const DecodeChoice& c, int rows) {
+    return (c.kind == 1
+                ? SmallGemm(x, w, rows, n, k, tmp->data(), f32, stream, splits)
+                : DecodeGemm(x, w, rows, n, k, tmp->data(), f32, stream, c.cols, c.stages, splits))
+        .ok();
+  };
+  // The pinned algorithm (kind 0) and every candidate whose rows are bitwise its rows.
+  std::vector<DecodeChoice> timed = {DecodeChoice{}};
   for (const DecodeChoice& c : candidates) {
-    auto run = [&](int rows) {
-      return (c.kind == 1 ? SmallGemm(x, w, rows, n, k, tmp->data(), f32, stream, splits)
-                          : DecodeGemm(x, w, rows, n, k, tmp->data(), f32, stream, c.cols, c.stages,
-                                       splits))
-          .ok();
-    };
     const int cm = c.kind == 1 ? std::min(vm, kSmallM) : std::min(vm, 64);
-    if (!run(cm)) continue;  // that CTA shape does not fit, or no wgmma on this GPU
+    if (!run(c, cm)) continue;  // that CTA shape does not fit, or no wgmma on this GPU
     const size_t slice = static_cast<size_t>(cm) * n * es;  // one slice's first cm rows
     RETURN_IF_ERROR(Synchronize(stream));
     RETURN_IF_ERROR(CopyToHost(got.data(), tmp->data(), splits * slice));
@@ -512,12 +517,32 @@ absl::Status Gemm::ChooseDecode(const Bf16* x, int x_rows, const Bf16* w, int m,
               std::memcmp(ref.data() + sl * (bytes / splits), got.data() + sl * slice, slice) == 0;
     }
     if (c.kind == 2) (equal ? decode_equal : decode_differs) = true;
-    if (!equal) continue;                 // other bits: never used
-    timer.MinUs([&] { return run(m); });  // warm-up
-    const double us = timer.MinUs([&] { return run(m); }, warm);
+    if (equal) timed.push_back(c);  // other bits: never used
+  }
+  auto launch = [&](const DecodeChoice& c) { return c.kind == 0 ? pinned() : run(c, m); };
+  const int nt = static_cast<int>(timed.size());
+  std::vector<std::vector<double>> rounds(nt);
+  for (int i = 0; i < nt; ++i) timer.MinUs([&] { return launch(timed[i]); });  // warm-up
+  for (int r = 0; r < kChoiceRounds; ++r) {
+    for (int j = 0; j < nt; ++j) {
+      const int i = (r + j) % nt;
+      const double us = timer.MinUs([&] { return launch(timed[i]); }, warm, kChoiceRuns);
+      if (us > 0) rounds[i].push_back(us);
+    }
+  }
+  auto median = [](std::vector<double>& v) {
+    if (v.empty()) return -1.0;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  const double pinned_us = median(rounds[0]);
+  double best_us = pinned_us;
+  DecodeChoice best;
+  for (int i = 1; i < nt; ++i) {
+    const double us = median(rounds[i]);
     if (us > 0 && us < best_us && (best.kind != 0 || us < kTuneMargin * pinned_us)) {
       best_us = us;
-      best = c;
+      best = timed[i];
     }
   }
   if (decode_equal || decode_differs) ++(decode_differs ? small_rejected_ : small_verified_);

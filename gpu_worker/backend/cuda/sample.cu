@@ -14,7 +14,9 @@
 // the logprobs' weights, so the draw ends on the kept candidates (Copy). Top-k (k <= kThreads)
 // starts from a lower bound on its threshold, the k-th largest per-thread best of the first
 // pass, and its first level copies every key above it at once where they fit
-// (Copy::optimistic). The draw skips the
+// (Copy::optimistic). Where the cluster's candidates hold every key of an interval and number at
+// most kSmallN (top-k from its bound, then top-p over what top-k kept), the threshold is read off
+// them ranked (ExactSelect) instead of levels of histograms. The draw skips the
 // exact Gumbel noise of a token that a bound shows cannot beat its warp's best (GumbelUpper; the
 // bound is checked for every value of the stream by a test). Passes hand four tokens at a time
 // (ForEachQuad) so their independent arithmetic interleaves. The top logprobs come from one
@@ -45,6 +47,9 @@ constexpr int kCap = 2048;    // candidates held in shared memory (per CTA)
 constexpr int kMaxSplit = 8;  // CTAs per row at most (a portable cluster size)
 constexpr int kLp = engine::kMaxLogprobs;
 constexpr int kRankWords = 4;
+// SelectKey ranks the cluster's candidates directly (ExactSelect) where they hold every key of the
+// interval and number at most this many.
+constexpr int kSmallN = 1024;
 
 // Fixed-point weights (< 2^42) are histogrammed as four 11-bit pieces in 32-bit counters, whose
 // sums cannot overflow below 2^21 tokens: 32-bit shared atomics are native, 64-bit ones are a
@@ -55,11 +60,12 @@ constexpr int kPieceBits = 11, kPieces = 4;
 // the bitmap's rank base per group of kRankWords words (how many bits precede the group).
 // Fields marked (cluster) are read or written by the other CTAs of the row's cluster.
 struct Smem {
-  uint32_t mass[kPieces][kBins];  // (cluster) this CTA's weight pieces per bin
-  uint32_t cnt[kBins];            // (cluster) this CTA's counts per bin
-  uint32_t tot_cnt[kBins];        // (cluster) the row's counts per bin, summed over the cluster
-  u64 tot_mass[kBins];            // (cluster) the row's weights per bin
-  uint32_t cand_key[kCap];        // SelectKey's candidates of this CTA's slice: keys and ids
+  // (cluster) this CTA's weight pieces per bin; ExactSelect's scratch where no histogram is built
+  uint32_t mass[kPieces][kBins];
+  uint32_t cnt[kBins];      // (cluster) this CTA's counts per bin
+  uint32_t tot_cnt[kBins];  // (cluster) the row's counts per bin, summed over the cluster
+  u64 tot_mass[kBins];      // (cluster) the row's weights per bin
+  uint32_t cand_key[kCap];  // SelectKey's candidates of this CTA's slice: keys and ids
   int32_t cand_id[kCap];
   uint32_t lp_key[kWarps * kLp];  // the warps' top logprob keys; on rank 0, then the cluster's
   int32_t lp_id[kWarps * kLp];
@@ -74,11 +80,14 @@ struct Smem {
   int32_t x_best_id, x_draw_id;
   float x_draw_score;
   u64 x_weight_sum;
+  int x_ncand;  // (cluster) this CTA's candidates for ExactSelect, > kCap: not all of them
   uint32_t lo, hi, pop;
   int bin;
   u64 above;
   int ncand;
+  int nsmall, small_at;  // ExactSelect's
 };
+static_assert(sizeof(Smem::mass) >= (2 * kSmallN + 2) * sizeof(u64), "ExactSelect's scratch");
 
 __device__ __forceinline__ u64 Mass(const Smem& sh, int b) {
   u64 m = 0;
@@ -359,12 +368,140 @@ struct Copy {
   // where this CTA's share overflows kCap it goes on as without it. Its pass then visits with
   // `gathering` (no draw: the copy holds every key above the result) and so adds the weights.
   bool optimistic = false;
-  int ncand = 0;                 // in/out: how many candidates
-  bool visited = false;          // out: visit was called in the pass that copied
-  bool gathered = false;         // out: the candidates hold every key >= the result
+  // in: with start_in_smem, see whether every CTA's candidates hold [lo, hi] and few enough for
+  // ExactSelect (a cluster sync); uniform over the cluster, as start_in_smem need not be.
+  bool try_small = false;
+  int ncand = 0;          // in/out: how many candidates
+  bool small = false;     // in/out: ExactSelect ranked the cluster's candidates (x_ncand published)
+  bool visited = false;   // out: visit was called in the pass that copied
+  bool gathered = false;  // out: the candidates hold every key >= the result
   bool weights_visited = false;  // out: a pass visited with `gathering` (weights only) and then
                                  // overflowed; a later visit must not add the weights again
 };
+
+// Block-wide exclusive prefix sum of v, through red[kWarps] (shared memory); *total (where given):
+// the block's sum.
+template <typename T>
+__device__ __forceinline__ T BlockExclusiveSum(T v, T* red, T* total = nullptr) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  T incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T u = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += u;
+  }
+  __syncthreads();
+  if (lane == 31) red[warp] = incl;
+  __syncthreads();
+  T before = 0, all = 0;
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) before += red[w];
+    all += red[w];
+  }
+  if (total != nullptr) *total = all;
+  return before + incl - v;
+}
+
+// SelectKey's result read off the cluster's candidates directly, where they hold every key of the
+// row in [lo, hi] (each CTA's first x_ncand candidates; at most kSmallN of them in [lo, hi]): each
+// CTA copies the cluster's keys in [lo, hi] and ranks them by (key desc, id asc) (ids are
+// distinct, so the ranks are); count mode's result is the key of rank target - 1, by mass the key
+// at which the ranked weights' running sum first reaches NeedMass of their total. That is
+// SelectKey's definition (the largest key t whose suffix reaches the target: the suffix changes
+// only at candidates' keys), so the levels of histograms give the same key; every CTA ranks the
+// same set and gets it. REQUIRES: a cluster sync after the candidates and x_ncand were written;
+// neither changes before the cluster syncs again.
+__device__ uint32_t ExactSelect(Smem& sh, cg::cluster_group& cl, uint32_t lo, uint32_t hi,
+                                bool by_mass, float m, u64 count_target, float top_p,
+                                int64_t* count_ge) {
+  u64* packed = reinterpret_cast<u64*>(&sh.mass[0][0]);  // (key << 32) | ~id: one compare ranks
+  u64* ranked = packed + kSmallN + 2;                    // (past the pad)
+  if (threadIdx.x == 0) sh.nsmall = 0;
+  __syncthreads();
+  const int parts = static_cast<int>(cl.num_blocks());
+  for (int r = 0; r < parts; ++r) {
+    const Smem* o = cl.map_shared_rank(&sh, r);
+    const int n = o->x_ncand;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const uint32_t k = o->cand_key[i];
+      if (k >= lo && k <= hi) {
+        packed[atomicAdd(&sh.nsmall, 1)] =
+            (u64{k} << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(o->cand_id[i]));
+      }
+    }
+  }
+  __syncthreads();
+  const int n = sh.nsmall;
+  if (threadIdx.x == 0) packed[n] = 0;  // pads the pairs read below: 0 ranks after every entry
+  __syncthreads();
+  const ulonglong2* pairs = reinterpret_cast<const ulonglong2*>(packed);
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const u64 p = packed[i];
+    int rank = 0;
+    for (int j = 0; j < (n + 1) / 2; ++j) {
+      const ulonglong2 q = pairs[j];
+      rank += (q.x > p) + (q.y > p);
+    }
+    ranked[rank] = p;
+  }
+  __syncthreads();
+  auto key_at = [&](int i) { return static_cast<uint32_t>(ranked[i] >> 32); };
+  uint32_t result = lo;
+  if (!by_mass) {
+    if (static_cast<u64>(n) < count_target) {
+      *count_ge = n;
+    } else {
+      const uint32_t t = key_at(static_cast<int>(count_target) - 1);
+      for (int i = threadIdx.x; i < n; i += kThreads) {  // the last rank with a key >= t
+        if (key_at(i) >= t && (i + 1 == n || key_at(i + 1) < t)) sh.small_at = i;
+      }
+      __syncthreads();
+      *count_ge = sh.small_at + 1;
+      result = t;
+    }
+  } else {
+    constexpr int kPer = kSmallN / kThreads;  // a thread's run of ranks
+    const int i0 = min(n, static_cast<int>(threadIdx.x) * kPer);
+    const int i1 = min(n, i0 + kPer);
+    u64 w[kPer], run = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      w[j] = i0 + j < i1 ? engine::KeyWeight(key_at(i0 + j), m) : 0;
+      run += w[j];
+    }
+    u64 total = 0;
+    u64 acc = BlockExclusiveSum(run, sh.red64, &total);
+    const u64 target = engine::NeedMass(total, top_p);
+    if (total < target) {  // uniform: every thread has the same total
+      *count_ge = static_cast<int64_t>(total);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (acc < target && acc + w[j] >= target) sh.small_at = i0 + j;  // once in the block
+        acc += w[j];
+      }
+      __syncthreads();
+      result = key_at(sh.small_at);
+    }
+  }
+  __syncthreads();  // sh.small_at and the scratch read before a later use overwrites them
+  return result;
+}
+
+// Publishes this CTA's candidate count for ExactSelect (more than kCap: not all of them) and
+// returns the cluster's total, or kSmallN + 1 where some CTA's are not all. Every CTA calls it
+// alike (a cluster sync).
+__device__ int ClusterCandidates(Smem& sh, cg::cluster_group& cl, int ncand) {
+  if (threadIdx.x == 0) sh.x_ncand = ncand;
+  cl.sync();
+  int total = 0;
+  for (int r = 0; r < static_cast<int>(cl.num_blocks()); ++r) {
+    const int c = cl.map_shared_rank(&sh, r)->x_ncand;
+    total = c > kCap ? kSmallN + 1 : min(total + c, kSmallN + 1);
+    if (total > kSmallN) break;
+  }
+  return total;
+}
 
 // With cp.visit, the pass in which a CTA copies its share of [lo, hi] also visits: the result is
 // <= that hi, so the caller can draw from the keys above it there (all kept) and later from the
@@ -378,6 +515,13 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
   *count_ge = -1;
   cp.visited = cp.gathered = cp.weights_visited = false;
   bool in_smem = cp.start_in_smem, first = true;
+  // Candidates a level before held the interval: rank them where the cluster's are few.
+  if (cp.try_small && lo < hi &&
+      (cp.small || ClusterCandidates(sh, cl, in_smem ? cp.ncand : kCap + 1) <= kSmallN)) {
+    cp.small = true;
+    return ExactSelect(sh, cl, lo, hi, by_mass, m, count_target, top_p, count_ge);
+  }
+  cp.small = false;
   bool collect = !in_smem && known_pop >= 0 && known_pop <= kCap, gathering = false;
   // The optimistic first level (count mode): gather every key >= lo, kCap at most.
   bool optimistic = !in_smem && !collect && cp.optimistic && !by_mass;
@@ -470,6 +614,16 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
           });
       cp.visited = cp.visited || visiting;
     }
+    // The optimistic level: where every CTA copied all its keys >= lo and the cluster's are few,
+    // rank them (no histogram levels).
+    if (optimistic) {
+      __syncthreads();  // this CTA's copy is complete
+      if (ClusterCandidates(sh, cl, sh.ncand) <= kSmallN) {
+        cp.ncand = sh.ncand;
+        cp.gathered = cp.small = true;
+        return ExactSelect(sh, cl, lo, hi, by_mass, m, count_target, top_p, count_ge);
+      }
+    }
     MergeHistograms(sh, by_mass, cl);
     if (optimistic && sh.ncand > kCap) {  // overflowed: this CTA goes on as without it
       cp.weights_visited = cp.visited;
@@ -558,23 +712,6 @@ __device__ __forceinline__ void RankTop(const uint32_t* keys, const int32_t* ids
   }
 }
 
-// Block-wide exclusive prefix sum of v (uses sh.red_key).
-__device__ __forceinline__ uint32_t BlockExclusiveSum(uint32_t v, Smem& sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  uint32_t incl = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const uint32_t u = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += u;
-  }
-  __syncthreads();
-  if (lane == 31) sh.red_key[warp] = incl;
-  __syncthreads();
-  uint32_t before = 0;
-  for (int w = 0; w < warp; ++w) before += sh.red_key[w];
-  return before + incl - v;
-}
-
 // One row's share (this CTA's slice) of SampleKernel's work. kCounted: the row's listed tokens
 // carry entries (UsesEntries: generated counts, and logit biases where biased), looked up by
 // rank; a separate instance, so rows without them run the plain path's code.
@@ -609,7 +746,7 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
     const int g0 = min(groups, static_cast<int>(threadIdx.x) * per), g1 = min(groups, g0 + per);
     uint32_t bits = 0;
     for (int w = g0 * kRankWords; w < min(words, g1 * kRankWords); ++w) bits += __popc(bitmap[w]);
-    uint32_t run = BlockExclusiveSum(bits, sh);
+    uint32_t run = BlockExclusiveSum(bits, sh.red_key);
     for (int g = g0; g < g1; ++g) {
       rank_base[g] = run;
       for (int w = g * kRankWords; w < min(words, (g + 1) * kRankWords); ++w) {
@@ -791,6 +928,7 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
       int64_t unused = 0;  // few kept by top-k: top-p's first level already gathers them
       visit_draw = true, visit_weights = n_lp > 0 && !weights_done;
       cp.visit = true, cp.gather = false, cp.start_in_smem = cp.gathered;
+      cp.try_small = engine::HasTopK(sp, vocab);  // (uniform: whether top-k ran)
       floor_key = SelectKey(sh, cl, z, vocab, sl, key_of, floor_key, best_key, true,
                             engine::KeyValue(best_key), 0, sp.top_p, kept, min_value, &unused, cp,
                             visit, visit_step);
