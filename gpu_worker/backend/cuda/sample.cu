@@ -332,16 +332,24 @@ struct Binning {
   }
 };
 
-// The smallest key in [lo, hi] whose bin is >= b, or hi + 1 where none (a binary search).
+// The smallest key in [lo, hi] whose bin is >= b, or hi + 1 where none. A warp's 32 lanes each
+// test one key of the interval a round (the bin is monotone in the key), so each round cuts it to
+// a 32nd: 7 rounds for 2^32 keys. Every lane of the warp calls it and gets the result.
 __device__ uint64_t FirstKeyOfBin(const Binning& bins, uint32_t lo, uint32_t hi, int b) {
-  uint64_t l = lo, h = uint64_t{hi} + 1;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  uint64_t l = lo, h = uint64_t{hi} + 1;  // the result is in [l, h]
   while (l < h) {
-    const uint64_t mid = (l + h) >> 1;
-    if (bins.Of(static_cast<uint32_t>(mid)) >= b) {
-      h = mid;
-    } else {
-      l = mid + 1;
+    const uint64_t step = (h - l + 31) / 32;
+    const uint64_t probe = l + step * (lane + 1) - 1;  // lane 31's is >= h - 1
+    const bool at_or_after = probe >= h || bins.Of(static_cast<uint32_t>(probe)) >= b;
+    const unsigned m = __ballot_sync(0xffffffffu, at_or_after);
+    if (m == 0) {  // none of [l, h) is: the result is h
+      l = h;
+      break;
     }
+    const int f = __ffs(m) - 1;
+    h = min(h, l + step * (f + 1) - 1);
+    l = f > 0 ? l + step * f : l;
   }
   return l;
 }
@@ -368,13 +376,12 @@ struct Copy {
   // where this CTA's share overflows kCap it goes on as without it. Its pass then visits with
   // `gathering` (no draw: the copy holds every key above the result) and so adds the weights.
   bool optimistic = false;
-  // in: with start_in_smem, see whether every CTA's candidates hold [lo, hi] and few enough for
-  // ExactSelect (a cluster sync); uniform over the cluster, as start_in_smem need not be.
-  bool try_small = false;
-  int ncand = 0;          // in/out: how many candidates
-  bool small = false;     // in/out: ExactSelect ranked the cluster's candidates (x_ncand published)
-  bool visited = false;   // out: visit was called in the pass that copied
-  bool gathered = false;  // out: the candidates hold every key >= the result
+  int ncand = 0;  // in/out: how many candidates
+  // in/out: ExactSelect ranked the cluster's candidates (x_ncand published), which hold every key
+  // >= its result in every CTA
+  bool small = false;
+  bool visited = false;          // out: visit was called in the pass that copied
+  bool gathered = false;         // out: the candidates hold every key >= the result
   bool weights_visited = false;  // out: a pass visited with `gathering` (weights only) and then
                                  // overflowed; a later visit must not add the weights again
 };
@@ -402,18 +409,19 @@ __device__ __forceinline__ T BlockExclusiveSum(T v, T* red, T* total = nullptr) 
   return before + incl - v;
 }
 
-// SelectKey's result read off the cluster's candidates directly, where they hold every key of the
-// row in [lo, hi] (each CTA's first x_ncand candidates; at most kSmallN of them in [lo, hi]): each
-// CTA copies the cluster's keys in [lo, hi] and ranks them by (key desc, id asc) (ids are
-// distinct, so the ranks are); count mode's result is the key of rank target - 1, by mass the key
-// at which the ranked weights' running sum first reaches NeedMass of their total. That is
-// SelectKey's definition (the largest key t whose suffix reaches the target: the suffix changes
-// only at candidates' keys), so the levels of histograms give the same key; every CTA ranks the
-// same set and gets it. REQUIRES: a cluster sync after the candidates and x_ncand were written;
-// neither changes before the cluster syncs again.
+// A SelectKey level's result read off the cluster's candidates directly, where they hold every
+// key of the row in [lo, hi] (each CTA's first x_ncand candidates; at most kSmallN of them in
+// [lo, hi]): each CTA copies the cluster's keys in [lo, hi] and ranks them by (key desc, id asc)
+// (ids are distinct, so the ranks are). The result is the largest key t whose suffix (`above`,
+// what the keys above hi add, plus the ranked ones >= t) reaches the target: in count mode the key
+// of rank target - above - 1, by mass the key at which the ranked weights' running sum first
+// reaches it; at the first level (`first`) by mass, the target is NeedMass of their total. The
+// suffix changes only at candidates' keys, so that is the key the levels of histograms narrow
+// to; every CTA ranks the same set and gets it. REQUIRES: a cluster sync after the candidates and
+// x_ncand were written; neither changes before the cluster syncs again.
 __device__ uint32_t ExactSelect(Smem& sh, cg::cluster_group& cl, uint32_t lo, uint32_t hi,
-                                bool by_mass, float m, u64 count_target, float top_p,
-                                int64_t* count_ge) {
+                                bool by_mass, float m, u64 above, u64 target, bool first,
+                                float top_p, int64_t* count_ge) {
   u64* packed = reinterpret_cast<u64*>(&sh.mass[0][0]);  // (key << 32) | ~id: one compare ranks
   u64* ranked = packed + kSmallN + 2;                    // (past the pad)
   if (threadIdx.x == 0) sh.nsmall = 0;
@@ -448,15 +456,15 @@ __device__ uint32_t ExactSelect(Smem& sh, cg::cluster_group& cl, uint32_t lo, ui
   auto key_at = [&](int i) { return static_cast<uint32_t>(ranked[i] >> 32); };
   uint32_t result = lo;
   if (!by_mass) {
-    if (static_cast<u64>(n) < count_target) {
-      *count_ge = n;
+    if (above + n < target) {  // (the first level only: a later one's interval holds the target)
+      *count_ge = static_cast<int64_t>(above + n);
     } else {
-      const uint32_t t = key_at(static_cast<int>(count_target) - 1);
+      const uint32_t t = key_at(static_cast<int>(target - above) - 1);
       for (int i = threadIdx.x; i < n; i += kThreads) {  // the last rank with a key >= t
         if (key_at(i) >= t && (i + 1 == n || key_at(i + 1) < t)) sh.small_at = i;
       }
       __syncthreads();
-      *count_ge = sh.small_at + 1;
+      *count_ge = static_cast<int64_t>(above) + sh.small_at + 1;
       result = t;
     }
   } else {
@@ -470,9 +478,9 @@ __device__ uint32_t ExactSelect(Smem& sh, cg::cluster_group& cl, uint32_t lo, ui
       run += w[j];
     }
     u64 total = 0;
-    u64 acc = BlockExclusiveSum(run, sh.red64, &total);
-    const u64 target = engine::NeedMass(total, top_p);
-    if (total < target) {  // uniform: every thread has the same total
+    u64 acc = above + BlockExclusiveSum(run, sh.red64, &total);
+    if (first) target = engine::NeedMass(total, top_p);
+    if (above + total < target) {  // (the first level only) uniform: every thread has the total
       *count_ge = static_cast<int64_t>(total);
     } else {
 #pragma unroll
@@ -515,13 +523,14 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
   *count_ge = -1;
   cp.visited = cp.gathered = cp.weights_visited = false;
   bool in_smem = cp.start_in_smem, first = true;
-  // Candidates a level before held the interval: rank them where the cluster's are few.
-  if (cp.try_small && lo < hi &&
-      (cp.small || ClusterCandidates(sh, cl, in_smem ? cp.ncand : kCap + 1) <= kSmallN)) {
-    cp.small = true;
-    return ExactSelect(sh, cl, lo, hi, by_mass, m, count_target, top_p, count_ge);
+  // The candidates that the caller's previous SelectKey ranked hold this interval too.
+  if (cp.small && lo < hi) {
+    return ExactSelect(sh, cl, lo, hi, by_mass, m, 0, count_target, true, top_p, count_ge);
   }
   cp.small = false;
+  // The cluster's count of keys in [lo, hi] where known (uniform), -1 where not: the first
+  // level's from the caller, a later one's from the merged histogram.
+  int64_t pop = known_pop;
   bool collect = !in_smem && known_pop >= 0 && known_pop <= kCap, gathering = false;
   // The optimistic first level (count mode): gather every key >= lo, kCap at most.
   bool optimistic = !in_smem && !collect && cp.optimistic && !by_mass;
@@ -529,6 +538,9 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
   int ncand = in_smem ? cp.ncand : 0;
   u64 above = 0, target = count_target;
   while (lo < hi) {
+    // Few keys in the interval: every CTA copies its share in this level's pass (or holds it
+    // already), and ExactSelect ranks them after it: no histogram.
+    const bool small = pop >= 0 && pop <= kSmallN;
     Binning bins;
     bins.lo = lo;
     bins.shift = max(0, 32 - __clz(hi - lo) - 11);
@@ -543,7 +555,7 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
         bins.by_value = true, bins.base = base, bins.scale = scale;
       }
     }
-    for (int i = threadIdx.x; i < kBins; i += kThreads) {
+    for (int i = threadIdx.x; i < (small ? 0 : kBins); i += kThreads) {
       sh.cnt[i] = 0;
       if (by_mass) {
 #pragma unroll
@@ -581,7 +593,7 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
             sh.cand_id[slot] = v0 + j;
           }
         }
-        if (!in[j]) continue;
+        if (!in[j] || small) continue;
         atomicAdd(&sh.cnt[b[j]], 1u);
         if (by_mass) {
 #pragma unroll
@@ -594,7 +606,7 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
       }
     };
     if (in_smem) {
-      for (int i = threadIdx.x; i < ncand; i += kThreads) {
+      for (int i = threadIdx.x; i < (small ? 0 : ncand); i += kThreads) {
         const uint32_t k[4] = {sh.cand_key[i], 0, 0, 0};
         add(k, 0, 1);
       }
@@ -614,14 +626,17 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
           });
       cp.visited = cp.visited || visiting;
     }
-    // The optimistic level: where every CTA copied all its keys >= lo and the cluster's are few,
-    // rank them (no histogram levels).
-    if (optimistic) {
+    // Rank the candidates where the interval's keys are few, or where the optimistic level
+    // copied every CTA's keys >= lo and the cluster's are few.
+    if (small || optimistic) {
       __syncthreads();  // this CTA's copy is complete
-      if (ClusterCandidates(sh, cl, sh.ncand) <= kSmallN) {
-        cp.ncand = sh.ncand;
-        cp.gathered = cp.small = true;
-        return ExactSelect(sh, cl, lo, hi, by_mass, m, count_target, top_p, count_ge);
+      const int mine = in_smem ? ncand : sh.ncand;
+      if (ClusterCandidates(sh, cl, mine) <= kSmallN || small) {
+        if (!in_smem) cp.ncand = mine, cp.gathered = gathering;
+        // Only the optimistic level's copies hold every key >= the result in every CTA, so that a
+        // following SelectKey over [result, hi] may rank them again without a pass.
+        cp.small = optimistic;
+        return ExactSelect(sh, cl, lo, hi, by_mass, m, above, target, first, top_p, count_ge);
       }
     }
     MergeHistograms(sh, by_mass, cl);
@@ -636,11 +651,23 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
       cp.gathered = gathering;
       in_smem = true, collect = false;
     }
+    // The bin holding the target: the highest b whose suffix (above plus the bins >= b) reaches
+    // it. Each thread holds kBins / kThreads consecutive bins; one scan gives every thread the
+    // suffix from its first bin (and the total), and the thread whose bins hold b finds it.
+    constexpr int kPer = kBins / kThreads;
+    const int b0 = static_cast<int>(threadIdx.x) * kPer;
+    u64 v[kPer], chunk = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      v[j] = by_mass ? sh.tot_mass[b0 + j] : sh.tot_cnt[b0 + j];
+      chunk += v[j];
+    }
+    u64 total = 0;
+    const u64 suffix = [&] {  // bins >= b0
+      const u64 before = BlockExclusiveSum(chunk, sh.red64, &total);
+      return total - before;
+    }();
     if (first) {
-      u64 part = 0;
-      for (int i = threadIdx.x; i < kBins; i += kThreads)
-        part += by_mass ? sh.tot_mass[i] : sh.tot_cnt[i];
-      const u64 total = BlockSum(part, sh);
       if (by_mass) target = engine::NeedMass(total, top_p);
       if (total < target) {  // uniform over the cluster: every thread has the same total
         *count_ge = static_cast<int64_t>(total);
@@ -648,42 +675,37 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
       }
       first = false;
     }
-    if (threadIdx.x < 32) {
-      const int lane = threadIdx.x;
-      u64 chunk = 0;
-      for (int b = lane * 64; b < lane * 64 + 64; ++b)
-        chunk += by_mass ? sh.tot_mass[b] : sh.tot_cnt[b];
-      u64 suffix = chunk;  // sum over lanes >= lane
+    // The interval holds the target: some thread's suffix reaches it.
+    if (above + suffix >= target && (b0 + kPer == kBins || above + suffix - chunk < target)) {
+      u64 acc = above + suffix - chunk;  // the bins above this thread's
+      int b = b0;
 #pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const u64 t = __shfl_down_sync(0xffffffffu, suffix, o);
-        if (lane + o < 32) suffix += t;
+      for (int j = kPer - 1; j >= 0; --j) {
+        if (acc + v[j] >= target) {
+          b = b0 + j;
+          break;
+        }
+        acc += v[j];
       }
-      const unsigned ok = __ballot_sync(0xffffffffu, above + suffix >= target);
-      const int j = 31 - __clz(ok);  // ok != 0: the interval holds the target
-      if (lane == j) {
-        u64 acc = above + suffix - chunk;
-        int b = lane * 64 + 63;
-        for (;; --b) {
-          const u64 fb = by_mass ? sh.tot_mass[b] : sh.tot_cnt[b];
-          if (acc + fb >= target || b == lane * 64) {
-            sh.above = acc;
-            break;
-          }
-          acc += fb;
-        }
-        uint64_t nlo, nhi;
-        if (bins.by_value) {
-          nlo = FirstKeyOfBin(bins, lo, hi, b);
-          nhi = b + 1 < kBins ? FirstKeyOfBin(bins, lo, hi, b + 1) - 1 : hi;
-        } else {
-          nlo = uint64_t{lo} + (uint64_t{static_cast<uint32_t>(b)} << bins.shift);
-          nhi = nlo + (uint64_t{1} << bins.shift) - 1;
-        }
+      sh.above = acc;
+      sh.bin = b;
+      sh.pop = sh.tot_cnt[b];
+      if (!bins.by_value) {
+        const uint64_t nlo = uint64_t{lo} + (uint64_t{static_cast<uint32_t>(b)} << bins.shift);
+        const uint64_t nhi = nlo + (uint64_t{1} << bins.shift) - 1;
         sh.lo = static_cast<uint32_t>(nlo);
         sh.hi = static_cast<uint32_t>(nhi < hi ? nhi : hi);
-        sh.pop = sh.tot_cnt[b];
-        sh.bin = b;
+      }
+    }
+    if (bins.by_value) {  // the bin's keys: two warps search in parallel
+      __syncthreads();
+      const int warp = threadIdx.x >> 5, b = sh.bin;
+      if (warp == 0) {
+        const uint64_t nlo = FirstKeyOfBin(bins, lo, hi, b);
+        if (threadIdx.x == 0) sh.lo = static_cast<uint32_t>(nlo);
+      } else if (warp == 1) {
+        const uint64_t nhi = b + 1 < kBins ? FirstKeyOfBin(bins, lo, hi, b + 1) - 1 : hi;
+        if (threadIdx.x == 32) sh.hi = static_cast<uint32_t>(nhi < hi ? nhi : hi);
       }
     }
     __syncthreads();
@@ -692,6 +714,7 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
     // ... or with the keys above it, which the row holds `above` of (count mode).
     gathering = collect && cp.gather && !by_mass && above + sh.cnt[sh.bin] <= kCap;
     if (!by_mass) *count_ge = static_cast<int64_t>(above + sh.pop);
+    pop = sh.pop;
     __syncthreads();  // sh.* read before the next level overwrites them
   }
   return lo;
@@ -928,7 +951,6 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
       int64_t unused = 0;  // few kept by top-k: top-p's first level already gathers them
       visit_draw = true, visit_weights = n_lp > 0 && !weights_done;
       cp.visit = true, cp.gather = false, cp.start_in_smem = cp.gathered;
-      cp.try_small = engine::HasTopK(sp, vocab);  // (uniform: whether top-k ran)
       floor_key = SelectKey(sh, cl, z, vocab, sl, key_of, floor_key, best_key, true,
                             engine::KeyValue(best_key), 0, sp.top_p, kept, min_value, &unused, cp,
                             visit, visit_step);
