@@ -735,12 +735,33 @@ __device__ __forceinline__ void RankTop(const uint32_t* keys, const int32_t* ids
   }
 }
 
+// The score key of token v (value x) listed in a counted row: its entry's count and bias found
+// by its rank in the shared-memory bitmap (SampleRow's, with the bits before each group of
+// kRankWords words after it). A row lists few of its tokens, so this runs rarely; out of line, and
+// taking the kernel's parameters (the constant bank holds them) rather than SampleRow's
+// pointers, so that the passes' loops hold none of its values in registers (inlined, the counted
+// instance spilled in them).
+__device__ __noinline__ uint32_t ListedKey(float x, int v, int vocab, const SampleSpec* specs,
+                                           const int32_t* penalty_counts,
+                                           const float* penalty_bias) {
+  extern __shared__ uint4 smem_raw[];
+  const SampleSpec& sp = specs[blockIdx.x / cg::this_cluster().num_blocks()];
+  const uint32_t* bitmap = reinterpret_cast<const uint32_t*>(reinterpret_cast<Smem*>(smem_raw) + 1);
+  const uint32_t* rank_base = bitmap + (vocab + 31) / 32;
+  const int w = v >> 5, g = w / kRankWords;
+  uint32_t r = rank_base[g] + __popc(bitmap[w] & ((1u << (v & 31)) - 1u));
+  for (int j = g * kRankWords; j < w; ++j) r += __popc(bitmap[j]);
+  const float bias = engine::UsesBias(sp) ? penalty_bias[sp.penalty_start + r] : 0.0f;
+  return engine::ScoreKey(x, true, penalty_counts[sp.penalty_start + r], bias, sp,
+                          engine::InvTemperature(sp));
+}
+
 // One row's share (this CTA's slice) of SampleKernel's work. kCounted: the row's listed tokens
 // carry entries (UsesEntries: generated counts, and logit biases where biased), looked up by
 // rank; a separate instance, so rows without them run the plain path's code.
 template <bool kCounted>
 __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const SampleSpec& sp,
-                                          const int32_t* penalty_tokens,
+                                          const SampleSpec* specs, const int32_t* penalty_tokens,
                                           const int32_t* penalty_counts, const float* penalty_bias,
                                           int32_t* out, engine::RowLogprobs* lp_out, Smem& sh) {
   const int words = (vocab + 31) / 32, groups = (words + kRankWords - 1) / kRankWords;
@@ -779,20 +800,11 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
     __syncthreads();
   }
   const float inv_t = engine::InvTemperature(sp);
-  const int32_t* counts = penalty_counts + sp.penalty_start;
-  const float* biases = engine::UsesBias(sp) ? penalty_bias + sp.penalty_start : nullptr;
-  auto rank_of = [&](int v) {  // v listed: its index in the list
-    const int w = v >> 5, g = w / kRankWords;
-    uint32_t r = rank_base[g] + __popc(bitmap[w] & ((1u << (v & 31)) - 1u));
-    for (int j = g * kRankWords; j < w; ++j) r += __popc(bitmap[j]);
-    return r;
-  };
   auto key_of = [&](int v, float x) {
     const bool listed = pen && ((bitmap[v >> 5] >> (v & 31)) & 1u);
     if constexpr (counted) {
       if (!listed) return engine::ScoreKey(x, false, 0, 0.0f, sp, inv_t);
-      const uint32_t r = rank_of(v);
-      return engine::ScoreKey(x, true, counts[r], biases != nullptr ? biases[r] : 0.0f, sp, inv_t);
+      return ListedKey(x, v, vocab, specs, penalty_counts, penalty_bias);
     } else {
       return engine::ScoreKey(x, listed, 0, 0.0f, sp, inv_t);
     }
@@ -1049,11 +1061,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   Smem& sh = *reinterpret_cast<Smem*>(smem_raw);
   const SampleSpec sp = specs[blockIdx.x / cg::this_cluster().num_blocks()];
   if (engine::UsesPenalty(sp) && engine::UsesEntries(sp)) {
-    SampleRow<true>(logits, vocab, sp, penalty_tokens, penalty_counts, penalty_bias, out, lp_out,
-                    sh);
+    SampleRow<true>(logits, vocab, sp, specs, penalty_tokens, penalty_counts, penalty_bias, out,
+                    lp_out, sh);
   } else {
-    SampleRow<false>(logits, vocab, sp, penalty_tokens, penalty_counts, penalty_bias, out, lp_out,
-                     sh);
+    SampleRow<false>(logits, vocab, sp, specs, penalty_tokens, penalty_counts, penalty_bias, out,
+                     lp_out, sh);
   }
 }
 
