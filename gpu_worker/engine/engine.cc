@@ -345,6 +345,10 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
   seq->prompt_len = prompt_len;
   seq->output_start = static_cast<size_t>(prompt_len - req.resumed_tokens);
   StartListed(seq->sampling, &seq->listed_tokens, &seq->listed_counts, &seq->listed_bias);
+  // The prompt's tokens folded into the list here, on the caller's thread: for a long prompt
+  // with penalties that is a sort of its tokens (~2 ms for 32k), which on the engine thread
+  // (FillPenalties, where later tokens fold in) would stall every running request's step.
+  AdvanceListed(seq.get(), [](int32_t, bool) {});
   const std::vector<hash::ChunkSpec> specs = hash::SpecsOf(req.chunks);
   seq->chunks = req.placed.size() == req.chunks.size()
                     ? std::move(req.placed)
