@@ -25,8 +25,9 @@
 // (on 64 rows of normal pseudo-random x), or else at the bucket's first call outside graph
 // capture (on that call's x; during capture an unchosen bucket takes the pinned algorithm).
 // Every candidate's rows are compared bitwise with the pinned algorithm's; only equal ones are
-// timed (as Tune times: weights flushed from L2, fastest of 7), and an alternative is kept only
-// if >= 5% faster than the pinned algorithm. A row's bits never depend on the choice. (An H100
+// timed, the pinned one among them, in 7 interleaved rounds (each the fastest of 3 runs; the
+// order rotated a round), their medians compared, and an alternative is kept only if >= 5%
+// faster than the pinned algorithm. A row's bits never depend on the choice. (An H100
 // measured DecodeGemm 20-35% faster than the pinned kernels on qwen3-8b's projections at m <= 32
 // and slower on qwen3-0.6b's n = 1024 ones, where its k16 chain bounds a CTA: engine NOTES run 11.)
 //
@@ -200,10 +201,10 @@ class Gemm {
   // The pinned algorithm for this call's m (nullptr: cuBLASLt rejects it there).
   absl::StatusOr<const Algo*> PinnedFor(int m, int n, int k, GemmOut out, int splits);
   // First decode-sized call of (n, k, out, bucket of m): y = the pinned result; times the pinned
-  // algorithm, SmallGemm and DecodeGemm CTA shapes whose outputs are bitwise the pinned one's,
-  // keeps the fastest (an alternative only if >= 5% faster than the pinned algorithm).
-  // x has x_rows >= m rows: the bits are compared on all of them, the times taken at m; y receives
-  // the pinned result of all x_rows rows.
+  // algorithm, SmallGemm and DecodeGemm CTA shapes whose outputs are bitwise the pinned one's
+  // (interleaved rounds, medians), keeps the fastest (an alternative only if >= 5% faster than the
+  // pinned algorithm). x has x_rows >= m rows: the bits are compared on all of them, the times
+  // taken at m; y receives the pinned result of all x_rows rows.
   absl::Status ChooseDecode(const Bf16* x, int x_rows, const Bf16* w, int m, int n, int k, void* y,
                             GemmOut out, Stream stream);
   // First call at a tune size: y = the pinned result; picks the algorithm for (m, n, k, out).
