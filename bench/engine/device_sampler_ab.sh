@@ -6,8 +6,9 @@
 # first every GPU test binary on this tree (a timing counts only where they pass). SASS=<sampler>:
 # then ncu's per-instruction stall samples of one launch of that sampler on this tree
 # (bench/engine/sass_hot.py). RATES=1: then engine_bench's decode rate on this tree for
-# RATE_SAMPLERS (default greedy,topp,all,greedy) at RATE_BATCHES (default 1,64,256): the ratio to
-# greedy in one process (issue 10's bar). Logs under $OUT.
+# RATE_SAMPLERS (default greedy,topp,all) at RATE_BATCHES (default 1,64,256) in ROUNDS (default 5)
+# interleaved rounds, medians compared: the ratio to greedy in one process (issue 10's bar).
+# Logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
 . scripts/device_gpu_subdirs.sh
@@ -57,7 +58,8 @@ if [ -n "${SASS:-}" ]; then
 fi
 if [ "${RATES:-0}" = 1 ]; then
   timeout 300 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=decode \
-    --samplers=${RATE_SAMPLERS:-greedy,topp,all,greedy} --batches=${RATE_BATCHES:-1,64,256} \
+    --samplers=${RATE_SAMPLERS:-greedy,topp,all} --batches=${RATE_BATCHES:-1,64,256} \
+    --rounds=${ROUNDS:-5} \
     >"$OUT/rates.log" 2>&1 || echo "rates rc=$?"
   grep -A8 "by variant" "$OUT/rates.log"
 fi

@@ -12,6 +12,7 @@
 //                [--variants=default,eager,heuristic] [--temperature=T]
 //                [--samplers=greedy,temperature,topk,topp,minp,penalty,freqpres,logprobs,all,bias]
 //                [--nano_seqs=256] [--nano_min_len=100] [--nano_max_len=1024] [--tune_log=1]
+//                [--rounds=1]
 //
 // Decode variants (CUDA backend), run one after another in the same process so they compare
 // on the same device state: "default" (deterministic: pinned GEMM algorithms, decode CUDA
@@ -73,7 +74,10 @@
 // (top_p 0.9), "minp" (min_p 0.05), "penalty" (repetition_penalty 1.2), "freqpres"
 // (frequency_penalty 0.5, presence_penalty 0.5), "logprobs" (5), "all" (every one of those at
 // once), "bias" (a logit_bias of 64 ids below 4096: -100, 5, -2 or 0.5; not in "all").
-// Each variant's engine runs them one after another.
+// Each variant's engine runs them one after another. --rounds=R (> 1): instead, at each batch,
+// the samplers run R times each in rounds, the order rotated a round (round r starts with the
+// r-th), so a drift in the device's or the process's state over the run reaches every sampler
+// alike; a sampler's ms/step is the median of its rounds, and the ratios compare medians.
 //
 // nanovllm: nano-vllm's bench.py workload: nano_seqs requests at once, input and output lengths
 // uniform in [nano_min_len, nano_max_len] (std::mt19937 seeded with --seed, so not Python's
@@ -155,6 +159,7 @@ struct Flags {
   int nano_min_len = 100;
   int nano_max_len = 1024;
   bool tune_log = false;  // print each GEMM tuning and decode-sized kernel choice (gemm.h)
+  int rounds = 1;         // decode: each batch's samplers timed this many times, interleaved
 };
 
 // Sets the sampling options of --samplers name `n` on p (p null: only checks the name).
@@ -353,6 +358,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->variants = absl::StrSplit(v, ',', absl::SkipEmpty());
       Variant var;
       for (const std::string& n : f->variants) ok = ok && ParseVariant(n, &var);
+    } else if (k == "rounds") {
+      ok = absl::SimpleAtoi(v, &f->rounds) && f->rounds >= 1 && f->rounds <= 50;
     } else if (k == "nano_seqs")
       int_flag(&f->nano_seqs);
     else if (k == "nano_min_len")
@@ -741,20 +748,101 @@ PhaseResult RunBatch(Bench& b, engine::Engine& e, const std::vector<engine::Requ
   return r;
 }
 
+// "variant" or "variant/sampler" -> batch -> ms/step
+using DecodeMs = std::map<std::string, std::map<int, double>>;
+
+// The column of a variant's sampler: "variant/sampler" (or the variant alone with one sampler),
+// with #2, #3, ... where the name is in `columns` already (a sampler listed twice).
+std::string DecodeColumn(const Bench& b, const std::string& variant, const std::string& sampler,
+                         const std::vector<std::string>& columns) {
+  const std::string c = b.flags.samplers.size() > 1 ? variant + "/" + sampler : variant;
+  std::string u = c;
+  for (int k = 2; std::find(columns.begin(), columns.end(), u) != columns.end(); ++k) {
+    u = absl::StrCat(c, "#", k);
+  }
+  return u;
+}
+
+// --rounds=R > 1: one variant's samplers at each batch, R interleaved rounds (see the header).
+void DecodeRounds(Bench& b, engine::Engine& e, const std::string& name, DecodeMs* ms,
+                  std::vector<std::string>* columns) {
+  const std::vector<std::string>& samplers = b.flags.samplers;
+  const int ns = static_cast<int>(samplers.size()), rounds = b.flags.rounds;
+  std::vector<std::string> cols;
+  for (const std::string& s : samplers) {
+    cols.push_back(DecodeColumn(b, name, s, *columns));
+    columns->push_back(cols.back());
+  }
+  std::printf(
+      "\n## Decode, variant %s, %d rounds (prompt %d tokens, %d generated, ignore_eos; ms/step "
+      "of each run, the samplers' order rotated a round)\n\n| batch | round |",
+      name.c_str(), rounds, b.flags.prompt_len, b.flags.decode_len);
+  for (const std::string& s : samplers) std::printf(" %s |", s.c_str());
+  std::printf("\n|---:|---|");
+  for (int i = 0; i < ns; ++i) std::printf("---:|");
+  std::printf("\n");
+  std::mt19937 rng(b.flags.seed + 1);
+  auto requests = [&](int n, int max_tokens) {
+    std::vector<engine::Request> reqs;
+    for (int i = 0; i < n; ++i) {
+      reqs.push_back(MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, max_tokens));
+    }
+    return reqs;
+  };
+  for (const std::string& s : samplers) {  // first-use costs (GEMM choice, allocations)
+    g_sampler = s;
+    RunBatch(b, e, requests(2, 4));
+  }
+  for (int batch : b.flags.batches) {
+    for (const std::string& s : samplers) {  // the bucket's capture, each sampler's buffers
+      g_sampler = s;
+      RunBatch(b, e, requests(batch, 3));
+    }
+    std::vector<std::vector<double>> runs(ns);
+    for (int r = 0; r < rounds; ++r) {
+      for (int j = 0; j < ns; ++j) {
+        const int i = (r + j) % ns;
+        g_sampler = samplers[i];
+        const PhaseResult res = RunBatch(b, e, requests(batch, b.flags.decode_len));
+        runs[i].push_back(1e3 * res.decode_s / std::max(1, res.decode_steps));
+      }
+      std::printf("| %d | %d |", batch, r + 1);
+      for (int i = 0; i < ns; ++i) std::printf(" %.3f |", runs[i].back());
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    std::printf("| %d | median |", batch);
+    for (int i = 0; i < ns; ++i) {
+      std::vector<double> v = runs[i];
+      std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+      (*ms)[cols[i]][batch] = v[v.size() / 2];
+      std::printf(" **%.3f** |", v[v.size() / 2]);
+    }
+    std::printf("\n| %d | max / min |", batch);
+    for (int i = 0; i < ns; ++i) {
+      const auto [lo, hi] = std::minmax_element(runs[i].begin(), runs[i].end());
+      std::printf(" %.3f |", *hi / *lo);
+    }
+    std::printf("\n");
+  }
+  b.PrintCounters();
+  g_sampler = "greedy";
+}
+
 void DecodeSection(Bench& b) {
-  // "variant" or "variant/sampler" -> batch -> ms/step
-  std::map<std::string, std::map<int, double>> ms;
+  DecodeMs ms;
   std::vector<std::string> columns;
   for (const std::string& name : b.flags.variants) {
     Variant variant;
     ParseVariant(name, &variant);
     auto e = b.MakeEngine(true, variant);
+    if (b.flags.rounds > 1) {
+      DecodeRounds(b, *e, name, &ms, &columns);
+      continue;
+    }
     for (const std::string& sampler : b.flags.samplers) {
       g_sampler = sampler;
-      std::string column = b.flags.samplers.size() > 1 ? name + "/" + sampler : name;
-      for (int k = 2; ms.count(column) != 0; ++k) {  // a repeated name: name#2, #3, ...
-        column = absl::StrCat(b.flags.samplers.size() > 1 ? name + "/" + sampler : name, "#", k);
-      }
+      const std::string column = DecodeColumn(b, name, sampler, columns);
       columns.push_back(column);
       std::printf(
           "\n## Decode, variant %s, sampler %s (prompt %d tokens, %d generated, "
@@ -808,8 +896,10 @@ void DecodeSection(Bench& b) {
     for (const std::string& c : base_runs) sum += ms[c][batch];
     return sum / static_cast<double>(base_runs.size());
   };
-  std::printf("\n## Decode ms/step by variant (same process; ratio = column / %s%s)\n\n| batch |",
-              base.c_str(), base_runs.size() > 1 ? ", the mean of its runs" : "");
+  const std::string how =
+      b.flags.rounds > 1 ? absl::StrCat(", the median of ", b.flags.rounds, " rounds") : "";
+  std::printf("\n## Decode ms/step by variant (same process%s; ratio = column / %s%s)\n\n| batch |",
+              how.c_str(), base.c_str(), base_runs.size() > 1 ? ", the mean of its runs" : "");
   for (const std::string& v : columns) std::printf(" %s |", v.c_str());
   for (size_t i = 1; i < columns.size(); ++i) {
     std::printf(" %s / %s |", columns[i].c_str(), base.c_str());
