@@ -5,7 +5,8 @@
 # memory / scheduler sections of one top-p launch. TESTS=1: first every GPU test binary (a timing
 # counts only where they pass). BASE_SRC=<folder> (a baseline tree, carried): the same ncu
 # durations for its build, same call. RATES=1: then engine_bench's decode rate per sampler at
-# RATE_BATCHES (default BATCHES) for RATE_SAMPLERS (default SAMPLERS) (ratio to greedy, issue 10's bar). Logs under $OUT.
+# RATE_BATCHES (default BATCHES) for RATE_SAMPLERS (default SAMPLERS) in ROUNDS (default 5)
+# interleaved rounds, medians compared (ratio to greedy, issue 10's bar). Logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-device-out}; mkdir -p "$OUT"
 . scripts/device_gpu_subdirs.sh
@@ -50,7 +51,7 @@ if [ "${SECTIONS:-1}" = 1 ]; then
   grep -E "Duration|Throughput|Issued|Eligible|Active Warps|Stall|Occupancy|Registers|Shared Memory|Block Size|Grid Size|Cluster|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|One or More|No Eligible" "$OUT/ncu_topp_sections.txt" | head -60
 fi
 if [ "${RATES:-0}" = 1 ]; then  # decode rate per sampler (issue 10: within 10% of greedy)
-  timeout 300 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=decode --samplers=${RATE_SAMPLERS:-${SAMPLERS:-greedy,topp,logprobs}} --batches=${RATE_BATCHES:-${BATCHES:-64}} >"$OUT/samplers.log" 2>&1 || echo "samplers rc=$?"
+  timeout 300 build-gpu/bench/engine_bench --backend=cuda --preset=qwen3-0.6b --sections=decode --samplers=${RATE_SAMPLERS:-${SAMPLERS:-greedy,topp,logprobs}} --batches=${RATE_BATCHES:-${BATCHES:-64}} --rounds=${ROUNDS:-5} >"$OUT/samplers.log" 2>&1 || echo "samplers rc=$?"
   grep -A20 "by variant" "$OUT/samplers.log"
 fi
 echo "total $(( $(date +%s) - t0 )) s"

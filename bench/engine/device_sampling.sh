@@ -8,7 +8,8 @@
 # for both.
 # Usage: bash bench/engine/device_sampling.sh [preset, default qwen3-0.6b]
 # Environment: BATCHES (default 1,64,256), VARIANTS (default default,overlap), SAMPLERS (default
-# all of them), NANO (default 1).
+# all of them), ROUNDS (default 5: each batch's samplers in interleaved rounds, medians compared),
+# NANO (default 1).
 # Logs under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-device-out}
@@ -27,7 +28,7 @@ GPU_TESTS="cuda_kernels_test cuda_attention_test cuda_backend_test engine_cuda_t
 echo "tests: $(( $(date +%s) - t0 )) s; all passed: $([ $fail = 0 ] && echo yes || echo NO)"
 timeout 300 build-gpu/bench/engine_bench --backend=cuda --preset=$PRESET --sections=decode \
   --samplers=${SAMPLERS:-greedy,temperature,topk,topp,minp,penalty,freqpres,logprobs,all} \
-  --variants=${VARIANTS:-default,overlap} --batches=${BATCHES:-1,64,256} \
+  --variants=${VARIANTS:-default,overlap} --batches=${BATCHES:-1,64,256} --rounds=${ROUNDS:-5} \
   >"$OUT/decode_sampling_$PRESET.log" 2>&1
 echo "decode rc=$? ($(( $(date +%s) - t0 )) s)"
 sed -n '/by variant/,$p' "$OUT/decode_sampling_$PRESET.log"
