@@ -289,20 +289,14 @@ void Scheduler::FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) c
     // Room for the tokens still in flight (0 is a valid token id; the count leaves it out).
     batch->penalty_tokens.resize(batch->penalty_tokens.size() +
                                  (seq.tokens.size() - seq.listed_upto));
-    if (counts) {
-      if (UsesEntries(spec)) {
-        batch->penalty_counts.insert(batch->penalty_counts.end(), seq.listed_counts.begin(),
-                                     seq.listed_counts.end());
-      }
-      batch->penalty_counts.resize(batch->penalty_tokens.size());
-    }
-    if (bias) {
-      if (UsesBias(spec)) {
-        batch->penalty_bias.insert(batch->penalty_bias.end(), seq.listed_bias.begin(),
-                                   seq.listed_bias.end());
-      }
-      batch->penalty_bias.resize(batch->penalty_tokens.size());
-    }
+    // The parallel arrays: the row's entries where it carries them, zeros where not (another
+    // row does), and the same room.
+    auto parallel = [&](auto* dst, bool carries, const auto& src) {
+      if (carries) dst->insert(dst->end(), src.begin(), src.end());
+      dst->resize(batch->penalty_tokens.size());
+    };
+    if (counts) parallel(&batch->penalty_counts, UsesEntries(spec), seq.listed_counts);
+    if (bias) parallel(&batch->penalty_bias, UsesBias(spec), seq.listed_bias);
   });
 }
 
