@@ -1,9 +1,9 @@
 // Exactly reproducible arithmetic for sampling, shared by the host sampler and the CUDA kernel:
 // the counter-based random stream (a hash of (seed, position, token), no state), and ln / exp
-// built only from correctly rounded IEEE operations (add, multiply, divide, frexp, floor), so the
-// host and the device compute every value bit for bit alike (libm's logf and CUDA's logf may
-// differ by an ulp; an FMA the compiler fuses rounds once instead of twice). Compiles as plain
-// C++ and, under nvcc, as host+device code.
+// built only from correctly rounded IEEE operations (add, multiply, fused multiply-add, divide,
+// frexp, floor), so the host and the device compute every value bit for bit alike (libm's logf
+// and CUDA's logf may differ by an ulp; an FMA the compiler fuses where the code multiplies and
+// adds rounds once instead of twice). Compiles as plain C++ and, under nvcc, as host+device code.
 #pragma once
 
 #include <cmath>
@@ -43,6 +43,15 @@ CASCADE_HD float DivF(float a, float b) {
   return __fdiv_rn(a, b);
 #else
   return a / b;
+#endif
+}
+// a * b + c rounded once (IEEE fusedMultiplyAdd on both sides: glibc's fmaf is exact with or
+// without the instruction).
+CASCADE_HD float FmaF(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fmaf(a, b, c);
 #endif
 }
 CASCADE_HD double AddD(double a, double b) {
@@ -157,17 +166,17 @@ CASCADE_HD uint64_t FixedWeight(float d) {
   const float x = live ? x0 : 0.0f;
   const float n = FloorF(x);    // [-41, 0]
   const float f = AddF(x, -n);  // [0, 1), exact
-  // 2^f = sum (f ln 2)^k / k!, k <= 9 (truncation < 1e-8).
+  // 2^f = sum (f ln 2)^k / k!, k <= 9 (truncation < 1e-8), by Horner's rule in fused steps.
   float p = 1.01780860e-07f;
-  p = AddF(MulF(p, f), 1.32154868e-06f);
-  p = AddF(MulF(p, f), 1.52527338e-05f);
-  p = AddF(MulF(p, f), 0.000154035304f);
-  p = AddF(MulF(p, f), 0.00133335581f);
-  p = AddF(MulF(p, f), 0.00961812911f);
-  p = AddF(MulF(p, f), 0.0555041087f);
-  p = AddF(MulF(p, f), 0.240226507f);
-  p = AddF(MulF(p, f), 0.693147181f);
-  p = AddF(MulF(p, f), 1.0f);
+  p = FmaF(p, f, 1.32154868e-06f);
+  p = FmaF(p, f, 1.52527338e-05f);
+  p = FmaF(p, f, 0.000154035304f);
+  p = FmaF(p, f, 0.00133335581f);
+  p = FmaF(p, f, 0.00961812911f);
+  p = FmaF(p, f, 0.0555041087f);
+  p = FmaF(p, f, 0.240226507f);
+  p = FmaF(p, f, 0.693147181f);
+  p = FmaF(p, f, 1.0f);
   const uint32_t q = static_cast<uint32_t>(MulF(p, 8388608.0f));  // p in [1, 2]: < 2^25
   const int shift = static_cast<int>(n) + (kWeightBits - 23);     // [-24, 17]
   const uint64_t w = shift >= 0 ? uint64_t{q} << shift : uint64_t{q >> -shift};
@@ -197,10 +206,14 @@ CASCADE_HD uint64_t StreamStart(uint64_t seed, int64_t position) {
 }
 
 // Uniform in (0, 1) with 24 bits, never 0 or 1, for vocabulary entry v: value v + 1 of the
-// SplitMix64 generator started at `start` (one mix per entry; the start is per row).
-CASCADE_HD float TokenUniformAt(uint64_t start, int32_t v) {
+// SplitMix64 generator started at `start` (one mix per entry; the start is per row), its top 24
+// bits j (TokenBitsAt) made UniformOf(j) (TokenUniformAt).
+CASCADE_HD uint32_t TokenBitsAt(uint64_t start, int32_t v) {
   const uint64_t x = Mix64(start + (static_cast<uint64_t>(static_cast<uint32_t>(v)) + 1) * kGolden);
-  return UniformOf(static_cast<uint32_t>(x >> 40));
+  return static_cast<uint32_t>(x >> 40);
+}
+CASCADE_HD float TokenUniformAt(uint64_t start, int32_t v) {
+  return UniformOf(TokenBitsAt(start, v));
 }
 
 // The same for token `v` at `position` of stream `seed`.

@@ -470,6 +470,14 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
       row[11] = NAN, row[12] = -INFINITY, row[13] = -0.0f, row[14] = 0.0f;
     }
     if (r == 9 || r == 19) std::fill(row, row + kVocab, 1.5f);  // one value: ties everywhere
+    // Rows whose first values say little of the rest: the likeliest tokens at the row's end, far
+    // above the others, or the values rising along the row (top-p alone where r % 8 == 2).
+    if (r % 16 == 10) {
+      for (int v = kVocab - 64; v < kVocab; ++v) row[v] = 8.0f * sigma + static_cast<float>(v % 7);
+    }
+    if (r % 16 == 2) {
+      for (int v = 0; v < kVocab; ++v) row[v] += 4.0f * sigma * static_cast<float>(v) / kVocab;
+    }
     engine::SampleSpec& s = specs[r];
     const int mode = r % 8;  // which options this row combines
     bool counted = false;    // the row's listed tokens carry counts

@@ -17,8 +17,9 @@
 // (Copy::optimistic). Where the cluster's candidates hold every key of an interval and number at
 // most kSmallN (top-k from its bound, then top-p over what top-k kept), the threshold is read off
 // them ranked (ExactSelect) instead of levels of histograms. The draw skips the
-// exact Gumbel noise of a token that a bound shows cannot beat its warp's best (GumbelUpper; the
-// bound is checked for every value of the stream by a test). Passes hand four tokens at a time
+// exact Gumbel noise of a token that a bound shows cannot beat its warp's best: first one read
+// off the uniform's leading one bits (GumbelCoarse, no logarithm), then GumbelUpper (both are
+// checked for every value of the stream by a test). Passes hand four tokens at a time
 // (ForEachQuad) so their independent arithmetic interleaves. The top logprobs come from one
 // list per warp (WarpTop), ranked per CTA and then over the cluster by (key desc, id asc).
 #include <cooperative_groups.h>
@@ -163,6 +164,14 @@ __device__ __forceinline__ float GumbelUpper(float u) {
   const float g = __fadd_ru(-__logf(-__logf(u)), kGumbelSlack);
   return u > 0.99f ? INFINITY : g;
 }
+// A coarser bound from the uniform's bits j alone, without a logarithm: with L leading ones in
+// its 24 bits (L < 24), u < 1 - 2^-(L+1), so -ln u > 2^-(L+1) and the noise -ln(-ln u) is below
+// (L + 1) ln 2 (plus a slack for the rule's logarithms). Checked for all 2^24 values with the
+// others.
+__device__ __forceinline__ float GumbelCoarse(uint32_t j) {
+  const int ones = __clz(~(j << 8));  // leading ones of the 24 bits (24: all)
+  return ones >= 24 ? INFINITY : __fmaf_ru(static_cast<float>(ones + 1), 0.6931472f, kGumbelSlack);
+}
 
 // This CTA's slice of the row: tokens [begin, end) (multiples of 4 where the row is read as
 // float4). f(v, z[v]) for each, 16-byte loads where the row allows; a thread meets its ids in
@@ -241,10 +250,18 @@ struct Draw {
       any = any || need[j];
     }
     if (!any) return;
-    float u[4];  // the quad's uniforms side by side, then the rare exact noise
+    float u[4];          // the quad's uniforms side by side, then the rare exact noise
+    bool close = false;  // a token the coarse bound keeps: the finer bound decides
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      u[j] = engine::TokenUniformAt(start, v0 + j);
+      const uint32_t bits = engine::TokenBitsAt(start, v0 + j);
+      u[j] = engine::UniformOf(bits);
+      need[j] = need[j] && (bar == 0 || !(engine::AddF(value[j], GumbelCoarse(bits)) < best));
+      close = close || need[j];
+    }
+    if (!close) return;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
       need[j] = need[j] && (bar == 0 || !(engine::AddF(value[j], GumbelUpper(u[j])) < best));
     }
 #pragma unroll
@@ -595,12 +612,12 @@ __device__ uint32_t SelectKey(Smem& sh, cg::cluster_group& cl, const float* z, i
         }
         if (!in[j] || small) continue;
         atomicAdd(&sh.cnt[b[j]], 1u);
-        if (by_mass) {
+        if (by_mass && w[j] != 0) {  // (most pieces of a weight are not 0: no test of each)
 #pragma unroll
           for (int p = 0; p < kPieces; ++p) {
             const uint32_t piece =
                 static_cast<uint32_t>(w[j] >> (p * kPieceBits)) & ((1u << kPieceBits) - 1);
-            if (piece != 0) atomicAdd(&sh.mass[p][b[j]], piece);
+            atomicAdd(&sh.mass[p][b[j]], piece);
           }
         }
       }
@@ -1074,7 +1091,9 @@ __global__ void GumbelBoundKernel(unsigned long long* violations) {
   const uint32_t j = blockIdx.x * blockDim.x + threadIdx.x;
   const float u = engine::UniformOf(j);
   const float g = engine::GumbelNoise(u);
-  if (!(g <= kGumbelMax) || !(g <= GumbelUpper(u))) atomicAdd(violations, 1ull);
+  if (!(g <= kGumbelMax) || !(g <= GumbelUpper(u)) || !(g <= GumbelCoarse(j))) {
+    atomicAdd(violations, 1ull);
+  }
 }
 
 std::atomic<size_t> g_smem_set{0};
