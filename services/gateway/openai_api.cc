@@ -235,9 +235,6 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
       return Bad(absl::StrCat(key, " is not supported"));
     }
   }
-  if (auto e = body.find("echo"); e != body.end() && e->is_boolean() && e->get<bool>()) {
-    return Bad("echo is not supported");
-  }
   // logit_bias: {"<token id>": bias in [-100, 100]} (the worker checks the ids against the
   // vocabulary, and the count).
   if (auto lb = body.find("logit_bias"); lb != body.end() && !lb->is_null()) {
@@ -468,6 +465,31 @@ absl::StatusOr<Translated> TranslateRequest(const json& body, Endpoint endpoint,
                               ") is more than ", kMaxChoicesInAll, " choices"));
     }
   }
+  auto echo = Bool(body, "echo", false);
+  if (!echo.ok()) return echo.status();
+  if (*echo) {
+    if (endpoint == Endpoint::kChat) return Bad("echo is a /v1/completions option");
+    if (t.meta.logprobs) {
+      return Bad("echo with logprobs is not supported (the prompt's logprobs are not computed)");
+    }
+    // Each prompt's text as given: raw text chunks only (a token-id prompt has no text here, and
+    // the chunks extension's kinds are wrapped in the chat template).
+    auto texts = std::make_shared<std::vector<std::string>>();
+    for (int i = 0; i < t.meta.prompts; ++i) {
+      const cascade::v2::GenerateRequest& r = i == 0 ? t.request : t.more_prompts[i - 1];
+      std::string text;
+      for (const cascade::v2::Chunk& c : r.chunks()) {
+        if (c.kind() != cascade::v2::CHUNK_KIND_RAW || c.has_token_ids()) {
+          return Bad(t.meta.prompts == 1
+                         ? "echo needs a text prompt"
+                         : absl::StrCat("echo needs text prompts: prompt[", i, "] is not text"));
+        }
+        text += c.text();
+      }
+      texts->push_back(std::move(text));
+    }
+    t.meta.echo = std::move(texts);
+  }
   return t;
 }
 
@@ -559,6 +581,18 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
     if (id_->empty()) *id_ = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", ev.start().request_id());
     usage_.set_prompt_tokens(ev.start().prompt_tokens());
     usage_.set_cached_tokens(ev.start().cached_tokens());
+    if (meta_.echo != nullptr && !chat) {  // the choice's text starts with its prompt's
+      const size_t prompt = static_cast<size_t>(index_ / std::max(1, meta_.n));
+      const std::string& p = meta_.echo->at(std::min(prompt, meta_.echo->size() - 1));
+      text_ = p + text_;
+      text_characters_ += Characters(p);
+      if (meta_.stream && !p.empty()) {
+        json c = Envelope(object);
+        c["choices"] = json::array(
+            {{{"index", index_}, {"text", p}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+        out.push_back(std::move(c));
+      }
+    }
     if (chat && meta_.stream) {
       json c = Envelope(object);
       c["choices"] = json::array({{{"index", index_},

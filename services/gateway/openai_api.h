@@ -34,6 +34,8 @@ struct RequestMeta {
   bool logprobs = false;       // logprobs asked for (completions: an int; chat: a bool)
   int n = 1;                   // choices a prompt, 1 to kMaxChoices
   int prompts = 1;             // prompts (a completions prompt list), 1 to kMaxPrompts
+  // Completions' `echo`: each prompt's text, which its choices' text starts with (null: no echo).
+  std::shared_ptr<const std::vector<std::string>> echo;
 };
 
 struct Translated {
@@ -44,8 +46,9 @@ struct Translated {
 };
 
 // Validates an OpenAI request body and translates it. `served_model` is accepted (and an empty
-// or missing model means it); another model is NOT_FOUND. Unsupported options (tools, echo,
-// best_of, suffix) and n outside 1 to kMaxChoices are INVALID_ARGUMENT naming the field, never
+// or missing model means it); another model is NOT_FOUND. Unsupported options (tools, best_of,
+// suffix; echo on chat, with logprobs (the prompt's logprobs are not computed) or of a prompt
+// that is not text) and n outside 1 to kMaxChoices are INVALID_ARGUMENT naming the field, never
 // silently ignored.
 absl::StatusOr<Translated> TranslateRequest(const nlohmann::json& body, Endpoint endpoint,
                                             const std::string& served_model);

@@ -365,6 +365,64 @@ TEST(OpenAiApiTest, AChatStreamStartsWithTheRoleAndEndsWithTheFinishReason) {
   EXPECT_EQ(usage["usage"]["completion_tokens"], 1);
 }
 
+// Completions' echo: each choice's text starts with its prompt's text (whole responses and
+// streams, where the prompt is the choice's first chunk); refused on chat, with logprobs, for a
+// prompt that is not text, and for a value that is not a boolean.
+TEST(OpenAiApiTest, EchoStartsEachChoiceWithItsPrompt) {
+  auto t = TranslateRequest({{"prompt", {"Hello", "Bye"}}, {"n", 2}, {"echo", true}},
+                            Endpoint::kCompletions, "m");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_NE(t->meta.echo, nullptr);
+  EXPECT_EQ(*t->meta.echo, (std::vector<std::string>{"Hello", "Bye"}));
+  for (bool stream : {false, true}) {
+    RequestMeta meta = t->meta;
+    meta.stream = stream;
+    ResponseBuilder b(meta, "m", 1700000000, /*index=*/3);  // prompt 1's second choice
+    auto first = b.OnEvent(Start(3, 0));
+    auto mid = b.OnEvent(Delta(" now"));
+    b.OnEvent(Finish(3, 0, 1));
+    if (stream) {
+      ASSERT_EQ(first.size(), 1u);
+      EXPECT_EQ(first[0]["choices"][0]["text"], "Bye");
+      EXPECT_EQ(first[0]["choices"][0]["index"], 3);
+      ASSERT_EQ(mid.size(), 1u);
+      EXPECT_EQ(mid[0]["choices"][0]["text"], " now");
+    } else {
+      EXPECT_TRUE(first.empty());
+      EXPECT_EQ(b.Final()["choices"][0]["text"], "Bye now");
+    }
+  }
+  auto no_echo =
+      TranslateRequest({{"prompt", "Hello"}, {"echo", false}}, Endpoint::kCompletions, "m");
+  ASSERT_TRUE(no_echo.ok());
+  EXPECT_EQ(no_echo->meta.echo, nullptr);
+  // The chunks extension's raw text chunks are one prompt.
+  auto chunks =
+      TranslateRequest({{"chunks", {{{"text", "Hel"}}, {{"text", "lo"}}}}, {"echo", true}},
+                       Endpoint::kCompletions, "m");
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  EXPECT_EQ(*chunks->meta.echo, (std::vector<std::string>{"Hello"}));
+  const std::vector<std::pair<json, std::string>> refused = {
+      {{{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"echo", true}},
+       "echo is a /v1/completions option"},
+      {{{"prompt", "hi"}, {"echo", true}, {"logprobs", 1}},
+       "echo with logprobs is not supported (the prompt's logprobs are not computed)"},
+      {{{"prompt", {1, 2, 3}}, {"echo", true}}, "echo needs a text prompt"},
+      {{{"prompt", json::array({json("a"), json::array({1, 2})})}, {"echo", true}},
+       "echo needs text prompts: prompt[1] is not text"},
+      {{{"chunks", {{{"kind", "query"}, {"text", "hi"}}}}, {"echo", true}},
+       "echo needs a text prompt"},
+      {{{"prompt", "hi"}, {"echo", 1}}, "echo must be true or false"},
+  };
+  for (const auto& [body, message] : refused) {
+    const Endpoint e = body.contains("messages") ? Endpoint::kChat : Endpoint::kCompletions;
+    auto r = TranslateRequest(body, e, "m");
+    ASSERT_FALSE(r.ok()) << body.dump();
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << body.dump();
+    EXPECT_EQ(r.status().message(), message) << body.dump();
+  }
+}
+
 // The choices of one request: one id (the first to start names it), their own indices in every
 // chunk, and a whole response (or a stream's usage chunk) with the choices side by side, the
 // prompt counted once and every choice's completion tokens.

@@ -222,6 +222,38 @@ TEST_F(OpenAiHttpFrontTest, APromptListGetsNChoicesAPromptInOrder) {
   ExpectServing();
 }
 
+// Completions' echo over HTTP: each choice's text starts with its prompt, in a whole response
+// and as a stream's first chunk; with logprobs it is a 400 that says why.
+TEST_F(OpenAiHttpFrontTest, EchoPutsThePromptBeforeEachChoicesText) {
+  const std::string whole =
+      Exchange(http_->port(),
+               Post("/v1/completions",
+                    R"({"prompt": ["hi", "a longer prompt"], "max_tokens": 3, "echo": true})"));
+  ASSERT_THAT(whole, HasSubstr("HTTP/1.1 200")) << whole;
+  const json r = json::parse(whole.substr(whole.find("\r\n\r\n") + 4), nullptr, false);
+  ASSERT_FALSE(r.is_discarded()) << whole;
+  ASSERT_EQ(r["choices"].size(), 2u) << r;
+  const std::string t0 = r["choices"][0]["text"], t1 = r["choices"][1]["text"];
+  EXPECT_EQ(t0.rfind("hi", 0), 0u) << t0;
+  EXPECT_GT(t0.size(), 2u) << "the completion follows the prompt: " << t0;
+  EXPECT_EQ(t1.rfind("a longer prompt", 0), 0u) << t1;
+  EXPECT_GT(t1.size(), 15u) << t1;
+  const std::string sse = Exchange(
+      http_->port(), Post("/v1/completions",
+                          R"({"prompt": "hi", "max_tokens": 3, "echo": true, "stream": true})"));
+  ASSERT_THAT(sse, HasSubstr("HTTP/1.1 200")) << sse;
+  const size_t at = sse.find("data: ");
+  ASSERT_NE(at, std::string::npos) << sse;
+  const json first = json::parse(sse.substr(at + 6, sse.find('\n', at) - at - 6), nullptr, false);
+  ASSERT_FALSE(first.is_discarded()) << sse;
+  EXPECT_EQ(first["choices"][0]["text"], "hi") << sse;
+  const std::string bad = Exchange(
+      http_->port(), Post("/v1/completions", R"({"prompt": "hi", "echo": true, "logprobs": 1})"));
+  EXPECT_THAT(bad, HasSubstr("HTTP/1.1 400")) << bad;
+  EXPECT_THAT(bad, HasSubstr("echo with logprobs is not supported")) << bad;
+  ExpectServing();
+}
+
 // Choice 0 starts alone and the others once its first token is there (its prompt then sits in
 // the worker's prefix cache). A first choice that never produces one keeps the others from
 // starting, and a client that gives up cancels it; one that produces a token starts them.
