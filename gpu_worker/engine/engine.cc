@@ -187,6 +187,18 @@ class EngineImpl final : public Engine {
     SequenceOutput out;
   };
   std::vector<uint64_t> Intake();
+  // AddRequest's bound on waiting requests (EngineOptions::max_waiting).
+  bool QueueFullLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stats_.waiting + static_cast<int64_t>(inbox_.size()) >= options_.max_waiting;
+  }
+  bool QueueFull() const {
+    MutexLock lock(&mu_);
+    return QueueFullLocked();
+  }
+  absl::Status QueueFullError() const {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the worker's queue is full (", options_.max_waiting, " waiting requests); retry later"));
+  }
   SchedulerOutput Schedule(std::vector<SequenceOutput>* outputs);
   // Builds and launches `plan`; on failure its sequences end (kError).
   void BuildAndLaunch(SchedulerOutput plan, std::vector<SequenceOutput>* outputs);
@@ -337,6 +349,11 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
         " tokens of KV cache but this worker holds ", blocks_.num_blocks() * bs));
   }
 
+  // A full queue refuses before the prompt is hashed and its listed tokens folded (a long prompt's
+  // milliseconds, which an overloaded worker should not spend on requests it turns away); the
+  // check under the lock below stays the one that holds.
+  if (QueueFull()) return QueueFullError();
+
   seq->request_id = std::move(req.request_id);
   seq->sampling = req.sampling;
   seq->pin_ttl_ms = std::max<int64_t>(0, req.pin_ttl_ms);
@@ -367,10 +384,7 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
   }
 
   MutexLock lock(&mu_);
-  if (stats_.waiting + static_cast<int64_t>(inbox_.size()) >= options_.max_waiting) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the worker's queue is full (", options_.max_waiting, " waiting requests); retry later"));
-  }
+  if (QueueFullLocked()) return QueueFullError();
   seq->seed = req.sampling.seed.has_value() ? *req.sampling.seed : rng_();
   seq->id = next_id_++;
   seq->arrival = next_arrival_++;
