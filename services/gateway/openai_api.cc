@@ -409,7 +409,8 @@ json UsageJson(int64_t prompt, int64_t cached, int64_t completion) {
 }  // namespace
 
 absl::StatusOr<Translated> TranslateRequest(const json& body, Endpoint endpoint,
-                                            const std::string& served_model) {
+                                            const std::string& served_model,
+                                            const Detokenize& detokenize) {
   if (!body.is_object()) return Bad("the request body must be a JSON object");
   Translated t;
   t.meta.endpoint = endpoint;
@@ -472,19 +473,32 @@ absl::StatusOr<Translated> TranslateRequest(const json& body, Endpoint endpoint,
     if (t.meta.logprobs) {
       return Bad("echo with logprobs is not supported (the prompt's logprobs are not computed)");
     }
-    // Each prompt's text as given: raw text chunks only (a token-id prompt has no text here, and
-    // the chunks extension's kinds are wrapped in the chat template).
+    // Each prompt's text as given (raw chunks only: the chunks extension's other kinds are
+    // wrapped in the chat template), a token-id prompt's as the tokenizer decodes it.
     auto texts = std::make_shared<std::vector<std::string>>();
     for (int i = 0; i < t.meta.prompts; ++i) {
       const cascade::v2::GenerateRequest& r = i == 0 ? t.request : t.more_prompts[i - 1];
+      const std::string field = t.meta.prompts == 1 ? "prompt" : absl::StrCat("prompt[", i, "]");
       std::string text;
       for (const cascade::v2::Chunk& c : r.chunks()) {
-        if (c.kind() != cascade::v2::CHUNK_KIND_RAW || c.has_token_ids()) {
-          return Bad(t.meta.prompts == 1
-                         ? "echo needs a text prompt"
-                         : absl::StrCat("echo needs text prompts: prompt[", i, "] is not text"));
+        if (c.kind() != cascade::v2::CHUNK_KIND_RAW) {
+          return Bad("echo needs raw chunks (a templated chunk's text is not the prompt's)");
         }
-        text += c.text();
+        if (!c.has_token_ids()) {
+          text += c.text();
+          continue;
+        }
+        if (detokenize == nullptr) {
+          return Bad(absl::StrCat("echo of token ids (", field, ") is not available here"));
+        }
+        const auto& ids = c.token_ids().ids();
+        absl::StatusOr<std::string> decoded =
+            detokenize(std::span<const int32_t>(ids.data(), static_cast<size_t>(ids.size())));
+        if (!decoded.ok()) {
+          return Bad(
+              absl::StrCat("echo: ", field, " does not decode (", decoded.status().message(), ")"));
+        }
+        text += *decoded;
       }
       texts->push_back(std::move(text));
     }

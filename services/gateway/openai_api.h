@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,9 @@ struct RequestMeta {
   std::shared_ptr<const std::vector<std::string>> echo;
 };
 
+// Token ids to their text (the gateway's tokenizer), for echoing a token-id prompt: valid UTF-8.
+using Detokenize = std::function<absl::StatusOr<std::string>(std::span<const int32_t>)>;
+
 struct Translated {
   cascade::v2::GenerateRequest request;  // the (first) prompt's
   RequestMeta meta;
@@ -47,11 +52,13 @@ struct Translated {
 
 // Validates an OpenAI request body and translates it. `served_model` is accepted (and an empty
 // or missing model means it); another model is NOT_FOUND. Unsupported options (tools, best_of,
-// suffix; echo on chat, with logprobs (the prompt's logprobs are not computed) or of a prompt
-// that is not text) and n outside 1 to kMaxChoices are INVALID_ARGUMENT naming the field, never
-// silently ignored.
+// suffix; echo on chat, with logprobs (the prompt's logprobs are not computed), of the chunks
+// extension's templated kinds, or of token ids without `detokenize`) and n outside 1 to
+// kMaxChoices are INVALID_ARGUMENT naming the field, never silently ignored. `detokenize` gives
+// a token-id prompt's text for echo.
 absl::StatusOr<Translated> TranslateRequest(const nlohmann::json& body, Endpoint endpoint,
-                                            const std::string& served_model);
+                                            const std::string& served_model,
+                                            const Detokenize& detokenize = nullptr);
 
 // The Generate request of choice `index` (0-based; prompt index / n, OpenAI's order) of a
 // request: that prompt's request, its sampling.seed plus index % n where the client gave a seed

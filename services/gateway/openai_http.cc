@@ -528,7 +528,7 @@ void OpenAiHttpServer::Impl::Handle(Loop* loop, evhttp_request* req) {
     return;
   }
   absl::StatusOr<openai::Translated> t =
-      openai::TranslateRequest(parsed, endpoint, options.model_name);
+      openai::TranslateRequest(parsed, endpoint, options.model_name, options.detokenize);
   if (!t.ok()) {
     ReplyError(req, t.status());
     return;

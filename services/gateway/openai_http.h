@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cascade/v2/gateway.grpc.pb.h"
+#include "services/gateway/openai_api.h"
 
 namespace cascade::gateway {
 
@@ -36,6 +37,8 @@ struct OpenAiHttpOptions {
   int io_timeout_s = 30;   // a connection silent (or not reading) this long is closed
   std::string model_name;  // what /v1/models lists and requests may name
   int64_t max_context = 0;
+  // The gateway's tokenizer's decode, for echoing token-id prompts (null: such echo is refused).
+  openai::Detokenize detokenize;
 };
 
 class OpenAiHttpServer {

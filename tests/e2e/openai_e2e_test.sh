@@ -41,5 +41,13 @@ sse="$(curl -sSN "$BASE/completions" -H 'Content-Type: application/json' \
 echo "$sse" | tail -n 2 | grep -q '^data: \[DONE\]' || fail "curl stream does not end in [DONE]: $sse"
 echo "ok: curl stream ends in data: [DONE]"
 
+# echo: a token-id prompt ("Hello there" in Qwen3's vocabulary) comes back decoded before the
+# completion, through the gateway's own tokenizer.
+out="$(curl -sS "$BASE/completions" -H 'Content-Type: application/json' \
+  -d '{"prompt": [9707, 1052], "max_tokens": 2, "temperature": 0, "echo": true}')" ||
+  fail "curl echo failed"
+echo "$out" | grep -q '"text":"Hello there' || fail "curl echo: the prompt is not echoed: $out"
+echo "ok: curl echo of a token-id prompt"
+
 node "$HERE/openai_client.js" "$BASE" "$NODE_DIR" || fail "the openai client checks failed"
 echo "openai_e2e_test: passed"

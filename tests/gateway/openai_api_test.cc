@@ -366,8 +366,9 @@ TEST(OpenAiApiTest, AChatStreamStartsWithTheRoleAndEndsWithTheFinishReason) {
 }
 
 // Completions' echo: each choice's text starts with its prompt's text (whole responses and
-// streams, where the prompt is the choice's first chunk); refused on chat, with logprobs, for a
-// prompt that is not text, and for a value that is not a boolean.
+// streams, where the prompt is the choice's first chunk; a token-id prompt's as the tokenizer
+// decodes it); refused on chat, with logprobs, for templated chunks, for token ids without a
+// decoder or that do not decode, and for a value that is not a boolean.
 TEST(OpenAiApiTest, EchoStartsEachChoiceWithItsPrompt) {
   auto t = TranslateRequest({{"prompt", {"Hello", "Bye"}}, {"n", 2}, {"echo", true}},
                             Endpoint::kCompletions, "m");
@@ -402,16 +403,33 @@ TEST(OpenAiApiTest, EchoStartsEachChoiceWithItsPrompt) {
                        Endpoint::kCompletions, "m");
   ASSERT_TRUE(chunks.ok()) << chunks.status();
   EXPECT_EQ(*chunks->meta.echo, (std::vector<std::string>{"Hello"}));
+  const Detokenize decode = [](std::span<const int32_t> ids) -> absl::StatusOr<std::string> {
+    std::string s;
+    for (int32_t id : ids) {
+      if (id > 100) return absl::InvalidArgumentError("no such token");
+      s += "<" + std::to_string(id) + ">";
+    }
+    return s;
+  };
+  auto ids =
+      TranslateRequest({{"prompt", json::array({json("a"), json::array({1, 2})})}, {"echo", true}},
+                       Endpoint::kCompletions, "m", decode);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(*ids->meta.echo, (std::vector<std::string>{"a", "<1><2>"}));
+  auto undecodable =
+      TranslateRequest({{"prompt", {7, 101}}, {"echo", true}}, Endpoint::kCompletions, "m", decode);
+  ASSERT_FALSE(undecodable.ok());
+  EXPECT_EQ(undecodable.status().message(), "echo: prompt does not decode (no such token)");
   const std::vector<std::pair<json, std::string>> refused = {
       {{{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"echo", true}},
        "echo is a /v1/completions option"},
       {{{"prompt", "hi"}, {"echo", true}, {"logprobs", 1}},
        "echo with logprobs is not supported (the prompt's logprobs are not computed)"},
-      {{{"prompt", {1, 2, 3}}, {"echo", true}}, "echo needs a text prompt"},
+      {{{"prompt", {1, 2, 3}}, {"echo", true}}, "echo of token ids (prompt) is not available here"},
       {{{"prompt", json::array({json("a"), json::array({1, 2})})}, {"echo", true}},
-       "echo needs text prompts: prompt[1] is not text"},
+       "echo of token ids (prompt[1]) is not available here"},
       {{{"chunks", {{{"kind", "query"}, {"text", "hi"}}}}, {"echo", true}},
-       "echo needs a text prompt"},
+       "echo needs raw chunks (a templated chunk's text is not the prompt's)"},
       {{{"prompt", "hi"}, {"echo", 1}}, "echo must be true or false"},
   };
   for (const auto& [body, message] : refused) {

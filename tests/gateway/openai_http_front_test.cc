@@ -85,6 +85,11 @@ class OpenAiHttpFrontTest : public ::testing::Test {
     ho.host = "127.0.0.1";
     ho.threads = 1;
     ho.model_name = "tiny";
+    ho.detokenize = [this](std::span<const int32_t> ids) -> absl::StatusOr<std::string> {
+      absl::StatusOr<std::string> bytes = tok_->Decode(ids);
+      if (!bytes.ok()) return bytes.status();
+      return tokenizer::ToValidUtf8(*bytes);
+    };
     auto http = OpenAiHttpServer::Start(ho, server_->InProcessChannel(grpc::ChannelArguments()));
     ASSERT_TRUE(http.ok()) << http.status();
     http_ = std::move(*http);
@@ -247,6 +252,17 @@ TEST_F(OpenAiHttpFrontTest, EchoPutsThePromptBeforeEachChoicesText) {
   const json first = json::parse(sse.substr(at + 6, sse.find('\n', at) - at - 6), nullptr, false);
   ASSERT_FALSE(first.is_discarded()) << sse;
   EXPECT_EQ(first["choices"][0]["text"], "hi") << sse;
+  // A token-id prompt is echoed as the tokenizer decodes it.
+  const std::vector<int32_t> ids = *tok_->Encode("hello there");
+  const std::string decoded = *tok_->Decode(ids);
+  const std::string by_ids = Exchange(
+      http_->port(),
+      Post("/v1/completions", json{{"prompt", ids}, {"max_tokens", 2}, {"echo", true}}.dump()));
+  ASSERT_THAT(by_ids, HasSubstr("HTTP/1.1 200")) << by_ids;
+  const json ri = json::parse(by_ids.substr(by_ids.find("\r\n\r\n") + 4), nullptr, false);
+  ASSERT_FALSE(ri.is_discarded()) << by_ids;
+  const std::string ti = ri["choices"][0]["text"];
+  EXPECT_EQ(ti.rfind(decoded, 0), 0u) << ti;
   const std::string bad = Exchange(
       http_->port(), Post("/v1/completions", R"({"prompt": "hi", "echo": true, "logprobs": 1})"));
   EXPECT_THAT(bad, HasSubstr("HTTP/1.1 400")) << bad;
