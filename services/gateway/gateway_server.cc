@@ -210,11 +210,8 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
     ho.max_context = opts.limits.max_context;
     // JSON escapes can double a prompt's bytes; the gateway checks the real limits after.
     ho.max_body_bytes = 2 * MaxRequestBytes(opts.limits);
-    ho.detokenize =
-        [tok = g->tokenizer_.get()](std::span<const int32_t> ids) -> absl::StatusOr<std::string> {
-      absl::StatusOr<std::string> bytes = tok->Decode(ids);
-      if (!bytes.ok()) return bytes.status();
-      return tokenizer::ToValidUtf8(*bytes);  // (the ids may end inside a code point)
+    ho.detokenize = [tok = g->tokenizer_.get()](std::span<const int32_t> ids) {
+      return tok->DecodeText(ids);
     };
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);

@@ -70,9 +70,9 @@ absl::Status RunDetokenizeCommand(std::istream& in, std::ostream& out, const Tok
       }
       ids.push_back(v.get<int32_t>());
     }
-    absl::StatusOr<std::string> bytes = tokenizer.Decode(ids);
-    if (!bytes.ok()) return bytes.status();
-    return json(ToValidUtf8(*bytes)).dump();
+    absl::StatusOr<std::string> text = tokenizer.DecodeText(ids);
+    if (!text.ok()) return text.status();
+    return json(*text).dump();
   });
 }
 

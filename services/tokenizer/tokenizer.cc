@@ -287,6 +287,12 @@ absl::StatusOr<std::string_view> Tokenizer::TokenBytes(int32_t id) const {
   return std::string_view(impl_->id_bytes[id]);
 }
 
+absl::StatusOr<std::string> Tokenizer::DecodeText(std::span<const int32_t> ids) const {
+  absl::StatusOr<std::string> bytes = Decode(ids);
+  if (!bytes.ok()) return bytes.status();
+  return ToValidUtf8(*bytes);
+}
+
 absl::StatusOr<std::string> Tokenizer::Decode(std::span<const int32_t> ids,
                                               bool skip_special) const {
   std::string out;

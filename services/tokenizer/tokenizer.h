@@ -37,6 +37,9 @@ class Tokenizer {
   // IncrementalDecoder for streams, ToValidUtf8 for display). Special tokens decode to their
   // content unless `skip_special` is set. kInvalidArgument for an unknown id. Thread-safe.
   absl::StatusOr<std::string> Decode(std::span<const int32_t> ids, bool skip_special = false) const;
+  // Decode made valid UTF-8 (ToValidUtf8: the ids may end inside a code point), for text that
+  // is shown or sent as a string. kInvalidArgument for an unknown id. Thread-safe.
+  absl::StatusOr<std::string> DecodeText(std::span<const int32_t> ids) const;
   // The bytes of one token; kInvalidArgument for an unknown id.
   absl::StatusOr<std::string_view> TokenBytes(int32_t id) const;
 

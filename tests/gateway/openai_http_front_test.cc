@@ -85,11 +85,7 @@ class OpenAiHttpFrontTest : public ::testing::Test {
     ho.host = "127.0.0.1";
     ho.threads = 1;
     ho.model_name = "tiny";
-    ho.detokenize = [this](std::span<const int32_t> ids) -> absl::StatusOr<std::string> {
-      absl::StatusOr<std::string> bytes = tok_->Decode(ids);
-      if (!bytes.ok()) return bytes.status();
-      return tokenizer::ToValidUtf8(*bytes);
-    };
+    ho.detokenize = [this](std::span<const int32_t> ids) { return tok_->DecodeText(ids); };
     auto http = OpenAiHttpServer::Start(ho, server_->InProcessChannel(grpc::ChannelArguments()));
     ASSERT_TRUE(http.ok()) << http.status();
     http_ = std::move(*http);

@@ -116,5 +116,17 @@ TEST(IncrementalDecoderTest, SkipsSpecialTokensWhenAskedAndRejectsUnknownIds) {
   EXPECT_EQ(decoder.Add(t->vocab_size()).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// DecodeText: Decode made valid UTF-8 (a prompt's ids may end inside a code point).
+TEST(TokenizerTest, DecodeTextReplacesACodePointCutShortAndRejectsUnknownIds) {
+  const Tokenizer* t = Qwen3();
+  ASSERT_NE(t, nullptr);
+  // "Hello" and two of the three bytes of "日" (E6 97 A5).
+  const std::vector<int32_t> ids = {9707, ByteToken(*t, 0xE6), ByteToken(*t, 0x97)};
+  EXPECT_FALSE(IsValidUtf8(*t->Decode(ids)));
+  EXPECT_EQ(*t->DecodeText(ids), std::string("Hello") + kFffd);
+  EXPECT_EQ(t->DecodeText(std::vector<int32_t>{9707, -5}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace cascade::tokenizer
