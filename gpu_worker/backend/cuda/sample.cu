@@ -250,18 +250,19 @@ struct Draw {
       any = any || need[j];
     }
     if (!any) return;
-    float u[4];          // the quad's uniforms side by side, then the rare exact noise
+    uint32_t bits[4];    // the quad's uniforms' bits side by side, then the rare exact noise
     bool close = false;  // a token the coarse bound keeps: the finer bound decides
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const uint32_t bits = engine::TokenBitsAt(start, v0 + j);
-      u[j] = engine::UniformOf(bits);
-      need[j] = need[j] && (bar == 0 || !(engine::AddF(value[j], GumbelCoarse(bits)) < best));
+      bits[j] = engine::TokenBitsAt(start, v0 + j);
+      need[j] = need[j] && (bar == 0 || !(engine::AddF(value[j], GumbelCoarse(bits[j])) < best));
       close = close || need[j];
     }
     if (!close) return;
+    float u[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
+      u[j] = engine::UniformOf(bits[j]);
       need[j] = need[j] && (bar == 0 || !(engine::AddF(value[j], GumbelUpper(u[j])) < best));
     }
 #pragma unroll
