@@ -46,11 +46,11 @@ absl::Status Bad(const std::string& msg) {
   for (int32_t i = 0; bias != nullptr && i < n; ++i) {
     uint32_t bits;
     std::memcpy(&bits, &bias[i], 4);
-    bad |= (bits & 0x7f800000u) == 0x7f800000u;  // inf or NaN
+    bad |= (bits & 0x7f800000u) == 0x7f800000u && bits != 0xff800000u;  // +inf or NaN
   }
   for (int32_t i = 0; bad != 0 && i < n; ++i) {
     if ((i > 0 && t[i] <= t[i - 1]) || c[i] < least ||
-        (bias != nullptr && !std::isfinite(bias[i]))) {
+        (bias != nullptr && !std::isfinite(bias[i]) && bias[i] != -INFINITY)) {
       return i;
     }
   }
@@ -58,8 +58,8 @@ absl::Status Bad(const std::string& msg) {
 }
 
 // A SampleSpec within the ranges the kernels rely on (ValidateSampling's, plus the penalty range:
-// a row with entries has its tokens ascending with counts >= 0 (>= -1 where biased) and finite
-// biases, which the kernel's rank lookup needs).
+// a row with entries has its tokens ascending with counts >= 0 (>= -1 where biased), which the
+// kernel's rank lookup needs, and biases finite or -inf (min_tokens' ban: penalty_list.h)).
 absl::Status CheckSpec(const SampleSpec& s, const ForwardBatch& b) {
   const size_t num_penalty_tokens = b.penalty_tokens.size();
   if (!(s.temperature >= 0.0f && std::isfinite(s.temperature)) ||
@@ -97,16 +97,18 @@ absl::Status CheckSpec(const SampleSpec& s, const ForwardBatch& b) {
                                                      b.penalty_bias.size(), " for ",
                                                      num_penalty_tokens, " tokens)"));
     }
-    // A count of -1 (a token listed for its bias alone) only in a biased row; biases finite.
+    // A count of -1 (a token listed for its bias alone) only in a biased row; biases finite or
+    // -inf.
     const int32_t least = UsesBias(s) ? -1 : 0;
     const int32_t* t = b.penalty_tokens.data() + s.penalty_start;
     const int32_t* c = b.penalty_counts.data() + s.penalty_start;
     const float* bias = UsesBias(s) ? b.penalty_bias.data() + s.penalty_start : nullptr;
     if (const int32_t i = FirstBadEntry(t, c, bias, s.penalty_count, least); i >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "penalty tokens [", s.penalty_start, ", +", s.penalty_count,
-          ") must be ascending with counts >= ", least,
-          (bias != nullptr ? " and finite biases" : ""), " (at ", s.penalty_start + i, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("penalty tokens [", s.penalty_start, ", +", s.penalty_count,
+                       ") must be ascending with counts >= ", least,
+                       (bias != nullptr ? " and finite or -inf biases" : ""), " (at ",
+                       s.penalty_start + i, ")"));
     }
   }
   return absl::OkStatus();

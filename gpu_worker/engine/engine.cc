@@ -361,6 +361,8 @@ absl::StatusOr<uint64_t> EngineImpl::AddRequest(Request req) {
   if (req.retention_ms > 0) seq->hints.retain_until_ms = options_.now_ms() + req.retention_ms;
   seq->prompt_len = prompt_len;
   seq->output_start = static_cast<size_t>(prompt_len - req.resumed_tokens);
+  seq->stop_ban = StopBanOf(seq->sampling, options_.eos_token_ids, vocab);
+  ListBanned(seq->stop_ban, &seq->sampling);
   StartListed(seq->sampling, &seq->listed_tokens, &seq->listed_counts, &seq->listed_bias);
   // The prompt's tokens folded into the list here, on the caller's thread: for a long prompt
   // with penalties that is a sort of its tokens (~2 ms for 32k), which on the engine thread
@@ -499,7 +501,9 @@ void EngineImpl::CollectRow(const ScheduledSeq& s, const float* logits_row, Coll
   } else {
     std::vector<float> vrow(logits_row, logits_row + vocab);
     if (options_.debug_capture_logits) out.logits.push_back(vrow);
-    r = Sample(vrow, seq.sampling, seq.seed, position, seq.tokens, seq.output_start);
+    r = Sample(vrow,
+               Banning(seq, position) ? BannedParams(seq.sampling, seq.stop_ban) : seq.sampling,
+               seq.seed, position, seq.tokens, seq.output_start);
     if (seq.sampling.logprobs > 0) out.logprobs.push_back(std::move(r.logprobs));
   }
   ++seq.num_generated;

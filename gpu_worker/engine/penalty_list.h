@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <tuple>
 #include <vector>
@@ -23,6 +24,71 @@ inline bool ListsHistory(const SamplingParams& p) {
 }
 // True when a request's rows carry listed tokens at all.
 inline bool HasListed(const SamplingParams& p) { return ListsHistory(p) || !p.logit_bias.empty(); }
+
+// min_tokens (types.h): the ids a request's first min_tokens generated tokens may not be (the
+// model's EOS ids unless ignore_eos, and its stop_token_ids), ascending and distinct, within the
+// vocabulary; empty where min_tokens is 0.
+inline std::vector<int32_t> StopBanOf(const SamplingParams& p, std::span<const int32_t> eos,
+                                      int vocab) {
+  std::vector<int32_t> ban;
+  if (p.min_tokens <= 0) return ban;
+  if (!p.ignore_eos) ban.assign(eos.begin(), eos.end());
+  ban.insert(ban.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+  std::erase_if(ban, [vocab](int32_t t) { return t < 0 || t >= vocab; });
+  std::sort(ban.begin(), ban.end());
+  ban.erase(std::unique(ban.begin(), ban.end()), ban.end());
+  return ban;
+}
+
+// Lists the banned ids among the request's biased tokens (bias 0 where it gives none), so that
+// every step's list holds them and a banning step only sets their bias (ApplyBan). Keeps
+// logit_bias ascending and distinct.
+inline void ListBanned(std::span<const int32_t> ban, SamplingParams* p) {
+  if (ban.empty()) return;
+  std::vector<std::pair<int32_t, float>> merged;
+  merged.reserve(p->logit_bias.size() + ban.size());
+  size_t i = 0;
+  for (const int32_t t : ban) {
+    while (i < p->logit_bias.size() && p->logit_bias[i].first < t)
+      merged.push_back(p->logit_bias[i++]);
+    if (i < p->logit_bias.size() && p->logit_bias[i].first == t) {
+      merged.push_back(p->logit_bias[i++]);
+    } else {
+      merged.emplace_back(t, 0.0f);
+    }
+  }
+  merged.insert(merged.end(), p->logit_bias.begin() + static_cast<std::ptrdiff_t>(i),
+                p->logit_bias.end());
+  p->logit_bias = std::move(merged);
+}
+
+// Whether the token that `seq` samples at `position` is banned from being a stop id: one of
+// this attempt's first min_tokens.
+inline bool Banning(const Sequence& seq, int64_t position) {
+  return !seq.stop_ban.empty() && position - seq.prompt_len < seq.sampling.min_tokens;
+}
+
+// A banning step's list: the banned ids' biases in a row's list (tokens[0, n) ascending, biases
+// parallel; every banned id is listed, ListBanned) become -inf (sample_rule.h step 1: the
+// token's value is then -inf, never kept or drawn while any other token is finite).
+inline void ApplyBan(std::span<const int32_t> ban, const int32_t* tokens, float* bias, int32_t n) {
+  const int32_t* end = tokens + n;
+  for (const int32_t t : ban) {
+    const int32_t* at = std::lower_bound(tokens, end, t);
+    if (at != end && *at == t) bias[at - tokens] = -std::numeric_limits<float>::infinity();
+  }
+}
+
+// The request's parameters as a banning step samples them on the host: the banned ids' biases
+// -inf (the same list the batch's copy holds after ApplyBan).
+inline SamplingParams BannedParams(const SamplingParams& p, std::span<const int32_t> ban) {
+  SamplingParams b = p;
+  for (auto& [t, bias] : b.logit_bias) {
+    if (std::binary_search(ban.begin(), ban.end(), t))
+      bias = -std::numeric_limits<float>::infinity();
+  }
+  return b;
+}
 
 // Adds token t of the history (generated or not) to the ascending list tokens[0, *n) with counts
 // and biases parallel (either may be null); each has room for one more. A new entry has bias 0;

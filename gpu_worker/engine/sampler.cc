@@ -41,6 +41,10 @@ absl::Status ValidateSampling(const SamplingParams& p, int vocab_size, int32_t m
     return absl::InvalidArgumentError(absl::StrCat("sampling.max_tokens must be in [1, ",
                                                    max_tokens_limit, "], got ", p.max_tokens));
   }
+  if (p.min_tokens < 0 || p.min_tokens > p.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.min_tokens must be in [0, max_tokens (", p.max_tokens, ")], got ", p.min_tokens));
+  }
   if (p.logprobs < 0 || p.logprobs > 20) {
     return absl::InvalidArgumentError(
         absl::StrCat("sampling.logprobs must be in [0, 20], got ", p.logprobs));

@@ -32,6 +32,7 @@ engine::SamplingParams SamplingFromProto(const cascade::v2::SamplingParams& s,
   p.frequency_penalty = s.frequency_penalty();
   p.presence_penalty = s.presence_penalty();
   p.max_tokens = s.has_max_tokens() ? s.max_tokens() : default_max_tokens;
+  p.min_tokens = s.min_tokens();
   p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
   p.ignore_eos = s.ignore_eos();
   p.logprobs = s.logprobs();

@@ -297,6 +297,10 @@ void Scheduler::FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) c
     };
     if (counts) parallel(&batch->penalty_counts, UsesEntries(spec), seq.listed_counts);
     if (bias) parallel(&batch->penalty_bias, UsesBias(spec), seq.listed_bias);
+    if (Banning(seq, spec.position)) {  // min_tokens: the stop ids' biases -inf in this step's copy
+      ApplyBan(seq.stop_ban, batch->penalty_tokens.data() + spec.penalty_start,
+               batch->penalty_bias.data() + spec.penalty_start, spec.penalty_count);
+    }
   });
 }
 

@@ -60,6 +60,10 @@ struct Sequence {
   std::vector<int32_t> listed_counts;  // parallel
   std::vector<float> listed_bias;      // parallel where the request has a logit_bias, else empty
   size_t listed_upto = 0;              // tokens[0, listed_upto) are folded in
+  // min_tokens (types.h): the stop ids banned while the token sampled is one of this attempt's
+  // first sampling.min_tokens (StopBanOf); listed among the biased tokens from the start, so a
+  // banning step sets their bias to -inf in its copy of the list (penalty_list.h ApplyBan).
+  std::vector<int32_t> stop_ban;
   // tokens[output_start, ...) count as generated: the prompt's length, less the tokens an
   // earlier attempt generated when this is a resumed stream (Request::resumed_tokens).
   size_t output_start = 0;

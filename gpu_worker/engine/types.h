@@ -35,6 +35,11 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // [-2, 2]; 0 = off (per generated occurrence)
   float presence_penalty = 0.0f;    // [-2, 2]; 0 = off (once a token was generated)
   int32_t max_tokens = 16;          // >= 1
+  // vLLM's min_tokens, in [0, max_tokens]: the first min_tokens generated tokens are never a stop
+  // token (the model's EOS ids unless ignore_eos, and stop_token_ids): the engine bans those ids
+  // (a logit bias of -inf) while it samples them. The gateway also leaves stop strings unmatched
+  // in their text.
+  int32_t min_tokens = 0;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int32_t logprobs = 0;          // top logprobs per token, 0..20

@@ -308,6 +308,15 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
           })).ok())
       return st;
   }
+  // vLLM's min_tokens: stop ids and stop strings held off for the first min_tokens tokens (the
+  // gateway's check against max_tokens names the field).
+  if (!(st = Integer(body, "min_tokens", [&](int64_t v) {
+          if (v < 0 || v > INT32_MAX)
+            return Bad("min_tokens must be at least 0 and at most max_tokens");
+          s->set_min_tokens(static_cast<int32_t>(v));
+          return OkStatus();
+        })).ok())
+    return st;
   if (!(st = Integer(body, "seed", [&](int64_t v) {
           s->set_seed(static_cast<uint64_t>(v));
           return OkStatus();

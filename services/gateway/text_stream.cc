@@ -5,13 +5,22 @@
 
 namespace cascade::gateway {
 
-TextStream::TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stops)
-    : decoder_(tokenizer, /*skip_special=*/true), stops_(std::move(stops)) {}
+TextStream::TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stops,
+                       int min_tokens)
+    : decoder_(tokenizer, /*skip_special=*/true),
+      stops_(std::move(stops)),
+      min_tokens_(min_tokens) {}
 
 TextStream::Delta TextStream::Add(int32_t token_id) {
   if (stopped_) return Delta{"", true, ""};
   absl::StatusOr<std::string> piece = decoder_.Add(token_id);
   if (piece.ok()) held_ += *piece;  // else: an id with no text (see the header)
+  if (++added_ < min_tokens_) {     // before the min_tokens-th token: no stop string yet
+    Delta d;
+    d.text = std::move(held_);
+    held_.clear();
+    return d;
+  }
   return Scan();
 }
 

@@ -13,7 +13,10 @@ namespace cascade::gateway {
 // Not thread-safe; one per request. `tokenizer` must outlive it.
 class TextStream {
  public:
-  TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop_strings);
+  // min_tokens (vLLM's): stop strings are matched only in the text of the min_tokens-th token
+  // and after it; the text before passes through unscanned.
+  TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop_strings,
+             int min_tokens = 0);
 
   struct Delta {
     std::string text;      // valid UTF-8, ready to send
@@ -36,6 +39,8 @@ class TextStream {
   tokenizer::IncrementalDecoder decoder_;
   const std::vector<std::string> stops_;
   std::string held_;  // decoded text not yet emitted
+  const int min_tokens_;
+  int added_ = 0;  // tokens added so far
   bool stopped_ = false;
 };
 

@@ -3,6 +3,8 @@
 // forwards to the Turn; an Upstream lets go of itself in OnDone after telling the Turn.
 #include "services/gateway/turn.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/bounded_text.h"
@@ -105,7 +107,10 @@ std::shared_ptr<Turn::Upstream> Turn::PrepareAttemptLocked() {
       params_.admission->Transfer(result_.slot_address, c.address);
       result_.slot_address = c.address;
     }
-    if (!resumed_) text_ = std::make_unique<TextStream>(tokenizer_, params_.stop);
+    if (!resumed_) {
+      text_ = std::make_unique<TextStream>(tokenizer_, params_.stop,
+                                           params_.request.sampling().min_tokens());
+    }
     upstream_ = std::make_shared<Upstream>(shared_from_this(), std::move(handle), request_);
     return upstream_;
   }
@@ -321,6 +326,11 @@ std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& st
       chunk->set_kind(cascade::v2::CHUNK_KIND_ASSISTANT);
       chunk->mutable_token_ids()->Assign(result_.tokens.begin(), result_.tokens.end());
       request_.mutable_sampling()->set_max_tokens(remaining);
+      // min_tokens counts this attempt's tokens, as max_tokens does (the worker bans stop ids
+      // while it samples its first min_tokens).
+      request_.mutable_sampling()->set_min_tokens(std::max(
+          0,
+          params_.request.sampling().min_tokens() - static_cast<int32_t>(result_.tokens.size())));
       // Those tokens count as generated for the frequency and presence penalties.
       request_.set_resumed_tokens(static_cast<int32_t>(result_.tokens.size()));
       resumed_ = true;

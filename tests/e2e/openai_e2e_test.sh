@@ -48,6 +48,17 @@ out="$(curl -sS "$BASE/completions" -H 'Content-Type: application/json' \
   fail "curl echo failed"
 echo "$out" | grep -q '"text":"Hello there' || fail "curl echo: the prompt is not echoed: $out"
 echo "ok: curl echo of a token-id prompt"
+# min_tokens (vLLM's): accepted and passed to the worker (4 of 4 tokens, EOS held off); one above
+# max_tokens is the gateway's 400 naming the field.
+out="$(curl -sS "$BASE/completions" -H 'Content-Type: application/json' \
+  -d '{"prompt": "Hi", "max_tokens": 4, "min_tokens": 4, "temperature": 0}')" ||
+  fail "curl min_tokens failed"
+echo "$out" | grep -q '"completion_tokens":4' || fail "curl min_tokens: not 4 tokens: $out"
+code="$(curl -sS -o "$TMP/err.json" -w '%{http_code}' "$BASE/completions" \
+  -H 'Content-Type: application/json' -d '{"prompt": "Hi", "max_tokens": 2, "min_tokens": 3}')"
+[[ "$code" == 400 ]] || fail "curl min_tokens above max_tokens: HTTP $code, want 400"
+grep -q 'min_tokens' "$TMP/err.json" || fail "curl min_tokens above max_tokens: $(cat "$TMP/err.json")"
+echo "ok: curl min_tokens"
 
 node "$HERE/openai_client.js" "$BASE" "$NODE_DIR" || fail "the openai client checks failed"
 echo "openai_e2e_test: passed"

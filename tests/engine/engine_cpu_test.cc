@@ -305,6 +305,90 @@ TEST(EngineCpuTest, LogitBiasBansAndForcesTokens) {
   }
 }
 
+// vLLM's min_tokens: a request whose stop id is the token it would generate at index k ends
+// there without min_tokens; with min_tokens k + 3 none of its first k + 3 tokens is that id (a
+// -inf logit bias on it while they are sampled: each is the greedy argmax of its logits without
+// the banned id), the first k are the plain run's, and it may end on the stop id only after.
+// With min_tokens = max_tokens and the model's EOS ids live (ignore_eos off), every token is
+// neither. The host sampler, backend-sampled rows and the overlapped schedule agree.
+TEST(EngineCpuTest, MinTokensHoldsOffStopTokens) {
+  std::mt19937 rng(91);
+  const int vocab = static_cast<int>(Tiny().config().vocab_size);
+  const std::vector<int32_t>& eos = Tiny().config().eos_token_ids;
+  Request plain = RandomRequest(rng, vocab, 2, 20, 12);
+  auto ref = MakeEngine(64);
+  const Result base = RunOne(*ref, plain);
+  ASSERT_EQ(base.tokens.size(), 12u);
+  // The stop id: the first token after the first that was not generated before it, else the
+  // first (a tiny model's greedy run may repeat one token).
+  size_t k = 1;
+  while (k < 8 && std::find(base.tokens.begin(), base.tokens.begin() + static_cast<long>(k),
+                            base.tokens[k]) != base.tokens.begin() + static_cast<long>(k)) {
+    ++k;
+  }
+  if (k == 8) k = 0;
+  const int32_t stop = base.tokens[k];
+  Request stopped = plain;
+  stopped.sampling.stop_token_ids = {stop};
+  const Result cut = RunOne(*ref, stopped);
+  EXPECT_EQ(cut.finish, FinishReason::kStop);
+  EXPECT_EQ(cut.tokens,
+            std::vector<int32_t>(base.tokens.begin(), base.tokens.begin() + static_cast<long>(k)));
+
+  Request held = stopped;
+  const int m = static_cast<int>(k) + 3;
+  held.sampling.min_tokens = m;
+  Request all = plain;  // EOS live, every token under the ban
+  all.sampling.ignore_eos = false;
+  all.sampling.stop_token_ids = {stop};
+  all.sampling.min_tokens = all.sampling.max_tokens;
+  std::vector<std::vector<Result>> runs;
+  for (int variant = 0; variant < 3; ++variant) {
+    auto e = MakeEngine(64, cpu::DebugFault::kNone, 2048, /*capture_logits=*/variant == 0, 0,
+                        /*overlap=*/variant == 2);
+    runs.push_back(RunAll(*e, {held, all}));
+  }
+  const Result& h = runs[0][0];
+  ASSERT_GE(h.tokens.size(), static_cast<size_t>(m));
+  ASSERT_GE(h.logits.size(), static_cast<size_t>(m));
+  for (size_t i = 0; i < h.tokens.size(); ++i) {
+    if (i < k) {
+      EXPECT_EQ(h.tokens[i], base.tokens[i]) << "token " << i;
+    }
+    if (i >= static_cast<size_t>(m)) continue;
+    EXPECT_NE(h.tokens[i], stop) << "token " << i;
+    std::vector<float> row = h.logits[i];
+    row[static_cast<size_t>(stop)] = -INFINITY;
+    const auto best = std::max_element(row.begin(), row.end());  // first of the largest
+    EXPECT_EQ(h.tokens[i], static_cast<int32_t>(best - row.begin())) << "token " << i;
+  }
+  if (h.finish == FinishReason::kStop) {
+    EXPECT_EQ(h.stop_token_id, stop);
+  } else {
+    EXPECT_EQ(h.finish, FinishReason::kLength);
+    EXPECT_EQ(h.tokens.size(), 12u);
+  }
+  const Result& a = runs[0][1];
+  EXPECT_EQ(a.finish, FinishReason::kLength);
+  ASSERT_EQ(a.tokens.size(), 12u);
+  for (int32_t t : a.tokens) {
+    EXPECT_NE(t, stop);
+    EXPECT_EQ(std::find(eos.begin(), eos.end(), t), eos.end()) << "EOS id " << t;
+  }
+  for (int variant = 1; variant < 3; ++variant) {
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(runs[variant][r].tokens, runs[0][r].tokens)
+          << "variant " << variant << " request " << r;
+      EXPECT_EQ(runs[variant][r].finish, runs[0][r].finish)
+          << "variant " << variant << " request " << r;
+    }
+  }
+  // min_tokens above max_tokens is refused.
+  Request bad = plain;
+  bad.sampling.min_tokens = 13;
+  EXPECT_EQ(ref->AddRequest(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // A stream resumed elsewhere after k tokens (the gateway sends the prompt plus those tokens, with
 // resumed_tokens = k) continues with exactly the unbroken stream's tokens under the frequency and
 // presence penalties, which count those k tokens as generated; and counting them as prompt

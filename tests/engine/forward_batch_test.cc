@@ -145,13 +145,20 @@ TEST(ValidateForwardBatch, RejectsEachBrokenRuleByName) {
          b.penalty_counts = {0, -1, 0};
        },
        "must be ascending with counts >= 0 (at 1)"},
-      {"a bias that is not finite",
+      {"a bias of +inf",
        [](ForwardBatch& b) {
          b.row_samples[1].spec.biased = 1;
          b.penalty_counts = {0, -1, 0};
          b.penalty_bias = {0.0f, 0.0f, INFINITY};
        },
-       "counts >= -1 and finite biases (at 2)"},
+       "counts >= -1 and finite or -inf biases (at 2)"},
+      {"a bias that is NaN",
+       [](ForwardBatch& b) {
+         b.row_samples[1].spec.biased = 1;
+         b.penalty_counts = {0, -1, 0};
+         b.penalty_bias = {0.0f, NAN, 0.0f};
+       },
+       "counts >= -1 and finite or -inf biases (at 1)"},
       {"biased neither 0 nor 1", [](ForwardBatch& b) { b.row_samples[1].spec.biased = 2; },
        "biased 2"},
   };
@@ -164,12 +171,13 @@ TEST(ValidateForwardBatch, RejectsEachBrokenRuleByName) {
   }
 }
 
-// A biased row's entries: ascending tokens, counts from -1 (a bias alone), finite biases.
+// A biased row's entries: ascending tokens, counts from -1 (a bias alone), finite biases or
+// -inf (min_tokens' ban of the stop ids).
 TEST(ValidateForwardBatch, ABiasedRowWithEntriesIsValid) {
   ForwardBatch b = Valid();
   b.row_samples[1].spec.biased = 1;
   b.penalty_counts = {0, -1, 3};
-  b.penalty_bias = {0.0f, -100.0f, 2.5f};
+  b.penalty_bias = {-INFINITY, -100.0f, 2.5f};
   EXPECT_TRUE(ValidateForwardBatch(b, kLimits).ok()) << ValidateForwardBatch(b, kLimits);
 }
 

@@ -45,7 +45,7 @@ TEST(SamplerTest, ValidationNamesTheField) {
   EXPECT_THAT(ValidateSampling(p, 10, 100).message(), ::testing::HasSubstr("stop_token_ids"));
   p = {};
   p.top_k = -1;
-  EXPECT_TRUE(ValidateSampling(p, 10, 100).ok());
+  EXPECT_TRUE(ValidateSampling(p, 100, 100).ok());
   p.temperature = NAN;
   EXPECT_FALSE(ValidateSampling(p, 10, 100).ok());
 }
@@ -540,6 +540,56 @@ TEST(SamplerTest, LogitBiasIsAppliedAndValidated) {
   SamplingParams q;
   q.logit_bias = many;
   EXPECT_NE(ValidateSampling(q, 1 << 20, 100).message().find("at most"), std::string::npos);
+}
+
+// min_tokens' ban (penalty_list.h): the banned ids are the EOS ids (unless ignore_eos) and the
+// stop ids, within the vocabulary, listed among the biased tokens from the start (a logit_bias
+// of their own kept); a banning step's -inf bias makes a token unsampleable, greedy or drawn.
+TEST(SamplerTest, MinTokensBansStopIdsWithMinusInfinity) {
+  SamplingParams p;
+  p.max_tokens = 8;
+  p.stop_token_ids = {7, 2, 99};
+  const std::vector<int32_t> eos = {5, 2};
+  EXPECT_TRUE(StopBanOf(p, eos, 10).empty()) << "min_tokens 0: no ban";
+  p.min_tokens = 3;
+  EXPECT_EQ(StopBanOf(p, eos, 10), (std::vector<int32_t>{2, 5, 7}));
+  p.ignore_eos = true;
+  EXPECT_EQ(StopBanOf(p, eos, 10), (std::vector<int32_t>{2, 7}));
+  p.ignore_eos = false;
+  p.logit_bias = {{1, 0.5f}, {5, 2.0f}, {9, -1.0f}};
+  const std::vector<int32_t> ban = StopBanOf(p, eos, 10);
+  ListBanned(ban, &p);
+  EXPECT_EQ(p.logit_bias, (std::vector<std::pair<int32_t, float>>{
+                              {1, 0.5f}, {2, 0.0f}, {5, 2.0f}, {7, 0.0f}, {9, -1.0f}}));
+  EXPECT_TRUE(ValidateSampling(p, 100, 100).ok());
+  const SamplingParams banned = BannedParams(p, ban);
+  EXPECT_EQ(banned.logit_bias[1].second, -INFINITY);
+  EXPECT_EQ(banned.logit_bias[2].second, -INFINITY);
+  EXPECT_EQ(banned.logit_bias[0].second, 0.5f);
+  std::vector<int32_t> tokens = {1, 2, 5, 7, 9};
+  std::vector<float> bias = {0.5f, 0.0f, 2.0f, 0.0f, -1.0f};
+  ApplyBan(ban, tokens.data(), bias.data(), 5);
+  EXPECT_EQ(bias, (std::vector<float>{0.5f, -INFINITY, -INFINITY, -INFINITY, -1.0f}));
+
+  // Greedy: the best token (7) is banned, so the next best (3).
+  std::vector<float> l = {0.0f, 1.0f, 2.5f, 3.0f, 0.0f, 2.9f, 0.0f, 9.0f, 0.0f, 0.0f};
+  SamplingParams g;
+  g.logit_bias = {{2, 0.0f}, {5, 0.0f}, {7, 0.0f}};
+  EXPECT_EQ(Sample(l, g, 0, 4, std::vector<int32_t>{1}, 1).token_id, 7);
+  EXPECT_EQ(Sample(l, BannedParams(g, ban), 0, 4, std::vector<int32_t>{1}, 1).token_id, 3);
+  // Drawn with top-k and top-p (and logprobs): never a banned id over many seeds, though 7 holds
+  // nearly all the mass unbanned; logprobs stay the raw logits' (7 the likeliest).
+  SamplingParams t = g;
+  t.temperature = 1.0f, t.top_k = 6, t.top_p = 0.95f, t.logprobs = 2;
+  std::set<int32_t> drawn;
+  for (uint64_t seed = 0; seed < 400; ++seed) {
+    const SampleResult b = Sample(l, BannedParams(t, ban), seed, 4, std::vector<int32_t>{1}, 1);
+    EXPECT_FALSE(std::binary_search(ban.begin(), ban.end(), b.token_id)) << "seed " << seed;
+    drawn.insert(b.token_id);
+    ASSERT_EQ(b.logprobs.top.size(), 2u);
+    EXPECT_EQ(b.logprobs.top[0].token_id, 7);
+  }
+  EXPECT_GT(drawn.size(), 1u) << "a draw, not the argmax";
 }
 
 }  // namespace

@@ -110,6 +110,21 @@ TEST(OpenAiApiTest, WhatIsNotImplementedIsRefusedByName) {
   EXPECT_TRUE(TranslateRequest(fine, Endpoint::kChat, "m").ok());
 }
 
+// vLLM's min_tokens goes to the worker as it is; a negative or non-integer one is refused by
+// name (the gateway checks it against max_tokens).
+TEST(OpenAiApiTest, MinTokensIsTranslated) {
+  auto t = TranslateRequest(json{{"prompt", "hi"}, {"min_tokens", 5}, {"max_tokens", 9}},
+                            Endpoint::kCompletions, "m");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->request.sampling().min_tokens(), 5);
+  for (const json& bad : {json(-1), json(2.5), json("3")}) {
+    auto b =
+        TranslateRequest(json{{"prompt", "hi"}, {"min_tokens", bad}}, Endpoint::kCompletions, "m");
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_NE(b.status().message().find("min_tokens"), absl::string_view::npos) << b.status();
+  }
+}
+
 // OpenAI's logit_bias goes to the worker as a map of token ids to biases.
 TEST(OpenAiApiTest, LogitBiasIsTranslated) {
   const json body = {{"prompt", "hi"},

@@ -185,6 +185,15 @@ TEST_F(PromptTest, BadSamplingIsRefusedNamingTheField) {
   s = {};
   s.add_stop(std::string(limits_.max_stop_string_bytes + 1, 'a'));
   ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s), "sampling.stop[0] must be");
+  s = {};
+  s.set_max_tokens(4);
+  s.set_min_tokens(5);
+  ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s),
+                "sampling.min_tokens must be in [0, max_tokens (4)], got 5");
+  s.set_min_tokens(-1);
+  ExpectRefused(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s), "sampling.min_tokens");
+  s.set_min_tokens(4);
+  EXPECT_TRUE(Build({Text(cascade::v2::CHUNK_KIND_QUERY, "Hi")}, s).ok());
 }
 
 TEST_F(PromptTest, StopTokenIdsAreBoundedLikeStopStrings) {

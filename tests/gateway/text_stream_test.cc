@@ -25,10 +25,10 @@ const tokenizer::Tokenizer& Tok() {
 }
 
 std::string Stream(const std::string& text, const std::vector<std::string>& stops,
-                   std::vector<std::string>* pieces, bool* stopped) {
+                   std::vector<std::string>* pieces, bool* stopped, int min_tokens = 0) {
   auto ids = Tok().Encode(text);
   EXPECT_TRUE(ids.ok());
-  TextStream ts(Tok(), stops);
+  TextStream ts(Tok(), stops, min_tokens);
   std::string out;
   *stopped = false;
   for (int32_t id : *ids) {
@@ -74,6 +74,25 @@ TEST(TextStreamTest, EarliestStopStringWins) {
   std::vector<std::string> pieces;
   bool stopped;
   EXPECT_EQ(Stream("alpha beta gamma", {"gamma", "beta"}, &pieces, &stopped), "alpha ");
+}
+
+// min_tokens (vLLM's): a stop string in the text of the first min_tokens - 1 tokens passes
+// through; one in the min_tokens-th token's text or later still stops the stream.
+TEST(TextStreamTest, StopStringsWaitForMinTokens) {
+  const std::string text = "stop here, then go on and stop there";
+  auto ids = Tok().Encode(text);
+  ASSERT_TRUE(ids.ok());
+  std::vector<std::string> pieces;
+  bool stopped;
+  EXPECT_EQ(Stream(text, {"stop"}, &pieces, &stopped, 0), "");
+  EXPECT_TRUE(stopped);
+  // The second "stop" is in the last tokens: min_tokens 3 lets the first through.
+  EXPECT_EQ(Stream(text, {"stop"}, &pieces, &stopped, 3), "stop here, then go on and ");
+  EXPECT_TRUE(stopped);
+  // Past every token: nothing stops it, and the text is whole.
+  const int all = static_cast<int>(ids->size()) + 1;
+  EXPECT_EQ(Stream(text, {"stop"}, &pieces, &stopped, all), text);
+  EXPECT_FALSE(stopped);
 }
 
 TEST(TextStreamTest, MultiByteStopString) {

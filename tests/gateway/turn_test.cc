@@ -200,6 +200,7 @@ TEST_F(TurnTest, WorkerDyingAfterNTokensResumesOnTheNextWithTheEmittedTokensAndT
   const Stream clean = Uninterrupted();
   cluster_.at("w1")->Script({{FakeBehavior::kDie, 5}});
   TurnParams p = Params({"w1", "w2"});
+  p.request.mutable_sampling()->set_min_tokens(8);
   const cascade::v2::WorkerServiceGenerateRequest original = p.request;
   const Stream s = Run(std::move(p));
 
@@ -226,6 +227,7 @@ TEST_F(TurnTest, WorkerDyingAfterNTokensResumesOnTheNextWithTheEmittedTokensAndT
   EXPECT_EQ(std::vector<int32_t>(tail.token_ids().begin(), tail.token_ids().end()),
             std::vector<int32_t>(clean.tokens.begin(), clean.tokens.begin() + 5));
   EXPECT_EQ(r.sampling().max_tokens(), kMaxTokens - 5);
+  EXPECT_EQ(r.sampling().min_tokens(), 3) << "min_tokens counts the attempt's tokens too";
   EXPECT_EQ(r.resumed_tokens(), 5) << "the penalties count those 5 as generated";
   EXPECT_EQ(r.sampling().seed(), 7u);
   EXPECT_EQ(metrics_.resumes->Value(), 1);

@@ -516,15 +516,17 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
       // A logit bias (OpenAI's), alone or with the penalties: the row's listed tokens become
       // entries (ascending, distinct), the biased ones not in the history with count -1; some
       // biased tokens are penalized ones too, some biases decide the token (+-100, or several
-      // sigma), some are small.
+      // sigma, or -inf: min_tokens' ban of stop ids, here on the likeliest tokens too), some are
+      // small.
       std::map<int32_t, std::pair<int32_t, float>> entries;  // token -> (count, bias)
       if (s.penalty_count == 0) s.penalty_start = static_cast<int32_t>(penalty.size());
       for (int i = 0; i < s.penalty_count; ++i) {
         const size_t at = static_cast<size_t>(s.penalty_start + i);
         entries[penalty[at]] = {counted ? counts[at] : 0, 0.0f};
       }
-      const float biases[] = {2.0f * sigma,  -100.0f, 0.5f * sigma,
-                              -1.5f * sigma, 0.25f,   r % 13 == 2 ? 100.0f : 6.0f * sigma};
+      const float biases[] = {2.0f * sigma, r % 4 == 1 ? -INFINITY : -100.0f,
+                              0.5f * sigma, r % 3 == 0 ? -INFINITY : -1.5f * sigma,
+                              0.25f,        r % 13 == 2 ? 100.0f : 6.0f * sigma};
       const int nb = 2 + r % 9;
       for (int i = 0; i < nb; ++i) {
         const int32_t t = i % 3 == 0 && s.penalty_count > 0

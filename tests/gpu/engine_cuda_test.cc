@@ -215,9 +215,10 @@ TEST_F(EngineCudaTest, DeviceArgmaxPathGivesTheHostSamplersTokens) {
 }
 
 // Every row is drawn on the device by sample_rule.h's rule (temperature, min-p, top-k, top-p,
-// repetition, frequency and presence penalties, logprobs): alone or batched, cached or cold, a
-// seeded request gets the same tokens and logprobs; and the host applying the rule to the whole
-// logits rows (capture mode) gets the same bits.
+// repetition, frequency and presence penalties, logit bias, min_tokens' ban of stop ids,
+// logprobs): alone or batched, cached or cold, a seeded request gets the same tokens and
+// logprobs; and the host applying the rule to the whole logits rows (capture mode) gets the same
+// bits.
 TEST_F(EngineCudaTest, DeviceSamplingOfEveryOptionIsBatchInvariantAndEqualsTheHostRule) {
   REQUIRE_GPU_AND_MODEL();
   std::mt19937 rng(8);
@@ -241,6 +242,17 @@ TEST_F(EngineCudaTest, DeviceSamplingOfEveryOptionIsBatchInvariantAndEqualsTheHo
   }
   capture_logits_ = false;
   auto device = MakeEngine(2048);
+  {
+    // min_tokens: the stop ids are tokens these requests generate (the third and the sixth), so
+    // the ban (-inf biases while the first 12 are sampled) decides tokens on the device.
+    auto probe = MakeEngine(2048);  // (not `device`: its first run stays the cold one)
+    const std::vector<Result> first = RunAll(*probe, reqs);
+    for (int i : {1, 6, 12}) {
+      ASSERT_GE(first[i].tokens.size(), 6u);
+      reqs[i].sampling.stop_token_ids = {first[i].tokens[2], first[i].tokens[5]};
+      reqs[i].sampling.min_tokens = 12;
+    }
+  }
   auto device_alone = MakeEngine(2048);
   capture_logits_ = true;
   auto host = MakeEngine(2048);
@@ -276,6 +288,13 @@ TEST_F(EngineCudaTest, DeviceSamplingOfEveryOptionIsBatchInvariantAndEqualsTheHo
     EXPECT_TRUE(same_logprobs(alone, batched[i])) << "request " << i;
     EXPECT_TRUE(same_logprobs(again[i], batched[i])) << "request " << i;
     EXPECT_TRUE(same_logprobs(on_host[i], batched[i])) << "request " << i << " host vs device";
+    const auto& stops = reqs[i].sampling.stop_token_ids;
+    const size_t held = static_cast<size_t>(reqs[i].sampling.min_tokens);
+    ASSERT_GE(batched[i].tokens.size(), held) << "request " << i;
+    for (size_t t = 0; t < held; ++t) {
+      EXPECT_EQ(std::find(stops.begin(), stops.end(), batched[i].tokens[t]), stops.end())
+          << "request " << i << " token " << t << " is a stop id within min_tokens";
+    }
   }
 }
 
