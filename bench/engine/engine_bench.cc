@@ -25,7 +25,8 @@
 // overlapped schedule: step n+1 scheduled and built while step n runs), "overlapN" (overlapped
 // after steps of N rows or more: EngineOptions::overlap_min_rows, the worker's default 32),
 // "splitk" (the batch-invariant split-K rule of gemm.h: o_proj / down_proj of narrow models in k
-// slices), "nosplit" (no split-K: the default since run 8), "split2" / "split4" / "split8" (that
+// slices; the default since session 42), "nosplit" (no split-K: the default from run 8 to
+// session 41), "split2" / "split4" / "split8" (that
 // many k slices for every GEMM whose k allows it, the LM head excepted), "refN" (the pinned GEMM
 // algorithms picked by cuBLASLt's heuristic at m = N instead of 256, e.g. ref1024), "block32" /
 // "block64" (KV blocks of 32 / 64 tokens instead of 16: coarser prefix sharing, fewer and larger
@@ -190,14 +191,14 @@ struct Variant {
   bool small_m_gemm = true;
   int decode_gemm_max_m = cuda::kDefaultDecodeGemmMaxM;
   bool pdl = true;
-  bool overlap = false;      // EngineOptions::overlap_schedule
-  int overlap_min_rows = 0;  // EngineOptions::overlap_min_rows
-  int split_k = 1;           // CudaBackendOptions::split_k (1: off)
-  int reference_m = 256;     // CudaBackendOptions::gemm_reference_m
-  int block_size = 16;       // CudaBackendOptions::block_size
-  int lead_tiles = 0;        // CudaBackendOptions::attention_lead_tiles
-  bool finish_rows = true;   // CudaBackendOptions::attention_finish_rows
-  bool gemm_tune = false;    // CudaBackendOptions::gemm_tune
+  bool overlap = false;                // EngineOptions::overlap_schedule
+  int overlap_min_rows = 0;            // EngineOptions::overlap_min_rows
+  int split_k = cuda::kDefaultSplitK;  // CudaBackendOptions::split_k (0: the rule, 1: off)
+  int reference_m = 256;               // CudaBackendOptions::gemm_reference_m
+  int block_size = 16;                 // CudaBackendOptions::block_size
+  int lead_tiles = 0;                  // CudaBackendOptions::attention_lead_tiles
+  bool finish_rows = true;             // CudaBackendOptions::attention_finish_rows
+  bool gemm_tune = false;              // CudaBackendOptions::gemm_tune
   // CudaBackendOptions::gemm_tune_min_hidden
   int tune_min_hidden = cuda::kDefaultGemmTuneMinHidden;
   int tune_max_m = 64;      // CudaBackendOptions::gemm_tune_max_m

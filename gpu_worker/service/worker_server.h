@@ -67,6 +67,13 @@ struct WorkerConfig {
   // prefix tree 1.29x faster, plain decode 1-3% slower, cold prefill 2-15% slower (8k prompts
   // most): worth it where many requests share system and context chunks.
   std::string attention_fold_order = "one_level";
+  // CUDA backend: batch-invariant split-K (CudaBackendOptions::split_k). "rule" (the default)
+  // cuts k of the narrow projections (o_proj, down_proj) into slices fixed per shape, summed in
+  // order; "off" runs them unsplit. Other bits, so every worker of a deployment alike (the KV
+  // numerics keep peer fetches apart). H200, qwen3-0.6b: decode steps at batch 1-32 ~0.88x with
+  // the rule, prefill 0.93-0.97x (bench/engine/NOTES.md runs 23, 28). No effect on the CPU
+  // backend, whose arithmetic is its own.
+  std::string gemm_k_split = "rule";
   // Host KV tier: host memory for copies of blocks the GPU tier evicts. -1: auto, the smaller of
   // a fifth of the machine's RAM and four times the GPU tier's KV bytes; 0: off.
   int64_t host_kv_bytes = -1;

@@ -174,6 +174,33 @@ TEST(WorkerConfigTest, AttentionFoldOrderIsOneOfTwoAndTwoLevelIsRefusedOnTheCpu)
   EXPECT_EQ(parsed->attention_fold_order, "two_level");
 }
 
+// --gemm_k_split: rule (the default) or off, anything else refused on every backend (the CPU
+// backend accepts both: its arithmetic is its own); the flag parses into the config.
+TEST(WorkerConfigTest, GemmKSplitIsRuleOrOff) {
+  std::unique_ptr<model::Model> model =
+      cpu::testing_util::MakeModel(cpu::testing_util::SmallVocab("tiny"), 3);
+  ASSERT_NE(model, nullptr);
+  WorkerConfig c;
+  c.kv_blocks = 16;
+  EXPECT_EQ(c.gemm_k_split, "rule");
+  EXPECT_TRUE(MakeBackend("cpu", *model, c).ok());
+  c.gemm_k_split = "off";
+  EXPECT_TRUE(MakeBackend("cpu", *model, c).ok());
+  for (const char* bad : {"", "on", "RULE", "4"}) {
+    c.gemm_k_split = bad;
+    absl::StatusOr<std::unique_ptr<engine::Backend>> b = MakeBackend("cpu", *model, c);
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(
+        b.status().message().find(std::string("--gemm_k_split='") + bad + "': must be rule or off"),
+        std::string::npos)
+        << b.status();
+  }
+  const std::optional<WorkerConfig> parsed = ParseOneFlag("--gemm_k_split=off");
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->gemm_k_split, "off");
+}
+
 // --max_pinned_kv_fraction: [0, 1] (0 no pins, 1 no cap), anything else (NaN too) refused with
 // the flag, the value and the range; the default caps pins at half the cache; the flag parses.
 TEST(WorkerConfigTest, PinnedKvFractionOutsideZeroToOneIsRefused) {

@@ -52,16 +52,19 @@ struct CudaBackendOptions {
   // Where gate_up runs DecodeGemm with 16 or 32 features per CTA (decode steps), SiluMul runs in
   // its epilogue (ops.h DecodeGemmSiluMul): one launch less per layer, the same bits.
   bool fuse_silu = true;
-  // Deterministic mode only: batch-invariant split-K (gemm.h): 1 = off (default), 0 = the
-  // built-in rule (k of narrow GEMMs such as o_proj / down_proj cut into slices fixed per shape),
-  // S > 1 = S slices for every GEMM but the LM head whose k allows it (benchmarks). o_proj's and
-  // down_proj's partials are summed inside the residual add + RMSNorm that follows them. Off by
-  // default: exact on every shape measured, but on an H100 (bench/engine/NOTES.md run 8) the rule
-  // gained 4-7% at batch 1 and lost up to 3% at batch 64-256 (9% at llama-3.2-1b batch 8); with
-  // the partials on DecodeGemm at decode sizes (run 20, H200, qwen3-0.6b) batch 1 is 1.10x faster
-  // but batch 64 1.05x slower and prefill 1.13x slower (its split shapes then kept the pinned
-  // strided-batched algorithm; PreparePrefill now chooses for them too).
-  int split_k = 1;
+  // Deterministic mode only: batch-invariant split-K (gemm.h): 0 = the built-in rule (default:
+  // k of narrow GEMMs such as o_proj / down_proj cut into slices fixed per shape), 1 = off, S > 1
+  // = S slices for every GEMM but the LM head whose k allows it (benchmarks). o_proj's and
+  // down_proj's partials are summed inside the residual add + RMSNorm that follows them. Other
+  // bits than off, so every worker of a deployment alike (the worker's --gemm_k_split; the KV
+  // numerics keep peer fetches apart). The default since session 42: an unsplit k = 2048-3072
+  // projection is a chain of >= 128 dependent k16 steps, ~5-8 us at batch 1 whatever the kernel
+  // (bench/engine/NOTES.md run 23), so decode steps at batch 1-32 run ~0.88x with the rule
+  // (H200, qwen3-0.6b, runs 21-23), within noise at 64-256, and prefill pays the f32 partials,
+  // 0.93-0.97x (run 28 measures it beside the rule in one call). History: on an H100 (run 8) the
+  // rule gained 4-7% at batch 1 and lost up to 3% at batch 64-256 before its partials ran on
+  // DecodeGemm at decode sizes and the norm summed them in one pass (run 22).
+  int split_k = kDefaultSplitK;
   // Deterministic mode only: the m at which cuBLASLt's heuristic picks the algorithm pinned for
   // every m of a weight shape (gemm.h). 256 by default; on an H100 those picks run 15-20% behind
   // the heuristic's own at m = 4-16 on qwen3-8b and up to 2.6x behind at m = 2048 (NOTES.md run

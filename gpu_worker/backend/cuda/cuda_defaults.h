@@ -19,6 +19,9 @@ inline constexpr int kDefaultGemmPrefillMinM = 1024;
 // (Hopper). 2 since its consumers run the softmax on one warp (session 21: 1.25x the
 // shared-memory kernel on 3-tile rows, H200); rows of one tile were not measured.
 inline constexpr int kDefaultPersistentDecodeMinTiles = 2;
+// CudaBackendOptions::split_k: 0, the batch-invariant split-K rule (gemm.h), 1 = off; the
+// worker's --gemm_k_split (rule / off).
+inline constexpr int kDefaultSplitK = 0;
 // The two-level fold order's super-tile in 64-token tiles (CudaBackendOptions::
 // attention_super_tiles, attention.h SuperTilesFor; the worker's --attention_fold_order=two_level).
 inline constexpr int kSuperTiles = 4;

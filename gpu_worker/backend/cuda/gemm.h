@@ -40,8 +40,9 @@
 // k, S) like the unsplit ones) or, at decode-sized m, from SmallGemm's split variant after the
 // same first-use bitwise comparison. Run() reduces them itself (SplitReduce, through a fixed
 // workspace, in row chunks: rows never mix, so chunking changes no bits); RunPartials() hands
-// them to the caller, who fuses the sum into its next pass (AddRmsNormSplit). Off unless asked
-// for (split_k): exact on every shape measured, but not yet faster overall (NOTES.md run 8).
+// them to the caller, who fuses the sum into its next pass (AddRmsNormSplit). Gemm::Create's
+// split_k picks it (1 here: off); the backend's default is the rule (CudaBackendOptions::split_k:
+// decode at batch 1-32 ~0.88x the unsplit step on an H200, engine NOTES.md runs 23 and 28).
 //
 // Tuned decode sizes: the pinned algorithm (picked at m = 256) is far from the weights'
 // bandwidth at decode-sized m (an H100 profile of a batch-64 step: 8-11 us per GEMM against a
