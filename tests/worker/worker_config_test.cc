@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,22 @@ model::ModelConfig Qwen3Small() {
   m.num_key_value_heads = 8;
   m.head_dim = 128;
   return m;
+}
+
+// A string flag with a fixed set of values: each of `bad` in `field` makes the CPU backend's
+// MakeBackend refuse with INVALID_ARGUMENT saying "--<flag>='<bad>': must be <choices>".
+void ExpectValuesRefused(const model::Model& model, WorkerConfig c,
+                         std::string WorkerConfig::*field, const std::string& flag,
+                         std::initializer_list<const char*> bad, const std::string& choices) {
+  for (const char* v : bad) {
+    c.*field = v;
+    absl::StatusOr<std::unique_ptr<engine::Backend>> b = MakeBackend("cpu", model, c);
+    ASSERT_FALSE(b.ok()) << v;
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(b.status().message().find("--" + flag + "='" + v + "': must be " + choices),
+              std::string::npos)
+        << b.status();
+  }
 }
 
 TEST(WorkerConfigTest, KvBlocksFlagWinsOnEveryBackend) {
@@ -151,16 +168,8 @@ TEST(WorkerConfigTest, AttentionFoldOrderIsOneOfTwoAndTwoLevelIsRefusedOnTheCpu)
   c.kv_blocks = 16;
   EXPECT_EQ(c.attention_fold_order, "one_level");
   EXPECT_TRUE(MakeBackend("cpu", *model, c).ok());
-  for (const char* bad : {"", "two-level", "super", "ONE_LEVEL"}) {
-    c.attention_fold_order = bad;
-    absl::StatusOr<std::unique_ptr<engine::Backend>> b = MakeBackend("cpu", *model, c);
-    ASSERT_FALSE(b.ok()) << bad;
-    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(b.status().message().find(std::string("--attention_fold_order='") + bad +
-                                        "': must be one_level or two_level"),
-              std::string::npos)
-        << b.status();
-  }
+  ExpectValuesRefused(*model, c, &WorkerConfig::attention_fold_order, "attention_fold_order",
+                      {"", "two-level", "super", "ONE_LEVEL"}, "one_level or two_level");
   c.attention_fold_order = "two_level";
   absl::StatusOr<std::unique_ptr<engine::Backend>> cpu = MakeBackend("cpu", *model, c);
   ASSERT_FALSE(cpu.ok());
@@ -186,16 +195,8 @@ TEST(WorkerConfigTest, GemmKSplitIsRuleOrOff) {
   EXPECT_TRUE(MakeBackend("cpu", *model, c).ok());
   c.gemm_k_split = "off";
   EXPECT_TRUE(MakeBackend("cpu", *model, c).ok());
-  for (const char* bad : {"", "on", "RULE", "4"}) {
-    c.gemm_k_split = bad;
-    absl::StatusOr<std::unique_ptr<engine::Backend>> b = MakeBackend("cpu", *model, c);
-    ASSERT_FALSE(b.ok()) << bad;
-    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(
-        b.status().message().find(std::string("--gemm_k_split='") + bad + "': must be rule or off"),
-        std::string::npos)
-        << b.status();
-  }
+  ExpectValuesRefused(*model, c, &WorkerConfig::gemm_k_split, "gemm_k_split",
+                      {"", "on", "RULE", "4"}, "rule or off");
   const std::optional<WorkerConfig> parsed = ParseOneFlag("--gemm_k_split=off");
   ASSERT_TRUE(parsed.has_value());
   EXPECT_EQ(parsed->gemm_k_split, "off");
