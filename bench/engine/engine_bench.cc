@@ -19,7 +19,8 @@
 // graphs, verified small-m and decode GEMMs), "eager" (no decode graphs), "cublas" (no small-m
 // or decode GEMMs: the pinned cuBLASLt algorithm at every m), "nodecodegemm" (no DecodeGemm:
 // SmallGemm and cuBLASLt as before it; the same bits), "coldchoice" (that choice timed one launch
-// at a time on flushed L2 for every bucket, as before session 36), "nopdl" (kernels launched
+// at a time on flushed L2 for every bucket, as before session 36), "smallchoice" (SmallGemm among
+// that choice's candidates, as before session 42; the same bits), "nopdl" (kernels launched
 // without programmatic dependent launch), "heuristic" (cuBLAS heuristics per m, no pinning, graphs
 // on: the cost of determinism is default vs heuristic), "overlap" (default with the engine's
 // overlapped schedule: step n+1 scheduled and built while step n runs), "overlapN" (overlapped
@@ -204,8 +205,9 @@ struct Variant {
   int tune_max_m = 64;      // CudaBackendOptions::gemm_tune_max_m
   int early_chunks = 2;     // CudaBackendOptions::decode_gemm_early_chunks
   bool choice_warm = true;  // CudaBackendOptions::decode_gemm_choice_warm
-  bool fuse_silu = true;    // CudaBackendOptions::fuse_silu
-  int split_variant = 0;    // internal::SetSplitVariant (process-wide, set when the backend loads)
+  bool choose_small = cuda::kDefaultDecodeGemmChooseSmall;  // ...::decode_gemm_choose_small
+  bool fuse_silu = true;                                    // CudaBackendOptions::fuse_silu
+  int split_variant = 0;  // internal::SetSplitVariant (process-wide, set when the backend loads)
   // CudaBackendOptions::persistent_decode_min_tiles (the backend sets it process-wide at load);
   // -1 here: its default.
   int ws_min_tiles = -1;
@@ -245,6 +247,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "dwn8") return v->dw_n8 = true, true;
   if (name == "wsfew") return v->ws_few_works = true, true;
   if (name == "coldchoice") return v->choice_warm = false, true;
+  if (name == "smallchoice") return v->choose_small = true, true;
   if (name == "noprefetch") return v->prefetch_max_rows = 0, true;
   if (name == "prefetchall") return v->prefetch_max_rows = 256, true;  // every decode bucket
   if (name == "prefetchearly") return v->prefetch_early = true, true;
@@ -588,6 +591,7 @@ struct Bench {
       o.decode_gemm_max_m = variant.decode_gemm_max_m;
       o.decode_gemm_early_chunks = variant.early_chunks;
       o.decode_gemm_choice_warm = variant.choice_warm;
+      o.decode_gemm_choose_small = variant.choose_small;
       o.fuse_silu = variant.fuse_silu;
       o.split_k = variant.split_k;
       o.gemm_reference_m = variant.reference_m;

@@ -564,6 +564,7 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   // Captured decode steps of up to prefetch_weights_max_rows rows find their weights in L2.
   gemm_->set_decode_warm_max_m(
       o_.cuda_graphs && o_.decode_gemm_choice_warm ? o_.prefetch_weights_max_rows : 0);
+  gemm_->set_decode_choose_small(o_.decode_gemm_choose_small);
   gemm_->set_prefill_min_m(o_.gemm_prefill_min_m);
   o_splits_ = gemm_->Splits(hidden_, hq_ * d_);
   down_splits_ = gemm_->Splits(hidden_, inter_);

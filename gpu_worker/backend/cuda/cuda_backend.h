@@ -46,6 +46,9 @@ struct CudaBackendOptions {
   // the backend prefetches (cuda_graphs and up to prefetch_weights_max_rows rows); false: one
   // launch at a time on flushed L2 for every bucket, as before session 36. The same bits.
   bool decode_gemm_choice_warm = true;
+  // Whether the decode choice above also times SmallGemm (Gemm::set_decode_choose_small). The
+  // same bits either way.
+  bool decode_gemm_choose_small = kDefaultDecodeGemmChooseSmall;
   // DecodeGemm CTAs copy this many chunks of their weights before waiting for the previous kernel
   // (ops.h SetDecodeGemmEarlyChunks; process-wide: the last backend created sets it). Same bits.
   int decode_gemm_early_chunks = 2;

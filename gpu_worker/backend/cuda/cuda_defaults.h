@@ -22,6 +22,8 @@ inline constexpr int kDefaultPersistentDecodeMinTiles = 2;
 // CudaBackendOptions::split_k: 0, the batch-invariant split-K rule (gemm.h), 1 = off; the
 // worker's --gemm_k_split (rule / off).
 inline constexpr int kDefaultSplitK = 0;
+// CudaBackendOptions::decode_gemm_choose_small: SmallGemm among the decode choice's candidates.
+inline constexpr bool kDefaultDecodeGemmChooseSmall = false;
 // The two-level fold order's super-tile in 64-token tiles (CudaBackendOptions::
 // attention_super_tiles, attention.h SuperTilesFor; the worker's --attention_fold_order=two_level).
 inline constexpr int kSuperTiles = 4;

@@ -492,7 +492,9 @@ absl::Status Gemm::ChooseDecode(const Bf16* x, int x_rows, const Bf16* w, int m,
   const bool warm = m <= decode_warm_max_m_;
   bool decode_equal = false, decode_differs = false;
   std::vector<DecodeChoice> candidates;
-  if (small_m_ && m <= kSmallM && k % (64 * splits) == 0) candidates.push_back({1, 0, 0});
+  if (small_m_ && decode_choose_small_ && m <= kSmallM && k % (64 * splits) == 0) {
+    candidates.push_back({1, 0, 0});
+  }
   for (auto [cols, stages] :
        {std::pair{8, 8}, std::pair{16, 8}, std::pair{32, 8}, std::pair{32, 4}}) {
     if (n % cols == 0) candidates.push_back({2, cols, stages});

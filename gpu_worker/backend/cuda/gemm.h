@@ -19,7 +19,8 @@
 // Decode GEMM: with set_decode_max_m, a call of up to that many rows (<= 64) runs the
 // kernel chosen for its (n, k, output type, bucket of m: 1, 2, 4, then multiples of 8, the decode
 // graph buckets; a split shape's calls are its f32 partials, all slices in one launch): the
-// pinned algorithm, SmallGemm, or DecodeGemm (ops.h, decode_gemm.cu: one
+// pinned algorithm, SmallGemm (where set_decode_choose_small, off in the backend by default), or
+// DecodeGemm (ops.h, decode_gemm.cu: one
 // warpgroup per 8-32 output features over the whole k loop, the same k16-step chain on wgmma) in
 // one of a few CTA shapes. The choice is made by PrepareDecode when a backend loads its weights
 // (on 64 rows of normal pseudo-random x), or else at the bucket's first call outside graph
@@ -134,6 +135,11 @@ class Gemm {
   // one 4.4-4.5 (bench/engine/NOTES.md run 22). Only the choice changes; every candidate is
   // bitwise the pinned algorithm.
   void set_decode_warm_max_m(int max_m) { decode_warm_max_m_ = max_m; }
+  // Whether SmallGemm is among the decode choice's candidates (it still serves the shapes the
+  // choice does not, e.g. the LM head). SmallGemm waits for the previous kernel before its first
+  // weight load, where DecodeGemm copies its first chunks before the wait, so in a replay under
+  // programmatic launch it adds more of its time than the choice's timing shows. The same bits.
+  void set_decode_choose_small(bool on) { decode_choose_small_ = on; }
   // Makes the decode-sized kernel choice of every bucket up to the decode max m for weights w
   // ([n, k]) now, on pseudo-random rows as x (a backend calls it at load time, so no request pays
   // the choice's timing runs). No-op for shapes the decode path does not serve.
@@ -227,7 +233,8 @@ class Gemm {
   bool small_m_ = true;
   std::map<std::tuple<int, int, int, int>, bool> small_ok_;  // (n, k, out, S) -> verified equal
   int decode_max_m_ = 0;
-  int decode_warm_max_m_ = 0;  // set_decode_warm_max_m
+  int decode_warm_max_m_ = 0;        // set_decode_warm_max_m
+  bool decode_choose_small_ = true;  // set_decode_choose_small
   struct DecodeChoice {
     int kind = 0;  // 0: the pinned algorithm, 1: SmallGemm, 2: DecodeGemm (cols, stages)
     int cols = 0, stages = 0;
