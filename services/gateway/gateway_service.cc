@@ -231,7 +231,8 @@ grpc::Status GatewayService::DoTokenize(const cascade::v2::TokenizeRequest& r,
   none.set_max_tokens(1);
   auto p = BuildPrompt(request->chunks(), none, "",
                        !request->has_add_generation_prompt() || request->add_generation_prompt(),
-                       *tokenizer_, options_.limits);
+                       *tokenizer_, options_.limits,
+                       !request->has_enable_thinking() || request->enable_thinking());
   if (!p.ok()) return ToGrpc(p.status());
   auto placed = hash::PlaceChunks(options_.limits.model_name, "", ChunkSpecs(*p));
   for (size_t i = 0; i < p->chunks.size(); ++i) {

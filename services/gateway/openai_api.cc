@@ -51,6 +51,25 @@ absl::StatusOr<std::string> String(const json& body, const char* key) {
   return it->get<std::string>();
 }
 
+// vLLM's chat_template_kwargs: Cascade renders Qwen3's chat template itself, so it takes the one
+// variable that template reads from the request, enable_thinking (false: the generation prompt ends
+// in an empty think block); any other key is refused by name rather than ignored.
+absl::Status ChatTemplateKwargs(const json& body, cascade::v2::GenerateRequest* r) {
+  auto it = body.find("chat_template_kwargs");
+  if (it == body.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) return Bad("chat_template_kwargs must be an object");
+  for (const auto& [key, value] : it->items()) {
+    if (key != "enable_thinking") {
+      return Bad(absl::StrCat("chat_template_kwargs.", common::Excerpt(key),
+                              " is not supported (only enable_thinking)"));
+    }
+    if (!value.is_boolean())
+      return Bad("chat_template_kwargs.enable_thinking must be true or false");
+    r->set_enable_thinking(value.get<bool>());
+  }
+  return absl::OkStatus();
+}
+
 // Token ids from a JSON array of integers.
 absl::Status TokenIds(const json& arr, const std::string& field, cascade::v2::TokenIds* out) {
   for (size_t i = 0; i < arr.size(); ++i) {
@@ -451,7 +470,11 @@ absl::StatusOr<Translated> TranslateRequest(const json& body, Endpoint endpoint,
     auto gen = Bool(body, "add_generation_prompt", true);
     if (!gen.ok()) return gen.status();
     t.request.set_add_generation_prompt(*gen);
+    if (absl::Status s = ChatTemplateKwargs(body, &t.request); !s.ok()) return s;
   } else {
+    if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {
+      return Bad("chat_template_kwargs applies to chat completions only");
+    }
     if (absl::Status s = CompletionPrompt(body, &t.request); !s.ok()) return s;
     t.request.set_add_generation_prompt(false);
   }

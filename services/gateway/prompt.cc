@@ -46,7 +46,8 @@ size_t MaxRequestBytes(const PromptLimits& limits) {
 absl::StatusOr<Prompt> BuildPrompt(
     const google::protobuf::RepeatedPtrField<cascade::v2::Chunk>& chunks,
     const cascade::v2::SamplingParams& sampling, const std::string& cache_salt,
-    bool add_generation_prompt, const tokenizer::Tokenizer& tok, const PromptLimits& limits) {
+    bool add_generation_prompt, const tokenizer::Tokenizer& tok, const PromptLimits& limits,
+    bool enable_thinking) {
   if (chunks.empty()) return absl::InvalidArgumentError("chunks: at least one chunk is required");
   if (chunks.size() > limits.max_chunks) {
     return absl::InvalidArgumentError(
@@ -115,7 +116,7 @@ absl::StatusOr<Prompt> BuildPrompt(
     p.chunks.push_back(std::move(pc));
   }
   if (add_generation_prompt) {
-    tokenizer::Chunk gp{tokenizer::ChunkKind::kGenerationPrompt, ""};
+    tokenizer::Chunk gp{tokenizer::ChunkKind::kGenerationPrompt, "", enable_thinking};
     auto ids = tokenizer::EncodeChunks(tok, std::span(&gp, 1));
     if (!ids.ok()) return ids.status();
     p.chunks.push_back(

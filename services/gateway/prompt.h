@@ -46,11 +46,13 @@ struct Prompt {
   std::string cache_salt;
 };
 
-// `chunks` as sent by a client; `add_generation_prompt` appends the assistant prompt piece.
+// `chunks` as sent by a client; `add_generation_prompt` appends the assistant prompt piece, ending
+// in Qwen3's empty think block where `enable_thinking` is false (GenerateRequest::enable_thinking).
 absl::StatusOr<Prompt> BuildPrompt(
     const google::protobuf::RepeatedPtrField<cascade::v2::Chunk>& chunks,
     const cascade::v2::SamplingParams& sampling, const std::string& cache_salt,
-    bool add_generation_prompt, const tokenizer::Tokenizer& tok, const PromptLimits& limits);
+    bool add_generation_prompt, const tokenizer::Tokenizer& tok, const PromptLimits& limits,
+    bool enable_thinking = true);
 
 // The largest serialized request that can hold a valid prompt under `limits`: text and token
 // ids within max_prompt_bytes (ids count 4 bytes each; on the wire a varint takes up to 5),

@@ -91,7 +91,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     if (st.ok()) {
       prompt = BuildPrompt(req.chunks(), req.sampling(), req.cache_salt(),
                            !req.has_add_generation_prompt() || req.add_generation_prompt(),
-                           svc_->tokenizer(), svc_->options().limits);
+                           svc_->tokenizer(), svc_->options().limits,
+                           !req.has_enable_thinking() || req.enable_thinking());
       st = ToGrpc(prompt.status());
     }
     if (!st.ok()) {

@@ -33,7 +33,8 @@ std::string Turn(std::string_view role, std::string_view text) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ApplyChatTemplate(ChunkKind kind, std::string_view text) {
+absl::StatusOr<std::string> ApplyChatTemplate(ChunkKind kind, std::string_view text,
+                                              bool thinking) {
   switch (kind) {
     case ChunkKind::kSystem:
       return Turn("system", text);
@@ -51,7 +52,10 @@ absl::StatusOr<std::string> ApplyChatTemplate(ChunkKind kind, std::string_view t
       if (!text.empty()) {
         return absl::InvalidArgumentError("a generation prompt chunk carries no text");
       }
-      return std::string("<|im_start|>assistant\n");
+      // Qwen3's template: `{%- if enable_thinking is defined and enable_thinking is false %}
+      // {{- '<think>\n\n</think>\n\n' }}` after the assistant's start.
+      return std::string(thinking ? "<|im_start|>assistant\n"
+                                  : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
     case ChunkKind::kUnspecified:
       return absl::InvalidArgumentError("chunk kind is unspecified");
   }
@@ -71,7 +75,8 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> EncodeChunks(const Tokenizer& 
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", i, ": the generation prompt must be the last chunk"));
     }
-    absl::StatusOr<std::string> templated = ApplyChatTemplate(chunk.kind, chunk.text);
+    absl::StatusOr<std::string> templated =
+        ApplyChatTemplate(chunk.kind, chunk.text, chunk.thinking);
     if (!templated.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", i, ": ", templated.status().message()));

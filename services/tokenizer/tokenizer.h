@@ -93,6 +93,9 @@ enum class ChunkKind : int32_t {
 struct Chunk {
   ChunkKind kind = ChunkKind::kUnspecified;
   std::string text;  // must be empty for kGenerationPrompt
+  // kGenerationPrompt only: false ends it with Qwen3's empty think block (its chat template with
+  // enable_thinking=false), so the model answers without reasoning first.
+  bool thinking = true;
 };
 
 // Qwen3 ChatML, one piece per chunk:
@@ -103,9 +106,12 @@ struct Chunk {
 //   QUERY             "<|im_start|>user\n{text}<|im_end|>\n"
 //   ASSISTANT         "<|im_start|>assistant\n{text}<|im_end|>\n"
 //   RAW               text as is
-//   GENERATION_PROMPT "<|im_start|>assistant\n" (text must be empty)
+//   GENERATION_PROMPT "<|im_start|>assistant\n" (text must be empty); with thinking false
+//                     "<|im_start|>assistant\n<think>\n\n</think>\n\n" (Qwen3's template
+//                     with enable_thinking=false)
 // kInvalidArgument for kUnspecified, an unknown kind, or text on a generation prompt.
-absl::StatusOr<std::string> ApplyChatTemplate(ChunkKind kind, std::string_view text);
+absl::StatusOr<std::string> ApplyChatTemplate(ChunkKind kind, std::string_view text,
+                                              bool thinking = true);
 
 // Templates and encodes each chunk on its own; result[i] are chunk i's ids, and the prompt is
 // their concatenation. For every kind except RAW this equals encoding the whole templated

@@ -31,6 +31,15 @@ out="$(curl -sS "$BASE/chat/completions" -H 'Content-Type: application/json' \
   fail "curl chat failed"
 echo "$out" | grep -q '"object":"chat.completion"' || fail "curl chat: unexpected body: $out"
 echo "ok: curl chat.completion"
+# Qwen3's enable_thinking=false through vLLM's chat_template_kwargs: the same chat, its
+# generation prompt four tokens longer (the empty think block).
+pt() { sed -E 's/.*"prompt_tokens":([0-9]+).*/\1/' <<<"$1"; }
+nothink="$(curl -sS "$BASE/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0,
+       "chat_template_kwargs": {"enable_thinking": false}}')" || fail "curl chat without thinking failed"
+[[ "$(pt "$nothink")" == "$(( $(pt "$out") + 4 ))" ]] ||
+  fail "enable_thinking=false: prompt_tokens $(pt "$nothink"), want $(pt "$out") + 4: $nothink"
+echo "ok: curl chat_template_kwargs.enable_thinking=false adds the empty think block"
 code="$(curl -sS -o "$TMP/err.json" -w '%{http_code}' "$BASE/completions" \
   -H 'Content-Type: application/json' -d '{"prompt": "Hi", "top_p": 5}')"
 [[ "$code" == 400 ]] || fail "curl bad top_p: HTTP $code, want 400"

@@ -125,6 +125,37 @@ TEST(OpenAiApiTest, MinTokensIsTranslated) {
   }
 }
 
+// vLLM's chat_template_kwargs: enable_thinking reaches the request (unset when not given);
+// another key, a non-boolean value or the field on completions is refused by name.
+TEST(OpenAiApiTest, ChatTemplateKwargsTakeEnableThinking) {
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  auto plain = TranslateRequest(chat, Endpoint::kChat, "m");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->request.has_enable_thinking());
+  for (const bool on : {false, true}) {
+    json body = chat;
+    body["chat_template_kwargs"] = {{"enable_thinking", on}};
+    auto t = TranslateRequest(body, Endpoint::kChat, "m");
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE(t->request.has_enable_thinking());
+    EXPECT_EQ(t->request.enable_thinking(), on);
+  }
+  for (const json& bad :
+       {json{{"tools_mode", true}}, json{{"enable_thinking", "no"}}, json::array({1})}) {
+    json body = chat;
+    body["chat_template_kwargs"] = bad;
+    auto t = TranslateRequest(body, Endpoint::kChat, "m");
+    ASSERT_FALSE(t.ok()) << bad;
+    EXPECT_NE(t.status().message().find("chat_template_kwargs"), absl::string_view::npos)
+        << t.status();
+  }
+  auto c = TranslateRequest(
+      json{{"prompt", "hi"}, {"chat_template_kwargs", {{"enable_thinking", false}}}},
+      Endpoint::kCompletions, "m");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("chat completions only"), absl::string_view::npos);
+}
+
 // OpenAI's logit_bias goes to the worker as a map of token ids to biases.
 TEST(OpenAiApiTest, LogitBiasIsTranslated) {
   const json body = {{"prompt", "hi"},

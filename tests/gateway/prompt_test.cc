@@ -74,6 +74,25 @@ TEST_F(PromptTest, EachChunkGetsItsChatMLPieceAndTheGenerationPromptComesLast) {
   EXPECT_EQ(p->cache_salt, "salt");
 }
 
+// enable_thinking false: the generation prompt ends in Qwen3's empty think block (one more
+// piece of the same last chunk), the client's chunks unchanged; without the generation prompt
+// it changes nothing.
+TEST_F(PromptTest, ThinkingOffEndsTheGenerationPromptInAnEmptyThinkBlock) {
+  RepeatedPtrField<Chunk> field;
+  *field.Add() = Text(cascade::v2::CHUNK_KIND_QUERY, "Where is Paris?");
+  auto on = BuildPrompt(field, {}, "salt", true, *tok_, limits_);
+  auto off = BuildPrompt(field, {}, "salt", true, *tok_, limits_, /*enable_thinking=*/false);
+  ASSERT_TRUE(on.ok() && off.ok());
+  ASSERT_EQ(off->chunks.size(), 2u);
+  EXPECT_EQ(off->chunks[0].tokens, on->chunks[0].tokens);
+  EXPECT_EQ(off->chunks[1].kind, cascade::v2::CHUNK_KIND_GENERATION_PROMPT);
+  EXPECT_EQ(off->chunks[1].tokens, Encode("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  EXPECT_EQ(off->num_tokens, on->num_tokens + 4);
+  auto raw = BuildPrompt(field, {}, "salt", false, *tok_, limits_, false);
+  ASSERT_TRUE(raw.ok());
+  EXPECT_EQ(raw->chunks.size(), 1u);
+}
+
 TEST_F(PromptTest, WithoutTheGenerationPromptTheClientsChunksAreAll) {
   auto p = Build({Text(cascade::v2::CHUNK_KIND_RAW, "plain text")}, {}, false);
   ASSERT_TRUE(p.ok()) << p.status();

@@ -3,9 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "services/tokenizer/tokenizer.h"
 #include "tests/tokenizer/qwen3_tokenizer.h"
 
@@ -22,6 +25,41 @@ TEST(ChatTemplateTest, EachKindRendersQwen3ChatMl) {
   EXPECT_EQ(*ApplyChatTemplate(ChunkKind::kAssistant, "A"), "<|im_start|>assistant\nA<|im_end|>\n");
   EXPECT_EQ(*ApplyChatTemplate(ChunkKind::kRaw, "raw <x>\n"), "raw <x>\n");
   EXPECT_EQ(*ApplyChatTemplate(ChunkKind::kGenerationPrompt, ""), "<|im_start|>assistant\n");
+}
+
+// enable_thinking=false (GenerateRequest::enable_thinking, OpenAI's chat_template_kwargs): the
+// generation prompt ends in the empty think block the model's own chat template writes there
+// (read from its tokenizer_config.json: the literal under `enable_thinking is false`), and it
+// tokenizes alone as at the end of the whole prompt.
+TEST(ChatTemplateTest, GenerationPromptWithoutThinkingIsTheModelTemplatesBlock) {
+  const std::string no_think = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+  EXPECT_EQ(*ApplyChatTemplate(ChunkKind::kGenerationPrompt, "", false), no_think);
+  EXPECT_EQ(*ApplyChatTemplate(ChunkKind::kGenerationPrompt, "", true), "<|im_start|>assistant\n");
+  std::ifstream f(testutil::Qwen3Dir() + "/tokenizer_config.json");
+  ASSERT_TRUE(f.good()) << "run scripts/setup.sh";
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string tmpl = nlohmann::json::parse(ss.str()).at("chat_template").get<std::string>();
+  // The Jinja source spells the newlines as escapes: '<think>\n\n</think>\n\n'.
+  const size_t cond = tmpl.find("enable_thinking is false");
+  ASSERT_NE(cond, std::string::npos);
+  const size_t block = tmpl.find("'<think>\\n\\n</think>\\n\\n'", cond);
+  ASSERT_NE(block, std::string::npos) << tmpl.substr(cond, 120);
+  EXPECT_LT(block - cond, 80u) << "the block belongs to that condition";
+  EXPECT_LT(tmpl.rfind("'<|im_start|>assistant\\n'", cond), cond)
+      << "and follows the assistant's start";
+
+  Chunk q{ChunkKind::kQuery, "Hi"}, gp{ChunkKind::kGenerationPrompt, "", false};
+  const std::vector<Chunk> chunks = {q, gp};
+  auto per_chunk = EncodeChunks(*Qwen3(), chunks);
+  ASSERT_TRUE(per_chunk.ok()) << per_chunk.status();
+  auto whole = Qwen3()->Encode("<|im_start|>user\nHi<|im_end|>\n" + no_think);
+  ASSERT_TRUE(whole.ok());
+  std::vector<int32_t> joined = (*per_chunk)[0];
+  joined.insert(joined.end(), (*per_chunk)[1].begin(), (*per_chunk)[1].end());
+  EXPECT_EQ(joined, *whole);
+  // <|im_start|> assistant \n <think> \n\n </think> \n\n
+  EXPECT_THAT((*per_chunk)[1], ElementsAre(151644, 77091, 198, 151667, 271, 151668, 271));
 }
 
 TEST(ChatTemplateTest, KindNumbersMirrorTheWireEnum) {
