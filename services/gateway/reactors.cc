@@ -449,8 +449,9 @@ class ChatReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
     } else if (!req_.model().empty() && req_.model() != svc_->options().limits.model_name) {
       return absl::InvalidArgumentError("model: must not change within a session");
     }
-    auto prompt = BuildPrompt(req_.chunks(), req_.sampling(), salt_, true, svc_->tokenizer(),
-                              svc_->options().limits);
+    auto prompt =
+        BuildPrompt(req_.chunks(), req_.sampling(), salt_, true, svc_->tokenizer(),
+                    svc_->options().limits, !req_.has_enable_thinking() || req_.enable_thinking());
     if (!prompt.ok()) return prompt.status();
     const int64_t total = history_tokens_ + prompt->num_tokens + prompt->sampling.max_tokens();
     if (total > svc_->options().limits.max_context) {

@@ -362,15 +362,30 @@ TEST(ServingTest, BearerTokenIsRequiredWhenConfigured) {
                   .status.ok());
 }
 
+// Turn 2 also asks for no thinking (Qwen3's enable_thinking): its new tokens are its query and the
+// generation prompt with the empty think block, as Tokenize gives them with the same flag.
 TEST(ServingTest, ChatTurnsPrefillOnlyTheirNewTokens) {
   Stack stack({.workers = 2});
   grpc::ClientContext ctx;
   auto stream = stack.gateway().Chat(&ctx);
   const char* queries[] = {"Hello there, who are you?", "Tell me more.", "And finally?"};
+  auto turn_tokens = [&](const char* query, bool thinking) {  // QUERY + generation prompt
+    cascade::v2::TokenizeRequest t;
+    auto* c = t.add_chunks();
+    c->set_kind(cascade::v2::CHUNK_KIND_QUERY);
+    c->set_text(query);
+    if (!thinking) t.set_enable_thinking(false);
+    cascade::v2::TokenizeResponse r;
+    grpc::ClientContext tc;
+    EXPECT_TRUE(stack.gateway().Tokenize(&tc, t, &r).ok());
+    return static_cast<int64_t>(r.token_ids_size());
+  };
+  EXPECT_EQ(turn_tokens(queries[2], false), turn_tokens(queries[2], true) + 4);
   int64_t prev_total = 0;
   std::string worker;
   for (int turn = 0; turn < 3; ++turn) {
     cascade::v2::ChatRequest req;
+    if (turn == 2) req.set_enable_thinking(false);
     if (turn == 0) {
       auto* s = req.add_chunks();
       s->set_kind(cascade::v2::CHUNK_KIND_SYSTEM);
@@ -400,6 +415,8 @@ TEST(ServingTest, ChatTurnsPrefillOnlyTheirNewTokens) {
       // end in the new tokens (at most one block of old tokens, 16 here).
       const int64_t new_tokens = start.prompt_tokens() - prev_total;
       EXPECT_LE(prefilled, new_tokens + 16) << "turn " << turn << " re-prefilled old tokens";
+      // The previous answer's closing "<|im_end|>\n" (2 tokens), the query, the generation prompt.
+      EXPECT_EQ(new_tokens, 2 + turn_tokens(queries[turn], turn != 2)) << "turn " << turn;
       EXPECT_EQ(start.worker_id(), worker) << "the session moved off its KV";
     }
     worker = start.worker_id();
