@@ -91,6 +91,9 @@ void RegisterGatewayFlags(common::FlagSet* f, GatewayConfig* c) {
   f->AddInt("http_threads", &c->http_threads,
             "event-loop threads of the HTTP API (open streams hold none; --max_concurrent "
             "bounds them)");
+  f->AddString("reasoning_parser", &c->reasoning_parser,
+               "HTTP chat completions: qwen3 puts a leading <think>...</think> in "
+               "message.reasoning_content (delta.reasoning_content when streamed); empty: off");
   common::RegisterInternalAuthFlags(f, &c->internal_auth);
 }
 
@@ -129,6 +132,10 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
     return absl::InvalidArgumentError(absl::StrCat(
         "--http_threads ", config.http_threads, ": need 1..", kMaxHttpThreads,
         " event-loop threads (each serves any number of open streams; 2 is plenty for most)"));
+  }
+  if (!config.reasoning_parser.empty() && config.reasoning_parser != "qwen3") {
+    return absl::InvalidArgumentError(absl::StrCat("--reasoning_parser='", config.reasoning_parser,
+                                                   "': must be qwen3 or empty (off)"));
   }
   absl::StatusOr<common::PeerIdentity> self_id =
       common::CheckOwnIdentity(config.internal_auth, common::Role::kGateway);
@@ -213,6 +220,7 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
     ho.detokenize = [tok = g->tokenizer_.get()](std::span<const int32_t> ids) {
       return tok->DecodeText(ids);
     };
+    ho.reasoning = config.reasoning_parser == "qwen3";
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(-1);

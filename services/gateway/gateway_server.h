@@ -51,6 +51,9 @@ struct GatewayConfig {
   common::InternalAuthOptions internal_auth;
   int http_port = -1;    // the OpenAI-compatible HTTP front: -1 off, 0 a free port
   int http_threads = 2;  // its event loops (a stream holds no thread), 1..kMaxHttpThreads
+  // Chat completions' reasoning (vLLM's --reasoning-parser): "" (off: the text is all content)
+  // or "qwen3" (a leading <think>...</think> becomes reasoning_content).
+  std::string reasoning_parser;
   FetchMeasurements fetch;
 };
 

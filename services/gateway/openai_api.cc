@@ -564,6 +564,45 @@ cascade::v2::GenerateRequest ChoiceRequest(const Translated& t, int index) {
   return r;
 }
 
+ReasoningSplitter::Parts ReasoningSplitter::Add(std::string_view piece) {
+  static constexpr std::string_view kOpen = "<think>", kClose = "</think>";
+  Parts out;
+  held_.append(piece);
+  if (state_ == State::kStart) {
+    if (held_.size() < kOpen.size() && kOpen.substr(0, held_.size()) == held_) return out;
+    if (held_.compare(0, kOpen.size(), kOpen) == 0) {
+      held_.erase(0, kOpen.size());
+      state_ = State::kReasoning;
+    } else {
+      state_ = State::kContent;
+    }
+  }
+  if (state_ == State::kReasoning) {
+    const size_t close = held_.find(kClose);
+    if (close == std::string::npos) {
+      // Hold back the longest tail that could begin "</think>".
+      size_t keep = std::min(held_.size(), kClose.size() - 1);
+      while (keep > 0 && held_.compare(held_.size() - keep, keep, kClose, 0, keep) != 0) --keep;
+      out.reasoning = held_.substr(0, held_.size() - keep);
+      held_.erase(0, held_.size() - keep);
+      return out;
+    }
+    out.reasoning = held_.substr(0, close);
+    held_.erase(0, close + kClose.size());
+    state_ = State::kContent;
+  }
+  out.content = std::move(held_);
+  held_.clear();
+  return out;
+}
+
+ReasoningSplitter::Parts ReasoningSplitter::Finish() {
+  Parts out;
+  (state_ == State::kReasoning ? out.reasoning : out.content) = std::move(held_);
+  held_.clear();
+  return out;
+}
+
 ResponseBuilder::ResponseBuilder(const RequestMeta& meta, std::string model, int64_t created_unix,
                                  int index, std::shared_ptr<std::string> shared_id)
     : meta_(meta),
@@ -572,6 +611,16 @@ ResponseBuilder::ResponseBuilder(const RequestMeta& meta, std::string model, int
       index_(index),
       id_(shared_id != nullptr ? std::move(shared_id) : std::make_shared<std::string>()) {
   if (meta_.endpoint == Endpoint::kChat) logprobs_ = json{{"content", json::array()}};
+}
+
+json ResponseBuilder::ChatDelta(const ReasoningSplitter::Parts& parts, bool force) {
+  reasoning_ += parts.reasoning;
+  content_ += parts.content;
+  json delta = json::object();
+  if (!parts.reasoning.empty()) delta["reasoning_content"] = parts.reasoning;
+  if (!parts.content.empty() || (force && parts.reasoning.empty()))
+    delta["content"] = parts.content;
+  return delta.empty() ? json(nullptr) : delta;
 }
 
 json ResponseBuilder::Envelope(const char* object) const {
@@ -672,11 +721,20 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
         }
       }
     }
-    if (meta_.stream && (!d.text().empty() || !lp.is_null())) {
+    // A chat delta: its text's content (and reasoning) parts; a held-back piece sends nothing
+    // unless it carries logprobs.
+    json delta = nullptr;
+    if (chat) {
+      delta = ChatDelta(
+          meta_.reasoning ? splitter_.Add(d.text()) : ReasoningSplitter::Parts{"", d.text()},
+          !lp.is_null());
+    }
+    const bool send = chat ? !delta.is_null() : !d.text().empty() || !lp.is_null();
+    if (meta_.stream && send) {
       json c = Envelope(object);
       json choice = {{"index", index_}, {"logprobs", lp}, {"finish_reason", nullptr}};
       if (chat) {
-        choice["delta"] = {{"content", d.text()}};
+        choice["delta"] = delta;
       } else {
         choice["text"] = d.text();
       }
@@ -685,6 +743,17 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
     }
   }
   if (ev.has_finish()) {
+    if (chat && meta_.reasoning) {  // what the splitter held back
+      json delta = ChatDelta(splitter_.Finish(), false);
+      if (meta_.stream && !delta.is_null()) {
+        json c = Envelope(object);
+        c["choices"] = json::array({{{"index", index_},
+                                     {"delta", delta},
+                                     {"logprobs", nullptr},
+                                     {"finish_reason", nullptr}}});
+        out.push_back(std::move(c));
+      }
+    }
     finished_ = true;
     finish_reason_ = FinishReasonName(ev.finish().finish_reason());
     usage_ = ev.finish().usage();
@@ -717,7 +786,12 @@ json ResponseBuilder::Final() const {
   json choice = {{"index", index_},
                  {"logprobs", meta_.logprobs ? logprobs_ : json(nullptr)},
                  {"finish_reason", finish_reason_}};
-  if (chat) {
+  if (chat && meta_.reasoning) {
+    choice["message"] = {
+        {"role", "assistant"},
+        {"content", content_},
+        {"reasoning_content", reasoning_.empty() ? json(nullptr) : json(reasoning_)}};
+  } else if (chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text_}};
   } else {
     choice["text"] = text_;

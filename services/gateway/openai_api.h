@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -38,6 +39,29 @@ struct RequestMeta {
   int prompts = 1;             // prompts (a completions prompt list), 1 to kMaxPrompts
   // Completions' `echo`: each prompt's text, which its choices' text starts with (null: no echo).
   std::shared_ptr<const std::vector<std::string>> echo;
+  // Chat: Qwen3's reasoning goes to `reasoning_content` (the gateway's --reasoning_parser=qwen3,
+  // vLLM's flag of that name): ReasoningSplitter.
+  bool reasoning = false;
+};
+
+// Qwen3's reasoning parser: a chat completion that starts with "<think>" carries its reasoning up
+// to "</think>" and its answer after it (the answer keeps what follows "</think>" as generated);
+// one that does not start so is all answer, and one cut off before "</think>" (max_tokens) is all
+// reasoning. Fed the completion's text in pieces (a stream's deltas), each piece splits into its
+// reasoning and content parts the way the whole text would; only what could still become
+// "<think>" at the start or "</think>" later is held back, until the next piece or Finish().
+class ReasoningSplitter {
+ public:
+  struct Parts {
+    std::string reasoning, content;
+  };
+  Parts Add(std::string_view piece);
+  Parts Finish();  // what was held back (the completion ended)
+
+ private:
+  enum class State { kStart, kReasoning, kContent };
+  State state_ = State::kStart;
+  std::string held_;
 };
 
 // Token ids to their text (the gateway's tokenizer), for echoing a token-id prompt: valid UTF-8.
@@ -90,6 +114,10 @@ class ResponseBuilder {
   nlohmann::json Usage() const;
   // `text_offset`: the completion's characters before this delta (completions' text_offset).
   nlohmann::json LogprobsOf(const cascade::v2::TokenDelta& delta, int64_t text_offset) const;
+  // A chat stream chunk's delta for a piece's parts (adds them to reasoning_ and content_):
+  // {"content"} and / or {"reasoning_content"} where not empty, {"content": ""} where both are
+  // and `force` (a chunk that carries logprobs), else null (nothing to send).
+  nlohmann::json ChatDelta(const ReasoningSplitter::Parts& parts, bool force);
 
   const RequestMeta meta_;
   const std::string model_;
@@ -98,7 +126,10 @@ class ResponseBuilder {
   std::shared_ptr<std::string> id_;  // shared by a request's choices
   std::string text_;
   int64_t text_characters_ = 0;  // code points in text_
-  nlohmann::json logprobs_;      // accumulated (non-streaming)
+  // meta_.reasoning: text_ split (the answer's part is what Final() gives as content).
+  ReasoningSplitter splitter_;
+  std::string reasoning_, content_;
+  nlohmann::json logprobs_;  // accumulated (non-streaming)
   std::string finish_reason_;
   cascade::v2::Usage usage_;
   bool started_ = false, finished_ = false;

@@ -533,6 +533,7 @@ void OpenAiHttpServer::Impl::Handle(Loop* loop, evhttp_request* req) {
     ReplyError(req, t.status());
     return;
   }
+  t->meta.reasoning = options.reasoning && endpoint == openai::Endpoint::kChat;
   auto* ex = new Exchange(this, loop, req, t->meta);
   ex->Start(std::move(*t), authorization);
 }

@@ -39,6 +39,9 @@ struct OpenAiHttpOptions {
   int64_t max_context = 0;
   // The gateway's tokenizer's decode, for echoing token-id prompts (null: such echo is refused).
   openai::Detokenize detokenize;
+  // Chat completions: Qwen3's reasoning (a leading <think>...</think>) as `reasoning_content`
+  // (openai::ReasoningSplitter; the gateway's --reasoning_parser=qwen3). Off: all is content.
+  bool reasoning = false;
 };
 
 class OpenAiHttpServer {

@@ -329,6 +329,80 @@ TEST(OpenAiApiTest, AWholeChatResponseCarriesTextFinishAndCachedTokens) {
   EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 96);
 }
 
+// Qwen3's reasoning parser: a completion that starts with <think> splits at </think>; one that
+// does not is all content; one cut off inside the block is all reasoning. Fed in pieces cut at
+// every pair of byte positions, the parts add up to the whole text's split.
+TEST(OpenAiApiTest, ReasoningSplitterSplitsAtThinkAlikeInAnyPieces) {
+  struct Case {
+    std::string text, reasoning, content;
+  };
+  const std::vector<Case> cases = {
+      {"<think>\nLet me see.\n</think>\n\nParis.", "\nLet me see.\n", "\n\nParis."},
+      {"<think>\n\n</think>\n\nHi", "\n\n", "\n\nHi"},
+      {"Paris. <think>not at the start</think>", "", "Paris. <think>not at the start</think>"},
+      {"<thin", "", "<thin"},
+      {"<think>cut off </thi", "cut off </thi", ""},
+      {"<think></think>", "", ""},
+      {"", "", ""},
+  };
+  for (const Case& c : cases) {
+    for (size_t i = 0; i <= c.text.size(); ++i) {
+      for (size_t j = i; j <= c.text.size(); ++j) {
+        ReasoningSplitter s;
+        std::string reasoning, content;
+        for (auto piece : {c.text.substr(0, i), c.text.substr(i, j - i), c.text.substr(j)}) {
+          ReasoningSplitter::Parts p = s.Add(piece);
+          reasoning += p.reasoning, content += p.content;
+        }
+        ReasoningSplitter::Parts p = s.Finish();
+        reasoning += p.reasoning, content += p.content;
+        ASSERT_EQ(reasoning, c.reasoning) << c.text << " cut at " << i << ", " << j;
+        ASSERT_EQ(content, c.content) << c.text << " cut at " << i << ", " << j;
+      }
+    }
+  }
+}
+
+// --reasoning_parser=qwen3 on a chat: the whole response's message has reasoning_content beside
+// content; a stream sends each part as it is known (the block's end held back until it is
+// complete), and without a think block reasoning_content is null.
+TEST(OpenAiApiTest, ChatReasoningGoesToReasoningContent) {
+  RequestMeta meta{Endpoint::kChat, false, false, false};
+  meta.reasoning = true;
+  ResponseBuilder whole(meta, "m", 1700000000);
+  whole.OnEvent(Start(10, 0));
+  for (const char* piece : {"<think>", "\nhmm\n</th", "ink>\n\nParis", "."}) {
+    EXPECT_TRUE(whole.OnEvent(Delta(piece)).empty());
+  }
+  whole.OnEvent(Finish(10, 0, 4));
+  json msg = whole.Final()["choices"][0]["message"];
+  EXPECT_EQ(msg["reasoning_content"], "\nhmm\n");
+  EXPECT_EQ(msg["content"], "\n\nParis.");
+
+  meta.stream = true;
+  ResponseBuilder stream(meta, "m", 1700000000);
+  stream.OnEvent(Start(10, 0));  // the role chunk
+  std::vector<json> deltas;
+  for (const char* piece : {"<think>", "\nhmm\n</th", "ink>\n\nParis", "."}) {
+    for (json& c : stream.OnEvent(Delta(piece))) deltas.push_back(c["choices"][0]["delta"]);
+  }
+  for (json& c : stream.OnEvent(Finish(10, 0, 4))) deltas.push_back(c["choices"][0]["delta"]);
+  ASSERT_EQ(deltas.size(), 4u);  // "<think>" alone sends nothing
+  EXPECT_EQ(deltas[0], json({{"reasoning_content", "\nhmm\n"}}));
+  EXPECT_EQ(deltas[1], json({{"content", "\n\nParis"}}));
+  EXPECT_EQ(deltas[2], json({{"content", "."}}));
+  EXPECT_EQ(deltas[3], json::object());  // the finish chunk
+
+  meta.stream = false;
+  ResponseBuilder plain(meta, "m", 1700000000);
+  plain.OnEvent(Start(10, 0));
+  plain.OnEvent(Delta("Paris."));
+  plain.OnEvent(Finish(10, 0, 1));
+  msg = plain.Final()["choices"][0]["message"];
+  EXPECT_TRUE(msg["reasoning_content"].is_null());
+  EXPECT_EQ(msg["content"], "Paris.");
+}
+
 // Chat logprobs carry each token's bytes, as OpenAI's do: a token's UTF-8 bytes, or for one that
 // is not UTF-8 alone the bytes its text spells ("bytes:\xNN", the gateway's form for it).
 TEST(OpenAiApiTest, ChatLogprobsCarryEachTokensBytes) {

@@ -262,16 +262,22 @@ TEST(BadDayTest, AResumedStreamCarriesAnIdWithNoTextIntoTheResumePrompt) {
   EXPECT_EQ(resumed.sampling().max_tokens(), 1);
 }
 
+// A gateway config for start-up checks: the tiny model and one worker address nothing listens on.
+gateway::GatewayConfig UnreachableWorkerGateway() {
+  gateway::GatewayConfig g;
+  g.server = TestServerOptions("cascade-gateway");
+  g.model_dir = TinyModelDir();
+  g.workers = "127.0.0.1:1";
+  return g;
+}
+
 TEST(BadDayTest, BadAdmissionFlagsAreRefusedAtStartWithTheirNames) {
   for (auto mutate : std::vector<std::function<void(gateway::AdmissionOptions&)>>{
            [](auto& a) { a.initial_limit = 0; }, [](auto& a) { a.latency_tolerance = 1.0; },
            [](auto& a) { a.queue_timeout = absl::Seconds(-1); },
            [](auto& a) { a.tpot_target = absl::Milliseconds(-1); },
            [](auto& a) { a.max_limit = 2; }}) {
-    gateway::GatewayConfig g;
-    g.server = TestServerOptions("cascade-gateway");
-    g.model_dir = TinyModelDir();
-    g.workers = "127.0.0.1:1";
+    gateway::GatewayConfig g = UnreachableWorkerGateway();
     mutate(g.gateway.admission);
     auto gw = gateway::GatewayServer::Start(g);
     ASSERT_FALSE(gw.ok());
@@ -281,10 +287,7 @@ TEST(BadDayTest, BadAdmissionFlagsAreRefusedAtStartWithTheirNames) {
 }
 
 TEST(BadDayTest, ANegativeRouteRecentMsIsRefusedAtStart) {
-  gateway::GatewayConfig g;
-  g.server = TestServerOptions("cascade-gateway");
-  g.model_dir = TinyModelDir();
-  g.workers = "127.0.0.1:1";
+  gateway::GatewayConfig g = UnreachableWorkerGateway();
   g.gateway.route_recent_ms = -1;
   auto gw = gateway::GatewayServer::Start(g);
   ASSERT_FALSE(gw.ok());
@@ -292,12 +295,19 @@ TEST(BadDayTest, ANegativeRouteRecentMsIsRefusedAtStart) {
   EXPECT_THAT(std::string(gw.status().message()), HasSubstr("--route_recent_ms -1: need >= 0"));
 }
 
+TEST(BadDayTest, AnUnknownReasoningParserIsRefusedAtStart) {
+  gateway::GatewayConfig g = UnreachableWorkerGateway();
+  g.reasoning_parser = "deepseek_r1";
+  auto gw = gateway::GatewayServer::Start(g);
+  ASSERT_FALSE(gw.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(gw.status()));
+  EXPECT_THAT(std::string(gw.status().message()),
+              HasSubstr("--reasoning_parser='deepseek_r1': must be qwen3 or empty (off)"));
+}
+
 TEST(BadDayTest, BadHttpThreadsAreRefusedAtStartWithTheFlagsName) {
   for (int threads : {0, -3, gateway::kMaxHttpThreads + 1, 1 << 20}) {
-    gateway::GatewayConfig g;
-    g.server = TestServerOptions("cascade-gateway");
-    g.model_dir = TinyModelDir();
-    g.workers = "127.0.0.1:1";
+    gateway::GatewayConfig g = UnreachableWorkerGateway();
     g.http_port = 0;
     g.http_threads = threads;
     auto gw = gateway::GatewayServer::Start(g);
@@ -306,10 +316,7 @@ TEST(BadDayTest, BadHttpThreadsAreRefusedAtStartWithTheFlagsName) {
     EXPECT_THAT(std::string(gw.status().message()), HasSubstr("--http_threads"));
   }
   // With the HTTP API off, the flag is not looked at.
-  gateway::GatewayConfig g;
-  g.server = TestServerOptions("cascade-gateway");
-  g.model_dir = TinyModelDir();
-  g.workers = "127.0.0.1:1";
+  gateway::GatewayConfig g = UnreachableWorkerGateway();
   g.internal_auth = StackAuth(false, common::Role::kGateway);
   g.http_port = -1;
   g.http_threads = 0;

@@ -146,6 +146,48 @@ TEST(OpenAiHttpTest, ChatReportsCachedTokensOnARepeatAndMatchesGrpc) {
   EXPECT_EQ(g.start.prompt_tokens(), prompt_tokens);
 }
 
+// --reasoning_parser=qwen3 over a real stack: a chat whose tokens are all "<think>" (a logit bias
+// forces id 151667) is all reasoning after the first; a plain chat has no reasoning_content and
+// the same content as with the parser off.
+TEST(OpenAiHttpTest, ReasoningParserSplitsChatsThatThink) {
+  Stack stack({.workers = 1, .http_port = 0, .tweak_gateway = [](gateway::GatewayConfig* g) {
+                 g->reasoning_parser = "qwen3";
+               }});
+  Http http(stack.gateway_server().http_port());
+  json think = ChatBody("You are terse.", "Think.", 3);
+  think["logit_bias"] = {{"151667", 100}};
+  auto r = http.Post("/v1/chat/completions", think);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json msg = json::parse(r->body)["choices"][0]["message"];
+  EXPECT_EQ(msg["reasoning_content"], "<think><think>");
+  EXPECT_EQ(msg["content"], "");
+  think["stream"] = true;
+  r = http.Post("/v1/chat/completions", think);
+  ASSERT_TRUE(r);
+  std::string reasoning;
+  for (const std::string& d : SseData(r->body)) {
+    if (d == "[DONE]") continue;
+    json delta = json::parse(d)["choices"][0]["delta"];
+    if (delta.contains("reasoning_content")) reasoning += delta["reasoning_content"];
+    EXPECT_TRUE(!delta.contains("content") || delta["content"] == "") << d;
+  }
+  EXPECT_EQ(reasoning, "<think><think>");
+
+  const json plain = ChatBody("You are terse.", "Answer.", 4);
+  auto p = http.Post("/v1/chat/completions", plain);
+  ASSERT_TRUE(p);
+  json pm = json::parse(p->body)["choices"][0]["message"];
+  EXPECT_TRUE(pm["reasoning_content"].is_null()) << p->body;
+  Stack off({.workers = 1, .http_port = 0});
+  Http http_off(off.gateway_server().http_port());
+  auto q = http_off.Post("/v1/chat/completions", plain);
+  ASSERT_TRUE(q);
+  json qm = json::parse(q->body)["choices"][0]["message"];
+  EXPECT_FALSE(qm.contains("reasoning_content"));
+  EXPECT_EQ(pm["content"], qm["content"]) << "greedy, the same tiny model";
+}
+
 TEST(OpenAiHttpTest, StreamedCompletionIsServerSentEventsEndingInDone) {
   Stack stack({.workers = 1, .http_port = 0});
   Http http(stack.gateway_server().http_port());
