@@ -363,6 +363,7 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
       if (absl::Status e = TokenIds(*ids, "stop_token_ids", &t); !e.ok()) return e;
     }
     s->mutable_stop_token_ids()->Add(t.ids().begin(), t.ids().end());
+    meta->stop_token_ids.assign(t.ids().begin(), t.ids().end());
   }
   // Logprobs: completions take a count; chat takes a flag plus top_logprobs.
   if (endpoint == Endpoint::kCompletions) {
@@ -755,11 +756,22 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
       }
     }
     finished_ = true;
-    finish_reason_ = FinishReasonName(ev.finish().finish_reason());
-    usage_ = ev.finish().usage();
+    const cascade::v2::GenerateFinish& f = ev.finish();
+    finish_reason_ = FinishReasonName(f.finish_reason());
+    usage_ = f.usage();
+    if (f.finish_reason() == cascade::v2::FINISH_REASON_STOP_STRING) {
+      stop_reason_ = f.stop_reason();
+    } else if (f.finish_reason() == cascade::v2::FINISH_REASON_STOP && f.has_stop_token_id() &&
+               std::find(meta_.stop_token_ids.begin(), meta_.stop_token_ids.end(),
+                         f.stop_token_id()) != meta_.stop_token_ids.end()) {
+      stop_reason_ = f.stop_token_id();
+    }
     if (meta_.stream) {
       json c = Envelope(object);
-      json choice = {{"index", index_}, {"logprobs", nullptr}, {"finish_reason", finish_reason_}};
+      json choice = {{"index", index_},
+                     {"logprobs", nullptr},
+                     {"finish_reason", finish_reason_},
+                     {"stop_reason", stop_reason_}};
       if (chat) {
         choice["delta"] = json::object();
       } else {
@@ -785,7 +797,8 @@ json ResponseBuilder::Final() const {
   json r = Envelope(chat ? "chat.completion" : "text_completion");
   json choice = {{"index", index_},
                  {"logprobs", meta_.logprobs ? logprobs_ : json(nullptr)},
-                 {"finish_reason", finish_reason_}};
+                 {"finish_reason", finish_reason_},
+                 {"stop_reason", stop_reason_}};
   if (chat && meta_.reasoning) {
     choice["message"] = {
         {"role", "assistant"},

@@ -39,6 +39,9 @@ struct RequestMeta {
   int prompts = 1;             // prompts (a completions prompt list), 1 to kMaxPrompts
   // Completions' `echo`: each prompt's text, which its choices' text starts with (null: no echo).
   std::shared_ptr<const std::vector<std::string>> echo;
+  // The request's stop_token_ids: a choice that one of them ended reports it as its stop_reason
+  // (vLLM's), one the model's EOS ended reports null.
+  std::vector<int32_t> stop_token_ids;
   // Chat: Qwen3's reasoning goes to `reasoning_content` (the gateway's --reasoning_parser=qwen3,
   // vLLM's flag of that name): ReasoningSplitter.
   bool reasoning = false;
@@ -131,6 +134,7 @@ class ResponseBuilder {
   std::string reasoning_, content_;
   nlohmann::json logprobs_;  // accumulated (non-streaming)
   std::string finish_reason_;
+  nlohmann::json stop_reason_;  // vLLM's: the stop string, the requested stop token id, or null
   cascade::v2::Usage usage_;
   bool started_ = false, finished_ = false;
 };

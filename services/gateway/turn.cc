@@ -167,6 +167,9 @@ GenerateResponse Turn::FinishEvent(cascade::v2::FinishReason reason,
   auto* f = ev.mutable_finish();
   f->set_finish_reason(reason);
   f->set_stop_reason(stop_reason);
+  if (reason == cascade::v2::FINISH_REASON_STOP && result_.stop_token_id >= 0) {
+    f->set_stop_token_id(result_.stop_token_id);
+  }
   f->mutable_usage()->set_prompt_tokens(result_.prompt_tokens);
   f->mutable_usage()->set_cached_tokens(result_.cached_tokens);
   f->mutable_usage()->set_completion_tokens(static_cast<int64_t>(result_.tokens.size()) +

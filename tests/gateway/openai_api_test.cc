@@ -403,6 +403,44 @@ TEST(OpenAiApiTest, ChatReasoningGoesToReasoningContent) {
   EXPECT_EQ(msg["content"], "Paris.");
 }
 
+// vLLM's stop_reason: the stop string that ended a choice, the requested stop token id that did,
+// or null (the model's EOS, the length limit), in the whole response and the stream's last chunk.
+TEST(OpenAiApiTest, StopReasonNamesTheStopStringOrTheRequestedStopToken) {
+  auto t = TranslateRequest(json{{"prompt", "hi"}, {"stop_token_ids", {7, 9}}},
+                            Endpoint::kCompletions, "m");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->meta.stop_token_ids, (std::vector<int32_t>{7, 9}));
+  auto finish = [](cascade::v2::FinishReason reason, const std::string& stop, int32_t id) {
+    cascade::v2::GenerateResponse e = Finish(10, 0, 2);
+    e.mutable_finish()->set_finish_reason(reason);
+    e.mutable_finish()->set_stop_reason(stop);
+    if (id >= 0) e.mutable_finish()->set_stop_token_id(id);
+    return e;
+  };
+  struct Case {
+    cascade::v2::GenerateResponse finish;
+    json want;
+  };
+  const std::vector<Case> cases = {
+      {finish(cascade::v2::FINISH_REASON_STOP_STRING, "END", -1), "END"},
+      {finish(cascade::v2::FINISH_REASON_STOP, "x", 9), 9},
+      {finish(cascade::v2::FINISH_REASON_STOP, "<|im_end|>", 151645), nullptr},  // EOS
+      {finish(cascade::v2::FINISH_REASON_LENGTH, "", -1), nullptr},
+  };
+  for (const Case& c : cases) {
+    for (const bool stream : {false, true}) {
+      RequestMeta meta = t->meta;
+      meta.stream = stream;
+      ResponseBuilder b(meta, "m", 1700000000);
+      b.OnEvent(Start(10, 0));
+      b.OnEvent(Delta("ab"));
+      std::vector<json> chunks = b.OnEvent(c.finish);
+      const json choice = stream ? chunks.back()["choices"][0] : b.Final()["choices"][0];
+      EXPECT_EQ(choice["stop_reason"], c.want) << c.finish.DebugString() << " stream " << stream;
+    }
+  }
+}
+
 // Chat logprobs carry each token's bytes, as OpenAI's do: a token's UTF-8 bytes, or for one that
 // is not UTF-8 alone the bytes its text spells ("bytes:\xNN", the gateway's form for it).
 TEST(OpenAiApiTest, ChatLogprobsCarryEachTokensBytes) {
