@@ -246,8 +246,16 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
       b != body.end() && !b->is_null() && !(b->is_number_integer() && *b == 1)) {
     return Bad("best_of is not supported");
   }
+  // vLLM's extras that would change the output where set: refused by name too.
+  for (const auto& [key, fine] : {std::pair<const char*, json>{"skip_special_tokens", true},
+                                  {"spaces_between_special_tokens", true}}) {
+    if (auto v = body.find(key); v != body.end() && !v->is_null() && *v != fine) {
+      return Bad(absl::StrCat(key, " other than ", fine.dump(), " is not supported"));
+    }
+  }
   for (const char* key :
-       {"tools", "functions", "suffix", "response_format", "guided_json", "guided_regex"}) {
+       {"tools", "functions", "suffix", "response_format", "guided_json", "guided_regex",
+        "guided_choice", "guided_grammar", "prompt_logprobs", "truncate_prompt_tokens"}) {
     if (auto v = body.find(key); v != body.end() && !v->is_null() &&
                                  !(v->is_object() && v->empty()) &&
                                  !(v->is_array() && v->empty())) {
@@ -341,6 +349,9 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
           return OkStatus();
         })).ok())
     return st;
+  auto include_stop = Bool(body, "include_stop_str_in_output", false);
+  if (!include_stop.ok()) return include_stop.status();
+  s->set_include_stop_str_in_output(*include_stop);
   auto ignore_eos = Bool(body, "ignore_eos", false);
   if (!ignore_eos.ok()) return ignore_eos.status();
   s->set_ignore_eos(*ignore_eos);

@@ -6,10 +6,11 @@
 namespace cascade::gateway {
 
 TextStream::TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stops,
-                       int min_tokens)
+                       int min_tokens, bool include_stop)
     : decoder_(tokenizer, /*skip_special=*/true),
       stops_(std::move(stops)),
-      min_tokens_(min_tokens) {}
+      min_tokens_(min_tokens),
+      include_stop_(include_stop) {}
 
 TextStream::Delta TextStream::Add(int32_t token_id) {
   if (stopped_) return Delta{"", true, ""};
@@ -36,7 +37,7 @@ TextStream::Delta TextStream::Scan() {
     }
   }
   if (best != std::string::npos) {
-    d.text = held_.substr(0, best);
+    d.text = held_.substr(0, include_stop_ ? best + d.stop.size() : best);
     d.stopped = true;
     stopped_ = true;
     held_.clear();

@@ -14,9 +14,10 @@ namespace cascade::gateway {
 class TextStream {
  public:
   // min_tokens (vLLM's): stop strings are matched only in the text of the min_tokens-th token
-  // and after it; the text before passes through unscanned.
+  // and after it; the text before passes through unscanned. include_stop (vLLM's
+  // include_stop_str_in_output): the stop string found ends the text instead of being cut.
   TextStream(const tokenizer::Tokenizer& tokenizer, std::vector<std::string> stop_strings,
-             int min_tokens = 0);
+             int min_tokens = 0, bool include_stop = false);
 
   struct Delta {
     std::string text;      // valid UTF-8, ready to send
@@ -40,6 +41,7 @@ class TextStream {
   const std::vector<std::string> stops_;
   std::string held_;  // decoded text not yet emitted
   const int min_tokens_;
+  const bool include_stop_;
   int added_ = 0;  // tokens added so far
   bool stopped_ = false;
 };

@@ -109,7 +109,8 @@ std::shared_ptr<Turn::Upstream> Turn::PrepareAttemptLocked() {
     }
     if (!resumed_) {
       text_ = std::make_unique<TextStream>(tokenizer_, params_.stop,
-                                           params_.request.sampling().min_tokens());
+                                           params_.request.sampling().min_tokens(),
+                                           params_.request.sampling().include_stop_str_in_output());
     }
     upstream_ = std::make_shared<Upstream>(shared_from_this(), std::move(handle), request_);
     return upstream_;

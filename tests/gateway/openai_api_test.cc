@@ -94,6 +94,11 @@ TEST(OpenAiApiTest, WhatIsNotImplementedIsRefusedByName) {
                                                  {"logit_bias", {{"99999999999", 1}}},
                                                  {"logit_bias", json::array({1, 2})},
                                                  {"tools", {{{"type", "function"}}}},
+                                                 {"prompt_logprobs", 0},
+                                                 {"guided_choice", json::array({"a"})},
+                                                 {"truncate_prompt_tokens", 10},
+                                                 {"skip_special_tokens", false},
+                                                 {"spaces_between_special_tokens", false},
                                                  {"response_format", {{"type", "json_object"}}}}) {
     json body = chat;
     body[key] = value;
@@ -107,7 +112,24 @@ TEST(OpenAiApiTest, WhatIsNotImplementedIsRefusedByName) {
   fine["n"] = 1;
   fine["presence_penalty"] = 0;
   fine["logit_bias"] = json::object();
+  fine["skip_special_tokens"] = true;
+  fine["prompt_logprobs"] = nullptr;
   EXPECT_TRUE(TranslateRequest(fine, Endpoint::kChat, "m").ok());
+}
+
+// vLLM's include_stop_str_in_output reaches the request (false unless set); not a boolean: refused.
+TEST(OpenAiApiTest, IncludeStopStrInOutputIsTranslated) {
+  auto t =
+      TranslateRequest(json{{"prompt", "hi"}, {"stop", "x"}, {"include_stop_str_in_output", true}},
+                       Endpoint::kCompletions, "m");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(t->request.sampling().include_stop_str_in_output());
+  auto plain = TranslateRequest(json{{"prompt", "hi"}}, Endpoint::kCompletions, "m");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->request.sampling().include_stop_str_in_output());
+  EXPECT_FALSE(TranslateRequest(json{{"prompt", "hi"}, {"include_stop_str_in_output", 1}},
+                                Endpoint::kCompletions, "m")
+                   .ok());
 }
 
 // vLLM's min_tokens goes to the worker as it is; a negative or non-integer one is refused by

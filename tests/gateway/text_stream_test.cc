@@ -25,10 +25,11 @@ const tokenizer::Tokenizer& Tok() {
 }
 
 std::string Stream(const std::string& text, const std::vector<std::string>& stops,
-                   std::vector<std::string>* pieces, bool* stopped, int min_tokens = 0) {
+                   std::vector<std::string>* pieces, bool* stopped, int min_tokens = 0,
+                   bool include_stop = false) {
   auto ids = Tok().Encode(text);
   EXPECT_TRUE(ids.ok());
-  TextStream ts(Tok(), stops, min_tokens);
+  TextStream ts(Tok(), stops, min_tokens, include_stop);
   std::string out;
   *stopped = false;
   for (int32_t id : *ids) {
@@ -93,6 +94,18 @@ TEST(TextStreamTest, StopStringsWaitForMinTokens) {
   const int all = static_cast<int>(ids->size()) + 1;
   EXPECT_EQ(Stream(text, {"stop"}, &pieces, &stopped, all), text);
   EXPECT_FALSE(stopped);
+}
+
+// include_stop_str_in_output (vLLM's): the stop string found ends the text, nothing after it.
+TEST(TextStreamTest, IncludedStopStringEndsTheText) {
+  std::vector<std::string> pieces;
+  bool stopped;
+  EXPECT_EQ(Stream("The answer is 42. END OF ANSWER and more text", {"END OF"}, &pieces, &stopped,
+                   0, true),
+            "The answer is 42. END OF");
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(Stream("alpha beta gamma", {"gamma", "beta"}, &pieces, &stopped, 0, true),
+            "alpha beta");
 }
 
 TEST(TextStreamTest, MultiByteStopString) {
