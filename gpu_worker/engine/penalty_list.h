@@ -44,22 +44,14 @@ inline std::vector<int32_t> StopBanOf(const SamplingParams& p, std::span<const i
 // every step's list holds them and a banning step only sets their bias (ApplyBan). Keeps
 // logit_bias ascending and distinct.
 inline void ListBanned(std::span<const int32_t> ban, SamplingParams* p) {
-  if (ban.empty()) return;
-  std::vector<std::pair<int32_t, float>> merged;
-  merged.reserve(p->logit_bias.size() + ban.size());
-  size_t i = 0;
+  auto& bias = p->logit_bias;
+  const auto by_id = [](const auto& a, const auto& b) { return a.first < b.first; };
+  const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(bias.size());
   for (const int32_t t : ban) {
-    while (i < p->logit_bias.size() && p->logit_bias[i].first < t)
-      merged.push_back(p->logit_bias[i++]);
-    if (i < p->logit_bias.size() && p->logit_bias[i].first == t) {
-      merged.push_back(p->logit_bias[i++]);
-    } else {
-      merged.emplace_back(t, 0.0f);
-    }
+    const auto at = std::lower_bound(bias.begin(), bias.begin() + n, std::pair{t, 0.0f}, by_id);
+    if (at == bias.begin() + n || at->first != t) bias.emplace_back(t, 0.0f);
   }
-  merged.insert(merged.end(), p->logit_bias.begin() + static_cast<std::ptrdiff_t>(i),
-                p->logit_bias.end());
-  p->logit_bias = std::move(merged);
+  std::inplace_merge(bias.begin(), bias.begin() + n, bias.end(), by_id);
 }
 
 // Whether the token that `seq` samples at `position` is banned from being a stop id: one of

@@ -712,8 +712,10 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
   if (ev.has_delta()) {
     const auto& d = ev.delta();
     const int64_t text_offset = text_characters_;
-    text_ += d.text();
-    text_characters_ += Characters(d.text());
+    if (!chat) {  // (a chat's text goes to content_ and reasoning_ below)
+      text_ += d.text();
+      text_characters_ += Characters(d.text());
+    }
     json lp = nullptr;
     if (meta_.logprobs && d.logprobs_size() > 0) {
       lp = LogprobsOf(d, text_offset);
@@ -810,13 +812,12 @@ json ResponseBuilder::Final() const {
                  {"logprobs", meta_.logprobs ? logprobs_ : json(nullptr)},
                  {"finish_reason", finish_reason_},
                  {"stop_reason", stop_reason_}};
-  if (chat && meta_.reasoning) {
-    choice["message"] = {
-        {"role", "assistant"},
-        {"content", content_},
-        {"reasoning_content", reasoning_.empty() ? json(nullptr) : json(reasoning_)}};
-  } else if (chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text_}};
+  if (chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", content_}};
+    if (meta_.reasoning) {
+      choice["message"]["reasoning_content"] =
+          reasoning_.empty() ? json(nullptr) : json(reasoning_);
+    }
   } else {
     choice["text"] = text_;
   }

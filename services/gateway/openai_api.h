@@ -127,9 +127,9 @@ class ResponseBuilder {
   const int64_t created_;
   const int index_;
   std::shared_ptr<std::string> id_;  // shared by a request's choices
-  std::string text_;
-  int64_t text_characters_ = 0;  // code points in text_
-  // meta_.reasoning: text_ split (the answer's part is what Final() gives as content).
+  std::string text_;                 // completions: the choice's text
+  int64_t text_characters_ = 0;      // code points in text_
+  // Chat: text_ as content and reasoning (all content unless meta_.reasoning splits it).
   ReasoningSplitter splitter_;
   std::string reasoning_, content_;
   nlohmann::json logprobs_;  // accumulated (non-streaming)

@@ -37,6 +37,11 @@ model::ModelConfig Qwen3Small() {
   return m;
 }
 
+// The tiny model with a small vocabulary: what the CPU backend loads quickly for flag checks.
+std::unique_ptr<model::Model> SmallTiny() {
+  return cpu::testing_util::MakeModel(cpu::testing_util::SmallVocab("tiny"), 3);
+}
+
 // A string flag with a fixed set of values: each of `bad` in `field` makes the CPU backend's
 // MakeBackend refuse with INVALID_ARGUMENT saying "--<flag>='<bad>': must be <choices>".
 void ExpectValuesRefused(const model::Model& model, WorkerConfig c,
@@ -117,8 +122,7 @@ TEST(WorkerConfigTest, KvCacheBytesFlagParses) {
 // flag, the value and the range, on every backend (it is a CUDA setting, but a bad value is a
 // mistake wherever it is given); the bounds themselves load.
 TEST(WorkerConfigTest, CudaGemmSettingsOutsideTheirRangeAreRefused) {
-  std::unique_ptr<model::Model> model =
-      cpu::testing_util::MakeModel(cpu::testing_util::SmallVocab("tiny"), 3);
+  std::unique_ptr<model::Model> model = SmallTiny();
   ASSERT_NE(model, nullptr);
   WorkerConfig c;
   c.kv_blocks = 16;
@@ -161,8 +165,7 @@ TEST(WorkerConfigTest, CudaGemmSettingsOutsideTheirRangeAreRefused) {
 // CPU backend, which folds in one level only, refuses two_level rather than serving other bits
 // than the deployment asked for; the flag parses into the config.
 TEST(WorkerConfigTest, AttentionFoldOrderIsOneOfTwoAndTwoLevelIsRefusedOnTheCpu) {
-  std::unique_ptr<model::Model> model =
-      cpu::testing_util::MakeModel(cpu::testing_util::SmallVocab("tiny"), 3);
+  std::unique_ptr<model::Model> model = SmallTiny();
   ASSERT_NE(model, nullptr);
   WorkerConfig c;
   c.kv_blocks = 16;
@@ -186,8 +189,7 @@ TEST(WorkerConfigTest, AttentionFoldOrderIsOneOfTwoAndTwoLevelIsRefusedOnTheCpu)
 // --gemm_k_split: rule (the default) or off, anything else refused on every backend (the CPU
 // backend accepts both: its arithmetic is its own); the flag parses into the config.
 TEST(WorkerConfigTest, GemmKSplitIsRuleOrOff) {
-  std::unique_ptr<model::Model> model =
-      cpu::testing_util::MakeModel(cpu::testing_util::SmallVocab("tiny"), 3);
+  std::unique_ptr<model::Model> model = SmallTiny();
   ASSERT_NE(model, nullptr);
   WorkerConfig c;
   c.kv_blocks = 16;
