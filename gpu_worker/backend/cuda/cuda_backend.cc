@@ -410,6 +410,8 @@ class CudaBackend final : public engine::Backend {
   // L2 prefetches of weights (CudaBackendOptions::prefetch_weights_max_rows): a side stream forked
   // from stream_ where a prefetch is issued and joined back at the end of EnqueueModel.
   cudaStream_t prefetch_stream_ = nullptr;
+  // prefetch_weights_max_rows where a prefetch's weights fit the L2 cache, else 0 (Init).
+  int prefetch_max_rows_ = 0;
   cudaEvent_t prefetch_fork_ = nullptr, prefetch_join_ = nullptr;
 };
 
@@ -532,7 +534,25 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   cudaStream_t s;
   RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream"));
   stream_ = reinterpret_cast<Stream>(s);
-  if (o_.prefetch_weights_max_rows > 0) {
+  hq_ = static_cast<int>(c_.num_attention_heads);
+  hkv_ = static_cast<int>(c_.num_key_value_heads);
+  d_ = static_cast<int>(c_.head_dim);
+  hidden_ = static_cast<int>(c_.hidden_size);
+  inter_ = static_cast<int>(c_.intermediate_size);
+  // The L2 prefetch only where what one prefetch hints (a layer's o_proj + gate_up + down_proj, or
+  // its qkv) fits the device's L2: larger weights are evicted before their GEMM reads them, so the
+  // prefetch only doubles their device-memory traffic (H200: qwen3-8b decode 1.44x / 1.27x slower
+  // at batch 1 / 64 with it, llama-3.2-1b 1.24x; bench/engine/NOTES.md run 29).
+  {
+    int l2 = 0;
+    RETURN_IF_ERROR(
+        CudaStatus(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, o_.device), "device"));
+    const int64_t h = hidden_;
+    const int64_t after_attention = 2 * h * (int64_t{hq_} * d_ + 3 * int64_t{inter_});
+    const int64_t qkv = 2 * h * (int64_t{hq_} + 2 * int64_t{hkv_}) * d_;
+    prefetch_max_rows_ = std::max(after_attention, qkv) <= l2 ? o_.prefetch_weights_max_rows : 0;
+  }
+  if (prefetch_max_rows_ > 0) {
     RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking),
                                "prefetch stream"));
     for (cudaEvent_t* e : {&prefetch_fork_, &prefetch_join_}) {
@@ -540,11 +560,6 @@ absl::Status CudaBackend::Init(const model::Model& m) {
           CudaStatus(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate"));
     }
   }
-  hq_ = static_cast<int>(c_.num_attention_heads);
-  hkv_ = static_cast<int>(c_.num_key_value_heads);
-  d_ = static_cast<int>(c_.head_dim);
-  hidden_ = static_cast<int>(c_.hidden_size);
-  inter_ = static_cast<int>(c_.intermediate_size);
   qkv_cols_ = (hq_ + 2 * hkv_) * d_;
   if (d_ != 32 && d_ != 64 && d_ != 128 && d_ != 256) {
     return absl::InvalidArgumentError(
@@ -562,8 +577,8 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   gemm_ = std::move(gemm);
   gemm_->set_decode_max_m(o_.decode_gemm_max_m);
   // Captured decode steps of up to prefetch_weights_max_rows rows find their weights in L2.
-  gemm_->set_decode_warm_max_m(
-      o_.cuda_graphs && o_.decode_gemm_choice_warm ? o_.prefetch_weights_max_rows : 0);
+  gemm_->set_decode_warm_max_m(o_.cuda_graphs && o_.decode_gemm_choice_warm ? prefetch_max_rows_
+                                                                            : 0);
   gemm_->set_decode_choose_small(o_.decode_gemm_choose_small);
   gemm_->set_prefill_min_m(o_.gemm_prefill_min_m);
   o_splits_ = gemm_->Splits(hidden_, hq_ * d_);
@@ -965,7 +980,7 @@ absl::Status CudaBackend::EnqueueModel(int n, const StepMeta& m) {
   // prefetch kernel waits for the work enqueued so far, nothing waits for it until the join).
   // Decode graphs only: where it was measured, and an eager step would pay two host calls a fork.
   const bool prefetch =
-      prefetch_stream_ != nullptr && n <= o_.prefetch_weights_max_rows && IsCapturing(stream_);
+      prefetch_stream_ != nullptr && n <= prefetch_max_rows_ && IsCapturing(stream_);
   bool forked = false;
   auto prefetch_l2 = [&](std::initializer_list<const DeviceBuffer*> weights) -> absl::Status {
     if (!prefetch) return absl::OkStatus();

@@ -136,7 +136,11 @@ struct CudaBackendOptions {
   // NOTES run 20, two calls): batch 64 0.96x the step time without it, batch 1-8 within noise
   // (those GEMMs are not bound by device memory); at batch 256 and on the nano-vllm workload
   // (long contexts) 2-4% slower, as was the early point at batch 64-256 (the prefetch competes
-  // with attention's K/V reads): hence up to 64 rows.
+  // with attention's K/V reads): hence up to 64 rows. Only where what one prefetch hints (a layer's
+  // o_proj + gate_up + down_proj, or its qkv) fits the device's L2 (qwen3-0.6b: 23 MB of a 50 MB
+  // L2): larger weights are evicted before their GEMM reads them, and the prefetch then only adds
+  // device-memory traffic (H200, run 29: qwen3-8b 1.44x / 1.27x slower at batch 1 / 64 with it,
+  // llama-3.2-1b 1.24x at 1-64); the decode GEMM choice then times with cold weights too.
   int prefetch_weights_max_rows = 64;
   int prefetch_weights_ctas = 16;  // CTAs of one warp issuing each prefetch's bulk copies
   bool prefetch_weights_early = false;
