@@ -58,6 +58,26 @@ void ExpectValuesRefused(const model::Model& model, WorkerConfig c,
   }
 }
 
+// The CUDA backend's L2 weight prefetch is used where a layer's prefetched weights fit the L2:
+// qwen3-0.6b (23 MB a layer) on a 50 MB L2 (H100 / H200), not llama-3.2-1b (109 MB) nor
+// qwen3-8b (335 MB), and not qwen3-0.6b on a 16 MB L2.
+TEST(WorkerConfigTest, L2PrefetchOnlyWhereALayerFitsTheL2) {
+  auto fits = [](const char* preset, int64_t l2) {
+    const model::ModelConfig c = model::PresetConfig(preset);
+    return cuda::PrefetchFitsL2(c.hidden_size, c.num_attention_heads * c.head_dim,
+                                c.num_key_value_heads * c.head_dim, c.intermediate_size, l2);
+  };
+  constexpr int64_t kHopperL2 = int64_t{50} << 20;
+  EXPECT_TRUE(fits("qwen3-0.6b", kHopperL2));
+  EXPECT_TRUE(fits("tiny", kHopperL2));
+  EXPECT_FALSE(fits("llama-3.2-1b", kHopperL2));
+  EXPECT_FALSE(fits("qwen3-8b", kHopperL2));
+  EXPECT_FALSE(fits("qwen3-0.6b", int64_t{16} << 20));
+  // Exactly at the boundary: qwen3-0.6b's 2 x 1024 x (2048 + 3 x 3072) bytes.
+  EXPECT_TRUE(fits("qwen3-0.6b", int64_t{2} * 1024 * (2048 + 3 * 3072)));
+  EXPECT_FALSE(fits("qwen3-0.6b", int64_t{2} * 1024 * (2048 + 3 * 3072) - 1));
+}
+
 TEST(WorkerConfigTest, KvBlocksFlagWinsOnEveryBackend) {
   WorkerConfig c;
   c.kv_blocks = 123;

@@ -539,18 +539,15 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   d_ = static_cast<int>(c_.head_dim);
   hidden_ = static_cast<int>(c_.hidden_size);
   inter_ = static_cast<int>(c_.intermediate_size);
-  // The L2 prefetch only where what one prefetch hints (a layer's o_proj + gate_up + down_proj, or
-  // its qkv) fits the device's L2: larger weights are evicted before their GEMM reads them, so the
-  // prefetch only doubles their device-memory traffic (H200: qwen3-8b decode 1.44x / 1.27x slower
-  // at batch 1 / 64 with it, llama-3.2-1b 1.24x; bench/engine/NOTES.md run 29).
+  // The L2 prefetch only where what one prefetch hints fits the device's L2 (cuda_defaults.h
+  // PrefetchFitsL2).
   {
     int l2 = 0;
     RETURN_IF_ERROR(
         CudaStatus(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, o_.device), "device"));
-    const int64_t h = hidden_;
-    const int64_t after_attention = 2 * h * (int64_t{hq_} * d_ + 3 * int64_t{inter_});
-    const int64_t qkv = 2 * h * (int64_t{hq_} + 2 * int64_t{hkv_}) * d_;
-    prefetch_max_rows_ = std::max(after_attention, qkv) <= l2 ? o_.prefetch_weights_max_rows : 0;
+    prefetch_max_rows_ = PrefetchFitsL2(hidden_, int64_t{hq_} * d_, int64_t{hkv_} * d_, inter_, l2)
+                             ? o_.prefetch_weights_max_rows
+                             : 0;
   }
   if (prefetch_max_rows_ > 0) {
     RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking),

@@ -3,6 +3,9 @@
 // flags on a CPU-only machine) share it. CudaBackendOptions documents what each one means.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+
 namespace cascade::cuda {
 
 // CudaBackendOptions::gemm_tune_min_hidden: the GEMMs are tuned at the decode buckets by default
@@ -27,5 +30,18 @@ inline constexpr bool kDefaultDecodeGemmChooseSmall = false;
 // The two-level fold order's super-tile in 64-token tiles (CudaBackendOptions::
 // attention_super_tiles, attention.h SuperTilesFor; the worker's --attention_fold_order=two_level).
 inline constexpr int kSuperTiles = 4;
+
+// Whether the decode graphs' L2 weight prefetch (CudaBackendOptions::prefetch_weights_max_rows) is
+// used for a model on a device with an L2 of l2_bytes: what one prefetch hints, a layer's o_proj +
+// gate_up + down_proj (hidden x (q_width + 3 inter) bf16 values) or its qkv (hidden x (q_width +
+// 2 kv_width)), must fit the L2. Larger weights are evicted before their GEMMs read them and the
+// prefetch only adds device-memory traffic (H200: qwen3-8b decode 1.44x slower at batch 1 with it,
+// llama-3.2-1b 1.24x; bench/engine/NOTES.md run 29). q_width / kv_width: heads x head_dim.
+inline constexpr bool PrefetchFitsL2(int64_t hidden, int64_t q_width, int64_t kv_width,
+                                     int64_t inter, int64_t l2_bytes) {
+  const int64_t after_attention = 2 * hidden * (q_width + 3 * inter);
+  const int64_t qkv = 2 * hidden * (q_width + 2 * kv_width);
+  return std::max(after_attention, qkv) <= l2_bytes;
+}
 
 }  // namespace cascade::cuda
