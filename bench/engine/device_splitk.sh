@@ -7,7 +7,7 @@
 # Usage: bash bench/engine/device_splitk.sh [preset[:variants] ..., default qwen3-0.6b]
 #   e.g. qwen3-0.6b:default,splitk,heuristic qwen3-8b:default,split2,heuristic
 # Environment: SECTIONS (default "tests gemm decode"; also "prefill"), VARIANTS, BATCHES,
-# PREFILL_VARIANTS, ENGINE_ARGS (more engine_bench flags for decode, e.g. --tune_log=1). Logs under $OUT (or ./device-out).
+# PREFILL_VARIANTS, PREFILL_PRESETS (default qwen3-0.6b), ENGINE_ARGS (more engine_bench flags for decode, e.g. --tune_log=1). Logs under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -52,9 +52,11 @@ if [[ " $SECTIONS " == *" decode "* ]]; then
   done
 fi
 if [[ " $SECTIONS " == *" prefill "* ]]; then
-  timeout 200 build-gpu/bench/engine_bench $B --preset=qwen3-0.6b --sections=prefill \
-    --variants=${PREFILL_VARIANTS:-default,splitk} >"$OUT/prefill.log" 2>&1
-  echo "prefill rc=$? ($(( $(date +%s) - t0 )) s)"
-  grep -E "^\|" "$OUT/prefill.log"
+  for p in ${PREFILL_PRESETS:-qwen3-0.6b}; do
+    timeout 200 build-gpu/bench/engine_bench $B --preset=$p --sections=prefill \
+      --variants=${PREFILL_VARIANTS:-default,splitk} >"$OUT/prefill_$p.log" 2>&1
+    echo "prefill $p rc=$? ($(( $(date +%s) - t0 )) s)"
+    grep -E "^\|" "$OUT/prefill_$p.log"
+  done
 fi
 echo "total: $(( $(date +%s) - t0 )) s; tests all passed: $([ $fail = 0 ] && echo yes || echo NO)"

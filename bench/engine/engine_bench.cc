@@ -28,7 +28,11 @@
 // "splitk" (the batch-invariant split-K rule of gemm.h: o_proj / down_proj of narrow models in k
 // slices; the default since session 42), "nosplit" (no split-K: the default from run 8 to
 // session 41), "split2" / "split4" / "split8" (that
-// many k slices for every GEMM whose k allows it, the LM head excepted), "refN" (the pinned GEMM
+// many k slices for every GEMM whose k allows it, the LM head excepted), "colsN" (the rule with
+// S n <= N output columns instead of 4096: CudaBackendOptions::split_columns; other bits),
+// "resminN" (o_proj / down_proj in at least N slices under the rule instead of 2:
+// CudaBackendOptions::split_residual_min; resmin1 is the rule before session 45, which left
+// qwen3-8b's unsplit; other bits), "refN" (the pinned GEMM
 // algorithms picked by cuBLASLt's heuristic at m = N instead of 256, e.g. ref1024), "block32" /
 // "block64" (KV blocks of 32 / 64 tokens instead of 16: coarser prefix sharing, fewer and larger
 // copies for the Hopper prefill kernel), "nofold" (no attention fold items: every split item writes
@@ -195,11 +199,13 @@ struct Variant {
   bool overlap = false;                // EngineOptions::overlap_schedule
   int overlap_min_rows = 0;            // EngineOptions::overlap_min_rows
   int split_k = cuda::kDefaultSplitK;  // CudaBackendOptions::split_k (0: the rule, 1: off)
-  int reference_m = 256;               // CudaBackendOptions::gemm_reference_m
-  int block_size = 16;                 // CudaBackendOptions::block_size
-  int lead_tiles = 0;                  // CudaBackendOptions::attention_lead_tiles
-  bool finish_rows = true;             // CudaBackendOptions::attention_finish_rows
-  bool gemm_tune = false;              // CudaBackendOptions::gemm_tune
+  int split_columns = cuda::kDefaultSplitColumns;           // CudaBackendOptions::split_columns
+  int split_residual_min = cuda::kDefaultSplitResidualMin;  // ::split_residual_min
+  int reference_m = 256;                                    // CudaBackendOptions::gemm_reference_m
+  int block_size = 16;                                      // CudaBackendOptions::block_size
+  int lead_tiles = 0;       // CudaBackendOptions::attention_lead_tiles
+  bool finish_rows = true;  // CudaBackendOptions::attention_finish_rows
+  bool gemm_tune = false;   // CudaBackendOptions::gemm_tune
   // CudaBackendOptions::gemm_tune_min_hidden
   int tune_min_hidden = cuda::kDefaultGemmTuneMinHidden;
   int tune_max_m = 64;      // CudaBackendOptions::gemm_tune_max_m
@@ -271,6 +277,12 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "split2") return v->split_k = 2, true;
   if (name == "split4") return v->split_k = 4, true;
   if (name == "split8") return v->split_k = 8, true;
+  if (absl::StartsWith(name, "resmin")) {  // resminN: CudaBackendOptions::split_residual_min
+    return absl::SimpleAtoi(name.substr(6), &v->split_residual_min) && v->split_residual_min >= 1;
+  }
+  if (absl::StartsWith(name, "cols")) {  // colsN: the rule with S n <= N (split_columns)
+    return absl::SimpleAtoi(name.substr(4), &v->split_columns) && v->split_columns >= 8;
+  }
   if (name == "block32") return v->block_size = 32, true;  // KV blocks of 32 / 64 tokens
   if (name == "block64") return v->block_size = 64, true;
   if (name == "nofold") return v->lead_tiles = -1, true;
@@ -594,6 +606,8 @@ struct Bench {
       o.decode_gemm_choose_small = variant.choose_small;
       o.fuse_silu = variant.fuse_silu;
       o.split_k = variant.split_k;
+      o.split_columns = variant.split_columns;
+      o.split_residual_min = variant.split_residual_min;
       o.gemm_reference_m = variant.reference_m;
       o.block_size = variant.block_size;
       o.attention_lead_tiles = variant.lead_tiles;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "gpu_worker/engine/engine.h"
 #include "gpu_worker/model/config.h"
@@ -76,6 +77,43 @@ TEST(WorkerConfigTest, L2PrefetchOnlyWhereALayerFitsTheL2) {
   // Exactly at the boundary: qwen3-0.6b's 2 x 1024 x (2048 + 3 x 3072) bytes.
   EXPECT_TRUE(fits("qwen3-0.6b", int64_t{2} * 1024 * (2048 + 3 * 3072)));
   EXPECT_FALSE(fits("qwen3-0.6b", int64_t{2} * 1024 * (2048 + 3 * 3072) - 1));
+}
+
+// The split rule's slices per projection (o_proj / down_proj / qkv / gate_up / LM head): the
+// residual-width shapes in at least two, the narrow ones further while S n <= 4096.
+TEST(WorkerConfigTest, SplitRuleCutsTheResidualProjections) {
+  struct Slices {
+    int o, down, qkv, gate_up, head;
+  };
+  auto slices = [](const char* preset, int residual_min) {
+    const model::ModelConfig c = model::PresetConfig(preset);
+    const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim;
+    const int64_t kv = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
+    auto rule = [&](int64_t n, int64_t k) {
+      return cuda::SplitRuleSlices(n, k, cuda::kDefaultSplitColumns, h, residual_min);
+    };
+    return Slices{rule(h, q), rule(h, inter), rule(q + 2 * kv, h), rule(2 * inter, h),
+                  rule(c.vocab_size, h)};
+  };
+  auto expect = [&](const char* preset, int residual_min, Slices want) {
+    SCOPED_TRACE(absl::StrCat(preset, " residual_min ", residual_min));
+    const Slices got = slices(preset, residual_min);
+    EXPECT_EQ(got.o, want.o);
+    EXPECT_EQ(got.down, want.down);
+    EXPECT_EQ(got.qkv, want.qkv);
+    EXPECT_EQ(got.gate_up, want.gate_up);
+    EXPECT_EQ(got.head, want.head);
+  };
+  const int d = cuda::kDefaultSplitResidualMin;
+  expect("qwen3-0.6b", d, {4, 4, 1, 1, 1});
+  expect("llama-3.2-1b", d, {2, 2, 1, 1, 1});
+  expect("qwen3-8b", d, {2, 2, 1, 1, 1});
+  expect("qwen3-8b", 1, {1, 1, 1, 1, 1});  // the rule before session 45
+  expect("qwen3-8b", 4, {4, 4, 1, 1, 1});
+  expect("qwen3-0.6b", 1, {4, 4, 1, 1, 1});
+  // A k that one more slice would leave off a multiple of 64 stops the doubling.
+  EXPECT_EQ(cuda::SplitRuleSlices(4096, 384, 4096, 4096, 8), 2);
+  EXPECT_EQ(cuda::SplitRuleSlices(512, 4096, 4096, 0, 2), 8);  // narrow: by columns
 }
 
 TEST(WorkerConfigTest, KvBlocksFlagWinsOnEveryBackend) {

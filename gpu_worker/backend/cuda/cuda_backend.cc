@@ -569,9 +569,10 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   }
   SetProgrammaticLaunch(o_.programmatic_launch);
   SetDecodeGemmEarlyChunks(o_.decode_gemm_early_chunks);
-  ASSIGN_OR_RETURN(
-      gemm, Gemm::Create(o_.batch_invariant, o_.gemm_reference_m, o_.small_m_gemm, o_.split_k));
+  ASSIGN_OR_RETURN(gemm, Gemm::Create(o_.batch_invariant, o_.gemm_reference_m, o_.small_m_gemm,
+                                      o_.split_k, o_.split_columns));
   gemm_ = std::move(gemm);
+  gemm_->set_split_residual_n(hidden_, o_.split_residual_min);
   gemm_->set_decode_max_m(o_.decode_gemm_max_m);
   // Captured decode steps of up to prefetch_weights_max_rows rows find their weights in L2.
   gemm_->set_decode_warm_max_m(o_.cuda_graphs && o_.decode_gemm_choice_warm ? prefetch_max_rows_
@@ -1445,10 +1446,17 @@ absl::Status ValidateCudaBackendOptions(const CudaBackendOptions& o) {
   }
   if (o.num_blocks < 0 || o.max_num_tokens <= 0 || o.max_logits_rows <= 0 ||
       o.max_graph_batch < 0 || !(o.kv_cache_fraction > 0 && o.kv_cache_fraction < 1) ||
-      o.device < 0 || o.split_k < 0 || o.gemm_reference_m <= 0 || o.decode_gemm_early_chunks < 0 ||
-      o.gemm_tune_min_hidden < 0 || o.gemm_prefill_min_m < 0 || o.prefetch_weights_max_rows < 0 ||
-      o.prefetch_weights_ctas < 1 || o.prefetch_weights_ctas > 1024) {
+      o.device < 0 || o.split_k < 0 || o.split_columns < 8 || o.gemm_reference_m <= 0 ||
+      o.decode_gemm_early_chunks < 0 || o.gemm_tune_min_hidden < 0 || o.gemm_prefill_min_m < 0 ||
+      o.prefetch_weights_max_rows < 0 || o.prefetch_weights_ctas < 1 ||
+      o.prefetch_weights_ctas > 1024) {
     return absl::InvalidArgumentError("cuda backend: bad options");
+  }
+  if (o.split_residual_min < 1 || o.split_residual_min > 64 ||
+      (o.split_residual_min & (o.split_residual_min - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda backend: split_residual_min ",
+                                                   o.split_residual_min,
+                                                   " must be a power of two in [1, 64]"));
   }
   if (o.attention_super_tiles != 0 && o.attention_super_tiles != 1 &&
       o.attention_super_tiles != kSuperTiles) {

@@ -68,6 +68,12 @@ struct CudaBackendOptions {
   // rule gained 4-7% at batch 1 and lost up to 3% at batch 64-256 before its partials ran on
   // DecodeGemm at decode sizes and the norm summed them in one pass (run 22).
   int split_k = kDefaultSplitK;
+  // With the rule (split_k = 0): a weight's k is cut into S slices while S n <= split_columns
+  // (Gemm::Splits). Other values, other bits (deployment-wide, like split_k); benchmarks.
+  int split_columns = kDefaultSplitColumns;
+  // With the rule: o_proj / down_proj (n = hidden) in at least this many slices (a power of two,
+  // 1-64; Gemm::set_split_residual_n). Other values, other bits.
+  int split_residual_min = kDefaultSplitResidualMin;
   // Deterministic mode only: the m at which cuBLASLt's heuristic picks the algorithm pinned for
   // every m of a weight shape (gemm.h). 256 by default; on an H100 those picks run 15-20% behind
   // the heuristic's own at m = 4-16 on qwen3-8b and up to 2.6x behind at m = 2048 (NOTES.md run

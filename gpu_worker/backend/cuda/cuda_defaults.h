@@ -25,6 +25,15 @@ inline constexpr int kDefaultPersistentDecodeMinTiles = 2;
 // CudaBackendOptions::split_k: 0, the batch-invariant split-K rule (gemm.h), 1 = off; the
 // worker's --gemm_k_split (rule / off).
 inline constexpr int kDefaultSplitK = 0;
+// CudaBackendOptions::split_columns: the rule cuts a weight's k into S slices while S n stays
+// within this many output columns (gemm.h Splits): o_proj / down_proj of qwen3-0.6b into 4, of
+// llama-3.2-1b into 2; qwen3-8b's (n = 4096) by kDefaultSplitResidualMin alone.
+inline constexpr int kDefaultSplitColumns = 4096;
+// CudaBackendOptions::split_residual_min: under the rule, o_proj / down_proj (n = hidden) are cut
+// in at least this many slices (1: by split_columns alone, the rule before session 45). 2 since
+// session 45: qwen3-8b decode 0.84 / 0.84 / 0.98 / 0.96x at batch 1 / 8 / 64 / 256, prefill
+// 0.98-0.99x (H200, engine NOTES.md run 31); other presets unchanged.
+inline constexpr int kDefaultSplitResidualMin = 2;
 // CudaBackendOptions::decode_gemm_choose_small: SmallGemm among the decode choice's candidates.
 inline constexpr bool kDefaultDecodeGemmChooseSmall = false;
 // The two-level fold order's super-tile in 64-token tiles (CudaBackendOptions::
@@ -42,6 +51,22 @@ inline constexpr bool PrefetchFitsL2(int64_t hidden, int64_t q_width, int64_t kv
   const int64_t after_attention = 2 * hidden * (q_width + 3 * inter);
   const int64_t qkv = 2 * hidden * (q_width + 2 * kv_width);
   return std::max(after_attention, qkv) <= l2_bytes;
+}
+
+// The batch-invariant split-K rule's slice count for a weight of n output features and k inputs
+// (Gemm::Splits with split_k = 0, before it checks that cuBLASLt has an algorithm for the
+// slices): a shape of the residual's width (n == residual_n: o_proj / down_proj) is cut in at
+// least residual_min slices, then S doubles while 2 S n <= columns; every slice's k a multiple of
+// 64. qwen3-0.6b's o_proj / down_proj: 4, llama-3.2-1b's: 2, qwen3-8b's: 2; qkv, gate_up and the
+// LM head of the three: 1.
+inline constexpr int SplitRuleSlices(int64_t n, int64_t k, int64_t columns, int64_t residual_n,
+                                     int residual_min) {
+  int s = 1;
+  if (n == residual_n) {
+    while (s < residual_min && k % (128 * s) == 0) s *= 2;
+  }
+  while (2 * s * n <= columns && k % (128 * s) == 0) s *= 2;
+  return s;
 }
 
 }  // namespace cascade::cuda

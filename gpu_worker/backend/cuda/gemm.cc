@@ -21,8 +21,6 @@ namespace {
 constexpr size_t kWorkspaceBytes = 32 << 20;
 // Run()'s fp32 partials of split shapes: [S, rows, n] per row chunk.
 constexpr size_t kSplitWorkspaceBytes = 64 << 20;
-// The built-in rule splits k until S n reaches this many output columns (gemm.h).
-constexpr int kSplitColumns = 4096;
 
 absl::Status LtStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
@@ -110,12 +108,13 @@ struct Gemm::Algo {
 };
 
 absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(bool batch_invariant, int reference_m,
-                                                   bool small_m, int split_k) {
+                                                   bool small_m, int split_k, int split_columns) {
   std::unique_ptr<Gemm> g(new Gemm());
   g->batch_invariant_ = batch_invariant;
   g->small_m_ = batch_invariant && small_m;
   g->reference_m_ = reference_m;
   g->split_k_ = split_k;
+  g->split_columns_ = split_columns;
   cublasLtHandle_t h;
   if (auto s = LtStatus(cublasLtCreate(&h), "create"); !s.ok()) return s;
   g->handle_ = h;
@@ -148,7 +147,7 @@ int Gemm::Splits(int n, int k) {
   if (split_k_ > 1) {  // forced (not for vocabulary-sized outputs: wide enough unsplit)
     while (n < 65536 && 2 * s <= split_k_ && k % (128 * s) == 0) s *= 2;
   } else {
-    while (2 * s * n <= kSplitColumns && k % (128 * s) == 0) s *= 2;
+    s = SplitRuleSlices(n, k, split_columns_, split_residual_n_, split_residual_min_);
   }
   // The strided-batched problem needs an algorithm; decided once per shape, so never per m.
   if (s > 1 && !FindAlgo(reference_m_, n, k, GemmOut::kF32, s).ok()) s = 1;

@@ -43,7 +43,11 @@
 // workspace, in row chunks: rows never mix, so chunking changes no bits); RunPartials() hands
 // them to the caller, who fuses the sum into its next pass (AddRmsNormSplit). Gemm::Create's
 // split_k picks it (1 here: off); the backend's default is the rule (CudaBackendOptions::split_k:
-// decode at batch 1-32 ~0.88x the unsplit step on an H200, engine NOTES.md runs 23 and 28).
+// decode at batch 1-32 ~0.88x the unsplit step on an H200, engine NOTES.md runs 23 and 28). The
+// rule: S doubles while S n stays within split_columns (4096); a shape of the residual's width
+// (set_split_residual_n: o_proj / down_proj, whose partials the next norm sums for free) is cut
+// in at least two, so a wide model's longest chains are halved too (qwen3-8b: o_proj and
+// down_proj in 2, decode 0.84-0.98x at batch 1-256 on an H200, prefill 0.98-0.99x; run 31).
 //
 // Tuned decode sizes: the pinned algorithm (picked at m = 256) is far from the weights'
 // bandwidth at decode-sized m (an H100 profile of a batch-64 step: 8-11 us per GEMM against a
@@ -68,6 +72,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "gpu_worker/backend/cuda/cuda_defaults.h"
 #include "gpu_worker/backend/cuda/device.h"
 #include "gpu_worker/backend/cuda/ops.h"
 
@@ -79,9 +84,11 @@ class Gemm {
  public:
   // reference_m: the m at which pinned algorithms are chosen. split_k: 1 = never split
   // (default), 0 = the built-in rule (Splits), S > 1 = S slices wherever k allows (benchmarks,
-  // tests). Batch-invariant mode only; heuristic mode leaves split-K to cuBLAS.
+  // tests). Batch-invariant mode only; heuristic mode leaves split-K to cuBLAS. split_columns:
+  // the rule's bound on S n (Splits).
   static absl::StatusOr<std::unique_ptr<Gemm>> Create(bool batch_invariant, int reference_m = 256,
-                                                      bool small_m = true, int split_k = 1);
+                                                      bool small_m = true, int split_k = 1,
+                                                      int split_columns = kDefaultSplitColumns);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -152,6 +159,12 @@ class Gemm {
   // Prefill-sized calls (unsplit, m >= min_m, no tune size) run the cuBLASLt algorithm
   // PreparePrefill chose for their weight shape, where it chose one; 0 (the default): off, the
   // pinned algorithm. Batch-invariant mode only.
+  // Under the rule, shapes with n == residual_n (the model's hidden size) are cut in at least
+  // `min_slices` (a power of two; 1: S by split_columns alone). Before the first Splits() call.
+  void set_split_residual_n(int residual_n, int min_slices) {
+    split_residual_n_ = residual_n;
+    split_residual_min_ = min_slices;
+  }
   void set_prefill_min_m(int min_m) { prefill_min_m_ = batch_invariant_ ? std::max(min_m, 0) : 0; }
   // Chooses the prefill algorithm of weights w ([n, k]) now (a backend calls it at load time): the
   // pinned algorithm was picked at the reference m (256) and runs large m far below the GEMM rate
@@ -223,6 +236,9 @@ class Gemm {
   void* handle_ = nullptr;  // cublasLtHandle_t
   DeviceBuffer workspace_;
   int split_k_ = 0;
+  int split_columns_ = kDefaultSplitColumns;
+  int split_residual_n_ = 0;  // set_split_residual_n
+  int split_residual_min_ = 1;
   DeviceBuffer split_ws_;  // Run's partials of split shapes, [S, rows, n] f32 per row chunk
   // (m, n, k, out, splits) -> algorithm; m = reference_m_ for the pinned ones.
   std::map<std::tuple<int, int, int, int, int>, std::unique_ptr<Algo>> algos_;
