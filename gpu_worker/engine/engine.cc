@@ -79,7 +79,8 @@ class EngineImpl final : public Engine {
         host_(MakeHostTier(options_, *backend_, &host_status_)),
         scheduler_(SchedulerOptions{options.max_num_seqs, options.max_num_batched_tokens,
                                     options.enable_prefix_cache, options.max_prefix_waits,
-                                    options.debug_capture_logits},
+                                    options.debug_capture_logits,
+                                    std::max(1, options.max_prompt_logprob_rows)},
                    &blocks_, host_.get()),
         pin_refs_(blocks_.num_blocks(), 0),
         max_pinned_blocks_(MaxPinnedBlocks(options_.max_pinned_fraction, blocks_.num_blocks())),
@@ -887,6 +888,20 @@ void EngineImpl::Collect(const std::vector<uint64_t>& cancels, std::vector<Seque
     c.was_prefill = s.was_prefill;
     c.out.seq_id = s.seq->id;
     if (s.newly_admitted) Started(*s.seq, c.out);
+    // Prompt-logprob rows (whole, before the sampled row): row r at position p scores the prompt
+    // token at p + 1.
+    for (int32_t r = 0; r < s.prompt_rows; ++r, ++row) {
+      const float* prow = result.logits.data() + (full_row++) * backend_->VocabSize();
+      Sequence& seq = *s.seq;
+      const int64_t next = s.prompt_row_first + r + 1;
+      if (next != seq.prompt_logprobs_next) continue;  // (emitted before a preemption)
+      RowLogprobs lp;
+      RowLogprobsOf(prow, backend_->VocabSize(), seq.tokens[next], seq.sampling.prompt_logprobs,
+                    &lp);
+      if (c.out.prompt_logprobs.empty()) c.out.prompt_logprobs_start = next;
+      c.out.prompt_logprobs.push_back(ToLogprobEntry(lp, seq.tokens[next]));
+      ++seq.prompt_logprobs_next;
+    }
     const float* lrow = nullptr;
     if (s.wants_logits) {
       c.logprobs = result.logprobs[row];
@@ -944,7 +959,7 @@ void EngineImpl::FinishRows(std::vector<CollectedRow>* rows, std::vector<Sequenc
     }
     if (c.has_logprobs) c.out.logprobs.push_back(ToLogprobEntry(c.logprobs, c.token));
     SequenceOutput& out = c.out;
-    if (out.started || out.finished || !out.new_tokens.empty()) {
+    if (out.started || out.finished || !out.new_tokens.empty() || !out.prompt_logprobs.empty()) {
       if (out.finished) done.push_back(out.seq_id);
       outputs->push_back(std::move(out));
     }

@@ -15,8 +15,9 @@ int32_t ArgmaxKey(const std::vector<uint32_t>& keys) {
   return static_cast<int32_t>(std::max_element(keys.begin(), keys.end()) - keys.begin());
 }
 
-// Step 5 of the rule.
-void FillLogprobs(const float* logits, int vocab, int32_t token, int n, RowLogprobs* out) {
+}  // namespace
+
+void RowLogprobsOf(const float* logits, int vocab, int32_t token, int n, RowLogprobs* out) {
   std::vector<uint32_t> keys(vocab);
   for (int v = 0; v < vocab; ++v) keys[v] = OrderKey(Canon(logits[v]));
   const float max_z = KeyValue(keys[ArgmaxKey(keys)]);
@@ -37,8 +38,6 @@ void FillLogprobs(const float* logits, int vocab, int32_t token, int n, RowLogpr
     out->top[i] = LogprobOf(logits[idx[i]], lse);
   }
 }
-
-}  // namespace
 
 int32_t SampleRowRule(const float* logits, int vocab, const SampleSpec& spec,
                       std::span<const int32_t> penalty_tokens,
@@ -120,7 +119,7 @@ int32_t SampleRowRule(const float* logits, int vocab, const SampleSpec& spec,
       if (token < 0 || score > best) best = score, token = v;
     }
   }
-  if (spec.logprobs > 0) FillLogprobs(logits, vocab, token, spec.logprobs, logprobs);
+  if (spec.logprobs > 0) RowLogprobsOf(logits, vocab, token, spec.logprobs, logprobs);
   return token;
 }
 

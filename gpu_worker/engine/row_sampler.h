@@ -21,4 +21,7 @@ int32_t SampleRowRule(const float* logits, int vocab, const SampleSpec& spec,
                       std::span<const int32_t> penalty_counts, std::span<const float> penalty_bias,
                       RowLogprobs* logprobs);
 
+// Step 5 of the rule alone: `token`'s logprob and the top n (<= kMaxLogprobs) of one row.
+void RowLogprobsOf(const float* logits, int vocab, int32_t token, int n, RowLogprobs* out);
+
 }  // namespace cascade::engine

@@ -45,6 +45,10 @@ absl::Status ValidateSampling(const SamplingParams& p, int vocab_size, int32_t m
     return absl::InvalidArgumentError(absl::StrCat(
         "sampling.min_tokens must be in [0, max_tokens (", p.max_tokens, ")], got ", p.min_tokens));
   }
+  if (p.prompt_logprobs < -1 || p.prompt_logprobs > kMaxLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.prompt_logprobs must be in [0, 20] (or unset), got ", p.prompt_logprobs));
+  }
   if (p.logprobs < 0 || p.logprobs > 20) {
     return absl::InvalidArgumentError(
         absl::StrCat("sampling.logprobs must be in [0, 20], got ", p.logprobs));

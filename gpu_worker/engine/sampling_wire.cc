@@ -36,6 +36,7 @@ engine::SamplingParams SamplingFromProto(const cascade::v2::SamplingParams& s,
   p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
   p.ignore_eos = s.ignore_eos();
   p.logprobs = s.logprobs();
+  p.prompt_logprobs = s.has_prompt_logprobs() ? s.prompt_logprobs() : -1;
   if (s.has_seed()) p.seed = s.seed();
   // A map's order is unspecified on the wire: the engine's list ascends by id (ids are distinct).
   p.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());

@@ -62,8 +62,12 @@ int64_t Scheduler::CachedPrefix(const Sequence& seq, std::vector<bool>* on_host)
   if (!options_.enable_prefix_cache) return 0;
   // At least the last token is computed: its logits pick the next token. So a prompt that is
   // entirely cached still recomputes its last block's tail.
-  const int64_t max_hit_blocks =
-      (static_cast<int64_t>(seq.tokens.size()) - 1) / blocks_->block_size();
+  int64_t max_hit_blocks = (static_cast<int64_t>(seq.tokens.size()) - 1) / blocks_->block_size();
+  // Prompt logprobs are computed, not cached: hits end before the first row still wanted.
+  if (seq.WantsPromptRows()) {
+    max_hit_blocks =
+        std::min(max_hit_blocks, (seq.prompt_logprobs_next - 1) / blocks_->block_size());
+  }
   const int64_t known = std::min<int64_t>(max_hit_blocks, seq.block_keys.size());
   for (int64_t j = 0; j < known; ++j) {
     const hash::Hash128& k = seq.block_keys[j];
@@ -97,7 +101,25 @@ bool Scheduler::WaitsForRunningPrefix(Sequence* seq) {
   return false;
 }
 
-bool Scheduler::Admit(Sequence* seq, int64_t budget, ScheduledSeq* out) {
+int64_t Scheduler::TakePromptRows(const Sequence& seq, int64_t from, int64_t n, int64_t* rows_left,
+                                  ScheduledSeq* out) {
+  out->prompt_rows = 0;
+  if (!seq.WantsPromptRows()) return n;
+  // Rows at positions [first, prompt_len - 1) of the step's [from, from + n).
+  const int64_t first = std::max(from, seq.prompt_logprobs_next - 1);
+  const int64_t end = seq.prompt_len - 1;
+  if (first >= end) return n;
+  // Tokens before `first` (recomputed after a preemption) need no rows.
+  const int64_t free_tokens = first - from;
+  if (n > free_tokens + *rows_left) n = free_tokens + *rows_left;
+  const int64_t rows = std::max<int64_t>(0, std::min(from + n, end) - first);
+  *rows_left -= rows;
+  out->prompt_row_first = first;
+  out->prompt_rows = static_cast<int32_t>(rows);
+  return n;
+}
+
+bool Scheduler::Admit(Sequence* seq, int64_t budget, int64_t* rows_left, ScheduledSeq* out) {
   const int bs = blocks_->block_size();
   const int64_t len = static_cast<int64_t>(seq->tokens.size());
   // The cached prefix: each leading block on the GPU, or else on the host (restored into a fresh
@@ -105,7 +127,11 @@ bool Scheduler::Admit(Sequence* seq, int64_t budget, ScheduledSeq* out) {
   std::vector<bool> on_host;
   CachedPrefix(*seq, &on_host);
   const int64_t hit = static_cast<int64_t>(on_host.size());
-  const int64_t n = std::min(len - hit * bs, budget);
+  int64_t rows = *rows_left;
+  ScheduledSeq prompt;
+  const int64_t n =
+      TakePromptRows(*seq, hit * bs, std::min(len - hit * bs, budget), &rows, &prompt);
+  if (n <= 0) return false;
   const int64_t need_total = (hit * bs + n + bs - 1) / bs;
   // Hits sitting unreferenced in the GPU cache stop being available once acquired.
   int64_t gpu_hits = 0, hits_unreferenced = 0;
@@ -143,19 +169,26 @@ bool Scheduler::Admit(Sequence* seq, int64_t budget, ScheduledSeq* out) {
   seq->state = SeqState::kRunning;
   running_.push_back(seq);
   *out = ScheduledSeq{seq, n, hit * bs + n == len, !seq->started};
+  out->prompt_row_first = prompt.prompt_row_first;
+  out->prompt_rows = prompt.prompt_rows;
+  *rows_left = rows;
   return true;
 }
 
 SchedulerOutput Scheduler::Schedule() {
   SchedulerOutput out;
   int64_t budget = options_.max_num_batched_tokens;
+  int64_t prompt_rows_left = options_.max_prompt_logprob_rows;
 
   std::vector<Sequence*> order = running_;
   for (Sequence* seq : order) {
     if (budget <= 0) break;
     if (seq->state != SeqState::kRunning) continue;  // preempted earlier in this loop
     if (seq->last_token_in_flight) continue;         // the step in flight ends it
-    const int64_t n = std::min(seq->pending(), budget);
+    ScheduledSeq rows;
+    int64_t rows_left = prompt_rows_left;
+    const int64_t n = TakePromptRows(*seq, seq->num_computed, std::min(seq->pending(), budget),
+                                     &rows_left, &rows);
     if (n <= 0) continue;
     bool ok = EnsureBlocks(seq, seq->num_computed + n);
     while (!ok) {
@@ -168,6 +201,9 @@ SchedulerOutput Scheduler::Schedule() {
     if (!ok) continue;
     out.scheduled.push_back(
         ScheduledSeq{seq, n, seq->num_computed + n == (int64_t)seq->tokens.size(), false});
+    out.scheduled.back().prompt_row_first = rows.prompt_row_first;
+    out.scheduled.back().prompt_rows = rows.prompt_rows;
+    prompt_rows_left = rows_left;
     budget -= n;
   }
   // A step that had to preempt admits nothing new: memory is the bottleneck.
@@ -187,7 +223,7 @@ SchedulerOutput Scheduler::Schedule() {
       continue;
     }
     ScheduledSeq s;
-    if (!Admit(seq, budget, &s)) break;
+    if (!Admit(seq, budget, &prompt_rows_left, &s)) break;
     it = waiting_.erase(it);
     out.scheduled.push_back(s);
     budget -= s.num_tokens;
@@ -228,6 +264,13 @@ void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBa
       batch->slot_mapping.push_back(seq.block_table[p / block_size] * block_size +
                                     static_cast<int32_t>(p % block_size));
     }
+    // Prompt-logprob rows come back whole (the host scores the prompt's next token with them).
+    const int32_t seq_first = batch->num_tokens() - static_cast<int32_t>(s.num_tokens);
+    for (int32_t r = 0; r < s.prompt_rows; ++r) {
+      batch->logits_rows.push_back(seq_first +
+                                   static_cast<int32_t>(s.prompt_row_first - seq.num_computed) + r);
+      batch->row_samples.push_back(RowSample{false, SampleSpec{}});
+    }
     if (s.wants_logits) {
       batch->logits_rows.push_back(batch->num_tokens() - 1);
       // Every row is sampled by the backend (its rule is the host's, sample_rule.h), except
@@ -253,6 +296,7 @@ template <class F>
 void ForEachPenalizedRow(const SchedulerOutput& out, ForwardBatch* batch, F&& f) {
   size_t row = 0;
   for (const ScheduledSeq& s : out.scheduled) {
+    row += s.prompt_rows;  // (whole rows, never penalized)
     if (!s.wants_logits) continue;
     SampleSpec& spec = batch->row_samples[row++].spec;
     if (HasListed(s.seq->sampling)) f(*s.seq, spec);

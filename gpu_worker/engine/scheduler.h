@@ -25,6 +25,10 @@ struct SchedulerOptions {
   // the same block again: it starts a step or two later with a hit. 0: never wait.
   int max_prefix_waits = 32;
   bool capture_logits = false;  // tests: every row needs its whole logits
+  // Prompt-logprob rows (SamplingParams::prompt_logprobs) per step at most: each is a whole
+  // logits row for the host (vocabulary x 4 bytes), so a long prompt's rows come over several
+  // steps.
+  int max_prompt_logprob_rows = 256;
 };
 
 struct ScheduledSeq {
@@ -33,6 +37,10 @@ struct ScheduledSeq {
   bool wants_logits = false;  // the step reaches the end of the known tokens
   bool newly_admitted = false;
   bool was_prefill = false;  // set by the engine when the step is launched
+  // Prompt-logprob rows: whole logits rows at positions [prompt_row_first, + prompt_rows), each
+  // scoring the prompt token after it; in the batch before the sampled row.
+  int64_t prompt_row_first = 0;
+  int32_t prompt_rows = 0;
 };
 
 struct SchedulerOutput {
@@ -91,7 +99,12 @@ class Scheduler {
   // are batch.row_samples in plan order.
   void FillPenalties(const SchedulerOutput& out, ForwardBatch* batch) const;
   // Admits the head of the waiting queue with at most `budget` tokens; false if it does not fit.
-  bool Admit(Sequence* seq, int64_t budget, ScheduledSeq* out);
+  // `rows_left`: the step's prompt-logprob rows still free (TakePromptRows).
+  bool Admit(Sequence* seq, int64_t budget, int64_t* rows_left, ScheduledSeq* out);
+  // Caps the step's `n` tokens of `seq` from position `from` by the step's prompt-logprob rows
+  // left (taking them) and sets out's rows; returns the capped n (0: no row left for it).
+  static int64_t TakePromptRows(const Sequence& seq, int64_t from, int64_t n, int64_t* rows_left,
+                                ScheduledSeq* out);
   // The leading blocks of `seq` cached in either tier, as on_host[j] (false: on the GPU), up to
   // the first in neither; returns how many blocks could hit at most (the last token is always
   // computed). Empty without the prefix cache.

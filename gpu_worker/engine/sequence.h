@@ -45,6 +45,9 @@ struct Sequence {
   bool started = false;       // the start output (cached tokens) was emitted
   int64_t cached_tokens = 0;  // prefix-cache hit at first admission
   int32_t num_generated = 0;
+  // SamplingParams::prompt_logprobs >= 0: the next prompt token whose logprob is still to be
+  // emitted (the logits row at position prompt_logprobs_next - 1 scores it).
+  int64_t prompt_logprobs_next = 1;
   int64_t arrival = 0;              // admission order, for FIFO and preemption choice
   bool pinned = false;              // pins taken (once, after the prompt's prefill)
   int64_t reported_committed = -1;  // num_committed when residency last looked
@@ -76,6 +79,11 @@ struct Sequence {
   bool last_token_in_flight = false;
 
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
+  // Prompt logprobs still to compute: rows from position prompt_logprobs_next - 1 up to the
+  // prompt's second-last token.
+  bool WantsPromptRows() const {
+    return sampling.prompt_logprobs >= 0 && prompt_logprobs_next < prompt_len;
+  }
 };
 
 }  // namespace cascade::engine

@@ -42,7 +42,11 @@ struct SamplingParams {
   int32_t min_tokens = 0;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
-  int32_t logprobs = 0;          // top logprobs per token, 0..20
+  int32_t logprobs = 0;  // top logprobs per token, 0..20
+  // The prompt's logprobs (vLLM's prompt_logprobs; OpenAI's echo with logprobs): -1 off; 0..20
+  // each prompt token's logprob (from the second) and that many top tokens at its position. The
+  // rows are computed, never read from the prefix cache (a cached block has K/V, not logits).
+  int32_t prompt_logprobs = -1;
   std::optional<uint64_t> seed;  // unset: the engine draws one
   // OpenAI's logit_bias: (token id, bias) with ids distinct and ascending, each bias finite in
   // [-100, 100], added to the token's logit before the penalties (sample_rule.h step 1).
@@ -128,6 +132,10 @@ struct SequenceOutput {
   std::vector<ChunkPlacement> chunks;  // set when started
   std::vector<int32_t> new_tokens;
   std::vector<LogprobEntry> logprobs;  // parallel to new_tokens when requested
+  // SamplingParams::prompt_logprobs: the entries this step computed, in prompt order; entry i
+  // scores prompt token prompt_logprobs_start + i (its .sampled), from token 1 on.
+  std::vector<LogprobEntry> prompt_logprobs;
+  int64_t prompt_logprobs_start = 0;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   int32_t stop_token_id = -1;  // with kStop

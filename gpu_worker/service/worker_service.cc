@@ -66,6 +66,7 @@ bool MergeTokens(WorkerServiceGenerateResponse& into, const WorkerServiceGenerat
   if (!into.has_tokens() || !from.has_tokens()) return false;
   into.mutable_tokens()->mutable_token_ids()->MergeFrom(from.tokens().token_ids());
   into.mutable_tokens()->mutable_logprobs()->MergeFrom(from.tokens().logprobs());
+  into.mutable_tokens()->mutable_prompt_logprobs()->MergeFrom(from.tokens().prompt_logprobs());
   return true;
 }
 
@@ -198,9 +199,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<WorkerServiceGenerateRes
         }
         writes_.Push(std::move(m));
       }
-      if (!o.new_tokens.empty()) {
+      if (!o.new_tokens.empty() || !o.prompt_logprobs.empty()) {
         WorkerServiceGenerateResponse m;
         auto* t = m.mutable_tokens();
+        for (const auto& lp : o.prompt_logprobs) ToProto(lp, t->add_prompt_logprobs());
         for (int32_t id : o.new_tokens) t->add_token_ids(id);
         for (const auto& lp : o.logprobs) ToProto(lp, t->add_logprobs());
         writes_.Push(std::move(m));  // merges into a queued one when the reader is behind

@@ -515,7 +515,13 @@ absl::StatusOr<Translated> TranslateRequest(const json& body, Endpoint endpoint,
   if (*echo) {
     if (endpoint == Endpoint::kChat) return Bad("echo is a /v1/completions option");
     if (t.meta.logprobs) {
-      return Bad("echo with logprobs is not supported (the prompt's logprobs are not computed)");
+      // The prompt's tokens get the logprobs the generated ones get (vLLM's echo).
+      t.meta.echo_logprobs = true;
+      const int32_t n = t.request.sampling().logprobs();
+      t.request.mutable_sampling()->set_prompt_logprobs(n);
+      for (cascade::v2::GenerateRequest& r : t.more_prompts) {
+        r.mutable_sampling()->set_prompt_logprobs(n);
+      }
     }
     // Each prompt's text as given (raw chunks only: the chunks extension's other kinds are
     // wrapped in the chat template), a token-id prompt's as the tokenizer decodes it.
@@ -659,16 +665,22 @@ json ResponseBuilder::LogprobsOf(const cascade::v2::TokenDelta& delta, int64_t t
     }
     return json{{"content", content}};
   }
+  return CompletionLogprobs(delta.logprobs(), &text_offset);
+}
+
+json ResponseBuilder::CompletionLogprobs(
+    const google::protobuf::RepeatedPtrField<cascade::v2::LogprobEntry>& entries,
+    int64_t* text_offset) {
   // text_offset: where each token's text starts in the completion, in characters (OpenAI's
   // legacy field): the characters that start before the token (a token holding the later bytes
   // of a character split over tokens starts after that character).
   json tokens = json::array(), token_logprobs = json::array(), top = json::array();
   json offsets = json::array();
-  for (const auto& e : delta.logprobs()) {
+  for (const auto& e : entries) {
     tokens.push_back(e.sampled().text());
     token_logprobs.push_back(e.sampled().logprob());
-    offsets.push_back(text_offset);
-    text_offset += Characters(TokenByteString(e.sampled().text()));
+    offsets.push_back(*text_offset);
+    *text_offset += Characters(TokenByteString(e.sampled().text()));
     json alts = json::object();
     for (const auto& t : e.top()) alts[t.text()] = t.logprob();
     top.push_back(alts);
@@ -677,6 +689,24 @@ json ResponseBuilder::LogprobsOf(const cascade::v2::TokenDelta& delta, int64_t t
               {"token_logprobs", token_logprobs},
               {"top_logprobs", top},
               {"text_offset", offsets}};
+}
+
+void ResponseBuilder::FlushPromptLogprobs(std::vector<json>* out) {
+  if (!meta_.echo_logprobs || prompt_flushed_ || !started_) return;
+  prompt_flushed_ = true;
+  if (prompt_logprobs_.is_null()) return;
+  if (!meta_.stream) {
+    logprobs_ = prompt_logprobs_;  // the generated tokens' follow
+    return;
+  }
+  const size_t prompt = static_cast<size_t>(index_ / std::max(1, meta_.n));
+  const std::string& p = meta_.echo->at(std::min(prompt, meta_.echo->size() - 1));
+  json c = Envelope("text_completion");
+  c["choices"] = json::array({{{"index", index_},
+                               {"text", p},
+                               {"logprobs", prompt_logprobs_},
+                               {"finish_reason", nullptr}}});
+  out->push_back(std::move(c));
 }
 
 std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& ev) {
@@ -693,7 +723,16 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
       const std::string& p = meta_.echo->at(std::min(prompt, meta_.echo->size() - 1));
       text_ = p + text_;
       text_characters_ += Characters(p);
-      if (meta_.stream && !p.empty()) {
+      if (meta_.echo_logprobs) {
+        // The prompt's first token (no logprob); the rest arrive as prompt_logprobs deltas. The
+        // prompt's text goes out with them (FlushPromptLogprobs).
+        const cascade::v2::TokenLogprob& first = ev.start().first_prompt_token();
+        prompt_logprobs_ = json{{"tokens", json::array({first.text()})},
+                                {"token_logprobs", json::array({nullptr})},
+                                {"top_logprobs", json::array({nullptr})},
+                                {"text_offset", json::array({0})}};
+        prompt_characters_ = Characters(TokenByteString(first.text()));
+      } else if (meta_.stream && !p.empty()) {
         json c = Envelope(object);
         c["choices"] = json::array(
             {{{"index", index_}, {"text", p}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
@@ -708,6 +747,15 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
                                    {"finish_reason", nullptr}}});
       out.push_back(std::move(c));
     }
+  }
+  if (ev.has_delta() && ev.delta().prompt_logprobs_size() > 0 && !prompt_logprobs_.is_null()) {
+    const json lp = CompletionLogprobs(ev.delta().prompt_logprobs(), &prompt_characters_);
+    for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+      for (auto& e : lp[k]) prompt_logprobs_[k].push_back(e);
+    }
+  }
+  if (ev.has_delta() && (ev.delta().token_ids_size() > 0 || !ev.delta().text().empty())) {
+    FlushPromptLogprobs(&out);
   }
   if (ev.has_delta()) {
     const auto& d = ev.delta();
@@ -757,6 +805,7 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
     }
   }
   if (ev.has_finish()) {
+    FlushPromptLogprobs(&out);
     if (chat && meta_.reasoning) {  // what the splitter held back
       json delta = ChatDelta(splitter_.Finish(), false);
       if (meta_.stream && !delta.is_null()) {

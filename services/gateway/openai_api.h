@@ -39,6 +39,9 @@ struct RequestMeta {
   int prompts = 1;             // prompts (a completions prompt list), 1 to kMaxPrompts
   // Completions' `echo`: each prompt's text, which its choices' text starts with (null: no echo).
   std::shared_ptr<const std::vector<std::string>> echo;
+  // echo with logprobs: the prompt's tokens lead the choice's logprobs (the first with a null
+  // logprob), from the request's sampling.prompt_logprobs.
+  bool echo_logprobs = false;
   // The request's stop_token_ids: a choice that one of them ended reports it as its stop_reason
   // (vLLM's), one the model's EOS ended reports null.
   std::vector<int32_t> stop_token_ids;
@@ -117,6 +120,13 @@ class ResponseBuilder {
   nlohmann::json Usage() const;
   // `text_offset`: the completion's characters before this delta (completions' text_offset).
   nlohmann::json LogprobsOf(const cascade::v2::TokenDelta& delta, int64_t text_offset) const;
+  // Completions' form (tokens, token_logprobs, top_logprobs, text_offset) of `entries`, the
+  // first at text_offset characters; advances it past them.
+  static nlohmann::json CompletionLogprobs(
+      const google::protobuf::RepeatedPtrField<cascade::v2::LogprobEntry>& entries,
+      int64_t* text_offset);
+  // echo_logprobs: the prompt's text and logprobs, once, before anything generated.
+  void FlushPromptLogprobs(std::vector<nlohmann::json>* out);
   // A chat stream chunk's delta for a piece's parts (adds them to reasoning_ and content_):
   // {"content"} and / or {"reasoning_content"} where not empty, {"content": ""} where both are
   // and `force` (a chunk that carries logprobs), else null (nothing to send).
@@ -133,6 +143,11 @@ class ResponseBuilder {
   ReasoningSplitter splitter_;
   std::string reasoning_, content_;
   nlohmann::json logprobs_;  // accumulated (non-streaming)
+  // echo_logprobs: the prompt's logprobs so far (completions' form), the characters they cover,
+  // and whether they were handed on (FlushPromptLogprobs).
+  nlohmann::json prompt_logprobs_;
+  int64_t prompt_characters_ = 0;
+  bool prompt_flushed_ = false;
   std::string finish_reason_;
   nlohmann::json stop_reason_;  // vLLM's: the stop string, the requested stop token id, or null
   cascade::v2::Usage usage_;

@@ -84,14 +84,16 @@ Turn::Turn(TurnParams params, WorkerPool* pool, const tokenizer::Tokenizer& toke
 Turn::~Turn() = default;
 
 std::shared_ptr<Turn::Upstream> Turn::PrepareAttemptLocked() {
+  prompt_logprobs_attempt_ = 0;
   while (attempt_ < params_.workers.size() &&
          attempt_ < static_cast<size_t>(params_.max_attempts)) {
     const Scored& chosen = params_.workers[attempt_++];
     const Candidate& c = chosen.candidate;
     std::shared_ptr<WorkerHandle> handle = pool_->Get(c.address);
     if (!handle) continue;
-    // The route's peer fetch plan goes to this worker only (another candidate has its own).
-    if (chosen.peer.worker_id.empty()) {
+    // The route's peer fetch plan goes to this worker only (another candidate has its own). A
+    // request for its prompt's logprobs computes the whole prompt: no KV to fetch.
+    if (chosen.peer.worker_id.empty() || request_.sampling().has_prompt_logprobs()) {
       request_.clear_peer();
     } else {
       request_.mutable_peer()->set_worker_id(chosen.peer.worker_id);
@@ -211,9 +213,35 @@ bool Turn::OnMessage(const WorkerServiceGenerateResponse& msg) {
     st->set_prompt_tokens(s.prompt_tokens());
     st->set_cached_tokens(s.cached_tokens());
     *st->mutable_chunks() = s.chunks();
+    if (params_.request.sampling().has_prompt_logprobs()) {
+      for (const auto& c : request_.chunks()) {
+        if (c.token_ids_size() == 0) continue;
+        st->mutable_first_prompt_token()->set_token_id(c.token_ids(0));
+        st->mutable_first_prompt_token()->set_text(LogprobText(c.token_ids(0)));
+        break;
+      }
+    }
     sink_->Emit(std::move(ev));
   }
-  if (msg.has_tokens()) {
+  if (msg.has_tokens() && msg.tokens().prompt_logprobs_size() > 0) {
+    // The prompt's logprobs, each relayed once (the same bits from any attempt: a prompt's
+    // logits do not depend on the worker or the cache).
+    cascade::v2::TokenDelta delta;
+    for (const auto& lp : msg.tokens().prompt_logprobs()) {
+      if (prompt_logprobs_attempt_++ < prompt_logprobs_relayed_) continue;
+      ++prompt_logprobs_relayed_;
+      cascade::v2::LogprobEntry* e = delta.add_prompt_logprobs();
+      *e = lp;
+      e->mutable_sampled()->set_text(LogprobText(e->sampled().token_id()));
+      for (auto& alt : *e->mutable_top()) alt.set_text(LogprobText(alt.token_id()));
+    }
+    if (delta.prompt_logprobs_size() > 0) {
+      GenerateResponse ev;
+      *ev.mutable_delta() = std::move(delta);
+      sink_->Emit(std::move(ev));
+    }
+  }
+  if (msg.has_tokens() && msg.tokens().token_ids_size() > 0) {
     const auto now = std::chrono::steady_clock::now();
     const double since =
         std::chrono::duration<double>(now - (first_token_seen_ ? last_token_at_ : started_at_))
@@ -337,6 +365,8 @@ std::shared_ptr<Turn::Upstream> Turn::FinishAttemptLocked(const grpc::Status& st
           params_.request.sampling().min_tokens() - static_cast<int32_t>(result_.tokens.size())));
       // Those tokens count as generated for the frequency and presence penalties.
       request_.set_resumed_tokens(static_cast<int32_t>(result_.tokens.size()));
+      // The prompt's logprobs all came before the first token: once one has, none are left.
+      if (!result_.tokens.empty()) request_.mutable_sampling()->clear_prompt_logprobs();
       resumed_ = true;
       return PrepareAttemptLocked();
     }

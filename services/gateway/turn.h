@@ -133,6 +133,10 @@ class Turn : public std::enable_shared_from_this<Turn> {
   std::chrono::steady_clock::time_point started_at_ ABSL_GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point last_token_at_ ABSL_GUARDED_BY(mu_);
   bool first_token_seen_ ABSL_GUARDED_BY(mu_) = false;
+  // Prompt logprobs relayed to the client, and those the live attempt has sent (an attempt after
+  // a failure sends them from the start again: the ones relayed already are skipped).
+  int64_t prompt_logprobs_relayed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t prompt_logprobs_attempt_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace cascade::gateway

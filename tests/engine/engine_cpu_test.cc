@@ -5,9 +5,12 @@
 // injected into the backend are caught by exactly these comparisons.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "gpu_worker/backend/cpu/cpu_backend.h"
+#include "gpu_worker/engine/row_sampler.h"
 #include "gpu_worker/model/config.h"
 #include "gpu_worker/model/model.h"
 #include "tests/backend_cpu/test_util.h"
@@ -46,6 +49,18 @@ std::unique_ptr<Engine> MakeEngine(int64_t blocks, cpu::DebugFault fault = cpu::
   auto engine = NewEngine(eo, std::move(backend));
   EXPECT_TRUE(engine->HostTierStatus().ok()) << engine->HostTierStatus();
   return engine;
+}
+
+// An engine of 64 blocks with the options `tweak` sets (beside the tiny model's name).
+std::unique_ptr<Engine> EngineWith(const std::function<void(EngineOptions*)>& tweak) {
+  cpu::CpuBackendOptions o;
+  o.num_blocks = 64;
+  o.block_size = kBlock;
+  o.num_threads = 2;
+  EngineOptions eo;
+  eo.model_name = "tiny";
+  tweak(&eo);
+  return NewEngine(eo, cpu::NewCpuBackend(Tiny(), o));
 }
 
 // An engine with `gpu_blocks` of KV and a host tier of `host_blocks`.
@@ -280,6 +295,84 @@ TEST(EngineCpuTest, BackendSampledRowsGiveTheHostSamplersTokens) {
   }
 }
 
+// Prompt logprobs (vLLM's prompt_logprobs, OpenAI's echo with logprobs): entry p scores prompt
+// token p + 1 with the logits a cold request of the prompt's first p + 1 tokens samples from,
+// bitwise, and with sample_rule.h's step 5 (RowLogprobsOf); whatever the chunking (a few rows a
+// step), the schedule (overlapped or not, host or backend sampling), and whether the prompt is
+// cached already (its rows are computed, never read from the cache). The generated tokens do
+// not change.
+TEST(EngineCpuTest, PromptLogprobsScoreEveryPromptTokenWithItsColdLogits) {
+  std::mt19937 rng(31);
+  const int vocab = static_cast<int>(Tiny().config().vocab_size);
+  std::uniform_int_distribution<int> tok(0, vocab - 1);
+  Request req;
+  int32_t kind = 1;  // SYSTEM, CONTEXT, QUERY: 13 + 21 + 9 tokens, boundaries mid-block
+  for (int len : {13, 21, 9}) {
+    ChunkInput c;
+    c.kind = kind++;
+    for (int i = 0; i < len; ++i) c.tokens.push_back(tok(rng));
+    req.chunks.push_back(c);
+  }
+  req.sampling.max_tokens = 5;
+  req.sampling.temperature = 0.7f;
+  req.sampling.seed = 9;
+  std::vector<int32_t> prompt;
+  for (const ChunkInput& c : req.chunks)
+    prompt.insert(prompt.end(), c.tokens.begin(), c.tokens.end());
+  // The reference: each prefix's last row, captured (one batch of requests).
+  std::vector<Request> prefixes;
+  for (size_t p = 0; p + 1 < prompt.size(); ++p) {
+    Request r;
+    r.chunks.push_back({3, std::vector<int32_t>(prompt.begin(), prompt.begin() + p + 1), ""});
+    r.sampling.max_tokens = 1;
+    prefixes.push_back(r);
+  }
+  auto ref_engine = MakeEngine(256);
+  const std::vector<Result> ref = RunAll(*ref_engine, prefixes);
+  const Result plain = RunOne(*MakeEngine(64), req);
+  constexpr int kTop = 4;
+  for (int variant = 0; variant < 4; ++variant) {
+    SCOPED_TRACE(absl::StrCat("variant ", variant));
+    auto engine = EngineWith([&](EngineOptions* eo) {
+      eo->eos_token_ids = Tiny().config().eos_token_ids;
+      eo->max_prompt_logprob_rows = variant == 0 ? 256 : 7;  // 7: a row cap inside blocks
+      eo->max_num_batched_tokens = variant == 3 ? 24 : 2048;
+      eo->overlap_schedule = variant == 2;
+      eo->debug_capture_logits = variant == 1;
+    });
+    if (variant >= 2) RunOne(*engine, req);  // the prompt's blocks cached first
+    Request with = req;
+    with.sampling.prompt_logprobs = kTop;
+    const Result got = RunOne(*engine, with);
+    EXPECT_EQ(got.tokens, plain.tokens);
+    EXPECT_EQ(got.cached_tokens, 0);
+    ASSERT_EQ(got.prompt_logprobs.size(), prompt.size() - 1);
+    for (size_t p = 0; p + 1 < prompt.size(); ++p) {
+      ASSERT_EQ(ref[p].logits.size(), 1u);
+      RowLogprobs want;
+      RowLogprobsOf(ref[p].logits[0].data(), vocab, prompt[p + 1], kTop, &want);
+      const LogprobEntry& e = got.prompt_logprobs[p];
+      EXPECT_EQ(e.sampled.token_id, prompt[p + 1]) << "position " << p;
+      EXPECT_EQ(e.sampled.logprob, want.sampled) << "position " << p;
+      ASSERT_EQ(e.top.size(), static_cast<size_t>(kTop));
+      for (int j = 0; j < kTop; ++j) {
+        EXPECT_EQ(e.top[j].token_id, want.top_ids[j]) << "position " << p;
+        EXPECT_EQ(e.top[j].logprob, want.top[j]) << "position " << p;
+      }
+    }
+  }
+  // 0 asks for the prompt token's logprob alone; without the option there are none.
+  Request zero = req;
+  zero.sampling.prompt_logprobs = 0;
+  const Result z = RunOne(*MakeEngine(64), zero);
+  ASSERT_EQ(z.prompt_logprobs.size(), prompt.size() - 1);
+  EXPECT_TRUE(z.prompt_logprobs[3].top.empty());
+  EXPECT_TRUE(plain.prompt_logprobs.empty());
+  Request bad = req;
+  bad.sampling.prompt_logprobs = 21;
+  EXPECT_FALSE(MakeEngine(64)->AddRequest(bad).ok());
+}
+
 // OpenAI's logit_bias end to end: -100 on the token a greedy request generates first bans it,
 // +100 on a token makes every generated token that one (no penalty); both on the host sampler
 // and on backend-sampled rows, alike.
@@ -484,14 +577,7 @@ TEST(EngineCpuTest, RequestsSharingANewPrefixPrefillItOnce) {
     EXPECT_EQ(started, (std::set<uint64_t>{ids[0], ids[2]}));
   }
   // Off: admitted together, each computes the prefix.
-  cpu::CpuBackendOptions o;
-  o.num_blocks = 64;
-  o.block_size = kBlock;
-  o.num_threads = 2;
-  EngineOptions eo;
-  eo.model_name = "tiny";
-  eo.max_prefix_waits = 0;
-  auto off = NewEngine(eo, cpu::NewCpuBackend(Tiny(), o));
+  auto off = EngineWith([](EngineOptions* eo) { eo->max_prefix_waits = 0; });
   const std::vector<Result> got = RunAll(*off, reqs);
   for (const Result& r : got) EXPECT_EQ(r.cached_tokens, 0);
 }

@@ -15,7 +15,8 @@ namespace cascade::engine::testing {
 struct Result {
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> logits;
-  std::vector<LogprobEntry> logprobs;  // when the request asked for them
+  std::vector<LogprobEntry> logprobs;         // when the request asked for them
+  std::vector<LogprobEntry> prompt_logprobs;  // from prompt token 1, when asked for
   FinishReason finish = FinishReason::kNone;
   int32_t stop_token_id = -1;
   int64_t cached_tokens = -1;
@@ -49,6 +50,11 @@ inline std::vector<Result> RunAll(Engine& engine, const std::vector<Request>& re
       r.tokens.insert(r.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
       for (auto& l : o.logits) r.logits.push_back(std::move(l));
       r.logprobs.insert(r.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+      if (!o.prompt_logprobs.empty()) {  // in order, none twice
+        EXPECT_EQ(o.prompt_logprobs_start, 1 + static_cast<int64_t>(r.prompt_logprobs.size()));
+      }
+      r.prompt_logprobs.insert(r.prompt_logprobs.end(), o.prompt_logprobs.begin(),
+                               o.prompt_logprobs.end());
       if (o.finished) {
         r.finish = o.finish_reason;
         r.stop_token_id = o.stop_token_id;

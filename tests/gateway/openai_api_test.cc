@@ -547,8 +547,8 @@ TEST(OpenAiApiTest, AChatStreamStartsWithTheRoleAndEndsWithTheFinishReason) {
 
 // Completions' echo: each choice's text starts with its prompt's text (whole responses and
 // streams, where the prompt is the choice's first chunk; a token-id prompt's as the tokenizer
-// decodes it); refused on chat, with logprobs, for templated chunks, for token ids without a
-// decoder or that do not decode, and for a value that is not a boolean.
+// decodes it); refused on chat, for templated chunks, for token ids without a decoder or that
+// do not decode, and for a value that is not a boolean.
 TEST(OpenAiApiTest, EchoStartsEachChoiceWithItsPrompt) {
   auto t = TranslateRequest({{"prompt", {"Hello", "Bye"}}, {"n", 2}, {"echo", true}},
                             Endpoint::kCompletions, "m");
@@ -603,8 +603,6 @@ TEST(OpenAiApiTest, EchoStartsEachChoiceWithItsPrompt) {
   const std::vector<std::pair<json, std::string>> refused = {
       {{{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"echo", true}},
        "echo is a /v1/completions option"},
-      {{{"prompt", "hi"}, {"echo", true}, {"logprobs", 1}},
-       "echo with logprobs is not supported (the prompt's logprobs are not computed)"},
       {{{"prompt", {1, 2, 3}}, {"echo", true}}, "echo of token ids (prompt) is not available here"},
       {{{"prompt", json::array({json("a"), json::array({1, 2})})}, {"echo", true}},
        "echo of token ids (prompt[1]) is not available here"},
@@ -618,6 +616,73 @@ TEST(OpenAiApiTest, EchoStartsEachChoiceWithItsPrompt) {
     ASSERT_FALSE(r.ok()) << body.dump();
     EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << body.dump();
     EXPECT_EQ(r.status().message(), message) << body.dump();
+  }
+}
+
+// Completions' echo with logprobs asks every prompt for its prompt logprobs (as many top tokens
+// as the completion's), and a choice's logprobs list the prompt's tokens first: the first (named
+// in the start) with null logprobs, the others as the prompt_logprobs deltas score them, their
+// text offsets from 0; then the completion's tokens, offset past the prompt. Streamed, the
+// prompt's text and logprobs are one chunk before the first generated text.
+TEST(OpenAiApiTest, EchoWithLogprobsListsThePromptsTokensFirst) {
+  auto t = TranslateRequest({{"prompt", {"ab", "cd"}}, {"echo", true}, {"logprobs", 2}},
+                            Endpoint::kCompletions, "m");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(t->meta.echo_logprobs);
+  EXPECT_EQ(t->request.sampling().prompt_logprobs(), 2);
+  ASSERT_EQ(t->more_prompts.size(), 1u);
+  EXPECT_EQ(t->more_prompts[0].sampling().prompt_logprobs(), 2);
+  auto plain = TranslateRequest({{"prompt", "ab"}, {"logprobs", 2}}, Endpoint::kCompletions, "m");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->request.sampling().has_prompt_logprobs());
+  EXPECT_FALSE(plain->meta.echo_logprobs);
+  auto entry = [](cascade::v2::LogprobEntry* e, int32_t id, const std::string& text, float lp) {
+    e->mutable_sampled()->set_token_id(id);
+    e->mutable_sampled()->set_text(text);
+    e->mutable_sampled()->set_logprob(lp);
+    auto* top = e->add_top();
+    top->set_token_id(id + 100);
+    top->set_text(text + "!");
+    top->set_logprob(lp / 2);
+  };
+  cascade::v2::GenerateResponse start = Start(2, 0);
+  start.mutable_start()->mutable_first_prompt_token()->set_token_id(5);
+  start.mutable_start()->mutable_first_prompt_token()->set_text("a");
+  cascade::v2::GenerateResponse prompt_lp;
+  entry(prompt_lp.mutable_delta()->add_prompt_logprobs(), 6, "b", -3.0f);
+  cascade::v2::GenerateResponse gen = Delta("X");
+  entry(gen.mutable_delta()->add_logprobs(), 7, "X", -1.0f);
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "stream" : "whole");
+    RequestMeta meta = t->meta;
+    meta.stream = stream;
+    ResponseBuilder b(meta, "m", 1700000000);
+    std::vector<json> chunks;
+    for (const auto* ev : {&start, &prompt_lp, &gen}) {
+      for (json& c : b.OnEvent(*ev)) chunks.push_back(std::move(c));
+    }
+    b.OnEvent(Finish(2, 0, 1));
+    const json want = {{"tokens", {"a", "b", "X"}},
+                       {"token_logprobs", {nullptr, -3.0, -1.0}},
+                       {"top_logprobs", {nullptr, {{"b!", -1.5}}, {{"X!", -0.5}}}},
+                       {"text_offset", {0, 1, 2}}};
+    if (!stream) {
+      EXPECT_TRUE(chunks.empty());
+      const json c = b.Final()["choices"][0];
+      EXPECT_EQ(c["text"], "abX");
+      EXPECT_EQ(c["logprobs"], want);
+      continue;
+    }
+    ASSERT_EQ(chunks.size(), 2u);
+    EXPECT_EQ(chunks[0]["choices"][0]["text"], "ab");
+    EXPECT_EQ(chunks[1]["choices"][0]["text"], "X");
+    const json& p = chunks[0]["choices"][0]["logprobs"];
+    const json& g = chunks[1]["choices"][0]["logprobs"];
+    for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+      json both = p[k];
+      for (const auto& v : g[k]) both.push_back(v);
+      EXPECT_EQ(both, want[k]) << k;
+    }
   }
 }
 

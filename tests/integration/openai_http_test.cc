@@ -188,6 +188,101 @@ TEST(OpenAiHttpTest, ReasoningParserSplitsChatsThatThink) {
   EXPECT_EQ(pm["content"], qm["content"]) << "greedy, the same tiny model";
 }
 
+// Prompt logprobs over a real stack. gRPC: a prompt extended by the tokens a request generated
+// scores those tokens with the logprobs (and top tokens) their generation reported, bitwise (a
+// prompt-logprob row is the logits row a decode step samples from), cold and again with the
+// prompt cached (its rows are computed, so cached_tokens stays 0); every prompt token from the
+// second has an entry, with the token's id, and the first is named in the start. HTTP:
+// completions' echo with logprobs lists the prompt's tokens first (the first with a null
+// logprob), then the completion's, whole and streamed alike.
+TEST(OpenAiHttpTest, PromptLogprobsAreTheGeneratedTokensLogprobs) {
+  Stack stack({.workers = 1, .http_port = 0});
+  cascade::v2::GenerateRequest gen = Req("", "Tell me about prefix caching.", 3);
+  gen.mutable_sampling()->set_logprobs(2);
+  gen.mutable_sampling()->set_ignore_eos(true);
+  gen.set_add_generation_prompt(false);
+  const Reply a = Generate(stack.gateway(), gen);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  ASSERT_EQ(a.tokens.size(), 3u);
+  ASSERT_EQ(a.logprobs.size(), 3u);
+  const int64_t prompt_len = a.start.prompt_tokens();
+  // The same prompt, the generated tokens after it (an ASSISTANT chunk of their ids, untemplated).
+  cascade::v2::GenerateRequest score = gen;
+  auto* tail = score.add_chunks();
+  tail->set_kind(cascade::v2::CHUNK_KIND_RAW);
+  tail->mutable_token_ids()->mutable_ids()->Assign(a.tokens.begin(), a.tokens.end());
+  score.mutable_sampling()->set_prompt_logprobs(2);
+  score.mutable_sampling()->set_max_tokens(1);
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round == 0 ? "cold" : "cached");
+    const Reply b = Generate(stack.gateway(), score);
+    ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+    ASSERT_EQ(b.start.prompt_tokens(), prompt_len + 3);
+    EXPECT_EQ(b.start.cached_tokens(), 0);
+    EXPECT_TRUE(b.start.has_first_prompt_token());
+    ASSERT_EQ(static_cast<int64_t>(b.prompt_logprobs.size()), prompt_len + 2);
+    for (int i = 0; i < 3; ++i) {
+      const auto& want = a.logprobs[i];
+      const auto& got = b.prompt_logprobs[prompt_len - 1 + i];
+      EXPECT_EQ(got.sampled().token_id(), a.tokens[i]);
+      EXPECT_EQ(got.sampled().logprob(), want.sampled().logprob()) << "token " << i;
+      EXPECT_EQ(got.sampled().text(), want.sampled().text());
+      ASSERT_EQ(got.top_size(), 2);
+      for (int j = 0; j < 2; ++j) {
+        EXPECT_EQ(got.top(j).token_id(), want.top(j).token_id());
+        EXPECT_EQ(got.top(j).logprob(), want.top(j).logprob());
+      }
+    }
+    for (const auto& e : b.prompt_logprobs) EXPECT_LE(e.sampled().logprob(), 0.0f);
+  }
+
+  Http http(stack.gateway_server().http_port());
+  json body = {{"prompt", "Once upon a time"}, {"max_tokens", 3}, {"temperature", 0},
+               {"ignore_eos", true},           {"logprobs", 1},   {"echo", true}};
+  auto whole = http.Post("/v1/completions", body);
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  const json c = json::parse(whole->body)["choices"][0];
+  const json& lp = c["logprobs"];
+  const int64_t prompt_tokens = json::parse(whole->body)["usage"]["prompt_tokens"];
+  ASSERT_EQ(lp["tokens"].size(), static_cast<size_t>(prompt_tokens + 3)) << lp;
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  // The prompt's tokens spell it (ASCII: offsets in characters are bytes); the tiny model's
+  // random tokens after it need not be whole characters.
+  std::string joined;
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    if (i > 0) {
+      EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+      EXPECT_EQ(lp["top_logprobs"][i].size(), 1u);
+    }
+    if (static_cast<int64_t>(i) >= prompt_tokens) continue;
+    EXPECT_EQ(lp["text_offset"][i].get<int64_t>(), static_cast<int64_t>(joined.size()));
+    joined += lp["tokens"][i].get<std::string>();
+  }
+  EXPECT_EQ(joined, "Once upon a time");
+  EXPECT_EQ(c["text"].get<std::string>().rfind("Once upon a time", 0), 0u);
+  body["stream"] = true;
+  auto streamed = http.Post("/v1/completions", body);
+  ASSERT_TRUE(streamed);
+  ASSERT_EQ(streamed->status, 200) << streamed->body;
+  json tokens = json::array(), logprobs = json::array();
+  std::string text;
+  for (const std::string& d : SseData(streamed->body)) {
+    if (d == "[DONE]") continue;
+    const json e = json::parse(d);
+    if (e["choices"].empty()) continue;
+    text += e["choices"][0]["text"].get<std::string>();
+    const json& l = e["choices"][0]["logprobs"];
+    if (l.is_null()) continue;
+    for (const auto& t : l["tokens"]) tokens.push_back(t);
+    for (const auto& t : l["token_logprobs"]) logprobs.push_back(t);
+  }
+  EXPECT_EQ(text, c["text"].get<std::string>());
+  EXPECT_EQ(tokens, lp["tokens"]);
+  EXPECT_EQ(logprobs, lp["token_logprobs"]);
+}
+
 TEST(OpenAiHttpTest, StreamedCompletionIsServerSentEventsEndingInDone) {
   Stack stack({.workers = 1, .http_port = 0});
   Http http(stack.gateway_server().http_port());

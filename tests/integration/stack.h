@@ -287,6 +287,8 @@ struct Reply {
   std::vector<int32_t> tokens;
   std::vector<std::string> texts;  // each delta's text
   std::string text;
+  std::vector<cascade::v2::LogprobEntry> logprobs;         // the generated tokens'
+  std::vector<cascade::v2::LogprobEntry> prompt_logprobs;  // sampling.prompt_logprobs
   cascade::v2::GenerateFinish finish;
   bool has_finish = false;
 };
@@ -311,6 +313,9 @@ inline Reply Generate(cascade::v2::GatewayService::Stub& stub,
       r.tokens.insert(r.tokens.end(), m.delta().token_ids().begin(), m.delta().token_ids().end());
       r.texts.push_back(m.delta().text());
       r.text += m.delta().text();
+      r.logprobs.insert(r.logprobs.end(), m.delta().logprobs().begin(), m.delta().logprobs().end());
+      r.prompt_logprobs.insert(r.prompt_logprobs.end(), m.delta().prompt_logprobs().begin(),
+                               m.delta().prompt_logprobs().end());
     }
     if (m.has_finish()) {
       r.finish = m.finish();
