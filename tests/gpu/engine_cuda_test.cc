@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gpu_worker/backend/cpu/cpu_backend.h"
 #include "gpu_worker/backend/cuda/attention.h"
 #include "gpu_worker/backend/cuda/cuda_backend.h"
@@ -212,6 +213,53 @@ TEST_F(EngineCudaTest, DeviceArgmaxPathGivesTheHostSamplersTokens) {
     EXPECT_EQ(want[i].tokens, again[i].tokens) << "request " << i << " cached";
     EXPECT_TRUE(got[i].logits.empty()) << "the greedy rows should not have come back whole";
   }
+}
+
+// Prompt logprobs on the GPU: a prompt extended by the tokens a request generated (logprobs
+// drawn on the device) scores those tokens with the same logprobs and top tokens, bitwise (a
+// prompt-logprob row is a whole logits row the host scores by the rule's step 5), cold and with
+// the prompt cached; many rows a step (more than the LM head's 256 a pass) and few.
+TEST_F(EngineCudaTest, PromptLogprobsEqualTheDeviceSamplersLogprobsOfThoseTokens) {
+  REQUIRE_GPU_AND_MODEL();
+  std::mt19937 rng(17);
+  capture_logits_ = false;
+  for (int rows : {512, 5}) {
+    SCOPED_TRACE(absl::StrCat("rows a step ", rows));
+    engine::EngineOptions opts;
+    opts.max_prompt_logprob_rows = rows;
+    auto engine = MakeEngine(2048, true, nullptr, opts);
+    engine::Request gen = engine::testing::RandomRequest(rng, Vocab(), 3, 150, 6);
+    gen.sampling.temperature = 0.8f;
+    gen.sampling.seed = 3;
+    gen.sampling.logprobs = 3;
+    gen.sampling.ignore_eos = true;
+    const Result a = RunOne(*engine, gen);
+    ASSERT_EQ(a.tokens.size(), 6u);
+    ASSERT_EQ(a.logprobs.size(), 6u);
+    int64_t prompt = 0;
+    for (const auto& c : gen.chunks) prompt += static_cast<int64_t>(c.tokens.size());
+    engine::Request score = gen;
+    score.chunks.push_back({4, a.tokens, ""});
+    score.sampling.prompt_logprobs = 3;
+    score.sampling.max_tokens = 1;
+    for (int round = 0; round < 2; ++round) {  // the second with every block cached
+      const Result b = RunOne(*engine, score);
+      ASSERT_EQ(static_cast<int64_t>(b.prompt_logprobs.size()), prompt + 5);
+      EXPECT_EQ(b.cached_tokens, 0);
+      for (size_t i = 0; i < 6; ++i) {
+        const engine::LogprobEntry& want = a.logprobs[i];
+        const engine::LogprobEntry& got = b.prompt_logprobs[prompt - 1 + i];
+        EXPECT_EQ(got.sampled.token_id, a.tokens[i]);
+        EXPECT_EQ(got.sampled.logprob, want.sampled.logprob) << "token " << i;
+        ASSERT_EQ(got.top.size(), want.top.size());
+        for (size_t j = 0; j < got.top.size(); ++j) {
+          EXPECT_EQ(got.top[j].token_id, want.top[j].token_id);
+          EXPECT_EQ(got.top[j].logprob, want.top[j].logprob);
+        }
+      }
+    }
+  }
+  capture_logits_ = true;
 }
 
 // Every row is drawn on the device by sample_rule.h's rule (temperature, min-p, top-k, top-p,
