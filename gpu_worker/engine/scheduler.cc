@@ -128,9 +128,7 @@ bool Scheduler::Admit(Sequence* seq, int64_t budget, int64_t* rows_left, Schedul
   CachedPrefix(*seq, &on_host);
   const int64_t hit = static_cast<int64_t>(on_host.size());
   int64_t rows = *rows_left;
-  ScheduledSeq prompt;
-  const int64_t n =
-      TakePromptRows(*seq, hit * bs, std::min(len - hit * bs, budget), &rows, &prompt);
+  const int64_t n = TakePromptRows(*seq, hit * bs, std::min(len - hit * bs, budget), &rows, out);
   if (n <= 0) return false;
   const int64_t need_total = (hit * bs + n + bs - 1) / bs;
   // Hits sitting unreferenced in the GPU cache stop being available once acquired.
@@ -168,9 +166,10 @@ bool Scheduler::Admit(Sequence* seq, int64_t budget, int64_t* rows_left, Schedul
   EnsureBlocks(seq, hit * bs + n);  // cannot fail: checked above
   seq->state = SeqState::kRunning;
   running_.push_back(seq);
-  *out = ScheduledSeq{seq, n, hit * bs + n == len, !seq->started};
-  out->prompt_row_first = prompt.prompt_row_first;
-  out->prompt_rows = prompt.prompt_rows;
+  out->seq = seq;
+  out->num_tokens = n;
+  out->wants_logits = hit * bs + n == len;
+  out->newly_admitted = !seq->started;
   *rows_left = rows;
   return true;
 }
@@ -185,10 +184,10 @@ SchedulerOutput Scheduler::Schedule() {
     if (budget <= 0) break;
     if (seq->state != SeqState::kRunning) continue;  // preempted earlier in this loop
     if (seq->last_token_in_flight) continue;         // the step in flight ends it
-    ScheduledSeq rows;
+    ScheduledSeq s{seq};
     int64_t rows_left = prompt_rows_left;
-    const int64_t n = TakePromptRows(*seq, seq->num_computed, std::min(seq->pending(), budget),
-                                     &rows_left, &rows);
+    const int64_t n =
+        TakePromptRows(*seq, seq->num_computed, std::min(seq->pending(), budget), &rows_left, &s);
     if (n <= 0) continue;
     bool ok = EnsureBlocks(seq, seq->num_computed + n);
     while (!ok) {
@@ -199,10 +198,9 @@ SchedulerOutput Scheduler::Schedule() {
       ok = EnsureBlocks(seq, seq->num_computed + n);
     }
     if (!ok) continue;
-    out.scheduled.push_back(
-        ScheduledSeq{seq, n, seq->num_computed + n == (int64_t)seq->tokens.size(), false});
-    out.scheduled.back().prompt_row_first = rows.prompt_row_first;
-    out.scheduled.back().prompt_rows = rows.prompt_rows;
+    s.num_tokens = n;
+    s.wants_logits = seq->num_computed + n == static_cast<int64_t>(seq->tokens.size());
+    out.scheduled.push_back(s);
     prompt_rows_left = rows_left;
     budget -= n;
   }

@@ -691,6 +691,22 @@ json ResponseBuilder::CompletionLogprobs(
               {"text_offset", offsets}};
 }
 
+void ResponseBuilder::AppendCompletionLogprobs(const json& from, json* into) {
+  if (into->is_null())
+    *into = json{{"tokens", json::array()},
+                 {"token_logprobs", json::array()},
+                 {"top_logprobs", json::array()},
+                 {"text_offset", json::array()}};
+  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    for (const auto& e : from[k]) (*into)[k].push_back(e);
+  }
+}
+
+const std::string& ResponseBuilder::EchoText() const {
+  const size_t prompt = static_cast<size_t>(index_ / std::max(1, meta_.n));
+  return meta_.echo->at(std::min(prompt, meta_.echo->size() - 1));
+}
+
 void ResponseBuilder::FlushPromptLogprobs(std::vector<json>* out) {
   if (!meta_.echo_logprobs || prompt_flushed_ || !started_) return;
   prompt_flushed_ = true;
@@ -699,11 +715,9 @@ void ResponseBuilder::FlushPromptLogprobs(std::vector<json>* out) {
     logprobs_ = prompt_logprobs_;  // the generated tokens' follow
     return;
   }
-  const size_t prompt = static_cast<size_t>(index_ / std::max(1, meta_.n));
-  const std::string& p = meta_.echo->at(std::min(prompt, meta_.echo->size() - 1));
   json c = Envelope("text_completion");
   c["choices"] = json::array({{{"index", index_},
-                               {"text", p},
+                               {"text", EchoText()},
                                {"logprobs", prompt_logprobs_},
                                {"finish_reason", nullptr}}});
   out->push_back(std::move(c));
@@ -719,8 +733,7 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
     usage_.set_prompt_tokens(ev.start().prompt_tokens());
     usage_.set_cached_tokens(ev.start().cached_tokens());
     if (meta_.echo != nullptr && !chat) {  // the choice's text starts with its prompt's
-      const size_t prompt = static_cast<size_t>(index_ / std::max(1, meta_.n));
-      const std::string& p = meta_.echo->at(std::min(prompt, meta_.echo->size() - 1));
+      const std::string& p = EchoText();
       text_ = p + text_;
       text_characters_ += Characters(p);
       if (meta_.echo_logprobs) {
@@ -749,10 +762,8 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
     }
   }
   if (ev.has_delta() && ev.delta().prompt_logprobs_size() > 0 && !prompt_logprobs_.is_null()) {
-    const json lp = CompletionLogprobs(ev.delta().prompt_logprobs(), &prompt_characters_);
-    for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
-      for (auto& e : lp[k]) prompt_logprobs_[k].push_back(e);
-    }
+    AppendCompletionLogprobs(CompletionLogprobs(ev.delta().prompt_logprobs(), &prompt_characters_),
+                             &prompt_logprobs_);
   }
   if (ev.has_delta() && (ev.delta().token_ids_size() > 0 || !ev.delta().text().empty())) {
     FlushPromptLogprobs(&out);
@@ -771,15 +782,7 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
         if (chat) {
           for (auto& e : lp["content"]) logprobs_["content"].push_back(e);
         } else {
-          if (logprobs_.is_null()) {
-            logprobs_ = json{{"tokens", json::array()},
-                             {"token_logprobs", json::array()},
-                             {"top_logprobs", json::array()},
-                             {"text_offset", json::array()}};
-          }
-          for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
-            for (auto& e : lp[k]) logprobs_[k].push_back(e);
-          }
+          AppendCompletionLogprobs(lp, &logprobs_);
         }
       }
     }

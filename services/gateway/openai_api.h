@@ -125,6 +125,10 @@ class ResponseBuilder {
   static nlohmann::json CompletionLogprobs(
       const google::protobuf::RepeatedPtrField<cascade::v2::LogprobEntry>& entries,
       int64_t* text_offset);
+  // Appends completions-form logprobs `from` to `into` (null: none yet).
+  static void AppendCompletionLogprobs(const nlohmann::json& from, nlohmann::json* into);
+  // Completions' echo: the text of this choice's prompt.
+  const std::string& EchoText() const;
   // echo_logprobs: the prompt's text and logprobs, once, before anything generated.
   void FlushPromptLogprobs(std::vector<nlohmann::json>* out);
   // A chat stream chunk's delta for a piece's parts (adds them to reasoning_ and content_):

@@ -128,6 +128,12 @@ std::shared_ptr<Turn::Upstream> Turn::PrepareAttemptLocked() {
   return nullptr;
 }
 
+void Turn::AddTexts(const cascade::v2::LogprobEntry& from, cascade::v2::LogprobEntry* to) const {
+  *to = from;
+  to->mutable_sampled()->set_text(LogprobText(to->sampled().token_id()));
+  for (auto& alt : *to->mutable_top()) alt.set_text(LogprobText(alt.token_id()));
+}
+
 std::string Turn::LogprobText(int32_t id) const {
   absl::StatusOr<std::string_view> bytes = tokenizer_.TokenBytes(id);
   if (!bytes.ok()) return "";  // an id without text
@@ -230,10 +236,7 @@ bool Turn::OnMessage(const WorkerServiceGenerateResponse& msg) {
     for (const auto& lp : msg.tokens().prompt_logprobs()) {
       if (prompt_logprobs_attempt_++ < prompt_logprobs_relayed_) continue;
       ++prompt_logprobs_relayed_;
-      cascade::v2::LogprobEntry* e = delta.add_prompt_logprobs();
-      *e = lp;
-      e->mutable_sampled()->set_text(LogprobText(e->sampled().token_id()));
-      for (auto& alt : *e->mutable_top()) alt.set_text(LogprobText(alt.token_id()));
+      AddTexts(lp, delta.add_prompt_logprobs());
     }
     if (delta.prompt_logprobs_size() > 0) {
       GenerateResponse ev;
@@ -261,12 +264,7 @@ bool Turn::OnMessage(const WorkerServiceGenerateResponse& msg) {
       TextStream::Delta d = text_->Add(id);
       result_.tokens.push_back(id);
       delta.add_token_ids(id);
-      if (i < t.logprobs_size()) {
-        cascade::v2::LogprobEntry* e = delta.add_logprobs();
-        *e = t.logprobs(i);
-        e->mutable_sampled()->set_text(LogprobText(e->sampled().token_id()));
-        for (auto& alt : *e->mutable_top()) alt.set_text(LogprobText(alt.token_id()));
-      }
+      if (i < t.logprobs_size()) AddTexts(t.logprobs(i), delta.add_logprobs());
       delta.mutable_text()->append(d.text);
       metrics_->generation_tokens->Increment();
       if (d.stopped) {

@@ -105,6 +105,8 @@ class Turn : public std::enable_shared_from_this<Turn> {
   // A token's text for its logprobs (TokenLogprob.text): its bytes when they are UTF-8 alone,
   // else "bytes:" and each byte as \xNN.
   std::string LogprobText(int32_t id) const;
+  // `from` with each of its tokens' text (LogprobText), into `to`.
+  void AddTexts(const cascade::v2::LogprobEntry& from, cascade::v2::LogprobEntry* to) const;
   cascade::v2::GenerateResponse FinishEvent(cascade::v2::FinishReason reason,
                                             const std::string& stop_reason) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
