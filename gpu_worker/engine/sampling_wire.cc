@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "gpu_worker/engine/sampler.h"
 
 namespace cascade::worker {
@@ -47,6 +48,10 @@ engine::SamplingParams SamplingFromProto(const cascade::v2::SamplingParams& s,
 absl::StatusOr<engine::SamplingParams> ParseSampling(const cascade::v2::SamplingParams& s,
                                                      int vocab_size, int32_t max_tokens_limit,
                                                      int32_t default_max_tokens) {
+  if (s.has_prompt_logprobs() && s.prompt_logprobs() < 0) {  // (the engine's -1 means unset)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.prompt_logprobs must be in [0, 20] (or unset), got ", s.prompt_logprobs()));
+  }
   engine::SamplingParams p = SamplingFromProto(s, default_max_tokens);
   if (absl::Status st = engine::ValidateSampling(p, vocab_size, max_tokens_limit); !st.ok()) {
     return st;

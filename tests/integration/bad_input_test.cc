@@ -89,6 +89,10 @@ TEST(BadInputTest, EachBadRequestGetsAClearStatusAndNothingElseIsDisturbed) {
        grpc::StatusCode::INVALID_ARGUMENT, "GENERATION_PROMPT"},
       {"logprobs too many", [](auto& r) { r.mutable_sampling()->set_logprobs(50); },
        grpc::StatusCode::INVALID_ARGUMENT, "sampling.logprobs"},
+      {"prompt logprobs too many", [](auto& r) { r.mutable_sampling()->set_prompt_logprobs(21); },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.prompt_logprobs must be in [0, 20]"},
+      {"prompt logprobs negative", [](auto& r) { r.mutable_sampling()->set_prompt_logprobs(-1); },
+       grpc::StatusCode::INVALID_ARGUMENT, "sampling.prompt_logprobs must be in [0, 20]"},
   };
   for (const BadCase& c : cases) {
     auto req = Req("system text", "a question");
