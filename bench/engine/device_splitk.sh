@@ -6,8 +6,8 @@
 # engine_bench decode (and prefill) per preset with the variants in one process.
 # Usage: bash bench/engine/device_splitk.sh [preset[:variants] ..., default qwen3-0.6b]
 #   e.g. qwen3-0.6b:default,splitk,heuristic qwen3-8b:default,split2,heuristic
-# Environment: SECTIONS (default "tests gemm decode"; also "prefill"), VARIANTS, BATCHES,
-# PREFILL_VARIANTS, PREFILL_PRESETS (default qwen3-0.6b), ENGINE_ARGS (more engine_bench flags for decode, e.g. --tune_log=1). Logs under $OUT (or ./device-out).
+# Environment: SECTIONS (default "tests gemm decode"; also "prefill", "score"), VARIANTS, BATCHES,
+# PREFILL_VARIANTS, PREFILL_PRESETS (default qwen3-0.6b), SCORE_PRESETS, SCORE_VARIANTS, SCORE_LENS, ENGINE_ARGS (more engine_bench flags for decode, e.g. --tune_log=1). Logs under $OUT (or ./device-out).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -57,6 +57,21 @@ if [[ " $SECTIONS " == *" prefill "* ]]; then
       --variants=${PREFILL_VARIANTS:-default,splitk} >"$OUT/prefill_$p.log" 2>&1
     echo "prefill $p rc=$? ($(( $(date +%s) - t0 )) s)"
     grep -E "^\|" "$OUT/prefill_$p.log"
+  done
+fi
+if [[ " $SECTIONS " == *" score "* ]]; then  # prompt scoring: device score rows vs host scoring
+  for p in ${SCORE_PRESETS:-qwen3-0.6b}; do
+    timeout 240 build-gpu/bench/engine_bench $B --preset=$p --sections=score \
+      --variants=${SCORE_VARIANTS:-default,scorerows1024,scorerows4096} \
+      --prefill_lens=${SCORE_LENS:-512,2048,8192} >"$OUT/score_$p.log" 2>&1
+    echo "score $p rc=$? ($(( $(date +%s) - t0 )) s)"
+    grep -E "^\|" "$OUT/score_$p.log"
+    # The host scoring of whole rows (before session 46) costs ms a row: a smaller run.
+    timeout 200 build-gpu/bench/engine_bench $B --preset=$p --sections=score \
+      --variants=hostscore,default --prefill_lens=512,2048 --prefill_tokens=2048 \
+      >"$OUT/score_host_$p.log" 2>&1
+    echo "score (host) $p rc=$? ($(( $(date +%s) - t0 )) s)"
+    grep -E "^\|" "$OUT/score_host_$p.log"
   done
 fi
 echo "total: $(( $(date +%s) - t0 )) s; tests all passed: $([ $fail = 0 ] && echo yes || echo NO)"

@@ -7,7 +7,8 @@
 //                [--batches=1,8,32,64,128,256] [--prompt_len=128] [--decode_len=64]
 //                [--prefill_lens=512,2048,8192] [--prefill_tokens=8192]
 //                [--shared_len=2048] [--queries=16,64,256] [--query_len=32] [--shared_gen=64]
-//                [--sections=decode,prefill,shared,tree,nanovllm] [--num_blocks=N] [--seed=0]
+//                [--sections=decode,prefill,shared,tree,nanovllm,score] [--num_blocks=N] [--seed=0]
+//                [--score_logprobs=5]
 //                [--tree_contexts=8] [--tree_context_len=1024] [--tree_queries=32]
 //                [--variants=default,eager,heuristic] [--temperature=T]
 //                [--samplers=greedy,temperature,topk,topp,minp,penalty,freqpres,logprobs,all,bias]
@@ -60,8 +61,12 @@
 // SetOwnTilesOnPersistentDecode(false); the same bits), "dwn8" (the persistent decode kernel's
 // consumers in the decode-shaped form: launchers.h SetDecodeWsN8; the same bits), "wsfew" (steps of
 // fewer works than 7/8 of the SMs, all rows short, on the persistent decode kernel instead of the
-// split kernel and the merge: attention.h SetDecodeWsFewWorks(true); the same bits). Variants
-// compose with "+": "splitk+noprefetch" applies splitk, then noprefetch.
+// split kernel and the merge: attention.h SetDecodeWsFewWorks(true); the same bits), "hostscore"
+// (every logits row back whole, the engine sampling and scoring prompt rows on the host:
+// EngineOptions::debug_capture_logits; how prompt rows were scored before session 46),
+// "scorerowsN" (N prompt-logprob rows a step at most instead of
+// EngineOptions::max_prompt_logprob_rows' default). Variants compose with "+":
+// "splitk+noprefetch" applies splitk, then noprefetch.
 //
 // tree: issue 11's three-level prefix tree through the engine: a system chunk of shared_len
 // tokens, tree_contexts context chunks of tree_context_len tokens below it, tree_queries
@@ -146,6 +151,7 @@ struct Flags {
   int decode_len = 64;
   std::vector<int> prefill_lens = {512, 2048, 8192};
   int prefill_tokens = 8192;
+  int score_logprobs = 5;  // the score section's prompt_logprobs
   int shared_len = 2048;
   std::vector<int> queries = {16, 64, 256};
   int query_len = 32;
@@ -226,6 +232,8 @@ struct Variant {
   bool own_tiles_ws = true;     // attention.h SetOwnTilesOnPersistentDecode (process-wide)
   bool dw_n8 = false;           // internal::SetDecodeWsN8 (process-wide, set at load)
   bool ws_few_works = false;    // attention.h SetDecodeWsFewWorks (process-wide, set at load)
+  bool host_score = false;      // EngineOptions::debug_capture_logits: rows come back whole
+  int prompt_logprob_rows = 0;  // EngineOptions::max_prompt_logprob_rows (0: its default)
 };
 bool ParseVariant(const std::string& name, Variant* v) {
   // "a+b": variant a's settings, then b's (e.g. splitk+noprefetch).
@@ -271,6 +279,10 @@ bool ParseVariant(const std::string& name, Variant* v) {
     return absl::SimpleAtoi(name.substr(5), &v->early_chunks) && v->early_chunks >= 0;
   }
   if (name == "nopdl") return v->pdl = false, true;
+  if (name == "hostscore") return v->host_score = true, true;
+  if (absl::StartsWith(name, "scorerows")) {  // scorerowsN: max_prompt_logprob_rows = N
+    return absl::SimpleAtoi(name.substr(9), &v->prompt_logprob_rows) && v->prompt_logprob_rows > 0;
+  }
   if (name == "overlap") return v->overlap = true, true;
   if (name == "nosplit") return v->split_k = 1, true;
   if (name == "splitk") return v->split_k = 0, true;
@@ -341,6 +353,9 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       ok = ParseInts(v, &f->prefill_lens);
     else if (k == "prefill_tokens")
       int_flag(&f->prefill_tokens);
+    else if (k == "score_logprobs")
+      ok = absl::SimpleAtoi(v, &f->score_logprobs) && f->score_logprobs >= 0 &&
+           f->score_logprobs <= 20;
     else if (k == "shared_len")
       int_flag(&f->shared_len);
     else if (k == "queries")
@@ -480,8 +495,10 @@ class NullBackend final : public engine::Backend {
     if (logprobs != nullptr) logprobs->assign(rows, engine::RowLogprobs{});
     for (size_t r = 0; r < rows; ++r) {
       const engine::SampleSpec& s = b.row_samples[r].spec;
-      (*tokens)[r] =
-          static_cast<int32_t>(engine::SplitMix64(s.seed ^ static_cast<uint64_t>(s.position)) %
+      (*tokens)[r] = s.score_token >= 0
+                         ? s.score_token
+                         : static_cast<int32_t>(
+                               engine::SplitMix64(s.seed ^ static_cast<uint64_t>(s.position)) %
                                static_cast<uint64_t>(vocab_));
       if (logprobs != nullptr) (*logprobs)[r].num_top = s.logprobs;
     }
@@ -669,6 +686,8 @@ struct Bench {
     eo.max_waiting = 100000;
     eo.overlap_schedule = variant.overlap;
     eo.overlap_min_rows = variant.overlap_min_rows;
+    eo.debug_capture_logits = variant.host_score;
+    if (variant.prompt_logprob_rows > 0) eo.max_prompt_logprob_rows = variant.prompt_logprob_rows;
     return engine::NewEngine(eo, std::make_unique<TimedBackend>(std::move(backend), &forward_s));
   }
 
@@ -1020,6 +1039,47 @@ void PrefillSection(Bench& b) {
   }
 }
 
+// Prompt scoring (lm-eval's loglikelihood; vLLM's prompt_logprobs): cold prompts of each
+// prefill length, 1 generated token, with prompt_logprobs = --score_logprobs beside the same
+// number of prompts without, per variant (hostscore: every row back whole, the engine scoring on
+// the host, as before session 46; scorerowsN: N prompt rows a step at most).
+void ScoreSection(Bench& b) {
+  std::printf(
+      "\n## Prompt scoring (cold prompts, prompt_logprobs = %d, 1 generated token, %d tokens per "
+      "measurement)\n\n",
+      b.flags.score_logprobs, b.flags.prefill_tokens);
+  std::printf(
+      "| variant | prompt len | seqs | plain tok/s | scored tok/s | scored / plain | scored s "
+      "|\n|---|---:|---:|---:|---:|---:|---:|\n");
+  for (const std::string& name : b.flags.variants) {
+    Variant variant;
+    ParseVariant(name, &variant);
+    auto e = b.MakeEngine(true, variant);
+    std::mt19937 rng(b.flags.seed + 5);
+    engine::Request warm = MakeRequest({{1, b.RandomTokens(rng, 256), ""}}, 1);
+    RunBatch(b, *e, {warm});
+    warm.sampling.prompt_logprobs = b.flags.score_logprobs;
+    RunBatch(b, *e, {warm});
+    for (int len : b.flags.prefill_lens) {
+      if (len + 1 > b.max_context) continue;
+      const int seqs = std::max(1, b.flags.prefill_tokens / len);
+      std::vector<engine::Request> plain, scored;
+      for (int i = 0; i < seqs; ++i) {
+        plain.push_back(MakeRequest({{1, b.RandomTokens(rng, len), ""}}, 1));
+        scored.push_back(MakeRequest({{1, b.RandomTokens(rng, len), ""}}, 1));
+        scored.back().sampling.prompt_logprobs = b.flags.score_logprobs;
+      }
+      const PhaseResult p = RunBatch(b, *e, plain);
+      const PhaseResult q = RunBatch(b, *e, scored);
+      const double pt = p.prompt_tokens_computed / p.total_s;
+      const double qt = q.prompt_tokens_computed / q.total_s;
+      std::printf("| %s | %d | %d | %.0f | %.0f | %.3f | %.3f |\n", name.c_str(), len, seqs, pt, qt,
+                  qt / pt, q.total_s);
+      std::fflush(stdout);
+    }
+  }
+}
+
 void SharedSection(Bench& b) {
   const bool cuda = b.flags.backend == "cuda";
   std::printf(
@@ -1202,6 +1262,8 @@ int Main(int argc, char** argv) {
       exact = TreeSection(b) && exact;
     else if (s == "nanovllm")
       NanoVllmSection(b);
+    else if (s == "score")
+      ScoreSection(b);
     else
       std::fprintf(stderr, "unknown section %s\n", s.c_str());
   }

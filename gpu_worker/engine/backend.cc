@@ -60,7 +60,7 @@ absl::Status Bad(const std::string& msg) {
 // A SampleSpec within the ranges the kernels rely on (ValidateSampling's, plus the penalty range:
 // a row with entries has its tokens ascending with counts >= 0 (>= -1 where biased), which the
 // kernel's rank lookup needs, and biases finite or -inf (min_tokens' ban: penalty_list.h)).
-absl::Status CheckSpec(const SampleSpec& s, const ForwardBatch& b) {
+absl::Status CheckSpec(const SampleSpec& s, const ForwardBatch& b, int vocab) {
   const size_t num_penalty_tokens = b.penalty_tokens.size();
   if (!(s.temperature >= 0.0f && std::isfinite(s.temperature)) ||
       !(s.top_p > 0.0f && s.top_p <= 1.0f) || !(s.min_p >= 0.0f && s.min_p <= 1.0f) ||
@@ -75,6 +75,10 @@ absl::Status CheckSpec(const SampleSpec& s, const ForwardBatch& b) {
   if (s.logprobs < 0 || s.logprobs > kMaxLogprobs) {
     return absl::InvalidArgumentError(
         absl::StrCat("logprobs ", s.logprobs, " outside [0, ", kMaxLogprobs, "]"));
+  }
+  if (s.score_token < -1 || s.score_token >= vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("score_token ", s.score_token, " outside [-1, ", vocab, ")"));
   }
   if (s.penalty_start < 0 || s.penalty_count < 0 ||
       static_cast<size_t>(s.penalty_start) + static_cast<size_t>(s.penalty_count) >
@@ -193,7 +197,7 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const BatchLimits& limi
                             b.penalty_tokens.size(), ")"));
   }
   for (size_t i = 0; i < b.row_samples.size(); ++i) {
-    if (absl::Status s = CheckSpec(b.row_samples[i].spec, b); !s.ok()) {
+    if (absl::Status s = CheckSpec(b.row_samples[i].spec, b, limits.vocab_size); !s.ok()) {
       return Bad(absl::StrCat("row_samples[", i, "]: ", s.message()));
     }
   }

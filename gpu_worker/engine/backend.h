@@ -123,10 +123,10 @@ class Backend {
   virtual absl::Status Forward(const ForwardBatch& batch, std::vector<float>* logits) = 0;
 
   // Forward for sampling: for each logits row either its whole logits or, where
-  // batch.row_samples says on_device, the sampled token id and (spec.logprobs > 0) its logprobs
-  // (see RowSample). logits: [number of whole rows, VocabSize()] in row order; tokens:
-  // [logits_rows.size()], -1 for whole rows; logprobs: [logits_rows.size()] (null: none wanted),
-  // set for on_device rows with spec.logprobs > 0.
+  // batch.row_samples says on_device, the sampled token id (a score row's: spec.score_token) and
+  // (WantsLogprobs(spec)) its logprobs (see RowSample). logits: [number of whole rows, VocabSize()]
+  // in row order; tokens: [logits_rows.size()], -1 for whole rows; logprobs: [logits_rows.size()]
+  // (null: none wanted), set for on_device rows where WantsLogprobs(spec).
   // The default runs Forward and samples on the host (SampleRowRule); a GPU backend overrides it
   // so those rows never copy a vocabulary-sized row to the host.
   virtual absl::Status ForwardSampled(const ForwardBatch& batch, std::vector<float>* logits,

@@ -888,16 +888,23 @@ void EngineImpl::Collect(const std::vector<uint64_t>& cancels, std::vector<Seque
     c.was_prefill = s.was_prefill;
     c.out.seq_id = s.seq->id;
     if (s.newly_admitted) Started(*s.seq, c.out);
-    // Prompt-logprob rows (whole, before the sampled row): row r at position p scores the prompt
-    // token at p + 1.
+    // Prompt-logprob rows (before the sampled row): row r at position p scores the prompt token
+    // at p + 1; scored by the backend (a score row), or whole where tests capture logits.
     for (int32_t r = 0; r < s.prompt_rows; ++r, ++row) {
-      const float* prow = result.logits.data() + (full_row++) * backend_->VocabSize();
+      const float* prow = nullptr;
+      if (result.sampled[row] < 0)
+        prow = result.logits.data() + (full_row++) * backend_->VocabSize();
       Sequence& seq = *s.seq;
       const int64_t next = s.prompt_row_first + r + 1;
       if (next != seq.prompt_logprobs_next) continue;  // (emitted before a preemption)
       RowLogprobs lp;
-      RowLogprobsOf(prow, backend_->VocabSize(), seq.tokens[next], seq.sampling.prompt_logprobs,
-                    &lp);
+      if (prow != nullptr) {
+        RowLogprobsOf(prow, backend_->VocabSize(), seq.tokens[next], seq.sampling.prompt_logprobs,
+                      &lp);
+        lp.rank = TokenRank(prow, backend_->VocabSize(), seq.tokens[next]);
+      } else {
+        lp = result.logprobs[row];
+      }
       if (c.out.prompt_logprobs.empty()) c.out.prompt_logprobs_start = next;
       c.out.prompt_logprobs.push_back(ToLogprobEntry(lp, seq.tokens[next]));
       ++seq.prompt_logprobs_next;

@@ -40,9 +40,8 @@ struct EngineOptions {
   // A waiting request whose next uncached block a running sequence is still computing waits
   // for it, up to this many steps, then starts with a hit (SchedulerOptions::max_prefix_waits).
   int max_prefix_waits = 32;
-  // Prompt-logprob rows (whole logits rows to the host) per step at most
-  // (SchedulerOptions::max_prompt_logprob_rows).
-  int max_prompt_logprob_rows = 256;
+  // Prompt-logprob rows per step at most (SchedulerOptions::max_prompt_logprob_rows).
+  int max_prompt_logprob_rows = 4096;
   // Host KV tier: bytes of host memory (Backend::AllocateHostKv) for copies of blocks the GPU
   // tier evicts; 0 = off. Off as well when the backend has no block I/O.
   int64_t host_kv_bytes = 0;

@@ -39,10 +39,22 @@ void RowLogprobsOf(const float* logits, int vocab, int32_t token, int n, RowLogp
   }
 }
 
+int32_t TokenRank(const float* logits, int vocab, int32_t token) {
+  const uint32_t key = OrderKey(Canon(logits[token]));
+  int32_t rank = 0;
+  for (int v = 0; v < vocab; ++v) rank += OrderKey(Canon(logits[v])) >= key ? 1 : 0;
+  return rank;
+}
+
 int32_t SampleRowRule(const float* logits, int vocab, const SampleSpec& spec,
                       std::span<const int32_t> penalty_tokens,
                       std::span<const int32_t> penalty_counts, std::span<const float> penalty_bias,
                       RowLogprobs* logprobs) {
+  if (spec.score_token >= 0) {  // a score row: nothing drawn (step 5 and the rank)
+    RowLogprobsOf(logits, vocab, spec.score_token, spec.logprobs, logprobs);
+    logprobs->rank = TokenRank(logits, vocab, spec.score_token);
+    return spec.score_token;
+  }
   std::vector<bool> penalized;
   std::vector<int32_t> counts;  // by token id, where the row's listed tokens carry entries
   std::vector<float> bias;      // by token id, where the row is biased

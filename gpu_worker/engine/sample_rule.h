@@ -23,6 +23,9 @@
 //  5. Logprobs (vLLM's default, raw logprobs: of the unpenalized, untempered logits):
 //     lse = max_z + ln(sum_v FixedWeight(z_v - max_z) / 2^40) in double; logprob_v = z_v - lse
 //     rounded to float; the top `logprobs` by (z desc, id asc) and the sampled token's.
+// A score row (score_token >= 0: a prompt token scored, vLLM's prompt_logprobs) skips steps 1-4:
+// its token is score_token, whose step-5 logprobs come back with its rank, the number of tokens v
+// with z_v >= z_token by OrderKey (vLLM's rank: 1 for the argmax without ties).
 // Every value is compared through OrderKey (NaN counts as -inf, -0 as +0), every sum is an
 // integer sum, and every float operation is correctly rounded (sample_noise.h): the result does
 // not depend on the order of any reduction, so a parallel kernel gives the host's bits.
@@ -53,6 +56,9 @@ struct SampleSpec {
   int32_t penalty_start = 0;
   int32_t penalty_count = 0;
   int32_t biased = 0;  // 1: the listed tokens carry logit biases (OpenAI's logit_bias)
+  // >= 0: a score row: nothing is drawn, the row's token is this one (step 5 and its rank only).
+  // (Here, in what was padding before `seed`: the struct stays 64 bytes.)
+  int32_t score_token = -1;
   uint64_t seed = 0;
   int64_t position = 0;  // global position of the token being sampled
 };
@@ -61,6 +67,7 @@ struct SampleSpec {
 struct RowLogprobs {
   float sampled = 0.0f;  // the sampled token's
   int32_t num_top = 0;
+  int32_t rank = 0;  // score rows: the token's rank (SampleSpec::score_token); else 0
   int32_t top_ids[kMaxLogprobs] = {};
   float top[kMaxLogprobs] = {};
 };
@@ -120,6 +127,8 @@ CASCADE_HD uint32_t ScoreKey(float z, bool penalized, int32_t count, float bias,
   if (penalized) z = PenalizedLogit(z, count, bias, s);
   return OrderKey(Canon(s.temperature == 0.0f ? z : MulF(z, inv_t)));
 }
+// True when a row's logprobs come back: asked for (top n), or a score row (its token's).
+CASCADE_HD bool WantsLogprobs(const SampleSpec& s) { return s.logprobs > 0 || s.score_token >= 0; }
 CASCADE_HD bool HasTopK(const SampleSpec& s, int vocab) { return s.top_k > 0 && s.top_k < vocab; }
 // True when a temperature row has a filter (min-p, top-k or top-p) to apply before the draw.
 CASCADE_HD bool HasFilters(const SampleSpec& s, int vocab) {

@@ -111,6 +111,7 @@ SampleSpec SpecFor(const SamplingParams& p, uint64_t seed, int64_t position) {
 LogprobEntry ToLogprobEntry(const RowLogprobs& lp, int32_t token) {
   LogprobEntry e;
   e.sampled = {token, lp.sampled};
+  e.rank = lp.rank;
   for (int i = 0; i < lp.num_top; ++i) e.top.push_back({lp.top_ids[i], lp.top[i]});
   return e;
 }

@@ -262,12 +262,17 @@ void Scheduler::BuildBatch(const SchedulerOutput& out, int block_size, ForwardBa
       batch->slot_mapping.push_back(seq.block_table[p / block_size] * block_size +
                                     static_cast<int32_t>(p % block_size));
     }
-    // Prompt-logprob rows come back whole (the host scores the prompt's next token with them).
+    // Prompt-logprob rows: score rows (the row at position p scores the prompt's token p + 1, by
+    // the backend: its logprobs and rank come back, not the row), or whole rows where tests
+    // capture logits (the engine scores them by the same rule).
     const int32_t seq_first = batch->num_tokens() - static_cast<int32_t>(s.num_tokens);
     for (int32_t r = 0; r < s.prompt_rows; ++r) {
       batch->logits_rows.push_back(seq_first +
                                    static_cast<int32_t>(s.prompt_row_first - seq.num_computed) + r);
-      batch->row_samples.push_back(RowSample{false, SampleSpec{}});
+      SampleSpec score;
+      score.logprobs = seq.sampling.prompt_logprobs;
+      score.score_token = seq.tokens[s.prompt_row_first + r + 1];
+      batch->row_samples.push_back(RowSample{!capture_logits_, score});
     }
     if (s.wants_logits) {
       batch->logits_rows.push_back(batch->num_tokens() - 1);

@@ -122,6 +122,9 @@ struct TokenLogprob {
 struct LogprobEntry {
   TokenLogprob sampled;
   std::vector<TokenLogprob> top;
+  // Prompt logprobs: the token's rank in its row (vLLM's: how many tokens have a logprob >= its
+  // own; 1 for the argmax without ties). 0 for generated tokens (not computed).
+  int32_t rank = 0;
 };
 
 // What one step produced for one sequence. `started` is set on the first output of a sequence

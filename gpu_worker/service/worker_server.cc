@@ -278,6 +278,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   eo.overlap_schedule = config.overlap_schedule;
   eo.overlap_min_rows = config.overlap_min_rows;
   eo.chunk_events = !config.registry_address.empty();  // only the registry agent takes them
+  // The CPU backend scores prompt-logprob rows on the host from the step's whole logits rows
+  // (vocabulary x 4 bytes each): fewer of them a step there than the CUDA backend's 4096.
+  if ((*backend)->Name() == "cpu") eo.max_prompt_logprob_rows = 256;
   auto engine = engine::NewEngine(eo, std::move(*backend));
   if (absl::Status s = engine->HostTierStatus(); !s.ok()) {
     if (config.host_kv_bytes > 0) {

@@ -35,6 +35,7 @@ void ToProto(const engine::LogprobEntry& e, cascade::v2::LogprobEntry* p) {
     x->set_token_id(t.token_id);
     x->set_logprob(t.logprob);
   }
+  p->set_rank(e.rank);
 }
 
 // engine::FinishReason mirrors cascade.v2.FinishReason value for value, so the cast is exact.

@@ -255,7 +255,7 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
   }
   for (const char* key :
        {"tools", "functions", "suffix", "response_format", "guided_json", "guided_regex",
-        "guided_choice", "guided_grammar", "prompt_logprobs", "truncate_prompt_tokens"}) {
+        "guided_choice", "guided_grammar", "truncate_prompt_tokens"}) {
     if (auto v = body.find(key); v != body.end() && !v->is_null() &&
                                  !(v->is_object() && v->empty()) &&
                                  !(v->is_array() && v->empty())) {
@@ -376,6 +376,19 @@ absl::Status Sampling(const json& body, Endpoint endpoint, cascade::v2::Sampling
     s->mutable_stop_token_ids()->Add(t.ids().begin(), t.ids().end());
     meta->stop_token_ids.assign(t.ids().begin(), t.ids().end());
   }
+  // vLLM's prompt_logprobs: every prompt token's logprob from the second on, with its rank and
+  // that many top tokens, in the whole response only (vLLM refuses it streamed).
+  if (!(st = Integer(body, "prompt_logprobs", [&](int64_t v) {
+          if (v < 0 || v > 20) {
+            return Bad(absl::StrCat("prompt_logprobs must be in [0, 20], got ", v,
+                                    " (-1, the whole vocabulary, is not supported)"));
+          }
+          if (meta->stream) return Bad("prompt_logprobs is not available with stream: true");
+          s->set_prompt_logprobs(static_cast<int32_t>(v));
+          meta->prompt_logprobs = static_cast<int>(v);
+          return OkStatus();
+        })).ok())
+    return st;
   // Logprobs: completions take a count; chat takes a flag plus top_logprobs.
   if (endpoint == Endpoint::kCompletions) {
     if (!(st = Integer(body, "logprobs", [&](int64_t v) {
@@ -516,8 +529,11 @@ absl::StatusOr<Translated> TranslateRequest(const json& body, Endpoint endpoint,
     if (endpoint == Endpoint::kChat) return Bad("echo is a /v1/completions option");
     if (t.meta.logprobs) {
       // The prompt's tokens get the logprobs the generated ones get (vLLM's echo).
+      // (With prompt_logprobs too, the worker sends the larger count of top tokens; each list
+      // takes its own.)
       t.meta.echo_logprobs = true;
-      const int32_t n = t.request.sampling().logprobs();
+      t.meta.echo_top = t.request.sampling().logprobs();
+      const int32_t n = std::max(t.meta.echo_top, t.meta.prompt_logprobs);
       t.request.mutable_sampling()->set_prompt_logprobs(n);
       for (cascade::v2::GenerateRequest& r : t.more_prompts) {
         r.mutable_sampling()->set_prompt_logprobs(n);
@@ -670,7 +686,7 @@ json ResponseBuilder::LogprobsOf(const cascade::v2::TokenDelta& delta, int64_t t
 
 json ResponseBuilder::CompletionLogprobs(
     const google::protobuf::RepeatedPtrField<cascade::v2::LogprobEntry>& entries,
-    int64_t* text_offset) {
+    int64_t* text_offset, int max_top) {
   // text_offset: where each token's text starts in the completion, in characters (OpenAI's
   // legacy field): the characters that start before the token (a token holding the later bytes
   // of a character split over tokens starts after that character).
@@ -682,13 +698,30 @@ json ResponseBuilder::CompletionLogprobs(
     offsets.push_back(*text_offset);
     *text_offset += Characters(TokenByteString(e.sampled().text()));
     json alts = json::object();
-    for (const auto& t : e.top()) alts[t.text()] = t.logprob();
+    for (int j = 0; j < e.top_size() && (max_top < 0 || j < max_top); ++j) {
+      alts[e.top(j).text()] = e.top(j).logprob();
+    }
     top.push_back(alts);
   }
   return json{{"tokens", tokens},
               {"token_logprobs", token_logprobs},
               {"top_logprobs", top},
               {"text_offset", offsets}};
+}
+
+json ResponseBuilder::PromptLogprobEntry(const cascade::v2::LogprobEntry& e, int top) {
+  // vLLM's form: {"<token id>": {"logprob", "rank", "decoded_token"}}, the prompt token first and
+  // then the top ones, ranked 1, 2, ... (a top token that is the prompt token's own replaces it,
+  // as vLLM's dict does).
+  json entry = json::object();
+  entry[std::to_string(e.sampled().token_id())] = {{"logprob", e.sampled().logprob()},
+                                                   {"rank", e.rank()},
+                                                   {"decoded_token", e.sampled().text()}};
+  for (int j = 0; j < e.top_size() && j < top; ++j) {
+    entry[std::to_string(e.top(j).token_id())] = {
+        {"logprob", e.top(j).logprob()}, {"rank", j + 1}, {"decoded_token", e.top(j).text()}};
+  }
+  return entry;
 }
 
 void ResponseBuilder::AppendCompletionLogprobs(const json& from, json* into) {
@@ -762,8 +795,17 @@ std::vector<json> ResponseBuilder::OnEvent(const cascade::v2::GenerateResponse& 
     }
   }
   if (ev.has_delta() && ev.delta().prompt_logprobs_size() > 0 && !prompt_logprobs_.is_null()) {
-    AppendCompletionLogprobs(CompletionLogprobs(ev.delta().prompt_logprobs(), &prompt_characters_),
-                             &prompt_logprobs_);
+    AppendCompletionLogprobs(
+        CompletionLogprobs(ev.delta().prompt_logprobs(), &prompt_characters_, meta_.echo_top),
+        &prompt_logprobs_);
+  }
+  if (ev.has_start() && meta_.prompt_logprobs >= 0) {
+    vllm_prompt_logprobs_ = json::array({nullptr});  // the first prompt token has none
+  }
+  if (ev.has_delta() && meta_.prompt_logprobs >= 0) {
+    for (const auto& e : ev.delta().prompt_logprobs()) {
+      vllm_prompt_logprobs_.push_back(PromptLogprobEntry(e, meta_.prompt_logprobs));
+    }
   }
   if (ev.has_delta() && (ev.delta().token_ids_size() > 0 || !ev.delta().text().empty())) {
     FlushPromptLogprobs(&out);
@@ -873,6 +915,9 @@ json ResponseBuilder::Final() const {
   } else {
     choice["text"] = text_;
   }
+  // vLLM's prompt_logprobs: a completion choice's (its prompt's), a chat response's own.
+  if (meta_.prompt_logprobs >= 0 && !chat) choice["prompt_logprobs"] = vllm_prompt_logprobs_;
+  if (meta_.prompt_logprobs >= 0 && chat) r["prompt_logprobs"] = vllm_prompt_logprobs_;
   r["choices"] = json::array({choice});
   r["usage"] = Usage();
   return r;

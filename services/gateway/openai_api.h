@@ -42,6 +42,11 @@ struct RequestMeta {
   // echo with logprobs: the prompt's tokens lead the choice's logprobs (the first with a null
   // logprob), from the request's sampling.prompt_logprobs.
   bool echo_logprobs = false;
+  int echo_top = 0;  // echo_logprobs: the top tokens its lists take (completions' logprobs)
+  // vLLM's prompt_logprobs (0-20; -1: not asked): the whole response lists each prompt token's
+  // logprob, rank and that many top tokens (a completion choice's `prompt_logprobs`, a chat
+  // response's).
+  int prompt_logprobs = -1;
   // The request's stop_token_ids: a choice that one of them ended reports it as its stop_reason
   // (vLLM's), one the model's EOS ended reports null.
   std::vector<int32_t> stop_token_ids;
@@ -121,10 +126,13 @@ class ResponseBuilder {
   // `text_offset`: the completion's characters before this delta (completions' text_offset).
   nlohmann::json LogprobsOf(const cascade::v2::TokenDelta& delta, int64_t text_offset) const;
   // Completions' form (tokens, token_logprobs, top_logprobs, text_offset) of `entries`, the
-  // first at text_offset characters; advances it past them.
+  // first at text_offset characters (advanced past them), at most max_top top tokens each (-1:
+  // all).
   static nlohmann::json CompletionLogprobs(
       const google::protobuf::RepeatedPtrField<cascade::v2::LogprobEntry>& entries,
-      int64_t* text_offset);
+      int64_t* text_offset, int max_top = -1);
+  // vLLM's prompt_logprobs entry for one prompt token, with `top` top tokens.
+  static nlohmann::json PromptLogprobEntry(const cascade::v2::LogprobEntry& e, int top);
   // Appends completions-form logprobs `from` to `into` (null: none yet).
   static void AppendCompletionLogprobs(const nlohmann::json& from, nlohmann::json* into);
   // Completions' echo: the text of this choice's prompt.
@@ -151,6 +159,7 @@ class ResponseBuilder {
   // and whether they were handed on (FlushPromptLogprobs).
   nlohmann::json prompt_logprobs_;
   int64_t prompt_characters_ = 0;
+  nlohmann::json vllm_prompt_logprobs_;  // meta_.prompt_logprobs >= 0: vLLM's list so far
   bool prompt_flushed_ = false;
   std::string finish_reason_;
   nlohmann::json stop_reason_;  // vLLM's: the stop string, the requested stop token id, or null

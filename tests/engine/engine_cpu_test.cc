@@ -297,8 +297,9 @@ TEST(EngineCpuTest, BackendSampledRowsGiveTheHostSamplersTokens) {
 
 // Prompt logprobs (vLLM's prompt_logprobs, OpenAI's echo with logprobs): entry p scores prompt
 // token p + 1 with the logits a cold request of the prompt's first p + 1 tokens samples from,
-// bitwise, and with sample_rule.h's step 5 (RowLogprobsOf); whatever the chunking (a few rows a
-// step), the schedule (overlapped or not, host or backend sampling), and whether the prompt is
+// bitwise, and with sample_rule.h's step 5 (RowLogprobsOf) and vLLM's rank (TokenRank), whether
+// the backend scores them (score rows) or the engine does from whole rows (capture); whatever the
+// chunking (a few rows a step), the schedule (overlapped or not), and whether the prompt is
 // cached already (its rows are computed, never read from the cache). The generated tokens do
 // not change.
 TEST(EngineCpuTest, PromptLogprobsScoreEveryPromptTokenWithItsColdLogits) {
@@ -354,6 +355,8 @@ TEST(EngineCpuTest, PromptLogprobsScoreEveryPromptTokenWithItsColdLogits) {
       const LogprobEntry& e = got.prompt_logprobs[p];
       EXPECT_EQ(e.sampled.token_id, prompt[p + 1]) << "position " << p;
       EXPECT_EQ(e.sampled.logprob, want.sampled) << "position " << p;
+      EXPECT_EQ(e.rank, TokenRank(ref[p].logits[0].data(), vocab, prompt[p + 1]))
+          << "position " << p;
       ASSERT_EQ(e.top.size(), static_cast<size_t>(kTop));
       for (int j = 0; j < kTop; ++j) {
         EXPECT_EQ(e.top[j].token_id, want.top_ids[j]) << "position " << p;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -15,6 +16,7 @@
 
 #include "gpu_worker/engine/backend.h"
 #include "gpu_worker/engine/penalty_list.h"
+#include "gpu_worker/engine/row_sampler.h"
 
 namespace cascade::engine {
 namespace {
@@ -276,6 +278,48 @@ TEST(SampleRuleTest, LogprobsAreSortedNormalisedAndAccurate) {
   double total = 0.0;
   for (float v : l) total += std::exp(static_cast<double>(v) - (l[17] - lp.top[0]));
   EXPECT_NEAR(total, 1.0, 1e-5);
+}
+
+// A score row (a prompt token scored: vLLM's prompt_logprobs) draws nothing: its token is the
+// scored one whatever the sampling options, its logprobs are step 5's of that token, and its rank
+// vLLM's, the number of tokens whose logit is at least its own (ties count, NaN ranks last).
+TEST(SampleRuleTest, ScoreRowsReturnTheScoredTokenWithItsLogprobsAndRank) {
+  std::vector<float> l = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, NAN, 2.0f, 0.5f};
+  SampleSpec s;
+  s.temperature = 0.7f;  // ignored: nothing is drawn
+  s.top_k = 1;
+  s.logprobs = 3;
+  const int32_t want_rank[] = {5, 2, 4, 2, 7, 8, 4, 6};
+  for (int32_t t = 0; t < 8; ++t) {
+    s.score_token = t;
+    RowLogprobs got, want;
+    EXPECT_EQ(SampleRowRule(l.data(), 8, s, {}, {}, {}, &got), t);
+    RowLogprobsOf(l.data(), 8, t, 3, &want);
+    EXPECT_EQ(got.rank, want_rank[t]) << "token " << t;
+    EXPECT_EQ(TokenRank(l.data(), 8, t), want_rank[t]) << "token " << t;
+    EXPECT_EQ(std::memcmp(&got.sampled, &want.sampled, 4), 0) << "token " << t;
+    ASSERT_EQ(got.num_top, 3);
+    EXPECT_EQ(got.top_ids[0], 1);  // 3.0 twice: the lower id first
+    EXPECT_EQ(got.top_ids[1], 3);
+    EXPECT_EQ(got.top_ids[2], 2);
+  }
+  // Logprobs 0: the scored token's alone (no top list), still with its rank.
+  s.logprobs = 0;
+  s.score_token = 7;
+  RowLogprobs z;
+  EXPECT_EQ(SampleRowRule(l.data(), 8, s, {}, {}, {}, &z), 7);
+  EXPECT_EQ(z.num_top, 0);
+  EXPECT_EQ(z.rank, 6);
+  EXPECT_NEAR(z.sampled,
+              0.5 - (3.0 + std::log(2.0 + 2 * std::exp(-1.0) + std::exp(-2.0) + std::exp(-2.5) +
+                                    std::exp(-4.0))),
+              2e-6);
+  // Sampled rows carry no rank.
+  s.score_token = -1;
+  s.logprobs = 2;
+  RowLogprobs d;
+  SampleRowRule(l.data(), 8, s, {}, {}, {}, &d);
+  EXPECT_EQ(d.rank, 0);
 }
 
 TEST(SampleRuleTest, FilteredDrawsFollowTheRenormalisedSoftmax) {

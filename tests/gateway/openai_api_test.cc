@@ -94,7 +94,9 @@ TEST(OpenAiApiTest, WhatIsNotImplementedIsRefusedByName) {
                                                  {"logit_bias", {{"99999999999", 1}}},
                                                  {"logit_bias", json::array({1, 2})},
                                                  {"tools", {{{"type", "function"}}}},
-                                                 {"prompt_logprobs", 0},
+                                                 {"prompt_logprobs", 21},
+                                                 {"prompt_logprobs", -1},
+                                                 {"prompt_logprobs", "2"},
                                                  {"guided_choice", json::array({"a"})},
                                                  {"truncate_prompt_tokens", 10},
                                                  {"skip_special_tokens", false},
@@ -684,6 +686,90 @@ TEST(OpenAiApiTest, EchoWithLogprobsListsThePromptsTokensFirst) {
       EXPECT_EQ(both, want[k]) << k;
     }
   }
+}
+
+// vLLM's prompt_logprobs: asked of the worker (0-20; not streamed, as vLLM), and the whole
+// response lists, per prompt token from the second, {"<id>": {logprob, rank, decoded_token}} with
+// the prompt token first (its rank the worker's) and the asked number of top tokens ranked 1, 2,
+// ...; a completion choice carries its prompt's, a chat response its own. With echo and logprobs
+// the worker sends the larger count and each list takes its own.
+TEST(OpenAiApiTest, PromptLogprobsAreVllmsPerTokenEntries) {
+  auto t =
+      TranslateRequest({{"prompt", "ab"}, {"prompt_logprobs", 1}}, Endpoint::kCompletions, "m");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->request.sampling().prompt_logprobs(), 1);
+  EXPECT_EQ(t->meta.prompt_logprobs, 1);
+  EXPECT_FALSE(t->meta.echo_logprobs);
+  auto streamed = TranslateRequest({{"prompt", "ab"}, {"prompt_logprobs", 0}, {"stream", true}},
+                                   Endpoint::kCompletions, "m");
+  ASSERT_FALSE(streamed.ok());
+  EXPECT_NE(streamed.status().message().find("prompt_logprobs"), absl::string_view::npos);
+  auto both =
+      TranslateRequest({{"prompt", "ab"}, {"prompt_logprobs", 3}, {"echo", true}, {"logprobs", 1}},
+                       Endpoint::kCompletions, "m");
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->request.sampling().prompt_logprobs(), 3);
+  EXPECT_EQ(both->meta.echo_top, 1);
+  auto chat = TranslateRequest(
+      {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"prompt_logprobs", 2}},
+      Endpoint::kChat, "m");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->request.sampling().prompt_logprobs(), 2);
+
+  cascade::v2::GenerateResponse start = Start(3, 0);
+  start.mutable_start()->mutable_first_prompt_token()->set_token_id(5);
+  start.mutable_start()->mutable_first_prompt_token()->set_text("a");
+  cascade::v2::GenerateResponse prompt_lp;
+  auto entry = [&](int32_t id, const std::string& text, float lp, int32_t rank) {
+    auto* e = prompt_lp.mutable_delta()->add_prompt_logprobs();
+    e->mutable_sampled()->set_token_id(id);
+    e->mutable_sampled()->set_text(text);
+    e->mutable_sampled()->set_logprob(lp);
+    e->set_rank(rank);
+    for (int j = 0; j < 3; ++j) {  // the worker's larger count of top tokens
+      auto* top = e->add_top();
+      top->set_token_id(j == 0 && rank == 1 ? id : 100 + j);
+      top->set_text(j == 0 && rank == 1 ? text : "t" + std::to_string(j));
+      top->set_logprob(-0.5f - static_cast<float>(j));
+    }
+  };
+  entry(6, "b", -0.5f, 1);  // the argmax: its own top entry (rank 1)
+  entry(7, "c", -4.0f, 9);
+  const json want =
+      json::array({nullptr,
+                   {{"6", {{"logprob", -0.5}, {"rank", 1}, {"decoded_token", "b"}}},
+                    {"101", {{"logprob", -1.5}, {"rank", 2}, {"decoded_token", "t1"}}}},
+                   {{"7", {{"logprob", -4.0}, {"rank", 9}, {"decoded_token", "c"}}},
+                    {"100", {{"logprob", -0.5}, {"rank", 1}, {"decoded_token", "t0"}}},
+                    {"101", {{"logprob", -1.5}, {"rank", 2}, {"decoded_token", "t1"}}}}});
+  for (const Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChat}) {
+    RequestMeta meta;
+    meta.endpoint = endpoint;
+    meta.prompt_logprobs = 2;
+    ResponseBuilder b(meta, "m", 1700000000);
+    for (const auto* ev : {&start, &prompt_lp}) EXPECT_TRUE(b.OnEvent(*ev).empty());
+    b.OnEvent(Delta("X"));
+    b.OnEvent(Finish(3, 0, 1));
+    const json r = b.Final();
+    if (endpoint == Endpoint::kChat) {
+      EXPECT_EQ(r["prompt_logprobs"], want);
+      EXPECT_FALSE(r["choices"][0].contains("prompt_logprobs"));
+    } else {
+      EXPECT_EQ(r["choices"][0]["prompt_logprobs"], want);
+      EXPECT_FALSE(r.contains("prompt_logprobs"));
+    }
+  }
+  // Echo with logprobs 1 beside prompt_logprobs 3: the echo's lists keep 1 top token.
+  ResponseBuilder e(both->meta, "m", 1700000000);
+  for (const auto* ev : {&start, &prompt_lp}) e.OnEvent(*ev);
+  e.OnEvent(Delta("X"));
+  e.OnEvent(Finish(3, 0, 1));
+  const json r = e.Final()["choices"][0];
+  ASSERT_EQ(r["logprobs"]["top_logprobs"].size(), 3u);  // a, b, c (X came without logprobs)
+  EXPECT_EQ(r["logprobs"]["top_logprobs"][1], json({{"b", -0.5}}));
+  EXPECT_EQ(r["logprobs"]["top_logprobs"][2], json({{"t0", -0.5}}));
+  EXPECT_EQ(r["prompt_logprobs"].size(), 3u);
+  EXPECT_EQ(r["prompt_logprobs"][2].size(), 4u);
 }
 
 // The choices of one request: one id (the first to start names it), their own indices in every

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gpu_worker/backend/cpu/cpu_backend.h"
 #include "gpu_worker/backend/cuda/attention.h"
 #include "gpu_worker/backend/cuda/device.h"
@@ -613,6 +614,102 @@ TEST(CudaBackend, DeviceSamplerEqualsHostRuleBitwiseForEveryOption) {
       "1, 40, 120 and 240 rows at a time\n",
       kRows, with_logprobs, biased_rows, not_argmax);
   EXPECT_GT(not_argmax, kRows / 3) << "the rows should exercise the random draw";
+}
+
+// Score rows (SampleSpec::score_token: a prompt token scored, vLLM's prompt_logprobs) on the
+// device against the host's rule, bitwise: the token is the scored one, its logprob, rank and top
+// list the host's, on full-size rows of several shapes (exact ties, one value everywhere, NaN and
+// -inf entries, the scored token the argmax, tied, NaN or anywhere), 0-20 top logprobs, mixed in
+// one launch with drawn rows (each instance of the kernel runs only its own), launched 1, 16 and
+// all rows at a time (a row split over 8 down to 1 CTAs). A launch told there are no score rows
+// leaves theirs unwritten.
+TEST(CudaBackend, DeviceScoreRowsEqualHostRuleBitwise) {
+  CASCADE_REQUIRE_GPU();
+  constexpr int kVocab = 151936, kRows = 48;
+  std::mt19937 rng(46);
+  std::vector<float> logits(static_cast<size_t>(kRows) * kVocab);
+  std::vector<engine::SampleSpec> specs(kRows);
+  std::uniform_int_distribution<int> tok(0, kVocab - 1);
+  const int logprob_ns[] = {0, 1, 5, 20};
+  int score_rows = 0;
+  for (int r = 0; r < kRows; ++r) {
+    float* row = logits.data() + static_cast<size_t>(r) * kVocab;
+    std::normal_distribution<float> g(0.0f, r % 2 ? 1.0f : 5.0f);
+    for (int v = 0; v < kVocab; ++v) row[v] = g(rng);
+    if (r % 6 == 1) {  // coarse values: many exact ties
+      for (int v = 0; v < kVocab; ++v) row[v] = std::round(row[v] * 2.0f) / 2.0f;
+    }
+    if (r == 5) std::fill(row, row + kVocab, -2.5f);  // one value: every token ranks last
+    if (r % 6 == 3) row[101] = NAN, row[102] = -INFINITY, row[103] = -0.0f, row[104] = 0.0f;
+    engine::SampleSpec& s = specs[r];
+    s.seed = 77 + r;
+    s.position = 1000 + r;
+    if (r % 4 == 3) {  // a drawn row between score rows
+      s.temperature = 0.8f;
+      s.top_p = 0.9f;
+      s.logprobs = 4;
+      continue;
+    }
+    ++score_rows;
+    s.logprobs = logprob_ns[r % 4 == 2 ? 3 : (r / 4) % 4];
+    s.temperature = r % 5 == 0 ? 1.3f : 0.0f;  // (ignored by score rows)
+    int32_t t = tok(rng);
+    if ((r / 3) % 2 == 0) t = static_cast<int32_t>(std::max_element(row, row + kVocab) - row);
+    if (r % 6 == 1 && (r / 12) % 2 == 0) {  // a token tied with many others
+      for (int v = 0; v < kVocab; ++v)
+        if (row[v] == 0.5f) t = v;
+    }
+    if (r % 6 == 3) t = 101 + (r / 12) % 4;  // NaN, -inf, -0, +0
+    s.score_token = t;
+  }
+  DeviceBuffer d_logits = testing::Upload(logits), d_specs = testing::Upload(specs);
+  std::vector<int32_t> want_tokens(kRows);
+  std::vector<engine::RowLogprobs> want(kRows);
+  for (int r = 0; r < kRows; ++r) {
+    want_tokens[r] = engine::SampleRowRule(logits.data() + static_cast<size_t>(r) * kVocab, kVocab,
+                                           specs[r], {}, {}, {}, &want[r]);
+  }
+  for (const int per_launch : {1, 16, kRows}) {
+    DeviceBuffer d_tok = testing::Poisoned<int32_t>(kRows);
+    DeviceBuffer d_lp = testing::Poisoned<engine::RowLogprobs>(kRows);
+    for (int r0 = 0; r0 < kRows; r0 += per_launch) {
+      ASSERT_TRUE(SampleRows(d_logits.as<float>() + static_cast<size_t>(r0) * kVocab, per_launch,
+                             kVocab, d_specs.as<engine::SampleSpec>() + r0, nullptr, nullptr,
+                             nullptr, d_tok.as<int32_t>() + r0, d_lp.as<engine::RowLogprobs>() + r0,
+                             nullptr, /*score_rows=*/true)
+                      .ok());
+    }
+    const auto tokens = testing::Download<int32_t>(d_tok, kRows);
+    const auto lps = testing::Download<engine::RowLogprobs>(d_lp, kRows);
+    for (int r = 0; r < kRows; ++r) {
+      SCOPED_TRACE(absl::StrCat("rows per launch ", per_launch, " row ", r, " token ",
+                                specs[r].score_token, " logprobs ", specs[r].logprobs));
+      EXPECT_EQ(tokens[r], want_tokens[r]);
+      const engine::RowLogprobs& got = lps[r];
+      ASSERT_EQ(got.num_top, want[r].num_top);
+      EXPECT_EQ(got.rank, want[r].rank);
+      EXPECT_EQ(std::memcmp(&got.sampled, &want[r].sampled, 4), 0)
+          << got.sampled << " vs " << want[r].sampled;
+      for (int k = 0; k < want[r].num_top; ++k) {
+        EXPECT_EQ(got.top_ids[k], want[r].top_ids[k]) << "top " << k;
+        EXPECT_EQ(std::memcmp(&got.top[k], &want[r].top[k], 4), 0) << "top " << k;
+      }
+    }
+  }
+  // Without the score rows' launch their rows stay as they were (poisoned: -1), the others drawn.
+  DeviceBuffer d_tok = testing::Poisoned<int32_t>(kRows);
+  DeviceBuffer d_lp = testing::Poisoned<engine::RowLogprobs>(kRows);
+  ASSERT_TRUE(SampleRows(d_logits.as<float>(), kRows, kVocab, d_specs.as<engine::SampleSpec>(),
+                         nullptr, nullptr, nullptr, d_tok.as<int32_t>(),
+                         d_lp.as<engine::RowLogprobs>(), nullptr)
+                  .ok());
+  const auto tokens = testing::Download<int32_t>(d_tok, kRows);
+  for (int r = 0; r < kRows; ++r) {
+    EXPECT_EQ(tokens[r], specs[r].score_token >= 0 ? -1 : want_tokens[r]) << "row " << r;
+  }
+  std::printf(
+      "device == host score rows: %d score rows among %d, launched 1, 16 and %d at a time\n",
+      score_rows, kRows, kRows);
 }
 
 // The sampling kernel's draw skips a token's exact Gumbel noise when a bound shows it cannot win;

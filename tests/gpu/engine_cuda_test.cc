@@ -217,8 +217,9 @@ TEST_F(EngineCudaTest, DeviceArgmaxPathGivesTheHostSamplersTokens) {
 
 // Prompt logprobs on the GPU: a prompt extended by the tokens a request generated (logprobs
 // drawn on the device) scores those tokens with the same logprobs and top tokens, bitwise (a
-// prompt-logprob row is a whole logits row the host scores by the rule's step 5), cold and with
-// the prompt cached; many rows a step (more than the LM head's 256 a pass) and few.
+// prompt-logprob row is a score row the device scores by the rule's step 5), cold and with the
+// prompt cached; many rows a step (more than the LM head's 256 a pass) and few; and the engine
+// scoring the same prompt from whole rows on the host (capture) gets the same bits and ranks.
 TEST_F(EngineCudaTest, PromptLogprobsEqualTheDeviceSamplersLogprobsOfThoseTokens) {
   REQUIRE_GPU_AND_MODEL();
   std::mt19937 rng(17);
@@ -258,6 +259,30 @@ TEST_F(EngineCudaTest, PromptLogprobsEqualTheDeviceSamplersLogprobsOfThoseTokens
         }
       }
     }
+    // The device's score rows equal the engine's scoring of whole rows (capture), rank included.
+    capture_logits_ = true;
+    auto host = MakeEngine(2048, true, nullptr, opts);
+    capture_logits_ = false;
+    const Result h = RunOne(*host, score);
+    const Result d = RunOne(*engine, score);
+    ASSERT_EQ(h.prompt_logprobs.size(), d.prompt_logprobs.size());
+    int top_ranked = 0;
+    for (size_t p = 0; p < h.prompt_logprobs.size(); ++p) {
+      const engine::LogprobEntry& x = h.prompt_logprobs[p];
+      const engine::LogprobEntry& y = d.prompt_logprobs[p];
+      EXPECT_EQ(x.sampled.token_id, y.sampled.token_id) << "position " << p;
+      EXPECT_EQ(x.sampled.logprob, y.sampled.logprob) << "position " << p;
+      EXPECT_EQ(x.rank, y.rank) << "position " << p;
+      EXPECT_GE(y.rank, 1) << "position " << p;
+      top_ranked += y.rank == 1;
+      ASSERT_EQ(x.top.size(), y.top.size());
+      for (size_t j = 0; j < x.top.size(); ++j) {
+        EXPECT_EQ(x.top[j].token_id, y.top[j].token_id) << "position " << p;
+        EXPECT_EQ(x.top[j].logprob, y.top[j].logprob) << "position " << p;
+      }
+    }
+    std::printf("score rows == host scoring: %zu positions, %d ranked first\n",
+                d.prompt_logprobs.size(), top_ranked);
   }
   capture_logits_ = true;
 }

@@ -10,8 +10,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/integration/stack.h"
 
 namespace cascade::testing {
@@ -194,7 +197,8 @@ TEST(OpenAiHttpTest, ReasoningParserSplitsChatsThatThink) {
 // prompt cached (its rows are computed, so cached_tokens stays 0); every prompt token from the
 // second has an entry, with the token's id, and the first is named in the start. HTTP:
 // completions' echo with logprobs lists the prompt's tokens first (the first with a null
-// logprob), then the completion's, whole and streamed alike.
+// logprob), then the completion's, whole and streamed alike; vLLM's prompt_logprobs (completions
+// and chat) scores the same tokens with the same logprobs, their ranks and top tokens.
 TEST(OpenAiHttpTest, PromptLogprobsAreTheGeneratedTokensLogprobs) {
   Stack stack({.workers = 1, .http_port = 0});
   cascade::v2::GenerateRequest gen = Req("", "Tell me about prefix caching.", 3);
@@ -281,6 +285,54 @@ TEST(OpenAiHttpTest, PromptLogprobsAreTheGeneratedTokensLogprobs) {
   EXPECT_EQ(text, c["text"].get<std::string>());
   EXPECT_EQ(tokens, lp["tokens"]);
   EXPECT_EQ(logprobs, lp["token_logprobs"]);
+
+  // vLLM's prompt_logprobs beside the echo: one entry a prompt token (the first null), each
+  // holding the prompt token (its text and logprob the echo's, bitwise, a rank >= 1) and the two
+  // top tokens ranked 1 and 2, whose first is the prompt token where it ranks first.
+  body.erase("stream");
+  body["prompt_logprobs"] = 2;
+  auto scored = http.Post("/v1/completions", body);
+  ASSERT_TRUE(scored);
+  ASSERT_EQ(scored->status, 200) << scored->body;
+  const json sc = json::parse(scored->body)["choices"][0];
+  EXPECT_EQ(sc["logprobs"], lp);  // the echo's lists keep their one top token
+  const json& pl = sc["prompt_logprobs"];
+  ASSERT_EQ(pl.size(), static_cast<size_t>(prompt_tokens)) << pl;
+  EXPECT_TRUE(pl[0].is_null());
+  for (size_t i = 1; i < pl.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("prompt token ", i));
+    int prompt_entries = 0;
+    std::vector<int64_t> ranks;
+    for (const auto& [id, v] : pl[i].items()) {
+      if (v["decoded_token"] == lp["tokens"][i] && v["logprob"] == lp["token_logprobs"][i]) {
+        ++prompt_entries;
+        EXPECT_GE(v["rank"].get<int64_t>(), 1);
+      }
+      ranks.push_back(v["rank"].get<int64_t>());
+    }
+    EXPECT_EQ(prompt_entries, 1) << pl[i];
+    EXPECT_TRUE(pl[i].size() == 2 || pl[i].size() == 3) << pl[i];
+    std::sort(ranks.begin(), ranks.end());
+    EXPECT_EQ(ranks[0], 1) << pl[i];
+    EXPECT_EQ(ranks[1], 2) << pl[i];
+  }
+  body["stream"] = true;
+  auto refused = http.Post("/v1/completions", body);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+               {"max_tokens", 2},
+               {"prompt_logprobs", 0}};
+  auto chat_scored = http.Post("/v1/chat/completions", chat);
+  ASSERT_TRUE(chat_scored);
+  ASSERT_EQ(chat_scored->status, 200) << chat_scored->body;
+  const json cr = json::parse(chat_scored->body);
+  ASSERT_EQ(cr["prompt_logprobs"].size(), cr["usage"]["prompt_tokens"].get<size_t>());
+  EXPECT_TRUE(cr["prompt_logprobs"][0].is_null());
+  for (size_t i = 1; i < cr["prompt_logprobs"].size(); ++i) {
+    ASSERT_EQ(cr["prompt_logprobs"][i].size(), 1u);  // the prompt token alone
+    EXPECT_LE(cr["prompt_logprobs"][i].begin().value()["logprob"].get<double>(), 0.0);
+  }
 }
 
 TEST(OpenAiHttpTest, StreamedCompletionIsServerSentEventsEndingInDone) {

@@ -152,6 +152,7 @@ struct StepMeta {
   const int32_t* penalty = nullptr;          // the penalty tokens the samples index
   const int32_t* counts = nullptr;           // their generated counts (parallel)
   const float* bias = nullptr;               // their logit biases (parallel)
+  bool score_rows = false;                   // some of samples is a score row (eager steps only)
   AttentionPlanView plan;
 };
 
@@ -784,14 +785,14 @@ absl::Status CudaBackend::FetchLogprobs(const engine::ForwardBatch& b, int n,
   logprobs->assign(n, engine::RowLogprobs{});
   bool any = false;
   for (int r = 0; r < n && !b.row_samples.empty(); ++r) {
-    any |= b.row_samples[r].on_device && b.row_samples[r].spec.logprobs > 0;
+    any |= b.row_samples[r].on_device && engine::WantsLogprobs(b.row_samples[r].spec);
   }
   if (!any) return absl::OkStatus();
   lp_host_.resize(n);
   RETURN_IF_ERROR(CopyAsync(lp_host_.data(), lp_.data(), n * sizeof(engine::RowLogprobs), stream_));
   RETURN_IF_ERROR(Synchronize(stream_));
   for (int r = 0; r < n; ++r) {
-    if (b.row_samples[r].on_device && b.row_samples[r].spec.logprobs > 0) {
+    if (b.row_samples[r].on_device && engine::WantsLogprobs(b.row_samples[r].spec)) {
       (*logprobs)[r] = lp_host_[r];
     }
   }
@@ -812,8 +813,13 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
     copies_pending_ = false;
   }
   const int n = b.num_tokens();
-  // A pure decode step: one token per sequence, logits for each (so logits_rows is 0..n-1).
-  const bool decode = n > 0 && n == b.num_seqs() && static_cast<int>(b.logits_rows.size()) == n;
+  // A pure decode step: one token per sequence, logits for each (so logits_rows is 0..n-1), none
+  // of them a score row (a prompt token scored: a one-token prefill chunk looks like a decode row,
+  // and the graphs' sampling is captured without the score rows' launch).
+  bool decode = n > 0 && n == b.num_seqs() && static_cast<int>(b.logits_rows.size()) == n;
+  for (size_t r = 0; decode && r < b.row_samples.size(); ++r) {
+    decode = b.row_samples[r].spec.score_token < 0;
+  }
   if (!decode || n > max_graph_batch_) return RunEager(b, sampled, logits, argmax, logprobs);
   const int bucket = GraphBucket(n);
   PadDecodeBatch(b, sampled, bucket);
@@ -903,6 +909,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
     sample_host_.assign(rows, RowSampleParams{});
     for (int r = 0; r < rows && !b.row_samples.empty(); ++r) {
       sample_host_[r] = b.row_samples[r].spec;
+      m.score_rows |= b.row_samples[r].on_device && sample_host_[r].score_token >= 0;
     }
     RETURN_IF_ERROR(EnsureCapacity(&sample_params_, std::max(rows, 1) * sizeof(RowSampleParams)));
     RETURN_IF_ERROR(EnsureCapacity(&lp_, std::max(rows, 1) * sizeof(engine::RowLogprobs)));
@@ -921,6 +928,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
     const int mrows = std::min(o_.max_logits_rows, rows - r0);
     RETURN_IF_ERROR(EnqueueHead(r0, mrows, m));
     // Whole rows only where the caller samples on the host; runs of them copy in one go.
+    const size_t full_before = full_done;
     for (int i = 0; i < mrows;) {
       if (on_device(r0 + i)) {
         ++i;
@@ -934,7 +942,9 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
       full_done += j - i;
       i = j;
     }
-    RETURN_IF_ERROR(Synchronize(stream_));  // logits_ is reused by the next chunk of rows
+    // logits_ is reused by the next chunk of rows: its copies to the host must be done first
+    // (the device's own reads of it, the sampling kernels, are ordered on the stream).
+    if (full_done != full_before && r0 + mrows < rows) RETURN_IF_ERROR(Synchronize(stream_));
   }
   if (sampled && rows > 0) {
     argmax_host_.resize(rows);
@@ -1055,7 +1065,8 @@ absl::Status CudaBackend::EnqueueHead(int r0, int rows, const StepMeta& m) {
                              GemmOut::kF32, stream_));
   if (m.samples == nullptr) return absl::OkStatus();
   return SampleRows(logits_.as<float>(), rows, vocab, m.samples + r0, m.penalty, m.counts, m.bias,
-                    argmax_.as<int32_t>() + r0, lp_.as<engine::RowLogprobs>() + r0, stream_);
+                    argmax_.as<int32_t>() + r0, lp_.as<engine::RowLogprobs>() + r0, stream_,
+                    m.score_rows);
 }
 
 // ---- Decode graphs ----------------------------------------------------------------------------
@@ -1330,7 +1341,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   }
   if (defer_sync_ && full == 0 && argmax != nullptr) {
     bool any_lp = false;
-    for (int r = 0; r < n; ++r) any_lp |= b.row_samples[r].spec.logprobs > 0;
+    for (int r = 0; r < n; ++r) any_lp |= engine::WantsLogprobs(b.row_samples[r].spec);
     if (any_lp) {
       const size_t bytes = max_graph_batch_ * sizeof(engine::RowLogprobs);
       if (lp_pinned_.size() < bytes) RETURN_IF_ERROR(lp_pinned_.Resize(bytes));
@@ -1358,7 +1369,7 @@ absl::Status CudaBackend::CompleteDeferred(int n, std::vector<int32_t>* tokens,
   logprobs->assign(n, engine::RowLogprobs{});
   const auto* lp = reinterpret_cast<const engine::RowLogprobs*>(lp_pinned_.as<int32_t>());
   for (int r = 0; r < n; ++r) {
-    if (pad_.row_samples[r].spec.logprobs > 0) (*logprobs)[r] = lp[r];
+    if (engine::WantsLogprobs(pad_.row_samples[r].spec)) (*logprobs)[r] = lp[r];
   }
   return absl::OkStatus();
 }

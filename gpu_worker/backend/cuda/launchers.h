@@ -43,11 +43,12 @@ cudaError_t LaunchGatherRows(const Bf16* in, const int32_t* rows, int n, int d, 
 cudaError_t LaunchArgmaxRows(const float* logits, int n, int vocab, int32_t* out,
                              cudaStream_t stream);
 // See sample.cu. penalty_tokens / penalty_counts / penalty_bias: indexed by each spec's penalty
-// range; logprobs: [n], written for rows with spec.logprobs > 0.
+// range; logprobs: [n], written for rows where engine::WantsLogprobs; score_rows: some row may
+// be a score row (a second launch runs them).
 cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
                              const int32_t* penalty_tokens, const int32_t* penalty_counts,
                              const float* penalty_bias, int32_t* out, engine::RowLogprobs* logprobs,
-                             cudaStream_t stream);
+                             bool score_rows, cudaStream_t stream);
 size_t SampleRowsSmemBytes(int vocab);
 cudaError_t LaunchGumbelBoundCheck(unsigned long long* violations, cudaStream_t stream);
 // CTAs per kv head that fill exactly one wave of the split attention kernel on the current device.

@@ -166,15 +166,16 @@ absl::Status CopyKvBlocks(void* const* parts, int num_parts, const KvBlockList& 
 absl::Status SampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
                         const int32_t* penalty_tokens, const int32_t* penalty_counts,
                         const float* penalty_bias, int32_t* out, engine::RowLogprobs* logprobs,
-                        Stream stream) {
+                        Stream stream, bool score_rows) {
   if (n < 0 || vocab <= 0) return Bad("SampleRows", "bad shape");
   if (n > 0 && (!logits || !params || !out)) return Bad("SampleRows", "null pointer");
   if (n > 0 && vocab % 4 == 0 && !Aligned16(logits)) {
     return Bad("SampleRows", "logits must be 16-byte aligned");
   }
-  return CudaStatus(internal::LaunchSampleRows(logits, n, vocab, params, penalty_tokens,
-                                               penalty_counts, penalty_bias, out, logprobs, stream),
-                    "SampleRows");
+  return CudaStatus(
+      internal::LaunchSampleRows(logits, n, vocab, params, penalty_tokens, penalty_counts,
+                                 penalty_bias, out, logprobs, score_rows, stream),
+      "SampleRows");
 }
 
 absl::Status CountGumbelBoundViolations(unsigned long long* violations, Stream stream) {

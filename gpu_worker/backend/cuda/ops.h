@@ -129,7 +129,9 @@ absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Str
 
 // out[r] = the token engine::SampleRowRule picks for row r of logits [n, vocab] (float32) with
 // params[r] (engine/sample_rule.h's rule: logit bias, penalties, temperature, min-p, top-k,
-// top-p, Gumbel-max draw), and logprobs[r] its logprobs where params[r].logprobs > 0.
+// top-p, Gumbel-max draw), and logprobs[r] its logprobs where engine::WantsLogprobs(params[r]);
+// a score row (params[r].score_token >= 0) is not drawn: out[r] is its token, logprobs[r] its
+// logprobs and rank. score_rows: some row may be one (false: none is; their rows are skipped).
 // penalty_tokens: the ids params[r].penalty_start/count index (device; may be null when no row
 // lists any), each in [0, vocab); penalty_counts: their generated counts (device, parallel, -1
 // for a token listed for its bias alone; may be null when no row's listed tokens carry entries:
@@ -140,7 +142,7 @@ absl::Status ArgmaxRows(const float* logits, int n, int vocab, int32_t* out, Str
 absl::Status SampleRows(const float* logits, int n, int vocab, const RowSampleParams* params,
                         const int32_t* penalty_tokens, const int32_t* penalty_counts,
                         const float* penalty_bias, int32_t* out, engine::RowLogprobs* logprobs,
-                        Stream stream);
+                        Stream stream, bool score_rows = false);
 
 // *violations (device, one counter; the call zeroes it) = how many of the 2^24 uniforms
 // engine::TokenUniform gives (engine::UniformOf) have a Gumbel noise above the bounds SampleRows'

@@ -87,6 +87,9 @@ struct Smem {
   u64 above;
   int ncand;
   int nsmall, small_at;  // ExactSelect's
+  // (cluster) score rows: this CTA's tokens ranked at or above the scored one. Last: placed
+  // beside x_weight_sum it moved the other fields and the drawn instance spilled 28 bytes more.
+  u64 x_rank;
 };
 static_assert(sizeof(Smem::mass) >= (2 * kSmallN + 2) * sizeof(u64), "ExactSelect's scratch");
 
@@ -777,7 +780,10 @@ __device__ __noinline__ uint32_t ListedKey(float x, int v, int vocab, const Samp
 // One row's share (this CTA's slice) of SampleKernel's work. kCounted: the row's listed tokens
 // carry entries (UsesEntries: generated counts, and logit biases where biased), looked up by
 // rank; a separate instance, so rows without them run the plain path's code.
-template <bool kCounted>
+// kScore: the instance for score rows (SampleSpec::score_token): no penalties, filters or draw;
+// the row's token is the scored one, with its logprobs and rank. The other instance never sees
+// one (SampleKernel), so its code is what it was before score rows existed.
+template <bool kCounted, bool kScore = false>
 __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const SampleSpec& sp,
                                           const SampleSpec* specs, const int32_t* penalty_tokens,
                                           const int32_t* penalty_counts, const float* penalty_bias,
@@ -790,7 +796,7 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
   const int row = blockIdx.x / parts;
   const Slice sl = SliceOf(vocab, rank, parts);
   const float* z = logits + static_cast<int64_t>(row) * vocab;
-  const bool pen = engine::UsesPenalty(sp);
+  const bool pen = !kScore && engine::UsesPenalty(sp);
   constexpr bool counted = kCounted;
   if (pen) {  // the whole row's bitmap (a slice may hold any listed token)
     for (int i = threadIdx.x; i < words; i += kThreads) bitmap[i] = 0;
@@ -828,9 +834,15 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
     }
   };
   auto raw_key = [](int, float x) { return engine::OrderKey(engine::Canon(x)); };
-  const bool greedy = sp.temperature == 0.0f;
-  const bool filters = engine::HasFilters(sp, vocab);
+  const bool greedy = kScore || sp.temperature == 0.0f;
+  const bool filters = !kScore && engine::HasFilters(sp, vocab);
   const int n_lp = min(sp.logprobs, vocab);
+  const bool want_lp = kScore || n_lp > 0;  // the weight sum (lse) is needed
+  // Score rows: the scored token's raw key, and how many of this thread's tokens rank at or above
+  // it (vLLM's rank counts ties).
+  uint32_t score_key = 0;
+  u64 rank_count = 0;
+  if constexpr (kScore) score_key = engine::OrderKey(engine::Canon(z[sp.score_token]));
 
   // Pass 1: the best score key (greedy's token, the filters' max), the least score key (where the
   // filters' bins start), the max raw key, and each warp's top n_lp raw keys by (key desc, id
@@ -856,6 +868,7 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
               if (k > best_key || (k == best_key && v < best_id)) best_key = k, best_id = v;
               min_key = min(min_key, k);
               r[j] = raw_key(v, QuadAt(q, j));
+              if constexpr (kScore) rank_count += r[j] >= score_key ? 1 : 0;
               rk = max(rk, r[j]);
               enters = enters || KeyBefore(r[j], v, top.last_key, top.last_id);
             }
@@ -993,7 +1006,7 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
       if (sh.cand_key[i] >= floor_key) draw.One(sh.cand_id[i], sh.cand_key[i]);
     }
   }
-  const bool draw_pass = !greedy && !cands_cover, weights_pass = n_lp > 0 && !weights_done;
+  const bool draw_pass = !greedy && !cands_cover, weights_pass = want_lp && !weights_done;
   if (draw_pass || weights_pass) {
     ForEachQuad(
         z, vocab, sl,
@@ -1017,15 +1030,17 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
   float best_score = draw.best_score;
   int draw_id = draw.draw_id;
   if (!greedy) BlockBestScore(best_score, draw_id, sh);
-  if (n_lp > 0) weight_sum = BlockSum(weight_sum, sh);
+  if (want_lp) weight_sum = BlockSum(weight_sum, sh);
+  if constexpr (kScore) rank_count = BlockSum(rank_count, sh);
   if (threadIdx.x == 0) {
     sh.x_draw_score = best_score, sh.x_draw_id = draw_id, sh.x_weight_sum = weight_sum;
+    if constexpr (kScore) sh.x_rank = rank_count;
   }
   cl.sync();
   if (rank == 0) {
     // Rank 0 combines the cluster's draws, weight sums and top logprob lists and writes the row.
-    int token = best_id;
-    u64 wsum = 0;
+    int token = kScore ? sp.score_token : best_id;
+    u64 wsum = 0, rank_sum = 0;
     if (!greedy) {
       best_score = 0.0f, token = -1;
       for (int r = 0; r < parts; ++r) {
@@ -1035,7 +1050,10 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
       }
     }
     if (threadIdx.x == 0) out[row] = token;
-    if (n_lp > 0) {
+    if constexpr (kScore) {
+      for (int r = 0; r < parts; ++r) rank_sum += cl.map_shared_rank(&sh, r)->x_rank;
+    }
+    if (want_lp) {
       for (int r = 0; r < parts; ++r) wsum += cl.map_shared_rank(&sh, r)->x_weight_sum;
       for (int i = threadIdx.x; i < parts * n_lp; i += kThreads) {
         const Smem* o = cl.map_shared_rank(&sh, i / n_lp);
@@ -1043,7 +1061,7 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
       }
     }
     cl.sync();  // the other CTAs may exit now
-    if (n_lp > 0) {
+    if (want_lp) {
       // Logprobs: lse from the exact weight sum; the cluster's candidates ranked give the top
       // n_lp (sentinels rank past them: n_lp <= vocab real keys precede them).
       const double lse = engine::LogSumExp(max_z, wsum);
@@ -1060,6 +1078,7 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
       }
       if (threadIdx.x == 0) {
         o.num_top = n_lp;
+        o.rank = static_cast<int32_t>(rank_sum);  // (0 but in score rows, as on the host)
         o.sampled = engine::LogprobOf(z[token], lse);
       }
     }
@@ -1069,7 +1088,9 @@ __device__ __forceinline__ void SampleRow(const float* logits, int vocab, const 
 }
 
 // Grid: rows * split CTAs in clusters of `split`; the cluster of row r is CTAs
-// [r * split, (r + 1) * split).
+// [r * split, (r + 1) * split). Each instance skips the other's rows: kScore runs the score rows
+// (launched only for batches that have some), the other every other row.
+template <bool kScore>
 __global__ void __launch_bounds__(kThreads, 2)
     SampleKernel(const float* logits, int vocab, const SampleSpec* specs,
                  const int32_t* penalty_tokens, const int32_t* penalty_counts,
@@ -1078,7 +1099,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ uint4 smem_raw[];
   Smem& sh = *reinterpret_cast<Smem*>(smem_raw);
   const SampleSpec sp = specs[blockIdx.x / cg::this_cluster().num_blocks()];
-  if (engine::UsesPenalty(sp) && engine::UsesEntries(sp)) {
+  if ((sp.score_token >= 0) != kScore) return;  // (the whole cluster: one row, one spec)
+  if constexpr (kScore) {
+    SampleRow<false, true>(logits, vocab, sp, specs, penalty_tokens, penalty_counts, penalty_bias,
+                           out, lp_out, sh);
+  } else if (engine::UsesPenalty(sp) && engine::UsesEntries(sp)) {
     SampleRow<true>(logits, vocab, sp, specs, penalty_tokens, penalty_counts, penalty_bias, out,
                     lp_out, sh);
   } else {
@@ -1111,8 +1136,11 @@ int SplitFor(int n) {
 
 cudaError_t EnsureSetUp(size_t smem) {
   if (smem <= g_smem_set.load() && g_max_split.load() > 0) return cudaSuccess;
-  cudaError_t e = cudaFuncSetAttribute(SampleKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem));
+  cudaError_t e = cudaFuncSetAttribute(
+      SampleKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(SampleKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
   if (e != cudaSuccess) return e;
   int device = 0, sms = 0;
   if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
@@ -1132,7 +1160,7 @@ cudaError_t EnsureSetUp(size_t smem) {
     config.attrs = &attr;
     config.numAttrs = 1;
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, SampleKernel, &config) == cudaSuccess &&
+    if (cudaOccupancyMaxActiveClusters(&clusters, SampleKernel<false>, &config) == cudaSuccess &&
         clusters > 0) {
       break;
     }
@@ -1161,7 +1189,7 @@ size_t SampleRowsSmemBytes(int vocab) {
 cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const SampleSpec* specs,
                              const int32_t* penalty_tokens, const int32_t* penalty_counts,
                              const float* penalty_bias, int32_t* out, engine::RowLogprobs* logprobs,
-                             cudaStream_t stream) {
+                             bool score_rows, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const size_t smem = SampleRowsSmemBytes(vocab);
   if (cudaError_t e = EnsureSetUp(smem); e != cudaSuccess) return e;
@@ -1180,9 +1208,12 @@ cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const Sample
   attrs[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attrs;
   config.numAttrs = ProgrammaticLaunchEnabled() ? 2 : 1;
-  const cudaError_t err =
-      cudaLaunchKernelEx(&config, SampleKernel, logits, vocab, specs, penalty_tokens,
-                         penalty_counts, penalty_bias, out, logprobs);
+  cudaError_t err = cudaLaunchKernelEx(&config, SampleKernel<false>, logits, vocab, specs,
+                                       penalty_tokens, penalty_counts, penalty_bias, out, logprobs);
+  if (err == cudaSuccess && score_rows) {
+    err = cudaLaunchKernelEx(&config, SampleKernel<true>, logits, vocab, specs, penalty_tokens,
+                             penalty_counts, penalty_bias, out, logprobs);
+  }
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
