@@ -54,8 +54,9 @@
 // "super" (the two-level fold order where the device runs it,
 // CudaBackendOptions::attention_super_tiles = 0: other bits than the default), "noprefetch" (no L2
 // prefetch of the weights: CudaBackendOptions::prefetch_weights_max_rows = 0; the same bits),
-// "prefetchall" (prefetched at every decode batch, not only up to 64 rows), "prefetchearly" (a
-// layer's o_proj / gate_up / down_proj weights prefetched during its attention instead of after
+// "prefetchall" (prefetched at every decode batch, not only up to 16 rows), "prefetchrowsN"
+// (steps of up to N rows prefetch: CudaBackendOptions::prefetch_weights_max_rows), "prefetchearly"
+// (a layer's o_proj / gate_up / down_proj weights prefetched during its attention instead of after
 // it), "prefetchctasN" (N CTAs issue each prefetch instead of 16), "ownsmem" (a wide cascade step's
 // own tiles on the shared-memory split kernel instead of the persistent decode kernel: attention.h
 // SetOwnTilesOnPersistentDecode(false); the same bits), "dwn8" (the persistent decode kernel's
@@ -223,10 +224,10 @@ struct Variant {
   // CudaBackendOptions::persistent_decode_min_tiles (the backend sets it process-wide at load);
   // -1 here: its default.
   int ws_min_tiles = -1;
-  bool single_level = false;    // CudaBackendOptions::attention_single_level
-  int prefill_min_m = 1024;     // CudaBackendOptions::gemm_prefill_min_m
-  int super_tiles = 1;          // CudaBackendOptions::attention_super_tiles
-  int prefetch_max_rows = 64;   // CudaBackendOptions::prefetch_weights_max_rows
+  bool single_level = false;  // CudaBackendOptions::attention_single_level
+  int prefill_min_m = 1024;   // CudaBackendOptions::gemm_prefill_min_m
+  int super_tiles = 1;        // CudaBackendOptions::attention_super_tiles
+  int prefetch_max_rows = cuda::kDefaultPrefetchWeightsMaxRows;  // ::prefetch_weights_max_rows
   int prefetch_ctas = 16;       // CudaBackendOptions::prefetch_weights_ctas
   bool prefetch_early = false;  // CudaBackendOptions::prefetch_weights_early
   bool own_tiles_ws = true;     // attention.h SetOwnTilesOnPersistentDecode (process-wide)
@@ -264,6 +265,9 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "smallchoice") return v->choose_small = true, true;
   if (name == "noprefetch") return v->prefetch_max_rows = 0, true;
   if (name == "prefetchall") return v->prefetch_max_rows = 256, true;  // every decode bucket
+  if (absl::StartsWith(name, "prefetchrows")) {  // prefetchrowsN: steps of up to N rows prefetch
+    return absl::SimpleAtoi(name.substr(12), &v->prefetch_max_rows) && v->prefetch_max_rows >= 0;
+  }
   if (name == "prefetchearly") return v->prefetch_early = true, true;
   if (absl::StartsWith(name, "prefetchctas")) {
     return absl::SimpleAtoi(name.substr(12), &v->prefetch_ctas) && v->prefetch_ctas >= 1 &&

@@ -146,8 +146,10 @@ struct CudaBackendOptions {
   // o_proj + gate_up + down_proj, or its qkv) fits the device's L2 (qwen3-0.6b: 23 MB of a 50 MB
   // L2): larger weights are evicted before their GEMM reads them, and the prefetch then only adds
   // device-memory traffic (H200, run 29: qwen3-8b 1.44x / 1.27x slower at batch 1 / 64 with it,
-  // llama-3.2-1b 1.24x at 1-64); the decode GEMM choice then times with cold weights too.
-  int prefetch_weights_max_rows = 64;
+  // llama-3.2-1b 1.24x at 1-64); the decode GEMM choice then times with cold weights too. Up to
+  // 16 rows since session 46 (kDefaultPrefetchWeightsMaxRows: no gain at 24-64 rows, and a 15%
+  // spread at 64 between identical engines with it).
+  int prefetch_weights_max_rows = kDefaultPrefetchWeightsMaxRows;
   int prefetch_weights_ctas = 16;  // CTAs of one warp issuing each prefetch's bulk copies
   bool prefetch_weights_early = false;
   int max_graph_batch = 256;  // also capped by max_logits_rows and max_num_tokens

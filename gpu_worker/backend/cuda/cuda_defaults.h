@@ -40,6 +40,13 @@ inline constexpr bool kDefaultDecodeGemmChooseSmall = false;
 // attention_super_tiles, attention.h SuperTilesFor; the worker's --attention_fold_order=two_level).
 inline constexpr int kSuperTiles = 4;
 
+// CudaBackendOptions::prefetch_weights_max_rows: captured decode steps of up to this many rows
+// prefetch each layer's later weights into L2. 16 since session 46 (64 before): on an H200,
+// qwen3-0.6b, three engines each, no prefetch / prefetch at 24-64 rows 0.98-0.99x (prompt 128) and
+// 0.97 / 0.93x at 32 / 64 (prompt 512), and with it batch 64's step spread 1.74-2.03 ms between
+// identical engines (1.78-1.82 without: the "unexplained" spread of sessions 42-45); at 16 rows
+// within 1% either way (bench/engine/NOTES.md run 32).
+inline constexpr int kDefaultPrefetchWeightsMaxRows = 16;
 // Whether the decode graphs' L2 weight prefetch (CudaBackendOptions::prefetch_weights_max_rows) is
 // used for a model on a device with an L2 of l2_bytes: what one prefetch hints, a layer's o_proj +
 // gate_up + down_proj (hidden x (q_width + 3 inter) bf16 values) or its qkv (hidden x (q_width +
