@@ -231,18 +231,25 @@ bool Turn::OnMessage(const WorkerServiceGenerateResponse& msg) {
   }
   if (msg.has_tokens() && msg.tokens().prompt_logprobs_size() > 0) {
     // The prompt's logprobs, each relayed once (the same bits from any attempt: a prompt's
-    // logits do not depend on the worker or the cache).
+    // logits do not depend on the worker or the cache), at most kPromptLogprobsPerDelta a delta:
+    // a worker step scores up to 4096 prompt tokens, each entry with up to 21 tokens' texts,
+    // which in one message could pass the client's or this server's message size limit.
+    constexpr int kPromptLogprobsPerDelta = 128;
     cascade::v2::TokenDelta delta;
+    auto emit = [&] {
+      if (delta.prompt_logprobs_size() == 0) return;
+      GenerateResponse ev;
+      *ev.mutable_delta() = std::move(delta);
+      delta.Clear();
+      sink_->Emit(std::move(ev));
+    };
     for (const auto& lp : msg.tokens().prompt_logprobs()) {
       if (prompt_logprobs_attempt_++ < prompt_logprobs_relayed_) continue;
       ++prompt_logprobs_relayed_;
       AddTexts(lp, delta.add_prompt_logprobs());
+      if (delta.prompt_logprobs_size() == kPromptLogprobsPerDelta) emit();
     }
-    if (delta.prompt_logprobs_size() > 0) {
-      GenerateResponse ev;
-      *ev.mutable_delta() = std::move(delta);
-      sink_->Emit(std::move(ev));
-    }
+    emit();
   }
   if (msg.has_tokens() && msg.tokens().token_ids_size() > 0) {
     const auto now = std::chrono::steady_clock::now();

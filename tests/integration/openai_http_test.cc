@@ -239,6 +239,24 @@ TEST(OpenAiHttpTest, PromptLogprobsAreTheGeneratedTokensLogprobs) {
     }
     for (const auto& e : b.prompt_logprobs) EXPECT_LE(e.sampled().logprob(), 0.0f);
   }
+  // A prompt of hundreds of tokens: every entry, in deltas of at most 128 (a worker step scores
+  // up to 4096 rows; the gateway splits them), each with a rank.
+  std::string long_text;
+  for (int i = 0; i < 60; ++i) long_text += "Tell me about prefix caching. ";
+  cascade::v2::GenerateRequest long_req = Req("", long_text, 1);
+  long_req.set_add_generation_prompt(false);
+  long_req.mutable_sampling()->set_prompt_logprobs(1);
+  const Reply l = Generate(stack.gateway(), long_req);
+  ASSERT_TRUE(l.status.ok()) << l.status.error_message();
+  ASSERT_GT(l.start.prompt_tokens(), 256);
+  ASSERT_EQ(static_cast<int64_t>(l.prompt_logprobs.size()), l.start.prompt_tokens() - 1);
+  EXPECT_LE(l.most_prompt_logprobs_a_delta, 128);
+  EXPECT_GE(l.prompt_logprob_deltas, 3);
+  for (const auto& e : l.prompt_logprobs) {
+    EXPECT_GE(e.rank(), 1);
+    EXPECT_LE(e.sampled().logprob(), 0.0f);
+    EXPECT_EQ(e.top_size(), 1);
+  }
 
   Http http(stack.gateway_server().http_port());
   json body = {{"prompt", "Once upon a time"}, {"max_tokens", 3}, {"temperature", 0},

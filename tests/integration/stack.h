@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -289,6 +290,8 @@ struct Reply {
   std::string text;
   std::vector<cascade::v2::LogprobEntry> logprobs;         // the generated tokens'
   std::vector<cascade::v2::LogprobEntry> prompt_logprobs;  // sampling.prompt_logprobs
+  int prompt_logprob_deltas = 0;                           // deltas that carried some
+  int most_prompt_logprobs_a_delta = 0;
   cascade::v2::GenerateFinish finish;
   bool has_finish = false;
 };
@@ -316,6 +319,11 @@ inline Reply Generate(cascade::v2::GatewayService::Stub& stub,
       r.logprobs.insert(r.logprobs.end(), m.delta().logprobs().begin(), m.delta().logprobs().end());
       r.prompt_logprobs.insert(r.prompt_logprobs.end(), m.delta().prompt_logprobs().begin(),
                                m.delta().prompt_logprobs().end());
+      if (m.delta().prompt_logprobs_size() > 0) {
+        ++r.prompt_logprob_deltas;
+        r.most_prompt_logprobs_a_delta =
+            std::max(r.most_prompt_logprobs_a_delta, m.delta().prompt_logprobs_size());
+      }
     }
     if (m.has_finish()) {
       r.finish = m.finish();
