@@ -38,6 +38,9 @@ grpcurl -plaintext -d '{"chunks":[{"kind":"CHUNK_KIND_SYSTEM","text":"You are te
 ## invalid: bad input is answered INVALID_ARGUMENT naming the field (grpcurl exits 64 + 3 = 67)
 grpcurl -plaintext -d '{"chunks":[{"kind":"CHUNK_KIND_QUERY","text":"Hi"}],"sampling":{"maxTokens":0}}' localhost:50051 cascade.v2.GatewayService/Generate
 
+## score: a prompt scored (vLLM's prompt_logprobs): deltas with each prompt token's logprob, rank and top token, then the generated one
+grpcurl -plaintext -d '{"chunks":[{"kind":"CHUNK_KIND_RAW","text":"The capital of France is Paris."}],"sampling":{"maxTokens":1,"temperature":0,"promptLogprobs":1}}' localhost:50051 cascade.v2.GatewayService/Generate
+
 ## list-chunks: the registry's admin view of the chunks and which worker holds them
 grpcurl -cacert /tmp/cascade-certs/ca.crt -cert /tmp/cascade-certs/admin.crt -key /tmp/cascade-certs/admin.key -servername registry.cascade.internal localhost:50052 cascade.v2.ChunkRegistryService/ListChunks
 

@@ -235,6 +235,16 @@ for name in "${ORDER[@]}"; do
       grep -q '^  Message: .*max_tokens' "$ERR_FILE" || mismatch "expected a message naming max_tokens"
       [[ ! -s "$OUT_FILE" ]] || mismatch "expected no response messages"
       ;;
+    score)
+      expect_rc 0
+      expect_js "the prompt's first token in the start, then every other prompt token scored once (logprob <= 0, rank >= 1, one top token), computed (cachedTokens 0), then one generated token" \
+        'const s = msgs[0].start; const n = Number(s.promptTokens);
+         const lps = msgs.filter((m) => m.delta).flatMap((m) => m.delta.promptLogprobs || []);
+         return s.firstPromptToken && Number.isInteger(s.firstPromptToken.tokenId) && n > 1 &&
+           Number(s.cachedTokens || 0) === 0 && lps.length === n - 1 &&
+           lps.every((e) => e.sampled.logprob <= 0 && e.rank >= 1 && e.top.length === 1) &&
+           ('"$GENERATE_TOKENS"').length === 1;'
+      ;;
     list-chunks)
       expect_rc 0
       expect_js "the prompt's system, query and generation-prompt chunks, one held by worker-0" \
