@@ -899,9 +899,8 @@ void EngineImpl::Collect(const std::vector<uint64_t>& cancels, std::vector<Seque
       if (next != seq.prompt_logprobs_next) continue;  // (emitted before a preemption)
       RowLogprobs lp;
       if (prow != nullptr) {
-        RowLogprobsOf(prow, backend_->VocabSize(), seq.tokens[next], seq.sampling.prompt_logprobs,
-                      &lp);
-        lp.rank = TokenRank(prow, backend_->VocabSize(), seq.tokens[next]);
+        ScoreRowOf(prow, backend_->VocabSize(), seq.tokens[next], seq.sampling.prompt_logprobs,
+                   &lp);
       } else {
         lp = result.logprobs[row];
       }

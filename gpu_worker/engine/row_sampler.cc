@@ -46,13 +46,17 @@ int32_t TokenRank(const float* logits, int vocab, int32_t token) {
   return rank;
 }
 
+void ScoreRowOf(const float* logits, int vocab, int32_t token, int n, RowLogprobs* out) {
+  RowLogprobsOf(logits, vocab, token, n, out);
+  out->rank = TokenRank(logits, vocab, token);
+}
+
 int32_t SampleRowRule(const float* logits, int vocab, const SampleSpec& spec,
                       std::span<const int32_t> penalty_tokens,
                       std::span<const int32_t> penalty_counts, std::span<const float> penalty_bias,
                       RowLogprobs* logprobs) {
   if (spec.score_token >= 0) {  // a score row: nothing drawn (step 5 and the rank)
-    RowLogprobsOf(logits, vocab, spec.score_token, spec.logprobs, logprobs);
-    logprobs->rank = TokenRank(logits, vocab, spec.score_token);
+    ScoreRowOf(logits, vocab, spec.score_token, spec.logprobs, logprobs);
     return spec.score_token;
   }
   std::vector<bool> penalized;

@@ -27,4 +27,7 @@ void RowLogprobsOf(const float* logits, int vocab, int32_t token, int n, RowLogp
 // vLLM's rank of `token` in one row: the number of tokens v with OrderKey(Canon(z_v)) >= its own.
 int32_t TokenRank(const float* logits, int vocab, int32_t token);
 
+// A score row's result (SampleSpec::score_token): `token`'s logprob, the top n and its rank.
+void ScoreRowOf(const float* logits, int vocab, int32_t token, int n, RowLogprobs* out);
+
 }  // namespace cascade::engine
