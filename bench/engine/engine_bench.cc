@@ -99,9 +99,12 @@
 // Timing: host steady clock around Engine::Step() calls (a step returns after the backend has
 // copied the logits to the host, so it includes all device work). "fwd %" is the share of the
 // step time spent inside Backend::Forward (device work + logits copy); the rest is the engine's
-// host work (scheduling, sampling, output). On CUDA, "bytes floor ms" is a decode step's bytes
-// (every weight once, LM head included, plus each row's K and V over its mean context) at the
-// device's measured copy rate, and "floor / step" that floor over the measured step; the
+// host work (scheduling, sampling, output). "host gap us" is, per decode step, the time from a
+// step's results reaching the host to the next step's launch returning (the device has nothing of
+// the engine's to run for about that long), "launch us" the part of it inside the backend's
+// LaunchSampled (planning, staging, copies, graph launch). On CUDA, "bytes floor ms" is a decode
+// step's bytes (every weight once, LM head included, plus each row's K and V over its mean context)
+// at the device's measured copy rate, and "floor / step" that floor over the measured step; the
 // nano-vllm section prints its decode steps' floor likewise (K/V token reads from the requests'
 // own lengths), the output tok/s no run of that workload can pass on this device.
 #include <algorithm>
@@ -419,11 +422,24 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
   return true;
 }
 
+// Host time around a step's launch (TimedBackend), for the decode table's "host gap" and
+// "launch" columns: gap_s sums, over the launches that follow a collected step, the time from that
+// step's results reaching the host (FinishSampled returned) to the next launch returning: the
+// device has nothing of the engine's to run for about that long (the wait, the engine's collect,
+// its scheduling where not overlapped, and the launch). launch_s sums the time inside
+// LaunchSampled (the backend's planning, staging, copies and graph launch).
+struct LaunchTimes {
+  double gap_s = 0;
+  double launch_s = 0;
+  bool ready = false;  // a step's results reached the host and no launch followed yet
+  Clock::time_point ready_at;
+};
+
 // Times Backend::Forward and ForwardSampled (host clock; they return with results on the host).
 class TimedBackend : public engine::Backend {
  public:
-  TimedBackend(std::unique_ptr<engine::Backend> inner, double* forward_s)
-      : inner_(std::move(inner)), forward_s_(forward_s) {}
+  TimedBackend(std::unique_ptr<engine::Backend> inner, double* forward_s, LaunchTimes* launches)
+      : inner_(std::move(inner)), forward_s_(forward_s), launches_(launches) {}
   std::string Name() const override { return inner_->Name(); }
   std::string KvNumerics() const override { return inner_->KvNumerics(); }
   int64_t NumBlocks() const override { return inner_->NumBlocks(); }
@@ -448,20 +464,27 @@ class TimedBackend : public engine::Backend {
   absl::Status LaunchSampled(const engine::ForwardBatch& b) override {
     const auto t0 = Clock::now();
     absl::Status st = inner_->LaunchSampled(b);
-    *forward_s_ += Seconds(t0, Clock::now());
+    const auto t1 = Clock::now();
+    *forward_s_ += Seconds(t0, t1);
+    launches_->launch_s += Seconds(t0, t1);
+    if (launches_->ready) launches_->gap_s += Seconds(launches_->ready_at, t1);
+    launches_->ready = false;
     return st;
   }
   absl::Status FinishSampled(std::vector<float>* logits, std::vector<int32_t>* argmax,
                              std::vector<engine::RowLogprobs>* logprobs) override {
     const auto t0 = Clock::now();
     absl::Status st = inner_->FinishSampled(logits, argmax, logprobs);
-    *forward_s_ += Seconds(t0, Clock::now());
+    launches_->ready_at = Clock::now();
+    launches_->ready = true;
+    *forward_s_ += Seconds(t0, launches_->ready_at);
     return st;
   }
 
  private:
   std::unique_ptr<engine::Backend> inner_;
   double* forward_s_;
+  LaunchTimes* launches_;
 };
 
 // --backend=null: no model work. Each batch is checked as every backend checks it, and every row
@@ -546,6 +569,7 @@ struct Bench {
   int max_batched_tokens = 8192;
   int64_t max_context = 16384;
   double forward_s = 0;                      // accumulated by the current engine's TimedBackend
+  LaunchTimes launches;                      // likewise
   const engine::Backend* backend = nullptr;  // the current engine's backend (owned by it)
   double copy_bytes_per_s = 0;  // device-to-device copy rate (read + written), CUDA only
 
@@ -681,6 +705,7 @@ struct Bench {
       std::exit(1);
     }
     forward_s = 0;
+    launches = LaunchTimes{};
     engine::EngineOptions eo;
     eo.model_name = model.name();
     eo.max_num_seqs = max_seqs;
@@ -692,7 +717,8 @@ struct Bench {
     eo.overlap_min_rows = variant.overlap_min_rows;
     eo.debug_capture_logits = variant.host_score;
     if (variant.prompt_logprob_rows > 0) eo.max_prompt_logprob_rows = variant.prompt_logprob_rows;
-    return engine::NewEngine(eo, std::make_unique<TimedBackend>(std::move(backend), &forward_s));
+    return engine::NewEngine(
+        eo, std::make_unique<TimedBackend>(std::move(backend), &forward_s, &launches));
   }
 
   std::vector<int32_t> RandomTokens(std::mt19937& rng, int n) {
@@ -726,6 +752,8 @@ struct PhaseResult {
   int64_t decode_tokens = 0;  // tokens produced in those steps
   int decode_steps = 0;
   double decode_forward_s = 0;
+  double decode_gap_s = 0;     // LaunchTimes::gap_s over the decode steps
+  double decode_launch_s = 0;  // LaunchTimes::launch_s over the decode steps
   double total_s = 0;
   int64_t prompt_tokens_computed = 0;
 };
@@ -751,7 +779,7 @@ PhaseResult RunBatch(Bench& b, engine::Engine& e, const std::vector<engine::Requ
   size_t firsts = 0, finished = 0;
   bool decoding = false;
   Clock::time_point t_decode;
-  double fwd_at_decode = 0;
+  double fwd_at_decode = 0, gap_at_decode = 0, launch_at_decode = 0;
   while (finished < reqs.size()) {
     auto outs = e.Step();
     if (!outs.ok()) {
@@ -779,6 +807,8 @@ PhaseResult RunBatch(Bench& b, engine::Engine& e, const std::vector<engine::Requ
       decoding = true;
       t_decode = Clock::now();
       fwd_at_decode = b.forward_s;
+      gap_at_decode = b.launches.gap_s;
+      launch_at_decode = b.launches.launch_s;
       r.first_tokens_s = Seconds(t0, t_decode);
     }
   }
@@ -786,6 +816,8 @@ PhaseResult RunBatch(Bench& b, engine::Engine& e, const std::vector<engine::Requ
   r.total_s = Seconds(t0, t1);
   r.decode_s = Seconds(t_decode, t1);
   r.decode_forward_s = b.forward_s - fwd_at_decode;
+  r.decode_gap_s = b.launches.gap_s - gap_at_decode;
+  r.decode_launch_s = b.launches.launch_s - launch_at_decode;
   r.prompt_tokens_computed = e.Stats().prompt_tokens_computed - computed0;
   return r;
 }
@@ -893,7 +925,7 @@ void DecodeSection(Bench& b) {
           sampler == "greedy" && b.flags.temperature == 0 ? "greedy" : "seeded sampling");
       std::printf(
           "| batch | decode tok/s | ms/step | fwd %% | prefill s | bytes floor ms | floor / step "
-          "|\n|---:|---:|---:|---:|---:|---:|---:|\n");
+          "| host gap us | launch us |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
       std::mt19937 rng(b.flags.seed + 1);
       {  // warm-up: first-use costs (GEMM algorithm choice, allocations) stay out of the numbers
         std::vector<engine::Request> w;
@@ -914,11 +946,13 @@ void DecodeSection(Bench& b) {
         const double step_ms = 1e3 * r.decode_s / std::max(1, r.decode_steps);
         ms[column][batch] = step_ms;
         const double floor_ms = b.DecodeFloorMs(batch);
+        const int steps = std::max(1, r.decode_steps);
         std::printf(
-            "| %d | %.0f | %.3f | %.0f | %.3f | %s | %s |\n", batch, r.decode_tokens / r.decode_s,
-            step_ms, 100.0 * r.decode_forward_s / r.decode_s, r.first_tokens_s,
-            floor_ms > 0 ? absl::StrFormat("%.3f", floor_ms).c_str() : "-",
-            floor_ms > 0 ? absl::StrFormat("%.0f%%", 100.0 * floor_ms / step_ms).c_str() : "-");
+            "| %d | %.0f | %.3f | %.0f | %.3f | %s | %s | %.1f | %.1f |\n", batch,
+            r.decode_tokens / r.decode_s, step_ms, 100.0 * r.decode_forward_s / r.decode_s,
+            r.first_tokens_s, floor_ms > 0 ? absl::StrFormat("%.3f", floor_ms).c_str() : "-",
+            floor_ms > 0 ? absl::StrFormat("%.0f%%", 100.0 * floor_ms / step_ms).c_str() : "-",
+            1e6 * r.decode_gap_s / steps, 1e6 * r.decode_launch_s / steps);
         std::fflush(stdout);
       }
       b.PrintCounters();
