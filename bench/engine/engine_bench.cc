@@ -13,58 +13,57 @@
 //                [--variants=default,eager,heuristic] [--temperature=T]
 //                [--samplers=greedy,temperature,topk,topp,minp,penalty,freqpres,logprobs,all,bias]
 //                [--nano_seqs=256] [--nano_min_len=100] [--nano_max_len=1024] [--tune_log=1]
-//                [--rounds=1]
+//                [--rounds=1] [--decode_warm=full|bucket]
 //
 // Decode variants (CUDA backend), run one after another in the same process so they compare
 // on the same device state: "default" (deterministic: pinned GEMM algorithms, decode CUDA
-// graphs, verified small-m and decode GEMMs), "eager" (no decode graphs), "cublas" (no small-m
-// or decode GEMMs: the pinned cuBLASLt algorithm at every m), "nodecodegemm" (no DecodeGemm:
-// SmallGemm and cuBLASLt as before it; the same bits), "coldchoice" (that choice timed one launch
-// at a time on flushed L2 for every bucket, as before session 36), "smallchoice" (SmallGemm among
-// that choice's candidates, as before session 42; the same bits), "nopdl" (kernels launched
-// without programmatic dependent launch), "heuristic" (cuBLAS heuristics per m, no pinning, graphs
-// on: the cost of determinism is default vs heuristic), "overlap" (default with the engine's
-// overlapped schedule: step n+1 scheduled and built while step n runs), "overlapN" (overlapped
-// after steps of N rows or more: EngineOptions::overlap_min_rows, the worker's default 32),
-// "splitk" (the batch-invariant split-K rule of gemm.h: o_proj / down_proj of narrow models in k
-// slices; the default since session 42), "nosplit" (no split-K: the default from run 8 to
-// session 41), "split2" / "split4" / "split8" (that
-// many k slices for every GEMM whose k allows it, the LM head excepted), "colsN" (the rule with
-// S n <= N output columns instead of 4096: CudaBackendOptions::split_columns; other bits),
-// "resminN" (o_proj / down_proj in at least N slices under the rule instead of 2:
-// CudaBackendOptions::split_residual_min; resmin1 is the rule before session 45, which left
-// qwen3-8b's unsplit; other bits), "refN" (the pinned GEMM
-// algorithms picked by cuBLASLt's heuristic at m = N instead of 256, e.g. ref1024), "block32" /
-// "block64" (KV blocks of 32 / 64 tokens instead of 16: coarser prefix sharing, fewer and larger
-// copies for the Hopper prefill kernel), "nofold" (no attention fold items: every split item writes
-// one partial per tile, as before fold items; the same bits), "nofinish" (fold items never write a
-// row's output themselves: every decode row goes through the merge; the same bits), "untuned" (the
-// pinned GEMM algorithms at every decode graph bucket, no tuning: the default below hidden 2048),
-// "tuned" / "tuneN" (GEMMs tuned at the decode buckets up to m = 64 / N, gemm.h; the same bits),
-// "earlyN" (DecodeGemm CTAs copy N chunks of weights before waiting for the previous kernel instead
-// of 2; early0: none; the same bits), "nofusesilu" (SiluMul as its own kernel after gate_up's
-// DecodeGemm; the same bits), "splitprefetch" / "splitsmem" / "splitreg" (every plan's split
-// attention items on that form of the split kernel, launchers.h SetSplitVariant, instead of the
-// plan's choice; the same bits), "ws" / "nows" (plans of whole decode rows on the persistent decode
-// kernel at any row length / never: attention.h SetDecodeWsMinTiles; the same bits), "single"
-// (cascade groups only the leading tiles common to a whole group:
-// CudaBackendOptions::attention_single_level; the same bits), "noprefillgemm" (prefill-sized GEMMs
-// on the pinned algorithm instead of the one chosen at load, CudaBackendOptions::gemm_prefill_min_m
-// = 0; the same bits), "prefillgemmN" (that choice from N rows up instead of 1024; the same bits),
-// "super" (the two-level fold order where the device runs it,
-// CudaBackendOptions::attention_super_tiles = 0: other bits than the default), "noprefetch" (no L2
-// prefetch of the weights: CudaBackendOptions::prefetch_weights_max_rows = 0; the same bits),
-// "prefetchall" (prefetched at every decode batch, not only up to 16 rows), "prefetchrowsN"
-// (steps of up to N rows prefetch: CudaBackendOptions::prefetch_weights_max_rows), "prefetchearly"
-// (a layer's o_proj / gate_up / down_proj weights prefetched during its attention instead of after
-// it), "prefetchctasN" (N CTAs issue each prefetch instead of 16), "ownsmem" (a wide cascade step's
-// own tiles on the shared-memory split kernel instead of the persistent decode kernel: attention.h
-// SetOwnTilesOnPersistentDecode(false); the same bits), "dwn8" (the persistent decode kernel's
-// consumers in the decode-shaped form: launchers.h SetDecodeWsN8; the same bits), "wsfew" (steps of
-// fewer works than 7/8 of the SMs, all rows short, on the persistent decode kernel instead of the
-// split kernel and the merge: attention.h SetDecodeWsFewWorks(true); the same bits), "hostscore"
-// (every logits row back whole, the engine sampling and scoring prompt rows on the host:
-// EngineOptions::debug_capture_logits; how prompt rows were scored before session 46),
+// graphs captured at load, verified small-m and decode GEMMs), "eager" (no decode graphs),
+// "lazygraphs" (each decode graph captured by the first step that needs it, as before session 47),
+// "cublas" (no small-m or decode GEMMs: the pinned cuBLASLt algorithm at every m), "nodecodegemm"
+// (no DecodeGemm: SmallGemm and cuBLASLt as before it; the same bits), "coldchoice" (that choice
+// timed one launch at a time on flushed L2 for every bucket, as before session 36), "smallchoice"
+// (SmallGemm among that choice's candidates, as before session 42; the same bits), "nopdl" (kernels
+// launched without programmatic dependent launch), "heuristic" (cuBLAS heuristics per m, no
+// pinning, graphs on: the cost of determinism is default vs heuristic), "overlap" (default with the
+// engine's overlapped schedule: step n+1 scheduled and built while step n runs), "overlapN"
+// (overlapped after steps of N rows or more: EngineOptions::overlap_min_rows, the worker's default
+// 32), "splitk" (the batch-invariant split-K rule of gemm.h: o_proj / down_proj of narrow models in
+// k slices; the default since session 42), "nosplit" (no split-K: the default from run 8 to session
+// 41), "split2" / "split4" / "split8" (that many k slices for every GEMM whose k allows it, the LM
+// head excepted), "colsN" (the rule with S n <= N output columns instead of 4096:
+// CudaBackendOptions::split_columns; other bits), "resminN" (o_proj / down_proj in at least N
+// slices under the rule instead of 2: CudaBackendOptions::split_residual_min; resmin1 is the rule
+// before session 45, which left qwen3-8b's unsplit; other bits), "refN" (the pinned GEMM algorithms
+// picked by cuBLASLt's heuristic at m = N instead of 256, e.g. ref1024), "block32" / "block64" (KV
+// blocks of 32 / 64 tokens instead of 16: coarser prefix sharing, fewer and larger copies for the
+// Hopper prefill kernel), "nofold" (no attention fold items: every split item writes one partial
+// per tile, as before fold items; the same bits), "nofinish" (fold items never write a row's output
+// themselves: every decode row goes through the merge; the same bits), "untuned" (the pinned GEMM
+// algorithms at every decode graph bucket, no tuning: the default below hidden 2048), "tuned" /
+// "tuneN" (GEMMs tuned at the decode buckets up to m = 64 / N, gemm.h; the same bits), "earlyN"
+// (DecodeGemm CTAs copy N chunks of weights before waiting for the previous kernel instead of 2;
+// early0: none; the same bits), "nofusesilu" (SiluMul as its own kernel after gate_up's DecodeGemm;
+// the same bits), "splitprefetch" / "splitsmem" / "splitreg" (every plan's split attention items on
+// that form of the split kernel, launchers.h SetSplitVariant, instead of the plan's choice; the
+// same bits), "ws" / "nows" (plans of whole decode rows on the persistent decode kernel at any row
+// length / never: attention.h SetDecodeWsMinTiles; the same bits), "single" (cascade groups only
+// the leading tiles common to a whole group: CudaBackendOptions::attention_single_level; the same
+// bits), "noprefillgemm" (prefill-sized GEMMs on the pinned algorithm instead of the one chosen at
+// load, CudaBackendOptions::gemm_prefill_min_m = 0; the same bits), "prefillgemmN" (that choice
+// from N rows up instead of 1024; the same bits), "super" (the two-level fold order where the
+// device runs it, CudaBackendOptions::attention_super_tiles = 0: other bits than the default),
+// "noprefetch" (no L2 prefetch of the weights: CudaBackendOptions::prefetch_weights_max_rows = 0;
+// the same bits), "prefetchall" (prefetched at every decode batch, not only up to 16 rows),
+// "prefetchrowsN" (steps of up to N rows prefetch: CudaBackendOptions::prefetch_weights_max_rows),
+// "prefetchearly" (a layer's o_proj / gate_up / down_proj weights prefetched during its attention
+// instead of after it), "prefetchctasN" (N CTAs issue each prefetch instead of 16), "ownsmem" (a
+// wide cascade step's own tiles on the shared-memory split kernel instead of the persistent decode
+// kernel: attention.h SetOwnTilesOnPersistentDecode(false); the same bits), "dwn8" (the persistent
+// decode kernel's consumers in the decode-shaped form: launchers.h SetDecodeWsN8; the same bits),
+// "wsfew" (steps of fewer works than 7/8 of the SMs, all rows short, on the persistent decode
+// kernel instead of the split kernel and the merge: attention.h SetDecodeWsFewWorks(true); the same
+// bits), "hostscore" (every logits row back whole, the engine sampling and scoring prompt rows on
+// the host: EngineOptions::debug_capture_logits; how prompt rows were scored before session 46),
 // "scorerowsN" (N prompt-logprob rows a step at most instead of
 // EngineOptions::max_prompt_logprob_rows' default). Variants compose with "+":
 // "splitk+noprefetch" applies splitk, then noprefetch.
@@ -175,7 +174,13 @@ struct Flags {
   int nano_min_len = 100;
   int nano_max_len = 1024;
   bool tune_log = false;  // print each GEMM tuning and decode-sized kernel choice (gemm.h)
-  int rounds = 1;         // decode: each batch's samplers timed this many times, interleaved
+  // Decode's warm-up before each batch: "full" runs the batch as measured once first (prompt and
+  // decode lengths), so every graph bucket and attention form its steps meet (the tail's, where
+  // rows that started in earlier prefill steps finish first) is captured before the timing, as a
+  // server that has run a while has them; "bucket" (before session 47) ran 3 tokens a request,
+  // which left the tail's captures inside the timed steps.
+  std::string decode_warm = "full";
+  int rounds = 1;  // decode: each batch's samplers timed this many times, interleaved
 };
 
 // Sets the sampling options of --samplers name `n` on p (p null: only checks the name).
@@ -202,6 +207,7 @@ bool ApplySampler(const std::string& n, engine::SamplingParams* p) {
 // Backend options a decode variant changes (see the header comment).
 struct Variant {
   bool graphs = true;
+  bool graphs_at_load = true;  // CudaBackendOptions::capture_graphs_at_load
   bool batch_invariant = true;
   bool small_m_gemm = true;
   int decode_gemm_max_m = cuda::kDefaultDecodeGemmMaxM;
@@ -248,6 +254,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   *v = Variant{};
   if (name == "default") return true;
   if (name == "eager") return v->graphs = false, true;
+  if (name == "lazygraphs") return v->graphs_at_load = false, true;
   if (name == "heuristic") return v->batch_invariant = false, true;
   if (name == "cublas") return v->small_m_gemm = false, v->decode_gemm_max_m = 0, true;
   if (name == "nodecodegemm") return v->decode_gemm_max_m = 0, true;
@@ -404,6 +411,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       int_flag(&f->nano_min_len);
     else if (k == "nano_max_len")
       int_flag(&f->nano_max_len);
+    else if (k == "decode_warm")
+      f->decode_warm = v, ok = v == "full" || v == "bucket";
     else if (k == "tune_log")
       f->tune_log = v == "1" || v == "true";
     else {
@@ -573,6 +582,9 @@ struct Bench {
   const engine::Backend* backend = nullptr;  // the current engine's backend (owned by it)
   double copy_bytes_per_s = 0;  // device-to-device copy rate (read + written), CUDA only
 
+  // Tokens a request of decode's warm-up batch generates (Flags::decode_warm).
+  int WarmTokens() const { return flags.decode_warm == "full" ? flags.decode_len : 3; }
+
   // A decode step's bytes floor in ms at batch `batch`: every weight read once (the layers'
   // projections and the LM head; norms and the batch's embedding rows are negligible) plus each
   // row's K and V over its context (prompt + half the generated tokens on average over the run's
@@ -597,6 +609,22 @@ struct Bench {
   }
 
   // One line of the CUDA backend's decode-path counters.
+  // The current engine's decode graph captures so far and the host time of its first-use costs
+  // (CudaGraphStats: bucket's eager first steps, captures); zero off CUDA.
+  struct FirstUse {
+    int64_t captures = 0;
+    double ms = 0;
+  };
+  FirstUse FirstUseCosts() const {
+#ifdef CASCADE_HAVE_CUDA
+    if (backend == nullptr) return {};
+    const cuda::CudaGraphStats st = cuda::GetCudaGraphStats(*backend);
+    return {st.captures, 1e-6 * static_cast<double>(st.first_steps_ns + st.captures_ns)};
+#else
+    return {};
+#endif
+  }
+
   void PrintCounters() const {
 #ifdef CASCADE_HAVE_CUDA
     if (backend == nullptr) return;
@@ -606,6 +634,23 @@ struct Bench {
         "bitwise, %d rejected; split-K slices o_proj %d, down_proj %d)\n",
         static_cast<long long>(st.captures), static_cast<long long>(st.replays),
         st.small_gemm_verified, st.small_gemm_rejected, st.o_proj_splits, st.down_proj_splits);
+    if (st.captured_at_load > 0) {
+      std::printf("(decode graphs captured at load: %lld in %.0f ms)\n",
+                  static_cast<long long>(st.captured_at_load), st.load_capture_ms);
+    }
+    if (st.replays > 0) {
+      const cuda::CudaGraphStats::ReplayHost& h = st.replay_host;
+      const double per = 1e-3 / static_cast<double>(st.replays);
+      std::printf(
+          "(host us a replay: check %.1f, pad + plan %.1f, stage %.1f, uploads %.1f, graph launch "
+          "%.1f, results %.1f)\n",
+          h.check_ns * per, h.plan_ns * per, h.stage_ns * per, h.upload_ns * per, h.launch_ns * per,
+          h.results_ns * per);
+    }
+    if (st.captures > 0) {
+      std::printf("(first-use host ms: eager first steps of buckets %.1f, captures %.1f)\n",
+                  st.first_steps_ns * 1e-6, st.captures_ns * 1e-6);
+    }
     if (st.gemm_tuned > 0) {
       std::printf(
           "(GEMMs tuned at the decode buckets: %d, %d replaced by a faster bitwise-equal "
@@ -643,6 +688,7 @@ struct Bench {
       o.max_logits_rows = max_seqs;
       o.cascade = cascade;
       o.cuda_graphs = variant.graphs;
+      o.capture_graphs_at_load = variant.graphs_at_load;
       o.batch_invariant = variant.batch_invariant;
       o.small_m_gemm = variant.small_m_gemm;
       o.decode_gemm_max_m = variant.decode_gemm_max_m;
@@ -868,9 +914,9 @@ void DecodeRounds(Bench& b, engine::Engine& e, const std::string& name, DecodeMs
     RunBatch(b, e, requests(2, 4));
   }
   for (int batch : b.flags.batches) {
-    for (const std::string& s : samplers) {  // the bucket's capture, each sampler's buffers
+    for (const std::string& s : samplers) {  // the buckets' captures, each sampler's buffers
       g_sampler = s;
-      RunBatch(b, e, requests(batch, 3));
+      RunBatch(b, e, requests(batch, b.WarmTokens()));
     }
     std::vector<std::vector<double>> runs(ns);
     for (int r = 0; r < rounds; ++r) {
@@ -933,16 +979,25 @@ void DecodeSection(Bench& b) {
           w.push_back(MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, 4));
         RunBatch(b, *e, w);
       }
+      std::vector<std::string> notes;  // printed after the table
       for (int batch : b.flags.batches) {
         std::vector<engine::Request> reqs, warm;
         for (int i = 0; i < batch; ++i) {
           reqs.push_back(
               MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, b.flags.decode_len));
-          warm.push_back(MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, 3));
+          warm.push_back(
+              MakeRequest({{1, b.RandomTokens(rng, b.flags.prompt_len), ""}}, b.WarmTokens()));
         }
-        // The batch's graph bucket once first (its capture and GEMM tuning are first-use costs).
+        // The batch's graph buckets once first (captures and GEMM tuning are first-use costs).
         RunBatch(b, *e, warm);
+        const Bench::FirstUse before = b.FirstUseCosts();
         PhaseResult r = RunBatch(b, *e, reqs);
+        const Bench::FirstUse after = b.FirstUseCosts();
+        if (after.captures > before.captures) {
+          notes.push_back(absl::StrFormat(
+              "(batch %d: %lld decode graph captures in the timed run, %.1f host ms)", batch,
+              static_cast<long long>(after.captures - before.captures), after.ms - before.ms));
+        }
         const double step_ms = 1e3 * r.decode_s / std::max(1, r.decode_steps);
         ms[column][batch] = step_ms;
         const double floor_ms = b.DecodeFloorMs(batch);
@@ -956,6 +1011,7 @@ void DecodeSection(Bench& b) {
         std::fflush(stdout);
       }
       b.PrintCounters();
+      for (const std::string& line : notes) std::printf("%s\n", line.c_str());
     }
     g_sampler = "greedy";
   }
@@ -1045,10 +1101,14 @@ void NanoVllmSection(Bench& b) {
       warm.push_back(MakeRequest({{1, b.RandomTokens(wrng, 32), ""}}, 2 + i));
     }
     RunBatch(b, *e, warm);
+    const Bench::FirstUse before = b.FirstUseCosts();
     PhaseResult r = RunBatch(b, *e, reqs);
+    const Bench::FirstUse after = b.FirstUseCosts();
     std::printf("| %s | %.0f | %.3f | %.3f | %d |\n", name.c_str(), output_tokens / r.total_s,
                 r.total_s, r.first_tokens_s, r.decode_steps);
     b.PrintCounters();
+    std::printf("(in the timed run: %lld decode graph captures, %.1f host ms of first-use costs)\n",
+                static_cast<long long>(after.captures - before.captures), after.ms - before.ms);
     std::fflush(stdout);
   }
 }

@@ -67,6 +67,9 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
             "tiles (or whose rows x kv heads fit one per consumer, two per SM) run on the "
             "persistent decode attention kernel (same tokens; 0: at any length; -1: never, the "
             "split kernel as before it)");
+  f->AddBool("capture_graphs_at_load", &c->capture_graphs_at_load,
+             "CUDA backend: capture every batch bucket's decode graph at start (about a second), "
+             "so no early request waits ~5-10 ms for a capture; =false to capture on first use");
   f->AddString("attention_fold_order", &c->attention_fold_order,
                "CUDA backend: one_level (default) or two_level (Hopper: super-tiles of 4 tiles "
                "folded in order; other bits, so alike on every worker; decode over shared "
@@ -181,6 +184,7 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     o.decode_gemm_max_m = config.decode_gemm_max_m;
     o.gemm_prefill_min_m = config.gemm_prefill_min_m;
     o.persistent_decode_min_tiles = config.persistent_decode_min_tiles;
+    o.capture_graphs_at_load = config.capture_graphs_at_load;
     o.split_k = config.gemm_k_split == "off" ? 1 : 0;
     // The two-level order asked for by name: where the device cannot run it, NewCudaBackend
     // says so rather than falling back to other bits than the deployment's.

@@ -59,6 +59,8 @@ struct WorkerConfig {
   // CUDA backend: CudaBackendOptions::persistent_decode_min_tiles (-1: the persistent decode
   // kernel off; the same tokens either way).
   int persistent_decode_min_tiles = cuda::kDefaultPersistentDecodeMinTiles;
+  // CUDA backend: CudaBackendOptions::capture_graphs_at_load.
+  bool capture_graphs_at_load = true;
   // CUDA backend: attention's fold order (CudaBackendOptions::attention_super_tiles). "one_level"
   // (the default) folds every 64-token tile into a row in turn; "two_level" accumulates
   // super-tiles of four tiles in place and folds those (Hopper only): other bits, so every worker

@@ -271,6 +271,81 @@ TEST(CudaBackend, BlocksCopiedToHostAndBackGiveBitwiseTheColdLogits) {
   EXPECT_EQ(gpu.CopyBlocksToHost(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Decode graphs captured at load (CudaBackendOptions::capture_graphs_at_load, over scratch rows)
+// serve later decode steps with no capture of their own, and their rows are bitwise those of
+// graphs captured on first use: plain decode steps (no shared blocks) at buckets 1-64 over
+// contexts of short rows, rows of a few tiles and rows long enough to be split over CTAs.
+TEST_P(CudaBackendSplitK, GraphsCapturedAtLoadServeDecodeStepsBitwise) {
+  CASCADE_REQUIRE_GPU();
+  auto model = Tiny(6);
+  CudaBackendOptions go;
+  go.split_k = SplitK();
+  go.num_blocks = 2048;
+  go.block_size = kBs;
+  go.max_num_tokens = 1024;
+  go.max_logits_rows = 64;
+  go.capture_graphs_at_load = false;
+  auto lazy_or = NewCudaBackend(*model, go);
+  go.capture_graphs_at_load = true;
+  auto early_or = NewCudaBackend(*model, go);
+  ASSERT_TRUE(lazy_or.ok()) << lazy_or.status();
+  ASSERT_TRUE(early_or.ok()) << early_or.status();
+  engine::Backend& lazy = **lazy_or;
+  engine::Backend& early = **early_or;
+  const CudaGraphStats loaded = GetCudaGraphStats(early);
+  std::printf("captured at load: %lld graphs in %.1f ms\n",
+              static_cast<long long>(loaded.captured_at_load), loaded.load_capture_ms);
+  EXPECT_GE(loaded.captured_at_load, 11) << "buckets 1, 2, 4, 8, ..., 64";
+  EXPECT_EQ(loaded.captures, 0) << "the load's captures are not the serving counters'";
+  EXPECT_EQ(loaded.replays, 0);
+  EXPECT_EQ(GetCudaGraphStats(lazy).captured_at_load, 0);
+
+  const int vocab = lazy.VocabSize();
+  std::mt19937 rng(5);
+  std::vector<float> a, b, scratch;
+  int steps = 0;
+  // (rows, context before the step): every row its own blocks, no cascade.
+  for (const auto& [rows, ctx] : std::vector<std::pair<int, int>>{
+           {1, 6}, {1, 150}, {1, 900}, {3, 140}, {8, 5}, {8, 700}, {20, 160}, {64, 3}, {64, 20}}) {
+    const int blocks_per_row = (ctx + 1 + kBs - 1) / kBs;
+    ASSERT_LE(rows * blocks_per_row, go.num_blocks);
+    std::vector<SeqStep> prefill, decode;
+    for (int r = 0; r < rows; ++r) {
+      std::vector<int32_t> t(ctx + 1);
+      for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
+      const std::vector<int32_t> blocks = Blocks(r * blocks_per_row, blocks_per_row);
+      prefill.push_back({std::vector<int32_t>(t.begin(), t.begin() + ctx), 0, blocks});
+      decode.push_back({{t[ctx]}, ctx, blocks});
+    }
+    for (engine::Backend* be : {&lazy, &early}) {  // prefills (eager on both), at most 1024 tokens
+      for (size_t i = 0; i < prefill.size();) {
+        std::vector<SeqStep> chunk;
+        int tokens = 0;
+        while (i < prefill.size() && (chunk.empty() || tokens + ctx <= 1024)) {
+          chunk.push_back(prefill[i++]);
+          tokens += ctx;
+        }
+        ASSERT_TRUE(be->Forward(MakeBatch(chunk), &scratch).ok());
+      }
+    }
+    ASSERT_TRUE(lazy.Forward(MakeBatch(decode), &a).ok());
+    ASSERT_TRUE(early.Forward(MakeBatch(decode), &b).ok());
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+        << rows << " rows of " << ctx << " tokens: graphs captured at load != on first use";
+    ++steps;
+  }
+  const CudaGraphStats served = GetCudaGraphStats(early);
+  std::printf(
+      "%d decode steps: captured at load %lld captures then, %lld replays; on first use "
+      "%lld captures\n",
+      steps, static_cast<long long>(served.captures), static_cast<long long>(served.replays),
+      static_cast<long long>(GetCudaGraphStats(lazy).captures));
+  EXPECT_EQ(served.captures, 0) << "a decode step's graph was not captured at load";
+  EXPECT_EQ(served.replays, steps);
+  EXPECT_GT(GetCudaGraphStats(lazy).captures, 0);
+}
+
 // Graph replay == eager, bitwise: two backends over the same model (decode graphs on and off)
 // run the same steps: prefills, then decode steps over changing subsets of 24 sequences (batch
 // sizes across the graph buckets, so most replays carry padding rows), 20 of them sharing 8

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -28,6 +29,20 @@
 
 namespace cascade::cuda {
 namespace {
+
+// Host steady clock in ns (CudaGraphStats::ReplayHost).
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Adds the host time from t0 to its destruction to *sum.
+struct ElapsedNsTo {
+  int64_t* sum;
+  int64_t t0 = NowNs();
+  ~ElapsedNsTo() { *sum += NowNs() - t0; }
+};
 
 // HF's inverse frequencies (double, rounded to float once), with Llama-3 scaling if configured.
 std::vector<float> InvFreq(const model::ModelConfig& c) {
@@ -230,6 +245,11 @@ class CudaBackend final : public engine::Backend {
     st.graphs_tuned_kept = tuned_kept_;
     st.graphs_tuned_dropped = tuned_dropped_;
     st.wide_cascade_steps = wide_steps_;
+    st.replay_host = replay_host_;
+    st.first_steps_ns = first_steps_ns_;
+    st.captured_at_load = captured_at_load_;
+    st.load_capture_ms = load_capture_ms_;
+    st.captures_ns = captures_ns_;
     st.prefill_attention_log = prefill_form_log_;
     // "m=.. n=.. k=.. bf16: N candidates, E bitwise equal, pinned .. us (algo), best equal .."
     auto line = [](const Gemm::TuneRecord& r, bool with_m) {
@@ -330,7 +350,11 @@ class CudaBackend final : public engine::Backend {
   absl::Status EnqueueModel(int n, const StepMeta& m);
   // Enqueues the LM head (and device sampling if m.samples) for logits rows [r0, r0 + rows).
   absl::Status EnqueueHead(int r0, int rows, const StepMeta& m);
-  absl::Status EnsureCapacity(DeviceBuffer* buf, size_t bytes);
+  // Grows buf to at least `bytes` (doubling); where graphs_read_it, the growth re-captures every
+  // decode graph on its next use (they hold the old pointer). The eager steps' own buffers (their
+  // metadata and sampling specs) grow without it, so a long prefill keeps the graphs captured at
+  // load.
+  absl::Status EnsureCapacity(DeviceBuffer* buf, size_t bytes, bool graphs_read_it = true);
   // Decode graphs (cuda_graphs option).
   int GraphBucket(int n) const;
   void PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, int bucket);
@@ -338,6 +362,9 @@ class CudaBackend final : public engine::Backend {
                               std::vector<int32_t>* argmax,
                               std::vector<engine::RowLogprobs>* logprobs);
   absl::Status CaptureDecodeGraph(int bucket, int form, const StepMeta& m, DecodeGraph* g);
+  // CudaBackendOptions::capture_graphs_at_load: decode steps of every bucket over scratch rows
+  // (the KV cache zeroed first, then written by them; nothing is cached yet at load).
+  absl::Status CaptureGraphsAtLoad();
   // A graph captured with tuned GEMMs beside one with the pinned algorithms: times replays of
   // both (the step's metadata staged) and keeps the faster.
   absl::Status PickTunedOrPinned(DecodeGraph* g, int form);
@@ -388,6 +415,12 @@ class CudaBackend final : public engine::Backend {
   engine::ForwardBatch pad_;  // the step padded to its bucket (without its penalty lists:)
   const engine::ForwardBatch* pad_penalty_ = nullptr;  // the caller's, for the graph step
   int64_t graph_replays_ = 0, graph_captures_ = 0;
+  CudaGraphStats::ReplayHost replay_host_;  // summed over graph_replays_
+  int64_t check_ns_ = 0;                    // this step's Check (counted if it replays a graph)
+  int64_t pad_ns_ = 0;                      // when this step's PadDecodeBatch began
+  int64_t first_steps_ns_ = 0, captures_ns_ = 0;  // CudaGraphStats
+  int64_t captured_at_load_ = 0;
+  double load_capture_ms_ = 0;
   // LaunchSampled's step: its results, or (deferred_rows >= 0) a graph step still in flight.
   struct Async {
     bool active = false;
@@ -743,6 +776,56 @@ absl::Status CudaBackend::Init(const model::Model& m) {
         form.ok() ? form->Describe(tokens)
                   : absl::StrCat("prefill attention: not timed (", form.status().message(), ")");
   }
+  if (o_.cuda_graphs && o_.capture_graphs_at_load && max_graph_batch_ > 0 && !layers_.empty()) {
+    RETURN_IF_ERROR(CaptureGraphsAtLoad());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CaptureGraphsAtLoad() {
+  const int64_t t0 = NowNs();
+  // Scratch rows read zeros, not whatever the allocation held (no NaN reaches the sampler).
+  for (Layer& l : layers_) {
+    RETURN_IF_ERROR(FillBytes(l.k_cache.data(), 0, l.k_cache.size()));
+    RETURN_IF_ERROR(FillBytes(l.v_cache.data(), 0, l.v_cache.size()));
+  }
+  std::vector<int> buckets;
+  for (int n = 1; n <= max_graph_batch_; ++n) {
+    if (buckets.empty() || buckets.back() != GraphBucket(n)) buckets.push_back(GraphBucket(n));
+  }
+  const int bs = o_.block_size;
+  engine::ForwardBatch b;
+  std::vector<float> logits;
+  std::vector<int32_t> tokens;
+  for (const int len : {1, 2 * kTileTokens + 1, 8 * kTileTokens + 1, 32 * kTileTokens + 1}) {
+    const int blocks_per_row = (len + bs - 1) / bs;
+    for (const int n : buckets) {
+      // Distinct blocks for every row: rows sharing blocks would plan cascade items instead.
+      if (int64_t{n} * blocks_per_row > num_blocks_) continue;
+      b = engine::ForwardBatch{};
+      b.query_start.push_back(0);
+      b.block_table_start.push_back(0);
+      for (int r = 0; r < n; ++r) {
+        const int32_t first = r * blocks_per_row;
+        for (int i = 0; i < blocks_per_row; ++i) b.block_ids.push_back(first + i);
+        b.token_ids.push_back(0);
+        b.positions.push_back(len - 1);
+        b.slot_mapping.push_back(b.block_ids[first + (len - 1) / bs] * bs + (len - 1) % bs);
+        b.query_start.push_back(r + 1);
+        b.context_lens.push_back(len);
+        b.block_table_start.push_back(static_cast<int32_t>(b.block_ids.size()));
+        b.logits_rows.push_back(r);
+        b.row_samples.push_back(engine::RowSample{true, {}});  // greedy
+      }
+      RETURN_IF_ERROR(Run(b, /*sampled=*/true, &logits, &tokens, nullptr));
+    }
+  }
+  // The serving counters (CudaGraphStats) start from here: these steps are the load's.
+  captured_at_load_ = graph_captures_;
+  load_capture_ms_ = 1e-6 * static_cast<double>(NowNs() - t0);
+  graph_captures_ = graph_replays_ = wide_steps_ = 0;
+  replay_host_ = {};
+  first_steps_ns_ = captures_ns_ = 0;
   return absl::OkStatus();
 }
 
@@ -753,12 +836,12 @@ absl::Status CudaBackend::Check(const engine::ForwardBatch& b) const {
                                           .max_num_tokens = o_.max_num_tokens});
 }
 
-absl::Status CudaBackend::EnsureCapacity(DeviceBuffer* buf, size_t bytes) {
+absl::Status CudaBackend::EnsureCapacity(DeviceBuffer* buf, size_t bytes, bool graphs_read_it) {
   if (buf->size() >= bytes) return absl::OkStatus();
   RETURN_IF_ERROR(Synchronize(stream_));  // the old buffer may still be in use
   ASSIGN_OR_RETURN(nb, DeviceBuffer::Allocate(std::max(bytes, buf->size() * 2)));
   *buf = std::move(nb);
-  ++graph_epoch_;  // captured graphs may hold the old pointer
+  if (graphs_read_it) ++graph_epoch_;  // captured graphs hold the old pointer
   return absl::OkStatus();
 }
 
@@ -802,7 +885,9 @@ absl::Status CudaBackend::FetchLogprobs(const engine::ForwardBatch& b, int n,
 absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
                               std::vector<float>* logits, std::vector<int32_t>* argmax,
                               std::vector<engine::RowLogprobs>* logprobs) {
+  const int64_t t_check = NowNs();
   RETURN_IF_ERROR(Check(b));
+  check_ns_ = NowNs() - t_check;
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o_.device), "cudaSetDevice"));
   if (copies_pending_) {
     // Blocks copied to the host may be rewritten by this step, and blocks filled from the host
@@ -822,6 +907,7 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
   }
   if (!decode || n > max_graph_batch_) return RunEager(b, sampled, logits, argmax, logprobs);
   const int bucket = GraphBucket(n);
+  pad_ns_ = NowNs();
   PadDecodeBatch(b, sampled, bucket);
   auto it = graphs_.find(bucket);
   if (it != graphs_.end() && it->second->Current(graph_epoch_)) {
@@ -838,6 +924,7 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
     pad_penalty_ = &pad_;
   }
   RETURN_IF_ERROR(RunEager(pad_, /*sampled=*/true, logits, &tokens, &lps));
+  first_steps_ns_ += NowNs() - pad_ns_;
   if (sampled) {
     argmax->assign(tokens.begin(), tokens.begin() + n);
     if (logprobs != nullptr) logprobs->assign(lps.begin(), lps.begin() + n);
@@ -875,7 +962,7 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
   const size_t o_rows = put(plan.item_rows), o_base = put(plan.partial_base);
   const size_t o_merge = put(plan.merge_list), o_lrows = put(b.logits_rows);
   const size_t o_sched = put(plan.wide_sched);
-  RETURN_IF_ERROR(EnsureCapacity(&meta_, meta_host_.size() * 4));
+  RETURN_IF_ERROR(EnsureCapacity(&meta_, meta_host_.size() * 4, /*graphs_read_it=*/false));
   RETURN_IF_ERROR(
       EnsureCapacity(&partial_o_, std::max(1, plan.num_partials) * size_t{4} * hq_ * d_));
   RETURN_IF_ERROR(EnsureCapacity(&partial_ml_, std::max(1, plan.num_partials) * size_t{8} * hq_));
@@ -911,7 +998,8 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
       sample_host_[r] = b.row_samples[r].spec;
       m.score_rows |= b.row_samples[r].on_device && sample_host_[r].score_token >= 0;
     }
-    RETURN_IF_ERROR(EnsureCapacity(&sample_params_, std::max(rows, 1) * sizeof(RowSampleParams)));
+    RETURN_IF_ERROR(EnsureCapacity(&sample_params_, std::max(rows, 1) * sizeof(RowSampleParams),
+                                   /*graphs_read_it=*/false));
     RETURN_IF_ERROR(EnsureCapacity(&lp_, std::max(rows, 1) * sizeof(engine::RowLogprobs)));
     RETURN_IF_ERROR(CopyAsync(sample_params_.data(), sample_host_.data(),
                               rows * sizeof(RowSampleParams), stream_));
@@ -1183,6 +1271,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   const engine::ForwardBatch& b = pad_;
   AttentionPlan plan;
   RETURN_IF_ERROR(PlanStep(b, bucket, &plan));
+  const int64_t t_planned = NowNs();
   if (plan.num_final() != 0 || plan.num_merge() != bucket) {
     return absl::InternalError("cuda backend: a decode step planned prefill items");
   }
@@ -1301,6 +1390,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   if (logits == nullptr && g->pinned[form] == nullptr) return absl::OkStatus();
 
   const auto s = reinterpret_cast<cudaStream_t>(stream_);
+  const int64_t t_staged = NowNs();
   // The used parts of the variable segments only.
   int32_t* dm = graph_meta_.as<int32_t>();
   RETURN_IF_ERROR(CopyAsync(dm, h, (l.blk + b.block_ids.size()) * 4, stream_));
@@ -1317,8 +1407,17 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   if (g->pinned[form] != nullptr) RETURN_IF_ERROR(PickTunedOrPinned(g.get(), form));
   if (logits == nullptr) return Synchronize(stream_);
   if (plan.num_wide > 0) ++wide_steps_;
+  const int64_t t_uploaded = NowNs();
   RETURN_IF_ERROR(CudaStatus(cudaGraphLaunch(g->exec[form], s), "cudaGraphLaunch"));
   ++graph_replays_;
+  const int64_t t_launched = NowNs();
+  replay_host_.check_ns += check_ns_;
+  replay_host_.plan_ns += t_planned - pad_ns_;
+  replay_host_.stage_ns += t_staged - t_planned;
+  replay_host_.upload_ns += t_uploaded - t_staged;
+  replay_host_.launch_ns += t_launched - t_uploaded;
+  // The results' copies (and the wait, where the step is not left in flight), on every return.
+  const ElapsedNsTo add_results{&replay_host_.results_ns, t_launched};
   const int32_t* tokens = graph_tokens_host_.as<int32_t>();
   RETURN_IF_ERROR(CopyAsync(graph_tokens_host_.as<int32_t>(), argmax_.data(), n * 4, stream_));
   // Whole rows for the rows not sampled on the device, runs of them in one copy.
@@ -1377,6 +1476,7 @@ absl::Status CudaBackend::CompleteDeferred(int n, std::vector<int32_t>* tokens,
 absl::Status CudaBackend::CaptureDecodeGraph(int bucket, int form, const StepMeta& m,
                                              DecodeGraph* g) {
   const auto s = reinterpret_cast<cudaStream_t>(stream_);
+  const ElapsedNsTo add_time{&captures_ns_};
   auto capture = [&](cudaGraphExec_t* exec) {
     RETURN_IF_ERROR(
         CudaStatus(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture"));

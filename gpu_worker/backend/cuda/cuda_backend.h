@@ -32,6 +32,13 @@ struct CudaBackendOptions {
   // other steps run eagerly. Replay computes exactly what eager does (same kernels, same
   // pinned GEMM algorithms, same attention items), so it changes no bits.
   bool cuda_graphs = true;
+  // With cuda_graphs: every bucket's decode graph captured at load (NewCudaBackend), for rows of
+  // 1, 129, 513 and 2049 tokens of context (so the attention forms of short rows, whole rows on the
+  // persistent kernel and rows split over CTAs), as vLLM and SGLang capture theirs at start; false:
+  // each (bucket, form) captured by the first step that needs it, whose host then spends ~5-10 ms
+  // on the eager step and the capture (23 captures inside nano-vllm's timed run on an H200,
+  // session 47). Steps with cascade items still capture their forms on first use. Same bits.
+  bool capture_graphs_at_load = true;
   // Deterministic mode only: GEMMs of <= 16 rows use SmallGemm where its bits were verified equal
   // to the pinned algorithm's (gemm.h), since the pinned large-tile kernels stream weights far
   // below bandwidth at decode-sized m.
@@ -195,6 +202,18 @@ struct CudaGraphStats {
   std::vector<std::string> gemm_prefill_log;
   // Decode-sized GEMM kernel choices (gemm.h set_decode_max_m), one line per (bucket, shape).
   std::vector<std::string> gemm_decode_log;
+  // The host's time in the decode graph steps' launches (host clock, summed over `replays`):
+  // the batch checked, padded to its bucket and planned; the metadata staged; its uploads
+  // enqueued; the graph launched; the results' copies enqueued (and waited for, where the step
+  // is not left in flight).
+  // Host time of the first-use costs: the eager steps run before a bucket's first capture (which
+  // also make the decode GEMM choices of its m), and the captures with their instantiation.
+  int64_t first_steps_ns = 0, captures_ns = 0;
+  int64_t captured_at_load = 0;  // graphs captured by CudaBackendOptions::capture_graphs_at_load
+  double load_capture_ms = 0;    // the host time that took (eager steps, captures, replays)
+  struct ReplayHost {
+    int64_t check_ns = 0, plan_ns = 0, stage_ns = 0, upload_ns = 0, launch_ns = 0, results_ns = 0;
+  } replay_host;
 };
 CudaGraphStats GetCudaGraphStats(const engine::Backend& backend);
 
