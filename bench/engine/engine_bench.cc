@@ -638,6 +638,7 @@ struct Bench {
       std::printf("(decode graphs captured at load: %lld in %.0f ms)\n",
                   static_cast<long long>(st.captured_at_load), st.load_capture_ms);
     }
+    if (!st.load_capture_log.empty()) std::printf("(%s)\n", st.load_capture_log.c_str());
     if (st.replays > 0) {
       const cuda::CudaGraphStats::ReplayHost& h = st.replay_host;
       const double per = 1e-3 / static_cast<double>(st.replays);

@@ -249,6 +249,7 @@ class CudaBackend final : public engine::Backend {
     st.first_steps_ns = first_steps_ns_;
     st.captured_at_load = captured_at_load_;
     st.load_capture_ms = load_capture_ms_;
+    st.load_capture_log = load_capture_log_;
     st.captures_ns = captures_ns_;
     st.prefill_attention_log = prefill_form_log_;
     // "m=.. n=.. k=.. bf16: N candidates, E bitwise equal, pinned .. us (algo), best equal .."
@@ -421,6 +422,7 @@ class CudaBackend final : public engine::Backend {
   int64_t first_steps_ns_ = 0, captures_ns_ = 0;  // CudaGraphStats
   int64_t captured_at_load_ = 0;
   double load_capture_ms_ = 0;
+  std::string load_capture_log_;  // why the load's captures stopped early; empty if they did not
   // LaunchSampled's step: its results, or (deferred_rows >= 0) a graph step still in flight.
   struct Async {
     bool active = false;
@@ -789,6 +791,8 @@ absl::Status CudaBackend::CaptureGraphsAtLoad() {
     RETURN_IF_ERROR(FillBytes(l.k_cache.data(), 0, l.k_cache.size()));
     RETURN_IF_ERROR(FillBytes(l.v_cache.data(), 0, l.v_cache.size()));
   }
+  // (cudaMemset runs on the legacy stream, which stream_, non-blocking, does not wait for.)
+  RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
   std::vector<int> buckets;
   for (int n = 1; n <= max_graph_batch_; ++n) {
     if (buckets.empty() || buckets.back() != GraphBucket(n)) buckets.push_back(GraphBucket(n));
@@ -797,28 +801,44 @@ absl::Status CudaBackend::CaptureGraphsAtLoad() {
   engine::ForwardBatch b;
   std::vector<float> logits;
   std::vector<int32_t> tokens;
-  for (const int len : {1, 2 * kTileTokens + 1, 8 * kTileTokens + 1, 32 * kTileTokens + 1}) {
-    const int blocks_per_row = (len + bs - 1) / bs;
-    for (const int n : buckets) {
-      // Distinct blocks for every row: rows sharing blocks would plan cascade items instead.
-      if (int64_t{n} * blocks_per_row > num_blocks_) continue;
-      b = engine::ForwardBatch{};
-      b.query_start.push_back(0);
-      b.block_table_start.push_back(0);
-      for (int r = 0; r < n; ++r) {
-        const int32_t first = r * blocks_per_row;
-        for (int i = 0; i < blocks_per_row; ++i) b.block_ids.push_back(first + i);
-        b.token_ids.push_back(0);
-        b.positions.push_back(len - 1);
-        b.slot_mapping.push_back(b.block_ids[first + (len - 1) / bs] * bs + (len - 1) % bs);
-        b.query_start.push_back(r + 1);
-        b.context_lens.push_back(len);
-        b.block_table_start.push_back(static_cast<int32_t>(b.block_ids.size()));
-        b.logits_rows.push_back(r);
-        b.row_samples.push_back(engine::RowSample{true, {}});  // greedy
+  auto pass = [&]() -> absl::Status {
+    for (const int len : {1, 2 * kTileTokens + 1, 8 * kTileTokens + 1, 32 * kTileTokens + 1}) {
+      const int blocks_per_row = (len + bs - 1) / bs;
+      for (const int n : buckets) {
+        // Distinct blocks for every row: rows sharing blocks would plan cascade items instead.
+        if (int64_t{n} * blocks_per_row > num_blocks_) continue;
+        b = engine::ForwardBatch{};
+        b.query_start.push_back(0);
+        b.block_table_start.push_back(0);
+        for (int r = 0; r < n; ++r) {
+          const int32_t first = r * blocks_per_row;
+          for (int i = 0; i < blocks_per_row; ++i) b.block_ids.push_back(first + i);
+          b.token_ids.push_back(0);
+          b.positions.push_back(len - 1);
+          b.slot_mapping.push_back(b.block_ids[first + (len - 1) / bs] * bs + (len - 1) % bs);
+          b.query_start.push_back(r + 1);
+          b.context_lens.push_back(len);
+          b.block_table_start.push_back(static_cast<int32_t>(b.block_ids.size()));
+          b.logits_rows.push_back(r);
+          b.row_samples.push_back(engine::RowSample{true, {}});  // greedy
+        }
+        RETURN_IF_ERROR(Run(b, /*sampled=*/true, &logits, &tokens, nullptr));
       }
-      RETURN_IF_ERROR(Run(b, /*sampled=*/true, &logits, &tokens, nullptr));
     }
+    return absl::OkStatus();
+  };
+  // A buffer the graphs read that grew during the pass (a scratch step's partials) left the graphs
+  // captured before it stale: once more, at the grown sizes. Memory running out only ends the
+  // captures early (the rest are captured on first use, as without this option).
+  for (int i = 0; i < 2; ++i) {
+    const uint64_t epoch = graph_epoch_;
+    const absl::Status st = pass();
+    if (absl::IsResourceExhausted(st)) {
+      load_capture_log_ = absl::StrCat("decode graphs at load: stopped early (", st.message(), ")");
+      break;
+    }
+    RETURN_IF_ERROR(st);
+    if (graph_epoch_ == epoch) break;
   }
   // The serving counters (CudaGraphStats) start from here: these steps are the load's.
   captured_at_load_ = graph_captures_;

@@ -211,6 +211,7 @@ struct CudaGraphStats {
   int64_t first_steps_ns = 0, captures_ns = 0;
   int64_t captured_at_load = 0;  // graphs captured by CudaBackendOptions::capture_graphs_at_load
   double load_capture_ms = 0;    // the host time that took (eager steps, captures, replays)
+  std::string load_capture_log;  // why those captures stopped early (memory); empty if not
   struct ReplayHost {
     int64_t check_ns = 0, plan_ns = 0, stage_ns = 0, upload_ns = 0, launch_ns = 0, results_ns = 0;
   } replay_host;
