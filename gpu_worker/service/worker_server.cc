@@ -87,6 +87,10 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddInt("overlap_min_rows", &c->overlap_min_rows,
             "with --overlap_schedule: overlap only after steps of at least this many sequences "
             "(smaller steps measured faster without it); 0: every step");
+  f->AddInt("max_prompt_logprob_rows", &c->max_prompt_logprob_rows,
+            "prompt tokens scored (prompt logprobs) per step at most, in [0, 16384]; 0: the "
+            "backend's default (4096 on CUDA, 256 on the CPU); fewer shorten the steps that score "
+            "a long prompt beside other requests' decode (same scores)");
   f->AddString("worker_id", &c->worker_id, "stable worker id; default worker-<port>");
   f->AddString("registry", &c->registry_address, "chunk registry host:port; empty: none");
   f->AddString("advertise_address", &c->advertise_address,
@@ -229,6 +233,11 @@ absl::Status CheckEngineFlags(const WorkerConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat("--overlap_min_rows=", config.overlap_min_rows,
                                                    ": must be >= 0 (0: every step)"));
   }
+  if (config.max_prompt_logprob_rows < 0 || config.max_prompt_logprob_rows > 16384) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_prompt_logprob_rows=", config.max_prompt_logprob_rows,
+        ": must be in [0, 16384] (0: the backend's default, 4096 on CUDA, 256 on the CPU)"));
+  }
   return absl::OkStatus();
 }
 
@@ -285,6 +294,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   // The CPU backend scores prompt-logprob rows on the host from the step's whole logits rows
   // (vocabulary x 4 bytes each): fewer of them a step there than the CUDA backend's 4096.
   if ((*backend)->Name() == "cpu") eo.max_prompt_logprob_rows = 256;
+  if (config.max_prompt_logprob_rows > 0)
+    eo.max_prompt_logprob_rows = config.max_prompt_logprob_rows;
   auto engine = engine::NewEngine(eo, std::move(*backend));
   if (absl::Status s = engine->HostTierStatus(); !s.ok()) {
     if (config.host_kv_bytes > 0) {

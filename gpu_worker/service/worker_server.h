@@ -88,6 +88,11 @@ struct WorkerConfig {
   // overlap_min_rows): on an H200 (qwen3-0.6b, bench/engine/RESULTS.md, session 36) the overlap
   // was 0-25% slower at 1-8 rows and 2-6% faster at 32, 128 and 256.
   int overlap_min_rows = 32;
+  // Prompt-logprob rows a step scores at most (engine::EngineOptions::max_prompt_logprob_rows);
+  // 0: the backend's default (4096 on CUDA, 256 on the CPU, which scores them on the host from
+  // whole logits rows). Fewer bound how long one step spends scoring a long prompt while other
+  // requests decode beside it; the scores are the same.
+  int max_prompt_logprob_rows = 0;
   std::string worker_id;                  // empty: "worker-<port>"
   std::string registry_address;           // empty: run without a registry
   std::string advertise_address;          // what the gateway dials; empty: 127.0.0.1:<port>

@@ -327,5 +327,28 @@ TEST(WorkerConfigTest, OverlapMinRowsBelowZeroIsRefused) {
   EXPECT_EQ(parsed->overlap_min_rows, 0);
 }
 
+// --max_prompt_logprob_rows: in [0, 16384] (0: the backend's default), refused outside with the
+// flag, the value and the range; the flag parses.
+TEST(WorkerConfigTest, MaxPromptLogprobRowsOutsideItsRangeIsRefused) {
+  WorkerConfig c;
+  EXPECT_EQ(c.max_prompt_logprob_rows, 0);
+  for (int good : {0, 1, 256, 16384}) {
+    c.max_prompt_logprob_rows = good;
+    EXPECT_TRUE(CheckEngineFlags(c).ok()) << good;
+  }
+  for (int bad : {-1, 16385, 1 << 20}) {
+    c.max_prompt_logprob_rows = bad;
+    const absl::Status s = CheckEngineFlags(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--max_prompt_logprob_rows=" + std::to_string(bad) +
+                               ": must be in [0, 16384]"),
+              std::string::npos)
+        << s;
+  }
+  const std::optional<WorkerConfig> parsed = ParseOneFlag("--max_prompt_logprob_rows=64");
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->max_prompt_logprob_rows, 64);
+}
+
 }  // namespace
 }  // namespace cascade::worker
