@@ -5,6 +5,12 @@
   >"$TMP/up.out" 2>"$TMP/up.err" &
 UP_PID=$!
 cleanup() {
+  local status=$?
+  if [[ $status -ne 0 ]]; then  # what the stack said, for a failure seen only in CI
+    for f in "$TMP/up.err" "$TMP"/logs/*.log; do
+      [[ -s "$f" ]] && { echo "--- last lines of $f" >&2; tail -n 30 "$f" >&2; }
+    done
+  fi
   kill -TERM "$UP_PID" 2>/dev/null
   for _ in $(seq 1 100); do kill -0 "$UP_PID" 2>/dev/null || break; sleep 0.1; done
   kill -KILL "$UP_PID" 2>/dev/null
