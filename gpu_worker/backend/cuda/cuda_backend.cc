@@ -358,6 +358,14 @@ class CudaBackend final : public engine::Backend {
   absl::Status EnsureCapacity(DeviceBuffer* buf, size_t bytes, bool graphs_read_it = true);
   // Decode graphs (cuda_graphs option).
   int GraphBucket(int n) const;
+  // The buckets of batches of 1 to n rows, ascending.
+  std::vector<int> GraphBuckets(int n) const {
+    std::vector<int> buckets;
+    for (int i = 1; i <= n; ++i) {
+      if (buckets.empty() || buckets.back() != GraphBucket(i)) buckets.push_back(GraphBucket(i));
+    }
+    return buckets;
+  }
   void PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, int bucket);
   absl::Status RunDecodeGraph(int n, int bucket, std::vector<float>* logits,
                               std::vector<int32_t>* argmax,
@@ -735,12 +743,7 @@ absl::Status CudaBackend::Init(const model::Model& m) {
     const bool tune =
         o_.gemm_tune || (o_.gemm_tune_min_hidden > 0 && hidden_ >= o_.gemm_tune_min_hidden);
     if (tune) {  // the m of every graph bucket (its first step runs eagerly at that m)
-      std::vector<int> buckets;
-      for (int n = 1; n <= std::min(max_graph_batch_, o_.gemm_tune_max_m); ++n) {
-        const int bucket = GraphBucket(n);
-        if (buckets.empty() || buckets.back() != bucket) buckets.push_back(bucket);
-      }
-      gemm_->SetTuneSizes(buckets);
+      gemm_->SetTuneSizes(GraphBuckets(std::min(max_graph_batch_, o_.gemm_tune_max_m)));
     }
   }
   // The decode-sized GEMM kernels of every bucket chosen now (gemm.h PrepareDecode; the layers
@@ -793,10 +796,7 @@ absl::Status CudaBackend::CaptureGraphsAtLoad() {
   }
   // (cudaMemset runs on the legacy stream, which stream_, non-blocking, does not wait for.)
   RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
-  std::vector<int> buckets;
-  for (int n = 1; n <= max_graph_batch_; ++n) {
-    if (buckets.empty() || buckets.back() != GraphBucket(n)) buckets.push_back(GraphBucket(n));
-  }
+  const std::vector<int> buckets = GraphBuckets(max_graph_batch_);
   const int bs = o_.block_size;
   engine::ForwardBatch b;
   std::vector<float> logits;
