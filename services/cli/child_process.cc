@@ -135,6 +135,14 @@ void ChildProcess::DrainStdout() {
     while ((nl = partial.find('\n')) != std::string::npos) {
       std::string line = partial.substr(0, nl);
       partial.erase(0, nl + 1);
+      for (const std::string& note : spec_.note_markers) {
+        const size_t n_at = line.find(note);
+        if (n_at == std::string::npos) continue;
+        std::string text = line.substr(n_at + note.size());
+        text = text.substr(0, text.find_first_of(" \t\r"));
+        absl::MutexLock lock(&mu_);
+        noted_.emplace(note, std::move(text));  // (the first line wins)
+      }
       size_t at = line.find(marker);
       if (at == std::string::npos) continue;
       std::string address = line.substr(at + marker.size());
@@ -151,6 +159,13 @@ std::optional<std::string> ChildProcess::ReadyAddress() const {
   absl::MutexLock lock(&mu_);
   if (ready_address_.empty()) return std::nullopt;
   return ready_address_;
+}
+
+std::optional<std::string> ChildProcess::Noted(const std::string& marker) const {
+  absl::MutexLock lock(&mu_);
+  const auto it = noted_.find(marker);
+  if (it == noted_.end()) return std::nullopt;
+  return it->second;
 }
 
 bool ChildProcess::Reap(bool block) {

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +28,9 @@ struct ChildSpec {
   // The stdout text that precedes the address in the ready line; empty: "<name> serving on ".
   // The address runs to the next whitespace.
   std::string ready_marker;
+  // Other stdout lines worth keeping, printed before the ready line (the gateway's OpenAI HTTP
+  // address): for each marker, the text after its first occurrence up to whitespace (Noted).
+  std::vector<std::string> note_markers;
 };
 
 // Thread-compatible: one thread drives it (an internal thread drains stdout).
@@ -46,6 +50,9 @@ class ChildProcess {
 
   // The address of the ready line if it came already (non-blocking).
   std::optional<std::string> ReadyAddress() const;
+  // The text after `marker` (one of ChildSpec::note_markers) if its line came already; a child
+  // that prints it before its ready line has it by the time WaitReady returns.
+  std::optional<std::string> Noted(const std::string& marker) const;
 
   // True while the child runs; reaps it when it has exited.
   bool Running();
@@ -81,6 +88,7 @@ class ChildProcess {
 
   mutable absl::Mutex mu_;
   std::string ready_address_ ABSL_GUARDED_BY(mu_);  // non-empty once the ready line came
+  std::map<std::string, std::string> noted_ ABSL_GUARDED_BY(mu_);  // note marker -> its text
   bool stdout_closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <ostream>
 #include <thread>
 
@@ -30,15 +31,19 @@ std::vector<std::string> WithExtra(std::vector<std::string> args,
   return args;
 }
 
-// Replaces the first "--port=..." in `args` (the stack always passes one) with `port`.
-void PinPort(std::vector<std::string>& args, int port) {
+// Replaces the first "<flag>=..." in `args` (the stack always passes --port) with `port`.
+void PinPort(std::vector<std::string>& args, int port, const char* flag = "--port") {
+  const std::string prefix = absl::StrCat(flag, "=");
   for (std::string& a : args) {
-    if (a.rfind("--port=", 0) == 0) {
-      a = absl::StrCat("--port=", port);
+    if (a.rfind(prefix, 0) == 0) {
+      a = absl::StrCat(prefix, port);
       return;
     }
   }
 }
+
+// The gateway's line naming its OpenAI HTTP address, printed before its ready line.
+constexpr char kHttpMarker[] = "cascade-gateway OpenAI HTTP API on http://";
 
 std::string Seconds(absl::Duration d) {
   return absl::StrFormat("%.1f s", absl::ToDoubleSeconds(d));
@@ -286,20 +291,33 @@ absl::StatusOr<std::unique_ptr<LocalStack>> LocalStack::Start(const StackOptions
                                            "--model_dir=" + o.model_dir,
                                            "--drain_timeout=5s",
                                            "--resume_mid_stream=true"};
+  if (o.http_port >= 0) gateway_args.push_back(absl::StrCat("--http_port=", o.http_port));
   for (std::string& f : auth_flags("gateway", false)) gateway_args.push_back(std::move(f));
   addr = stack->StartChild("cascade-gateway", "gateway",
-                           WithExtra(std::move(gateway_args), o.gateway_flags), progress);
+                           WithExtra(std::move(gateway_args), o.gateway_flags), progress,
+                           {kHttpMarker});
   if (!addr.ok()) return addr.status();
   stack->gateway_ = {"cascade-gateway", *addr};
+  // The HTTP front's real port ("HOST:PORT/v1" after the marker), pinned like --port for restarts.
+  if (std::optional<std::string> http = stack->slots_.back().child->Noted(kHttpMarker)) {
+    stack->http_port_ = PortOf(http->substr(0, http->find('/')));
+    if (stack->http_port_ > 0)
+      PinPort(stack->slots_.back().spec.args, stack->http_port_, "--http_port");
+  }
   return stack;
 }
 
 absl::StatusOr<std::string> LocalStack::StartChild(const std::string& binary,
                                                    const std::string& log_name,
                                                    std::vector<std::string> args,
-                                                   std::ostream* progress) {
-  ChildSpec spec{binary, (fs::path(options_.bin_dir) / binary).string(), std::move(args),
-                 (fs::path(log_dir_) / (log_name + ".log")).string(), ""};
+                                                   std::ostream* progress,
+                                                   std::vector<std::string> note_markers) {
+  ChildSpec spec{binary,
+                 (fs::path(options_.bin_dir) / binary).string(),
+                 std::move(args),
+                 (fs::path(log_dir_) / (log_name + ".log")).string(),
+                 "",
+                 std::move(note_markers)};
   if (progress) *progress << "starting " << log_name << " (" << binary << ") ..." << std::flush;
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Spawn(spec);

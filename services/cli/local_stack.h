@@ -28,6 +28,7 @@ struct StackOptions {
   std::string model_dir;  // REQUIRED: an existing model directory (see EnsureModel)
   std::string host = "127.0.0.1";  // the gateway's listen host (the others use 127.0.0.1)
   int port = 0;                    // gateway port; 0: a free one
+  int http_port = -1;              // the gateway's OpenAI HTTP API: -1 off, 0 a free port
   int workers = 1;
   std::string backend = "auto";  // cpu | cuda | auto
   int64_t kv_cache_bytes = 0;    // per worker; 0: the worker's default
@@ -108,6 +109,9 @@ class LocalStack {
   const std::vector<StackMember>& workers() const { return workers_; }
   const StackMember& gateway() const { return gateway_; }
   int gateway_port() const { return PortOf(gateway_.address); }
+  // The port of the gateway's OpenAI HTTP API (the one it bound where StackOptions::http_port
+  // was 0; a restarted gateway listens there again), or -1 when it is off.
+  int http_port() const { return http_port_; }
   const std::string& log_dir() const { return log_dir_; }
   // Removes the log directory when Start() made it (StackOptions::log_dir empty), with the
   // children's logs and the certificates in it; one the caller named stays. Call it after Stop(),
@@ -128,7 +132,8 @@ class LocalStack {
     absl::Time since;  // kStarting: when spawned; kWaitingToRestart: when to restart
   };
   absl::StatusOr<std::string> StartChild(const std::string& binary, const std::string& log_name,
-                                         std::vector<std::string> args, std::ostream* progress);
+                                         std::vector<std::string> args, std::ostream* progress,
+                                         std::vector<std::string> note_markers = {});
   void SuperviseSlot(Slot& slot, absl::Time now, std::ostream* log);
   void OnSlotDeath(Slot& slot, absl::Time now, const std::string& how, std::ostream* log);
 
@@ -139,6 +144,7 @@ class LocalStack {
   StackMember registry_;
   std::vector<StackMember> workers_;
   StackMember gateway_;
+  int http_port_ = -1;
   std::vector<Slot> slots_;  // in start order
 };
 

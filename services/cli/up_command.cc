@@ -93,7 +93,6 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
   StackOptions options;
   options.port = 50051;
   std::string model_dir, preset = "tiny";
-  int http_port = -1;
   common::FlagSet flags(
       "cascade up",
       "Starts a local Cascade stack as child processes (cascade-registry, cascade-worker x N, "
@@ -141,8 +140,9 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
   flags.AddInt("max_restarts", &restart.max_restarts,
                "restarts in a row, each dying before --restart_stable_after, before giving up on "
                "a child (0: never restart)");
-  flags.AddInt("http_port", &http_port,
-               "the gateway's OpenAI-compatible HTTP API on this port (/v1/...); -1: off");
+  flags.AddInt("http_port", &options.http_port,
+               "the gateway's OpenAI-compatible HTTP API on this port (/v1/...); 0: a free one "
+               "(the banner names it); -1: off");
   AddRepeatedString(&flags, "registry_flag", &options.registry_flags,
                     "extra flag for cascade-registry, e.g. --registry_flag=--lease_ms=5000");
   AddRepeatedString(&flags, "worker_flag", &options.worker_flags,
@@ -150,11 +150,11 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
   AddRepeatedString(&flags, "gateway_flag", &options.gateway_flags,
                     "extra flag for cascade-gateway, e.g. --gateway_flag=--max_concurrent=32");
   if (std::optional<int> code = ParseCommandFlags(flags, args, out, err)) return *code;
-  if (http_port == 0 || http_port > 65535) {
-    err << "cascade up: --http_port must be a port number (1-65535), or -1 for off\n";
+  if (options.http_port < -1 || options.http_port > 65535) {
+    err << "cascade up: --http_port must be a port number (1-65535), 0 for a free one, or -1 "
+           "for off\n";
     return kExitUsage;
   }
-  if (http_port > 0) options.gateway_flags.push_back(absl::StrCat("--http_port=", http_port));
   if (options.backend == "cpu") {
     // CPU workers batch poorly (each sequence adds almost its whole cost to a step), so their
     // admission limits start low and hold decode within 1.3x of unloaded (with no absolute time
@@ -190,7 +190,7 @@ int RunUpCommand(const std::vector<std::string>& args, std::ostream& out, std::o
     err << "cascade up: " << stack.status().message() << "\n";
     return kExitFailed;
   }
-  PrintExamples(**stack, http_port, out);
+  PrintExamples(**stack, (*stack)->http_port(), out);
 
   int code = kExitOk;
   while (true) {

@@ -1,8 +1,8 @@
 // Gateway process assembly; see gateway_server.h.
 #include "services/gateway/gateway_server.h"
 
-#include <cstdio>
 #include <filesystem>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -200,6 +200,10 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
   common::ServerOptions server = config.server;
   server.max_message_bytes = std::min<int64_t>(
       server.max_message_bytes, 4 * static_cast<int64_t>(MaxRequestBytes(opts.limits)));
+  // With the HTTP front on, the ready line waits for it (below): whoever waits for that line
+  // (cascade up, scripts) may call either API at once.
+  const bool http_on = config.http_port >= 0;
+  if (http_on) server.print_ready_line = false;
   g->runner_ = std::make_unique<common::ServerRunner>(server);
   g->runner_->AddService({g->service_.get(), cascade::v2::GatewayService::service_full_name()});
   // Streams in flight (HTTP ones too: they are calls on the in-process channel) finish while
@@ -228,9 +232,11 @@ absl::StatusOr<std::unique_ptr<GatewayServer>> GatewayServer::Start(const Gatewa
     if (!http.ok()) return http.status();
     g->http_ = std::move(*http);
     if (config.server.print_ready_line) {
-      std::printf("cascade-gateway OpenAI HTTP API on http://%s:%d/v1\n",
-                  config.server.host.c_str(), g->http_->port());
-      std::fflush(stdout);
+      // The HTTP line first (cascade up reads its port, ChildSpec::note_markers), then the
+      // runner's own ready line.
+      std::cout << config.server.name << " OpenAI HTTP API on http://" << config.server.host << ":"
+                << g->http_->port() << "/v1\n"
+                << config.server.name << " serving on " << g->runner_->address() << std::endl;
     }
   }
   common::LogInfo("gateway_started", {{"model", opts.limits.model_name},

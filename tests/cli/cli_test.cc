@@ -54,7 +54,7 @@ TEST(CliTest, NoCommandPrintsUsageAndExitsTwo) {
 }
 
 TEST(CliTest, UpRefusesAnHttpPortThatIsNotOneWithUsage) {
-  for (const char* bad : {"--http_port=0", "--http_port=70000"}) {
+  for (const char* bad : {"--http_port=-2", "--http_port=70000"}) {
     CliRun r = Cli({"up", bad});
     EXPECT_EQ(r.code, kExitUsage) << bad;
     EXPECT_NE(r.err.find("--http_port must be a port number"), std::string::npos) << r.err;

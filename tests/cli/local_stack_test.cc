@@ -4,6 +4,8 @@
 #include "services/cli/local_stack.h"
 
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -28,6 +30,20 @@ struct TempDir : test_util::TempDir {
   TempDir() : test_util::TempDir("cascade_stack_test") {}
 };
 namespace fs = std::filesystem;
+
+// One CPU worker on the tiny model (under `dir`, made by EnsureModel), free ports, logs in `dir`.
+StackOptions TinyCpuStack(const TempDir& dir) {
+  StackOptions options;
+  options.bin_dir = BinDir();
+  options.model_dir = dir.path() + "/tiny";
+  options.log_dir = dir.path() + "/logs";
+  options.backend = "cpu";
+  options.workers = 1;
+  options.worker_threads = 1;
+  options.ready_timeout = absl::Seconds(30);
+  options.stop_grace = absl::Seconds(10);
+  return options;
+}
 
 // One worker per GPU: CUDA_VISIBLE_DEVICES decides what is visible when set, else the driver's
 // /proc folder; workers go round-robin over the GPUs, and sharers of a GPU split its KV memory.
@@ -131,16 +147,8 @@ TEST(LocalStackTest, StackOfRealBinariesServesAGenerateStreamAndStops) {
       << "no tokenizer at " << tokenizer_dir << ": run scripts/setup.sh";
   TempDir dir;
   std::ostringstream progress;
-  StackOptions options;
-  options.bin_dir = BinDir();
-  options.model_dir = dir.path() + "/tiny";
+  StackOptions options = TinyCpuStack(dir);
   ASSERT_TRUE(EnsureModel(options.model_dir, "tiny", &progress).ok()) << progress.str();
-  options.log_dir = dir.path() + "/logs";
-  options.backend = "cpu";
-  options.workers = 1;
-  options.worker_threads = 1;
-  options.ready_timeout = absl::Seconds(30);
-  options.stop_grace = absl::Seconds(10);
   absl::StatusOr<std::unique_ptr<LocalStack>> stack = LocalStack::Start(options, &progress);
   ASSERT_TRUE(stack.ok()) << stack.status() << "\n" << progress.str();
   EXPECT_GT((*stack)->gateway_port(), 0);
@@ -201,6 +209,55 @@ TEST(LocalStackTest, StackOfRealBinariesServesAGenerateStreamAndStops) {
   EXPECT_LT(absl::Now() - stop_start, absl::Seconds(8))
       << "children stopped on SIGTERM, no SIGKILL";
   EXPECT_NE(progress.str().find("gateway exited with code 0"), std::string::npos) << progress.str();
+}
+
+// The OpenAI HTTP front on a free port: the stack reports the port the gateway bound, the API
+// answers as soon as Start returns (the gateway prints its ready line only once the front
+// listens), and a gateway killed by SIGKILL comes back on the same HTTP port.
+TEST(LocalStackTest, HttpFrontOnAFreePortIsReportedAndKeptAcrossAGatewayRestart) {
+  ASSERT_FALSE(BinDir().empty()) << "run through ctest (it sets CASCADE_BINARY_DIR)";
+  for (const char* binary : {"cascade-registry", "cascade-worker", "cascade-gateway"}) {
+    ASSERT_TRUE(fs::exists(BinDir() + "/" + binary)) << binary << " not built in " << BinDir();
+  }
+  ASSERT_TRUE(fs::exists(model::DefaultTokenizerDir() + "/tokenizer.json"))
+      << "run scripts/setup.sh";
+  TempDir dir;
+  std::ostringstream progress;
+  StackOptions options = TinyCpuStack(dir);
+  ASSERT_TRUE(EnsureModel(options.model_dir, "tiny", &progress).ok()) << progress.str();
+  options.http_port = 0;
+  options.restart.initial_backoff = absl::Milliseconds(100);
+  absl::StatusOr<std::unique_ptr<LocalStack>> stack = LocalStack::Start(options, &progress);
+  ASSERT_TRUE(stack.ok()) << stack.status() << "\n" << progress.str();
+  const int port = (*stack)->http_port();
+  ASSERT_GT(port, 0) << progress.str();
+  EXPECT_NE(port, (*stack)->gateway_port());
+  httplib::Client http("127.0.0.1", port);
+  http.set_read_timeout(30);
+  httplib::Result models = http.Get("/v1/models");
+  ASSERT_TRUE(models) << "no HTTP answer on port " << port << " right after Start";
+  EXPECT_EQ(models->status, 200) << models->body;
+  EXPECT_NE(models->body.find("\"object\":\"list\""), std::string::npos) << models->body;
+
+  const pid_t old_pid = (*stack)->States().back().pid;
+  ASSERT_EQ((*stack)->States().back().role, "gateway");
+  ASSERT_EQ(kill(old_pid, SIGKILL), 0);
+  std::ostringstream log;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  bool back = false;
+  while (!back && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+    (*stack)->Supervise(&log);
+    const ChildState gw = (*stack)->States().back();
+    back = gw.phase == ChildState::Phase::kServing && gw.pid != old_pid;
+  }
+  ASSERT_TRUE(back) << log.str();
+  EXPECT_EQ((*stack)->http_port(), port);
+  models = http.Get("/v1/models");
+  ASSERT_TRUE(models) << "the restarted gateway does not answer on HTTP port " << port << "\n"
+                      << log.str();
+  EXPECT_EQ(models->status, 200) << models->body;
+  (*stack)->Stop(&progress);
 }
 
 }  // namespace

@@ -20,9 +20,7 @@ for b in cascade cascade-registry cascade-worker cascade-gateway; do
 done
 
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/cascade-openai-e2e.XXXXXX")"
-HTTP_PORT="$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
 . "$HERE/up_stack.sh"
-grep -q "OpenAI API at http://localhost:$HTTP_PORT/v1" "$TMP/up.out" || fail "the banner does not show the OpenAI API"
 
 BASE="http://127.0.0.1:$HTTP_PORT/v1"
 # curl, as the README shows it.

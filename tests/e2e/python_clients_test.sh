@@ -18,7 +18,6 @@ for b in cascade cascade-registry cascade-worker cascade-gateway; do
   [[ -x "$BIN/$b" ]] || fail "$BIN/$b is not built"
 done
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/cascade-python-e2e.XXXXXX")"
-HTTP_PORT="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 . "$HERE/up_stack.sh"  # from here on, exiting removes $TMP
 bash "$ROOT/clients/python/generate_stubs.sh" "$TMP/stubs" >/dev/null || fail "generating the stubs failed"
 "$PY" "$ROOT/clients/python/cascade_client.py" --gateway "$GATEWAY" --stubs "$TMP/stubs" ||

@@ -1,7 +1,9 @@
 # Sourced by the e2e tests: starts `cascade up` (one CPU worker, free ports, the OpenAI HTTP front
-# on $HTTP_PORT) from $BIN with logs under $TMP, waits for its banner, stops it on exit, and sets
-# GATEWAY to the gateway's host:port. Needs BIN, TMP, HTTP_PORT and a fail() function.
-"$BIN/cascade" up --port 0 --registry_port 0 --http_port "$HTTP_PORT" --log_dir "$TMP/logs" \
+# on a free port too) from $BIN with logs under $TMP, waits for its banner, stops it on exit, and
+# sets GATEWAY to the gateway's host:port and HTTP_PORT to the HTTP front's port, both read from
+# the banner (a port picked by the test and released before the stack bound it could be taken
+# meanwhile). Needs BIN, TMP and a fail() function.
+"$BIN/cascade" up --port 0 --registry_port 0 --http_port 0 --log_dir "$TMP/logs" \
   >"$TMP/up.out" 2>"$TMP/up.err" &
 UP_PID=$!
 cleanup() {
@@ -25,3 +27,5 @@ done
 grep -q "Ctrl-C stops everything" "$TMP/up.out" || { cat "$TMP/up.err"; fail "cascade up did not come up in 60 s"; }
 GATEWAY="$(sed -n 's/^  gateway   \([^ ]*\) .*/\1/p' "$TMP/up.out" | head -n 1)"
 [[ -n "$GATEWAY" ]] || { cat "$TMP/up.out"; fail "no gateway address in the banner"; }
+HTTP_PORT="$(sed -n 's|.*OpenAI API at http://localhost:\([0-9]*\)/v1.*|\1|p' "$TMP/up.out" | head -n 1)"
+[[ -n "$HTTP_PORT" ]] || { cat "$TMP/up.out"; fail "no OpenAI API address in the banner"; }
