@@ -19,6 +19,9 @@
 // on the same device state: "default" (deterministic: pinned GEMM algorithms, decode CUDA
 // graphs captured at load, verified small-m and decode GEMMs), "eager" (no decode graphs),
 // "lazygraphs" (each decode graph captured by the first step that needs it, as before session 47),
+// "spec" / "specN" (the overlapped schedule, from N rows, with speculated launches: the next
+// decode step enqueued behind the one in flight, CudaBackendOptions::speculative_launch, on by
+// default since session 48, so the same as "overlapN"), "nospec" (without them: overlapN+nospec),
 // "cublas" (no small-m or decode GEMMs: the pinned cuBLASLt algorithm at every m), "nodecodegemm"
 // (no DecodeGemm: SmallGemm and cuBLASLt as before it; the same bits), "coldchoice" (that choice
 // timed one launch at a time on flushed L2 for every bucket, as before session 36), "smallchoice"
@@ -208,6 +211,7 @@ bool ApplySampler(const std::string& n, engine::SamplingParams* p) {
 struct Variant {
   bool graphs = true;
   bool graphs_at_load = true;  // CudaBackendOptions::capture_graphs_at_load
+  bool speculative = true;     // CudaBackendOptions::speculative_launch
   bool batch_invariant = true;
   bool small_m_gemm = true;
   int decode_gemm_max_m = cuda::kDefaultDecodeGemmMaxM;
@@ -255,6 +259,11 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "default") return true;
   if (name == "eager") return v->graphs = false, true;
   if (name == "lazygraphs") return v->graphs_at_load = false, true;
+  if (absl::StartsWith(name, "spec")) {  // specN: overlapped from N rows, speculated launches
+    v->speculative = v->overlap = true;
+    return name.size() == 4 ||
+           (absl::SimpleAtoi(name.substr(4), &v->overlap_min_rows) && v->overlap_min_rows > 0);
+  }
   if (name == "heuristic") return v->batch_invariant = false, true;
   if (name == "cublas") return v->small_m_gemm = false, v->decode_gemm_max_m = 0, true;
   if (name == "nodecodegemm") return v->decode_gemm_max_m = 0, true;
@@ -274,6 +283,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "coldchoice") return v->choice_warm = false, true;
   if (name == "smallchoice") return v->choose_small = true, true;
   if (name == "noprefetch") return v->prefetch_max_rows = 0, true;
+  if (name == "nospec") return v->speculative = false, true;           // e.g. overlap32+nospec
   if (name == "prefetchall") return v->prefetch_max_rows = 256, true;  // every decode bucket
   if (absl::StartsWith(name, "prefetchrows")) {  // prefetchrowsN: steps of up to N rows prefetch
     return absl::SimpleAtoi(name.substr(12), &v->prefetch_max_rows) && v->prefetch_max_rows >= 0;
@@ -480,6 +490,11 @@ class TimedBackend : public engine::Backend {
     launches_->ready = false;
     return st;
   }
+  // Speculated launches (CudaBackendOptions::speculative_launch): offered while the step in
+  // flight runs (host time inside the overlap window, not counted as forward time).
+  bool PrepareSampled(const engine::ForwardBatch& next, std::span<const int32_t> feed) override {
+    return inner_->PrepareSampled(next, feed);
+  }
   absl::Status FinishSampled(std::vector<float>* logits, std::vector<int32_t>* argmax,
                              std::vector<engine::RowLogprobs>* logprobs) override {
     const auto t0 = Clock::now();
@@ -634,6 +649,20 @@ struct Bench {
         "bitwise, %d rejected; split-K slices o_proj %d, down_proj %d)\n",
         static_cast<long long>(st.captures), static_cast<long long>(st.replays),
         st.small_gemm_verified, st.small_gemm_rejected, st.o_proj_splits, st.down_proj_splits);
+    if (st.speculated_adopted + st.speculated_dropped > 0) {
+      std::printf("(speculated decode steps: %lld adopted, %lld dropped)\n",
+                  static_cast<long long>(st.speculated_adopted),
+                  static_cast<long long>(st.speculated_dropped));
+    }
+    std::string refused;
+    for (int i = 0; i < 10; ++i) {
+      if (st.speculate_refused[i] > 0)
+        absl::StrAppend(&refused, " ", i, ":", st.speculate_refused[i]);
+    }
+    if (!refused.empty()) {
+      std::printf("(speculation refused, by reason (CudaGraphStats::speculate_refused):%s)\n",
+                  refused.c_str());
+    }
     if (st.captured_at_load > 0) {
       std::printf("(decode graphs captured at load: %lld in %.0f ms)\n",
                   static_cast<long long>(st.captured_at_load), st.load_capture_ms);
@@ -690,6 +719,7 @@ struct Bench {
       o.cascade = cascade;
       o.cuda_graphs = variant.graphs;
       o.capture_graphs_at_load = variant.graphs_at_load;
+      o.speculative_launch = variant.speculative;
       o.batch_invariant = variant.batch_invariant;
       o.small_m_gemm = variant.small_m_gemm;
       o.decode_gemm_max_m = variant.decode_gemm_max_m;
@@ -865,7 +895,17 @@ PhaseResult RunBatch(Bench& b, engine::Engine& e, const std::vector<engine::Requ
   r.decode_forward_s = b.forward_s - fwd_at_decode;
   r.decode_gap_s = b.launches.gap_s - gap_at_decode;
   r.decode_launch_s = b.launches.launch_s - launch_at_decode;
-  r.prompt_tokens_computed = e.Stats().prompt_tokens_computed - computed0;
+  const engine::EngineStats es = e.Stats();
+  r.prompt_tokens_computed = es.prompt_tokens_computed - computed0;
+  if (es.speculated_steps + es.speculation_declined[0] + es.speculation_declined[1] +
+          es.speculation_declined[2] >
+      0) {
+    std::fprintf(stderr, "(engine: %lld speculated steps, declined %lld / %lld / %lld)\n",
+                 static_cast<long long>(es.speculated_steps),
+                 static_cast<long long>(es.speculation_declined[0]),
+                 static_cast<long long>(es.speculation_declined[1]),
+                 static_cast<long long>(es.speculation_declined[2]));
+  }
   return r;
 }
 

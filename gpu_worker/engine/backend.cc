@@ -301,8 +301,56 @@ absl::Status ValidateBlockCopies(std::span<const BlockCopy> copies, int64_t num_
   return absl::OkStatus();
 }
 
+bool SameBatchButFed(const ForwardBatch& a, const ForwardBatch& b, std::span<const int32_t> feed) {
+  if (a.token_ids.size() != b.token_ids.size() || feed.size() != a.token_ids.size()) return false;
+  for (size_t i = 0; i < feed.size(); ++i) {
+    if (feed[i] < 0 && a.token_ids[i] != b.token_ids[i]) return false;
+  }
+  if (a.row_samples.size() != b.row_samples.size()) return false;
+  for (size_t i = 0; i < a.row_samples.size(); ++i) {
+    // (SampleSpec is 64 bytes of plain fields, no padding.)
+    if (a.row_samples[i].on_device != b.row_samples[i].on_device ||
+        std::memcmp(&a.row_samples[i].spec, &b.row_samples[i].spec, sizeof(SampleSpec)) != 0) {
+      return false;
+    }
+  }
+  return a.positions == b.positions && a.slot_mapping == b.slot_mapping &&
+         a.query_start == b.query_start && a.context_lens == b.context_lens &&
+         a.block_table_start == b.block_table_start && a.block_ids == b.block_ids &&
+         a.logits_rows == b.logits_rows && a.penalty_tokens == b.penalty_tokens &&
+         a.penalty_counts == b.penalty_counts && a.penalty_bias == b.penalty_bias;
+}
+
+bool Backend::PrepareSampled(const ForwardBatch& next, std::span<const int32_t> feed) {
+  if (!speculative_ || !launched_.active || started_.active || !launched_.status.ok() ||
+      feed.size() != next.token_ids.size()) {
+    return false;
+  }
+  started_batch_ = next;
+  for (size_t i = 0; i < feed.size(); ++i) {
+    if (feed[i] < 0) continue;
+    if (static_cast<size_t>(feed[i]) >= launched_.tokens.size() || launched_.tokens[feed[i]] < 0) {
+      return false;  // (a row the step in flight returns whole has no token to feed)
+    }
+    started_batch_.token_ids[i] = launched_.tokens[feed[i]];
+  }
+  started_feed_.assign(feed.begin(), feed.end());
+  started_.active = true;
+  started_.status =
+      ForwardSampled(started_batch_, &started_.logits, &started_.tokens, &started_.logprobs);
+  return true;
+}
+
 absl::Status Backend::LaunchSampled(const ForwardBatch& batch) {
   if (launched_.active) return absl::FailedPreconditionError("LaunchSampled: a step is in flight");
+  if (started_.active) {
+    started_.active = false;
+    if (SameBatchButFed(batch, started_batch_, started_feed_)) {
+      launched_ = std::move(started_);
+      launched_.active = true;
+      return absl::OkStatus();
+    }
+  }
   launched_.active = true;
   launched_.status =
       ForwardSampled(batch, &launched_.logits, &launched_.tokens, &launched_.logprobs);

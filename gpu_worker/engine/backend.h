@@ -144,6 +144,18 @@ class Backend {
   virtual absl::Status FinishSampled(std::vector<float>* logits, std::vector<int32_t>* tokens,
                                      std::vector<RowLogprobs>* logprobs);
 
+  // Overlapped schedule, optional: `next` is the step the caller will launch after the one in
+  // flight, built before that one was finished: where feed[i] >= 0, token_ids[i] stands for the
+  // token the step in flight samples for its logits row feed[i]. A backend may start `next` now,
+  // behind the step in flight, taking those tokens from that step's results on the device, and
+  // returns whether it did. Then the caller's next LaunchSampled is that batch (its fed token ids
+  // as given here or filled in: they are not read), whose rows of sequences that ended meanwhile
+  // it ignores, and the backend adopts the step it started: same results as launching it then. A
+  // LaunchSampled of another batch waits for the started step and drops it. The default starts
+  // nothing unless set_speculative(true): it then runs `next` at once on the results the default
+  // LaunchSampled kept (no overlap; what the contract means, for backends without a device).
+  virtual bool PrepareSampled(const ForwardBatch& next, std::span<const int32_t> feed);
+
   // Block I/O for the host KV tier. KvBlockBytes() is the size of one block's host copy; 0 means
   // the backend has no block I/O (the default) and the host tier stays off.
   virtual int64_t KvBlockBytes() const { return 0; }
@@ -163,6 +175,9 @@ class Backend {
   // Blocks until every copy issued so far has finished.
   virtual absl::Status WaitBlockCopies() { return absl::OkStatus(); }
 
+ protected:
+  void set_speculative(bool on) { speculative_ = on; }
+
  private:
   // The default LaunchSampled's results, until FinishSampled takes them.
   struct Launched {
@@ -173,7 +188,16 @@ class Backend {
     std::vector<RowLogprobs> logprobs;
   };
   Launched launched_;
+  // The default PrepareSampled's step (set_speculative), until LaunchSampled adopts or drops it.
+  bool speculative_ = false;
+  Launched started_;
+  ForwardBatch started_batch_;
+  std::vector<int32_t> started_feed_;
 };
+
+// Whether `a` is `b` but for the token ids at rows i with feed[i] >= 0 (PrepareSampled's check
+// that a launch is the batch it started).
+bool SameBatchButFed(const ForwardBatch& a, const ForwardBatch& b, std::span<const int32_t> feed);
 
 // The check every backend's CopyBlocks* runs first: ids in [0, num_blocks), host pointers set.
 absl::Status ValidateBlockCopies(std::span<const BlockCopy> copies, int64_t num_blocks);

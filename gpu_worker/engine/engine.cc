@@ -177,6 +177,7 @@ class EngineImpl final : public Engine {
     SchedulerOutput plan;
     ForwardBatch batch;
     std::vector<Scheduler::PendingInput> pending;
+    bool speculated = false;  // the backend started it already (Backend::PrepareSampled)
   };
   // One collected row whose output still needs FinishRows.
   struct CollectedRow {
@@ -188,6 +189,13 @@ class EngineImpl final : public Engine {
     SequenceOutput out;
   };
   std::vector<uint64_t> Intake();
+  // Offers the prepared step to the backend while inflight_ runs (Backend::PrepareSampled), its
+  // inputs sampled by inflight_ fed from that step's rows; whether the backend started it. Not
+  // offered where the step has penalty lists or prompt-logprob rows (their inputs are filled on
+  // the host) or host copies wait to run before it.
+  bool Speculate(const Prepared& p);
+  // The step with dropped rows was collected (or failed): their sequences retire now.
+  void ReleaseDropped();
   // AddRequest's bound on waiting requests (EngineOptions::max_waiting).
   bool QueueFullLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stats_.waiting + static_cast<int64_t>(inbox_.size()) >= options_.max_waiting;
@@ -203,8 +211,9 @@ class EngineImpl final : public Engine {
   SchedulerOutput Schedule(std::vector<SequenceOutput>* outputs);
   // Builds and launches `plan`; on failure its sequences end (kError).
   void BuildAndLaunch(SchedulerOutput plan, std::vector<SequenceOutput>* outputs);
+  // speculated: the backend started this batch already (Prepared::speculated).
   absl::Status Launch(SchedulerOutput plan, ForwardBatch* batch,
-                      const std::vector<Scheduler::PendingInput>& pending);
+                      const std::vector<Scheduler::PendingInput>& pending, bool speculated = false);
   void Collect(const std::vector<uint64_t>& cancels, std::vector<SequenceOutput>* outputs,
                std::vector<CollectedRow>* rows);
   void FinishRows(std::vector<CollectedRow>* rows, std::vector<SequenceOutput>* outputs);
@@ -297,7 +306,12 @@ class EngineImpl final : public Engine {
   int64_t prompt_tokens_computed_ = 0;
   int64_t generation_tokens_ = 0;
   int64_t steps_ = 0;
-  int64_t overlapped_steps_ = 0;  // EngineStats::overlapped_steps
+  int64_t overlapped_steps_ = 0;                                // EngineStats::overlapped_steps
+  int64_t speculated_steps_ = 0, speculated_rows_dropped_ = 0;  // EngineStats
+  int64_t speculation_declined_[3] = {};                        // EngineStats
+  // Sequences with a dropped row in the step in flight (ScheduledSeq::dropped): their Retire waits
+  // until that step is collected (the plan points at them), in retire_later_.
+  std::vector<uint64_t> dropped_ids_, retire_later_;
 
   mutable Mutex mu_;
   std::vector<std::unique_ptr<Sequence>> inbox_ ABSL_GUARDED_BY(mu_);
@@ -607,6 +621,9 @@ void EngineImpl::PublishStats() {
   stats_.generation_tokens = generation_tokens_;
   stats_.steps = steps_;
   stats_.overlapped_steps = overlapped_steps_;
+  stats_.speculated_steps = speculated_steps_;
+  stats_.speculated_rows_dropped = speculated_rows_dropped_;
+  for (int i = 0; i < 3; ++i) stats_.speculation_declined[i] = speculation_declined_[i];
 }
 
 absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
@@ -627,8 +644,10 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
     prepared_.reset();
     if (!p.plan.scheduled.empty()) {
       const SchedulerOutput plan = p.plan;
-      if (absl::Status st = Launch(std::move(p.plan), &p.batch, p.pending); !st.ok()) {
+      if (absl::Status st = Launch(std::move(p.plan), &p.batch, p.pending, p.speculated);
+          !st.ok()) {
         FailScheduled(plan, st, &failed);
+        ReleaseDropped();
       }
     }
     spare_batch_ = std::move(p.batch);  // its capacity serves the next prepared step
@@ -651,6 +670,7 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
       p.plan = std::move(plan);
       p.batch = std::move(spare_batch_);
       scheduler_.BuildBatch(p.plan, backend_->BlockSize(), &p.batch, &p.pending);
+      p.speculated = Speculate(p);
       prepared_ = std::move(p);
       ++overlapped_steps_;
     }
@@ -783,7 +803,8 @@ void EngineImpl::ApplyCancels(const std::vector<uint64_t>& cancels,
                               std::vector<SequenceOutput>* outputs) {
   for (uint64_t id : cancels) {
     auto it = seqs_.find(id);
-    if (it == seqs_.end()) continue;
+    // (A sequence that ended with a row in a speculated step lives until that step is collected.)
+    if (it == seqs_.end() || it->second->state == SeqState::kFinished) continue;
     SequenceOutput out;
     out.seq_id = id;
     Finish(*it->second, FinishReason::kCancelled, out);
@@ -806,6 +827,10 @@ void EngineImpl::ExpirePins() {
 }
 
 void EngineImpl::Retire(uint64_t seq_id) {
+  if (std::find(dropped_ids_.begin(), dropped_ids_.end(), seq_id) != dropped_ids_.end()) {
+    retire_later_.push_back(seq_id);  // a step in flight still names it
+    return;
+  }
   seqs_.erase(seq_id);
   MutexLock lock(&mu_);
   --live_;
@@ -840,12 +865,17 @@ void EngineImpl::BuildAndLaunch(SchedulerOutput plan, std::vector<SequenceOutput
 }
 
 absl::Status EngineImpl::Launch(SchedulerOutput plan, ForwardBatch* batch,
-                                const std::vector<Scheduler::PendingInput>& pending) {
-  scheduler_.FillPending(plan, pending, batch);
+                                const std::vector<Scheduler::PendingInput>& pending,
+                                bool speculated) {
+  // A speculated batch goes as it was started: its fed inputs come from the device (and a dropped
+  // row's sequence may have no token there).
+  if (!speculated) scheduler_.FillPending(plan, pending, batch);
   // Offloads and restores decided while scheduling run before the step (Backend's contract).
   if (absl::Status st = FlushHostCopies(); !st.ok()) return st;
   if (absl::Status st = backend_->LaunchSampled(*batch); !st.ok()) return st;
+  if (speculated) ++speculated_steps_;
   for (ScheduledSeq& s : plan.scheduled) {
+    if (s.dropped) continue;
     Sequence& seq = *s.seq;
     s.was_prefill = seq.num_computed < seq.prompt_len;
     seq.num_computed += s.num_tokens;
@@ -871,19 +901,27 @@ void EngineImpl::Collect(const std::vector<uint64_t>& cancels, std::vector<Seque
   StepResult result;
   const absl::Status st =
       backend_->FinishSampled(&result.logits, &result.sampled, &result.logprobs);
-  for (const ScheduledSeq& s : plan.scheduled) s.seq->inflight_tokens = 0;
+  for (const ScheduledSeq& s : plan.scheduled) {
+    if (!s.dropped) s.seq->inflight_tokens = 0;
+  }
   if (!st.ok()) {
     for (const ScheduledSeq& s : plan.scheduled) {
+      if (s.dropped) continue;
       if (s.wants_logits) s.seq->tokens.pop_back();
       s.seq->last_token_in_flight = false;
     }
     prepared_.reset();  // its sequences stay running and are scheduled again
     FailScheduled(plan, st, outputs);
+    ReleaseDropped();
     return;
   }
   size_t row = 0, full_row = 0;
   rows->reserve(rows->size() + plan.scheduled.size());  // (a row is ~0.5 KB: no regrowth)
   for (const ScheduledSeq& s : plan.scheduled) {
+    if (s.dropped) {  // (a speculated step's rows sample only: no prompt rows)
+      if (s.wants_logits) full_row += result.sampled[row++] < 0 ? 1 : 0;
+      continue;
+    }
     CollectedRow c;
     c.was_prefill = s.was_prefill;
     c.out.seq_id = s.seq->id;
@@ -928,10 +966,56 @@ void EngineImpl::Collect(const std::vector<uint64_t>& cancels, std::vector<Seque
     rows->push_back(std::move(c));
   }
   ++steps_;
+  ReleaseDropped();
+}
+
+void EngineImpl::ReleaseDropped() {
+  dropped_ids_.clear();
+  std::vector<uint64_t> ids;
+  ids.swap(retire_later_);
+  for (uint64_t id : ids) Retire(id);
+}
+
+bool EngineImpl::Speculate(const Prepared& p) {
+  if (!p.batch.penalty_tokens.empty() || (host_ != nullptr && host_->HasCopies())) {
+    return ++speculation_declined_[0], false;
+  }
+  for (const ScheduledSeq& s : p.plan.scheduled) {
+    if (s.prompt_rows > 0) return ++speculation_declined_[1], false;
+  }
+  // The logits row of each sequence's sampled token in the step in flight.
+  std::unordered_map<const Sequence*, int32_t> row_of;
+  int32_t row = 0;
+  for (const ScheduledSeq& s : inflight_->scheduled) {
+    row += s.prompt_rows;
+    if (s.wants_logits) row_of[s.seq] = row++;
+  }
+  std::vector<int32_t> feed(p.batch.token_ids.size(), -1);
+  for (const Scheduler::PendingInput& in : p.pending) {
+    const auto it = row_of.find(in.seq);
+    // (Only the token the step in flight samples is pending: the last of the sequence's tokens.)
+    if (it == row_of.end() || in.position + 1 != static_cast<int64_t>(in.seq->tokens.size())) {
+      return ++speculation_declined_[2], false;
+    }
+    feed[in.index] = it->second;
+  }
+  return backend_->PrepareSampled(p.batch, feed);
 }
 
 void EngineImpl::PruneFinished(const std::vector<uint64_t>& cancels) {
   Prepared& p = *prepared_;
+  if (p.speculated) {
+    // The backend runs this batch already: the rows of sequences that ended stay, dropped.
+    for (ScheduledSeq& s : p.plan.scheduled) {
+      if (s.seq->state != SeqState::kRunning ||
+          std::find(cancels.begin(), cancels.end(), s.seq->id) != cancels.end()) {
+        s.dropped = true;
+        dropped_ids_.push_back(s.seq->id);
+        ++speculated_rows_dropped_;
+      }
+    }
+    return;
+  }
   const size_t before = p.plan.scheduled.size();
   std::erase_if(p.plan.scheduled, [&](const ScheduledSeq& s) {
     return s.seq->state != SeqState::kRunning ||
@@ -981,6 +1065,7 @@ void EngineImpl::FailScheduled(const SchedulerOutput& plan, const absl::Status& 
   const absl::Status status =
       st.code() == absl::StatusCode::kResourceExhausted ? st : absl::InternalError(st.ToString());
   for (const ScheduledSeq& s : plan.scheduled) {
+    if (s.dropped) continue;  // ended before (ScheduledSeq::dropped)
     const uint64_t id = s.seq->id;
     SequenceOutput out;
     out.seq_id = id;

@@ -84,6 +84,8 @@ class HostKvTier {
   // restore may be overwritten by a later offload, a block written by an offload's source may be
   // refilled by a later restore.
   std::vector<HostCopyOp> TakeCopies();
+  // Whether copies are recorded and not yet taken.
+  bool HasCopies() const { return !copies_.empty(); }
   // Keys dropped from the host tier since the last call.
   std::vector<hash::Hash128> TakeEvictedKeys();
 

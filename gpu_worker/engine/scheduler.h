@@ -45,6 +45,10 @@ struct ScheduledSeq {
   // scoring the prompt token after it; in the batch before the sampled row.
   int64_t prompt_row_first = 0;
   int32_t prompt_rows = 0;
+  // A step the backend started before the step in flight was collected (Backend::PrepareSampled):
+  // the sequence ended (a stop token, a cancel) after this step was built; its row still runs
+  // and its result is dropped.
+  bool dropped = false;
 };
 
 struct SchedulerOutput {

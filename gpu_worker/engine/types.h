@@ -201,6 +201,13 @@ struct EngineStats {
   int64_t steps = 0;
   // Steps scheduled and built while the step before them ran (EngineOptions::overlap_schedule).
   int64_t overlapped_steps = 0;
+  // Of those, steps the backend started before the step in flight was collected
+  // (Backend::PrepareSampled), and their rows dropped because their sequence ended meanwhile.
+  int64_t speculated_steps = 0;
+  int64_t speculated_rows_dropped = 0;
+  // Overlapped steps not offered to the backend, by reason: 0 penalty lists or host-tier copies,
+  // 1 prompt-logprob rows, 2 a pending input not sampled by the step in flight.
+  int64_t speculation_declined[3] = {};
 };
 
 }  // namespace cascade::engine

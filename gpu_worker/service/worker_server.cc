@@ -70,6 +70,10 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddBool("capture_graphs_at_load", &c->capture_graphs_at_load,
              "CUDA backend: capture every batch bucket's decode graph at start (about a second), "
              "so no early request waits ~5-10 ms for a capture; =false to capture on first use");
+  f->AddBool("speculative_launch", &c->speculative_launch,
+             "CUDA backend, with --overlap_schedule: enqueue the next decode step behind the one "
+             "in flight, its inputs taken on the GPU, so the GPU does not wait for the host "
+             "between steps (same tokens; decode steps ~4% shorter at batch 64-256 on an H200)");
   f->AddString("attention_fold_order", &c->attention_fold_order,
                "CUDA backend: one_level (default) or two_level (Hopper: super-tiles of 4 tiles "
                "folded in order; other bits, so alike on every worker; decode over shared "
@@ -189,6 +193,7 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     o.gemm_prefill_min_m = config.gemm_prefill_min_m;
     o.persistent_decode_min_tiles = config.persistent_decode_min_tiles;
     o.capture_graphs_at_load = config.capture_graphs_at_load;
+    o.speculative_launch = config.speculative_launch;
     o.split_k = config.gemm_k_split == "off" ? 1 : 0;
     // The two-level order asked for by name: where the device cannot run it, NewCudaBackend
     // says so rather than falling back to other bits than the deployment's.

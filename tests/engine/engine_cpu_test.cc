@@ -30,12 +30,14 @@ const model::Model& Tiny() {
 std::unique_ptr<Engine> MakeEngine(int64_t blocks, cpu::DebugFault fault = cpu::DebugFault::kNone,
                                    int max_batched_tokens = 2048, bool capture_logits = true,
                                    int64_t host_kv_blocks = 0, bool overlap = false,
-                                   int64_t import_bytes_per_step = 0, int overlap_min_rows = 0) {
+                                   int64_t import_bytes_per_step = 0, int overlap_min_rows = 0,
+                                   bool speculative = false) {
   cpu::CpuBackendOptions o;
   o.num_blocks = blocks;
   o.block_size = kBlock;
   o.num_threads = 2;
   o.debug_fault = fault;
+  o.speculative_launch = speculative;
   EngineOptions eo;
   eo.model_name = "tiny";
   eo.debug_capture_logits = capture_logits;
@@ -594,6 +596,24 @@ TEST(EngineCpuTest, ChunkedPrefillGivesTheSameLogitsAsOneShot) {
   EXPECT_TRUE(Same(RunOne(*a, req), RunOne(*b, req)));
 }
 
+// What each request saw in `b` and in `c` is what it saw in `a` (host_blocks and c_label name the
+// run in failures); returns how many of them ended on a stop token.
+int ExpectSameSeen(const std::vector<Seen>& a, const std::vector<Seen>& b,
+                   const std::vector<Seen>& c, int64_t host_blocks, const char* c_label) {
+  int stops = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(a[i] == b[i]) << "host blocks " << host_blocks << ", request " << i << ": "
+                              << a[i].tokens.size() << " vs " << b[i].tokens.size()
+                              << " tokens, finish " << FinishReasonName(a[i].finish) << " vs "
+                              << FinishReasonName(b[i].finish);
+    EXPECT_TRUE(a[i] == c[i]) << "host blocks " << host_blocks << ", request " << i << " ("
+                              << c_label << "): " << a[i].tokens.size() << " vs "
+                              << c[i].tokens.size() << " tokens";
+    stops += a[i].finish == FinishReason::kStop;
+  }
+  return stops;
+}
+
 // The overlapped schedule (step n+1 scheduled and built while step n runs) shows every request
 // the same tokens, logprobs and finish as the plain engine: sequences added mid-run, stop tokens
 // that end a sequence the next step was already scheduled for, a cancel, preemption and
@@ -638,19 +658,8 @@ TEST(EngineCpuTest, OverlappedScheduleGivesThePlainEnginesOutputs) {
     auto switching = MakeEngine(10, cpu::DebugFault::kNone, 64, false, host_blocks, true, 0,
                                 /*overlap_min_rows=*/4);
     const std::vector<Seen> a = RunScripted(*plain, reqs);
-    const std::vector<Seen> b = RunScripted(*overlap, reqs);
-    const std::vector<Seen> c = RunScripted(*switching, reqs);
-    int stops = 0;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      EXPECT_TRUE(a[i] == b[i]) << "host blocks " << host_blocks << ", request " << i << ": "
-                                << a[i].tokens.size() << " vs " << b[i].tokens.size()
-                                << " tokens, finish " << FinishReasonName(a[i].finish) << " vs "
-                                << FinishReasonName(b[i].finish);
-      EXPECT_TRUE(a[i] == c[i]) << "host blocks " << host_blocks << ", request " << i
-                                << " (overlap from 4 rows): " << a[i].tokens.size() << " vs "
-                                << c[i].tokens.size() << " tokens";
-      stops += a[i].finish == FinishReason::kStop;
-    }
+    const int stops = ExpectSameSeen(a, RunScripted(*overlap, reqs), RunScripted(*switching, reqs),
+                                     host_blocks, "overlap from 4 rows");
     EXPECT_EQ(plain->Stats().overlapped_steps, 0);
     EXPECT_GT(overlap->Stats().overlapped_steps, 0);
     // Both schedules ran in the switching engine.
@@ -665,6 +674,72 @@ TEST(EngineCpuTest, OverlappedScheduleGivesThePlainEnginesOutputs) {
     EXPECT_GT(overlap->Stats().preemptions, 0);
     EXPECT_FALSE(overlap->HasWork());
     EXPECT_EQ(overlap->Stats().free_blocks, plain->Stats().free_blocks);
+  }
+}
+
+// Speculated steps (Backend::PrepareSampled: the backend starts the overlapped schedule's next
+// step before the one in flight is collected, its inputs fed from that step's samples; the CPU
+// backend's synchronous form) show every request what the plain engine shows: stop tokens that
+// end a sequence whose row the started step still carries (dropped, its retirement deferred),
+// a cancel, sequences added mid-run, preemption and eviction in a KV cache too small, shared
+// prefixes, the host tier. Greedy, temperature, top-k / top-p / min-p and logprobs rows
+// speculate; penalized ones (their lists need the fed tokens on the host) do not, and a batch
+// with one goes the old way.
+TEST(EngineCpuTest, SpeculatedStepsGiveThePlainEnginesOutputs) {
+  std::mt19937 rng(43);
+  const int vocab = static_cast<int>(Tiny().config().vocab_size);
+  const Request shared = OneChunk(rng, 40, 1);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 10; ++i) {
+    Request r = RandomRequest(rng, vocab, 2, 24, 9 + i % 5);
+    if (i % 3 == 0) r.chunks.insert(r.chunks.begin(), shared.chunks[0]);
+    SamplingParams& sp = r.sampling;
+    sp.seed = 2000 + i;
+    if (i % 2 == 1) sp.temperature = 0.9f;
+    if (i % 4 == 1) sp.top_k = 20;
+    if (i % 4 == 3) sp.top_p = 0.8f, sp.logprobs = 3;
+    if (i == 6) sp.min_p = 0.1f, sp.temperature = 1.0f;
+    if (i == 0) sp.repetition_penalty = 1.3f;  // its steps go unspeculated while it runs
+    reqs.push_back(std::move(r));
+  }
+  {
+    auto ref = MakeEngine(256, cpu::DebugFault::kNone, 2048, /*capture_logits=*/false);
+    const std::vector<Result> first = RunAll(*ref, reqs);
+    for (int i : {2, 4, 7}) {
+      ASSERT_GT(first[i].tokens.size(), 3u);
+      reqs[i].sampling.stop_token_ids = {first[i].tokens[3]};
+    }
+  }
+  for (const int64_t host_blocks : {int64_t{0}, int64_t{32}}) {
+    auto plain = MakeEngine(10, cpu::DebugFault::kNone, 64, false, host_blocks, false);
+    auto spec = MakeEngine(10, cpu::DebugFault::kNone, 64, false, host_blocks, true, 0, 0,
+                           /*speculative=*/true);
+    // Overlapped (and so speculated) only after steps of 2 or more sequences (this KV cache holds
+    // at most 3 at a time).
+    auto switching = MakeEngine(10, cpu::DebugFault::kNone, 64, false, host_blocks, true, 0, 2,
+                                /*speculative=*/true);
+    const std::vector<Seen> a = RunScripted(*plain, reqs);
+    const int stops = ExpectSameSeen(a, RunScripted(*spec, reqs), RunScripted(*switching, reqs),
+                                     host_blocks, "overlap from 2 rows");
+    EXPECT_GT(switching->Stats().speculated_steps, 0);
+    EXPECT_LT(switching->Stats().speculated_steps, spec->Stats().speculated_steps);
+    EXPECT_FALSE(switching->HasWork());
+    EXPECT_EQ(switching->Stats().free_blocks, plain->Stats().free_blocks);
+    const EngineStats st = spec->Stats();
+    std::printf(
+        "host blocks %lld: %lld steps, %lld overlapped, %lld speculated, %lld rows dropped\n",
+        static_cast<long long>(host_blocks), static_cast<long long>(st.steps),
+        static_cast<long long>(st.overlapped_steps), static_cast<long long>(st.speculated_steps),
+        static_cast<long long>(st.speculated_rows_dropped));
+    EXPECT_GT(st.speculated_steps, 0);
+    EXPECT_GT(st.speculated_rows_dropped, 0) << "no speculated row was dropped";
+    EXPECT_LT(st.speculated_steps, st.overlapped_steps) << "the penalized request's steps";
+    EXPECT_EQ(plain->Stats().speculated_steps, 0);
+    EXPECT_EQ(stops, 3);
+    EXPECT_EQ(a[1].finish, FinishReason::kCancelled);
+    EXPECT_FALSE(spec->HasWork());
+    EXPECT_EQ(st.free_blocks, plain->Stats().free_blocks);
+    EXPECT_EQ(st.running, 0);
   }
 }
 

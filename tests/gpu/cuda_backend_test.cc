@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <random>
 #include <span>
 #include <string>
@@ -344,6 +345,114 @@ TEST_P(CudaBackendSplitK, GraphsCapturedAtLoadServeDecodeStepsBitwise) {
   EXPECT_EQ(served.captures, 0) << "a decode step's graph was not captured at load";
   EXPECT_EQ(served.replays, steps);
   EXPECT_GT(GetCudaGraphStats(lazy).captures, 0);
+}
+
+// Speculated steps (CudaBackendOptions::speculative_launch, engine::Backend::PrepareSampled):
+// step k + 1 enqueued behind step k with its inputs fed on the device from step k's sampled ids,
+// then adopted by the launch of the same batch, gives the ids and logprobs of the plain launch
+// after the collect, bitwise, step after step (greedy, seeded temperature, top-k / top-p and
+// logprobs rows). Steps where the next launch is another batch (a row fewer) drop the started
+// step and still match; steps with penalty lists are not started.
+TEST_P(CudaBackendSplitK, SpeculatedDecodeStepsEqualPlainLaunchesBitwise) {
+  CASCADE_REQUIRE_GPU();
+  auto model = Tiny(8);
+  CudaBackendOptions go;
+  go.split_k = SplitK();
+  go.num_blocks = 512;
+  go.block_size = kBs;
+  go.max_num_tokens = 1024;
+  go.max_logits_rows = 64;
+  auto plain_or = NewCudaBackend(*model, go);
+  go.speculative_launch = true;
+  auto spec_or = NewCudaBackend(*model, go);
+  ASSERT_TRUE(plain_or.ok()) << plain_or.status();
+  ASSERT_TRUE(spec_or.ok()) << spec_or.status();
+  engine::Backend& plain = **plain_or;
+  engine::Backend& spec = **spec_or;
+  const int vocab = plain.VocabSize();
+  std::mt19937 rng(17);
+  constexpr int kSeqs = 12, kPrompt = 40;
+  std::vector<std::vector<int32_t>> blocks(kSeqs);
+  std::vector<int> len(kSeqs, kPrompt);
+  std::vector<int32_t> last(kSeqs);
+  std::vector<float> scratch;
+  for (int i = 0; i < kSeqs; ++i) {
+    blocks[i] = Blocks(i * 8, 8);  // 128 tokens each
+    std::vector<int32_t> t(kPrompt);
+    for (int32_t& x : t) x = static_cast<int32_t>(rng() % vocab);
+    for (engine::Backend* be : {&plain, &spec}) {
+      ASSERT_TRUE(
+          be->Forward(MakeBatch({{std::vector<int32_t>(t.begin(), t.end() - 1), 0, blocks[i]}}),
+                      &scratch)
+              .ok());
+    }
+    last[i] = t.back();
+    len[i] = kPrompt - 1;
+  }
+  // Step k's batch: every live sequence's last token at its next position, sampled on the device.
+  auto step_batch = [&](int rows, bool penalties) {
+    std::vector<SeqStep> steps;
+    for (int i = 0; i < rows; ++i) steps.push_back({{last[i]}, len[i], blocks[i]});
+    engine::ForwardBatch fb = MakeBatch(steps);
+    for (int i = 0; i < rows; ++i) {
+      engine::RowSample rs;
+      rs.on_device = true;
+      rs.spec.temperature = i % 3 == 1 ? 0.8f : 0.0f;
+      rs.spec.seed = 300 + i;
+      rs.spec.position = len[i] + 1;
+      if (i % 4 == 3) rs.spec.top_k = 30, rs.spec.top_p = 0.9f, rs.spec.logprobs = 4;
+      if (penalties && i == 0) {
+        rs.spec.repetition_penalty = 1.2f;
+        rs.spec.penalty_start = 0;
+        rs.spec.penalty_count = 1;
+        fb.penalty_tokens.push_back(last[0]);
+        fb.penalty_counts.push_back(1);
+      }
+      fb.row_samples.push_back(rs);
+    }
+    return fb;
+  };
+  std::vector<float> la, lb;
+  std::vector<int32_t> ta, tb;
+  std::vector<engine::RowLogprobs> pa, pb;
+  int rows = kSeqs, started = 0, adopted_steps = 0;
+  engine::ForwardBatch cur = step_batch(rows, false);
+  ASSERT_TRUE(spec.LaunchSampled(cur).ok());
+  for (int step = 0; step < 24; ++step) {
+    // The plain backend: launch, collect.
+    ASSERT_TRUE(plain.LaunchSampled(cur).ok());
+    ASSERT_TRUE(plain.FinishSampled(&la, &ta, &pa).ok());
+    // What follows this step: every row on (feed i <- row i), a row fewer at steps 7 and 15
+    // (launched unannounced: the started step is dropped), penalty lists at step 11.
+    for (int i = 0; i < rows; ++i) ++len[i];
+    const bool fewer = step == 7 || step == 15, penalties = step == 11;
+    engine::ForwardBatch next = step_batch(rows, penalties);  // (last[] is step k's input here)
+    std::vector<int32_t> feed(next.token_ids.size());
+    std::iota(feed.begin(), feed.end(), 0);
+    const bool did = spec.PrepareSampled(next, feed);
+    if (penalties) EXPECT_FALSE(did) << "step " << step << ": penalty lists were started";
+    started += did ? 1 : 0;
+    ASSERT_TRUE(spec.FinishSampled(&lb, &tb, &pb).ok());
+    ASSERT_EQ(ta, tb) << "step " << step;
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t r = 0; r < pa.size(); ++r) {
+      EXPECT_EQ(0, std::memcmp(&pa[r], &pb[r], sizeof(engine::RowLogprobs)))
+          << "step " << step << " row " << r;
+    }
+    for (int i = 0; i < rows; ++i) last[i] = ta[i];
+    if (fewer) --rows;
+    cur = step_batch(rows, penalties);  // the launch: tokens now known
+    if (!fewer && did) ++adopted_steps;
+    ASSERT_TRUE(spec.LaunchSampled(cur).ok());
+  }
+  ASSERT_TRUE(spec.FinishSampled(&lb, &tb, &pb).ok());
+  const CudaGraphStats st = GetCudaGraphStats(spec);
+  std::printf("speculated: %d started, %lld adopted, %lld dropped\n", started,
+              static_cast<long long>(st.speculated_adopted),
+              static_cast<long long>(st.speculated_dropped));
+  EXPECT_GT(st.speculated_adopted, 15);
+  EXPECT_EQ(st.speculated_adopted, adopted_steps);
+  EXPECT_EQ(st.speculated_dropped, 2);
 }
 
 // Graph replay == eager, bitwise: two backends over the same model (decode graphs on and off)

@@ -91,6 +91,7 @@ class EngineCudaTest : public ::testing::Test {
     go.max_num_tokens = kMaxBatchedTokens;
     go.cascade = cascade;
     go.cuda_graphs = graphs_;
+    go.speculative_launch = speculative_;
     auto gpu = NewCudaBackend(*model_, go);
     EXPECT_TRUE(gpu.ok()) << gpu.status();
     if (!gpu.ok()) return nullptr;
@@ -122,6 +123,7 @@ class EngineCudaTest : public ::testing::Test {
   static std::unique_ptr<engine::Engine> shared_;
   static inline bool capture_logits_ = true;
   static inline bool graphs_ = true;                       // CudaBackendOptions::cuda_graphs
+  static inline bool speculative_ = false;                 // CudaBackendOptions::speculative_launch
   static inline engine::Backend* last_backend_ = nullptr;  // the CUDA backend MakeEngine made last
 };
 model::Model* EngineCudaTest::model_ = nullptr;
@@ -426,6 +428,65 @@ TEST_F(EngineCudaTest, OverlappedScheduleGivesThePlainEnginesOutputs) {
       "replays\n",
       reqs.size(), stops, static_cast<long long>(plain->Stats().preemptions),
       static_cast<long long>(GetCudaGraphStats(*overlap_backend).replays));
+}
+
+// Speculated launches (CudaBackendOptions::speculative_launch: the overlapped engine's next decode
+// step enqueued behind the one in flight, its inputs fed on the device, adopted with the rows of
+// sequences that ended meanwhile dropped) show every request what the plain engine shows: stop
+// tokens, a cancel, sequences added mid-run, preemption in a KV cache too small; greedy,
+// temperature, top-k / top-p / min-p and logprobs rows, every one sampled on the device.
+TEST_F(EngineCudaTest, SpeculatedLaunchesGiveThePlainEnginesOutputs) {
+  REQUIRE_GPU_AND_MODEL();
+  std::mt19937 rng(13);
+  std::vector<engine::Request> reqs;
+  for (int i = 0; i < 12; ++i) {
+    engine::Request r = engine::testing::RandomRequest(rng, Vocab(), 2, 60, 10 + i % 6);
+    engine::SamplingParams& p = r.sampling;
+    p.temperature = i % 4 == 3 ? 0.0f : 0.9f;
+    p.seed = 900 + i;
+    if (i % 6 == 1) p.top_k = 40;
+    if (i % 6 == 2) p.top_p = 0.9f, p.logprobs = 4;
+    if (i % 6 == 3) p.min_p = 0.05f, p.logprobs = 1;
+    reqs.push_back(r);
+  }
+  capture_logits_ = false;
+  {
+    auto ref = MakeEngine(2048);
+    const std::vector<Result> first = RunAll(*ref, reqs);
+    for (int i : {2, 5, 9}) {
+      ASSERT_GT(first[i].tokens.size(), 3u);
+      reqs[i].sampling.stop_token_ids = {first[i].tokens[3]};
+    }
+  }
+  engine::EngineOptions overlap_opts;
+  overlap_opts.overlap_schedule = true;
+  auto plain = MakeEngine(20);
+  speculative_ = true;
+  auto spec = MakeEngine(20, true, nullptr, overlap_opts);
+  speculative_ = false;
+  engine::Backend* spec_backend = last_backend_;
+  const std::vector<engine::testing::Seen> a = engine::testing::RunScripted(*plain, reqs);
+  const std::vector<engine::testing::Seen> b = engine::testing::RunScripted(*spec, reqs);
+  capture_logits_ = true;
+  int stops = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(a[i] == b[i]) << "request " << i << ": " << a[i].tokens.size() << " vs "
+                              << b[i].tokens.size() << " tokens";
+    stops += a[i].finish == engine::FinishReason::kStop;
+  }
+  EXPECT_EQ(stops, 3);
+  EXPECT_EQ(a[1].finish, engine::FinishReason::kCancelled);
+  const engine::EngineStats st = spec->Stats();
+  const CudaGraphStats gs = GetCudaGraphStats(*spec_backend);
+  std::printf(
+      "speculated == plain: %lld of %lld steps speculated, %lld rows dropped; backend "
+      "%lld adopted, %lld dropped\n",
+      static_cast<long long>(st.speculated_steps), static_cast<long long>(st.steps),
+      static_cast<long long>(st.speculated_rows_dropped),
+      static_cast<long long>(gs.speculated_adopted), static_cast<long long>(gs.speculated_dropped));
+  EXPECT_GT(st.speculated_steps, 0);
+  EXPECT_EQ(st.speculated_steps, gs.speculated_adopted);
+  EXPECT_FALSE(spec->HasWork());
 }
 
 // One step batch holds cached and cold sequences of different lengths: each gets exactly what it

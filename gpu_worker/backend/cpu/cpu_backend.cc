@@ -75,6 +75,7 @@ class CpuBackend final : public engine::Backend {
                   ? options.num_threads
                   : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
         inv_freq_(RopeInvFreq(config_)) {
+    set_speculative(options.speculative_launch);
     const ModelConfig& c = config_;
     embed_ = LoadMatrix(m, {"model.embed_tokens.weight"});
     if (!c.tie_word_embeddings) lm_head_ = LoadMatrix(m, {"lm_head.weight"});

@@ -27,6 +27,9 @@ struct CpuBackendOptions {
   int block_size = 16;
   int num_threads = 0;  // 0: std::thread::hardware_concurrency()
   DebugFault debug_fault = DebugFault::kNone;
+  // engine::Backend::PrepareSampled starts the overlapped schedule's next step at once (the
+  // base class's synchronous form: no gain on the CPU, the engine's speculated path exercised).
+  bool speculative_launch = false;
 };
 
 // InvalidArgument unless num_blocks >= 1, block_size >= 1, num_threads >= 0.

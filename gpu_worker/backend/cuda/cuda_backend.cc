@@ -202,6 +202,11 @@ class CudaBackend final : public engine::Backend {
  public:
   CudaBackend(const model::ModelConfig& c, const CudaBackendOptions& o) : c_(c), o_(o) {}
   ~CudaBackend() override {
+    // (A started step may still write into the pinned buffers.)
+    if (stream_ != nullptr) cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream_));
+    for (cudaEvent_t e : results_ready_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
     graphs_.clear();
     if (copy_stream_ != nullptr) {
       cudaStreamSynchronize(copy_stream_);
@@ -248,6 +253,9 @@ class CudaBackend final : public engine::Backend {
     st.replay_host = replay_host_;
     st.first_steps_ns = first_steps_ns_;
     st.captured_at_load = captured_at_load_;
+    st.speculated_adopted = speculated_adopted_;
+    st.speculated_dropped = speculated_dropped_;
+    for (int i = 0; i < 10; ++i) st.speculate_refused[i] = speculate_refused_[i];
     st.load_capture_ms = load_capture_ms_;
     st.load_capture_log = load_capture_log_;
     st.captures_ns = captures_ns_;
@@ -293,8 +301,21 @@ class CudaBackend final : public engine::Backend {
   // pinned buffers; FinishSampled waits for them. Any other step runs whole in LaunchSampled.
   absl::Status LaunchSampled(const engine::ForwardBatch& batch) override {
     if (async_.active) return absl::FailedPreconditionError("LaunchSampled: a step is in flight");
+    if (started_.active && engine::SameBatchButFed(batch, started_.next, started_.feed)) {
+      started_.active = false;
+      async_ = Async{};
+      async_.active = true;
+      async_.deferred_rows = started_.deferred_rows;
+      async_.slot = started_.slot;
+      std::swap(pad_, started_pad_);  // (CompleteDeferred reads the step's row specs there)
+      ++speculated_adopted_;
+      return absl::OkStatus();
+    }
+    // (A started step of another batch: Run waits for it and drops it.)
     async_ = Async{};
     async_.active = true;
+    slot_ = 1 - slot_;  // (the other half's last step was collected)
+    async_.slot = slot_;
     defer_sync_ = true;
     async_.status = Run(batch, /*sampled=*/true, &async_.logits, &async_.tokens, &async_.logprobs);
     defer_sync_ = false;
@@ -305,13 +326,20 @@ class CudaBackend final : public engine::Backend {
     if (!async_.active) return absl::FailedPreconditionError("FinishSampled: nothing in flight");
     async_.active = false;
     if (async_.status.ok() && async_.deferred_rows >= 0) {
-      async_.status = CompleteDeferred(async_.deferred_rows, &async_.tokens, &async_.logprobs);
+      async_.status =
+          CompleteDeferred(async_.deferred_rows, async_.slot, &async_.tokens, &async_.logprobs);
     }
     logits->swap(async_.logits);
     tokens->swap(async_.tokens);
     if (logprobs != nullptr) logprobs->swap(async_.logprobs);
     return async_.status;
   }
+  // CudaBackendOptions::speculative_launch: the overlapped engine's next step enqueued behind the
+  // decode graph step in flight, its fed inputs taken from that step's sampled ids on the device
+  // (engine::Backend::PrepareSampled). Only pure decode steps every row of which is sampled on
+  // the device, without penalty lists, whose bucket's graph for their attention form is captured
+  // and whose metadata fits its buffers; false otherwise (nothing started).
+  bool PrepareSampled(const engine::ForwardBatch& next, std::span<const int32_t> feed) override;
 
   // Block I/O (host KV tier). A block's host copy is [layer][K, V][hkv, block_size, D] bf16.
   int64_t KvBlockBytes() const override { return 2 * c_.num_hidden_layers * PartBytes(); }
@@ -367,18 +395,32 @@ class CudaBackend final : public engine::Backend {
     return buckets;
   }
   void PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, int bucket);
+  // Replays (or first captures) the bucket's graph over pad_, its host buffers in half slot_.
+  // deferred: non-null where a step whose rows are all sampled on the device may be left in
+  // flight (its row count stored there; CompleteDeferred finishes it).
   absl::Status RunDecodeGraph(int n, int bucket, std::vector<float>* logits,
                               std::vector<int32_t>* argmax,
-                              std::vector<engine::RowLogprobs>* logprobs);
+                              std::vector<engine::RowLogprobs>* logprobs, int* deferred = nullptr);
   absl::Status CaptureDecodeGraph(int bucket, int form, const StepMeta& m, DecodeGraph* g);
+  // The DecodeGraph slot a decode plan replays: its split form, and after wide cascade items 4, 5
+  // or 6 (a graph of their own, which also launches the wgmma kernel over them).
+  int GraphForm(const AttentionPlan& plan) const {
+    const int split_form = SplitForm(plan, d_, hq_ / hkv_);
+    return plan.num_wide > 0 ? (split_form == 1 ? 4 : split_form == 6 ? 6 : 5) : split_form;
+  }
+  // Whether a decode plan over `blocks` block ids replays g as captured: its form's graph current
+  // and already timed against the pinned one, and no buffer it needs to grow (PrepareSampled
+  // starts only such steps: growing or capturing would wait for the step in flight).
+  bool GraphReady(const DecodeGraph& g, const AttentionPlan& plan, int64_t blocks) const;
   // CudaBackendOptions::capture_graphs_at_load: decode steps of every bucket over scratch rows
   // (the KV cache zeroed first, then written by them; nothing is cached yet at load).
   absl::Status CaptureGraphsAtLoad();
   // A graph captured with tuned GEMMs beside one with the pinned algorithms: times replays of
   // both (the step's metadata staged) and keeps the faster.
   absl::Status PickTunedOrPinned(DecodeGraph* g, int form);
-  // The host half of a decode graph step LaunchSampled left in flight (n rows of pad_).
-  absl::Status CompleteDeferred(int n, std::vector<int32_t>* tokens,
+  // The host half of a decode graph step LaunchSampled left in flight (n rows of pad_, its
+  // results in half `slot`).
+  absl::Status CompleteDeferred(int n, int slot, std::vector<int32_t>* tokens,
                                 std::vector<engine::RowLogprobs>* logprobs);
 
   // Set at construction.
@@ -418,7 +460,7 @@ class CudaBackend final : public engine::Backend {
   int tuned_kept_ = 0, tuned_dropped_ = 0;  // PickTunedOrPinned's verdicts
   int64_t cap_blocks_ = 0, cap_items_ = 0, cap_rows_ = 0;
   DeviceBuffer graph_meta_;
-  PinnedBuffer graph_host_, graph_tokens_host_;
+  PinnedBuffer graph_host_[2], graph_tokens_host_[2];
   uint64_t graph_epoch_ = 1;
   std::map<int, std::unique_ptr<DecodeGraph>> graphs_;
   engine::ForwardBatch pad_;  // the step padded to its bucket (without its penalty lists:)
@@ -435,6 +477,7 @@ class CudaBackend final : public engine::Backend {
   struct Async {
     bool active = false;
     int deferred_rows = -1;
+    int slot = 0;  // the staging and result buffers' half it uses (slot_)
     absl::Status status;
     std::vector<float> logits;
     std::vector<int32_t> tokens;
@@ -442,7 +485,30 @@ class CudaBackend final : public engine::Backend {
   };
   Async async_;
   bool defer_sync_ = false;  // inside LaunchSampled: a graph step may return unfinished
-  PinnedBuffer lp_pinned_;   // [max_graph_batch] engine::RowLogprobs, for deferred steps
+  // [max_graph_batch] engine::RowLogprobs, for deferred steps, a half per slot.
+  PinnedBuffer lp_pinned_[2];
+  // Two halves of the graph steps' host buffers (staging, token ids, logprobs) and an event after
+  // each half's result copies, so a step can be enqueued while the one before it is in flight
+  // (PrepareSampled); slot_: the half of the step launched last.
+  cudaEvent_t results_ready_[2] = {nullptr, nullptr};
+  int slot_ = 0;
+  // PrepareSampled's step: the batch as offered (for LaunchSampled's comparison), its feed, and
+  // its deferred rows and half; started_pad_ its padded batch (pad_'s while it is in flight).
+  struct Started {
+    bool active = false;
+    engine::ForwardBatch next;
+    std::vector<int32_t> feed;
+    int deferred_rows = -1;
+    int slot = 0;
+    std::vector<float> logits;  // (none: every row is sampled on the device)
+    std::vector<int32_t> tokens;
+    std::vector<engine::RowLogprobs> logprobs;
+  };
+  Started started_;
+  engine::ForwardBatch started_pad_;
+  std::span<const int32_t> feed_;  // set while RunDecodeGraph stages a started step
+  int64_t speculated_adopted_ = 0, speculated_dropped_ = 0;  // CudaGraphStats
+  int64_t speculate_refused_[10] = {};                       // CudaGraphStats
   // Block I/O, created on first use: a copy stream ordered against stream_ by two events, the
   // per-layer cache bases on the device ([2 layers]: K then V of each layer) and a dense staging
   // buffer of stage_blocks_ whole blocks.
@@ -739,7 +805,12 @@ absl::Status CudaBackend::Init(const model::Model& m) {
     cap_items_ = cap_rows_ = tiles * max_graph_batch_;
     RETURN_IF_ERROR(alloc(&partial_o_, tiles * max_graph_batch_ * size_t{4} * hq_ * d_));
     RETURN_IF_ERROR(alloc(&partial_ml_, tiles * max_graph_batch_ * size_t{8} * hq_));
-    RETURN_IF_ERROR(graph_tokens_host_.Resize(std::max(1, max_graph_batch_) * sizeof(int32_t)));
+    for (int s = 0; s < 2; ++s) {
+      RETURN_IF_ERROR(
+          graph_tokens_host_[s].Resize(std::max(1, max_graph_batch_) * sizeof(int32_t)));
+      RETURN_IF_ERROR(CudaStatus(
+          cudaEventCreateWithFlags(&results_ready_[s], cudaEventDisableTiming), "cudaEventCreate"));
+    }
     const bool tune =
         o_.gemm_tune || (o_.gemm_tune_min_hidden > 0 && hidden_ >= o_.gemm_tune_min_hidden);
     if (tune) {  // the m of every graph bucket (its first step runs eagerly at that m)
@@ -849,6 +920,92 @@ absl::Status CudaBackend::CaptureGraphsAtLoad() {
   return absl::OkStatus();
 }
 
+bool CudaBackend::GraphReady(const DecodeGraph& g, const AttentionPlan& plan,
+                             int64_t blocks) const {
+  if (plan.num_final() != 0 || graph_meta_.size() == 0 || blocks > cap_blocks_ ||
+      plan.num_split() > cap_items_ || static_cast<int64_t>(plan.item_rows.size()) > cap_rows_) {
+    return false;
+  }
+  if (!plan.wide_sched.empty() && plan.wide_sched.size() != static_cast<size_t>(wide_ctas_) + 1) {
+    return false;
+  }
+  const size_t partials = std::max(1, plan.num_partials);
+  if (partial_o_.size() < partials * 4 * hq_ * d_ || partial_ml_.size() < partials * 8 * hq_ ||
+      argmax_.size() < max_graph_batch_ * sizeof(int32_t) ||
+      lp_.size() < max_graph_batch_ * sizeof(engine::RowLogprobs)) {
+    return false;
+  }
+  const int form = GraphForm(plan);
+  return g.exec[form] != nullptr && g.epoch[form] == graph_epoch_ && g.pinned[form] == nullptr;
+}
+
+bool CudaBackend::PrepareSampled(const engine::ForwardBatch& next, std::span<const int32_t> feed) {
+  // (Each refusal counted by its reason: CudaGraphStats::speculate_refused.)
+  auto refuse = [&](int why) {
+    ++speculate_refused_[why];
+    return false;
+  };
+  if (!o_.speculative_launch) return false;
+  if (!async_.active || !async_.status.ok()) return refuse(0);
+  if (async_.deferred_rows < 0) return refuse(1);
+  if (started_.active || copies_pending_) return refuse(2);
+  if (!next.penalty_tokens.empty() || feed.size() != next.token_ids.size()) return refuse(3);
+  const int n = next.num_tokens();
+  if (n == 0 || n > max_graph_batch_ || n != next.num_seqs() ||
+      static_cast<int>(next.logits_rows.size()) != n ||
+      static_cast<int>(next.row_samples.size()) != n) {
+    return refuse(4);
+  }
+  for (int r = 0; r < n; ++r) {
+    if (!next.row_samples[r].on_device || next.row_samples[r].spec.score_token >= 0) {
+      return refuse(5);
+    }
+  }
+  for (const int32_t f : feed) {
+    if (f >= async_.deferred_rows) return refuse(6);  // (rows of the step in flight only)
+  }
+  // The batch as it runs; the fed rows' ids are read on the device (0 here, for the check).
+  engine::ForwardBatch& b = started_.next;
+  b = next;
+  for (size_t i = 0; i < feed.size(); ++i) {
+    if (feed[i] >= 0) b.token_ids[i] = 0;
+  }
+  const auto it = graphs_.find(GraphBucket(n));
+  if (!Check(b).ok() || it == graphs_.end() || cudaSetDevice(o_.device) != cudaSuccess) {
+    return refuse(7);
+  }
+  const int bucket = GraphBucket(n);
+  // Padded into pad_ for RunDecodeGraph, the step in flight's kept aside (CompleteDeferred reads
+  // it), swapped back after.
+  std::swap(pad_, started_pad_);
+  check_ns_ = 0;
+  pad_ns_ = NowNs();
+  PadDecodeBatch(b, /*sampled=*/true, bucket);
+  AttentionPlan plan;
+  absl::Status st = PlanStep(pad_, bucket, &plan);
+  const bool ready = st.ok() && GraphReady(*it->second, plan, pad_.block_ids.size());
+  const int slot = slot_;
+  started_.deferred_rows = -1;
+  if (ready) {
+    slot_ = 1 - async_.slot;
+    feed_ = feed;
+    st = RunDecodeGraph(n, bucket, &started_.logits, &started_.tokens, &started_.logprobs,
+                        &started_.deferred_rows);
+    feed_ = {};
+  }
+  std::swap(pad_, started_pad_);
+  if (!ready || !st.ok() || started_.deferred_rows != n) {
+    // (Whatever was enqueued before a failure writes only what this batch's rows would: the
+    // next launch restages and reruns them.)
+    slot_ = slot;
+    return refuse(!ready ? 8 : 9);
+  }
+  started_.active = true;
+  started_.slot = slot_;
+  started_.feed.assign(feed.begin(), feed.end());
+  return true;
+}
+
 absl::Status CudaBackend::Check(const engine::ForwardBatch& b) const {
   return engine::ValidateForwardBatch(b, {.vocab_size = c_.vocab_size,
                                           .num_blocks = num_blocks_,
@@ -905,6 +1062,14 @@ absl::Status CudaBackend::FetchLogprobs(const engine::ForwardBatch& b, int n,
 absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
                               std::vector<float>* logits, std::vector<int32_t>* argmax,
                               std::vector<engine::RowLogprobs>* logprobs) {
+  if (started_.active) {
+    // A step PrepareSampled started that no launch adopted (a Forward after the collect): it runs
+    // to its end (writing only what its rows would) and is dropped, so its buffers' half is free.
+    started_.active = false;
+    RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(results_ready_[started_.slot]),
+                               "cudaEventSynchronize(started step)"));
+    ++speculated_dropped_;
+  }
   const int64_t t_check = NowNs();
   RETURN_IF_ERROR(Check(b));
   check_ns_ = NowNs() - t_check;
@@ -931,7 +1096,8 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
   PadDecodeBatch(b, sampled, bucket);
   auto it = graphs_.find(bucket);
   if (it != graphs_.end() && it->second->Current(graph_epoch_)) {
-    return RunDecodeGraph(n, bucket, logits, argmax, logprobs);
+    return RunDecodeGraph(n, bucket, logits, argmax, logprobs,
+                          defer_sync_ ? &async_.deferred_rows : nullptr);
   }
   // First step of this bucket (or after a reallocation): run the padded batch eagerly, which
   // also warms up every kernel and GEMM shape the capture will record, then capture.
@@ -1192,7 +1358,8 @@ size_t RoundUp4(size_t x) { return (x + 3) / 4 * 4; }
 
 // Offsets (int32 units) of the segments of graph_meta_.
 struct GraphLayout {
-  size_t tok, pos, slot, lrows, base, merge, count, samples, blk, items, wide, rows, sched, end;
+  size_t tok, pos, slot, lrows, base, merge, count, samples, feed, blk, items, wide, rows, sched,
+      end;
 };
 
 // wide_ctas: the wide kernel's CTAs (its schedule has wide_ctas + 1 entries).
@@ -1209,7 +1376,8 @@ GraphLayout MakeGraphLayout(int max_batch, int64_t cap_blocks, int64_t cap_items
   l.count = 8 * b;  // [0]: split items (after the wide ones), [1]: wide cascade items
   l.samples = l.count + 4;
   static_assert(sizeof(RowSampleParams) % 8 == 0, "RowSampleParams packs into 8-byte units");
-  l.blk = l.samples + RoundUp4(b * sizeof(RowSampleParams) / 4);
+  l.feed = l.samples + RoundUp4(b * sizeof(RowSampleParams) / 4);  // a started step's feed
+  l.blk = l.feed + b;
   l.items = l.blk + RoundUp4(cap_blocks);
   l.wide = l.items + RoundUp4(cap_items * kItemFields);
   l.rows = l.wide + RoundUp4(cap_items * kItemFields);
@@ -1287,7 +1455,8 @@ absl::Status CudaBackend::PlanStep(const engine::ForwardBatch& b, int n,
 
 absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* logits,
                                          std::vector<int32_t>* argmax,
-                                         std::vector<engine::RowLogprobs>* logprobs) {
+                                         std::vector<engine::RowLogprobs>* logprobs,
+                                         int* deferred) {
   const engine::ForwardBatch& b = pad_;
   AttentionPlan plan;
   RETURN_IF_ERROR(PlanStep(b, bucket, &plan));
@@ -1309,7 +1478,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
     RETURN_IF_ERROR(Synchronize(stream_));
     ASSIGN_OR_RETURN(meta, DeviceBuffer::Allocate(bytes));
     graph_meta_ = std::move(meta);
-    RETURN_IF_ERROR(graph_host_.Resize(bytes));
+    for (PinnedBuffer& half : graph_host_) RETURN_IF_ERROR(half.Resize(bytes));
     ++graph_epoch_;
   }
   auto ensure = [&](DeviceBuffer* buf, size_t bytes) {
@@ -1327,7 +1496,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   // Stage this step's metadata at the fixed offsets.
   const GraphLayout l =
       MakeGraphLayout(max_graph_batch_, cap_blocks_, cap_items_, cap_rows_, wide_ctas_);
-  int32_t* h = graph_host_.as<int32_t>();
+  int32_t* h = graph_host_[slot_].as<int32_t>();
   auto put = [&](size_t at, const std::vector<int32_t>& v) {
     std::memcpy(h + at, v.data(), v.size() * 4);
   };
@@ -1359,6 +1528,10 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
                                             " CTAs"));
   }
   put(l.sched, plan.wide_sched);
+  if (!feed_.empty()) {  // a started step's fed inputs (PrepareSampled); padding rows none
+    std::memcpy(h + l.feed, feed_.data(), feed_.size() * 4);
+    std::fill(h + l.feed + feed_.size(), h + l.feed + bucket, -1);
+  }
 
   const int32_t* meta = graph_meta_.as<int32_t>();
   const int group = hq_ / hkv_;
@@ -1388,9 +1561,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   m.plan.ws_work = ws_work_.as<int32_t>();
   m.plan.super_tiles = plan.super_tiles;
   if (split_form == 1) m.plan.num_split = split_ctas_reg_;
-  // Steps with wide cascade items replay a graph of their own (DecodeGraph slot 4, 5 or 6), which
-  // also launches the wgmma kernel over them.
-  const int form = plan.num_wide > 0 ? (split_form == 1 ? 4 : split_form == 6 ? 6 : 5) : split_form;
+  const int form = GraphForm(plan);
   if (plan.num_wide > 0) {
     m.plan.num_wide = 1;
     m.plan.wide_items = meta + l.wide;
@@ -1423,6 +1594,9 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   if (!plan.wide_sched.empty()) {
     RETURN_IF_ERROR(CopyAsync(dm + l.sched, h + l.sched, plan.wide_sched.size() * 4, stream_));
   }
+  if (!feed_.empty()) {  // the step before this one wrote its ids to argmax_ (and copied them out)
+    RETURN_IF_ERROR(FeedTokens(dm + l.tok, dm + l.feed, argmax_.as<int32_t>(), bucket, stream_));
+  }
   RETURN_IF_ERROR(UploadPenalties(*pad_penalty_));  // capacity ensured above: no reallocation
   if (g->pinned[form] != nullptr) RETURN_IF_ERROR(PickTunedOrPinned(g.get(), form));
   if (logits == nullptr) return Synchronize(stream_);
@@ -1438,8 +1612,9 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   replay_host_.launch_ns += t_launched - t_uploaded;
   // The results' copies (and the wait, where the step is not left in flight), on every return.
   const ElapsedNsTo add_results{&replay_host_.results_ns, t_launched};
-  const int32_t* tokens = graph_tokens_host_.as<int32_t>();
-  RETURN_IF_ERROR(CopyAsync(graph_tokens_host_.as<int32_t>(), argmax_.data(), n * 4, stream_));
+  const int32_t* tokens = graph_tokens_host_[slot_].as<int32_t>();
+  RETURN_IF_ERROR(
+      CopyAsync(graph_tokens_host_[slot_].as<int32_t>(), argmax_.data(), n * 4, stream_));
   // Whole rows for the rows not sampled on the device, runs of them in one copy.
   const int64_t vocab = c_.vocab_size;
   size_t full = 0;
@@ -1458,16 +1633,18 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
     done += j - i;
     i = j;
   }
-  if (defer_sync_ && full == 0 && argmax != nullptr) {
+  if (deferred != nullptr && full == 0 && argmax != nullptr) {
     bool any_lp = false;
     for (int r = 0; r < n; ++r) any_lp |= engine::WantsLogprobs(b.row_samples[r].spec);
     if (any_lp) {
+      PinnedBuffer& lp = lp_pinned_[slot_];
       const size_t bytes = max_graph_batch_ * sizeof(engine::RowLogprobs);
-      if (lp_pinned_.size() < bytes) RETURN_IF_ERROR(lp_pinned_.Resize(bytes));
-      RETURN_IF_ERROR(CopyAsync(lp_pinned_.as<int32_t>(), lp_.data(),
-                                n * sizeof(engine::RowLogprobs), stream_));
+      if (lp.size() < bytes) RETURN_IF_ERROR(lp.Resize(bytes));
+      RETURN_IF_ERROR(
+          CopyAsync(lp.as<int32_t>(), lp_.data(), n * sizeof(engine::RowLogprobs), stream_));
     }
-    async_.deferred_rows = n;
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(results_ready_[slot_], s), "cudaEventRecord"));
+    *deferred = n;
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(Synchronize(stream_));
@@ -1480,13 +1657,15 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
   return FetchLogprobs(b, n, logprobs);
 }
 
-absl::Status CudaBackend::CompleteDeferred(int n, std::vector<int32_t>* tokens,
+absl::Status CudaBackend::CompleteDeferred(int n, int slot, std::vector<int32_t>* tokens,
                                            std::vector<engine::RowLogprobs>* logprobs) {
-  RETURN_IF_ERROR(Synchronize(stream_));
-  const int32_t* t = graph_tokens_host_.as<int32_t>();
+  // The step's own copies, not the stream: a started step may be queued behind it.
+  RETURN_IF_ERROR(
+      CudaStatus(cudaEventSynchronize(results_ready_[slot]), "cudaEventSynchronize(results)"));
+  const int32_t* t = graph_tokens_host_[slot].as<int32_t>();
   tokens->assign(t, t + n);
   logprobs->assign(n, engine::RowLogprobs{});
-  const auto* lp = reinterpret_cast<const engine::RowLogprobs*>(lp_pinned_.as<int32_t>());
+  const auto* lp = reinterpret_cast<const engine::RowLogprobs*>(lp_pinned_[slot].as<int32_t>());
   for (int r = 0; r < n; ++r) {
     if (engine::WantsLogprobs(pad_.row_samples[r].spec)) (*logprobs)[r] = lp[r];
   }

@@ -323,6 +323,15 @@ __global__ void GatherRowsKernel(const Bf16* in, const int32_t* rows, int n, int
       reinterpret_cast<const bf16*>(in)[static_cast<int64_t>(rows[r]) * d + c];
 }
 
+// tokens[i] = sampled[feed[i]] where feed[i] >= 0 (a speculated step's inputs, from the step
+// before it).
+__global__ void FeedTokensKernel(int32_t* tokens, const int32_t* feed, const int32_t* sampled,
+                                 int n) {
+  WaitForPriorGrids();
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n && feed[i] >= 0) tokens[i] = sampled[feed[i]];
+}
+
 constexpr int kArgmaxThreads = 512;
 
 __device__ __forceinline__ bool Better(float v, int i, float bv, int bi) {
@@ -481,6 +490,12 @@ cudaError_t LaunchGatherRows(const Bf16* in, const int32_t* rows, int n, int d, 
   if (n == 0) return cudaSuccess;
   return LaunchKernel(GatherRowsKernel, Blocks(static_cast<int64_t>(n) * d, 256), 256, 0, stream,
                       in, rows, n, d, out);
+}
+
+cudaError_t LaunchFeedTokens(int32_t* tokens, const int32_t* feed, const int32_t* sampled, int n,
+                             cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return LaunchKernel(FeedTokensKernel, Blocks(n, 256), 256, 0, stream, tokens, feed, sampled, n);
 }
 
 cudaError_t LaunchArgmaxRows(const float* logits, int n, int vocab, int32_t* out,

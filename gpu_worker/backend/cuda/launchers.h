@@ -38,6 +38,8 @@ cudaError_t LaunchSiluMul(const Bf16* gu, int n, int inter, Bf16* out, cudaStrea
 // ops.h PrefetchL2: `ctas` CTAs issue bulk L2 prefetches of the regions (a plain launch: it reads
 // nothing any kernel writes, so it neither waits for nor is waited on programmatically).
 cudaError_t LaunchPrefetchL2(const L2Regions& regions, int ctas, cudaStream_t stream);
+cudaError_t LaunchFeedTokens(int32_t* tokens, const int32_t* feed, const int32_t* sampled, int n,
+                             cudaStream_t stream);
 cudaError_t LaunchGatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out,
                              cudaStream_t stream);
 cudaError_t LaunchArgmaxRows(const float* logits, int n, int vocab, int32_t* out,

@@ -143,6 +143,13 @@ absl::Status PrefetchL2(const L2Regions& regions, int ctas, Stream stream) {
   return CudaStatus(internal::LaunchPrefetchL2(regions, ctas, stream), "PrefetchL2");
 }
 
+absl::Status FeedTokens(int32_t* tokens, const int32_t* feed, const int32_t* sampled, int n,
+                        Stream stream) {
+  if (n < 0) return Bad("FeedTokens", "bad shape");
+  if (n > 0 && (!tokens || !feed || !sampled)) return Bad("FeedTokens", "null pointer");
+  return CudaStatus(internal::LaunchFeedTokens(tokens, feed, sampled, n, stream), "FeedTokens");
+}
+
 absl::Status GatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out,
                         Stream stream) {
   if (n < 0 || d <= 0) return Bad("GatherRows", "bad shape");

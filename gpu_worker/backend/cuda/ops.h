@@ -82,6 +82,11 @@ absl::Status PrefetchL2(const L2Regions& regions, int ctas, Stream stream);
 absl::Status GatherRows(const Bf16* in, const int32_t* rows, int n, int d, Bf16* out,
                         Stream stream);
 
+// tokens[i] = sampled[feed[i]] for each i < n with feed[i] >= 0, others left (device arrays: a
+// speculated decode step's inputs taken from the sampled ids of the step before it).
+absl::Status FeedTokens(int32_t* tokens, const int32_t* feed, const int32_t* sampled, int n,
+                        Stream stream);
+
 // y[m, n] = x[m, k] * w[n, k]^T for m <= 16 rows (bf16 in, f32 or bf16 out), each element one
 // fp32 accumulator over k ascending in m16n8k16 tensor-core steps (small_gemm.cu). Gemm uses it
 // for decode-sized m only where it verified the bits against its pinned cuBLASLt algorithm.
