@@ -58,6 +58,18 @@ WorkerMetrics::WorkerMetrics(common::MetricsRegistry& r, const std::string& id) 
                                 "KV blocks fetched from peers and written into the host tier.", l);
   peer_exported_ =
       r.GetCounter("cascade:peer_served_blocks_total", "KV blocks sent to peers (FetchKv).", l);
+  steps_ = r.GetCounter("cascade:engine_steps_total", "Engine steps (forward passes).", l);
+  overlapped_steps_ =
+      r.GetCounter("cascade:engine_overlapped_steps_total",
+                   "Steps scheduled while the previous one ran (--overlap_schedule).", l);
+  speculated_steps_ = r.GetCounter(
+      "cascade:engine_speculated_steps_total",
+      "Decode steps the GPU started behind the previous one before the host collected it "
+      "(--speculative_launch).",
+      l);
+  speculated_rows_dropped_ = r.GetCounter(
+      "cascade:engine_speculated_rows_dropped_total",
+      "Rows of speculated steps whose sequence had ended meanwhile (computed, not used).", l);
 }
 
 void WorkerMetrics::CountFetch(FetchResult result, int64_t bytes) {
@@ -97,6 +109,11 @@ void WorkerMetrics::Update(const engine::EngineStats& s) {
       static_cast<double>(s.peer_imported_blocks - last_.peer_imported_blocks));
   peer_exported_->Increment(
       static_cast<double>(s.peer_exported_blocks - last_.peer_exported_blocks));
+  steps_->Increment(static_cast<double>(s.steps - last_.steps));
+  overlapped_steps_->Increment(static_cast<double>(s.overlapped_steps - last_.overlapped_steps));
+  speculated_steps_->Increment(static_cast<double>(s.speculated_steps - last_.speculated_steps));
+  speculated_rows_dropped_->Increment(
+      static_cast<double>(s.speculated_rows_dropped - last_.speculated_rows_dropped));
   last_ = s;
 }
 

@@ -41,6 +41,10 @@ class WorkerMetrics {
   common::Counter* fetch_bytes_;
   common::Counter* peer_imported_;
   common::Counter* peer_exported_;
+  common::Counter* steps_;  // engine steps: all, overlapped, speculated; rows dropped
+  common::Counter* overlapped_steps_;
+  common::Counter* speculated_steps_;
+  common::Counter* speculated_rows_dropped_;
   engine::EngineStats last_;
 };
 

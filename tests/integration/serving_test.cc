@@ -504,15 +504,23 @@ TEST(ServingTest, MetricsUseVllmStyleNames) {
   ASSERT_TRUE(Generate(stack.gateway(), Req(LongSystemPrompt(), "q", 4)).status.ok());
   const std::string worker =
       common::testing::HttpGet(stack.worker(0).runner().metrics_port(), "/metrics");
-  for (const char* name : {"cascade:num_requests_running{worker=\"w0\"}",
-                           "cascade:num_requests_waiting", "cascade:kv_cache_usage_perc",
-                           "cascade:prefix_cache_queries_total", "cascade:prefix_cache_hits_total",
-                           "cascade:num_preemptions_total", "cascade:generation_tokens_total",
-                           "cascade:kv_cache_pinned_blocks", "cascade:pins_refused_total",
-                           "cascade:held_chunks", "cascade:held_chunks_displaced_total"}) {
+  for (const char* name :
+       {"cascade:num_requests_running{worker=\"w0\"}", "cascade:num_requests_waiting",
+        "cascade:kv_cache_usage_perc", "cascade:prefix_cache_queries_total",
+        "cascade:prefix_cache_hits_total", "cascade:num_preemptions_total",
+        "cascade:generation_tokens_total", "cascade:kv_cache_pinned_blocks",
+        "cascade:pins_refused_total", "cascade:held_chunks", "cascade:held_chunks_displaced_total",
+        "cascade:engine_overlapped_steps_total", "cascade:engine_speculated_steps_total",
+        "cascade:engine_speculated_rows_dropped_total"}) {
     EXPECT_NE(worker.find(name), std::string::npos)
         << name << " missing from the worker's /metrics";
   }
+  // Two requests of 4 tokens, one after the other, took at least 8 steps (a prefill step that
+  // samples the first token and three decode steps each).
+  const std::string steps = "cascade:engine_steps_total{worker=\"w0\"} ";
+  const size_t at = worker.find(steps);
+  ASSERT_NE(at, std::string::npos) << worker;
+  EXPECT_GE(std::stod(worker.substr(at + steps.size())), 8.0) << worker.substr(at, 60);
   const std::string gw =
       common::testing::HttpGet(stack.gateway_server().runner().metrics_port(), "/metrics");
   for (const char* name :
