@@ -18,7 +18,8 @@ for p in ${PRESETS:-qwen3-0.6b llama-3.2-1b qwen3-8b}; do
   sections=decode
   [ "$p" = qwen3-0.6b ] && [ "${NANO:-1}" = 1 ] && sections=decode,nanovllm
   # default (the engine library's schedule) and overlap32 (the worker's: step n + 1 scheduled while
-  # step n runs, from 32 rows), in one process.
+  # step n runs, from 32 rows, and enqueued on the GPU behind it: speculated launches, on by
+  # default since session 48; overlap32+nospec is the schedule without them), in one process.
   timeout 280 build-gpu/bench/engine_bench --backend=cuda --preset=$p --sections=$sections \
     --variants=${VARIANTS:-default,overlap32} --batches=1,64,256 >"$OUT/engine_$p.log" 2>&1
   echo "engine $p rc=$? ($(( $(date +%s) - t0 )) s)"
