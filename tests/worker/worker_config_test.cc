@@ -350,5 +350,27 @@ TEST(WorkerConfigTest, MaxPromptLogprobRowsOutsideItsRangeIsRefused) {
   EXPECT_EQ(parsed->max_prompt_logprob_rows, 64);
 }
 
+// The worker's decode schedule by default: overlapped from 32 rows, speculated launches and decode
+// graphs captured at load on (CUDA); each turns off by its flag, and a flag of the others leaves
+// them as they are.
+TEST(WorkerConfigTest, ScheduleDefaultsAreOnAndEachTurnsOffByItsFlag) {
+  const WorkerConfig defaults;
+  EXPECT_TRUE(defaults.overlap_schedule);
+  EXPECT_EQ(defaults.overlap_min_rows, 32);
+  EXPECT_TRUE(defaults.speculative_launch);
+  EXPECT_TRUE(defaults.capture_graphs_at_load);
+  const std::optional<WorkerConfig> no_spec = ParseOneFlag("--speculative_launch=false");
+  ASSERT_TRUE(no_spec.has_value());
+  EXPECT_FALSE(no_spec->speculative_launch);
+  EXPECT_TRUE(no_spec->overlap_schedule);
+  const std::optional<WorkerConfig> no_overlap = ParseOneFlag("--overlap_schedule=false");
+  ASSERT_TRUE(no_overlap.has_value());
+  EXPECT_FALSE(no_overlap->overlap_schedule);
+  EXPECT_TRUE(no_overlap->speculative_launch);
+  const std::optional<WorkerConfig> lazy = ParseOneFlag("--capture_graphs_at_load=false");
+  ASSERT_TRUE(lazy.has_value());
+  EXPECT_FALSE(lazy->capture_graphs_at_load);
+}
+
 }  // namespace
 }  // namespace cascade::worker
