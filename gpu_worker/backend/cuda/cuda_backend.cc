@@ -397,10 +397,12 @@ class CudaBackend final : public engine::Backend {
   void PadDecodeBatch(const engine::ForwardBatch& b, bool sampled, int bucket);
   // Replays (or first captures) the bucket's graph over pad_, its host buffers in half slot_.
   // deferred: non-null where a step whose rows are all sampled on the device may be left in
-  // flight (its row count stored there; CompleteDeferred finishes it).
+  // flight (its row count stored there; CompleteDeferred finishes it). planned: pad_'s plan
+  // (PlanStep) where the caller made it already, taken over; null: planned here.
   absl::Status RunDecodeGraph(int n, int bucket, std::vector<float>* logits,
                               std::vector<int32_t>* argmax,
-                              std::vector<engine::RowLogprobs>* logprobs, int* deferred = nullptr);
+                              std::vector<engine::RowLogprobs>* logprobs, int* deferred = nullptr,
+                              AttentionPlan* planned = nullptr);
   absl::Status CaptureDecodeGraph(int bucket, int form, const StepMeta& m, DecodeGraph* g);
   // The DecodeGraph slot a decode plan replays: its split form, and after wide cascade items 4, 5
   // or 6 (a graph of their own, which also launches the wgmma kernel over them).
@@ -970,11 +972,11 @@ bool CudaBackend::PrepareSampled(const engine::ForwardBatch& next, std::span<con
   for (size_t i = 0; i < feed.size(); ++i) {
     if (feed[i] >= 0) b.token_ids[i] = 0;
   }
-  const auto it = graphs_.find(GraphBucket(n));
+  const int bucket = GraphBucket(n);
+  const auto it = graphs_.find(bucket);
   if (!Check(b).ok() || it == graphs_.end() || cudaSetDevice(o_.device) != cudaSuccess) {
     return refuse(7);
   }
-  const int bucket = GraphBucket(n);
   // Padded into pad_ for RunDecodeGraph, the step in flight's kept aside (CompleteDeferred reads
   // it), swapped back after.
   std::swap(pad_, started_pad_);
@@ -990,7 +992,7 @@ bool CudaBackend::PrepareSampled(const engine::ForwardBatch& next, std::span<con
     slot_ = 1 - async_.slot;
     feed_ = feed;
     st = RunDecodeGraph(n, bucket, &started_.logits, &started_.tokens, &started_.logprobs,
-                        &started_.deferred_rows);
+                        &started_.deferred_rows, &plan);  // (the plan GraphReady checked)
     feed_ = {};
   }
   std::swap(pad_, started_pad_);
@@ -1455,11 +1457,15 @@ absl::Status CudaBackend::PlanStep(const engine::ForwardBatch& b, int n,
 
 absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* logits,
                                          std::vector<int32_t>* argmax,
-                                         std::vector<engine::RowLogprobs>* logprobs,
-                                         int* deferred) {
+                                         std::vector<engine::RowLogprobs>* logprobs, int* deferred,
+                                         AttentionPlan* planned) {
   const engine::ForwardBatch& b = pad_;
   AttentionPlan plan;
-  RETURN_IF_ERROR(PlanStep(b, bucket, &plan));
+  if (planned != nullptr) {
+    plan = std::move(*planned);
+  } else {
+    RETURN_IF_ERROR(PlanStep(b, bucket, &plan));
+  }
   const int64_t t_planned = NowNs();
   if (plan.num_final() != 0 || plan.num_merge() != bucket) {
     return absl::InternalError("cuda backend: a decode step planned prefill items");
