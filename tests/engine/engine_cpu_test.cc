@@ -643,14 +643,8 @@ TEST(EngineCpuTest, OverlappedScheduleGivesThePlainEnginesOutputs) {
   }
   // Stop tokens that fire: requests 2, 5 and 7 stop at the token a first run gave them at
   // index 3 (or earlier, where it came before).
-  {
-    auto ref = MakeEngine(256, cpu::DebugFault::kNone, 2048, /*capture_logits=*/false);
-    const std::vector<Result> first = RunAll(*ref, reqs);
-    for (int i : {2, 5, 7}) {
-      ASSERT_GT(first[i].tokens.size(), 3u);
-      reqs[i].sampling.stop_token_ids = {first[i].tokens[3]};
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(StopAtFourthToken(
+      *MakeEngine(256, cpu::DebugFault::kNone, 2048, /*capture_logits=*/false), reqs, {2, 5, 7}));
   for (const int64_t host_blocks : {int64_t{0}, int64_t{32}}) {
     // 10 blocks of 16 tokens for up to ten sequences of up to 75: preempts and evicts.
     auto plain = MakeEngine(10, cpu::DebugFault::kNone, 64, false, host_blocks, false);
@@ -702,14 +696,8 @@ TEST(EngineCpuTest, SpeculatedStepsGiveThePlainEnginesOutputs) {
     if (i == 0) sp.repetition_penalty = 1.3f;  // its steps go unspeculated while it runs
     reqs.push_back(std::move(r));
   }
-  {
-    auto ref = MakeEngine(256, cpu::DebugFault::kNone, 2048, /*capture_logits=*/false);
-    const std::vector<Result> first = RunAll(*ref, reqs);
-    for (int i : {2, 4, 7}) {
-      ASSERT_GT(first[i].tokens.size(), 3u);
-      reqs[i].sampling.stop_token_ids = {first[i].tokens[3]};
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(StopAtFourthToken(
+      *MakeEngine(256, cpu::DebugFault::kNone, 2048, /*capture_logits=*/false), reqs, {2, 4, 7}));
   for (const int64_t host_blocks : {int64_t{0}, int64_t{32}}) {
     auto plain = MakeEngine(10, cpu::DebugFault::kNone, 64, false, host_blocks, false);
     auto spec = MakeEngine(10, cpu::DebugFault::kNone, 64, false, host_blocks, true, 0, 0,

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <random>
@@ -65,6 +66,18 @@ inline std::vector<Result> RunAll(Engine& engine, const std::vector<Request>& re
   }
   EXPECT_EQ(done, index.size()) << "requests did not finish within the step bound";
   return results;
+}
+
+// Makes each request in `which` stop on the token a run of all `requests` on `ref` gave it at
+// index 3 (the stop then fires there, or earlier where that token came before). Call it under
+// ASSERT_NO_FATAL_FAILURE: a request that ran fewer than 4 tokens fails the test.
+inline void StopAtFourthToken(Engine& ref, std::vector<Request>& requests,
+                              std::initializer_list<int> which) {
+  const std::vector<Result> first = RunAll(ref, requests);
+  for (int i : which) {
+    ASSERT_GT(first[i].tokens.size(), 3u) << "request " << i;
+    requests[i].sampling.stop_token_ids = {first[i].tokens[3]};
+  }
 }
 
 inline Result RunOne(Engine& engine, const Request& r) { return RunAll(engine, {r})[0]; }

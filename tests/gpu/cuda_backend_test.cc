@@ -165,6 +165,17 @@ class CudaBackendSplitK : public ::testing::TestWithParam<BackendCase> {
     c.head_dim = GetParam().head_dim;
     return cpu::testing_util::MakeModel(c, seed);
   }
+  // The graph tests' backend: the case's split-K, `num_blocks` blocks of kBs tokens, steps of up
+  // to 1024 tokens and 64 logits rows (decode graph buckets up to 64).
+  CudaBackendOptions GraphOptions(int64_t num_blocks) const {
+    CudaBackendOptions go;
+    go.split_k = SplitK();
+    go.num_blocks = num_blocks;
+    go.block_size = kBs;
+    go.max_num_tokens = 1024;
+    go.max_logits_rows = 64;
+    return go;
+  }
 };
 INSTANTIATE_TEST_SUITE_P(SplitK, CudaBackendSplitK,
                          ::testing::Values(BackendCase{1, 32}, BackendCase{0, 32},
@@ -279,12 +290,7 @@ TEST(CudaBackend, BlocksCopiedToHostAndBackGiveBitwiseTheColdLogits) {
 TEST_P(CudaBackendSplitK, GraphsCapturedAtLoadServeDecodeStepsBitwise) {
   CASCADE_REQUIRE_GPU();
   auto model = Tiny(6);
-  CudaBackendOptions go;
-  go.split_k = SplitK();
-  go.num_blocks = 2048;
-  go.block_size = kBs;
-  go.max_num_tokens = 1024;
-  go.max_logits_rows = 64;
+  CudaBackendOptions go = GraphOptions(2048);
   go.capture_graphs_at_load = false;
   auto lazy_or = NewCudaBackend(*model, go);
   go.capture_graphs_at_load = true;
@@ -356,12 +362,7 @@ TEST_P(CudaBackendSplitK, GraphsCapturedAtLoadServeDecodeStepsBitwise) {
 TEST_P(CudaBackendSplitK, SpeculatedDecodeStepsEqualPlainLaunchesBitwise) {
   CASCADE_REQUIRE_GPU();
   auto model = Tiny(8);
-  CudaBackendOptions go;
-  go.split_k = SplitK();
-  go.num_blocks = 512;
-  go.block_size = kBs;
-  go.max_num_tokens = 1024;
-  go.max_logits_rows = 64;
+  CudaBackendOptions go = GraphOptions(512);
   auto plain_or = NewCudaBackend(*model, go);
   go.speculative_launch = true;
   auto spec_or = NewCudaBackend(*model, go);
@@ -465,12 +466,7 @@ TEST_P(CudaBackendSplitK, SpeculatedDecodeStepsEqualPlainLaunchesBitwise) {
 TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   CASCADE_REQUIRE_GPU();
   auto model = Tiny(6);
-  CudaBackendOptions go;
-  go.split_k = SplitK();
-  go.num_blocks = 512;
-  go.block_size = kBs;
-  go.max_num_tokens = 1024;
-  go.max_logits_rows = 64;
+  CudaBackendOptions go = GraphOptions(512);
   go.cuda_graphs = false;
   go.prefetch_weights_max_rows = 0;  // the graph backend prefetches weights into L2: same bits
   auto eager_or = NewCudaBackend(*model, go);

@@ -29,6 +29,7 @@ namespace {
 using engine::testing::Result;
 using engine::testing::RunAll;
 using engine::testing::RunOne;
+using engine::testing::StopAtFourthToken;
 
 constexpr int kBs = 16;
 constexpr int kMaxBatchedTokens = 1024;
@@ -395,14 +396,7 @@ TEST_F(EngineCudaTest, OverlappedScheduleGivesThePlainEnginesOutputs) {
     reqs.push_back(r);
   }
   capture_logits_ = false;
-  {
-    auto ref = MakeEngine(2048);
-    const std::vector<Result> first = RunAll(*ref, reqs);
-    for (int i : {2, 7, 9}) {
-      ASSERT_GT(first[i].tokens.size(), 3u);
-      reqs[i].sampling.stop_token_ids = {first[i].tokens[3]};
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(StopAtFourthToken(*MakeEngine(2048), reqs, {2, 7, 9}));
   engine::EngineOptions overlap_opts;
   overlap_opts.overlap_schedule = true;
   // 20 blocks of 16 tokens for up to twelve sequences of up to 135.
@@ -450,14 +444,7 @@ TEST_F(EngineCudaTest, SpeculatedLaunchesGiveThePlainEnginesOutputs) {
     reqs.push_back(r);
   }
   capture_logits_ = false;
-  {
-    auto ref = MakeEngine(2048);
-    const std::vector<Result> first = RunAll(*ref, reqs);
-    for (int i : {2, 5, 9}) {
-      ASSERT_GT(first[i].tokens.size(), 3u);
-      reqs[i].sampling.stop_token_ids = {first[i].tokens[3]};
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(StopAtFourthToken(*MakeEngine(2048), reqs, {2, 5, 9}));
   engine::EngineOptions overlap_opts;
   overlap_opts.overlap_schedule = true;
   auto plain = MakeEngine(20);
