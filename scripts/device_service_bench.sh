@@ -2,13 +2,16 @@
 # One device call: builds the whole stack with gRPC on the GPU machine (as device_demo.sh) and
 # runs cascade-loadgen against a local stack of CUDA workers: cache miss vs hit through the
 # gateway over loopback gRPC, on the qwen3-0.6b shape. Logs under $OUT (or ./device-out).
+# COMPARE="<worker flags>": the same loadgen run again on a stack whose workers take those flags
+# (loadgen_compare.md), e.g. COMPARE=--overlap_min_rows=32. EXTRA_TARGETS: more targets to build
+# in build-gpu-full (e.g. engine_bench), for commands run after this script in the same call.
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
 export CASCADE_DEVICE_GRPC=1 CASCADE_BUILD_DIR=build-gpu-full
 t0=$(date +%s)
 bash scripts/device_build.sh cascade cascade-registry cascade-worker cascade-gateway cascade-loadgen \
-  >"$OUT/build_full.log" 2>&1 || { tail -60 "$OUT/build_full.log"; exit 1; }
+  ${EXTRA_TARGETS:-} >"$OUT/build_full.log" 2>&1 || { tail -60 "$OUT/build_full.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 . build-gpu-full/env.sh
 build-gpu-full/bin/cascade mkmodel --preset qwen3-0.6b --out /tmp/cascade-qwen3 \
@@ -19,3 +22,11 @@ timeout 400 build-gpu-full/bench/cascade-loadgen --local --backend=cuda --worker
   --max_tokens=32 --system_words=600 "$@" 2>"$OUT/loadgen.err" | tee "$OUT/loadgen.md"
 echo "loadgen rc=${PIPESTATUS[0]}; total: $(( $(date +%s) - t0 )) s"
 tail -5 "$OUT/loadgen.err"
+if [ -n "${COMPARE:-}" ]; then
+  timeout 400 build-gpu-full/bench/cascade-loadgen --local --backend=cuda --workers=1 \
+    --model_dir=/tmp/cascade-qwen3 --concurrency=1,8,32 --duration=8s --max_requests=2000 \
+    --max_tokens=32 --system_words=600 --worker_flags="$COMPARE" "$@" \
+    2>"$OUT/loadgen_compare.err" | tee "$OUT/loadgen_compare.md"
+  echo "loadgen (workers with $COMPARE) rc=${PIPESTATUS[0]}; total: $(( $(date +%s) - t0 )) s"
+  tail -5 "$OUT/loadgen_compare.err"
+fi

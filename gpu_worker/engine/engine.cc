@@ -189,6 +189,13 @@ class EngineImpl final : public Engine {
     SequenceOutput out;
   };
   std::vector<uint64_t> Intake();
+  // Intake's arrivals alone, taken again before the next step is scheduled: a request that
+  // arrived while Collect waited for the device starts in that step rather than one later (with
+  // the overlapped schedule, two steps after the one it arrived during: with long prefills in
+  // flight, a prefill step more of TTFT). Cancels stay for the next Intake; a sequence's cancel
+  // never comes before its arrival, since arrivals are taken at least as often.
+  void IntakeArrivals();
+  void AddArrived(std::vector<std::unique_ptr<Sequence>>* arrived);
   // Offers the prepared step to the backend while inflight_ runs (Backend::PrepareSampled), its
   // inputs sampled by inflight_ fed from that step's rows; whether the backend started it. Not
   // offered where the step has penalty lists or prompt-logprob rows (their inputs are filled on
@@ -654,6 +661,7 @@ absl::StatusOr<std::vector<SequenceOutput>> EngineImpl::Step() {
   }
   FinishRows(&rows, &outputs);
   for (SequenceOutput& o : failed) outputs.push_back(std::move(o));
+  IntakeArrivals();  // what arrived while Collect waited joins the step scheduled next
   if (!inflight_.has_value()) {
     SchedulerOutput plan = Schedule(&outputs);
     if (!plan.scheduled.empty()) BuildAndLaunch(std::move(plan), &outputs);
@@ -693,7 +701,22 @@ std::vector<uint64_t> EngineImpl::Intake() {
     ApplyEvictions();
     ApplyPinRequests();
   }
-  for (auto& seq : arrived) {
+  AddArrived(&arrived);
+  return cancels;
+}
+
+void EngineImpl::IntakeArrivals() {
+  std::vector<std::unique_ptr<Sequence>> arrived;
+  {
+    MutexLock lock(&mu_);
+    if (inbox_.empty()) return;
+    arrived.swap(inbox_);
+  }
+  AddArrived(&arrived);
+}
+
+void EngineImpl::AddArrived(std::vector<std::unique_ptr<Sequence>>* arrived) {
+  for (auto& seq : *arrived) {
     Sequence* s = seq.get();
     seqs_.emplace(seq->id, std::move(seq));
     if (s->peer_blocks.empty() || host_ == nullptr) {
@@ -704,7 +727,6 @@ std::vector<uint64_t> EngineImpl::Intake() {
       importing_.push_back(s->id);
     }
   }
-  return cancels;
 }
 
 void EngineImpl::ImportPeerBlocks() {

@@ -87,9 +87,11 @@ struct WorkerConfig {
   // unchanged at 1-8, the nano-vllm workload 1.3% faster.
   bool overlap_schedule = true;
   // Overlapped only after steps of at least this many sequences (engine::EngineOptions::
-  // overlap_min_rows): on an H200 (qwen3-0.6b, bench/engine/RESULTS.md, session 36) the overlap
-  // was 0-25% slower at 1-8 rows and 2-6% faster at 32, 128 and 256.
-  int overlap_min_rows = 32;
+  // overlap_min_rows). -1 (the default): EffectiveOverlapMinRows picks by backend. On an H200
+  // (qwen3-0.6b, bench/engine/RESULTS.md) the overlap alone was 0-25% slower at 1-8 rows and 2-6%
+  // faster at 32, 128 and 256 (session 36); with speculated launches every step overlapped is
+  // 1-5% faster at 1-16 rows than the plain schedule there and even at 64 (session 49).
+  int overlap_min_rows = -1;
   // Prompt-logprob rows a step scores at most (engine::EngineOptions::max_prompt_logprob_rows);
   // 0: the backend's default (4096 on CUDA, 256 on the CPU, which scores them on the host from
   // whole logits rows). Fewer bound how long one step spends scoring a long prompt while other
@@ -124,6 +126,12 @@ absl::Status CheckEngineFlags(const WorkerConfig& config);
 
 // The host KV tier's size for --host_kv_bytes=`flag` over `backend` (resolves -1, auto).
 int64_t HostKvBytes(int64_t flag, const engine::Backend& backend);
+
+// The engine's overlap_min_rows for `config` on a backend of `kind` ("cpu" or "cuda"): the flag
+// when it is >= 0; for -1 (auto), 0 (every step overlapped) on CUDA with --speculative_launch,
+// where the next step is already enqueued behind the one in flight, else 32 (the overlap alone
+// loses below ~32 rows: it only moves host work, the GPU still waits for the launch).
+int EffectiveOverlapMinRows(const WorkerConfig& config, const std::string& kind);
 
 class RegistryAgent;
 class WorkerMetrics;

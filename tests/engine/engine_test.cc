@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <numeric>
 #include <set>
 
@@ -927,6 +928,78 @@ TEST(EngineTest, BackendFailureEndsTheStepsSequencesWithAStatusAndTheEngineGoesO
   EXPECT_EQ(ok.tokens.size(), 2u);
   EXPECT_EQ(e->Stats().running + e->Stats().waiting, 0);
   EXPECT_EQ(e->Stats().used_blocks, 0) << "the failed sequences' blocks were not freed";
+}
+
+// Runs `hook` once, from the first FinishSampled after it is set: an arrival while the engine
+// waits for the step in flight. Otherwise the trace backend.
+class ArrivalDuringCollectBackend final : public Backend {
+ public:
+  std::string Name() const override { return "trace"; }
+  int64_t NumBlocks() const override { return inner_.NumBlocks(); }
+  int BlockSize() const override { return inner_.BlockSize(); }
+  int VocabSize() const override { return inner_.VocabSize(); }
+  absl::Status Forward(const ForwardBatch& b, std::vector<float>* logits) override {
+    return inner_.Forward(b, logits);
+  }
+  absl::Status FinishSampled(std::vector<float>* logits, std::vector<int32_t>* tokens,
+                             std::vector<RowLogprobs>* logprobs) override {
+    if (hook) std::exchange(hook, nullptr)();
+    return Backend::FinishSampled(logits, tokens, logprobs);
+  }
+  std::function<void()> hook;
+
+ private:
+  TraceBackend inner_{64, kBlock, kVocab};
+};
+
+// A request that arrives while the engine waits for the step in flight starts in the next step
+// the engine schedules: with the overlapped schedule that is the step built right after the wait
+// (its first token two Step()s later: the launched step, then its own), not the one after (three:
+// with long prefills in flight that was a prefill step more of TTFT, H200 session 49); without
+// overlap, the next Step() (one). Its tokens are its tokens alone either way.
+TEST(EngineTest, ArrivalDuringTheCollectStartsInTheNextScheduledStep) {
+  Request a;
+  a.chunks = {ChunkInput{1, {5, 6, 7, 8, 9}, ""}};
+  a.sampling.max_tokens = 40;
+  Request b;
+  b.chunks = {ChunkInput{1, {11, 12, 13}, ""}};
+  b.sampling.max_tokens = 3;
+  const Result alone = RunOne(*MakeEngine(64), b);
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "overlapped schedule" : "plain schedule");
+    EngineOptions o;
+    o.model_name = "trace";
+    o.overlap_schedule = overlap;
+    o.overlap_min_rows = 0;
+    auto owned = std::make_unique<ArrivalDuringCollectBackend>();
+    ArrivalDuringCollectBackend* backend = owned.get();
+    auto e = NewEngine(o, std::move(owned));
+    ASSERT_TRUE(e->AddRequest(a).ok());
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(e->Step().ok());
+    uint64_t b_id = 0;
+    backend->hook = [&] {
+      absl::StatusOr<uint64_t> id = e->AddRequest(b);
+      ASSERT_TRUE(id.ok()) << id.status();
+      b_id = *id;
+    };
+    ASSERT_TRUE(e->Step().ok());  // the step whose collect the request arrives during
+    ASSERT_NE(b_id, 0u) << "the hook did not run: no FinishSampled in that step";
+    int steps = 0;
+    std::vector<int32_t> tokens;
+    while (tokens.size() < 3 && steps < 20) {
+      absl::StatusOr<std::vector<SequenceOutput>> out = e->Step();
+      ASSERT_TRUE(out.ok()) << out.status();
+      ++steps;
+      for (const SequenceOutput& so : *out) {
+        if (so.seq_id != b_id) continue;
+        if (tokens.empty() && !so.new_tokens.empty()) {
+          EXPECT_EQ(steps, overlap ? 2 : 1) << "steps after the arrival to the first token";
+        }
+        tokens.insert(tokens.end(), so.new_tokens.begin(), so.new_tokens.end());
+      }
+    }
+    EXPECT_EQ(tokens, alone.tokens);
+  }
 }
 
 TEST(EngineTest, CacheSaltIsolatesTenants) {
