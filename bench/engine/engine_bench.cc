@@ -101,14 +101,16 @@
 // Timing: host steady clock around Engine::Step() calls (a step returns after the backend has
 // copied the logits to the host, so it includes all device work). "fwd %" is the share of the
 // step time spent inside Backend::Forward (device work + logits copy); the rest is the engine's
-// host work (scheduling, sampling, output). "host gap us" is, per decode step, the time from a
-// step's results reaching the host to the next step's launch returning (the device has nothing of
-// the engine's to run for about that long), "launch us" the part of it inside the backend's
-// LaunchSampled (planning, staging, copies, graph launch). On CUDA, "bytes floor ms" is a decode
-// step's bytes (every weight once, LM head included, plus each row's K and V over its mean context)
-// at the device's measured copy rate, and "floor / step" that floor over the measured step; the
-// nano-vllm section prints its decode steps' floor likewise (K/V token reads from the requests'
-// own lengths), the output tok/s no run of that workload can pass on this device.
+// host work (scheduling, sampling, output). "idle gap us" is, per decode step, the time from a
+// step's results reaching the host to the next step's launch returning, where that step was not
+// already enqueued behind the previous one (the device has nothing of the engine's to run for
+// about that long; a speculated launch, Backend::PrepareSampled, counts 0: the device ran the step
+// meanwhile), "launch us" the time inside the backend's LaunchSampled (planning, staging, copies,
+// graph launch; for an adopted speculated step, only the adoption). On CUDA, "bytes floor ms" is a
+// decode step's bytes (every weight once, LM head included, plus each row's K and V over its mean
+// context) at the device's measured copy rate, and "floor / step" that floor over the measured
+// step; the nano-vllm section prints its decode steps' floor likewise (K/V token reads from the
+// requests' own lengths), the output tok/s no run of that workload can pass on this device.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -441,16 +443,20 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
   return true;
 }
 
-// Host time around a step's launch (TimedBackend), for the decode table's "host gap" and
-// "launch" columns: gap_s sums, over the launches that follow a collected step, the time from that
-// step's results reaching the host (FinishSampled returned) to the next launch returning: the
-// device has nothing of the engine's to run for about that long (the wait, the engine's collect,
-// its scheduling where not overlapped, and the launch). launch_s sums the time inside
-// LaunchSampled (the backend's planning, staging, copies and graph launch).
+// Host time around a step's launch (TimedBackend), for the decode table's "idle gap" and
+// "launch" columns: gap_s sums, over the launches that follow a collected step and were not
+// started beforehand (PrepareSampled), the time from that step's results reaching the host
+// (FinishSampled returned) to the next launch returning: the device has nothing of the engine's
+// to run for about that long (the wait, the engine's collect, its scheduling where not
+// overlapped, and the launch). spec_gap_s sums the same host time for the launches that adopt a
+// started step (the device busy with it meanwhile). launch_s sums the time inside LaunchSampled
+// (the backend's planning, staging, copies and graph launch).
 struct LaunchTimes {
   double gap_s = 0;
+  double spec_gap_s = 0;
   double launch_s = 0;
-  bool ready = false;  // a step's results reached the host and no launch followed yet
+  bool ready = false;    // a step's results reached the host and no launch followed yet
+  bool started = false;  // PrepareSampled started the next step (no launch since)
   Clock::time_point ready_at;
 };
 
@@ -486,14 +492,19 @@ class TimedBackend : public engine::Backend {
     const auto t1 = Clock::now();
     *forward_s_ += Seconds(t0, t1);
     launches_->launch_s += Seconds(t0, t1);
-    if (launches_->ready) launches_->gap_s += Seconds(launches_->ready_at, t1);
-    launches_->ready = false;
+    if (launches_->ready) {
+      (launches_->started ? launches_->spec_gap_s : launches_->gap_s) +=
+          Seconds(launches_->ready_at, t1);
+    }
+    launches_->ready = launches_->started = false;
     return st;
   }
   // Speculated launches (CudaBackendOptions::speculative_launch): offered while the step in
   // flight runs (host time inside the overlap window, not counted as forward time).
   bool PrepareSampled(const engine::ForwardBatch& next, std::span<const int32_t> feed) override {
-    return inner_->PrepareSampled(next, feed);
+    const bool started = inner_->PrepareSampled(next, feed);
+    launches_->started |= started;
+    return started;
   }
   absl::Status FinishSampled(std::vector<float>* logits, std::vector<int32_t>* argmax,
                              std::vector<engine::RowLogprobs>* logprobs) override {
@@ -1012,7 +1023,7 @@ void DecodeSection(Bench& b) {
           sampler == "greedy" && b.flags.temperature == 0 ? "greedy" : "seeded sampling");
       std::printf(
           "| batch | decode tok/s | ms/step | fwd %% | prefill s | bytes floor ms | floor / step "
-          "| host gap us | launch us |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+          "| idle gap us | launch us |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
       std::mt19937 rng(b.flags.seed + 1);
       {  // warm-up: first-use costs (GEMM algorithm choice, allocations) stay out of the numbers
         std::vector<engine::Request> w;
