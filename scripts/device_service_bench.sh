@@ -8,6 +8,8 @@
 # GPU_TESTS: GPU test binaries built in the same tree and run first (e.g. "engine_cuda_test
 # cuda_backend_test"); a failure stops the call. COLD=1: then the cold-prompt TTFT runs (~7.6k
 # tokens, concurrency 1 and 4, miss and hit; with COMPARE alternated with it, two rounds each).
+# CONC (default 1,8,32) and DURATION (default 8s): the loadgen runs' concurrency levels and phase
+# time bound.
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -26,13 +28,13 @@ build-gpu-full/bin/cascade mkmodel --preset qwen3-0.6b --out /tmp/cascade-qwen3 
   --tokenizer-dir .devdeps/tokenizer >"$OUT/mkmodel.log" 2>&1 || { cat "$OUT/mkmodel.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 timeout 400 build-gpu-full/bench/cascade-loadgen --local --backend=cuda --workers=1 \
-  --model_dir=/tmp/cascade-qwen3 --concurrency=1,8,32 --duration=8s --max_requests=2000 \
+  --model_dir=/tmp/cascade-qwen3 --concurrency=${CONC:-1,8,32} --duration=${DURATION:-8s} --max_requests=2000 \
   --max_tokens=32 --system_words=600 "$@" 2>"$OUT/loadgen.err" | tee "$OUT/loadgen.md"
 echo "loadgen rc=${PIPESTATUS[0]}; total: $(( $(date +%s) - t0 )) s"
 tail -5 "$OUT/loadgen.err"
 if [ -n "${COMPARE:-}" ]; then
   timeout 400 build-gpu-full/bench/cascade-loadgen --local --backend=cuda --workers=1 \
-    --model_dir=/tmp/cascade-qwen3 --concurrency=1,8,32 --duration=8s --max_requests=2000 \
+    --model_dir=/tmp/cascade-qwen3 --concurrency=${CONC:-1,8,32} --duration=${DURATION:-8s} --max_requests=2000 \
     --max_tokens=32 --system_words=600 --worker_flags="$COMPARE" "$@" \
     2>"$OUT/loadgen_compare.err" | tee "$OUT/loadgen_compare.md"
   echo "loadgen (workers with $COMPARE) rc=${PIPESTATUS[0]}; total: $(( $(date +%s) - t0 )) s"

@@ -22,6 +22,7 @@
 // "spec" / "specN" (the overlapped schedule, from N rows, with speculated launches: the next
 // decode step enqueued behind the one in flight, CudaBackendOptions::speculative_launch, on by
 // default since session 48, so the same as "overlapN"), "nospec" (without them: overlapN+nospec),
+// "nodefer" (eager steps run whole inside the launch: CudaBackendOptions::defer_eager_steps off),
 // "cublas" (no small-m or decode GEMMs: the pinned cuBLASLt algorithm at every m), "nodecodegemm"
 // (no DecodeGemm: SmallGemm and cuBLASLt as before it; the same bits), "coldchoice" (that choice
 // timed one launch at a time on flushed L2 for every bucket, as before session 36), "smallchoice"
@@ -214,6 +215,7 @@ struct Variant {
   bool graphs = true;
   bool graphs_at_load = true;  // CudaBackendOptions::capture_graphs_at_load
   bool speculative = true;     // CudaBackendOptions::speculative_launch
+  bool defer_eager = true;     // CudaBackendOptions::defer_eager_steps
   bool batch_invariant = true;
   bool small_m_gemm = true;
   int decode_gemm_max_m = cuda::kDefaultDecodeGemmMaxM;
@@ -286,6 +288,7 @@ bool ParseVariant(const std::string& name, Variant* v) {
   if (name == "smallchoice") return v->choose_small = true, true;
   if (name == "noprefetch") return v->prefetch_max_rows = 0, true;
   if (name == "nospec") return v->speculative = false, true;           // e.g. overlap32+nospec
+  if (name == "nodefer") return v->defer_eager = false, true;          // e.g. spec1+nodefer
   if (name == "prefetchall") return v->prefetch_max_rows = 256, true;  // every decode bucket
   if (absl::StartsWith(name, "prefetchrows")) {  // prefetchrowsN: steps of up to N rows prefetch
     return absl::SimpleAtoi(name.substr(12), &v->prefetch_max_rows) && v->prefetch_max_rows >= 0;
@@ -731,6 +734,7 @@ struct Bench {
       o.cuda_graphs = variant.graphs;
       o.capture_graphs_at_load = variant.graphs_at_load;
       o.speculative_launch = variant.speculative;
+      o.defer_eager_steps = variant.defer_eager;
       o.batch_invariant = variant.batch_invariant;
       o.small_m_gemm = variant.small_m_gemm;
       o.decode_gemm_max_m = variant.decode_gemm_max_m;

@@ -74,6 +74,11 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
              "CUDA backend, with --overlap_schedule: enqueue the next decode step behind the one "
              "in flight, its inputs taken on the GPU, so the GPU does not wait for the host "
              "between steps (same tokens; decode steps ~4% shorter at batch 64-256 on an H200)");
+  f->AddBool("defer_eager_steps", &c->defer_eager_steps,
+             "CUDA backend, with --overlap_schedule: prefill and mixed steps whose rows are all "
+             "sampled on the GPU return once enqueued, so the next step is built (and, with "
+             "--speculative_launch, enqueued) while they run (same tokens); =false runs them whole "
+             "before the host goes on");
   f->AddString("attention_fold_order", &c->attention_fold_order,
                "CUDA backend: one_level (default) or two_level (Hopper: super-tiles of 4 tiles "
                "folded in order; other bits, so alike on every worker; decode over shared "
@@ -195,6 +200,7 @@ absl::StatusOr<std::unique_ptr<engine::Backend>> MakeBackend(const std::string& 
     o.persistent_decode_min_tiles = config.persistent_decode_min_tiles;
     o.capture_graphs_at_load = config.capture_graphs_at_load;
     o.speculative_launch = config.speculative_launch;
+    o.defer_eager_steps = config.defer_eager_steps;
     o.split_k = config.gemm_k_split == "off" ? 1 : 0;
     // The two-level order asked for by name: where the device cannot run it, NewCudaBackend
     // says so rather than falling back to other bits than the deployment's.

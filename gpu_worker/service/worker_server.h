@@ -63,6 +63,8 @@ struct WorkerConfig {
   bool capture_graphs_at_load = true;
   // CUDA backend: CudaBackendOptions::speculative_launch (with --overlap_schedule).
   bool speculative_launch = true;
+  // CUDA backend: CudaBackendOptions::defer_eager_steps (with --overlap_schedule).
+  bool defer_eager_steps = true;
   // CUDA backend: attention's fold order (CudaBackendOptions::attention_super_tiles). "one_level"
   // (the default) folds every 64-token tile into a row in turn; "two_level" accumulates
   // super-tiles of four tiles in place and folds those (Hopper only): other bits, so every worker

@@ -467,12 +467,18 @@ TEST_F(EngineCudaTest, SpeculatedLaunchesGiveThePlainEnginesOutputs) {
   const CudaGraphStats gs = GetCudaGraphStats(*spec_backend);
   std::printf(
       "speculated == plain: %lld of %lld steps speculated, %lld rows dropped; backend "
-      "%lld adopted, %lld dropped\n",
+      "%lld adopted, %lld dropped; %lld eager steps left in flight, %lld steps started behind "
+      "one\n",
       static_cast<long long>(st.speculated_steps), static_cast<long long>(st.steps),
       static_cast<long long>(st.speculated_rows_dropped),
-      static_cast<long long>(gs.speculated_adopted), static_cast<long long>(gs.speculated_dropped));
+      static_cast<long long>(gs.speculated_adopted), static_cast<long long>(gs.speculated_dropped),
+      static_cast<long long>(gs.eager_deferred), static_cast<long long>(gs.speculated_after_eager));
   EXPECT_GT(st.speculated_steps, 0);
   EXPECT_EQ(st.speculated_steps, gs.speculated_adopted);
+  // The scripted arrivals' prefills run beside decode rows: eager steps (defer_eager_steps, on by
+  // default) left in flight, and decode steps enqueued behind them.
+  EXPECT_GT(gs.eager_deferred, 0);
+  EXPECT_GT(gs.speculated_after_eager, 0);
   EXPECT_FALSE(spec->HasWork());
 }
 

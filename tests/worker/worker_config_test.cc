@@ -379,10 +379,16 @@ TEST(WorkerConfigTest, ScheduleDefaultsAreOnAndEachTurnsOffByItsFlag) {
   EXPECT_EQ(defaults.overlap_min_rows, -1);
   EXPECT_TRUE(defaults.speculative_launch);
   EXPECT_TRUE(defaults.capture_graphs_at_load);
+  EXPECT_TRUE(defaults.defer_eager_steps);
+  const std::optional<WorkerConfig> no_defer = ParseOneFlag("--defer_eager_steps=false");
+  ASSERT_TRUE(no_defer.has_value());
+  EXPECT_FALSE(no_defer->defer_eager_steps);
+  EXPECT_TRUE(no_defer->speculative_launch);
   const std::optional<WorkerConfig> no_spec = ParseOneFlag("--speculative_launch=false");
   ASSERT_TRUE(no_spec.has_value());
   EXPECT_FALSE(no_spec->speculative_launch);
   EXPECT_TRUE(no_spec->overlap_schedule);
+  EXPECT_TRUE(no_spec->defer_eager_steps);
   const std::optional<WorkerConfig> no_overlap = ParseOneFlag("--overlap_schedule=false");
   ASSERT_TRUE(no_overlap.has_value());
   EXPECT_FALSE(no_overlap->overlap_schedule);

@@ -255,6 +255,8 @@ class CudaBackend final : public engine::Backend {
     st.captured_at_load = captured_at_load_;
     st.speculated_adopted = speculated_adopted_;
     st.speculated_dropped = speculated_dropped_;
+    st.eager_deferred = eager_deferred_;
+    st.speculated_after_eager = speculated_after_eager_;
     for (int i = 0; i < 10; ++i) st.speculate_refused[i] = speculate_refused_[i];
     st.load_capture_ms = load_capture_ms_;
     st.load_capture_log = load_capture_log_;
@@ -365,8 +367,17 @@ class CudaBackend final : public engine::Backend {
   absl::Status Check(const engine::ForwardBatch& b) const;
   absl::Status Run(const engine::ForwardBatch& b, bool sampled, std::vector<float>* logits,
                    std::vector<int32_t>* argmax, std::vector<engine::RowLogprobs>* logprobs);
+  // deferred (LaunchSampled, CudaBackendOptions::defer_eager_steps): where every row is sampled
+  // on the device and none is a score row, the step is left in flight: its results are copied
+  // into slot_'s pinned half (DeferResults) and *deferred is set to its rows.
   absl::Status RunEager(const engine::ForwardBatch& b, bool sampled, std::vector<float>* logits,
-                        std::vector<int32_t>* argmax, std::vector<engine::RowLogprobs>* logprobs);
+                        std::vector<int32_t>* argmax, std::vector<engine::RowLogprobs>* logprobs,
+                        int* deferred = nullptr);
+  // A step left in flight: its n rows' sampled ids (argmax_; unless ids_copied, the caller
+  // enqueued that copy) and, where asked, logprobs (lp_) copied into slot_'s pinned halves after
+  // it, results_ready_[slot_] recorded after the copies; which rows want logprobs kept for
+  // CompleteDeferred.
+  absl::Status DeferResults(const std::vector<engine::RowSample>& samples, int n, bool ids_copied);
   // Uploads a step's penalty tokens, counts and biases (to penalty_, penalty_counts_,
   // penalty_bias_) before its sampling kernel runs.
   absl::Status UploadPenalties(const engine::ForwardBatch& b);
@@ -479,7 +490,8 @@ class CudaBackend final : public engine::Backend {
   struct Async {
     bool active = false;
     int deferred_rows = -1;
-    int slot = 0;  // the staging and result buffers' half it uses (slot_)
+    bool eager = false;  // an eager step left in flight (CudaBackendOptions::defer_eager_steps)
+    int slot = 0;        // the staging and result buffers' half it uses (slot_)
     absl::Status status;
     std::vector<float> logits;
     std::vector<int32_t> tokens;
@@ -487,6 +499,8 @@ class CudaBackend final : public engine::Backend {
   };
   Async async_;
   bool defer_sync_ = false;  // inside LaunchSampled: a graph step may return unfinished
+  // Per slot: which rows of the step deferred there want their logprobs (CompleteDeferred).
+  std::vector<uint8_t> deferred_lp_[2];
   // [max_graph_batch] engine::RowLogprobs, for deferred steps, a half per slot.
   PinnedBuffer lp_pinned_[2];
   // Two halves of the graph steps' host buffers (staging, token ids, logprobs) and an event after
@@ -510,6 +524,7 @@ class CudaBackend final : public engine::Backend {
   engine::ForwardBatch started_pad_;
   std::span<const int32_t> feed_;  // set while RunDecodeGraph stages a started step
   int64_t speculated_adopted_ = 0, speculated_dropped_ = 0;  // CudaGraphStats
+  int64_t eager_deferred_ = 0, speculated_after_eager_ = 0;  // CudaGraphStats
   int64_t speculate_refused_[10] = {};                       // CudaGraphStats
   // Block I/O, created on first use: a copy stream ordered against stream_ by two events, the
   // per-layer cache bases on the device ([2 layers]: K then V of each layer) and a dense staging
@@ -1004,6 +1019,7 @@ bool CudaBackend::PrepareSampled(const engine::ForwardBatch& next, std::span<con
   }
   started_.active = true;
   started_.slot = slot_;
+  if (async_.eager) ++speculated_after_eager_;
   started_.feed.assign(feed.begin(), feed.end());
   return true;
 }
@@ -1092,7 +1108,10 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
   for (size_t r = 0; decode && r < b.row_samples.size(); ++r) {
     decode = b.row_samples[r].spec.score_token < 0;
   }
-  if (!decode || n > max_graph_batch_) return RunEager(b, sampled, logits, argmax, logprobs);
+  if (!decode || n > max_graph_batch_) {
+    const bool defer = defer_sync_ && o_.defer_eager_steps && results_ready_[0] != nullptr;
+    return RunEager(b, sampled, logits, argmax, logprobs, defer ? &async_.deferred_rows : nullptr);
+  }
   const int bucket = GraphBucket(n);
   pad_ns_ = NowNs();
   PadDecodeBatch(b, sampled, bucket);
@@ -1122,7 +1141,7 @@ absl::Status CudaBackend::Run(const engine::ForwardBatch& b, bool sampled,
 
 absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
                                    std::vector<float>* logits, std::vector<int32_t>* argmax,
-                                   std::vector<engine::RowLogprobs>* logprobs) {
+                                   std::vector<engine::RowLogprobs>* logprobs, int* deferred) {
   const int n = b.num_tokens();
   auto on_device = [&](size_t r) {
     return sampled && !b.row_samples.empty() && b.row_samples[r].on_device;
@@ -1221,6 +1240,13 @@ absl::Status CudaBackend::RunEager(const engine::ForwardBatch& b, bool sampled,
     // logits_ is reused by the next chunk of rows: its copies to the host must be done first
     // (the device's own reads of it, the sampling kernels, are ordered on the stream).
     if (full_done != full_before && r0 + mrows < rows) RETURN_IF_ERROR(Synchronize(stream_));
+  }
+  if (deferred != nullptr && sampled && full_rows == 0 && !m.score_rows) {
+    RETURN_IF_ERROR(DeferResults(b.row_samples, rows, /*ids_copied=*/false));
+    *deferred = rows;
+    async_.eager = true;
+    ++eager_deferred_;
+    return absl::OkStatus();
   }
   if (sampled && rows > 0) {
     argmax_host_.resize(rows);
@@ -1640,16 +1666,7 @@ absl::Status CudaBackend::RunDecodeGraph(int n, int bucket, std::vector<float>* 
     i = j;
   }
   if (deferred != nullptr && full == 0 && argmax != nullptr) {
-    bool any_lp = false;
-    for (int r = 0; r < n; ++r) any_lp |= engine::WantsLogprobs(b.row_samples[r].spec);
-    if (any_lp) {
-      PinnedBuffer& lp = lp_pinned_[slot_];
-      const size_t bytes = max_graph_batch_ * sizeof(engine::RowLogprobs);
-      if (lp.size() < bytes) RETURN_IF_ERROR(lp.Resize(bytes));
-      RETURN_IF_ERROR(
-          CopyAsync(lp.as<int32_t>(), lp_.data(), n * sizeof(engine::RowLogprobs), stream_));
-    }
-    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(results_ready_[slot_], s), "cudaEventRecord"));
+    RETURN_IF_ERROR(DeferResults(b.row_samples, n, /*ids_copied=*/true));
     *deferred = n;
     return absl::OkStatus();
   }
@@ -1672,10 +1689,37 @@ absl::Status CudaBackend::CompleteDeferred(int n, int slot, std::vector<int32_t>
   tokens->assign(t, t + n);
   logprobs->assign(n, engine::RowLogprobs{});
   const auto* lp = reinterpret_cast<const engine::RowLogprobs*>(lp_pinned_[slot].as<int32_t>());
-  for (int r = 0; r < n; ++r) {
-    if (engine::WantsLogprobs(pad_.row_samples[r].spec)) (*logprobs)[r] = lp[r];
+  const std::vector<uint8_t>& wants = deferred_lp_[slot];
+  for (int r = 0; r < n && r < static_cast<int>(wants.size()); ++r) {
+    if (wants[r] != 0) (*logprobs)[r] = lp[r];
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DeferResults(const std::vector<engine::RowSample>& samples, int n,
+                                       bool ids_copied) {
+  const auto s = reinterpret_cast<cudaStream_t>(stream_);
+  if (!ids_copied && n > 0) {
+    // This half's last step was collected; a step past the graphs' rows (an eager one) grows it.
+    PinnedBuffer& ids = graph_tokens_host_[slot_];
+    if (ids.size() < n * sizeof(int32_t)) RETURN_IF_ERROR(ids.Resize(n * sizeof(int32_t)));
+    RETURN_IF_ERROR(CopyAsync(ids.as<int32_t>(), argmax_.data(), n * sizeof(int32_t), stream_));
+  }
+  std::vector<uint8_t>& wants = deferred_lp_[slot_];
+  wants.assign(n, 0);
+  bool any_lp = false;
+  for (int r = 0; r < n; ++r) {
+    wants[r] = engine::WantsLogprobs(samples[r].spec) ? 1 : 0;
+    any_lp |= wants[r] != 0;
+  }
+  if (any_lp) {
+    PinnedBuffer& lp = lp_pinned_[slot_];
+    const size_t bytes = std::max<size_t>(max_graph_batch_, n) * sizeof(engine::RowLogprobs);
+    if (lp.size() < bytes) RETURN_IF_ERROR(lp.Resize(bytes));
+    RETURN_IF_ERROR(
+        CopyAsync(lp.as<int32_t>(), lp_.data(), n * sizeof(engine::RowLogprobs), stream_));
+  }
+  return CudaStatus(cudaEventRecord(results_ready_[slot_], s), "cudaEventRecord");
 }
 
 absl::Status CudaBackend::CaptureDecodeGraph(int bucket, int form, const StepMeta& m,

@@ -45,6 +45,13 @@ struct CudaBackendOptions {
   // dropped. Same tokens. Measured on an H200 (session 48, qwen3-0.6b, overlapped from 32 rows):
   // decode steps 4% shorter at batch 64 and 256, the nano-vllm workload 3% faster.
   bool speculative_launch = true;
+  // With the overlapped engine: an eager step (prefill or mixed, or past the graphs' rows) whose
+  // rows are all sampled on the device returns once enqueued, like a graph step, its ids and
+  // logprobs copied into pinned memory that FinishSampled waits for, so the engine builds the next
+  // step while it runs, and (speculative_launch) that step may be enqueued behind it. false: such
+  // steps run whole inside LaunchSampled (the host waits, the device then waits for the host).
+  // Same tokens.
+  bool defer_eager_steps = true;
   // Deterministic mode only: GEMMs of <= 16 rows use SmallGemm where its bits were verified equal
   // to the pinned algorithm's (gemm.h), since the pinned large-tile kernels stream weights far
   // below bandwidth at decode-sized m.
@@ -217,6 +224,9 @@ struct CudaGraphStats {
   int64_t first_steps_ns = 0, captures_ns = 0;
   // Steps PrepareSampled started that the next launch adopted, and that it dropped (another batch).
   int64_t speculated_adopted = 0, speculated_dropped = 0;
+  // Eager steps LaunchSampled left in flight (CudaBackendOptions::defer_eager_steps), and the
+  // steps PrepareSampled started behind one of them.
+  int64_t eager_deferred = 0, speculated_after_eager = 0;
   // Steps offered to PrepareSampled and not started, by the first reason met: 0 nothing in flight,
   // 1 the step in flight not a deferred graph step, 2 a started step or host-tier copies pending,
   // 3 penalty lists, 4 not a decode batch the graphs cover, 5 a row not sampled on the device or a
