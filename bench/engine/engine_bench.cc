@@ -253,13 +253,8 @@ struct Variant {
   bool host_score = false;      // EngineOptions::debug_capture_logits: rows come back whole
   int prompt_logprob_rows = 0;  // EngineOptions::max_prompt_logprob_rows (0: its default)
 };
-bool ParseVariant(const std::string& name, Variant* v) {
-  // "a+b": variant a's settings, then b's (e.g. splitk+noprefetch).
-  if (const size_t plus = name.find('+'); plus != std::string::npos) {
-    return plus > 0 && ParseVariant(name.substr(0, plus), v) &&
-           ParseVariant(name.substr(plus + 1), v);
-  }
-  *v = Variant{};
+// One part of a variant's name: its settings over what *v holds.
+bool ParseVariantPart(const std::string& name, Variant* v) {
   if (name == "default") return true;
   if (name == "eager") return v->graphs = false, true;
   if (name == "lazygraphs") return v->graphs_at_load = false, true;
@@ -343,6 +338,19 @@ bool ParseVariant(const std::string& name, Variant* v) {
            v->reference_m <= 65536;
   }
   return false;
+}
+// A variant's settings from the defaults: "a+b" is variant a's, then b's over them (e.g.
+// spec1+nodefer).
+bool ParseVariant(const std::string& name, Variant* v) {
+  *v = Variant{};
+  size_t begin = 0;
+  while (true) {
+    const size_t plus = name.find('+', begin);
+    const std::string part = name.substr(begin, plus == std::string::npos ? plus : plus - begin);
+    if (part.empty() || !ParseVariantPart(part, v)) return false;
+    if (plus == std::string::npos) return true;
+    begin = plus + 1;
+  }
 }
 
 bool ParseInts(const std::string& v, std::vector<int>* out) {
