@@ -17,7 +17,9 @@ bash scripts/device_build.sh $T >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build
 . build-gpu/env.sh
 echo "build: $(( $(date +%s) - t0 )) s"
 bench=build-gpu/bench/cuda_attention_bench
-IFS=';' read -r -a flagsets <<<"${FLAGS:-}"
+# (";" appended: bash's read drops one trailing empty field, and a trailing ";" in FLAGS is the
+# default flag set)
+IFS=';' read -r -a flagsets <<<"${FLAGS:-};"
 [ ${#flagsets[@]} -eq 0 ] && flagsets=("")
 # A smoke run of each flag set first (20 s): a variant that hangs or fails is dropped here, not
 # after a test binary's whole timeout and every bench row's.
