@@ -16,8 +16,8 @@
 //   [--tree=NAME (only the three-level tree's every-tile row of that configuration: default,
 //   nopairs, nochains, nofold, ownsmem, lead32, super, ...; for a profiler)]
 //   [--shared-row=NAME (only the shared-prefix row at B=64 of that configuration, as --tree)]
-//   [--trace=FILE (with --tree or --shared-row: the wide kernel's per-work timeline of that row's
-//   last launch into FILE, the persistent decode kernel's into FILE.dw, for
+//   [--trace=FILE (with --tree, --shared-row or --decode=B,CTX: the wide kernel's per-work
+//   timeline of that row's last launch into FILE, the persistent decode kernel's into FILE.dw, for
 //   bench/kernels/ws_trace.py (--dw); needs a build configured with -DCASCADE_WS_TRACE=ON)]
 #include <cuda_runtime_api.h>
 
@@ -480,10 +480,14 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
         internal::SetSplitVariant(d.split_variant);
         const int min_tiles = DecodeWsMinTiles();
         if (d.ws_min_tiles >= 0) SetDecodeWsMinTiles(d.ws_min_tiles);
+        std::optional<WsTrace> trace;  // --trace: the default configuration's row
+        if (!g_trace_path.empty() && d.name[0] == '\0') g_trace = &trace.emplace();
         double b2b = 0;
         const double ms =
             TimeAttention(std::vector<int>(batch, 1), ctxs, tables, blocks, rot, num_blocks, cache,
                           *d.config, &plan, PrefillPath::kAuto, &b2b);
+        g_trace = nullptr;
+        if (trace) trace->Write(g_trace_path);
         const int form = SplitForm(plan, kD, kHq / kHkv);
         SetDecodeWsMinTiles(min_tiles);
         internal::SetSplitVariant(0);
@@ -779,10 +783,10 @@ int main(int argc, char** argv) {
     }
   }
   if (!cascade::cuda::g_trace_path.empty() && cascade::cuda::g_tree_only.empty() &&
-      cascade::cuda::g_shared_only.empty()) {
+      cascade::cuda::g_shared_only.empty() && cascade::cuda::g_only_batch == 0) {
     std::fprintf(stderr,
-                 "--trace=FILE traces one tree or shared-prefix row: give --tree=NAME or "
-                 "--shared-row=NAME too\n");
+                 "--trace=FILE traces one tree, shared-prefix or decode row: give --tree=NAME, "
+                 "--shared-row=NAME or --decode=B,CTX too\n");
     return 2;
   }
   return cascade::cuda::Main(flag == "--quick", flag == "--cascade-only", flag == "--prefill-only");
