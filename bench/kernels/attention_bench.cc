@@ -455,11 +455,12 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
                                  {" whole smem", &whole, 2, -1}};
   if (super) decodes.push_back({" super", &supercfg, 0, -1});
   // ctx 145 / 160: the engine benchmark's decode rows (prompt 128, up to 64 generated), items of 3
-  // tiles (145: the last one ends mid-block, as most rows' do);
+  // tiles (145: the last one ends mid-block, as most rows' do); 129 / 192: its first and last
+  // steps' (3 tiles holding 2 tiles and 1 token / 3 whole tiles: what a partial tile costs);
   // 384: 6 tiles (the persistent decode kernel's default threshold, DecodeWsMinTiles);
   // 0 ("mixed"): contexts uniform in [100, 2048] (std::mt19937(7)), a continuous batch's mix of
   // lengths (the nano-vllm workload's rows span 100-2048 tokens).
-  for (int ctx : {145, 160, 384, 1024, 4096, 0}) {
+  for (int ctx : {145, 160, 129, 192, 384, 1024, 4096, 0}) {
     if (cascade_only || prefill_only || g_shared_batch > 0) break;
     for (int batch : {1, 16, 64, 256}) {
       if (quick && batch > 64) continue;
