@@ -19,8 +19,8 @@ echo "build: $(( $(date +%s) - t0 )) s"
 bench=build-gpu/bench/cuda_attention_bench
 # (";" appended: bash's read drops one trailing empty field, and a trailing ";" in FLAGS is the
 # default flag set)
+# (an unset FLAGS gives the default flag set alone)
 IFS=';' read -r -a flagsets <<<"${FLAGS:-};"
-[ ${#flagsets[@]} -eq 0 ] && flagsets=("")
 # A smoke run of each flag set first (20 s): a variant that hangs or fails is dropped here, not
 # after a test binary's whole timeout and every bench row's.
 ok=()
