@@ -325,6 +325,24 @@ std::string g_tree_only;
 std::string g_shared_only;
 std::string g_trace_path;  // --trace=FILE
 
+// --trace for one row: while it lives (and `on`, with --trace given) TimeAttention traces its last
+// launch; at its end the timelines go to g_trace_path.
+class TraceRow {
+ public:
+  explicit TraceRow(bool on) {
+    if (on && !g_trace_path.empty()) g_trace = &trace_.emplace();
+  }
+  ~TraceRow() {
+    g_trace = nullptr;
+    if (trace_) trace_->Write(g_trace_path);
+  }
+  TraceRow(const TraceRow&) = delete;
+  TraceRow& operator=(const TraceRow&) = delete;
+
+ private:
+  std::optional<WsTrace> trace_;
+};
+
 int Main(bool quick, bool cascade_only, bool prefill_only) {
   auto name = DeviceName(0);
   CHECK_OK(name.status());
@@ -481,14 +499,13 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
         internal::SetSplitVariant(d.split_variant);
         const int min_tiles = DecodeWsMinTiles();
         if (d.ws_min_tiles >= 0) SetDecodeWsMinTiles(d.ws_min_tiles);
-        std::optional<WsTrace> trace;  // --trace: the default configuration's row
-        if (!g_trace_path.empty() && d.name[0] == '\0') g_trace = &trace.emplace();
         double b2b = 0;
-        const double ms =
-            TimeAttention(std::vector<int>(batch, 1), ctxs, tables, blocks, rot, num_blocks, cache,
-                          *d.config, &plan, PrefillPath::kAuto, &b2b);
-        g_trace = nullptr;
-        if (trace) trace->Write(g_trace_path);
+        double ms = 0;
+        {
+          const TraceRow trace(d.name[0] == '\0');  // --trace: the default configuration's row
+          ms = TimeAttention(std::vector<int>(batch, 1), ctxs, tables, blocks, rot, num_blocks,
+                             cache, *d.config, &plan, PrefillPath::kAuto, &b2b);
+        }
         const int form = SplitForm(plan, kD, kHq / kHkv);
         SetDecodeWsMinTiles(min_tiles);
         internal::SetSplitVariant(0);
@@ -529,13 +546,13 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       internal::SetSplitOverlapsWide(c != &serial);
       SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
-      std::optional<WsTrace> trace;
-      if (!g_trace_path.empty()) g_trace = &trace.emplace();
       double b2b = 0;
-      const double ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot,
-                                      num_blocks, cache, *c, &plan, PrefillPath::kAuto, &b2b);
-      g_trace = nullptr;
-      if (trace) trace->Write(g_trace_path);
+      double ms = 0;
+      {
+        const TraceRow trace(true);
+        ms = TimeAttention(std::vector<int>(batch, 1), ctx, tables, blocks, rot, num_blocks, cache,
+                           *c, &plan, PrefillPath::kAuto, &b2b);
+      }
       internal::SetSplitOverlapsWide(true);
       SetOwnTilesOnPersistentDecode(true);
       internal::SetSplitVariant(0);
@@ -599,13 +616,13 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       internal::SetSplitVariant(c == &smem ? 2 : 0);
       internal::SetSplitOverlapsWide(c != &serial);
       SetOwnTilesOnPersistentDecode(c != &ownsmem && c != &superownsmem);
-      std::optional<WsTrace> trace;
-      if (!g_trace_path.empty()) g_trace = &trace.emplace();
       double b2b = 0;
-      const double ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot,
-                                      num_blocks, cache, *c, &plan, PrefillPath::kAuto, &b2b);
-      g_trace = nullptr;
-      if (trace) trace->Write(g_trace_path);
+      double ms = 0;
+      {
+        const TraceRow trace(true);
+        ms = TimeAttention(std::vector<int>(ctx.size(), 1), ctx, tables, next, rot, num_blocks,
+                           cache, *c, &plan, PrefillPath::kAuto, &b2b);
+      }
       internal::SetSplitOverlapsWide(true);
       SetOwnTilesOnPersistentDecode(true);
       internal::SetSplitVariant(0);
