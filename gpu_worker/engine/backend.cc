@@ -288,6 +288,11 @@ absl::Status Backend::CopyBlocksFromHost(std::span<const BlockCopy> copies) {
   return absl::UnimplementedError(absl::StrCat(Name(), " backend has no KV block I/O"));
 }
 
+absl::StatusOr<uint64_t> Backend::CopyBlocksToHostAhead(std::span<const BlockCopy> copies) {
+  if (absl::Status st = CopyBlocksToHost(copies); !st.ok()) return st;
+  return ++ahead_tickets_;
+}
+
 absl::Status ValidateBlockCopies(std::span<const BlockCopy> copies, int64_t num_blocks) {
   for (size_t i = 0; i < copies.size(); ++i) {
     if (copies[i].block < 0 || copies[i].block >= num_blocks) {

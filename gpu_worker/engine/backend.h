@@ -175,6 +175,20 @@ class Backend {
   // Blocks until every copy issued so far has finished.
   virtual absl::Status WaitBlockCopies() { return absl::OkStatus(); }
 
+  // Copies blocks out of the KV cache ahead of their eviction, in the background: like
+  // CopyBlocksToHost (issued in the same order as the other copies, seeing every Forward issued
+  // before the call), except that later Forwards do not wait for them. So the caller must not
+  // rewrite such a block until the copy is done (ticket <= AheadCopiesDone()) or it has called
+  // OrderAfterAheadCopies(ticket) before the Forward that rewrites it. Returns the copies'
+  // ticket: 1, 2, ... in call order. The default copies with CopyBlocksToHost, whose copies
+  // every later Forward waits for, so its tickets are done at once.
+  virtual absl::StatusOr<uint64_t> CopyBlocksToHostAhead(std::span<const BlockCopy> copies);
+  // The largest ticket such that it and every earlier one are done. Does not block.
+  virtual uint64_t AheadCopiesDone() { return ahead_tickets_; }
+  // Every Forward issued after this call runs after the copies of `ticket` (and those before it)
+  // have finished; the host does not wait.
+  virtual absl::Status OrderAfterAheadCopies(uint64_t ticket) { return absl::OkStatus(); }
+
  protected:
   void set_speculative(bool on) { speculative_ = on; }
 
@@ -188,6 +202,8 @@ class Backend {
     std::vector<RowLogprobs> logprobs;
   };
   Launched launched_;
+  // The default CopyBlocksToHostAhead's last ticket.
+  uint64_t ahead_tickets_ = 0;
   // The default PrepareSampled's step (set_speculative), until LaunchSampled adopts or drops it.
   bool speculative_ = false;
   Launched started_;

@@ -69,7 +69,32 @@ int32_t BlockManager::AllocateFresh() {
     DropKey(b);
   }
   ref_[b] = 1;
+  if (on_reuse_) on_reuse_(b);
   return b;
+}
+
+void BlockManager::ForNextVictims(
+    int64_t n, const std::function<bool(int32_t, const hash::Hash128&, const hash::Hash128&,
+                                        const EvictionHints&)>& f) const {
+  if (n <= 0) return;
+  int64_t seen = 0;
+  const int64_t now = now_ms_ ? now_ms_() : 0;
+  evictable_.ForEachInOrder(now, [&](int32_t leaf) {
+    for (int32_t b = leaf; b >= 0;) {
+      const hash::Hash128& key = *key_[b];
+      const hash::Hash128& parent = by_key_.at(key).parent;
+      if (!f(b, key, parent, hints_[b]) || ++seen >= n) return false;
+      // The parent is next if this block is its only cached child and nothing references or
+      // retains it.
+      b = -1;
+      if (parent.IsZero() || ChildCount(parent) != 1) break;
+      const auto p = by_key_.find(parent);
+      if (p == by_key_.end()) break;
+      const int32_t pb = p->second.block;
+      if (ref_[pb] == 0 && hints_[pb].retain_until_ms <= now) b = pb;
+    }
+    return true;
+  });
 }
 
 void BlockManager::AddRef(int32_t block) {

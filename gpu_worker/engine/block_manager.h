@@ -19,6 +19,9 @@ namespace cascade::engine {
 // content is still the key's (the host tier copies it out). Not called for EvictKeys.
 using EvictListener = std::function<void(int32_t block, const hash::Hash128& key,
                                          const hash::Hash128& parent, const EvictionHints& hints)>;
+// Called for every block AllocateFresh hands out (from the free list or evicted), before the
+// caller writes it: the engine orders the next step after a copy still reading the block.
+using ReuseListener = std::function<void(int32_t block)>;
 
 // Not thread-safe: owned by the engine and used from its step thread only.
 //
@@ -38,10 +41,24 @@ class BlockManager {
   int64_t num_blocks() const { return static_cast<int64_t>(ref_.size()); }
   // Blocks that an allocation can take now: free plus cached unreferenced.
   int64_t NumAvailable() const { return static_cast<int64_t>(free_.size()) + num_unreferenced_; }
+  // Blocks on the free list: allocations take these before evicting a cached block.
+  int64_t NumFree() const { return static_cast<int64_t>(free_.size()); }
   int64_t NumCached() const { return static_cast<int64_t>(by_key_.size()); }
   int64_t NumInUse() const { return num_blocks() - NumAvailable(); }
 
   void set_evict_listener(EvictListener listener) { on_evict_ = std::move(listener); }
+  void set_reuse_listener(ReuseListener listener) { on_reuse_ = std::move(listener); }
+
+  // The cached blocks that eviction would take next, about in order, up to n of them: f(block,
+  // key, parent, hints) for each until f returns false. Each candidate leaf (in eviction order,
+  // those still retained left out) comes with the run of its unreferenced ancestors that have no
+  // other cached child, which become leaves as it goes (a finished prompt's chain goes tail
+  // first). An estimate, not a promise: releases, hits and the ancestors' own recency may change
+  // the order before the evictions come. Takes no references and changes nothing.
+  void ForNextVictims(
+      int64_t n,
+      const std::function<bool(int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
+                               const EvictionHints& hints)>& f) const;
 
   // Length of the longest run of `keys` from the start that is cached. Takes no references.
   int CountCachedPrefix(std::span<const hash::Hash128> keys) const;
@@ -119,6 +136,7 @@ class BlockManager {
   ChildIndex children_;  // parent key -> the blocks whose cached keys name it
   std::vector<hash::Hash128> evicted_;
   EvictListener on_evict_;
+  ReuseListener on_reuse_;
 };
 
 }  // namespace cascade::engine

@@ -91,6 +91,15 @@ class EngineImpl final : public Engine {
       blocks_.set_evict_listener(
           [this](int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
                  const EvictionHints& hints) { host_->Offload(block, key, parent, hints); });
+      ahead_ticket_.assign(blocks_.num_blocks(), 0);
+      blocks_.set_reuse_listener([this](int32_t block) { NoteReuse(block); });
+      offload_ahead_ = options_.host_offload_ahead_blocks;
+      if (offload_ahead_ < 0) {
+        const int64_t per_step =
+            (options_.max_num_batched_tokens + blocks_.block_size() - 1) / blocks_.block_size() +
+            options_.max_num_seqs;
+        offload_ahead_ = std::min<int64_t>(4 * per_step, blocks_.num_blocks() / 4);
+      }
     }
     stats_.total_blocks = blocks_.num_blocks();
     stats_.free_blocks = blocks_.num_blocks();
@@ -265,6 +274,13 @@ class EngineImpl final : public Engine {
   // Hands the host tier's recorded copies to the backend, in order. On failure the copies'
   // keys are dropped (their bytes are not known good) once nothing references them.
   absl::Status FlushHostCopies();
+  // Offloading ahead of eviction (EngineOptions::host_offload_ahead_blocks). OffloadAhead
+  // records copies of the blocks eviction would take next that the host lacks; NoteReuse (the
+  // block manager's reuse listener) notes a block handed out while its ahead copy may still be
+  // reading it; OrderReuse makes the next step wait for such copies on the device.
+  void OffloadAhead();
+  void NoteReuse(int32_t block);
+  absl::Status OrderReuse();
   static int64_t MaxPinnedBlocks(double fraction, int64_t num_blocks) {
     if (!(fraction > 0)) return 0;  // (NaN too)
     if (fraction >= 1) return num_blocks;
@@ -286,6 +302,11 @@ class EngineImpl final : public Engine {
   std::vector<hash::Hash128> failed_restores_;  // restored keys whose copy failed
   std::vector<hash::Hash128> restored_;         // keys restored this step (tier -> GPU)
   int64_t host_copy_failures_ = 0;
+  int64_t offload_ahead_ = 0;           // resolved host_offload_ahead_blocks (0: off)
+  std::vector<uint64_t> ahead_ticket_;  // [num_blocks] ticket of its last ahead copy, 0: none
+  uint64_t ahead_done_ = 0;             // Backend::AheadCopiesDone() when last asked
+  uint64_t reuse_wait_ = 0;             // ticket the next step must run after (0: none)
+  int64_t offload_waits_ = 0;           // EngineStats::host_offload_waits
   // Sequences whose peer blocks are being imported (ids, in arrival order), and their progress.
   std::deque<uint64_t> importing_;
   int64_t peer_imported_ = 0;
@@ -567,6 +588,37 @@ void EngineImpl::ApplyHints(Sequence& seq) {
   for (int64_t j = 0; j < n; ++j) blocks_.RaiseHints(seq.block_table[j], seq.hints);
 }
 
+void EngineImpl::OffloadAhead() {
+  if (offload_ahead_ <= 0) return;
+  blocks_.ForNextVictims(offload_ahead_ - blocks_.NumFree(),
+                         [&](int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
+                             const EvictionHints& hints) {
+                           if (!host_->Contains(key))
+                             host_->OffloadAhead(block, key, parent, hints);
+                           return true;
+                         });
+}
+
+void EngineImpl::NoteReuse(int32_t block) {
+  const uint64_t t = ahead_ticket_[block];
+  if (t == 0) return;
+  ahead_ticket_[block] = 0;
+  if (t > ahead_done_) ahead_done_ = backend_->AheadCopiesDone();
+  if (t > ahead_done_) reuse_wait_ = std::max(reuse_wait_, t);
+}
+
+absl::Status EngineImpl::OrderReuse() {
+  bool evicted_dirty = false;
+  if (host_ != nullptr) {
+    for (const HostCopyOp& op : host_->PendingCopies()) evicted_dirty |= op.to_host && !op.ahead;
+  }
+  if (evicted_dirty || reuse_wait_ > 0) ++offload_waits_;
+  if (reuse_wait_ == 0) return absl::OkStatus();
+  if (absl::Status st = backend_->OrderAfterAheadCopies(reuse_wait_); !st.ok()) return st;
+  reuse_wait_ = 0;
+  return absl::OkStatus();
+}
+
 absl::Status EngineImpl::FlushHostCopies() {
   if (host_ == nullptr) return absl::OkStatus();
   const std::vector<HostCopyOp> ops = host_->TakeCopies();
@@ -574,10 +626,20 @@ absl::Status EngineImpl::FlushHostCopies() {
   std::vector<BlockCopy> run;
   for (size_t i = 0; i < ops.size() && st.ok(); ++i) {
     run.push_back(ops[i].copy);
-    if (i + 1 == ops.size() || ops[i + 1].to_host != ops[i].to_host) {
-      st = ops[i].to_host ? backend_->CopyBlocksToHost(run) : backend_->CopyBlocksFromHost(run);
-      run.clear();
+    if (i + 1 < ops.size() && ops[i + 1].to_host == ops[i].to_host &&
+        ops[i + 1].ahead == ops[i].ahead) {
+      continue;
     }
+    if (ops[i].ahead) {
+      absl::StatusOr<uint64_t> ticket = backend_->CopyBlocksToHostAhead(run);
+      st = ticket.status();
+      for (size_t j = i + 1 - run.size(); ticket.ok() && j <= i; ++j) {
+        ahead_ticket_[ops[j].copy.block] = *ticket;
+      }
+    } else {
+      st = ops[i].to_host ? backend_->CopyBlocksToHost(run) : backend_->CopyBlocksFromHost(run);
+    }
+    run.clear();
   }
   if (st.ok()) {
     for (const HostCopyOp& op : ops) {
@@ -600,6 +662,8 @@ void EngineImpl::PublishHostStats() {
   stats_.host_total_blocks = h.slots;
   stats_.host_used_blocks = h.used;
   stats_.host_offloaded_blocks = h.offloaded;
+  stats_.host_offloaded_ahead_blocks = h.offloaded_ahead;
+  stats_.host_offload_waits = offload_waits_;
   stats_.host_restored_blocks = h.restored;
   stats_.host_evicted_blocks = h.evicted;
   stats_.host_copy_failures = host_copy_failures_;
@@ -892,7 +956,13 @@ absl::Status EngineImpl::Launch(SchedulerOutput plan, ForwardBatch* batch,
   // A speculated batch goes as it was started: its fed inputs come from the device (and a dropped
   // row's sequence may have no token there).
   if (!speculated) scheduler_.FillPending(plan, pending, batch);
-  // Offloads and restores decided while scheduling run before the step (Backend's contract).
+  // A speculated step ordered itself (Speculate).
+  if (!speculated) {
+    if (absl::Status st = OrderReuse(); !st.ok()) return st;
+  }
+  // Offloads and restores decided while scheduling run before the step (Backend's contract);
+  // with them the copies ahead of the next evictions, which it does not wait for.
+  if (host_ != nullptr) OffloadAhead();
   if (absl::Status st = FlushHostCopies(); !st.ok()) return st;
   if (absl::Status st = backend_->LaunchSampled(*batch); !st.ok()) return st;
   if (speculated) ++speculated_steps_;
@@ -1002,6 +1072,8 @@ bool EngineImpl::Speculate(const Prepared& p) {
   if (!p.batch.penalty_tokens.empty() || (host_ != nullptr && host_->HasCopies())) {
     return ++speculation_declined_[0], false;
   }
+  // Before the backend may start it: a block it reuses may still be read by an ahead copy.
+  if (!OrderReuse().ok()) return ++speculation_declined_[0], false;
   for (const ScheduledSeq& s : p.plan.scheduled) {
     if (s.prompt_rows > 0) return ++speculation_declined_[1], false;
   }

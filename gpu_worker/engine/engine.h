@@ -45,6 +45,16 @@ struct EngineOptions {
   // Host KV tier: bytes of host memory (Backend::AllocateHostKv) for copies of blocks the GPU
   // tier evicts; 0 = off. Off as well when the backend has no block I/O.
   int64_t host_kv_bytes = 0;
+  // With the host tier: once fewer than this many GPU blocks are free, the cached blocks that
+  // eviction would take next (up to this many beyond the free ones) are copied to the host ahead
+  // of time and stay cached (BlockManager::ForNextVictims, HostKvTier::OffloadAhead), so an
+  // eviction finds its block on the host and the step that reuses it waits for no copy. Without
+  // it every eviction's copy ran before the step reusing the block: on an H200 (qwen3-0.6b,
+  // every prompt new, the GPU cache full) 190 req/s against 275 with the tier off
+  // (bench/service/RESULTS.md, session 51). -1: four steps' worth of allocations
+  // (4 * max_num_batched_tokens / block size + max_num_seqs) up to a quarter of the blocks;
+  // 0: off (each eviction copies, and the next step waits for it).
+  int64_t host_offload_ahead_blocks = -1;
   std::vector<int32_t> eos_token_ids;  // from the model's config
   // Overlapped scheduling (SGLang's overlap scheduler, vLLM's async scheduling): while the
   // backend runs step n, the host finishes step n-1's outputs and schedules step n+1 and builds

@@ -42,6 +42,16 @@ class EvictionQueue {
   // The candidate to evict now, or -1 if there is none: the first in (priority, recency) order
   // whose retention has passed, else the first of all.
   int32_t Pick(int64_t now_ms) const;
+  // Calls f(id) for the candidates whose retention has passed, in the order Pick would take them
+  // (retained ones, evicted only when nothing else can be, are left out), until f returns false.
+  template <class F>
+  void ForEachInOrder(int64_t now_ms, F f) const {
+    for (const Key& k : order_) {
+      const int32_t id = std::get<2>(k);
+      if (pos_.at(id).second > now_ms) continue;
+      if (!f(id)) return;
+    }
+  }
 
  private:
   using Key = std::tuple<int32_t, uint64_t, int32_t>;  // priority, tick, id

@@ -69,8 +69,8 @@ int32_t HostKvTier::TakeSlot(const hash::Hash128& key, const hash::Hash128& pare
   return slot;
 }
 
-void HostKvTier::Offload(int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
-                         const EvictionHints& hints) {
+void HostKvTier::Record(int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
+                        const EvictionHints& hints, bool ahead) {
   if (auto it = slot_of_.find(key); it != slot_of_.end()) {
     Entry& e = slots_[it->second];
     e.hints.Raise(hints);
@@ -80,8 +80,9 @@ void HostKvTier::Offload(int32_t block, const hash::Hash128& key, const hash::Ha
   }
   const int32_t slot = TakeSlot(key, parent, hints);
   if (slot < 0) return;
-  copies_.push_back({true, BlockCopy{block, SlotData(slot)}, key});
+  copies_.push_back({true, ahead, BlockCopy{block, SlotData(slot)}, key});
   ++stats_.offloaded;
+  if (ahead) ++stats_.offloaded_ahead;
 }
 
 bool HostKvTier::Import(const hash::Hash128& key, const hash::Hash128& parent,
@@ -100,7 +101,7 @@ EvictionHints HostKvTier::Restore(const hash::Hash128& key, int32_t block) {
   Entry& e = slots_[slot];
   e.last_use = ++tick_;
   if (evictable_.Contains(slot)) evictable_.Add(slot, e.hints, e.last_use);
-  copies_.push_back({false, BlockCopy{block, SlotData(slot)}, key});
+  copies_.push_back({false, false, BlockCopy{block, SlotData(slot)}, key});
   ++stats_.restored;
   return e.hints;
 }

@@ -22,17 +22,21 @@ namespace cascade::engine {
 // One copy between a GPU block and a host slot, in the order decided.
 struct HostCopyOp {
   bool to_host = true;  // GPU -> host (offload), else host -> GPU (restore)
+  // An offload ahead of eviction (OffloadAhead): the GPU block stays cached, and the next step
+  // need not wait for the copy (Backend::CopyBlocksToHostAhead).
+  bool ahead = false;
   BlockCopy copy;
   hash::Hash128 key;  // the block's key
 };
 
 struct HostTierStats {
-  int64_t slots = 0;      // capacity in blocks
-  int64_t used = 0;       // slots holding a block
-  int64_t offloaded = 0;  // blocks copied GPU -> host
-  int64_t restored = 0;   // blocks copied host -> GPU
-  int64_t evicted = 0;    // host copies dropped to make room
-  int64_t imported = 0;   // blocks written from a peer's bytes (Import)
+  int64_t slots = 0;            // capacity in blocks
+  int64_t used = 0;             // slots holding a block
+  int64_t offloaded = 0;        // blocks copied GPU -> host
+  int64_t offloaded_ahead = 0;  // of those, copied ahead of their eviction (OffloadAhead)
+  int64_t restored = 0;         // blocks copied host -> GPU
+  int64_t evicted = 0;          // host copies dropped to make room
+  int64_t imported = 0;         // blocks written from a peer's bytes (Import)
 };
 
 // Not thread-safe: the engine's step thread owns it.
@@ -52,7 +56,16 @@ class HostKvTier {
   // (evicting host copies if needed), unless the key is on the host already, in which case only
   // its hints and recency are updated.
   void Offload(int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
-               const EvictionHints& hints);
+               const EvictionHints& hints) {
+    Record(block, key, parent, hints, /*ahead=*/false);
+  }
+  // GPU block `block`, holding `key`, is likely to be evicted soon but stays cached for now:
+  // record a copy of it into a host slot (HostCopyOp::ahead), so that its eviction finds it on
+  // the host and copies nothing. As Offload when the key is on the host already.
+  void OffloadAhead(int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
+                    const EvictionHints& hints) {
+    Record(block, key, parent, hints, /*ahead=*/true);
+  }
 
   // Writes a block received from a peer into a host slot (evicting host copies if needed) and
   // returns true, or false when no slot could be had or `bytes` is not one block. A key already
@@ -84,8 +97,9 @@ class HostKvTier {
   // restore may be overwritten by a later offload, a block written by an offload's source may be
   // refilled by a later restore.
   std::vector<HostCopyOp> TakeCopies();
-  // Whether copies are recorded and not yet taken.
+  // Whether copies are recorded and not yet taken, and which.
   bool HasCopies() const { return !copies_.empty(); }
+  std::span<const HostCopyOp> PendingCopies() const { return copies_; }
   // Keys dropped from the host tier since the last call.
   std::vector<hash::Hash128> TakeEvictedKeys();
 
@@ -102,6 +116,8 @@ class HostKvTier {
     uint64_t last_use = 0;
   };
   std::byte* SlotData(int32_t slot) const { return memory_.get() + slot * block_bytes_; }
+  void Record(int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
+              const EvictionHints& hints, bool ahead);
   void Drop(int32_t slot);
   // A slot for `key` (free, or an evicted leaf's), entered in the maps; -1 if none.
   int32_t TakeSlot(const hash::Hash128& key, const hash::Hash128& parent,

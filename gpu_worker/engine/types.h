@@ -180,12 +180,16 @@ struct EngineStats {
   // Host KV tier (all zero when it is off).
   int64_t host_total_blocks = 0;
   int64_t host_used_blocks = 0;
-  int64_t host_offloaded_blocks = 0;  // copied GPU -> host
-  int64_t host_restored_blocks = 0;   // copied host -> GPU
-  int64_t host_evicted_blocks = 0;    // host copies dropped for room
-  int64_t host_copy_failures = 0;     // block copy batches that failed (their keys dropped)
-  int64_t peer_imported_blocks = 0;   // blocks from peers written into the host tier
-  int64_t peer_exported_blocks = 0;   // blocks copied out for peers
+  int64_t host_offloaded_blocks = 0;        // copied GPU -> host
+  int64_t host_offloaded_ahead_blocks = 0;  // of those, copied ahead of their eviction
+  // Steps that waited (on the device) for offload copies: copies of blocks their own schedule
+  // evicted, or ahead copies still reading a block they reuse.
+  int64_t host_offload_waits = 0;
+  int64_t host_restored_blocks = 0;  // copied host -> GPU
+  int64_t host_evicted_blocks = 0;   // host copies dropped for room
+  int64_t host_copy_failures = 0;    // block copy batches that failed (their keys dropped)
+  int64_t peer_imported_blocks = 0;  // blocks from peers written into the host tier
+  int64_t peer_exported_blocks = 0;  // blocks copied out for peers
   int64_t preemptions = 0;
   int64_t pinned_chunks = 0;  // chunks with a pin
   int64_t pinned_blocks = 0;  // held by at least one pin (at most max_pinned_fraction of all)

@@ -44,6 +44,15 @@ WorkerMetrics::WorkerMetrics(common::MetricsRegistry& r, const std::string& id) 
                            "Fraction of the host KV tier's blocks holding a copy (0-1).", l);
   host_offloaded_ = r.GetCounter("cascade:host_kv_offloaded_blocks_total",
                                  "KV blocks copied GPU -> host as the GPU tier evicted them.", l);
+  host_offloaded_ahead_ = r.GetCounter(
+      "cascade:host_kv_offloaded_ahead_blocks_total",
+      "Of the offloaded KV blocks, those copied ahead of their eviction (--host_kv_offload_ahead).",
+      l);
+  host_offload_waits_ = r.GetCounter(
+      "cascade:host_kv_offload_waits_total",
+      "Engine steps that waited on the GPU for KV blocks being copied to the host (evicted by "
+      "their own schedule, or reused while an ahead copy still read them).",
+      l);
   host_restored_ = r.GetCounter("cascade:host_kv_restored_blocks_total",
                                 "KV blocks copied host -> GPU for prefix hits.", l);
   for (FetchResult f : kAllFetchResults) {
@@ -103,6 +112,10 @@ void WorkerMetrics::Update(const engine::EngineStats& s) {
                        : 0.0);
   host_offloaded_->Increment(
       static_cast<double>(s.host_offloaded_blocks - last_.host_offloaded_blocks));
+  host_offloaded_ahead_->Increment(
+      static_cast<double>(s.host_offloaded_ahead_blocks - last_.host_offloaded_ahead_blocks));
+  host_offload_waits_->Increment(
+      static_cast<double>(s.host_offload_waits - last_.host_offload_waits));
   host_restored_->Increment(
       static_cast<double>(s.host_restored_blocks - last_.host_restored_blocks));
   peer_imported_->Increment(

@@ -36,6 +36,8 @@ class WorkerMetrics {
   common::Counter* host_hits_;
   common::Gauge* host_usage_;
   common::Counter* host_offloaded_;
+  common::Counter* host_offloaded_ahead_;
+  common::Counter* host_offload_waits_;
   common::Counter* host_restored_;
   common::Counter* fetches_[std::size(kAllFetchResults)];  // by FetchResult
   common::Counter* fetch_bytes_;

@@ -90,6 +90,11 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
   f->AddInt64("host_kv_bytes", &c->host_kv_bytes,
               "host KV tier: host memory for KV blocks the GPU tier evicts (pinned on CUDA); "
               "-1: min(RAM / 5, 4 x the KV cache); 0: off");
+  f->AddInt64("host_kv_offload_ahead", &c->host_kv_offload_ahead,
+              "host KV tier: once fewer GPU blocks than this are free, the blocks eviction takes "
+              "next are copied to the host ahead of it (they stay cached), so no step waits for "
+              "an eviction's copy; -1: 4 steps' allocations up to a quarter of the KV cache; "
+              "0: off (each eviction is copied before the step that reuses its block)");
   f->AddBool("overlap_schedule", &c->overlap_schedule,
              "schedule and build the next step while the current one runs on the device "
              "(same tokens; hides the host's work; on by default, =false to turn it off)");
@@ -251,6 +256,11 @@ absl::Status CheckEngineFlags(const WorkerConfig& config) {
         "--max_prompt_logprob_rows=", config.max_prompt_logprob_rows,
         ": must be in [0, 16384] (0: the backend's default, 4096 on CUDA, 256 on the CPU)"));
   }
+  if (config.host_kv_offload_ahead < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host_kv_offload_ahead=", config.host_kv_offload_ahead,
+                     ": must be >= 0 blocks (0: off), or -1 (auto)"));
+  }
   return absl::OkStatus();
 }
 
@@ -306,6 +316,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   eo.max_chunks_per_block = config.max_chunks_per_block;
   eo.eos_token_ids = mc.eos_token_ids;
   eo.host_kv_bytes = HostKvBytes(config.host_kv_bytes, **backend);
+  eo.host_offload_ahead_blocks = config.host_kv_offload_ahead;
   eo.overlap_schedule = config.overlap_schedule;
   eo.overlap_min_rows = EffectiveOverlapMinRows(config, (*backend)->Name());
   eo.chunk_events = !config.registry_address.empty();  // only the registry agent takes them

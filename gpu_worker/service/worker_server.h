@@ -83,6 +83,9 @@ struct WorkerConfig {
   // Host KV tier: host memory for copies of blocks the GPU tier evicts. -1: auto, the smaller of
   // a fifth of the machine's RAM and four times the GPU tier's KV bytes; 0: off.
   int64_t host_kv_bytes = -1;
+  // With the host tier: GPU blocks kept copied to the host ahead of their eviction
+  // (engine::EngineOptions::host_offload_ahead_blocks); -1: auto, 0: off.
+  int64_t host_kv_offload_ahead = -1;
   // Schedule and build step n+1 while step n runs (engine::EngineOptions::overlap_schedule):
   // the same tokens, the host's work hidden behind the GPU's. On by default: on an H100
   // (bench/engine/RESULTS.md, fourteenth session) decode steps 2.4-6.8% shorter at batch 64-256,

@@ -139,5 +139,74 @@ TEST(BlockManagerTest, BlockInUseBelowAnEvictedPrefixGoesWhenReleased) {
   EXPECT_EQ(bm.NumAvailable(), 4);
 }
 
+// Two finished chains (a: 3 blocks, then b: 2) and a loose leaf: the walk names what eviction
+// then takes, in the same order, a chain tail first; a referenced ancestor ends its chain's run.
+TEST(BlockManagerTest, ForNextVictimsNamesTheBlocksEvictionTakesInOrder) {
+  BlockManager bm(6, 4);
+  std::vector<int32_t> a, b;
+  for (int i = 0; i < 3; ++i) a.push_back(bm.AllocateFresh());
+  for (int i = 0; i < 2; ++i) b.push_back(bm.AllocateFresh());
+  const int32_t c = bm.AllocateFresh();
+  bm.Commit(a[0], K(10), {});
+  bm.Commit(a[1], K(11), K(10));
+  bm.Commit(a[2], K(12), K(11));
+  bm.Commit(b[0], K(20), {});
+  bm.Commit(b[1], K(21), K(20));
+  bm.Commit(c, K(30), {});
+  for (int32_t x : a) bm.Release(x);  // a sequence releases its blocks root first
+  for (int32_t x : b) bm.Release(x);
+  bm.Release(c);
+  auto walk = [&](int64_t n) {
+    std::vector<int32_t> got;
+    bm.ForNextVictims(n, [&](int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
+                             const EvictionHints&) {
+      EXPECT_EQ(bm.Lookup(key), block);
+      if (block == a[1]) {
+        EXPECT_EQ(parent, K(10));
+      }
+      got.push_back(block);
+      return true;
+    });
+    return got;
+  };
+  const std::vector<int32_t> predicted = walk(10);
+  EXPECT_EQ(predicted, (std::vector<int32_t>{a[2], a[1], a[0], b[1], b[0], c}));
+  EXPECT_EQ(walk(4), (std::vector<int32_t>{a[2], a[1], a[0], b[1]}));
+  EXPECT_TRUE(walk(0).empty());
+  // f may stop the walk.
+  int calls = 0;
+  bm.ForNextVictims(10, [&](int32_t, const hash::Hash128&, const hash::Hash128&,
+                            const EvictionHints&) { return ++calls < 2; });
+  EXPECT_EQ(calls, 2);
+  // A hit on a's root: the run stops below it, and b follows.
+  bm.AcquireCached(K(10));
+  EXPECT_EQ(walk(10), (std::vector<int32_t>{a[2], a[1], b[1], b[0], c}));
+  bm.Release(a[0]);
+  // The root, released last, is now newer than the other chains: a's tail run goes first
+  // (its leaf is the oldest), the root after everything else.
+  std::vector<int32_t> evicted;
+  const std::vector<int32_t> expect = walk(10);
+  for (size_t i = 0; i < expect.size(); ++i) evicted.push_back(bm.AllocateFresh());
+  EXPECT_EQ(evicted, (std::vector<int32_t>{a[2], a[1], b[1], b[0], c, a[0]}));
+  EXPECT_EQ(expect, (std::vector<int32_t>{a[2], a[1], a[0], b[1], b[0], c}))
+      << "the walk is an estimate: a parent follows its last child at once";
+}
+
+TEST(BlockManagerTest, ReuseListenerHearsOfEveryBlockHandedOut) {
+  BlockManager bm(2, 4);
+  std::vector<int32_t> heard;
+  bm.set_reuse_listener([&](int32_t block) { heard.push_back(block); });
+  const int32_t x = bm.AllocateFresh(), y = bm.AllocateFresh();
+  bm.Commit(x, K(1), {});
+  bm.Release(x);
+  EXPECT_EQ(bm.NumFree(), 0);
+  const int32_t z = bm.AllocateFresh();  // evicts x
+  EXPECT_EQ(z, x);
+  bm.Release(y);
+  EXPECT_EQ(bm.NumFree(), 1);
+  EXPECT_EQ(bm.AllocateFresh(), y);  // from the free list
+  EXPECT_EQ(heard, (std::vector<int32_t>{x, y, x, y}));
+}
+
 }  // namespace
 }  // namespace cascade::engine

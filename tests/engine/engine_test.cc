@@ -10,6 +10,7 @@
 #include <numeric>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/engine/trace_backend.h"
 
@@ -177,6 +178,90 @@ TEST(EngineTest, PrefixesCycledThroughASmallGpuTierRestoreFromTheHostExactly) {
       EXPECT_GT(st.host_evicted_blocks, 0);
     }
   }
+}
+
+// Offloading ahead of eviction with the copies deferred as late as the backend contract allows
+// (the trace backend runs an ahead copy when a later Forward is ordered after it, at the next
+// synchronous copy, or `lag` Forwards on). 24 tenants cycle through a GPU tier that holds about
+// four: every eviction should find its block on the host already, every block reused while its
+// copy is still in flight must order the step after it (a copy that ran after its block was
+// rewritten would carry the wrong positions to the host, and the next restore would fail the
+// trace's check or change the logits), and every output equals cold, under the plain and the
+// overlapped schedule.
+TEST(EngineTest, OffloadAheadOfEvictionKeepsRestoresExactWhileCopiesAreInFlight) {
+  std::mt19937 rng(45);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 24; ++i) reqs.push_back(OneChunkRequest(rng, kVocab, 40, 3));
+  std::vector<Result> cold;
+  for (const Request& r : reqs) {
+    auto fresh = MakeEngine(64);
+    cold.push_back(RunOne(*fresh, r));
+  }
+  for (const int64_t lag : {int64_t{1}, int64_t{3}, INT64_MAX}) {
+    for (const bool overlap : {false, true}) {
+      const std::string what = absl::StrCat("lag ", lag, " overlap ", overlap);
+      EngineOptions o;
+      o.model_name = "trace";
+      o.debug_capture_logits = true;
+      o.max_context = 100000;
+      o.overlap_schedule = overlap;
+      o.host_kv_bytes = 256 * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
+      o.host_offload_ahead_blocks = 12;  // a 40-token prompt and its tokens take 6 blocks
+      auto backend = std::make_unique<TraceBackend>(24, kBlock, kVocab);
+      TraceBackend* trace = backend.get();
+      trace->set_ahead_lag(lag);
+      auto e = NewEngine(o, std::move(backend));
+      for (int round = 0; round < 2; ++round) {
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          const Result got = RunOne(*e, reqs[i]);
+          ExpectSame(cold[i], got, absl::StrCat(what, " round ", round, " tenant ", i));
+          if (round > 0) {
+            EXPECT_EQ(got.cached_tokens, 32) << what << " tenant " << i;
+          }
+        }
+      }
+      const EngineStats st = e->Stats();
+      EXPECT_GT(st.host_offloaded_ahead_blocks, 0) << what;
+      // The walk named every block eviction took: none was copied at its eviction.
+      EXPECT_EQ(st.host_offloaded_blocks, st.host_offloaded_ahead_blocks) << what;
+      EXPECT_EQ(trace->blocks_to_host(), 0) << what;
+      EXPECT_EQ(st.prefix_cache_hits_host, 24 * 32) << what;
+      EXPECT_EQ(st.used_blocks, 0) << what;
+      EXPECT_EQ(st.host_copy_failures, 0) << what;
+      if (lag == INT64_MAX) {
+        // No copy ran on its own: each reuse of an ahead-copied block ordered a step.
+        EXPECT_GT(trace->ahead_orders(), 0) << what;
+        EXPECT_EQ(st.host_offload_waits, trace->ahead_orders()) << what;
+      }
+    }
+  }
+}
+
+// Off (host_offload_ahead_blocks = 0): each eviction copies its block before the step that
+// reuses it, as before; the outputs are the same.
+TEST(EngineTest, OffloadAheadOffCopiesAtEvictionWithTheSameOutputs) {
+  std::mt19937 rng(46);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 8; ++i) reqs.push_back(OneChunkRequest(rng, kVocab, 40, 3));
+  std::vector<Result> cold;
+  for (const Request& r : reqs) {
+    auto fresh = MakeEngine(64);
+    cold.push_back(RunOne(*fresh, r));
+  }
+  EngineOptions o;
+  o.host_kv_bytes = 64 * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
+  o.host_offload_ahead_blocks = 0;
+  auto e = MakeEngine(16, o);
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ExpectSame(cold[i], RunOne(*e, reqs[i]), absl::StrCat("round ", round, " tenant ", i));
+    }
+  }
+  const EngineStats st = e->Stats();
+  EXPECT_GT(st.host_offloaded_blocks, 0);
+  EXPECT_EQ(st.host_offloaded_ahead_blocks, 0);
+  EXPECT_GT(st.host_offload_waits, 0);
+  EXPECT_GT(st.prefix_cache_hits_host, 0);
 }
 
 // RegisterChunk's eviction hints through the engine: a prefix with a higher priority stays on
@@ -822,51 +907,56 @@ TEST(EngineTest, RegistryEvictionDropsTheChunksBlocksAndWhatFollowsThem) {
 // eviction of an earlier chunk drops that parent from the GPU, so no prefix walk can reach the
 // host copy any more. It must go too, and the chunk held through it must be withdrawn (it stayed
 // "held (host)" in the registry until the host tier happened to evict it).
+// With offloading ahead (the default) D, the next leaf to go, is on the host as well.
 TEST(EngineTest, RegistryEvictionDropsHostCopiesBelowTheGpuBlocksItEvicts) {
-  EngineOptions o;
-  o.host_kv_bytes = 8 * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
-  auto e = MakeEngine(6, o);
-  auto request = [](int32_t second_block_token) {
-    Request r;  // chunks [0, 8), [8, 24), [24, 27): held through blocks 0 and 2
-    r.chunks = {ChunkInput{1, std::vector<int32_t>(8, 3), ""},
-                ChunkInput{2, std::vector<int32_t>(8, 4), ""},
-                ChunkInput{3, std::vector<int32_t>(3, 7), ""}};
-    r.chunks[1].tokens.resize(16, second_block_token);
-    r.sampling.max_tokens = 1;
-    return r;
-  };
-  // Blocks A <- B <- C, then A <- B <- D: B has two children on the GPU.
-  const Result first = RunOne(*e, request(5));
-  const Result second = RunOne(*e, request(6));
-  ASSERT_EQ(second.cached_tokens, 16);
-  // Three more blocks for an unrelated prompt: of the leaves C and D, the older C goes to the
-  // host; A, B and D stay on the GPU.
-  Request other;
-  other.chunks = {ChunkInput{1, std::vector<int32_t>(17, 9), ""}};
-  other.sampling.max_tokens = 1;
-  RunOne(*e, other);
-  const hash::Hash128 held_on_host = first.chunks[1].hash;
-  bool on_host = false;
-  for (const ChunkEvent& c : e->HeldChunks())
-    on_host |= c.hash == held_on_host && c.tier == KvTier::kHost;
-  ASSERT_TRUE(on_host)
-      << "setup: the first prompt's second chunk should be held through C on the host";
-  ASSERT_EQ(e->Stats().host_used_blocks, 1);
-  e->TakeChunkEvents();
+  for (const int64_t ahead : {int64_t{0}, int64_t{-1}}) {
+    SCOPED_TRACE(absl::StrCat("host_offload_ahead_blocks ", ahead));
+    EngineOptions o;
+    o.host_kv_bytes = 8 * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
+    o.host_offload_ahead_blocks = ahead;
+    auto e = MakeEngine(6, o);
+    auto request = [](int32_t second_block_token) {
+      Request r;  // chunks [0, 8), [8, 24), [24, 27): held through blocks 0 and 2
+      r.chunks = {ChunkInput{1, std::vector<int32_t>(8, 3), ""},
+                  ChunkInput{2, std::vector<int32_t>(8, 4), ""},
+                  ChunkInput{3, std::vector<int32_t>(3, 7), ""}};
+      r.chunks[1].tokens.resize(16, second_block_token);
+      r.sampling.max_tokens = 1;
+      return r;
+    };
+    // Blocks A <- B <- C, then A <- B <- D: B has two children on the GPU.
+    const Result first = RunOne(*e, request(5));
+    const Result second = RunOne(*e, request(6));
+    ASSERT_EQ(second.cached_tokens, 16);
+    // Three more blocks for an unrelated prompt: of the leaves C and D, the older C goes to the
+    // host; A, B and D stay on the GPU.
+    Request other;
+    other.chunks = {ChunkInput{1, std::vector<int32_t>(17, 9), ""}};
+    other.sampling.max_tokens = 1;
+    RunOne(*e, other);
+    const hash::Hash128 held_on_host = first.chunks[1].hash;
+    bool on_host = false;
+    for (const ChunkEvent& c : e->HeldChunks())
+      on_host |= c.hash == held_on_host && c.tier == KvTier::kHost;
+    ASSERT_TRUE(on_host)
+        << "setup: the first prompt's second chunk should be held through C on the host";
+    ASSERT_EQ(e->Stats().host_used_blocks, ahead == 0 ? 1 : 2);
+    e->TakeChunkEvents();
 
-  EXPECT_EQ(e->EvictChunks({first.chunks[0].hash}), 1);  // block A, and so B, C and D
-  ASSERT_TRUE(e->Step().ok());
-  const std::set<hash::Hash128> held = HeldSet(*e);
-  EXPECT_EQ(held.count(held_on_host), 0u) << "a claim on an unreachable host copy survived";
-  EXPECT_EQ(held.count(second.chunks[1].hash), 0u);
-  EXPECT_EQ(e->Stats().host_used_blocks, 0);
-  std::set<hash::Hash128> withdrawn;
-  for (const ChunkEvent& ev : e->TakeChunkEvents()) {
-    if (!ev.stored) withdrawn.insert(ev.hash);
+    EXPECT_EQ(e->EvictChunks({first.chunks[0].hash}), 1);  // block A, and so B, C and D
+    ASSERT_TRUE(e->Step().ok());
+    const std::set<hash::Hash128> held = HeldSet(*e);
+    EXPECT_EQ(held.count(held_on_host), 0u) << "a claim on an unreachable host copy survived";
+    EXPECT_EQ(held.count(second.chunks[1].hash), 0u);
+    EXPECT_EQ(e->Stats().host_used_blocks, 0);
+    std::set<hash::Hash128> withdrawn;
+    for (const ChunkEvent& ev : e->TakeChunkEvents()) {
+      if (!ev.stored) withdrawn.insert(ev.hash);
+    }
+    EXPECT_EQ(withdrawn, (std::set<hash::Hash128>{first.chunks[0].hash, first.chunks[1].hash,
+                                                  second.chunks[1].hash}));
+    EXPECT_EQ(RunOne(*e, request(5)).cached_tokens, 0);
   }
-  EXPECT_EQ(withdrawn, (std::set<hash::Hash128>{first.chunks[0].hash, first.chunks[1].hash,
-                                                second.chunks[1].hash}));
-  EXPECT_EQ(RunOne(*e, request(5)).cached_tokens, 0);
 }
 
 // A worker without a registry has nothing that takes chunk events: with chunk_events off none are

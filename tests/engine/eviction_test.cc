@@ -127,6 +127,32 @@ TEST(HostTierTest, OffloadRecordsOneCopyPerKeyAndRestoreReadsTheSameSlot) {
   EXPECT_EQ(s.restored, 1);
 }
 
+// An ahead copy is an offload marked ahead; the eviction that follows finds the key on the
+// host and records nothing (the GPU block's bytes went already).
+TEST(HostTierTest, OffloadAheadRecordsAnAheadCopyAndTheLaterEvictionCopiesNothing) {
+  HostKvTier host = MakeHost(4);
+  host.OffloadAhead(7, K(1), {}, {});
+  host.Offload(8, K(2), K(1), {});
+  EXPECT_TRUE(host.HasCopies());
+  ASSERT_EQ(host.PendingCopies().size(), 2u);
+  std::vector<HostCopyOp> ops = host.TakeCopies();
+  ASSERT_EQ(ops.size(), 2u);
+  EXPECT_TRUE(ops[0].to_host && ops[0].ahead);
+  EXPECT_EQ(ops[0].copy.block, 7);
+  EXPECT_TRUE(ops[1].to_host && !ops[1].ahead);
+  host.Offload(7, K(1), {}, {});       // the eviction
+  host.OffloadAhead(9, K(2), {}, {});  // on the host already
+  EXPECT_TRUE(host.TakeCopies().empty());
+  host.Restore(K(1), 3);
+  std::vector<HostCopyOp> back = host.TakeCopies();
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_FALSE(back[0].ahead);
+  EXPECT_EQ(back[0].copy.host, ops[0].copy.host);
+  const HostTierStats s = host.Stats();
+  EXPECT_EQ(s.offloaded, 2);
+  EXPECT_EQ(s.offloaded_ahead, 1);
+}
+
 TEST(HostTierTest, FullTierEvictsHostLeavesFirstAndRecordsTheOverwriteAfterTheRestore) {
   HostKvTier host = MakeHost(3);
   // GPU order: the leaf arrives first, then its ancestors.

@@ -5,6 +5,7 @@
 // position) changes the output or fails the step with a message saying which slot was wrong.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -31,6 +32,8 @@ class TraceBackend final : public Backend {
   int VocabSize() const override { return vocab_; }
 
   absl::Status Forward(const ForwardBatch& b, std::vector<float>* logits) override {
+    // Ahead copies the engine ordered this step after run first; the rest stay in flight.
+    RunAheadCopies(ordered_);
     ++forward_calls_;
     max_batch_tokens_ = std::max<int64_t>(max_batch_tokens_, b.num_tokens());
     if (b.positions.size() != b.token_ids.size() || b.slot_mapping.size() != b.token_ids.size() ||
@@ -75,6 +78,12 @@ class TraceBackend final : public Backend {
       }
     }
     if (out_row != b.logits_rows.size()) return absl::InternalError("logits_rows not ascending");
+    // Ahead copies issued `ahead_lag_` Forwards ago finish now (as a copy stream would, later).
+    uint64_t due = 0;
+    for (const Ahead& a : ahead_) {
+      if (forward_calls_ - a.issued_at >= ahead_lag_) due = a.ticket;
+    }
+    RunAheadCopies(due);
     return absl::OkStatus();
   }
 
@@ -83,6 +92,7 @@ class TraceBackend final : public Backend {
   int64_t KvBlockBytes() const override { return block_size_ * int64_t{sizeof(Slot)}; }
   absl::Status CopyBlocksToHost(std::span<const BlockCopy> copies) override {
     if (absl::Status s = ValidateBlockCopies(copies, num_blocks_); !s.ok()) return s;
+    RunAheadCopies(UINT64_MAX);  // one copy stream: in issue order
     for (const BlockCopy& c : copies) {
       std::memcpy(c.host, kv_.data() + c.block * block_size_, KvBlockBytes());
     }
@@ -91,6 +101,7 @@ class TraceBackend final : public Backend {
   }
   absl::Status CopyBlocksFromHost(std::span<const BlockCopy> copies) override {
     if (absl::Status s = ValidateBlockCopies(copies, num_blocks_); !s.ok()) return s;
+    RunAheadCopies(UINT64_MAX);
     if (fail_restores_) return absl::DataLossError("injected: host copy failed");
     for (const BlockCopy& c : copies) {
       std::memcpy(kv_.data() + c.block * block_size_, c.host, KvBlockBytes());
@@ -98,6 +109,30 @@ class TraceBackend final : public Backend {
     blocks_from_host_ += static_cast<int64_t>(copies.size());
     return absl::OkStatus();
   }
+  absl::Status WaitBlockCopies() override {
+    RunAheadCopies(UINT64_MAX);
+    return absl::OkStatus();
+  }
+
+  // Copies ahead of eviction, deferred as late as Backend's contract allows (set_ahead_lag): a
+  // copy reads its block when it runs, so a block the engine rewrites before its ahead copy ran
+  // (without OrderAfterAheadCopies) reaches the host with the wrong (token, position) pairs.
+  absl::StatusOr<uint64_t> CopyBlocksToHostAhead(std::span<const BlockCopy> copies) override {
+    if (absl::Status s = ValidateBlockCopies(copies, num_blocks_); !s.ok()) return s;
+    ahead_.push_back({++ahead_issued_, forward_calls_, {copies.begin(), copies.end()}});
+    return ahead_issued_;
+  }
+  uint64_t AheadCopiesDone() override { return ahead_done_; }
+  absl::Status OrderAfterAheadCopies(uint64_t ticket) override {
+    ordered_ = std::max(ordered_, ticket);
+    ++orders_;
+    return absl::OkStatus();
+  }
+  // Forwards after which an ahead copy runs on its own; INT64_MAX: only when something orders it.
+  void set_ahead_lag(int64_t forwards) { ahead_lag_ = forwards; }
+  int64_t ahead_orders() const { return orders_; }
+  int64_t blocks_to_host_ahead() const { return blocks_to_host_ahead_; }
+
   // Fault injection: restores from the host fail (nothing is copied).
   void set_fail_restores(bool fail) { fail_restores_ = fail; }
   int64_t blocks_to_host() const { return blocks_to_host_; }
@@ -126,6 +161,25 @@ class TraceBackend final : public Backend {
   int64_t blocks_to_host_ = 0;
   int64_t blocks_from_host_ = 0;
   bool fail_restores_ = false;
+  struct Ahead {
+    uint64_t ticket;
+    int64_t issued_at;  // forward_calls_ then
+    std::vector<BlockCopy> copies;
+  };
+  // Runs the ahead copies in flight up to `ticket`, in order.
+  void RunAheadCopies(uint64_t ticket) {
+    while (!ahead_.empty() && ahead_.front().ticket <= ticket) {
+      for (const BlockCopy& c : ahead_.front().copies) {
+        std::memcpy(c.host, kv_.data() + c.block * block_size_, KvBlockBytes());
+        ++blocks_to_host_ahead_;
+      }
+      ahead_done_ = ahead_.front().ticket;
+      ahead_.erase(ahead_.begin());
+    }
+  }
+  std::vector<Ahead> ahead_;
+  uint64_t ahead_issued_ = 0, ahead_done_ = 0, ordered_ = 0;
+  int64_t ahead_lag_ = 1, orders_ = 0, blocks_to_host_ahead_ = 0;
 };
 
 }  // namespace cascade::engine::testing

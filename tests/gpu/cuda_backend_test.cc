@@ -283,6 +283,63 @@ TEST(CudaBackend, BlocksCopiedToHostAndBackGiveBitwiseTheColdLogits) {
   EXPECT_EQ(gpu.CopyBlocksToHost(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Copies ahead of eviction (CopyBlocksToHostAhead): the next Forward does not wait for them, so
+// one that rewrites their blocks is ordered after them (OrderAfterAheadCopies) and must still
+// leave the host the blocks' bytes from before: restored into other blocks, a tail prefill over
+// them gives the cold logits bitwise. A second ahead copy of the restored blocks carries the same
+// bytes, and its ticket is reported done once the copy stream has run it.
+TEST(CudaBackend, BlocksCopiedAheadReachTheHostBitwiseBeforeAnOrderedStepRewritesThem) {
+  CASCADE_REQUIRE_GPU();
+  auto model = MakeModel("tiny", 3);
+  CudaBackendOptions go;
+  go.num_blocks = 320;
+  go.block_size = kBs;
+  go.max_num_tokens = 4096;
+  auto gpu_or = NewCudaBackend(*model, go);
+  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+  engine::Backend& gpu = **gpu_or;
+  const int vocab = gpu.VocabSize();
+  const int n = 150, len = n * kBs + 5;
+  std::mt19937 rng(12);
+  std::vector<int32_t> prompt(len), other(n * kBs);
+  for (auto& x : prompt) x = rng() % vocab;
+  for (auto& x : other) x = rng() % vocab;
+  const std::vector<int32_t> head(prompt.begin(), prompt.begin() + n * kBs);
+  const std::vector<int32_t> tail(prompt.begin() + n * kBs, prompt.end());
+  std::vector<float> cold, got, scratch;
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{prompt, 0, Blocks(0, n + 1)}}), &cold).ok());
+
+  const int64_t bb = gpu.KvBlockBytes();
+  auto host = gpu.AllocateHostKv(2 * n * bb);
+  ASSERT_TRUE(host.ok()) << host.status();
+  std::memset(host->get(), 0xA5, 2 * n * bb);
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{head, 0, Blocks(0, n)}}), &scratch).ok());
+  std::vector<engine::BlockCopy> out, in, again;
+  for (int i = 0; i < n; ++i) out.push_back({i, host->get() + i * bb});
+  const absl::StatusOr<uint64_t> t1 = gpu.CopyBlocksToHostAhead(out);
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  ASSERT_TRUE(gpu.OrderAfterAheadCopies(*t1).ok());
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{other, 0, Blocks(0, n)}}), &scratch).ok());
+  EXPECT_GE(gpu.AheadCopiesDone(), *t1);  // the Forward waited for it, and returned
+
+  for (int i = 0; i < n; ++i) in.push_back({160 + i, out[i].host});
+  ASSERT_TRUE(gpu.CopyBlocksFromHost(in).ok());
+  std::vector<int32_t> table = Blocks(160, n);
+  table.push_back(310);
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{tail, n * kBs, table}}), &got).ok());
+  EXPECT_EQ(0, std::memcmp(cold.data(), got.data(), vocab * 4)) << "restored != cold";
+
+  for (int i = 0; i < n; ++i) again.push_back({160 + i, host->get() + (n + i) * bb});
+  const absl::StatusOr<uint64_t> t2 = gpu.CopyBlocksToHostAhead(again);
+  ASSERT_TRUE(t2.ok()) << t2.status();
+  EXPECT_EQ(*t2, *t1 + 1);
+  ASSERT_TRUE(gpu.WaitBlockCopies().ok());
+  EXPECT_EQ(gpu.AheadCopiesDone(), *t2);
+  EXPECT_EQ(0, std::memcmp(host->get(), host->get() + n * bb, n * bb));
+  std::vector<engine::BlockCopy> bad = {{320, host->get()}};
+  EXPECT_EQ(gpu.CopyBlocksToHostAhead(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Decode graphs captured at load (CudaBackendOptions::capture_graphs_at_load, over scratch rows)
 // serve later decode steps with no capture of their own, and their rows are bitwise those of
 // graphs captured on first use: plain decode steps (no shared blocks) at buckets 1-64 over

@@ -482,6 +482,54 @@ TEST_F(EngineCudaTest, SpeculatedLaunchesGiveThePlainEnginesOutputs) {
   EXPECT_FALSE(spec->HasWork());
 }
 
+// The host KV tier on the product backend, under the worker's schedule (overlapped, speculated
+// launches): 16 tenants cycle through a GPU cache that holds about a third of them, one after
+// another and then all at once, with the blocks eviction takes next copied to the host ahead of
+// it on the copy stream while later steps run (EngineOptions::host_offload_ahead_blocks).
+// Every output, restored from the host or not, has the logits bits of a cache with room for all.
+TEST_F(EngineCudaTest, HostTierWithCopiesAheadOfEvictionGivesTheRoomyEnginesOutputsBitwise) {
+  REQUIRE_GPU_AND_MODEL();
+  std::mt19937 rng(14);
+  std::vector<engine::Request> reqs;
+  for (int i = 0; i < 16; ++i)
+    reqs.push_back(engine::testing::OneChunkRequest(rng, Vocab(), 70, 6));
+  auto roomy = MakeEngine(2048);
+  std::vector<Result> want;
+  for (const engine::Request& r : reqs) want.push_back(RunOne(*roomy, Salted(r, "roomy")));
+  const model::ModelConfig& c = model_->config();
+  const int64_t block_bytes =
+      int64_t{2} * c.num_hidden_layers * c.num_key_value_heads * kBs * c.head_dim * 2;
+  engine::EngineOptions o;
+  o.overlap_schedule = true;
+  o.host_kv_bytes = 256 * block_bytes;
+  o.host_offload_ahead_blocks = 16;
+  speculative_ = true;
+  auto e = MakeEngine(32, true, nullptr, o);
+  speculative_ = false;
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Result got = RunOne(*e, reqs[i]);
+      ExpectSame(want[i], got, absl::StrCat("round ", round, " tenant ", i));
+      if (round > 0) EXPECT_EQ(got.cached_tokens, 64) << "tenant " << i;
+    }
+  }
+  const std::vector<Result> together = RunAll(*e, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) ExpectSame(want[i], together[i], "all at once");
+  const engine::EngineStats st = e->Stats();
+  std::printf(
+      "host tier: %lld blocks offloaded, %lld of them ahead; %lld restored; %lld steps "
+      "waited for offloads\n",
+      static_cast<long long>(st.host_offloaded_blocks),
+      static_cast<long long>(st.host_offloaded_ahead_blocks),
+      static_cast<long long>(st.host_restored_blocks),
+      static_cast<long long>(st.host_offload_waits));
+  EXPECT_GT(st.host_offloaded_ahead_blocks, 0);
+  EXPECT_EQ(st.host_offloaded_blocks, st.host_offloaded_ahead_blocks);
+  EXPECT_GE(st.prefix_cache_hits_host, 16 * 64);
+  EXPECT_EQ(st.host_copy_failures, 0);
+  EXPECT_EQ(st.used_blocks, 0);
+}
+
 // One step batch holds cached and cold sequences of different lengths: each gets exactly what it
 // gets alone (cold, unbatched).
 TEST_F(EngineCudaTest, BatchMixingCachedAndColdSequencesMatchesEachAloneBitwise) {

@@ -214,6 +214,8 @@ class CudaBackend final : public engine::Backend {
     }
     if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
     if (copies_done_ != nullptr) cudaEventDestroy(copies_done_);
+    for (const AheadCopy& a : ahead_inflight_) cudaEventDestroy(a.done);
+    for (cudaEvent_t e : ahead_events_) cudaEventDestroy(e);
     if (prefetch_stream_ != nullptr) {
       cudaStreamSynchronize(prefetch_stream_);
       cudaStreamDestroy(prefetch_stream_);
@@ -356,13 +358,18 @@ class CudaBackend final : public engine::Backend {
     if (copy_stream_ == nullptr) return absl::OkStatus();
     return CudaStatus(cudaStreamSynchronize(copy_stream_), "cudaStreamSynchronize(copy)");
   }
+  absl::StatusOr<uint64_t> CopyBlocksToHostAhead(
+      std::span<const engine::BlockCopy> copies) override;
+  uint64_t AheadCopiesDone() override;
+  absl::Status OrderAfterAheadCopies(uint64_t ticket) override;
 
  private:
   // Bytes of one block in one layer's K (or V) cache.
   int64_t PartBytes() const { return int64_t{hkv_} * o_.block_size * d_ * 2; }
-  // Enqueues block copies on copy_stream_ after the compute stream's work so far; the next
-  // Run() makes the compute stream wait for them (copies_pending_).
-  absl::Status CopyBlocks(std::span<const engine::BlockCopy> copies, bool to_host);
+  // Enqueues block copies on copy_stream_ after the compute stream's work so far; unless
+  // `ahead`, the next Run() makes the compute stream wait for them (copies_pending_).
+  absl::Status CopyBlocks(std::span<const engine::BlockCopy> copies, bool to_host,
+                          bool ahead = false);
   absl::Status InitBlockCopies();
   absl::Status Check(const engine::ForwardBatch& b) const;
   absl::Status Run(const engine::ForwardBatch& b, bool sampled, std::vector<float>* logits,
@@ -534,6 +541,15 @@ class CudaBackend final : public engine::Backend {
   DeviceBuffer kv_parts_, kv_stage_;
   int stage_blocks_ = 0;
   bool copies_pending_ = false;  // copies enqueued that the compute stream has not waited for
+  // Copies ahead of eviction (CopyBlocksToHostAhead) not yet seen done, oldest first, each with
+  // the event recorded after it on copy_stream_; spent events are kept for reuse.
+  struct AheadCopy {
+    uint64_t ticket;
+    cudaEvent_t done;
+  };
+  std::vector<AheadCopy> ahead_inflight_;
+  std::vector<cudaEvent_t> ahead_events_;
+  uint64_t ahead_issued_ = 0, ahead_done_ = 0;
   // L2 prefetches of weights (CudaBackendOptions::prefetch_weights_max_rows): a side stream forked
   // from stream_ where a prefetch is issued and joined back at the end of EnqueueModel.
   cudaStream_t prefetch_stream_ = nullptr;
@@ -580,7 +596,56 @@ absl::Status CudaBackend::InitBlockCopies() {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::CopyBlocks(std::span<const engine::BlockCopy> copies, bool to_host) {
+absl::StatusOr<uint64_t> CudaBackend::CopyBlocksToHostAhead(
+    std::span<const engine::BlockCopy> copies) {
+  RETURN_IF_ERROR(CopyBlocks(copies, /*to_host=*/true, /*ahead=*/true));
+  if (copy_stream_ == nullptr) {  // (no copies: CopyBlocks made no stream)
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o_.device), "cudaSetDevice"));
+    RETURN_IF_ERROR(InitBlockCopies());
+  }
+  cudaEvent_t e = nullptr;
+  if (!ahead_events_.empty()) {
+    e = ahead_events_.back();
+    ahead_events_.pop_back();
+  } else {
+    RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
+  }
+  if (absl::Status st = CudaStatus(cudaEventRecord(e, copy_stream_), "cudaEventRecord"); !st.ok()) {
+    ahead_events_.push_back(e);
+    return st;
+  }
+  ahead_inflight_.push_back({++ahead_issued_, e});
+  return ahead_issued_;
+}
+
+uint64_t CudaBackend::AheadCopiesDone() {
+  size_t i = 0;
+  for (; i < ahead_inflight_.size(); ++i) {
+    const cudaError_t q = cudaEventQuery(ahead_inflight_[i].done);
+    if (q == cudaErrorNotReady) break;
+    // (An error is sticky and shows in the next step's status; the copy is not waited for.)
+    if (q != cudaSuccess) cudaGetLastError();
+    ahead_done_ = ahead_inflight_[i].ticket;
+    ahead_events_.push_back(ahead_inflight_[i].done);
+  }
+  ahead_inflight_.erase(ahead_inflight_.begin(), ahead_inflight_.begin() + i);
+  return ahead_done_;
+}
+
+absl::Status CudaBackend::OrderAfterAheadCopies(uint64_t ticket) {
+  for (const AheadCopy& a : ahead_inflight_) {
+    if (a.ticket < ticket) continue;
+    // The copy stream runs in order, so this ticket's event covers every earlier one.
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o_.device), "cudaSetDevice"));
+    return CudaStatus(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(stream_), a.done, 0),
+                      "cudaStreamWaitEvent(ahead copies)");
+  }
+  return absl::OkStatus();  // done already
+}
+
+absl::Status CudaBackend::CopyBlocks(std::span<const engine::BlockCopy> copies, bool to_host,
+                                     bool ahead) {
   RETURN_IF_ERROR(engine::ValidateBlockCopies(copies, num_blocks_));
   if (copies.empty()) return absl::OkStatus();
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o_.device), "cudaSetDevice"));
@@ -615,6 +680,7 @@ absl::Status CudaBackend::CopyBlocks(std::span<const engine::BlockCopy> copies, 
                                    /*to_stage=*/false, copy_stream_));
     }
   }
+  if (ahead) return absl::OkStatus();  // (CopyBlocksToHostAhead records its own event)
   RETURN_IF_ERROR(CudaStatus(cudaEventRecord(copies_done_, copy_stream_), "cudaEventRecord"));
   copies_pending_ = true;
   return absl::OkStatus();
