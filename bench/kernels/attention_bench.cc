@@ -789,11 +789,12 @@ int main(int argc, char** argv) {
       if (std::sscanf(arg.c_str() + 9, "%d,%d", &cascade::cuda::g_only_batch,
                       &cascade::cuda::g_only_ctx) != 2 ||
           (cascade::cuda::g_only_ctx != 145 && cascade::cuda::g_only_ctx != 160 &&
+           cascade::cuda::g_only_ctx != 129 && cascade::cuda::g_only_ctx != 192 &&
            cascade::cuda::g_only_ctx != 384 && cascade::cuda::g_only_ctx != 1024 &&
            cascade::cuda::g_only_ctx != 4096 && cascade::cuda::g_only_ctx != 0)) {
         std::fprintf(stderr,
-                     "--decode=B,CTX: B in 1, 16, 64, 256; CTX 145, 160, 384, 1024, 4096 or 0 "
-                     "(mixed: B >= 64)\n");
+                     "--decode=B,CTX: B in 1, 16, 64, 256; CTX 129, 145, 160, 192, 384, 1024, "
+                     "4096 or 0 (mixed: B >= 64)\n");
         return 2;
       }
     } else {
