@@ -510,7 +510,9 @@ TEST_F(EngineCudaTest, HostTierWithCopiesAheadOfEvictionGivesTheRoomyEnginesOutp
     for (size_t i = 0; i < reqs.size(); ++i) {
       const Result got = RunOne(*e, reqs[i]);
       ExpectSame(want[i], got, absl::StrCat("round ", round, " tenant ", i));
-      if (round > 0) EXPECT_EQ(got.cached_tokens, 64) << "tenant " << i;
+      if (round > 0) {
+        EXPECT_EQ(got.cached_tokens, 64) << "tenant " << i;
+      }
     }
   }
   const std::vector<Result> together = RunAll(*e, reqs);

@@ -541,7 +541,6 @@ class CudaBackend final : public engine::Backend {
   DeviceBuffer kv_parts_, kv_stage_;
   int stage_blocks_ = 0;
   bool copies_pending_ = false;  // copies enqueued that the compute stream has not waited for
-  int least_priority_ = 0, greatest_priority_ = 0;  // cudaDeviceGetStreamPriorityRange (Init)
   // Copies ahead of eviction (CopyBlocksToHostAhead) not yet seen done, oldest first, each with
   // the event recorded after it on copy_stream_; spent events are kept for reuse.
   struct AheadCopy {
@@ -573,9 +572,8 @@ absl::StatusOr<engine::HostKvMemory> CudaBackend::AllocateHostKv(size_t bytes) {
 }
 
 absl::Status CudaBackend::InitBlockCopies() {
-  RETURN_IF_ERROR(CudaStatus(
-      cudaStreamCreateWithPriority(&copy_stream_, cudaStreamNonBlocking, least_priority_),
-      "copy stream"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "copy stream"));
   RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming),
                              "cudaEventCreate"));
   RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming),
@@ -726,15 +724,8 @@ absl::StatusOr<std::string> CudaBackend::KvNumericsOf() {
 
 absl::Status CudaBackend::Init(const model::Model& m) {
   RETURN_IF_ERROR(CudaStatus(cudaSetDevice(o_.device), "cudaSetDevice"));
-  // The compute stream (and the prefetch stream it forks) at the greatest priority, the block
-  // copies' stream at the least: the copies' gather and scatter kernels then take SMs only
-  // where the step's kernels leave them (copies ahead of eviction run beside steps).
-  RETURN_IF_ERROR(
-      CudaStatus(cudaDeviceGetStreamPriorityRange(&least_priority_, &greatest_priority_),
-                 "cudaDeviceGetStreamPriorityRange"));
   cudaStream_t s;
-  RETURN_IF_ERROR(CudaStatus(
-      cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest_priority_), "stream"));
+  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream"));
   stream_ = reinterpret_cast<Stream>(s);
   hq_ = static_cast<int>(c_.num_attention_heads);
   hkv_ = static_cast<int>(c_.num_key_value_heads);
@@ -752,9 +743,8 @@ absl::Status CudaBackend::Init(const model::Model& m) {
                              : 0;
   }
   if (prefetch_max_rows_ > 0) {
-    RETURN_IF_ERROR(CudaStatus(
-        cudaStreamCreateWithPriority(&prefetch_stream_, cudaStreamNonBlocking, greatest_priority_),
-        "prefetch stream"));
+    RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking),
+                               "prefetch stream"));
     for (cudaEvent_t* e : {&prefetch_fork_, &prefetch_join_}) {
       RETURN_IF_ERROR(
           CudaStatus(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreate"));
