@@ -5,6 +5,9 @@
 //              [--system_len=4096] [--query_len=32] [--gen=8] [--rounds=3] [--concurrency=4]
 //              [--gpu_fraction=0.25] [--block_size=16] [--host=off,on] [--seed=0]
 //
+// --host: the settings run, in order: off, on (the host tier with its copies ahead of eviction,
+// the default), on-noahead (the host tier copying each block at its eviction instead).
+//
 // Each tenant owns a system chunk of system_len random tokens; a request is a tenant's system
 // chunk plus a fresh query of query_len tokens, generating gen tokens (greedy). Requests go
 // tenant 0, 1, ..., tenants - 1, then again, for `rounds` rounds, `concurrency` in flight
@@ -74,7 +77,9 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       ok = absl::SimpleAtod(v, &f->gpu_fraction) && f->gpu_fraction > 0 && f->gpu_fraction <= 1;
     } else if (k == "host") {
       f->host = absl::StrSplit(v, ',');
-      for (const std::string& h : f->host) ok = ok && (h == "on" || h == "off");
+      for (const std::string& h : f->host) {
+        ok = ok && (h == "on" || h == "off" || h == "on-noahead");
+      }
     } else {
       std::fprintf(stderr, "unknown flag --%s\n", k.c_str());
       return false;
@@ -129,7 +134,8 @@ struct RunResult {
   engine::EngineStats stats;
 };
 
-RunResult Run(const Flags& f, const model::Model& m, bool host_on) {
+RunResult Run(const Flags& f, const model::Model& m, const std::string& host) {
+  const bool host_on = host != "off";
   const int64_t bs = f.block_size;
   const int64_t set_blocks = int64_t{f.tenants} * ((f.system_len + bs - 1) / bs);
   const int64_t request_blocks = (f.system_len + f.query_len + f.gen + bs - 1) / bs;
@@ -146,6 +152,7 @@ RunResult Run(const Flags& f, const model::Model& m, bool host_on) {
   eo.max_waiting = 100000;
   eo.host_kv_bytes =
       host_on ? (set_blocks + request_blocks * f.concurrency) * backend->KvBlockBytes() : 0;
+  if (host == "on-noahead") eo.host_offload_ahead_blocks = 0;
   auto e = engine::NewEngine(eo, std::move(backend));
   if (!e->HostTierStatus().ok()) {
     std::fprintf(stderr, "host tier: %s\n", e->HostTierStatus().ToString().c_str());
@@ -253,11 +260,11 @@ int Main(int argc, char** argv) {
   std::printf(
       "| host tier | GPU blocks | host blocks | hit rate | of it from host | TTFT p50 ms | TTFT "
       "p99 "
-      "ms | cold TTFT p50 ms | req/s | out tok/s | s |\n"
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "ms | cold TTFT p50 ms | req/s | out tok/s | s | offloaded (ahead) | steps waiting |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::map<std::string, double> p50;
   for (const std::string& h : f.host) {
-    const RunResult r = Run(f, **m, h == "on");
+    const RunResult r = Run(f, **m, h);
     const engine::EngineStats& s = r.stats;
     const double hit = s.prefix_cache_queries > 0 ? static_cast<double>(s.prefix_cache_hits) /
                                                         static_cast<double>(s.prefix_cache_queries)
@@ -268,12 +275,15 @@ int Main(int argc, char** argv) {
                                  : 0;
     p50[h] = Percentile(r.ttft_ms, 0.5);
     std::printf(
-        "| %s | %lld | %lld | %.1f%% | %.1f%% | %.1f | %.1f | %.1f | %.2f | %.0f | %.1f |\n",
+        "| %s | %lld | %lld | %.1f%% | %.1f%% | %.1f | %.1f | %.1f | %.2f | %.0f | %.1f | %lld "
+        "(%lld) | %lld |\n",
         h.c_str(), static_cast<long long>(s.total_blocks),
         static_cast<long long>(s.host_total_blocks), 100 * hit, 100 * from_host, p50[h],
         Percentile(r.ttft_ms, 0.99), Percentile(r.ttft_cold_ms, 0.5),
         f.tenants * f.rounds / r.seconds, static_cast<double>(r.output_tokens) / r.seconds,
-        r.seconds);
+        r.seconds, static_cast<long long>(s.host_offloaded_blocks),
+        static_cast<long long>(s.host_offloaded_ahead_blocks),
+        static_cast<long long>(s.host_offload_waits));
     std::fflush(stdout);
   }
   if (p50.count("on") && p50.count("off") && p50["on"] > 0) {
