@@ -105,6 +105,11 @@ class EngineImpl final : public Engine {
     stats_.free_blocks = blocks_.num_blocks();
     PublishHostStats();
   }
+  // Block copies may still be writing into the host tier's memory (ahead copies run beside the
+  // steps), which host_ frees before backend_ goes.
+  ~EngineImpl() override {
+    if (host_ != nullptr) backend_->WaitBlockCopies().IgnoreError();
+  }
 
   absl::StatusOr<uint64_t> AddRequest(Request req) override;
   void Cancel(uint64_t seq_id) override {
