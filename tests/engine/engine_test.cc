@@ -20,11 +20,25 @@ namespace {
 constexpr int kVocab = 97;
 constexpr int kBlock = 8;
 
-std::unique_ptr<Engine> MakeEngine(int64_t blocks, EngineOptions opts = {}) {
+// `trace`, if set, receives the engine's backend (for fault injection and its counters).
+std::unique_ptr<Engine> MakeEngine(int64_t blocks, EngineOptions opts = {},
+                                   TraceBackend** trace = nullptr) {
   opts.model_name = "trace";
   opts.debug_capture_logits = true;
   if (opts.max_context == 4096) opts.max_context = 100000;
-  return NewEngine(opts, std::make_unique<TraceBackend>(blocks, kBlock, kVocab));
+  auto backend = std::make_unique<TraceBackend>(blocks, kBlock, kVocab);
+  if (trace != nullptr) *trace = backend.get();
+  return NewEngine(opts, std::move(backend));
+}
+
+// Each request run alone on a fresh engine with room for it: the cold reference.
+std::vector<Result> EachCold(const std::vector<Request>& reqs) {
+  std::vector<Result> cold;
+  for (const Request& r : reqs) {
+    auto fresh = MakeEngine(64);
+    cold.push_back(RunOne(*fresh, r));
+  }
+  return cold;
 }
 
 Request Prefix(const Request& r, size_t chunks) {
@@ -147,11 +161,7 @@ TEST(EngineTest, PrefixesCycledThroughASmallGpuTierRestoreFromTheHostExactly) {
   std::mt19937 rng(41);
   std::vector<Request> reqs;
   for (int i = 0; i < 16; ++i) reqs.push_back(OneChunkRequest(rng, kVocab, 40, 3));
-  std::vector<Result> cold;
-  for (const Request& r : reqs) {
-    auto fresh = MakeEngine(64);
-    cold.push_back(RunOne(*fresh, r));
-  }
+  std::vector<Result> cold = EachCold(reqs);
   for (int64_t host_blocks : {int64_t{16 * 5}, int64_t{64}}) {
     EngineOptions o;
     o.host_kv_bytes = host_blocks * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
@@ -192,25 +202,17 @@ TEST(EngineTest, OffloadAheadOfEvictionKeepsRestoresExactWhileCopiesAreInFlight)
   std::mt19937 rng(45);
   std::vector<Request> reqs;
   for (int i = 0; i < 24; ++i) reqs.push_back(OneChunkRequest(rng, kVocab, 40, 3));
-  std::vector<Result> cold;
-  for (const Request& r : reqs) {
-    auto fresh = MakeEngine(64);
-    cold.push_back(RunOne(*fresh, r));
-  }
+  std::vector<Result> cold = EachCold(reqs);
   for (const int64_t lag : {int64_t{1}, int64_t{3}, INT64_MAX}) {
     for (const bool overlap : {false, true}) {
       const std::string what = absl::StrCat("lag ", lag, " overlap ", overlap);
       EngineOptions o;
-      o.model_name = "trace";
-      o.debug_capture_logits = true;
-      o.max_context = 100000;
       o.overlap_schedule = overlap;
       o.host_kv_bytes = 256 * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
       o.host_offload_ahead_blocks = 12;  // a 40-token prompt and its tokens take 6 blocks
-      auto backend = std::make_unique<TraceBackend>(24, kBlock, kVocab);
-      TraceBackend* trace = backend.get();
+      TraceBackend* trace = nullptr;
+      auto e = MakeEngine(24, o, &trace);
       trace->set_ahead_lag(lag);
-      auto e = NewEngine(o, std::move(backend));
       for (int round = 0; round < 2; ++round) {
         for (size_t i = 0; i < reqs.size(); ++i) {
           const Result got = RunOne(*e, reqs[i]);
@@ -243,11 +245,7 @@ TEST(EngineTest, OffloadAheadOffCopiesAtEvictionWithTheSameOutputs) {
   std::mt19937 rng(46);
   std::vector<Request> reqs;
   for (int i = 0; i < 8; ++i) reqs.push_back(OneChunkRequest(rng, kVocab, 40, 3));
-  std::vector<Result> cold;
-  for (const Request& r : reqs) {
-    auto fresh = MakeEngine(64);
-    cold.push_back(RunOne(*fresh, r));
-  }
+  std::vector<Result> cold = EachCold(reqs);
   EngineOptions o;
   o.host_kv_bytes = 64 * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
   o.host_offload_ahead_blocks = 0;
@@ -349,12 +347,8 @@ TEST(EngineTest, FailedRestoreEndsTheRequestWithAnErrorAndTheNextOneMatchesCold)
   const Result cold = RunOne(*fresh, a);
   EngineOptions o;
   o.host_kv_bytes = 64 * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
-  auto backend = std::make_unique<TraceBackend>(16, kBlock, kVocab);
-  TraceBackend* trace = backend.get();
-  o.model_name = "trace";
-  o.debug_capture_logits = true;
-  o.max_context = 100000;
-  auto e = NewEngine(o, std::move(backend));
+  TraceBackend* trace = nullptr;
+  auto e = MakeEngine(16, o, &trace);
   RunOne(*e, a);
   RunOne(*e, b);  // a goes to the host
   trace->set_fail_restores(true);
