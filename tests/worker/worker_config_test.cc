@@ -370,6 +370,29 @@ TEST(WorkerConfigTest, MaxPromptLogprobRowsOutsideItsRangeIsRefused) {
   EXPECT_EQ(parsed->max_prompt_logprob_rows, 64);
 }
 
+// --host_kv_offload_ahead: -1 (auto, the default), 0 (off) or a block count; below -1 refused
+// with the flag, the value and what it takes; the flag parses.
+TEST(WorkerConfigTest, HostKvOffloadAheadBelowMinusOneIsRefused) {
+  WorkerConfig c;
+  EXPECT_EQ(c.host_kv_offload_ahead, -1);
+  for (int64_t good : {int64_t{-1}, int64_t{0}, int64_t{1}, int64_t{1} << 40}) {
+    c.host_kv_offload_ahead = good;
+    EXPECT_TRUE(CheckEngineFlags(c).ok()) << good;
+  }
+  for (int64_t bad : {int64_t{-2}, int64_t{-1} << 40}) {
+    c.host_kv_offload_ahead = bad;
+    const absl::Status s = CheckEngineFlags(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--host_kv_offload_ahead=" + std::to_string(bad) +
+                               ": must be >= 0 blocks (0: off), or -1 (auto)"),
+              std::string::npos)
+        << s;
+  }
+  const std::optional<WorkerConfig> parsed = ParseOneFlag("--host_kv_offload_ahead=512");
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->host_kv_offload_ahead, 512);
+}
+
 // The worker's decode schedule by default: overlapped (from a row count picked by backend),
 // speculated launches and decode graphs captured at load on (CUDA); each turns off by its flag,
 // and a flag of the others leaves them as they are.
