@@ -14,7 +14,10 @@
 # times (default 3), the order reversed every other round. ROWS (default "--tree=default
 # --shared-row=default"): cuda_attention_bench arguments, one row set per argument. ENGINE_ARGS
 # (e.g. "--sections=tree"): also engine_bench --variants=default on every tree, in turn, ROUNDS
-# times. Logs under $OUT (or ./device-out).
+# times. GPU_TESTS (e.g. "cuda_attention_test cuda_kernels_test cuda_backend_test
+# engine_cuda_test"): those test binaries are built in this tree and run before any row, so its
+# rows count as a speedup only where they passed (the script says which). Logs under $OUT (or
+# ./device-out).
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -23,7 +26,8 @@ t0=$(date +%s)
 targets=cuda_attention_bench
 [ -n "${ENGINE_ARGS:-}" ] && targets="$targets engine_bench"
 # shellcheck disable=SC2086
-bash scripts/device_build.sh $targets >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+bash scripts/device_build.sh $targets ${GPU_TESTS:-} >"$OUT/build.log" 2>&1 ||
+  { tail -40 "$OUT/build.log"; exit 1; }
 . build-gpu/env.sh
 builds=(build-gpu)
 names=(this)
@@ -42,6 +46,14 @@ for i in "${!trees[@]}"; do
   fi
 done
 echo "builds: $(( $(date +%s) - t0 )) s"
+if [ -n "${GPU_TESTS:-}" ]; then
+  if GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-150} bash scripts/device_gpu_tests.sh build-gpu; then
+    echo "GPU tests of this tree: all passed"
+  else
+    echo "GPU tests of this tree: FAILED (its rows below are not a speedup)"
+  fi
+  echo "tests: $(( $(date +%s) - t0 )) s"
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 # Rounds alternate the trees' order (A B C, C B A, ...): a row run first after a pause, or the
 # GPU's clock drifting through a round, does not always favour the same tree.

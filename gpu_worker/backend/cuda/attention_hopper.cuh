@@ -398,17 +398,24 @@ struct WsRing {
 // ring as its tiles n0, n0 + 1, ... Lane p copies piece p of a tile (p < the tile's TMA pieces;
 // four boxes: K and V, two column halves), so the pieces' copies are issued side by side (one
 // lane per box measured slower); its piece's cache row is read one tile ahead, so that a freed
-// stage is refilled without waiting on a global load. Rows at or past kv_len's last kPiece-token
-// boundary (only in an item's last tile) are copied by the lanes, zeros past kv_len, as
-// PrefillKernel has them.
+// stage is refilled without waiting on a global load. An item's last tile: see kTmaTail below.
+// The TMA pieces of a tile starting at token ts: its whole kPiece-token pieces below kv_len, or
+// with kTmaTail (the persistent decode kernel) every piece holding a token below kv_len, the
+// last one maybe partial: its rows past kv_len are the cache block's unused slots (the piece
+// never leaves its block: block sizes are multiples of kPiece).
+template <int kPiece, bool kTmaTail>
+__device__ __forceinline__ int WsTmaPieces(int kv_len, int ts) {
+  const int rows = kTmaTail ? kv_len - ts + kPiece - 1 : kv_len - ts;
+  return max(0, min(kT / kPiece, rows / kPiece));
+}
 // The cache row (of the [blocks * kv heads * block_size, 128] tensor maps) where lane `lane`'s TMA
 // piece of the item's tile i starts; 0 where the lane copies no piece of it.
-template <int kPiece>
+template <int kPiece, bool kTmaTail = false>
 __device__ __forceinline__ int WsPieceRow(const AttentionArgs& a, int table_offset, int tile_begin,
                                           int ntiles, int kv_len, int kvh, int lane, int i) {
   const int hkv = a.cache.num_kv_heads, bs = a.cache.block_size;
   const int ts = (tile_begin + i) * kT;
-  const int npf = max(0, min(kT / kPiece, (kv_len - ts) / kPiece));
+  const int npf = WsTmaPieces<kPiece, kTmaTail>(kv_len, ts);
   if (i >= ntiles || lane >= npf) return 0;
   const int tok = ts + lane * kPiece;
   return (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
@@ -416,11 +423,17 @@ __device__ __forceinline__ int WsPieceRow(const AttentionArgs& a, int table_offs
 
 // first_row: this lane's WsPieceRow of tile `first` (found by the caller, maybe ahead of time);
 // the warp copies tiles first, first + step, ... (several load warps share an item's tiles).
-// kAsyncTail: the lanes copy the last tile's rows by cp.async, all in flight before one wait
-// (the persistent decode kernel, where every item's last tile is usually partial: copied a load
-// and a store at a time they took ~1 us per 2 keys); else by plain loads and stores (prefill,
-// once per item; its load warp has 24 registers, which the cp.async form would spill).
-template <int kStages, int kPiece, bool kAsyncTail>
+// kTmaTail (the persistent decode kernel, where every item's last tile is usually partial): the
+// last tile comes by TMA too, whole pieces (WsTmaPieces), and its rows past kv_len are left as
+// they land or as the stage held them; the consumer zeroes V's there (WsZeroVTail) and every
+// q-row masks those keys (up to kPiece - 1 rows more are read; the same bits). Before, the
+// lanes copied the tail by cp.async, zeros past kv_len, and waited for it before the next tile:
+// the three-level tree row ran 1.13x faster back to back without that (68.4-68.5 vs 76.9-78.2
+// us, every GPU test passing in the call), the short decode rows within 2% (so the wait was not
+// what bounds them; bench/kernels/NOTES.md session 52). Else (prefill, once per item; its load
+// warp has 24 registers) the rows from the last whole piece are copied by plain loads and
+// stores, zeros past kv_len, as PrefillKernel has them.
+template <int kStages, int kPiece, bool kTmaTail>
 __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtensorMap* tk,
                                             const CUtensorMap* tv, const WsRing& ring, int n0,
                                             int table_offset, int tile_begin, int ntiles,
@@ -432,7 +445,7 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
   const __nv_bfloat16* kg = reinterpret_cast<const __nv_bfloat16*>(cache.k);
   const __nv_bfloat16* vg = reinterpret_cast<const __nv_bfloat16*>(cache.v);
   auto piece_row = [&](int i) {
-    return WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, i);
+    return WsPieceRow<kPiece, kTmaTail>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, i);
   };
   int next_row = first_row;
   for (int i = first; i < ntiles; i += step) {
@@ -442,41 +455,14 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
     if (n >= kStages) MbarWait(ring.empty0 + 8 * s, ((n / kStages) - 1) & 1);
     const uint32_t ks = ring.kv0 + 2 * s * kWgTileBytes, vs = ks + kWgTileBytes;
     const uint32_t full = ring.full0 + 8 * s;
-    const int npf = max(0, min(kT / kPiece, (kv_len - ts) / kPiece));  // TMA pieces
+    const int npf = WsTmaPieces<kPiece, kTmaTail>(kv_len, ts);
     const uint32_t tma_bytes = npf * (2 * 2 * kPiece * 128);
-    auto issue_tma = [&]() {
-      if (lane < npf) {
-        const uint32_t off = lane * kPiece * 128;
-        TmaLoad2d(ks + off, tk, 0, prow, full);
-        TmaLoad2d(ks + kT * 128 + off, tk, 64, prow, full);
-        TmaLoad2d(vs + off, tv, 0, prow, full);
-        TmaLoad2d(vs + kT * 128 + off, tv, 64, prow, full);
-      }
-    };
-    if (npf < kT / kPiece) {  // the item's last tile: rows from kPiece * npf copied by lanes
-      if (kAsyncTail) {
-        // The tile's pieces are copied while the lanes copy the rest: the bytes are expected
-        // first and the one arrival of the phase comes after the lanes' rows have landed.
-        if (lane == 0) MbarExpectTx(full, tma_bytes);
-        __syncwarp();
-        issue_tma();
-      }
+    if (!kTmaTail && npf < kT / kPiece) {  // the item's last tile: rows from kPiece * npf by lanes
       unsigned char* Kd = ring.kv + 2 * s * kWgTileBytes;
       unsigned char* Vd = Kd + kWgTileBytes;
       const int j0 = npf * kPiece;
       for (int idx = lane; idx < (kT - j0) * C; idx += 32) {
         const int j = j0 + idx / C, c = idx % C, tok = ts + j;
-        if (kAsyncTail) {  // cp.async, zero-filled past kv_len
-          int64_t row = 0;
-          if (tok < kv_len) {
-            row = (static_cast<int64_t>(a.block_ids[table_offset + tok / bs]) * hkv + kvh) * bs +
-                  tok % bs;
-          }
-          const int bytes = tok < kv_len ? 16 : 0;
-          CpAsync16Z(Kd + SwizzleOffset(kT, j, c), kg + row * D + c * 8, bytes);
-          CpAsync16Z(Vd + SwizzleOffset(kT, j, c), vg + row * D + c * 8, bytes);
-          continue;
-        }
         uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
         if (tok < kv_len) {
           const int64_t row =
@@ -488,21 +474,40 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
         *reinterpret_cast<uint4*>(Kd + SwizzleOffset(kT, j, c)) = kx;
         *reinterpret_cast<uint4*>(Vd + SwizzleOffset(kT, j, c)) = vx;
       }
-      if (kAsyncTail) {
-        CpAsyncCommit();
-        CpAsyncWait<0>();
-      }
       FenceProxyAsync();  // these shared-memory writes are read by wgmma (the async proxy)
       __syncwarp();
-      if (kAsyncTail) {
-        if (lane == 0) MbarArrive(full);
-        continue;
-      }
     }
     if (lane == 0) MbarArriveExpectTx(full, tma_bytes);
     __syncwarp();
-    issue_tma();
+    if (lane < npf) {  // lane p: piece p (four boxes: K and V, two column halves)
+      const uint32_t off = lane * kPiece * 128;
+      TmaLoad2d(ks + off, tk, 0, prow, full);
+      TmaLoad2d(ks + kT * 128 + off, tk, 64, prow, full);
+      TmaLoad2d(vs + off, tv, 0, prow, full);
+      TmaLoad2d(vs + kT * 128 + off, tv, 64, prow, full);
+    }
   }
+}
+
+// A kTmaTail ring's tile of `valid` rows (keys below kv_len; < kT: the item's last tile) has K
+// and V rows past them that are not the item's keys: the cache block's unused slots or whatever
+// the stage held, possibly not finite. Their keys are masked for every q-row of a decode work
+// (positions < kv_len), by selects, so K's rows there are never read as values; V's are
+// multiplied by P = 0, which gives the zero-filled stage's +0 only if they are finite. So the
+// consumer warpgroup (its 128 threads, named barrier bar_id) zeroes V's rows [valid, kT) once
+// the tile has landed and before its P V: the operands of every MMA are then what the
+// zero-filled copy gave. A no-op for whole tiles.
+__device__ __forceinline__ void WsZeroVTail(const WsRing& ring, int stage, int valid, int bar_id) {
+  if (valid >= kT) return;
+  const int z = max(valid, 0), per_half = (kT - z) * 8;  // 16-byte chunks of a column half
+  unsigned char* v = ring.kv + (2 * stage + 1) * kWgTileBytes + z * 128;
+  for (int idx = threadIdx.x & 127; idx < 2 * per_half; idx += 128) {
+    const int h = idx >= per_half;
+    *reinterpret_cast<uint4*>(v + h * kT * 128 + (idx - h * per_half) * 16) =
+        make_uint4(0, 0, 0, 0);
+  }
+  FenceProxyAsync();  // read by wgmma (the async proxy)
+  NamedBarSync(bar_id, 128);
 }
 
 // A consumer warp's pass over ring tile n that another warpgroup computes (a kFoldPair item),
@@ -548,7 +553,7 @@ __device__ __forceinline__ void WsFoldTilesN8(const WsRing& ring, int n0, uint32
                                               int ntiles, int lo, int hi, const int (&pos)[2],
                                               int row_pos, bool sum_warp, int cw, int lane,
                                               float scale_log2, float (&o)[8], float (&m)[2],
-                                              float& row_m, float& row_l) {
+                                              float& row_m, float& row_l, int kv_len) {
   const int g = lane >> 2, t4 = lane & 3;
   const int nact = hi < 0 ? 0 : min(ntiles, max(0, (hi / kT) - tile_begin + 1));
   const int nfull = min(nact, max(0, (lo + 1) / kT - tile_begin));
@@ -567,6 +572,7 @@ __device__ __forceinline__ void WsFoldTilesN8(const WsRing& ring, int n0, uint32
   auto issue_s = [&](int i, float(&st)[4]) {
     const uint32_t kv = ring.kv0 + 2 * stage(i) * kWgTileBytes;
     wait_full(i);
+    WsZeroVTail(ring, stage(i), kv_len - (tile_begin + i) * kT, bar_id);  // (a kTmaTail ring)
     Zero(st);
     FenceRegs(st);
     WgmmaFence();
@@ -696,7 +702,7 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
                                             int hi, const int (&pos)[2], int wg, int lane,
                                             float scale_log2, float (&o)[64], float (&l)[2],
                                             bool active = true, float* m_out = nullptr,
-                                            uint64_t* phases = nullptr) {
+                                            uint64_t* phases = nullptr, int kv_len = INT_MAX) {
   constexpr int kHalves = kRowWarp ? 1 : 2;
   // Trace builds with `phases` (3 cycle sums: WsTraceSlot kTrWg0PhaseWait..Math): each tile's
   // wait for its stage, its MMAs from issue to the wait's return, and the rest of its step.
@@ -735,6 +741,12 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
     MbarWait(ring.full0 + 8 * stage(i), ((n0 + i) / kStages) & 1);
     WS_PHASE(ph_wait);
   };
+  // A tile this warpgroup computes has landed; a kTmaTail ring's (kv_len given) last tile gets
+  // V's rows past kv_len zeroed (WsZeroVTail, named barrier 1 + wg: not ping-pong's).
+  auto land = [&](int i) {
+    wait_full(i);
+    if (kv_len != INT_MAX) WsZeroVTail(ring, stage(i), kv_len - (tile_begin + i) * kT, 1 + wg);
+  };
   auto desc_k = [&](int i) { return WgmmaDesc(ring.kv0 + 2 * stage(i) * kWgTileBytes, 16, 1024); };
   auto desc_v = [&](int i) {
     return WgmmaDesc(ring.kv0 + (2 * stage(i) + 1) * kWgTileBytes, kT * 128, 1024);
@@ -769,7 +781,7 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
 
   if (kPingPong && wg == 1) NamedBarArrive(2, 256);  // warpgroup 0 issues first
   if (nact > 0) {                                    // tile 0: S only
-    wait_full(0);
+    land(0);
     float sc[32];
     Zero(sc);
     FenceRegs(sc);
@@ -792,7 +804,7 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
   // the softmax of tile i (one basic block, so the fold's independent FMAs fill the softmax's
   // latencies).
   auto step = [&](auto prev_tag, auto cur_tag, int i) {
-    wait_full(i);
+    land(i);
     float sc[32], ot[64];
     Zero(sc);
     Zero(ot);
@@ -869,7 +881,7 @@ __device__ __forceinline__ void WsSuperTiles(const WsRing& ring, int n0, uint32_
                                              int hi, const int (&pos)[2], int wg, int lane,
                                              float scale_log2, int super_tiles, float (&o)[64],
                                              float (&l)[2], bool active = true,
-                                             float* m_out = nullptr) {
+                                             float* m_out = nullptr, int kv_len = INT_MAX) {
   constexpr int kHalves = kRowWarp ? 1 : 2;
   const int t4 = lane & 3;
   const bool rows = !kRowWarp || active;  // this warp runs the softmax and the folds
@@ -893,6 +905,10 @@ __device__ __forceinline__ void WsSuperTiles(const WsRing& ring, int n0, uint32_
   auto issue_qk = [&](float(&sc)[32], uint64_t dk) { IssueQk<kQRows>(sc, dq, dk); };
   auto stage = [&](int i) { return (n0 + i) % kStages; };
   auto wait_full = [&](int i) { MbarWait(ring.full0 + 8 * stage(i), ((n0 + i) / kStages) & 1); };
+  auto land = [&](int i) {  // as WsFoldTiles'
+    wait_full(i);
+    if (kv_len != INT_MAX) WsZeroVTail(ring, stage(i), kv_len - (tile_begin + i) * kT, 1 + wg);
+  };
   auto desc_k = [&](int i) { return WgmmaDesc(ring.kv0 + 2 * stage(i) * kWgTileBytes, 16, 1024); };
   auto desc_v = [&](int i) {
     return WgmmaDesc(ring.kv0 + (2 * stage(i) + 1) * kWgTileBytes, kT * 128, 1024);
@@ -957,7 +973,7 @@ __device__ __forceinline__ void WsSuperTiles(const WsRing& ring, int n0, uint32_
 
   if (kPingPong && wg == 1) NamedBarArrive(2, 256);  // warpgroup 0 issues first
   if (nact > 0) {                                    // tile 0: S only
-    wait_full(0);
+    land(0);
     float sc[32];
     Zero(sc);
     FenceRegs(sc);
@@ -978,7 +994,7 @@ __device__ __forceinline__ void WsSuperTiles(const WsRing& ring, int n0, uint32_
   // i - 1's stage goes back to the load warp (its copies then overlap this tile's math), then
   // tile i - 1's super-tile fold where it ends one and the softmax of tile i.
   auto step = [&](auto cur_tag, int i) {
-    wait_full(i);
+    land(i);
     float sc[32];
     Zero(sc);
     rescale(i - 1);
@@ -1699,7 +1715,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #endif
         if (lane < kT / 16) {
           d.first_row[lane] =
-              WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, 0);
+              WsPieceRow<kPiece, true>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, 0);
         }
         if (lane == 0) {
           d.work = w;
@@ -1726,7 +1742,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const int32_t* it = k.items + static_cast<int64_t>(w0 / hkv) * kItemFields;
       const int table_offset = it[0], tile_begin = it[1], ntiles = it[2] - it[1], kv_len = it[5];
       const int first_row =
-          WsPieceRow<kPiece>(a, table_offset, tile_begin, ntiles, kv_len, w0 % hkv, lane, 0);
+          WsPieceRow<kPiece, true>(a, table_offset, tile_begin, ntiles, kv_len, w0 % hkv, lane, 0);
       wait_prior();  // (its cache rows are the previous kernel's)
       WsLoadTiles<kDwStages, kPiece, true>(a, &tk, &tv, ring, 0, table_offset, tile_begin, ntiles,
                                            kv_len, w0 % hkv, lane, first_row);
@@ -1763,7 +1779,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         DW_STAMP(lane, w, kDwTrTile0);
       }
 #endif
-      const int tile_begin = d.tile_begin, nq = d.nq, fold = d.fold;
+      const int tile_begin = d.tile_begin, nq = d.nq, fold = d.fold, kv_len = d.kv_len;
       const int pos[2] = {row_warp ? d.pos[lane >> 2] : -1, -1};  // -1 past nq
       int lo = INT_MAX, hi = -1;
       for (int r = 0; r < nq; ++r) {
@@ -1795,7 +1811,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           float o8[8], mf[2], row_m, row_l;
           WsFoldTilesN8<kDwStages>(ring, n + t0 - tile_begin, smem_addr + q_offset(c, b), scratch,
                                    1 + c, t0, t1 - t0, lo, hi, posf, row_pos, row_warp, cw, lane,
-                                   k.scale_log2, o8, mf, row_m, row_l);
+                                   k.scale_log2, o8, mf, row_m, row_l, kv_len);
           if (t1 == tile_end) {  // (every MMA of the item waited for; its fields read)
             __syncwarp();
             if (lane == 0) MbarArrive(bar(sh.item_empty[c][b]));
@@ -1851,11 +1867,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         if constexpr (kSuper) {
           WsSuperTiles<false, kDwStages, kDwQRows, true>(
               ring, n + t0 - tile_begin, smem_addr + q_offset(c, b), 0, t0, t1 - t0, lo, hi, pos, c,
-              lane, k.scale_log2, k.super_tiles, o, l, row_warp, m);
+              lane, k.scale_log2, k.super_tiles, o, l, row_warp, m, kv_len);
         } else {
           WsFoldTiles<false, kDwStages, kDwQRows, true>(
               ring, n + t0 - tile_begin, smem_addr + q_offset(c, b), 0, t0, t1 - t0, lo, hi, pos, c,
-              lane, k.scale_log2, o, l, row_warp, m);
+              lane, k.scale_log2, o, l, row_warp, m, nullptr, kv_len);
         }
         if (t1 == tile_end) {
           // Every S of the item has completed (WsFoldTiles waited on each) and its fields are
