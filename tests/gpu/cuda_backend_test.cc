@@ -488,7 +488,9 @@ TEST_P(CudaBackendSplitK, SpeculatedDecodeStepsEqualPlainLaunchesBitwise) {
     std::vector<int32_t> feed(next.token_ids.size());
     std::iota(feed.begin(), feed.end(), 0);
     const bool did = spec.PrepareSampled(next, feed);
-    if (penalties) EXPECT_FALSE(did) << "step " << step << ": penalty lists were started";
+    if (penalties) {
+      EXPECT_FALSE(did) << "step " << step << ": penalty lists were started";
+    }
     started += did ? 1 : 0;
     ASSERT_TRUE(spec.FinishSampled(&lb, &tb, &pb).ok());
     ASSERT_EQ(ta, tb) << "step " << step;
