@@ -3,8 +3,8 @@
 // three-level prefix tree (flat vs single-level grouping vs every-tile cascade), and prefill
 // attention in TFLOP/s. Prints one table; see bench/kernels/RESULTS.md.
 //   cuda_attention_bench [--quick | --cascade-only | --prefill-only] [--block=16 (tokens per KV
-//   block)] [--decode=B,CTX (only the decode rows of that shape, CTX 0: the mixed rows; for a
-//   profiler)]
+//   block)] [--decode=B,CTX (only the decode rows of that shape, any CTX in [1, 8192], 0: the
+//   mixed rows; for a profiler)]
 //   [--shared=B (only the shared-prefix rows of batch B, 16 or 64)]
 //   [--prefill=N (only the prefill rows of N tokens: 512, 2048, 4096, 8192; for a profiler)]
 //   [--super=G (the " super" rows' super-tile size, where the device runs super-tiles; default
@@ -477,8 +477,11 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   // steps' (3 tiles holding 2 tiles and 1 token / 3 whole tiles: what a partial tile costs);
   // 384: 6 tiles (the persistent decode kernel's default threshold, DecodeWsMinTiles);
   // 0 ("mixed"): contexts uniform in [100, 2048] (std::mt19937(7)), a continuous batch's mix of
-  // lengths (the nano-vllm workload's rows span 100-2048 tokens).
-  for (int ctx : {145, 160, 129, 192, 384, 1024, 4096, 0}) {
+  // lengths (the nano-vllm workload's rows span 100-2048 tokens). --decode=B,CTX runs that one
+  // row, at any CTX (e.g. 128: two whole tiles, against 129's two and one token).
+  std::vector<int> decode_ctxs = {145, 160, 129, 192, 384, 1024, 4096, 0};
+  if (g_only_batch > 0) decode_ctxs = {g_only_ctx};
+  for (int ctx : decode_ctxs) {
     if (cascade_only || prefill_only || g_shared_batch > 0) break;
     for (int batch : {1, 16, 64, 256}) {
       if (quick && batch > 64) continue;
@@ -788,13 +791,14 @@ int main(int argc, char** argv) {
     } else if (arg.rfind("--decode=", 0) == 0) {
       if (std::sscanf(arg.c_str() + 9, "%d,%d", &cascade::cuda::g_only_batch,
                       &cascade::cuda::g_only_ctx) != 2 ||
-          (cascade::cuda::g_only_ctx != 145 && cascade::cuda::g_only_ctx != 160 &&
-           cascade::cuda::g_only_ctx != 129 && cascade::cuda::g_only_ctx != 192 &&
-           cascade::cuda::g_only_ctx != 384 && cascade::cuda::g_only_ctx != 1024 &&
-           cascade::cuda::g_only_ctx != 4096 && cascade::cuda::g_only_ctx != 0)) {
+          (cascade::cuda::g_only_batch != 1 && cascade::cuda::g_only_batch != 16 &&
+           cascade::cuda::g_only_batch != 64 && cascade::cuda::g_only_batch != 256) ||
+          cascade::cuda::g_only_ctx < 0 || cascade::cuda::g_only_ctx > 8192 ||
+          (cascade::cuda::g_only_ctx == 0 && cascade::cuda::g_only_batch < 64)) {
         std::fprintf(stderr,
-                     "--decode=B,CTX: B in 1, 16, 64, 256; CTX 129, 145, 160, 192, 384, 1024, "
-                     "4096 or 0 (mixed: B >= 64)\n");
+                     "--decode=B,CTX: B in 1, 16, 64, 256; CTX a context length in [1, 8192] "
+                     "(the default rows: 129, 145, 160, 192, 384, 1024, 4096) or 0 (mixed "
+                     "lengths: B >= 64)\n");
         return 2;
       }
     } else {
