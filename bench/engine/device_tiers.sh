@@ -2,7 +2,8 @@
 # One device call (see docs/GPU.md) for issue 13's host KV tier: builds the CUDA backend test,
 # the engine tests and tier_bench on the GPU machine, runs the block-copy test (and the rest of
 # cuda_backend_test), the engine's CPU-backend host-tier tests, then tier_bench on CUDA with the
-# host tier off, on (copies ahead of eviction, the default) and on without them (HOST: which;
+# host tier off, on (copies ahead of eviction, the default), on without them and on with the
+# selective write policy (HOST: which;
 # 64 tenants x 4k-token system chunk, GPU KV a quarter of the working set).
 # Logs go to $OUT (or ./device-out). Usage: bash bench/engine/device_tiers.sh [presets...]
 set -uo pipefail
@@ -31,7 +32,7 @@ echo "tests: $(( $(date +%s) - t0 )) s"
 for p in "${PRESETS[@]}"; do
   timeout 600 build-gpu/bench/tier_bench --backend=cuda --preset="$p" --tenants=64 \
     --system_len=4096 --query_len=32 --gen=8 --rounds=3 --concurrency=8 \
-    --host="${HOST:-off,on,on-noahead}" 2>&1 |
+    --host="${HOST:-off,on,on-noahead,on-selective}" 2>&1 |
     tee "$OUT/tier_bench_$p.log"
 done
 echo "total: $(( $(date +%s) - t0 )) s"

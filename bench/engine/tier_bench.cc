@@ -3,10 +3,13 @@
 //
 //   tier_bench [--backend=cpu|cuda] [--preset=tiny|qwen3-0.6b|...] [--tenants=64]
 //              [--system_len=4096] [--query_len=32] [--gen=8] [--rounds=3] [--concurrency=4]
-//              [--gpu_fraction=0.25] [--block_size=16] [--host=off,on] [--seed=0]
+//              [--gpu_fraction=0.25] [--block_size=16] [--host=off,on,...] [--seed=0]
 //
 // --host: the settings run, in order: off, on (the host tier with its copies ahead of eviction,
-// the default), on-noahead (the host tier copying each block at its eviction instead).
+// the default), on-noahead (the host tier copying each block at its eviction instead),
+// on-selective (the write policy --host_kv_offload_min_uses=1: only blocks taken again while
+// cached go to the host; here, where a tenant comes back only after its eviction, none does:
+// the policy's cost, as a measurement).
 //
 // Each tenant owns a system chunk of system_len random tokens; a request is a tenant's system
 // chunk plus a fresh query of query_len tokens, generating gen tokens (greedy). Requests go
@@ -78,7 +81,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     } else if (k == "host") {
       f->host = absl::StrSplit(v, ',');
       for (const std::string& h : f->host) {
-        ok = ok && (h == "on" || h == "off" || h == "on-noahead");
+        ok = ok && (h == "on" || h == "off" || h == "on-noahead" || h == "on-selective");
       }
     } else {
       std::fprintf(stderr, "unknown flag --%s\n", k.c_str());
@@ -153,6 +156,7 @@ RunResult Run(const Flags& f, const model::Model& m, const std::string& host) {
   eo.host_kv_bytes =
       host_on ? (set_blocks + request_blocks * f.concurrency) * backend->KvBlockBytes() : 0;
   if (host == "on-noahead") eo.host_offload_ahead_blocks = 0;
+  if (host == "on-selective") eo.host_offload_min_uses = 1;
   auto e = engine::NewEngine(eo, std::move(backend));
   if (!e->HostTierStatus().ok()) {
     std::fprintf(stderr, "host tier: %s\n", e->HostTierStatus().ToString().c_str());
@@ -260,8 +264,9 @@ int Main(int argc, char** argv) {
   std::printf(
       "| host tier | GPU blocks | host blocks | hit rate | of it from host | TTFT p50 ms | TTFT "
       "p99 "
-      "ms | cold TTFT p50 ms | req/s | out tok/s | s | offloaded (ahead) | steps waiting |\n"
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "ms | cold TTFT p50 ms | req/s | out tok/s | s | offloaded (ahead) | skipped | steps "
+      "waiting |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::map<std::string, double> p50;
   for (const std::string& h : f.host) {
     const RunResult r = Run(f, **m, h);
@@ -276,13 +281,14 @@ int Main(int argc, char** argv) {
     p50[h] = Percentile(r.ttft_ms, 0.5);
     std::printf(
         "| %s | %lld | %lld | %.1f%% | %.1f%% | %.1f | %.1f | %.1f | %.2f | %.0f | %.1f | %lld "
-        "(%lld) | %lld |\n",
+        "(%lld) | %lld | %lld |\n",
         h.c_str(), static_cast<long long>(s.total_blocks),
         static_cast<long long>(s.host_total_blocks), 100 * hit, 100 * from_host, p50[h],
         Percentile(r.ttft_ms, 0.99), Percentile(r.ttft_cold_ms, 0.5),
         f.tenants * f.rounds / r.seconds, static_cast<double>(r.output_tokens) / r.seconds,
         r.seconds, static_cast<long long>(s.host_offloaded_blocks),
         static_cast<long long>(s.host_offloaded_ahead_blocks),
+        static_cast<long long>(s.host_offload_skipped_blocks),
         static_cast<long long>(s.host_offload_waits));
     std::fflush(stdout);
   }

@@ -2,6 +2,7 @@
 #include "gpu_worker/engine/block_manager.h"
 
 #include <cassert>
+#include <cstdint>
 #include <unordered_set>
 
 namespace cascade::engine {
@@ -13,6 +14,7 @@ BlockManager::BlockManager(int64_t num_blocks, int block_size, std::function<int
       key_(num_blocks),
       hints_(num_blocks),
       last_use_(num_blocks, 0),
+      uses_(num_blocks, 0),
       evict_on_release_(num_blocks, false),
       children_(static_cast<size_t>(num_blocks)) {
   free_.reserve(num_blocks);
@@ -34,7 +36,12 @@ int32_t BlockManager::AcquireCached(const hash::Hash128& key) {
   assert(it != by_key_.end());
   const int32_t b = it->second.block;
   AddRef(b);
+  NoteUse(b);
   return b;
+}
+
+void BlockManager::NoteUse(int32_t block) {
+  if (uses_[block] < INT32_MAX) ++uses_[block];
 }
 
 void BlockManager::MaybeCandidate(int32_t block) {
@@ -69,6 +76,7 @@ int32_t BlockManager::AllocateFresh() {
     DropKey(b);
   }
   ref_[b] = 1;
+  uses_[b] = 0;
   if (on_reuse_) on_reuse_(b);
   return b;
 }

@@ -110,6 +110,13 @@ class BlockManager {
 
   int32_t RefCount(int32_t block) const { return ref_[block]; }
 
+  // How often the block's content was taken again since it was last handed out (AllocateFresh):
+  // prefix hits on it (AcquireCached) and restores into it (NoteUse; the content came back from
+  // the host tier, so it was wanted twice). Saturates at INT32_MAX. The host tier's write policy
+  // reads it (EngineOptions::host_offload_min_uses).
+  int32_t Uses(int32_t block) const { return uses_[block]; }
+  void NoteUse(int32_t block);
+
  private:
   struct KeyInfo {
     int32_t block;
@@ -127,6 +134,7 @@ class BlockManager {
   std::vector<std::optional<hash::Hash128>> key_;  // [num_blocks] key when cached
   std::vector<EvictionHints> hints_;               // [num_blocks]
   std::vector<uint64_t> last_use_;                 // [num_blocks] tick of the last release
+  std::vector<int32_t> uses_;                      // [num_blocks] Uses()
   std::vector<bool> evict_on_release_;             // [num_blocks] EvictKeys met it in use
   std::vector<int32_t> free_;                      // unkeyed, unreferenced blocks (stack)
   int64_t num_unreferenced_ = 0;                   // keyed blocks with ref 0

@@ -88,9 +88,17 @@ class EngineImpl final : public Engine {
                    options_.chunk_events),
         rng_(std::random_device{}()) {
     if (host_ != nullptr) {
-      blocks_.set_evict_listener(
-          [this](int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
-                 const EvictionHints& hints) { host_->Offload(block, key, parent, hints); });
+      // The write policy (EngineOptions::host_offload_min_uses): a block not taken again while
+      // cached is dropped, unless the host holds its key already (Offload then only refreshes
+      // that copy's recency).
+      blocks_.set_evict_listener([this](int32_t block, const hash::Hash128& key,
+                                        const hash::Hash128& parent, const EvictionHints& hints) {
+        if (blocks_.Uses(block) < options_.host_offload_min_uses && !host_->Contains(key)) {
+          ++offload_skipped_;
+          return;
+        }
+        host_->Offload(block, key, parent, hints);
+      });
       ahead_ticket_.assign(blocks_.num_blocks(), 0);
       blocks_.set_reuse_listener([this](int32_t block) { NoteReuse(block); });
       offload_ahead_ = options_.host_offload_ahead_blocks;
@@ -312,6 +320,7 @@ class EngineImpl final : public Engine {
   uint64_t ahead_done_ = 0;             // Backend::AheadCopiesDone() when last asked
   uint64_t reuse_wait_ = 0;             // ticket the next step must run after (0: none)
   int64_t offload_waits_ = 0;           // EngineStats::host_offload_waits
+  int64_t offload_skipped_ = 0;         // EngineStats::host_offload_skipped_blocks
   // Sequences whose peer blocks are being imported (ids, in arrival order), and their progress.
   std::deque<uint64_t> importing_;
   int64_t peer_imported_ = 0;
@@ -595,13 +604,15 @@ void EngineImpl::ApplyHints(Sequence& seq) {
 
 void EngineImpl::OffloadAhead() {
   if (offload_ahead_ <= 0) return;
-  blocks_.ForNextVictims(offload_ahead_ - blocks_.NumFree(),
-                         [&](int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
-                             const EvictionHints& hints) {
-                           if (!host_->Contains(key))
-                             host_->OffloadAhead(block, key, parent, hints);
-                           return true;
-                         });
+  blocks_.ForNextVictims(
+      offload_ahead_ - blocks_.NumFree(),
+      [&](int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
+          const EvictionHints& hints) {
+        if (!host_->Contains(key) && blocks_.Uses(block) >= options_.host_offload_min_uses) {
+          host_->OffloadAhead(block, key, parent, hints);
+        }
+        return true;
+      });
 }
 
 void EngineImpl::NoteReuse(int32_t block) {
@@ -669,6 +680,7 @@ void EngineImpl::PublishHostStats() {
   stats_.host_offloaded_blocks = h.offloaded;
   stats_.host_offloaded_ahead_blocks = h.offloaded_ahead;
   stats_.host_offload_waits = offload_waits_;
+  stats_.host_offload_skipped_blocks = offload_skipped_;
   stats_.host_restored_blocks = h.restored;
   stats_.host_evicted_blocks = h.evicted;
   stats_.host_copy_failures = host_copy_failures_;

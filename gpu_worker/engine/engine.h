@@ -55,6 +55,16 @@ struct EngineOptions {
   // (4 * max_num_batched_tokens / block size + max_num_seqs) up to a quarter of the blocks;
   // 0: off (each eviction copies, and the next step waits for it).
   int64_t host_offload_ahead_blocks = -1;
+  // With the host tier, its write policy: a block evicted from the GPU (or copied ahead of its
+  // eviction) goes to the host only if its content was taken again at least this many times
+  // while cached (BlockManager::Uses: prefix hits, restores); the others are dropped, counted
+  // in EngineStats::host_offload_skipped_blocks. 0 (the default): every block, as a write-through
+  // tier. 1 is SGLang's "write_through_selective" idea: traffic of unique prompts then pays no
+  // copies (on an H200, with the GPU cache full and every prompt new, the tier cost 6-10% of the
+  // requests a second even with copies ahead, bench/service/RESULTS.md session 51), while a
+  // prefix reused while cached still outlives its GPU blocks. A prefix that comes back only
+  // after its eviction (a long cycle over more prefixes than the GPU holds) is then recomputed.
+  int32_t host_offload_min_uses = 0;
   std::vector<int32_t> eos_token_ids;  // from the model's config
   // Overlapped scheduling (SGLang's overlap scheduler, vLLM's async scheduling): while the
   // backend runs step n, the host finishes step n-1's outputs and schedules step n+1 and builds

@@ -153,6 +153,7 @@ bool Scheduler::Admit(Sequence* seq, int64_t budget, int64_t* rows_left, Schedul
     seq->block_table[j] = b;
     blocks_->RaiseHints(b, host_->Restore(seq->block_keys[j], b));
     blocks_->Commit(b, seq->block_keys[j], j == 0 ? hash::Hash128{} : seq->block_keys[j - 1]);
+    blocks_->NoteUse(b);  // (wanted again: a hit, from the host)
   }
   if (gpu_hits < hit) host_->Unprotect();
   seq->num_computed = hit * bs;

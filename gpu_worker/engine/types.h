@@ -185,6 +185,9 @@ struct EngineStats {
   // Steps that waited (on the device) for offload copies: copies of blocks their own schedule
   // evicted, or ahead copies still reading a block they reuse.
   int64_t host_offload_waits = 0;
+  // Blocks evicted without a host copy: not taken again while cached, under
+  // EngineOptions::host_offload_min_uses (0 with the default policy).
+  int64_t host_offload_skipped_blocks = 0;
   int64_t host_restored_blocks = 0;  // copied host -> GPU
   int64_t host_evicted_blocks = 0;   // host copies dropped for room
   int64_t host_copy_failures = 0;    // block copy batches that failed (their keys dropped)

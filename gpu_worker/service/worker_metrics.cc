@@ -53,6 +53,11 @@ WorkerMetrics::WorkerMetrics(common::MetricsRegistry& r, const std::string& id) 
       "Engine steps that waited on the GPU for KV blocks being copied to the host (evicted by "
       "their own schedule, or reused while an ahead copy still read them).",
       l);
+  host_offload_skipped_ = r.GetCounter(
+      "cascade:host_kv_offload_skipped_blocks_total",
+      "KV blocks the GPU tier evicted without a host copy: not taken again while cached "
+      "(--host_kv_offload_min_uses).",
+      l);
   host_restored_ = r.GetCounter("cascade:host_kv_restored_blocks_total",
                                 "KV blocks copied host -> GPU for prefix hits.", l);
   for (FetchResult f : kAllFetchResults) {
@@ -116,6 +121,8 @@ void WorkerMetrics::Update(const engine::EngineStats& s) {
       static_cast<double>(s.host_offloaded_ahead_blocks - last_.host_offloaded_ahead_blocks));
   host_offload_waits_->Increment(
       static_cast<double>(s.host_offload_waits - last_.host_offload_waits));
+  host_offload_skipped_->Increment(
+      static_cast<double>(s.host_offload_skipped_blocks - last_.host_offload_skipped_blocks));
   host_restored_->Increment(
       static_cast<double>(s.host_restored_blocks - last_.host_restored_blocks));
   peer_imported_->Increment(

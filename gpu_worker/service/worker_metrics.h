@@ -38,6 +38,7 @@ class WorkerMetrics {
   common::Counter* host_offloaded_;
   common::Counter* host_offloaded_ahead_;
   common::Counter* host_offload_waits_;
+  common::Counter* host_offload_skipped_;
   common::Counter* host_restored_;
   common::Counter* fetches_[std::size(kAllFetchResults)];  // by FetchResult
   common::Counter* fetch_bytes_;

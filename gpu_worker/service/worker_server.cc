@@ -95,9 +95,14 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
               "next are copied to the host ahead of it (they stay cached), so no step waits for "
               "an eviction's copy; -1: 4 steps' allocations up to a quarter of the KV cache; "
               "0: off (each eviction is copied before the step that reuses its block)");
-  f->AddBool("overlap_schedule", &c->overlap_schedule,
-             "schedule and build the next step while the current one runs on the device "
-             "(same tokens; hides the host's work; on by default, =false to turn it off)");
+  f->AddInt64("host_kv_offload_min_uses", &c->host_kv_offload_min_uses,
+              "host KV tier write policy: a GPU block goes to the host only if its content was "
+              "taken again (a prefix hit) at least this many times while cached; 0 (default): "
+              "every block; 1: unique prompts cost no copies, a prefix that returns only after "
+              "its eviction is recomputed"),
+      f->AddBool("overlap_schedule", &c->overlap_schedule,
+                 "schedule and build the next step while the current one runs on the device "
+                 "(same tokens; hides the host's work; on by default, =false to turn it off)");
   f->AddInt("overlap_min_rows", &c->overlap_min_rows,
             "with --overlap_schedule: overlap only after steps of at least this many sequences; "
             "0: every step; -1 (default): 0 on CUDA with --speculative_launch, else 32 (the "
@@ -256,6 +261,11 @@ absl::Status CheckEngineFlags(const WorkerConfig& config) {
         "--max_prompt_logprob_rows=", config.max_prompt_logprob_rows,
         ": must be in [0, 16384] (0: the backend's default, 4096 on CUDA, 256 on the CPU)"));
   }
+  if (config.host_kv_offload_min_uses < 0 || config.host_kv_offload_min_uses > 1000000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host_kv_offload_min_uses=", config.host_kv_offload_min_uses,
+                     ": must be in [0, 1000000] (0: every evicted block goes to the host)"));
+  }
   if (config.host_kv_offload_ahead < -1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--host_kv_offload_ahead=", config.host_kv_offload_ahead,
@@ -317,6 +327,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   eo.eos_token_ids = mc.eos_token_ids;
   eo.host_kv_bytes = HostKvBytes(config.host_kv_bytes, **backend);
   eo.host_offload_ahead_blocks = config.host_kv_offload_ahead;
+  eo.host_offload_min_uses = static_cast<int32_t>(config.host_kv_offload_min_uses);
   eo.overlap_schedule = config.overlap_schedule;
   eo.overlap_min_rows = EffectiveOverlapMinRows(config, (*backend)->Name());
   eo.chunk_events = !config.registry_address.empty();  // only the registry agent takes them

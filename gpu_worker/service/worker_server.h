@@ -86,6 +86,10 @@ struct WorkerConfig {
   // With the host tier: GPU blocks kept copied to the host ahead of their eviction
   // (engine::EngineOptions::host_offload_ahead_blocks); -1: auto, 0: off.
   int64_t host_kv_offload_ahead = -1;
+  // With the host tier, its write policy (engine::EngineOptions::host_offload_min_uses): a GPU
+  // block goes to the host only if its content was taken again at least this many times while
+  // cached; 0: every block.
+  int64_t host_kv_offload_min_uses = 0;
   // Schedule and build step n+1 while step n runs (engine::EngineOptions::overlap_schedule):
   // the same tokens, the host's work hidden behind the GPU's. On by default: on an H100
   // (bench/engine/RESULTS.md, fourteenth session) decode steps 2.4-6.8% shorter at batch 64-256,

@@ -441,6 +441,7 @@ grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* c
   r->set_host_offloaded_blocks(s.host_offloaded_blocks);
   r->set_host_offloaded_ahead_blocks(s.host_offloaded_ahead_blocks);
   r->set_host_offload_waits(s.host_offload_waits);
+  r->set_host_offload_skipped_blocks(s.host_offload_skipped_blocks);
   r->set_host_restored_blocks(s.host_restored_blocks);
   r->set_host_evicted_blocks(s.host_evicted_blocks);
   r->set_peer_fetches(fetches_ok_.load());

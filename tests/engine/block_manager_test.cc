@@ -208,5 +208,33 @@ TEST(BlockManagerTest, ReuseListenerHearsOfEveryBlockHandedOut) {
   EXPECT_EQ(heard, (std::vector<int32_t>{x, y, x, y}));
 }
 
+// Uses: the prefix hits on a block (AcquireCached) and the restores into it (NoteUse) since it
+// was handed out; the evict listener still sees a victim's count, and a block handed out again
+// starts from zero (the host tier's write policy reads it).
+TEST(BlockManagerTest, UsesCountHitsSinceTheBlockWasHandedOut) {
+  BlockManager bm(2, 4);
+  const int32_t a = bm.AllocateFresh();
+  EXPECT_EQ(bm.Uses(a), 0);
+  bm.Commit(a, K(1), {});
+  bm.Release(a);
+  EXPECT_EQ(bm.Uses(a), 0);  // computed, cached, not taken again yet
+  EXPECT_EQ(bm.AcquireCached(K(1)), a);
+  EXPECT_EQ(bm.AcquireCached(K(1)), a);  // two sequences on it at once
+  EXPECT_EQ(bm.Uses(a), 2);
+  bm.Release(a);
+  bm.Release(a);
+  int32_t victim_uses = -1;
+  bm.set_evict_listener([&](int32_t block, const hash::Hash128&, const hash::Hash128&,
+                            const EvictionHints&) { victim_uses = bm.Uses(block); });
+  const int32_t b = bm.AllocateFresh();  // from the free list
+  EXPECT_EQ(victim_uses, -1);
+  const int32_t c = bm.AllocateFresh();  // evicts a
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(victim_uses, 2);
+  EXPECT_EQ(bm.Uses(c), 0);
+  bm.NoteUse(b);  // (a restore into b)
+  EXPECT_EQ(bm.Uses(b), 1);
+}
+
 }  // namespace
 }  // namespace cascade::engine

@@ -262,6 +262,58 @@ TEST(EngineTest, OffloadAheadOffCopiesAtEvictionWithTheSameOutputs) {
   EXPECT_GT(st.prefix_cache_hits_host, 0);
 }
 
+// The host tier's write policy (EngineOptions::host_offload_min_uses = 1): 8 tenants whose
+// prompts are taken again while cached (each sent twice in a row) and 16 prompts seen once flow
+// through a GPU tier of about four prompts. Only the tenants' blocks go to the host: when all
+// come back, the tenants restore from it and the one-off prompts are recomputed, while with
+// every block offloaded (0, the default) both restore. Every output equals cold either way.
+TEST(EngineTest, SelectiveOffloadKeepsOnlyPrefixesTakenAgainWhileCached) {
+  std::mt19937 rng(47);
+  std::vector<Request> hot, once;
+  for (int i = 0; i < 8; ++i) hot.push_back(OneChunkRequest(rng, kVocab, 40, 3));
+  for (int i = 0; i < 16; ++i) once.push_back(OneChunkRequest(rng, kVocab, 40, 3));
+  const std::vector<Result> hot_cold = EachCold(hot), once_cold = EachCold(once);
+  for (const int32_t min_uses : {1, 0}) {
+    const std::string what = absl::StrCat("min_uses ", min_uses);
+    EngineOptions o;
+    o.host_kv_bytes = 256 * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
+    o.host_offload_min_uses = min_uses;
+    auto e = MakeEngine(24, o);
+    for (size_t i = 0; i < hot.size(); ++i) {
+      ExpectSame(hot_cold[i], RunOne(*e, hot[i]), absl::StrCat(what, " tenant ", i));
+      const Result again = RunOne(*e, hot[i]);  // a GPU hit: its blocks taken again
+      ExpectSame(hot_cold[i], again, absl::StrCat(what, " tenant ", i, " again"));
+      EXPECT_EQ(again.cached_tokens, 32) << what;
+    }
+    for (size_t i = 0; i < once.size(); ++i) {
+      ExpectSame(once_cold[i], RunOne(*e, once[i]), absl::StrCat(what, " once ", i));
+    }
+    const int64_t host_hits_before = e->Stats().prefix_cache_hits_host;
+    EXPECT_EQ(host_hits_before, 0) << what;
+    // All back, the tenants first (their 8 prompts push every one-off prompt off the GPU).
+    for (size_t i = 0; i < hot.size(); ++i) {
+      const Result got = RunOne(*e, hot[i]);
+      ExpectSame(hot_cold[i], got, absl::StrCat(what, " tenant ", i, " back"));
+      EXPECT_EQ(got.cached_tokens, 32) << what << " tenant " << i;
+    }
+    for (size_t i = 0; i < once.size(); ++i) {
+      const Result got = RunOne(*e, once[i]);
+      ExpectSame(once_cold[i], got, absl::StrCat(what, " once ", i, " back"));
+      EXPECT_EQ(got.cached_tokens, min_uses == 1 ? 0 : 32) << what << " once " << i;
+    }
+    const EngineStats st = e->Stats();
+    if (min_uses == 1) {
+      EXPECT_EQ(st.prefix_cache_hits_host, 8 * 32) << what;  // the tenants only
+      EXPECT_GT(st.host_offload_skipped_blocks, 0) << what;
+    } else {
+      EXPECT_EQ(st.prefix_cache_hits_host, 24 * 32) << what;
+      EXPECT_EQ(st.host_offload_skipped_blocks, 0) << what;
+    }
+    EXPECT_EQ(st.used_blocks, 0) << what;
+    EXPECT_EQ(st.host_copy_failures, 0) << what;
+  }
+}
+
 // RegisterChunk's eviction hints through the engine: a prefix with a higher priority stays on
 // the GPU while lower-priority prefixes cycle through it.
 TEST(EngineTest, HigherPriorityPrefixStaysOnTheGpuWhileOthersCycle) {

@@ -393,6 +393,29 @@ TEST(WorkerConfigTest, HostKvOffloadAheadBelowMinusOneIsRefused) {
   EXPECT_EQ(parsed->host_kv_offload_ahead, 512);
 }
 
+// --host_kv_offload_min_uses: 0 (every block, the default) up to 1000000; outside refused with
+// the flag, the value and the range; the flag parses.
+TEST(WorkerConfigTest, HostKvOffloadMinUsesOutsideItsRangeIsRefused) {
+  WorkerConfig c;
+  EXPECT_EQ(c.host_kv_offload_min_uses, 0);
+  for (int64_t good : {int64_t{0}, int64_t{1}, int64_t{1000000}}) {
+    c.host_kv_offload_min_uses = good;
+    EXPECT_TRUE(CheckEngineFlags(c).ok()) << good;
+  }
+  for (int64_t bad : {int64_t{-1}, int64_t{1000001}, int64_t{1} << 40}) {
+    c.host_kv_offload_min_uses = bad;
+    const absl::Status s = CheckEngineFlags(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--host_kv_offload_min_uses=" + std::to_string(bad) +
+                               ": must be in [0, 1000000]"),
+              std::string::npos)
+        << s;
+  }
+  const std::optional<WorkerConfig> parsed = ParseOneFlag("--host_kv_offload_min_uses=1");
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(parsed->host_kv_offload_min_uses, 1);
+}
+
 // The worker's decode schedule by default: overlapped (from a row count picked by backend),
 // speculated launches and decode graphs captured at load on (CUDA); each turns off by its flag,
 // and a flag of the others leaves them as they are.
