@@ -266,16 +266,19 @@ TEST(EngineTest, OffloadAheadOffCopiesAtEvictionWithTheSameOutputs) {
 // prompts are taken again while cached (each sent twice in a row) and 16 prompts seen once flow
 // through a GPU tier of about four prompts. Only the tenants' blocks go to the host: when all
 // come back, the tenants restore from it and the one-off prompts are recomputed, while with
-// every block offloaded (0, the default) both restore. Every output equals cold either way.
+// every block offloaded (0, the default) both restore. Every output equals cold either way, under
+// the plain and the overlapped schedule.
 TEST(EngineTest, SelectiveOffloadKeepsOnlyPrefixesTakenAgainWhileCached) {
   std::mt19937 rng(47);
   std::vector<Request> hot, once;
   for (int i = 0; i < 8; ++i) hot.push_back(OneChunkRequest(rng, kVocab, 40, 3));
   for (int i = 0; i < 16; ++i) once.push_back(OneChunkRequest(rng, kVocab, 40, 3));
   const std::vector<Result> hot_cold = EachCold(hot), once_cold = EachCold(once);
-  for (const int32_t min_uses : {1, 0}) {
-    const std::string what = absl::StrCat("min_uses ", min_uses);
+  for (const auto [min_uses, overlap] :
+       {std::pair{1, false}, std::pair{0, false}, std::pair{1, true}, std::pair{0, true}}) {
+    const std::string what = absl::StrCat("min_uses ", min_uses, " overlap ", overlap);
     EngineOptions o;
+    o.overlap_schedule = overlap;
     o.host_kv_bytes = 256 * TraceBackend(1, kBlock, kVocab).KvBlockBytes();
     o.host_offload_min_uses = min_uses;
     auto e = MakeEngine(24, o);
