@@ -37,7 +37,9 @@ TEST(KernelsTest, MatMulEqualsPerElementDotBitwiseForAnyShapeAndRange) {
         const float want = Dot(x.data() + t * k, w.data() + j * k, k);
         ASSERT_EQ(std::memcmp(&y[t * n + j], &want, 4), 0) << k << " " << t << " " << j;
         ASSERT_EQ(std::memcmp(&yb[t * n + j], &want, 4), 0) << k << " " << t << " " << j;
-        if (t == 3) ASSERT_EQ(std::memcmp(&y1[j], &want, 4), 0) << k << " " << j;
+        if (t == 3) {
+          ASSERT_EQ(std::memcmp(&y1[j], &want, 4), 0) << k << " " << j;
+        }
         double ref = 0;
         for (int64_t i = 0; i < k; ++i) ref += double{x[t * k + i]} * w[j * k + i];
         EXPECT_NEAR(want, ref, 1e-4 * (1 + std::abs(ref)));
