@@ -93,7 +93,7 @@ class EngineImpl final : public Engine {
       // that copy's recency).
       blocks_.set_evict_listener([this](int32_t block, const hash::Hash128& key,
                                         const hash::Hash128& parent, const EvictionHints& hints) {
-        if (blocks_.Uses(block) < options_.host_offload_min_uses && !host_->Contains(key)) {
+        if (!WorthAHostCopy(block) && !host_->Contains(key)) {
           ++offload_skipped_;
           return;
         }
@@ -294,6 +294,10 @@ class EngineImpl final : public Engine {
   void OffloadAhead();
   void NoteReuse(int32_t block);
   absl::Status OrderReuse();
+  // The host tier's write policy (EngineOptions::host_offload_min_uses), at eviction and ahead.
+  bool WorthAHostCopy(int32_t block) const {
+    return blocks_.Uses(block) >= options_.host_offload_min_uses;
+  }
   static int64_t MaxPinnedBlocks(double fraction, int64_t num_blocks) {
     if (!(fraction > 0)) return 0;  // (NaN too)
     if (fraction >= 1) return num_blocks;
@@ -604,15 +608,14 @@ void EngineImpl::ApplyHints(Sequence& seq) {
 
 void EngineImpl::OffloadAhead() {
   if (offload_ahead_ <= 0) return;
-  blocks_.ForNextVictims(
-      offload_ahead_ - blocks_.NumFree(),
-      [&](int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
-          const EvictionHints& hints) {
-        if (!host_->Contains(key) && blocks_.Uses(block) >= options_.host_offload_min_uses) {
-          host_->OffloadAhead(block, key, parent, hints);
-        }
-        return true;
-      });
+  blocks_.ForNextVictims(offload_ahead_ - blocks_.NumFree(),
+                         [&](int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
+                             const EvictionHints& hints) {
+                           if (!host_->Contains(key) && WorthAHostCopy(block)) {
+                             host_->OffloadAhead(block, key, parent, hints);
+                           }
+                           return true;
+                         });
 }
 
 void EngineImpl::NoteReuse(int32_t block) {

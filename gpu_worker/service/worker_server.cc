@@ -99,10 +99,10 @@ void RegisterWorkerFlags(common::FlagSet* f, WorkerConfig* c) {
               "host KV tier write policy: a GPU block goes to the host only if its content was "
               "taken again (a prefix hit) at least this many times while cached; 0 (default): "
               "every block; 1: unique prompts cost no copies, a prefix that returns only after "
-              "its eviction is recomputed"),
-      f->AddBool("overlap_schedule", &c->overlap_schedule,
-                 "schedule and build the next step while the current one runs on the device "
-                 "(same tokens; hides the host's work; on by default, =false to turn it off)");
+              "its eviction is recomputed");
+  f->AddBool("overlap_schedule", &c->overlap_schedule,
+             "schedule and build the next step while the current one runs on the device "
+             "(same tokens; hides the host's work; on by default, =false to turn it off)");
   f->AddInt("overlap_min_rows", &c->overlap_min_rows,
             "with --overlap_schedule: overlap only after steps of at least this many sequences; "
             "0: every step; -1 (default): 0 on CUDA with --speculative_launch, else 32 (the "

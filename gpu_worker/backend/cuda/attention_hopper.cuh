@@ -742,10 +742,11 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
     WS_PHASE(ph_wait);
   };
   // A tile this warpgroup computes has landed; a kTmaTail ring's (kv_len given) last tile gets
-  // V's rows past kv_len zeroed (WsZeroVTail, named barrier 1 + wg: not ping-pong's).
+  // V's rows past kv_len zeroed (WsZeroVTail, named barrier 1 + wg: not ping-pong's; with the
+  // default kv_len every tile is whole to it, a no-op).
   auto land = [&](int i) {
     wait_full(i);
-    if (kv_len != INT_MAX) WsZeroVTail(ring, stage(i), kv_len - (tile_begin + i) * kT, 1 + wg);
+    WsZeroVTail(ring, stage(i), kv_len - (tile_begin + i) * kT, 1 + wg);
   };
   auto desc_k = [&](int i) { return WgmmaDesc(ring.kv0 + 2 * stage(i) * kWgTileBytes, 16, 1024); };
   auto desc_v = [&](int i) {
@@ -907,7 +908,7 @@ __device__ __forceinline__ void WsSuperTiles(const WsRing& ring, int n0, uint32_
   auto wait_full = [&](int i) { MbarWait(ring.full0 + 8 * stage(i), ((n0 + i) / kStages) & 1); };
   auto land = [&](int i) {  // as WsFoldTiles'
     wait_full(i);
-    if (kv_len != INT_MAX) WsZeroVTail(ring, stage(i), kv_len - (tile_begin + i) * kT, 1 + wg);
+    WsZeroVTail(ring, stage(i), kv_len - (tile_begin + i) * kT, 1 + wg);
   };
   auto desc_k = [&](int i) { return WgmmaDesc(ring.kv0 + 2 * stage(i) * kWgTileBytes, 16, 1024); };
   auto desc_v = [&](int i) {
