@@ -64,6 +64,8 @@
 // wide cascade step's own tiles on the shared-memory split kernel instead of the persistent decode
 // kernel: attention.h SetOwnTilesOnPersistentDecode(false); the same bits), "dwn8" (the persistent
 // decode kernel's consumers in the decode-shaped form: launchers.h SetDecodeWsN8; the same bits),
+// "stages" (that kernel's rings in whole 64-key stages instead of half-stages of 32 keys:
+// launchers.h SetDecodeWsHalfRing(false); the same bits),
 // "wsfew" (steps of fewer works than 7/8 of the SMs, all rows short, on the persistent decode
 // kernel instead of the split kernel and the merge: attention.h SetDecodeWsFewWorks(true); the same
 // bits), "hostscore" (every logits row back whole, the engine sampling and scoring prompt rows on
@@ -249,6 +251,7 @@ struct Variant {
   bool prefetch_early = false;  // CudaBackendOptions::prefetch_weights_early
   bool own_tiles_ws = true;     // attention.h SetOwnTilesOnPersistentDecode (process-wide)
   bool dw_n8 = false;           // internal::SetDecodeWsN8 (process-wide, set at load)
+  bool dw_stages = false;       // internal::SetDecodeWsHalfRing(false) (process-wide, at load)
   bool ws_few_works = false;    // attention.h SetDecodeWsFewWorks (process-wide, set at load)
   bool host_score = false;      // EngineOptions::debug_capture_logits: rows come back whole
   int prompt_logprob_rows = 0;  // EngineOptions::max_prompt_logprob_rows (0: its default)
@@ -278,6 +281,7 @@ bool ParseVariantPart(const std::string& name, Variant* v) {
   if (name == "super") return v->super_tiles = 0, true;
   if (name == "ownsmem") return v->own_tiles_ws = false, true;
   if (name == "dwn8") return v->dw_n8 = true, true;
+  if (name == "stages") return v->dw_stages = true, true;
   if (name == "wsfew") return v->ws_few_works = true, true;
   if (name == "coldchoice") return v->choice_warm = false, true;
   if (name == "smallchoice") return v->choose_small = true, true;
@@ -770,6 +774,7 @@ struct Bench {
       cuda::internal::SetSplitVariant(variant.split_variant);
       cuda::SetOwnTilesOnPersistentDecode(variant.own_tiles_ws);
       cuda::internal::SetDecodeWsN8(variant.dw_n8);
+      cuda::internal::SetDecodeWsHalfRing(!variant.dw_stages);
       cuda::SetDecodeWsFewWorks(variant.ws_few_works);
       o.persistent_decode_min_tiles =
           variant.ws_min_tiles >= 0 ? variant.ws_min_tiles : cuda::kDefaultDecodeWsMinTiles;

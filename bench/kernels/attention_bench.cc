@@ -11,7 +11,9 @@
 //   SuperTilesFor's)] [--wide-ctas=N (the cascade rows' wide kernel on N CTAs: the planner's
 //   schedule over N; default one per SM)]
 //   [--dw-n8=0|1 (the persistent decode kernel's consumers in the 64-row form, the default, or
-//   in the decode-shaped form)] [--dw-ctas=N (that kernel on N CTAs instead of one per SM: how
+//   in the decode-shaped form)] [--dw-half=0|1 (that kernel's rings in half-stages of 32 keys,
+//   the default, or whole 64-key stages; the decode rows tagged " stages" use whole ones)]
+//   [--dw-ctas=N (that kernel on N CTAs instead of one per SM: how
 //   its rate scales with its consumers)]
 //   [--tree=NAME (only the three-level tree's every-tile row of that configuration: default,
 //   nopairs, nochains, nofold, ownsmem, lead32, super, ...; for a profiler)]
@@ -314,6 +316,7 @@ double PlanUs(const std::vector<int>& ctx, const std::vector<std::vector<int32_t
 }
 
 int g_only_batch = 0, g_only_ctx = 0;  // --decode=B,CTX
+bool g_dw_half = true;                 // --dw-half
 int g_prefill_n = 0;                   // --prefill=N: only the prefill rows of N tokens
 constexpr int kPrefillNs[] = {512, 2048, 4096, 8192};  // the prefill rows' lengths
 int g_shared_batch = 0;                                // --shared=B
@@ -462,15 +465,17 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
   struct Decode {
     const char* name;
     const AttentionConfig* config;
-    int split_variant;  // internal::SetSplitVariant
-    int ws_min_tiles;   // SetDecodeWsMinTiles for the row (-1: the default)
+    int split_variant;          // internal::SetSplitVariant
+    int ws_min_tiles;           // SetDecodeWsMinTiles for the row (-1: the default)
+    bool whole_stages = false;  // internal::SetDecodeWsHalfRing(false) for the row
   };
   // With super-tiles also the default split form in the two-level order.
-  std::vector<Decode> decodes = {{" nofold", &nofold, 0, -1},
-                                 {"", &every, 0, -1},
-                                 {" smem", &every, 2, -1},
-                                 {" whole ws", &whole, 0, 0},
-                                 {" whole smem", &whole, 2, -1}};
+  // " stages": the default with the persistent decode kernel's rings in whole 64-key stages
+  // (SetDecodeWsHalfRing(false); --dw-half=0 sets it for every row).
+  // (Last, after the rows device_short_rows.sh's profiles count launches through.)
+  std::vector<Decode> decodes = {{" nofold", &nofold, 0, -1},    {"", &every, 0, -1},
+                                 {" smem", &every, 2, -1},       {" whole ws", &whole, 0, 0},
+                                 {" whole smem", &whole, 2, -1}, {" stages", &every, 0, -1, true}};
   if (super) decodes.push_back({" super", &supercfg, 0, -1});
   // ctx 145 / 160: the engine benchmark's decode rows (prompt 128, up to 64 generated), items of 3
   // tiles (145: the last one ends mid-block, as most rows' do); 129 / 192: its first and last
@@ -500,6 +505,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
       const int rot = std::max<int64_t>(1, std::min<int64_t>(8, num_blocks / blocks));
       for (const Decode& d : decodes) {
         internal::SetSplitVariant(d.split_variant);
+        if (d.whole_stages) internal::SetDecodeWsHalfRing(false);
         const int min_tiles = DecodeWsMinTiles();
         if (d.ws_min_tiles >= 0) SetDecodeWsMinTiles(d.ws_min_tiles);
         double b2b = 0;
@@ -512,6 +518,7 @@ int Main(bool quick, bool cascade_only, bool prefill_only) {
         const int form = SplitForm(plan, kD, kHq / kHkv);
         SetDecodeWsMinTiles(min_tiles);
         internal::SetSplitVariant(0);
+        if (d.whole_stages) internal::SetDecodeWsHalfRing(g_dw_half);
         const char* tag = d.split_variant != 0 ? ""
                           : form == 3          ? " [ws]"
                           : form == 2          ? " [f2]"
@@ -772,6 +779,16 @@ int main(int argc, char** argv) {
         return 2;
       }
       cascade::cuda::internal::SetDecodeWsN8(v == "1");
+    } else if (arg.rfind("--dw-half=", 0) == 0) {
+      const std::string v = arg.substr(10);
+      if (v != "0" && v != "1") {
+        std::fprintf(stderr,
+                     "--dw-half=0|1: the persistent decode kernel's rings in half-stages of 32 "
+                     "keys (1, default) or whole 64-key stages (0)\n");
+        return 2;
+      }
+      cascade::cuda::g_dw_half = v == "1";
+      cascade::cuda::internal::SetDecodeWsHalfRing(cascade::cuda::g_dw_half);
     } else if (arg.rfind("--trace=", 0) == 0) {
       cascade::cuda::g_trace_path = arg.substr(8);
     } else if (arg.rfind("--shared-row=", 0) == 0) {

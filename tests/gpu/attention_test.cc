@@ -637,8 +637,9 @@ TEST(Attention, CachedPrefillEqualsColdPrefillBitwise) {
 // 1100 keys (ends mid-block, mid-tile, on tile boundaries), GQA groups 1, 2, 4 and 8, blocks of
 // 16, 32 and 64 (16-token TMA pieces and whole-tile ones), beside a prefill sequence; on the
 // default grid and on 3 CTAs, where each consumer runs hundreds of items and its stage and Q
-// rings wrap many times. Works are taken from a counter at run time (longest first), so which
-// consumer runs a row differs from run to run: the bits may not.
+// rings wrap many times; with 16-token pieces both the half-stage ring (the default: a row's last
+// tile of <= 32 keys in one half-stage) and whole stages. Works are taken from a counter at run
+// time (longest first), so which consumer runs a row differs from run to run: the bits may not.
 TEST(Attention, PersistentDecodeFormEqualsSplitFormsBitwise) {
   CASCADE_REQUIRE_GPU();
   bool hopper = false;
@@ -678,6 +679,14 @@ TEST(Attention, PersistentDecodeFormEqualsSplitFormsBitwise) {
       const auto n8_few = run();
       internal::SetDecodeWsCtas(0);
       internal::SetDecodeWsN8(false);
+      // 16-token pieces: the consumers' rings as whole 64-key stages (the default is half-stages
+      // of 32 keys, a row's last tile of <= 32 keys in one), also on 3 CTAs.
+      internal::SetDecodeWsHalfRing(false);
+      const auto whole = run();
+      internal::SetDecodeWsCtas(3);
+      const auto whole_few = run();
+      internal::SetDecodeWsCtas(0);
+      internal::SetDecodeWsHalfRing(true);
       // One-level: the same plan (form 3: no merge) on the shared-memory kernel. Super-tiles: only
       // the persistent kernel folds a row's super-tiles in one CTA, so the rows split into
       // super-tile items (no fold items) on the shared-memory kernel and the merge.
@@ -702,6 +711,10 @@ TEST(Attention, PersistentDecodeFormEqualsSplitFormsBitwise) {
           << "form 3, consumers in the decode-shaped form, " << shape;
       EXPECT_EQ(0, std::memcmp(n8_few.data(), smem.data(), bytes))
           << "form 3 on 3 CTAs, consumers in the decode-shaped form, " << shape;
+      EXPECT_EQ(0, std::memcmp(whole.data(), smem.data(), bytes))
+          << "form 3, whole-stage rings, " << shape;
+      EXPECT_EQ(0, std::memcmp(whole_few.data(), smem.data(), bytes))
+          << "form 3 on 3 CTAs, whole-stage rings, " << shape;
       if (!checked_reference || order > 1) {
         ExpectClose(ws, Reference(h, seqs, b, q));
         checked_reference = true;

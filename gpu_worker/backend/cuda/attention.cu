@@ -1321,6 +1321,9 @@ int g_prefill_form = 0;  // the default form (variant 0): 0 or 1 (TunePrefillFor
 int g_split_variant = 0;
 bool g_split_overlap_wide = true;
 bool g_dw_n8 = false;  // measured no faster as a drop-in (bench/kernels/NOTES.md, session 32)
+// DecodeWsKernel's half-stage ring (16-token pieces, one-level order, the 64-row consumers):
+// SetDecodeWsHalfRing.
+bool g_dw_half = true;
 
 // A tensor map over one layer's K or V cache as rows of 128 bf16 ([num_blocks * kv heads *
 // block_size, 128]), boxes of `piece` rows x 64 columns (one column half of a piece), 128-byte
@@ -1430,6 +1433,8 @@ cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& pla
   auto kernel = piece == kT ? DecodeWsKernel<kT> : DecodeWsKernel<kPieceTokens>;
   if (k.super_tiles > 1) {
     kernel = piece == kT ? DecodeWsKernel<kT, true> : DecodeWsKernel<kPieceTokens, true>;
+  } else if (piece != kT && g_dw_half && !g_dw_n8) {
+    kernel = DecodeWsKernel<kPieceTokens, false, true>;
   }
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDwSmemBytes);
   if (err != cudaSuccess) return err;
@@ -1590,6 +1595,7 @@ void SetPrefillForm(int form) { g_prefill_form = form == 1 ? 1 : 0; }
 void SetSplitVariant(int variant) { g_split_variant = variant; }
 void SetSplitOverlapsWide(bool on) { g_split_overlap_wide = on; }
 void SetDecodeWsN8(bool on) { g_dw_n8 = on; }
+void SetDecodeWsHalfRing(bool on) { g_dw_half = on; }
 void SetDecodeWsCtas(int ctas) { g_decode_ws_ctas = ctas; }
 void SetPrefillWsCtas(int ctas) { g_prefill_ws_ctas = ctas; }
 namespace {

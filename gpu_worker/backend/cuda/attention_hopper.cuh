@@ -388,10 +388,11 @@ __device__ __forceinline__ void SetMaxRegsDec() {
 // stage from kv0); it has landed when the stage's `full` barrier completes phase
 // (n / kStages) & 1, and the stage is free again when its `empty` barrier completes that phase.
 struct WsRing {
-  uint32_t full0;     // shared address of full[0] (barriers 8 bytes apart)
-  uint32_t empty0;    // shared address of empty[0]
-  uint32_t kv0;       // shared address of stage 0
-  unsigned char* kv;  // the same, generic (the load warp's lane copies)
+  uint32_t full0;       // shared address of full[0] (barriers 8 bytes apart)
+  uint32_t empty0;      // shared address of empty[0]
+  uint32_t kv0;         // shared address of stage 0
+  unsigned char* kv;    // the same, generic (the load warp's lane copies)
+  uint32_t zero_v = 0;  // a half-stage ring's zeroed V half (below): shared address
 };
 
 // The load warp's part: tiles [tile_begin, tile_begin + ntiles) of an item (kv head kvh) into the
@@ -408,6 +409,31 @@ __device__ __forceinline__ int WsTmaPieces(int kv_len, int ts) {
   const int rows = kTmaTail ? kv_len - ts + kPiece - 1 : kv_len - ts;
   return max(0, min(kT / kPiece, rows / kPiece));
 }
+// The half-stage ring (the persistent decode kernel with 16-token pieces, one-level order): the
+// same shared memory as kStages stages, cut into 2 kStages half-stages of kHalfRows keys (K, then
+// V: kHalfRows rows a column half, kWgTileBytes a half-stage), each with its own `full` and
+// `empty` barrier. A whole tile takes two consecutive half-stages (keys 0-31, 32-63), a work's
+// last tile of at most kHalfRows keys one: so a consumer's ring holds a short work's partial
+// last tile in half the bytes, and the next work's first tile lands in the other half sooner (a
+// stage is held from its copy's issue until its tile is folded, whatever the tile holds: the
+// short decode rows read at ctx / (64 x tiles) of the copy rate with whole stages,
+// bench/kernels/NOTES.md sessions 50-51). The n-th half-stage through the ring sits in slot
+// n % (2 kStages); a work's tile i starts at half-stage n0 + 2 i (every tile but the last is
+// whole). Bits: S of a tile is two m64n32k16 chains (keys 0-31 and 32-63, an element's k16 chain
+// over the head dims does not depend on N) and P V's k16 steps over keys 32-63 read the second
+// half-stage, or the zeroed V half (zero_v) where the tile has one, so every MMA sees the operands
+// the whole stage gave (its rows past kv_len zeroed there too; WsZeroVTail).
+constexpr int kHalfRows = kT / 2;
+// The half-stages a tile starting at token ts takes (its TMA pieces of 16 tokens: up to two fill
+// the first half, three or four both).
+__device__ __forceinline__ int WsTileHalves(int kv_len, int ts) {
+  return WsTmaPieces<kPieceTokens, true>(kv_len, ts) > 2 ? 2 : 1;
+}
+// The half-stages of a work: its whole tiles' two each and its last tile's.
+__device__ __forceinline__ int WsWorkHalves(int kv_len, int tile_begin, int ntiles) {
+  return ntiles <= 0 ? 0 : 2 * (ntiles - 1) + WsTileHalves(kv_len, (tile_begin + ntiles - 1) * kT);
+}
+
 // The cache row (of the [blocks * kv heads * block_size, 128] tensor maps) where lane `lane`'s TMA
 // piece of the item's tile i starts; 0 where the lane copies no piece of it.
 template <int kPiece, bool kTmaTail = false>
@@ -489,6 +515,43 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
   }
 }
 
+// WsLoadTiles for a half-stage ring of kHalves slots (kPieceTokens pieces, the last tile by TMA
+// as with kTmaTail): tile i into half-stages n0 + 2 i and, where it has more than kHalfRows keys,
+// n0 + 2 i + 1; lane p copies piece p into half p / 2 once that half-stage is free. Each
+// half-stage's `full` barrier expects the bytes of its own pieces.
+template <int kHalves>
+__device__ __forceinline__ void WsLoadHalves(const CUtensorMap* tk, const CUtensorMap* tv,
+                                             const WsRing& ring, int n0, const AttentionArgs& a,
+                                             int table_offset, int tile_begin, int ntiles,
+                                             int kv_len, int kvh, int lane, int first_row) {
+  constexpr int kPiece = kPieceTokens, kHalfPieces = kHalfRows / kPiece;
+  int next_row = first_row;
+  for (int i = 0; i < ntiles; ++i) {
+    const int ts = (tile_begin + i) * kT;
+    const int prow = next_row;
+    next_row =
+        WsPieceRow<kPiece, true>(a, table_offset, tile_begin, ntiles, kv_len, kvh, lane, i + 1);
+    const int npf = WsTmaPieces<kPiece, true>(kv_len, ts);
+    const int nh = npf > kHalfPieces ? 2 : 1;
+    for (int h = 0; h < nh; ++h) {
+      const int n = n0 + 2 * i + h, s = n % kHalves;
+      if (n >= kHalves) MbarWait(ring.empty0 + 8 * s, ((n / kHalves) - 1) & 1);
+      const uint32_t ks = ring.kv0 + s * kWgTileBytes, vs = ks + kWgTileBytes / 2;
+      const uint32_t full = ring.full0 + 8 * s;
+      const int pieces = min(kHalfPieces, npf - h * kHalfPieces);
+      if (lane == 0) MbarArriveExpectTx(full, pieces * (2 * 2 * kPiece * 128));
+      __syncwarp();
+      if (lane / kHalfPieces == h && lane < npf) {  // piece `lane`: four boxes as WsLoadTiles'
+        const uint32_t off = (lane % kHalfPieces) * kPiece * 128;
+        TmaLoad2d(ks + off, tk, 0, prow, full);
+        TmaLoad2d(ks + kHalfRows * 128 + off, tk, 64, prow, full);
+        TmaLoad2d(vs + off, tv, 0, prow, full);
+        TmaLoad2d(vs + kHalfRows * 128 + off, tv, 64, prow, full);
+      }
+    }
+  }
+}
+
 // A kTmaTail ring's tile of `valid` rows (keys below kv_len; < kT: the item's last tile) has K
 // and V rows past them that are not the item's keys: the cache block's unused slots or whatever
 // the stage held, possibly not finite. Their keys are masked for every q-row of a decode work
@@ -497,17 +560,21 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
 // consumer warpgroup (its 128 threads, named barrier bar_id) zeroes V's rows [valid, kT) once
 // the tile has landed and before its P V: the operands of every MMA are then what the
 // zero-filled copy gave. A no-op for whole tiles.
-__device__ __forceinline__ void WsZeroVTail(const WsRing& ring, int stage, int valid, int bar_id) {
-  if (valid >= kT) return;
-  const int z = max(valid, 0), per_half = (kT - z) * 8;  // 16-byte chunks of a column half
-  unsigned char* v = ring.kv + (2 * stage + 1) * kWgTileBytes + z * 128;
+// v: the V tile (or half) of `rows` rows a column half.
+__device__ __forceinline__ void WsZeroVRows(unsigned char* v, int rows, int valid, int bar_id) {
+  if (valid >= rows) return;
+  const int z = max(valid, 0), per_half = (rows - z) * 8;  // 16-byte chunks of a column half
+  v += z * 128;
   for (int idx = threadIdx.x & 127; idx < 2 * per_half; idx += 128) {
     const int h = idx >= per_half;
-    *reinterpret_cast<uint4*>(v + h * kT * 128 + (idx - h * per_half) * 16) =
+    *reinterpret_cast<uint4*>(v + h * rows * 128 + (idx - h * per_half) * 16) =
         make_uint4(0, 0, 0, 0);
   }
   FenceProxyAsync();  // read by wgmma (the async proxy)
   NamedBarSync(bar_id, 128);
+}
+__device__ __forceinline__ void WsZeroVTail(const WsRing& ring, int stage, int valid, int bar_id) {
+  WsZeroVRows(ring.kv + (2 * stage + 1) * kWgTileBytes, kT, valid, bar_id);
 }
 
 // A consumer warp's pass over ring tile n that another warpgroup computes (a kFoldPair item),
@@ -696,13 +763,16 @@ __device__ __forceinline__ void WsFoldTilesN8(const WsRing& ring, int n0, uint32
 // the warp with `active` runs the softmax and the fold, for its lanes' first rows (the rest
 // issue the MMAs and release stages, their results never stored): the same arithmetic for those
 // rows, a quarter of the warpgroup's and half of that warp's instructions.
-template <bool kPingPong, int kStages, int kQRows, bool kRowWarp = false>
+// kHalf (the persistent decode kernel with 16-token pieces): the ring is a half-stage ring of
+// kStages slots (above WsLoadHalves), n0 the half-stage of the first tile.
+template <bool kPingPong, int kStages, int kQRows, bool kRowWarp = false, bool kHalf = false>
 __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t q_addr,
                                             uint32_t q_sbo, int tile_begin, int ntiles, int lo,
                                             int hi, const int (&pos)[2], int wg, int lane,
                                             float scale_log2, float (&o)[64], float (&l)[2],
                                             bool active = true, float* m_out = nullptr,
                                             uint64_t* phases = nullptr, int kv_len = INT_MAX) {
+  static_assert(!kHalf || (kRowWarp && !kPingPong), "the half-stage ring: the decode consumer");
   constexpr int kHalves = kRowWarp ? 1 : 2;
   // Trace builds with `phases` (3 cycle sums: WsTraceSlot kTrWg0PhaseWait..Math): each tile's
   // wait for its stage, its MMAs from issue to the wait's return, and the rest of its step.
@@ -734,27 +804,82 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
   FoldWeights wp[2];
   bool vp[2] = {false, false};
   const uint64_t dq = WgmmaDesc(q_addr, 16, q_sbo);
-  auto issue_qk = [&](float(&sc)[32], uint64_t dk) { IssueQk<kQRows>(sc, dq, dk); };
-  auto stage = [&](int i) { return (n0 + i) % kStages; };
+  // Ring slots: tile i's stage, or with kHalf its first half-stage (and the next one where the
+  // tile has two: nh(i)).
+  auto stage = [&](int i) { return kHalf ? (n0 + 2 * i) % kStages : (n0 + i) % kStages; };
+  auto nh = [&](int i) { return kHalf ? WsTileHalves(kv_len, (tile_begin + i) * kT) : 1; };
+  auto slot = [&](int i, int h) { return kHalf ? (n0 + 2 * i + h) % kStages : stage(i); };
+  auto phase = [&](int i, int h) {
+    return (kHalf ? (n0 + 2 * i + h) / kStages : (n0 + i) / kStages) & 1;
+  };
+  auto half_addr = [&](int i, int h) { return ring.kv0 + slot(i, h) * kWgTileBytes; };
+  // S_i: one chain over the tile's 64 keys, or with kHalf one of 32 keys a half-stage (into sc's
+  // accumulators of keys 0-31 and 32-63). A one-half tile's keys 32-63 are past kv_len, masked
+  // for every row: their chain reads the zeroed V half as K (issued all the same: a wgmma on a
+  // divergent path serializes every wgmma of the kernel).
+  auto issue_qk = [&](float(&sc)[32], int i) {
+    if constexpr (kHalf) {
+      const uint64_t k0 = WgmmaDesc(half_addr(i, 0), 16, 1024);
+      const uint64_t k1 = WgmmaDesc(nh(i) == 2 ? half_addr(i, 1) : ring.zero_v, 16, 1024);
+#pragma unroll
+      for (int kc = 0; kc < kWgD / 16; ++kc) {
+        const uint32_t half = kc >> 2, kb = (kc & 3) * 32;
+        Wgmma64x32SS<0>(sc, WgmmaDescAdd(dq, half * kQRows * 128 + kb),
+                        WgmmaDescAdd(k0, half * kHalfRows * 128 + kb));
+      }
+#pragma unroll
+      for (int kc = 0; kc < kWgD / 16; ++kc) {
+        const uint32_t half = kc >> 2, kb = (kc & 3) * 32;
+        Wgmma64x32SS<16>(sc, WgmmaDescAdd(dq, half * kQRows * 128 + kb),
+                         WgmmaDescAdd(k1, half * kHalfRows * 128 + kb));
+      }
+    } else {
+      IssueQk<kQRows>(sc, dq, WgmmaDesc(ring.kv0 + 2 * stage(i) * kWgTileBytes, 16, 1024));
+    }
+  };
+  // O_i = P_i V_i: with kHalf the k16 steps over keys 32-63 read the second half-stage, or the
+  // zeroed V half where the tile has one.
+  auto issue_pv = [&](float(&ot)[64], int i) {
+    if constexpr (kHalf) {
+      const uint32_t v0 = half_addr(i, 0) + kWgTileBytes / 2;
+      const uint32_t v1 = nh(i) == 2 ? half_addr(i, 1) + kWgTileBytes / 2 : ring.zero_v;
+#pragma unroll
+      for (int kk = 0; kk < kT / 16; ++kk) {
+        const uint32_t v = kk < kT / 32 ? v0 : v1;
+        Wgmma64x128RS(ot, pa[kk],
+                      WgmmaDescAdd(WgmmaDesc(v, kHalfRows * 128, 1024), (kk % (kT / 32)) * 2048));
+      }
+    } else {
+      IssuePv(ot, pa, WgmmaDesc(ring.kv0 + (2 * stage(i) + 1) * kWgTileBytes, kT * 128, 1024));
+    }
+  };
   auto wait_full = [&](int i) {
     WS_PHASE(ph_math);  // (the previous step's rest ends here)
-    MbarWait(ring.full0 + 8 * stage(i), ((n0 + i) / kStages) & 1);
+    const int halves = nh(i);
+    for (int h = 0; h < halves; ++h) MbarWait(ring.full0 + 8 * slot(i, h), phase(i, h));
     WS_PHASE(ph_wait);
   };
   // A tile this warpgroup computes has landed; a kTmaTail ring's (kv_len given) last tile gets
   // V's rows past kv_len zeroed (WsZeroVTail, named barrier 1 + wg: not ping-pong's; with the
-  // default kv_len every tile is whole to it, a no-op).
+  // default kv_len every tile is whole to it, a no-op). With kHalf the rows past kv_len of its
+  // last half-stage (the keys of a second half-stage, where it has none, are the zeroed V half's).
   auto land = [&](int i) {
     wait_full(i);
-    WsZeroVTail(ring, stage(i), kv_len - (tile_begin + i) * kT, 1 + wg);
-  };
-  auto desc_k = [&](int i) { return WgmmaDesc(ring.kv0 + 2 * stage(i) * kWgTileBytes, 16, 1024); };
-  auto desc_v = [&](int i) {
-    return WgmmaDesc(ring.kv0 + (2 * stage(i) + 1) * kWgTileBytes, kT * 128, 1024);
+    const int valid = kv_len - (tile_begin + i) * kT;
+    if constexpr (kHalf) {
+      const int h = nh(i) - 1;
+      WsZeroVRows(ring.kv + slot(i, h) * kWgTileBytes + kWgTileBytes / 2, kHalfRows,
+                  valid - h * kHalfRows, 1 + wg);
+    } else {
+      WsZeroVTail(ring, stage(i), valid, 1 + wg);
+    }
   };
   auto release = [&](int i) {
     __syncwarp();
-    if (lane == 0) MbarArrive(ring.empty0 + 8 * stage(i));
+    if (lane == 0) {
+      const int halves = nh(i);
+      for (int h = 0; h < halves; ++h) MbarArrive(ring.empty0 + 8 * slot(i, h));
+    }
   };
   // Ping-pong turns: one per tile for each warpgroup, warpgroup 0 first; the last arrival of
   // warpgroup 1 would have no turn to open, so it is left out.
@@ -788,7 +913,7 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
     FenceRegs(sc);
     turn_begin();
     WgmmaFence();
-    issue_qk(sc, desc_k(0));
+    issue_qk(sc, 0);
     WgmmaCommit();
     turn_end(0);
     WgmmaWait<0>();
@@ -813,8 +938,8 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
     FenceRegs(ot);
     turn_begin();
     WgmmaFence();
-    issue_qk(sc, desc_k(i));
-    IssuePv(ot, pa, desc_v(i - 1));
+    issue_qk(sc, i);
+    issue_pv(ot, i - 1);
     WgmmaCommit();
     turn_end(i);
     WgmmaWait<0>();
@@ -835,7 +960,7 @@ __device__ __forceinline__ void WsFoldTiles(const WsRing& ring, int n0, uint32_t
     Zero(ot);
     FenceRegs(ot);
     WgmmaFence();
-    IssuePv(ot, pa, desc_v(nact - 1));
+    issue_pv(ot, nact - 1);
     WgmmaCommit();
     WgmmaWait<0>();
     WS_PHASE(ph_mma);
@@ -1521,8 +1646,8 @@ struct DwItem {
   int first_row[kT / 16];  // lane p's WsPieceRow of tile 0
 };
 struct DwShared {
-  uint64_t full[2][kDwStages];
-  uint64_t empty[2][kDwStages];
+  uint64_t full[2][2 * kDwStages];  // (2 kDwStages: a half-stage ring's)
+  uint64_t empty[2][2 * kDwStages];
   uint64_t item_full[2][kDwItemBufs];   // consumer c's item buffer b filled (its item warp)
   uint64_t item_empty[2][kDwItemBufs];  // ... and done with (its consumer's four warps)
   DwItem item[2][kDwItemBufs];
@@ -1531,13 +1656,19 @@ struct DwShared {
 // work: [2] device ints, zero at launch: the next work to take, and the item warps that found
 // none left; the last of those sets both back to zero for the next launch (so a graph replays
 // the kernel as it is; launches that share `work` must not overlap). kSuper: the two-level order
-// (WsSuperTiles), else WsFoldTiles.
-template <int kPiece, bool kSuper = false>
+// (WsSuperTiles), else WsFoldTiles. kHalf (16-token pieces, the one-level order, the 64-row
+// consumer form): each consumer's ring is a half-stage ring (WsLoadHalves), whose zeroed V half
+// sits where the decode-shaped form's scratch would be (that form does not run then).
+template <int kPiece, bool kSuper = false, bool kHalf = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     DecodeWsKernel(const TileKernelArgs k, int items, int* work,
                    const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kT / kPiece <= kT / 16, "first_row holds a tile's pieces");
+  static_assert(!kHalf || (kPiece == kPieceTokens && !kSuper), "the half-stage ring's form");
+  static_assert(2 * kN8ScratchBytes >= kWgTileBytes / 2, "the zeroed V half");
+  constexpr int kRing = kHalf ? 2 * kDwStages : kDwStages;  // ring slots a consumer
+  constexpr int kTileSlots = kHalf ? 2 : 1;                 // ... a whole tile takes
   // The count is read before the wait for the previous kernel (as in ForEachSplitItem).
   const int count = k.item_count != nullptr ? *k.item_count : items;
   // After the wide cascade kernel (k.after_wide): as ForEachSplitItem, run without waiting for it
@@ -1567,12 +1698,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   auto bar = [](uint64_t& b) { return static_cast<uint32_t>(__cvta_generic_to_shared(&b)); };
   auto ring_of = [&](int c) {
     const int off = 2 * kDwItemBufs * kDwQBytes + c * 2 * kDwStages * kWgTileBytes;
-    return WsRing{bar(sh.full[c][0]), bar(sh.empty[c][0]), smem_addr + off, smem + off};
+    const uint32_t zero_v =
+        kHalf ? smem_addr + 2 * kDwItemBufs * kDwQBytes + 2 * 2 * kDwStages * kWgTileBytes : 0;
+    return WsRing{bar(sh.full[c][0]), bar(sh.empty[c][0]), smem_addr + off, smem + off, zero_v};
   };
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (tid == 0) {
     for (int c = 0; c < 2; ++c) {
-      for (int s = 0; s < kDwStages; ++s) {
+      for (int s = 0; s < kRing; ++s) {
         MbarInit(bar(sh.full[c][s]), 1);
         MbarInit(bar(sh.empty[c][s]), 4);
       }
@@ -1586,6 +1719,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // Q buffers start as zeros: rows past an item's q-rows are multiplied, never stored.
   for (int i = tid; i < 2 * kDwItemBufs * kDwQBytes / 16; i += kWsThreads) {
     reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
+  }
+  if (kHalf) {  // the zeroed V half (read by P V for a one-half tile's keys 32-63)
+    unsigned char* z = smem + 2 * kDwItemBufs * kDwQBytes + 2 * 2 * kDwStages * kWgTileBytes;
+    for (int i = tid; i < kWgTileBytes / 2 / 16; i += kWsThreads) {
+      reinterpret_cast<uint4*>(z)[i] = make_uint4(0, 0, 0, 0);
+    }
   }
   FenceProxyAsync();
   __syncthreads();
@@ -1608,8 +1747,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const int w = d.work;
       if (w < 0) break;
       const int ntiles = d.ntiles;
+      // (read before fn: the buffer may refill once fn released it)
+      const int slots = kHalf ? WsWorkHalves(d.kv_len, d.tile_begin, ntiles) : ntiles;
       fn(d, w, n, b, ntiles);
-      n += ntiles;
+      n += slots;
     }
   };
   if (warp < 4) {  // --------------------------------------------------- item and load warps
@@ -1745,16 +1886,24 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const int first_row =
           WsPieceRow<kPiece, true>(a, table_offset, tile_begin, ntiles, kv_len, w0 % hkv, lane, 0);
       wait_prior();  // (its cache rows are the previous kernel's)
-      WsLoadTiles<kDwStages, kPiece, true>(a, &tk, &tv, ring, 0, table_offset, tile_begin, ntiles,
-                                           kv_len, w0 % hkv, lane, first_row);
+      auto load = [&](int n, int table_offset, int tile_begin, int ntiles, int kv_len, int kvh,
+                      int first_row) {
+        if constexpr (kHalf) {
+          WsLoadHalves<kRing>(&tk, &tv, ring, n, a, table_offset, tile_begin, ntiles, kv_len, kvh,
+                              lane, first_row);
+        } else {
+          WsLoadTiles<kDwStages, kPiece, true>(a, &tk, &tv, ring, n, table_offset, tile_begin,
+                                               ntiles, kv_len, kvh, lane, first_row);
+        }
+      };
+      load(0, table_offset, tile_begin, ntiles, kv_len, w0 % hkv, first_row);
       walk_items(
           c,
           [&](const DwItem& d, int w, int n, int, int ntiles) {
-            WsLoadTiles<kDwStages, kPiece, true>(a, &tk, &tv, ring, n, d.table_offset, d.tile_begin,
-                                                 ntiles, d.kv_len, w % hkv, lane,
-                                                 lane < kT / 16 ? d.first_row[lane] : 0);
+            load(n, d.table_offset, d.tile_begin, ntiles, d.kv_len, w % hkv,
+                 lane < kT / 16 ? d.first_row[lane] : 0);
           },
-          1, ntiles);
+          1, kHalf ? WsWorkHalves(kv_len, tile_begin, ntiles) : ntiles);
     }
   } else {  // --------------------------------------------------------------------- consumers
     SetMaxRegsInc<224>();
@@ -1768,7 +1917,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const bool row_warp = cw == 2 + c;
     const int unit = kSuper ? k.super_tiles : 1;  // tiles per partial slot
     // The decode-shaped form (one-level order): its scratch after both consumers' rings.
-    const bool n8 = !kSuper && k.dw_n8 != 0;
+    const bool n8 = !kSuper && !kHalf && k.dw_n8 != 0;
     const int n8_off =
         2 * kDwItemBufs * kDwQBytes + 2 * 2 * kDwStages * kWgTileBytes + c * kN8ScratchBytes;
     const N8Scratch scratch{smem + n8_off, smem_addr + n8_off};
@@ -1776,7 +1925,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (row_warp) DW_STAMP(lane, w, kDwTrStart);
 #if defined(CASCADE_WS_TRACE)
       if (row_warp) {  // when the work's first tile landed (WsFoldTiles waits for it again)
-        MbarWait(ring.full0 + 8 * (n % kDwStages), (n / kDwStages) & 1);
+        MbarWait(ring.full0 + 8 * (n % kRing), (n / kRing) & 1);
         DW_STAMP(lane, w, kDwTrTile0);
       }
 #endif
@@ -1870,9 +2019,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
               ring, n + t0 - tile_begin, smem_addr + q_offset(c, b), 0, t0, t1 - t0, lo, hi, pos, c,
               lane, k.scale_log2, k.super_tiles, o, l, row_warp, m, kv_len);
         } else {
-          WsFoldTiles<false, kDwStages, kDwQRows, true>(
-              ring, n + t0 - tile_begin, smem_addr + q_offset(c, b), 0, t0, t1 - t0, lo, hi, pos, c,
-              lane, k.scale_log2, o, l, row_warp, m, nullptr, kv_len);
+          WsFoldTiles<false, kRing, kDwQRows, true, kHalf>(
+              ring, n + kTileSlots * (t0 - tile_begin), smem_addr + q_offset(c, b), 0, t0, t1 - t0,
+              lo, hi, pos, c, lane, k.scale_log2, o, l, row_warp, m, nullptr, kv_len);
         }
         if (t1 == tile_end) {
           // Every S of the item has completed (WsFoldTiles waited on each) and its fields are

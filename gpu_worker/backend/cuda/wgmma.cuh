@@ -145,6 +145,27 @@ __device__ __forceinline__ void Wgmma64x64SS(float (&d)[32], uint64_t a, uint64_
   __trap();
 #endif
 }
+// d[kOff, kOff + 16) (the accumulators of columns kOff * 2 .. kOff * 2 + 31 of a 64 x 64 tile, in
+// Wgmma64x64SS's layout) += A (64 x 16, K-major, smem) * B (16 x 32 as 32 rows K-major, smem):
+// two of these (kOff 0 and 16, B's rows 0-31 and 32-63) give a 64-column chain's bits (an
+// element's k16 chain does not depend on N; bench/kernels/wgmma_swap_probe.cu).
+template <int kOff>
+__device__ __forceinline__ void Wgmma64x32SS(float (&d)[32], uint64_t a, uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(kOff == 0 || kOff == 16, "a half of a 64-column tile");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[kOff + 0]), "+f"(d[kOff + 1]), "+f"(d[kOff + 2]), "+f"(d[kOff + 3]),
+        "+f"(d[kOff + 4]), "+f"(d[kOff + 5]), "+f"(d[kOff + 6]), "+f"(d[kOff + 7]),
+        "+f"(d[kOff + 8]), "+f"(d[kOff + 9]), "+f"(d[kOff + 10]), "+f"(d[kOff + 11]),
+        "+f"(d[kOff + 12]), "+f"(d[kOff + 13]), "+f"(d[kOff + 14]), "+f"(d[kOff + 15])
+      : "l"(a), "l"(b));
+#else
+  __trap();
+#endif
+}
 // d (64 x 64, f32) += A (64 x 16 bf16, registers: the mma.sync A fragment of each warp's 16 rows)
 // * B (16 x 64 as 64 rows K-major, smem).
 __device__ __forceinline__ void Wgmma64x64RS(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
