@@ -419,9 +419,8 @@ __device__ __forceinline__ int WsTmaPieces(int kv_len, int ts) {
 // sessions 50-51). Measured (session 53): inside the engine's decode replays the kernel takes
 // 0.96x the time and steps are 2-5% shorter; alone its rows are 1-5% slower (a work's first tile
 // is there at once, but each tile costs its consumer more). The n-th half-stage through the ring
-// sits in slot
-// n % (2 kStages); a work's tile i starts at half-stage n0 + 2 i (every tile but the last is
-// whole). Bits: S of a tile is two m64n32k16 chains (keys 0-31 and 32-63, an element's k16 chain
+// sits in slot n % (2 kStages); a work's tile i starts at half-stage n0 + 2 i (every tile but the
+// last is whole). Bits: S of a tile is two m64n32k16 chains (keys 0-31 and 32-63, an element's k16 chain
 // over the head dims does not depend on N) and P V's k16 steps over keys 32-63 read the second
 // half-stage, or the zeroed V half (zero_v) where the tile has one, so every MMA sees the operands
 // the whole stage gave (its rows past kv_len zeroed there too; WsZeroVTail).
