@@ -16,9 +16,10 @@ works.
 
 With --dw, FILE is the persistent decode kernel's timeline (FILE.dw beside the wide kernel's:
 attention_hopper.cuh DwTraceSlot; meta cta | consumer << 12 | j << 13 | tiles << 32 | q-rows <<
-48): per kind of work the item warp's take, rows and Q intervals and the consumer's work, and
-over all consumers the share of their time spent working, waiting between works, and before
-the first and after the last.
+48): per kind of work the item warp's take, rows and Q intervals and the consumer's work, its
+row warp's time a tile by phase (waiting for the tile, its MMAs, the rest; 64-row consumers,
+traces since session 53), and over all consumers the share of their time spent working, waiting
+between works, and before the first and after the last.
 
 With --step, FILE and FILE.dw's CTA lines on the globaltimer (one clock for every SM): when each
 kernel's CTAs started and ended from the step's first CTA start, so a step's time divides into
@@ -248,6 +249,13 @@ def self_test():
 
 # The persistent decode kernel's slots (attention_hopper.cuh DwTraceSlot), in file order.
 DW_SLOTS = ["take", "taken", "rows", "full", "start", "stored", "tile0"]
+# Then the row warp's tile loops by phase, cycles summed over the work's tiles (durations; 0 in
+# traces before session 53 and in the decode-shaped form): (label, slot).
+DW_PHASES = [
+    ("consumer per tile: wait for it to land", "phase_wait"),
+    ("consumer per tile: MMAs issue -> done", "phase_mma"),
+    ("consumer per tile: release, fold, softmax", "phase_math"),
+]
 DW_INTERVALS = [
     ("item: take (buffer free -> index known)", "taken", "take"),
     ("item: index -> positions read", "rows", "taken"),
@@ -262,7 +270,7 @@ DW_INTERVALS = [
 
 def parse_dw(lines):
     """Returns ({cta: (clock0, ns0, clock1, ns1)}, [work dicts]) of a DecodeWsKernel trace."""
-    return parse_trace(lines, DW_SLOTS, lambda meta: {
+    return parse_trace(lines, DW_SLOTS + [slot for _, slot in DW_PHASES], lambda meta: {
         "cta": meta & 0xFFF, "c": (meta >> 12) & 1, "j": (meta >> 13) & 0x7FFFF,
         "tiles": (meta >> 32) & 0xFFFF, "q": (meta >> 48) & 0xFFF,
     })
@@ -274,7 +282,7 @@ def analyze_dw(ctas, works):
     by_kind, counts, per_consumer = intervals_by_kind(
         works, rate, DW_SLOTS, DW_INTERVALS,
         lambda w: "%d tile%s, %d q-rows" % (w["tiles"], "" if w["tiles"] == 1 else "s", w["q"]),
-        lambda w: (w["cta"], w["c"]))
+        lambda w: (w["cta"], w["c"]), DW_PHASES)
     shares = defaultdict(float)
     for (c, _), ws in per_consumer.items():
         r = rate[c]
@@ -291,8 +299,9 @@ def report_dw(ctas, works, out=sys.stdout):
     if not counts:
         print("ws_trace --dw: no complete work in the trace", file=out)
         return 1
-    print_report(ctas, (by_kind, counts, shares, rate), [i[0] for i in DW_INTERVALS], 42, 4,
-                 "consumers'", False, out)
+    print_report(ctas, (by_kind, counts, shares, rate),
+                 [i[0] for i in DW_INTERVALS] + [p[0] for p in DW_PHASES], 42, 4, "consumers'",
+                 False, out)
     return 0
 
 
@@ -300,15 +309,18 @@ def self_test_dw():
     """A hand-made DecodeWsKernel trace: one CTA at 1000 cycles per us, its two consumers."""
     lines = ["cta,0,1000,0,21000,20000"]
 
-    def work(w, c, j, tiles, base, loop):
+    def work(w, c, j, tiles, base, loop, phases=(0, 0, 0)):
         meta = c << 12 | j << 13 | tiles << 32 | 2 << 48
         s = {"take": base, "taken": base + 500, "rows": base + 1500, "full": base + 2000,
              "start": base + 2500, "stored": base + 2500 + loop, "tile0": base + 3000}
-        return "work,%d,%d,%s" % (w, meta, ",".join(str(s[k]) for k in DW_SLOTS))
+        s.update(zip([slot for _, slot in DW_PHASES], phases))
+        return "work,%d,%d,%s" % (
+            w, meta, ",".join(str(s[k]) for k in DW_SLOTS + [slot for _, slot in DW_PHASES]))
 
     lines.append(work(0, 0, 0, 1, 1000, 3000))   # consumer 0: 3.5 -> 6.5 us
     lines.append(work(1, 0, 1, 1, 6000, 3000))   # consumer 0: 8.5 -> 11.5 (2 us between)
-    lines.append(work(2, 1, 0, 2, 1000, 5000))   # consumer 1: 3.5 -> 8.5
+    # consumer 1: 3.5 -> 8.5; its 2 tiles waited 1.2 us, MMAs 0.8, the rest 2.0 (cycles summed)
+    lines.append(work(2, 1, 0, 2, 1000, 5000, (1200, 800, 2000)))
     ctas, works = parse_dw(lines)
     by_kind, counts, shares, rate = analyze_dw(ctas, works)
     assert counts == {"1 tile, 2 q-rows": 2, "2 tiles, 2 q-rows": 1}, counts
@@ -318,6 +330,11 @@ def self_test_dw():
     assert one["consumer: work (tiles and stores)"] == [3.0, 3.0], one
     assert one["consumer: work started -> first tile landed"] == [0.5, 0.5], one
     assert one["consumer: first tile landed -> stored"] == [2.5, 2.5], one
+    assert "consumer per tile: wait for it to land" not in one, one  # no phases stamped
+    two = by_kind["2 tiles, 2 q-rows"]
+    assert two["consumer per tile: wait for it to land"] == [0.6], two   # 1200 cycles / 2 tiles
+    assert two["consumer per tile: MMAs issue -> done"] == [0.4], two
+    assert two["consumer per tile: release, fold, softmax"] == [1.0], two
     assert abs(shares["working"] - 11.0) < 1e-9, shares
     assert abs(shares["between works"] - 2.0) < 1e-9, shares
     assert abs(shares["before the first work"] - 5.0) < 1e-9, shares   # 2.5 us each

@@ -420,10 +420,10 @@ __device__ __forceinline__ int WsTmaPieces(int kv_len, int ts) {
 // 0.96x the time and steps are 2-5% shorter; alone its rows are 1-5% slower (a work's first tile
 // is there at once, but each tile costs its consumer more). The n-th half-stage through the ring
 // sits in slot n % (2 kStages); a work's tile i starts at half-stage n0 + 2 i (every tile but the
-// last is whole). Bits: S of a tile is two m64n32k16 chains (keys 0-31 and 32-63, an element's k16 chain
-// over the head dims does not depend on N) and P V's k16 steps over keys 32-63 read the second
-// half-stage, or the zeroed V half (zero_v) where the tile has one, so every MMA sees the operands
-// the whole stage gave (its rows past kv_len zeroed there too; WsZeroVTail).
+// last is whole). Bits: S of a tile is two m64n32k16 chains (keys 0-31 and 32-63, an element's k16
+// chain over the head dims does not depend on N) and P V's k16 steps over keys 32-63 read the
+// second half-stage, or the zeroed V half (zero_v) where the tile has one, so every MMA sees the
+// operands the whole stage gave (its rows past kv_len zeroed there too; WsZeroVTail).
 constexpr int kHalfRows = kT / 2;
 // The half-stages a tile starting at token ts takes (its TMA pieces of 16 tokens: up to two fill
 // the first half, three or four both).
@@ -1621,13 +1621,20 @@ constexpr size_t kDwSmemBytes =
 // kWsTraceSlots slots of g_dw_trace, each CTA its clock64 and globaltimer at its start and end.
 #if defined(CASCADE_WS_TRACE)
 enum DwTraceSlot {
-  kDwTrTake,                      // item warp: its buffer free, about to take a work
-  kDwTrTaken,                     // ... the work's index known (the counter answered)
-  kDwTrRows,                      // ... the work's rows' positions read (its Q copies in flight)
-  kDwTrFull,                      // ... its Q rows landed: item_full arrival
-  kDwTrStart,                     // consumer (row warp): the work is there
-  kDwTrStored,                    // ... its tiles folded and its partials or rows stored
-  kDwTrTile0,                     // ... its first tile landed (a trace-only wait on the stage)
+  kDwTrTake,    // item warp: its buffer free, about to take a work
+  kDwTrTaken,   // ... the work's index known (the counter answered)
+  kDwTrRows,    // ... the work's rows' positions read (its Q copies in flight)
+  kDwTrFull,    // ... its Q rows landed: item_full arrival
+  kDwTrStart,   // consumer (row warp): the work is there
+  kDwTrStored,  // ... its tiles folded and its partials or rows stored
+  kDwTrTile0,   // ... its first tile landed (a trace-only wait on the stage)
+  // The row warp's tile loops of the work (64-row consumer form) by phase, cycles summed over its
+  // tiles (durations, not stamps; WsFoldTiles' `phases`): waiting for the tiles to land (and, on
+  // a kTmaTail ring, zeroing V's tail rows); from its MMAs' issue to their wait's return; the
+  // rest (release, fold, softmax).
+  kDwTrPhaseWait,
+  kDwTrPhaseMma,
+  kDwTrPhaseMath,
   kDwTrMeta = kWsTraceSlots - 1,  // cta | c << 12 | j << 13 | tiles << 32 | q-rows << 48 | fold
 };
 __device__ TraceBuf g_dw_trace = {nullptr, 0};
@@ -2012,9 +2019,18 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         if (row_warp) DW_STAMP(lane, w, kDwTrStored);
         return;
       }
+#if defined(CASCADE_WS_TRACE)
+      uint64_t ph_sum[3] = {0, 0, 0};
+#endif
       for (int t0 = tile_begin; t0 < tile_end;) {
         const int t1 = fold != kFoldNone ? tile_end : min(tile_end, (t0 / unit + 1) * unit);
         float o[64], l[2], m[2];
+#if defined(CASCADE_WS_TRACE)
+        uint64_t ph[3] = {0, 0, 0};
+        uint64_t* phases = row_warp ? ph : nullptr;
+#else
+        uint64_t* phases = nullptr;
+#endif
         if constexpr (kSuper) {
           WsSuperTiles<false, kDwStages, kDwQRows, true>(
               ring, n + t0 - tile_begin, smem_addr + q_offset(c, b), 0, t0, t1 - t0, lo, hi, pos, c,
@@ -2022,7 +2038,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         } else {
           WsFoldTiles<false, kRing, kDwQRows, true, kHalf>(
               ring, n + kTileSlots * (t0 - tile_begin), smem_addr + q_offset(c, b), 0, t0, t1 - t0,
-              lo, hi, pos, c, lane, k.scale_log2, o, l, row_warp, m, nullptr, kv_len);
+              lo, hi, pos, c, lane, k.scale_log2, o, l, row_warp, m, phases, kv_len);
+#if defined(CASCADE_WS_TRACE)
+          for (int p = 0; p < 3; ++p) ph_sum[p] += ph[p];
+#endif
         }
         if (t1 == tile_end) {
           // Every S of the item has completed (WsFoldTiles waited on each) and its fields are
@@ -2044,6 +2063,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         t0 = t1;
       }
       if (row_warp) DW_STAMP(lane, w, kDwTrStored);
+#if defined(CASCADE_WS_TRACE)
+      if (row_warp && lane == 0) {
+        for (int p = 0; p < 3; ++p) g_dw_trace.Stamp(w, kDwTrPhaseWait + p, ph_sum[p]);
+      }
+#endif
     });
 #if defined(CASCADE_WS_TRACE)  // the CTA's end: its later consumer's
     if (row_warp && lane == 0 && g_dw_trace.stamps != nullptr) {
