@@ -15,6 +15,8 @@ BlockManager::BlockManager(int64_t num_blocks, int block_size, std::function<int
       hints_(num_blocks),
       last_use_(num_blocks, 0),
       uses_(num_blocks, 0),
+      parent_(num_blocks),
+      parent_block_(num_blocks, -1),
       evict_on_release_(num_blocks, false),
       children_(static_cast<size_t>(num_blocks)) {
   free_.reserve(num_blocks);
@@ -34,7 +36,7 @@ int BlockManager::CountCachedPrefix(std::span<const hash::Hash128> keys) const {
 int32_t BlockManager::AcquireCached(const hash::Hash128& key) {
   auto it = by_key_.find(key);
   assert(it != by_key_.end());
-  const int32_t b = it->second.block;
+  const int32_t b = it->second;
   AddRef(b);
   NoteUse(b);
   return b;
@@ -70,8 +72,7 @@ int32_t BlockManager::AllocateFresh() {
     evictable_.Remove(b);
     --num_unreferenced_;
     if (on_evict_) {
-      const KeyInfo& info = by_key_.at(*key_[b]);
-      on_evict_(b, *key_[b], info.parent, hints_[b]);
+      on_evict_(b, *key_[b], parent_[b], hints_[b]);
     }
     DropKey(b);
   }
@@ -90,16 +91,13 @@ void BlockManager::ForNextVictims(
   evictable_.ForEachInOrder(now, [&](int32_t leaf) {
     for (int32_t b = leaf; b >= 0;) {
       const hash::Hash128& key = *key_[b];
-      const hash::Hash128& parent = by_key_.at(key).parent;
+      const hash::Hash128& parent = parent_[b];
       if (!f(b, key, parent, hints_[b]) || ++seen >= n) return false;
       // The parent is next if this block is its only cached child and nothing references or
       // retains it.
-      b = -1;
       if (parent.IsZero() || ChildCount(parent) != 1) break;
-      const auto p = by_key_.find(parent);
-      if (p == by_key_.end()) break;
-      const int32_t pb = p->second.block;
-      if (ref_[pb] == 0 && hints_[pb].retain_until_ms <= now) b = pb;
+      const int32_t pb = ParentBlock(b);
+      b = pb >= 0 && ref_[pb] == 0 && hints_[pb].retain_until_ms <= now ? pb : -1;
     }
     return true;
   });
@@ -137,13 +135,29 @@ bool BlockManager::Commit(int32_t block, const hash::Hash128& key, const hash::H
   if (key_[block].has_value()) return *key_[block] == key;
   if (by_key_.count(key)) return false;
   key_[block] = key;
-  by_key_.emplace(key, KeyInfo{block, parent});
+  by_key_.emplace(key, block);
+  parent_[block] = parent;
+  parent_block_[block] = -1;
   if (!parent.IsZero()) {
     children_.Add(parent, block);
     // The parent is no longer a leaf.
-    if (auto p = by_key_.find(parent); p != by_key_.end()) evictable_.Remove(p->second.block);
+    if (auto p = by_key_.find(parent); p != by_key_.end()) {
+      evictable_.Remove(p->second);
+      parent_block_[block] = p->second;
+    }
   }
   return true;
+}
+
+int32_t BlockManager::ParentBlock(int32_t block) const {
+  const hash::Hash128& parent = parent_[block];
+  const int32_t hint = parent_block_[block];
+  // The hint holds while that block still holds the parent's key (keys are unique among cached
+  // blocks); else (the parent was not cached at this block's commit, or was dropped and cached
+  // again elsewhere) the index says.
+  if (hint >= 0 && key_[hint].has_value() && *key_[hint] == parent) return hint;
+  const auto p = by_key_.find(parent);
+  return p == by_key_.end() ? -1 : p->second;
 }
 
 void BlockManager::RaiseHints(int32_t block, const EvictionHints& h) {
@@ -154,7 +168,7 @@ void BlockManager::RaiseHints(int32_t block, const EvictionHints& h) {
 std::optional<int32_t> BlockManager::Lookup(const hash::Hash128& key) const {
   auto it = by_key_.find(key);
   if (it == by_key_.end()) return std::nullopt;
-  return it->second.block;
+  return it->second;
 }
 
 std::vector<int32_t> BlockManager::ChainBlocks(const hash::Hash128& key) const {
@@ -163,8 +177,8 @@ std::vector<int32_t> BlockManager::ChainBlocks(const hash::Hash128& key) const {
   while (!k.IsZero()) {
     auto it = by_key_.find(k);
     if (it == by_key_.end()) return {};
-    chain.push_back(it->second.block);
-    k = it->second.parent;
+    chain.push_back(it->second);
+    k = parent_[it->second];
   }
   return {chain.rbegin(), chain.rend()};
 }
@@ -172,7 +186,7 @@ std::vector<int32_t> BlockManager::ChainBlocks(const hash::Hash128& key) const {
 void BlockManager::DropKey(int32_t block) {
   if (!key_[block].has_value()) return;
   const hash::Hash128 key = *key_[block];
-  const hash::Hash128 parent = by_key_.at(key).parent;
+  const hash::Hash128 parent = parent_[block];
   evicted_.push_back(key);
   by_key_.erase(key);
   key_[block].reset();
@@ -181,7 +195,7 @@ void BlockManager::DropKey(int32_t block) {
   if (parent.IsZero()) return;
   if (children_.Remove(parent, block) == 0) {
     // The parent became a leaf.
-    if (auto p = by_key_.find(parent); p != by_key_.end()) MaybeCandidate(p->second.block);
+    if (const int32_t pb = ParentBlock(block); pb >= 0) MaybeCandidate(pb);
   }
 }
 
@@ -195,7 +209,7 @@ int64_t BlockManager::EvictKeys(std::span<const hash::Hash128> keys,
   for (auto k = doomed.rbegin(); k != doomed.rend(); ++k) {
     auto it = by_key_.find(*k);
     if (it == by_key_.end()) continue;
-    int32_t b = it->second.block;
+    int32_t b = it->second;
     if (ref_[b] > 0) {  // in use: a live sequence still reads it; dropped at its release
       evict_on_release_[b] = true;
       continue;

@@ -611,7 +611,8 @@ void EngineImpl::OffloadAhead() {
   blocks_.ForNextVictims(offload_ahead_ - blocks_.NumFree(),
                          [&](int32_t block, const hash::Hash128& key, const hash::Hash128& parent,
                              const EvictionHints& hints) {
-                           if (!host_->Contains(key) && WorthAHostCopy(block)) {
+                           // (the policy's array read before the host index's lookup)
+                           if (WorthAHostCopy(block) && !host_->Contains(key)) {
                              host_->OffloadAhead(block, key, parent, hints);
                            }
                            return true;

@@ -10,17 +10,20 @@ void EvictionQueue::Add(int32_t id, const EvictionHints& hints, uint64_t tick) {
   const Key k{hints.priority, tick, id};
   order_.insert(k);
   pos_.emplace(id, std::make_pair(k, hints.retain_until_ms));
+  if (hints.retain_until_ms > 0) ++retained_;
 }
 
 void EvictionQueue::Remove(int32_t id) {
   auto it = pos_.find(id);
   if (it == pos_.end()) return;
+  if (it->second.second > 0) --retained_;
   order_.erase(it->second.first);
   pos_.erase(it);
 }
 
 int32_t EvictionQueue::Pick(int64_t now_ms) const {
   if (order_.empty()) return -1;
+  if (retained_ == 0) return std::get<2>(*order_.begin());
   // Retained entries are few (chunks registered with retention_seconds), so the walk is short.
   for (const Key& k : order_) {
     if (pos_.at(std::get<2>(k)).second <= now_ms) return std::get<2>(k);

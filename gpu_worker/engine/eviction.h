@@ -48,7 +48,9 @@ class EvictionQueue {
   void ForEachInOrder(int64_t now_ms, F f) const {
     for (const Key& k : order_) {
       const int32_t id = std::get<2>(k);
-      if (pos_.at(id).second > now_ms) continue;
+      // (Without retained entries, the usual case, no lookup: the walk ahead of eviction runs
+      // this over thousands of candidates every engine step of a full cache.)
+      if (retained_ > 0 && pos_.at(id).second > now_ms) continue;
       if (!f(id)) return;
     }
   }
@@ -57,6 +59,7 @@ class EvictionQueue {
   using Key = std::tuple<int32_t, uint64_t, int32_t>;  // priority, tick, id
   std::set<Key> order_;
   std::unordered_map<int32_t, std::pair<Key, int64_t>> pos_;  // id -> key, retain_until_ms
+  size_t retained_ = 0;  // entries with a retain_until_ms > 0 (passed or not)
 };
 
 // Which entries of a tier name each key as their parent (the prefix tree's child links), as

@@ -192,6 +192,68 @@ TEST(BlockManagerTest, ForNextVictimsNamesTheBlocksEvictionTakesInOrder) {
       << "the walk is an estimate: a parent follows its last child at once";
 }
 
+// The walk goes up a chain through each block's parent, found from a hint recorded at commit:
+// where the parent was cached only after its child (no hint), and where the block that held the
+// parent's key at the child's commit holds another key since, the walk still finds the parent's
+// block, and eviction's leaf bookkeeping (a parent becoming a leaf) follows it too.
+TEST(BlockManagerTest, ForNextVictimsFindsParentsCachedAfterOrElsewhere) {
+  BlockManager bm(4, 4);
+  const int32_t child = bm.AllocateFresh(), parent = bm.AllocateFresh();
+  bm.Commit(child, K(2), K(1));  // K(1) is not cached yet: no hint
+  bm.Commit(parent, K(1), {});
+  bm.Release(parent);
+  bm.Release(child);
+  auto walk = [&] {
+    std::vector<int32_t> got;
+    bm.ForNextVictims(
+        10, [&](int32_t block, const hash::Hash128&, const hash::Hash128&, const EvictionHints&) {
+          got.push_back(block);
+          return true;
+        });
+    return got;
+  };
+  EXPECT_EQ(walk(), (std::vector<int32_t>{child, parent}));
+  // The parent's key dropped (with its descendant) and cached again in another block under a new
+  // child: the new child's hint is right, the walk names the new blocks.
+  bm.EvictKeys(std::vector<hash::Hash128>{K(1)});
+  EXPECT_FALSE(bm.IsCachedKey(K(2)));
+  const int32_t p2 = bm.AllocateFresh(), c2 = bm.AllocateFresh();
+  bm.Commit(p2, K(1), {});
+  bm.Commit(c2, K(3), K(1));
+  bm.Release(c2);
+  bm.Release(p2);
+  EXPECT_EQ(walk(), (std::vector<int32_t>{c2, p2}));
+  // Evicting the child makes the parent a leaf, found through the hint: taken next.
+  while (bm.NumFree() > 0) bm.AllocateFresh();  // held: the next allocation evicts
+  EXPECT_EQ(bm.AllocateFresh(), c2);
+  EXPECT_EQ(walk(), (std::vector<int32_t>{p2}));
+  EXPECT_EQ(bm.AllocateFresh(), p2);
+}
+
+// A parent taken while its child is in use (no unreferenced leaf left: the fallback victim) and
+// its block reused for another key: the child's hint names a block that no longer holds the
+// parent's key, so the walk stops at the child instead of walking into that block.
+TEST(BlockManagerTest, ForNextVictimsIgnoresAStaleParentHint) {
+  BlockManager bm(2, 4);
+  const int32_t parent = bm.AllocateFresh(), child = bm.AllocateFresh();
+  bm.Commit(parent, K(1), {});
+  bm.Commit(child, K(2), K(1));
+  bm.Release(parent);
+  const int32_t other = bm.AllocateFresh();  // evicts the parent, the only unreferenced block
+  ASSERT_EQ(other, parent);
+  EXPECT_FALSE(bm.IsCachedKey(K(1)));
+  bm.Commit(other, K(9), {});
+  bm.Release(other);
+  bm.Release(child);
+  std::vector<int32_t> got;
+  bm.ForNextVictims(
+      10, [&](int32_t block, const hash::Hash128&, const hash::Hash128&, const EvictionHints&) {
+        got.push_back(block);
+        return true;
+      });
+  EXPECT_EQ(got, (std::vector<int32_t>{other, child}));
+}
+
 TEST(BlockManagerTest, ReuseListenerHearsOfEveryBlockHandedOut) {
   BlockManager bm(2, 4);
   std::vector<int32_t> heard;
