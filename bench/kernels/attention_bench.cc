@@ -12,7 +12,8 @@
 //   schedule over N; default one per SM)]
 //   [--dw-n8=0|1 (the persistent decode kernel's consumers in the 64-row form, the default, or
 //   in the decode-shaped form)] [--dw-half=0|1 (that kernel's rings in half-stages of 32 keys,
-//   the default, or whole 64-key stages; the decode rows tagged " stages" use whole ones)]
+//   the default, or whole 64-key stages; the decode rows tagged " stages" use whole ones; cascade
+//   rows use whole ones either way)]
 //   [--dw-ctas=N (that kernel on N CTAs instead of one per SM: how
 //   its rate scales with its consumers)]
 //   [--tree=NAME (only the three-level tree's every-tile row of that configuration: default,

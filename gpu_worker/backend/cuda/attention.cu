@@ -1433,7 +1433,11 @@ cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& pla
   auto kernel = piece == kT ? DecodeWsKernel<kT> : DecodeWsKernel<kPieceTokens>;
   if (k.super_tiles > 1) {
     kernel = piece == kT ? DecodeWsKernel<kT, true> : DecodeWsKernel<kPieceTokens, true>;
-  } else if (piece != kT && g_dw_half && !g_dw_n8) {
+  } else if (piece != kT && g_dw_half && !g_dw_n8 && plan.num_wide == 0) {
+    // Plain decode steps only: there the half ring made the engine's steps 2-5% shorter; a
+    // cascade step's own tiles (after the wide kernel) keep whole stages, whose tree and shared
+    // prefix rows ran 1-5% faster alone, the engine's cascade steps not measured on both
+    // (bench/kernels/NOTES.md session 53).
     kernel = DecodeWsKernel<kPieceTokens, false, true>;
   }
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDwSmemBytes);

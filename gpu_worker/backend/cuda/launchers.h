@@ -111,8 +111,8 @@ void SetSplitOverlapsWide(bool on);
 // q-rows repeated over 64 MMA rows; default). The same bits either way.
 void SetDecodeWsN8(bool on);
 // Tests and benchmarks: DecodeWsKernel's K/V ring (16-token pieces, the one-level order, the 64-row
-// consumer form) as half-stages of 32 keys, a work's last tile of at most 32 keys in one (default),
-// or as whole 64-key stages. The same bits either way.
+// consumer form, steps without wide cascade items) as half-stages of 32 keys, a work's last tile
+// of at most 32 keys in one (default), or as whole 64-key stages. The same bits either way.
 void SetDecodeWsHalfRing(bool on);
 // Tests only: the grid of split form 3's persistent kernel (DecodeWsKernel); 0 (default): one CTA
 // per SM. A small grid makes each consumer run many items (its rings wrap many times).
