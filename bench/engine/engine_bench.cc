@@ -65,7 +65,8 @@
 // kernel: attention.h SetOwnTilesOnPersistentDecode(false); the same bits), "dwn8" (the persistent
 // decode kernel's consumers in the decode-shaped form: launchers.h SetDecodeWsN8; the same bits),
 // "stages" (that kernel's rings in whole 64-key stages instead of half-stages of 32 keys:
-// launchers.h SetDecodeWsHalfRing(false); the same bits),
+// launchers.h SetDecodeWsHalfRing(false); the same bits), "halfcascade" (the half-stage ring on
+// cascade steps' own tiles too: SetDecodeWsHalfRingOnCascade; the same bits),
 // "wsfew" (steps of fewer works than 7/8 of the SMs, all rows short, on the persistent decode
 // kernel instead of the split kernel and the merge: attention.h SetDecodeWsFewWorks(true); the same
 // bits), "hostscore" (every logits row back whole, the engine sampling and scoring prompt rows on
@@ -247,14 +248,15 @@ struct Variant {
   int prefill_min_m = 1024;   // CudaBackendOptions::gemm_prefill_min_m
   int super_tiles = 1;        // CudaBackendOptions::attention_super_tiles
   int prefetch_max_rows = cuda::kDefaultPrefetchWeightsMaxRows;  // ::prefetch_weights_max_rows
-  int prefetch_ctas = 16;       // CudaBackendOptions::prefetch_weights_ctas
-  bool prefetch_early = false;  // CudaBackendOptions::prefetch_weights_early
-  bool own_tiles_ws = true;     // attention.h SetOwnTilesOnPersistentDecode (process-wide)
-  bool dw_n8 = false;           // internal::SetDecodeWsN8 (process-wide, set at load)
-  bool dw_stages = false;       // internal::SetDecodeWsHalfRing(false) (process-wide, at load)
-  bool ws_few_works = false;    // attention.h SetDecodeWsFewWorks (process-wide, set at load)
-  bool host_score = false;      // EngineOptions::debug_capture_logits: rows come back whole
-  int prompt_logprob_rows = 0;  // EngineOptions::max_prompt_logprob_rows (0: its default)
+  int prefetch_ctas = 16;        // CudaBackendOptions::prefetch_weights_ctas
+  bool prefetch_early = false;   // CudaBackendOptions::prefetch_weights_early
+  bool own_tiles_ws = true;      // attention.h SetOwnTilesOnPersistentDecode (process-wide)
+  bool dw_n8 = false;            // internal::SetDecodeWsN8 (process-wide, set at load)
+  bool dw_stages = false;        // internal::SetDecodeWsHalfRing(false) (process-wide, at load)
+  bool dw_half_cascade = false;  // internal::SetDecodeWsHalfRingOnCascade (process-wide, at load)
+  bool ws_few_works = false;     // attention.h SetDecodeWsFewWorks (process-wide, set at load)
+  bool host_score = false;       // EngineOptions::debug_capture_logits: rows come back whole
+  int prompt_logprob_rows = 0;   // EngineOptions::max_prompt_logprob_rows (0: its default)
 };
 // One part of a variant's name: its settings over what *v holds.
 bool ParseVariantPart(const std::string& name, Variant* v) {
@@ -282,6 +284,7 @@ bool ParseVariantPart(const std::string& name, Variant* v) {
   if (name == "ownsmem") return v->own_tiles_ws = false, true;
   if (name == "dwn8") return v->dw_n8 = true, true;
   if (name == "stages") return v->dw_stages = true, true;
+  if (name == "halfcascade") return v->dw_half_cascade = true, true;
   if (name == "wsfew") return v->ws_few_works = true, true;
   if (name == "coldchoice") return v->choice_warm = false, true;
   if (name == "smallchoice") return v->choose_small = true, true;
@@ -775,6 +778,7 @@ struct Bench {
       cuda::SetOwnTilesOnPersistentDecode(variant.own_tiles_ws);
       cuda::internal::SetDecodeWsN8(variant.dw_n8);
       cuda::internal::SetDecodeWsHalfRing(!variant.dw_stages);
+      cuda::internal::SetDecodeWsHalfRingOnCascade(variant.dw_half_cascade);
       cuda::SetDecodeWsFewWorks(variant.ws_few_works);
       o.persistent_decode_min_tiles =
           variant.ws_min_tiles >= 0 ? variant.ws_min_tiles : cuda::kDefaultDecodeWsMinTiles;

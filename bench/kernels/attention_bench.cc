@@ -11,9 +11,9 @@
 //   SuperTilesFor's)] [--wide-ctas=N (the cascade rows' wide kernel on N CTAs: the planner's
 //   schedule over N; default one per SM)]
 //   [--dw-n8=0|1 (the persistent decode kernel's consumers in the 64-row form, the default, or
-//   in the decode-shaped form)] [--dw-half=0|1 (that kernel's rings in half-stages of 32 keys,
-//   the default, or whole 64-key stages; the decode rows tagged " stages" use whole ones; cascade
-//   rows use whole ones either way)]
+//   in the decode-shaped form)] [--dw-half=0|1|2 (that kernel's rings in half-stages of 32 keys,
+//   on plain decode steps, the default; 2: on cascade steps' own tiles too; 0: whole 64-key stages;
+//   the decode rows tagged " stages" use whole ones)]
 //   [--dw-ctas=N (that kernel on N CTAs instead of one per SM: how
 //   its rate scales with its consumers)]
 //   [--tree=NAME (only the three-level tree's every-tile row of that configuration: default,
@@ -782,14 +782,16 @@ int main(int argc, char** argv) {
       cascade::cuda::internal::SetDecodeWsN8(v == "1");
     } else if (arg.rfind("--dw-half=", 0) == 0) {
       const std::string v = arg.substr(10);
-      if (v != "0" && v != "1") {
+      if (v != "0" && v != "1" && v != "2") {
         std::fprintf(stderr,
-                     "--dw-half=0|1: the persistent decode kernel's rings in half-stages of 32 "
-                     "keys (1, default) or whole 64-key stages (0)\n");
+                     "--dw-half=0|1|2: the persistent decode kernel's rings in half-stages of 32 "
+                     "keys on plain decode steps (1, default), on cascade steps too (2), or whole "
+                     "64-key stages (0)\n");
         return 2;
       }
-      cascade::cuda::g_dw_half = v == "1";
+      cascade::cuda::g_dw_half = v != "0";
       cascade::cuda::internal::SetDecodeWsHalfRing(cascade::cuda::g_dw_half);
+      cascade::cuda::internal::SetDecodeWsHalfRingOnCascade(v == "2");
     } else if (arg.rfind("--trace=", 0) == 0) {
       cascade::cuda::g_trace_path = arg.substr(8);
     } else if (arg.rfind("--shared-row=", 0) == 0) {

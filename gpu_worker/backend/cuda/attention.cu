@@ -1324,6 +1324,7 @@ bool g_dw_n8 = false;  // measured no faster as a drop-in (bench/kernels/NOTES.m
 // DecodeWsKernel's half-stage ring (16-token pieces, one-level order, the 64-row consumers):
 // SetDecodeWsHalfRing.
 bool g_dw_half = true;
+bool g_dw_half_cascade = false;  // ... on cascade steps too: SetDecodeWsHalfRingOnCascade
 
 // A tensor map over one layer's K or V cache as rows of 128 bf16 ([num_blocks * kv heads *
 // block_size, 128]), boxes of `piece` rows x 64 columns (one column half of a piece), 128-byte
@@ -1433,7 +1434,7 @@ cudaError_t LaunchDecodeWs(const TileKernelArgs& k, const AttentionPlanView& pla
   auto kernel = piece == kT ? DecodeWsKernel<kT> : DecodeWsKernel<kPieceTokens>;
   if (k.super_tiles > 1) {
     kernel = piece == kT ? DecodeWsKernel<kT, true> : DecodeWsKernel<kPieceTokens, true>;
-  } else if (piece != kT && g_dw_half && !g_dw_n8 && plan.num_wide == 0) {
+  } else if (piece != kT && g_dw_half && !g_dw_n8 && (plan.num_wide == 0 || g_dw_half_cascade)) {
     // Plain decode steps only: there the half ring made the engine's steps 2-5% shorter; a
     // cascade step's own tiles (after the wide kernel) keep whole stages, whose tree and shared
     // prefix rows ran 1-5% faster alone, the engine's cascade steps not measured on both
@@ -1600,6 +1601,7 @@ void SetSplitVariant(int variant) { g_split_variant = variant; }
 void SetSplitOverlapsWide(bool on) { g_split_overlap_wide = on; }
 void SetDecodeWsN8(bool on) { g_dw_n8 = on; }
 void SetDecodeWsHalfRing(bool on) { g_dw_half = on; }
+void SetDecodeWsHalfRingOnCascade(bool on) { g_dw_half_cascade = on; }
 void SetDecodeWsCtas(int ctas) { g_decode_ws_ctas = ctas; }
 void SetPrefillWsCtas(int ctas) { g_prefill_ws_ctas = ctas; }
 namespace {

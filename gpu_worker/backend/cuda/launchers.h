@@ -114,6 +114,9 @@ void SetDecodeWsN8(bool on);
 // consumer form, steps without wide cascade items) as half-stages of 32 keys, a work's last tile
 // of at most 32 keys in one (default), or as whole 64-key stages. The same bits either way.
 void SetDecodeWsHalfRing(bool on);
+// Benchmarks: with the half-stage ring on, cascade steps' own tiles on it too (default off: whole
+// stages there; bench/kernels/NOTES.md session 53). The same bits either way.
+void SetDecodeWsHalfRingOnCascade(bool on);
 // Tests only: the grid of split form 3's persistent kernel (DecodeWsKernel); 0 (default): one CTA
 // per SM. A small grid makes each consumer run many items (its rings wrap many times).
 void SetDecodeWsCtas(int ctas);
