@@ -11,6 +11,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "gpu_worker/backend/cuda/device.h"
 #include "gpu_worker/backend/cuda/launchers.h"
@@ -668,24 +669,26 @@ TEST(Attention, PersistentDecodeFormEqualsSplitFormsBitwise) {
       SetDecodeWsMinTiles(0);  // form 3 whatever the rows' length
       const auto ws = run();
       ASSERT_EQ(SplitForm(plan, sh.D, sh.hq / sh.hkv), 3) << "every split item a whole row";
+      // The output on the default grid, then on 3 CTAs.
+      auto run_both_grids = [&] {
+        auto full_grid = run();
+        internal::SetDecodeWsCtas(3);
+        auto three = run();
+        internal::SetDecodeWsCtas(0);
+        return std::pair{std::move(full_grid), std::move(three)};
+      };
       internal::SetDecodeWsCtas(3);
       const auto few = run();
       internal::SetDecodeWsCtas(0);
       // The consumers in the decode-shaped form (one-level order only; the default is the 64-row
       // form), also on 3 CTAs.
       internal::SetDecodeWsN8(true);
-      const auto n8 = run();
-      internal::SetDecodeWsCtas(3);
-      const auto n8_few = run();
-      internal::SetDecodeWsCtas(0);
+      const auto [n8, n8_few] = run_both_grids();
       internal::SetDecodeWsN8(false);
       // 16-token pieces: the consumers' rings as whole 64-key stages (the default is half-stages
       // of 32 keys, a row's last tile of <= 32 keys in one), also on 3 CTAs.
       internal::SetDecodeWsHalfRing(false);
-      const auto whole = run();
-      internal::SetDecodeWsCtas(3);
-      const auto whole_few = run();
-      internal::SetDecodeWsCtas(0);
+      const auto [whole, whole_few] = run_both_grids();
       internal::SetDecodeWsHalfRing(true);
       // One-level: the same plan (form 3: no merge) on the shared-memory kernel. Super-tiles: only
       // the persistent kernel folds a row's super-tiles in one CTA, so the rows split into

@@ -59,6 +59,27 @@ void ExpectValuesRefused(const model::Model& model, WorkerConfig c,
   }
 }
 
+// A numeric engine flag with a range: CheckEngineFlags accepts each of `good` in `field` and
+// refuses each of `bad` with INVALID_ARGUMENT saying "--<flag>=<bad>: <must>".
+template <class T>
+void ExpectRangeChecked(T WorkerConfig::*field, const std::string& flag,
+                        std::initializer_list<T> good, std::initializer_list<T> bad,
+                        const std::string& must) {
+  WorkerConfig c;
+  for (T v : good) {
+    c.*field = v;
+    EXPECT_TRUE(CheckEngineFlags(c).ok()) << flag << "=" << v;
+  }
+  for (T v : bad) {
+    c.*field = v;
+    const absl::Status s = CheckEngineFlags(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << flag << "=" << v;
+    EXPECT_NE(s.message().find("--" + flag + "=" + std::to_string(v) + ": " + must),
+              std::string::npos)
+        << s;
+  }
+}
+
 // The CUDA backend's L2 weight prefetch is used where a layer's prefetched weights fit the L2:
 // qwen3-0.6b (23 MB a layer) on a 50 MB L2 (H100 / H200), not llama-3.2-1b (109 MB) nor
 // qwen3-8b (335 MB), and not qwen3-0.6b on a 16 MB L2.
@@ -350,21 +371,9 @@ TEST(WorkerConfigTest, OverlapMinRowsAutoOverlapsEveryStepWhereLaunchesAreSpecul
 // --max_prompt_logprob_rows: in [0, 16384] (0: the backend's default), refused outside with the
 // flag, the value and the range; the flag parses.
 TEST(WorkerConfigTest, MaxPromptLogprobRowsOutsideItsRangeIsRefused) {
-  WorkerConfig c;
-  EXPECT_EQ(c.max_prompt_logprob_rows, 0);
-  for (int good : {0, 1, 256, 16384}) {
-    c.max_prompt_logprob_rows = good;
-    EXPECT_TRUE(CheckEngineFlags(c).ok()) << good;
-  }
-  for (int bad : {-1, 16385, 1 << 20}) {
-    c.max_prompt_logprob_rows = bad;
-    const absl::Status s = CheckEngineFlags(c);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(s.message().find("--max_prompt_logprob_rows=" + std::to_string(bad) +
-                               ": must be in [0, 16384]"),
-              std::string::npos)
-        << s;
-  }
+  EXPECT_EQ(WorkerConfig{}.max_prompt_logprob_rows, 0);
+  ExpectRangeChecked(&WorkerConfig::max_prompt_logprob_rows, "max_prompt_logprob_rows",
+                     {0, 1, 256, 16384}, {-1, 16385, 1 << 20}, "must be in [0, 16384]");
   const std::optional<WorkerConfig> parsed = ParseOneFlag("--max_prompt_logprob_rows=64");
   ASSERT_TRUE(parsed.has_value());
   EXPECT_EQ(parsed->max_prompt_logprob_rows, 64);
@@ -373,21 +382,10 @@ TEST(WorkerConfigTest, MaxPromptLogprobRowsOutsideItsRangeIsRefused) {
 // --host_kv_offload_ahead: -1 (auto, the default), 0 (off) or a block count; below -1 refused
 // with the flag, the value and what it takes; the flag parses.
 TEST(WorkerConfigTest, HostKvOffloadAheadBelowMinusOneIsRefused) {
-  WorkerConfig c;
-  EXPECT_EQ(c.host_kv_offload_ahead, -1);
-  for (int64_t good : {int64_t{-1}, int64_t{0}, int64_t{1}, int64_t{1} << 40}) {
-    c.host_kv_offload_ahead = good;
-    EXPECT_TRUE(CheckEngineFlags(c).ok()) << good;
-  }
-  for (int64_t bad : {int64_t{-2}, int64_t{-1} << 40}) {
-    c.host_kv_offload_ahead = bad;
-    const absl::Status s = CheckEngineFlags(c);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(s.message().find("--host_kv_offload_ahead=" + std::to_string(bad) +
-                               ": must be >= 0 blocks (0: off), or -1 (auto)"),
-              std::string::npos)
-        << s;
-  }
+  EXPECT_EQ(WorkerConfig{}.host_kv_offload_ahead, -1);
+  ExpectRangeChecked<int64_t>(&WorkerConfig::host_kv_offload_ahead, "host_kv_offload_ahead",
+                              {-1, 0, 1, int64_t{1} << 40}, {-2, int64_t{-1} << 40},
+                              "must be >= 0 blocks (0: off), or -1 (auto)");
   const std::optional<WorkerConfig> parsed = ParseOneFlag("--host_kv_offload_ahead=512");
   ASSERT_TRUE(parsed.has_value());
   EXPECT_EQ(parsed->host_kv_offload_ahead, 512);
@@ -396,21 +394,10 @@ TEST(WorkerConfigTest, HostKvOffloadAheadBelowMinusOneIsRefused) {
 // --host_kv_offload_min_uses: 0 (every block, the default) up to 1000000; outside refused with
 // the flag, the value and the range; the flag parses.
 TEST(WorkerConfigTest, HostKvOffloadMinUsesOutsideItsRangeIsRefused) {
-  WorkerConfig c;
-  EXPECT_EQ(c.host_kv_offload_min_uses, 0);
-  for (int64_t good : {int64_t{0}, int64_t{1}, int64_t{1000000}}) {
-    c.host_kv_offload_min_uses = good;
-    EXPECT_TRUE(CheckEngineFlags(c).ok()) << good;
-  }
-  for (int64_t bad : {int64_t{-1}, int64_t{1000001}, int64_t{1} << 40}) {
-    c.host_kv_offload_min_uses = bad;
-    const absl::Status s = CheckEngineFlags(c);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(s.message().find("--host_kv_offload_min_uses=" + std::to_string(bad) +
-                               ": must be in [0, 1000000]"),
-              std::string::npos)
-        << s;
-  }
+  EXPECT_EQ(WorkerConfig{}.host_kv_offload_min_uses, 0);
+  ExpectRangeChecked<int64_t>(&WorkerConfig::host_kv_offload_min_uses, "host_kv_offload_min_uses",
+                              {0, 1, 1000000}, {-1, 1000001, int64_t{1} << 40},
+                              "must be in [0, 1000000]");
   const std::optional<WorkerConfig> parsed = ParseOneFlag("--host_kv_offload_min_uses=1");
   ASSERT_TRUE(parsed.has_value());
   EXPECT_EQ(parsed->host_kv_offload_min_uses, 1);

@@ -448,6 +448,18 @@ __device__ __forceinline__ int WsPieceRow(const AttentionArgs& a, int table_offs
   return (a.block_ids[table_offset + tok / bs] * hkv + kvh) * bs + tok % bs;
 }
 
+// One TMA piece (kPiece cache rows from `row`) into a stage or half-stage whose K and V parts
+// (ks, vs) hold `rows` rows a column half: four boxes, K and V, two column halves, at byte `off`
+// of each column half; their bytes arrive on `full`.
+__device__ __forceinline__ void WsTmaPiece(uint32_t ks, uint32_t vs, int rows, uint32_t off,
+                                           const CUtensorMap* tk, const CUtensorMap* tv, int row,
+                                           uint32_t full) {
+  TmaLoad2d(ks + off, tk, 0, row, full);
+  TmaLoad2d(ks + rows * 128 + off, tk, 64, row, full);
+  TmaLoad2d(vs + off, tv, 0, row, full);
+  TmaLoad2d(vs + rows * 128 + off, tv, 64, row, full);
+}
+
 // first_row: this lane's WsPieceRow of tile `first` (found by the caller, maybe ahead of time);
 // the warp copies tiles first, first + step, ... (several load warps share an item's tiles).
 // kTmaTail (the persistent decode kernel, where every item's last tile is usually partial): the
@@ -506,13 +518,7 @@ __device__ __forceinline__ void WsLoadTiles(const AttentionArgs& a, const CUtens
     }
     if (lane == 0) MbarArriveExpectTx(full, tma_bytes);
     __syncwarp();
-    if (lane < npf) {  // lane p: piece p (four boxes: K and V, two column halves)
-      const uint32_t off = lane * kPiece * 128;
-      TmaLoad2d(ks + off, tk, 0, prow, full);
-      TmaLoad2d(ks + kT * 128 + off, tk, 64, prow, full);
-      TmaLoad2d(vs + off, tv, 0, prow, full);
-      TmaLoad2d(vs + kT * 128 + off, tv, 64, prow, full);
-    }
+    if (lane < npf) WsTmaPiece(ks, vs, kT, lane * kPiece * 128, tk, tv, prow, full);  // piece p
   }
 }
 
@@ -542,12 +548,8 @@ __device__ __forceinline__ void WsLoadHalves(const CUtensorMap* tk, const CUtens
       const int pieces = min(kHalfPieces, npf - h * kHalfPieces);
       if (lane == 0) MbarArriveExpectTx(full, pieces * (2 * 2 * kPiece * 128));
       __syncwarp();
-      if (lane / kHalfPieces == h && lane < npf) {  // piece `lane`: four boxes as WsLoadTiles'
-        const uint32_t off = (lane % kHalfPieces) * kPiece * 128;
-        TmaLoad2d(ks + off, tk, 0, prow, full);
-        TmaLoad2d(ks + kHalfRows * 128 + off, tk, 64, prow, full);
-        TmaLoad2d(vs + off, tv, 0, prow, full);
-        TmaLoad2d(vs + kHalfRows * 128 + off, tv, 64, prow, full);
+      if (lane / kHalfPieces == h && lane < npf) {  // piece `lane`
+        WsTmaPiece(ks, vs, kHalfRows, (lane % kHalfPieces) * kPiece * 128, tk, tv, prow, full);
       }
     }
   }
