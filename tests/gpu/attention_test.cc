@@ -302,7 +302,9 @@ void ExpectWideCascadeBitwise(Harness& h, const Batch& b, const std::vector<uint
             internal::SetDecodeWsCtas(0);
             EXPECT_EQ(all, p.num_wide == p.num_split()) << "wide_all " << all;
             const int form = SplitForm(p, h.D, h.hq / h.hkv);  // 1: groups on the split kernel
-            if (!all && form != 1 && p.num_split() > p.num_wide) EXPECT_EQ(form, own ? 6 : 0);
+            if (!all && form != 1 && p.num_split() > p.num_wide) {
+              EXPECT_EQ(form, own ? 6 : 0);
+            }
             EXPECT_EQ(0, std::memcmp(wide.data(), flat.data(), bytes))
                 << "wide cascade items (" << p.num_wide << " of " << p.num_split() << ", wide_all "
                 << all << ", own tiles on the persistent kernel " << own << ", fold items " << lead
