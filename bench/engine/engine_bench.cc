@@ -85,7 +85,9 @@
 // in the two-level fold order (CudaBackendOptions::attention_super_tiles = 0: other bits, so its
 // tokens are not compared). --tree_ownsmem=1 (CUDA): an engine with the rows' own tiles on the
 // shared-memory split kernel (variant "ownsmem") instead of the persistent decode kernel (split
-// form 6; the same bits, so its tokens are compared).
+// form 6; the same bits, so its tokens are compared). --variants other than "default" alone: one
+// "every tile" engine a listed variant, in order (e.g. default,halfcascade,default,halfcascade),
+// every one's tokens compared.
 //
 // Decode samplers (every request of a run alike; all but greedy seeded, temperature 0.8, drawn
 // on the device): "greedy" (temperature --temperature), "temperature", "topk" (top_k 50), "topp"
@@ -1312,22 +1314,33 @@ bool TreeSection(Bench& b) {
     }
   }
   struct TreeRun {
-    const char* name;
+    std::string name;
     bool cascade;
     bool single_level;
     bool super = false;     // the two-level fold order: other bits, tokens not compared
     bool own_smem = false;  // the rows' own tiles on the shared-memory split kernel (ownsmem)
     PhaseResult result = {};
     std::vector<std::vector<int32_t>> tokens = {};
+    std::string variant = "default";  // --variants: one "every tile" run a variant, in order
   };
-  std::vector<TreeRun> runs = {
-      {"cascade off", false, false}, {"single-level", true, true}, {"every tile", true, false}};
+  std::vector<TreeRun> runs = {{"cascade off", false, false}, {"single-level", true, true}};
+  const bool only_default = f.variants.size() == 1 && f.variants[0] == "default";
+  for (size_t i = 0; i < f.variants.size(); ++i) {
+    TreeRun run{"every tile", true, false};
+    if (!only_default) {
+      run.variant = f.variants[i];
+      const auto k = std::count(f.variants.begin(), f.variants.begin() + i, f.variants[i]);
+      run.name += absl::StrFormat(" [%s%s]", f.variants[i], k > 0 ? absl::StrCat("#", k + 1) : "");
+    }
+    runs.push_back(std::move(run));
+  }
   if (f.tree_ownsmem) {
     runs.push_back({"every tile, own tiles on the split kernel", true, false, false, true});
   }
   if (f.tree_super) runs.push_back({"every tile, super-tiles", true, false, true});
   for (TreeRun& run : runs) {
     Variant variant;
+    ParseVariant(run.variant, &variant);  // checked with the flags
     variant.single_level = run.single_level;
     variant.own_tiles_ws = !run.own_smem;
     if (run.super) variant.super_tiles = 0;
@@ -1354,8 +1367,9 @@ bool TreeSection(Bench& b) {
   for (const TreeRun& run : runs) {
     const PhaseResult& r = run.result;
     same = same && (run.super || run.tokens == runs[0].tokens);
-    std::printf("| %s | %.0f | %.3f | %s | %s | %.2fx |\n", run.name, r.decode_tokens / r.decode_s,
-                step_ms(r), floor_ms > 0 ? absl::StrFormat("%.3f", floor_ms).c_str() : "-",
+    std::printf("| %s | %.0f | %.3f | %s | %s | %.2fx |\n", run.name.c_str(),
+                r.decode_tokens / r.decode_s, step_ms(r),
+                floor_ms > 0 ? absl::StrFormat("%.3f", floor_ms).c_str() : "-",
                 floor_ms > 0 ? absl::StrFormat("%.2fx", step_ms(r) / floor_ms).c_str() : "-",
                 step_ms(runs[0].result) / step_ms(r));
   }
