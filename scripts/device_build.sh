@@ -98,4 +98,20 @@ grep -E "^-- cascade:" "$BUILD_DIR.configure.log" || true
 cat >"$BUILD_DIR/env.sh" <<ENV
 export LD_LIBRARY_PATH=$LIBDIR\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 ENV
+# A warm machine keeps $BUILD_DIR between calls, and each call's copy of the tree keeps the
+# sources' own times. A source a call changed here (a patch applied with git apply) and the next
+# call restored is then older than its objects, and ninja would keep the patched build. So every
+# source whose content differs from the last build's is touched first.
+SUMS=$BUILD_DIR/.source-sums
+find . \( -path './build*' -o -path './.devdeps' -o -path './.git' -o -path '*/node_modules' \) -prune \
+  -o -type f \( -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.proto' \
+  -o -name 'CMakeLists.txt' -o -name '*.cmake' \) -print | sort | xargs md5sum >"$SUMS.new"
+if [ -f "$SUMS" ]; then
+  changed=$(comm -13 <(sort "$SUMS") <(sort "$SUMS.new") | cut -c35-)
+  if [ -n "$changed" ]; then
+    echo "device_build: $(wc -l <<<"$changed") source(s) changed since the last build here: touched"
+    xargs touch <<<"$changed"
+  fi
+fi
+mv "$SUMS.new" "$SUMS"
 ninja -C "$BUILD_DIR" -j"$JOBS" "$@"
