@@ -66,7 +66,9 @@
 // decode kernel's consumers in the decode-shaped form: launchers.h SetDecodeWsN8; the same bits),
 // "stages" (that kernel's rings in whole 64-key stages instead of half-stages of 32 keys:
 // launchers.h SetDecodeWsHalfRing(false); the same bits), "halfcascade" (the half-stage ring on
-// cascade steps' own tiles too: SetDecodeWsHalfRingOnCascade; the same bits),
+// cascade steps' own tiles too: SetDecodeWsHalfRingOnCascade; the same bits), "sampletwice" (the
+// device sampler launched twice on the same logits, for a timeline of its second launch:
+// SetSampleTwiceForTiming; the same tokens, a longer step),
 // "wsfew" (steps of fewer works than 7/8 of the SMs, all rows short, on the persistent decode
 // kernel instead of the split kernel and the merge: attention.h SetDecodeWsFewWorks(true); the same
 // bits), "hostscore" (every logits row back whole, the engine sampling and scoring prompt rows on
@@ -255,6 +257,7 @@ struct Variant {
   bool own_tiles_ws = true;      // attention.h SetOwnTilesOnPersistentDecode (process-wide)
   bool dw_n8 = false;            // internal::SetDecodeWsN8 (process-wide, set at load)
   bool dw_stages = false;        // internal::SetDecodeWsHalfRing(false) (process-wide, at load)
+  bool sample_twice = false;     // internal::SetSampleTwiceForTiming (process-wide, at load)
   bool dw_half_cascade = false;  // internal::SetDecodeWsHalfRingOnCascade (process-wide, at load)
   bool ws_few_works = false;     // attention.h SetDecodeWsFewWorks (process-wide, set at load)
   bool host_score = false;       // EngineOptions::debug_capture_logits: rows come back whole
@@ -286,6 +289,7 @@ bool ParseVariantPart(const std::string& name, Variant* v) {
   if (name == "ownsmem") return v->own_tiles_ws = false, true;
   if (name == "dwn8") return v->dw_n8 = true, true;
   if (name == "stages") return v->dw_stages = true, true;
+  if (name == "sampletwice") return v->sample_twice = true, true;
   if (name == "halfcascade") return v->dw_half_cascade = true, true;
   if (name == "wsfew") return v->ws_few_works = true, true;
   if (name == "coldchoice") return v->choice_warm = false, true;
@@ -780,6 +784,7 @@ struct Bench {
       cuda::SetOwnTilesOnPersistentDecode(variant.own_tiles_ws);
       cuda::internal::SetDecodeWsN8(variant.dw_n8);
       cuda::internal::SetDecodeWsHalfRing(!variant.dw_stages);
+      cuda::internal::SetSampleTwiceForTiming(variant.sample_twice);
       cuda::internal::SetDecodeWsHalfRingOnCascade(variant.dw_half_cascade);
       cuda::SetDecodeWsFewWorks(variant.ws_few_works);
       o.persistent_decode_min_tiles =

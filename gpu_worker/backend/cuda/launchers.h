@@ -52,6 +52,10 @@ cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const RowSam
                              const float* penalty_bias, int32_t* out, engine::RowLogprobs* logprobs,
                              bool score_rows, cudaStream_t stream);
 size_t SampleRowsSmemBytes(int vocab);
+// Benchmarks only: LaunchSampleRows launches the sampler twice on the same logits (it writes the
+// same outputs again), so a timeline shows its time right after the LM head beside its time on
+// logits already read once (bench/engine/NOTES.md run 42). Default off.
+void SetSampleTwiceForTiming(bool on);
 cudaError_t LaunchGumbelBoundCheck(unsigned long long* violations, cudaStream_t stream);
 // CTAs per kv head that fill exactly one wave of the split attention kernel on the current device.
 cudaError_t SplitCtasPerWave(int head_dim, int num_kv_heads, int split_form, int* ctas);
