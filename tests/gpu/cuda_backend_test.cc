@@ -225,61 +225,85 @@ TEST_P(CudaBackendSplitK, CachedEqualsColdBitwise) {
   EXPECT_EQ(0, std::memcmp(cold.data(), got.data(), vocab * 4)) << "decode step != cold";
 }
 
-// Host KV tier, CUDA half: 150 blocks (more than one staging launch of kMaxKvBlocksPerCopy)
-// copied to pinned host memory on the copy stream, their cache blocks then overwritten by a
-// Forward issued right after the copy (the compute stream must wait for it), and written back
-// into other blocks: a tail prefill over the restored blocks gives the cold logits bitwise, a
-// second read of the restored blocks gives the same host bytes, and over the overwritten
-// blocks the logits differ.
-TEST(CudaBackend, BlocksCopiedToHostAndBackGiveBitwiseTheColdLogits) {
-  CASCADE_REQUIRE_GPU();
-  auto model = MakeModel("tiny", 3);
+// The host KV tier tests' common start: a tiny model's CUDA backend of 320 blocks, a prompt of
+// n = 150 blocks (more than one staging launch of kMaxKvBlocksPerCopy) and 5 tokens, its cold
+// logits, pinned host memory for 2 n blocks filled with 0xA5, the prompt's first n blocks
+// prefilled into blocks [0, n), and `out` listing those blocks with host slots [0, n).
+struct HostTierCase {
+  static constexpr int n = 150;
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<engine::Backend> backend;
+  int vocab = 0;
+  int64_t bb = 0;                    // KvBlockBytes
+  std::vector<int32_t> tail, other;  // the prompt's last 5 tokens; n blocks of other tokens
+  std::vector<float> cold, scratch;
+  engine::HostKvMemory host;
+  std::vector<engine::BlockCopy> out;
+};
+void MakeHostTierCase(uint32_t seed, HostTierCase* c) {
+  constexpr int n = HostTierCase::n;
+  c->model = MakeModel("tiny", 3);
   CudaBackendOptions go;
   go.num_blocks = 320;
   go.block_size = kBs;
   go.max_num_tokens = 4096;
-  auto gpu_or = NewCudaBackend(*model, go);
+  auto gpu_or = NewCudaBackend(*c->model, go);
   ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
-  engine::Backend& gpu = **gpu_or;
-  const int vocab = gpu.VocabSize();
-  const int n = 150, len = n * kBs + 5;
-  std::mt19937 rng(11);
-  std::vector<int32_t> prompt(len), other(n * kBs);
-  for (auto& x : prompt) x = rng() % vocab;
-  for (auto& x : other) x = rng() % vocab;
+  c->backend = std::move(*gpu_or);
+  engine::Backend& gpu = *c->backend;
+  c->vocab = gpu.VocabSize();
+  const int len = n * kBs + 5;
+  std::mt19937 rng(seed);
+  std::vector<int32_t> prompt(len);
+  c->other.resize(n * kBs);
+  for (auto& x : prompt) x = rng() % c->vocab;
+  for (auto& x : c->other) x = rng() % c->vocab;
   const std::vector<int32_t> head(prompt.begin(), prompt.begin() + n * kBs);
-  const std::vector<int32_t> tail(prompt.begin() + n * kBs, prompt.end());
+  c->tail.assign(prompt.begin() + n * kBs, prompt.end());
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{prompt, 0, Blocks(0, n + 1)}}), &c->cold).ok());
 
-  std::vector<float> cold, got, scratch;
-  ASSERT_TRUE(gpu.Forward(MakeBatch({{prompt, 0, Blocks(0, n + 1)}}), &cold).ok());
-
-  const int64_t bb = gpu.KvBlockBytes();
-  ASSERT_GT(bb, 0);
-  auto host = gpu.AllocateHostKv(2 * n * bb);
+  c->bb = gpu.KvBlockBytes();
+  ASSERT_GT(c->bb, 0);
+  auto host = gpu.AllocateHostKv(2 * n * c->bb);
   ASSERT_TRUE(host.ok()) << host.status();
-  std::memset(host->get(), 0xA5, 2 * n * bb);
-  ASSERT_TRUE(gpu.Forward(MakeBatch({{head, 0, Blocks(0, n)}}), &scratch).ok());
-  std::vector<engine::BlockCopy> out, in, again;
-  for (int i = 0; i < n; ++i) out.push_back({i, host->get() + i * bb});
-  ASSERT_TRUE(gpu.CopyBlocksToHost(out).ok());
-  // Overwrite the same blocks at once: this Forward must run after the copies.
-  ASSERT_TRUE(gpu.Forward(MakeBatch({{other, 0, Blocks(0, n)}}), &scratch).ok());
-  ASSERT_TRUE(gpu.Forward(MakeBatch({{tail, n * kBs, Blocks(0, n + 1)}}), &got).ok());
-  EXPECT_NE(0, std::memcmp(cold.data(), got.data(), vocab * 4)) << "overwrite had no effect";
+  c->host = std::move(*host);
+  std::memset(c->host.get(), 0xA5, 2 * n * c->bb);
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{head, 0, Blocks(0, n)}}), &c->scratch).ok());
+  for (int i = 0; i < n; ++i) c->out.push_back({i, c->host.get() + i * c->bb});
+}
 
-  for (int i = 0; i < n; ++i) in.push_back({160 + i, out[i].host});
+// Host KV tier, CUDA half: the n blocks copied to pinned host memory on the copy stream, their
+// cache blocks then overwritten by a Forward issued right after the copy (the compute stream
+// must wait for it), and written back into other blocks: a tail prefill over the restored
+// blocks gives the cold logits bitwise, a second read of the restored blocks gives the same host
+// bytes, and over the overwritten blocks the logits differ.
+TEST(CudaBackend, BlocksCopiedToHostAndBackGiveBitwiseTheColdLogits) {
+  CASCADE_REQUIRE_GPU();
+  HostTierCase c;
+  ASSERT_NO_FATAL_FAILURE(MakeHostTierCase(11, &c));
+  constexpr int n = HostTierCase::n;
+  engine::Backend& gpu = *c.backend;
+  std::vector<float> got;
+  std::vector<engine::BlockCopy> in, again;
+  ASSERT_TRUE(gpu.CopyBlocksToHost(c.out).ok());
+  // Overwrite the same blocks at once: this Forward must run after the copies.
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{c.other, 0, Blocks(0, n)}}), &c.scratch).ok());
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{c.tail, n * kBs, Blocks(0, n + 1)}}), &got).ok());
+  EXPECT_NE(0, std::memcmp(c.cold.data(), got.data(), c.vocab * 4)) << "overwrite had no effect";
+
+  for (int i = 0; i < n; ++i) in.push_back({160 + i, c.out[i].host});
   ASSERT_TRUE(gpu.CopyBlocksFromHost(in).ok());
   std::vector<int32_t> table = Blocks(160, n);
   table.push_back(310);
-  ASSERT_TRUE(gpu.Forward(MakeBatch({{tail, n * kBs, table}}), &got).ok());
-  EXPECT_EQ(0, std::memcmp(cold.data(), got.data(), vocab * 4)) << "restored != cold";
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{c.tail, n * kBs, table}}), &got).ok());
+  EXPECT_EQ(0, std::memcmp(c.cold.data(), got.data(), c.vocab * 4)) << "restored != cold";
 
-  for (int i = 0; i < n; ++i) again.push_back({160 + i, host->get() + (n + i) * bb});
+  for (int i = 0; i < n; ++i) again.push_back({160 + i, c.host.get() + (n + i) * c.bb});
   ASSERT_TRUE(gpu.CopyBlocksToHost(again).ok());
   ASSERT_TRUE(gpu.WaitBlockCopies().ok());
-  EXPECT_EQ(0, std::memcmp(host->get(), host->get() + n * bb, n * bb));
+  EXPECT_EQ(0, std::memcmp(c.host.get(), c.host.get() + n * c.bb, n * c.bb));
 
-  std::vector<engine::BlockCopy> bad = {{320, host->get()}};
+  std::vector<engine::BlockCopy> bad = {{320, c.host.get()}};
   EXPECT_EQ(gpu.CopyBlocksToHost(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -290,53 +314,33 @@ TEST(CudaBackend, BlocksCopiedToHostAndBackGiveBitwiseTheColdLogits) {
 // bytes, and its ticket is reported done once the copy stream has run it.
 TEST(CudaBackend, BlocksCopiedAheadReachTheHostBitwiseBeforeAnOrderedStepRewritesThem) {
   CASCADE_REQUIRE_GPU();
-  auto model = MakeModel("tiny", 3);
-  CudaBackendOptions go;
-  go.num_blocks = 320;
-  go.block_size = kBs;
-  go.max_num_tokens = 4096;
-  auto gpu_or = NewCudaBackend(*model, go);
-  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
-  engine::Backend& gpu = **gpu_or;
-  const int vocab = gpu.VocabSize();
-  const int n = 150, len = n * kBs + 5;
-  std::mt19937 rng(12);
-  std::vector<int32_t> prompt(len), other(n * kBs);
-  for (auto& x : prompt) x = rng() % vocab;
-  for (auto& x : other) x = rng() % vocab;
-  const std::vector<int32_t> head(prompt.begin(), prompt.begin() + n * kBs);
-  const std::vector<int32_t> tail(prompt.begin() + n * kBs, prompt.end());
-  std::vector<float> cold, got, scratch;
-  ASSERT_TRUE(gpu.Forward(MakeBatch({{prompt, 0, Blocks(0, n + 1)}}), &cold).ok());
-
-  const int64_t bb = gpu.KvBlockBytes();
-  auto host = gpu.AllocateHostKv(2 * n * bb);
-  ASSERT_TRUE(host.ok()) << host.status();
-  std::memset(host->get(), 0xA5, 2 * n * bb);
-  ASSERT_TRUE(gpu.Forward(MakeBatch({{head, 0, Blocks(0, n)}}), &scratch).ok());
-  std::vector<engine::BlockCopy> out, in, again;
-  for (int i = 0; i < n; ++i) out.push_back({i, host->get() + i * bb});
-  const absl::StatusOr<uint64_t> t1 = gpu.CopyBlocksToHostAhead(out);
+  HostTierCase c;
+  ASSERT_NO_FATAL_FAILURE(MakeHostTierCase(12, &c));
+  constexpr int n = HostTierCase::n;
+  engine::Backend& gpu = *c.backend;
+  std::vector<float> got;
+  std::vector<engine::BlockCopy> in, again;
+  const absl::StatusOr<uint64_t> t1 = gpu.CopyBlocksToHostAhead(c.out);
   ASSERT_TRUE(t1.ok()) << t1.status();
   ASSERT_TRUE(gpu.OrderAfterAheadCopies(*t1).ok());
-  ASSERT_TRUE(gpu.Forward(MakeBatch({{other, 0, Blocks(0, n)}}), &scratch).ok());
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{c.other, 0, Blocks(0, n)}}), &c.scratch).ok());
   EXPECT_GE(gpu.AheadCopiesDone(), *t1);  // the Forward waited for it, and returned
 
-  for (int i = 0; i < n; ++i) in.push_back({160 + i, out[i].host});
+  for (int i = 0; i < n; ++i) in.push_back({160 + i, c.out[i].host});
   ASSERT_TRUE(gpu.CopyBlocksFromHost(in).ok());
   std::vector<int32_t> table = Blocks(160, n);
   table.push_back(310);
-  ASSERT_TRUE(gpu.Forward(MakeBatch({{tail, n * kBs, table}}), &got).ok());
-  EXPECT_EQ(0, std::memcmp(cold.data(), got.data(), vocab * 4)) << "restored != cold";
+  ASSERT_TRUE(gpu.Forward(MakeBatch({{c.tail, n * kBs, table}}), &got).ok());
+  EXPECT_EQ(0, std::memcmp(c.cold.data(), got.data(), c.vocab * 4)) << "restored != cold";
 
-  for (int i = 0; i < n; ++i) again.push_back({160 + i, host->get() + (n + i) * bb});
+  for (int i = 0; i < n; ++i) again.push_back({160 + i, c.host.get() + (n + i) * c.bb});
   const absl::StatusOr<uint64_t> t2 = gpu.CopyBlocksToHostAhead(again);
   ASSERT_TRUE(t2.ok()) << t2.status();
   EXPECT_EQ(*t2, *t1 + 1);
   ASSERT_TRUE(gpu.WaitBlockCopies().ok());
   EXPECT_EQ(gpu.AheadCopiesDone(), *t2);
-  EXPECT_EQ(0, std::memcmp(host->get(), host->get() + n * bb, n * bb));
-  std::vector<engine::BlockCopy> bad = {{320, host->get()}};
+  EXPECT_EQ(0, std::memcmp(c.host.get(), c.host.get() + n * c.bb, n * c.bb));
+  std::vector<engine::BlockCopy> bad = {{320, c.host.get()}};
   EXPECT_EQ(gpu.CopyBlocksToHostAhead(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
