@@ -272,6 +272,20 @@ void MakeHostTierCase(uint32_t seed, HostTierCase* c) {
   for (int i = 0; i < n; ++i) c->out.push_back({i, c->host.get() + i * c->bb});
 }
 
+// The host copies in `out`'s slots restored into blocks [160, 160 + n), and the prompt's tail
+// prefilled over them (a fresh block 310 for its partial block): the cold logits bitwise.
+void RestoreAndExpectCold(HostTierCase* c) {
+  constexpr int n = HostTierCase::n;
+  std::vector<engine::BlockCopy> in;
+  for (int i = 0; i < n; ++i) in.push_back({160 + i, c->out[i].host});
+  ASSERT_TRUE(c->backend->CopyBlocksFromHost(in).ok());
+  std::vector<int32_t> table = Blocks(160, n);
+  table.push_back(310);
+  std::vector<float> got;
+  ASSERT_TRUE(c->backend->Forward(MakeBatch({{c->tail, n * kBs, table}}), &got).ok());
+  EXPECT_EQ(0, std::memcmp(c->cold.data(), got.data(), c->vocab * 4)) << "restored != cold";
+}
+
 // Host KV tier, CUDA half: the n blocks copied to pinned host memory on the copy stream, their
 // cache blocks then overwritten by a Forward issued right after the copy (the compute stream
 // must wait for it), and written back into other blocks: a tail prefill over the restored
@@ -284,19 +298,14 @@ TEST(CudaBackend, BlocksCopiedToHostAndBackGiveBitwiseTheColdLogits) {
   constexpr int n = HostTierCase::n;
   engine::Backend& gpu = *c.backend;
   std::vector<float> got;
-  std::vector<engine::BlockCopy> in, again;
+  std::vector<engine::BlockCopy> again;
   ASSERT_TRUE(gpu.CopyBlocksToHost(c.out).ok());
   // Overwrite the same blocks at once: this Forward must run after the copies.
   ASSERT_TRUE(gpu.Forward(MakeBatch({{c.other, 0, Blocks(0, n)}}), &c.scratch).ok());
   ASSERT_TRUE(gpu.Forward(MakeBatch({{c.tail, n * kBs, Blocks(0, n + 1)}}), &got).ok());
   EXPECT_NE(0, std::memcmp(c.cold.data(), got.data(), c.vocab * 4)) << "overwrite had no effect";
 
-  for (int i = 0; i < n; ++i) in.push_back({160 + i, c.out[i].host});
-  ASSERT_TRUE(gpu.CopyBlocksFromHost(in).ok());
-  std::vector<int32_t> table = Blocks(160, n);
-  table.push_back(310);
-  ASSERT_TRUE(gpu.Forward(MakeBatch({{c.tail, n * kBs, table}}), &got).ok());
-  EXPECT_EQ(0, std::memcmp(c.cold.data(), got.data(), c.vocab * 4)) << "restored != cold";
+  ASSERT_NO_FATAL_FAILURE(RestoreAndExpectCold(&c));
 
   for (int i = 0; i < n; ++i) again.push_back({160 + i, c.host.get() + (n + i) * c.bb});
   ASSERT_TRUE(gpu.CopyBlocksToHost(again).ok());
@@ -318,20 +327,14 @@ TEST(CudaBackend, BlocksCopiedAheadReachTheHostBitwiseBeforeAnOrderedStepRewrite
   ASSERT_NO_FATAL_FAILURE(MakeHostTierCase(12, &c));
   constexpr int n = HostTierCase::n;
   engine::Backend& gpu = *c.backend;
-  std::vector<float> got;
-  std::vector<engine::BlockCopy> in, again;
+  std::vector<engine::BlockCopy> again;
   const absl::StatusOr<uint64_t> t1 = gpu.CopyBlocksToHostAhead(c.out);
   ASSERT_TRUE(t1.ok()) << t1.status();
   ASSERT_TRUE(gpu.OrderAfterAheadCopies(*t1).ok());
   ASSERT_TRUE(gpu.Forward(MakeBatch({{c.other, 0, Blocks(0, n)}}), &c.scratch).ok());
   EXPECT_GE(gpu.AheadCopiesDone(), *t1);  // the Forward waited for it, and returned
 
-  for (int i = 0; i < n; ++i) in.push_back({160 + i, c.out[i].host});
-  ASSERT_TRUE(gpu.CopyBlocksFromHost(in).ok());
-  std::vector<int32_t> table = Blocks(160, n);
-  table.push_back(310);
-  ASSERT_TRUE(gpu.Forward(MakeBatch({{c.tail, n * kBs, table}}), &got).ok());
-  EXPECT_EQ(0, std::memcmp(c.cold.data(), got.data(), c.vocab * 4)) << "restored != cold";
+  ASSERT_NO_FATAL_FAILURE(RestoreAndExpectCold(&c));
 
   for (int i = 0; i < n; ++i) again.push_back({160 + i, c.host.get() + (n + i) * c.bb});
   const absl::StatusOr<uint64_t> t2 = gpu.CopyBlocksToHostAhead(again);
