@@ -541,6 +541,9 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   // Without split-K the graphs also run GEMMs tuned at their buckets (gemm.h SetTuneSizes; the
   // eager backend runs the pinned algorithms): the same bits either way.
   go.gemm_tune = SplitK() == 1;
+  // And the graph backend's LM head takes the decode choice at 17-64 rows (the steps of 18-24
+  // rows below; the eager one runs the pinned kernel there): the same bits.
+  go.decode_gemm_lm_head = true;
   auto graph_or = NewCudaBackend(*model, go);
   ASSERT_TRUE(eager_or.ok()) << eager_or.status();
   ASSERT_TRUE(graph_or.ok()) << graph_or.status();
@@ -556,6 +559,14 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
     }
   }
   const int vocab = eager.VocabSize();
+  const std::string head = absl::StrCat("(bucket 24) n=", vocab, " ");
+  auto chose_head = [&](const engine::Backend& b) {
+    const std::vector<std::string>& log = GetCudaGraphStats(b).gemm_decode_log;
+    return std::any_of(log.begin(), log.end(),
+                       [&](const std::string& l) { return l.find(head) != std::string::npos; });
+  };
+  EXPECT_TRUE(chose_head(graph)) << "no decode choice for the LM head at bucket 24";
+  EXPECT_FALSE(chose_head(eager));
   std::mt19937 rng(11);
   auto random_tokens = [&](int n) {
     std::vector<int32_t> t(n);

@@ -771,6 +771,7 @@ absl::Status CudaBackend::Init(const model::Model& m) {
   gemm_->set_decode_warm_max_m(o_.cuda_graphs && o_.decode_gemm_choice_warm ? prefetch_max_rows_
                                                                             : 0);
   gemm_->set_decode_choose_small(o_.decode_gemm_choose_small);
+  gemm_->set_decode_vocab(o_.decode_gemm_lm_head);
   gemm_->set_prefill_min_m(o_.gemm_prefill_min_m);
   o_splits_ = gemm_->Splits(hidden_, hq_ * d_);
   down_splits_ = gemm_->Splits(hidden_, inter_);
@@ -907,6 +908,9 @@ absl::Status CudaBackend::Init(const model::Model& m) {
     for (const Projection& s : projections) {
       RETURN_IF_ERROR(gemm_->PrepareDecode(s.w, s.n, s.k, s.out, stream_));
     }
+    // (a no-op unless decode_gemm_lm_head)
+    RETURN_IF_ERROR(gemm_->PrepareDecode(lm_head_, static_cast<int>(c_.vocab_size), hidden_,
+                                         GemmOut::kF32, stream_));
     // The tuned algorithms of every decode bucket (when tuning is on) found now too, LM head
     // included: the first eager step of each bucket tuned them before, a one-off delay on an
     // early request.

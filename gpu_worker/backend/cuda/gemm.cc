@@ -234,7 +234,7 @@ absl::Status Gemm::RunPartials(const Bf16* x, const Bf16* w, int m, int n, int k
 }
 
 bool Gemm::DecodeGemmFor(int m, int n, int k, GemmOut out, int* cols, int* stages) {
-  if (!(batch_invariant_ && m >= 1 && m <= decode_max_m_ && k % 128 == 0 && n < 65536 &&
+  if (!(batch_invariant_ && m >= 1 && m <= decode_max_m_ && k % 128 == 0 && DecodeServes(m, n) &&
         Splits(n, k) == 1)) {
     return false;
   }
@@ -249,7 +249,7 @@ bool Gemm::DecodeGemmFor(int m, int n, int k, GemmOut out, int* cols, int* stage
 absl::Status Gemm::RunSlices(const Bf16* x, const Bf16* w, int m, int n, int k, int splits, void* y,
                              GemmOut out, Stream stream) {
   const bool f32 = out == GemmOut::kF32;
-  if (batch_invariant_ && m <= decode_max_m_ && k % (128 * splits) == 0 && n < 65536 &&
+  if (batch_invariant_ && m <= decode_max_m_ && k % (128 * splits) == 0 && DecodeServes(m, n) &&
       (splits == 1 || f32)) {
     // Decode-sized: the kernel chosen for (n, k, out, bucket of m) at load time (PrepareDecode),
     // or else now, at the bucket's first call outside graph capture (the pinned one in capture).
@@ -589,7 +589,9 @@ absl::StatusOr<std::optional<PrepareBuffers>> MakePrepareBuffers(int rows, int n
 
 absl::Status Gemm::PrepareDecode(const Bf16* w, int n, int k, GemmOut out, Stream stream) {
   const int splits = SplitsAndOut(n, k, &out);
-  if (decode_max_m_ == 0 || k % (128 * splits) != 0 || n >= 65536) return absl::OkStatus();
+  if (decode_max_m_ == 0 || k % (128 * splits) != 0 || !DecodeServes(decode_max_m_, n)) {
+    return absl::OkStatus();
+  }
   // x: kVerifyRows rows, every candidate compared on all of them; y: the pinned result of all of
   // them (ChooseDecode compares on every row of x). Where these do not fit, the shape keeps its
   // first-call choice (or the pinned algorithm).
@@ -600,7 +602,7 @@ absl::Status Gemm::PrepareDecode(const Bf16* w, int n, int k, GemmOut out, Strea
   DeviceBuffer* x = &(*bufs)->x;
   DeviceBuffer* y = &(*bufs)->y;
   for (int m = 1; m <= decode_max_m_; ++m) {
-    if (m != DecodeBucket(m) ||
+    if (m != DecodeBucket(m) || !DecodeServes(m, n) ||
         decode_choice_.count(std::make_tuple(n, k, static_cast<int>(out), m)) > 0) {
       continue;
     }

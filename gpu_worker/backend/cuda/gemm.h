@@ -147,6 +147,11 @@ class Gemm {
   // weight load, where DecodeGemm copies its first chunks before the wait, so in a replay under
   // programmatic launch it adds more of its time than the choice's timing shows. The same bits.
   void set_decode_choose_small(bool on) { decode_choose_small_ = on; }
+  // Whether vocabulary-sized shapes (n >= 65536: the LM head) take the decode choice too, for
+  // rows past SmallGemm's (kSmallM < m <= the decode max m; SmallGemm serves m <= kSmallM as
+  // before). Off by default: there the pinned large-tile kernel runs (an H200 batch-64 step's LM
+  // head: 137 us against a 74 us bytes floor; bench/engine/NOTES.md run 43). The same bits.
+  void set_decode_vocab(bool on) { decode_vocab_ = on; }
   // Makes the decode-sized kernel choice of every bucket up to the decode max m for weights w
   // ([n, k]) now, on pseudo-random rows as x (a backend calls it at load time, so no request pays
   // the choice's timing runs). No-op for shapes the decode path does not serve.
@@ -251,6 +256,10 @@ class Gemm {
   int decode_max_m_ = 0;
   int decode_warm_max_m_ = 0;        // set_decode_warm_max_m
   bool decode_choose_small_ = true;  // set_decode_choose_small
+  bool decode_vocab_ = false;        // set_decode_vocab
+  // Whether the decode choice serves an (m, n) call: narrow shapes, or vocabulary-sized ones past
+  // SmallGemm's rows with set_decode_vocab.
+  bool DecodeServes(int m, int n) const { return n < 65536 || (decode_vocab_ && m > kSmallM); }
   struct DecodeChoice {
     int kind = 0;  // 0: the pinned algorithm, 1: SmallGemm, 2: DecodeGemm (cols, stages)
     int cols = 0, stages = 0;
