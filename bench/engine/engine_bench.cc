@@ -956,16 +956,20 @@ PhaseResult RunBatch(Bench& b, engine::Engine& e, const std::vector<engine::Requ
 // "variant" or "variant/sampler" -> batch -> ms/step
 using DecodeMs = std::map<std::string, std::map<int, double>>;
 
-// The column of a variant's sampler: "variant/sampler" (or the variant alone with one sampler),
-// with #2, #3, ... where the name is in `columns` already (a sampler listed twice).
-std::string DecodeColumn(const Bench& b, const std::string& variant, const std::string& sampler,
-                         const std::vector<std::string>& columns) {
-  const std::string c = b.flags.samplers.size() > 1 ? variant + "/" + sampler : variant;
-  std::string u = c;
-  for (int k = 2; std::find(columns.begin(), columns.end(), u) != columns.end(); ++k) {
-    u = absl::StrCat(c, "#", k);
+// `name`, or name#2, name#3, ... where it is in `taken` already (a variant listed twice).
+std::string NumberedLabel(const std::string& name, const std::vector<std::string>& taken) {
+  std::string u = name;
+  for (int k = 2; std::find(taken.begin(), taken.end(), u) != taken.end(); ++k) {
+    u = absl::StrCat(name, "#", k);
   }
   return u;
+}
+
+// The column of a variant's sampler: "variant/sampler" (or the variant alone with one sampler),
+// numbered where the name is in `columns` already (a sampler listed twice).
+std::string DecodeColumn(const Bench& b, const std::string& variant, const std::string& sampler,
+                         const std::vector<std::string>& columns) {
+  return NumberedLabel(b.flags.samplers.size() > 1 ? variant + "/" + sampler : variant, columns);
 }
 
 // --rounds=R > 1: one variant's samplers at each batch, R interleaved rounds (see the header).
@@ -1335,12 +1339,13 @@ bool TreeSection(Bench& b) {
   };
   std::vector<TreeRun> runs = {{"cascade off", false, false}, {"single-level", true, true}};
   const bool only_default = f.variants.size() == 1 && f.variants[0] == "default";
-  for (size_t i = 0; i < f.variants.size(); ++i) {
+  std::vector<std::string> labels;
+  for (const std::string& v : f.variants) {
     TreeRun run{"every tile", true, false};
     if (!only_default) {
-      run.variant = f.variants[i];
-      const auto k = std::count(f.variants.begin(), f.variants.begin() + i, f.variants[i]);
-      run.name += absl::StrFormat(" [%s%s]", f.variants[i], k > 0 ? absl::StrCat("#", k + 1) : "");
+      run.variant = v;
+      labels.push_back(NumberedLabel(v, labels));
+      run.name += absl::StrCat(" [", labels.back(), "]");
     }
     runs.push_back(std::move(run));
   }

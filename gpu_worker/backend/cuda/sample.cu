@@ -1211,16 +1211,15 @@ cudaError_t LaunchSampleRows(const float* logits, int n, int vocab, const Sample
   attrs[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attrs;
   config.numAttrs = ProgrammaticLaunchEnabled() ? 2 : 1;
-  cudaError_t err = cudaLaunchKernelEx(&config, SampleKernel<false>, logits, vocab, specs,
-                                       penalty_tokens, penalty_counts, penalty_bias, out, logprobs);
+  auto launch = [&](auto kernel) {
+    return cudaLaunchKernelEx(&config, kernel, logits, vocab, specs, penalty_tokens, penalty_counts,
+                              penalty_bias, out, logprobs);
+  };
+  cudaError_t err = launch(SampleKernel<false>);
   if (err == cudaSuccess && g_sample_twice.load(std::memory_order_relaxed)) {
-    err = cudaLaunchKernelEx(&config, SampleKernel<false>, logits, vocab, specs, penalty_tokens,
-                             penalty_counts, penalty_bias, out, logprobs);
+    err = launch(SampleKernel<false>);
   }
-  if (err == cudaSuccess && score_rows) {
-    err = cudaLaunchKernelEx(&config, SampleKernel<true>, logits, vocab, specs, penalty_tokens,
-                             penalty_counts, penalty_bias, out, logprobs);
-  }
+  if (err == cudaSuccess && score_rows) err = launch(SampleKernel<true>);
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
