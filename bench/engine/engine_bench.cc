@@ -26,9 +26,9 @@
 // "cublas" (no small-m or decode GEMMs: the pinned cuBLASLt algorithm at every m), "nodecodegemm"
 // (no DecodeGemm: SmallGemm and cuBLASLt as before it; the same bits), "coldchoice" (that choice
 // timed one launch at a time on flushed L2 for every bucket, as before session 36), "smallchoice"
-// (SmallGemm among that choice's candidates, as before session 42; the same bits), "dgemmhead" (the
-// LM head in that choice too at 17-64 rows: CudaBackendOptions::decode_gemm_lm_head; the same
-// bits), "nopdl" (kernels
+// (SmallGemm among that choice's candidates, as before session 42; the same bits), "nodgemmhead"
+// (the LM head out of that choice at 17-64 rows, the pinned kernel as before session 55:
+// CudaBackendOptions::decode_gemm_lm_head off; "dgemmhead" on; the same bits), "nopdl" (kernels
 // launched without programmatic dependent launch), "heuristic" (cuBLAS heuristics per m, no
 // pinning, graphs on: the cost of determinism is default vs heuristic), "overlap" (default with the
 // engine's overlapped schedule: step n+1 scheduled and built while step n runs), "overlapN"
@@ -245,8 +245,8 @@ struct Variant {
   int early_chunks = 2;     // CudaBackendOptions::decode_gemm_early_chunks
   bool choice_warm = true;  // CudaBackendOptions::decode_gemm_choice_warm
   bool choose_small = cuda::kDefaultDecodeGemmChooseSmall;  // ...::decode_gemm_choose_small
-  bool lm_head_decode = false;  // CudaBackendOptions::decode_gemm_lm_head
-  bool fuse_silu = true;        // CudaBackendOptions::fuse_silu
+  bool lm_head_decode = cuda::kDefaultDecodeGemmLmHead;     // ...::decode_gemm_lm_head
+  bool fuse_silu = true;                                    // CudaBackendOptions::fuse_silu
   int split_variant = 0;  // internal::SetSplitVariant (process-wide, set when the backend loads)
   // CudaBackendOptions::persistent_decode_min_tiles (the backend sets it process-wide at load);
   // -1 here: its default.
@@ -298,6 +298,7 @@ bool ParseVariantPart(const std::string& name, Variant* v) {
   if (name == "coldchoice") return v->choice_warm = false, true;
   if (name == "smallchoice") return v->choose_small = true, true;
   if (name == "dgemmhead") return v->lm_head_decode = true, true;
+  if (name == "nodgemmhead") return v->lm_head_decode = false, true;
   if (name == "noprefetch") return v->prefetch_max_rows = 0, true;
   if (name == "nospec") return v->speculative = false, true;           // e.g. overlap32+nospec
   if (name == "nodefer") return v->defer_eager = false, true;          // e.g. spec1+nodefer

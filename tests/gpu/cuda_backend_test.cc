@@ -535,6 +535,7 @@ TEST_P(CudaBackendSplitK, DecodeGraphReplayEqualsEagerBitwise) {
   CudaBackendOptions go = GraphOptions(512);
   go.cuda_graphs = false;
   go.prefetch_weights_max_rows = 0;  // the graph backend prefetches weights into L2: same bits
+  go.decode_gemm_lm_head = false;
   auto eager_or = NewCudaBackend(*model, go);
   go.cuda_graphs = true;
   go.prefetch_weights_max_rows = CudaBackendOptions{}.prefetch_weights_max_rows;

@@ -70,9 +70,9 @@ struct CudaBackendOptions {
   // same bits either way.
   bool decode_gemm_choose_small = kDefaultDecodeGemmChooseSmall;
   // The LM head takes the decode choice above too, for decode steps of 17 rows up to
-  // decode_gemm_max_m (Gemm::set_decode_vocab; SmallGemm keeps 1-16 rows). Off by default until
-  // measured (bench/engine/NOTES.md run 43; engine_bench variant dgemmhead). The same bits.
-  bool decode_gemm_lm_head = false;
+  // decode_gemm_max_m (Gemm::set_decode_vocab; SmallGemm keeps 1-16 rows); engine_bench variant
+  // nodgemmhead turns it off. The same bits.
+  bool decode_gemm_lm_head = kDefaultDecodeGemmLmHead;
   // DecodeGemm CTAs copy this many chunks of their weights before waiting for the previous kernel
   // (ops.h SetDecodeGemmEarlyChunks; process-wide: the last backend created sets it). Same bits.
   int decode_gemm_early_chunks = 2;

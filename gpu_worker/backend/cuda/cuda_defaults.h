@@ -36,6 +36,11 @@ inline constexpr int kDefaultSplitColumns = 4096;
 inline constexpr int kDefaultSplitResidualMin = 2;
 // CudaBackendOptions::decode_gemm_choose_small: SmallGemm among the decode choice's candidates.
 inline constexpr bool kDefaultDecodeGemmChooseSmall = false;
+// CudaBackendOptions::decode_gemm_lm_head: the LM head in the decode choice at 17-64 rows. On
+// since session 55 (H200, qwen3-0.6b: DecodeGemm picked at 24 / 32 / 48-64 rows, 94-129 us vs the
+// pinned kernel's 115-152; the step 0.95x at batch 24, within noise at 32 / 64; every GPU test
+// passing; bench/engine/NOTES.md run 43).
+inline constexpr bool kDefaultDecodeGemmLmHead = true;
 // The two-level fold order's super-tile in 64-token tiles (CudaBackendOptions::
 // attention_super_tiles, attention.h SuperTilesFor; the worker's --attention_fold_order=two_level).
 inline constexpr int kSuperTiles = 4;
